@@ -1,0 +1,124 @@
+"""The paged allocator: whole pages of ``page_size`` slots; slot = page * page_size + offset."""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.allocator import reference as ref
+from memlab.allocator.base import BaseTokenToKVPoolAllocator
+
+BACKENDS = ("torch", "triton", "python")
+
+
+class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    # Freed pages go to the head (LIFO): the pages just released are the next handed out, so the
+    # live set stays on few, recently touched pages and the tail of the list stays untouched.
+    prepend_on_free = True
+
+    def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
+                 need_sort: bool = False, debug_mode: bool = False, backend: str = "torch"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.backend = backend
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
+
+    def _pages_of(self, free_index: torch.Tensor) -> torch.Tensor:
+        # A request's slots share pages: without the dedup a page would be freed page_size times
+        # and later handed to several requests at once. unique sorts on the device (a sync).
+        return torch.unique(free_index.to(torch.int64) // self.page_size)
+
+    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        """Free a contiguous run of a request's slots that starts on a page boundary, without the dedup.
+
+        ``start_pos`` is the run's first token position in the request. Aligned and contiguous,
+        every page_size-th slot is the first slot of a distinct page.
+        """
+        self._check_index("free_index", free_index)
+        if start_pos % self.page_size:
+            raise ValueError(f"free_segment needs a page-aligned start: position {start_pos} is not a "
+                             f"multiple of page_size {self.page_size}; use free() for unaligned runs")
+        if free_index.numel() == 0:
+            return
+        pages = free_index[:: self.page_size].to(torch.int64) // self.page_size
+        if self.free_group is not None:
+            self.free_group.append(pages)
+        else:
+            self.free_page_ids(pages)
+
+    # -- allocation ------------------------------------------------------------------------
+    def _check_batch(self, lens: dict, cpu: dict) -> int:
+        bs = None
+        for name, t in lens.items():
+            self._check_index(name, t)
+            if t.dim() != 1:
+                raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+            bs = len(t) if bs is None else bs
+            if len(t) != bs:
+                raise ValueError(f"{name} has {len(t)} entries, the batch has {bs}")
+        for name, t in cpu.items():
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or len(t) != bs:
+                raise ValueError(f"{name} must be a CPU tensor of {bs} lengths (a host copy: no sync)")
+        if bs == 0:
+            raise ValueError("empty batch")
+        return bs
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                     extend_num_tokens: int) -> torch.Tensor | None:
+        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are short.
+
+        ``last_loc`` is each request's last slot (-1 for an empty prefix). Capacity is settled on
+        the host from the CPU copies before anything is taken or launched.
+        """
+        bs = self._check_batch(dict(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc),
+                               dict(prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu))
+        short = (seq_lens_cpu < prefix_lens_cpu).nonzero()
+        if len(short):
+            i = short[0].item()
+            raise ValueError(f"request {i}: seq_len {seq_lens_cpu[i].item()} is shorter than its "
+                             f"prefix {prefix_lens_cpu[i].item()}")
+        if (prefix_lens_cpu < 0).any():
+            raise ValueError(f"prefix lengths must be >= 0, got {prefix_lens_cpu.tolist()}")
+        total = int((seq_lens_cpu - prefix_lens_cpu).sum())
+        if extend_num_tokens != total:
+            raise ValueError(f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}")
+        ps = self.page_size
+        # A cheap upper bound first; the exact count only when it cannot prove there is room.
+        # Launching first and counting after would read past the end of the free list.
+        need = None
+        if extend_num_tokens // ps + bs + 1 > len(self.free_pages):
+            need = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+            if not self._make_room(need):
+                return None
+        if self.backend == "triton":
+            from memlab.kernels import alloc_extend
+
+            out = alloc_extend.alloc_extend(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
+        elif self.backend == "torch":
+            out = ref.alloc_extend_torch(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
+        else:
+            out = torch.tensor(ref.alloc_extend_python(prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(),
+                                                       self.free_pages.tolist(), ps), dtype=torch.int64,
+                               device=self.device)
+        self._take(ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) if need is None else need)
+        return out
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
+        """One slot per request for its new token; ``seq_lens`` already count that token."""
+        self._check_batch(dict(seq_lens=seq_lens, last_loc=last_loc), dict(seq_lens_cpu=seq_lens_cpu))
+        if (seq_lens_cpu < 1).any():
+            raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
+        ps = self.page_size
+        need = int(((seq_lens_cpu - 1) % ps == 0).sum())  # requests whose new token opens a page
+        if not self._make_room(need):
+            return None
+        if self.backend == "triton":
+            from memlab.kernels import alloc_decode
+
+            out = alloc_decode.alloc_decode(seq_lens, last_loc, self.free_pages, ps)
+        elif self.backend == "torch":
+            out = ref.alloc_decode_torch(seq_lens, last_loc, self.free_pages, ps)
+        else:
+            out = torch.tensor(ref.alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), self.free_pages.tolist(),
+                                                       ps), dtype=torch.int64, device=self.device)
+        self._take(need)
+        return out

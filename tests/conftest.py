@@ -1,0 +1,18 @@
+import os
+
+import pytest
+
+# Fix the kernel mode before any test module imports triton (directly or through a kernel).
+from memlab.env import ensure_kernel_mode, has_cuda
+
+ensure_kernel_mode()
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,86 @@
+import pytest
+import torch
+
+from memlab.kv_pool import (MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token)
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_mha_shapes_rows_and_layer_range():
+    pool = MHATokenToKVPool(size=32, page_size=16, dtype=torch.float16, head_num=4, head_dim=8, layer_num=3,
+                            v_head_dim=6, start_layer=5)
+    assert len(pool.k_buffer) == len(pool.v_buffer) == 3
+    assert pool.k_buffer[0].shape == (48, 4, 8) and pool.v_buffer[0].shape == (48, 4, 6)  # size + page_size rows
+    assert pool.get_key_buffer(5) is pool.k_buffer[0] and pool.get_value_buffer(7) is pool.v_buffer[2]
+    for bad in (4, 8):
+        with pytest.raises(IndexError, match=f"layer {bad}"):
+            pool.get_key_buffer(bad)
+
+
+def test_set_kv_buffer_writes_only_the_given_slots():
+    pool = MHATokenToKVPool(8, 1, torch.float32, 2, 4, 1)
+    loc = torch.tensor([3, 6])
+    k, v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
+    pool.set_kv_buffer(0, loc, k, v)
+    assert torch.equal(pool.get_key_buffer(0)[loc], k) and torch.equal(pool.get_value_buffer(0)[loc], v)
+    others = torch.ones(9, dtype=torch.bool)
+    others[loc] = False
+    assert not pool.k_buffer[0][others].any() and not pool.v_buffer[0][others].any()
+
+
+def test_fp8_is_stored_as_uint8_and_viewed_back():
+    pool = MHATokenToKVPool(8, 1, FP8, 2, 4, 1)
+    assert pool.store_dtype == torch.uint8 and pool.k_buffer[0].dtype == torch.uint8
+    assert pool.get_key_buffer(0).dtype == FP8
+    k = torch.tensor([0.5, -1.0, 2.0, 0.25]).repeat(1, 2, 1)
+    pool.set_kv_buffer(0, torch.tensor([2]), k * 4, k, k_scale=4.0)
+    assert torch.equal(pool.get_key_buffer(0)[2].float(), k[0])  # written through the scale, exact in fp8
+    assert torch.equal(pool.get_value_buffer(0)[2].float(), k[0])
+
+
+def test_mla_has_one_latent_buffer_and_v_is_a_view():
+    pool = MLATokenToKVPool(16, 4, torch.float16, kv_lora_rank=8, qk_rope_head_dim=2, layer_num=2)
+    assert pool.kv_buffer[0].shape == (20, 1, 10) and not hasattr(pool, "v_buffer")
+    latent = torch.randn(3, 1, 10).half()
+    loc = torch.tensor([1, 2, 9])
+    pool.set_kv_buffer(1, loc, latent)
+    v = pool.get_value_buffer(1)
+    assert v.shape == (20, 1, 8) and v.data_ptr() == pool.kv_buffer[1].data_ptr()
+    assert torch.equal(v[loc], latent[..., :8])
+
+
+@pytest.mark.parametrize("dtype,b", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 4), (FP8, 1)])
+def test_byte_formulas_match_the_tensors(dtype, b):
+    L, T, H, d, ps = 3, 64, 4, 16, 16
+    mha = MHATokenToKVPool(T, ps, dtype, H, d, L)
+    assert mha.bytes_per_token == 2 * L * H * d * b == mha_bytes_per_token(L, H, d, dtype_bytes=b)
+    assert mha.kv_size_bytes() == mha.bytes_per_token * (T + ps)  # the padding page is real memory
+    r, dr = 32, 8
+    mla = MLATokenToKVPool(T, ps, dtype, r, dr, L)
+    assert mla.bytes_per_token == L * (r + dr) * b == mla_bytes_per_token(L, r, dr, b)
+    assert mla.kv_size_bytes() == mla.bytes_per_token * (T + ps)
+
+
+def test_v_head_dim_counts_in_mha_bytes():
+    assert mha_bytes_per_token(2, 3, 8, v_head_dim=4, dtype_bytes=2) == 2 * 3 * (8 + 4) * 2
+
+
+@pytest.mark.parametrize("kw,name", [(dict(size=0), "size"), (dict(head_num=-2), "head_num"),
+                                     (dict(layer_num=1.5), "layer_num"), (dict(page_size=0), "page_size")])
+def test_bad_dimensions_are_named(kw, name):
+    args = dict(size=8, page_size=1, dtype=torch.float16, head_num=2, head_dim=4, layer_num=1) | kw
+    with pytest.raises(ValueError, match=name):
+        MHATokenToKVPool(**args)
+
+
+def test_bad_dtype_and_locations():
+    with pytest.raises(TypeError, match="float16"):
+        MHATokenToKVPool(8, 1, "float16", 2, 4, 1)
+    pool = MHATokenToKVPool(8, 1, torch.float16, 2, 4, 1)
+    k = torch.zeros(2, 2, 4)
+    with pytest.raises(TypeError, match="float32"):
+        pool.set_kv_buffer(0, torch.tensor([1.0, 2.0]), k, k)
+    with pytest.raises(ValueError, match="3 slots for 2 tokens"):
+        pool.set_kv_buffer(0, torch.tensor([1, 2, 3]), k, k)
+    with pytest.raises(ValueError, match="do not make"):
+        MHATokenToKVPool(8, 1, torch.float16, 2, 4, 2, start_layer=0, end_layer=4)

@@ -1,0 +1,164 @@
+import pytest
+import torch
+
+from memlab.req_to_token import Req, ReqToTokenPool
+
+
+def test_row_zero_is_padding_and_never_handed_out():
+    pool = ReqToTokenPool(4, 8)
+    assert pool.req_to_token.shape == (5, 8) and pool.req_to_token.dtype == torch.int32
+    rows = pool.alloc_rows(4)
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert pool.alloc_rows(1) is None
+
+
+def test_rows_come_from_the_tail_and_return_to_it():
+    pool = ReqToTokenPool(6, 4)
+    assert pool.alloc_rows(2) == [5, 6]
+    pool.free(5)
+    assert pool.free_slots[-1] == 5
+    assert pool.alloc_rows(1) == [5]
+
+
+def test_alloc_rows_is_all_or_nothing():
+    pool = ReqToTokenPool(3, 4)
+    pool.alloc_rows(2)
+    before = (list(pool.free_slots), pool.req_generation.clone())
+    assert pool.alloc_rows(2) is None
+    assert pool.free_slots == before[0] and torch.equal(pool.req_generation, before[1])
+
+
+def test_zero_rows_is_empty_not_the_whole_free_list():
+    pool = ReqToTokenPool(5, 4)
+    assert pool.alloc_rows(0) == []
+    assert pool.available_size() == 5
+
+
+def test_the_minus_zero_slice_trap_exists():
+    # The bug the special case avoids: lst[-0:] is the whole list.
+    free = [1, 2, 3]
+    assert free[-0:] == [1, 2, 3]
+
+
+def test_generation_bumps_per_allocation_and_survives_clear():
+    pool = ReqToTokenPool(2, 4)
+    (r,) = pool.alloc_rows(1)
+    g1 = int(pool.req_generation[r])
+    pool.free(r)
+    assert pool.alloc_rows(1) == [r] and int(pool.req_generation[r]) == g1 + 1
+    pool.clear()
+    assert pool.available_size() == 2
+    assert int(pool.req_generation[r]) == g1 + 1  # never reset
+    pool.alloc_rows(2)
+    assert int(pool.req_generation[r]) == g1 + 2
+
+
+def test_alloc_binds_new_requests_and_keeps_chunked_rows():
+    pool = ReqToTokenPool(4, 16)
+    a, b = Req("a"), Req("b")
+    assert pool.alloc([a]) == [a.req_pool_idx]
+    a.kv_allocated_len = 8  # its first chunk wrote KV
+    left = pool.available_size()
+    rows = pool.alloc([a, b])
+    assert rows[0] == a.req_pool_idx and rows[1] == b.req_pool_idx != a.req_pool_idx
+    assert pool.available_size() == left - 1  # only b consumed a row
+    assert b.generation == int(pool.req_generation[b.req_pool_idx])
+
+
+def test_a_kept_row_must_already_own_kv():
+    pool = ReqToTokenPool(4, 16)
+    a = Req("a")
+    pool.alloc([a])
+    with pytest.raises(ValueError, match="owns no KV"):
+        pool.alloc([a])
+
+
+def test_alloc_refusal_leaves_requests_unbound():
+    pool = ReqToTokenPool(1, 4)
+    reqs = [Req(i) for i in range(2)]
+    assert pool.alloc(reqs) is None
+    assert all(r.req_pool_idx is None for r in reqs) and pool.available_size() == 1
+
+
+def test_free_req_clears_its_row_and_write_fills_it():
+    pool = ReqToTokenPool(2, 4)
+    r = Req("r")
+    pool.alloc([r])
+    row = r.req_pool_idx
+    pool.write((row, slice(0, 3)), torch.tensor([7, 8, 9], dtype=torch.int32))
+    assert pool.req_to_token[row, :3].tolist() == [7, 8, 9]
+    pool.free(r)
+    assert r.req_pool_idx is None and row in pool.free_slots
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_sizes_are_named(bad):
+    with pytest.raises(ValueError, match=str(bad)):
+        ReqToTokenPool(bad, 4)
+    with pytest.raises(ValueError, match=str(bad)):
+        ReqToTokenPool(4, bad)
+
+
+@pytest.mark.parametrize("row", [0, 5, -1, "x"])
+def test_freeing_padding_or_unknown_rows_is_refused(row):
+    pool = ReqToTokenPool(4, 4)
+    with pytest.raises(ValueError, match=f"row {row!r}"):
+        pool.free(row)
+
+
+def test_negative_row_count_is_refused():
+    with pytest.raises(ValueError, match="-2"):
+        ReqToTokenPool(4, 4).alloc_rows(-2)
+
+
+# Classic bugs, kept to prove the checks above bite: each buggy pool must fail its check.
+def check_zero_rows(cls):
+    pool = cls(5, 4)
+    assert pool.alloc_rows(0) == [] and pool.available_size() == 5
+
+
+def check_generation_survives_clear(cls):
+    pool = cls(1, 4)
+    pool.alloc_rows(1)
+    pool.clear()
+    pool.alloc_rows(1)
+    assert int(pool.req_generation[1]) == 2
+
+
+def check_tail_allocation(cls):
+    pool = cls(6, 4)
+    assert pool.alloc_rows(2) == [5, 6]
+
+
+class MinusZeroSlice(ReqToTokenPool):
+    def alloc_rows(self, n):
+        if n > len(self.free_slots):
+            return None
+        rows = self.free_slots[-n:]
+        del self.free_slots[-n:]
+        self.req_generation[rows] += 1
+        return rows
+
+
+class ResetGenerationOnClear(ReqToTokenPool):
+    def clear(self):
+        super().clear()
+        self.req_generation.zero_()
+
+
+class HeadAllocation(ReqToTokenPool):
+    def alloc_rows(self, n):
+        if n > len(self.free_slots):
+            return None
+        rows, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        self.req_generation[rows] += 1
+        return rows
+
+
+@pytest.mark.parametrize("check,buggy", [(check_zero_rows, MinusZeroSlice),
+                                         (check_generation_survives_clear, ResetGenerationOnClear),
+                                         (check_tail_allocation, HeadAllocation)])
+def test_checks_pass_on_the_pool_and_catch_the_classic_bugs(check, buggy):
+    check(ReqToTokenPool)
+    with pytest.raises(AssertionError):
+        check(buggy)
