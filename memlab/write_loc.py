@@ -1,0 +1,92 @@
+"""The write location: where a batch's new K/V go, in every id space a pool may need.
+
+The allocator hands out ``out_cache_loc`` (one slot per new token). A plain pool writes there.
+A hybrid sliding-window pool has two id spaces (full and SWA), so it also needs the same
+tokens' SWA-side ids. All of that travels in one value, next to the attention metadata, never
+inside the pool; the ``physical`` mark says the ids are real slots of the pools they address
+(not virtual ids some pool would still have to translate). A pool that needs physical ids
+refuses an unmarked location instead of writing to the wrong rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def _ids(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of slot ids, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D int32/int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
+    return t
+
+
+@dataclass(slots=True)
+class KVWriteLoc:
+    """``loc``: generic per-token slots (``out_cache_loc``); ``swa_loc``: the same tokens in the
+    sliding-window sub-pool (None when there is none); ``full_loc``: the full-attention sub-pool's
+    ids when they differ from ``loc`` (None: use ``loc``); ``physical``: the ids are real slots."""
+
+    loc: torch.Tensor
+    swa_loc: torch.Tensor | None = None
+    full_loc: torch.Tensor | None = None
+    physical: bool = False
+
+    def __post_init__(self):
+        n = _ids("loc", self.loc).shape[0]
+        # The side ids are resolved once from the padded batch; later paths may narrow ``loc``,
+        # so cut them to match (same per-token order).
+        if self.swa_loc is not None and _ids("swa_loc", self.swa_loc).shape[0] != n:
+            if self.swa_loc.shape[0] < n:
+                raise ValueError(f"swa_loc has {self.swa_loc.shape[0]} ids for {n} tokens")
+            self.swa_loc = self.swa_loc[:n]
+        if self.full_loc is not None and _ids("full_loc", self.full_loc).shape[0] != n:
+            if self.full_loc.shape[0] < n:
+                raise ValueError(f"full_loc has {self.full_loc.shape[0]} ids for {n} tokens")
+            self.full_loc = self.full_loc[:n]
+        if not isinstance(self.physical, bool):
+            raise TypeError(f"physical must be a bool, got {self.physical!r}")
+
+    @classmethod
+    def for_batch(cls, out_cache_loc: torch.Tensor, *, physical: bool, swa_loc=None, full_loc=None) -> "KVWriteLoc":
+        """The batch's ``out_cache_loc`` under the batch's mark; side ids passed here travel
+        under the same mark, so they must come from the same allocation."""
+        return cls(out_cache_loc, swa_loc, full_loc, physical)
+
+    def full_ids(self) -> torch.Tensor:
+        return self.loc if self.full_loc is None else self.full_loc
+
+    def narrow(self, n: int) -> "KVWriteLoc":
+        """The first ``n`` tokens (a padded batch cut back to its real tokens)."""
+        return KVWriteLoc(self.loc[:n], self.swa_loc, self.full_loc, self.physical)
+
+
+def write_loc_is_physical(loc) -> bool:
+    return isinstance(loc, KVWriteLoc) and loc.physical
+
+
+def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
+    """Refuse anything but a physically marked KVWriteLoc; the message says what to pass.
+
+    A flag read, no device sync: cheap enough for every write.
+    """
+    if write_loc_is_physical(loc):
+        return loc
+    got = "a bare tensor" if isinstance(loc, torch.Tensor) else (
+        "a KVWriteLoc not marked physical" if isinstance(loc, KVWriteLoc) else repr(type(loc).__name__))
+    raise ValueError(
+        f"{where}: needs physical slot ids but got {got}. Pass allocator.write_loc(out_cache_loc) "
+        "(SWATokenToKVPoolAllocator: it adds the SWA-side ids and marks them physical), or "
+        "KVWriteLoc(loc, swa_loc=allocator.translate_loc_from_full_to_swa(loc), physical=True) "
+        "for ids translated separately.")
+
+
+def plain_loc(loc, where: str) -> torch.Tensor:
+    """The full-side ids of ``loc`` for a pool with one id space (a bare tensor passes as is)."""
+    if isinstance(loc, KVWriteLoc):
+        return loc.full_ids()
+    if isinstance(loc, torch.Tensor):
+        return loc
+    raise TypeError(f"{where}: loc must be a tensor of slot ids or a KVWriteLoc, got {type(loc).__name__}")
