@@ -1,0 +1,325 @@
+"""vLLM v1's block pool: every KV block's metadata in one Python object.
+
+vLLM keeps KVCacheBlock and FreeKVCacheBlockQueue in vllm/v1/core/kv_cache_utils.py and
+BlockPool in vllm/v1/core/block_pool.py; memlab keeps the three together because they are one
+idea. A block is free (in the queue, ref_cnt 0, maybe still carrying a hash that a prefix hit
+can revive) or in use (out of the queue, ref_cnt > 0). The queue's head is reused first, so the
+queue is at the same time the prefix cache's eviction order.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Iterable, Sequence
+
+BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
+
+
+class KVCacheBlock:
+    """Metadata of one KV block. Slotted: a pool creates one per block, 100,000s at start."""
+
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self._block_hash: BlockHash | None = None
+        # The free queue's links live on the block itself: linking allocates no Python object.
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
+        self.is_null = False
+
+    @property
+    def block_hash(self) -> BlockHash | None:
+        return self._block_hash
+
+    @block_hash.setter
+    def block_hash(self, block_hash: BlockHash) -> None:
+        if self._block_hash is not None:
+            raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}; "
+                             "a cached block's content must not change")
+        self._block_hash = block_hash
+
+    def reset_hash(self) -> None:
+        self._block_hash = None
+
+    def __repr__(self) -> str:
+        prev_id = None if self.prev_free_block is None else self.prev_free_block.block_id
+        next_id = None if self.next_free_block is None else self.next_free_block.block_id
+        return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+                f"block_hash={self._block_hash!r}, prev={prev_id}, next={next_id}, is_null={self.is_null})")
+
+
+class FreeKVCacheBlockQueue:
+    """Free blocks as an intrusive doubly linked list between a fake head and a fake tail.
+
+    Not a deque: a prefix hit on a free block must take it out of the MIDDLE in O(1), which a
+    deque cannot. The sentinels mean no operation ever tests for an empty end.
+    """
+
+    __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail")
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]):
+        self.num_free_blocks = len(blocks)
+        self.fake_free_list_head = KVCacheBlock(-1)
+        self.fake_free_list_tail = KVCacheBlock(-1)
+        chain = [self.fake_free_list_head, *blocks, self.fake_free_list_tail]
+        for left, right in zip(chain, chain[1:]):
+            left.next_free_block = right
+            right.prev_free_block = left
+
+    def popleft(self) -> KVCacheBlock:
+        head = self.fake_free_list_head
+        block = head.next_free_block
+        if block is self.fake_free_list_tail:
+            raise ValueError("popleft() on an empty free block queue: no free blocks available")
+        head.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = head
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n < 0 or n > self.num_free_blocks:
+            raise ValueError(f"popleft_n({n}) on a queue of {self.num_free_blocks} free blocks")
+        ret = []
+        block = self.fake_free_list_head.next_free_block
+        for _ in range(n):
+            ret.append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = nxt
+        # One relink at the end instead of one per popped block.
+        self.fake_free_list_head.next_free_block = block
+        block.prev_free_block = self.fake_free_list_head
+        self.num_free_blocks -= n
+        return ret
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block)."""
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None or nxt is None:
+            raise ValueError(f"remove() of block {block.block_id}, which is not in the free queue")
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise ValueError(f"append() of block {block.block_id}, which is already in the free queue")
+        self._link_between(self.fake_free_list_tail.prev_free_block, self.fake_free_list_tail, (block,))
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link blocks, in order, before the fake tail (they are evicted last).
+
+        The blocks must be out of the queue; BlockPool guarantees it (only a block whose ref_cnt
+        just reached 0 comes back), so the batch path does nothing but link.
+        """
+        tail = self.fake_free_list_tail
+        self._link_between(tail.prev_free_block, tail, blocks)
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link blocks, in order, right after the fake head (they are reused first)."""
+        head = self.fake_free_list_head
+        self._link_between(head, head.next_free_block, blocks)
+
+    def _link_between(self, left: KVCacheBlock, right: KVCacheBlock, blocks: Sequence[KVCacheBlock]) -> None:
+        if not blocks:
+            return
+        last = left
+        for block in blocks:
+            last.next_free_block = block
+            block.prev_free_block = last
+            last = block
+        last.next_free_block = right
+        right.prev_free_block = last
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The free blocks from head (reused first) to tail (evicted last). Walks the list: O(n)."""
+        ret = []
+        block = self.fake_free_list_head.next_free_block
+        while block is not self.fake_free_list_tail:
+            ret.append(block)
+            block = block.next_free_block
+        return ret
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+class BlockHashToBlockMap:
+    """Block hash -> the cached block(s) holding that content.
+
+    Several blocks may hold one hash: two requests that computed the same prefix at the same
+    time each keep their own copy, because a block id once handed out never changes (block
+    tables are append-only). One block is stored bare, several in a dict keyed by block id, so
+    the common case costs no extra dict.
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self):
+        self._cache: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: BlockHash) -> KVCacheBlock | None:
+        blocks = self._cache.get(key)
+        if blocks is None or isinstance(blocks, KVCacheBlock):
+            return blocks
+        return next(iter(blocks.values()))
+
+    def insert(self, key: BlockHash, block: KVCacheBlock) -> None:
+        blocks = self._cache.get(key)
+        if blocks is None:
+            self._cache[key] = block
+        elif isinstance(blocks, KVCacheBlock):
+            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
+        else:
+            blocks[block.block_id] = block
+
+    def pop(self, key: BlockHash, block_id: int) -> KVCacheBlock | None:
+        """Remove one block of a hash; None when that block is not cached under it."""
+        blocks = self._cache.get(key)
+        if blocks is None:
+            return None
+        if isinstance(blocks, KVCacheBlock):
+            if blocks.block_id != block_id:
+                return None
+            del self._cache[key]
+            return blocks
+        block = blocks.pop(block_id, None)
+        if len(blocks) == 1:
+            self._cache[key] = next(iter(blocks.values()))
+        return block
+
+    def items(self):
+        """(hash, block) pairs, one per cached block (a hash with copies appears once per copy)."""
+        for key, blocks in self._cache.items():
+            if isinstance(blocks, KVCacheBlock):
+                yield key, blocks
+            else:
+                for block in blocks.values():
+                    yield key, block
+
+    def __len__(self) -> int:
+        """Number of distinct hashes."""
+        return len(self._cache)
+
+
+class BlockPool:
+    """All KV blocks, their free queue and the prefix cache's hash map (vLLM v1's BlockPool).
+
+    Block 0 is popped at start as the null block: a placeholder for blocks a request no longer
+    needs (outside a sliding window); it is never handed out, never freed, not counted as used.
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True):
+        if not isinstance(num_gpu_blocks, int) or isinstance(num_gpu_blocks, bool) or num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be an int >= 2 (block 0 is the null block), got {num_gpu_blocks!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.num_evictions = 0  # cached blocks whose content was dropped to make room
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get_one_block(block_hash)
+
+    def cache_full_blocks(self, request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int,
+                          num_full_blocks: int) -> None:
+        """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        if num_full_blocks > len(blocks) or num_full_blocks > len(request.block_hashes):
+            raise ValueError(f"cannot cache {num_full_blocks} full blocks: the request holds {len(blocks)} "
+                             f"blocks and {len(request.block_hashes)} block hashes")
+        hashes = request.block_hashes
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.is_null:  # a sliding window already dropped it
+                continue
+            block.block_hash = hashes[i]
+            self.cached_block_hash_to_block.insert(hashes[i], block)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop blocks from the head of the free queue; a popped block that still has a hash is
+        evicted now (lazy eviction: a freed block stays hittable until its space is needed)."""
+        if not isinstance(num_blocks, int) or num_blocks < 0:
+            raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool: "
+                             f"{self.free_block_queue.num_free_blocks} are free")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        if self.enable_caching:
+            for block in ret:
+                if block._block_hash is not None:
+                    self._maybe_evict_cached_block(block)
+                block.ref_cnt = 1
+        else:
+            for block in ret:
+                block.ref_cnt = 1
+        return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        block_hash = block.block_hash
+        if block_hash is None:
+            return False
+        block.reset_hash()
+        if self.cached_block_hash_to_block.pop(block_hash, block.block_id) is None:
+            return False
+        self.num_evictions += 1
+        return True
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A prefix hit: take a reference; a hit block that was free leaves the queue's middle."""
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block, in the given order (callers pass a request's
+        blocks reversed). A block reaching 0 goes to the queue's tail if it is cached (kept for
+        hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first)."""
+        blocks = ordered_blocks if isinstance(ordered_blocks, (list, tuple)) else list(ordered_blocks)
+        to_evict_first, to_evict_last = [], []
+        for i, block in enumerate(blocks):
+            if block.is_null:
+                continue
+            if block.ref_cnt <= 0:
+                for done in blocks[:i]:  # a refused free changes nothing
+                    if not done.is_null:
+                        done.ref_cnt += 1
+                raise ValueError(f"free of block {block.block_id} with ref_cnt {block.ref_cnt}: "
+                                 "freed more often than it was taken")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block._block_hash is None or not self.enable_caching:
+                    to_evict_first.append(block)
+                else:
+                    to_evict_last.append(block)
+        # prepend_n keeps the list's order at the head: the first block freed is reused first.
+        self.free_block_queue.prepend_n(to_evict_first)
+        self.free_block_queue.append_n(to_evict_last)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False, nothing changed) while any block is in use."""
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:  # only the null block may be out of the queue
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        for block in self.blocks:
+            block.reset_hash()
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of the usable blocks (all but the null block) that are in use."""
+        return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)

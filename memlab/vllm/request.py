@@ -1,0 +1,62 @@
+"""The slice of vLLM's Request (vllm/v1/request.py) that the KV cache books read."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from memlab.vllm.hashing import BlockHash, MultiModalFeature
+
+
+class Request:
+    """A request's token ids, its block hashes (grown as full blocks appear) and hash keys."""
+
+    __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens", "lora_name",
+                 "mm_features", "cache_salt", "block_hashes", "_block_hasher")
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
+                 block_hasher: Callable[["Request"], list[BlockHash]] | None = None,
+                 lora_name: str | None = None, mm_features: Sequence[MultiModalFeature] = (),
+                 cache_salt: str | None = None):
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
+        if bad:
+            raise ValueError(f"request {request_id!r}: token ids must be ints >= 0, got {bad[:3]!r}")
+        mm_features = [MultiModalFeature(*f) for f in mm_features]
+        for prev, item in zip(mm_features, mm_features[1:]):
+            if item.offset < prev.offset + prev.length:
+                raise ValueError(f"request {request_id!r}: multimodal items must be sorted and disjoint, "
+                                 f"got {prev} then {item}")
+        for item in mm_features:
+            if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt_token_ids):
+                raise ValueError(f"request {request_id!r}: multimodal item {item} lies outside the "
+                                 f"{len(prompt_token_ids)}-token prompt")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.lora_name = lora_name
+        self.mm_features = mm_features
+        self.cache_salt = cache_salt
+        self.block_hashes: list[BlockHash] = []
+        self._block_hasher = block_hasher
+        self._update_block_hashes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Grow the request (decode); blocks that became full get their hash now."""
+        self.all_token_ids.extend([token_ids] if isinstance(token_ids, int) else token_ids)
+        self._update_block_hashes()
+
+    def _update_block_hashes(self) -> None:
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+                f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})")
