@@ -18,8 +18,9 @@ def alloc_decode_kernel(seq_lens_ptr, last_loc_ptr, free_pages_ptr, out_ptr, pag
     page_start = tl.zeros((), dtype=tl.int64)
     for i in range(0, pid, BS_BLOCK):
         offs = i + tl.arange(0, BS_BLOCK)
-        s = tl.load(seq_lens_ptr + offs, mask=offs < pid, other=1).to(tl.int64)
-        page_start += tl.sum(((s - 1) % page_size == 0).to(tl.int64), axis=0)
+        m = offs < pid
+        s = tl.load(seq_lens_ptr + offs, mask=m, other=0).to(tl.int64)
+        page_start += tl.sum((((s - 1) % page_size == 0) & m).to(tl.int64), axis=0)
 
     opens = (seq - 1) % page_size == 0
     page = tl.load(free_pages_ptr + page_start, mask=opens, other=0)

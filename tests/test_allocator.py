@@ -1,0 +1,241 @@
+import pytest
+import torch
+
+from alloc_helpers import check_books, decode, extend, same, snapshot
+from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+
+T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+
+
+def test_padding_slot_and_page_are_never_handed_out():
+    tok = TokenToKVPoolAllocator(8)
+    assert sorted(tok.alloc(8).tolist()) == list(range(1, 9)) and tok.alloc(1) is None
+    pag = PagedTokenToKVPoolAllocator(16, 4)
+    assert sorted(pag.alloc(16).tolist()) == list(range(4, 20)) and pag.alloc(4) is None
+
+
+def test_token_allocator_reuses_fifo_and_paged_lifo():
+    tok = TokenToKVPoolAllocator(4)
+    a = tok.alloc(2)
+    tok.free(a)
+    assert tok.free_pages.tolist() == [3, 4, 1, 2]  # appended: the oldest free slots go first
+    pag = PagedTokenToKVPoolAllocator(16, 4)
+    b = pag.alloc(8)
+    pag.free(b)
+    assert pag.free_pages.tolist() == [1, 2, 3, 4]  # prepended: just-freed pages go first
+    pag.alloc(4)
+    pag.free(T(12, 13))
+    assert pag.free_pages.tolist()[0] == 3
+
+
+def test_need_sort_stages_frees_until_an_allocation_runs_short():
+    pag = PagedTokenToKVPoolAllocator(32, 4, need_sort=True)
+    got = pag.alloc(32)
+    pag.free(got[16:20])  # page 5
+    pag.free(got[4:8])  # page 2
+    assert pag.free_pages.numel() == 0 and pag.release_pages.tolist() == [5, 2]
+    assert pag.available_size() == 8  # staged pages count as free
+    assert pag.alloc(4).tolist() == [8, 9, 10, 11]  # ran short: merged and sorted, page 2 first
+    assert pag.release_pages.numel() == 0 and pag.free_pages.tolist() == [5]
+
+
+def test_need_sort_does_not_merge_when_the_free_list_suffices():
+    pag = PagedTokenToKVPoolAllocator(32, 4, need_sort=True)
+    a = pag.alloc(4)
+    pag.free(a)
+    pag.alloc(4)
+    assert pag.release_pages.tolist() == [1]
+
+
+def test_alloc_extend_three_parts_by_hand():
+    pag = PagedTokenToKVPoolAllocator(64, 4)
+    pag.free_pages = T(5, 9, 2, 7, 11)
+    # prefix 6 tokens, last one at slot 13 (page 3, offset 1); extend to 17 tokens
+    out = pag.alloc_extend(T(6), T(6), T(17), T(17), T(13), 11)
+    assert out.tolist() == [14, 15] + [20, 21, 22, 23] + [36, 37, 38, 39] + [8]
+    assert pag.free_pages.tolist() == [7, 11]
+
+
+def test_alloc_extend_batch_offsets_are_prefix_sums():
+    pag = PagedTokenToKVPoolAllocator(64, 4)
+    pag.free_pages = T(3, 8, 1, 6)
+    # r0: empty prefix, 5 tokens (pages 3, 8); r1: prefix 2 at slot 41, 1 token (no page);
+    # r2: aligned prefix 4 ending at slot 27, 4 tokens (page 1)
+    out = pag.alloc_extend(T(0, 2, 4), T(0, 2, 4), T(5, 3, 8), T(5, 3, 8), T(-1, 41, 27), 10)
+    assert out.tolist() == [12, 13, 14, 15, 32] + [42] + [4, 5, 6, 7]
+    assert pag.free_pages.tolist() == [6]
+
+
+def test_zero_length_extend_takes_nothing():
+    pag = PagedTokenToKVPoolAllocator(16, 4)
+    out = pag.alloc_extend(T(3), T(3), T(3), T(3), T(6), 0)
+    assert out.numel() == 0 and pag.free_pages.numel() == 4
+
+
+@pytest.mark.parametrize("ps", [2, 4])
+def test_alloc_decode_opens_a_page_exactly_when_seq_len_mod_ps_is_1(ps):
+    pag = PagedTokenToKVPoolAllocator(64, ps)
+    pag.free_pages = T(9, 4)
+    seqs = T(ps + 1, 2 * ps, 1, 3)  # opens, continues, opens, continues (3 % ps != 1 for ps in 2, 4 ... )
+    lasts = T(5 * ps + ps - 1, 6 * ps + ps - 2, -1, 7 * ps + 1)
+    out = pag.alloc_decode(seqs, seqs, lasts)
+    want = [9 * ps, 6 * ps + ps - 1, 4 * ps, 7 * ps + 2] if ps == 4 else [9 * ps, 6 * ps + 1, 4 * ps, None]
+    if ps == 2:  # 3 % 2 == 1: the fourth request opens a page too, and there is none left
+        assert out is None and pag.free_pages.tolist() == [9, 4]
+    else:
+        assert out.tolist() == want and pag.free_pages.numel() == 0
+
+
+def test_refused_extend_changes_nothing_and_exact_exhaustion_succeeds():
+    pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
+    before = snapshot(pag)
+    assert pag.alloc_extend(T(0, 0), T(0, 0), T(9, 8), T(9, 8), T(-1, -1), 17) is None  # needs 5 pages of 4
+    assert same(before, snapshot(pag))
+    out = pag.alloc_extend(T(0, 0), T(0, 0), T(8, 8), T(8, 8), T(-1, -1), 16)  # exactly 4 pages
+    assert len(set(out.tolist())) == 16 and pag.available_size() == 0
+    pag.check_books()
+
+
+class CheckAfterTaking(PagedTokenToKVPoolAllocator):
+    """The SGLang bug: take (launch) first, count after."""
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, n):
+        from memlab.allocator.reference import num_new_pages
+
+        need = num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+        self.free_pages = self.free_pages[need:]
+        return None if need > len(self.free_pages) + need else super().alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, n)
+
+
+def test_the_refusal_check_catches_counting_after_taking():
+    for cls, ok in ((PagedTokenToKVPoolAllocator, True), (CheckAfterTaking, False)):
+        pag = cls(16, 4)
+        before = snapshot(pag)
+        assert pag.alloc_extend(T(0), T(0), T(17), T(17), T(-1), 17) is None
+        assert same(before, snapshot(pag)) is ok
+
+
+def test_free_dedups_pages_and_a_free_without_dedup_is_caught():
+    pag = PagedTokenToKVPoolAllocator(16, 4)
+    held = {}
+    extend(pag, held, "a", 6)
+    pag.free(torch.tensor(held.pop("a")))
+    check_books(pag, held)
+
+    class NoDedup(PagedTokenToKVPoolAllocator):
+        def _pages_of(self, free_index):
+            return free_index // self.page_size
+
+    bad = NoDedup(16, 4)
+    held = {}
+    extend(bad, held, "a", 6)
+    bad.free(torch.tensor(held.pop("a")))
+    with pytest.raises(AssertionError, match="twice"):
+        check_books(bad, held)
+
+
+def test_free_segment_equals_free_on_an_aligned_run():
+    a, b = PagedTokenToKVPoolAllocator(32, 4), PagedTokenToKVPoolAllocator(32, 4)
+    ha, hb = {}, {}
+    extend(a, ha, "r", 11)
+    extend(b, hb, "r", 11)
+    a.free(torch.tensor(ha["r"][4:]))
+    b.free_segment(torch.tensor(hb["r"][4:]), start_pos=4)
+    assert a.free_pages.tolist() == b.free_pages.tolist()
+
+
+def test_free_segment_refuses_an_unaligned_start_and_why():
+    pag = PagedTokenToKVPoolAllocator(32, 4)
+    held = {}
+    extend(pag, held, "r", 12)
+    run = torch.tensor(held["r"][2:10])  # positions 2..9 span pages 1, 2 and 3
+    with pytest.raises(ValueError, match="position 2 is not a multiple of page_size 4"):
+        pag.free_segment(run, start_pos=2)
+    # The counter-example: every 4th slot of an unaligned run misses the run's last page.
+    assert sorted({s // 4 for s in run[::4].tolist()}) != sorted({s // 4 for s in run.tolist()})
+
+
+def test_free_group_defers_copies_and_does_not_nest():
+    pag = PagedTokenToKVPoolAllocator(32, 4)
+    buf = pag.alloc(8)
+    pag.free_group_begin()
+    pag.free(buf[:4])
+    with pytest.raises(RuntimeError, match="do not nest"):
+        pag.free_group_begin()
+    assert pag.free_pages.numel() == 6  # nothing released yet
+    buf[:4] = 100  # the caller reuses its buffer: the queued copy must not see it
+    pag.free_group_end()
+    assert pag.free_pages.tolist()[:1] == [1] and pag.free_pages.numel() == 7
+    with pytest.raises(RuntimeError, match="without free_group_begin"):
+        pag.free_group_end()
+
+
+def test_debug_mode_catches_double_free_and_padding():
+    pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
+    got = pag.alloc(8)
+    pag.free(got[:4])
+    with pytest.raises(ValueError, match="double free: page 1"):
+        pag.free(got[:2])
+    with pytest.raises(ValueError, match="page 0"):
+        pag.free(T(1, 2))
+    pag.free_group_begin()
+    pag.free(got[4:6])
+    pag.free(got[6:8])  # the same page from two calls: caught when the group releases
+    with pytest.raises(ValueError, match="double free: page 2"):
+        pag.free_group_end()
+
+
+def test_debug_books_balance_and_clear_restores():
+    pag = PagedTokenToKVPoolAllocator(16, 2, debug_mode=True, need_sort=True)
+    got = pag.alloc(6)
+    pag.check_books()
+    pag.free(got[2:4])
+    pag.check_books()
+    pag.clear()
+    assert pag.available_size() == 16 and pag.release_pages.numel() == 0
+    pag.check_books()
+
+
+def test_token_allocator_speaks_the_same_interface():
+    tok = TokenToKVPoolAllocator(6, need_sort=True)
+    held = {}
+    assert extend(tok, held, "a", 4).tolist() == [1, 2, 3, 4]
+    assert decode(tok, held, ["a"]).tolist() == [5]
+    tok.free(torch.tensor(held["a"][:2]))
+    assert tok.available_size() == 3 and extend(tok, held, "b", 3) is not None
+    assert tok.free_pages.numel() == 0
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: PagedTokenToKVPoolAllocator(0, 4), "size must be an int >= 1, got 0"),
+    (lambda: PagedTokenToKVPoolAllocator(-8, 4), "-8"),
+    (lambda: PagedTokenToKVPoolAllocator(8, 0), "page_size must be an int >= 1, got 0"),
+    (lambda: PagedTokenToKVPoolAllocator(3, 4), "no whole page"),
+    (lambda: PagedTokenToKVPoolAllocator(8, 4, backend="cuda"), "'cuda'"),
+    (lambda: TokenToKVPoolAllocator(8).alloc(-1), "-1"),
+    (lambda: PagedTokenToKVPoolAllocator(8, 4).alloc(6), "6 is not a multiple of 4"),
+])
+def test_bad_sizes_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_batches_are_named():
+    pag = PagedTokenToKVPoolAllocator(64, 4)
+    with pytest.raises(ValueError, match="request 1: seq_len 2 is shorter than its prefix 5"):
+        pag.alloc_extend(T(0, 5), T(0, 5), T(3, 2), T(3, 2), T(-1, 9), 0)
+    with pytest.raises(ValueError, match="extend_num_tokens is 4 but the lengths add up to 3"):
+        pag.alloc_extend(T(0), T(0), T(3), T(3), T(-1), 4)
+    with pytest.raises(TypeError, match="float32"):
+        pag.alloc_extend(T(0), T(0), torch.tensor([3.0]), T(3), T(-1), 3)
+    with pytest.raises(ValueError, match="meta"):
+        pag.free(torch.tensor([4], device="meta"))
+    with pytest.raises(ValueError, match="CPU tensor"):
+        pag.alloc_decode(T(3), [3], T(5))
+    with pytest.raises(ValueError, match=r"must be >= 1: \[0\]"):
+        pag.alloc_decode(T(0), T(0), T(-1))
+    with pytest.raises(ValueError, match="cannot free page 17"):
+        pag.free(T(17 * 4))
+    with pytest.raises(TypeError, match="list"):
+        pag.free([4, 5])
