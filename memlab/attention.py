@@ -1,0 +1,271 @@
+"""Decode attention that reads KV through the mappings (chapter 09).
+
+One query token per request attends over that request's tokens, which sit in scattered slots
+of a KV pool. The slots are found through one of two spellings of the same mapping:
+
+- SGLang: ``req_to_token[req_pool_indices[b], t]`` (the request table of memlab.req_to_token);
+- vLLM: ``block_table[b, t // block_size] * block_size + t % block_size``.
+
+The KV is memlab.kv_pool's flat slot layout, ``(slots, kv_heads, head_dim)`` per layer. For the
+block-table spelling the cache is given as ``(num_blocks, block_size, kv_heads, head_dim)``, the
+layout of vLLM's FlashAttention and Triton backends: it is a free view of the flat layout (slot =
+block * block_size + offset), so one pool can be read through both spellings. (vLLM's CUDA
+paged-attention kernel splits head_dim once more for vectorised loads; that is a GPU detail.)
+
+Three implementations that must agree: the Triton kernel (``kernels/paged_decode_attention.py``,
+launched by the functions below), a torch reference over KV gathered into dense tensors, and a
+plain-Python reference (loops; tiny sizes only). All accumulate in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "decode_attention_fwd", "paged_attention", "mla_decode_attention_fwd", "mla_paged_attention",
+    "slots_from_req_to_token", "slots_from_block_table", "attention_over_slots",
+    "python_slots_from_req_to_token", "python_slots_from_block_table", "python_attention_over_slots",
+]
+
+_DTYPES = (torch.float16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mappings, gathered on the host: (bs, max_len) slot ids and a mask of real tokens.
+# ---------------------------------------------------------------------------------------------
+def slots_from_req_to_token(req_to_token, req_pool_indices, seq_lens):
+    """Slots of every request's tokens via SGLang's request table: ``(slots, mask)``, each (bs, L)."""
+    seq_lens = seq_lens.long()
+    max_len = int(seq_lens.max()) if seq_lens.numel() else 0
+    pos = torch.arange(max_len, device=seq_lens.device)
+    mask = pos[None, :] < seq_lens[:, None]
+    slots = req_to_token[req_pool_indices.long()][:, :max_len].long()
+    return torch.where(mask, slots, 0), mask
+
+
+def slots_from_block_table(block_table, seq_lens, block_size):
+    """Slots of every request's tokens via vLLM's block table: ``(slots, mask)``, each (bs, L)."""
+    seq_lens = seq_lens.long()
+    max_len = int(seq_lens.max()) if seq_lens.numel() else 0
+    pos = torch.arange(max_len, device=seq_lens.device)
+    mask = pos[None, :] < seq_lens[:, None]
+    blocks = block_table.long()[:, (pos // block_size).clamp(max=max(block_table.shape[1] - 1, 0))]
+    slots = blocks * block_size + pos % block_size
+    return torch.where(mask, slots, 0), mask
+
+
+def attention_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale):
+    """Torch reference: gather each request's K/V rows into dense tensors, attend in fp32.
+
+    q (bs, H, Dk); k_buffer (slots, KVH, Dk); v_buffer (slots, KVH, Dv); slots/mask (bs, L).
+    Returns (bs, H, Dv) in q's dtype; a request with no tokens gets zeros.
+    """
+    bs, num_heads, _ = q.shape
+    group = num_heads // k_buffer.shape[1]
+    keep = mask[:, :, None, None]  # padding positions may hold anything (NaN included): drop them
+    k = torch.where(keep, k_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)  # (bs, L, H, Dk)
+    v = torch.where(keep, v_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,blhd->bhl", q.float(), k) * sm_scale
+    scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows: 0, not nan
+    return torch.einsum("bhl,blhd->bhd", probs, v).to(q.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-Python references: lists and loops, nothing vectorised (tiny sizes only).
+# ---------------------------------------------------------------------------------------------
+def python_slots_from_req_to_token(req_to_token, req_pool_indices, seq_lens):
+    """Per request, the list of its slots, read position by position from its table row."""
+    table = req_to_token.tolist()
+    return [[table[row][t] for t in range(n)] for row, n in zip(req_pool_indices.tolist(), seq_lens.tolist())]
+
+
+def python_slots_from_block_table(block_table, seq_lens, block_size):
+    """Per request, the list of its slots: block id * block_size + offset in the block."""
+    table = block_table.tolist()
+    return [[table[b][t // block_size] * block_size + t % block_size for t in range(n)]
+            for b, n in enumerate(seq_lens.tolist())]
+
+
+def python_attention_over_slots(q, k_buffer, v_buffer, slot_lists, sm_scale):
+    """Plain-Python reference of ``attention_over_slots``; returns a float32 tensor (bs, H, Dv)."""
+    qs, ks, vs = q.float().tolist(), k_buffer.float().tolist(), v_buffer.float().tolist()
+    num_heads, group = q.shape[1], q.shape[1] // k_buffer.shape[1]
+    out = []
+    for b, slots in enumerate(slot_lists):
+        per_head = []
+        for h in range(num_heads):
+            kv_h = h // group
+            scores = [sm_scale * sum(a * c for a, c in zip(qs[b][h], ks[s][kv_h])) for s in slots]
+            top = max(scores, default=0.0)
+            weights = [math.exp(x - top) for x in scores]
+            total = sum(weights)
+            per_head.append([sum(w * vs[s][kv_h][d] for w, s in zip(weights, slots)) / total if slots else 0.0
+                             for d in range(v_buffer.shape[2])])
+        out.append(per_head)
+    return torch.tensor(out, dtype=torch.float32).reshape(q.shape[0], num_heads, v_buffer.shape[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks shared by the kernel wrappers (shapes and dtypes only: no host-device sync).
+# ---------------------------------------------------------------------------------------------
+def _check_dtype(name, t, dtype=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is None and t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float16 or float32 (portable kernels), got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype} like q, got {t.dtype}")
+
+
+def _check_index(name, t, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+
+
+def _out(o, q, d_v):
+    shape = (q.shape[0], q.shape[1], d_v)
+    if o is None:
+        return torch.empty(shape, dtype=q.dtype, device=q.device)
+    _check_dtype("o", o, q.dtype)
+    if tuple(o.shape) != shape:
+        raise ValueError(f"o must have shape {shape}, got {tuple(o.shape)}")
+    return o
+
+
+def _check_heads(q, num_kv_heads):
+    if q.dim() != 3:
+        raise ValueError(f"q must be (batch, q_heads, head_dim), got shape {tuple(q.shape)}")
+    if num_kv_heads < 1 or q.shape[1] % num_kv_heads:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({num_kv_heads})")
+
+
+def _check_batch(q, seq_lens, table, table_name, rows=None):
+    _check_index("seq_lens", seq_lens, 1)
+    _check_index(table_name, table, 2)
+    if table.dtype != torch.int32:
+        raise TypeError(f"{table_name} must be int32 (as the engines keep it), got {table.dtype}")
+    if seq_lens.shape[0] != q.shape[0] or (rows is not None and rows.shape[0] != q.shape[0]):
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}"
+                         + ("" if rows is None else f", req_pool_indices {rows.shape[0]}"))
+
+
+def _flat_cache(name, cache, ndim_heads=True):
+    """(num_blocks, block_size, [kv_heads,] dim) -> flat (slots, kv_heads, dim) view, block_size."""
+    if cache.dim() == 3 and not ndim_heads:
+        cache = cache.unsqueeze(2)
+    if cache.dim() != 4:
+        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}")
+    num_blocks, block_size = cache.shape[0], cache.shape[1]
+    try:
+        return cache.view(num_blocks * block_size, cache.shape[2], cache.shape[3]), block_size
+    except RuntimeError as exc:
+        raise ValueError(f"{name}'s blocks must be laid out contiguously (slot = block * block_size "
+                         f"+ offset), got strides {cache.stride()}") from exc
+
+
+def _scale(sm_scale, dim):
+    return 1.0 / math.sqrt(dim) if sm_scale is None else float(sm_scale)
+
+
+def _launch(**kw):
+    from memlab.kernels import paged_decode_attention as kernel  # lazy: memlab imports without Triton
+
+    return kernel.launch(**kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel, in each engine's spelling.
+# ---------------------------------------------------------------------------------------------
+def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+                         sm_scale=None, o=None):
+    """SGLang spelling, MHA/GQA: q (bs, H, D); k_buffer/v_buffer (slots, KVH, D / Dv).
+
+    Request b's token t is in slot ``req_to_token[req_pool_indices[b], t]``, t < seq_lens[b].
+    ``sm_scale`` defaults to 1/sqrt(D). Returns o (bs, H, Dv), written in place when given.
+    """
+    _check_dtype("q", q)
+    _check_dtype("k_buffer", k_buffer, q.dtype)
+    _check_dtype("v_buffer", v_buffer, q.dtype)
+    _check_heads(q, k_buffer.shape[1])
+    _check_index("req_pool_indices", req_pool_indices, 1)
+    _check_batch(q, seq_lens, req_to_token, "req_to_token", req_pool_indices)
+    if k_buffer.shape[-1] != q.shape[-1] or v_buffer.shape[:2] != k_buffer.shape[:2]:
+        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, k_buffer {tuple(k_buffer.shape)}, "
+                         f"v_buffer {tuple(v_buffer.shape)}")
+    o = _out(o, q, v_buffer.shape[-1])
+    return _launch(q=q, q_pe=q, k=k_buffer, v=v_buffer, o=o, table=req_to_token,
+                   req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+                   sm_scale=_scale(sm_scale, q.shape[-1]), page_size=1, d_main=q.shape[-1], d_pe=0,
+                   d_v=v_buffer.shape[-1], use_block_table=False, v_from_k=False)
+
+
+def paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale=None, out=None):
+    """vLLM spelling, MHA/GQA: key/value_cache (num_blocks, block_size, KVH, D); block_table (bs, blocks).
+
+    Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t % block_size``.
+    """
+    _check_dtype("query", query)
+    _check_dtype("key_cache", key_cache, query.dtype)
+    _check_dtype("value_cache", value_cache, query.dtype)
+    k, block_size = _flat_cache("key_cache", key_cache)
+    v, _ = _flat_cache("value_cache", value_cache)
+    _check_heads(query, k.shape[1])
+    _check_batch(query, seq_lens, block_table, "block_table")
+    if k.shape[-1] != query.shape[-1] or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"shapes disagree: query {tuple(query.shape)}, key_cache {tuple(key_cache.shape)}, "
+                         f"value_cache {tuple(value_cache.shape)}")
+    out = _out(out, query, v.shape[-1])
+    return _launch(q=query, q_pe=query, k=k, v=v, o=out, table=block_table, req_pool_indices=seq_lens,
+                   seq_lens=seq_lens, sm_scale=_scale(scale, query.shape[-1]), page_size=block_size,
+                   d_main=query.shape[-1], d_pe=0, d_v=v.shape[-1], use_block_table=True, v_from_k=False)
+
+
+def _check_mla(q_nope, q_rope, kv):
+    _check_dtype("q_nope", q_nope)
+    _check_dtype("q_rope", q_rope, q_nope.dtype)
+    _check_dtype("kv_buffer", kv, q_nope.dtype)
+    if q_nope.dim() != 3 or q_rope.shape[:2] != q_nope.shape[:2]:
+        raise ValueError(f"q_nope (bs, H, kv_lora_rank) and q_rope (bs, H, qk_rope_head_dim) disagree: "
+                         f"{tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
+    if kv.shape[1] != 1 or kv.shape[2] != q_nope.shape[2] + q_rope.shape[2]:
+        raise ValueError(f"the latent buffer must be (slots, 1, kv_lora_rank + qk_rope_head_dim) = "
+                         f"(slots, 1, {q_nope.shape[2] + q_rope.shape[2]}), got {tuple(kv.shape)}")
+
+
+def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens,
+                             sm_scale, o=None):
+    """SGLang spelling, MLA (absorbed): kv_buffer (slots, 1, r + d_r), V = its first r columns.
+
+    q_nope (bs, H, r) is the query already multiplied into the latent space; q_rope (bs, H, d_r).
+    ``sm_scale`` is required: models scale by the original head dim (DeepSeek-V3: 1/sqrt(192)),
+    not by r + d_r. Returns o (bs, H, r), the latent output (the caller applies W_UV).
+    """
+    _check_mla(q_nope, q_rope, kv_buffer)
+    _check_index("req_pool_indices", req_pool_indices, 1)
+    _check_batch(q_nope, seq_lens, req_to_token, "req_to_token", req_pool_indices)
+    r = q_nope.shape[-1]
+    o = _out(o, q_nope, r)
+    return _launch(q=q_nope, q_pe=q_rope, k=kv_buffer, v=kv_buffer, o=o, table=req_to_token,
+                   req_pool_indices=req_pool_indices, seq_lens=seq_lens, sm_scale=float(sm_scale),
+                   page_size=1, d_main=r, d_pe=q_rope.shape[-1], d_v=r, use_block_table=False,
+                   v_from_k=True)
+
+
+def mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, scale, out=None):
+    """vLLM spelling, MLA: kv_c_and_k_pe_cache (num_blocks, block_size, r + d_r) (vLLM's layout, no
+    head axis; (num_blocks, block_size, 1, r + d_r) is accepted too)."""
+    kv, block_size = _flat_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, ndim_heads=False)
+    _check_mla(q_nope, q_rope, kv)
+    _check_batch(q_nope, seq_lens, block_table, "block_table")
+    r = q_nope.shape[-1]
+    out = _out(out, q_nope, r)
+    return _launch(q=q_nope, q_pe=q_rope, k=kv, v=kv, o=out, table=block_table, req_pool_indices=seq_lens,
+                   seq_lens=seq_lens, sm_scale=float(scale), page_size=block_size, d_main=r,
+                   d_pe=q_rope.shape[-1], d_v=r, use_block_table=True, v_from_k=True)
