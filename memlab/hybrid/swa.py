@@ -1,0 +1,333 @@
+"""Sliding-window attention: two KV pools, two ledgers, one map between their id spaces.
+
+Full-attention layers need every token's KV; sliding-window layers only the last
+``sliding_window`` tokens. So the SWA layers get a pool of their own (usually much smaller), with
+an allocator of its own: the two hand out ids independently. The request table stores full-side
+ids; ``full_to_swa_index_mapping[full_id]`` gives the same token's SWA-side id (0 = none).
+Tokens that fall out of the window give their SWA pages back while the request keeps running.
+
+Per-request ring mode: each request row owns a fixed ring of SWA slots, so SWA capacity is counted
+in request rows, not tokens, and a token's SWA slot is ``ring_start(row) + position % ring``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator.reference import num_new_pages
+from memlab.kv_pool import MHATokenToKVPool
+from memlab.write_loc import KVWriteLoc, check_physical_write_loc
+
+
+def _ceil_ps(n: int, ps: int) -> int:
+    return -(-n // ps) * ps
+
+
+class SWAKVPool:
+    """A full-attention pool for the full layers and a sliding-window pool for the SWA layers.
+
+    Layers keep their model ids; ``layers_mapping[layer_id] = (index in its sub-pool, is_swa)``.
+    With ``swa_req_ring_size`` the SWA pool holds one ring per request row (``num_req_rows``)
+    instead of ``size_swa`` free-standing slots.
+    """
+
+    requires_physical_write_loc = True  # two id spaces: a bare id could land in the wrong one
+
+    def __init__(self, size: int, size_swa: int | None, page_size: int, dtype: torch.dtype, head_num: int,
+                 head_dim: int, full_attention_layer_ids, swa_attention_layer_ids, device="cpu",
+                 v_head_dim: int | None = None, swa_req_ring_size: int | None = None,
+                 num_req_rows: int | None = None):
+        full_ids, swa_ids = list(full_attention_layer_ids), list(swa_attention_layer_ids)
+        if set(full_ids) & set(swa_ids):
+            raise ValueError(f"layers {sorted(set(full_ids) & set(swa_ids))} are both full and SWA")
+        if not full_ids or not swa_ids:
+            raise ValueError("an SWAKVPool needs at least one full and one SWA layer")
+        self.page_size = page_size
+        self.swa_req_ring_size = swa_req_ring_size
+        if swa_req_ring_size is not None:
+            if not isinstance(num_req_rows, int) or num_req_rows <= 0:
+                raise ValueError(f"ring mode sizes the SWA pool by request rows: num_req_rows={num_req_rows!r}")
+            self.swa_ring_cost = _ceil_ps(swa_req_ring_size, page_size)
+            size_swa = num_req_rows * self.swa_ring_cost
+        elif size_swa is None:
+            raise ValueError("size_swa is required unless swa_req_ring_size is given")
+        self.size, self.size_swa = size, size_swa
+        self.full_kv_pool = MHATokenToKVPool(size, page_size, dtype, head_num, head_dim, len(full_ids), device,
+                                             v_head_dim)
+        self.swa_kv_pool = MHATokenToKVPool(size_swa, page_size, dtype, head_num, head_dim, len(swa_ids), device,
+                                            v_head_dim)
+        self.layers_mapping = {lid: (i, False) for i, lid in enumerate(full_ids)}
+        self.layers_mapping.update({lid: (i, True) for i, lid in enumerate(swa_ids)})
+        self.dtype, self.device = dtype, self.full_kv_pool.device
+
+    def _layer(self, layer_id: int):
+        try:
+            i, is_swa = self.layers_mapping[layer_id]
+        except KeyError:
+            raise IndexError(f"layer {layer_id} is in neither sub-pool (layers: {sorted(self.layers_mapping)})") from None
+        return (self.swa_kv_pool if is_swa else self.full_kv_pool), i, is_swa
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return self._layer(layer_id)[2]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        pool, i, _ = self._layer(layer_id)
+        return pool.get_key_buffer(i)
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        pool, i, _ = self._layer(layer_id)
+        return pool.get_value_buffer(i)
+
+    def get_kv_buffer(self, layer_id: int):
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
+        """Write through a KVWriteLoc marked physical: full layers use its full-side ids, SWA
+        layers its ``swa_loc``."""
+        loc = check_physical_write_loc(loc, "SWAKVPool.set_kv_buffer")
+        pool, i, is_swa = self._layer(getattr(layer_id, "layer_id", layer_id))
+        if is_swa:
+            if loc.swa_loc is None:
+                raise ValueError(f"SWAKVPool.set_kv_buffer: layer {layer_id} is a sliding-window layer and the "
+                                 "write loc has no swa_loc; pass allocator.write_loc(out_cache_loc)")
+            ids = loc.swa_loc
+        else:
+            ids = loc.full_ids()
+        pool.set_kv_buffer(i, ids, cache_k, cache_v, k_scale, v_scale)
+
+    def kv_size_bytes(self) -> int:
+        return self.full_kv_pool.kv_size_bytes() + self.swa_kv_pool.kv_size_bytes()
+
+
+class SWATokenToKVPoolAllocator:
+    """Full and SWA sub-allocators (token or paged) that hand out slots in lockstep.
+
+    Every new token gets a full-side slot (returned; it goes into the request table) and a
+    SWA-side slot (recorded in ``full_to_swa_index_mapping``). Capacity is the smaller side, and
+    it is settled for both sides before either takes anything: a refusal changes nothing.
+    """
+
+    def __init__(self, size: int, size_swa: int | None, page_size: int, dtype=torch.float16, device="cpu",
+                 kvcache: SWAKVPool | None = None, need_sort: bool = False, debug_mode: bool = False,
+                 req_to_token_pool=None, swa_req_ring_size: int | None = None, backend: str = "torch"):
+        if kvcache is not None and not isinstance(kvcache, SWAKVPool):
+            raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
+        if kvcache is not None and swa_req_ring_size is None:
+            swa_req_ring_size = kvcache.swa_req_ring_size
+        self.page_size, self.device = page_size, torch.device(device)
+        self._kvcache, self.debug_mode = kvcache, debug_mode
+        full_pool = kvcache.full_kv_pool if kvcache is not None else None
+        swa_pool = kvcache.swa_kv_pool if kvcache is not None else None
+
+        def make(n, pool):
+            if page_size == 1:
+                return TokenToKVPoolAllocator(n, dtype, device, pool, need_sort, debug_mode)
+            return PagedTokenToKVPoolAllocator(n, page_size, dtype, device, pool, need_sort, debug_mode, backend)
+
+        self.full_attn_allocator = make(size, full_pool)
+        self._size_full = size
+        self._swa_req_ring = swa_req_ring_size is not None
+        if self._swa_req_ring:
+            # Each request row owns one ring: SWA capacity is rows, not tokens; no SWA ids to hand out.
+            if req_to_token_pool is None:
+                raise ValueError("per-request SWA ring: capacity is counted in request rows, "
+                                 "so req_to_token_pool is required")
+            self._req_to_token_pool = req_to_token_pool
+            self.swa_ring_cost = _ceil_ps(swa_req_ring_size, page_size)
+            self._size_swa = req_to_token_pool.size * self.swa_ring_cost
+            self.swa_attn_allocator = None
+        else:
+            if size_swa is None:
+                raise ValueError("size_swa is required unless a per-request ring is used")
+            self.swa_attn_allocator = make(size_swa, swa_pool)
+            self._size_swa = size_swa
+        # size + page_size rows (as in the KV buffers) and a trailing -1: a request with no prefix
+        # has last_loc = -1, and mapping[-1] = -1 hands the SWA side the same "no prefix" mark.
+        self.full_to_swa_index_mapping = torch.cat((
+            torch.zeros(size + page_size, dtype=torch.int64, device=self.device),
+            torch.tensor([-1], dtype=torch.int64, device=self.device)))
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self._size_full
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        if self._swa_req_ring:
+            return self._req_to_token_pool.available_size() * self.swa_ring_cost
+        return self.swa_attn_allocator.available_size()
+
+    def available_size(self) -> int:
+        if self._swa_req_ring:  # the request table already gates rows, hence rings
+            return self.full_available_size()
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def get_kvcache(self):
+        return self._kvcache
+
+    def clear(self) -> None:
+        self.full_attn_allocator.clear()
+        if self.swa_attn_allocator is not None:
+            self.swa_attn_allocator.clear()
+        self.full_to_swa_index_mapping[:-1] = 0
+
+    # -- allocation -------------------------------------------------------------------------
+    def _fits(self, need_tokens: int) -> bool:
+        if need_tokens > self.full_available_size():
+            return False
+        return self._swa_req_ring or need_tokens <= self.swa_available_size()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if not self._fits(need_size):
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        if full is not None and not self._swa_req_ring:
+            self.full_to_swa_index_mapping[full] = self.swa_attn_allocator.alloc(need_size)
+        return full
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
+        ps = self.page_size
+        need = extend_num_tokens if ps == 1 else num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) * ps
+        if not self._fits(need):
+            return None
+        full = self.full_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                                                     extend_num_tokens)
+        if full is None or self._swa_req_ring:
+            return full
+        swa_last_loc = self.full_to_swa_index_mapping[last_loc]  # -1 stays -1 (the trailing entry)
+        swa = self.swa_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, swa_last_loc,
+                                                   extend_num_tokens)
+        assert swa is not None, "SWA side refused after its capacity was checked"
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        ps = self.page_size
+        need = len(seq_lens_cpu) if ps == 1 else int(((seq_lens_cpu - 1) % ps == 0).sum()) * ps
+        if not self._fits(need):
+            return None
+        full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+        if full is None or self._swa_req_ring:
+            return full
+        swa = self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, self.full_to_swa_index_mapping[last_loc])
+        assert swa is not None, "SWA side refused after its capacity was checked"
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    # -- ids for the pools ------------------------------------------------------------------
+    def translate_loc_from_full_to_swa(self, full_loc: torch.Tensor) -> torch.Tensor:
+        if self._swa_req_ring:
+            raise ValueError("ring mode: SWA ids come from rows and positions; use ring_loc()")
+        return self.full_to_swa_index_mapping[full_loc]
+
+    def ring_loc(self, req_pool_indices: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Ring mode: the SWA slot of each (row, position); the first page is padding."""
+        if not self._swa_req_ring:
+            raise ValueError("ring_loc needs the per-request ring mode")
+        c = self.swa_ring_cost
+        return self.page_size + (req_pool_indices.to(torch.int64) - 1) * c + positions.to(torch.int64) % c
+
+    def write_loc(self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None) -> KVWriteLoc:
+        """The batch's write location with its SWA-side ids, marked physical."""
+        if self._swa_req_ring:
+            if req_pool_indices is None or positions is None:
+                raise ValueError("ring mode: write_loc needs req_pool_indices and positions for the SWA ids")
+            swa = self.ring_loc(req_pool_indices, positions)
+        else:
+            swa = self.translate_loc_from_full_to_swa(out_cache_loc)
+        return KVWriteLoc(out_cache_loc, swa_loc=swa, physical=True)
+
+    # -- freeing ----------------------------------------------------------------------------
+    def _check_slots(self, free_index: torch.Tensor) -> None:
+        if not isinstance(free_index, torch.Tensor) or free_index.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}")
+        if free_index.numel() and (self.debug_mode or free_index.device.type == "cpu"):
+            lo, hi = int(free_index.min()), int(free_index.max())
+            if lo < self.page_size or hi >= self.size + self.page_size:
+                bad = lo if lo < self.page_size else hi
+                raise ValueError(f"cannot free slot {bad}: slots are {self.page_size}.."
+                                 f"{self.size + self.page_size - 1} (the first page is padding)")
+
+    def _clear_mapping(self, free_index: torch.Tensor) -> None:
+        # A paged free gives back whole pages, so forget the whole pages: a stale entry for a slot
+        # of a released page would later hand out an SWA slot someone else owns.
+        ps = self.page_size
+        if ps == 1:
+            self.full_to_swa_index_mapping[free_index] = 0
+            return
+        pages = torch.unique(free_index.to(torch.int64) // ps)
+        offs = torch.arange(ps, dtype=torch.int64, device=pages.device)
+        self.full_to_swa_index_mapping[(pages[:, None] * ps + offs).reshape(-1)] = 0
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """Give back the SWA slots under these full-side slots; the full side keeps them."""
+        if self._swa_req_ring:
+            return  # a ring is freed with its row
+        swa = self.full_to_swa_index_mapping[free_index]
+        # 0 means "no SWA slot" (released out of window, or never mapped): never the padding id 0.
+        swa = swa[swa > 0]
+        if swa.numel():
+            self.swa_attn_allocator.free(swa)
+        self._clear_mapping(free_index)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Free both sides: SWA first (it reads the map), then full."""
+        self._check_slots(free_index)
+        if free_index.numel() == 0:
+            return
+        self.free_swa(free_index)
+        self.full_attn_allocator.free(free_index)
+
+    def free_group_begin(self) -> None:
+        self.full_attn_allocator.free_group_begin()
+        if self.swa_attn_allocator is not None:
+            self.swa_attn_allocator.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self.full_attn_allocator.free_group_end()
+        if self.swa_attn_allocator is not None:
+            self.swa_attn_allocator.free_group_end()
+
+    def release_out_of_window(self, req_to_token: torch.Tensor, req_pool_idx: int, seq_len: int,
+                              swa_evicted_len: int, sliding_window: int, cache_protected_len: int = 0) -> int:
+        """Free the SWA pages of a running request that lie wholly before its window.
+
+        The next query (position ``seq_len``) reads at most the last ``sliding_window`` tokens,
+        so positions ``< seq_len - sliding_window`` are dead on the SWA side. Released: whole
+        pages from ``max(swa_evicted_len, cache_protected_len)`` (rounded up to a page: the
+        first ``cache_protected_len`` tokens belong to the prefix cache, which frees them
+        itself) up to that bound rounded down to a page. Returns the new ``swa_evicted_len``.
+        """
+        ps = self.page_size
+        if swa_evicted_len % ps:
+            raise ValueError(f"swa_evicted_len {swa_evicted_len} is not page-aligned (page_size {ps})")
+        start = max(swa_evicted_len, _ceil_ps(cache_protected_len, ps))
+        end = (seq_len - sliding_window) // ps * ps
+        if self._swa_req_ring or end <= start:
+            return swa_evicted_len  # a ring overwrites itself; or nothing whole is out of window yet
+        full = req_to_token[req_pool_idx, start:end].to(torch.int64)
+        swa = self.full_to_swa_index_mapping[full]
+        if ps == 1:
+            self.swa_attn_allocator.free(swa)
+        else:
+            # Page-aligned and contiguous: every ps-th slot is a distinct page, no dedup needed.
+            self.swa_attn_allocator.free_segment(swa, start)
+        self._clear_mapping(full)
+        return end
+
+    def check_books(self) -> None:
+        self.full_attn_allocator.check_books()
+        if self.swa_attn_allocator is not None:
+            self.swa_attn_allocator.check_books()
