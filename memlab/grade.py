@@ -1,0 +1,363 @@
+"""The autograder: ``python -m memlab.grade [chapter ...] [--solutions | --from DIR] [--results FILE]``.
+
+It runs the graded tests (tests/exercises) in a child pytest process against the learner's
+folder (exercises/ by default), with a time limit per test, and prints a score table: points
+earned per exercise, the first failing check in plain words, a CPU total, and GPU-only points
+apart. ``--results`` writes Gradescope's results.json.
+
+A learner's endless loop, crash (os._exit, a segfault) or exception costs that test's points and
+never stops the grader: the child logs each test's start and end as it goes; a test that hangs
+past the alarm is killed by a watchdog here, and after a kill or a crash a new child grades the
+tests that are left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memlab.grading import catalog
+from memlab.grading.loader import ROOT, source_dir
+
+DEFAULT_TIMEOUT = 30.0  # seconds per test; kernels in the interpreter take a few at most
+WATCHDOG_GRACE = 3.0  # extra seconds before a test that ignores the alarm is killed
+
+
+class GradingError(RuntimeError):
+    """The grader itself could not run the tests (not a learner's mistake)."""
+
+
+@dataclass
+class TestResult:
+    nodeid: str
+    exercise: str
+    points: int
+    gpu: bool
+    outcome: str = "failed"  # passed | failed | skipped
+    message: str = ""
+    output: str = ""
+    exc_type: str | None = None
+    duration: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.nodeid.split("::", 1)[-1]
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.outcome == "passed" else 0
+
+
+@dataclass
+class ExerciseScore:
+    exercise: catalog.Exercise
+    tests: list[TestResult] = field(default_factory=list)
+
+    def _pick(self, gpu: bool) -> list[TestResult]:
+        return [t for t in self.tests if t.gpu == gpu]
+
+    @property
+    def earned(self) -> int:
+        return sum(t.earned for t in self._pick(False))
+
+    @property
+    def possible(self) -> int:
+        return sum(t.points for t in self._pick(False))
+
+    @property
+    def gpu_earned(self) -> int:
+        return sum(t.earned for t in self._pick(True))
+
+    @property
+    def gpu_possible(self) -> int:
+        return sum(t.points for t in self._pick(True))
+
+    @property
+    def gpu_ran(self) -> bool:
+        return any(t.outcome != "skipped" for t in self._pick(True))
+
+    @property
+    def first_failure(self) -> TestResult | None:
+        return next((t for t in self.tests if t.outcome == "failed"), None)
+
+
+@dataclass
+class GradeReport:
+    source: Path
+    scores: list[ExerciseScore]
+    seconds: float
+    device: str
+
+    @property
+    def tests(self) -> list[TestResult]:
+        return [t for s in self.scores for t in s.tests]
+
+    earned = property(lambda self: sum(s.earned for s in self.scores))
+    possible = property(lambda self: sum(s.possible for s in self.scores))
+    gpu_earned = property(lambda self: sum(s.gpu_earned for s in self.scores))
+    gpu_possible = property(lambda self: sum(s.gpu_possible for s in self.scores))
+    gpu_ran = property(lambda self: any(s.gpu_ran for s in self.scores))
+
+
+# -- running the child ------------------------------------------------------------------------
+
+def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # a half-written last line is read next time
+    events = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return events, offset + end
+
+
+def _crash_message(returncode: int, output: str, src: Path) -> str:
+    if returncode < 0:
+        try:
+            how = f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"signal {-returncode}"
+    else:
+        how = f"exit code {returncode}"
+    where = ""
+    for m in re.finditer(r'File "([^"]+)", line (\d+)', output):
+        if os.path.abspath(m.group(1)).startswith(str(src)):
+            where = f", last seen at {Path(m.group(1)).name}:{m.group(2)}"
+            break  # faulthandler prints the innermost frame first
+    return (f"the test process died ({how}) during this test{where}: os._exit, a segfault or "
+            "another crash in your code")
+
+
+def _child_command(files: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "memlab.grading.plugin", "-p", "no:cacheprovider",
+            "-p", "no:xdist", "-p", "no:randomly", "-o", "addopts=", "-q", "--tb=no", "--show-capture=no",
+            "--no-header", "--continue-on-collection-errors", "-W", "ignore::DeprecationWarning", *files]
+
+
+def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | None = None,
+              progress=None) -> tuple[list[dict], dict[str, TestResult]]:
+    """Run the graded tests in ``files`` against the folder ``src``; survive hangs and crashes."""
+    work = Path(tempfile.mkdtemp(prefix="memlab-grade-"))
+    log, skip, out = work / "log.jsonl", work / "skip.txt", work / "child.out"
+    env = dict(os.environ, MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG=str(log),
+               MEMLAB_GRADE_TIMEOUT=str(timeout), MEMLAB_GRADE_SKIP=str(skip), PYTHONDONTWRITEBYTECODE="1",
+               MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if only:
+        env["MEMLAB_GRADE_ONLY"] = ",".join(only)
+    collected: list[dict] = []
+    results: dict[str, TestResult] = {}
+    meta: dict[str, dict] = {}
+    offset = 0
+    try:
+        while True:
+            skip.write_text("\n".join(results))
+            with open(out, "wb") as out_f:
+                child = subprocess.Popen(_child_command(files), cwd=ROOT, env=env, stdout=out_f,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+                running, started, killed = None, 0.0, False
+                while True:
+                    rc = child.poll()
+                    events, offset = _read_events(log, offset)
+                    for ev in events:
+                        kind = ev["event"]
+                        if kind == "collected" and not collected:
+                            collected = ev["tests"]
+                            meta = {t["nodeid"]: t for t in collected}
+                        elif kind == "start":
+                            running, started = ev["nodeid"], time.monotonic()
+                        elif kind == "end":
+                            m = meta[ev["nodeid"]]
+                            results[ev["nodeid"]] = TestResult(
+                                ev["nodeid"], m["exercise"], m["points"], m["gpu"], ev["outcome"], ev["message"],
+                                ev["output"], ev["exc_type"], ev["duration"])
+                            running = None
+                            if progress:
+                                progress(results[ev["nodeid"]])
+                    if rc is not None:
+                        break
+                    if running and time.monotonic() - started > timeout + WATCHDOG_GRACE:
+                        os.killpg(child.pid, signal.SIGKILL)  # the child and anything it started
+                        child.wait()
+                        killed = True
+                    else:
+                        time.sleep(0.05)
+            if running is None:
+                break
+            # A test started and never ended: it hung past the watchdog or took the process down.
+            m = meta[running]
+            text = out.read_text(errors="replace")
+            message = (f"timed out after {timeout:g} s and ignored the alarm (an endless loop that catches "
+                       "every exception?)" if killed else _crash_message(child.returncode, text, src))
+            results[running] = TestResult(running, m["exercise"], m["points"], m["gpu"], "failed", message,
+                                          text[-2000:], "Crash" if not killed else "Timeout", timeout)
+            if progress:
+                progress(results[running])
+        if not collected and not results:
+            raise GradingError("pytest collected no graded tests; its output ends with:\n"
+                               + out.read_text(errors="replace")[-3000:])
+        for t in collected:  # collected but never reported: the child stopped between tests
+            if t["nodeid"] not in results:
+                results[t["nodeid"]] = TestResult(t["nodeid"], t["exercise"], t["points"], t["gpu"], "failed",
+                                                  "not run: the test process stopped before this test")
+        return collected, results
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# -- grading ----------------------------------------------------------------------------------
+
+def _device() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"GPU ({torch.cuda.get_device_name()}), compiled kernels"
+    except Exception:  # no torch: the child will say so
+        pass
+    return "CPU, kernels in the Triton interpreter"
+
+
+def grade(chapters: list[int] | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+          exercises: list[str] | None = None, progress=None) -> GradeReport:
+    """Grade the chosen chapters (all when None) of the learner's folder; see the module doc."""
+    src = source_dir(source)
+    chosen = [e for e in catalog.EXERCISES
+              if (not chapters or e.chapter in chapters) and (not exercises or e.id in exercises)]
+    if not chosen:
+        raise GradingError(f"no exercise matches chapters={chapters} exercises={exercises}")
+    files = sorted({str(ROOT / e.test_file) for e in chosen})
+    t0 = time.monotonic()
+    _, results = run_tests(files, src, timeout, only=[e.id for e in chosen], progress=progress)
+    scores = []
+    for e in chosen:
+        tests = [r for r in results.values() if r.exercise == e.id]
+        missing = e.points - sum(t.points for t in tests if not t.gpu)
+        if missing > 0:  # a test file that failed to import: its points are still at stake
+            tests.append(TestResult(f"{e.test_file}::collection", e.id, missing, False, "failed",
+                                    f"{missing} points of tests could not be collected (a broken test file?)"))
+        scores.append(ExerciseScore(e, tests))
+    return GradeReport(src, scores, time.monotonic() - t0, _device())
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_table(report: GradeReport, width: int = 118) -> str:
+    try:
+        where = report.source.relative_to(ROOT)
+    except ValueError:
+        where = report.source
+    lines = [f"memlab grade: {where}/ on {report.device}", ""]
+    head = f"{'ch':>2}  {'exercise':<26} {'points':>7}  first failing check"
+    lines += [head, "-" * min(width, 100)]
+    for s in report.scores:
+        fail = s.first_failure
+        pts = f"{s.earned}/{s.possible}"
+        check = "-" if fail is None else _clip(fail.message or fail.outcome, width - 41)
+        lines.append(f"{s.exercise.chapter:02d}  {s.exercise.id:<26} {pts:>7}  {check}")
+    lines.append("-" * min(width, 100))
+    lines.append(f"{'':>2}  {'total (CPU)':<26} {f'{report.earned}/{report.possible}':>7}")
+    if report.gpu_possible:
+        if report.gpu_ran:
+            lines.append(f"{'':>2}  {'GPU-only':<26} {f'{report.gpu_earned}/{report.gpu_possible}':>7}")
+        else:
+            lines.append(f"    GPU-only checks ({report.gpu_possible} points) skipped: no CUDA device here "
+                         "(run the grader in Colab on a GPU for them)")
+    lines.append(f"    graded in {report.seconds:.1f} s")
+    failing = [t for t in report.tests if t.outcome == "failed"]
+    if failing:
+        lines += ["", "What failed (fix the first one in each exercise first):"]
+        for t in failing:
+            lines.append(f"  {t.exercise} · {t.name} ({t.points} pt{'s' if t.points != 1 else ''}): "
+                         f"{_clip(t.message, 400)}")
+    return "\n".join(lines)
+
+
+def gradescope_results(report: GradeReport, table: str) -> dict:
+    """Gradescope's results.json: one entry per graded test; GPU-only tests only where they ran."""
+    tests = []
+    for t in report.tests:
+        if t.gpu and t.outcome == "skipped":
+            continue  # not run on this machine: neither earned nor lost
+        output = t.message if t.outcome != "passed" else "passed"
+        if t.output and t.outcome == "failed":
+            output += "\n\nyour code printed:\n" + t.output
+        tests.append({"name": f"{t.exercise} · {t.name}{' (GPU)' if t.gpu else ''}", "score": t.earned,
+                      "max_score": t.points, "status": "passed" if t.outcome == "passed" else "failed",
+                      "output": output[:8000], "visibility": "visible",
+                      "extra_data": {"exercise": t.exercise, "nodeid": t.nodeid, "gpu_only": t.gpu}})
+    score = report.earned + (report.gpu_earned if report.gpu_ran else 0)
+    return {"score": score, "execution_time": round(report.seconds, 2), "output": table,
+            "visibility": "visible", "stdout_visibility": "visible", "tests": tests,
+            "extra_data": {"cpu": [report.earned, report.possible],
+                           "gpu_only": [report.gpu_earned, report.gpu_possible] if report.gpu_ran else None,
+                           "device": report.device}}
+
+
+def write_results(report: GradeReport, path: str | os.PathLike, table: str | None = None) -> None:
+    data = gradescope_results(report, table if table is not None else format_table(report))
+    Path(path).write_text(json.dumps(data, indent=1))
+
+
+def _parse_chapter(text: str) -> int | None:
+    t = text.lower().removeprefix("ch").removeprefix("chapter")
+    if t in ("all", ""):
+        return None
+    if not t.isdigit() or not 1 <= int(t) <= 10:
+        raise argparse.ArgumentTypeError(f"chapter must be 01..10 or 'all', got {text!r}")
+    return int(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m memlab.grade", description="Grade memlab's exercises.")
+    p.add_argument("chapters", nargs="*", type=_parse_chapter, help="chapters to grade, e.g. 04 (default: all)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--solutions", action="store_true", help="grade solutions/ (the reference answers)")
+    g.add_argument("--from", dest="source", metavar="DIR", help="grade the exercise files in DIR")
+    p.add_argument("--exercise", action="append", metavar="ID", help="only this exercise id (repeatable)")
+    p.add_argument("--results", metavar="FILE", help="write Gradescope's results.json here")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per test (default %(default)s)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress dots")
+    args = p.parse_args(argv)
+    chapters = [c for c in args.chapters if c is not None] or None
+    if args.exercise:
+        unknown = [x for x in args.exercise if x not in catalog.BY_ID]
+        if unknown:
+            p.error(f"unknown exercise {unknown[0]!r}; known: {', '.join(catalog.BY_ID)}")
+    source = "solutions" if args.solutions else (args.source or os.environ.get("MEMLAB_EXERCISES") or "exercises")
+
+    def dot(t: TestResult) -> None:
+        print({"passed": ".", "skipped": "s"}.get(t.outcome, "F"), end="", flush=True)
+
+    try:
+        report = grade(chapters, source, args.timeout, args.exercise, progress=None if args.quiet else dot)
+    except (GradingError, FileNotFoundError) as exc:
+        print(f"\nmemlab grade: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print()
+    table = format_table(report)
+    print(table)
+    if args.results:
+        write_results(report, args.results, table)
+        print(f"    wrote {args.results}")
+    return 0 if report.earned == report.possible else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
