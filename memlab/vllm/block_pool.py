@@ -323,3 +323,36 @@ class BlockPool:
     def get_usage(self) -> float:
         """Fraction of the usable blocks (all but the null block) that are in use."""
         return 1.0 - self.get_num_free_blocks() / (self.num_gpu_blocks - 1)
+
+    def check_invariants(self) -> None:
+        """Deep check of the books (debug/tests, O(num blocks)); raises AssertionError naming
+        the first broken rule: every block is either in the free queue with ref_cnt 0, or out of
+        it with ref_cnt > 0 (the null block: out, never counted); a block has a hash exactly
+        when the map holds it under that hash."""
+        queue = self.free_block_queue
+        forward = queue.get_all_free_blocks()
+        backward, block = [], queue.fake_free_list_tail.prev_free_block
+        while block is not queue.fake_free_list_head:
+            backward.append(block)
+            block = block.prev_free_block
+        assert forward == backward[::-1], "free queue links disagree forwards and backwards"
+        assert len(forward) == queue.num_free_blocks, \
+            f"num_free_blocks={queue.num_free_blocks} but {len(forward)} blocks are linked"
+        in_queue = {b.block_id for b in forward}
+        assert len(in_queue) == len(forward), "a block is linked twice"
+        assert self.null_block.block_id not in in_queue, "the null block is in the free queue"
+        for b in self.blocks:
+            if b.is_null:
+                continue
+            if b.block_id in in_queue:
+                assert b.ref_cnt == 0, f"block {b.block_id} is free with ref_cnt {b.ref_cnt}"
+            else:
+                assert b.ref_cnt > 0, f"block {b.block_id} is out of the queue with ref_cnt {b.ref_cnt}"
+                assert b.prev_free_block is None and b.next_free_block is None, \
+                    f"block {b.block_id} is out of the queue but still linked"
+        mapped = set()
+        for key, b in self.cached_block_hash_to_block.items():
+            assert b.block_hash == key, f"map holds block {b.block_id} under {key!r}, its hash is {b.block_hash!r}"
+            mapped.add(b.block_id)
+        hashed = {b.block_id for b in self.blocks if b.block_hash is not None}
+        assert hashed == mapped, f"hashed but not mapped: {sorted(hashed - mapped)[:5]}"

@@ -1,0 +1,255 @@
+"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, duplicates."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from memlab.vllm.block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+
+
+def ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+def queue_ids(pool):
+    return ids(pool.free_block_queue.get_all_free_blocks())
+
+
+def cache(pool, blocks, hashes):
+    """Give blocks their hashes the way the manager does (through cache_full_blocks)."""
+    pool.cache_full_blocks(SimpleNamespace(block_hashes=list(hashes)), blocks, 0, len(hashes))
+
+
+# ---- the free queue ------------------------------------------------------------------------
+
+def make_queue(n):
+    blocks = [KVCacheBlock(i) for i in range(n)]
+    return blocks, FreeKVCacheBlockQueue(blocks)
+
+
+def test_queue_starts_in_block_id_order_and_pops_from_the_head():
+    blocks, q = make_queue(6)
+    assert ids(q.get_all_free_blocks()) == [0, 1, 2, 3, 4, 5] and q.num_free_blocks == 6
+    assert q.popleft().block_id == 0
+    assert ids(q.popleft_n(3)) == [1, 2, 3]
+    assert ids(q.get_all_free_blocks()) == [4, 5] and len(q) == 2
+    assert all(b.prev_free_block is None and b.next_free_block is None for b in blocks[:4])
+    assert q.popleft_n(0) == []
+
+
+def test_queue_remove_from_the_middle_is_o1_relinking():
+    blocks, q = make_queue(5)
+    q.remove(blocks[2])
+    assert ids(q.get_all_free_blocks()) == [0, 1, 3, 4] and q.num_free_blocks == 4
+    assert blocks[1].next_free_block is blocks[3] and blocks[3].prev_free_block is blocks[1]
+    q.remove(blocks[0])
+    q.remove(blocks[4])
+    assert ids(q.get_all_free_blocks()) == [1, 3]
+
+
+def test_queue_append_prepend_keep_the_given_order():
+    blocks, q = make_queue(3)
+    extra = [KVCacheBlock(i) for i in range(3, 8)]
+    q.append_n(extra[:2])
+    q.prepend_n(extra[2:4])
+    q.append(extra[4])
+    assert ids(q.get_all_free_blocks()) == [5, 6, 0, 1, 2, 3, 4, 7] and q.num_free_blocks == 8
+    q.append_n([])
+    q.prepend_n([])
+    assert q.num_free_blocks == 8
+
+
+def test_queue_errors_on_empty_pop_and_unlinked_remove():
+    blocks, q = make_queue(2)
+    with pytest.raises(ValueError, match=r"popleft_n\(3\).*2 free"):
+        q.popleft_n(3)
+    assert q.num_free_blocks == 2  # refused: nothing popped
+    q.popleft_n(2)
+    with pytest.raises(ValueError, match="empty"):
+        q.popleft()
+    with pytest.raises(ValueError, match="block 1.*not in the free queue"):
+        q.remove(blocks[1])
+    q.append(blocks[1])
+    with pytest.raises(ValueError, match="block 1.*already in the free queue"):
+        q.append(blocks[1])
+    assert q.num_free_blocks == 1
+
+
+def test_block_is_slotted_and_its_hash_is_set_once():
+    b = KVCacheBlock(3)
+    assert not hasattr(b, "__dict__")
+    b.block_hash = b"h"
+    with pytest.raises(ValueError, match="block 3 already has hash"):
+        b.block_hash = b"other"
+    b.reset_hash()
+    assert b.block_hash is None
+
+
+# ---- the pool ------------------------------------------------------------------------------
+
+def test_null_block_is_popped_at_start_never_handed_out_never_freed():
+    pool = BlockPool(8)
+    assert pool.null_block.block_id == 0 and pool.null_block.is_null
+    assert queue_ids(pool) == [1, 2, 3, 4, 5, 6, 7]
+    assert pool.get_usage() == 0.0  # the null block is not "used"
+    got = pool.get_new_blocks(7)
+    assert 0 not in ids(got) and pool.get_usage() == 1.0
+    pool.free_blocks([pool.null_block, got[0], pool.null_block])
+    assert queue_ids(pool) == [1] and pool.null_block.prev_free_block is None
+    pool.touch([pool.null_block])
+    assert pool.null_block.ref_cnt == 0
+    pool.check_invariants()
+
+
+def test_get_new_blocks_short_raises_and_changes_nothing():
+    pool = BlockPool(4)
+    with pytest.raises(ValueError, match="Cannot get 4 free blocks.*3 are free"):
+        pool.get_new_blocks(4)
+    with pytest.raises(ValueError, match="-1"):
+        pool.get_new_blocks(-1)
+    assert queue_ids(pool) == [1, 2, 3]
+    pool.check_invariants()
+    with pytest.raises(ValueError, match="num_gpu_blocks.*1"):
+        BlockPool(1)
+
+
+def expected_order_after_free(pool):
+    """Request holds blocks 1..5; 1-3 full and cached, 4-5 not (a partial tail and a block the
+    step has not filled). Freed in reverse: unhashed 5, 4 go to the head in that order, hashed
+    3, 2, 1 to the tail, so the prefix's last block is evicted first."""
+    blocks = pool.get_new_blocks(5)
+    cache(pool, blocks[:3], ["h1", "h2", "h3"])
+    pool.free_blocks(blocks[::-1])
+    return queue_ids(pool)
+
+
+def test_exact_free_queue_order_after_freeing_mixed_hashed_and_unhashed_blocks():
+    assert expected_order_after_free(BlockPool(10)) == [5, 4, 6, 7, 8, 9, 3, 2, 1]
+
+
+class BuggyTailPool(BlockPool):
+    """Bug zoo: every freed block goes to the tail, as in a plain FIFO free list."""
+
+    def free_blocks(self, ordered_blocks):
+        blocks = list(ordered_blocks)
+        for b in blocks:
+            b.ref_cnt -= 1
+        self.free_block_queue.append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+
+
+def test_the_order_check_catches_unhashed_blocks_appended_to_the_tail():
+    # Unhashed blocks at the tail are reused LAST, so hittable blocks get evicted before them.
+    assert expected_order_after_free(BuggyTailPool(10)) != [5, 4, 6, 7, 8, 9, 3, 2, 1]
+
+
+def test_hit_on_a_free_block_takes_it_out_of_the_middle():
+    pool = BlockPool(10)
+    expected_order_after_free(pool)
+    hit = pool.get_cached_block("h2")
+    assert hit.block_id == 2 and hit.ref_cnt == 0
+    pool.touch([hit])
+    assert hit.ref_cnt == 1 and queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1]
+    pool.touch([hit])  # a second request shares it: no queue change
+    assert hit.ref_cnt == 2 and queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1]
+    pool.free_blocks([hit])
+    assert queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1]  # still referenced
+    pool.free_blocks([hit])
+    assert queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1, 2]  # most recently used: evicted last
+    pool.check_invariants()
+
+
+def test_eviction_happens_when_a_block_is_reused_not_when_it_is_freed():
+    pool = BlockPool(10)
+    expected_order_after_free(pool)
+    assert pool.get_cached_block("h3").block_id == 3  # freed, still hittable
+    assert pool.num_evictions == 0
+    assert ids(pool.get_new_blocks(6)) == [5, 4, 6, 7, 8, 9]
+    assert pool.get_cached_block("h3") is not None and pool.num_evictions == 0
+    (b3,) = pool.get_new_blocks(1)
+    assert b3.block_id == 3 and b3.block_hash is None and b3.ref_cnt == 1
+    assert pool.get_cached_block("h3") is None and pool.num_evictions == 1
+    assert pool.get_cached_block("h1").block_id == 1  # the prefix's start stays longest
+    pool.check_invariants()
+
+
+def test_duplicate_blocks_for_one_hash():
+    pool = BlockPool(6)
+    a, b = pool.get_new_blocks(1), pool.get_new_blocks(1)
+    cache(pool, a, ["same"])
+    cache(pool, b, ["same"])  # a second request computed the same prefix meanwhile
+    assert len(pool.cached_block_hash_to_block) == 1
+    assert sorted(ids(blk for _, blk in pool.cached_block_hash_to_block.items())) == [1, 2]
+    assert pool.get_cached_block("same").block_id in (1, 2)
+    pool.free_blocks(b)
+    pool.free_blocks(a)
+    assert queue_ids(pool) == [3, 4, 5, 2, 1]
+    pool.get_new_blocks(4)  # reaches block 2: evicts that copy only
+    assert pool.get_cached_block("same").block_id == 1
+    pool.check_invariants()
+
+
+def test_hash_map_pop_removes_only_the_named_copy():
+    m = BlockHashToBlockMap()
+    b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
+    for b in (b1, b2, b3):
+        m.insert("k", b)
+    assert m.pop("k", 9) is None and m.pop("nope", 1) is None
+    assert m.pop("k", 2) is b2 and m.pop("k", 1) is b1
+    assert m.get_one_block("k") is b3 and m.pop("k", 3) is b3 and m.get_one_block("k") is None
+    assert len(m) == 0
+
+
+def test_reset_prefix_cache_refused_while_blocks_are_in_use():
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(2)
+    cache(pool, blocks, ["a", "b"])
+    assert pool.reset_prefix_cache() is False
+    assert pool.get_cached_block("a") is blocks[0]  # refused: nothing changed
+    pool.free_blocks(blocks[::-1])
+    assert pool.reset_prefix_cache() is True
+    assert pool.get_cached_block("a") is None and all(b.block_hash is None for b in pool.blocks)
+    pool.check_invariants()
+
+
+def test_double_free_raises_and_changes_nothing():
+    pool = BlockPool(6)
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([a])
+    with pytest.raises(ValueError, match=f"block {a.block_id} with ref_cnt 0"):
+        pool.free_blocks([b, a])
+    assert b.ref_cnt == 1 and b.block_id not in queue_ids(pool)
+    pool.check_invariants()
+
+
+def test_caching_disabled_sends_every_freed_block_to_the_head():
+    pool = BlockPool(6, enable_caching=False)
+    blocks = pool.get_new_blocks(3)
+    pool.free_blocks(blocks[::-1])
+    assert queue_ids(pool) == [3, 2, 1, 4, 5]
+
+
+def test_cache_full_blocks_checks_it_has_the_hashes():
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(2)
+    with pytest.raises(ValueError, match="cannot cache 2 full blocks.*1 block hashes"):
+        pool.cache_full_blocks(SimpleNamespace(block_hashes=["x"]), blocks, 0, 2)
+
+
+def test_check_invariants_catches_a_corrupted_pool():
+    pool = BlockPool(6)
+    (b,) = pool.get_new_blocks(1)
+    b.ref_cnt = 0  # out of the queue but unreferenced: a leak
+    with pytest.raises(AssertionError, match=f"block {b.block_id} is out of the queue with ref_cnt 0"):
+        pool.check_invariants()
+    pool = BlockPool(6)
+    pool.blocks[2]._block_hash = "ghost"  # hashed but not in the map
+    with pytest.raises(AssertionError, match="hashed but not mapped"):
+        pool.check_invariants()
+
+
+def test_a_hundred_thousand_blocks_are_cheap():
+    pool = BlockPool(100_000)
+    assert pool.get_num_free_blocks() == 99_999
+    got = pool.get_new_blocks(50_000)
+    pool.free_blocks(got[::-1])
+    assert pool.get_num_free_blocks() == 99_999

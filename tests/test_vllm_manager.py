@@ -1,0 +1,358 @@
+"""The slim KVCacheManager: cache lookup, allocate_slots, reverse free, sliding window; property
+tests over random request streams; bug-zoo variants of three classic mistakes."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memlab.vllm.kv_cache_manager import KVCacheManager, SlidingWindowKVCacheManager, cdiv
+from memlab.vllm.request import Request
+
+
+def new_request(mgr, rid, tokens, **kw):
+    return Request(rid, tokens, block_hasher=mgr.request_block_hasher, **kw)
+
+
+def admit(mgr, req):
+    """What the scheduler does for a waiting request: look up, allocate, run the step."""
+    hits, n = mgr.get_computed_blocks(req)
+    new = mgr.allocate_slots(req, req.num_tokens - n, n, hits)
+    if new is not None:
+        req.num_computed_tokens = req.num_tokens
+    return new, n
+
+
+def decode(mgr, req, token=7):
+    req.append_output_token_ids(token)
+    new = mgr.allocate_slots(req, 1)
+    if new is not None:
+        req.num_computed_tokens += 1
+    return new
+
+
+def snapshot(mgr):
+    pool = mgr.block_pool
+    return ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()], [b.ref_cnt for b in pool.blocks],
+            [b.block_hash for b in pool.blocks], {k: list(v) for k, v in mgr.req_to_blocks.items()})
+
+
+# ---- bug zoo -------------------------------------------------------------------------------
+
+class ForwardFreeManager(KVCacheManager):
+    """Frees a request's blocks first to last: the prefix's START is then evicted first."""
+
+    def free(self, request):
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(blocks)
+
+
+class AllocateBeforeTouchManager(KVCacheManager):
+    """Takes new blocks before touching the hits: get_new_blocks may evict a block just hit."""
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                       num_lookahead_tokens=0):
+        hits = new_computed_blocks or []
+        need = cdiv(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, self.block_size)
+        new = self.block_pool.get_new_blocks(max(0, need - len(hits) - len(self.req_to_blocks.get(request.request_id, []))))
+        self.block_pool.touch(hits)
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks.extend(hits + new)
+        self.num_cached_block[request.request_id] = len(blocks)
+        return new
+
+
+class IgnoreEvictableHitsManager(KVCacheManager):
+    """Counts only new blocks against the free pool, forgetting that touching a free hit block
+    takes it off the free queue too."""
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                       num_lookahead_tokens=0):
+        hits = new_computed_blocks or []
+        need = cdiv(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, self.block_size)
+        num_new = max(0, need - len(hits) - len(self.req_to_blocks.get(request.request_id, [])))
+        if num_new > self.block_pool.get_num_free_blocks():
+            return None
+        self.block_pool.touch(hits)
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks.extend(hits)
+        new = self.block_pool.get_new_blocks(num_new)
+        blocks.extend(new)
+        return new
+
+
+# ---- lookup --------------------------------------------------------------------------------
+
+def test_lookup_stops_at_the_first_miss():
+    mgr = KVCacheManager(32, block_size=4)
+    a = new_request(mgr, "a", list(range(16)))
+    admit(mgr, a)
+    mgr.free(a)
+    b = new_request(mgr, "b", list(range(8)) + [99] * 4 + list(range(12, 17)))  # block 2 differs
+    hits, n = mgr.get_computed_blocks(b)
+    assert [h.block_id for h in hits] == [1, 2] and n == 8  # block 3's tokens match, but not its prefix
+
+
+def test_at_most_num_tokens_minus_one_tokens_hit_and_the_recomputed_block_is_a_duplicate():
+    mgr = KVCacheManager(32, block_size=4)
+    a = new_request(mgr, "a", list(range(8)))
+    admit(mgr, a)
+    b = new_request(mgr, "b", list(range(8)))  # the same 2-block prompt
+    new, n = admit(mgr, b)
+    assert n == 4  # the last token is recomputed for its logits, so block 1 is not a hit
+    assert mgr.get_block_ids("b") == [1, 3]
+    copies = [blk.block_id for h, blk in mgr.block_pool.cached_block_hash_to_block.items() if h == a.block_hashes[1]]
+    assert sorted(copies) == [2, 3]  # two blocks for one hash: block tables stay append-only
+    mgr.block_pool.check_invariants()
+
+
+def test_disabled_caching_never_hits_or_hashes():
+    mgr = KVCacheManager(16, block_size=4, enable_caching=False)
+    a = new_request(mgr, "a", list(range(8)))
+    admit(mgr, a)
+    mgr.free(a)
+    assert mgr.get_computed_blocks(new_request(mgr, "b", list(range(8)))) == ([], 0)
+    assert all(b.block_hash is None for b in mgr.block_pool.blocks)
+
+
+# ---- allocate_slots ------------------------------------------------------------------------
+
+def two_cached_prefixes(cls):
+    """Usable blocks 1..4, block size 2. A=[1,2,3,4] and B=[5,6,7,8] ran and finished, so the
+    free queue (head first) is [2, 1, 4, 3]: A's blocks are the least recently used."""
+    mgr = cls(5, block_size=2)
+    for rid, toks in (("A", [1, 2, 3, 4]), ("B", [5, 6, 7, 8])):
+        r = new_request(mgr, rid, toks)
+        admit(mgr, r)
+        mgr.free(r)
+    assert [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()] == [2, 1, 4, 3]
+    return mgr
+
+
+def hits_are_touched_before_new_blocks_are_taken(cls):
+    mgr = two_cached_prefixes(cls)
+    d = new_request(mgr, "D", [1, 2, 3, 4, 9])  # hits A's blocks 1, 2, which sit at the queue head
+    new, n = admit(mgr, d)
+    assert n == 4
+    assert mgr.get_block_ids("D") == [1, 2, 4], mgr.get_block_ids("D")
+    mgr.block_pool.check_invariants()
+
+
+def test_hits_are_touched_before_new_blocks_are_taken():
+    hits_are_touched_before_new_blocks_are_taken(KVCacheManager)
+
+
+def test_the_touch_order_check_catches_allocating_first():
+    with pytest.raises(AssertionError):
+        hits_are_touched_before_new_blocks_are_taken(AllocateBeforeTouchManager)
+
+
+def evictable_hits_count_against_capacity(cls):
+    mgr = two_cached_prefixes(cls)
+    before = snapshot(mgr)
+    e = new_request(mgr, "E", [1, 2, 3, 4, 9, 9, 9, 9, 9])  # 2 free hits + 3 new > 4 free
+    new, n = admit(mgr, e)
+    assert new is None and snapshot(mgr) == before  # refused: nothing changed
+    f = new_request(mgr, "F", [1, 2, 3, 4, 9, 9, 9])  # 2 free hits + 2 new = 4: fits exactly
+    new, _ = admit(mgr, f)
+    assert len(new) == 2 and mgr.block_pool.get_num_free_blocks() == 0
+    mgr.block_pool.check_invariants()
+
+
+def test_evictable_hits_count_against_capacity():
+    evictable_hits_count_against_capacity(KVCacheManager)
+
+
+def test_the_capacity_check_catches_ignoring_evictable_hits():
+    with pytest.raises((AssertionError, ValueError)):
+        evictable_hits_count_against_capacity(IgnoreEvictableHitsManager)
+
+
+def test_hits_held_by_a_running_request_cost_nothing():
+    mgr = KVCacheManager(7, block_size=2)
+    a = new_request(mgr, "a", [1, 2, 3, 4, 5])
+    admit(mgr, a)  # holds blocks 1, 2, 3; 1 and 2 cached
+    b = new_request(mgr, "b", [1, 2, 3, 4, 8, 8, 8])  # 2 hits with ref_cnt 1, 2 new; 3 free
+    new, n = admit(mgr, b)
+    assert n == 4 and len(new) == 2 and mgr.block_pool.blocks[1].ref_cnt == 2
+
+
+def test_short_pool_returns_none_and_changes_nothing():
+    mgr = KVCacheManager(4, block_size=4)
+    a = new_request(mgr, "a", list(range(10)))
+    admit(mgr, a)  # 3 blocks: the pool is full
+    before = snapshot(mgr)
+    assert admit(mgr, new_request(mgr, "b", [5]))[0] is None
+    a.append_output_token_ids([1, 2, 3])  # 13 tokens: a 4th block is needed
+    assert mgr.allocate_slots(a, 3) is None
+    assert snapshot(mgr) == before
+
+
+def test_watermark_holds_back_new_requests_only():
+    mgr = KVCacheManager(11, block_size=1, watermark=0.2)  # 10 usable, 2 held back
+    assert mgr.watermark_blocks == 2
+    assert admit(mgr, new_request(mgr, "big", list(range(9))))[0] is None
+    a = new_request(mgr, "a", list(range(8)))
+    assert len(admit(mgr, a)[0]) == 8
+    assert len(decode(mgr, a)) == 1 and len(decode(mgr, a)) == 1  # a running request may use them
+    assert decode(mgr, a) is None
+
+
+def test_decode_hashes_each_block_when_it_fills():
+    mgr = KVCacheManager(32, block_size=4)
+    a = new_request(mgr, "a", [1, 2, 3, 4, 5, 6])
+    admit(mgr, a)
+    assert mgr.num_cached_block["a"] == 1
+    assert decode(mgr, a) == [] and mgr.num_cached_block["a"] == 1  # 7 tokens
+    assert decode(mgr, a) == [] and mgr.num_cached_block["a"] == 2  # 8 tokens: block 2 full
+    assert len(decode(mgr, a)) == 1  # 9th token opens block 3
+    b = new_request(mgr, "b", a.all_token_ids[:8] + [0])
+    assert mgr.get_computed_blocks(b)[1] == 8  # the decoded tokens' block is a hit
+
+
+def test_bad_inputs_raise_naming_the_value():
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+        KVCacheManager(8, block_size=0)
+    with pytest.raises(ValueError, match="watermark.*1.5"):
+        KVCacheManager(8, watermark=1.5)
+    with pytest.raises(ValueError, match="sliding_window must be a positive int, got 0"):
+        SlidingWindowKVCacheManager(8, sliding_window=0)
+    mgr = KVCacheManager(8, block_size=4)
+    r = new_request(mgr, "r", [1, 2, 3])
+    with pytest.raises(ValueError, match="num_new_tokens must be an int > 0, got 0"):
+        mgr.allocate_slots(r, 0)
+    with pytest.raises(ValueError, match="num_new_computed_tokens=8 does not fit 1 computed blocks"):
+        mgr.allocate_slots(r, 1, 8, [mgr.block_pool.blocks[1]])
+
+
+# ---- free ----------------------------------------------------------------------------------
+
+def prefix_survives_pressure(cls):
+    """A 3-block prompt finishes; a newcomer then takes the 2 least recently used blocks.
+    Reverse free makes those the prefix's LAST blocks, so its start still hits."""
+    mgr = cls(5, block_size=2)
+    a = new_request(mgr, "a", [1, 2, 3, 4, 5, 6])
+    admit(mgr, a)
+    mgr.free(a)
+    admit(mgr, new_request(mgr, "x", [9, 9, 9, 9]))
+    again = new_request(mgr, "a2", [1, 2, 3, 4, 5, 6, 7])
+    return mgr.get_computed_blocks(again)[1]
+
+
+def test_free_in_reverse_order_keeps_the_shared_start_longest():
+    assert prefix_survives_pressure(KVCacheManager) == 4
+
+
+def test_the_reverse_free_check_catches_forward_free():
+    assert prefix_survives_pressure(ForwardFreeManager) == 0  # the start went first: nothing hits
+
+
+# ---- sliding window ------------------------------------------------------------------------
+
+def test_out_of_window_blocks_become_null_blocks():
+    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
+    a = new_request(mgr, "a", list(range(12)))
+    admit(mgr, a)
+    assert mgr.get_block_ids("a") == [1, 2, 3]
+    decode(mgr, a)  # next token at 12 reads back to position 5: block 0 (0..3) is out
+    assert mgr.get_block_ids("a") == [0, 2, 3, 4] and mgr.req_to_blocks["a"][0] is mgr.null_block
+    pool = mgr.block_pool
+    assert pool.blocks[1].ref_cnt == 0 and pool.free_block_queue.fake_free_list_tail.prev_free_block is pool.blocks[1]
+    for _ in range(4):
+        decode(mgr, a)  # with 16 tokens computed, the next reads back to 9: block 1 (4..7) goes
+    assert mgr.get_block_ids("a")[:2] == [0, 0]
+    assert pool.null_block.ref_cnt == 0 and pool.null_block.prev_free_block is None
+    pool.check_invariants()
+    mgr.free(a)
+    assert pool.get_num_free_blocks() == 19
+    pool.check_invariants()
+
+
+def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
+    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
+    a = new_request(mgr, "a", list(range(16)))
+    admit(mgr, a)
+    mgr.free(a)
+    b = new_request(mgr, "b", list(range(16)) + [0])
+    hits, n = mgr.get_computed_blocks(b)
+    # The scan from the right stops at the first run of cdiv(8 - 1, 4) = 2 cached blocks.
+    assert n == 16 and hits[:2] == [mgr.null_block] * 2 and [h.block_id for h in hits[2:]] == [3, 4]
+    mgr.block_pool.get_new_blocks(mgr.block_pool.get_num_free_blocks() - 4)
+    mgr.block_pool.get_new_blocks(2)  # evicts a's blocks 4 and 3 (the prefix's tail goes first)
+    hits, n = mgr.get_computed_blocks(b)
+    assert n == 8 and [h.block_id for h in hits] == [1, 2]  # a run from the start still counts
+    c = new_request(mgr, "c", list(range(8)) + [5] * 9)
+    assert mgr.get_computed_blocks(c)[1] == 8
+
+
+def test_sliding_window_hit_fills_skipped_blocks_with_null():
+    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
+    a = new_request(mgr, "a", list(range(16)))
+    admit(mgr, a)
+    mgr.free(a)
+    pool = mgr.block_pool
+    pool.touch([pool.blocks[1]])  # keep block 1 out of the queue's way, then evict block 2 only
+    pool._maybe_evict_cached_block(pool.blocks[2])
+    pool.free_blocks([pool.blocks[1]])
+    hits, n = mgr.get_computed_blocks(new_request(mgr, "b", list(range(16)) + [1]))
+    # Blocks 2 and 3 (tokens 8..15) form a run of cdiv(8 - 1, 4) = 2: enough for the window.
+    assert n == 16 and hits[0] is mgr.null_block and hits[1] is mgr.null_block
+    assert [h.block_id for h in hits[2:]] == [3, 4]
+    new, _ = admit(mgr, new_request(mgr, "c", list(range(16)) + [1]))
+    assert mgr.get_block_ids("c")[:3] == [0, 0, 3]
+    pool.check_invariants()
+
+
+# ---- property tests ------------------------------------------------------------------------
+
+PREFIXES = [[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [3] * 11]
+
+op = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, len(PREFIXES) - 1), st.integers(1, 9), st.integers(0, 3)),
+    st.tuples(st.just("decode"), st.integers(0, 99), st.integers(1, 3), st.integers(0, 3)),
+    st.tuples(st.just("free"), st.integers(0, 99), st.just(0), st.just(0)),
+)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(op, max_size=40), num_blocks=st.integers(3, 24), block_size=st.sampled_from([1, 2, 4]))
+def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block_size):
+    """Every block is in the queue with ref_cnt 0 or out of it with ref_cnt > 0; ref counts equal
+    the number of running requests holding the block; the map holds exactly the hashed blocks."""
+    if window is None:
+        mgr = KVCacheManager(num_blocks, block_size=block_size)
+    else:
+        mgr = SlidingWindowKVCacheManager(num_blocks, block_size=block_size, sliding_window=window)
+    running, n = [], 0
+    for kind, a, b, c in ops:
+        if kind == "add":
+            n += 1
+            req = new_request(mgr, f"r{n}", PREFIXES[a] + [10 + c] * b)
+            new, hit = admit(mgr, req)
+            if new is not None:
+                running.append(req)
+                assert hit % block_size == 0 and hit <= req.num_tokens - 1
+        elif kind == "decode" and running:
+            req = running[a % len(running)]
+            for _ in range(b):
+                if decode(mgr, req, 10 + c) is None:
+                    req.all_token_ids.pop()  # the scheduler would preempt; keep the request as it was
+                    req.block_hashes[:] = req.block_hashes[:req.num_tokens // block_size]
+                    break
+        elif kind == "free" and running:
+            mgr.free(running.pop(a % len(running)))
+        mgr.block_pool.check_invariants()
+        holders = {}
+        for req in running:
+            blocks = mgr.req_to_blocks[req.request_id]
+            assert len(blocks) == cdiv(req.num_computed_tokens, block_size)
+            for blk in blocks:
+                if not blk.is_null:
+                    holders[blk.block_id] = holders.get(blk.block_id, 0) + 1
+        for blk in mgr.block_pool.blocks[1:]:
+            assert blk.ref_cnt == holders.get(blk.block_id, 0), blk
+    for req in running:
+        mgr.free(req)
+    assert mgr.block_pool.get_num_free_blocks() == num_blocks - 1
+    mgr.block_pool.check_invariants()
