@@ -1,0 +1,318 @@
+"""Mamba state: the slot allocator, the state pool, and the hybrid request table."""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memlab.hybrid.mamba import HybridReqToTokenPool, MambaPool, MambaSlotAllocator, mamba_tracking_slots
+from memlab.models import LINEAR, QWEN3_NEXT_80B_A3B
+from memlab.req_to_token import Req
+
+CONV = [(6, 3), (6, 2), (4, 3)]  # three mamba layers; the second has a narrower kernel
+TEMPORAL = (2, 3, 3)
+
+
+def make_pool(size=4, mamba_size=12, **kw):
+    return HybridReqToTokenPool(size, 16, mamba_size, CONV, TEMPORAL, [1, 2, 5], debug_mode=True, **kw)
+
+
+# ---- tracking slots -----------------------------------------------------------------------
+@pytest.mark.parametrize("extra, overlap, lazy", list(itertools.product([False, True], repeat=3)))
+def test_tracking_slot_counts_for_every_combination(extra, overlap, lazy):
+    want = 0 if not extra else 1 if lazy else 2 if overlap else 1
+    assert mamba_tracking_slots(extra, overlap, lazy) == want
+    pool = make_pool(enable_mamba_extra_buffer=extra, enable_overlap_schedule=overlap, mamba_extra_buffer_lazy=lazy)
+    assert pool.mamba_initial_tracking_slots == want
+    # the ping-pong buffer is sized for the full count even when lazy mode fills it late
+    assert pool.mamba_ping_pong_track_buffer_size == (0 if not extra else 2 if overlap else 1)
+    rows = pool.alloc_rows(2)
+    assert pool.mamba_pool.available_size() == 12 - 2 * (1 + want)
+    held = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[rows]
+    assert int((held > 0).sum()) == 2 * want
+
+
+# ---- the slot allocator -------------------------------------------------------------------
+def test_slot_allocator_takes_the_head_and_frees_to_the_tail():
+    a = MambaSlotAllocator(5)
+    assert a.alloc(2).tolist() == [1, 2]  # slot 0 is padding
+    a.free(torch.tensor([1]))
+    assert a.free_slots.tolist() == [3, 4, 5, 1]  # FIFO: the oldest free slots go out first
+    assert a.alloc(0).numel() == 0 and a.available_size() == 4
+
+
+def test_grouped_allocation_is_all_or_nothing():
+    a = MambaSlotAllocator(5)
+    assert a.alloc_grouped(2, 2).tolist() == [[1, 2], [3, 4]]
+    before = a.free_slots.clone()
+    assert a.alloc_grouped(1, 2) is None and torch.equal(a.free_slots, before)
+
+
+@pytest.mark.parametrize("bad", [[0], [6], [-1]])
+def test_freeing_padding_or_out_of_range_slots_is_refused(bad):
+    a = MambaSlotAllocator(5)
+    a.alloc(5)
+    with pytest.raises(ValueError, match="slot 0 is padding"):
+        a.free(torch.tensor(bad))
+    assert a.available_size() == 0  # nothing changed
+
+
+def test_double_free_is_caught_in_debug_mode():
+    a = MambaSlotAllocator(4, debug_mode=True)
+    s = a.alloc(2)
+    a.free(s[:1])
+    with pytest.raises(ValueError, match="freed twice"):
+        a.free(s[:1])
+    with pytest.raises(ValueError, match="freed twice"):
+        a.free(torch.tensor([2, 2]))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="size"):
+        MambaSlotAllocator(0)
+    with pytest.raises(ValueError, match="need_size"):
+        MambaSlotAllocator(3).alloc(-1)
+    with pytest.raises(TypeError, match="integer"):
+        MambaSlotAllocator(3).free(torch.tensor([1.0]))
+
+
+# ---- the state pool -----------------------------------------------------------------------
+def test_conv_state_is_a_list_because_kernel_widths_differ():
+    p = MambaPool(4, CONV, TEMPORAL)
+    assert [tuple(c.shape) for c in p.conv] == [(5, 6, 3), (5, 6, 2), (5, 4, 3)]  # slot 0 included
+    assert tuple(p.temporal.shape) == (3, 5, 2, 3, 3)
+    conv, temporal = p.get_state(1)
+    assert conv is p.conv[1] and temporal.shape == (5, 2, 3, 3)
+
+
+class BuggyPoolNoZeroing(MambaPool):
+    def alloc(self, need_size):
+        return self.allocator.alloc(need_size)  # hands out the previous owner's state
+
+
+def _reuse_sees_stale_state(pool_cls):
+    p = pool_cls(1, CONV, TEMPORAL)
+    s = p.alloc(1)
+    p.conv[1][s] = 7
+    p.temporal[:, s] = 3
+    p.free(s)
+    s2 = p.alloc(1)
+    assert s2.tolist() == s.tolist()  # the only slot comes back
+    return bool(p.conv[1][s2].any() or p.temporal[:, s2].any())
+
+
+def test_slots_are_zeroed_before_reuse_and_the_buggy_pool_is_caught():
+    assert not _reuse_sees_stale_state(MambaPool)
+    assert _reuse_sees_stale_state(BuggyPoolNoZeroing)
+
+
+def test_copy_slots_copies_every_layer():
+    p = MambaPool(3, CONV, TEMPORAL)
+    a, b = p.alloc(1), p.alloc(1)
+    for i, c in enumerate(p.conv):
+        c[a] = i + 1
+    p.temporal[:, a] = torch.arange(3.0).view(3, 1, 1, 1, 1)
+    p.copy_slots(a, b)
+    assert all(torch.equal(c[a], c[b]) for c in p.conv) and torch.equal(p.temporal[:, a], p.temporal[:, b])
+    with pytest.raises(ValueError, match="copy of 1 slots into 2"):
+        p.copy_slots(a, torch.tensor([1, 2]))
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def clear_slots(self, s):
+        self.calls.append(("clear", s.tolist()))
+
+    def copy_slots(self, src, dst):
+        self.calls.append(("copy", src.tolist(), dst.tolist()))
+
+    def free_slots(self, s):
+        self.calls.append(("free", s.tolist()))
+
+
+def test_registered_states_ride_along_with_the_slot():
+    p = MambaPool(3, CONV, TEMPORAL)
+    extra = torch.zeros(4, 5)
+    rec = Recorder()
+    p.register_slot_state(extra)
+    p.register_slot_state(rec)
+    a = p.alloc(1)
+    extra[a] = 9
+    b = p.alloc(1)
+    p.copy_slots(a, b)
+    assert torch.equal(extra[b], extra[a])
+    p.free(a)
+    a2 = p.alloc(2)[-1:]  # slot a comes back last (FIFO)
+    assert a2.tolist() == a.tolist() and not extra[a2].any()  # cleared with its slot
+    assert rec.calls[:4] == [("clear", [1]), ("clear", [2]), ("copy", [1], [2]), ("free", [1])]
+    with pytest.raises(ValueError, match="4 rows"):
+        p.register_slot_state(torch.zeros(3))
+    with pytest.raises(TypeError):
+        p.register_slot_state(object())
+
+
+def test_bytes_per_slot_match_the_model_table():
+    m, tp = QWEN3_NEXT_80B_A3B, 16
+    n = len(m.layer_ids(LINEAR))
+    p = MambaPool(1, [m.conv_state_shape(tp)] * n, m.temporal_state_shape(tp), torch.bfloat16, torch.float32)
+    assert p.bytes_per_slot() == m.state_bytes_per_request(2, 4, tp)
+
+
+# ---- the hybrid request table -------------------------------------------------------------
+def test_dense_map_from_model_layers_to_mamba_layers():
+    m = QWEN3_NEXT_80B_A3B
+    ids = m.layer_ids(LINEAR)
+    pool = HybridReqToTokenPool(2, 8, 2, [(4, 3)] * len(ids), (1, 2, 2), ids)
+    assert [pool.mamba_layer_index(i) for i in (0, 1, 2, 4, 46)] == [0, 1, 2, 3, 35]
+    assert pool.mamba2_layer_cache(46)[0] is pool.mamba_pool.conv[35]
+    with pytest.raises(ValueError, match="layer 3 is not a mamba layer"):
+        pool.mamba_layer_index(3)  # a full-attention layer
+
+
+def test_rows_come_with_state_slots_all_or_nothing():
+    pool = make_pool(size=4, mamba_size=3, enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
+    reqs = [Req("a")]
+    assert pool.alloc(reqs) is not None  # 1 state + 2 ping-pong slots: the whole mamba pool
+    gen = pool.req_generation.clone()
+    assert pool.alloc([Req("b")]) is None  # rows are free, state slots are not
+    assert pool.available_size() == 3 and torch.equal(pool.req_generation, gen)
+
+
+def test_a_continuing_chunked_prefill_keeps_row_and_slots():
+    pool = make_pool()
+    r = Req("a")
+    pool.alloc([r])
+    slot = pool.get_mamba_indices([r.req_pool_idx]).item()
+    r.kv_allocated_len = 5
+    free_before = pool.mamba_pool.available_size()
+    pool.alloc([r, Req("b")])
+    assert pool.get_mamba_indices([r.req_pool_idx]).item() == slot
+    assert pool.mamba_pool.available_size() == free_before - 1
+
+
+def test_ping_pong_alternates_under_overlap_and_not_without():
+    pool = make_pool(enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
+    (row,) = pool.alloc_rows(1)
+    a, b = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
+    assert [pool.next_track_slots([row]).item() for _ in range(4)] == [a, b, a, b]
+    single = make_pool(enable_mamba_extra_buffer=True, enable_overlap_schedule=False)
+    (row,) = single.alloc_rows(1)
+    (c,) = single.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
+    assert [single.next_track_slots([row]).item() for _ in range(3)] == [c, c, c]
+    with pytest.raises(ValueError, match="enable_mamba_extra_buffer"):
+        make_pool().next_track_slots([1])
+
+
+def test_lazy_mode_adds_the_second_slot_when_needed():
+    pool = make_pool(mamba_size=5, enable_mamba_extra_buffer=True, mamba_extra_buffer_lazy=True)
+    r1, r2 = pool.alloc_rows(2)  # 2 x (state + 1 tracking) = 4 of 5 slots
+    pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
+    assert pp[r1, 1].item() == 0
+    pool.next_track_slots([r1])
+    with pytest.raises(ValueError, match="ensure_tracking_slots"):
+        pool.next_track_slots([r1])  # the second buffer does not exist yet
+    assert pool.ensure_tracking_slots([r1]) and pp[r1, 1].item() > 0
+    before = pp.clone()
+    assert not pool.ensure_tracking_slots([r2])  # pool empty: refused, nothing changed
+    assert torch.equal(pp, before)
+
+
+def test_track_state_snapshots_into_the_tracking_slot():
+    pool = make_pool(enable_mamba_extra_buffer=True)
+    (row,) = pool.alloc_rows(1)
+    main = pool.get_mamba_indices([row])
+    pool.mamba_pool.temporal[:, main] = 5.0
+    dst = pool.track_state([row], [37])
+    assert torch.equal(pool.mamba_pool.temporal[:, dst], pool.mamba_pool.temporal[:, main])
+    assert pool.mamba_last_track_seqlen[row].item() == 37 and pool.mamba_next_track_idx[row].item() == 1
+
+
+def fresh_row(pool, row) -> bool:
+    return (pool.req_index_to_mamba_index_mapping[row].item() == 0
+            and not pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].any()
+            and pool.mamba_next_track_idx[row].item() == 0
+            and pool.mamba_last_track_seqlen[row].item() == -1)
+
+
+class BuggyPartialReset(HybridReqToTokenPool):
+    def _reset_rows(self, rows):  # forgets the ping-pong index and the tracked length
+        self.req_index_to_mamba_index_mapping[rows] = 0
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping[rows] = 0
+
+
+def _reused_row_is_clean(cls) -> bool:
+    pool = cls(1, 16, 6, CONV, TEMPORAL, [1, 2, 5], enable_mamba_extra_buffer=True)
+    (row,) = pool.alloc_rows(1)
+    pool.track_state([row], [12])  # ping-pong index now 1
+    pool.free(row)
+    clean_after_free = fresh_row(pool, row)
+    (row2,) = pool.alloc_rows(1)
+    first = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row2, 0].item()
+    return clean_after_free and pool.next_track_slots([row2]).item() == first \
+        and pool.mamba_last_track_seqlen[row2].item() == -1
+
+
+def test_a_freed_row_carries_no_stale_slot_and_the_partial_reset_is_caught():
+    assert _reused_row_is_clean(HybridReqToTokenPool)
+    assert not _reused_row_is_clean(BuggyPartialReset)
+
+
+def test_free_returns_every_slot_and_refuses_bad_rows():
+    pool = make_pool(enable_mamba_extra_buffer=True)
+    r = Req("a")
+    pool.alloc([r])
+    row = r.req_pool_idx
+    pool.free(r)
+    assert r.req_pool_idx is None and fresh_row(pool, row) and pool.mamba_pool.available_size() == 12
+    with pytest.raises(ValueError, match="row 0 is padding"):
+        pool.free(0)
+    pool.clear()
+    assert pool.available_size() == 4 and pool.mamba_pool.available_size() == 12
+
+
+def test_bad_construction():
+    with pytest.raises(ValueError, match="2 mamba layer ids for 3 conv shapes"):
+        HybridReqToTokenPool(2, 8, 4, CONV, TEMPORAL, [0, 1])
+    with pytest.raises(ValueError, match="repeated"):
+        HybridReqToTokenPool(2, 8, 4, CONV, TEMPORAL, [0, 1, 1])
+    with pytest.raises(ValueError, match="at least one mamba layer"):
+        MambaPool(2, [], TEMPORAL)
+
+
+# ---- property test: both ledgers balance after every step ---------------------------------
+ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "track", "lazy"]), st.integers(0, 3)), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=ops, extra=st.booleans(), overlap=st.booleans(), lazy=st.booleans())
+def test_random_streams_keep_both_ledgers_balanced(ops, extra, overlap, lazy):
+    pool = HybridReqToTokenPool(5, 8, 9, CONV, TEMPORAL, [1, 2, 5], enable_mamba_extra_buffer=extra,
+                                enable_overlap_schedule=overlap, mamba_extra_buffer_lazy=lazy, debug_mode=True)
+    live = []
+    for op, k in ops:
+        if op == "alloc":
+            reqs = [Req(f"r{len(live)}-{i}") for i in range(k)]
+            if pool.alloc(reqs) is not None:
+                live += [r.req_pool_idx for r in reqs]
+        elif op == "free" and live:
+            pool.free(live.pop(k % len(live)))
+        elif op == "track" and live and extra:
+            row = live[k % len(live)]
+            if bool(pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row, pool.mamba_next_track_idx[row]] > 0):
+                pool.track_state([row], [k])
+        elif op == "lazy" and live and extra:
+            pool.ensure_tracking_slots([live[k % len(live)]])
+        # rows: free + held == capacity; mamba slots likewise, none held twice, none both
+        assert pool.available_size() + len(live) == 5
+        held = pool.held_mamba_slots().tolist()
+        free = pool.mamba_pool.allocator.free_slots.tolist()
+        assert len(set(held)) == len(held) and not set(held) & set(free) and 0 not in free
+        assert len(held) + len(free) == 9
+        for row in pool.free_slots:
+            assert fresh_row(pool, row)
+        for row in live:
+            assert pool.req_index_to_mamba_index_mapping[row].item() > 0
