@@ -58,19 +58,22 @@ def _nonempty(free_pages: torch.Tensor) -> torch.Tensor:
 def alloc_extend_torch(prefix_lens, seq_lens, last_loc, free_pages, page_size: int,
                        extend_num_tokens: int) -> torch.Tensor:
     """One slot per new token, computed for all tokens at once (no loop over requests)."""
-    bs = len(seq_lens)
+    bs, dev = len(seq_lens), seq_lens.device
     ext = seq_lens - prefix_lens
-    req = torch.repeat_interleave(torch.arange(bs, device=seq_lens.device), ext, output_size=extend_num_tokens)
     out_start = torch.cumsum(ext, 0) - ext
     pages = ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
     page_start = torch.cumsum(pages, 0) - pages
-    pre = prefix_lens[req]
-    pos = pre + torch.arange(extend_num_tokens, device=seq_lens.device) - out_start[req]
-    old_page_end = ceil_div(pre, page_size) * page_size
-    k = (pos // page_size - old_page_end // page_size).clamp_min(0)  # index among the request's new pages
+    old_page_end = ceil_div(prefix_lens, page_size) * page_size
+    # Per request first, so each token needs only a few gathers.
+    shift = prefix_lens - out_start  # token j of the batch sits at position j + shift[req]
+    first_page = page_start - old_page_end // page_size  # free-list index of position 0's page
+    cont = last_loc + 1 - prefix_lens  # part (1): slot = cont + position
+    req = torch.repeat_interleave(torch.arange(bs, device=dev), ext, output_size=extend_num_tokens)
+    pos = torch.arange(extend_num_tokens, device=dev) + shift[req]
     free_pages = _nonempty(free_pages)  # gathered values are only used where pages were counted
-    fresh = free_pages[(page_start[req] + k).clamp_max(len(free_pages) - 1)] * page_size + pos % page_size
-    return torch.where(pos < old_page_end, last_loc[req] + 1 + (pos - pre), fresh)
+    k = (first_page[req] + pos // page_size).clamp(0, len(free_pages) - 1)
+    fresh = free_pages[k] * page_size + pos % page_size
+    return torch.where(pos < old_page_end[req], cont[req] + pos, fresh)
 
 
 def alloc_decode_torch(seq_lens, last_loc, free_pages, page_size: int) -> torch.Tensor:
