@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from memlab.write_loc import plain_loc
+
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
                    if hasattr(torch, n))
 
@@ -67,13 +69,15 @@ class KVCache:
         x = x.to(self.dtype)
         return x.view(self.store_dtype) if self.store_dtype != self.dtype else x
 
-    def _check_loc(self, loc: torch.Tensor, n: int) -> None:
+    def _check_loc(self, loc, n: int) -> torch.Tensor:
+        loc = plain_loc(loc, f"{type(self).__name__}.set_kv_buffer")  # a bare tensor or a KVWriteLoc
         if loc.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"loc must be an int32/int64 tensor of slot ids, got {loc.dtype}")
         if loc.device != self.device:
             raise ValueError(f"loc is on {loc.device}, the pool on {self.device}")
         if loc.numel() != n:
             raise ValueError(f"{loc.numel()} slots for {n} tokens")
+        return loc
 
     def buffers(self) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -121,7 +125,7 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
         """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        self._check_loc(loc, cache_k.shape[0])
+        loc = self._check_loc(loc, cache_k.shape[0])
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
         self.v_buffer[i][loc] = self._store(cache_v, v_scale)
 
@@ -158,5 +162,5 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None) -> None:
         """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        self._check_loc(loc, cache_k.shape[0])
+        loc = self._check_loc(loc, cache_k.shape[0])
         self.kv_buffer[i][loc] = self._store(cache_k, k_scale)
