@@ -61,15 +61,17 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
 
 def alloc_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor,
                  free_pages: torch.Tensor, page_size: int, extend_num_tokens: int,
-                 tok_block: int = 64) -> torch.Tensor:
+                 tok_block: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel: the int64 slot of each of the batch's ``extend_num_tokens`` new tokens.
 
     All tensors on one device (the GPU, or the CPU in the interpreter). The caller has checked
-    that ``free_pages`` holds enough pages; ``free_pages`` itself is only read.
+    that ``free_pages`` holds enough pages; ``free_pages`` itself is only read. ``out``: where to
+    write (a fresh tensor when None).
     """
     if not PART2_WRITTEN:
         raise NotImplementedError("alloc_extend_kernel: write part 2 (EXERCISE 04b), then set PART2_WRITTEN = True")
-    out = torch.empty(extend_num_tokens, dtype=torch.int64, device=seq_lens.device)
+    if out is None:
+        out = torch.empty(extend_num_tokens, dtype=torch.int64, device=seq_lens.device)
     alloc_extend_kernel[(len(seq_lens),)](prefix_lens, seq_lens, last_loc, free_pages, out, page_size,
                                           BS_BLOCK=64, PAGE_BLOCK=triton.next_power_of_2(page_size),
                                           TOK_BLOCK=tok_block)

@@ -38,16 +38,18 @@ def slot_mapping_kernel(block_table_ptr, block_table_stride, query_start_loc_ptr
 
 
 def compute_slot_mapping(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
-                         block_size: int, num_tokens_padded: int) -> torch.Tensor:
+                         block_size: int, num_tokens_padded: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The int64 slot of every token of a batch (-1 for padding), ``num_tokens_padded`` of them.
 
     ``block_table`` (int32, one row per request), ``query_start_loc`` (num_reqs + 1 token
     offsets: request r's tokens are [qsl[r], qsl[r+1])) and ``positions`` (each token's position
-    in its request) on one device: the GPU, or the CPU in the interpreter.
+    in its request) on one device: the GPU, or the CPU in the interpreter. ``out``: where to
+    write (a fresh tensor when None).
     """
     if not SECTION_WRITTEN:
         raise NotImplementedError("slot_mapping_kernel: write EXERCISE 06c, then set SECTION_WRITTEN = True")
-    out = torch.empty(num_tokens_padded, dtype=torch.int64, device=positions.device)
+    if out is None:
+        out = torch.empty(num_tokens_padded, dtype=torch.int64, device=positions.device)
     num_reqs = len(query_start_loc) - 1
     slot_mapping_kernel[(num_reqs + 1,)](block_table, block_table.stride(0), query_start_loc, positions, out,
                                          num_reqs, num_tokens_padded, block_size, BLOCK=64)

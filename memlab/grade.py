@@ -146,7 +146,7 @@ def _child_command(files: list[str]) -> list[str]:
 
 
 def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | None = None,
-              progress=None) -> tuple[list[dict], dict[str, TestResult]]:
+              progress=None) -> tuple[list[dict], dict[str, TestResult], str]:
     """Run the graded tests in ``files`` against the folder ``src``; survive hangs and crashes."""
     work = Path(tempfile.mkdtemp(prefix="memlab-grade-"))
     log, skip, out = work / "log.jsonl", work / "skip.txt", work / "child.out"
@@ -156,6 +156,7 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
     if only:
         env["MEMLAB_GRADE_ONLY"] = ",".join(only)
     collected: list[dict] = []
+    device = "?"
     results: dict[str, TestResult] = {}
     meta: dict[str, dict] = {}
     offset = 0
@@ -172,7 +173,7 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
                     for ev in events:
                         kind = ev["event"]
                         if kind == "collected" and not collected:
-                            collected = ev["tests"]
+                            collected, device = ev["tests"], ev.get("device", "?")
                             meta = {t["nodeid"]: t for t in collected}
                         elif kind == "start":
                             running, started = ev["nodeid"], time.monotonic()
@@ -210,23 +211,12 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
             if t["nodeid"] not in results:
                 results[t["nodeid"]] = TestResult(t["nodeid"], t["exercise"], t["points"], t["gpu"], "failed",
                                                   "not run: the test process stopped before this test")
-        return collected, results
+        return collected, results, device
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 # -- grading ----------------------------------------------------------------------------------
-
-def _device() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"GPU ({torch.cuda.get_device_name()}), compiled kernels"
-    except Exception:  # no torch: the child will say so
-        pass
-    return "CPU, kernels in the Triton interpreter"
-
 
 def grade(chapters: list[int] | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT,
           exercises: list[str] | None = None, progress=None) -> GradeReport:
@@ -238,7 +228,7 @@ def grade(chapters: list[int] | None = None, source: str | None = None, timeout:
         raise GradingError(f"no exercise matches chapters={chapters} exercises={exercises}")
     files = sorted({str(ROOT / e.test_file) for e in chosen})
     t0 = time.monotonic()
-    _, results = run_tests(files, src, timeout, only=[e.id for e in chosen], progress=progress)
+    _, results, device = run_tests(files, src, timeout, only=[e.id for e in chosen], progress=progress)
     scores = []
     for e in chosen:
         tests = [r for r in results.values() if r.exercise == e.id]
@@ -247,7 +237,7 @@ def grade(chapters: list[int] | None = None, source: str | None = None, timeout:
             tests.append(TestResult(f"{e.test_file}::collection", e.id, missing, False, "failed",
                                     f"{missing} points of tests could not be collected (a broken test file?)"))
         scores.append(ExerciseScore(e, tests))
-    return GradeReport(src, scores, time.monotonic() - t0, _device())
+    return GradeReport(src, scores, time.monotonic() - t0, device)
 
 
 # -- reporting ---------------------------------------------------------------------------------

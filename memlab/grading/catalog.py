@@ -36,7 +36,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ch06.free_queue", 6, "ch06_free_queue", 7, "vLLM free queue: the order of a request's freed blocks"),
     Exercise("ch06.block_hash", 6, "ch06_block_hash", 7, "chained block hashes with extra keys"),
     Exercise("ch06.slot_mapping", 6, "ch06_slot_mapping", 5, "slot_mapping Triton kernel", gpu_points=2),
-    Exercise("ch07.swa_release", 7, "ch07_swa_release", 7, "sliding window: out-of-window release, SWA free"),
+    Exercise("ch07.swa_release", 7, "ch07_swa_release", 8, "sliding window: out-of-window release, SWA free"),
     Exercise("ch07.mamba_tracking", 7, "ch07_mamba_tracking", 8, "Mamba state slots and ping-pong tracking"),
     Exercise("ch08.sizing", 8, "ch08_sizing", 9, "sizing: max_new_tokens_for_memory, KV per decode step"),
     Exercise("ch09.paged_gather", 9, "ch09_paged_gather", 5,

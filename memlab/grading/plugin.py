@@ -89,6 +89,17 @@ def describe(excinfo, learner_dir: str | None) -> str:
     return f"your code raised {type(exc).__name__}: {str(exc).strip()[:300]} (at {where})"
 
 
+def _device() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"GPU ({torch.cuda.get_device_name()}), compiled kernels"
+    except Exception:  # no torch: the tests will say so
+        pass
+    return "CPU, kernels in the Triton interpreter"
+
+
 class Recorder:
     def __init__(self, log_path: str, timeout: float, skip: set[str], only: set[str] | None = None):
         self.log = open(log_path, "a", encoding="utf-8")
@@ -118,7 +129,7 @@ class Recorder:
         if drop:
             config.hook.pytest_deselected(items=drop)
         items[:] = keep
-        self.write(event="collected", tests=graded)
+        self.write(event="collected", tests=graded, device=_device())
 
     # -- one test ---------------------------------------------------------------------------
     def _on_alarm(self, signum, frame):

@@ -1,0 +1,63 @@
+"""Graded: chapter 02, bytes per token (exercises/ch02_bytes_per_token.py)."""
+
+import pytest
+import torch
+
+from memlab.grading.checks import expect_equal, expect_raises
+from memlab.grading.loader import load
+
+
+def points(n):
+    return pytest.mark.points(n, exercise="ch02.bytes_per_token")
+
+
+def ex():
+    return load("ch02_bytes_per_token")
+
+
+@points(1)
+def test_mha_llama3_8b():
+    # Llama-3-8B: 32 layers, 8 KV heads of 128 (config.json), bf16.
+    got = ex().mha_bytes_per_token(32, 8, 128)
+    expect_equal(got, 2 * 32 * 8 * 128 * 2,
+                 "Llama-3-8B (32 layers, 8 KV heads, head_dim 128, 2 bytes) stores K AND V: bytes per token")
+    expect_equal(ex().mha_bytes_per_token(32, 8, 128, dtype_bytes=1), 65536, "the same model in fp8 (1 byte)")
+
+
+@points(1)
+def test_mha_v_head_dim():
+    got = ex().mha_bytes_per_token(2, 4, 192, v_head_dim=128, dtype_bytes=2)
+    expect_equal(got, 2 * 4 * (192 + 128) * 2, "2 layers, 4 heads, K width 192 and V width 128: bytes per token")
+
+
+@points(1)
+def test_mla_deepseek_v3():
+    # DeepSeek-V3: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 (config.json), bf16.
+    got = ex().mla_bytes_per_token(61, 512, 64)
+    expect_equal(got, 61 * 576 * 2, "DeepSeek-V3's MLA latent (61 layers x (512 + 64) values x 2 bytes, "
+                                    "one row shared by all heads, no V)")
+
+
+@points(1)
+def test_matches_real_buffers():
+    e = ex()
+    layers, tokens = 3, 10
+    for heads, dk, dv, dtype in ((2, 16, 16, torch.float16), (4, 8, 24, torch.float32), (1, 32, 32, torch.uint8)):
+        k = [torch.empty(tokens, heads, dk, dtype=dtype) for _ in range(layers)]
+        v = [torch.empty(tokens, heads, dv, dtype=dtype) for _ in range(layers)]
+        real = sum(t.nbytes for t in k + v) // tokens
+        got = e.mha_bytes_per_token(layers, heads, dk, v_head_dim=dv, dtype_bytes=dtype.itemsize)
+        expect_equal(got, real, f"MHA bytes per token vs real buffers ({heads} heads, K {dk}, V {dv}, {dtype})")
+    latent = [torch.empty(tokens, 1, 40 + 8, dtype=torch.float16) for _ in range(layers)]
+    expect_equal(e.mla_bytes_per_token(layers, 40, 8), sum(t.nbytes for t in latent) // tokens,
+                 "MLA bytes per token vs real latent buffers (rank 40, rope 8, fp16)")
+
+
+@points(1)
+def test_bad_input():
+    e = ex()
+    expect_raises(ValueError, lambda: e.mha_bytes_per_token(0, 8, 128), "mha_bytes_per_token(layer_num=0)")
+    expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, -1, 128), "mha_bytes_per_token(head_num=-1)")
+    expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, 8, 128, v_head_dim=0), "mha_bytes_per_token(v_head_dim=0)")
+    expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, 512, 64, dtype_bytes=0), "mla_bytes_per_token(dtype_bytes=0)")
+    expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, True, 64), "mla_bytes_per_token(kv_lora_rank=True)")

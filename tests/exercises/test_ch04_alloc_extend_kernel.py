@@ -1,0 +1,104 @@
+"""Graded: chapter 04, the whole-page part of the alloc_extend kernel (exercises/ch04_alloc_extend_kernel.py).
+
+Each check compares the kernel with a plain-Python reference, with guard bands (sentinel values)
+around the output, which the Triton interpreter's missing bounds checks would not catch.
+"""
+
+import random
+
+import pytest
+import torch
+
+from exercise_refs import alloc_extend_python, split_by_request
+from memlab.grading.checks import expect_equal
+
+GUARD = 16
+SENTINEL = -777
+
+
+def points(n):
+    return pytest.mark.points(n, exercise="ch04.alloc_extend_kernel")
+
+
+def launch(pre, seq, last, free_pages, ps, device=None):
+    from memlab.env import kernel_device
+    from memlab.grading.loader import load
+
+    dev = device or kernel_device()
+    n = sum(seq) - sum(pre)
+    buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
+    t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)
+    pages = t(free_pages)
+    load("ch04_alloc_extend_kernel").alloc_extend(t(pre), t(seq), t(last), pages, ps, n, out=buf[GUARD:GUARD + n])
+    buf = buf.cpu()
+    expect_equal(buf[:GUARD], [SENTINEL] * GUARD, "the guard band BEFORE the output was written to")
+    expect_equal(buf[GUARD + n:], [SENTINEL] * GUARD, "the guard band AFTER the output was written to "
+                 "(a store past the batch's last token: is part 2's store masked?)")
+    expect_equal(pages.cpu(), free_pages, "the kernel must only read free_pages")
+    return buf[GUARD:GUARD + n]
+
+
+def compare(pre, seq, last, free_pages, ps, device=None):
+    got = split_by_request(launch(pre, seq, last, free_pages, ps, device), pre, seq)
+    want = split_by_request(alloc_extend_python(pre, seq, last, free_pages, ps), pre, seq)
+    for i, (g, w) in enumerate(zip(got, want)):
+        expect_equal(g, w, f"request {i} (prefix {pre[i]} -> {seq[i]} tokens, last_loc {last[i]}, page size {ps}; "
+                           f"its part 1 is its first {min(seq[i], -(-pre[i] // ps) * ps) - pre[i]} tokens)")
+
+
+def shuffled_pages(n, rng):
+    return rng.sample(range(1, 10 * n), n)
+
+
+@pytest.mark.kernel
+@points(2)
+def test_whole_pages_only():
+    rng = random.Random(5)
+    # Page-aligned prefixes and lengths: every new token is in part 2.
+    compare([0, 8, 0], [8, 16, 4], [-1, 31, -1], shuffled_pages(8, rng), 4)
+    compare([0, 0], [32, 16], [-1, -1], shuffled_pages(8, rng), 16)
+    compare([0, 2, 0], [3, 5, 1], [-1, 90, -1], shuffled_pages(8, rng), 1)
+
+
+@pytest.mark.kernel
+@points(1)
+def test_long_extend_loops_over_blocks():
+    rng = random.Random(6)
+    # 300 and 200 tokens of whole pages: several TOK_BLOCK (64) rounds per request.
+    compare([0, 4], [300, 204], [-1, 83], shuffled_pages(130, rng), 4)
+
+
+@pytest.mark.kernel
+@points(2)
+def test_mixed_random_batches():
+    rng = random.Random(7)
+    for _ in range(6):
+        ps = rng.choice([1, 4, 16])
+        bs = rng.randint(1, 5)
+        pre = [rng.choice([0, rng.randint(0, 50)]) for _ in range(bs)]
+        seq = [p + rng.randint(0, 70) for p in pre]
+        last = [-1 if p == 0 else (9000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
+        need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
+        compare(pre, seq, last, shuffled_pages(need + 3, rng), ps)
+
+
+@pytest.mark.kernel
+@points(1)
+def test_empty_and_tiny_requests():
+    rng = random.Random(8)
+    # A request with nothing new between others, and one that only fills its old page.
+    compare([5, 7, 0], [5, 8, 9], [-1 + 5, 29, -1], shuffled_pages(4, rng), 8)
+
+
+@pytest.mark.kernel
+@pytest.mark.gpu
+@points(2)
+def test_compiled_on_gpu_large_batch():
+    rng = random.Random(9)
+    for ps in (1, 16, 64):
+        bs = 200
+        pre = [rng.choice([0, rng.randint(0, 300)]) for _ in range(bs)]
+        seq = [p + rng.randint(0, 600) for p in pre]
+        last = [-1 if p == 0 else (200000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
+        need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
+        compare(pre, seq, last, shuffled_pages(need + 8, rng), ps, device="cuda")

@@ -1,0 +1,80 @@
+"""Graded: chapter 06, chained block hashes (exercises/ch06_block_hash.py)."""
+
+import pytest
+
+from memlab.grading.checks import expect, expect_equal
+from memlab.grading.loader import load
+
+
+def points(n):
+    return pytest.mark.points(n, exercise="ch06.block_hash")
+
+
+def ex():
+    return load("ch06_block_hash")
+
+
+def chain(m, token_ids, bs, extras):
+    """The reference: hash_fn((parent, tokens, extra)) block by block, extras given per block."""
+    out, parent = [], m.NONE_HASH
+    for i in range(len(token_ids) // bs):
+        parent = m.hash_fn((parent, tuple(token_ids[i * bs:(i + 1) * bs]), extras[i]))
+        out.append(parent)
+    return out
+
+
+TOKENS = list(range(100, 110))
+
+
+@points(2)
+def test_full_blocks_only():
+    m = ex()
+    for n, want in ((10, 2), (12, 3), (3, 0), (4, 1), (0, 0)):
+        got = m.request_block_hashes(list(range(n)), 4)
+        expect(len(got) == want, f"{n} tokens in blocks of 4 make {want} full blocks, got {len(got)} hashes "
+                                 "(a partial block is still growing: it gets no hash)")
+    expect_equal(m.request_block_hashes(TOKENS, 4), chain(m, TOKENS, 4, [None, None]),
+                 "hashes of 10 tokens in blocks of 4 (no extra keys)")
+
+
+@points(1)
+def test_chain_stands_for_the_prefix():
+    m = ex()
+    a = m.request_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)
+    b = m.request_block_hashes([9, 9, 9, 9, 5, 6, 7, 8], 4)
+    expect(a[1] != b[1], "two requests with the same SECOND block but different first blocks got the same "
+                         "second hash: each block's hash must include its parent's")
+    expect_equal(a[1], m.hash_fn((a[0], (5, 6, 7, 8), None)), "block 1's hash = hash_fn((block 0's hash, tokens, None))")
+
+
+@points(2)
+def test_salt_first_block_only():
+    m = ex()
+    got = m.request_block_hashes(TOKENS, 4, cache_salt="tenant-a")
+    want = chain(m, TOKENS, 4, [(("salt", "tenant-a"),), None])
+    expect_equal(got[0], want[0], "block 0 with cache_salt='tenant-a' (extra keys (('salt', 'tenant-a'),))")
+    expect_equal(got[1], want[1], "block 1 with a salt: the salt is on block 0 only (extra keys None); "
+                                  "it still changes block 1's hash through the parent")
+    plain = m.request_block_hashes(TOKENS, 4)
+    expect(got[1] != plain[1], "a salt must change every later hash too (through the chain)")
+
+
+@points(1)
+def test_lora_on_every_block():
+    m = ex()
+    got = m.request_block_hashes(TOKENS, 4, lora_name="sql-adapter", cache_salt="s")
+    key = ("lora", "sql-adapter")
+    expect_equal(got, chain(m, TOKENS, 4, [(key, ("salt", "s")), (key,)]),
+                 "hashes with lora_name='sql-adapter' and cache_salt='s' (lora on every block, then the salt on block 0)")
+
+
+@points(1)
+def test_multimodal_items_overlapping():
+    m = ex()
+    tokens = list(range(16))
+    items = (m.MMItem("img-a", 2, 5), m.MMItem("img-b", 9, 2))  # positions 2..6 and 9..10
+    got = m.request_block_hashes(tokens, 4, mm_items=items)
+    want = chain(m, tokens, 4, [(("img-a", 2),), (("img-a", -2),), (("img-b", 1),), None])
+    for i in range(4):
+        expect_equal(got[i], want[i], f"block {i} of 16 tokens with images at positions 2..6 and 9..10 "
+                                      "(extra keys: (identifier, item offset - block start) per overlapping item)")

@@ -1,0 +1,96 @@
+"""Graded: chapter 06, the slot_mapping kernel (exercises/ch06_slot_mapping.py).
+
+The kernel is compared with a plain-Python reference, with guard bands (sentinels) around the
+output: the Triton interpreter does not catch stores out of bounds.
+"""
+
+import random
+
+import pytest
+import torch
+
+from memlab.grading.checks import expect_equal
+
+GUARD = 16
+SENTINEL = -555
+
+
+def points(n):
+    return pytest.mark.points(n, exercise="ch06.slot_mapping")
+
+
+def reference(block_table, query_start_loc, positions, block_size, num_tokens_padded):
+    out = [-1] * num_tokens_padded
+    for r in range(len(query_start_loc) - 1):
+        for i in range(query_start_loc[r], query_start_loc[r + 1]):
+            p = positions[i]
+            out[i] = block_table[r][p // block_size] * block_size + p % block_size
+    return out
+
+
+def compare(block_table, qsl, positions, bs, padded, device=None):
+    from memlab.env import kernel_device
+    from memlab.grading.loader import load
+
+    dev = device or kernel_device()
+    buf = torch.full((padded + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
+    bt = torch.tensor(block_table, dtype=torch.int32, device=dev)
+    load("ch06_slot_mapping").compute_slot_mapping(
+        bt, torch.tensor(qsl, dtype=torch.int32, device=dev),
+        torch.tensor(positions, dtype=torch.int64, device=dev), bs, padded, out=buf[GUARD:GUARD + padded])
+    buf = buf.cpu()
+    expect_equal(buf[:GUARD], [SENTINEL] * GUARD, "the guard band BEFORE slot_mapping was written to")
+    expect_equal(buf[GUARD + padded:], [SENTINEL] * GUARD, "the guard band AFTER slot_mapping was written to")
+    want = reference(block_table, qsl, positions, bs, padded)
+    got = buf[GUARD:GUARD + padded].tolist()
+    for r in range(len(qsl) - 1):
+        a, b = qsl[r], qsl[r + 1]
+        expect_equal(got[a:b], want[a:b], f"slots of request {r} (tokens {a}..{b - 1} at positions "
+                     f"{positions[a:b]}, block table row {block_table[r]}, block size {bs})")
+    expect_equal(got[qsl[-1]:], want[qsl[-1]:], "padding tokens must get slot -1")
+
+
+def random_batch(rng, num_reqs, bs, max_blocks, max_tokens, pool_blocks):
+    table, qsl, positions = [], [0], []
+    for _ in range(num_reqs):
+        table.append(rng.sample(range(1, pool_blocks), max_blocks))
+        ctx = rng.randint(1, max_blocks * bs)  # tokens in the request after this step
+        new = rng.randint(1, min(ctx, max_tokens))  # of which this step computes the last `new`
+        positions += list(range(ctx - new, ctx))
+        qsl.append(qsl[-1] + new)
+    return table, qsl, positions
+
+
+@pytest.mark.kernel
+@points(2)
+def test_small_batch_by_hand():
+    # Request 0 at positions 2..4 (blocks 3, 5), request 1 at positions 8, 9 (its third block, 2).
+    compare([[3, 5, 0], [7, 1, 2]], [0, 3, 5], [2, 3, 4, 8, 9, 0, 0], 4, 7)
+
+
+@pytest.mark.kernel
+@points(2)
+def test_random_batches():
+    rng = random.Random(12)
+    for bs in (1, 4, 16):
+        table, qsl, positions = random_batch(rng, rng.randint(1, 5), bs, 6, 70, 500)
+        padded = qsl[-1] + rng.randint(0, 9)
+        compare(table, qsl, positions + [0] * (padded - qsl[-1]), bs, padded)
+
+
+@pytest.mark.kernel
+@points(1)
+def test_padding_only_after_requests():
+    # A long padded tail (more than one block of 64) after a single decode token.
+    compare([[4, 9]], [0, 1], [5] + [0] * 99, 4, 100)
+
+
+@pytest.mark.kernel
+@pytest.mark.gpu
+@points(2)
+def test_compiled_on_gpu():
+    rng = random.Random(13)
+    for bs in (16, 64):
+        table, qsl, positions = random_batch(rng, 64, bs, 32, 300, 5000)
+        padded = qsl[-1] + 37
+        compare(table, qsl, positions + [0] * 37, bs, padded, device="cuda")
