@@ -54,9 +54,11 @@ class BaseTokenToKVPoolAllocator:
     # -- taking pages ----------------------------------------------------------------------
     def _make_room(self, num_pages: int) -> bool:
         """True when ``num_pages`` can be taken from the head of the free list (merging if need be)."""
-        if num_pages > len(self.free_pages) and self.need_sort:
+        if num_pages > len(self.free_pages) + len(self.release_pages):
+            return False  # refused before the merge: a refusal leaves even the order untouched
+        if num_pages > len(self.free_pages):
             self.merge_and_sort_free()
-        return num_pages <= len(self.free_pages)
+        return True
 
     def _take(self, num_pages: int) -> torch.Tensor:
         pages, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]
