@@ -45,19 +45,20 @@ def _encode(obj: Any, out: list[bytes]) -> None:
     elif obj is None:
         out.append(b"n")
     elif isinstance(obj, (tuple, list)):
-        try:  # fast path: a block's token ids, packed in one C call
-            packed = array("q", obj)
-        except (TypeError, OverflowError):
+        # Fast path, a block's token ids: all plain ints (not bool, which array() would pack
+        # as 0/1), packed in one C call.
+        packed = None
+        if set(map(type, obj)) <= {int}:
+            try:
+                packed = array("q", obj)
+            except OverflowError:  # an int beyond 64 bits: the slow path encodes any size
+                pass
+        if packed is not None:
+            out.append(b"q" + struct.pack("<I", len(obj)) + packed.tobytes())
+        else:
             out.append(b"t" + struct.pack("<I", len(obj)))
             for item in obj:
                 _encode(item, out)
-        else:
-            if any(isinstance(x, bool) for x in obj):
-                out.append(b"t" + struct.pack("<I", len(obj)))
-                for item in obj:
-                    _encode(item, out)
-            else:
-                out.append(b"q" + struct.pack("<I", len(obj)) + packed.tobytes())
     else:
         raise TypeError(f"cannot hash a {type(obj).__name__} ({obj!r}): block hash keys are made "
                         "of ints, strings, bytes, None and tuples of them")

@@ -194,6 +194,9 @@ def plot_hit_rate_curve(curve: HitRateCurve, ax=None):
     ax.axhline(curve.bound.hit_rate, linestyle="--", color="gray",
                label=f"unlimited cache: {curve.bound.hit_rate:.1%}")
     ax.set_xscale("log")
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100) if 100 * min(curve.fractions) <= t <= 100 * max(curve.fractions)]
+    ax.set_xticks(ticks, [f"{t}%" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel(f"capacity, % of the {curve.bound.blocks_needed:,} blocks a never-evicting cache needs")
     ax.set_ylabel("prefix-cache hit rate (tokens)")
     ax.set_ylim(0, max(0.05, curve.bound.hit_rate * 1.15))
