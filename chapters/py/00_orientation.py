@@ -1,0 +1,219 @@
+# %% [markdown]
+# # 00 · Orientation: three mappings
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/00_orientation.ipynb)
+#
+# An LLM serving engine keeps the keys and values (the KV cache) of every running request in one
+# big block of GPU memory. Most of what SGLang and vLLM do with that memory is bookkeeping: who
+# owns which piece, and where the piece lives. This course opens those books one layer at a time.
+#
+# **After this chapter you can**
+# - name the three mappings every engine keeps, and say which object owns each;
+# - read a request's row in the request table and find the bytes of any of its tokens;
+# - run a real Triton kernel (`alloc_extend`) on a GPU or in the Triton interpreter and check it
+#   against its torch reference;
+# - find your way around the repository: chapters, the `memlab` library, `kernels/`, exercises
+#   and the grader.
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("00")
+
+# %% [markdown]
+# ## The three mappings
+#
+# | mapping | from -> to | kept by |
+# |---|---|---|
+# | request -> row | a running request -> its row in the request table | `ReqToTokenPool` (chapter 01) |
+# | logical token -> physical slot | (row, position) -> slot id; with pages, slot = page * page_size + offset | the allocators (chapters 03-05), written into the request table |
+# | physical slot -> bytes | slot id -> one row of every layer's K and V tensors | the `KVCache` pools (chapter 02) |
+#
+# A request sees its tokens as positions 0, 1, 2, ... The engine stores them wherever there is
+# room. The request table remembers, per position, the *slot* it went to; the KV pools turn a
+# slot into memory: slot `s` is row `s` of each layer's key tensor and of each layer's value tensor.
+#
+# Three conventions show up everywhere:
+# - **Padding.** Row 0 of the request table and slot 0 (with pages: all of page 0) are never
+#   handed out. Batches padded to a fixed shape (CUDA graphs) point their dummy entries there and
+#   may read or write them without harming anyone.
+# - **Pages.** With `page_size` > 1, slots are handed out a page at a time. A request's tokens
+#   fill its pages in order, so inside a page its slots are consecutive.
+# - **Reuse.** Freed rows and pages are handed out again, soon. That is the whole point, and the
+#   source of most bugs.
+
+# %% [markdown]
+# ## Your environment
+#
+# The same report as `./course doctor` (or `python -m memlab doctor`). The canary is a tiny
+# kernel whose answer is known: some Triton and NumPy pairings silently return zeros in the
+# interpreter, and the canary catches that before any chapter trusts a kernel.
+
+# %%
+from memlab.env import report
+
+for key, value in report():
+    print(f"{key:>18}  {value}")
+
+# %% [markdown]
+# ## See it: three requests, step by step
+#
+# The widget replays a short story on real memlab objects: a request table with 4 rows, a paged
+# allocator with 8 pages of 4 slots, and a KV pool with 2 layers. Requests A, B and C arrive, each
+# decodes one token, B finishes, and D arrives in B's place. Move the slider or press play.
+#
+# - Left: the request table. Each row is a request; cell `pos` holds the slot of its token `pos`.
+# - Right: the slots, grouped by page. A pale cell belongs to a page a request holds but has not
+#   filled yet. A black edge marks what the step changed.
+# - Middle strip: every layer's K and V tensor, one column per slot. The same slot is the same
+#   column in every tensor.
+# - Bottom: the allocator's free list, the page it hands out next on the left.
+#
+# ![The three mappings after D arrives (static picture of the widget's last step)](img/00_mappings.png)
+
+# %%
+from memlab import viz
+
+PAGE_SIZE = 4
+scene = viz.scenes.orientation(page_size=PAGE_SIZE)
+viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "slots", "buffers", "free")))
+
+# %% [markdown]
+# ## Read it: the same books in code
+#
+# The widget's last step is the live state of `scene`. Follow request A through the three
+# mappings by hand.
+
+# %%
+req_pool, allocator, kv = scene.req_pool, scene.allocator, scene.kvcache
+a = scene.reqs["A"]
+row = a.req_pool_idx                                    # mapping 1: request -> row
+slots = req_pool.req_to_token[row, : a.kv_allocated_len]  # mapping 2: position -> slot
+print(f"A owns row {row} (generation {int(req_pool.req_generation[row])}); its slots: {slots.tolist()}")
+print(f"pages under those slots: {sorted(set((slots // PAGE_SIZE).tolist()))}")
+
+k0 = kv.get_key_buffer(0)                               # mapping 3: slot -> bytes
+s = int(slots[-1])
+row_bytes = k0[s].nbytes
+offset = k0[s].data_ptr() - k0.data_ptr()
+print(f"slot {s} is k_buffer[0][{s}], shape {tuple(k0[s].shape)}: bytes {offset}..{offset + row_bytes - 1} "
+      f"of that tensor (= {s} * {row_bytes})")
+assert offset == s * row_bytes
+
+# %% [markdown]
+# A token's K and V are one row per layer, so a token costs `row_bytes * 2 * layers` bytes in
+# total: `kv.bytes_per_token`. Chapter 02 derives that number for real models.
+
+# %%
+print(f"{kv.bytes_per_token} bytes per token = 2 (K and V) x {kv.layer_num} layers x {kv.head_num} heads "
+      f"x {kv.head_dim} dims x 2 bytes (fp16)")
+print(f"free pages, head first: {allocator.free_pages.tolist()}; free rows: {req_pool.free_slots}")
+
+# %% [markdown]
+# ## Run it: a real kernel on the same state
+#
+# When a prefill batch arrives, SGLang computes the slot of every new token in one kernel,
+# `alloc_extend`, with one GPU program per request. Here A continues its prefill with 6 more
+# tokens and D with 3 (a *chunked prefill*: a long prompt fed in pieces). Each request's new
+# tokens come in up to three parts: the rest of its last page, whole new pages, and a new partial
+# page. Chapter 04 builds this kernel from scratch; here we only run it.
+#
+# On a GPU the kernel is compiled; on a CPU it runs in the Triton interpreter, which executes the
+# same program with NumPy. Either way we compare it with the torch reference, a vectorised
+# version of the same algorithm, on the same inputs.
+
+# %%
+import torch
+
+from memlab.allocator.reference import alloc_extend_torch
+from memlab.env import kernel_device
+from memlab.kernels import alloc_extend
+
+dev = kernel_device()
+batch = {"A": 6, "D": 3}
+prefix = [scene.reqs[r].kv_allocated_len for r in batch]
+seq = [p + n for p, n in zip(prefix, batch.values())]
+last = [scene.last_loc(r) for r in batch]  # each request's last slot so far
+
+
+def on(xs):
+    return torch.tensor(xs, dtype=torch.int64, device=dev)
+
+
+free_pages = allocator.free_pages.to(dev)
+n_new = sum(batch.values())
+by_kernel = alloc_extend.alloc_extend(on(prefix), on(seq), on(last), free_pages, PAGE_SIZE, n_new)
+by_torch = alloc_extend_torch(on(prefix), on(seq), on(last), free_pages, PAGE_SIZE, n_new)
+print(f"kernel on {dev}: {by_kernel.tolist()}")
+print(f"torch reference: {by_torch.tolist()}")
+assert torch.equal(by_kernel, by_torch)
+
+# %% [markdown]
+# The kernel only computes slots; it takes nothing. The allocator decides first, on the host,
+# whether the pages are there, then runs the kernel (or a reference) and removes the pages it
+# used from its free list. Let the scene do that for real and look at the books again:
+
+# %%
+out = scene.extend_batch(batch)
+assert out.tolist() == by_kernel.tolist()
+viz.show(viz.draw_books(scene.books("A +6 and D +3 tokens, slots from alloc_extend", new_slots=out.tolist()),
+                        ("table", "slots", "free")))
+
+# %% [markdown]
+# ## The same books in vLLM
+#
+# vLLM keeps the same three mappings under other names. Its *block table* has a row per request
+# listing the request's block ids (a block is a page), and before each step it computes a
+# per-token `slot_mapping`:
+#
+# $$\text{slot} = \text{block\_table}[\text{req}, \lfloor \text{pos} / B \rfloor] \cdot B + \text{pos} \bmod B$$
+#
+# SGLang's `req_to_token` stores that slot directly for every position; vLLM stores one id per
+# block and derives the slots. Chapter 06 shows both spellings side by side.
+#
+# ## Where things are
+#
+# - `chapters/`: these notebooks (and `chapters/py/`, the same text as plain Python for review).
+# - `memlab/`: the library, one module per layer, with SGLang's and vLLM's names.
+# - `kernels/`: the Triton kernels; import them as `from memlab.kernels import alloc_extend`.
+# - `exercises/`: the stubs you fill in; `solutions/`: the filled-in twins (look only when stuck).
+# - `tests/`: the test suite; `tests/exercises/` holds the graded tests.
+#
+# ## Exercises
+#
+# Chapter 00 has no exercise of its own. Every other chapter ends with one or two, for example
+# `exercises/ch01_alloc_rows.py` in chapter 01. Here is the full list; the cell after it runs the
+# grader over all of them, so you see your starting score.
+
+# %%
+from memlab.grading.catalog import EXERCISES
+
+for e in EXERCISES:
+    gpu = f" (+{e.gpu_points} on a GPU)" if e.gpu_points else ""
+    print(f"ch{e.chapter:02d}  exercises/{e.file}.py  {e.points} points{gpu}: {e.title}")
+
+# %% [markdown]
+# ## Grade
+#
+# The grader runs the graded tests against your files in `exercises/` and prints a table. From
+# a terminal: `python -m memlab.grade` (all chapters) or `python -m memlab.grade 04` (one).
+# Untouched stubs score 0: that is where everyone starts.
+
+# %%
+from memlab.grade import main as grade
+
+grade(["--quiet"]);

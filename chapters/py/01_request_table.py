@@ -1,0 +1,168 @@
+# %% [markdown]
+# # 01 · The request table
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/01_request_table.ipynb)
+#
+# The first mapping: a running request -> one row of a table. The row holds, for every position of
+# the request, the physical slot of that token's KV. SGLang calls this table `ReqToTokenPool`.
+#
+# **After this chapter you can**
+# - allocate and free rows the way SGLang does (from the tail of a plain list, all or nothing);
+# - explain why row 0 is never handed out, and why `free_slots[-0:]` is a bug;
+# - use the generation counter to tell that a row changed hands, even across `clear()`;
+# - say why a request continuing a chunked prefill keeps its row;
+# - write `alloc_rows`, `free` and `clear` yourself (exercise `ch01_alloc_rows`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("01")
+
+# %% [markdown]
+# ## See it
+#
+# A table of 5 rows, 8 positions wide. Requests arrive, finish and come back; a long prompt is fed
+# in two chunks; a batch asks for more rows than are free; at the end, `clear()`. The strip under
+# the table is `free_slots`, the list of free rows, in list order. The right column shows each
+# row's owner and its **generation**.
+#
+# ![The request table after D reuses B's row](img/01_request_table.png)
+
+# %%
+from memlab import viz
+
+scene = viz.scenes.request_table(rows=5, width=8)
+viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows")))
+
+# %% [markdown]
+# ## The table itself
+#
+# `ReqToTokenPool(size, max_context_len)` holds an int32 tensor of `size + 1` rows and
+# `max_context_len` columns. Row 0 is the **padding row**: decode batches replayed through a CUDA
+# graph have a fixed size, and the unused entries of a padded batch point at row 0. Reading or
+# writing it harms nobody, so no kernel needs an "is this entry real?" branch.
+
+# %%
+from memlab.req_to_token import Req, ReqToTokenPool
+
+pool = ReqToTokenPool(size=5, max_context_len=8)
+print(pool.req_to_token.shape, pool.req_to_token.dtype)
+print("free rows:", pool.free_slots)
+
+# %% [markdown]
+# ## Rows from the tail
+#
+# `alloc_rows(n)` takes the **last** `n` entries of `free_slots` and deletes them there. Deleting
+# at the end of a Python list costs O(n); deleting at the head would shift every remaining entry,
+# O(len(free_slots)), on every scheduling step. Which row a request gets does not matter, so the
+# cheap end wins. Freed rows are appended, so the row freed last is the next one handed out.
+#
+# Allocation is **all or nothing**: if fewer than `n` rows are free, the answer is `None` and the
+# list is untouched. A batch that gets half its rows is worse than one that waits.
+
+# %%
+rows = pool.alloc_rows(2)
+print("alloc_rows(2) ->", rows, "  free:", pool.free_slots)
+print("alloc_rows(9) ->", pool.alloc_rows(9), "  free:", pool.free_slots, "(unchanged)")
+pool.free(rows[0])
+print(f"free({rows[0]})      free:", pool.free_slots)
+
+# %% [markdown]
+# ### The `n == 0` trap
+#
+# Python's slice `lst[-n:]` is "the last n items" for every n except 0: `-0` is `0`, and `lst[0:]`
+# is the whole list. An `alloc_rows(0)` written as a plain slice would hand out every free row.
+
+# %%
+free_slots = [1, 2, 3]
+print("free_slots[-2:] =", free_slots[-2:], "  free_slots[-0:] =", free_slots[-0:])
+print("pool.alloc_rows(0) ->", pool.alloc_rows(0))
+
+# %% [markdown]
+# ## The generation counter
+#
+# Some readers of the table run asynchronously: a copy of KV to host memory, or the overlap
+# scheduler preparing the next batch while the GPU runs this one. Such a reader may remember "row
+# 5" and come back later. By then the row may belong to someone else.
+#
+# `req_generation[row]` is bumped every time the row is handed out, and **never reset**, not even
+# by `clear()`. A reader stores `(row, generation)` and checks the generation again before it
+# trusts the row: a different number means the row changed hands.
+
+# %%
+row = pool.alloc_rows(1)[0]
+seen = int(pool.req_generation[row])
+pool.free(row)
+pool.clear()  # even a full reset ...
+again = pool.alloc_rows(1)[0]
+print(f"row {row}: generation {seen} when first read; row {again} now has generation {int(pool.req_generation[again])}")
+assert again != row or pool.req_generation[again] != seen
+
+# %% [markdown]
+# ## Chunked prefill keeps its row
+#
+# A long prompt is prefilled in chunks, one scheduling step each. `alloc(reqs)` gives rows only
+# to requests that have none; a request that already holds a row (and already wrote KV through
+# it) keeps it. A request that holds a row but owns no KV yet is a scheduler bug, and `alloc`
+# says so.
+
+# %%
+e = Req("E")
+pool.alloc([e])
+e.kv_allocated_len = 3  # its first chunk wrote 3 tokens of KV
+before = pool.available_size()
+print("second chunk:", pool.alloc([e]), f"free rows before {before}, after {pool.available_size()}")
+try:
+    pool.alloc([Req("X", req_pool_idx=1)])
+except ValueError as exc:
+    print("ValueError:", exc)
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# SGLang gives a request one row for its whole life and writes a slot per token into it. vLLM's
+# worker keeps a **block table** instead: one row per request in the current batch, one entry per
+# *block* (page), not per token. When requests finish, vLLM compacts the batch and moves rows
+# (`BlockTable.move_row` in `memlab.vllm.block_table`), so a request's row index can change
+# between steps; nothing like SGLang's generation counter is needed there because no asynchronous
+# reader holds on to a row index. Chapter 06 covers vLLM's side.
+#
+# ## Exercise: `exercises/ch01_alloc_rows.py`
+#
+# Write `RowTable.alloc_rows`, `free` and `clear` (7 points). The cell below replays this
+# chapter's operations on your class and on `ReqToTokenPool` side by side. It raises
+# `NotImplementedError` until you fill the stub in; edit the file, then run the cell again.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch01_alloc_rows")
+mine, ref = ex.RowTable(5), ReqToTokenPool(5, 8)
+for op, arg in [("alloc_rows", 2), ("alloc_rows", 0), ("free", 4), ("alloc_rows", 1), ("alloc_rows", 9)]:
+    a, b = getattr(mine, op)(arg), getattr(ref, op)(arg)
+    print(f"{op}({arg}): yours {a}, memlab {b}")
+    assert a == b and mine.free_slots == ref.free_slots, "your free_slots differ from memlab's"
+assert mine.req_generation.tolist() == ref.req_generation.tolist()
+print("same rows, same free list, same generations")
+
+# %% [markdown]
+# ## Grade
+#
+# Runs the graded tests of chapter 01 against `exercises/` (same as `python -m memlab.grade 01`).
+
+# %%
+from memlab.grade import main as grade
+
+grade(["01"]);

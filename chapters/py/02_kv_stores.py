@@ -1,0 +1,168 @@
+# %% [markdown]
+# # 02 · KV stores: MHA, MLA, fp8 storage, layer ranges
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/02_kv_stores.ipynb)
+#
+# The third mapping: a physical slot -> bytes. A KV pool is a list of big tensors, one (or two)
+# per layer; slot `s` is row `s` of each. This chapter measures those rows for real models.
+#
+# **After this chapter you can**
+# - compute the KV bytes of one token for an MHA/GQA model and for an MLA model, and check them
+#   against real tensors' `nbytes`;
+# - explain why fp8 KV is stored as `uint8` and viewed back as fp8;
+# - build a pool that holds only a pipeline stage's layers and index it by model layer id;
+# - write `mha_bytes_per_token` and `mla_bytes_per_token` (exercise `ch02_bytes_per_token`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("02")
+
+# %% [markdown]
+# ## See it: bytes per token for real models
+#
+# Pick a model, a KV dtype, a tensor-parallel size and a context length. Left: KV bytes per token
+# over all layers for each model in `memlab.models` (numbers from their published `config.json`).
+# Right: one token's row in one layer, drawn to the same scale for every model.
+#
+# ![KV bytes per token for five real models](img/02_kv_bytes.png)
+
+# %%
+import ipywidgets as W
+
+from memlab import viz
+from memlab.models import MODELS
+from memlab.viz.draw_models import draw_kv_bytes, kv_text
+
+controls = dict(
+    model=W.Dropdown(options=list(MODELS), value="Llama-3.1-8B"),
+    dtype_bytes=W.Dropdown(options=[("bf16 / fp16", 2), ("fp8", 1)], value=2, description="KV dtype"),
+    tp_size=W.Dropdown(options=[1, 2, 4, 8], value=1, description="TP size"),
+    context=W.IntSlider(value=32768, min=1024, max=131072, step=1024, description="context", continuous_update=False),
+)
+viz.Explorer(controls, draw_kv_bytes, text=kv_text, columns=2)
+
+# %% [markdown]
+# ## MHA: K and V
+#
+# With multi-head attention (and its grouped-query variant, GQA), every layer stores a key and a
+# value per KV head. With $L$ layers, $H$ KV heads of width $d$ (and $d_v$ for V) and $b$ bytes a
+# value:
+#
+# $$\text{bytes per token} = L \cdot H \cdot (d + d_v) \cdot b \;=\; 2 L H d b \quad (d_v = d)$$
+#
+# `MHATokenToKVPool` keeps a K and a V tensor per layer, each of shape `(size + page_size, H, d)`:
+# the first page is padding (chapter 00). Let us build a small one and count its real bytes.
+
+# %%
+import torch
+
+from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token
+
+mha = MHATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=4)
+k = mha.get_key_buffer(0)
+print("k_buffer[0]:", tuple(k.shape), k.dtype, f"{k[0].nbytes} bytes a row")
+print("formula:", mha_bytes_per_token(4, 8, 128), " pool.bytes_per_token:", mha.bytes_per_token)
+print("all tensors:", mha.kv_size_bytes(), "=", mha.bytes_per_token, "x", 64 + 16, "rows")
+assert mha.kv_size_bytes() == mha.bytes_per_token * (64 + 16)
+
+# %% [markdown]
+# ## MLA: one latent row
+#
+# DeepSeek's multi-head latent attention stores one compressed vector per token and layer, shared
+# by all heads: `kv_lora_rank` values ($r$) plus a small rotary part ($d_r$). There is no V tensor:
+# the values are a view of the latent's first $r$ columns.
+#
+# $$\text{bytes per token} = L \cdot (r + d_r) \cdot b$$
+#
+# For DeepSeek-V3 ($r = 512$, $d_r = 64$, 61 layers) that is 70,272 bytes in bf16: about half of
+# Llama-3.1-8B's, for a model 80 times larger.
+
+# %%
+mla = MLATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=2)
+kv0, v0 = mla.get_key_buffer(0), mla.get_value_buffer(0)
+print("kv_buffer[0]:", tuple(kv0.shape), "  V view:", tuple(v0.shape), " shares memory:", v0.data_ptr() == kv0.data_ptr())
+print("formula:", mla_bytes_per_token(2, 512, 64), " pool:", mla.bytes_per_token)
+print("DeepSeek-V3:", MODELS["DeepSeek-V3"].kv_bytes_per_token(), "bytes per token")
+
+# %% [markdown]
+# ## fp8 storage
+#
+# An fp8 KV cache halves the bytes again. PyTorch cannot scatter into an fp8 tensor
+# (`buffer[loc] = x` has no fp8 kernel), so the pool **stores** `uint8` and **views** the bytes as
+# fp8 when a layer reads them: `store_dtype` vs `dtype`. Writes go through the same view, after an
+# optional division by a scale.
+
+# %%
+fp8 = MHATokenToKVPool(size=8, page_size=1, dtype=torch.float8_e4m3fn, head_num=1, head_dim=4, layer_num=1)
+print("dtype", fp8.dtype, "| store_dtype", fp8.store_dtype, "| bytes per token", fp8.bytes_per_token)
+x = torch.tensor([[[0.5, -1.0, 2.0, 3.0]]])
+fp8.set_kv_buffer(0, torch.tensor([3]), x, x, k_scale=2.0)
+print("stored bytes :", fp8.k_buffer[0][3].tolist())
+print("read as fp8  :", fp8.get_key_buffer(0)[3].float().tolist(), "(x / k_scale)")
+
+# %% [markdown]
+# ## Layer ranges
+#
+# With pipeline parallelism each GPU runs a range of layers and keeps KV only for those. A pool
+# holds layers `start_layer..end_layer` and is indexed by the model's layer id, which it turns
+# into `layer_id - start_layer`. Asking for a layer outside the range is an error, not a silent
+# read of somebody else's layer.
+
+# %%
+stage = MHATokenToKVPool(size=16, page_size=1, dtype=torch.float16, head_num=2, head_dim=8, layer_num=4,
+                         start_layer=4, end_layer=7)
+print("layers", stage.start_layer, "..", stage.end_layer, "; tensors:", len(stage.k_buffer))
+print("layer 5 is local tensor", 5 - stage.start_layer, "->", tuple(stage.get_key_buffer(5).shape))
+try:
+    stage.get_key_buffer(2)
+except IndexError as exc:
+    print("IndexError:", exc)
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# SGLang allocates one tensor per layer (`k_buffer[layer]`), rows indexed by slot. vLLM allocates
+# per layer too, but its tensors are shaped by *block*: `(2, num_blocks, block_size, H, d)` for K
+# and V together in most attention backends, so a slot is `(block, offset)` rather than a flat
+# row. The bytes per token are the same formula; only the indexing differs. Hybrid models
+# (Gemma-3's sliding layers, Qwen3-Next's linear layers) are chapter 07.
+#
+# ## Exercise: `exercises/ch02_bytes_per_token.py`
+#
+# Write `mha_bytes_per_token` and `mla_bytes_per_token` (5 points), bad arguments included. The
+# cell below checks yours against `memlab.kv_pool` for every model of the table.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch02_bytes_per_token")
+for name, m in MODELS.items():
+    if m.attention == "mla":
+        mine, ref = ex.mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim), \
+            mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim)
+    else:
+        mine, ref = ex.mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim), \
+            mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim)
+    print(f"{name:<22} yours {mine:>9,}  memlab {ref:>9,}")
+    assert mine == ref
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["02"]);
