@@ -7,6 +7,11 @@ from memlab.env import ensure_kernel_mode, has_cuda
 
 ensure_kernel_mode()
 os.environ.setdefault("MPLBACKEND", "Agg")
+# One thread per test worker: pytest-xdist already runs one worker per core, and more threads
+# than cores make small torch ops wait on each other.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
