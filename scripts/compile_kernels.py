@@ -28,6 +28,16 @@ BUILDS = {
                          dict(BS_BLOCK=128, PAGE_BLOCK=pb, TOK_BLOCK=256)) for pb in (1, 16, 64)],
     "alloc_decode.py": [("alloc_decode_kernel", dict(seq_lens_ptr=P64, last_loc_ptr=P64, free_pages_ptr=P64,
                                                      out_ptr=P64, page_size=I32), dict(BS_BLOCK=128))],
+    "slot_mapping.py": [("_slot_mapping_kernel", dict(block_table_ptr="*i32", block_table_stride=I32, num_rows=I32,
+                                                      max_num_blocks=I32, req_indices_ptr="*i32", positions_ptr=P64,
+                                                      slot_mapping_ptr=P64, num_tokens=I32, num_padded=I32,
+                                                      block_size=I32), dict(BLOCK=128))],
+    "store_kv.py": [("_store_kv_kernel", dict(key_ptr=dt, value_ptr=dt, key_cache_ptr=dt, value_cache_ptr=dt,
+                                              slot_mapping_ptr=P64, key_stride=I32, value_stride=I32,
+                                              kc_stride_blk=I32, kc_stride_slot=I32, vc_stride_blk=I32,
+                                              vc_stride_slot=I32, num_slots=I32, block_size=I32, k_elems=I32,
+                                              v_elems=I32), dict(BLOCK_K=1024, BLOCK_V=1024))
+                    for dt in ("*fp16", "*fp32")],
 }
 CAPABILITIES = (75, 90)
 
