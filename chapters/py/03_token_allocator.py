@@ -1,0 +1,151 @@
+# %% [markdown]
+# # 03 · The token allocator and its free list
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/03_token_allocator.ipynb)
+#
+# The second mapping, in its simplest form: with a page size of 1, every token gets one slot, any
+# free slot will do, and the allocator is a list of free slot ids. SGLang calls it
+# `TokenToKVPoolAllocator`.
+#
+# **After this chapter you can**
+# - say which end of the free list allocation takes from and which end frees go to, and why;
+# - follow the `need_sort` mode: frees staged aside, merged and sorted only when an allocation
+#   runs short;
+# - explain why sorted free slots give requests contiguous runs, and why that helps;
+# - write the token allocator's `available_size`, `alloc`, `free`, `merge_and_sort_free`
+#   (exercise `ch03_token_allocator`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("03")
+
+# %% [markdown]
+# ## See it
+#
+# Two stories with the same requests: A, B and C take slots, A and B finish, D and E arrive.
+# Pick a story with the dropdown. In the first, freed slots join the tail of the free list; in the
+# second (`need_sort=True`), they wait in a staging area (yellow) until an allocation runs short.
+# Watch where D's slots land in each.
+#
+# ![The token allocator after D arrives, staged frees merged and sorted](img/03_token_allocator.png)
+
+# %%
+from memlab import viz
+
+stories = {"FIFO (need_sort=False)": viz.scenes.token_allocator(need_sort=False).frames,
+           "staged (need_sort=True)": viz.scenes.token_allocator(need_sort=True).frames}
+viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
+
+# %% [markdown]
+# ## Allocation takes the head
+#
+# The free list `free_pages` is an int64 tensor (with page size 1, a "page" is a slot). `alloc(n)`
+# hands out its first `n` entries and keeps the rest: one slice, no loop, on the device where the
+# KV lives. Slot 0 is padding and is never on the list. A request for more than is free returns
+# `None` and changes nothing.
+
+# %%
+import torch
+
+from memlab.allocator import TokenToKVPoolAllocator
+
+alloc = TokenToKVPoolAllocator(size=16)
+a = alloc.alloc(4)
+b = alloc.alloc(3)
+print("A:", a.tolist(), " B:", b.tolist(), " free:", alloc.free_pages.tolist())
+print("alloc(99) ->", alloc.alloc(99), " available:", alloc.available_size())
+
+# %% [markdown]
+# ## FIFO reuse
+#
+# `free(slots)` appends to the **tail**: a freed slot is handed out again only after every slot
+# that was already free. With one slot per token there is nothing to keep warm, and this spreads
+# reuse evenly. The price: after a while the free list is a shuffle of old and new ids, and a
+# request's slots are scattered.
+
+# %%
+alloc.free(a)
+print("after freeing A:", alloc.free_pages.tolist())
+print("next 11 slots  :", alloc.alloc(11).tolist(), "(A's slots come last)")
+
+# %% [markdown]
+# ## Staged frees
+#
+# With `need_sort=True`, `free` does not touch the free list: it appends to `release_pages`, a
+# staging area. `available_size()` counts both, because staged slots are free; leaving them out
+# would make the scheduler think memory is short when it is not.
+
+# %%
+alloc = TokenToKVPoolAllocator(size=16, need_sort=True)
+a, b, c = alloc.alloc(4), alloc.alloc(3), alloc.alloc(6)
+alloc.free(a)
+alloc.free(b)
+print("free_pages:", alloc.free_pages.tolist(), " release_pages:", alloc.release_pages.tolist())
+print("available_size:", alloc.available_size(), "= 3 free + 7 staged")
+
+# %% [markdown]
+# ## Merge and sort
+#
+# Only when an allocation finds `free_pages` too short does the allocator call
+# `merge_and_sort_free()`: staged and free slots become one **sorted** list. Sorting costs a
+# sort, so it happens rarely; in exchange the next requests get runs of neighbouring slots.
+# Contiguous slots make the attention kernel's reads of a request's KV closer together in memory,
+# and let a run be described by its start and length.
+
+# %%
+d = alloc.alloc(4)  # 3 on the free list < 4: merge and sort first
+print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.release_pages.tolist())
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# SGLang's *paged* allocator (chapter 04) puts freed pages at the **head** instead (LIFO): the
+# pages just released are the next handed out, so the live set stays on few, recently used
+# pages. vLLM's block pool (chapter 06) keeps a doubly linked free queue: freed blocks without a
+# cached hash go to the head, cached ones to the tail, so the prefix cache keeps them as long as
+# possible.
+#
+# ## Exercise: `exercises/ch03_token_allocator.py`
+#
+# Write `available_size`, `alloc`, `free` and `merge_and_sort_free` (8 points). The cell below
+# replays the story of the widget on your allocator and on memlab's, in both modes.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch03_token_allocator")
+for need_sort in (False, True):
+    mine, ref = ex.TokenToKVPoolAllocator(16, need_sort=need_sort), TokenToKVPoolAllocator(16, need_sort=need_sort)
+    held = {}
+    for step, (op, who, n) in enumerate([("alloc", "A", 4), ("alloc", "B", 3), ("alloc", "C", 6), ("free", "A", 0),
+                                         ("free", "B", 0), ("alloc", "D", 4), ("alloc", "E", 2)]):
+        if op == "alloc":
+            x, y = mine.alloc(n), ref.alloc(n)
+            assert torch.equal(x, y), f"need_sort={need_sort}, {who} alloc({n}): yours {x.tolist()}, memlab {y.tolist()}"
+            held[who] = y
+        else:
+            mine.free(held[who].clone())
+            ref.free(held[who].clone())
+        assert mine.available_size() == ref.available_size(), f"step {step}: available_size differs"
+    print(f"need_sort={need_sort}: same slots at every step")
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["03"]);

@@ -1,0 +1,213 @@
+# %% [markdown]
+# # 04 · Paged allocation: `alloc_extend`
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/04_alloc_extend.ipynb)
+#
+# With pages, slots are handed out `page_size` at a time and a request's tokens fill its pages in
+# order. A prefill batch then needs, for every new token, the slot it lands in. SGLang computes
+# all of them in one GPU kernel, `alloc_extend`, one program per request.
+#
+# **After this chapter you can**
+# - compute how many new pages a request needs, and where each of its new tokens lands;
+# - split a request's new tokens into the three parts (rest of the old page, whole new pages, a
+#   new partial page) and find each request's place in the output and in the free list with
+#   prefix sums;
+# - explain why capacity is checked on the host before the kernel runs;
+# - run the Triton kernel, its torch reference and its plain-Python reference on one batch;
+# - write `alloc_extend` in torch and the kernel's whole-page part (exercises `ch04_alloc_extend`
+#   and `ch04_alloc_extend_kernel`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("04")
+
+# %% [markdown]
+# ## See it
+#
+# Three prefill batches on a paged allocator: A and B start; A, B and a new C continue; C
+# continues again. Every slot a batch hands out has a black edge, and its hatching says which of
+# the three parts it belongs to. Pick a page size with the dropdown: with page size 1 there is
+# only part 2; with larger pages, more tokens continue an old page.
+#
+# ![Second prefill batch with page size 4: the three parts](img/04_alloc_extend.png)
+
+# %%
+from memlab import viz
+
+stories = {f"page_size {ps}": viz.scenes.paged_extend(page_size=ps).frames for ps in (1, 2, 4, 8)}
+viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")), start=2)
+
+# %% [markdown]
+# ## Pages
+#
+# Page `p` holds slots `p * P .. p * P + P - 1` (page size $P$); page 0 is padding. A request with
+# $s$ tokens occupies $\lceil s / P \rceil$ pages, its last one possibly partly filled. Growing from
+# a prefix of $p$ tokens to $s$ tokens, it needs
+#
+# $$n_{\text{new}} = \lceil s / P \rceil - \lceil p / P \rceil$$
+#
+# new pages, taken from the head of the free list.
+
+# %%
+import torch
+
+from memlab.allocator import PagedTokenToKVPoolAllocator
+from memlab.allocator.reference import alloc_extend_python, alloc_extend_torch, num_new_pages
+
+P = 4
+prefix, seq = [6, 3, 0], [11, 12, 4]  # the second batch of the widget: A, B continue, C is new
+print("new pages per request:", [num_new_pages(p, s, P) for p, s in zip(prefix, seq)])
+
+# %% [markdown]
+# ## Three parts
+#
+# Request $i$'s new tokens, positions $p_i .. s_i - 1$, fall into three parts:
+#
+# 1. **the rest of its old page**: positions up to $\lceil p_i / P \rceil P$; the slots continue
+#    from `last_loc + 1`, where `last_loc` is the slot of its last token (-1 for an empty prefix);
+# 2. **whole new pages**: up to $\lfloor s_i / P \rfloor P$;
+# 3. **one new partial page**: the rest, starting at offset 0 of one more new page.
+#
+# Every request writes its slots at an output offset and takes pages from a free-list offset that
+# depend only on the requests before it: two **prefix sums** over the batch.
+
+# %%
+pre, sq = torch.tensor(prefix), torch.tensor(seq)
+new_tokens = sq - pre
+new_pages = (sq + P - 1) // P - (pre + P - 1) // P
+print("new tokens :", new_tokens.tolist(), "-> output starts", (torch.cumsum(new_tokens, 0) - new_tokens).tolist())
+print("new pages  :", new_pages.tolist(), "-> free-list starts", (torch.cumsum(new_pages, 0) - new_pages).tolist())
+for name, p, s in zip("ABC", prefix, seq):
+    parts = viz.scenes.extend_parts(p, s, P)
+    print(f"{name}: {p} -> {s}: part 1 x{parts.count(1)}, part 2 x{parts.count(2)}, part 3 x{parts.count(3)}")
+
+# %% [markdown]
+# ## The kernel and its two references
+#
+# `kernels/alloc_extend.py` runs one program per request. Each program sums the new tokens and
+# new pages of the requests before it (its prefix sums), then writes its three parts with masked
+# stores. The loop over whole pages has a *runtime* bound, so one compiled kernel serves every
+# extend length. `memlab.allocator.reference` holds a vectorised torch version (no loop over
+# requests) and a plain-Python version that reads like the definition. All three must agree.
+#
+# The cell runs them on a random batch. The kernel writes into a buffer with a guard band of
+# sentinels on both sides: the interpreter does not catch out-of-bounds stores, so we check the
+# guards are untouched.
+
+# %%
+from memlab.env import kernel_device
+from memlab.kernels import alloc_extend
+
+dev = kernel_device()
+gen = torch.Generator().manual_seed(4)
+bs = 8 if FAST else 64
+prefix_r = torch.randint(0, 40, (bs,), generator=gen)
+seq_r = prefix_r + torch.randint(0, 40, (bs,), generator=gen)
+free_r = torch.randperm(400, generator=gen)[: int(num_new_pages(prefix_r, seq_r, P))] + 1
+last_r = torch.where(prefix_r > 0, 1000 * P + prefix_r - 1, -1)  # any slot works for the check
+n = int((seq_r - prefix_r).sum())
+
+buf = torch.full((n + 16,), -7, dtype=torch.int64, device=dev)
+kernel = alloc_extend.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n, out=buf[8:-8])
+ref_t = alloc_extend_torch(prefix_r, seq_r, last_r, free_r, P, n)
+ref_py = alloc_extend_python(prefix_r.tolist(), seq_r.tolist(), last_r.tolist(), free_r.tolist(), P)
+print(f"{bs} requests, {n} new tokens on {dev}: kernel == torch: {torch.equal(kernel.cpu(), ref_t)}, "
+      f"torch == python: {ref_t.tolist() == ref_py}, guards intact: {bool((buf[:8] == -7).all() and (buf[-8:] == -7).all())}")
+assert torch.equal(kernel.cpu(), ref_t) and ref_t.tolist() == ref_py
+
+# %% [markdown]
+# ## Capacity first
+#
+# The kernel trusts the free list to be deep enough: a program reads `free_pages[page_start + k]`
+# without a bound. So the allocator decides on the host, from CPU copies of the lengths, **before**
+# anything runs: first a cheap upper bound ($\lfloor \text{extend\_num\_tokens} / P \rfloor$ +
+# batch size + 1 pages); only if that does not prove there is room, the exact count. Short means
+# `None`, with nothing taken. (Launching first and checking afterwards reads past the end of the
+# free list: SGLang once had exactly this bug.)
+
+# %%
+scene = viz.scenes.paged_extend(page_size=P)
+al = scene.allocator
+before = al.free_pages.clone()
+t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+print("free pages:", before.tolist())
+print("a 40-token request ->", al.alloc_extend(t([0]), t([0]), t([40]), t([40]), t([-1]), 40))
+assert torch.equal(al.free_pages, before)
+print("free pages unchanged:", al.free_pages.tolist())
+
+# %% [markdown]
+# The same allocator can run any of the three: `backend="triton" | "torch" | "python"`. Here the
+# kernel serves the widget's scenario end to end, on the GPU or in the interpreter:
+
+# %%
+kscene = viz.scenes.paged_extend(page_size=P, backend="triton")
+same = all(a.rows == b.rows and a.free_pages == b.free_pages for a, b in zip(kscene.frames, scene.frames))
+print("triton backend gives the same books at every step:", same)
+assert same
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# vLLM never computes a slot per token at allocation time. Its scheduler asks the KV cache manager
+# for whole *blocks* (plain Python over a block pool, chapter 06) and sends the new block ids to
+# the workers, which append them to the block table. Before each step a small kernel derives
+# `slot_mapping` for the batch's tokens from the block table. SGLang does both at once: its
+# kernel hands out pages and writes every token's slot, and the slots go straight into
+# `req_to_token`.
+#
+# ## Exercises
+#
+# **`exercises/ch04_alloc_extend.py`** (9 points): `PagedAllocator.alloc_extend` in torch, the
+# whole batch at once, capacity first. The cell below runs yours on the widget's batches.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch04_alloc_extend")
+mine = ex.PagedAllocator(48, P)
+held = {}
+for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
+    rids = list(batch)
+    pre_l = [len(held.get(r, [])) for r in rids]
+    seq_l = [p + batch[r] for p, r in zip(pre_l, rids)]
+    last_l = [held[r][-1] if held.get(r) else -1 for r in rids]
+    got = mine.alloc_extend(t(pre_l), t(seq_l), t(last_l))
+    print("yours:", got.tolist())
+    i = 0
+    for r, p, s in zip(rids, pre_l, seq_l):
+        held[r] = held.get(r, []) + got[i:i + s - p].tolist()
+        i += s - p
+want = {r: scene.slots(r) for r in scene.reqs}
+assert held == want, f"memlab's books: {want}"
+print("same slots as memlab for every request")
+
+# %% [markdown]
+# **`exercises/ch04_alloc_extend_kernel.py`** (6 points, +2 on a GPU): part 2 of the Triton
+# kernel, the whole pages. The cell runs yours on the random batch above.
+
+# %% tags=["raises-exception"]
+exk = viz.notebook.exercise("ch04_alloc_extend_kernel")
+got = exk.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n)
+assert torch.equal(got.cpu(), ref_t), f"first difference at output {int((got.cpu() != ref_t).nonzero()[0])}"
+print("your kernel matches the torch reference")
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["04"]);

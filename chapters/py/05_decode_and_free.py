@@ -1,0 +1,187 @@
+# %% [markdown]
+# # 05 · Decode steps and freeing pages
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/05_decode_and_free.ipynb)
+#
+# After prefill, every decode step adds exactly one token to every running request. Most steps
+# need no new page; a few cross a page boundary. When a request ends, its pages go back, each
+# exactly once.
+#
+# **After this chapter you can**
+# - say exactly when a decode step opens a page, and run the `alloc_decode` kernel;
+# - free a request's slots as whole pages, without freeing any page twice;
+# - use `free_segment` for an aligned run and show why an unaligned one is refused;
+# - batch frees with free groups, and let debug mode catch a double free;
+# - write `alloc_decode` and the paged free path (exercises `ch05_alloc_decode`, `ch05_paged_free`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("05")
+
+# %% [markdown]
+# ## See it
+#
+# The first story runs decode steps for A, B and C (3, 4 and 6 tokens after prefill, page size 4).
+# The others give pages back four ways: a plain `free`, `free_segment` (and an unaligned run it
+# refuses), a free group, and a double free caught in debug mode. Yellow pages are queued, not
+# yet released.
+#
+# ![Decode steps: which request opens a page at which step](img/05_decode.png)
+
+# %%
+from memlab import viz
+
+stories = {"decode steps": viz.scenes.decode_steps(page_size=4).frames}
+stories.update({story: viz.scenes.paged_free(story).frames for story in ("free", "free_segment", "free group", "double free")})
+viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
+
+# %% [markdown]
+# ## One token per step
+#
+# `alloc_decode(seq_lens, seq_lens_cpu, last_loc)` gets each request's length **after** the new
+# token. The new token sits at position `seq_len - 1`; it opens a page exactly when that position
+# is a multiple of the page size:
+#
+# $$(\text{seq\_len} - 1) \bmod P = 0 \iff \text{seq\_len} \bmod P = 1 \quad (P > 1)$$
+#
+# Then it gets the first slot of the next free page; otherwise its slot is `last_loc + 1`. The
+# requests that open a page take pages in batch order: a prefix sum of the "opens" flags tells
+# each one which. The count of opening requests is known on the host before the kernel runs, so
+# the capacity check is exact and cheap.
+
+# %%
+import torch
+
+from memlab.allocator.reference import alloc_decode_python, alloc_decode_torch
+from memlab.env import kernel_device
+from memlab.kernels import alloc_decode
+
+P = 4
+dev = kernel_device()
+seq_lens = torch.tensor([4, 5, 7, 9, 13])  # after the new token
+last_loc = torch.tensor([10, 23, 33, 47, 59])
+free_pages = torch.tensor([20, 21, 22])
+opens = ((seq_lens - 1) % P == 0).tolist()
+print("opens a page:", opens, "->", sum(opens), "new pages")
+by_kernel = alloc_decode.alloc_decode(seq_lens.to(dev), last_loc.to(dev), free_pages.to(dev), P)
+print("kernel:", by_kernel.tolist(), " torch:", alloc_decode_torch(seq_lens, last_loc, free_pages, P).tolist(),
+      " python:", alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), P))
+assert by_kernel.cpu().tolist() == alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), P)
+
+# %% [markdown]
+# Over a long generation a request opens a page every $P$ steps, so a batch of $B$ requests needs
+# about $B / P$ new pages per step. Larger pages mean fewer page allocations, but more room wasted
+# in each request's last page (on average $(P - 1)/2$ slots).
+#
+# ## Freeing whole pages
+#
+# `free(slots)` releases the **pages** under the slots. A request's slots share pages, so the page
+# ids are deduplicated first: `unique(slot // P)`. Without the dedup a page would be released once
+# per slot on it, and later handed to several requests at once. `unique` sorts on the device and
+# the result's length is data-dependent: a host-device sync, paid once per free.
+#
+# Released pages go to the **head** of the free list (LIFO), so the next allocation reuses them.
+
+# %%
+from memlab.allocator import PagedTokenToKVPoolAllocator
+
+al = PagedTokenToKVPoolAllocator(64, P, debug_mode=True)
+a_slots = al.alloc(8)  # two pages
+print("A holds", a_slots.tolist())
+al.free(a_slots)
+print(f"free list: {len(al.free_pages)} of {al.num_pages} pages, head {al.free_pages[:2].tolist()} (A's pages, each once)")
+
+# %% [markdown]
+# ## free_segment
+#
+# When the caller knows the slots form a contiguous run of one request starting on a page
+# boundary (for example, tokens leaving a sliding window, chapter 07), every $P$-th slot is the
+# first slot of a distinct page: `free_index[::P] // P` are the pages, no `unique` needed. An
+# unaligned start breaks that: the first slot taken is in the middle of a page, and the pages
+# counted are wrong. `free_segment` asserts the alignment.
+
+# %%
+run = al.alloc(12)
+al.free_segment(run[:8], start_pos=0)
+print("aligned run of 8 -> pages", (run[:8][::P] // P).tolist(), "released")
+try:
+    al.free_segment(run[9:], start_pos=9)
+except ValueError as exc:
+    print("ValueError:", exc)
+
+# %% [markdown]
+# ## Free groups
+#
+# When several requests finish in one step, `free_group_begin()` ... `free_group_end()` queues
+# their frees and releases them as one: one concatenation of the free list instead of many.
+# Queued tensors are copied (the caller may reuse its buffers). Groups do not nest. In debug mode
+# the allocator also checks its books after each release: no page free twice, free + held =
+# capacity.
+
+# %%
+b, c = al.alloc(4), al.alloc(4)
+al.free_group_begin()
+al.free(b)
+al.free(c)
+print("inside the group, queued:", [t.tolist() for t in al.free_group])
+al.free_group_end()
+try:
+    al.free(b)  # b's page is already free
+except ValueError as exc:
+    print("ValueError:", exc)
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# vLLM frees per request too, but by block object and reference count: a block shared by several
+# requests (a prefix-cache hit) only becomes free when the last one lets go, and it keeps its hash
+# so it can be hit again until it is reused. Chapter 06 shows the order in which a finished
+# request's blocks join the free queue, and why it is reversed.
+#
+# ## Exercises
+#
+# **`exercises/ch05_alloc_decode.py`** (6 points): `alloc_decode`. The cell runs yours on the
+# batch above.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch05_alloc_decode")
+mine = ex.PagedAllocator(64, P)
+mine.free_pages = free_pages.clone()
+got = mine.alloc_decode(seq_lens, last_loc)
+assert got.tolist() == by_kernel.tolist(), f"yours {got.tolist()}, the kernel's {by_kernel.tolist()}"
+print("same slots as the kernel; pages left:", mine.free_pages.tolist())
+
+# %% [markdown]
+# **`exercises/ch05_paged_free.py`** (7 points): `free` with dedup, `free_segment`, free groups.
+
+# %% tags=["raises-exception"]
+exf = viz.notebook.exercise("ch05_paged_free")
+fl = exf.PagedFreeList(num_pages=16, page_size=P)
+pages = fl.alloc_pages(3)
+slots = (pages[:, None] * P + torch.arange(P)).reshape(-1)
+fl.free(slots)
+assert fl.free_pages[:3].tolist() == sorted(pages.tolist()), f"free list head: {fl.free_pages[:5].tolist()}"
+print("each page freed once, at the head:", fl.free_pages[:3].tolist())
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["05"]);
