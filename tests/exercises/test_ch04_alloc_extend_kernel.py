@@ -72,11 +72,13 @@ def test_long_extend_loops_over_blocks():
 @points(2)
 def test_mixed_random_batches():
     rng = random.Random(7)
-    for _ in range(6):
-        ps = rng.choice([1, 4, 16])
+    # All three parts in one request: 3 -> 20 tokens on pages of 4 (1 + 12 + 4 tokens).
+    compare([3, 0, 10], [20, 9, 41], [42, -1, 89], shuffled_pages(16, rng), 4)
+    for _ in range(5):
+        ps = rng.choice([4, 16])
         bs = rng.randint(1, 5)
-        pre = [rng.choice([0, rng.randint(0, 50)]) for _ in range(bs)]
-        seq = [p + rng.randint(0, 70) for p in pre]
+        pre = [rng.choice([0, rng.randint(1, 50)]) for _ in range(bs)]
+        seq = [p + rng.randint(0, 3 * ps + 9) for p in pre]
         last = [-1 if p == 0 else (9000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
         need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
         compare(pre, seq, last, shuffled_pages(need + 3, rng), ps)

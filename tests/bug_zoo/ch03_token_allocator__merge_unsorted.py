@@ -1,0 +1,71 @@
+# Bug zoo variant of solutions/ch03_token_allocator.py: merge_and_sort_free merges without sorting.
+"""Chapter 03 exercise: the token allocator (page size 1) and its staged frees.
+
+Write ``available_size``, ``alloc``, ``free`` and ``merge_and_sort_free``. Grade with
+``./course grade 03``.
+"""
+
+import torch
+
+
+class TokenToKVPoolAllocator:
+    """Slots 1..size, one token each; slot 0 is padding and never handed out.
+
+    Given: the state. ``free_pages`` is an int64 tensor of free slots, handed out from its head;
+    with ``need_sort``, freed slots wait in ``release_pages`` until an allocation runs short.
+    """
+
+    def __init__(self, size: int, need_sort: bool = False):
+        self.size = size
+        self.need_sort = need_sort
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64)
+        self.release_pages = torch.empty(0, dtype=torch.int64)
+
+    def available_size(self) -> int:
+        """Free slots, the staged ones in ``release_pages`` included. Chapter 03, "Staged frees"."""
+        return len(self.free_pages) + len(self.release_pages)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Hand out the first ``need_size`` slots of ``free_pages`` (an int64 tensor), or None.
+
+        - With ``need_sort``, when ``free_pages`` holds fewer than ``need_size`` slots, first call
+          ``merge_and_sort_free()`` (and only then: merging costs a sort).
+        - Still short: return None and change nothing.
+        - ``need_size == 0`` returns an empty int64 tensor.
+        Chapter 03, "Allocation takes the head".
+        """
+        if self.need_sort and need_size > len(self.free_pages):
+            self.merge_and_sort_free()
+        if need_size > len(self.free_pages):
+            return None
+        out = self.free_pages[:need_size]
+        self.free_pages = self.free_pages[need_size:]
+        return out
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Give slots back. An empty tensor changes nothing.
+
+        Without ``need_sort`` append them to the TAIL of ``free_pages`` (FIFO reuse: a freed slot
+        comes back after every slot that was already free); with ``need_sort`` append them to
+        ``release_pages`` instead. Chapter 03, "FIFO reuse".
+        """
+        if free_index.numel() == 0:
+            return
+        free_index = free_index.to(torch.int64)
+        if self.need_sort:
+            self.release_pages = torch.cat((self.release_pages, free_index))
+        else:
+            self.free_pages = torch.cat((self.free_pages, free_index))
+
+    def merge_and_sort_free(self) -> None:
+        """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``.
+
+        Sorted, the next allocations get runs of neighbouring slots. Chapter 03, "Merge and sort".
+        """
+        if len(self.release_pages) == 0:
+            return
+        self.free_pages = torch.cat((self.free_pages, self.release_pages))
+        self.release_pages = torch.empty(0, dtype=torch.int64)

@@ -1,0 +1,56 @@
+# Bug zoo variant of solutions/ch06_block_hash.py: the last, partial block is hashed too.
+"""Chapter 06 exercise: chained block hashes for vLLM's prefix cache.
+
+Write ``request_block_hashes``. Grade with ``./course grade 06``.
+"""
+
+import hashlib
+from typing import NamedTuple
+
+
+def hash_fn(obj) -> bytes:
+    """Given: SHA-256 of the object's repr (stable for ints, strings, bytes, None and tuples)."""
+    return hashlib.sha256(repr(obj).encode()).digest()
+
+
+NONE_HASH = hash_fn(("none_hash", "memlab"))  # the parent of every request's first block
+
+
+class MMItem(NamedTuple):
+    """One multimodal item: its content hash and the token positions [offset, offset + length)."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str | None = None,
+                         mm_items: tuple = (), cache_salt: str | None = None) -> list[bytes]:
+    """The hash of each FULL block of a request, first block first.
+
+    Block i covers tokens ``[i * block_size, (i + 1) * block_size)``; a last partial block gets no
+    hash (its content is still growing). Its hash is
+    ``hash_fn((parent, tuple(block token ids), extra_keys))`` where ``parent`` is block i-1's
+    hash (``NONE_HASH`` for block 0), so one hash stands for the whole prefix. ``extra_keys`` is a
+    tuple of, in this order:
+
+    - ``("lora", lora_name)`` on every block when ``lora_name`` is not None;
+    - ``(item.identifier, item.offset - block_start)`` for each item of ``mm_items`` (sorted by
+      offset) that overlaps the block's tokens;
+    - ``("salt", cache_salt)`` on block 0 only, when ``cache_salt`` is set: through the chain it
+      changes every later hash too;
+    and ``None`` instead of an empty tuple. Chapter 06, "Block hashes".
+    """
+    hashes = []
+    parent = NONE_HASH
+    for i in range(-(-len(token_ids) // block_size)):
+        start, end = i * block_size, (i + 1) * block_size
+        keys = []
+        if lora_name is not None:
+            keys.append(("lora", lora_name))
+        keys += [(m.identifier, m.offset - start) for m in mm_items if m.offset < end and m.offset + m.length > start]
+        if i == 0 and cache_salt:
+            keys.append(("salt", cache_salt))
+        parent = hash_fn((parent, tuple(token_ids[start:end]), tuple(keys) if keys else None))
+        hashes.append(parent)
+    return hashes

@@ -1,0 +1,85 @@
+# Bug zoo variant of solutions/ch07_mamba_tracking.py: state slots handed out without zeroing: the previous owner's state leaks.
+"""Chapter 07 exercise: a Mamba layer's per-request state slots and its ping-pong tracking slots.
+
+Write ``get_mamba_tracking_slots`` and ``MambaRows.alloc_row``, ``free_row``,
+``next_track_slot``. Grade with ``./course grade 07``.
+"""
+
+import torch
+
+
+def get_mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) -> int:
+    """How many tracking slots a request takes besides its state slot.
+
+    0 without the extra buffer; 1 in lazy mode (the second comes when first needed); otherwise 2
+    under the overlap scheduler (while step t-1 still reads one snapshot, step t writes the
+    other: ping-pong) and 1 without it. Chapter 07, "Ping-pong".
+    """
+    if not extra_buffer:
+        return 0
+    if lazy:
+        return 1
+    return 2 if overlap else 1
+
+
+class MambaRows:
+    """Mamba state slots for the rows of a request table.
+
+    Given: the state. Slots 1..num_slots (0 is padding) hold a state row each in ``state``;
+    ``free_slots`` (int64) is handed out from its head and freed slots go to its tail. Per
+    request row r: ``state_slot[r]`` (0 = none), ``track_slots[r]`` (``tracking`` columns, 0 =
+    none), ``next_track_idx[r]`` (which column the next snapshot goes to, 0 when fresh) and
+    ``last_track_seqlen[r]`` (-1 = no snapshot yet).
+    """
+
+    def __init__(self, rows: int, num_slots: int, state_dim: int, tracking: int):
+        self.tracking = tracking
+        self.state = torch.zeros(num_slots + 1, state_dim)
+        self.free_slots = torch.arange(1, num_slots + 1, dtype=torch.int64)
+        self.state_slot = torch.zeros(rows + 1, dtype=torch.int64)
+        self.track_slots = torch.zeros(rows + 1, tracking, dtype=torch.int64)
+        self.next_track_idx = torch.zeros(rows + 1, dtype=torch.int64)
+        self.last_track_seqlen = torch.full((rows + 1,), -1, dtype=torch.int64)
+
+    def alloc_row(self, row: int) -> bool:
+        """Give request row ``row`` a state slot and ``tracking`` tracking slots; False when short.
+
+        All or nothing: with fewer than ``1 + tracking`` free slots return False and change
+        nothing. Otherwise take them from the head of ``free_slots`` (the first is the state
+        slot, the rest the tracking slots in column order), ZERO their rows of ``state`` (the
+        previous owner's recurrent state must not leak into a new request), and return True.
+        Chapter 07, "State per request".
+        """
+        need = 1 + self.tracking
+        if need > len(self.free_slots):
+            return False
+        slots, self.free_slots = self.free_slots[:need], self.free_slots[need:]
+        self.state_slot[row] = slots[0]
+        self.track_slots[row] = slots[1:]
+        return True
+
+    def free_row(self, row: int) -> None:
+        """Give back every slot the row owns (non-zero ones, appended to the tail of
+        ``free_slots``) and reset ALL four per-row fields to their fresh values (0, zeros, 0,
+        -1): a reused row must not see a stale slot or ping-pong index. Chapter 07, "Freeing".
+        """
+        owned = torch.cat((self.state_slot[row:row + 1], self.track_slots[row]))
+        self.free_slots = torch.cat((self.free_slots, owned[owned > 0]))
+        self.state_slot[row] = 0
+        self.track_slots[row] = 0
+        self.next_track_idx[row] = 0
+        self.last_track_seqlen[row] = -1
+
+    def next_track_slot(self, row: int) -> int:
+        """The tracking slot the row's next snapshot goes to: ``track_slots[row, next_track_idx[row]]``;
+        then advance ``next_track_idx[row]`` by one, modulo ``tracking`` (with 2 slots: ping-pong).
+        Raise ValueError when there are no tracking slots (``tracking == 0``) or the row has none.
+        """
+        if self.tracking == 0:
+            raise ValueError("no tracking slots: built without the extra buffer")
+        idx = int(self.next_track_idx[row])
+        slot = int(self.track_slots[row, idx])
+        if slot == 0:
+            raise ValueError(f"row {row} holds no tracking slot")
+        self.next_track_idx[row] = (idx + 1) % self.tracking
+        return slot

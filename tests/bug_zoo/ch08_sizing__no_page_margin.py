@@ -1,0 +1,59 @@
+# Bug zoo variant of solutions/ch08_sizing.py: max_new_tokens_for_memory without the extra page and slot.
+"""Chapter 08 exercise: the numbers the scheduler plans with.
+
+Write ``pool_size_tokens``, ``max_new_tokens_for_memory``, ``alloc_len_per_decode`` and
+``alloc_reserve_per_decode``. Grade with ``./course grade 08``.
+"""
+
+
+def pool_size_tokens(budget_bytes: int, bytes_per_token: int, page_size: int) -> int:
+    """How many tokens of KV a budget holds, floored to whole pages.
+
+    ``budget_bytes // bytes_per_token`` tokens, rounded DOWN to a multiple of ``page_size``.
+    Chapter 08, "From memory to tokens".
+    """
+    return budget_bytes // bytes_per_token // page_size * page_size
+
+
+def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capacity: int, page_size: int) -> int:
+    """Clip a request's generation to what an empty pool could hold next to its prompt.
+
+    ``max(0, min(max_new_tokens, token_capacity - ceil_ps(input_tokens) - page_size - 1))``
+    where ``ceil_ps`` rounds UP to a multiple of ``page_size``: the prompt in whole pages, one
+    page more for the page a decode step may open, and one slot more. Chapter 08,
+    "max_new_tokens_for_memory".
+    """
+    paged_input = -(-input_tokens // page_size) * page_size
+    return max(0, min(max_new_tokens, token_capacity - paged_input))
+
+
+def alloc_len_per_decode(page_size: int, num_steps: int | None = None, topk: int | None = None,
+                         num_draft_tokens: int | None = None) -> int:
+    """KV slots one request may take in one decode step.
+
+    - No speculative decoding (``num_steps`` is None): 1.
+    - Otherwise (``topk`` None means 1, ``num_draft_tokens`` None means 0): with page_size 1 or
+      topk 1, ``max(num_steps * topk, num_draft_tokens)``; else (a draft tree on pages) each of
+      the topk branches may need ``ceil((page_size - 1 + num_steps) / page_size)`` whole pages
+      of its own: ``max(pages_per_branch * page_size * topk, num_draft_tokens)``.
+    Chapter 08, "KV per decode step".
+    """
+    if num_steps is None:
+        return 1
+    topk = topk or 1
+    tokens = num_draft_tokens or 0
+    if page_size == 1 or topk == 1:
+        return max(num_steps * topk, tokens)
+    pages_per_branch = -(-(page_size - 1 + num_steps) // page_size)
+    return max(pages_per_branch * page_size * topk, tokens)
+
+
+def alloc_reserve_per_decode(page_size: int, num_steps: int | None = None, topk: int | None = None,
+                             num_draft_tokens: int | None = None, enable_overlap: bool = True) -> int:
+    """KV slots the scheduler reserves per running request per decode step.
+
+    Twice ``alloc_len_per_decode(...)`` under the overlap scheduler (the host's committed length
+    lags the GPU by one step), once without it. Chapter 08, "The doubled reserve".
+    """
+    n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)
+    return 2 * n if enable_overlap else n

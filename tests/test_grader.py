@@ -1,0 +1,250 @@
+"""Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo,
+and survival of learner code that loops, crashes or floods the output.
+
+Each grade() call runs a child pytest over tests/exercises; the expensive ones are marked slow
+but stay in the normal suite (about a minute in all on 2 cores).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from memlab.grade import format_table, grade, gradescope_results
+from memlab.grading import catalog, loader
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO_DIR = ROOT / "tests" / "bug_zoo"
+
+
+def _zoo():
+    spec = importlib.util.spec_from_file_location("_memlab_bug_zoo", ZOO_DIR / "zoo.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ZOO
+
+
+ZOO = _zoo()
+
+
+def solutions_copy(tmp_path: Path, overlay: dict[str, Path | str] = ()) -> Path:
+    """solutions/ copied into tmp_path, with some files replaced (by a file or by source text)."""
+    dest = tmp_path / "learner"
+    shutil.copytree(ROOT / "solutions", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, src in dict(overlay).items():
+        text = src.read_text() if isinstance(src, Path) else textwrap.dedent(src)
+        (dest / f"{name}.py").write_text(text)
+    return dest
+
+
+def by_exercise(report):
+    return {s.exercise.id: s for s in report.scores}
+
+
+def check_results_json(data: dict, report) -> None:
+    json.dumps(data)  # serialisable
+    assert set(data) >= {"score", "tests", "output", "visibility"}
+    assert data["score"] == sum(t["score"] for t in data["tests"])
+    for t in data["tests"]:
+        assert set(t) >= {"name", "score", "max_score", "status", "output", "visibility"}
+        assert t["status"] in ("passed", "failed") and t["visibility"] == "visible"
+        assert 0 <= t["score"] <= t["max_score"] and isinstance(t["output"], str) and len(t["output"]) <= 8000
+    assert data["extra_data"]["cpu"] == [report.earned, report.possible]
+
+
+# -- the catalog and the seam -----------------------------------------------------------------
+
+def collected_markers() -> dict[str, list[tuple[str, int, bool]]]:
+    """exercise id -> [(test name, points, gpu)] read from the test files' decorators."""
+    out = defaultdict(list)
+    for path in sorted((ROOT / "tests" / "exercises").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in tree.body:
+            if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test_"):
+                continue
+            pts = [d for d in fn.decorator_list if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "points"]
+            assert len(pts) == 1, f"{path.name}::{fn.name} needs exactly one @points(n)"
+            gpu = any(ast.unparse(d) == "pytest.mark.gpu" for d in fn.decorator_list)
+            helper = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "points")
+            exercise = next(k.value.value for k in ast.walk(helper) if isinstance(k, ast.keyword) and k.arg == "exercise")
+            out[exercise].append((fn.name, pts[0].args[0].value, gpu))
+    return out
+
+
+def test_catalog_matches_the_tests():
+    markers = collected_markers()
+    assert set(markers) == set(catalog.BY_ID), "every exercise has graded tests and every test an exercise"
+    assert len(catalog.EXERCISES) >= 14 and {e.chapter for e in catalog.EXERCISES} == set(range(1, 11))
+    for e in catalog.EXERCISES:
+        cpu = sum(p for _, p, gpu in markers[e.id] if not gpu)
+        gpu = sum(p for _, p, g in markers[e.id] if g)
+        assert (cpu, gpu) == (e.points, e.gpu_points), f"{e.id}: tests give {cpu} CPU + {gpu} GPU points"
+        for folder in ("exercises", "solutions"):
+            assert (ROOT / folder / f"{e.file}.py").is_file()
+        assert (ROOT / e.test_file).is_file()
+
+
+@pytest.mark.parametrize("exercise", catalog.EXERCISES, ids=lambda e: e.id)
+def test_stub_and_solution_are_twins(exercise):
+    """Same classes, functions, signatures and docstrings; the stub's bodies raise NotImplementedError."""
+
+    def api(path):
+        tree = ast.parse(path.read_text())
+        out = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                sig = ast.unparse(node.args) if isinstance(node, ast.FunctionDef) else ""
+                out[node.name] = (sig, ast.get_docstring(node))
+        return out, ast.get_docstring(tree)
+
+    stub, sol = ROOT / "exercises" / f"{exercise.file}.py", ROOT / "solutions" / f"{exercise.file}.py"
+    assert api(stub) == api(sol)
+    assert "NotImplementedError" in stub.read_text()
+
+
+def test_loader_imports_by_path_under_private_names(tmp_path, monkeypatch):
+    learner = solutions_copy(tmp_path)
+    monkeypatch.setenv(loader.ENV, str(learner))
+    mod = loader.load("ch02_bytes_per_token")
+    assert Path(mod.__file__).resolve() == (learner / "ch02_bytes_per_token.py").resolve()
+    assert mod.__name__.startswith("_memlab_learner_")
+    assert loader.load("ch02_bytes_per_token") is mod  # loaded once
+    other = loader.load("ch02_bytes_per_token", source="solutions")
+    assert other is not mod and Path(other.__file__).parent == ROOT / "solutions"
+    assert not (ROOT / "exercises" / "__init__.py").exists() and not (ROOT / "solutions" / "__init__.py").exists()
+    assert not any(n == p or n.startswith(p + ".") for n in sys.modules for p in ("exercises", "solutions"))
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        loader.source_dir(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("variant", ZOO, ids=lambda v: v.file)
+def test_bug_zoo_variant_is_one_small_edit(variant):
+    sol = (ROOT / "solutions" / f"{variant.solution}.py").read_text().splitlines()
+    bug = (ZOO_DIR / f"{variant.file}.py").read_text().splitlines()
+    assert bug[0].startswith("# Bug zoo variant") and catalog.BY_ID[variant.exercise].file == variant.solution
+    changed = [line for line in difflib.unified_diff(sol, bug[1:], lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert 0 < len(changed) <= 8, changed
+    names = {n for n, _, _ in collected_markers()[variant.exercise]}
+    assert variant.catches in names
+
+
+def test_zoo_is_large_enough():
+    assert len(ZOO) >= 15
+    assert len({v.file for v in ZOO}) == len(ZOO)
+
+
+# -- grading ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_solutions_score_full_marks_through_the_cli(tmp_path):
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "--solutions", "--results", str(out), "-q"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    total = sum(e.points for e in catalog.EXERCISES)
+    assert data["extra_data"]["cpu"] == [total, total], proc.stdout
+    assert all(t["status"] == "passed" for t in data["tests"]), proc.stdout
+    assert f"{total}/{total}" in proc.stdout
+    for e in catalog.EXERCISES:
+        assert e.id in proc.stdout
+
+
+@pytest.mark.slow
+def test_stubs_score_zero_with_not_implemented_only(tmp_path):
+    report = grade(source="exercises", timeout=60)
+    assert report.earned == 0 and report.possible == sum(e.points for e in catalog.EXERCISES)
+    for t in report.tests:
+        if t.gpu and t.outcome == "skipped":
+            continue
+        assert t.outcome == "failed" and t.exc_type == "NotImplementedError", (t.nodeid, t.message)
+        assert t.message.startswith("not written yet"), t.message
+    table = format_table(report)
+    assert "not written yet" in table and f"0/{report.possible}" in table
+    check_results_json(gradescope_results(report, table), report)
+
+
+def zoo_rounds():
+    """Variants grouped so that no round holds two variants of one exercise file."""
+    rounds: list[list] = []
+    for v in ZOO:
+        for r in rounds:
+            if all(o.solution != v.solution for o in r):
+                r.append(v)
+                break
+        else:
+            rounds.append([v])
+    return rounds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", zoo_rounds(), ids=lambda r: f"{len(r)}-variants")
+def test_bug_zoo_loses_points_where_it_should(round_, tmp_path):
+    learner = solutions_copy(tmp_path, {v.solution: ZOO_DIR / f"{v.file}.py" for v in round_})
+    report = grade(source=str(learner), timeout=60, exercises=[v.exercise for v in round_])
+    scores = by_exercise(report)
+    for v in round_:
+        s = scores[v.exercise]
+        caught = [t for t in s.tests if t.name == v.catches]
+        assert caught, f"{v.file}: no test named {v.catches}"
+        assert caught[0].outcome == "failed", f"{v.file} ({v.mistake}) passed {v.catches}"
+        assert s.earned < s.possible, f"{v.file} kept full marks"
+        assert caught[0].exc_type != "NotImplementedError"
+
+
+@pytest.mark.slow
+def test_grader_survives_loops_crashes_and_floods(tmp_path):
+    """An endless loop, one that swallows the alarm, os._exit, a segfault and megabytes of output."""
+    sizing = (ROOT / "solutions" / "ch08_sizing.py").read_text()
+    sizing = sizing.replace('    return budget_bytes // bytes_per_token // page_size * page_size',
+                            '    import ctypes\n    ctypes.string_at(0)  # segfault\n    return 0')
+    sizing = sizing.replace('    n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)\n',
+                            '    import time\n    while True:\n        try:\n            time.sleep(0.01)\n'
+                            '        except BaseException:\n            pass\n')
+    mamba = (ROOT / "solutions" / "ch07_mamba_tracking.py").read_text().replace(
+        '    if not extra_buffer:\n        return 0\n', '    import os\n    os._exit(3)\n')
+    rows = (ROOT / "solutions" / "ch01_alloc_rows.py").read_text().replace(
+        '        if need_size > len(self.free_slots):\n',
+        '        if need_size == 3:\n            print("x" * 3_000_000)  # in tests that pass\n'
+        '        if need_size > len(self.free_slots):\n', 1)
+    admission = (ROOT / "solutions" / "ch10_admission.py").read_text().replace(
+        '    return admitted, rejected', '    import sys\n    sys.stdout.write("y" * 2_000_000)\n    return [], []')
+    learner = solutions_copy(tmp_path, {
+        "ch02_bytes_per_token": (ROOT / "solutions" / "ch02_bytes_per_token.py").read_text().replace(
+            "    _check_positive(layer_num=layer_num, kv_lora_rank", "    while True:\n        pass\n"
+            "    _check_positive(layer_num=layer_num, kv_lora_rank"),
+        "ch08_sizing": sizing, "ch07_mamba_tracking": mamba, "ch01_alloc_rows": rows, "ch10_admission": admission})
+    results = tmp_path / "results.json"
+    chapters = ["01", "02", "07", "08", "10"]
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", *chapters, "--from", str(learner), "--timeout", "2.5",
+                           "--results", str(results), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(proc.stdout) < 20_000, "the learner's megabytes must not reach the table"
+    data = json.loads(results.read_text())
+    assert len(results.read_text()) < 200_000
+    tests = {t["extra_data"]["nodeid"].split("::")[-1]: t for t in data["tests"]}
+    for name in ("test_mla_deepseek_v3", "test_matches_real_buffers", "test_bad_input"):
+        assert tests[name]["score"] == 0 and "timed out after 2.5 s (an endless loop?)" in tests[name]["output"]
+    assert tests["test_mha_llama3_8b"]["status"] == "passed"
+    assert "ignored the alarm" in tests["test_reserve_doubled"]["output"]
+    assert "died (signal SIGSEGV)" in tests["test_pool_size_floored_to_pages"]["output"]
+    assert "died (exit code 3)" in tests["test_tracking_slot_counts"]["output"]
+    # Everything else was graded normally around them.
+    assert all(tests[n]["status"] == "passed" for n in tests
+               if tests[n]["extra_data"]["exercise"] in ("ch01.alloc_rows", "ch07.swa_release"))
+    assert tests["test_next_track_slot_ping_pong"]["status"] == "passed"
+    assert tests["test_max_new_tokens_formula"]["status"] == "passed"
+    flooded = tests["test_admits_in_order_until_budget"]
+    assert flooded["status"] == "failed" and "characters cut" in flooded["output"]
+    assert data["extra_data"]["cpu"][1] == sum(e.points for e in catalog.EXERCISES if e.chapter in (1, 2, 7, 8, 10))
