@@ -280,3 +280,67 @@ def test_empty_request_gives_zeros_and_one_token_request_returns_its_value():
     o = A.decode_attention_fwd(torch.randn(2, 2, 4, device=dev), k, v, r2t, rows, lens)
     assert torch.equal(o[0], torch.zeros(2, 4, device=dev))
     torch.testing.assert_close(o[1], v[5].expand(2, 4))
+
+
+@pytest.mark.kernel
+def test_kernel_reads_what_memlabs_books_wrote():
+    # The engine's path: rows from ReqToTokenPool, slots from the paged allocator (prefill, then
+    # decode steps that interleave requests on the page grid, and a freed request's pages reused),
+    # K/V written with set_kv_buffer; the kernel must equal attention over each request's own
+    # K/V kept contiguously on the side.
+    from memlab.allocator import PagedTokenToKVPoolAllocator
+    from memlab.kv_pool import MHATokenToKVPool
+    from memlab.req_to_token import ReqToTokenPool
+
+    dev, ps, layer, g = kernel_device(), 4, 1, torch.Generator().manual_seed(7)
+    pool = MHATokenToKVPool(96, ps, torch.float32, head_num=2, head_dim=8, layer_num=2, device=dev)
+    alloc = PagedTokenToKVPoolAllocator(96, ps, torch.float32, device=dev, kvcache=pool)
+    table = ReqToTokenPool(6, 64, device=dev)
+    kept = {}  # row -> (list of K rows, list of V rows)
+
+    def write(rows, lens, slots):
+        """Record the new tokens' slots in the request table and write random K/V there."""
+        k, v = torch.randn(len(slots), 2, 8, generator=g).to(dev), torch.randn(len(slots), 2, 8, generator=g).to(dev)
+        pool.set_kv_buffer(layer, slots, k, v)
+        i = 0
+        for row, (old, new) in zip(rows, lens):
+            table.write((row, slice(old, new)), slots[i:i + new - old].int())
+            kept.setdefault(row, ([], []))
+            kept[row][0].extend(k[i:i + new - old])
+            kept[row][1].extend(v[i:i + new - old])
+            i += new - old
+
+    def prefill(prompt_lens):
+        rows = table.alloc_rows(len(prompt_lens))
+        seq = torch.tensor(prompt_lens)
+        slots = alloc.alloc_extend(torch.zeros_like(seq).to(dev), torch.zeros_like(seq), seq.to(dev), seq,
+                                   torch.full_like(seq, -1).to(dev), int(seq.sum()))
+        write(rows, [(0, n) for n in prompt_lens], slots)
+        return rows
+
+    def decode(rows):
+        lens = torch.tensor([len(kept[r][0]) for r in rows])
+        last = table.req_to_token[torch.tensor(rows, device=dev), (lens - 1).to(dev)].long()
+        slots = alloc.alloc_decode((lens + 1).to(dev), lens + 1, last)
+        write(rows, [(n, n + 1) for n in lens.tolist()], slots)
+
+    rows = prefill([5, 3, 9])
+    gone = prefill([6])[0]
+    for _ in range(6):
+        decode(rows)
+    alloc.free(table.req_to_token[gone, :6].long())  # its pages come back first (LIFO) ...
+    table.free(gone)
+    del kept[gone]
+    rows += prefill([7])  # ... and a new request lands on them
+    for _ in range(3):
+        decode(rows)
+
+    lens = torch.tensor([len(kept[r][0]) for r in rows], device=dev)
+    q = torch.randn(len(rows), 4, 8, generator=g).to(dev)
+    got = A.decode_attention_fwd(q, pool.get_key_buffer(layer), pool.get_value_buffer(layer), table.req_to_token,
+                                 torch.tensor(rows, device=dev), lens)
+    for b, row in enumerate(rows):
+        k = torch.stack(kept[row][0]).repeat_interleave(2, dim=1)  # (L, 4, 8)
+        v = torch.stack(kept[row][1]).repeat_interleave(2, dim=1)
+        p = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k) / math.sqrt(8), dim=-1)
+        torch.testing.assert_close(got[b], torch.einsum("hl,lhd->hd", p, v), **TOL[torch.float32])

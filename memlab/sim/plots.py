@@ -64,7 +64,9 @@ def plot_sweep(results, ax=None, title=None):
     twin.plot(x, [r.avg_batch for r in results], "k.-", label="avg batch")
     twin.set_ylabel("average batch (requests)")
     twin.set_ylim(0, None)
-    ax.legend(loc="lower left", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles + twin.get_legend_handles_labels()[0], labels + ["avg batch"], loc="upper center",
+              bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=8, frameon=False)
     ax.set_title(title or f"{results[0].workload}: paged allocation by block size")
     return fig
 

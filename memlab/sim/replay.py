@@ -137,10 +137,10 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
     B = policy.block_size if paged else 1
     blocks_for = policy.blocks_for if paged else None
 
-    gen = np.zeros(n, np.int64)      # tokens generated so far (kept across a preemption)
-    left = out.copy()                # tokens still to generate
+    # A request's only moving part is how many tokens it has left to generate (kept across a
+    # preemption); while it runs it holds final - left tokens of KV.
+    left = out.copy()
     admitted = np.zeros(n, bool)     # admitted before (a readmission re-prefills: recompute)
-    cur = np.zeros(n, np.int64)      # tokens of KV held while running
     blocks = np.zeros(n, np.int64)   # paged: blocks held
     start = np.zeros(n, np.int64)    # contiguous: first slot of the reservation
     free_blocks = N // B if paged else 0
@@ -160,7 +160,7 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
         blocked_by_fragmentation = False
         while waiting and (max_running is None or len(running) < max_running):
             rid = waiting[0]
-            tokens = int(inp[rid] + gen[rid])  # a preempted request re-prefills what it generated
+            tokens = int(final[rid] - left[rid])  # a preempted request re-prefills what it generated
             if paged:
                 need = int(blocks_for(tokens + 1))
                 if need > free_blocks - keep_free:
@@ -179,7 +179,6 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
                 free_slots -= int(reserve[rid])
             waiting.popleft()
             running.append(rid)
-            cur[rid] = tokens
             prefill += tokens
             recomputed += tokens if admitted[rid] else 0  # a readmission after a preemption
             admitted[rid] = True
@@ -190,9 +189,10 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
         idx = np.array(running, dtype=np.int64)
         if paged:
             while True:
-                c, m = cur[idx], idx.size
+                lf, m = left[idx], idx.size
+                c = final[idx] - lf
                 # A request takes at least one block every B steps, so no more than this many fit:
-                k = min(int(left[idx].min()), B * (free_blocks // m + 1))
+                k = min(int(lf.min()), B * (free_blocks // m + 1))
                 held = blocks_for(c[:, None] + steps[:k])  # blocks held at each of the k steps
                 had = blocks[idx]
                 taken = held.sum(0) - int(had.sum())  # new blocks taken by steps 1..s, cumulative
@@ -205,7 +205,7 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
                     victim = running.pop()
                     need -= int(first[len(running)])
                     free_blocks += int(blocks[victim])
-                    blocks[victim] = cur[victim] = 0
+                    blocks[victim] = 0
                     waiting.appendleft(victim)
                     preemptions += 1
                 idx = idx[: len(running)]
@@ -219,8 +219,9 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
             free_blocks -= int(taken[k - 1])
             blocks[idx] = held[:, -1]
         else:
-            c, m, r = cur[idx], idx.size, reserve[idx]
-            k = int(left[idx].min())  # iterations until the first request finishes
+            lf, m, r = left[idx], idx.size, reserve[idx]
+            c = final[idx] - lf
+            k = int(lf.min())  # iterations until the first request finishes
             used = k * int(c.sum()) + m * k * (k + 1) // 2
             internal, allocated = k * int((r - final[idx]).sum()), k * int(r.sum())
             max_internal = max(max_internal, int((r - final[idx]).max()))
@@ -233,13 +234,12 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
         external += free if blocked_by_fragmentation else 0
         if timeline:
             rows.append((t, k, m, used / k, (allocated - internal - used) / k, internal / k, free / k))
-        gen[idx] += k
-        cur[idx] += k
-        left[idx] -= k
+        lf -= k
+        left[idx] = lf
         t += k
 
         # 4. finished requests free their slots
-        done = idx[left[idx] == 0]
+        done = idx[lf == 0]
         if done.size:
             if paged:
                 free_blocks += int(blocks[done].sum())

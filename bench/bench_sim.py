@@ -1,0 +1,74 @@
+"""The workload simulator on real-sized streams, and its speed against the per-iteration reference.
+
+  python bench/bench_sim.py                  # every policy on ShareGPT-like 20k, Azure conv, Azure code
+  python bench/bench_sim.py --sweep          # plus paged block sizes 1..256 on ShareGPT-like
+  python bench/bench_sim.py --plots DIR      # and save the figures as PNG files in DIR
+  python bench/bench_sim.py --n 2000         # fewer requests per stream
+
+Prints each replay's breakdown (% of the pool, averaged over iterations) with its wall time, and
+the event-skipping replay timed side by side with the one-iteration-at-a-time reference on the
+same small stream (they produce the same books; the ratio is the point).
+"""
+
+import argparse
+import os
+import time
+
+from memlab import sim
+
+
+def replay_table(wl, pool, policies):
+    t0 = time.perf_counter()
+    results = [sim.simulate(wl, pool, p) for p in policies]
+    print(f"\n{wl.describe()}; pool {pool:,} slots; {time.perf_counter() - t0:.1f} s for {len(results)} replays")
+    print(sim.breakdown_table(results))
+    print("wall s: " + ", ".join(f"{r.policy} {r.wall_seconds:.1f}" for r in results)
+          + " | recomputed tokens: " + ", ".join(f"{r.policy} {r.recomputed_tokens:,}" for r in results if r.preemptions))
+    return results
+
+
+def speed_vs_reference(pool):
+    wl = sim.sharegpt_like(400, seed=5)
+    print(f"\nfast replay vs per-iteration reference, {wl.describe()}, pool {pool:,}:")
+    for policy in ("oracle", "paged"):
+        t0 = time.perf_counter()
+        fast = sim.simulate(wl, pool, policy, progress=False)
+        t1 = time.perf_counter()
+        slow = sim.simulate_reference(wl, pool, policy)
+        t2 = time.perf_counter()
+        same = fast.slot_iterations == slow.slot_iterations and fast.iterations == slow.iterations
+        print(f"  {fast.policy:>12}: replay {1e3 * (t1 - t0):8.1f} ms, reference {1e3 * (t2 - t1):8.1f} ms, "
+              f"ratio {(t2 - t1) / (t1 - t0):6.1f}x, same books: {same}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=20_000, help="requests per stream (default 20,000)")
+    ap.add_argument("--pool", type=int, default=sim.DEFAULT_POOL_SIZE)
+    ap.add_argument("--sweep", action="store_true", help="paged block sizes 1..256 on ShareGPT-like")
+    ap.add_argument("--plots", metavar="DIR", help="save figures as PNG files in DIR")
+    args = ap.parse_args()
+
+    policies = ["max", "pow2", "oracle", sim.Paged(16), sim.Paged(16, watermark=0.01)]
+    streams = [sim.sharegpt_like(args.n), sim.load_azure("conv", n=args.n), sim.load_azure("code", n=args.n)]
+    t0 = time.perf_counter()
+    all_results = [replay_table(wl, args.pool, policies) for wl in streams]
+    sweep = sim.block_size_sweep(streams[0], args.pool) if args.sweep else None
+    if sweep:
+        print(f"\nblock-size sweep, {streams[0].name}:")
+        print(sim.breakdown_table(sweep))
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+    speed_vs_reference(args.pool)
+    if args.plots:
+        os.makedirs(args.plots, exist_ok=True)
+        for wl, results in zip(streams, all_results):
+            stem = wl.name.lower().replace(" ", "_").replace("(", "").replace(")", "")
+            sim.plot_breakdown(results).savefig(os.path.join(args.plots, f"breakdown_{stem}.png"), dpi=120)
+            sim.plot_timeline(results[3]).savefig(os.path.join(args.plots, f"timeline_{stem}.png"), dpi=120)
+        if sweep:
+            sim.plot_sweep(sweep).savefig(os.path.join(args.plots, "sweep_sharegpt.png"), dpi=120)
+        print(f"figures in {args.plots}")
+
+
+if __name__ == "__main__":
+    main()
