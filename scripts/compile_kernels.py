@@ -38,6 +38,16 @@ BUILDS = {
                                               vc_stride_slot=I32, num_slots=I32, block_size=I32, k_elems=I32,
                                               v_elems=I32), dict(BLOCK_K=1024, BLOCK_V=1024))
                     for dt in ("*fp16", "*fp32")],
+    "paged_decode_attention.py": [
+        ("_paged_decode_kernel", dict(q_ptr=dt, q_pe_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt, table_ptr="*i32",
+                                      req_pool_indices_ptr=P64, seq_lens_ptr="*i32", sm_scale="fp32",
+                                      **{n: I32 for n in ("page_size", "kv_group_num", "d_main", "d_pe", "d_v",
+                                                          "stride_qb", "stride_qh", "stride_qpb", "stride_qph",
+                                                          "stride_ks", "stride_kh", "stride_vs", "stride_vh",
+                                                          "stride_ob", "stride_oh", "stride_table")}),
+         dict(USE_BLOCK_TABLE=bt, V_FROM_K=mla, BLOCK_N=16 if mla else 32, BLOCK_D=512 if mla else 128,
+              BLOCK_DPE=64 if mla else 0, BLOCK_DV=512 if mla else 128))
+        for dt in ("*fp16", "*fp32") for bt in (False, True) for mla in (False, True)],
 }
 CAPABILITIES = (75, 90)
 
@@ -59,7 +69,7 @@ def main() -> int:
                     src = ASTSource(fn=getattr(mod, name), signature=sig | {k: "constexpr" for k in constexprs},
                                     constexprs=constexprs)
                     n = len(triton.compile(src, target=GPUTarget("cuda", cap, 32)).asm["cubin"])
-                    print(f"ok   {fname}:{name} {constexprs} sm_{cap} ({n} bytes of cubin)")
+                    print(f"ok   {fname}:{name} {next(iter(sig.values()))} {constexprs} sm_{cap} ({n} bytes of cubin)")
                 except Exception as exc:  # report every failure, not just the first
                     failed += 1
                     print(f"FAIL {fname}:{name} {constexprs} sm_{cap}: {type(exc).__name__}: {exc}")
