@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from memlab.allocator.reference import num_new_pages
 from memlab.req_to_token import Req, ReqToTokenPool
 from memlab.viz.state import Books, read_books
 
@@ -46,23 +47,21 @@ class Scene:
     def extend_batch(self, lens: dict) -> torch.Tensor | None:
         """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a row).
 
-        Returns the new slots in batch order, or None (nothing changed) when rows or pages are short.
+        Like a scheduler, it checks KV capacity first (whole pages, from ``available_size``), then
+        asks the request table for rows (all or nothing), then allocates the slots. Returns the new
+        slots in batch order, or None when pages or rows are short; a refused batch changes nothing.
         """
-        new = [Req(rid) for rid in lens if rid not in self.reqs]
-        batch = [self.reqs.get(rid) for rid in lens]
-        if self.req_pool.alloc([r for r in new]) is None:
-            return None
-        it = iter(new)
-        batch = [r if r is not None else next(it) for r in batch]
+        batch = [self.reqs.get(rid) or Req(rid) for rid in lens]
         pre = [r.kv_allocated_len for r in batch]
         seq = [p + n for p, n in zip(pre, lens.values())]
-        last = [self.req_pool.req_to_token[r.req_pool_idx, p - 1].item() if p else -1 for r, p in zip(batch, pre)]
+        ps = self.allocator.page_size
+        if num_new_pages(torch.tensor(pre), torch.tensor(seq), ps) * ps > self.allocator.available_size():
+            return None
+        if self.req_pool.alloc(batch) is None:  # rows only for requests without one
+            return None
+        last = [self.last_loc(r.rid) if r.rid in self.reqs else -1 for r in batch]
         dev = self.allocator.device
         out = self.allocator.alloc_extend(_t(pre, dev), _t(pre), _t(seq, dev), _t(seq), _t(last, dev), sum(lens.values()))
-        if out is None:
-            for r in new:  # a refused batch gives its new rows back
-                self.req_pool.free(r)
-            return None
         i = 0
         for r, p, s in zip(batch, pre, seq):
             self.req_pool.write((r.req_pool_idx, slice(p, s)), out[i:i + s - p].to(torch.int32).cpu())

@@ -1,0 +1,66 @@
+"""Render the static pictures the chapters show to readers without a kernel (GitHub, nbviewer).
+
+    python -m memlab.viz.render_static [--out chapters/img] [NAME ...]
+
+Each picture is the drawing a chapter's widget makes at one chosen step, from the same scene.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memlab.viz import scenes
+from memlab.viz.draw import draw_books
+from memlab.viz.style import figure_png
+
+OUT = Path(__file__).resolve().parents[2] / "chapters" / "img"
+
+
+def _mappings():
+    sc = scenes.orientation()
+    return draw_books(sc.frames[-1], ("table", "slots", "buffers", "free"), slot=sc.slots("D")[0])
+
+
+def _kv_bytes():
+    from memlab.viz.draw_models import draw_kv_bytes
+
+    return draw_kv_bytes("Llama-3.1-8B")
+
+
+PICTURES = {
+    "00_mappings": _mappings,
+    "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
+    "02_kv_bytes": _kv_bytes,
+    "03_token_allocator": lambda: draw_books(scenes.token_allocator(need_sort=True).frames[6], ("table", "slots", "free")),
+    "04_alloc_extend": lambda: draw_books(scenes.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
+    "05_decode": lambda: draw_books(scenes.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
+}
+
+
+def render(names=None, out: Path = OUT, dpi: int = 80) -> list[Path]:
+    unknown = [n for n in names or () if n not in PICTURES]
+    if unknown:
+        raise ValueError(f"unknown picture {unknown[0]!r}; known: {', '.join(PICTURES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names or PICTURES:
+        path = out / f"{name}.png"
+        path.write_bytes(figure_png(PICTURES[name](), dpi=dpi))
+        written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help=f"pictures to render (default: all of {', '.join(PICTURES)})")
+    p.add_argument("--out", type=Path, default=OUT)
+    a = p.parse_args(argv)
+    for path in render(a.names, a.out):
+        print(f"wrote {path} ({path.stat().st_size // 1024} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""memlab.viz without a browser: drawings show the right owners, colours and labels for a given
+state; widgets re-render through their observers; scenes replay the real library."""
+
+import pytest
+import torch
+
+from memlab.req_to_token import ReqToTokenPool
+from memlab.viz import scenes
+from memlab.viz.draw import draw_books
+from memlab.viz.scene import Scene
+from memlab.viz.state import read_books
+from memlab.viz.style import FREE, HIGHLIGHT, PADDING, STAGED, owner_color, same_color, text_color
+from memlab.viz.widgets import Explorer, Stepper
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def by_gid(fig, prefix):
+    """Artists whose gid starts with ``prefix``, by gid (the drawings tag every cell)."""
+    found = {}
+    for a in fig.findobj(lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix)):
+        found[a.get_gid()] = a
+    return found
+
+
+def text_of(fig, gid):
+    return by_gid(fig, f"label:{gid}")[f"label:{gid}"].get_text()
+
+
+@pytest.fixture(scope="module")
+def orientation():
+    return scenes.orientation()
+
+
+def expected_slot_fill(books, s):
+    """What draw_slot_grid must paint slot ``s``, derived from the books independently."""
+    page = s // books.page_size
+    if page == 0:
+        return PADDING, 1.0
+    if page in books.staged_pages:
+        return STAGED, 1.0
+    if page in books.free_pages:
+        return FREE, 1.0
+    owner = {x: r.owner for r in books.rows if r.owner for x in r.slots}
+    if s in owner:
+        return owner_color(owner[s]), 1.0
+    page_owner = {x // books.page_size: r.owner for r in books.rows if r.owner for x in r.slots}
+    return owner_color(page_owner[page]), 0.3  # the unfilled tail of a held page
+
+
+def check_slot_grid(fig, books):
+    cells = by_gid(fig, "slot:")
+    assert len(cells) == books.num_slots, f"{len(cells)} slot cells for {books.num_slots} slots"
+    for s in range(books.num_slots):
+        patch = cells[f"slot:{s}"]
+        fill, alpha = expected_slot_fill(books, s)
+        assert same_color(patch.get_facecolor(), fill), f"slot {s}: drawn {patch.get_facecolor()}, expected {fill}"
+        assert patch.get_alpha() == pytest.approx(alpha), f"slot {s}: alpha {patch.get_alpha()}, expected {alpha}"
+        assert text_of(fig, f"slot:{s}") == str(s)
+        new = same_color(patch.get_edgecolor(), HIGHLIGHT) and patch.get_linewidth() > 1
+        assert new == (s in books.new_slots), f"slot {s}: highlighted={new}, new this step={s in books.new_slots}"
+
+
+# -- colours ------------------------------------------------------------------------------------
+
+
+def test_owner_colours_are_stable_and_distinct():
+    assert owner_color("A") == owner_color("A") and owner_color("A") != owner_color("B")
+    assert len({owner_color(c) for c in "ABCDEFGHIJ"}) == 10
+    assert owner_color("req-17") == owner_color("req-17")  # hashed names: stable across calls
+    assert owner_color(None) == FREE
+    assert text_color(PADDING) == "white" and text_color(FREE) == "black"
+
+
+# -- state --------------------------------------------------------------------------------------
+
+
+def test_read_books_reads_the_real_tables(orientation):
+    sc = orientation
+    books = sc.frames[-1]
+    for rid, req in sc.reqs.items():
+        row = books.rows[req.req_pool_idx]
+        assert row.owner == rid
+        assert list(row.slots) == sc.req_pool.req_to_token[req.req_pool_idx, : req.kv_allocated_len].tolist()
+        assert row.generation == int(sc.req_pool.req_generation[req.req_pool_idx])
+    assert books.rows[0].owner is None and books.free_rows == tuple(sc.req_pool.free_slots)
+    assert books.free_pages == tuple(sc.allocator.free_pages.tolist())
+    assert [b.name for b in books.buffers] == ["k_buffer[0]", "v_buffer[0]", "k_buffer[1]", "v_buffer[1]"]
+    assert books.buffers[0].row_bytes == sc.kvcache.k_buffer[0][0].nbytes
+
+
+def test_books_are_frozen_snapshots(orientation):
+    first = orientation.frames[0]
+    assert first.slot_owner == {} and len(first.free_pages) == orientation.allocator.num_pages
+    assert orientation.frames[-1].slot_owner  # later frames did not change the first one
+
+
+# -- drawings -----------------------------------------------------------------------------------
+
+
+def test_slot_grid_shows_owners_padding_tails_and_new_slots(orientation):
+    for books in (orientation.frames[1], orientation.frames[4], orientation.frames[-1]):
+        fig = draw_books(books, ("slots",))
+        check_slot_grid(fig, books)
+
+
+def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(orientation, monkeypatch):
+    # Buggy variant: paint the whole page of an owner, hiding how much of its last page is unused.
+    books = orientation.frames[1]
+    import memlab.viz.draw as d
+
+    real_cell = d.cell
+
+    def solid_cell(ax, x, y, fill, label="", gid=None, alpha=1.0, **kw):
+        return real_cell(ax, x, y, fill, label, gid=gid, alpha=1.0, **kw)
+
+    monkeypatch.setattr(d, "cell", solid_cell)
+    with pytest.raises(AssertionError, match="alpha"):
+        check_slot_grid(draw_books(books, ("slots",)), books)
+
+
+def test_request_table_cells_hold_the_slots(orientation):
+    books = orientation.frames[-1]
+    fig = draw_books(books, ("table",))
+    cells = by_gid(fig, "row:")
+    for r in books.rows:
+        for pos in range(books.row_width):
+            patch = cells[f"row:{r.row}:{pos}"]
+            if r.row == 0:
+                assert same_color(patch.get_facecolor(), PADDING)
+            elif r.owner and pos < len(r.slots):
+                assert same_color(patch.get_facecolor(), owner_color(r.owner))
+                assert text_of(fig, f"row:{r.row}:{pos}") == str(r.slots[pos])
+            else:
+                assert same_color(patch.get_facecolor(), FREE)
+    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert any("D  gen 2" in t for t in texts), "D's row was B's: its generation must read 2"
+
+
+def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
+    sc = scenes.paged_free("free_segment")
+    books = sc.frames[1]
+    released = books.released_slots
+    assert released == frozenset(sc.slots("C")[:8])
+    fig = draw_books(books, ("table", "slots"))
+    row = sc.reqs["C"].req_pool_idx
+    cells = by_gid(fig, f"row:{row}:")
+    assert all(cells[f"row:{row}:{p}"].get_alpha() == pytest.approx(0.3) for p in range(8))
+    assert cells[f"row:{row}:8"].get_alpha() == pytest.approx(1.0)
+    check_slot_grid(fig, books)
+
+
+def test_free_list_strip_in_order_with_staged_after():
+    sc = scenes.token_allocator(need_sort=True)
+    books = sc.frames[5]  # A and B freed: staged
+    assert books.staged_pages
+    fig = draw_books(books, ("free",))
+    cells = by_gid(fig, "free:")
+    order = [(int(text_of(fig, g)), g.split(":")[2]) for g in sorted(cells, key=lambda g: int(g.split(":")[1]))]
+    assert order == [(p, "free") for p in books.free_pages] + [(p, "staged") for p in books.staged_pages]
+    for g, patch in cells.items():
+        assert same_color(patch.get_facecolor(), STAGED if g.endswith("staged") else FREE)
+
+
+def test_buffers_colour_each_slot_row_by_owner_and_trace_bytes(orientation):
+    books = orientation.frames[-1]
+    slot = orientation.slots("D")[0]
+    fig = draw_books(books, ("buffers",), slot=slot)
+    cells = by_gid(fig, "buf:")
+    assert len(cells) == len(books.buffers) * books.num_slots
+    owner = books.slot_owner
+    for b in books.buffers:
+        for s in range(books.num_slots):
+            want = PADDING if s < books.page_size else owner_color(owner.get(s))
+            assert same_color(cells[f"buf:{b.name}:{s}"].get_facecolor(), want)
+    row_bytes = books.buffers[0].row_bytes
+    texts = " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+    assert f"[{slot * row_bytes}, {(slot + 1) * row_bytes})" in texts
+
+
+def test_part_hatching_follows_extend_parts():
+    sc = scenes.paged_extend(page_size=4)
+    books = sc.frames[2]
+    fig = draw_books(books, ("slots",))
+    cells = by_gid(fig, "slot:")
+    want = {1: "///", 2: None, 3: "..."}
+    assert books.part_of
+    for s, part in books.part_of.items():
+        assert cells[f"slot:{s}"].get_hatch() == want[part], f"slot {s} is part {part}"
+
+
+def test_extend_parts_agree_with_the_page_count():
+    from memlab.allocator.reference import num_new_pages
+
+    for ps in (1, 2, 4, 16):
+        for pre in range(0, 20):
+            for seq in range(pre, pre + 20):
+                parts = scenes.extend_parts(pre, seq, ps)
+                assert len(parts) == seq - pre and parts == sorted(parts)
+                pages = (parts.count(2) // ps) + (parts.count(3) > 0)
+                assert pages == num_new_pages(pre, seq, ps), (ps, pre, seq)
+
+
+def test_draw_books_rejects_unknown_panels(orientation):
+    with pytest.raises(ValueError, match="unknown panel 'pages'"):
+        draw_books(orientation.frames[0], ("table", "pages"))
+
+
+def test_kv_bytes_picture_highlights_the_model_and_uses_memlab_numbers():
+    from memlab.models import MODELS
+    from memlab.viz.draw_models import draw_kv_bytes, kv_text
+    from memlab.viz.style import PALETTE
+
+    fig = draw_kv_bytes("DeepSeek-V3", dtype_bytes=1, tp_size=2)
+    bars = by_gid(fig, "model:")
+    assert set(bars) == {f"model:{n}" for n in MODELS}
+    for name, m in MODELS.items():
+        bar = bars[f"model:{name}"]
+        assert bar.get_width() == pytest.approx(m.kv_bytes_per_token(None, 1, 2) / 1024)
+        assert same_color(bar.get_facecolor(), PALETTE[0]) == (name == "DeepSeek-V3")
+    assert set(by_gid(fig, "seg:")) == {"seg:V = view of the latent", "seg:rope part"}
+    assert set(by_gid(draw_kv_bytes("Llama-3.1-8B"), "seg:")) == {"seg:K", "seg:V"}
+    assert f"{MODELS['Llama-3.1-8B'].kv_bytes_per_token():,} B per token" in kv_text("Llama-3.1-8B")
+
+
+# -- widgets ------------------------------------------------------------------------------------
+
+
+class S:
+    def __init__(self, caption):
+        self.caption = caption
+
+
+def test_stepper_rerenders_through_its_observer():
+    calls = []
+
+    def draw(state):
+        calls.append(state.caption)
+        return f"<p>{state.caption}</p>"
+
+    w = Stepper([S("a"), S("b"), S("c")], draw)
+    assert w.view.value == "<p>a</p>" and "step 0 of 2" in w.caption.value
+    w.slider.value = 2
+    assert w.view.value == "<p>c</p>" and "step 2 of 2" in w.caption.value and w.state.caption == "c"
+    w.prev.click()
+    assert w.slider.value == 1 and w.view.value == "<p>b</p>"
+    w.next.click()
+    w.next.click()  # clamps at the last step
+    assert w.slider.value == 2
+    w.slider.value = 0
+    assert calls == ["a", "c", "b"], "each step is drawn once, then cached"
+
+
+def test_stepper_check_catches_a_widget_without_observer():
+    class Frozen(Stepper):
+        def _on_value(self, change):  # buggy variant: forgets to re-render
+            pass
+
+    w = Frozen([S("a"), S("b")], lambda s: s.caption)
+    w.slider.value = 1
+    assert w.view.value == "a", "the frozen widget shows a stale picture; the check above would fail"
+
+
+def test_stepper_stories_switch_states_and_bounds():
+    w = Stepper({"long": [S("1"), S("2"), S("3")], "short": [S("x")]}, lambda s: s.caption)
+    w.slider.value = 2
+    w.story.value = "short"
+    assert w.slider.max == 0 and w.slider.value == 0 and w.view.value == "x"
+    w.story.value = "long"
+    assert w.slider.max == 2 and w.view.value == "1"
+    with pytest.raises(ValueError):
+        Stepper([], str)
+    with pytest.raises(ValueError):
+        Stepper({"empty": []}, str)
+
+
+def test_stepper_on_a_real_scene_draws_pngs(orientation):
+    w = Stepper(orientation.frames[:2], lambda b: draw_books(b, ("slots",)))
+    first = w.view.value
+    assert first.startswith('<img class="memlab-view" src="data:image/png;base64,')
+    w.slider.value = 1
+    assert w.view.value != first and "A arrives" in w.caption.value
+
+
+def test_explorer_rerenders_on_every_control():
+    import ipywidgets as W
+
+    seen = []
+
+    def draw(n, kind):
+        seen.append((n, kind))
+        return f"{kind}:{n}"
+
+    e = Explorer(dict(n=W.IntSlider(value=1, min=0, max=9), kind=W.Dropdown(options=["a", "b"])), draw,
+                 text=lambda n, kind: f"n={n}")
+    assert e.view.value == "a:1" and e.summary.value == "n=1" and e.renders == 1
+    e.controls["n"].value = 5
+    e.controls["kind"].value = "b"
+    assert e.view.value == "b:5" and e.summary.value == "n=5" and e.renders == 3
+    assert e.controls["n"].description == "n", "a control without a description gets its name"
+
+
+# -- scenes drive the real library ----------------------------------------------------------------
+
+
+def test_orientation_story(orientation):
+    f = orientation.frames
+    assert len(f) == 7
+    b_row = f[2].rows  # B arrived in frame 2
+    b = next(r for r in b_row if r.owner == "B")
+    d = next(r for r in f[-1].rows if r.owner == "D")
+    assert d.row == b.row and d.generation == b.generation + 1, "D reuses B's row with a new generation"
+    assert {s // 4 for s in d.slots} == {s // 4 for s in b.slots}, "and B's page (LIFO)"
+
+
+def test_scene_refusal_changes_nothing():
+    sc = Scene(ReqToTokenPool(2, 8), scenes.TokenToKVPoolAllocator(8))
+    sc.extend_batch({"A": 4})
+    before = sc.books()
+    assert sc.extend_batch({"B": 2, "C": 1}) is None  # one row for two requests
+    assert sc.extend_batch({"B": 9}) is None  # slots short: its new row goes back
+    after = sc.books()
+    assert after.rows == before.rows and after.free_rows == before.free_rows and after.free_pages == before.free_pages
+
+
+@pytest.mark.parametrize("story", ["free", "free_segment", "free group", "double free"])
+def test_paged_free_stories_keep_the_books(story):
+    sc = scenes.paged_free(story)
+    sc.allocator.check_books()  # debug mode: free + held == capacity, nothing free twice
+    notes = [f.note for f in sc.frames if f.note]
+    if story in ("free_segment", "double free", "free group"):
+        assert notes and all("Error" in n for n in notes)
+    with pytest.raises(ValueError):
+        scenes.paged_free("nonsense")
+
+
+def test_decode_steps_open_pages_when_seq_len_mod_ps_is_one():
+    sc = scenes.decode_steps(page_size=4)
+    for prev, cur in zip(sc.frames, sc.frames[1:]):
+        for r in cur.rows:
+            if r.owner is None:
+                continue
+            n = len(r.slots)
+            opened = (n - 1) % 4 == 0
+            assert (r.slots[-1] % 4 == 0) == opened
+            old = next(x for x in prev.rows if x.owner == r.owner)
+            assert (r.owner in cur.caption.split(";")[1]) == opened or not opened
+            assert r.slots[:-1] == old.slots
+
+
+def test_render_static_writes_one_picture(tmp_path):
+    from memlab.viz.render_static import PICTURES, render
+
+    (path,) = render(["01_request_table"], out=tmp_path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="unknown picture"):
+        render(["nope"], out=tmp_path)
+    assert all(name[:2].isdigit() for name in PICTURES)
+
+
+def test_books_from_a_kvcache_free_allocator_have_no_buffers():
+    from memlab.allocator import PagedTokenToKVPoolAllocator
+
+    b = read_books("x", ReqToTokenPool(2, 4), PagedTokenToKVPoolAllocator(8, 2))
+    assert b.buffers == () and b.num_slots == 10 and b.free_pages == (1, 2, 3, 4)
+    torch.testing.assert_close(torch.tensor(b.free_rows), torch.tensor([1, 2]))
