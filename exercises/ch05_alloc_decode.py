@@ -28,6 +28,6 @@ class PagedAllocator:
         - Otherwise it continues its page: slot ``last_loc[i] + 1``.
         - The requests that open a page take pages from the head of ``free_pages`` in batch order.
         - Too few free pages: return None and change nothing. Otherwise drop the pages taken.
-        Chapter 05, "One token per step".
+        See chapter 05 (one token per step).
         """
         raise NotImplementedError

@@ -38,6 +38,6 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
       offset) that overlaps the block's tokens;
     - ``("salt", cache_salt)`` on block 0 only, when ``cache_salt`` is set: through the chain it
       changes every later hash too;
-    and ``None`` instead of an empty tuple. Chapter 06, "Block hashes".
+    and ``None`` instead of an empty tuple. See chapter 06 (block hashes).
     """
     raise NotImplementedError

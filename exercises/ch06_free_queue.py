@@ -55,6 +55,6 @@ def free_request_blocks(queue: FreeQueue, blocks: list[Block]) -> None:
     - Keep the walk's order within each group: make one list of the head-bound blocks and one of
       the tail-bound blocks as you walk, then ``queue.prepend_n(head_bound)`` and
       ``queue.append_n(tail_bound)``.
-    The tail of a prefix is then evicted before its start. Chapter 06, "Freeing in reverse".
+    The tail of a prefix is then evicted before its start. See chapter 06 (freeing in reverse).
     """
     raise NotImplementedError

@@ -12,7 +12,7 @@ def get_mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = Fal
 
     0 without the extra buffer; 1 in lazy mode (the second comes when first needed); otherwise 2
     under the overlap scheduler (while step t-1 still reads one snapshot, step t writes the
-    other: ping-pong) and 1 without it. Chapter 07, "Ping-pong".
+    other: ping-pong) and 1 without it. See chapter 07 (ping-pong).
     """
     raise NotImplementedError
 
@@ -43,14 +43,14 @@ class MambaRows:
         nothing. Otherwise take them from the head of ``free_slots`` (the first is the state
         slot, the rest the tracking slots in column order), ZERO their rows of ``state`` (the
         previous owner's recurrent state must not leak into a new request), and return True.
-        Chapter 07, "State per request".
+        See chapter 07 (state per request).
         """
         raise NotImplementedError
 
     def free_row(self, row: int) -> None:
         """Give back every slot the row owns (non-zero ones, appended to the tail of
         ``free_slots``) and reset ALL four per-row fields to their fresh values (0, zeros, 0,
-        -1): a reused row must not see a stale slot or ping-pong index. Chapter 07, "Freeing".
+        -1): a reused row must not see a stale slot or ping-pong index. See chapter 07 (freeing).
         """
         raise NotImplementedError
 

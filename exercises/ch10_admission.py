@@ -47,6 +47,6 @@ def admit(waiting: list, num_running: int, hooks: CapacityHooks, max_running_req
       the cost exceeds what is left of the budget, STOP: a later, smaller request must not
       overtake it (it would starve).
     - Otherwise admit it: set ``r.max_new_tokens = clip``, append it, take its cost off the budget.
-    Do not change ``waiting`` itself. Chapter 10, "Admission".
+    Do not change ``waiting`` itself. See chapter 10 (admission).
     """
     raise NotImplementedError

@@ -14,6 +14,7 @@ tests that are left.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -221,6 +222,8 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
 def grade(chapters: list[int] | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT,
           exercises: list[str] | None = None, progress=None) -> GradeReport:
     """Grade the chosen chapters (all when None) of the learner's folder; see the module doc."""
+    if importlib.util.find_spec("pytest") is None:
+        raise GradingError("the grader runs the tests with pytest, which is not installed: pip install pytest")
     src = source_dir(source)
     chosen = [e for e in catalog.EXERCISES
               if (not chapters or e.chapter in chapters) and (not exercises or e.id in exercises)]
@@ -304,6 +307,17 @@ def write_results(report: GradeReport, path: str | os.PathLike, table: str | Non
     Path(path).write_text(json.dumps(data, indent=1))
 
 
+def format_catalog() -> str:
+    lines = [f"{'ch':>2}  {'exercise':<26} {'points':>6}  {'file':<38} title"]
+    for e in catalog.EXERCISES:
+        pts = f"{e.points}" + (f"+{e.gpu_points}" if e.gpu_points else "")
+        lines.append(f"{e.chapter:02d}  {e.id:<26} {pts:>6}  exercises/{e.file + '.py':<28} {e.title}")
+    cpu = sum(e.points for e in catalog.EXERCISES)
+    gpu = sum(e.gpu_points for e in catalog.EXERCISES)
+    lines.append(f"    {len(catalog.EXERCISES)} exercises, {cpu} points (+{gpu} GPU-only points)")
+    return "\n".join(lines)
+
+
 def _parse_chapter(text: str) -> int | None:
     t = text.lower().removeprefix("ch").removeprefix("chapter")
     if t in ("all", ""):
@@ -323,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", metavar="FILE", help="write Gradescope's results.json here")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per test (default %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress dots")
+    p.add_argument("--list", action="store_true", help="list the exercises and their points, then stop")
     args = p.parse_args(argv)
+    if args.list:
+        print(format_catalog())
+        return 0
     chapters = [c for c in args.chapters if c is not None] or None
     if args.exercise:
         unknown = [x for x in args.exercise if x not in catalog.BY_ID]

@@ -27,7 +27,7 @@ class RowTable:
         - ``need_size == 0`` returns ``[]``. Careful: ``free_slots[-0:]`` is the whole list.
         - Add 1 to ``req_generation[row]`` for every row taken.
 
-        Chapter 01, "Rows from the tail" and "The generation counter".
+        See chapter 01 (rows from the tail; the generation counter).
         """
         if need_size > len(self.free_slots):
             return None

@@ -20,8 +20,8 @@ def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, p
     - when ``end <= start`` nothing is released: return ``(swa_evicted_len, swa_evicted_len)``.
 
     The caller frees those positions' SWA slots and sets ``swa_evicted_len = end``. Raise
-    ValueError (naming it) when ``swa_evicted_len`` is not page-aligned. Chapter 07, "Out of the
-    window".
+    ValueError (naming it) when ``swa_evicted_len`` is not page-aligned. See chapter 07 (out of the
+    window).
     """
     ps = page_size
     if swa_evicted_len % ps:
@@ -42,7 +42,7 @@ def take_swa_slots(full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_s
     every slot of every PAGE touched by ``full_indices`` (pages of ``page_size`` slots: a paged
     free gives back whole pages, so a stale entry elsewhere in the page would later hand out an
     SWA slot someone else owns). The map's last entry (-1, read by ``last_loc = -1``) stays.
-    Chapter 07, "Two ledgers".
+    See chapter 07 (two ledgers).
     """
     swa = full_to_swa[full_indices]
     swa = swa[swa > 0]

@@ -9,7 +9,7 @@ def pool_size_tokens(budget_bytes: int, bytes_per_token: int, page_size: int) ->
     """How many tokens of KV a budget holds, floored to whole pages.
 
     ``budget_bytes // bytes_per_token`` tokens, rounded DOWN to a multiple of ``page_size``.
-    Chapter 08, "From memory to tokens".
+    See chapter 08 (from memory to tokens).
     """
     return budget_bytes // bytes_per_token // page_size * page_size
 
@@ -35,7 +35,7 @@ def alloc_len_per_decode(page_size: int, num_steps: int | None = None, topk: int
       topk 1, ``max(num_steps * topk, num_draft_tokens)``; else (a draft tree on pages) each of
       the topk branches may need ``ceil((page_size - 1 + num_steps) / page_size)`` whole pages
       of its own: ``max(pages_per_branch * page_size * topk, num_draft_tokens)``.
-    Chapter 08, "KV per decode step".
+    See chapter 08 (KV per decode step).
     """
     if num_steps is None:
         return 1
@@ -52,7 +52,7 @@ def alloc_reserve_per_decode(page_size: int, num_steps: int | None = None, topk:
     """KV slots the scheduler reserves per running request per decode step.
 
     Twice ``alloc_len_per_decode(...)`` under the overlap scheduler (the host's committed length
-    lags the GPU by one step), once without it. Chapter 08, "The doubled reserve".
+    lags the GPU by one step), once without it. See chapter 08 (the doubled reserve).
     """
     n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)
     return 2 * n if enable_overlap else n

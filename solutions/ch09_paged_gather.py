@@ -71,7 +71,8 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     tensors (every seq_len >= 1); head_dim a power of two; all on one device.
     """
     if not GATHER_WRITTEN:
-        raise NotImplementedError("decode_attention_kernel: write the gather (EXERCISE 09), then set GATHER_WRITTEN = True")
+        raise NotImplementedError("decode_attention_kernel: write the gather (EXERCISE 09), "
+                                  "then set GATHER_WRITTEN = True")
     bs, heads, head_dim = q.shape
     o = torch.empty_like(q)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale

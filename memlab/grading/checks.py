@@ -24,12 +24,20 @@ def as_list(x: Any) -> Any:
     return x
 
 
+def _show(v: Any) -> str:
+    if isinstance(v, (bytes, bytearray)) and len(v) > 8:
+        return f"<hash {bytes(v[:4]).hex()}...>"  # a digest: its first bytes tell two apart
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_show, v)) + "]"
+    return repr(v)
+
+
 def short(x: Any, limit: int = 16) -> str:
-    """A compact repr: long lists show their head and length."""
+    """A compact repr: long lists show their head and length; digests their first bytes."""
     x = as_list(x)
     if isinstance(x, list) and len(x) > limit:
-        return "[" + ", ".join(map(repr, x[:limit])) + f", ... ({len(x)} items)]"
-    return repr(x)
+        return "[" + ", ".join(map(_show, x[:limit])) + f", ... ({len(x)} items)]"
+    return _show(x)
 
 
 def expect(cond: bool, message: str) -> None:
@@ -46,7 +54,8 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
         if len(g) != len(w):
             raise CheckFailed(f"{what}: got {len(g)} values, expected {len(w)}: got {short(g)}, expected {short(w)}")
         i = next(i for i, (a, b) in enumerate(zip(g, w)) if a != b)
-        raise CheckFailed(f"{what}: position {i} is {g[i]!r}, expected {w[i]!r} (got {short(g)}, expected {short(w)})")
+        raise CheckFailed(f"{what}: position {i} is {_show(g[i])}, expected {_show(w[i])} "
+                          f"(got {short(g)}, expected {short(w)})")
     raise CheckFailed(f"{what}: got {short(g)}, expected {short(w)}")
 
 

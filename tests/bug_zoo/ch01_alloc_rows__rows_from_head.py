@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch01_alloc_rows.py: rows taken from the head of free_slots (O(n) per allocation).
+# Bug zoo variant of solutions/ch01_alloc_rows.py:
+# rows taken from the head of free_slots (O(n) per allocation).
 """Chapter 01 exercise: the rows of the request table (SGLang's ``ReqToTokenPool``).
 
 Write ``alloc_rows``, ``free`` and ``clear``. Grade with ``./course grade 01``.
@@ -28,7 +29,7 @@ class RowTable:
         - ``need_size == 0`` returns ``[]``. Careful: ``free_slots[-0:]`` is the whole list.
         - Add 1 to ``req_generation[row]`` for every row taken.
 
-        Chapter 01, "Rows from the tail" and "The generation counter".
+        See chapter 01 (rows from the tail; the generation counter).
         """
         if need_size > len(self.free_slots):
             return None

@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch02_bytes_per_token.py: MLA counted twice, as if it stored a V buffer.
+# Bug zoo variant of solutions/ch02_bytes_per_token.py:
+# MLA counted twice, as if it stored a V buffer.
 """Chapter 02 exercise: how many bytes one token's KV takes, summed over the layers.
 
 Write ``mha_bytes_per_token`` and ``mla_bytes_per_token``. Grade with ``./course grade 02``.
@@ -19,7 +20,7 @@ def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim
     ``head_num * v_head_dim`` values (``v_head_dim`` defaults to ``head_dim``), each value
     ``dtype_bytes`` bytes (2 for fp16/bf16, 1 for fp8). ``head_num`` is the number of KV heads.
     Raise ValueError (naming it) for an argument that is not a positive int (bools are not ints
-    here). Chapter 02, "MHA: K and V".
+    here). See chapter 02 (MHA: K and V).
     """
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
     _check_positive(layer_num=layer_num, head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim,
@@ -32,7 +33,7 @@ def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int
 
     Every layer stores ONE latent row of ``kv_lora_rank + qk_rope_head_dim`` values, shared by all
     heads; there is no separate V. Raise ValueError (naming it) for an argument that is not a
-    positive int. Chapter 02, "MLA: one latent row".
+    positive int. See chapter 02 (MLA: one latent row).
     """
     _check_positive(layer_num=layer_num, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
                     dtype_bytes=dtype_bytes)

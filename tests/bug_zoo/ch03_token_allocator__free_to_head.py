@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch03_token_allocator.py: the token allocator puts freed slots at the head (LIFO) instead of the tail.
+# Bug zoo variant of solutions/ch03_token_allocator.py:
+# the token allocator puts freed slots at the head (LIFO) instead of the tail.
 """Chapter 03 exercise: the token allocator (page size 1) and its staged frees.
 
 Write ``available_size``, ``alloc``, ``free`` and ``merge_and_sort_free``. Grade with
@@ -25,7 +26,7 @@ class TokenToKVPoolAllocator:
         self.release_pages = torch.empty(0, dtype=torch.int64)
 
     def available_size(self) -> int:
-        """Free slots, the staged ones in ``release_pages`` included. Chapter 03, "Staged frees"."""
+        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged frees)."""
         return len(self.free_pages) + len(self.release_pages)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -35,7 +36,7 @@ class TokenToKVPoolAllocator:
           ``merge_and_sort_free()`` (and only then: merging costs a sort).
         - Still short: return None and change nothing.
         - ``need_size == 0`` returns an empty int64 tensor.
-        Chapter 03, "Allocation takes the head".
+        See chapter 03 (allocation takes the head).
         """
         if self.need_sort and need_size > len(self.free_pages):
             self.merge_and_sort_free()
@@ -50,7 +51,7 @@ class TokenToKVPoolAllocator:
 
         Without ``need_sort`` append them to the TAIL of ``free_pages`` (FIFO reuse: a freed slot
         comes back after every slot that was already free); with ``need_sort`` append them to
-        ``release_pages`` instead. Chapter 03, "FIFO reuse".
+        ``release_pages`` instead. See chapter 03 (FIFO reuse).
         """
         if free_index.numel() == 0:
             return
@@ -63,7 +64,7 @@ class TokenToKVPoolAllocator:
     def merge_and_sort_free(self) -> None:
         """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``.
 
-        Sorted, the next allocations get runs of neighbouring slots. Chapter 03, "Merge and sort".
+        Sorted, the next allocations get runs of neighbouring slots. See chapter 03 (merge and sort).
         """
         if len(self.release_pages) == 0:
             return

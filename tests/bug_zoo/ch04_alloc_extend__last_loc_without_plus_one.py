@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch04_alloc_extend.py: part 1 continues from last_loc instead of last_loc + 1 (overwrites the last token's slot).
+# Bug zoo variant of solutions/ch04_alloc_extend.py:
+# part 1 continues from last_loc instead of last_loc + 1 (overwrites the last token's slot).
 """Chapter 04 exercise: paged ``alloc_extend`` in torch, for a whole prefill batch at once.
 
 Write ``PagedAllocator.alloc_extend``. Grade with ``./course grade 04``.
@@ -39,7 +40,7 @@ class PagedAllocator:
         head of ``free_pages``: request 0's first, then request 1's, each request's in order.
         Decide capacity BEFORE taking anything: when short, return None and leave ``free_pages``
         as it was. Otherwise drop the pages taken from ``free_pages``. Raise ValueError when a
-        ``seq_lens`` entry is below its ``prefix_lens`` entry. Chapter 04, "Three parts".
+        ``seq_lens`` entry is below its ``prefix_lens`` entry. See chapter 04 (three parts).
         """
         ps = self.page_size
         if bool((seq_lens < prefix_lens).any()):

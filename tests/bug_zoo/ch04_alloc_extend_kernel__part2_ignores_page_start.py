@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch04_alloc_extend_kernel.py: part 2 reads free_pages from 0, not from the request's page_start.
+# Bug zoo variant of solutions/ch04_alloc_extend_kernel.py:
+# part 2 reads free_pages from 0, not from the request's page_start.
 """Chapter 04 exercise (Triton): the whole-page part of the ``alloc_extend`` kernel.
 
 The kernel below is complete except for one marked section, part 2. Fill it in, set

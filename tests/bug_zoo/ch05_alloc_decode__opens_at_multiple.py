@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch05_alloc_decode.py: a new page opened when seq_len % page_size == 0 instead of == 1.
+# Bug zoo variant of solutions/ch05_alloc_decode.py:
+# a new page opened when seq_len % page_size == 0 instead of == 1.
 """Chapter 05 exercise: ``alloc_decode``, one new token per request per decode step.
 
 Write ``PagedAllocator.alloc_decode``. Grade with ``./course grade 05``.
@@ -29,7 +30,7 @@ class PagedAllocator:
         - Otherwise it continues its page: slot ``last_loc[i] + 1``.
         - The requests that open a page take pages from the head of ``free_pages`` in batch order.
         - Too few free pages: return None and change nothing. Otherwise drop the pages taken.
-        Chapter 05, "One token per step".
+        See chapter 05 (one token per step).
         """
         ps = self.page_size
         opens = seq_lens % ps == 0

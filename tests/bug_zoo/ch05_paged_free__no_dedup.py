@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch05_paged_free.py: free without page dedup: a page is freed once per slot and later handed to several requests.
+# Bug zoo variant of solutions/ch05_paged_free.py:
+# free without page dedup: a page is freed once per slot and later handed to several requests.
 """Chapter 05 exercise: freeing pages: dedup, ``free_segment`` and free groups.
 
 Write ``free``, ``free_segment``, ``free_group_begin`` and ``free_group_end``. Grade with
@@ -36,7 +37,7 @@ class PagedFreeList:
         - An empty ``free_index`` changes nothing.
         - Inside a free group (``free_group`` is not None) release nothing yet: append a COPY of
           ``free_index`` to ``free_group`` (the caller may reuse its tensor afterwards).
-        Chapter 05, "Freeing whole pages".
+        See chapter 05 (freeing whole pages).
         """
         if free_index.numel() == 0:
             return
@@ -53,7 +54,7 @@ class PagedFreeList:
         (``free_index[::page_size]``) is the first slot of a distinct page: free those pages, at
         the head of ``free_pages``, in that order. Raise ValueError (naming ``start_pos``) when it
         is not page-aligned, changing nothing: the shortcut would miss or repeat pages. An empty
-        ``free_index`` changes nothing. Chapter 05, "free_segment".
+        ``free_index`` changes nothing. See chapter 05 (free_segment).
         """
         if start_pos % self.page_size:
             raise ValueError(f"free_segment: start_pos {start_pos} is not a multiple of page_size {self.page_size}")
@@ -70,7 +71,7 @@ class PagedFreeList:
     def free_group_end(self) -> None:
         """Close the group (``free_group = None``) and free everything queued in it as ONE
         ``free`` of the concatenated slots (so pages shared across the queued tensors are freed
-        once). Raise RuntimeError when no group is open. Chapter 05, "Free groups".
+        once). Raise RuntimeError when no group is open. See chapter 05 (free groups).
         """
         if self.free_group is None:
             raise RuntimeError("free_group_end: no free group is open")

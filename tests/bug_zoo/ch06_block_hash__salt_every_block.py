@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch06_block_hash.py: the cache salt added to every block's extra keys, not just the first.
+# Bug zoo variant of solutions/ch06_block_hash.py:
+# the cache salt added to every block's extra keys, not just the first.
 """Chapter 06 exercise: chained block hashes for vLLM's prefix cache.
 
 Write ``request_block_hashes``. Grade with ``./course grade 06``.
@@ -39,7 +40,7 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
       offset) that overlaps the block's tokens;
     - ``("salt", cache_salt)`` on block 0 only, when ``cache_salt`` is set: through the chain it
       changes every later hash too;
-    and ``None`` instead of an empty tuple. Chapter 06, "Block hashes".
+    and ``None`` instead of an empty tuple. See chapter 06 (block hashes).
     """
     hashes = []
     parent = NONE_HASH

@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch06_free_queue.py: a request's blocks freed in forward order: the start of a prefix is evicted first.
+# Bug zoo variant of solutions/ch06_free_queue.py:
+# a request's blocks freed in forward order: the start of a prefix is evicted first.
 """Chapter 06 exercise: where vLLM puts a finished request's blocks in the free queue.
 
 Write ``free_request_blocks``. Grade with ``./course grade 06``.
@@ -56,7 +57,7 @@ def free_request_blocks(queue: FreeQueue, blocks: list[Block]) -> None:
     - Keep the walk's order within each group: make one list of the head-bound blocks and one of
       the tail-bound blocks as you walk, then ``queue.prepend_n(head_bound)`` and
       ``queue.append_n(tail_bound)``.
-    The tail of a prefix is then evicted before its start. Chapter 06, "Freeing in reverse".
+    The tail of a prefix is then evicted before its start. See chapter 06 (freeing in reverse).
     """
     to_head, to_tail = [], []
     for block in blocks:

@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch06_slot_mapping.py: block index and offset swapped: pos % block_size used to index the block table.
+# Bug zoo variant of solutions/ch06_slot_mapping.py:
+# block index and offset swapped: pos % block_size used to index the block table.
 """Chapter 06 exercise (Triton): vLLM's ``slot_mapping`` from the block table.
 
 Fill in the marked section of ``slot_mapping_kernel``, set ``SECTION_WRITTEN = True``, and grade

@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch07_mamba_tracking.py: free_row resets the slots but not the ping-pong index and last tracked length.
+# Bug zoo variant of solutions/ch07_mamba_tracking.py:
+# free_row resets the slots but not the ping-pong index and last tracked length.
 """Chapter 07 exercise: a Mamba layer's per-request state slots and its ping-pong tracking slots.
 
 Write ``get_mamba_tracking_slots`` and ``MambaRows.alloc_row``, ``free_row``,
@@ -13,7 +14,7 @@ def get_mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = Fal
 
     0 without the extra buffer; 1 in lazy mode (the second comes when first needed); otherwise 2
     under the overlap scheduler (while step t-1 still reads one snapshot, step t writes the
-    other: ping-pong) and 1 without it. Chapter 07, "Ping-pong".
+    other: ping-pong) and 1 without it. See chapter 07 (ping-pong).
     """
     if not extra_buffer:
         return 0
@@ -48,7 +49,7 @@ class MambaRows:
         nothing. Otherwise take them from the head of ``free_slots`` (the first is the state
         slot, the rest the tracking slots in column order), ZERO their rows of ``state`` (the
         previous owner's recurrent state must not leak into a new request), and return True.
-        Chapter 07, "State per request".
+        See chapter 07 (state per request).
         """
         need = 1 + self.tracking
         if need > len(self.free_slots):
@@ -62,7 +63,7 @@ class MambaRows:
     def free_row(self, row: int) -> None:
         """Give back every slot the row owns (non-zero ones, appended to the tail of
         ``free_slots``) and reset ALL four per-row fields to their fresh values (0, zeros, 0,
-        -1): a reused row must not see a stale slot or ping-pong index. Chapter 07, "Freeing".
+        -1): a reused row must not see a stale slot or ping-pong index. See chapter 07 (freeing).
         """
         owned = torch.cat((self.state_slot[row:row + 1], self.track_slots[row]))
         self.free_slots = torch.cat((self.free_slots, owned[owned > 0]))

@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch09_paged_gather.py: the gather reads request-table row b instead of req_pool_indices[b].
+# Bug zoo variant of solutions/ch09_paged_gather.py:
+# the gather reads request-table row b instead of req_pool_indices[b].
 """Chapter 09 exercise (Triton): the gather inside paged decode attention.
 
 One query token per request attends over its KV, which lies scattered over the pool's slots.
@@ -72,7 +73,8 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     tensors (every seq_len >= 1); head_dim a power of two; all on one device.
     """
     if not GATHER_WRITTEN:
-        raise NotImplementedError("decode_attention_kernel: write the gather (EXERCISE 09), then set GATHER_WRITTEN = True")
+        raise NotImplementedError("decode_attention_kernel: write the gather (EXERCISE 09), "
+                                  "then set GATHER_WRITTEN = True")
     bs, heads, head_dim = q.shape
     o = torch.empty_like(q)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale

@@ -1,4 +1,5 @@
-# Bug zoo variant of solutions/ch10_admission.py: admission skips a request that does not fit and lets later ones overtake it.
+# Bug zoo variant of solutions/ch10_admission.py:
+# admission skips a request that does not fit and lets later ones overtake it.
 """Chapter 10 exercise: which waiting requests the scheduler admits in one step.
 
 Write ``admit``. Grade with ``./course grade 10``.
@@ -48,7 +49,7 @@ def admit(waiting: list, num_running: int, hooks: CapacityHooks, max_running_req
       the cost exceeds what is left of the budget, STOP: a later, smaller request must not
       overtake it (it would starve).
     - Otherwise admit it: set ``r.max_new_tokens = clip``, append it, take its cost off the budget.
-    Do not change ``waiting`` itself. Chapter 10, "Admission".
+    Do not change ``waiting`` itself. See chapter 10 (admission).
     """
     ps = hooks.page_size
     budget = hooks.available_size() - num_running * hooks.decode_reserve

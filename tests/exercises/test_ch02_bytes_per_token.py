@@ -58,6 +58,8 @@ def test_bad_input():
     e = ex()
     expect_raises(ValueError, lambda: e.mha_bytes_per_token(0, 8, 128), "mha_bytes_per_token(layer_num=0)")
     expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, -1, 128), "mha_bytes_per_token(head_num=-1)")
-    expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, 8, 128, v_head_dim=0), "mha_bytes_per_token(v_head_dim=0)")
-    expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, 512, 64, dtype_bytes=0), "mla_bytes_per_token(dtype_bytes=0)")
+    expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, 8, 128, v_head_dim=0),
+                  "mha_bytes_per_token(v_head_dim=0)")
+    expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, 512, 64, dtype_bytes=0),
+                  "mla_bytes_per_token(dtype_bytes=0)")
     expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, True, 64), "mla_bytes_per_token(kv_lora_rank=True)")

@@ -47,7 +47,8 @@ def test_refusal_changes_nothing():
         a.free(t(2))
         before = as_list(a.free_pages), as_list(a.release_pages)
         got = a.alloc(3)
-        expect(got is None, f"alloc(3) with 2 slots available (need_sort={need_sort}) must return None, got {as_list(got)}")
+        expect(got is None,
+               f"alloc(3) with 2 slots available (need_sort={need_sort}) must return None, got {as_list(got)}")
         expect_equal(a.available_size(), 2, f"available_size() after a refused alloc (need_sort={need_sort})")
         if not need_sort:
             expect_equal((as_list(a.free_pages), as_list(a.release_pages)), before, "a refused alloc changed the lists")
@@ -70,7 +71,8 @@ def test_merge_when_short():
     a.free(t(9, 3))
     a.free(t(5))
     got = a.alloc(2)
-    expect_equal(got, [3, 5], "alloc(2) with nothing in free_pages must merge and sort the staged slots [9, 3, 5] first")
+    expect_equal(got, [3, 5],
+                 "alloc(2) with nothing in free_pages must merge and sort the staged slots [9, 3, 5] first")
     expect_equal(a.free_pages, [9], "free_pages after merging [9, 3, 5] and taking 2")
     expect_equal(a.release_pages, [], "release_pages after a merge")
 
@@ -80,7 +82,8 @@ def test_no_merge_when_enough():
     a = allocator(10, need_sort=True)
     a.alloc(5)
     a.free(t(4, 2))
-    expect_equal(a.alloc(2), [6, 7], "alloc(2) with 5 slots in free_pages takes them: merging (a sort) is for when it runs short")
+    expect_equal(a.alloc(2), [6, 7],
+                 "alloc(2) with 5 slots in free_pages takes them: merging (a sort) is for when it runs short")
     expect_equal(sorted(as_list(a.release_pages)), [2, 4], "staged slots must stay staged while free_pages suffices")
 
 
@@ -98,7 +101,8 @@ def test_random_stream_invariants():
             got = a.alloc(n)
             in_use = sum(map(len, held.values()))
             if got is None:
-                expect(n > 32 - in_use, f"alloc({n}) returned None with {32 - in_use} slots free (need_sort={need_sort})")
+                expect(n > 32 - in_use,
+                       f"alloc({n}) returned None with {32 - in_use} slots free (need_sort={need_sort})")
                 continue
             got = as_list(got)
             expect(0 not in got, f"alloc({n}) handed out the padding slot 0: {got}")

@@ -70,7 +70,8 @@ def test_refusal_takes_nothing():
     out, _ = run(a, [0, 0], [16, 16], [-1, -1])
     expect(out is not None, "8 pages needed, 8 free: alloc_extend must succeed")
     expect_equal(a.free_pages, [], "every page taken")
-    expect_raises(ValueError, lambda: a.alloc_extend(t([5]), t([4]), t([3])), "alloc_extend with seq_len 4 < prefix_len 5")
+    expect_raises(ValueError, lambda: a.alloc_extend(t([5]), t([4]), t([3])),
+                  "alloc_extend with seq_len 4 < prefix_len 5")
 
 
 @points(2)

@@ -62,7 +62,8 @@ def test_pages_in_batch_order():
         last = [(2000 + i) * ps + (s - 2) % ps if s > 1 else -1 for i, s in enumerate(seq)]
         before = as_list(a.free_pages)
         out = as_list(a.alloc_decode(t(seq), t(last)))
-        expect_equal(out, alloc_decode_python(seq, last, before, ps), f"seq_lens {seq}, last_loc {last}, page size {ps}")
+        expect_equal(out, alloc_decode_python(seq, last, before, ps),
+                     f"seq_lens {seq}, last_loc {last}, page size {ps}")
         expect_no_sharing({i: [s] for i, s in enumerate(out)}, "slot")
         opened = sum((s - 1) % ps == 0 for s in seq)
         expect_equal(a.free_pages, before[opened:], f"free_pages after {opened} requests opened a page")

@@ -44,7 +44,8 @@ def test_chain_stands_for_the_prefix():
     b = m.request_block_hashes([9, 9, 9, 9, 5, 6, 7, 8], 4)
     expect(a[1] != b[1], "two requests with the same SECOND block but different first blocks got the same "
                          "second hash: each block's hash must include its parent's")
-    expect_equal(a[1], m.hash_fn((a[0], (5, 6, 7, 8), None)), "block 1's hash = hash_fn((block 0's hash, tokens, None))")
+    expect_equal(a[1], m.hash_fn((a[0], (5, 6, 7, 8), None)),
+                 "block 1's hash = hash_fn((block 0's hash, tokens, None))")
 
 
 @points(2)
@@ -65,7 +66,8 @@ def test_lora_on_every_block():
     got = m.request_block_hashes(TOKENS, 4, lora_name="sql-adapter", cache_salt="s")
     key = ("lora", "sql-adapter")
     expect_equal(got, chain(m, TOKENS, 4, [(key, ("salt", "s")), (key,)]),
-                 "hashes with lora_name='sql-adapter' and cache_salt='s' (lora on every block, then the salt on block 0)")
+                 "hashes with lora_name='sql-adapter' and cache_salt='s' (lora on every block, then the salt "
+                 "on block 0)")
 
 
 @points(1)

@@ -56,7 +56,8 @@ def test_random_release_invariants():
         protected = rng.randint(0, 100)
         seq = rng.randint(0, 300)
         start, end = f(seq, evicted, window, ps, cache_protected_len=protected)
-        what = f"swa_release_range({seq}, {evicted}, window={window}, page_size={ps}, protected={protected}) = {(start, end)}"
+        what = (f"swa_release_range({seq}, {evicted}, window={window}, page_size={ps}, "
+                f"protected={protected}) = {(start, end)}")
         expect(start % ps == 0 and end % ps == 0, f"{what}: both ends must be page-aligned")
         expect(end <= seq - window or start == end, f"{what}: releases positions inside the window")
         expect(start >= evicted, f"{what}: starts below what was already released")

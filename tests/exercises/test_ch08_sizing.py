@@ -37,7 +37,8 @@ def test_max_new_tokens_formula():
 def test_max_new_tokens_never_negative():
     f = ex().max_new_tokens_for_memory
     got = f(5000, 100, 1000, 16)
-    expect(got == 0, f"a prompt longer than the pool leaves no room: max_new_tokens_for_memory must return 0, got {got}")
+    expect(got == 0,
+           f"a prompt longer than the pool leaves no room: max_new_tokens_for_memory must return 0, got {got}")
 
 
 @points(1)

@@ -48,7 +48,8 @@ def reference(q, k, v, r2t, rows, lens):
     return torch.stack(out)
 
 
-def run(lens, rows, heads=4, kv_heads=2, head_dim=16, seed=0, dtype=torch.float32, device=None, poison=False, atol=1e-4):
+def run(lens, rows, heads=4, kv_heads=2, head_dim=16, seed=0, dtype=torch.float32, device=None, poison=False,
+        atol=1e-4):
     from memlab.env import kernel_device
     from memlab.grading.loader import load
 
