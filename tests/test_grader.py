@@ -11,6 +11,7 @@ import ast
 import difflib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,56 @@ def test_bug_zoo_variant_is_one_small_edit(variant):
 def test_zoo_is_large_enough():
     assert len(ZOO) >= 15
     assert len({v.file for v in ZOO}) == len(ZOO)
+
+
+# The interpreter accepts what a GPU compile rejects (a global that is not constexpr, a
+# loop-carried value that changes type): build the solutions' kernels for a T4 and a Hopper.
+AOT_SCRIPT = """
+import importlib.util, os, pathlib, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+folder = pathlib.Path(sys.argv[1])
+P64, I32 = "*i64", "i32"
+BUILDS = [
+    ("ch04_alloc_extend_kernel", "alloc_extend_kernel", dict(prefix_lens_ptr=P64, seq_lens_ptr=P64, last_loc_ptr=P64,
+     free_pages_ptr=P64, out_ptr=P64, page_size=I32), dict(BS_BLOCK=64, PAGE_BLOCK=16, TOK_BLOCK=64)),
+    ("ch06_slot_mapping", "slot_mapping_kernel", dict(block_table_ptr="*i32", block_table_stride=I32,
+     query_start_loc_ptr="*i32", positions_ptr=P64, out_ptr=P64, num_reqs=I32, num_tokens_padded=I32,
+     block_size=I32), dict(BLOCK=64)),
+] + [("ch09_paged_gather", "decode_attention_kernel", dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt,
+      req_to_token_ptr="*i32", req_pool_indices_ptr=P64, seq_lens_ptr=P64, sm_scale="fp32",
+      **{n: I32 for n in ("kv_group_num", "stride_qb", "stride_qh", "stride_ks", "stride_kh", "stride_vs",
+                          "stride_vh", "stride_ob", "stride_oh", "stride_r2t")}), dict(HEAD_DIM=64, BLOCK_N=16))
+     for dt in ("*fp16", "*fp32")]
+failed = 0
+for fname, name, sig, cx in BUILDS:
+    spec = importlib.util.spec_from_file_location("aot_" + fname, folder / (fname + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for cap in (75, 90):
+        try:
+            src = ASTSource(fn=getattr(mod, name), signature=sig | {k: "constexpr" for k in cx}, constexprs=cx)
+            triton.compile(src, target=GPUTarget("cuda", cap, 32))
+            print("ok", fname, name, sig["q_ptr"] if "q_ptr" in sig else "", "sm_%d" % cap)
+        except Exception as exc:
+            failed += 1
+            print("FAIL", fname, "sm_%d" % cap, type(exc).__name__, str(exc)[:800])
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Triton builds only on Linux")
+def test_solution_kernels_compile_for_a_t4_and_a_hopper():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT, str(ROOT / "solutions")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert sum(line.startswith("ok ") for line in proc.stdout.splitlines()) == 8, proc.stdout
 
 
 # -- grading ----------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ def describe(excinfo, learner_dir: str | None) -> str:
             return text
         first = text.split("\n")[0] if text else ""
         return f"check failed at {where}: {first}" if first else f"check failed at {where}"
+    if isinstance(exc, SyntaxError):
+        return f"your file does not compile: {exc.msg} at {Path(exc.filename or '?').name}:{exc.lineno}"
     if isinstance(exc, pytest.skip.Exception):
         return f"skipped: {exc}"
     return f"your code raised {type(exc).__name__}: {str(exc).strip()[:300]} (at {where})"

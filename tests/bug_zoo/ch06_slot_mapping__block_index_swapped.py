@@ -27,7 +27,7 @@ def slot_mapping_kernel(block_table_ptr, block_table_stride, query_start_loc_ptr
         # Tokens past the last request's are padding: slot -1.
         for t in range(start, num_tokens_padded, BLOCK):
             i = t + tl.arange(0, BLOCK)
-            tl.store(out_ptr + i, tl.full((BLOCK,), PAD_SLOT_ID, tl.int64), mask=i < num_tokens_padded)
+            tl.store(out_ptr + i, tl.full((BLOCK,), -1, tl.int64), mask=i < num_tokens_padded)  # PAD_SLOT_ID
     else:
         end = tl.load(query_start_loc_ptr + req + 1).to(tl.int64)
         # ===== EXERCISE 06c: the slots of this request's tokens =====
