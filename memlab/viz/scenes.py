@@ -193,3 +193,41 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         sc.snap("A stale copy of A's slots is freed again: debug mode catches the double free",
                 note=_error(lambda: al.free(torch.tensor(slots))))
     return sc
+
+
+def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4):
+    """Chapter 06: vLLM's block pool; a prefix hit, reverse-order frees, lazy eviction."""
+    from memlab.viz.vllm_books import VllmScene
+
+    sc = VllmScene(num_blocks, block_size, enable_caching)
+    mode = "prefix caching on" if enable_caching else "prefix caching off"
+    sc.snap(f"{mode}: block 0 is the null block, popped at start; blocks 1..{num_blocks - 1} are free")
+
+    def arrive(rid, tokens, what):
+        r = sc.arrive(rid, tokens)
+        if r is None:
+            sc.snap(f"{rid} needs more blocks than are free: allocate_slots returns None, nothing changes")
+            return
+        hit = f"; {r['hit_tokens']} tokens hit the cache (blocks {sorted(r['hit'])})" if r["hit"] else ""
+        ev = f"; block {sorted(r['evicted'])} still carried a hash: evicted now" if r["evicted"] else ""
+        sc.snap(f"{rid} arrives with {len(tokens)} tokens{what}: new blocks {r['new']}{hit}{ev}",
+                new=r["new"], hit=r["hit"], evicted=r["evicted"])
+
+    prompt = list(range(10))
+    arrive("A", prompt, "")
+    for t in (100, 101):
+        sc.decode("A", t)
+    sc.snap("A decodes 2 tokens: its third block fills up"
+            + (" and gets a hash (chained on the first two)" if enable_caching else ""))
+    freed = sc.finish("A")
+    where = ("in reverse, hashed ones to the TAIL: the prefix's end will be evicted before its start"
+             if enable_caching else "in reverse, to the head (nothing is cached)")
+    sc.snap(f"A finishes: blocks {freed[::-1]} are freed {where}")
+    arrive("B", prompt[:8] + [50, 51, 52], " (its first 8 are A's)")
+    arrive("C", list(range(200, 224)), "")
+    arrive("D", list(range(300, 308)), "")
+    freed = sc.finish("B")
+    sc.snap(f"B finishes: reversed {freed[::-1]}; "
+            + ("the unhashed partial block goes to the head, hashed ones to the tail" if enable_caching
+               else "all to the head, in that order"))
+    return sc

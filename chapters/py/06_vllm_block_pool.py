@@ -1,0 +1,260 @@
+# %% [markdown]
+# # 06 · vLLM's block pool and prefix cache
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/06_vllm_block_pool.ipynb)
+#
+# vLLM keeps the same three mappings as SGLang with different objects. Its scheduler owns a
+# **block pool** (a block is a page of `block_size` tokens) whose free queue doubles as the
+# eviction order of a **prefix cache**; its workers keep a **block table** and derive a per-token
+# `slot_mapping` before every step.
+#
+# **After this chapter you can**
+# - follow blocks through the free queue: allocation from the head, lazy eviction, hits removed
+#   from the middle, frees in reverse order;
+# - compute chained block hashes and say what besides the tokens goes into them;
+# - say how many tokens of a prompt can hit the cache, and how hits count against capacity;
+# - compute `slot_mapping` from a block table with a Triton kernel, and store K and V through it;
+# - write the free path, the block hashes and the slot_mapping kernel (exercises `ch06_free_queue`,
+#   `ch06_block_hash`, `ch06_slot_mapping`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("06")
+
+# %% [markdown]
+# ## See it
+#
+# A pool of 12 blocks of 4 tokens. A arrives with 10 tokens, decodes 2, finishes. B shares A's
+# first 8 tokens; C and D fill the pool; B finishes. Top left: every block (null, in use in its
+# owner's colour, free, or free and still **cached**: teal, with its hash label). Top right: each
+# request's blocks; hatched ones came from a cache hit. Bottom: the free queue. A red edge marks a
+# block evicted by this step. Switch the story to see the same requests with caching off.
+#
+# ![B arrives and hits A's first two blocks in the middle of the free queue](img/06_block_pool.png)
+
+# %%
+from memlab import viz
+from memlab.viz.vllm_books import draw_vllm
+
+stories = {"prefix caching on": viz.scenes.prefix_cache(True).frames,
+           "prefix caching off": viz.scenes.prefix_cache(False).frames}
+viz.Stepper(stories, draw_vllm)
+
+# %% [markdown]
+# ## The free queue
+#
+# `FreeKVCacheBlockQueue` is a doubly linked list threaded through the blocks themselves, between
+# a fake head and a fake tail. Allocation pops from the head (`popleft_n`). A prefix hit on a free
+# block must take it out of the **middle**, in O(1): a deque cannot, a linked list can. Block 0 is
+# the *null block*: popped at start, never freed, a placeholder for blocks a request no longer
+# needs.
+
+# %%
+from memlab.vllm import BlockPool
+
+pool = BlockPool(num_gpu_blocks=8)
+queue = pool.free_block_queue
+print("null block:", pool.null_block.block_id, " free:", [b.block_id for b in queue.get_all_free_blocks()])
+taken = pool.get_new_blocks(3)
+print("took", [b.block_id for b in taken], " free:", [b.block_id for b in queue.get_all_free_blocks()])
+queue.remove(pool.blocks[5])  # what a hit on a free block does
+print("removed 5 from the middle:", [b.block_id for b in queue.get_all_free_blocks()])
+queue.append(pool.blocks[5])
+
+# %% [markdown]
+# ## Block hashes
+#
+# A full block's hash is `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
+# one hash stands for the whole prefix up to that block, so a lookup compares one value per block.
+# Only full blocks are hashed (a partial block's content is still growing). The extra keys hold
+# whatever else decides the KV: the LoRA adapter, multimodal items overlapping the block (their
+# content hash and offset), and a per-user **cache salt** on the first block only, which through
+# the chain changes every later hash too.
+
+# %%
+from memlab.vllm import Request, get_request_block_hasher, sha256
+
+hasher = get_request_block_hasher(block_size=4, hash_fn=sha256)
+tokens = list(range(10))
+plain = Request("a", tokens, block_hasher=hasher).block_hashes
+salted = Request("b", tokens, block_hasher=hasher, cache_salt="alice").block_hashes
+same_prefix = Request("c", tokens[:8] + [99, 98], block_hasher=hasher).block_hashes
+print(f"{len(plain)} full blocks of 4 in 10 tokens")
+print("same first 8 tokens -> same hashes:", same_prefix[:2] == plain[:2])
+print("a salt changes every hash         :", [s != p for s, p in zip(salted, plain)])
+
+# %% [markdown]
+# ## Cache hits
+#
+# `get_computed_blocks` walks the prompt's hashes and stops at the first miss: after a miss no
+# later block can share the prefix. At most `num_tokens - 1` tokens can hit, because the last
+# token must be computed again to produce the next token's logits. `allocate_slots` then counts
+# the hit blocks whose reference count is 0 as *needed*: touching them takes them off the free
+# queue, so they are no longer available to others.
+
+# %%
+from memlab.vllm import KVCacheManager
+
+mgr = KVCacheManager(num_gpu_blocks=16, block_size=4)
+a = Request("A", list(range(12)), block_hasher=mgr.request_block_hasher)
+mgr.allocate_slots(a, a.num_tokens)
+a.num_computed_tokens = a.num_tokens
+mgr.free(a)
+b = Request("B", list(range(12)), block_hasher=mgr.request_block_hasher)  # the very same prompt
+hits, n = mgr.get_computed_blocks(b)
+print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): the last token is recomputed")
+
+# %% [markdown]
+# ## Freeing in reverse
+#
+# `KVCacheManager.free` hands a request's blocks to the pool **last block first**. A block whose
+# count drops to 0 goes to the queue's tail if it carries a hash (still useful to a later hit;
+# LRU order) and to the head if not (nothing to keep: reuse it first). Reversed, the tail of a
+# prefix reaches the queue before its start, so eviction from the head removes the prefix's end
+# first and keeps its shared beginning cached the longest.
+
+# %%
+print("free queue after A's free:", [blk.block_id for blk in mgr.block_pool.free_block_queue.get_all_free_blocks()][-4:],
+      "<- tail: A's blocks, last block first")
+
+# %% [markdown]
+# ## Block table and slot_mapping
+#
+# The worker's `BlockTable` has a row of block ids per request. Before each step a kernel turns
+# every scheduled token (request row, position) into a slot:
+#
+# $$\text{slot} = \text{block\_table}[r, \lfloor \text{pos} / B \rfloor] \cdot B + \text{pos} \bmod B$$
+#
+# A batch padded to a fixed size (for CUDA graphs) gets slot -1 for its padding tokens, and the
+# KV-store kernel skips negative slots. Here: C and D from the widget's last step, C decoding one
+# token and D prefilling its 8, padded to 16 tokens. The kernel, the torch reference and the plain
+# Python reference must agree.
+
+# %%
+import torch
+
+from memlab.env import kernel_device
+from memlab.vllm.block_table import BlockTable, slot_mapping_python, store_kv
+
+last = stories["prefix caching on"][-1]
+dev = kernel_device()
+table = BlockTable(block_size=4, max_num_reqs=4, max_num_blocks_per_req=8, max_num_batched_tokens=16, device=dev)
+for row, rid in enumerate(("C", "D")):
+    table.add_row(list(last.req_blocks[rid]), row)
+req_idx = torch.tensor([0] + [1] * 8, device=dev)
+positions = torch.tensor([23] + list(range(8)), device=dev)
+by_kernel = table.compute_slot_mapping(req_idx, positions, num_padded=16, backend="triton").clone()
+by_torch = table.compute_slot_mapping(req_idx, positions, num_padded=16, backend="torch").clone()
+by_python = slot_mapping_python([table.get_row(0), table.get_row(1)], req_idx.tolist(), positions.tolist(), 4, 16)
+print("block table rows:", table.get_row(0), table.get_row(1))
+print("slot_mapping    :", by_kernel.tolist())
+assert by_kernel.tolist() == by_torch.tolist() == by_python
+
+# %% [markdown]
+# The KV-store kernel writes each token's K and V at its slot in caches shaped
+# `(num_blocks, block_size, heads, head_dim)`, and skips the padding:
+
+# %%
+H, D = 2, 8
+key = torch.randn(16, H, D, device=dev)
+value = torch.randn(16, H, D, device=dev)
+k_cache = torch.zeros(12, 4, H, D, device=dev)
+v_cache = torch.zeros(12, 4, H, D, device=dev)
+store_kv(key, value, k_cache, v_cache, by_kernel, backend="triton")
+slot = int(by_kernel[1])  # D's first token
+print(f"token 1 -> slot {slot} = block {slot // 4}, offset {slot % 4}:",
+      torch.equal(k_cache[slot // 4, slot % 4], key[1]))
+written = int((k_cache.abs().sum(dim=(2, 3)) > 0).sum())
+print(f"{written} of 48 slots written, in blocks {sorted({int(s) // 4 for s in by_kernel.tolist() if s >= 0})}; "
+      f"the {int((by_kernel < 0).sum())} padding tokens wrote nothing")
+
+# %% [markdown]
+# ## A real trace
+#
+# The Mooncake traces (FAST'25) list, per request, its prompt length and one id per 512-token
+# block of the prompt, equal ids meaning an equal prefix. Replaying them through memlab's
+# `KVCacheManager` shows how the hit rate grows with the pool's capacity (LRU eviction, the rules
+# above). Fast mode replays the first requests only.
+
+# %%
+from memlab.viz.style import new_figure
+from memlab.vllm.replay import hit_rate_curve, load_trace
+
+trace = load_trace("conversation", limit=300 if FAST else None)
+curve = hit_rate_curve(trace, fractions=(0.05, 0.2, 0.5, 1.0) if FAST else (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+                       trace="conversation")
+fig, ax = new_figure(6.5, 3.5)
+curve.plot(ax)
+viz.show(fig)
+print(curve.table())
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# The same request stream through SGLang's token allocator, SGLang's paged allocator and vLLM's
+# block pool: how many slots each reserves, how many it wastes in the last page, and where its
+# free puts what it releases (`memlab.vllm.compare`). SGLang's prefix cache is a radix tree over
+# token ids instead of a hash map over blocks; its allocators know nothing of caching.
+
+# %%
+from memlab.vllm.compare import compare, format_table, make_stream
+
+print(format_table(compare(make_stream(6, seed=1), block_size=16)))
+
+# %% [markdown]
+# ## Exercises
+#
+# **`exercises/ch06_free_queue.py`** (7 points): `free_request_blocks`, the order in which a
+# finished request's blocks join the queue.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch06_free_queue")
+q = ex.FreeQueue([ex.Block(i) for i in (7, 8)])
+blocks = [ex.Block(1, 1, "h1"), ex.Block(2, 2, "h2"), ex.Block(3, 1, "h3"), ex.Block(4, 1)]
+ex.free_request_blocks(q, blocks)
+print("queue:", q.ids())
+assert q.ids() == [4, 7, 8, 3, 1], "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
+
+# %% [markdown]
+# **`exercises/ch06_block_hash.py`** (7 points): the chained hashes with their extra keys.
+
+# %% tags=["raises-exception"]
+exh = viz.notebook.exercise("ch06_block_hash")
+h = exh.request_block_hashes(list(range(10)), 4)
+h_salted = exh.request_block_hashes(list(range(10)), 4, cache_salt="alice")
+assert len(h) == 2 and all(a != b for a, b in zip(h, h_salted))
+assert exh.request_block_hashes(list(range(8)) + [99], 4) == h
+print("2 full blocks; the salt changes both; the same prefix gives the same hashes")
+
+# %% [markdown]
+# **`exercises/ch06_slot_mapping.py`** (5 points, +2 on a GPU): the slot_mapping kernel.
+
+# %% tags=["raises-exception"]
+exs = viz.notebook.exercise("ch06_slot_mapping")
+qsl = torch.tensor([0, 1, 9], device=dev)  # C has token 0, D tokens 1..8
+got = exs.compute_slot_mapping(table.block_table, qsl, positions, 4, 16)
+assert got.tolist() == by_python, f"yours {got.tolist()}"
+print("your kernel matches:", got.tolist())
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["06"]);
