@@ -8,7 +8,7 @@ from __future__ import annotations
 from matplotlib.patches import Rectangle
 
 from memlab.viz.state import Books
-from memlab.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, grid_axes, new_figure, owner_color,
+from memlab.viz.style import (caption_text, FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, grid_axes, new_figure, owner_color,
                               text_color)
 
 
@@ -189,6 +189,5 @@ def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 1
         ax = sub[i].subplots()
         draw_buffers(ax, books, slot) if p == "buffers" else PANELS[p](ax, books)
         i += 1
-    caption = books.caption + (f"\n{books.note}" if books.note else "")
-    fig.suptitle(caption, fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(books.caption, books.note), fontsize=10, x=0.01, ha="left")
     return fig

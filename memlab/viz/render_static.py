@@ -29,6 +29,18 @@ def _kv_bytes():
     return draw_kv_bytes("Llama-3.1-8B")
 
 
+def _vllm(books):
+    from memlab.viz.vllm_books import draw_vllm
+
+    return draw_vllm(books)
+
+
+def _hybrid(name, frame):
+    from memlab.viz import hybrid_books
+
+    return getattr(hybrid_books, name)(frame)
+
+
 PICTURES = {
     "00_mappings": _mappings,
     "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
@@ -36,6 +48,9 @@ PICTURES = {
     "03_token_allocator": lambda: draw_books(scenes.token_allocator(need_sort=True).frames[6], ("table", "slots", "free")),
     "04_alloc_extend": lambda: draw_books(scenes.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
     "05_decode": lambda: draw_books(scenes.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
+    "06_block_pool": lambda: _vllm(scenes.prefix_cache(True).frames[4]),
+    "07_swa": lambda: _hybrid("draw_swa", scenes.sliding_window().frames[5]),
+    "07_mamba": lambda: _hybrid("draw_mamba", scenes.mamba_slots()[4]),
 }
 
 

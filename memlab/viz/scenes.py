@@ -231,3 +231,73 @@ def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: 
             + ("the unhashed partial block goes to the head, hashed ones to the tail" if enable_caching
                else "all to the head, in that order"))
     return sc
+
+
+def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4):
+    """Chapter 07: a sliding-window model's two ledgers; out-of-window SWA pages go back early."""
+    from memlab.hybrid.swa import SWATokenToKVPoolAllocator
+    from memlab.viz.hybrid_books import SwaScene
+
+    al = SWATokenToKVPoolAllocator(size, size_swa, page_size, debug_mode=True)
+    sc = SwaScene(ReqToTokenPool(4, 16), al, window)
+    sc.snap(f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window {window} tokens)")
+    out = sc.extend_batch({"A": 6, "B": 4})
+    sc.snap("A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in the map",
+            new_slots=_slots(out))
+    for rid in ("A", "B"):
+        freed = sc.release(rid)
+        sc.snap(f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole pages); "
+                "the full side keeps them" if freed else f"{rid}: nothing wholly outside the window yet")
+    for step in (1, 2, 3):
+        out = sc.decode(["A", "B"])
+        freed = [s for rid in ("A", "B") for s in sc.release(rid)]
+        sc.snap(f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} released",
+                new_slots=_slots(out))
+    slots = sc.finish("B")
+    sc.snap(f"B finishes: SWA side first (it reads the map), then its full slots {slots}")
+    return sc
+
+
+def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3, mamba_size: int = 9):
+    """Chapter 07: a hybrid request table; each row owns a state slot and its tracking slots."""
+    from memlab.hybrid.mamba import HybridReqToTokenPool
+    from memlab.req_to_token import Req
+    from memlab.viz.hybrid_books import read_mamba
+
+    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shapes=[(8, 3)], temporal_state_shape=(2, 4, 4),
+                                mamba_layer_ids=[0], enable_mamba_extra_buffer=extra_buffer,
+                                enable_overlap_schedule=overlap, debug_mode=True)
+    reqs = {}
+    frames = []
+
+    def snap(caption, note=""):
+        frames.append(read_mamba(caption, pool, reqs.values(), note))
+
+    per_row = 1 + pool.mamba_initial_tracking_slots
+    snap(f"{mamba_size} state slots (0 is padding); each request takes {per_row}: its state"
+         + (f" and {per_row - 1} tracking slot{'s' if per_row > 2 else ''}" if per_row > 1 else ""))
+    for rid in ("A", "B"):
+        r = Req(rid)
+        pool.alloc([r])
+        reqs[rid] = r
+        snap(f"{rid} arrives: row {r.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.req_pool_idx])[0])} "
+             "(zeroed: no stale recurrent state)")
+    if extra_buffer:
+        row = reqs["A"].req_pool_idx
+        for seq in (16, 32, 48):
+            dst = int(pool.track_state([row], [seq])[0])
+            snap(f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * moves to the other "
+                 "slot (ping-pong: the next write never hits the one still being read)")
+    a = reqs.pop("A")
+    row = a.req_pool_idx
+    pool.free(a)
+    snap(f"A finishes: row {row} and all its slots go back (to the tail), every tracking field reset")
+    c = Req("C")
+    if pool.alloc([c]) is None:
+        snap("C arrives but the state slots are short: no row is taken")
+    else:
+        reqs["C"] = c
+        pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[c.req_pool_idx].tolist()
+        snap(f"C arrives: row {c.req_pool_idx} again, but slots {[int(pool.get_mamba_indices([c.req_pool_idx])[0])] + pp} "
+             "from the head of the free list (A's went to the tail)")
+    return frames

@@ -78,3 +78,11 @@ def show(fig_or_html) -> None:
     from IPython.display import HTML, display
 
     display(HTML(fig_or_html if isinstance(fig_or_html, str) else figure_html(fig_or_html)))
+
+
+def caption_text(caption: str, note: str = "", width: int = 125) -> str:
+    """A figure's title: the caption wrapped to the figure, then the note."""
+    import textwrap
+
+    text = "\n".join(textwrap.wrap(caption, width)) or " "
+    return text + (f"\n{note}" if note else "")

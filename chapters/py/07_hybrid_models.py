@@ -1,0 +1,229 @@
+# %% [markdown]
+# # 07 · Hybrid models: sliding windows and Mamba state
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/07_hybrid_models.ipynb)
+#
+# Not every layer needs every token's KV. Sliding-window layers (Gemma-3: 52 of its 62 layers)
+# read only the last `sliding_window` tokens; linear-attention layers (Qwen3-Next: 36 of 48) keep
+# a fixed-size state per request instead of KV per token. SGLang gives each kind its own ledger.
+#
+# **After this chapter you can**
+# - run two allocators side by side with a map from full-side slots to sliding-window slots, and
+#   say why capacity is the smaller of the two;
+# - release the sliding-window pages that fell out of the window while a request still runs;
+# - free a hybrid request in the right order;
+# - give each request a Mamba state slot and ping-pong tracking slots, and say when it takes two;
+# - write the release range, the SWA side of a free, and the Mamba row books (exercises
+#   `ch07_swa_release`, `ch07_mamba_tracking`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("07")
+
+# %% [markdown]
+# ## See it: a sliding window
+#
+# Full pool: 16 pages of 2 slots; sliding-window pool: 6 pages; window: 4 tokens. A and B arrive,
+# decode three tokens, B finishes. Left: the request table, which stores **full-side** slots.
+# Middle and right: the two ledgers, each with its own free list and its own slot numbers. Bottom:
+# the map from each held full slot to its SWA slot. Watch the SWA side empty out behind the window
+# while the full side keeps every token.
+#
+# ![Two ledgers after two decode steps](img/07_swa.png)
+
+# %%
+from memlab import viz
+from memlab.viz.hybrid_books import draw_swa, draw_mamba
+
+swa_scene = viz.scenes.sliding_window()
+viz.Stepper(swa_scene.frames, draw_swa)
+
+# %% [markdown]
+# ## Two ledgers
+#
+# `SWATokenToKVPoolAllocator` holds a full allocator and an SWA allocator with independent id
+# spaces. Every new token gets a slot on both sides; the full slot goes into the request table and
+# `full_to_swa_index_mapping[full_slot]` remembers the SWA slot. Both sides must have room, so
+#
+# $$\text{available} = \min(\text{full available}, \text{SWA available})$$
+#
+# and capacity is settled for both before either takes anything. The map has `size + page_size + 1`
+# entries; the last is -1, so that `last_loc = -1` (an empty prefix) maps to -1 by Python's negative
+# indexing and the SWA side sees "no prefix" too.
+
+# %%
+al = swa_scene.allocator
+print("available: full", al.full_available_size(), " SWA", al.swa_available_size(), " -> min", al.available_size())
+m = al.full_to_swa_index_mapping
+print("map length", len(m), "= size", al.size, "+ page", al.page_size, "+ 1; m[-1] =", int(m[-1]))
+a_full = swa_scene.slots("A")
+print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)")
+
+# %% [markdown]
+# ## Out of the window
+#
+# The next query of a request of length $s$ reads positions $\ge s - w$ (window $w$). Everything
+# before is dead on the SWA side, but only **whole pages** can go back, from where the last release
+# stopped (`swa_evicted_len`) up to
+#
+# $$\text{end} = \left\lfloor (s - w) / P \right\rfloor \cdot P$$
+#
+# The run is page-aligned and contiguous, so `free_segment` releases it without a `unique`
+# (chapter 05). Positions a prefix cache protects are left to it.
+
+# %%
+from memlab.hybrid.swa import SWATokenToKVPoolAllocator
+from memlab.req_to_token import ReqToTokenPool
+from memlab.viz.hybrid_books import SwaScene
+
+demo = SwaScene(ReqToTokenPool(2, 16), SWATokenToKVPoolAllocator(32, 16, 2), window=4)
+demo.extend_batch({"R": 5})
+for _ in range(5):
+    demo.decode(["R"])
+    released = demo.release("R")  # calls allocator.release_out_of_window(...)
+    print(f"seq_len {demo.reqs['R'].kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
+          f"SWA slots released now: {released}")
+
+# %% [markdown]
+# ## Freeing
+#
+# A hybrid free goes **SWA side first**: it reads the map to find the SWA slots, gives them back,
+# clears the map for the freed pages, and only then frees the full side. The other order would free
+# full slots whose map entries another request could be handed before the SWA side read them.
+# Map entries of 0 (already released out of the window) are skipped: 0 is the SWA pool's padding
+# slot and must never reach its free list.
+
+# %%
+dbg = SWATokenToKVPoolAllocator(16, 8, 2, debug_mode=True)
+x = dbg.alloc(4)
+print("full slots", x.tolist(), "-> SWA", dbg.full_to_swa_index_mapping[x].tolist())
+dbg.free(x)
+print("after free: map", dbg.full_to_swa_index_mapping[x].tolist(), "; free full", dbg.full_available_size(),
+      "SWA", dbg.swa_available_size())
+dbg.check_books()
+
+# %% [markdown]
+# In **ring mode**, each request row owns a ring of `ceil(ring, P) * P` SWA slots instead, and a
+# token's SWA slot is `ring_start(row) + pos % ring`: nothing to allocate or release per token, and
+# SWA capacity is counted in request rows.
+#
+# ## See it: Mamba state
+#
+# A linear-attention layer keeps, per request, a conv state (the last few inputs per channel) and a
+# recurrent state. `HybridReqToTokenPool` gives each request row a **state slot** in a `MambaPool`,
+# and, with the extra buffer for prefix caching, **tracking slots** that snapshots of the state are
+# written to. The * marks where the next snapshot goes.
+#
+# ![A request's state slot and its two tracking slots](img/07_mamba.png)
+
+# %%
+options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.scenes.mamba_slots(True, True),
+           "extra buffer, no overlap (1 tracking slot)": viz.scenes.mamba_slots(True, False),
+           "no extra buffer": viz.scenes.mamba_slots(False, True)}
+viz.Stepper(options, draw_mamba)
+
+# %% [markdown]
+# ## State per request
+#
+# The state's size does not depend on the request's length: for Qwen3-Next it is about 74 MiB per
+# request across its 36 linear layers (bf16 conv state, fp32 recurrent state), whatever the context. So the ledger counts **request slots**.
+# Slot 0 is padding. A slot is zeroed when handed out: a recurrent state left by the previous owner
+# would be read as the new request's history. Layers are sparse among the model's layers, so a
+# dense map turns a model layer id into a Mamba layer index.
+
+# %%
+from memlab.models import MODELS
+
+qn = MODELS["Qwen3-Next-80B-A3B"]
+print(f"{qn.name}: {len(qn.layer_ids('linear_attention'))} linear layers, state per request "
+      f"{qn.state_bytes_per_request() / 2**20:.1f} MiB; conv {qn.conv_state_shape()} temporal {qn.temporal_state_shape()}")
+mamba_frames = options["extra buffer, overlap scheduler (2 tracking slots)"]
+print(mamba_frames[1].caption)
+
+# %% [markdown]
+# ## Ping-pong
+#
+# How many tracking slots does a request take besides its state slot?
+#
+# | extra buffer | lazy | overlap scheduler | tracking slots |
+# |---|---|---|---|
+# | no | - | - | 0 |
+# | yes | yes | - | 1 (the second when first needed) |
+# | yes | no | no | 1 |
+# | yes | no | yes | 2 |
+#
+# With the overlap scheduler, step $t$ is prepared while step $t-1$ still runs and may still read
+# the last snapshot; writing the next one into the *other* slot (ping-pong) keeps them apart.
+
+# %%
+from memlab.hybrid.mamba import mamba_tracking_slots
+
+for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, False, False), (True, False, True)):
+    print(f"extra={extra!s:<5} lazy={lazy!s:<5} overlap={overlap!s:<5} -> {mamba_tracking_slots(extra, overlap, lazy)}")
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# vLLM handles sliding windows inside one block pool: `SlidingWindowKVCacheManager` replaces the
+# blocks that fell out of the window with the **null block** in the request's list (the block
+# table stays append-only) and frees them, and a prefix hit only needs the blocks inside the window.
+# SGLang keeps a separate pool for the SWA layers, sized for the window, so those layers cost far
+# less memory. For Mamba-style layers both engines keep per-request state outside the token pool.
+
+# %%
+from memlab.vllm import KVCacheManager, Request, SlidingWindowKVCacheManager
+
+sw = SlidingWindowKVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)
+r = Request("A", list(range(6)), block_hasher=sw.request_block_hasher)
+sw.allocate_slots(r, 6)
+r.num_computed_tokens = 6
+r.append_output_token_ids(6)
+sw.allocate_slots(r, 1)
+print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 = null block)")
+
+# %% [markdown]
+# ## Exercises
+#
+# **`exercises/ch07_swa_release.py`** (8 points): the release range and the SWA side of a free.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch07_swa_release")
+for seq_len, evicted, want in ((8, 0, (0, 4)), (9, 4, (4, 4)), (12, 4, (4, 8))):
+    got = ex.swa_release_range(seq_len, evicted, sliding_window=4, page_size=2)
+    assert tuple(got) == want, f"seq_len {seq_len}, released up to {evicted}: yours {got}, want {want}"
+print("release ranges agree")
+
+# %% [markdown]
+# **`exercises/ch07_mamba_tracking.py`** (8 points): tracking-slot counts and the Mamba row books.
+
+# %% tags=["raises-exception"]
+exm = viz.notebook.exercise("ch07_mamba_tracking")
+assert [exm.get_mamba_tracking_slots(*a) for a in ((False, True), (True, True, True), (True, False), (True, True))] == [0, 1, 1, 2]
+rows = exm.MambaRows(rows=3, num_slots=9, state_dim=4, tracking=2)
+assert rows.alloc_row(3)
+assert [rows.next_track_slot(3) for _ in range(3)] == [2, 3, 2], "ping-pong between the two tracking slots"
+rows.free_row(3)
+print("tracking counts, ping-pong and free agree")
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["07"]);
