@@ -41,6 +41,12 @@ def _hybrid(name, frame):
     return getattr(hybrid_books, name)(frame)
 
 
+def _sizing(**kw):
+    from memlab.viz.draw_sizing import draw_sizing
+
+    return draw_sizing(**kw)
+
+
 PICTURES = {
     "00_mappings": _mappings,
     "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
@@ -51,6 +57,7 @@ PICTURES = {
     "06_block_pool": lambda: _vllm(scenes.prefix_cache(True).frames[4]),
     "07_swa": lambda: _hybrid("draw_swa", scenes.sliding_window().frames[5]),
     "07_mamba": lambda: _hybrid("draw_mamba", scenes.mamba_slots()[4]),
+    "08_sizing": lambda: _sizing(model="Gemma-3-27B"),
 }
 
 

@@ -1,0 +1,182 @@
+# %% [markdown]
+# # 08 · Sizing: from GPU memory to pool sizes
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/08_sizing.ipynb)
+#
+# Before serving, an engine turns its GPU's memory into numbers: how many tokens the KV pool
+# holds, how many pages, how wide a request-table row is, how much each decode step must keep in
+# reserve. `memlab.sizing` derives them the way SGLang does, from configuration objects: change one
+# knob and every derived number moves.
+#
+# **After this chapter you can**
+# - size a KV pool from a memory budget and a model's bytes per token, floored to whole pages;
+# - clip a request's generation to what the pool could ever hold;
+# - compute the KV a decode step may take, with and without speculative decoding, and why the
+#   reserve is doubled under the overlap scheduler;
+# - decide which requests to retract when the next decode step does not fit;
+# - write the scheduler's planning numbers yourself (exercise `ch08_sizing`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("08")
+
+# %% [markdown]
+# ## See it
+#
+# Pick a model, a GPU, a page size, a KV dtype, a tensor-parallel size, a speculative-decoding
+# setup and the static memory fraction. Left: where the GPU's bytes go (per rank). Right: how many
+# requests of each length fit at once, decided by the tightest ledger (for hybrid models there are
+# several). The line under the controls gives the derived numbers.
+#
+# ![Gemma-3-27B on an 80 GB GPU](img/08_sizing.png)
+
+# %%
+import ipywidgets as W
+
+from memlab import viz
+from memlab.models import MODELS
+from memlab.viz.draw_sizing import GPUS, SPECS, draw_sizing, sizing_text
+
+controls = dict(
+    model=W.Dropdown(options=list(MODELS), value="Llama-3.1-8B"),
+    gpu=W.Dropdown(options=list(GPUS), value="A100 / H100 80GB", description="GPU"),
+    page_size=W.Dropdown(options=[1, 16, 64], value=16, description="page size"),
+    kv_dtype_bytes=W.Dropdown(options=[("bf16", 2), ("fp8", 1)], value=2, description="KV dtype"),
+    tp_size=W.Dropdown(options=[1, 2, 4, 8], value=1, description="TP size"),
+    spec=W.Dropdown(options=list(SPECS), value="none", description="speculative"),
+    mem_fraction=W.FloatSlider(value=0.88, min=0.5, max=0.95, step=0.01, description="mem fraction", continuous_update=False),
+    reserve_gib=W.FloatSlider(value=2.0, min=0.0, max=8.0, step=0.5, description="act. GiB", continuous_update=False),
+    seq_len=W.IntSlider(value=8192, min=1024, max=131072, step=1024, description="seq len", continuous_update=False),
+)
+viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
+
+# %% [markdown]
+# ## From memory to tokens
+#
+# SGLang reserves a fraction of the GPU for static use (`mem_fraction_static`), takes the
+# weights and an activation reserve off it, and divides the rest by the bytes one token costs:
+#
+# $$\text{tokens} = \left\lfloor \frac{M \cdot f - W - A}{\text{bytes per token}} \right\rfloor_{P}$$
+#
+# floored to whole pages of $P$ tokens. The page size used for allocation is `page_size` times
+# the decode-context-parallel size. Hybrid models first split the budget between their ledgers
+# (sliding-window tokens per full token; a share for the Mamba state).
+
+# %%
+from memlab.sizing import GiB, ScheduleConfig, SpeculativeConfig, pool_sizes, report
+
+r = report(MODELS["Llama-3.1-8B"], 80, seq_len=8192, schedule=ScheduleConfig(page_size=16, activation_reserve_bytes=2 * GiB))
+print(r.format())
+z = r.sizes
+print(f"\ncheck: ({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,}) floored to 16 =",
+      z.usable_bytes // r.bytes_per_token["full_attention"] // 16 * 16)
+
+# %% [markdown]
+# ## max_new_tokens_for_memory
+#
+# A request's generation is clipped so that even alone in an empty pool it could finish: its
+# prompt rounded up to pages, one more page for the page a decode step may open, one slot more.
+#
+# $$\text{max\_new} = \max\left(0, \min\left(\text{max\_new}, C - \lceil \text{input} \rceil_P - P - 1\right)\right)$$
+
+# %%
+from memlab.sizing import max_new_tokens_for_memory
+
+for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512)):
+    print(f"input {inp:>7,}, asks {want}: gets {max_new_tokens_for_memory(inp, want, z.full_tokens, 16)}")
+
+# %% [markdown]
+# ## KV per decode step
+#
+# Without speculative decoding a decode step adds one token per request. With it, the draft
+# model proposes `steps * topk` tokens (a chain when `topk` is 1, a tree otherwise) and the
+# target verifies `num_draft_tokens`; the step may take the larger. With pages and a tree, each
+# branch copies the request's partly filled last page, so each branch may need
+# $\lceil (P - 1 + \text{steps}) / P \rceil$ whole pages of its own.
+
+# %%
+from memlab.sizing import alloc_len_per_decode, alloc_reserve_per_decode
+
+for name, spec in SPECS.items():
+    print(f"{name:<30} page 1: {alloc_len_per_decode(spec, 1):>3}   page 16: {alloc_len_per_decode(spec, 16):>3} slots a step")
+
+# %% [markdown]
+# ## The doubled reserve
+#
+# Under the overlap scheduler the CPU prepares step $t+1$ while the GPU runs step $t$, so the
+# host's view of each request's length lags by one step. The scheduler therefore reserves **twice**
+# the step's footprint per running request. The request-table row gets a matching headroom past
+# the context length, so the over-allocation never runs off the end of a row.
+
+# %%
+from memlab.sizing import req_to_token_row_width
+
+for name, spec in SPECS.items():
+    print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16, True):>3} (overlap) "
+          f"{alloc_reserve_per_decode(spec, 16, False):>3} (no overlap); row width {req_to_token_row_width(8192, spec, 16):,}")
+
+# %% [markdown]
+# ## When the next step does not fit
+#
+# Before each decode step the scheduler checks that every running request can grow by its
+# reserve. If not, it **retracts** requests (frees their KV, puts them back in the queue) until the
+# rest fit: fewest decoded tokens first (least work lost), ties broken by the longest prompt
+# (most memory back). It always keeps at least one request, or nothing would make progress.
+
+# %%
+from memlab.sizing import RunningReq, retract_decode
+
+# Every length sits on a page boundary, so each request needs a new page for its next step.
+running = [RunningReq("A", 900, 60), RunningReq("B", 300, 20), RunningReq("C", 2000, 48), RunningReq("D", 100, 12)]
+kept, retracted, fits = retract_decode(running, available_tokens=16, reserve=2, page_size=16)
+print("one free page, four need one: retract", [q.rid for q in retracted], "keep", [q.rid for q in kept], "fits:", fits)
+kept, retracted, fits = retract_decode(running[:1], available_tokens=0, reserve=2, page_size=16)
+print("no free page, one request   : retract", [q.rid for q in retracted], "keep", [q.rid for q in kept], "fits:", fits)
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# vLLM measures instead of computing: it runs a dummy forward pass at the largest batch, records
+# the peak activation memory, and gives what is left under `gpu_memory_utilization` to the KV
+# cache, as a number of blocks (`available bytes // bytes per block`). SGLang computes the budget
+# from `mem_fraction_static` and its own estimates. Both floor to whole blocks or pages; both keep
+# the numbers in configuration objects.
+#
+# ## Exercise: `exercises/ch08_sizing.py`
+#
+# Write `pool_size_tokens`, `max_new_tokens_for_memory`, `alloc_len_per_decode` and
+# `alloc_reserve_per_decode` (9 points). The cell compares yours with `memlab.sizing`.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch08_sizing")
+assert ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16) == z.full_tokens
+assert ex.max_new_tokens_for_memory(1000, 512, z.full_tokens, 16) == max_new_tokens_for_memory(1000, 512, z.full_tokens, 16)
+for spec in SPECS.values():
+    args = () if spec.algorithm is None else (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens)
+    for ps in (1, 16):
+        assert ex.alloc_len_per_decode(ps, *args) == alloc_len_per_decode(spec, ps), (spec, ps)
+        assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(spec, ps), (spec, ps)
+print("same numbers as memlab.sizing")
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["08"]);
