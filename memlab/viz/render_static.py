@@ -47,6 +47,18 @@ def _sizing(**kw):
     return draw_sizing(**kw)
 
 
+def _attention():
+    import torch
+
+    from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
+
+    sc = scenes.orientation(dtype=torch.float32, head_dim=16)
+    sc.extend_batch({"A": 6, "D": 3})
+    fill_kv(sc)
+    q = torch.randn(len(sc.reqs), 4, 16, generator=torch.Generator().manual_seed(1))
+    return draw_attention(attention_frames(sc, q)["request A"][2])
+
+
 PICTURES = {
     "00_mappings": _mappings,
     "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
@@ -58,6 +70,7 @@ PICTURES = {
     "07_swa": lambda: _hybrid("draw_swa", scenes.sliding_window().frames[5]),
     "07_mamba": lambda: _hybrid("draw_mamba", scenes.mamba_slots()[4]),
     "08_sizing": lambda: _sizing(model="Gemma-3-27B"),
+    "09_attention": lambda: _attention(),
 }
 
 

@@ -15,9 +15,10 @@ from memlab.req_to_token import ReqToTokenPool
 from memlab.viz.scene import Scene
 
 
-def orientation(page_size: int = 4, size: int = 32, rows: int = 4, width: int = 12) -> Scene:
+def orientation(page_size: int = 4, size: int = 32, rows: int = 4, width: int = 12, dtype=torch.float16,
+                head_dim: int = 8) -> Scene:
     """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its room."""
-    kv = MHATokenToKVPool(size, page_size, torch.float16, head_num=2, head_dim=8, layer_num=2)
+    kv = MHATokenToKVPool(size, page_size, dtype, head_num=2, head_dim=head_dim, layer_num=2)
     sc = Scene(ReqToTokenPool(rows, width), PagedTokenToKVPoolAllocator(size, page_size, kvcache=kv), kv)
     sc.snap("Empty books: row 0, page 0 and slots 0-3 are padding and never handed out")
     for rid, n in (("A", 5), ("B", 3), ("C", 8)):

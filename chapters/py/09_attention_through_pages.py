@@ -1,0 +1,175 @@
+# %% [markdown]
+# # 09 · Writing and reading KV through the mappings
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/09_attention_through_pages.ipynb)
+#
+# Everything so far was bookkeeping. This chapter uses the books: a forward pass writes each new
+# token's K and V at the slot the allocator gave it, and decode attention reads a request's KV
+# back from wherever its pages landed. The answer must be exactly what attention over one
+# contiguous tensor would give.
+#
+# **After this chapter you can**
+# - write K and V through a write location, and say why a hybrid pool insists on physical ids;
+# - run paged decode attention reading through `req_to_token` (SGLang) and through a block table
+#   (vLLM), on the same pool, and check both against dense attention;
+# - explain how the kernel walks a request's scattered slots block by block with an online softmax;
+# - write the kernel's gather yourself (exercise `ch09_paged_gather`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("09")
+
+# %% [markdown]
+# ## See it
+#
+# The books of chapter 00 after its chunked prefill: A holds pages 1, 2 and 7, C pages 4 to 6,
+# D pages 3 and 8. Every slot got random K and V. One decode query per request reads its
+# request's KV a page at a time: each step shows the slots read (black edges) and, on the right,
+# the attention weight every position ends up with. Pick the request with the dropdown.
+#
+# ![Request A's query reading its third page](img/09_attention.png)
+
+# %%
+import torch
+
+from memlab import viz
+from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
+
+scene = viz.scenes.orientation(dtype=torch.float32, head_dim=16)
+scene.extend_batch({"A": 6, "D": 3})  # the chunked prefill of chapter 00: A and D get scattered pages
+fill_kv(scene)
+rids = list(scene.reqs)
+q = torch.randn(len(rids), 4, 16, generator=torch.Generator().manual_seed(1))  # 4 query heads, 2 KV heads
+viz.Stepper(attention_frames(scene, q), draw_attention)
+
+# %% [markdown]
+# ## Writing: the write location
+#
+# The allocator's output for a batch, `out_cache_loc`, holds one slot per new token. Each layer's
+# attention writes the token's K and V there: `set_kv_buffer(layer, loc, k, v)`. A pool with one
+# id space takes the slots as they are. A hybrid pool has two (full and sliding-window, chapter
+# 07), so a bare tensor could land in the wrong one: it accepts only a `KVWriteLoc` marked
+# **physical**, carrying the SWA-side ids too.
+
+# %%
+from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
+from memlab.write_loc import KVWriteLoc
+
+pool = SWAKVPool(16, 8, 1, torch.float32, head_num=1, head_dim=4, full_attention_layer_ids=[0],
+                 swa_attention_layer_ids=[1])
+al = SWATokenToKVPoolAllocator(16, 8, 1, kvcache=pool)
+out_cache_loc = al.alloc(3)
+kv_new = torch.ones(3, 1, 4)
+try:
+    pool.set_kv_buffer(1, out_cache_loc, kv_new, kv_new)
+except ValueError as exc:
+    print("bare tensor refused:", str(exc)[:110], "...")
+loc = al.write_loc(out_cache_loc)
+pool.set_kv_buffer(1, loc, kv_new, kv_new)
+print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(), "physical", loc.physical)
+
+# %% [markdown]
+# ## Reading: one kernel, two spellings
+#
+# `kernels/paged_decode_attention.py` runs one program per (request, query head). It loops over the
+# request's positions a block at a time, looks up each position's slot, loads those K rows, and
+# keeps a running maximum and sum (an **online softmax**), so it never needs all scores at once:
+#
+# $$m' = \max(m, \max_j s_j), \quad \ell' = \ell\, e^{m - m'} + \sum_j e^{s_j - m'}, \quad
+# o' = o\, e^{m - m'} + \sum_j e^{s_j - m'} v_j$$
+#
+# The slot lookup is the only place the engines differ: SGLang reads `req_to_token[row, pos]`;
+# vLLM reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
+# `(slots, heads, dim)` tensor is a free view as `(blocks, B, heads, dim)`.
+
+# %%
+from memlab import attention
+from memlab.env import kernel_device
+
+dev = kernel_device()
+kv = scene.kvcache
+k_buf, v_buf = kv.get_key_buffer(0).to(dev), kv.get_value_buffer(0).to(dev)
+table = scene.req_pool.req_to_token.to(dev)
+rows = torch.tensor([scene.reqs[r].req_pool_idx for r in rids], device=dev)
+seq_lens = torch.tensor([scene.reqs[r].kv_allocated_len for r in rids], device=dev)
+qd = q.to(dev)
+
+sglang = attention.decode_attention_fwd(qd, k_buf, v_buf, table, rows, seq_lens)
+
+P = scene.allocator.page_size
+block_table = (table[rows, ::P] // P).to(torch.int32)  # the slot at each page start, divided by P: one id per page
+vllm = attention.paged_attention(qd, k_buf.view(-1, P, *k_buf.shape[1:]), v_buf.view(-1, P, *v_buf.shape[1:]),
+                                 block_table, seq_lens)
+print("block table (vLLM spelling):", block_table.tolist())
+print("SGLang spelling == vLLM spelling:", torch.allclose(sglang, vllm, atol=1e-5))
+
+# %% [markdown]
+# ## Equal to dense attention
+#
+# The reference answer ignores pages entirely: copy each request's K and V into one contiguous
+# tensor, in position order, and run ordinary attention. The torch reference (gathered slots) and
+# the plain-Python reference (loops) must agree too.
+
+# %%
+import math
+
+dense = []
+for b, rid in enumerate(rids):
+    idx = torch.tensor(scene.slots(rid))
+    k_seq = kv.get_key_buffer(0)[idx].repeat_interleave(2, dim=1)  # (L, 4 heads, 16): GQA groups of 2
+    v_seq = kv.get_value_buffer(0)[idx].repeat_interleave(2, dim=1)
+    w = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k_seq) / math.sqrt(16), dim=-1)
+    dense.append(torch.einsum("hl,lhd->hd", w, v_seq))
+dense = torch.stack(dense)
+slots, mask = attention.slots_from_req_to_token(scene.req_pool.req_to_token, rows.cpu(), seq_lens.cpu())
+ref = attention.attention_over_slots(q, kv.get_key_buffer(0), kv.get_value_buffer(0), slots, mask, 1 / math.sqrt(16))
+py = attention.python_attention_over_slots(q, kv.get_key_buffer(0), kv.get_value_buffer(0),
+                                           attention.python_slots_from_req_to_token(scene.req_pool.req_to_token,
+                                                                                    rows.cpu(), seq_lens.cpu()),
+                                           1 / math.sqrt(16))
+for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python reference", py)):
+    print(f"{name:<17} max |x - dense| = {(x - dense).abs().max().item():.2e}")
+    assert torch.allclose(x, dense, atol=1e-4)
+
+# %% [markdown]
+# ## What the engines do differently
+#
+# SGLang's decode kernels take `req_to_token` and the batch's `req_pool_indices`: a token's slot is
+# one load away. vLLM's take the block table: one load per block, then arithmetic. With page size
+# 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
+# (`mla_decode_attention_fwd`); the mappings are the same.
+#
+# ## Exercise: `exercises/ch09_paged_gather.py`
+#
+# The kernel's gather: load the block's slots through `req_to_token` (row `req_pool_indices[b]`,
+# not `b`) and the K and V tiles at those slots (5 points, +2 on a GPU). The cell runs yours on
+# this chapter's pool.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch09_paged_gather")
+mine = ex.decode_attention(qd, k_buf, v_buf, table, rows, seq_lens)
+assert torch.allclose(mine.cpu(), dense, atol=1e-4), f"max difference {(mine.cpu() - dense).abs().max().item():.3g}"
+print("your kernel equals dense attention")
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["09"]);
