@@ -151,9 +151,10 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
     """Run the graded tests in ``files`` against the folder ``src``; survive hangs and crashes."""
     work = Path(tempfile.mkdtemp(prefix="memlab-grade-"))
     log, skip, out = work / "log.jsonl", work / "skip.txt", work / "child.out"
+    path = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env = dict(os.environ, MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG=str(log),
                MEMLAB_GRADE_TIMEOUT=str(timeout), MEMLAB_GRADE_SKIP=str(skip), PYTHONDONTWRITEBYTECODE="1",
-               MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+               MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(path))
     if only:
         env["MEMLAB_GRADE_ONLY"] = ",".join(only)
     collected: list[dict] = []
@@ -219,11 +220,21 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
 
 # -- grading ----------------------------------------------------------------------------------
 
+def check_checkout() -> Path:
+    """The repository root, above the memlab package; it must hold the graded tests and exercises."""
+    missing = [d for d in ("exercises", "solutions", "tests/exercises") if not (ROOT / d).is_dir()]
+    if missing:
+        raise GradingError(f"memlab was imported from {ROOT / 'memlab'}, but {', '.join(missing)} is not next to "
+                           "it: grade from a clone of the course repository (pip install -e . there)")
+    return ROOT
+
+
 def grade(chapters: list[int] | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT,
           exercises: list[str] | None = None, progress=None) -> GradeReport:
     """Grade the chosen chapters (all when None) of the learner's folder; see the module doc."""
     if importlib.util.find_spec("pytest") is None:
         raise GradingError("the grader runs the tests with pytest, which is not installed: pip install pytest")
+    check_checkout()
     src = source_dir(source)
     chosen = [e for e in catalog.EXERCISES
               if (not chapters or e.chapter in chapters) and (not exercises or e.id in exercises)]
@@ -328,6 +339,16 @@ def _parse_chapter(text: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line, also callable in a notebook: ``main(["04"])`` returns the exit code
+    (0 full marks, 1 points lost, 2 the grader could not run) and never calls sys.exit.
+    The repository is found from memlab's own location, so any working folder will do."""
+    try:
+        return _main(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors: a notebook cell must survive them
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="python -m memlab.grade", description="Grade memlab's exercises.")
     p.add_argument("chapters", nargs="*", type=_parse_chapter, help="chapters to grade, e.g. 04 (default: all)")
     g = p.add_mutually_exclusive_group()

@@ -1,5 +1,6 @@
-"""Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo,
-and survival of learner code that loops, crashes or floods the output.
+"""Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo
+(patches in tests/bug_zoo/zoo.py, built into a copy of solutions/), the command from any working
+folder, and survival of learner code that loops, crashes or floods the output.
 
 Each grade() call runs a child pytest over tests/exercises; the expensive ones are marked slow
 but stay in the normal suite (about a minute in all on 2 cores).
@@ -15,36 +16,34 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from memlab.grade import format_table, grade, gradescope_results
+from memlab.grade import grade, main
 from memlab.grading import catalog, loader
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO_DIR = ROOT / "tests" / "bug_zoo"
 
 
 def _zoo():
-    spec = importlib.util.spec_from_file_location("_memlab_bug_zoo", ZOO_DIR / "zoo.py")
+    spec = importlib.util.spec_from_file_location("_memlab_bug_zoo", ROOT / "tests" / "bug_zoo" / "zoo.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.ZOO
+    return mod
 
 
-ZOO = _zoo()
+zoo = _zoo()
+ZOO = zoo.ZOO
 
 
-def solutions_copy(tmp_path: Path, overlay: dict[str, Path | str] = ()) -> Path:
+def solutions_copy(tmp_path: Path, overlay: dict[str, Path | str] = (), name: str = "learner") -> Path:
     """solutions/ copied into tmp_path, with some files replaced (by a file or by source text)."""
-    dest = tmp_path / "learner"
+    dest = tmp_path / name
     shutil.copytree(ROOT / "solutions", dest, ignore=shutil.ignore_patterns("__pycache__"))
     for name, src in dict(overlay).items():
-        text = src.read_text() if isinstance(src, Path) else textwrap.dedent(src)
-        (dest / f"{name}.py").write_text(text)
+        (dest / f"{name}.py").write_text(src.read_text() if isinstance(src, Path) else src)
     return dest
 
 
@@ -52,7 +51,7 @@ def by_exercise(report):
     return {s.exercise.id: s for s in report.scores}
 
 
-def check_results_json(data: dict, report) -> None:
+def check_results_json(data: dict, cpu: list[int]) -> None:
     json.dumps(data)  # serialisable
     assert set(data) >= {"score", "tests", "output", "visibility"}
     assert data["score"] == sum(t["score"] for t in data["tests"])
@@ -60,7 +59,7 @@ def check_results_json(data: dict, report) -> None:
         assert set(t) >= {"name", "score", "max_score", "status", "output", "visibility"}
         assert t["status"] in ("passed", "failed") and t["visibility"] == "visible"
         assert 0 <= t["score"] <= t["max_score"] and isinstance(t["output"], str) and len(t["output"]) <= 8000
-    assert data["extra_data"]["cpu"] == [report.earned, report.possible]
+    assert data["extra_data"]["cpu"] == cpu
 
 
 # -- the catalog and the seam -----------------------------------------------------------------
@@ -129,21 +128,39 @@ def test_loader_imports_by_path_under_private_names(tmp_path, monkeypatch):
         loader.source_dir(str(tmp_path / "missing"))
 
 
-@pytest.mark.parametrize("variant", ZOO, ids=lambda v: v.file)
-def test_bug_zoo_variant_is_one_small_edit(variant):
-    sol = (ROOT / "solutions" / f"{variant.solution}.py").read_text().splitlines()
-    bug = (ZOO_DIR / f"{variant.file}.py").read_text().splitlines()
-    assert bug[0].startswith("# Bug zoo variant") and catalog.BY_ID[variant.exercise].file == variant.solution
-    changed = [line for line in difflib.unified_diff(sol, bug[2:], lineterm="", n=0)
+@pytest.mark.parametrize("variant", ZOO, ids=lambda v: v.name)
+def test_bug_zoo_patch_applies_as_one_small_edit(variant):
+    """Every old text occurs exactly once in the solution, and the variant differs from it."""
+    assert catalog.BY_ID[variant.exercise].file == variant.solution
+    text = (ROOT / "solutions" / f"{variant.solution}.py").read_text()
+    assert variant.patch and all(old != new for old, new in variant.patch)
+    for old, _ in variant.patch:
+        assert text.count(old) == 1, f"{variant.name}: {old!r} occurs {text.count(old)} times"
+    bug = zoo.build(variant)
+    assert bug != text
+    changed = [line for line in difflib.unified_diff(text.splitlines(), bug.splitlines(), lineterm="", n=0)
                if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert 0 < len(changed) <= 8, changed
+    compile(bug, variant.name, "exec")  # a mistake of meaning, not of syntax
     names = {n for n, _, _ in collected_markers()[variant.exercise]}
     assert variant.catches in names
 
 
+def test_bug_zoo_patch_that_no_longer_fits_fails_loudly(tmp_path):
+    v = ZOO[0]
+    sol = tmp_path / f"{v.solution}.py"
+    sol.write_text((ROOT / "solutions" / f"{v.solution}.py").read_text().replace(v.patch[0][0], ""))
+    with pytest.raises(zoo.ZooPatchError, match=f"{v.name}: patch 0 .* found it 0 times"):
+        zoo.build(v, tmp_path)
+    sol.write_text(2 * v.patch[0][0])
+    with pytest.raises(zoo.ZooPatchError, match=f"{v.name}: .* found it 2 times"):
+        zoo.build(v, tmp_path)
+
+
 def test_zoo_is_large_enough():
     assert len(ZOO) >= 15
-    assert len({v.file for v in ZOO}) == len(ZOO)
+    assert len({v.name for v in ZOO}) == len(ZOO)
+    assert sorted(p.name for p in (ROOT / "tests" / "bug_zoo").glob("*.py")) == ["zoo.py"], "patches, not copies"
 
 
 # The interpreter accepts what a GPU compile rejects (a global that is not constexpr, a
@@ -200,13 +217,14 @@ def test_solution_kernels_compile_for_a_t4_and_a_hopper():
 
 @pytest.mark.slow
 def test_solutions_score_full_marks_through_the_cli(tmp_path):
+    """Run from a folder outside the repository (a notebook runs in chapters/ or /content)."""
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "--solutions", "--results", str(out), "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "--solutions", "--results", "results.json", "-q"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     total = sum(e.points for e in catalog.EXERCISES)
-    assert data["extra_data"]["cpu"] == [total, total], proc.stdout
+    check_results_json(data, [total, total])
     assert all(t["status"] == "passed" for t in data["tests"]), proc.stdout
     assert f"{total}/{total}" in proc.stdout
     for e in catalog.EXERCISES:
@@ -214,17 +232,33 @@ def test_solutions_score_full_marks_through_the_cli(tmp_path):
 
 
 @pytest.mark.slow
-def test_stubs_score_zero_with_not_implemented_only(tmp_path):
-    report = grade(source="exercises", timeout=60)
-    assert report.earned == 0 and report.possible == sum(e.points for e in catalog.EXERCISES)
-    for t in report.tests:
-        if t.gpu and t.outcome == "skipped":
-            continue
-        assert t.outcome == "failed" and t.exc_type == "NotImplementedError", (t.nodeid, t.message)
-        assert t.message.startswith("not written yet"), t.message
-    table = format_table(report)
-    assert "not written yet" in table and f"0/{report.possible}" in table
-    check_results_json(gradescope_results(report, table), report)
+def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsys):
+    """In process, as a notebook calls it, from a working folder outside the repository: main()
+    finds exercises/ from memlab's own location and returns the exit code."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(loader.ENV, raising=False)
+    assert main(["--timeout", "60", "-q", "--results", "r.json"]) == 1
+    table = capsys.readouterr().out
+    total = sum(e.points for e in catalog.EXERCISES)
+    assert "memlab grade: exercises/" in table and f"0/{total}" in table and "not written yet" in table
+    data = json.loads((tmp_path / "r.json").read_text())
+    check_results_json(data, [0, total])
+    cpu_tests = sum(not gpu for tests in collected_markers().values() for _, _, gpu in tests)
+    assert len(data["tests"]) >= cpu_tests and not any(t["name"].endswith("collection") for t in data["tests"])
+    for t in data["tests"]:  # "not written yet" is what the grader says of a NotImplementedError, only
+        assert t["status"] == "failed" and t["output"].startswith("not written yet"), t
+
+
+def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--list"]) == 0 and "ch04.alloc_extend" in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    assert main(["11"]) == 2 and "chapter must be 01..10" in capsys.readouterr().err
+    assert main(["--exercise", "ch99.nothing"]) == 2 and "unknown exercise" in capsys.readouterr().err
+    assert main(["--from", "missing", "-q"]) == 2 and "no such folder" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    assert loader.source_dir("mine") == tmp_path / "mine"  # --from DIR is relative to the working folder
+    assert loader.source_dir("exercises") == ROOT / "exercises"  # the names are the repository's folders
 
 
 def zoo_rounds():
@@ -243,40 +277,44 @@ def zoo_rounds():
 @pytest.mark.slow
 @pytest.mark.parametrize("round_", zoo_rounds(), ids=lambda r: f"{len(r)}-variants")
 def test_bug_zoo_loses_points_where_it_should(round_, tmp_path):
-    learner = solutions_copy(tmp_path, {v.solution: ZOO_DIR / f"{v.file}.py" for v in round_})
+    learner = solutions_copy(tmp_path, {v.solution: zoo.build(v) for v in round_})
     report = grade(source=str(learner), timeout=60, exercises=[v.exercise for v in round_])
     scores = by_exercise(report)
     for v in round_:
         s = scores[v.exercise]
         caught = [t for t in s.tests if t.name == v.catches]
-        assert caught, f"{v.file}: no test named {v.catches}"
-        assert caught[0].outcome == "failed", f"{v.file} ({v.mistake}) passed {v.catches}"
-        assert s.earned < s.possible, f"{v.file} kept full marks"
+        assert caught, f"{v.name}: no test named {v.catches}"
+        assert caught[0].outcome == "failed", f"{v.name} ({v.mistake}) passed {v.catches}"
+        assert s.earned < s.possible, f"{v.name} kept full marks"
         assert caught[0].exc_type != "NotImplementedError"
 
 
 @pytest.mark.slow
 def test_grader_survives_loops_crashes_and_floods(tmp_path):
     """An endless loop, one that swallows the alarm, os._exit, a segfault and megabytes of output."""
-    sizing = (ROOT / "solutions" / "ch08_sizing.py").read_text()
-    sizing = sizing.replace('    return budget_bytes // bytes_per_token // page_size * page_size',
-                            '    import ctypes\n    ctypes.string_at(0)  # segfault\n    return 0')
-    sizing = sizing.replace('    n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)\n',
-                            '    import time\n    while True:\n        try:\n            time.sleep(0.01)\n'
-                            '        except BaseException:\n            pass\n')
-    mamba = (ROOT / "solutions" / "ch07_mamba_tracking.py").read_text().replace(
-        '    if not extra_buffer:\n        return 0\n', '    import os\n    os._exit(3)\n')
-    rows = (ROOT / "solutions" / "ch01_alloc_rows.py").read_text().replace(
-        '        if need_size > len(self.free_slots):\n',
-        '        if need_size == 3:\n            print("x" * 3_000_000)  # in tests that pass\n'
-        '        if need_size > len(self.free_slots):\n', 1)
-    admission = (ROOT / "solutions" / "ch10_admission.py").read_text().replace(
-        '    return admitted, rejected', '    import sys\n    sys.stdout.write("y" * 2_000_000)\n    return [], []')
+    def broken(name, *patch):
+        return zoo.apply_patch((ROOT / "solutions" / f"{name}.py").read_text(), patch, "survival test", name)
+
     learner = solutions_copy(tmp_path, {
-        "ch02_bytes_per_token": (ROOT / "solutions" / "ch02_bytes_per_token.py").read_text().replace(
-            "    _check_positive(layer_num=layer_num, kv_lora_rank", "    while True:\n        pass\n"
-            "    _check_positive(layer_num=layer_num, kv_lora_rank"),
-        "ch08_sizing": sizing, "ch07_mamba_tracking": mamba, "ch01_alloc_rows": rows, "ch10_admission": admission})
+        "ch02_bytes_per_token": broken("ch02_bytes_per_token", (
+            "    _check_positive(layer_num=layer_num, kv_lora_rank",
+            "    while True:\n        pass\n    _check_positive(layer_num=layer_num, kv_lora_rank")),
+        "ch08_sizing": broken("ch08_sizing", (
+            "    return budget_bytes // bytes_per_token // page_size * page_size",
+            "    import ctypes\n    ctypes.string_at(0)  # segfault\n    return 0"), (
+            "    n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)\n",
+            "    import time\n    while True:\n        try:\n            time.sleep(0.01)\n"
+            "        except BaseException:\n            pass\n")),
+        "ch07_mamba_tracking": broken("ch07_mamba_tracking", (
+            "    if not extra_buffer:\n        return 0\n", "    import os\n    os._exit(3)\n")),
+        "ch01_alloc_rows": broken("ch01_alloc_rows", (
+            "        if need_size > len(self.free_slots):\n",
+            '        if need_size == 3:\n            print("x" * 3_000_000)  # in tests that pass\n'
+            "        if need_size > len(self.free_slots):\n")),
+        "ch10_admission": broken("ch10_admission", (
+            "    return admitted, rejected",
+            '    import sys\n    sys.stdout.write("y" * 2_000_000)\n    return [], []')),
+    })
     results = tmp_path / "results.json"
     chapters = ["01", "02", "07", "08", "10"]
     proc = subprocess.run([sys.executable, "-m", "memlab.grade", *chapters, "--from", str(learner), "--timeout", "2.5",

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+# The repository root: the folder above the memlab package, found from this file and never from
+# the working folder (a notebook runs in chapters/, or in Colab's /content).
 ROOT = Path(__file__).resolve().parents[2]
 ENV = "MEMLAB_EXERCISES"
 _default = "exercises"

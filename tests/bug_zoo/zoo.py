@@ -1,87 +1,164 @@
-"""The bug zoo: classic mistakes, each a copy of a solution with one mistake in it.
+"""The bug zoo: classic mistakes, each a small patch to one solution file.
 
-Each row: the variant's file here, the exercise it breaks, the graded test meant to catch it,
-and the mistake. tests/test_grader.py grades every variant in place of its solution and checks
-that the grader gives it fewer points than the solution, with that test failing.
+Each row: the variant's name (``<solution file>__<mistake>``), the exercise it breaks, the graded
+test meant to catch it, the mistake in words, and the patch: (old, new) pairs of exact text.
+``build`` applies a patch to the solution; every ``old`` must occur exactly once, else building
+fails with the variant's name, so editing a solution cannot silently disarm the zoo.
+tests/test_grader.py grades every variant in place of its solution and checks that the grader
+gives it fewer points than the solution, with that test failing.
 """
 
+from pathlib import Path
 from typing import NamedTuple
+
+SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
+
+
+class ZooPatchError(ValueError):
+    """A variant's patch no longer fits its solution file."""
 
 
 class Variant(NamedTuple):
-    file: str
+    name: str
     exercise: str
     catches: str
     mistake: str
+    patch: tuple[tuple[str, str], ...]
 
     @property
     def solution(self) -> str:
-        return self.file.split("__")[0]
+        return self.name.split("__")[0]
+
+
+def apply_patch(text: str, patch, label: str, where: str) -> str:
+    """``text`` with each (old, new) applied in turn; each ``old`` must occur exactly once."""
+    for i, (old, new) in enumerate(patch):
+        found = text.count(old)
+        if found != 1:
+            raise ZooPatchError(f"{label}: patch {i} expects its old text exactly once in {where}, found it "
+                                f"{found} times: {old!r}; the solution changed, so update the patch")
+        text = text.replace(old, new)
+    return text
+
+
+def build(variant: Variant, solutions: Path = SOLUTIONS) -> str:
+    """The variant's source: its solution file with the patch applied."""
+    path = Path(solutions) / f"{variant.solution}.py"
+    return apply_patch(path.read_text(), variant.patch, f"bug zoo variant {variant.name}", path.name)
 
 
 ZOO = (
     Variant("ch01_alloc_rows__neg_zero_slice", "ch01.alloc_rows", "test_alloc_zero_returns_empty",
-            "alloc_rows(0) takes free_slots[-0:], which is the whole list"),
+            "alloc_rows(0) takes free_slots[-0:], which is the whole list",
+            (("        if need_size == 0:\n            return []\n", ""),)),
     Variant("ch01_alloc_rows__generation_reset_on_clear", "ch01.alloc_rows", "test_generation_survives_clear",
-            "clear() zeroes req_generation, so a reused row can repeat an old generation"),
+            "clear() zeroes req_generation, so a reused row can repeat an old generation",
+            (("        self.free_slots = list(range(1, self.size + 1))\n",
+              "        self.free_slots = list(range(1, self.size + 1))\n        self.req_generation.zero_()\n"),)),
     Variant("ch01_alloc_rows__rows_from_head", "ch01.alloc_rows", "test_alloc_takes_from_tail",
-            "rows taken from the head of free_slots (O(n) per allocation)"),
+            "rows taken from the head of free_slots (O(n) per allocation)",
+            (("rows = self.free_slots[-need_size:]", "rows = self.free_slots[:need_size]"),
+             ("del self.free_slots[-need_size:]", "del self.free_slots[:need_size]"))),
     Variant("ch02_bytes_per_token__k_only", "ch02.bytes_per_token", "test_mha_llama3_8b",
-            "MHA bytes count K only, forgetting V"),
+            "MHA bytes count K only, forgetting V",
+            (("head_num * (head_dim + v_head_dim) * dtype_bytes", "head_num * head_dim * dtype_bytes"),)),
     Variant("ch02_bytes_per_token__mla_with_v", "ch02.bytes_per_token", "test_mla_deepseek_v3",
-            "MLA counted twice, as if it stored a V buffer"),
+            "MLA counted twice, as if it stored a V buffer",
+            (("return layer_num * (kv_lora_rank + qk_rope_head_dim)",
+              "return 2 * layer_num * (kv_lora_rank + qk_rope_head_dim)"),)),
     Variant("ch03_token_allocator__staged_not_counted", "ch03.token_allocator", "test_staged_frees_counted",
-            "available_size() forgets the staged frees in release_pages"),
+            "available_size() forgets the staged frees in release_pages",
+            (("return len(self.free_pages) + len(self.release_pages)", "return len(self.free_pages)"),)),
     Variant("ch03_token_allocator__free_to_head", "ch03.token_allocator", "test_free_appends_fifo",
-            "the token allocator puts freed slots at the head (LIFO) instead of the tail"),
+            "the token allocator puts freed slots at the head (LIFO) instead of the tail",
+            (("torch.cat((self.free_pages, free_index))", "torch.cat((free_index, self.free_pages))"),)),
     Variant("ch03_token_allocator__merge_unsorted", "ch03.token_allocator", "test_merge_when_short",
-            "merge_and_sort_free merges without sorting"),
+            "merge_and_sort_free merges without sorting",
+            (("torch.sort(torch.cat((self.free_pages, self.release_pages))).values",
+              "torch.cat((self.free_pages, self.release_pages))"),)),
     Variant("ch04_alloc_extend__last_loc_without_plus_one", "ch04.alloc_extend", "test_continues_from_last_loc",
-            "part 1 continues from last_loc instead of last_loc + 1 (overwrites the last token's slot)"),
+            "part 1 continues from last_loc instead of last_loc + 1 (overwrites the last token's slot)",
+            (("last_loc[req] + 1 + (pos - prefix_lens[req])", "last_loc[req] + (pos - prefix_lens[req])"),)),
     Variant("ch04_alloc_extend__capacity_after_taking", "ch04.alloc_extend", "test_refusal_takes_nothing",
-            "pages taken before the capacity check: a refused request still consumes the free list"),
+            "pages taken before the capacity check: a refused request still consumes the free list",
+            (("        if num_pages > len(self.free_pages):\n",
+              "        taken, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]\n"
+              "        if len(taken) < num_pages:\n"),
+             ("fresh = self.free_pages[k] * ps", "fresh = taken[k] * ps"),
+             ("        self.free_pages = self.free_pages[num_pages:]\n", ""))),
     Variant("ch04_alloc_extend__floor_page_count", "ch04.alloc_extend", "test_fresh_requests_whole_and_partial",
-            "new pages counted with floor instead of ceil: a partial last page is never paid for"),
+            "new pages counted with floor instead of ceil: a partial last page is never paid for",
+            (("new_pages = (seq_lens + ps - 1) // ps - (prefix_lens + ps - 1) // ps",
+              "new_pages = seq_lens // ps - prefix_lens // ps"),)),
     Variant("ch04_alloc_extend_kernel__part2_without_part1_offset", "ch04.alloc_extend_kernel",
-            "test_mixed_random_batches", "part 2 stores at out_start + k, forgetting the n1 tokens of part 1"),
+            "test_mixed_random_batches", "part 2 stores at out_start + k, forgetting the n1 tokens of part 1",
+            (("tl.store(out_ptr + out_start + n1 + k, page * page_size",
+              "tl.store(out_ptr + out_start + k, page * page_size"),)),
     Variant("ch04_alloc_extend_kernel__part2_ignores_page_start", "ch04.alloc_extend_kernel",
-            "test_whole_pages_only", "part 2 reads free_pages from 0, not from the request's page_start"),
+            "test_whole_pages_only", "part 2 reads free_pages from 0, not from the request's page_start",
+            (("tl.load(free_pages_ptr + page_start + k // page_size", "tl.load(free_pages_ptr + k // page_size"),)),
     Variant("ch05_alloc_decode__opens_at_multiple", "ch05.alloc_decode", "test_crossing_boundary_takes_new_page",
-            "a new page opened when seq_len % page_size == 0 instead of == 1"),
+            "a new page opened when seq_len % page_size == 0 instead of == 1",
+            (("opens = (seq_lens - 1) % ps == 0", "opens = seq_lens % ps == 0"),)),
     Variant("ch05_paged_free__no_dedup", "ch05.paged_free", "test_free_dedups_pages",
-            "free without page dedup: a page is freed once per slot and later handed to several requests"),
+            "free without page dedup: a page is freed once per slot and later handed to several requests",
+            (("torch.unique(free_index // self.page_size)", "free_index // self.page_size"),)),
     Variant("ch05_paged_free__segment_unaligned", "ch05.paged_free", "test_free_segment_rejects_unaligned",
-            "free_segment accepts an unaligned run, where every page_size-th slot misses or repeats pages"),
+            "free_segment accepts an unaligned run, where every page_size-th slot misses or repeats pages",
+            (("        if start_pos % self.page_size:\n"
+              '            raise ValueError(f"free_segment: start_pos {start_pos} is not a multiple of page_size '
+              '{self.page_size}")\n', ""),)),
     Variant("ch05_paged_free__group_no_copy", "ch05.paged_free", "test_free_group_batches_once",
-            "a free group queues the caller's tensor without copying it"),
+            "a free group queues the caller's tensor without copying it",
+            (("self.free_group.append(free_index.clone())", "self.free_group.append(free_index)"),)),
     Variant("ch06_free_queue__forward_order", "ch06.free_queue", "test_reverse_order_hashed_to_tail",
-            "a request's blocks freed in forward order: the start of a prefix is evicted first"),
+            "a request's blocks freed in forward order: the start of a prefix is evicted first",
+            (("for block in reversed(blocks):", "for block in blocks:"),)),
     Variant("ch06_free_queue__unhashed_to_tail", "ch06.free_queue", "test_unhashed_to_head",
-            "unhashed blocks appended to the tail, behind cached blocks they should be reused before"),
+            "unhashed blocks appended to the tail, behind cached blocks they should be reused before",
+            (("(to_tail if block.block_hash is not None else to_head).append(block)", "to_tail.append(block)"),)),
     Variant("ch06_block_hash__partial_blocks", "ch06.block_hash", "test_full_blocks_only",
-            "the last, partial block is hashed too"),
+            "the last, partial block is hashed too",
+            (("for i in range(len(token_ids) // block_size):",
+              "for i in range(-(-len(token_ids) // block_size)):"),)),
     Variant("ch06_block_hash__salt_every_block", "ch06.block_hash", "test_salt_first_block_only",
-            "the cache salt added to every block's extra keys, not just the first"),
+            "the cache salt added to every block's extra keys, not just the first",
+            (("if i == 0 and cache_salt:", "if cache_salt:"),)),
     Variant("ch06_block_hash__no_chain", "ch06.block_hash", "test_chain_stands_for_the_prefix",
-            "every block hashed with the seed as parent: a hash no longer stands for its prefix"),
+            "every block hashed with the seed as parent: a hash no longer stands for its prefix",
+            (("parent = hash_fn((parent, tuple(token_ids[start:end]), tuple(keys) if keys else None))\n"
+              "        hashes.append(parent)\n",
+              "hashes.append(hash_fn((parent, tuple(token_ids[start:end]), tuple(keys) if keys else None)))\n"),)),
     Variant("ch06_slot_mapping__block_index_swapped", "ch06.slot_mapping", "test_small_batch_by_hand",
-            "block index and offset swapped: pos % block_size used to index the block table"),
+            "block index and offset swapped: pos % block_size used to index the block table",
+            (("req * block_table_stride + pos // block_size", "req * block_table_stride + pos % block_size"),
+             ("* block_size + pos % block_size, mask=live)", "* block_size + pos // block_size, mask=live)"))),
     Variant("ch07_swa_release__frees_padding", "ch07.swa_release", "test_take_swa_slots_skips_padding",
-            "the SWA padding id 0 (no SWA slot) handed to the free list"),
+            "the SWA padding id 0 (no SWA slot) handed to the free list",
+            (("    swa = swa[swa > 0]\n", ""),)),
     Variant("ch07_swa_release__no_page_floor", "ch07.swa_release", "test_release_whole_pages_out_of_window",
-            "out-of-window release not rounded down to pages: a page still in use is released"),
+            "out-of-window release not rounded down to pages: a page still in use is released",
+            (("end = (seq_len - sliding_window) // ps * ps", "end = seq_len - sliding_window"),)),
     Variant("ch07_mamba_tracking__partial_reset", "ch07.mamba_tracking", "test_free_resets_every_field",
-            "free_row resets the slots but not the ping-pong index and last tracked length"),
+            "free_row resets the slots but not the ping-pong index and last tracked length",
+            (("        self.next_track_idx[row] = 0\n        self.last_track_seqlen[row] = -1\n", ""),)),
     Variant("ch07_mamba_tracking__no_zeroing", "ch07.mamba_tracking", "test_slots_zeroed_before_reuse",
-            "state slots handed out without zeroing: the previous owner's state leaks"),
+            "state slots handed out without zeroing: the previous owner's state leaks",
+            (("        self.state[slots] = 0\n", ""),)),
     Variant("ch08_sizing__reserve_not_doubled", "ch08.sizing", "test_reserve_doubled",
-            "the doubled decode reserve of the overlap scheduler forgotten"),
+            "the doubled decode reserve of the overlap scheduler forgotten",
+            (("return 2 * n if enable_overlap else n", "return n"),)),
     Variant("ch08_sizing__no_page_margin", "ch08.sizing", "test_max_new_tokens_formula",
-            "max_new_tokens_for_memory without the extra page and slot"),
+            "max_new_tokens_for_memory without the extra page and slot",
+            (("token_capacity - paged_input - page_size - 1))", "token_capacity - paged_input))"),)),
     Variant("ch09_paged_gather__row_is_batch_index", "ch09.paged_gather", "test_matches_dense_attention",
-            "the gather reads request-table row b instead of req_pool_indices[b]"),
+            "the gather reads request-table row b instead of req_pool_indices[b]",
+            (("row = tl.load(req_pool_indices_ptr + b).to(tl.int64)", "row = b.to(tl.int64)"),)),
     Variant("ch10_admission__overtaking", "ch10.admission", "test_no_overtaking",
-            "admission skips a request that does not fit and lets later ones overtake it"),
+            "admission skips a request that does not fit and lets later ones overtake it",
+            (("        if cost > budget:\n            break\n", "        if cost > budget:\n            continue\n"),)),
     Variant("ch10_admission__running_reserve_forgotten", "ch10.admission", "test_running_requests_keep_their_reserve",
-            "admission forgets the decode reserve of the requests already running"),
+            "admission forgets the decode reserve of the requests already running",
+            (("budget = hooks.available_size() - num_running * hooks.decode_reserve",
+              "budget = hooks.available_size()"),)),
 )
