@@ -59,6 +59,28 @@ def _attention():
     return draw_attention(attention_frames(sc, q)["request A"][2])
 
 
+def _engine():
+    import torch
+
+    from memlab.engine import Engine, TinyLlama
+    from memlab.viz.draw_engine import draw_engine, engine_frames
+
+    g = torch.Generator().manual_seed(0)
+    system = torch.randint(0, 128, (16,), generator=g).tolist()
+    prompts = [system + torch.randint(0, 128, (int(n),), generator=g).tolist()
+               for n in torch.randint(4, 24, (8,), generator=g)]
+    engine = Engine(TinyLlama(), page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32,
+                    attention="torch")
+    frames = engine_frames(engine, prompts, max_new_tokens=16)
+    return draw_engine(frames[len(frames) // 2])
+
+
+def _policies():
+    from memlab.viz.draw_engine import draw_policies
+
+    return draw_policies("ShareGPT-like", 16, n=4000)
+
+
 PICTURES = {
     "00_mappings": _mappings,
     "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
@@ -71,6 +93,8 @@ PICTURES = {
     "07_mamba": lambda: _hybrid("draw_mamba", scenes.mamba_slots()[4]),
     "08_sizing": lambda: _sizing(model="Gemma-3-27B"),
     "09_attention": lambda: _attention(),
+    "10_engine": lambda: _engine(),
+    "10_policies": lambda: _policies(),
 }
 
 

@@ -1,0 +1,135 @@
+"""Chapter 10's live view: the capstone engine's pool, page by page, and its occupancy over the
+steps so far. ``engine_frames`` runs a real ``memlab.engine.Engine`` and snapshots it per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memlab.viz.draw import cell
+from memlab.viz.style import FREE, PADDING, PALETTE, caption_text, grid_axes, new_figure, owner_color
+
+CACHED = "#e8dcc0"  # a cached page (evictable when nobody maps it)
+
+
+def rid_name(rid) -> str:
+    return chr(ord("A") + rid % 26) if isinstance(rid, int) else str(rid)
+
+
+@dataclass(frozen=True)
+class EngineFrame:
+    caption: str
+    step: int
+    num_pages: int
+    page_owner: dict  # page -> request name, for pages a running request owns
+    shared: dict  # cached page -> number of running requests mapping it (prefix hits)
+    cached: frozenset  # every cached page (mapped or not)
+    history: tuple  # per step so far: (running, waiting, owned, cached, free) pages
+
+
+def read_engine(engine, caption: str, step: int, history: tuple) -> EngineFrame:
+    ps = engine.page_size
+    table = engine.req_to_token_pool.req_to_token
+    owner = {}
+    for r in engine.running:
+        slots = table[r.req.req_pool_idx, r.cached_pages * ps:r.kv_len].tolist()
+        for s in slots:
+            owner[s // ps] = rid_name(r.rid)
+    cache = engine.cache
+    cached = frozenset(cache.hash_of) if cache else frozenset()
+    shared = {p: n for p, n in cache.ref.items() if n > 0} if cache else {}
+    return EngineFrame(caption, step, engine.allocator.num_pages, owner, shared, cached, history)
+
+
+def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
+    """Add the prompts, step the engine to the end, one frame per step (the first: before any)."""
+    for p in prompts:
+        engine.add_request(p, max_new_tokens)
+    history = []
+
+    def snap(caption, step):
+        free = len(engine.allocator.free_pages) + len(engine.allocator.release_pages)
+        cached = len(engine.cache.hash_of) if engine.cache else 0
+        owned = engine.allocator.num_pages - free - cached
+        history.append((len(engine.running), len(engine.waiting), owned, cached, free))
+        return read_engine(engine, caption, step, tuple(history))
+
+    frames = [snap(f"{len(prompts)} requests waiting; {engine.allocator.num_pages} pages of {engine.page_size}", 0)]
+    step = 0
+    while True:
+        before = dict(engine.stats)
+        if not engine.step():
+            break
+        step += 1
+        pre = engine.stats["prefill_tokens"] - before.get("prefill_tokens", 0)
+        dec = engine.stats["decode_tokens"] - before.get("decode_tokens", 0)
+        ret = engine.stats["retracted"] - before.get("retracted", 0)
+        kind = f"prefill batch of {pre} tokens" if pre else f"decode batch of {dec} requests"
+        extra = f", {ret} retracted" if ret else ""
+        frames.append(snap(f"step {step}: {kind}{extra}; {len(engine.running)} running, {len(engine.waiting)} waiting",
+                           step))
+    return frames
+
+
+def draw_engine(frame: EngineFrame, width: float = 11.0):
+    """Left: every page (owner colour, cached teal, hatched when a running request maps a cached
+    page). Right: running requests and the pool's pages over the steps so far."""
+    fig, (grid, plot) = new_figure(width, 3.4, ncols=2, width_ratios=[1, 1.2])
+    grid_axes(grid, "the pool's pages")
+    per_line = 16
+    for p in range(frame.num_pages + 1):
+        y, x = divmod(p, per_line)
+        if p == 0:
+            fill, label = PADDING, ""
+        elif p in frame.page_owner:
+            fill, label = owner_color(frame.page_owner[p]), frame.page_owner[p]
+        elif p in frame.cached:
+            fill, label = CACHED, (f"x{frame.shared[p]}" if p in frame.shared else "")
+        else:
+            fill, label = FREE, ""
+        cell(grid, x, y, fill, label, gid=f"page:{p}", hatch="///" if p in frame.shared else None, fontsize=6)
+    lines = -(-(frame.num_pages + 1) // per_line)
+    grid.set_xlim(-0.2, per_line + 0.2)
+    grid.set_ylim(lines + 0.2, -0.5)
+    h = frame.history
+    steps = range(len(h))
+    plot.stackplot(steps, [x[2] for x in h], [x[3] for x in h], [x[4] for x in h],
+                   colors=[PALETTE[0], CACHED, FREE], labels=["owned", "cached", "free"])
+    plot.set_xlim(0, max(len(h) - 1, 1))
+    plot.set_ylim(0, frame.num_pages)
+    plot.set_xlabel("step")
+    plot.set_ylabel("pages")
+    twin = plot.twinx()
+    twin.step(steps, [x[0] for x in h], where="post", color="black", lw=1, label="running")
+    twin.step(steps, [x[1] for x in h], where="post", color="#e15759", lw=1, label="waiting")
+    twin.set_ylim(0, max(max(x[0] + x[1] for x in h), 1) + 1)
+    twin.set_ylabel("requests")
+    plot.legend(loc="upper left", fontsize=7)
+    twin.legend(loc="upper right", fontsize=7)
+    fig.suptitle(caption_text(frame.caption), fontsize=10, x=0.01, ha="left")
+    return fig
+
+
+WORKLOADS = ("ShareGPT-like", "Azure 2023 conv", "Azure 2023 code")
+
+
+def workload(name: str, n: int):
+    from memlab import sim
+
+    if name == "ShareGPT-like":
+        return sim.sharegpt_like(n)
+    kinds = {"Azure 2023 conv": "conv", "Azure 2023 code": "code"}
+    if name not in kinds:
+        raise ValueError(f"unknown workload {name!r}; known: {WORKLOADS}")
+    return sim.load_azure(kinds[name], n=n)
+
+
+def draw_policies(workload_name: str = "ShareGPT-like", block_size: int = 16, n: int = 1000,
+                  pool_size: int | None = None):
+    """The pool's slots split per allocation policy, replayed on the same request stream."""
+    from memlab import sim
+
+    wl = workload(workload_name, n)
+    results = sim.compare_policies(wl, pool_size or sim.DEFAULT_POOL_SIZE, block_size=block_size, progress=False)
+    fig, ax = new_figure(9, 3.4)
+    sim.plot_breakdown(results, ax=ax, title=f"{wl.name}, {n:,} requests, {pool_size or sim.DEFAULT_POOL_SIZE:,} slots")
+    return fig
