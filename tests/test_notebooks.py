@@ -212,3 +212,19 @@ def test_static_pictures_exist_and_are_shown():
         assert img in shown, f"{img} is rendered but no chapter shows it"
         assert shown[img].name[:2] == name[:2], f"{img} is shown by {shown[img].name}"
     assert all(p.name[:2] in {i[4:6] for i in shown} for p in NOTEBOOKS), "every chapter shows a static picture"
+
+
+def test_points_quoted_in_the_text_match_the_catalog():
+    # "exercises/x.py ... (N points" or "(N points, +G on a GPU)" in the same markdown cell
+    quote = re.compile(r"exercises/(ch\d\d_\w+)\.py.*?\((\d+) points(?:, \+(\d+) on a GPU)?", re.DOTALL)
+    seen = 0
+    for p in NOTEBOOKS:
+        for c in load(p).cells:
+            if c.cell_type != "markdown":
+                continue
+            for file, pts, gpu in quote.findall(c.source):
+                e = next(x for x in catalog.EXERCISES if x.file == file)
+                seen += 1
+                assert int(pts) == e.points, f"{p.name} says {file} is worth {pts} points, the catalog {e.points}"
+                assert int(gpu or 0) == e.gpu_points, f"{p.name}: {file} GPU points {gpu or 0} vs {e.gpu_points}"
+    assert seen >= 10

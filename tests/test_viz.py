@@ -364,3 +364,137 @@ def test_books_from_a_kvcache_free_allocator_have_no_buffers():
     b = read_books("x", ReqToTokenPool(2, 4), PagedTokenToKVPoolAllocator(8, 2))
     assert b.buffers == () and b.num_slots == 10 and b.free_pages == (1, 2, 3, 4)
     torch.testing.assert_close(torch.tensor(b.free_rows), torch.tensor([1, 2]))
+
+
+# -- vLLM, hybrid, sizing, attention and engine pictures ------------------------------------------
+
+
+def test_vllm_pictures_follow_the_block_pool():
+    from memlab.viz.vllm_books import CACHED, EVICTED, draw_vllm
+
+    sc = scenes.prefix_cache(True)
+    hit_frame = next(f for f in sc.frames if f.hit)
+    assert hit_frame.hit == {1, 2}, "B's first two blocks come from A's cached prefix"
+    fig = draw_vllm(hit_frame)
+    blocks = by_gid(fig, "block:")
+    for b in range(hit_frame.num_blocks):
+        patch = blocks[f"block:{b}"]
+        if b == hit_frame.null_block:
+            want = "#bbbbbb"
+        elif hit_frame.ref_cnt[b] > 0:
+            want = owner_color(hit_frame.owner(b))
+        elif b in hit_frame.hashes:
+            want = CACHED
+        else:
+            want = FREE
+        assert same_color(patch.get_facecolor(), want), f"block {b}"
+        assert (patch.get_hatch() == "///") == (b in hit_frame.hit)
+    queue = by_gid(fig, "queue:")
+    order = [int(g.split(":")[2]) for g in sorted(queue, key=lambda g: int(g.split(":")[1]))]
+    assert tuple(order) == hit_frame.queue
+    evict = next(f for f in sc.frames if f.evicted)
+    assert same_color(by_gid(draw_vllm(evict), "block:")[f"block:{min(evict.evicted)}"].get_edgecolor(), EVICTED)
+
+
+def test_vllm_frames_read_the_real_pool():
+    sc = scenes.prefix_cache(True)
+    pool = sc.manager.block_pool
+    last = sc.frames[-1]
+    assert last.queue == tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
+    assert last.ref_cnt == tuple(b.ref_cnt for b in pool.blocks)
+    pool.check_invariants()
+    freed_frame = sc.frames[3]  # A finished: its hashed blocks at the tail, last block first
+    assert freed_frame.queue[-3:] == (3, 2, 1)
+    off = scenes.prefix_cache(False)
+    assert not any(f.hit for f in off.frames) and not off.frames[-1].hashes
+
+
+def test_swa_picture_pairs_two_ledgers():
+    from memlab.viz.hybrid_books import draw_swa
+
+    sc = scenes.sliding_window()
+    frame = sc.frames[5]  # after decode step 2: out-of-window pages released
+    mapping = sc.allocator.full_to_swa_index_mapping
+    assert all(int(mapping[f]) == s for f, s in sc.frames[-1].pairs)
+    held_swa = {s for _, s in frame.pairs}
+    assert set(frame.swa.slot_owner) == held_swa
+    fig = draw_swa(frame)
+    pairs = by_gid(fig, "pair:")
+    assert len(pairs) == min(len(frame.pairs), 20)
+    for f, s in frame.pairs[:20]:
+        assert same_color(pairs[f"pair:{f}:{s}"].get_facecolor(), owner_color(frame.full.slot_owner[f]))
+    sc.allocator.check_books()
+    released = [c for c in (f.caption for f in sc.frames) if "released" in c and "[]" not in c]
+    assert released, "some SWA slots leave the window during the story"
+
+
+def test_mamba_picture_marks_state_and_ping_pong_slots():
+    from memlab.viz.hybrid_books import draw_mamba
+
+    frames = scenes.mamba_slots(extra_buffer=True, overlap=True)
+    snaps = [f for f in frames if "snapshots" in f.caption]
+    nexts = [next(r[4] for r in f.rows if r[1] == "A") for f in snaps]
+    assert nexts == [1, 0, 1], "the next tracking slot alternates: ping-pong"
+    f = snaps[0]
+    roles = f.slot_roles()
+    a = next(r for r in f.rows if r[1] == "A")
+    assert roles[a[2]] == ("A", "state") and roles[a[3][1]] == ("A", "track 1*")
+    cells = by_gid(draw_mamba(f), "mslot:")
+    assert same_color(cells[f"mslot:{a[2]}"].get_facecolor(), owner_color("A"))
+    assert same_color(cells["mslot:0"].get_facecolor(), PADDING)
+    assert all(len(r[3]) == 0 for r in scenes.mamba_slots(extra_buffer=False)[-1].rows)
+
+
+def test_sizing_picture_uses_memlab_sizing():
+    from memlab.models import MODELS
+    from memlab.sizing import GiB, report
+    from memlab.viz.draw_sizing import draw_sizing, serving_config, sizing_text
+
+    kw = dict(model="Llama-3.1-8B", gpu="A100 / H100 80GB", page_size=16)
+    cfg = serving_config(**kw)
+    r = report(MODELS["Llama-3.1-8B"], cfg.gpu, 8192, cfg.schedule, cfg.spec, cfg.parallel)
+    bars = by_gid(draw_sizing(seq_len=8192, **kw), "mem:")
+    assert bars["mem:weights"].get_width() == pytest.approx(r.sizes.weight_bytes / GiB)
+    assert bars["mem:full_attention"].get_width() == pytest.approx(r.sizes.bytes_by_kind["full_attention"] / GiB)
+    assert f"{r.requests:,} requests" in sizing_text(seq_len=8192, **kw)
+    assert "does not fit" in sizing_text(model="DeepSeek-V3", gpu="T4 (16 GB)")
+
+
+def test_attention_frames_walk_a_request_page_by_page():
+    from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
+
+    sc = scenes.orientation(dtype=torch.float32, head_dim=16)
+    sc.extend_batch({"A": 6, "D": 3})
+    fill_kv(sc)
+    q = torch.randn(len(sc.reqs), 4, 16, generator=torch.Generator().manual_seed(1))
+    stories = attention_frames(sc, q)
+    a = stories["request A"]
+    assert [f.positions for f in a] == [tuple(range(i, min(i + 4, 12))) for i in range(0, 12, 4)]
+    assert [sorted(f.books.new_slots) for f in a] == [sc.slots("A")[i:i + 4] for i in range(0, 12, 4)]
+    assert sum(a[0].weights) == pytest.approx(1.0)
+    bars = by_gid(draw_attention(a[1]), "weight:")
+    assert same_color(bars["weight:5"].get_facecolor(), owner_color("A"))
+    assert not same_color(bars["weight:0"].get_facecolor(), owner_color("A"))
+
+
+def test_engine_frames_follow_a_real_engine():
+    from memlab.engine import Engine, TinyLlama
+    from memlab.viz.draw_engine import draw_engine, engine_frames
+
+    g = torch.Generator().manual_seed(0)
+    system = torch.randint(0, 128, (8,), generator=g).tolist()
+    prompts = [system + [i] for i in range(5)]
+    engine = Engine(TinyLlama(), page_size=4, num_tokens=64, max_running=3, max_context=32, chunk_size=16,
+                    attention="torch")
+    frames = engine_frames(engine, prompts, max_new_tokens=4)
+    assert frames[-1].history[-1][:2] == (0, 0), "everybody finished"
+    for f in frames:
+        running, waiting, owned, cached, free = f.history[-1]
+        assert owned + cached + free == engine.allocator.num_pages
+        assert len(set(f.page_owner)) == len(f.page_owner)
+    assert any(f.shared for f in frames), "the shared prefix is mapped from the cache"
+    shared = next(f for f in frames if f.shared)
+    cells = by_gid(draw_engine(shared), "page:")
+    assert len(cells) == shared.num_pages + 1
+    p = next(iter(shared.shared))
+    assert cells[f"page:{p}"].get_hatch() == "///"
