@@ -67,25 +67,12 @@ class ExerciseScore:
     def _pick(self, gpu: bool) -> list[TestResult]:
         return [t for t in self.tests if t.gpu == gpu]
 
-    @property
-    def earned(self) -> int:
-        return sum(t.earned for t in self._pick(False))
-
-    @property
-    def possible(self) -> int:
-        return sum(t.points for t in self._pick(False))
-
-    @property
-    def gpu_earned(self) -> int:
-        return sum(t.earned for t in self._pick(True))
-
-    @property
-    def gpu_possible(self) -> int:
-        return sum(t.points for t in self._pick(True))
-
-    @property
-    def gpu_ran(self) -> bool:
-        return any(t.outcome != "skipped" for t in self._pick(True))
+    # CPU and GPU-only points are kept apart: a laptop cannot earn (nor lose) the GPU ones.
+    earned = property(lambda self: sum(t.earned for t in self._pick(False)))
+    possible = property(lambda self: sum(t.points for t in self._pick(False)))
+    gpu_earned = property(lambda self: sum(t.earned for t in self._pick(True)))
+    gpu_possible = property(lambda self: sum(t.points for t in self._pick(True)))
+    gpu_ran = property(lambda self: any(t.outcome != "skipped" for t in self._pick(True)))
 
     @property
     def first_failure(self) -> TestResult | None:
@@ -224,8 +211,9 @@ def check_checkout() -> Path:
     """The repository root, above the memlab package; it must hold the graded tests and exercises."""
     missing = [d for d in ("exercises", "solutions", "tests/exercises") if not (ROOT / d).is_dir()]
     if missing:
-        raise GradingError(f"memlab was imported from {ROOT / 'memlab'}, but {', '.join(missing)} is not next to "
-                           "it: grade from a clone of the course repository (pip install -e . there)")
+        raise GradingError(f"memlab was imported from {ROOT / 'memlab'}, but {', '.join(missing)} "
+                           f"{'is' if len(missing) == 1 else 'are'} not next to it: grade from a clone of the "
+                           "course repository (pip install -e . there)")
     return ROOT
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import memlab.grade as grade_module
 from memlab.grade import grade, main
 from memlab.grading import catalog, loader
 
@@ -259,6 +260,9 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     (tmp_path / "mine").mkdir()
     assert loader.source_dir("mine") == tmp_path / "mine"  # --from DIR is relative to the working folder
     assert loader.source_dir("exercises") == ROOT / "exercises"  # the names are the repository's folders
+    assert grade_module.check_checkout() == ROOT == Path(grade_module.__file__).resolve().parents[1]
+    monkeypatch.setattr(grade_module, "ROOT", tmp_path)  # memlab installed without the course around it
+    assert main(["02", "-q"]) == 2 and "exercises, solutions, tests/exercises are not next to" in capsys.readouterr().err
 
 
 def zoo_rounds():

@@ -14,6 +14,7 @@ Only tests that carry a ``points`` marker are graded; the others are deselected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -161,21 +162,24 @@ class Recorder:
                    duration=round(time.monotonic() - cur["t0"], 3))
         self.current = None
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_setup(self, item):
+    @contextlib.contextmanager
+    def _alarm(self):
         self._arm()
         try:
             yield
         finally:
             self._disarm()
 
+    # The alarm covers the setup (fixtures run learner code too) and the test, one deadline for both.
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item):
+        with self._alarm():
+            yield
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item):
-        self._arm()
-        try:
+        with self._alarm():
             yield
-        finally:
-            self._disarm()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
