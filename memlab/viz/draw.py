@@ -8,8 +8,8 @@ from __future__ import annotations
 from matplotlib.patches import Rectangle
 
 from memlab.viz.state import Books
-from memlab.viz.style import (caption_text, FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, grid_axes, new_figure, owner_color,
-                              text_color)
+from memlab.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, caption_text, grid_axes, new_figure,
+                              owner_color, text_color)
 
 
 def cell(ax, x, y, fill, label="", gid=None, w=1.0, h=1.0, edge="white", lw=1.0, alpha=1.0, fontsize=7,
@@ -189,5 +189,5 @@ def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 1
         ax = sub[i].subplots()
         draw_buffers(ax, books, slot) if p == "buffers" else PANELS[p](ax, books)
         i += 1
-    fig.suptitle(caption_text(books.caption, books.note), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig

@@ -62,7 +62,7 @@ def draw_attention(frame: AttnFrame, width: float = 11.0):
     bars.set_title("weights: read before (dark), now (colour), later (light)", fontsize=9,
                    loc="left")
     bars.set_ylim(0, max(frame.weights) * 1.15)
-    fig.suptitle(caption_text(frame.caption, frame.note), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
 
 

@@ -105,7 +105,7 @@ def draw_engine(frame: EngineFrame, width: float = 11.0):
     twin.set_ylabel("requests")
     plot.legend(loc="upper left", fontsize=7)
     twin.legend(loc="upper right", fontsize=7)
-    fig.suptitle(caption_text(frame.caption), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(frame.caption, fig=fig), fontsize=10, x=0.01, ha="left")
     return fig
 
 

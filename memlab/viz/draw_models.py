@@ -54,7 +54,8 @@ def draw_kv_bytes(model: str = "Llama-3.1-8B", dtype_bytes: int = 2, tp_size: in
     right.set_axis_off()
     b = dtype_bytes
     if m.attention == "mla":
-        segs = [("V = view of the latent", m.kv_lora_rank * b, PALETTE[2]), ("rope part", m.qk_rope_head_dim * b, PALETTE[4])]
+        segs = [("V = view of the latent", m.kv_lora_rank * b, PALETTE[2]),
+                ("rope part", m.qk_rope_head_dim * b, PALETTE[4])]
         label = f"kv_buffer row: (1, {m.kv_lora_rank} + {m.qk_rope_head_dim})"
     else:
         h = m.kv_heads_per_rank(tp_size)
@@ -73,8 +74,8 @@ def draw_kv_bytes(model: str = "Llama-3.1-8B", dtype_bytes: int = 2, tp_size: in
         x += w
     right.text(0, 0.55, label, fontsize=8)
     kinds = ", ".join(f"{n} x {k}" for k, n in ((k, len(m.layer_ids(k))) for k in m.kinds()))
-    right.text(0, -0.85, f"layers: {kinds}" + ("\n(linear layers keep a per-request state instead)" if LINEAR in m.kinds() else ""),
-               fontsize=8, va="top")
+    linear = "\n(linear layers keep a per-request state instead)" if LINEAR in m.kinds() else ""
+    right.text(0, -0.85, f"layers: {kinds}{linear}", fontsize=8, va="top")
     right.set_xlim(0, 1)
     right.set_ylim(-1.5, 1)
     return fig

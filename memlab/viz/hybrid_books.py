@@ -10,7 +10,7 @@ import torch
 from memlab.viz.draw import cell, draw_request_table, draw_slot_grid
 from memlab.viz.scene import Scene
 from memlab.viz.state import Books, RowView, read_books
-from memlab.viz.style import caption_text, FREE, HIGHLIGHT, PADDING, grid_axes, new_figure, owner_color
+from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, grid_axes, new_figure, owner_color
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def draw_swa(frame: SwaFrame, width: float = 11.5):
         ax.text(0, 0.5, "(no mapped slot)", fontsize=8, va="center")
     ax.set_xlim(-0.2, 26)
     ax.set_ylim(1.2, -0.5)
-    fig.suptitle(caption_text(frame.caption, frame.note), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
 
 
@@ -146,7 +146,7 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
     lines = [head] + [f"{row:>4} {owner or '-':>6} {state:>6} {str(list(tr)):>10} {nxt:>5} {last:>17}"
                       for row, owner, state, tr, nxt, last in frame.rows]
     tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=7, va="top")
-    fig.suptitle(caption_text(frame.caption, frame.note), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
 
 

@@ -26,8 +26,9 @@ def start(chapter: str) -> bool:
 
         where = f"on the GPU ({torch.cuda.get_device_name()}), compiled"
     elif mode == "interpreter":
-        where = "in the Triton interpreter on the CPU (slow but exact)" + (
-            "" if sys.platform.startswith("linux") else "; Triton has no wheels here, so kernel cells need Linux or Colab")
+        where = "in the Triton interpreter on the CPU (slow but exact)"
+        if not sys.platform.startswith("linux"):
+            where += "; Triton has no wheels here, so kernel cells need Linux or Colab"
     else:
         where = mode
     flags = " · fast mode (small sizes)" if fast() else ""

@@ -61,7 +61,8 @@ class Scene:
             return None
         last = [self.last_loc(r.rid) if r.rid in self.reqs else -1 for r in batch]
         dev = self.allocator.device
-        out = self.allocator.alloc_extend(_t(pre, dev), _t(pre), _t(seq, dev), _t(seq), _t(last, dev), sum(lens.values()))
+        out = self.allocator.alloc_extend(_t(pre, dev), _t(pre), _t(seq, dev), _t(seq), _t(last, dev),
+                                          sum(lens.values()))
         i = 0
         for r, p, s in zip(batch, pre, seq):
             self.req_pool.write((r.req_pool_idx, slice(p, s)), out[i:i + s - p].to(torch.int32).cpu())

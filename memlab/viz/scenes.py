@@ -299,6 +299,7 @@ def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3, 
     else:
         reqs["C"] = c
         pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[c.req_pool_idx].tolist()
-        snap(f"C arrives: row {c.req_pool_idx} again, but slots {[int(pool.get_mamba_indices([c.req_pool_idx])[0])] + pp} "
+        state = int(pool.get_mamba_indices([c.req_pool_idx])[0])
+        snap(f"C arrives: row {c.req_pool_idx} again, but slots {[state] + pp} "
              "from the head of the free list (A's went to the tail)")
     return frames

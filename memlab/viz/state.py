@@ -44,7 +44,8 @@ class Books:
     def slot_owner(self) -> dict[int, str]:
         """Held slots -> owner (slots whose page went back to the allocator are not held)."""
         gone = set(self.free_pages) | set(self.staged_pages)
-        return {s: r.owner for r in self.rows if r.owner is not None for s in r.slots if s // self.page_size not in gone}
+        return {s: r.owner for r in self.rows if r.owner is not None
+                for s in r.slots if s // self.page_size not in gone}
 
     @property
     def page_owner(self) -> dict[int, str]:

@@ -80,9 +80,12 @@ def show(fig_or_html) -> None:
     display(HTML(fig_or_html if isinstance(fig_or_html, str) else figure_html(fig_or_html)))
 
 
-def caption_text(caption: str, note: str = "", width: int = 125) -> str:
-    """A figure's title: the caption wrapped to the figure, then the note."""
+def caption_text(caption: str, note: str = "", fig=None, width: int = 125) -> str:
+    """A figure's title: the caption wrapped to the figure's width (about 12 characters an inch at
+    10 points), then the note, wrapped the same way."""
     import textwrap
 
+    if fig is not None:
+        width = max(40, int(fig.get_figwidth() * 12))
     text = "\n".join(textwrap.wrap(caption, width)) or " "
-    return text + (f"\n{note}" if note else "")
+    return text + ("\n" + "\n".join(textwrap.wrap(note, width)) if note else "")

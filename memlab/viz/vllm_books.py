@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memlab.viz.draw import cell
-from memlab.viz.style import caption_text, FREE, HIGHLIGHT, NULL, grid_axes, new_figure, owner_color
+from memlab.viz.style import FREE, HIGHLIGHT, NULL, caption_text, grid_axes, new_figure, owner_color
 from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
@@ -151,5 +151,5 @@ def draw_vllm(books: VllmBooks, width: float = 11.0):
         queue_ax.text(0, 0.5, "(empty)", fontsize=8, va="center")
     queue_ax.set_xlim(-0.3, max(len(books.queue), 12) * 1.6)
     queue_ax.set_ylim(1.3, -0.4)
-    fig.suptitle(caption_text(books.caption, books.note), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig

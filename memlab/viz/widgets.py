@@ -7,7 +7,7 @@ Dropdown, HTML, HBox, VBox, and ``jslink``. A drawing is turned into an inline P
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import ipywidgets as W
 
