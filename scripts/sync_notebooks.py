@@ -4,8 +4,9 @@
     python scripts/sync_notebooks.py --check   exit 1 if any pair disagrees or a notebook has outputs
     python scripts/sync_notebooks.py --from-ipynb NAME.ipynb   rewrite one twin from its notebook
 
-The .py twin is the source reviewers read; notebooks are stored without outputs or execution
-counts, with metadata that asks Colab for a GPU runtime.
+The .py twin is the source reviewers read and authors edit; notebooks are stored without outputs
+or execution counts, with metadata that asks Colab for a GPU runtime. Edited a notebook in
+JupyterLab instead? ``--from-ipynb NAME.ipynb`` writes its cells back to the twin.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ METADATA = {
     "language_info": {"name": "python"},
     "accelerator": "GPU",
     "colab": {"provenance": [], "gpuType": "T4"},
-    "jupytext": {"formats": "ipynb,py//py:percent"},
 }
+# No jupytext pairing metadata (and no jupytext.toml): with pairing, JupyterLab's jupytext
+# extension refuses to open a notebook whose file is newer than its twin, which a fresh git
+# checkout can produce. The twins are kept in step by this script and checked in CI.
 
 
 def twins() -> list[Path]:
@@ -99,6 +102,10 @@ def main(argv=None) -> int:
     if a.from_ipynb:
         nb_path = CHAPTERS / Path(a.from_ipynb).name
         nb = nbformat.read(nb_path, as_version=4)
+        nb.metadata = {}  # the twin carries cells only: no header
+        nb.metadata["jupytext"] = {"notebook_metadata_filter": "-all"}
+        for c in nb.cells:
+            c.metadata = {"tags": c.metadata["tags"]} if c.metadata.get("tags") else {}
         jupytext.write(nb, TWINS / (nb_path.stem + ".py"), fmt="py:percent")
         print(f"wrote py/{nb_path.stem}.py")
     for t in twins():

@@ -178,7 +178,8 @@ def test_chapter_links_its_exercises_and_ends_with_its_grader(path):
 def test_only_exercise_cells_may_raise(path):
     for c in code_cells(load(path)):
         if "raises-exception" in c.metadata.get("tags", []):
-            assert "viz.notebook.exercise(" in c.source, f"{path.name}: a tagged cell that runs no exercise:\n{c.source}"
+            assert "viz.notebook.exercise(" in c.source, \
+                f"{path.name}: a tagged cell that runs no exercise:\n{c.source}"
 
 
 def test_sections_named_by_the_exercises_exist():
@@ -205,7 +206,8 @@ def test_static_pictures_exist_and_are_shown():
     shown = {}
     for p in NOTEBOOKS:
         for img in re.findall(r"\]\((img/[^)]+)\)", markdown(load(p))):
-            assert (CHAPTERS / img).is_file(), f"{p.name} shows {img}, which is missing (python -m memlab.viz.render_static)"
+            assert (CHAPTERS / img).is_file(), \
+                f"{p.name} shows {img}, which is missing (python -m memlab.viz.render_static)"
             shown[img] = p
     for name in PICTURES:
         img = f"img/{name}.png"
@@ -228,3 +230,18 @@ def test_points_quoted_in_the_text_match_the_catalog():
                 assert int(pts) == e.points, f"{p.name} says {file} is worth {pts} points, the catalog {e.points}"
                 assert int(gpu or 0) == e.gpu_points, f"{p.name}: {file} GPU points {gpu or 0} vs {e.gpu_points}"
     assert seen >= 10
+
+
+def test_twin_round_trips_through_the_notebook(tmp_path, monkeypatch):
+    # An author who edits a notebook in JupyterLab writes it back with --from-ipynb: nothing may drift.
+    twin = sync_notebooks.twins()[-1]
+    (tmp_path / "py").mkdir()
+    (tmp_path / "py" / twin.name).write_text(twin.read_text())
+    monkeypatch.setattr(sync_notebooks, "CHAPTERS", tmp_path)
+    monkeypatch.setattr(sync_notebooks, "TWINS", tmp_path / "py")
+    assert sync_notebooks.main([]) == 0
+    assert sync_notebooks.main(["--from-ipynb", f"{twin.stem}.ipynb"]) == 0
+    assert (tmp_path / "py" / twin.name).read_text() == twin.read_text()
+    assert sync_notebooks.problems() == []
+    nb = load(tmp_path / f"{twin.stem}.ipynb")
+    assert "jupytext" not in nb.metadata, "no pairing metadata: it makes JupyterLab refuse newer notebooks"
