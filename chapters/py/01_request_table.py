@@ -138,8 +138,8 @@ except ValueError as exc:
 # worker keeps a **block table** instead: one row per request in the current batch, one entry per
 # *block* (page), not per token. When requests finish, vLLM compacts the batch and moves rows
 # (`BlockTable.move_row` in `memlab.vllm.block_table`), so a request's row index can change
-# between steps; nothing like SGLang's generation counter is needed there because no asynchronous
-# reader holds on to a row index. Chapter 06 covers vLLM's side.
+# between steps: a row there is a place in this step's batch, not a request's identity for its
+# whole life. Chapter 06 covers vLLM's side.
 #
 # ## Exercise: `exercises/ch01_alloc_rows.py`
 #

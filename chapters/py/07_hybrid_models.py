@@ -182,8 +182,8 @@ for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, Fa
 # vLLM handles sliding windows inside one block pool: `SlidingWindowKVCacheManager` replaces the
 # blocks that fell out of the window with the **null block** in the request's list (the block
 # table stays append-only) and frees them, and a prefix hit only needs the blocks inside the window.
-# SGLang keeps a separate pool for the SWA layers, sized for the window, so those layers cost far
-# less memory. For Mamba-style layers both engines keep per-request state outside the token pool.
+# SGLang keeps a separate pool for the SWA layers, a configurable fraction of the full pool's size
+# (`swa_full_tokens_ratio`, chapter 08), so tokens that left the window cost those layers nothing. For Mamba-style layers both engines keep per-request state outside the token pool.
 
 # %%
 from memlab.vllm import KVCacheManager, Request, SlidingWindowKVCacheManager

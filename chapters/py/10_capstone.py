@@ -146,8 +146,8 @@ viz.show(fig)
 # Both engines page. SGLang's prefix cache is a radix tree over token ids that shares any common
 # prefix; vLLM hashes full blocks and shares whole blocks of a prefix. SGLang's scheduler admits
 # against `available_size()` minus the running requests' decode reserve and clips each request's
-# `max_new_tokens` to what the pool could ever hold; vLLM's admits on the blocks needed now (with an
-# optional watermark) and preempts by recomputation when decode runs short. memlab's engine follows
+# `max_new_tokens` to what the pool could ever hold; vLLM's admits on the blocks needed now and,
+# when a decode step runs short, preempts running requests and recomputes them later. memlab's engine follows
 # SGLang's scheduling and borrows vLLM's block hashes for its cache.
 #
 # ## Admission
