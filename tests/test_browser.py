@@ -68,6 +68,7 @@ def lab():
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     shutil.copy(ROOT / "chapters" / CHAPTER, work / CHAPTER)
+    shutil.copytree(ROOT / "chapters" / "img", work / "img")  # the static pictures it links to
     state = Path(tempfile.mkdtemp(prefix="memlab-lab-"))
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, MEMLAB_FAST="1", JUPYTER_CONFIG_DIR=str(state / "config"),
