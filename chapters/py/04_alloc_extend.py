@@ -155,7 +155,7 @@ print("free pages unchanged:", al.free_pages.tolist())
 # kernel serves the widget's scenario end to end, on the GPU or in the interpreter:
 
 # %%
-kscene = viz.scenes.paged_extend(page_size=P, backend="triton")
+kscene = viz.scenes.paged_extend(page_size=P, backend="triton", device=dev)  # free list where the kernel runs
 same = all(a.rows == b.rows and a.free_pages == b.free_pages for a, b in zip(kscene.frames, scene.frames))
 print("triton backend gives the same books at every step:", same)
 assert same

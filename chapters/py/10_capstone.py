@@ -92,12 +92,15 @@ print("books balanced: every page is free, owned or cached")
 # interpreter on a CPU), on a short run.
 
 # %%
+from memlab.env import kernel_device
+
 few = [p[:20] for p in prompts[: 2 if FAST else 4]]
 new_tokens = 4 if FAST else 8
-kernel_engine = Engine(model, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32,
+kmodel = TinyLlama(device=kernel_device())  # the same weights (one seed), where the kernels run
+kernel_engine = Engine(kmodel, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32,
                        attention="triton", alloc_backend="triton")
 served = kernel_engine.generate(few, new_tokens)
-reference = generate_reference(model, few, new_tokens)
+reference = generate_reference(kmodel, few, new_tokens)
 for s, r in zip(served, reference):
     print("engine", s, " reference", r)
 assert served == reference

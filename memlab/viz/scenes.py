@@ -107,9 +107,11 @@ def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
     return [1 if pos < old_end else 2 if pos < full_end else 3 for pos in range(prefix, seq)]
 
 
-def paged_extend(page_size: int = 4, size: int = 48, backend: str = "torch") -> Scene:
-    """Chapter 04: prefill batches on a paged allocator, each new token coloured by its part."""
-    sc = Scene(ReqToTokenPool(4, 24), PagedTokenToKVPoolAllocator(size, page_size, backend=backend))
+def paged_extend(page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu") -> Scene:
+    """Chapter 04: prefill batches on a paged allocator, each new token coloured by its part.
+
+    ``device``: where the allocator's free list lives (the kernel's device for backend="triton")."""
+    sc = Scene(ReqToTokenPool(4, 24), PagedTokenToKVPoolAllocator(size, page_size, device=device, backend=backend))
     sc.snap(f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
             "page, 2 = whole new pages, 3 = a new partial page")
     for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
