@@ -17,6 +17,10 @@ def start(chapter: str) -> bool:
     from memlab.env import ensure_kernel_mode, has_cuda
 
     root = Path(__file__).resolve().parents[2]
+    # Shell cells (!python -m memlab.grade 04) start a new process: let it find memlab too.
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(root) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, paths)])
     try:
         mode = ensure_kernel_mode()
     except RuntimeError as exc:  # triton was imported first by something else
