@@ -346,21 +346,19 @@ class Engine:
         pre = torch.tensor([r.kv_len for r, _ in batch], dtype=torch.int64)
         seq = pre + torch.tensor([n for _, n in batch], dtype=torch.int64)
         last = torch.where(pre.to(dev) > 0, table[rows, (pre.to(dev) - 1).clamp(min=0)].to(torch.int64), -1)
-        total = int((seq - pre).sum())
+        ext = seq - pre
+        total = int(ext.sum())
         self._make_room(int((-(-seq // ps) - (-(-pre // ps))).sum()) * ps)
         out = self.allocator.alloc_extend(pre.to(dev), pre, seq.to(dev), seq, last, total)
         if out is None:
             raise RuntimeError("alloc_extend refused a batch the scheduler admitted")
-        ids, pos, tok_rows, off = [], [], [], 0
-        for (r, n), p in zip(batch, pre.tolist()):
-            row = r.req.req_pool_idx
-            self.req_to_token_pool.write((row, slice(p, p + n)), out[off:off + n].to(torch.int32))
-            ids += r.tokens[p:p + n]
-            pos += range(p, p + n)
-            tok_rows += [row] * n
-            off += n
-        t = lambda x: torch.tensor(x, device=dev)  # noqa: E731
-        logits = self._forward(t(ids), t(pos), t(tok_rows), out)
+        # Token-level views of the batch: each token's request, position and row.
+        tok_req = torch.repeat_interleave(torch.arange(len(batch)), ext)
+        pos = (torch.arange(total) - (torch.cumsum(ext, 0) - ext)[tok_req] + pre[tok_req]).to(dev)
+        tok_rows = rows[tok_req.to(dev)]
+        table[tok_rows, pos] = out.to(torch.int32)  # the request table records every new slot
+        ids = torch.tensor([t for (r, n), p in zip(batch, pre.tolist()) for t in r.tokens[p:p + n]], device=dev)
+        logits = self._forward(ids, pos, tok_rows, out)
         self.stats["prefill_tokens"] += total
         off = 0
         for r, n in batch:

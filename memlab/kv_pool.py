@@ -1,7 +1,8 @@
 """Layer 2, the KV stores: physical slot -> bytes (SGLang's ``KVCache`` family).
 
-One tensor per layer, ``size + page_size`` rows: slot ids 1..size are handed out and the first
-page (slot 0 and its neighbours) absorbs writes of padded tokens. A pool holds only the layers
+One tensor per layer, ``size + page_size`` rows: the allocators hand out the slots of pages
+1..size // page_size (slots page_size .. size + page_size - 1), and the first page (slot 0 and its
+neighbours) absorbs writes of padded tokens. A pool holds only the layers
 ``start_layer..end_layer`` of a pipeline stage, indexed by ``layer_id - start_layer``.
 """
 
@@ -77,6 +78,11 @@ class KVCache:
             raise ValueError(f"loc is on {loc.device}, the pool on {self.device}")
         if loc.numel() != n:
             raise ValueError(f"{loc.numel()} slots for {n} tokens")
+        if loc.device.type == "cpu" and n:  # on a GPU this check would cost a sync per write
+            bad = ((loc < 0) | (loc >= self.size + self.page_size)).nonzero()
+            if len(bad):
+                i = bad[0].item()
+                raise ValueError(f"token {i} has slot {loc[i].item()}, outside 0..{self.size + self.page_size - 1}")
         return loc
 
     def buffers(self) -> list[torch.Tensor]:

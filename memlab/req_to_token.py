@@ -48,6 +48,7 @@ class ReqToTokenPool:
     def clear(self) -> None:
         # Allocation takes from the tail (O(k)); which row a request gets does not matter.
         self.free_slots = list(range(1, self.size + 1))
+        self._row_free = bytearray([0]) + bytearray([1]) * self.size  # O(1) double-free check
 
     def available_size(self) -> int:
         return len(self.free_slots)
@@ -62,6 +63,8 @@ class ReqToTokenPool:
             return []  # free_slots[-0:] would be the whole list
         rows = self.free_slots[-n:]
         del self.free_slots[-n:]  # O(n) from the tail; popping the head would shift the whole list
+        for r in rows:
+            self._row_free[r] = 0
         self.req_generation[rows] += 1
         return rows
 
@@ -69,6 +72,9 @@ class ReqToTokenPool:
         """Give each new request a row; a request continuing a chunked prefill keeps its row."""
         reqs = list(reqs)
         new = [r for r in reqs if r.req_pool_idx is None]
+        if len({id(r) for r in reqs}) != len(reqs):
+            dup = next(r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i]))
+            raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
         for r in reqs:
             if r.req_pool_idx is not None and r.kv_allocated_len <= 0:
                 raise ValueError(f"{r!r} holds row {r.req_pool_idx} but owns no KV yet: "
@@ -87,6 +93,9 @@ class ReqToTokenPool:
         row = req.req_pool_idx if req is not None else row_or_req
         if isinstance(row, bool) or not isinstance(row, int) or not 1 <= row <= self.size:
             raise ValueError(f"cannot free row {row!r}: rows are 1..{self.size} (row 0 is padding)")
+        if self._row_free[row]:
+            raise ValueError(f"double free: row {row} is already free")
+        self._row_free[row] = 1
         self.free_slots.append(row)
         if req is not None:
             req.req_pool_idx = None

@@ -239,3 +239,59 @@ def test_bad_batches_are_named():
         pag.free(T(17 * 4))
     with pytest.raises(TypeError, match="list"):
         pag.free([4, 5])
+
+
+def test_last_loc_must_end_its_prefix():
+    pag = PagedTokenToKVPoolAllocator(64, 4)
+    before = snapshot(pag)
+    with pytest.raises(ValueError, match="request 0: last_loc -1 cannot end a prefix of 3 tokens"):
+        pag.alloc_extend(T(3), T(3), T(5), T(5), T(-1), 2)  # would hand out padding slot 0
+    with pytest.raises(ValueError, match="request 1: last_loc 6 cannot end a prefix of 0"):
+        pag.alloc_extend(T(2, 0), T(2, 0), T(3, 1), T(3, 1), T(5, 6), 2)
+    with pytest.raises(ValueError, match="request 0: last_loc 8 cannot end a prefix of 2"):
+        pag.alloc_decode(T(3), T(3), T(8))  # prefix 2 ends at offset 1, slot 8 is offset 0
+    assert same(before, snapshot(pag))
+
+
+def test_a_bad_id_in_a_free_group_is_refused_at_once_and_the_group_survives():
+    pag = PagedTokenToKVPoolAllocator(16, 4)
+    got = pag.alloc(8)
+    pag.free_group_begin()
+    pag.free(got[:4])
+    with pytest.raises(ValueError, match="cannot free page 0"):
+        pag.free(T(1))
+    pag.free_group_end()
+    assert pag.available_size() == 12  # the good page was not lost with the bad id
+
+
+def test_a_refused_group_end_keeps_the_group():
+    pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
+    got = pag.alloc(8)
+    pag.free_group_begin()
+    pag.free(got[:2])
+    pag.free(got[2:4])  # page 1 again
+    with pytest.raises(ValueError, match="double free: page 1"):
+        pag.free_group_end()
+    assert pag.free_group is not None and pag.available_size() == 8
+
+
+def test_free_segment_checks_alignment_in_memory_in_debug_mode():
+    pag = PagedTokenToKVPoolAllocator(32, 4, debug_mode=True)
+    pag.alloc(8)
+    with pytest.raises(ValueError, match="slot 5 should start a page but sits at offset 1"):
+        pag.free_segment(T(5, 6, 7, 8), start_pos=0)
+
+
+def test_the_bound_spares_the_merge_and_the_exact_count_decides_when_it_cannot():
+    pag = PagedTokenToKVPoolAllocator(64, 4, need_sort=True)  # 16 pages
+    got = pag.alloc(40)  # pages 1..10 held, 6 free
+    pag.free(got[:8])  # pages 1, 2 staged
+    # bound 4 // 4 + 1 + 1 = 3 <= 6: no count, no merge
+    assert pag.alloc_extend(T(0), T(0), T(4), T(4), T(-1), 4) is not None
+    assert pag.release_pages.tolist() == [1, 2]
+    # bound 20 // 4 + 2 + 1 = 8 > 5 free, but the exact count (2 + 3 = 5 pages) fits: still no merge
+    assert pag.alloc_extend(T(0, 0), T(0, 0), T(8, 12), T(8, 12), T(-1, -1), 20) is not None
+    assert pag.release_pages.tolist() == [1, 2] and pag.free_pages.numel() == 0
+    # exact 2 pages > 0 free: the staged pages are merged and sorted, then taken
+    assert pag.alloc_extend(T(0), T(0), T(5), T(5), T(-1), 5).tolist() == [4, 5, 6, 7, 8]
+    assert pag.release_pages.numel() == 0

@@ -95,3 +95,12 @@ def test_set_kv_buffer_takes_a_write_loc():
     assert pool.k_buffer[0][[2, 4]].eq(1).all() and pool.v_buffer[0][[2, 4]].eq(2).all()
     with pytest.raises(TypeError, match="list"):
         pool.set_kv_buffer(0, [2, 4], k, k)
+
+
+@pytest.mark.parametrize("bad", [-1, 9])
+def test_slots_outside_the_buffer_are_named(bad):
+    pool = MHATokenToKVPool(8, 1, torch.float32, 1, 2, 1)  # rows 0..8
+    k = torch.ones(2, 1, 2)
+    with pytest.raises(ValueError, match=f"token 1 has slot {bad}, outside 0..8"):
+        pool.set_kv_buffer(0, torch.tensor([3, bad]), k, k)
+    assert not pool.k_buffer[0].any()  # refused before writing

@@ -162,3 +162,20 @@ def test_checks_pass_on_the_pool_and_catch_the_classic_bugs(check, buggy):
     check(ReqToTokenPool)
     with pytest.raises(AssertionError):
         check(buggy)
+
+
+def test_double_free_of_a_row_is_refused():
+    pool = ReqToTokenPool(3, 4)
+    (row,) = pool.alloc_rows(1)
+    pool.free(row)
+    with pytest.raises(ValueError, match=f"double free: row {row} is already free"):
+        pool.free(row)
+    assert sorted(pool.free_slots) == [1, 2, 3]
+
+
+def test_a_request_listed_twice_is_refused_before_taking_rows():
+    pool = ReqToTokenPool(4, 4)
+    r = Req("r")
+    with pytest.raises(ValueError, match="Req\\('r'.*appears twice"):
+        pool.alloc([r, r])
+    assert pool.available_size() == 4 and r.req_pool_idx is None

@@ -1,8 +1,8 @@
 """What both allocators share: the free list of pages, staged frees, free groups, debug books.
 
 Ids are page ids; with page_size 1 a page is a slot. Page 0 is padding and never free.
-Checks that must read device memory (ranges, double frees) run in debug mode, or always when
-the ids live on the CPU: on a GPU they would cost a host-device sync on the hot path.
+Checks that must read id values run only where they cost no host-device sync: range checks when
+the ids live on the CPU (or in debug mode), double-free checks in debug mode.
 """
 
 from __future__ import annotations
@@ -96,13 +96,23 @@ class BaseTokenToKVPoolAllocator:
             return
         pages = self._pages_of(free_index)
         if self.free_group is not None:
+            self._check_range(pages)  # now, not at the group's end, where one bad id would sink the group
+            if pages.untyped_storage().data_ptr() == free_index.untyped_storage().data_ptr():
+                pages = pages.clone()  # the caller may reuse its buffer before the group ends
             self.free_group.append(pages)
         else:
             self.free_page_ids(pages)
 
     def _pages_of(self, free_index: torch.Tensor) -> torch.Tensor:
-        """The distinct pages under these slots, as a fresh tensor (the caller may reuse its buffer)."""
+        """The distinct pages under these slots."""
         raise NotImplementedError
+
+    def _check_range(self, page_ids: torch.Tensor) -> None:
+        if page_ids.numel() and (self.debug_mode or page_ids.device.type == "cpu"):
+            lo, hi = page_ids.min().item(), page_ids.max().item()
+            if lo < 1 or hi > self.num_pages:
+                raise ValueError(f"cannot free page {lo if lo < 1 else hi}: pages are 1..{self.num_pages} "
+                                 "(page 0 is padding)")
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Release distinct page ids (the caller guarantees no duplicates)."""
@@ -110,11 +120,7 @@ class BaseTokenToKVPoolAllocator:
         if page_ids.numel() == 0:
             return
         page_ids = page_ids.to(torch.int64)
-        if self.debug_mode or page_ids.device.type == "cpu":
-            lo, hi = page_ids.min().item(), page_ids.max().item()
-            if lo < 1 or hi > self.num_pages:
-                bad = lo if lo < 1 else hi
-                raise ValueError(f"cannot free page {bad}: pages are 1..{self.num_pages} (page 0 is padding)")
+        self._check_range(page_ids)
         if self.debug_mode:
             self._check_not_free(page_ids)
         if self.need_sort:
@@ -137,14 +143,20 @@ class BaseTokenToKVPoolAllocator:
             raise RuntimeError("free_group_end without free_group_begin")
         group, self.free_group = self.free_group, None
         if group:
-            # One release for the group; in debug mode a page freed by two calls is caught here.
-            self.free_page_ids(torch.cat(group))
+            # One release for the group; in debug mode a page freed by two calls is caught here,
+            # and the refused group stays open with its pages, so nothing is lost.
+            try:
+                self.free_page_ids(torch.cat(group))
+            except ValueError:
+                self.free_group = group
+                raise
 
     # -- debug mode ------------------------------------------------------------------------
     def _mark_held(self, pages: torch.Tensor) -> None:
         p = pages.cpu()
-        if self._held[p].any() or 0 in p.tolist():
-            raise AssertionError(f"pages {p.tolist()} handed out while held: the free list is corrupt")
+        bad = p[self._held[p] | (p == 0)]
+        if len(bad):
+            raise AssertionError(f"page {bad[0].item()} handed out while held (or padding): the free list is corrupt")
         self._held[p] = True
 
     def _check_not_free(self, page_ids: torch.Tensor) -> None:

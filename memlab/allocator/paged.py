@@ -39,8 +39,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                              f"multiple of page_size {self.page_size}; use free() for unaligned runs")
         if free_index.numel() == 0:
             return
-        pages = free_index[:: self.page_size].to(torch.int64) // self.page_size
+        firsts = free_index[:: self.page_size].to(torch.int64)
+        if self.debug_mode and (firsts % self.page_size).any():
+            bad = firsts[firsts % self.page_size != 0][0].item()
+            raise ValueError(f"free_segment: slot {bad} should start a page but sits at offset "
+                             f"{bad % self.page_size}: the run is not page-aligned in memory")
+        pages = firsts // self.page_size
         if self.free_group is not None:
+            self._check_range(pages)
             self.free_group.append(pages)
         else:
             self.free_page_ids(pages)
@@ -57,7 +63,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 raise ValueError(f"{name} has {len(t)} entries, the batch has {bs}")
         for name, t in cpu.items():
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or len(t) != bs:
-                raise ValueError(f"{name} must be a CPU tensor of {bs} lengths (a host copy: no sync)")
+                got = (f"a {t.device} tensor of {len(t)}" if isinstance(t, torch.Tensor) else type(t).__name__)
+                raise ValueError(f"{name} must be a CPU tensor of {bs} lengths (a host copy: no sync), got {got}")
         if bs == 0:
             raise ValueError("empty batch")
         return bs
@@ -82,13 +89,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if extend_num_tokens != total:
             raise ValueError(f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}")
         ps = self.page_size
-        # A cheap upper bound first; the exact count only when it cannot prove there is room.
-        # Launching first and counting after would read past the end of the free list.
-        need = None
-        if extend_num_tokens // ps + bs + 1 > len(self.free_pages):
-            need = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
-            if not self._make_room(need):
-                return None
+        self._check_last_loc(last_loc, prefix_lens_cpu)
+        # Room is settled before anything is launched or taken: launching first and counting after
+        # would read past the end of the free list. A cheap upper bound proves room in the common
+        # case; only when it cannot does the exact count decide (merge staged pages, or refuse).
+        # The exact count also advances the free list; it comes from the host copies, no sync.
+        need = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+        if extend_num_tokens // ps + bs + 1 > len(self.free_pages) and not self._make_room(need):
+            return None
         if self.backend == "triton":
             from memlab.kernels import alloc_extend
 
@@ -99,8 +107,20 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             out = torch.tensor(ref.alloc_extend_python(prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(),
                                                        self.free_pages.tolist(), ps), dtype=torch.int64,
                                device=self.device)
-        self._take(ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) if need is None else need)
+        self._take(need)
         return out
+
+    def _check_last_loc(self, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
+        """Where it costs no sync (CPU, or debug mode): each last_loc must sit where its prefix ends."""
+        if not (self.debug_mode or last_loc.device.type == "cpu"):
+            return
+        ps, last = self.page_size, last_loc.cpu().to(torch.int64)
+        empty = prefix_cpu == 0
+        bad = torch.where(empty, last != -1, (last < ps) | ((last + 1) % ps != prefix_cpu % ps)).nonzero()
+        if len(bad):
+            i = bad[0].item()
+            raise ValueError(f"request {i}: last_loc {last[i].item()} cannot end a prefix of {prefix_cpu[i].item()} "
+                             f"tokens with page_size {ps} (an empty prefix has last_loc -1)")
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         """One slot per request for its new token; ``seq_lens`` already count that token."""
@@ -108,6 +128,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if (seq_lens_cpu < 1).any():
             raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
         ps = self.page_size
+        self._check_last_loc(last_loc, seq_lens_cpu - 1)
         need = int(((seq_lens_cpu - 1) % ps == 0).sum())  # requests whose new token opens a page
         if not self._make_room(need):
             return None

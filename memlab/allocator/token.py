@@ -17,7 +17,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, debug_mode)
 
     def _pages_of(self, free_index: torch.Tensor) -> torch.Tensor:
-        return free_index.to(torch.int64, copy=True)  # a slot is its own page: nothing to dedup
+        return free_index.to(torch.int64)  # a slot is its own page: nothing to dedup
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
         """Page size 1 needs no continuation of a partial page: any free slots will do."""
