@@ -160,6 +160,33 @@ def test_free_groups_release_both_sides_at_the_end():
     assert a.full_available_size() == 32 and a.swa_available_size() == 16
 
 
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_a_free_the_full_side_refuses_changes_neither_side(ps):
+    a = SWATokenToKVPoolAllocator(32, 16, ps, debug_mode=True)
+    held = {}
+    extend(a, held, "a", 4)
+    extend(a, held, "b", 4)
+    gone = held.pop("b")
+    a.free(T(*gone))
+    before = books(a)
+    with pytest.raises(ValueError, match="double free"):
+        a.free(T(held["a"][0], gone[0]))  # a's page is held, b's is free already
+    assert unchanged(a, before)  # a's SWA page was not given back, its map entries stand
+    a.check_books()
+
+
+def test_freeing_slots_of_one_page_twice_in_a_call_clears_the_page_once():
+    a = SWATokenToKVPoolAllocator(32, 16, 4, debug_mode=True)
+    held = {}
+    extend(a, held, "r", 8)
+    a.free(T(held["r"][5], held["r"][6], held["r"][5]))  # repeats: writing 0 twice is harmless
+    m = a.full_to_swa_index_mapping
+    assert not m[T(*held["r"][4:8])].any() and (m[T(*held["r"][:4])] > 0).all()
+    assert a.full_available_size() == 28 and a.swa_available_size() == 12
+    a.check_books()
+
+
 # ---- out-of-window release ----------------------------------------------------------------
 def test_release_frees_exactly_the_pages_wholly_outside_the_window():
     a = SWATokenToKVPoolAllocator(64, 32, 4, debug_mode=True)
@@ -202,6 +229,17 @@ def test_release_needs_a_page_aligned_evicted_length():
         a.release_out_of_window(row(held["r"]), 0, 23, 3, 6)
 
 
+
+def test_sglang_window_convention_keeps_position_seq_len_minus_window():
+    # SGLang's sliding_window_size leaves the query out (config.sliding_window - 1): the query at
+    # position seq_len reads seq_len - window .. seq_len - 1, so position seq_len - window stays.
+    a = SWATokenToKVPoolAllocator(32, 16, 1, debug_mode=True)
+    held = {}
+    extend(a, held, "r", 10)
+    assert a.release_out_of_window(row(held["r"]), 0, 10, 0, sliding_window=4) == 6
+    assert (a.full_to_swa_index_mapping[T(*held["r"])] > 0).tolist() == [False] * 6 + [True] * 4
+
+
 # ---- per-request ring ---------------------------------------------------------------------
 def test_ring_mode_counts_swa_capacity_in_request_rows():
     rt = ReqToTokenPool(5, 64)
@@ -232,6 +270,37 @@ def test_ring_slots_cycle_inside_each_rows_ring():
         a.write_loc(T(5))
     with pytest.raises(ValueError, match="ring_loc"):
         a.translate_loc_from_full_to_swa(T(5))
+
+
+
+def test_ring_row_0_writes_only_the_padding_page():
+    rt = ReqToTokenPool(3, 64)
+    pool = SWAKVPool(64, None, 4, torch.float32, 1, 2, [1], [0], swa_req_ring_size=10, num_req_rows=3)
+    a = SWATokenToKVPoolAllocator(64, None, 4, kvcache=pool, req_to_token_pool=rt)
+    pos = torch.arange(30)
+    assert a.ring_loc(torch.zeros(30, dtype=torch.int64), pos).tolist() == (pos % 4).tolist()
+    # a padded entry (row 0) beside a real one: only the padding page and row 1's ring are written
+    w = a.write_loc(T(5, 6), req_pool_indices=T(0, 1), positions=T(3, 3))
+    pool.set_kv_buffer(0, w, torch.ones(2, 1, 2), torch.ones(2, 1, 2))
+    written = pool.get_key_buffer(0).reshape(pool.get_key_buffer(0).shape[0], -1).any(-1)
+    assert written.nonzero().reshape(-1).tolist() == [3, 4 + 3]
+
+
+def test_the_pool_and_the_allocator_must_agree_on_the_swa_side():
+    rt = ReqToTokenPool(5, 64)
+    pool = SWAKVPool(64, None, 4, torch.float32, 1, 2, [1], [0], swa_req_ring_size=10, num_req_rows=4)
+    with pytest.raises(ValueError, match="SWA pool holds 48 slots.*allocator's SWA side 60"):
+        SWATokenToKVPoolAllocator(64, None, 4, kvcache=pool, req_to_token_pool=rt)  # 4 rows vs 5
+    with pytest.raises(ValueError, match="ring size 8.*ring size 10"):
+        SWATokenToKVPoolAllocator(64, None, 4, kvcache=pool, req_to_token_pool=ReqToTokenPool(4, 64),
+                                  swa_req_ring_size=8)
+    pool = SWAKVPool(64, 16, 4, torch.float32, 1, 2, [1], [0])
+    with pytest.raises(ValueError, match="SWA pool holds 16 slots.*allocator's SWA side 32"):
+        SWATokenToKVPoolAllocator(64, 32, 4, kvcache=pool)
+    with pytest.raises(ValueError, match="full pool holds 64 slots.*allocator's full side 32"):
+        SWATokenToKVPoolAllocator(32, 16, 4, kvcache=pool)
+    with pytest.raises(ValueError, match="page_size 4.*page_size 2"):
+        SWATokenToKVPoolAllocator(64, 16, 2, kvcache=pool)
 
 
 def test_bad_construction():

@@ -115,6 +115,9 @@ class SWATokenToKVPoolAllocator:
             raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
         if kvcache is not None and swa_req_ring_size is None:
             swa_req_ring_size = kvcache.swa_req_ring_size
+        if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
+            raise ValueError(f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
+                             f"with ring size {kvcache.swa_req_ring_size}")
         self.page_size, self.device = page_size, torch.device(device)
         self._kvcache, self.debug_mode = kvcache, debug_mode
         full_pool = kvcache.full_kv_pool if kvcache is not None else None
@@ -142,11 +145,22 @@ class SWATokenToKVPoolAllocator:
                 raise ValueError("size_swa is required unless a per-request ring is used")
             self.swa_attn_allocator = make(size_swa, swa_pool)
             self._size_swa = size_swa
+        if kvcache is not None:
+            self._check_kvcache_sizes(kvcache)
         # size + page_size rows (as in the KV buffers) and a trailing -1: a request with no prefix
         # has last_loc = -1, and mapping[-1] = -1 hands the SWA side the same "no prefix" mark.
         self.full_to_swa_index_mapping = torch.cat((
             torch.zeros(size + page_size, dtype=torch.int64, device=self.device),
             torch.tensor([-1], dtype=torch.int64, device=self.device)))
+
+    def _check_kvcache_sizes(self, kvcache: SWAKVPool) -> None:
+        # The pool sizes its buffers on its own (ring mode: from num_req_rows); an allocator that
+        # counts more slots than the buffers hold would hand out ids past their end.
+        if kvcache.page_size != self.page_size:
+            raise ValueError(f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {self.page_size}")
+        for side, pool_n, own_n in (("full", kvcache.size, self._size_full), ("SWA", kvcache.size_swa, self._size_swa)):
+            if pool_n != own_n:
+                raise ValueError(f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}")
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -233,11 +247,13 @@ class SWATokenToKVPoolAllocator:
         return self.full_to_swa_index_mapping[full_loc]
 
     def ring_loc(self, req_pool_indices: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Ring mode: the SWA slot of each (row, position); the first page is padding."""
+        """Ring mode: the SWA slot of each (row, position); the first page is padding, and padded
+        batch entries (row 0) land there, not in another row's ring."""
         if not self._swa_req_ring:
             raise ValueError("ring_loc needs the per-request ring mode")
-        c = self.swa_ring_cost
-        return self.page_size + (req_pool_indices.to(torch.int64) - 1) * c + positions.to(torch.int64) % c
+        c, ps = self.swa_ring_cost, self.page_size
+        row, pos = req_pool_indices.to(torch.int64), positions.to(torch.int64)
+        return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
 
     def write_loc(self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None) -> KVWriteLoc:
         """The batch's write location with its SWA-side ids, marked physical."""
@@ -253,23 +269,35 @@ class SWATokenToKVPoolAllocator:
     def _check_slots(self, free_index: torch.Tensor) -> None:
         if not isinstance(free_index, torch.Tensor) or free_index.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}")
+        if free_index.device != self.device:
+            raise ValueError(f"free_index is on {free_index.device}, the allocator on {self.device}")
         if free_index.numel() and (self.debug_mode or free_index.device.type == "cpu"):
             lo, hi = int(free_index.min()), int(free_index.max())
             if lo < self.page_size or hi >= self.size + self.page_size:
                 bad = lo if lo < self.page_size else hi
                 raise ValueError(f"cannot free slot {bad}: slots are {self.page_size}.."
                                  f"{self.size + self.page_size - 1} (the first page is padding)")
+        if self.debug_mode and free_index.numel():
+            # The full side's double-free check, run before the SWA side gives anything back: a
+            # refused free must change neither side.
+            full = self.full_attn_allocator
+            pages = free_index.to(torch.int64) // self.page_size
+            already = torch.isin(pages, torch.cat((full.free_pages, full.release_pages)))
+            if already.any():
+                raise ValueError(f"double free: full-side slot {int(free_index[already][0])} (page "
+                                 f"{int(pages[already][0])}) is already free")
 
     def _clear_mapping(self, free_index: torch.Tensor) -> None:
         # A paged free gives back whole pages, so forget the whole pages: a stale entry for a slot
         # of a released page would later hand out an SWA slot someone else owns.
+        # No dedup (torch.unique would sync with the device): writing 0 twice is harmless.
         ps = self.page_size
         if ps == 1:
             self.full_to_swa_index_mapping[free_index] = 0
             return
-        pages = torch.unique(free_index.to(torch.int64) // ps)
-        offs = torch.arange(ps, dtype=torch.int64, device=pages.device)
-        self.full_to_swa_index_mapping[(pages[:, None] * ps + offs).reshape(-1)] = 0
+        starts = free_index.to(torch.int64) // ps * ps
+        offs = torch.arange(ps, dtype=torch.int64, device=starts.device)
+        self.full_to_swa_index_mapping[(starts[:, None] + offs).reshape(-1)] = 0
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         """Give back the SWA slots under these full-side slots; the full side keeps them."""
@@ -304,8 +332,9 @@ class SWATokenToKVPoolAllocator:
                               swa_evicted_len: int, sliding_window: int, cache_protected_len: int = 0) -> int:
         """Free the SWA pages of a running request that lie wholly before its window.
 
-        The next query (position ``seq_len``) reads at most the last ``sliding_window`` tokens,
-        so positions ``< seq_len - sliding_window`` are dead on the SWA side. Released: whole
+        SGLang's convention: ``sliding_window`` leaves the query out (config.sliding_window - 1),
+        so the next query (position ``seq_len``) reads positions ``seq_len - sliding_window`` ..
+        ``seq_len - 1`` and those before are dead on the SWA side. Released: whole
         pages from ``max(swa_evicted_len, cache_protected_len)`` (rounded up to a page: the
         first ``cache_protected_len`` tokens belong to the prefix cache, which frees them
         itself) up to that bound rounded down to a page. Returns the new ``swa_evicted_len``.
@@ -314,7 +343,7 @@ class SWATokenToKVPoolAllocator:
         if swa_evicted_len % ps:
             raise ValueError(f"swa_evicted_len {swa_evicted_len} is not page-aligned (page_size {ps})")
         start = max(swa_evicted_len, _ceil_ps(cache_protected_len, ps))
-        end = (seq_len - sliding_window) // ps * ps
+        end = (seq_len - sliding_window) // ps * ps  # SGLang keeps position seq_len - window (vLLM drops it)
         if self._swa_req_ring or end <= start:
             return swa_evicted_len  # a ring overwrites itself; or nothing whole is out of window yet
         full = req_to_token[req_pool_idx, start:end].to(torch.int64)
@@ -324,7 +353,7 @@ class SWATokenToKVPoolAllocator:
         else:
             # Page-aligned and contiguous: every ps-th slot is a distinct page, no dedup needed.
             self.swa_attn_allocator.free_segment(swa, start)
-        self._clear_mapping(full)
+        self._clear_mapping(full if ps == 1 else full[::ps])  # one slot per page is enough
         return end
 
     def check_books(self) -> None:
