@@ -69,6 +69,18 @@ def test_double_free_is_caught_in_debug_mode():
         a.free(torch.tensor([2, 2]))
 
 
+
+def test_a_double_free_names_the_slot():
+    a = MambaSlotAllocator(4, debug_mode=True)
+    a.alloc(3)
+    a.free(torch.tensor([2]))
+    with pytest.raises(ValueError, match="mamba slot 2 freed twice"):
+        a.free(torch.tensor([1, 2]))  # 2 is free already
+    with pytest.raises(ValueError, match="mamba slot 3 freed twice"):
+        a.free(torch.tensor([3, 3]))
+    assert a.free_slots.tolist() == [4, 2]  # both refusals changed nothing
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="size"):
         MambaSlotAllocator(0)
@@ -118,6 +130,28 @@ def test_copy_slots_copies_every_layer():
     assert all(torch.equal(c[a], c[b]) for c in p.conv) and torch.equal(p.temporal[:, a], p.temporal[:, b])
     with pytest.raises(ValueError, match="copy of 1 slots into 2"):
         p.copy_slots(a, torch.tensor([1, 2]))
+
+
+
+def test_move_slots_copies_then_clears_the_source_with_every_attached_state():
+    p = MambaPool(4, CONV, TEMPORAL)
+    extra = torch.zeros(5, 2)
+    p.register_slot_state(extra)
+    src = p.alloc(2)  # slots 1, 2
+    for i, c in enumerate(p.conv):
+        c[src] = torch.tensor([10.0 + i, 20.0 + i]).view(2, *([1] * (c.dim() - 1))).to(c.dtype)
+    p.temporal[:, src] = torch.tensor([1.0, 2.0]).view(1, 2, 1, 1, 1)
+    extra[src] = torch.tensor([[5.0, 5.0], [6.0, 6.0]])
+    # overlapping: slot 2 is a destination and a source; it must end up holding slot 1's state
+    dst = torch.tensor([2, 3])
+    old = ([c.clone() for c in p.conv], p.temporal.clone(), extra.clone())
+    p.move_slots(src, dst)
+    for c, o in zip(p.conv, old[0]):
+        assert torch.equal(c[dst], o[src]) and not c[1].any()
+    assert torch.equal(p.temporal[:, dst], old[1][:, src]) and not p.temporal[:, 1].any()
+    assert torch.equal(extra[dst], old[2][src]) and not extra[1].any()
+    with pytest.raises(ValueError, match="move of 2 slots into 1"):
+        p.move_slots(dst, torch.tensor([1]))
 
 
 class Recorder:
@@ -221,6 +255,17 @@ def test_lazy_mode_adds_the_second_slot_when_needed():
     assert torch.equal(pp, before)
 
 
+
+def test_ensure_tracking_slots_takes_one_slot_per_row_even_for_a_repeated_row():
+    pool = make_pool(mamba_size=6, enable_mamba_extra_buffer=True, mamba_extra_buffer_lazy=True)
+    (r1,) = pool.alloc_rows(1)  # state + 1 tracking slot
+    free = pool.mamba_pool.available_size()
+    assert pool.ensure_tracking_slots([r1, r1])
+    assert pool.mamba_pool.available_size() == free - 1  # one missing slot, one taken: no leak
+    held = pool.held_mamba_slots().tolist()
+    assert len(held) + pool.mamba_pool.available_size() == 6
+
+
 def test_track_state_snapshots_into_the_tracking_slot():
     pool = make_pool(enable_mamba_extra_buffer=True)
     (row,) = pool.alloc_rows(1)
@@ -272,6 +317,22 @@ def test_free_returns_every_slot_and_refuses_bad_rows():
         pool.free(0)
     pool.clear()
     assert pool.available_size() == 4 and pool.mamba_pool.available_size() == 12
+
+
+
+def test_a_refused_row_free_changes_nothing():
+    pool = make_pool(enable_mamba_extra_buffer=True)
+    (row,) = pool.alloc_rows(1)
+    slot = pool.get_mamba_indices([row])
+    pool.mamba_pool.free(slot)  # a bookkeeping bug elsewhere: the row's state slot is free already
+    rows_free, mapping = list(pool.free_slots), pool.req_index_to_mamba_index_mapping.clone()
+    pp, slots_free = pool.req_index_to_mamba_ping_pong_track_buffer_mapping.clone(), pool.mamba_pool.available_size()
+    with pytest.raises(ValueError, match=f"mamba slot {slot.item()} freed twice"):
+        pool.free(row)
+    assert pool.free_slots == rows_free and row not in pool.free_slots  # the row is still held
+    assert torch.equal(pool.req_index_to_mamba_index_mapping, mapping)
+    assert torch.equal(pool.req_index_to_mamba_ping_pong_track_buffer_mapping, pp)
+    assert pool.mamba_pool.available_size() == slots_free
 
 
 def test_bad_construction():

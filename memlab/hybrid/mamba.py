@@ -83,9 +83,10 @@ class MambaSlotAllocator:
                 raise ValueError(f"cannot free mamba slot {lo if lo < 1 else hi}: slots are 1..{self.size} "
                                  "(slot 0 is padding)")
         if self.debug_mode:
-            both = torch.cat((self.free_slots, slots))
-            if torch.unique(both).numel() != both.numel():
-                raise ValueError("mamba slot freed twice (already free or repeated in this call)")
+            uniq, counts = torch.unique(torch.cat((self.free_slots, slots)), return_counts=True)
+            if (counts > 1).any():
+                raise ValueError(f"mamba slot {int(uniq[counts > 1][0])} freed twice "
+                                 "(already free or repeated in this call)")
         self.free_slots = torch.cat((self.free_slots, slots))
 
 
@@ -114,7 +115,7 @@ class MambaPool:
 
     # -- states that share the slot's lifetime ---------------------------------------------
     def register_slot_state(self, state) -> None:
-        """Attach a state indexed by slot that must be cleared, copied and freed with the slot.
+        """Attach a state indexed by slot that must be cleared, copied, moved and freed with the slot.
 
         ``state``: a tensor whose first dim is ``size + 1``, or an object with
         ``clear_slots(slots)``, ``copy_slots(src, dst)`` and ``free_slots(slots)``.
@@ -170,6 +171,15 @@ class MambaPool:
         self.temporal[:, dst] = self.temporal[:, src]
         for s in self._slot_siblings:
             s.copy_slots(src, dst)
+
+    def move_slots(self, src, dst) -> None:
+        """State of slots ``src`` -> slots ``dst``, then ``src`` cleared (a slot in both keeps what
+        it received). Every registered state moves too."""
+        src, dst = _slot_tensor(src, self.device), _slot_tensor(dst, self.device)
+        if src.numel() != dst.numel():
+            raise ValueError(f"move of {src.numel()} slots into {dst.numel()}")
+        self.copy_slots(src, dst)
+        self.clear_slots(src[~torch.isin(src, dst)])
 
     def get_state(self, mamba_layer_idx: int):
         """(conv, temporal) tensors of one mamba layer, each indexed by slot."""
@@ -278,7 +288,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def ensure_tracking_slots(self, rows) -> bool:
         """Lazy mode: give each row its missing ping-pong slots now; False (nothing taken) when short."""
         pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
-        r = _slot_tensor(rows, pp.device)
+        r = torch.unique(_slot_tensor(rows, pp.device))  # a row listed twice would get two sets and leak one
         missing = (pp[r] == 0).nonzero()
         if missing.numel() == 0:
             return True
@@ -291,12 +301,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def free(self, row_or_req) -> None:
         """Free the row and every mamba slot it owns, and reset all its tracking fields."""
         row = row_or_req.req_pool_idx if isinstance(row_or_req, Req) else row_or_req
-        super().free(row_or_req)  # validates the row first
-        owned = torch.cat((self.req_index_to_mamba_index_mapping[row:row + 1],
-                           self.req_index_to_mamba_ping_pong_track_buffer_mapping[row]))
-        owned = owned[owned > 0]  # 0 = no slot; never hand the padding slot to the free list
-        if owned.numel():
-            self.mamba_pool.free(owned)
+        held = isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= self.size \
+            and not self._row_free[row]
+        if held:
+            # Slots first: the pool may refuse (debug double free) while the row is still held,
+            # so a refused free changes nothing.
+            owned = torch.cat((self.req_index_to_mamba_index_mapping[row:row + 1],
+                               self.req_index_to_mamba_ping_pong_track_buffer_mapping[row]))
+            owned = owned[owned > 0]  # 0 = no slot; never hand the padding slot to the free list
+            if owned.numel():
+                self.mamba_pool.free(owned)
+        super().free(row_or_req)  # a bad or free row is refused here, before anything changed
         self._reset_rows(row)
 
     # -- state slots of running requests ----------------------------------------------------
