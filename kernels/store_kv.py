@@ -20,9 +20,10 @@ def _store_kv_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr, slot_ma
     blk = slot // block_size
     off = slot % block_size
 
-    # Padding (slot < 0) writes nothing; an out-of-range slot is refused on the host and masked
-    # here too, so it can never write past the cache. The slot is broadcast to a vector first:
-    # the interpreter rejects a scalar-and-vector mask.
+    # Padding (slot < 0) writes nothing. A slot past the cache is refused on the host only when
+    # slot_mapping is on the CPU (checking a GPU tensor would sync), so the mask drops it here
+    # too: no slot can write past the cache. The slot is broadcast to a vector first: the
+    # interpreter rejects a scalar-and-vector mask.
     k_offs = tl.arange(0, BLOCK_K)
     k_slot = tl.zeros([BLOCK_K], dtype=tl.int64) + slot
     k_mask = (k_offs < k_elems) & (k_slot >= 0) & (k_slot < num_slots)

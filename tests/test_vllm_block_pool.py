@@ -235,6 +235,22 @@ def test_cache_full_blocks_checks_it_has_the_hashes():
         pool.cache_full_blocks(SimpleNamespace(block_hashes=["x"]), blocks, 0, 2)
 
 
+
+def test_a_refused_cache_full_blocks_changes_nothing():
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(3)
+    cache(pool, blocks[2:], ["c"])  # the third block is hashed already
+    with pytest.raises(ValueError, match=f"block {blocks[2].block_id} already has hash 'c'"):
+        pool.cache_full_blocks(SimpleNamespace(block_hashes=["a", "b", "x"]), blocks, 0, 3)
+    assert blocks[0].block_hash is None and blocks[1].block_hash is None
+    assert pool.get_cached_block("a") is None and pool.get_cached_block("b") is None
+    a, b = blocks[:2]
+    with pytest.raises(ValueError, match=f"block {a.block_id} appears twice"):
+        pool.cache_full_blocks(SimpleNamespace(block_hashes=["a", "b"]), [a, a], 0, 2)
+    assert a.block_hash is None and pool.get_cached_block("a") is None
+    pool.check_invariants()
+
+
 def test_check_invariants_catches_a_corrupted_pool():
     pool = BlockPool(6)
     (b,) = pool.get_new_blocks(1)

@@ -105,6 +105,24 @@ def test_store_kv_kernel_equals_references(dtype, T, H, D, Dv, bs, nb):
     assert (kc[untouched] == 0).all()
 
 
+
+@pytest.mark.kernel
+def test_store_kv_kernel_masks_slots_the_host_did_not_check():
+    """The wrapper refuses a slot past the cache only for a CPU slot_mapping; called directly (as
+    with a GPU slot_mapping), the kernel's mask still keeps such slots inside the cache."""
+    from memlab.kernels import store_kv as kernel
+
+    dev = kernel_device()
+    kc, kbuf = guarded_cache((2, 4, 1, 2), torch.float32, dev)
+    vc, vbuf = guarded_cache((2, 4, 1, 2), torch.float32, dev)
+    kc.zero_(), vc.zero_()
+    key = torch.ones(4, 1, 2, device=dev)
+    kernel.store_kv(key, key, kc, vc, torch.tensor([8, 11, -5, 3], dtype=torch.int64, device=dev))
+    for buf in (kbuf, vbuf):
+        assert (buf[0] == SENTINEL).all() and (buf[-1] == SENTINEL).all()
+    assert kc.reshape(8, 2).any(-1).nonzero().reshape(-1).tolist() == [3]
+
+
 @pytest.mark.kernel
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_block_table_to_slot_mapping_to_store(backend):
@@ -143,6 +161,22 @@ def test_block_table_rows_are_append_only_and_refusals_change_nothing():
     assert bt.get_row(1) == [1, 2]
     bt.clear()
     assert bt.get_row(0) == [] and bt.block_table.dtype == torch.int32
+
+
+
+def test_block_table_keeps_row_lengths_in_one_tensor_updated_in_place():
+    bt = BlockTable(block_size=4, max_num_reqs=3, max_num_blocks_per_req=4, max_num_batched_tokens=8)
+    counts = bt.num_blocks_per_row
+    assert isinstance(counts, torch.Tensor) and counts.device.type == "cpu" and counts.dtype == torch.int64
+    bt.add_row([1, 2], 0)
+    bt.append_row([3], 0)
+    bt.move_row(0, 2)
+    assert bt.num_blocks_per_row is counts and counts.tolist() == [3, 0, 3]
+    with pytest.raises(ValueError, match="exceed"):
+        bt.add_row([4, 5, 6, 7, 8], 2)
+    assert counts.tolist() == [3, 0, 3]
+    bt.clear()
+    assert bt.num_blocks_per_row is counts and counts.tolist() == [0, 0, 0]
 
 
 def test_slot_mapping_bad_inputs_name_the_token():

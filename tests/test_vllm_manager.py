@@ -268,6 +268,29 @@ def test_out_of_window_blocks_become_null_blocks():
     pool.check_invariants()
 
 
+
+def test_vllm_window_convention_drops_position_num_computed_minus_window():
+    # vLLM's sliding_window counts the query too: the query at position n reads n - window + 1 .. n,
+    # so position n - window goes (SGLang's window leaves the query out and keeps it: test_swa.py).
+    mgr = SlidingWindowKVCacheManager(20, block_size=1, sliding_window=4)
+    a = new_request(mgr, "a", list(range(10)))
+    admit(mgr, a)
+    decode(mgr, a)  # 10 tokens computed; the query at 10 reads 7..10
+    ids = mgr.get_block_ids("a")
+    assert ids[:7] == [0] * 7 and 0 not in ids[7:]
+
+
+def test_computed_blocks_without_prefix_caching_are_refused_before_anything_changes():
+    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8, enable_caching=False)
+    a = new_request(mgr, "a", list(range(12)))
+    admit(mgr, a)
+    a.append_output_token_ids(7)
+    before = snapshot(mgr)
+    with pytest.raises(ValueError, match="prefix caching is disabled"):
+        mgr.allocate_slots(a, 1, 0, [mgr.block_pool.blocks[9]])  # block 0 (positions 0..3) is out of window
+    assert snapshot(mgr) == before
+
+
 def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
     mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
     a = new_request(mgr, "a", list(range(16)))

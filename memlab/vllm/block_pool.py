@@ -34,10 +34,13 @@ class KVCacheBlock:
 
     @block_hash.setter
     def block_hash(self, block_hash: BlockHash) -> None:
+        self.check_unhashed()
+        self._block_hash = block_hash
+
+    def check_unhashed(self) -> None:
         if self._block_hash is not None:
             raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}; "
                              "a cached block's content must not change")
-        self._block_hash = block_hash
 
     def reset_hash(self) -> None:
         self._block_hash = None
@@ -237,12 +240,20 @@ class BlockPool:
             raise ValueError(f"cannot cache {num_full_blocks} full blocks: the request holds {len(blocks)} "
                              f"blocks and {len(request.block_hashes)} block hashes")
         hashes = request.block_hashes
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            if block.is_null:  # a sliding window already dropped it
-                continue
-            block.block_hash = hashes[i]
-            self.cached_block_hash_to_block.insert(hashes[i], block)
+        todo = [(blocks[i], hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
+                if not blocks[i].is_null]  # a null block: a sliding window already dropped it
+        # Check every block before hashing any: a refusal changes nothing.
+        for block, _ in todo:
+            block.check_unhashed()
+        if len(todo) > 1:
+            ids = [block.block_id for block, _ in todo]
+            if len(set(ids)) != len(ids):
+                dup = next(b for k, b in enumerate(ids) if b in ids[:k])
+                raise ValueError(f"block {dup} appears twice among the blocks to cache")
+        insert = self.cached_block_hash_to_block.insert
+        for block, block_hash in todo:
+            block._block_hash = block_hash
+            insert(block_hash, block)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue; a popped block that still has a hash is

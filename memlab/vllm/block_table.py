@@ -53,7 +53,8 @@ def slot_mapping_torch(block_table: torch.Tensor, req_indices: torch.Tensor, pos
 
 
 def check_slot_mapping_inputs(block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor,
-                              block_size: int, num_tokens: int, num_blocks_per_row: Sequence[int] | None = None) -> None:
+                              block_size: int, num_tokens: int,
+                              num_blocks_per_row: torch.Tensor | Sequence[int] | None = None) -> None:
     """Host-side validation (CPU tensors: no device sync). Errors name the first bad token."""
     if block_table.dtype != torch.int32 or block_table.dim() != 2:
         raise TypeError(f"block_table must be a 2-D int32 tensor, got {block_table.dtype} {tuple(block_table.shape)}")
@@ -179,7 +180,9 @@ class BlockTable:
         self.max_num_reqs = max_num_reqs
         self.max_num_blocks_per_req = max_num_blocks_per_req
         self.block_table = torch.zeros((max_num_reqs, max_num_blocks_per_req), dtype=torch.int32, device=device)
-        self.num_blocks_per_row = [0] * max_num_reqs
+        # Host-side row lengths, one tensor updated in place (the slot-mapping check indexes it
+        # directly instead of building a tensor from a list on every call).
+        self.num_blocks_per_row = torch.zeros(max_num_reqs, dtype=torch.int64)
         self.slot_mapping = torch.full((max_num_batched_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
 
     def _check_row(self, row_idx: int) -> None:
@@ -191,7 +194,7 @@ class BlockTable:
         self._check_row(row_idx)
         if not block_ids:
             return
-        start = self.num_blocks_per_row[row_idx]
+        start = int(self.num_blocks_per_row[row_idx])
         end = start + len(block_ids)
         if end > self.max_num_blocks_per_req:
             raise ValueError(f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed "
@@ -204,7 +207,7 @@ class BlockTable:
     def add_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """A request newly placed in this row: forget what the row held, then append."""
         self._check_row(row_idx)
-        old = self.num_blocks_per_row[row_idx]
+        old = int(self.num_blocks_per_row[row_idx])
         self.num_blocks_per_row[row_idx] = 0
         try:
             self.append_row(block_ids, row_idx)
@@ -216,13 +219,13 @@ class BlockTable:
         """Condense the batch: a request moves from row src to row tgt."""
         self._check_row(src)
         self._check_row(tgt)
-        n = self.num_blocks_per_row[src]
+        n = int(self.num_blocks_per_row[src])
         self.block_table[tgt, :n] = self.block_table[src, :n]
         self.num_blocks_per_row[tgt] = n
 
     def get_row(self, row_idx: int) -> list[int]:
         self._check_row(row_idx)
-        return self.block_table[row_idx, :self.num_blocks_per_row[row_idx]].tolist()
+        return self.block_table[row_idx, :int(self.num_blocks_per_row[row_idx])].tolist()
 
     def compute_slot_mapping(self, req_indices: torch.Tensor, positions: torch.Tensor,
                              num_padded: int | None = None, backend: str = "triton") -> torch.Tensor:
@@ -251,5 +254,5 @@ class BlockTable:
 
     def clear(self) -> None:
         self.block_table.zero_()
-        self.num_blocks_per_row = [0] * self.max_num_reqs
+        self.num_blocks_per_row.zero_()
         self.slot_mapping.fill_(PAD_SLOT_ID)

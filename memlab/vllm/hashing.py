@@ -141,7 +141,11 @@ class MultiModalFeature(NamedTuple):
 def _mm_extra_keys(mm_features: Sequence[MultiModalFeature], start: int, end: int,
                    start_mm_idx: int) -> tuple[list, int]:
     """Items overlapping [start, end): (identifier, item offset - start) each, and the index of
-    the first item that may still overlap a later block (items are sorted by offset)."""
+    the first item that may still overlap a later block (items are sorted by offset).
+
+    Earlier vLLM v1 releases appended only the identifier; memlab adds the item's offset in the
+    block (as its issue asked), and so does recent vLLM (``_gen_mm_extra_hash_keys``). Hashes
+    therefore match only vLLM versions that include the offset."""
     keys = []
     idx = start_mm_idx
     next_idx = start_mm_idx

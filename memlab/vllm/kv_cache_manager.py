@@ -85,6 +85,8 @@ class KVCacheManager:
         if num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens must be >= 0, got {num_lookahead_tokens!r}")
         new_computed_blocks = new_computed_blocks or []
+        if new_computed_blocks and not self.enable_caching:  # before anything below changes the books
+            raise ValueError("computed blocks given while prefix caching is disabled")
         if num_new_computed_tokens > len(new_computed_blocks) * self.block_size or num_new_computed_tokens < 0:
             raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not fit "
                              f"{len(new_computed_blocks)} computed blocks of {self.block_size} tokens")
@@ -111,8 +113,6 @@ class KVCacheManager:
         # Touch the hits first: get_new_blocks below could otherwise evict the very blocks hit.
         if self.enable_caching:
             self.block_pool.touch(new_computed_blocks)
-        elif new_computed_blocks:
-            raise ValueError("computed blocks given while prefix caching is disabled")
         if is_new:
             self.req_to_blocks[request_id] = req_blocks
             self.num_cached_block[request_id] = len(new_computed_blocks)  # hits are cached already
@@ -176,6 +176,7 @@ class SlidingWindowKVCacheManager(KVCacheManager):
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         # The next token to compute is at position num_computed_tokens; it reads back to
         # position num_computed_tokens - sliding_window + 1, so whole blocks before that go.
+        # vLLM's window counts the query, so position n - window goes (SGLang's leaves it out and keeps it).
         last_useful_block = (num_computed_tokens - self.sliding_window + 1) // self.block_size
         blocks = self.req_to_blocks.get(request_id)
         if last_useful_block <= 0 or not blocks:
