@@ -157,7 +157,8 @@ class SWATokenToKVPoolAllocator:
         # The pool sizes its buffers on its own (ring mode: from num_req_rows); an allocator that
         # counts more slots than the buffers hold would hand out ids past their end.
         if kvcache.page_size != self.page_size:
-            raise ValueError(f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {self.page_size}")
+            raise ValueError(f"the SWAKVPool has page_size {kvcache.page_size}, "
+                             f"the allocator page_size {self.page_size}")
         for side, pool_n, own_n in (("full", kvcache.size, self._size_full), ("SWA", kvcache.size_swa, self._size_swa)):
             if pool_n != own_n:
                 raise ValueError(f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}")
@@ -269,8 +270,9 @@ class SWATokenToKVPoolAllocator:
     def _check_slots(self, free_index: torch.Tensor) -> None:
         if not isinstance(free_index, torch.Tensor) or free_index.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}")
-        if free_index.device != self.device:
-            raise ValueError(f"free_index is on {free_index.device}, the allocator on {self.device}")
+        if free_index.device != self.full_to_swa_index_mapping.device:  # a concrete device: cuda:0, not cuda
+            raise ValueError(f"free_index is on {free_index.device}, the allocator on "
+                             f"{self.full_to_swa_index_mapping.device}")
         if free_index.numel() and (self.debug_mode or free_index.device.type == "cpu"):
             lo, hi = int(free_index.min()), int(free_index.max())
             if lo < self.page_size or hi >= self.size + self.page_size:
@@ -343,7 +345,8 @@ class SWATokenToKVPoolAllocator:
         if swa_evicted_len % ps:
             raise ValueError(f"swa_evicted_len {swa_evicted_len} is not page-aligned (page_size {ps})")
         start = max(swa_evicted_len, _ceil_ps(cache_protected_len, ps))
-        end = (seq_len - sliding_window) // ps * ps  # SGLang keeps position seq_len - window (vLLM drops it)
+        # SGLang's window leaves the query out, so position seq_len - window stays (vLLM's counts it and drops it).
+        end = (seq_len - sliding_window) // ps * ps
         if self._swa_req_ring or end <= start:
             return swa_evicted_len  # a ring overwrites itself; or nothing whole is out of window yet
         full = req_to_token[req_pool_idx, start:end].to(torch.int64)
