@@ -147,6 +147,13 @@ def test_freeing_padding_or_out_of_range_full_slots_is_refused(bad):
     assert unchanged(a, before)
 
 
+
+def test_freeing_slots_from_another_device_is_refused():
+    a = SWATokenToKVPoolAllocator(64, 32, 4)
+    with pytest.raises(ValueError, match="free_index is on meta, the allocator on cpu"):
+        a.free(torch.tensor([4], device="meta"))
+
+
 def test_free_groups_release_both_sides_at_the_end():
     a = SWATokenToKVPoolAllocator(32, 16, 4)
     held = {}
