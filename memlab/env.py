@@ -23,6 +23,17 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def resolve_device(device):
+    """A torch.device with its index filled in: tensors report 'cuda:0', and
+    torch.device('cuda') != torch.device('cuda:0'), so books keep the resolved form."""
+    import torch
+
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def ensure_kernel_mode() -> str:
     """Pick 'gpu' or 'interpreter' once, before any kernel module is imported, and return it."""
     global _mode

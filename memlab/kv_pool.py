@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from memlab.env import resolve_device
+
 from memlab.write_loc import plain_loc
 
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -47,7 +49,7 @@ class KVCache:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         self.size, self.page_size, self.layer_num = size, page_size, layer_num
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.dtype = dtype
         # index_put (buffer[loc] = x) has no fp8 implementation: store fp8 as raw bytes.
         self.store_dtype = torch.uint8 if dtype in FP8_DTYPES else dtype

@@ -10,6 +10,8 @@ from typing import Iterable
 
 import torch
 
+from memlab.env import resolve_device
+
 
 class Req:
     """The slice of a request the memory books care about."""
@@ -38,7 +40,7 @@ class ReqToTokenPool:
     def __init__(self, size: int, max_context_len: int, device="cpu"):
         self.size = _positive_int("size", size)
         self.max_context_len = _positive_int("max_context_len", max_context_len)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=self.device)
         # Bumped on every allocation and never reset (not even by clear): an asynchronous reader
         # that stored (row, generation) detects reuse of the row by a changed generation.

@@ -70,3 +70,12 @@ def test_generic_folders_are_not_installed_as_top_level_names(tmp_path):
                " if u.find_spec(n)])\nimport memlab.kernels.canary", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_resolve_device_fills_in_the_cuda_index():
+    import torch
+
+    assert env.resolve_device("cpu") == torch.device("cpu")
+    assert torch.device("cuda") != torch.device("cuda:0")  # why the books keep the resolved form
+    if env.has_cuda():
+        assert env.resolve_device("cuda") == torch.empty(1, device="cuda").device

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from memlab.env import resolve_device
+
 
 def _check_int(name: str, v, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -26,7 +28,7 @@ class BaseTokenToKVPoolAllocator:
         self.num_pages = size // page_size
         if self.num_pages < 1:
             raise ValueError(f"size {size} holds no whole page of {page_size} slots")
-        self.dtype, self.device = dtype, torch.device(device)
+        self.dtype, self.device = dtype, resolve_device(device)
         self._kvcache, self.need_sort, self.debug_mode = kvcache, need_sort, debug_mode
         self.clear()
 
