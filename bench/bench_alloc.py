@@ -93,9 +93,9 @@ def free_row(tokens, ps):
 def show(title, rows):
     cols = list(next(iter(rows.values())))
     print(f"\n{title}")
-    print(f"{'':>14}" + "".join(f"{c:>16}" for c in cols) + f"{'ratio ' + cols[-1] + '/' + cols[0]:>22}")
+    print(f"{'':>14}" + "".join(f"{c:>16}" for c in cols) + "   ratio " + cols[-1] + " / " + cols[0])
     for key, row in rows.items():
-        print(f"{key:>14}" + "".join(f"{row[c]:>13.1f} us" for c in cols) + f"{row[cols[-1]] / row[cols[0]]:>21.2f}x")
+        print(f"{key:>14}" + "".join(f"{row[c]:>13.1f} us" for c in cols) + f"{row[cols[-1]] / row[cols[0]]:>10.2f}x")
 
 
 def main(argv=None):
