@@ -12,11 +12,21 @@ The four shares (used, reserved, internal, free) are defined in ``memlab.sim.rep
 """
 
 from memlab.sim.policies import FirstFit, MaxContext, Oracle, Paged, Policy, Pow2, Reservation, make_policy
-from memlab.sim.plots import plot_breakdown, plot_sweep, plot_timeline
 from memlab.sim.replay import (DEFAULT_POOL_SIZE, SHARES, SimResult, block_size_sweep, breakdown_table,
                                compare_policies, simulate)
 from memlab.sim.reference import simulate_reference
 from memlab.sim.workload import Workload, load_azure, sharegpt_like
+
+_PLOTS = ("plot_breakdown", "plot_sweep", "plot_timeline")
+
+
+def __getattr__(name):
+    # The plots pull in matplotlib and memlab.viz (seconds): load them only when one is asked for.
+    if name in _PLOTS:
+        from memlab.sim import plots
+
+        return getattr(plots, name)
+    raise AttributeError(f"module 'memlab.sim' has no attribute {name!r}")
 
 __all__ = [
     "Workload", "sharegpt_like", "load_azure", "Policy", "Reservation", "MaxContext", "Pow2", "Oracle",

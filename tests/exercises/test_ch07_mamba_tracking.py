@@ -3,7 +3,6 @@
 import itertools
 
 import pytest
-import torch
 
 from memlab.grading.checks import as_list, expect, expect_equal, expect_no_sharing, expect_raises
 from memlab.grading.loader import load

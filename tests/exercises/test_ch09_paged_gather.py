@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from memlab.grading.checks import expect, expect_equal
+from memlab.grading.checks import expect
 
 
 def points(n):
