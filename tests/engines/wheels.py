@@ -1,0 +1,55 @@
+"""The real engines' published wheels, fetched once into a cache outside the repository.
+
+Nothing of SGLang or vLLM is committed or vendored: the differential tests download the official
+wheels with ``pip download --no-deps``, unpack them into the cache, and import only the modules
+they need (with small stubs for the rest, see each engine's loader). Without network the tests
+skip with a message that says how to run them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ENGINES = {"sglang": "0.5.23", "vllm": "0.33.0"}
+HOW = "run `./course engines` on a machine that can reach PyPI (or set MEMLAB_ENGINES_CACHE to a folder holding the wheels)"
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("MEMLAB_ENGINES_CACHE") or Path.home() / ".cache" / "memlab" / "engines")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def wheel(name: str) -> Path:
+    """The path of the engine's wheel, downloading it the first time; skips the test without one."""
+    version, d = ENGINES[name], cache_dir()
+    found = sorted(d.glob(f"{name}-{version}-*.whl"))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(d), f"{name}=={version}"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"downloading {name}=={version} timed out: {HOW}")
+        found = sorted(d.glob(f"{name}-{version}-*.whl"))
+        if r.returncode or not found:
+            last = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            pytest.skip(f"could not download {name}=={version} ({last[0]}): {HOW}")
+    return found[0]
+
+
+def unpacked(name: str) -> Path:
+    """A folder holding the wheel's files (unpacked once); put it on sys.path to import from it."""
+    whl = wheel(name)
+    dest = cache_dir() / whl.stem
+    done = dest / ".memlab-unpacked"
+    if not done.exists():
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(dest)
+        done.write_text(whl.name)
+    return dest
