@@ -34,9 +34,10 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
         self.null_block = self.block_pool.null_block
-        # Blocks kept free for requests already running (so a newly admitted request does not
-        # force a preemption at the very next decode step): vLLM v0's watermark, new requests only.
-        self.watermark_blocks = int(watermark * (num_gpu_blocks - 1))
+        # Blocks kept free for requests already running, so a newly admitted request does not
+        # force a preemption at the very next decode step. A fraction of ALL blocks, the null
+        # block included, as in vLLM 0.33; only admissions (new or preempted requests) pay it.
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.request_block_hasher = get_request_block_hasher(block_size, get_hash_fn_by_name(hash_fn))
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}  # how many of a request's blocks are in the map
