@@ -1,5 +1,5 @@
-"""memlab's KVCacheManager against vLLM 0.33's (with its coordinator, FullAttentionManager and
-BlockPool), in lockstep.
+"""memlab's KVCacheManager and SlidingWindowKVCacheManager against vLLM 0.33's KVCacheManager
+(with its coordinator, FullAttentionManager or SlidingWindowManager, and BlockPool), in lockstep.
 
 Random streams of scheduler calls on both managers: admissions (get_computed_blocks, the
 longest-hit rule, then allocate_slots, refused with None when the pool is short; with and
@@ -17,19 +17,22 @@ import pytest
 import torch
 from vllm_loader import EngineRequest, assert_same_books, load, pool_books
 
-from memlab.vllm.kv_cache_manager import KVCacheManager
+from memlab.vllm.kv_cache_manager import KVCacheManager, SlidingWindowKVCacheManager
 from memlab.vllm.request import Request
 
 pytestmark = pytest.mark.engines
 
 STREAMS = 40
+SWA_STREAMS = 24
 STEPS = 150
 MAX_MODEL_LEN = 4096
 
 
-def engine_manager(V, num_blocks: int, block_size: int, watermark: float):
+def engine_manager(V, num_blocks: int, block_size: int, watermark: float, sliding_window: int | None):
     I = V.kv_cache_interface
-    spec = I.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    layer = dict(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    spec = (I.FullAttentionSpec(**layer) if sliding_window is None
+            else I.SlidingWindowSpec(**layer, sliding_window=sliding_window))
     config = I.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                              kv_cache_groups=[I.KVCacheGroupSpec(["layer.0"], spec)])
     return V.kv_cache_manager.KVCacheManager(config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=block_size,
@@ -37,14 +40,16 @@ def engine_manager(V, num_blocks: int, block_size: int, watermark: float):
 
 
 class Lockstep:
-    def __init__(self, num_blocks: int, block_size: int, watermark: float, rng: random.Random, monkeypatch):
+    def __init__(self, num_blocks: int, block_size: int, watermark: float, rng: random.Random, monkeypatch,
+                 sliding_window: int | None = None):
         self.V = V = load()
         monkeypatch.delenv("PYTHONHASHSEED", raising=False)  # vLLM's seed for sha256 is then fixed
         V.kv_cache_utils.init_none_hash(V.hashing.sha256)
         self.engine_hasher = V.kv_cache_utils.get_request_block_hasher(block_size, V.hashing.sha256)
-        self.ours = KVCacheManager(num_blocks, block_size=block_size, watermark=watermark,
-                                   max_model_len=MAX_MODEL_LEN)
-        self.theirs = engine_manager(V, num_blocks, block_size, watermark)
+        kw = dict(block_size=block_size, watermark=watermark, max_model_len=MAX_MODEL_LEN)
+        self.ours = (KVCacheManager(num_blocks, **kw) if sliding_window is None
+                     else SlidingWindowKVCacheManager(num_blocks, sliding_window=sliding_window, **kw))
+        self.theirs = engine_manager(V, num_blocks, block_size, watermark, sliding_window)
         self.block_size = block_size
         self.rng = rng
         self.running: list[tuple[Request, EngineRequest]] = []
@@ -153,12 +158,13 @@ class Lockstep:
         assert ok_ours == ok_theirs, f"{self.where('reset')}: {ok_ours} vs {ok_theirs}"
 
 
-def run_stream(seed: int, monkeypatch) -> int:
+def run_stream(seed: int, monkeypatch, sliding: bool = False) -> int:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 16])
     num_blocks = rng.choice([8, 24, 64]) if block_size < 16 else rng.choice([6, 12, 30])
     watermark = rng.choice([0.0, 0.0, 0.1, 0.25])
-    ls = Lockstep(num_blocks, block_size, watermark, rng, monkeypatch)
+    window = rng.randint(2, 5 * block_size) if sliding else None
+    ls = Lockstep(num_blocks, block_size, watermark, rng, monkeypatch, window)
     ls.check("start")
     ops = ["admit"] * 5 + ["step"] * 8 + ["free"] * 4 + ["twins"] * 2 + ["reset"]
     for ls.step in range(1, STEPS + 1):
@@ -181,6 +187,13 @@ def run_stream(seed: int, monkeypatch) -> int:
 @pytest.mark.parametrize("seed", range(STREAMS))
 def test_kv_cache_manager_streams_match_vllm(seed, monkeypatch):
     assert run_stream(seed, monkeypatch) == STEPS
+
+
+@pytest.mark.parametrize("seed", range(SWA_STREAMS))
+def test_sliding_window_manager_streams_match_vllm(seed, monkeypatch):
+    """Blocks that leave the window become null blocks and go back to the pool; a hit needs
+    only the window's blocks (scanned from the right)."""
+    assert run_stream(1000 + seed, monkeypatch, sliding=True) == STEPS
 
 
 def test_longest_hit_rule_matches_vllm(monkeypatch):
