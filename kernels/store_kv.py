@@ -1,9 +1,9 @@
-"""store_kv: write each token's K and V into a paged cache at its slot (vLLM's
-reshape_and_cache_flash). Caches are (num_blocks, block_size, heads, head_dim) views, any
-strides with head_dim contiguous: plain tensors, or the K and V halves FlashAttention splits off
-vLLM 0.33's per-layer cache (there a token's heads sit 2 * head_dim apart, K and V interleaved
-per head; see memlab.vllm.kv_layout). Slot s lands in block s // block_size, row
-s % block_size. Slot -1 (padding) is skipped.
+"""store_kv: write each token's K and V into a paged cache at its slot (what vLLM's
+reshape_and_cache_flash does; vLLM's is a CUDA C++ op, memlab's a Triton kernel). Caches are
+(num_blocks, block_size, heads, head_dim) views, any strides with head_dim contiguous: plain
+tensors, or the K and V halves FlashAttention splits off vLLM 0.33's per-layer cache (there a
+token's heads sit 2 * head_dim apart, K and V interleaved per head; see memlab.vllm.kv_layout).
+Slot s lands in block s // block_size, row s % block_size. Slot -1 (padding) is skipped.
 
 One program per token copies its heads * head_dim values. References:
 memlab.vllm.block_table.store_kv_torch / store_kv_python.

@@ -133,7 +133,8 @@ def generate_block_hash_extra_keys(request, start_token_idx: int, end_token_idx:
     adapter (``("lora", name, path)``, every block: a name re-pointed at another adapter must
     not reuse KV), the overlapping multimodal items, and the cache salt
     (``("cache_salt", salt)``, first block only: through the chain it changes every later hash
-    too). Returns (keys or None, next mm index)."""
+    too). vLLM adds a digest of prompt embeddings for requests given as embeddings; memlab's
+    requests are token ids only. Returns (keys or None, next mm index)."""
     lora_keys = [("lora", request.lora_name, request.lora_path)] if request.lora_name is not None else []
     mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(request.mm_features, start_token_idx, end_token_idx,
                                                    start_mm_idx)
