@@ -21,8 +21,8 @@ from memlab.vllm.hashing import hash_block_tokens, sha256
 
 pytestmark = pytest.mark.engines
 
-STREAMS = 48
-STEPS = 160
+STREAMS = 64
+STEPS = 200
 
 
 def chain(doc: list[int]) -> list[bytes]:

@@ -22,9 +22,9 @@ from memlab.vllm.request import Request
 
 pytestmark = pytest.mark.engines
 
-STREAMS = 40
-SWA_STREAMS = 24
-STEPS = 150
+STREAMS = 64
+SWA_STREAMS = 40
+STEPS = 200
 MAX_MODEL_LEN = 4096
 
 

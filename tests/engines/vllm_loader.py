@@ -24,6 +24,7 @@ import sys
 import types
 from functools import lru_cache
 
+import pytest
 from wheels import extracted
 
 REAL = (
@@ -126,10 +127,23 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-@lru_cache(maxsize=1)
+_skipped: list[str] = []  # why the wheel is out of reach, once known: every later test skips at once
+
+
 def load() -> types.SimpleNamespace:
     """The real modules, by short name, plus ``RequestStatus`` (a placeholder the manager
-    compares ``request.status`` with). Loaded once per process."""
+    compares ``request.status`` with). Loaded once per process; without the wheel, skips."""
+    if _skipped:
+        pytest.skip(_skipped[0])
+    try:
+        return _load()
+    except pytest.skip.Exception as exc:
+        _skipped.append(str(exc))
+        raise
+
+
+@lru_cache(maxsize=1)
+def _load() -> types.SimpleNamespace:
     root = extracted("vllm", FILES)
     finder = _Finder(root)
     ours = lambda n: n == "vllm" or n.startswith("vllm.") or n in THIRD_PARTY  # noqa: E731
