@@ -199,3 +199,18 @@ def test_duplicates_of_one_hash_and_lookup_order_match_vllm():
     hit_ours, hit_theirs = ls.lookup(chain(doc))
     assert [blk.block_id for blk in hit_ours] == [3, 4]
     ls.check("hit b's copies")
+
+
+def test_the_comparison_catches_a_lookup_of_the_newest_copy(monkeypatch):
+    """Bug zoo: with twins cached under one hash, a map that serves the newest copy instead of
+    the oldest. Hits then take other blocks than vLLM's, and the streams must notice."""
+    from memlab.vllm.block_pool import BlockHashToBlockMap, KVCacheBlock
+
+    def newest(self, key):
+        blocks = self._cache.get(key)
+        return blocks if blocks is None or isinstance(blocks, KVCacheBlock) else list(blocks.values())[-1]
+
+    monkeypatch.setattr(BlockHashToBlockMap, "get_one_block", newest)
+    with pytest.raises(AssertionError, match="hit blocks differ|differs"):
+        for seed in range(8):
+            run_stream(seed)
