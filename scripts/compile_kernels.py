@@ -33,10 +33,13 @@ BUILDS = {
                                                       slot_mapping_ptr=P64, num_tokens=I32, num_padded=I32,
                                                       block_size=I32), dict(BLOCK=128))],
     "store_kv.py": [("_store_kv_kernel", dict(key_ptr=dt, value_ptr=dt, key_cache_ptr=dt, value_cache_ptr=dt,
-                                              slot_mapping_ptr=P64, key_stride=I32, value_stride=I32,
-                                              kc_stride_blk=I32, kc_stride_slot=I32, vc_stride_blk=I32,
-                                              vc_stride_slot=I32, num_slots=I32, block_size=I32, k_elems=I32,
-                                              v_elems=I32), dict(BLOCK_K=1024, BLOCK_V=1024))
+                                              slot_mapping_ptr=P64,
+                                              **{n: I32 for n in ("k_stride_tok", "k_stride_head", "v_stride_tok",
+                                                                  "v_stride_head", "kc_stride_blk", "kc_stride_slot",
+                                                                  "kc_stride_head", "vc_stride_blk", "vc_stride_slot",
+                                                                  "vc_stride_head", "num_slots", "block_size",
+                                                                  "head_dim", "head_dim_v", "k_elems", "v_elems")}),
+                     dict(BLOCK_K=1024, BLOCK_V=1024))
                     for dt in ("*fp16", "*fp32")],
     "paged_decode_attention.py": [
         ("_paged_decode_kernel", dict(q_ptr=dt, q_pe_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt, table_ptr="*i32",

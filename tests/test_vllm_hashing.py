@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from memlab.vllm.hashing import (MultiModalFeature, fast_hash, generate_block_hash_extra_keys,
                                  get_hash_fn_by_name, get_request_block_hasher, hash_block_tokens,
-                                 hash_request_tokens, init_none_hash, serialize, sha256)
+                                 hash_request_tokens, init_none_hash, sha256)
 from memlab.vllm.request import Request
 
 BS = 4
@@ -48,21 +48,21 @@ def test_first_parent_is_a_fixed_seed(hash_fn):
 
 
 def test_hashes_are_golden_values():
-    # Pinned digests: a change in the serialisation or the seed (which would orphan every stored
-    # hash and break reproducibility across memlab versions) fails here.
-    assert init_none_hash(sha256).hex() == "b7ce6d82b10ca209cea6c3fef0b6f517f9317afe79e837854fcb2079f7c79121"
+    # vLLM 0.33's digests (sha256 of the pickled key, first parent sha256("vllm-none-hash"));
+    # tests/engines checks them against the wheel's own functions. A change in the
+    # serialisation or the seed fails here without the wheel.
+    assert init_none_hash(sha256).hex() == "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198"
     assert hash_block_tokens(sha256, None, [1, 2, 3, 4]).hex() == \
-        "26e7e53c39b0be51b9c2357fc36c4b6e2d8b2ef8d88003139657c3a244c6ff8b"
-    assert hash_block_tokens(fast_hash, None, [1, 2, 3, 4]) == -879331749814270628
-    assert serialize((1, 2)) == b"q\x02\x00\x00\x00" + (1).to_bytes(8, "little") + (2).to_bytes(8, "little")
+        "52a7f141c60918f65779927090482b5a24adbe68c8613a211a1eb4e3edd9361a"
+    assert hash_block_tokens(fast_hash, None, [1, 2, 3, 4]) == -8643900253965400307
 
 
-def test_serialisation_keeps_types_apart_and_refuses_others():
-    assert serialize((1,)) != serialize((True,)) != serialize(("1",))
-    assert serialize(("a", "bc")) != serialize(("ab", "c"))
+def test_keys_keep_types_apart_and_fast_hash_refuses_others():
+    assert sha256((1,)) != sha256((True,)) != sha256(("1",))
+    assert sha256(("a", "bc")) != sha256(("ab", "c"))
     assert fast_hash((1, True)) != fast_hash((1, 1))
     with pytest.raises(TypeError, match="cannot hash a float"):
-        sha256((1.5,))
+        fast_hash((1.5,))
     with pytest.raises(TypeError, match="cannot hash a set"):
         fast_hash(({1},))
     with pytest.raises(ValueError, match="unknown block hash function 'md5'"):
@@ -128,7 +128,7 @@ def test_growing_request_keeps_correct_hashes_and_buggy_partial_hashing_is_caugh
 
 def test_salt_goes_on_the_first_block_only_and_so_changes_every_hash():
     r = Request("r", list(range(12)), cache_salt="tenant-a")
-    assert generate_block_hash_extra_keys(r, 0, 4)[0] == (("salt", "tenant-a"),)
+    assert generate_block_hash_extra_keys(r, 0, 4)[0] == (("cache_salt", "tenant-a"),)
     assert generate_block_hash_extra_keys(r, 4, 8)[0] is None
     plain, salted = hashes(list(range(12))), hashes(list(range(12)), cache_salt="tenant-a")
     other = hashes(list(range(12)), cache_salt="tenant-b")
@@ -142,7 +142,7 @@ def salt_on_every_block(request, start, end, start_mm_idx=0):
     vLLM's contract, and it hides the point: the chain alone carries the salt onwards."""
     keys, nxt = generate_block_hash_extra_keys(request, start, end, start_mm_idx)
     if start and request.cache_salt:
-        keys = (keys or ()) + (("salt", request.cache_salt),)
+        keys = (keys or ()) + (("cache_salt", request.cache_salt),)
     return keys, nxt
 
 
@@ -155,10 +155,11 @@ def test_salt_check_catches_salt_on_every_block(extra_keys_fn, ok):
 
 def test_lora_identity_separates_adapters():
     base = hashes(list(range(8)))
-    a, a2, b = (hashes(list(range(8)), lora_name=n) for n in ("a", "a", "b"))
-    assert a == a2 and len({base[0], a[0], b[0]}) == 3
-    r = Request("r", list(range(8)), lora_name="a")
-    assert generate_block_hash_extra_keys(r, 4, 8)[0] == (("lora", "a"),)  # every block, unlike salt
+    a, a2, b = (hashes(list(range(8)), lora_name=n, lora_path="/p") for n in ("a", "a", "b"))
+    moved = hashes(list(range(8)), lora_name="a", lora_path="/q")  # the name re-pointed at another adapter
+    assert a == a2 and len({base[0], a[0], b[0], moved[0]}) == 4
+    r = Request("r", list(range(8)), lora_name="a", lora_path="/p")
+    assert generate_block_hash_extra_keys(r, 4, 8)[0] == (("lora", "a", "/p"),)  # every block, unlike salt
 
 
 def test_multimodal_items_key_the_blocks_they_overlap_with_their_offset():
@@ -166,7 +167,7 @@ def test_multimodal_items_key_the_blocks_they_overlap_with_their_offset():
     img = MultiModalFeature("img-A", offset=2, length=7)  # tokens 2..8: blocks 0, 1, 2
     r = Request("r", tokens, mm_features=[img])
     keys = [generate_block_hash_extra_keys(r, k * BS, (k + 1) * BS)[0] for k in range(4)]
-    assert keys == [(("img-A", 2),), (("img-A", -2),), (("img-A", -6),), None]
+    assert keys == [(("mm", "img-A", 2),), (("mm", "img-A", -2),), (("mm", "img-A", -6),), None]
     other = hashes(tokens, mm_features=[MultiModalFeature("img-B", 2, 7)])
     moved = hashes(tokens, mm_features=[MultiModalFeature("img-A", 3, 7)])
     same = hashes(tokens, mm_features=[img])
@@ -178,11 +179,11 @@ def test_multimodal_index_advances_past_finished_items():
     items = [MultiModalFeature("a", 0, 2), MultiModalFeature("b", 3, 3), MultiModalFeature("c", 9, 1)]
     r = Request("r", list(range(12)), mm_features=items)
     keys, nxt = generate_block_hash_extra_keys(r, 0, 4)
-    assert keys == (("a", 0), ("b", 3)) and nxt == 1  # "b" runs into the next block
+    assert keys == (("mm", "a", 0), ("mm", "b", 3)) and nxt == 1  # "b" runs into the next block
     keys, nxt = generate_block_hash_extra_keys(r, 4, 8, nxt)
-    assert keys == (("b", -1),) and nxt == 2
+    assert keys == (("mm", "b", -1),) and nxt == 2
     keys, nxt = generate_block_hash_extra_keys(r, 8, 12, nxt)
-    assert keys == (("c", 1),) and nxt == 3
+    assert keys == (("mm", "c", 1),) and nxt == 3
 
 
 def test_request_rejects_bad_inputs_by_value():

@@ -189,7 +189,7 @@ def test_short_pool_returns_none_and_changes_nothing():
 
 
 def test_watermark_holds_back_new_requests_only():
-    mgr = KVCacheManager(11, block_size=1, watermark=0.2)  # 10 usable, 2 held back
+    mgr = KVCacheManager(11, block_size=1, watermark=0.2)  # 0.2 of all 11 blocks: 2 held back
     assert mgr.watermark_blocks == 2
     assert admit(mgr, new_request(mgr, "big", list(range(9))))[0] is None
     a = new_request(mgr, "a", list(range(8)))

@@ -136,11 +136,40 @@ except IndexError as exc:
 # %% [markdown]
 # ## What the engines do differently
 #
-# SGLang allocates one tensor per layer (`k_buffer[layer]`), rows indexed by slot. vLLM allocates
-# per layer too, but its tensors are shaped by *block*: `(2, num_blocks, block_size, H, d)` for K
-# and V together in most attention backends, so a slot is `(block, offset)` rather than a flat
-# row. The bytes per token are the same formula; only the indexing differs. Hybrid models
-# (Gemma-3's sliding layers, Qwen3-Next's linear layers) are chapter 07.
+# SGLang allocates one tensor per layer (`k_buffer[layer]`), rows indexed by slot. vLLM 0.33
+# describes its cache with one **logical** shape, `[layer, block, head, token, content]` (`[L, B, H,
+# N, C]` in `vllm/v1/kv_cache_layout.py`), where the content axis holds a token's K *and* V side by
+# side. A layer sees the 4-D view `[num_blocks, num_kv_heads, block_size, 2 * head_size]`, and the
+# FlashAttention backend splits it into K and V at every step (`kv_cache.transpose(1, 2).split(...)`).
+# Where the five axes sit in memory is a separate choice, a `KVCacheLayout`: the axes listed
+# outermost first. FlashAttention states no preference, so vLLM takes the first of its default
+# list, `LBNHC`: inside a block the tokens follow one another, each with all its heads' K|V. A
+# slot is `(block, offset)` rather than a flat row; the bytes per token are the same formula.
+# `memlab.vllm.kv_layout` builds the same views (`./course engines` checks its strides against
+# vLLM's own code):
+
+# %%
+from memlab.vllm.kv_layout import allocate_kv_cache, layout_strides, split_kv
+
+layer0 = allocate_kv_cache(num_layers=4, num_blocks=6, num_kv_heads=8, block_size=16, head_size=128,
+                           dtype=torch.bfloat16)[0]
+k_view, v_view = split_kv(layer0, 128)
+print("layer view [B, H, N, C]:", tuple(layer0.shape), "strides", layer0.stride())
+print("K view     [B, N, H, d]:", tuple(k_view.shape), "strides", k_view.stride(), "(heads 2 * d apart: K|V interleave)")
+print("strides in [L, B, H, N, C] order, LBNHC:", layout_strides((4, 6, 8, 16, 256), "LBNHC"),
+      " LBHNC:", layout_strides((4, 6, 8, 16, 256), "LBHNC"))
+print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
+
+# %% [markdown]
+# Hybrid models (Gemma-3's sliding layers, Qwen3-Next's linear layers) are chapter 07.
+#
+# ### Where memlab differs from the engines
+#
+# | | the engine (SGLang 0.5.23 / vLLM 0.33) | memlab |
+# |---|---|---|
+# | SGLang's K and V tensors | one allocation per layer when $d_v = d$, `(2, rows, H, d)`, K and V its two halves (rows padded to whole pages), so a paged kernel reaches V from one base; a page-major `hnd` layout on request | two separate tensors per layer, `(size + page_size, H, d)`: the same rows and bytes, no shared base |
+# | SGLang's write | a fused `store_cache` kernel on CUDA; K and V on two streams while CUDA graphs are captured | `k_buffer[layer][loc] = k`, SGLang's fallback path |
+# | vLLM's cache | one buffer, logical `[L, B, H, N, C]`, physical order from `KVCacheLayout`; written by `reshape_and_cache_flash` (CUDA C++) through the split K and V views | `memlab.vllm.kv_layout` builds the same views; chapter 06 writes into them with memlab's Triton `store_kv` |
 #
 # ## Exercise: `exercises/ch02_bytes_per_token.py`
 #

@@ -81,10 +81,14 @@ queue.append(pool.blocks[5])
 #
 # A full block's hash is `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
 # one hash stands for the whole prefix up to that block, so a lookup compares one value per block.
-# Only full blocks are hashed (a partial block's content is still growing). The extra keys hold
-# whatever else decides the KV: the LoRA adapter, multimodal items overlapping the block (their
-# content hash and offset), and a per-user **cache salt** on the first block only, which through
-# the chain changes every later hash too.
+# Only full blocks are hashed (a partial block's content is still growing). The first block's
+# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`), so every process
+# and every machine computes the same hashes and could share cached KV. The extra keys hold
+# whatever else decides the KV: the LoRA adapter (`("lora", name, path)`), multimodal items
+# overlapping the block (`("mm", content hash, offset in the block)`), and a per-user **cache
+# salt** on the first block only (`("cache_salt", salt)`), which through the chain changes every
+# later hash too. `sha256` is vLLM's default: SHA-256 of the pickled key. memlab's hashes are vLLM
+# 0.33's, byte for byte.
 
 # %%
 from memlab.vllm import Request, get_request_block_hasher, sha256
@@ -166,15 +170,20 @@ print("slot_mapping    :", by_kernel.tolist())
 assert by_kernel.tolist() == by_torch.tolist() == by_python
 
 # %% [markdown]
-# The KV-store kernel writes each token's K and V at its slot in caches shaped
-# `(num_blocks, block_size, heads, head_dim)`, and skips the padding:
+# The KV-store kernel writes each token's K and V at its slot, and skips the padding. The cache is
+# laid out as vLLM 0.33 lays it out (chapter 02): one layer's view `[block, head, token, K|V]`,
+# split into K and V views shaped `(num_blocks, block_size, heads, head_dim)`, whose heads sit
+# `2 * head_dim` apart because each token's K and V are side by side:
 
 # %%
+from memlab.vllm.kv_layout import allocate_kv_cache, split_kv
+
 H, D = 2, 8
 key = torch.randn(16, H, D, device=dev)
 value = torch.randn(16, H, D, device=dev)
-k_cache = torch.zeros(12, 4, H, D, device=dev)
-v_cache = torch.zeros(12, 4, H, D, device=dev)
+layer_cache = allocate_kv_cache(num_layers=1, num_blocks=12, num_kv_heads=H, block_size=4, head_size=D,
+                                dtype=torch.float32, device=dev)[0]
+k_cache, v_cache = split_kv(layer_cache, D)
 store_kv(key, value, k_cache, v_cache, by_kernel, backend="triton")
 slot = int(by_kernel[1])  # D's first token
 print(f"token 1 -> slot {slot} = block {slot // 4}, offset {slot % 4}:",
@@ -189,7 +198,8 @@ print(f"{written} of 48 slots written, in blocks {sorted({int(s) // 4 for s in b
 # The Mooncake traces (FAST'25) list, per request, its prompt length and one id per 512-token
 # block of the prompt, equal ids meaning an equal prefix. Replaying them through memlab's
 # `KVCacheManager` shows how the hit rate grows with the pool's capacity (LRU eviction, the rules
-# above). Fast mode replays the first requests only.
+# above). The full conversation trace has 12,031 requests, replayed once per capacity: the
+# progress bar counts requests over all capacities. Fast mode replays the first requests only.
 
 # %%
 from memlab.viz.style import new_figure
@@ -215,6 +225,30 @@ print(curve.table())
 from memlab.vllm.compare import compare, format_table, make_stream
 
 print(format_table(compare(make_stream(6, seed=1), block_size=16)))
+
+# %% [markdown]
+# ### memlab next to the real vLLM
+#
+# `./course engines` downloads vLLM 0.33's published wheel, loads its block pool, free queue,
+# hashing and KV cache manager (pure Python), and runs them side by side with memlab's: random
+# streams of admissions with prefix hits, chunked prefills, decode steps, twins, preemptions,
+# frees and resets, compared after every step (every block id handed out, every refusal, the
+# free queue's order, the hash map). They agree, stream by stream.
+#
+# ### Where memlab differs from the engine
+#
+# | | vLLM 0.33 | memlab |
+# |---|---|---|
+# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (hybrid models) | one group: `KVCacheManager` (full attention) or `SlidingWindowKVCacheManager` |
+# | hash map keys | the block hash plus a 4-byte KV cache group id | the block hash |
+# | partial blocks | in hybrid models with several block sizes, a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
+# | `allocate_slots` | also KV-connector (external) tokens, EAGLE's dropped last hit, delayed caching, a full-sequence admission gate | new tokens, hits and lookahead only |
+# | watermark | waived while no other request is scheduled in the step | applied to every admission |
+# | sliding window | may skip caching blocks no later hit can use (retention settings) | caches every full block (vLLM's default for one group) |
+# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
+# | extra keys | LoRA, multimodal items, cache salt, prompt-embedding digests | LoRA, multimodal items, cache salt |
+# | a free of a free block | not checked | refused with an error, nothing changed |
+# | KV store | `reshape_and_cache_flash`, a CUDA C++ op | a Triton kernel (`store_kv`) |
 
 # %% [markdown]
 # ## Exercises

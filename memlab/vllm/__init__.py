@@ -3,10 +3,11 @@ slot_mapping (worker side), a side-by-side with SGLang's allocators, and a trace
 
 Modules, in the order chapter 06 teaches them:
     block_pool        KVCacheBlock, FreeKVCacheBlockQueue, BlockPool
-    hashing           chained block hashes (sha256 default, a fast option), extra keys
+    hashing           chained block hashes (vLLM 0.33's sha256 digests, a fast option), extra keys
     request           the slice of a request the books read
     kv_cache_manager  KVCacheManager, SlidingWindowKVCacheManager
     block_table       BlockTable, slot_mapping and store_kv (kernel + torch + Python references)
+    kv_layout         the cache vLLM 0.33 stores into: logical [layer, block, head, token, content]
     compare           the same request stream through SGLang's allocators and the block pool
     replay            Mooncake traces through the prefix cache: hit rate against capacity
 """

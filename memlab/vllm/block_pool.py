@@ -15,7 +15,11 @@ BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own 
 
 
 class KVCacheBlock:
-    """Metadata of one KV block. Slotted: a pool creates one per block, 100,000s at start."""
+    """Metadata of one KV block. Slotted: a pool creates one per block, 100,000s at start.
+
+    vLLM 0.33's block also records how many prefix tokens its hash covers and which pool owns
+    it (partial-block hits, frees across pools); memlab's blocks are cached whole, in one pool.
+    """
 
     __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null")
 
@@ -158,6 +162,9 @@ class BlockHashToBlockMap:
     time each keep their own copy, because a block id once handed out never changes (block
     tables are append-only). One block is stored bare, several in a dict keyed by block id, so
     the common case costs no extra dict.
+
+    vLLM 0.33 keys the map by the hash plus a 4-byte KV cache group id (one pool serves every
+    group of a hybrid model); memlab has one group, so the hash alone is the key.
     """
 
     __slots__ = ("_cache",)
@@ -303,6 +310,7 @@ class BlockPool:
             if block.is_null:
                 continue
             if block.ref_cnt <= 0:
+                # memlab's boundary check; vLLM 0.33 does not check (its count would go negative).
                 for done in blocks[:i]:  # a refused free changes nothing
                     if not done.is_null:
                         done.ref_cnt += 1

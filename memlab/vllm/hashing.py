@@ -1,78 +1,44 @@
-"""Block hashing for the prefix cache (vLLM keeps this in vllm/v1/core/kv_cache_utils.py).
+"""Block hashing for the prefix cache (vLLM keeps this in vllm/v1/core/kv_cache_utils.py, its
+hash functions in vllm/utils/hashing.py).
 
 A full block's hash is hash(parent hash, the block's token ids, extra keys). The parent chain
 makes one hash stand for the whole prefix up to that block, so a lookup only ever compares one
 key per block. Only FULL blocks are hashed: a partial block's content is still changing.
 
 Two hash functions:
-- ``sha256`` (default): SHA-256 over a stable byte serialisation; collisions are out of reach
-  and the digest is the same in every process and on every machine.
-- ``fast_hash``: CPython's built-in tuple hash over ints (strings are first folded to ints by
-  a stable digest), 64 bits and non-cryptographic: fast, reproducible across processes, but
-  a collision (two prefixes sharing KV) is possible in principle.
+- ``sha256`` (vLLM's default, ``prefix_caching_hash_algo="sha256"``): SHA-256 of the pickled
+  key. memlab's hashes are vLLM 0.33's, byte for byte: same serialisation, same first parent,
+  same extra keys (``./course engines`` checks them against the wheel's own functions).
+- ``fast_hash`` (memlab only): CPython's built-in tuple hash over ints (strings are first folded
+  to ints by a stable digest), 64 bits and non-cryptographic: fast, reproducible across
+  processes, but a collision (two prefixes sharing KV) is possible in principle. vLLM's fast
+  options are xxHash-based instead.
 
-The first block's parent is ``NONE_HASH``, derived from a FIXED seed so results reproduce
-(vLLM seeds it from PYTHONHASHSEED, or randomly when that is unset).
+The first block's parent is ``NONE_HASH = hash_fn("vllm-none-hash")``. vLLM 0.33 uses that fixed
+seed with sha256 (so processes and nodes compute the same hashes and can share cached KV), takes
+PYTHONHASHSEED instead when it is set, and a random seed for its non-cryptographic hashes (a
+predictable seed would let an attacker precompute collisions). memlab always uses the fixed seed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import struct
-from array import array
+import pickle
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple, Sequence
 
 BlockHash = bytes | int
 HashFn = Callable[[Any], BlockHash]
 
-NONE_HASH_SEED = "memlab"
-
-
-# ---- a stable serialisation: type tag + length + payload, the same bytes everywhere ----------
-
-def _encode(obj: Any, out: list[bytes]) -> None:
-    if isinstance(obj, bool):  # before int: True must not serialise like 1
-        out.append(b"?1" if obj else b"?0")
-    elif isinstance(obj, int):
-        raw = obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True)
-        out.append(b"i" + struct.pack("<I", len(raw)) + raw)
-    elif isinstance(obj, (bytes, bytearray)):
-        out.append(b"b" + struct.pack("<I", len(obj)) + bytes(obj))
-    elif isinstance(obj, str):
-        raw = obj.encode("utf-8")
-        out.append(b"s" + struct.pack("<I", len(raw)) + raw)
-    elif obj is None:
-        out.append(b"n")
-    elif isinstance(obj, (tuple, list)):
-        # Fast path, a block's token ids: all plain ints (not bool, which array() would pack
-        # as 0/1), packed in one C call.
-        packed = None
-        if set(map(type, obj)) <= {int}:
-            try:
-                packed = array("q", obj)
-            except OverflowError:  # an int beyond 64 bits: the slow path encodes any size
-                pass
-        if packed is not None:
-            out.append(b"q" + struct.pack("<I", len(obj)) + packed.tobytes())
-        else:
-            out.append(b"t" + struct.pack("<I", len(obj)))
-            for item in obj:
-                _encode(item, out)
-    else:
-        raise TypeError(f"cannot hash a {type(obj).__name__} ({obj!r}): block hash keys are made "
-                        "of ints, strings, bytes, None and tuples of them")
-
-
-def serialize(obj: Any) -> bytes:
-    """Stable bytes for ints, bools, str, bytes, None and (nested) tuples/lists of them."""
-    out: list[bytes] = []
-    _encode(obj, out)
-    return b"".join(out)
+NONE_HASH_SEED = "vllm-none-hash"
 
 
 def sha256(obj: Any) -> bytes:
-    return hashlib.sha256(serialize(obj)).digest()
+    """SHA-256 of the pickled object (vLLM's ``sha256``). Block keys are ints, strings, bytes,
+    None and tuples of them, whose pickled bytes are the same in every process. Pickle writes an
+    object it has already written as a back-reference, so a key holding one string object twice
+    hashes unlike one holding two equal copies; vLLM's hash does the same."""
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
 @lru_cache(maxsize=4096)
@@ -98,7 +64,8 @@ def _to_ints(obj: Any) -> Any:
 
 
 def fast_hash(obj: Any) -> int:
-    """Built-in hash over ints only (stable across processes); obj as for ``sha256``."""
+    """Built-in hash over ints only (stable across processes); obj made of ints, strings, bytes,
+    None and tuples of them. memlab's own: vLLM 0.33 has no built-in-hash option."""
     if type(obj) is tuple and len(obj) == 3 and type(obj[1]) is tuple and obj[2] is None:
         return hash((_to_ints(obj[0]), obj[1], ()))  # the common block: no extra keys
     return hash(_to_ints(obj))
@@ -114,8 +81,8 @@ def get_hash_fn_by_name(name: str) -> HashFn:
 
 
 def init_none_hash(hash_fn: HashFn, seed: str = NONE_HASH_SEED) -> BlockHash:
-    """The parent of every request's first block."""
-    return hash_fn(("none_hash", seed))
+    """The parent of every request's first block: the hash of the seed string itself."""
+    return hash_fn(seed)
 
 
 # ---- one block -------------------------------------------------------------------------------
@@ -138,46 +105,41 @@ class MultiModalFeature(NamedTuple):
     length: int
 
 
-def _mm_extra_keys(mm_features: Sequence[MultiModalFeature], start: int, end: int,
-                   start_mm_idx: int) -> tuple[list, int]:
-    """Items overlapping [start, end): (identifier, item offset - start) each, and the index of
-    the first item that may still overlap a later block (items are sorted by offset).
-
-    Earlier vLLM v1 releases appended only the identifier; memlab adds the item's offset in the
-    block (as its issue asked), and so does recent vLLM (``_gen_mm_extra_hash_keys``). Hashes
-    therefore match only vLLM versions that include the offset."""
+def _gen_mm_extra_hash_keys(mm_features: Sequence[MultiModalFeature], start: int, end: int,
+                            start_mm_idx: int) -> tuple[list, int]:
+    """("mm", identifier, item offset - start) for each item overlapping the block [start, end),
+    and the index of the first item a later block can still overlap (items are sorted by
+    offset and disjoint). The offset tells WHERE in the block the item sits: placeholder tokens
+    alone are identical for every image."""
     keys = []
     idx = start_mm_idx
-    next_idx = start_mm_idx
     while idx < len(mm_features):
         item = mm_features[idx]
-        if item.offset >= end:
+        if item.offset >= end:  # not reached yet, nor any later item
             break
-        item_end = item.offset + item.length
-        if item_end > start:
-            # The offset tells WHERE in the block the item sits; placeholder tokens alone are
-            # identical for every image.
-            keys.append((item.identifier, item.offset - start))
-        if item_end <= end and next_idx == idx:
-            next_idx = idx + 1  # done with it: no later block overlaps it
-        idx += 1
-    return keys, next_idx
+        if item.offset + item.length <= start:  # behind this block
+            idx += 1
+            continue
+        keys.append(("mm", item.identifier, item.offset - start))
+        if item.offset + item.length > end:  # runs on into the next block: start there next time
+            break
+        idx += 1  # ends inside this block; the next item may start in it too
+    return keys, idx
 
 
 def generate_block_hash_extra_keys(request, start_token_idx: int, end_token_idx: int,
                                    start_mm_idx: int = 0) -> tuple[tuple | None, int]:
-    """Extra keys of the block [start_token_idx, end_token_idx): LoRA adapter identity,
-    overlapping multimodal items with their offsets, and the cache salt (first block only, which
-    through the chain changes every later hash too). Returns (keys or None, next mm index)."""
-    keys: list = []
-    if request.lora_name is not None:
-        keys.append(("lora", request.lora_name))
-    next_mm_idx = start_mm_idx
-    if request.mm_features:
-        mm_keys, next_mm_idx = _mm_extra_keys(request.mm_features, start_token_idx, end_token_idx, start_mm_idx)
-        keys.extend(mm_keys)
-    if start_token_idx == 0 and request.cache_salt:
-        keys.append(("salt", request.cache_salt))
+    """Extra keys of the block [start_token_idx, end_token_idx), in vLLM 0.33's order: the LoRA
+    adapter (``("lora", name, path)``, every block: a name re-pointed at another adapter must
+    not reuse KV), the overlapping multimodal items, and the cache salt
+    (``("cache_salt", salt)``, first block only: through the chain it changes every later hash
+    too). vLLM adds a digest of prompt embeddings for requests given as embeddings; memlab's
+    requests are token ids only. Returns (keys or None, next mm index)."""
+    lora_keys = [("lora", request.lora_name, request.lora_path)] if request.lora_name is not None else []
+    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(request.mm_features, start_token_idx, end_token_idx,
+                                                   start_mm_idx)
+    salt_keys = [("cache_salt", request.cache_salt)] if start_token_idx == 0 and request.cache_salt else []
+    keys = lora_keys + mm_keys + salt_keys
     return (tuple(keys) if keys else None), next_mm_idx
 
 

@@ -1,8 +1,12 @@
 """A slim version of vLLM v1's KVCacheManager for one KV cache group.
 
 vLLM splits this across KVCacheManager, a coordinator and one SingleTypeKVCacheManager per
-attention type (vllm/v1/core/kv_cache_manager.py, single_type_kv_cache_manager.py); with one
-group they collapse into the class below. The scheduler's calls, in order:
+attention type (vllm/v1/core/kv_cache_manager.py, kv_cache_coordinator.py,
+single_type_kv_cache_manager.py); with one group they collapse into the classes below, which
+hand out the same blocks as vLLM 0.33 for the same calls (``./course engines`` runs both in
+lockstep). Left out: KV connectors (external computed tokens), EAGLE's dropped last hit,
+partial-block hits, sparse caching of sliding-window blocks, events and metrics. The
+scheduler's calls, in order:
 
     blocks, n = manager.get_computed_blocks(request)           # prefix-cache lookup
     new_blocks = manager.allocate_slots(request, request.num_tokens - n, n, blocks)
@@ -34,9 +38,10 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
         self.null_block = self.block_pool.null_block
-        # Blocks kept free for requests already running (so a newly admitted request does not
-        # force a preemption at the very next decode step): vLLM v0's watermark, new requests only.
-        self.watermark_blocks = int(watermark * (num_gpu_blocks - 1))
+        # Blocks kept free for requests already running, so a newly admitted request does not
+        # force a preemption at the very next decode step. A fraction of ALL blocks, the null
+        # block included, as in vLLM 0.33; only admissions (new or preempted requests) pay it.
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.request_block_hasher = get_request_block_hasher(block_size, get_hash_fn_by_name(hash_fn))
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}  # how many of a request's blocks are in the map
@@ -105,7 +110,7 @@ class KVCacheManager:
                              - len(new_computed_blocks))
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         num_free = self.block_pool.get_num_free_blocks()
-        if is_new:
+        if is_new:  # vLLM also waives it while no other request is scheduled in the step
             num_free -= self.watermark_blocks
         if num_new_blocks + num_evictable_hits > num_free:
             return None

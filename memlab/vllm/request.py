@@ -11,12 +11,12 @@ class Request:
     """A request's token ids, its block hashes (grown as full blocks appear) and hash keys."""
 
     __slots__ = ("request_id", "prompt_token_ids", "all_token_ids", "num_computed_tokens", "lora_name",
-                 "mm_features", "cache_salt", "block_hashes", "_block_hasher")
+                 "lora_path", "mm_features", "cache_salt", "block_hashes", "_block_hasher")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *,
                  block_hasher: Callable[["Request"], list[BlockHash]] | None = None,
-                 lora_name: str | None = None, mm_features: Sequence[MultiModalFeature] = (),
-                 cache_salt: str | None = None):
+                 lora_name: str | None = None, lora_path: str | None = None,
+                 mm_features: Sequence[MultiModalFeature] = (), cache_salt: str | None = None):
         if len(prompt_token_ids) == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
@@ -37,7 +37,10 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # vLLM's LoRARequest: the hash key holds the name and the path (vLLM requires a path;
+        # memlab lets it be None when a lesson only needs the name).
         self.lora_name = lora_name
+        self.lora_path = lora_path
         self.mm_features = mm_features
         self.cache_salt = cache_salt
         self.block_hashes: list[BlockHash] = []

@@ -53,3 +53,26 @@ def unpacked(name: str) -> Path:
             z.extractall(dest)
         done.write_text(whl.name)
     return dest
+
+
+def extracted(name: str, members: list[str]) -> Path:
+    """A folder holding the given files of the wheel (paths inside it, e.g.
+    ``vllm/v1/core/block_pool.py``), extracted once each.
+
+    A loader that needs a few pure-Python modules uses this instead of ``unpacked``: it writes a
+    few hundred kB instead of the whole wheel (vLLM's unpacks to about 800 MB, mostly compiled
+    libraries). Each file is written to a temporary name and renamed, so parallel test workers
+    never read a half-written file.
+    """
+    whl = wheel(name)
+    dest = cache_dir() / whl.stem
+    missing = [m for m in members if not (dest / m).is_file()]
+    if missing:
+        with zipfile.ZipFile(whl) as z:
+            for member in missing:
+                target = dest / member
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+                tmp.write_bytes(z.read(member))
+                os.replace(tmp, target)
+    return dest
