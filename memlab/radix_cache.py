@@ -103,6 +103,7 @@ class RadixCache:
         self._clock = itertools.count()  # the LRU clock: one tick per access or new node
         self._ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
+        self.num_evicted_tokens = 0  # SGLang's eviction metric: tokens evict() freed from the device
         self.reset()
 
     # -- public API --------------------------------------------------------------------------
@@ -164,6 +165,7 @@ class RadixCache:
             self._delete_leaf(x)
             if len(x.parent.children) == 0 and x.parent.lock_ref == 0:
                 heapq.heappush(eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent))
+        self.num_evicted_tokens += num_evicted
         if self.debug_mode:
             self._check_tree()
         return EvictResult(num_evicted)
