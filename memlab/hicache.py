@@ -369,12 +369,12 @@ class HiRadixCache(RadixCache):
         if device_indices is None:
             return None
         offset = 0
-        for n in nodes_to_load:
+        for n in nodes_to_load:  # re-point the nodes at their new device slots
             n.value = device_indices[offset: offset + len(n.host_value)].clone()
             offset += len(n.value)
             self.evictable_size_ += len(n.value)
+        for n in [*reversed(nodes_to_load), ancestor]:  # bottom up: only the deepest can be a leaf
             self._update_leaf_status(n)
-        self._update_leaf_status(ancestor)
         if self.debug_mode:
             self._check_tree()
         return device_indices
