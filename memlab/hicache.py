@@ -234,10 +234,11 @@ class HiRadixCache(RadixCache):
         return total_prefix_length, node
 
     def _inc_hit_count(self, node: TreeNode) -> None:
-        if self.is_write_back or node.backuped:
+        """Count a hit; write-through backs the node up once it reaches the threshold."""
+        if self.is_write_back or node.evicted:
             return
         node.hit_count += 1
-        if node.hit_count >= self.write_through_threshold:
+        if not node.backuped and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
     def write_backup(self, node: TreeNode, write_back: bool = False) -> int:

@@ -123,11 +123,11 @@ def test_page_size_two_keeps_whole_pages():
     assert sorted(n.key for n in frames[5].nodes)[0] == tuple(encode("<s> You"))  # the split falls on a page
 
 
-def test_stepper_over_both_stories(frames):
+def test_stepper_over_stories(frames):
     from memlab.viz.widgets import Stepper
 
-    w = Stepper({"page size 1": frames, "page size 2": story(page_size=2)}, draw_radix)
+    w = Stepper({"first steps": frames[:4], "later": frames[6:8]}, draw_radix)
     w._move(+3)
     assert "SPLITS" in w.caption.value and w.view.value.startswith("<img")
-    w.story.value = "page size 2"
-    assert w.slider.max == 11
+    w.story.value = "later"
+    assert w.slider.max == 1 and "DEMOTED" in w.caption.value
