@@ -130,6 +130,8 @@ class HiCacheController:
 
     def __init__(self, token_to_kv_pool_allocator, mem_pool_host: HostKVCache, page_size: int,
                  write_policy: str = "write_through", io_backend: str = "triton"):
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"Invalid write policy: {write_policy!r}; choose one of {WRITE_POLICIES}")
         self.mem_pool_device_allocator = token_to_kv_pool_allocator
         self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
         self.mem_pool_host = mem_pool_host

@@ -95,6 +95,7 @@ class RadixCache:
 
     def __init__(self, token_to_kv_pool_allocator, page_size: int | None = None, disable: bool = False,
                  debug_mode: bool = False):
+        _validate_init(token_to_kv_pool_allocator, page_size)
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = token_to_kv_pool_allocator.page_size if page_size is None else page_size
         self.device = getattr(token_to_kv_pool_allocator, "device", torch.device("cpu"))
@@ -143,6 +144,7 @@ class RadixCache:
         if self.disable:
             return InsertResult(0, self.root_node)
         key = self.page_aligned(key)
+        _validate_insert(key, value)
         if value is None:  # SGLang's test fallback: the token ids stand in for slots
             value = torch.tensor(key, dtype=torch.int64, device=self.device)
         prefix_len, last_node = self._insert_helper(self.root_node, key, value[: len(key)])
@@ -392,3 +394,16 @@ class RadixCache:
                     assert (runs[:, 0] % self.page_size == 0).all() and \
                         (runs - runs[:, :1] == torch.arange(self.page_size, device=v.device)).all(), \
                         f"{node}: slots are not whole pages"
+
+
+# -- argument checks at the boundary (the algorithm above trusts its inputs, as SGLang's does) ----
+
+def _validate_init(allocator, page_size) -> None:
+    if page_size is not None and page_size != getattr(allocator, "page_size", page_size):
+        raise ValueError(f"page_size {page_size} differs from the allocator's {allocator.page_size}: the tree "
+                         "would cut keys to pages the allocator does not hand out")
+
+
+def _validate_insert(key: tuple, value) -> None:
+    if value is not None and len(value) < len(key):
+        raise ValueError(f"insert of {len(key)} tokens (after cutting to whole pages) with only {len(value)} slots")

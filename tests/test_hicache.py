@@ -109,6 +109,11 @@ def test_round_trip_returns_every_byte(kind, page_size, backend, dtype):
     assert ctl.load(host.alloc(6 * page_size - 3 * page_size).repeat(3)) is None  # more than the device holds
 
 
+def test_unknown_write_policy_is_refused():
+    with pytest.raises(ValueError, match="Invalid write policy: 'write_sometimes'"):
+        make_tree(policy="write_sometimes")
+
+
 # -- the tree over two tiers, by hand ----------------------------------------------------------------
 
 def test_write_through_demote_then_load_back():

@@ -164,6 +164,14 @@ def test_disabled_cache_holds_nothing():
     assert tree.match_prefix([1, 2]).device_prefix_len == 0 and tree.total_size() == 0
 
 
+def test_bad_arguments_are_named():
+    tree, alloc = tree_of()
+    with pytest.raises(ValueError, match="insert of 3 tokens .* with only 2 slots"):
+        tree.insert([1, 2, 3], alloc.alloc(2))
+    with pytest.raises(ValueError, match="page_size 4 differs from the allocator's 1"):
+        RadixCache(alloc, page_size=4)
+
+
 def test_idle_check_finds_a_leak():
     tree, alloc = tree_of()
     alloc.alloc(3)  # nobody's
