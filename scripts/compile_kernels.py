@@ -51,6 +51,7 @@ BUILDS = {
          dict(USE_BLOCK_TABLE=bt, V_FROM_K=mla, BLOCK_N=16 if mla else 32, BLOCK_D=512 if mla else 128,
               BLOCK_DPE=64 if mla else 0, BLOCK_DV=512 if mla else 128))
         for dt in ("*fp16", "*fp32") for bt in (False, True) for mla in (False, True)],
+    "page_copy.py": [("_page_copy_kernel", dict(src_ptr=dt, dst_ptr=dt, src_pages_ptr=P64, dst_pages_ptr=P64, src_num_pages=I32, dst_num_pages=I32, page_elems=I32), dict(BLOCK=1024)) for dt in ("*fp16", "*fp32", "*u8")],
 }
 CAPABILITIES = (75, 90)
 

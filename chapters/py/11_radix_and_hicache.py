@@ -1,0 +1,319 @@
+# %% [markdown]
+# # 11 · Above and below the allocator: the radix prefix cache and HiCache's host tier
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/11_radix_and_hicache.ipynb)
+#
+# The allocator is not alone. **Above** it, SGLang's `RadixCache` decides which prefixes are
+# reused: a radix tree over token ids whose nodes hold the KV slots the allocator handed out.
+# **Below** it, HiCache moves pages between GPU memory and host memory (and storage): a node
+# evicted from the GPU can keep its KV in a host pool and come back later. The allocator's free
+# pages are at the same time the scheduler's admission test and HiCache's transfer target: a hit
+# that lives only on the host first takes device pages, then copies the KV back into them.
+#
+# **After this chapter you can**
+# - follow a radix tree through inserts, matches that split a node, locks held by running
+#   requests and LRU eviction of unlocked leaves, and check its books
+#   (`available + evictable + protected == total`);
+# - say why keys are cut to whole pages, and what a finished request hands to the tree and what
+#   it frees;
+# - build a host pool from the device pool's declaration, move pages with a Triton gather/scatter
+#   kernel, and follow a node from the device to the host and back (write-through, write-back);
+# - say where SGLang's radix tree and vLLM's block hashes differ, with measured hit rates and
+#   evictions on one stream of shared-prefix conversations;
+# - write `match_prefix` with its split and `evict` (exercise `ch11_radix_match`).
+
+# %%
+# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/memlab-course/memlab"
+here = pathlib.Path.cwd().resolve()
+root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
+if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
+    root = here / "memlab"
+    if not root.exists():
+        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
+if str(root) not in sys.path:
+    sys.path.insert(0, str(root))
+from memlab.viz.notebook import start
+
+FAST = start("11")
+
+# %% [markdown]
+# ## See it
+#
+# A device pool of 24 slots and a host pool of 32, a tree with write-through (every node is
+# copied to the host when it is inserted). Requests A to D share a system prompt and parts of
+# their questions. Left: the tree; each node shows its tokens, its device slots (`dev`), its host
+# slots (`host`) and its lock count. Dark blue: locked by a running request; peach: an evictable
+# leaf (the next eviction's candidates, least recently used first); mint: on the device with a
+# child on the device; grey and hatched: evicted from the device, its KV only on the host. A black
+# edge marks what the step changed. Right: every device and host page in the colour of its
+# node; `xx` pages belong to a running request and are not in the tree yet. The second story uses
+# pages of 2 tokens.
+#
+# ![D hits nodes that live only on the host: they are loaded back into new device pages](img/11_radix.png)
+
+# %%
+from memlab import viz
+from memlab.viz.radix_books import draw_radix, story
+
+viz.Stepper({"page size 1": story(), "page size 2": story(page_size=2)}, draw_radix, interval_ms=2000)
+
+# %% [markdown]
+# ## The radix tree
+#
+# `memlab/radix_cache.py` follows SGLang's `sglang/srt/mem_cache/radix_cache.py` name for name:
+#
+# - `match_prefix(key)` walks down from the root, one child per step (a child is found by its
+#   first token). A match that ends **inside** a node splits it, so the match always ends
+#   exactly on a node: `MatchResult(device_prefix_len, last_device_node, ...)`. The slots are
+#   read off the path with `path_device_indices(node)`.
+# - `insert(key, value)` adds what the tree did not have and returns `prefix_len`, how much it
+#   already had: the caller's own slots for that part are duplicates, and the **caller** frees
+#   them.
+# - `inc_lock_ref(node)` / `dec_lock_ref(node)` lock or unlock the whole path to the root;
+#   locked tokens move from `evictable_size()` to `protected_size()`.
+# - `evict(num_tokens)` frees unlocked leaves, least recently used first, through the allocator;
+#   a parent whose last child went becomes a leaf and may go in the same call. A node is the unit:
+#   evict frees *at least* what was asked.
+
+# %%
+import torch
+
+from memlab.allocator import TokenToKVPoolAllocator
+from memlab.radix_cache import RadixCache
+
+alloc = TokenToKVPoolAllocator(32, debug_mode=True)
+tree = RadixCache(alloc, debug_mode=True)
+
+
+def finished(tokens):
+    """What a finished request hands over: its tokens and fresh slots; duplicates go back."""
+    slots = alloc.alloc(len(tokens))
+    r = tree.insert(tokens, slots)
+    alloc.free(slots[: r.prefix_len])
+    return r.prefix_len
+
+
+print("insert [1 2 3 4 5]: tree already had", finished([1, 2, 3, 4, 5]))
+print("insert [1 2 3 9 9]: tree already had", finished([1, 2, 3, 9, 9]), "-> (1 2 3 4 5) split after 3")
+m = tree.match_prefix([1, 2, 3, 4, 7])
+print("match [1 2 3 4 7]:", m.device_prefix_len, "tokens, slots", tree.path_device_indices(m.last_device_node).tolist(),
+      "(the match split (4 5) after 4)")
+tree.inc_lock_ref(m.last_device_node)
+print("locked: evictable", tree.evictable_size(), "protected", tree.protected_size())
+print("evict(10) frees", tree.evict(10).num_tokens_evicted, "tokens: only the unlocked leaves (5) and (9 9)")
+tree.dec_lock_ref(m.last_device_node)
+tree.check_idle(32)
+print("idle check: available", alloc.available_size(), "+ evictable", tree.evictable_size(), "+ protected",
+      tree.protected_size(), "== 32")
+
+# %% [markdown]
+# **The idle check.** With no request running, every slot of the pool is free, held by the tree
+# (evictable) or locked (protected): SGLang's scheduler checks `available + evictable +
+# protected == total` whenever it is idle, and a leak (a slot nobody owns) shows up there. In
+# `debug_mode`, memlab's tree also recounts its books from the tree after every change.
+#
+# **Pages.** With `page_size > 1` a key is cut to whole pages (`page_aligned`) and compared page
+# by page; a child is found by its first *page*. The tree only ever holds whole pages, so a
+# request's partial last page is freed when it finishes and every value is a run of page-aligned
+# slots (which is what lets eviction free pages without a dedup).
+
+# %%
+from memlab.allocator import PagedTokenToKVPoolAllocator
+from memlab.prefix_compare import RadixDriver
+
+ptree = RadixCache(PagedTokenToKVPoolAllocator(64, 4, debug_mode=True), debug_mode=True)
+drv = RadixDriver(ptree)  # admit: match, lock, allocate; finish: insert, free the rest, unlock
+a = drv.admit(list(range(10)))
+drv.finish(a)
+print("A: 10 tokens -> the tree keeps", ptree.total_size(), "(two pages); the page of tokens 8, 9 was freed")
+b = drv.admit(list(range(6)) + [50, 51, 52])
+print("B shares tokens 0-5 but hits", b.hit_tokens, "tokens: one whole page (a request never hits its last token)")
+drv.finish(b)
+
+# %% [markdown]
+# ## Below the allocator: the host pool
+#
+# The host pool mirrors the device pool: one tensor per layer for each buffer the device pool
+# holds (MHA: K and V; MLA: one latent buffer). SGLang's device pools declare what they need
+# (`KVCache.host_pool_decls()`); memlab's `host_pool_decls(pool)` reads the same facts from the
+# pool's buffers. The host pool is sized in tokens, in whole pages, with its own page allocator.
+
+# %%
+from memlab.hicache import HostKVCache, host_pool_decls
+from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
+
+for dev_pool in (MHATokenToKVPool(64, 4, torch.float16, head_num=8, head_dim=128, layer_num=4),
+                 MLATokenToKVPool(64, 4, torch.float16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=4)):
+    (decl,) = host_pool_decls(dev_pool)
+    host = HostKVCache(decl, 256, 4, pin_memory=False)
+    print(f"{type(dev_pool).__name__:18} declares {[(b.name, b.row_shape) for b in decl.buffers]}; host pool of "
+          f"{host.size} tokens: {host.size_per_token} bytes per token (device: {dev_pool.bytes_per_token})")
+
+# %% [markdown]
+# ## The copy kernel
+#
+# A transfer moves whole pages: page `src_pages[i]` of one layer's buffer to page `dst_pages[i]`
+# of another. `kernels/page_copy.py` gives each program one chunk of one page (a page is one
+# contiguous run of `page_size` rows); a page id outside either buffer copies nothing. It moves
+# elements without looking at them, so fp8 pools (stored as bytes) copy like any other.
+#
+# On a GPU the kernel only touches device memory: device to host, it gathers the pages into a
+# contiguous device buffer, one bulk copy moves that to pinned host memory, and the host scatters
+# it into the host pool's pages; host to device runs the other way. (SGLang's `kernel` io backend
+# lets its CUDA kernels read and write pinned host memory directly; memlab stages, so every step
+# also runs, and is tested, in the Triton interpreter.) Here it is against its torch and Python
+# references:
+
+# %%
+from memlab.env import kernel_device
+from memlab.page_copy import copy_pages_python, copy_pages_torch
+
+dev = kernel_device()
+src = torch.randn(8 * 4, 2, 8, device=dev)  # 8 pages of 4 rows, MHA-like rows (2 heads of 8)
+sp, dp = torch.tensor([5, 0, 7], device=dev), torch.tensor([1, 3, 2], device=dev)
+outs = []
+for how in ("kernel", "torch", "python"):
+    dst = torch.zeros(4 * 4, 2, 8, device=dev)
+    if how == "kernel":
+        from memlab.kernels import page_copy
+
+        page_copy.copy_pages(src, dst, sp, dp, 4)
+    else:
+        (copy_pages_torch if how == "torch" else copy_pages_python)(src, dst, sp, dp, 4)
+    outs.append(dst.cpu())
+assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+print("page 5 -> 1, 0 -> 3, 7 -> 2: kernel == torch == python; page 0 of dst untouched:", bool((outs[0][:4] == 0).all()))
+
+# %% [markdown]
+# ## Evict to the host, load back
+#
+# `HiRadixCache` (memlab/hicache.py) is the tree over both tiers; `HiCacheController` moves the
+# KV. A node's `value` holds its device slots, its `host_value` its host slots:
+#
+# - **write-through** copies a node to the host when it is inserted (`write_through_selective`:
+#   on its second hit), backing up its unbacked ancestors first; eviction then only drops the
+#   device copy (the node is *demoted*). **write-back** copies a node only when it is evicted.
+#   A node that cannot get a host copy is dropped, with the host-only nodes below it.
+# - A match walks through host-only nodes too: `host_hit_length` counts the tokens past
+#   `last_device_node` that only the host holds.
+# - `load_back(node)` locks the device ancestors, takes **device pages first** (evicting if
+#   short), copies host -> device into them (the slot ids pass through
+#   `translate_kv_indices_for_transfer`, identity for a static pool), then re-points the nodes.
+# - `evict_host` drops host-only leaves, least recently used first.
+
+# %%
+from memlab.hicache import HiRadixCache
+
+pool = MHATokenToKVPool(16, 1, torch.float32, head_num=1, head_dim=2, layer_num=2)
+hi_alloc = TokenToKVPoolAllocator(16, kvcache=pool, debug_mode=True)
+hi = HiRadixCache(hi_alloc, HostKVCache(host_pool_decls(pool)[0], 32, 1, pin_memory=False),
+                  write_policy="write_through", io_backend="triton", load_back_threshold=1, debug_mode=True)
+
+
+def compute(slots, tokens, start):  # the 'model': K of token i = (i, token id) in every layer
+    kv = torch.tensor([[float(i), float(tokens[i])] for i in range(start, start + len(slots))])[:, None]
+    for layer in range(2):
+        pool.set_kv_buffer(layer, slots, kv, kv)
+
+
+hdrv = RadixDriver(hi, compute)
+hdrv.finish(hdrv.admit([7, 8, 9, 10, 11, 12]))
+(node,) = hi.root_node.children.values()
+print("inserted: device", node.value.tolist(), "host", node.host_value.tolist())
+hi.evict(100)
+print("evicted : device", node.value, "host", node.host_value.tolist(), "-> the node lives on the host only")
+m = hi.match_prefix([7, 8, 9, 10, 11, 12, 13])
+print("match   : device_prefix_len", m.device_prefix_len, "host_hit_length", m.host_hit_length)
+r = hdrv.admit([7, 8, 9, 10, 11, 12, 13])
+print("admit   : loaded back", r.host_hit_tokens, "tokens into new device slots", node.value.tolist())
+k = pool.get_key_buffer(1)[r.kv_indices][:, 0]
+assert k[:, 0].tolist() == list(range(7)) and k[:, 1].tolist() == [7.0, 8, 9, 10, 11, 12, 13]
+print("every byte came back: layer 1's K of the whole row =", k.tolist())
+hdrv.finish(r)
+hi.check_idle(16)
+
+# %% [markdown]
+# ## Radix tree or block hashes?
+#
+# Chapter 06's vLLM prefix cache and SGLang's radix tree solve the same problem differently:
+#
+# | | SGLang: radix tree | vLLM: block hashes |
+# |---|---|---|
+# | what is shared | any common prefix of tokens (with pages: of whole pages) | whole blocks, by a chained hash of the prefix up to each |
+# | a lookup | walk the tree, compare tokens; the match may split a node | one hash per block, stop at the first miss |
+# | duplicates | a finished request's duplicate slots are freed at insert | two requests that computed a block both keep it; block tables stay append-only |
+# | when a prefix becomes hittable | after the request's step (insert) | as soon as its blocks are allocated in a step |
+# | eviction | whole unlocked leaves (a node is the unit), LRU by access time | block by block from the free queue's head (LRU; a request's tail first) |
+# | below the GPU | HiCache: host (and storage) tiers under the same tree | a separate KV connector / offloading layer |
+#
+# `memlab.prefix_compare` replays one stream of multi-turn conversations that share four system
+# prompts (each turn's prompt is the whole conversation so far plus a new message), one request
+# after another, through both, at a few cache sizes: hit rate (prompt tokens whose KV was reused)
+# and evictions (tokens of cached KV dropped). With `host_tokens`, the radix tree also gets a
+# host tier (its "evicted" tokens were demoted to the host, not lost). Fast mode uses a shorter
+# stream.
+
+# %%
+from memlab.prefix_compare import compare, shared_prefix_conversations
+
+stream = shared_prefix_conversations(30, 3) if FAST else shared_prefix_conversations()
+sizes = (2048, 8192) if FAST else (2048, 4096, 8192, 16384)
+cmp = compare(stream, sizes, page_size=16, host_tokens=0 if FAST else 32768)
+print(cmp.table())
+viz.show(cmp.plot())
+
+# %% [markdown]
+# Measured with `python bench/bench_prefix_cache.py` (120 conversations of 4 turns, 480 requests,
+# 364,088 prompt tokens; a cache that never evicts would hit 87.2 %):
+#
+# | cache (tokens) | 2,048 | 4,096 | 8,192 | 16,384 |
+# |---|---|---|---|---|
+# | vLLM hashes, blocks of 16 | 31.3 % / 288,880 | 45.8 % / 234,096 | 57.3 % / 187,968 | 65.4 % / 150,128 |
+# | radix, pages of 16 | 26.5 % / 306,560 | 44.7 % / 238,080 | 57.1 % / 189,264 | 65.2 % / 151,536 |
+# | radix, pages of 1 | 26.4 % / 310,555 | 44.7 % / 241,529 | 57.2 % / 192,399 | 65.5 % / 154,178 |
+# | radix, pages of 16 + host tier of 32,768 | 75.3 % / 295,888 | 75.3 % / 237,200 | 75.3 % / 188,720 | 75.3 % / 151,152 |
+#
+# (hit rate / tokens evicted.) On this stream the two caches hit almost the same once the cache
+# holds a few conversations: both share the system prompts and each conversation's history
+# (requests run one at a time here, so vLLM's earlier sharing within a step does not show). At
+# the smallest cache the radix tree hits less and evicts more: it evicts whole leaves (a
+# conversation's whole last turn) where vLLM frees exactly the blocks it needs, tail first. On
+# this stream about 40 % of the tokens the radix tree evicts (43 % at 2,048 tokens) go beyond
+# what `evict` was asked for; freed early, they delay the next eviction, which is why the totals
+# stay close once the cache is larger.
+# Pages of 1 token gain almost nothing here: the only extra hits are the partial last pages of
+# each turn. A host tier 2 to 16 times the device pool turns most evictions into demotions: the
+# hit rate no longer depends on the device pool at all, only on what the host can hold.
+#
+# **Against the real engine.** `tests/engines/test_sglang_radix.py` loads SGLang 0.5.23's own
+# `RadixCache` from its published wheel and drives both trees with the same random streams of
+# insert, match, lock, unlock and evict (page sizes 1 and 4): same matched lengths and slots,
+# same evicted slots in the same order, same sizes and the same tree after every step.
+#
+# ## Exercise: `exercises/ch11_radix_match.py`
+#
+# Write `split_node`, `match_prefix` and `evict` for a small radix tree (10 points). The cell runs
+# yours on the split of the section above.
+
+# %% tags=["raises-exception"]
+ex = viz.notebook.exercise("ch11_radix_match")
+t = ex.RadixTree()
+leaf = t.add_child(t.root, (1, 2, 3, 4, 5), range(100, 105))
+n, node = ex.match_prefix(t, [1, 2, 3, 9])
+print("matched", n, "ending on", node)
+assert n == 3 and node.key == (1, 2, 3) and node.children == {4: leaf}, "the match must split (1 2 3 4 5) after 3"
+freed = []
+assert ex.evict(t, 1, freed.append) == 2 and freed == [[103, 104]], "evict frees the leaf (4 5) whole"
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["11"]);
