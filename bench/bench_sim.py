@@ -42,6 +42,10 @@ def figure2():
     print(f"\nvLLM paper, Fig. 2 beside memlab ({sim.FIG2_REQUESTS:,} ShareGPT-like requests, "
           f"{sim.FIG2_POOL_SIZE:,} slots); {time.perf_counter() - t0:.1f} s for 8 replays")
     print(sim.figure2_table(buddy, first_fit))
+    # the stream's tail fitted to the Max bar (not the default: see memlab.sim.figure2)
+    fitted = sim.figure2(sigma=0.8, progress=True)
+    print("\nthe same, buddy allocator, lengths with sigma 0.8 (the tail the Max bar implies): token states "
+          + ", ".join(f"{r.policy} {sim.paper_categories(r)[0]:.1f}" for r in fitted))
     return buddy, first_fit
 
 
@@ -69,7 +73,8 @@ def main():
 
     t0 = time.perf_counter()
     fig2 = figure2()
-    policies = [cls(placement) for placement in ("buddy", "first_fit") for cls in (sim.MaxContext, sim.Pow2, sim.Oracle)]
+    policies = [cls(placement) for placement in ("buddy", "first_fit")
+                for cls in (sim.MaxContext, sim.Pow2, sim.Oracle)]
     policies += [sim.Paged(16), sim.Paged(16, watermark=0.01)]
     streams = [sim.sharegpt_like(args.n), sim.load_azure("conv", n=args.n), sim.load_azure("code", n=args.n)]
     all_results = [replay_table(wl, args.pool, policies) for wl in streams]

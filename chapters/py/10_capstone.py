@@ -139,7 +139,8 @@ viz.Explorer(controls, draw_policies, columns=4)
 # external fragmentation (any free block serves any request), so the batch grows and throughput
 # with it. The price is preemption: paging admits requests on what they need *now*, so when they
 # grow together some must be preempted and recomputed (the count is on the right of each bar).
-# Larger blocks waste more in each last block (the axis starts at 70 %: the band that matters):
+# Larger blocks waste more in each last block (the axis starts at 70 or 80 %, not 0: the band
+# where block sizes differ):
 
 # %%
 from memlab import sim
@@ -215,7 +216,9 @@ viz.show(sim.plot_figure2(buddy, first_fit))
 # stream itself: the synthetic lengths have a heavier tail than the paper's ShareGPT (512 tokens
 # per running request against 458), which is what puts Max and Oracle about 2 points high. Pow2
 # runs the paper's batch (9.7 against 9.81) with 512 tokens per request instead of 430:
-# 31.6 % instead of 26.8 %.
+# 31.6 % instead of 26.8 %. Lengths with a lighter tail, fitted to the Max bar
+# (`sim.figure2(sigma=0.8)`: 455 tokens per request), bring Pow2 to 29.7 and Oracle to 39.4; the
+# last 3 points are the gap between the paper's own 458 and 430, which no stream closes.
 #
 # **With first fit** instead, Pow2 and Oracle gain 8 and 9 points and run about a quarter more
 # requests at once (12.1 and 15.1): a reservation takes exactly its length. First fit leaves more
