@@ -135,7 +135,7 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
              timeline: bool = True) -> SimResult:
     """Replay ``workload`` on a pool of ``pool_size`` slots under ``policy`` (a name or a Policy).
 
-    A policy given by name is placed by ``placement`` ('buddy', 'first_fit', 'any');
+    A policy given by name is placed by ``placement`` ('buddy', 'first_fit', 'any'; a Policy keeps its own);
     ``max_running`` caps the batch (vLLM's max_num_seqs); None: memory is the only limit.
     """
     from tqdm.auto import tqdm
