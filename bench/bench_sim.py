@@ -5,9 +5,11 @@
   python bench/bench_sim.py --plots DIR      # and save the figures as PNG files in DIR
   python bench/bench_sim.py --n 2000         # fewer requests per stream
 
-Prints each replay's breakdown (% of the pool, averaged over iterations) with its wall time, and
-the event-skipping replay timed side by side with the one-iteration-at-a-time reference on the
-same small stream (they produce the same books; the ratio is the point).
+Prints the vLLM paper's Figure 2 beside memlab's (buddy allocator and first fit), each stream's
+breakdown (% of the pool, averaged over iterations) with its wall time, reservations placed by
+the buddy allocator and by first fit, and the event-skipping replay timed side by side with the
+one-iteration-at-a-time reference on the same small stream (they produce the same books; the
+ratio is the point).
 """
 
 import argparse
@@ -19,25 +21,45 @@ from memlab import sim
 
 def replay_table(wl, pool, policies):
     t0 = time.perf_counter()
-    results = [sim.simulate(wl, pool, p) for p in policies]
+    results, refused = [], []
+    for p in policies:
+        try:
+            results.append(sim.simulate(wl, pool, p))
+        except ValueError as e:  # a buddy block larger than the pool's largest power-of-two block
+            refused.append(f"{p.name}: {e}")
     print(f"\n{wl.describe()}; pool {pool:,} slots; {time.perf_counter() - t0:.1f} s for {len(results)} replays")
     print(sim.breakdown_table(results))
     print("wall s: " + ", ".join(f"{r.policy} {r.wall_seconds:.1f}" for r in results)
           + " | recomputed tokens: " + ", ".join(f"{r.policy} {r.recomputed_tokens:,}" for r in results if r.preemptions))
+    for line in refused:
+        print("cannot run:", line)
     return results
+
+
+def figure2():
+    t0 = time.perf_counter()
+    buddy, first_fit = sim.figure2(progress=True), sim.figure2("first_fit", progress=True)
+    print(f"\nvLLM paper, Fig. 2 beside memlab ({sim.FIG2_REQUESTS:,} ShareGPT-like requests, "
+          f"{sim.FIG2_POOL_SIZE:,} slots); {time.perf_counter() - t0:.1f} s for 8 replays")
+    print(sim.figure2_table(buddy, first_fit))
+    # the stream's tail fitted to the Max bar (not the default: see memlab.sim.figure2)
+    fitted = sim.figure2(sigma=0.8, progress=True)
+    print("\nthe same, buddy allocator, lengths with sigma 0.8 (the tail the Max bar implies): token states "
+          + ", ".join(f"{r.policy} {sim.paper_categories(r)[0]:.1f}" for r in fitted))
+    return buddy, first_fit
 
 
 def speed_vs_reference(pool):
     wl = sim.sharegpt_like(400, seed=5)
     print(f"\nfast replay vs per-iteration reference, {wl.describe()}, pool {pool:,}:")
-    for policy in ("oracle", "paged"):
+    for policy in (sim.Oracle("buddy"), sim.Oracle("first_fit"), sim.Paged(16)):
         t0 = time.perf_counter()
         fast = sim.simulate(wl, pool, policy, progress=False)
         t1 = time.perf_counter()
         slow = sim.simulate_reference(wl, pool, policy)
         t2 = time.perf_counter()
         same = fast.slot_iterations == slow.slot_iterations and fast.iterations == slow.iterations
-        print(f"  {fast.policy:>12}: replay {1e3 * (t1 - t0):8.1f} ms, reference {1e3 * (t2 - t1):8.1f} ms, "
+        print(f"  {fast.policy:>18}: replay {1e3 * (t1 - t0):8.1f} ms, reference {1e3 * (t2 - t1):8.1f} ms, "
               f"ratio {(t2 - t1) / (t1 - t0):6.1f}x, same books: {same}")
 
 
@@ -49,9 +71,12 @@ def main():
     ap.add_argument("--plots", metavar="DIR", help="save figures as PNG files in DIR")
     args = ap.parse_args()
 
-    policies = ["max", "pow2", "oracle", sim.Paged(16), sim.Paged(16, watermark=0.01)]
-    streams = [sim.sharegpt_like(args.n), sim.load_azure("conv", n=args.n), sim.load_azure("code", n=args.n)]
     t0 = time.perf_counter()
+    fig2 = figure2()
+    policies = [cls(placement) for placement in ("buddy", "first_fit")
+                for cls in (sim.MaxContext, sim.Pow2, sim.Oracle)]
+    policies += [sim.Paged(16), sim.Paged(16, watermark=0.01)]
+    streams = [sim.sharegpt_like(args.n), sim.load_azure("conv", n=args.n), sim.load_azure("code", n=args.n)]
     all_results = [replay_table(wl, args.pool, policies) for wl in streams]
     sweep = sim.block_size_sweep(streams[0], args.pool) if args.sweep else None
     if sweep:
@@ -61,10 +86,12 @@ def main():
     speed_vs_reference(args.pool)
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
+        sim.plot_figure2(*fig2).savefig(os.path.join(args.plots, "figure2.png"), dpi=120)
         for wl, results in zip(streams, all_results):
             stem = wl.name.lower().replace(" ", "_").replace("(", "").replace(")", "")
             sim.plot_breakdown(results).savefig(os.path.join(args.plots, f"breakdown_{stem}.png"), dpi=120)
-            sim.plot_timeline(results[3]).savefig(os.path.join(args.plots, f"timeline_{stem}.png"), dpi=120)
+            paged = next(r for r in results if r.policy == "paged B=16")
+            sim.plot_timeline(paged).savefig(os.path.join(args.plots, f"timeline_{stem}.png"), dpi=120)
         if sweep:
             sim.plot_sweep(sweep).savefig(os.path.join(args.plots, "sweep_sharegpt.png"), dpi=120)
         print(f"figures in {args.plots}")

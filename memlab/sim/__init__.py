@@ -4,20 +4,27 @@ Notebook entry points (chapter 10)::
 
     from memlab import sim
     wl = sim.sharegpt_like(20_000)                 # or sim.load_azure("conv"), sim.load_azure("code")
-    results = sim.compare_policies(wl, pool_size=15_728)
+    results = sim.compare_policies(wl, pool_size=15_728)  # placement="buddy" (default) or "first_fit"
     print(sim.breakdown_table(results)); sim.plot_breakdown(results)
     sim.plot_sweep(sim.block_size_sweep(wl))
+    buddy, first_fit = sim.figure2(), sim.figure2("first_fit")   # the vLLM paper's Figure 2
+    print(sim.figure2_table(buddy, first_fit)); sim.plot_figure2(buddy, first_fit)
 
-The four shares (used, reserved, internal, free) are defined in ``memlab.sim.replay``.
+The five shares (used, reserved, internal, rounding, free) are defined in ``memlab.sim.replay``;
+the placements (buddy, first fit, any slots) in ``memlab.sim.policies``; the paper's setup in
+``memlab.sim.figure2``.
 """
 
-from memlab.sim.policies import FirstFit, MaxContext, Oracle, Paged, Policy, Pow2, Reservation, make_policy
-from memlab.sim.replay import (DEFAULT_POOL_SIZE, SHARES, SimResult, block_size_sweep, breakdown_table,
-                               compare_policies, simulate)
+from memlab.sim.figure2 import (FIG2_POOL_SIZE, FIG2_REQUESTS, PAPER_FIG2, PAPER_FIG13_BATCH, figure2,
+                                figure2_table, paper_categories, tokens_per_request)
+from memlab.sim.policies import (PLACEMENTS, AnySlots, Buddy, FirstFit, MaxContext, Oracle, Paged, Policy, Pow2,
+                                 Reservation, make_policy)
+from memlab.sim.replay import (DEFAULT_POOL_SIZE, SHARES, SimResult, bin_timeline, block_size_sweep,
+                               breakdown_table, compare_policies, simulate)
 from memlab.sim.reference import simulate_reference
 from memlab.sim.workload import Workload, load_azure, sharegpt_like
 
-_PLOTS = ("plot_breakdown", "plot_sweep", "plot_timeline")
+_PLOTS = ("plot_breakdown", "plot_sweep", "plot_timeline", "plot_figure2")
 
 
 def __getattr__(name):
@@ -30,7 +37,9 @@ def __getattr__(name):
 
 __all__ = [
     "Workload", "sharegpt_like", "load_azure", "Policy", "Reservation", "MaxContext", "Pow2", "Oracle",
-    "Paged", "make_policy", "FirstFit", "simulate", "simulate_reference", "SimResult", "SHARES",
-    "DEFAULT_POOL_SIZE", "compare_policies", "block_size_sweep", "breakdown_table", "plot_breakdown",
-    "plot_sweep", "plot_timeline",
+    "Paged", "make_policy", "PLACEMENTS", "Buddy", "FirstFit", "AnySlots", "simulate", "simulate_reference",
+    "SimResult", "SHARES", "DEFAULT_POOL_SIZE", "compare_policies", "block_size_sweep", "breakdown_table",
+    "bin_timeline", "figure2", "figure2_table", "paper_categories", "tokens_per_request", "FIG2_POOL_SIZE",
+    "FIG2_REQUESTS", "PAPER_FIG2", "PAPER_FIG13_BATCH", "plot_breakdown", "plot_sweep", "plot_timeline",
+    "plot_figure2",
 ]

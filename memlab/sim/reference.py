@@ -10,14 +10,14 @@ from collections import deque
 
 import numpy as np
 
-from memlab.sim.policies import FirstFit, make_policy
+from memlab.sim.policies import make_policy
 from memlab.sim.replay import SHARES, SimResult, _check_fits
 from memlab.sim.workload import Workload
 
 
 def simulate_reference(workload: Workload, pool_size: int, policy="paged", block_size: int = 16,
-                       *, max_running: int | None = None) -> SimResult:
-    policy = make_policy(policy, block_size)
+                       *, placement: str = "buddy", max_running: int | None = None) -> SimResult:
+    policy = make_policy(policy, block_size, placement)
     inp = [int(x) for x in workload.input_lens]
     out = [int(x) for x in workload.output_lens]
     n, N = len(inp), pool_size
@@ -30,8 +30,7 @@ def simulate_reference(workload: Workload, pool_size: int, policy="paged", block
     gen, cur, blocks, start, admitted = [0] * n, [0] * n, [0] * n, [0] * n, [False] * n
     free_blocks = N // B
     keep_free = policy.watermark_blocks(free_blocks) if policy.paged else 0
-    space = FirstFit(N) if (not policy.paged and policy.contiguous) else None
-    free_slots = N
+    space = None if policy.paged else policy.make_space(N, debug_mode=True)
     waiting, running = deque(range(n)), []
     sums = dict.fromkeys(SHARES, 0)
     external = t = preemptions = prefill = recomputed = peak = max_internal = 0
@@ -47,16 +46,12 @@ def simulate_reference(workload: Workload, pool_size: int, policy="paged", block
                     break
                 free_blocks -= need
                 blocks[rid] = need
-            elif space is not None:
+            else:
                 s = space.alloc(reserve[rid])
                 if s < 0:
-                    blocked_by_fragmentation = space.free >= reserve[rid]
+                    blocked_by_fragmentation = space.free >= space.held(reserve[rid])
                     break
                 start[rid] = s
-            else:
-                if reserve[rid] > free_slots:
-                    break
-                free_slots -= reserve[rid]
             waiting.popleft()
             running.append(rid)
             cur[rid] = tokens
@@ -83,14 +78,15 @@ def simulate_reference(workload: Workload, pool_size: int, policy="paged", block
                 now = int(policy.blocks_for(cur[rid]))
                 free_blocks -= now - blocks[rid]
                 blocks[rid] = now
-                alloc = now * B
+                asked = alloc = now * B
             else:
-                alloc = reserve[rid]
+                asked, alloc = reserve[rid], space.held(reserve[rid])
             final = inp[rid] + out[rid]
             sums["used"] += cur[rid]
-            sums["reserved"] += min(alloc, final) - cur[rid]
-            sums["internal"] += max(0, alloc - final)
-            max_internal = max(max_internal, alloc - final)
+            sums["reserved"] += min(asked, final) - cur[rid]
+            sums["internal"] += max(0, asked - final)
+            sums["rounding"] += alloc - asked
+            max_internal = max(max_internal, asked - final)
             held_total += alloc
         sums["free"] += N - held_total
         if blocked_by_fragmentation:
@@ -102,10 +98,8 @@ def simulate_reference(workload: Workload, pool_size: int, policy="paged", block
             if policy.paged:
                 free_blocks += blocks[rid]
                 blocks[rid] = 0
-            elif space is not None:
-                space.release(start[rid], reserve[rid])
             else:
-                free_slots += reserve[rid]
+                space.release(start[rid], reserve[rid])
 
     return SimResult(
         workload=workload.name, policy=policy.name, pool_size=N, n_requests=n, iterations=t,

@@ -124,12 +124,25 @@ def workload(name: str, n: int):
 
 
 def draw_policies(workload_name: str = "ShareGPT-like", block_size: int = 16, n: int = 1000,
-                  pool_size: int | None = None):
-    """The pool's slots split per allocation policy, replayed on the same request stream."""
+                  pool_size: int | None = None, placement: str = "buddy"):
+    """The pool's slots split per allocation policy, replayed on the same request stream.
+
+    Reservations are placed by ``placement`` ('buddy' or 'first_fit'). A policy that cannot run
+    (a buddy block larger than the pool's largest power-of-two block) is named under the bars.
+    """
     from memlab import sim
 
     wl = workload(workload_name, n)
-    results = sim.compare_policies(wl, pool_size or sim.DEFAULT_POOL_SIZE, block_size=block_size, progress=False)
-    fig, ax = new_figure(9, 3.4)
-    sim.plot_breakdown(results, ax=ax, title=f"{wl.name}, {n:,} requests, {pool_size or sim.DEFAULT_POOL_SIZE:,} slots")
+    pool = pool_size or sim.DEFAULT_POOL_SIZE
+    results, refused = [], []
+    for policy in ("max", "pow2", "oracle", "paged"):
+        try:
+            results.append(sim.simulate(wl, pool, policy, block_size, placement=placement, progress=False))
+        except ValueError as e:  # the policy's largest request never fits this pool
+            refused.append(f"{policy}: {e}")
+    fig, ax = new_figure(9, 3.4 + 0.3 * len(refused))
+    sim.plot_breakdown(results, ax=ax, title=f"{wl.name}, {n:,} requests, {pool:,} slots, "
+                                             f"{placement.replace('_', ' ')} placement")
+    if refused:
+        fig.text(0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=7, wrap=True)
     return fig
