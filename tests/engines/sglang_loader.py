@@ -200,6 +200,10 @@ def load() -> types.SimpleNamespace:
                                                       "RadixAttention")})
     L.module("sglang.srt.mem_cache.allocator.swa")
     sb = L.pick("sglang.srt.managers.schedule_batch", ["ReqKvInfo"], ceil_align=common.ceil_align)
+    L.package("sglang.srt.mem_cache.unified_cache")
+    ct = L.module("sglang.srt.mem_cache.unified_cache.component_type")
+    mc = L.pick("sglang.srt.mem_cache.common", ["logger", "free_swa_out_of_window_slots"],
+                ceil_align=common.ceil_align, ComponentType=ct.ComponentType)
 
     from sglang.kernels.ops.memory import allocator as kernels
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
@@ -215,4 +219,5 @@ def load() -> types.SimpleNamespace:
         KVWriteLoc=mp.KVWriteLoc, ReqKvInfo=sb.ReqKvInfo, Mamba2CacheParams=Mamba2CacheParams,
         Mamba2StateShape=Mamba2StateShape, get_mamba_tracking_slots=get_mamba_tracking_slots,
         get_num_new_pages=common.get_num_new_pages, kernels=kernels,
+        free_swa_out_of_window_slots=mc.free_swa_out_of_window_slots, ComponentType=ct.ComponentType,
     )
