@@ -267,7 +267,7 @@ def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3, 
     from memlab.req_to_token import Req
     from memlab.viz.hybrid_books import read_mamba
 
-    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shapes=[(8, 3)], temporal_state_shape=(2, 4, 4),
+    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4),
                                 mamba_layer_ids=[0], enable_mamba_extra_buffer=extra_buffer,
                                 enable_overlap_schedule=overlap, debug_mode=True)
     reqs = {}
