@@ -98,7 +98,8 @@ class _Loader:
         return self.register(name, mod)
 
     def pick(self, name: str, names, source: str | None = None, **provided) -> types.ModuleType:
-        """A module holding only ``names`` (top-level defs, classes, assignments) of a wheel file.
+        """A module holding only ``names`` (top-level defs, classes, assignments, or ``Class.method``
+        as a plain function under the method's name) of a wheel file.
 
         Kept besides them: ``from __future__`` and the file's imports of the standard library,
         torch, triton and numpy. ``provided`` fills in the other names they refer to.
@@ -116,6 +117,13 @@ class _Loader:
             elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in wanted:
                 keep.append(node)
                 wanted.discard(node.name)
+            elif isinstance(node, ast.ClassDef):  # "Class.method": the method alone, as a function
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and f"{node.name}.{item.name}" in wanted:
+                        item.decorator_list = [d for d in item.decorator_list
+                                               if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
+                        keep.append(item)
+                        wanted.discard(f"{node.name}.{item.name}")
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 hit = {t.id for t in targets if isinstance(t, ast.Name)} & wanted
@@ -147,7 +155,16 @@ def load() -> types.SimpleNamespace:
 
     # Leaves: what the allocators and pools import.
     L.stub("sglang.srt.platforms", current_platform=_Platform())
-    L.stub("sglang.srt.runtime_context", get_exec=_no_server_context)
+    # The server's configuration bags: the sizing tests set these before asking.
+    serving = types.SimpleNamespace(
+        spec=types.SimpleNamespace(speculative_algorithm=None, speculative_num_steps=None,
+                                   speculative_eagle_topk=None, speculative_num_draft_tokens=None,
+                                   max_speculative_num_draft_tokens=None),
+        schedule=types.SimpleNamespace(page_size=1, retraction_policy="length"),
+        parallel=types.SimpleNamespace(attn_dcp_size=1))
+    L.pick("sglang.srt.runtime_context", ["max_speculative_num_draft_tokens"], get_exec=_no_server_context,
+           get_spec=lambda: serving.spec, get_schedule=lambda: serving.schedule,
+           get_parallel=lambda: serving.parallel)
     L.module("sglang.srt.environ")
     L.module("sglang.srt.constants")
     common = L.pick("sglang.srt.utils.common", [
@@ -163,7 +180,14 @@ def load() -> types.SimpleNamespace:
     L.pick("sglang.srt.distributed.utils", ["ensure_divisibility", "divide"])
     L.module("sglang.srt.configs.mamba_utils")
     L.pick("sglang.srt.mem_cache.utils", ["maybe_init_custom_mem_pool"], envs=common.envs)
-    L.pick("sglang.srt.mem_cache.allocation_sizing", ["get_mamba_tracking_slots"])
+    L.package("sglang.srt.speculative")
+    L.pick("sglang.srt.speculative.spec_info", ["SpeculativeAlgorithm"],
+           CustomSpecAlgo=type("CustomSpecAlgo", (), {}))  # plugin algorithms: none registered here
+    rc = sys.modules["sglang.srt.runtime_context"]
+    sizing = L.pick("sglang.srt.mem_cache.allocation_sizing", [
+        "get_mamba_tracking_slots", "get_alloc_page_size", "get_alloc_len_per_decode", "get_alloc_reserve_per_decode",
+        "get_req_to_token_extra_context_len"], get_spec=rc.get_spec, get_schedule=rc.get_schedule,
+        get_parallel=rc.get_parallel, max_speculative_num_draft_tokens=rc.max_speculative_num_draft_tokens)
 
     # The allocators and their kernels.
     L.module("sglang.kernels.ops.memory.allocator")
@@ -199,7 +223,13 @@ def load() -> types.SimpleNamespace:
                       **{n: type(n, (), {}) for n in ("MHATokenToKVPool", "MLATokenToKVPool", "DSATokenToKVPool",
                                                       "RadixAttention")})
     L.module("sglang.srt.mem_cache.allocator.swa")
-    sb = L.pick("sglang.srt.managers.schedule_batch", ["ReqKvInfo"], ceil_align=common.ceil_align)
+    sb = L.pick("sglang.srt.managers.schedule_batch", [
+        "ReqKvInfo", "ScheduleBatch.new_tokens_required_next_decode",
+        "ScheduleBatch._new_tokens_required_next_decode_spec_v2", "ScheduleBatch._get_decode_retraction_order"],
+        ceil_align=common.ceil_align, get_schedule=rc.get_schedule,
+        get_alloc_reserve_per_decode=sizing.get_alloc_reserve_per_decode,
+        num_beam_member_rows=lambda reqs: 0)  # beam search is not modelled
+
     L.package("sglang.srt.mem_cache.unified_cache")
     ct = L.module("sglang.srt.mem_cache.unified_cache.component_type")
     mc = L.pick("sglang.srt.mem_cache.common", ["logger", "free_swa_out_of_window_slots"],
@@ -220,4 +250,5 @@ def load() -> types.SimpleNamespace:
         Mamba2StateShape=Mamba2StateShape, get_mamba_tracking_slots=get_mamba_tracking_slots,
         get_num_new_pages=common.get_num_new_pages, kernels=kernels,
         free_swa_out_of_window_slots=mc.free_swa_out_of_window_slots, ComponentType=ct.ComponentType,
+        serving=serving, sizing=sizing, schedule_batch=sb,
     )
