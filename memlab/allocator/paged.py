@@ -72,7 +72,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         ps = self.page_size
         if bs > len(self.free_pages):  # the cheap bound: at most one new page per request
             self.merge_and_sort_free()
-        num_new_pages = int(((seq_lens_cpu - 1) % ps == 0).sum())  # requests whose new token opens a page
+        # Requests whose new token opens a page. SGLang counts seq_len % ps == 1: the same for ps > 1;
+        # at page size 1 it uses the token allocator, so memlab's form keeps this class right there too.
+        num_new_pages = int(((seq_lens_cpu - 1) % ps == 0).sum())
         if num_new_pages > len(self.free_pages):
             return None
         if self.backend == "triton":

@@ -280,8 +280,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def alloc_rows(self, n: int) -> list[int] | None:
         """Rows plus, per row, a state slot and its initial tracking slots; all or nothing."""
         per_row = 1 + self.mamba_initial_tracking_slots
+        # decided before any row or slot is taken (memlab's choice: SGLang takes the rows, then
+        # asserts when state slots are short; its scheduler checks them first)
         if isinstance(n, int) and not isinstance(n, bool) and n * per_row > self.mamba_pool.available_size():
-            return None  # decided before any row or slot is taken
+            return None
         rows = super().alloc_rows(n)
         if not rows:
             return rows
@@ -320,7 +322,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             if owned.numel():
                 self.mamba_pool.free(owned)
         super().free(row_or_req)  # a bad or free row is refused here, before anything changed
-        self._reset_rows(row)
+        self._reset_rows(row)  # SGLang leaves a freed row's entries until reuse; memlab clears them
 
     # -- state slots of running requests ----------------------------------------------------
     def get_mamba_indices(self, rows) -> torch.Tensor:

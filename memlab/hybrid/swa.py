@@ -237,6 +237,9 @@ class SWATokenToKVPoolAllocator:
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
         ps = self.page_size
         need = len(seq_lens_cpu) if ps == 1 else int(((seq_lens_cpu - 1) % ps == 0).sum()) * ps
+        # memlab differs here on purpose: SGLang 0.5.23 lets the full side take its pages and then
+        # returns None if the SWA side is short (its scheduler checks capacity first, so it never
+        # is); memlab settles both sides before either takes anything.
         if not self._fits(need):
             return None
         full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)

@@ -182,11 +182,19 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
     elif story == "free group":
         al.free_group_begin()
         sc.finish("A")
-        sc.snap("free_group_begin(), then A finishes: its pages are only queued (yellow), not released")
+        sc.snap("free_group_begin(), then A finishes: its slots are only queued (yellow), not released")
         sc.finish("B")
         sc.snap("B finishes inside the same group: queued too")
+        c = sc.slots("C")
+        al.free(torch.tensor(c[:10]))
+        al.free(torch.tensor(c[10:]))  # as a scheduler frees a request and its over-allocated tail apart
+        r = sc.reqs.pop("C")
+        sc.req_pool.free(r)
+        r.kv_allocated_len = 0
+        sc.snap(f"C finishes, freed in two pieces ({c[:10]} and {c[10:]}): page {c[10] // page_size} is under both")
         al.free_group_end()
-        sc.snap("free_group_end(): one release for the whole group, one concatenation instead of two")
+        sc.snap("free_group_end(): one release for the whole group, its pages deduplicated once, "
+                "one concatenation instead of three")
         sc.snap("Groups do not nest", note=_error(lambda: (al.free_group_begin(), al.free_group_begin())))
         al.free_group_end()  # close the group the refused call left open
     else:
