@@ -3,19 +3,23 @@
 Only what the tests drive is executed, each line from the wheel's own files:
 
 - whole modules: the allocators (``mem_cache/allocator/{base,token,paged,swa,mamba}.py``), their
-  Triton kernels (``kernels/ops/memory/allocator.py``), the env-var registry (``environ.py``) and a
-  few small helpers they import (``constants.py``, ``utils/invariants.py``,
-  ``utils/torch_memory_saver_adapter.py``, ``mem_cache/{base_swa_memory_pool,ple_state_pool,
-  mamba_checkpoint_pool}.py``, ``configs/mamba_utils.py``);
-- named definitions only, from files that are too heavy to import whole (``memory_pool.py``:
-  6,000 lines that import CUDA kernels and a model zoo; ``utils/common.py``: a web stack):
-  ``ReqToTokenPool``, ``MambaPool``, ``HybridReqToTokenPool``, ``KVWriteLoc``,
-  ``get_num_new_pages``... Each is compiled from the wheel's source, nothing is retyped here.
+  Triton kernels (``kernels/ops/memory/allocator.py``), the env-var registry (``environ.py``) and
+  small modules those import (``constants.py``, ``utils/invariants.py``,
+  ``utils/torch_memory_saver_adapter.py``, ``configs/mamba_utils.py``,
+  ``mem_cache/{base_swa_memory_pool,ple_state_pool,mamba_checkpoint_pool}.py``,
+  ``mem_cache/unified_cache/component_type.py``);
+- named definitions only, from files too heavy to import whole (``memory_pool.py``: 6,000 lines
+  that import CUDA kernels and model layers; ``utils/common.py``: a web stack; the scheduler's
+  ``schedule_batch.py``...): ``ReqToTokenPool``, ``MambaPool``, ``HybridReqToTokenPool``,
+  ``KVWriteLoc``, ``SWAKVPool``, ``free_swa_out_of_window_slots``, ``get_num_new_pages``, the
+  decode sizing rules, ``ScheduleBatch``'s decode demand and retraction order (as functions)...
+  Each is compiled from the wheel's source; nothing is retyped here.
 
-The rest is a handful of stubs, each standing for one thing the tests do not exercise (the
-platform registry, the server-args context). Packages get an empty ``__path__``: a module this
-file does not load cannot be imported by accident; the wheel code would fail with
-ModuleNotFoundError naming it, which is the message to extend this file by.
+The rest are a few stubs, each standing for one thing the tests do not exercise (the platform
+registry, the server's configuration bags, placeholders for KV buffer classes never built).
+Packages get an empty ``__path__``: a module this file does not load cannot be imported by
+accident; the wheel code would fail with ModuleNotFoundError naming it, which is the message to
+extend this file by.
 """
 
 from __future__ import annotations

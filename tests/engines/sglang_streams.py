@@ -48,8 +48,8 @@ class Stream:
         if r < 0.64:
             rids = self.rng.sample(sorted(held), self.rng.randint(1, min(6, len(held))))
             return ("decode", rids)
-        if r < 0.78:
-            return ("free", self.rng.choice(sorted(held)))
+        if r < 0.78:  # a whole request: free(), or free_segment() from position 0 (no dedup)
+            return ("free", self.rng.choice(sorted(held)), self.rng.random() < 0.3)
         if r < 0.93:
             return self.draw_group()
         if r < 0.98:
@@ -114,7 +114,7 @@ def _apply(stream: Stream, a, op, ext, dec):
         seq = [len(held[r]) + 1 for r in op[1]]
         out = dec(a, T(seq), T(seq), T([held[r][-1] for r in op[1]]))
     elif kind == "free":
-        a.free(T(held[op[1]]))
+        a.free_segment(T(held[op[1]]), start_pos=0) if op[2] else a.free(T(held[op[1]]))
         return ()
     elif kind == "group":
         a.free_group_begin()
