@@ -3,7 +3,9 @@
 Each program finds where its output and its new pages start (prefix sums over the requests
 before it), then writes its three parts: the rest of the old partial page (from last_loc + 1),
 whole new pages, and a new partial page. Every loop bound is a runtime value, so one compilation
-serves every batch size and extend length for a given page size.
+serves every batch size and extend length for a given page size. (SGLang's kernel loads
+next_power_of_2(batch size) lengths at once and takes the page size as a compile-time constant;
+the slots it writes are the same.)
 """
 
 import torch

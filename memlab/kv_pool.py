@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from memlab.env import resolve_device
-
-from memlab.write_loc import plain_loc
+from memlab.write_loc import check_physical_write_loc, plain_loc
 
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
                    if hasattr(torch, n))
@@ -42,6 +41,10 @@ def _check_dims(**dims) -> None:
 
 class KVCache:
     """What every pool shares: sizes, layer range, and the stored vs. logical dtype."""
+
+    # SGLang's unified pools set this: their ids are virtual, so their write doors take only a
+    # KVWriteLoc marked physical. memlab's pools hold physical ids by allocation.
+    requires_physical_write_loc = False
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, layer_num: int, device="cpu",
                  start_layer: int | None = None, end_layer: int | None = None):
@@ -73,7 +76,10 @@ class KVCache:
         return x.view(self.store_dtype) if self.store_dtype != self.dtype else x
 
     def _check_loc(self, loc, n: int) -> torch.Tensor:
-        loc = plain_loc(loc, f"{type(self).__name__}.set_kv_buffer")  # a bare tensor or a KVWriteLoc
+        where = f"{type(self).__name__}.set_kv_buffer"
+        if self.requires_physical_write_loc:
+            check_physical_write_loc(loc, where)
+        loc = plain_loc(loc, where)  # a bare tensor or a KVWriteLoc
         if loc.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"loc must be an int32/int64 tensor of slot ids, got {loc.dtype}")
         if loc.device != self.device:

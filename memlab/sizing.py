@@ -128,46 +128,52 @@ def alloc_page_size(schedule: ScheduleConfig, parallel: ParallelConfig = Paralle
 
 
 def alloc_len_per_decode(spec: SpeculativeConfig, page_size: int) -> int:
-    """KV slots one request may take in one decode step.
+    """KV slots one request may take in one decode step (SGLang's ``get_alloc_len_per_decode``).
 
     1 without speculative decoding; otherwise the larger of the draft (``steps * topk``) and the
     verify block (``num_draft_tokens``). A tree (topk > 1) on pages > 1 copies each branch's
     partial last page, so each branch may need ``ceil((page_size - 1 + steps) / page_size)``
-    whole pages of its own.
+    whole pages of its own. UNO keeps one more position beside its draft tokens.
     """
     _pos_int("page_size", page_size)
     if spec.algorithm is None:
         return 1
     steps, topk, tokens = spec.num_steps, spec.eagle_topk, spec.num_draft_tokens
+    if spec.algorithm.upper() == "UNO":
+        return tokens + 1
     if page_size == 1 or topk == 1 or not spec.has_draft_kv:
         return max(steps * topk, tokens)
     pages_per_branch = ceil_div(page_size - 1 + steps, page_size)
     return max(pages_per_branch * page_size * topk, tokens)
 
 
-def alloc_reserve_per_decode(spec: SpeculativeConfig, page_size: int, enable_overlap: bool = True) -> int:
-    """KV slots reserved per request per decode step.
+def alloc_reserve_per_decode(spec: SpeculativeConfig, page_size: int) -> int:
+    """KV slots reserved per request per decode step: twice the step's footprint, always.
 
-    Under the overlap scheduler the host's committed length lags the GPU by one step, so twice
-    the step footprint is reserved. (SGLang returns the 2x unconditionally; without overlap the
-    lag is zero, so we reserve 1x there.)
+    SGLang 0.5.23's ``get_alloc_reserve_per_decode``: a double buffer that absorbs the lag of
+    the host's committed length under the overlap scheduler, kept in every scheduler mode.
     """
-    n = alloc_len_per_decode(spec, page_size)
-    return 2 * n if enable_overlap else n
+    return 2 * alloc_len_per_decode(spec, page_size)
 
 
-def req_to_token_extra_len(spec: SpeculativeConfig, page_size: int, enable_overlap: bool = True) -> int:
-    """Row headroom past the context length for the decode over-allocation."""
+def what_if_reserve_without_overlap_lag(spec: SpeculativeConfig, page_size: int) -> int:
+    """NOT SGLang: the reserve if no lag had to be absorbed (1x), for comparison in chapter 08.
+    SGLang 0.5.23 reserves ``alloc_reserve_per_decode`` (2x) whether or not overlap is on."""
+    return alloc_len_per_decode(spec, page_size)
+
+
+def req_to_token_extra_len(spec: SpeculativeConfig, page_size: int) -> int:
+    """Row headroom past the context length for the decode over-allocation
+    (SGLang's ``get_req_to_token_extra_context_len``)."""
     extra = 4 + (spec.num_draft_tokens if spec.algorithm is not None else 0)
-    if spec.algorithm is not None and page_size > 1:
-        # a page-aligned draft footprint can end up to page_size - 1 slots past the reserve
-        extra = max(extra, alloc_reserve_per_decode(spec, page_size, enable_overlap) + page_size - 1)
+    if spec.algorithm is not None and (page_size > 1 or spec.algorithm.upper() == "UNO"):
+        # the double-buffer reserve, and a page-aligned footprint may end up to page_size - 1 past it
+        extra = max(extra, alloc_reserve_per_decode(spec, page_size) + page_size - 1)
     return extra
 
 
-def req_to_token_row_width(context_len: int, spec: SpeculativeConfig, page_size: int,
-                           enable_overlap: bool = True) -> int:
-    return _pos_int("context_len", context_len) + req_to_token_extra_len(spec, page_size, enable_overlap)
+def req_to_token_row_width(context_len: int, spec: SpeculativeConfig, page_size: int) -> int:
+    return _pos_int("context_len", context_len) + req_to_token_extra_len(spec, page_size)
 
 
 def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capacity: int,
@@ -192,7 +198,7 @@ class RunningReq:
     kv_allocated_len: int | None = None  # slots held; None: exactly seq_len
 
     @property
-    def seq_len(self) -> int:
+    def seq_len(self) -> int:  # SGLang's kv_committed_len: the tokens whose KV is written
         return self.input_len + self.output_len
 
     @property
@@ -200,49 +206,58 @@ class RunningReq:
         return self.seq_len if self.kv_allocated_len is None else self.kv_allocated_len
 
 
-def decode_tokens_needed(reqs, reserve: int, page_size: int) -> int:
-    """Free slots (whole pages) the next decode step needs: each request up to seq_len + reserve."""
-    pages = 0
-    for r in reqs:
-        pages += max(0, ceil_div(r.seq_len + reserve, page_size) - ceil_div(r.allocated, page_size))
-    return pages * page_size
+def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = None) -> int:
+    """Free slots the next decode step needs (SGLang's ``new_tokens_required_next_decode``).
 
-
-def check_decode_mem(reqs, available_tokens: int, reserve: int, page_size: int) -> bool:
-    return available_tokens >= decode_tokens_needed(reqs, reserve, page_size)
-
-
-def retract_order(reqs, speculative: bool = False) -> list[int]:
-    """Indices in the order they are retracted.
-
-    Fewest decoded tokens first (least work lost), ties broken by the longest prompt (most
-    memory back). Under speculative decoding SGLang can only drop from the back of the batch.
+    Without speculative decoding (``reserve`` None): a page for each request whose next token
+    opens one. With it: each request grows to its committed length plus ``reserve``
+    (``alloc_reserve_per_decode``), counted in whole pages past what it already holds.
     """
+    if reserve is None:
+        return sum(1 for r in reqs if r.seq_len % page_size == 0) * page_size
+    total = 0
+    for r in reqs:
+        grow = max(0, r.seq_len + reserve - r.allocated)
+        total += ceil_ps(r.allocated + grow, page_size) - ceil_ps(r.allocated, page_size)
+    return total
+
+
+def check_decode_mem(reqs, available_tokens: int, page_size: int, reserve: int | None = None) -> bool:
+    return available_tokens >= new_tokens_required_next_decode(reqs, page_size, reserve)
+
+
+def retract_order(reqs) -> list[int]:
+    """Indices in the order they are retracted (SGLang's ``_get_decode_retraction_order``, read
+    from the end): fewest decoded tokens first (least work lost), ties broken by the longest
+    prompt (most memory back). The same order with or without speculative decoding."""
     idx = list(range(len(reqs)))
-    if not speculative:
-        idx.sort(key=lambda i: (reqs[i].output_len, -reqs[i].input_len), reverse=True)
+    idx.sort(key=lambda i: (reqs[i].output_len, -reqs[i].input_len), reverse=True)
     return idx[::-1]
 
 
-def retract_decode(reqs, available_tokens: int, reserve: int, page_size: int, speculative: bool = False):
+def retract_decode(reqs, available_tokens: int, page_size: int, reserve: int | None = None):
     """Retract requests until the rest fit the next decode step; always keeps one.
 
-    Returns ``(kept, retracted, fits)``: a retracted request gives back its pages; ``fits`` says
-    whether the kept ones fit (False only when a single request is left and still does not).
+    As SGLang's ``ScheduleBatch.retract_decode``, which the scheduler calls only after
+    ``check_decode_mem`` failed: its first pass retracts without checking again. Returns
+    ``(kept, retracted, fits)``; a retracted request gives back its pages. ``fits`` is False only
+    when one request is left and still does not fit (SGLang aborts it; memlab leaves that to the
+    caller).
     """
     reqs = list(reqs)
-    order = retract_order(reqs, speculative)
-    kept = set(range(len(reqs)))
-    retracted = []
+    order = retract_order(reqs)[::-1]  # popped from the end, as SGLang's sorted_indices
     avail = available_tokens
-    for i in order:
-        if check_decode_mem([reqs[j] for j in kept], avail, reserve, page_size) or len(kept) == 1:
-            break
-        kept.remove(i)
-        retracted.append(reqs[i])
-        avail += ceil_div(reqs[i].allocated, page_size) * page_size
-    kept_reqs = [reqs[j] for j in sorted(kept)]
-    return kept_reqs, retracted, check_decode_mem(kept_reqs, avail, reserve, page_size)
+    retracted = []
+    first_iter = True
+    while first_iter or not check_decode_mem([reqs[i] for i in order], avail, page_size, reserve):
+        if len(order) == 1:
+            break  # always keep at least one request
+        first_iter = False
+        victim = reqs[order.pop()]
+        retracted.append(victim)
+        avail += ceil_ps(victim.allocated, page_size)
+    kept = [reqs[i] for i in sorted(order)]
+    return kept, retracted, check_decode_mem(kept, avail, page_size, reserve)
 
 
 # ---- pool sizes from a budget -------------------------------------------------------------
@@ -373,5 +388,5 @@ def report(model: ModelConfig, gpu_mem, seq_len: int = 4096, schedule: ScheduleC
     state = model.state_bytes_per_request(schedule.mamba_conv_dtype_bytes, schedule.mamba_ssm_dtype_bytes, tp)
     reqs = max_requests_at(cfg, seq_len, sizes) if sizes.fits else 0
     ctx = schedule.context_len or model.max_position_embeddings
-    width = req_to_token_row_width(ctx, spec, alloc_page_size(schedule, parallel), schedule.enable_overlap)
+    width = req_to_token_row_width(ctx, spec, alloc_page_size(schedule, parallel))
     return SizingReport(cfg, sizes, seq_len, reqs, per_tok, state, width)

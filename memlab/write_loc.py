@@ -2,10 +2,14 @@
 
 The allocator hands out ``out_cache_loc`` (one slot per new token). A plain pool writes there.
 A hybrid sliding-window pool has two id spaces (full and SWA), so it also needs the same
-tokens' SWA-side ids. All of that travels in one value, next to the attention metadata, never
-inside the pool; the ``physical`` mark says the ids are real slots of the pools they address
-(not virtual ids some pool would still have to translate). A pool that needs physical ids
-refuses an unmarked location instead of writing to the wrong rows.
+tokens' SWA-side ids, translated once per batch. All of that travels in one value, next to the
+attention metadata, never inside the pool.
+
+The ``physical`` mark guards one thing: SGLang's unified pools hand out VIRTUAL ids, which a
+per-batch plan translates into physical slots; their write doors refuse a location not marked
+physical, so an untranslated id never lands in the wrong rows (``requires_physical_write_loc``).
+Every other pool, the SWA pool included, holds physical ids by allocation and takes a plain
+location. memlab has no unified pool; the mark and the check are here so the idea is in place.
 """
 
 from __future__ import annotations
@@ -64,29 +68,35 @@ class KVWriteLoc:
 
 
 def write_loc_is_physical(loc) -> bool:
+    """Whether ``loc`` is a KVWriteLoc marked physical; a bare tensor is not."""
     return isinstance(loc, KVWriteLoc) and loc.physical
 
 
-def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
-    """Refuse anything but a physically marked KVWriteLoc; the message says what to pass.
+def unwrap_write_loc(loc) -> tuple:
+    """``(loc, swa_loc, full_loc)`` of a KVWriteLoc, or ``(loc, None, None)`` of a bare tensor."""
+    if isinstance(loc, KVWriteLoc):
+        return loc.loc, loc.swa_loc, loc.full_loc
+    if isinstance(loc, torch.Tensor):
+        return loc, None, None
+    raise TypeError(f"loc must be a tensor of slot ids or a KVWriteLoc, got {type(loc).__name__}")
 
-    A flag read, no device sync: cheap enough for every write.
-    """
+
+def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
+    """The write door of a pool with virtual ids (``requires_physical_write_loc``): refuse anything
+    but a physically marked KVWriteLoc; the message says what to pass. A flag read, no device sync."""
     if write_loc_is_physical(loc):
         return loc
     got = "a bare tensor" if isinstance(loc, torch.Tensor) else (
         "a KVWriteLoc not marked physical" if isinstance(loc, KVWriteLoc) else repr(type(loc).__name__))
     raise ValueError(
-        f"{where}: needs physical slot ids but got {got}. Pass allocator.write_loc(out_cache_loc) "
-        "(SWATokenToKVPoolAllocator: it adds the SWA-side ids and marks them physical), or "
-        "KVWriteLoc(loc, swa_loc=allocator.translate_loc_from_full_to_swa(loc), physical=True) "
-        "for ids translated separately.")
+        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. Pass the "
+        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately.")
 
 
 def plain_loc(loc, where: str) -> torch.Tensor:
-    """The full-side ids of ``loc`` for a pool with one id space (a bare tensor passes as is)."""
-    if isinstance(loc, KVWriteLoc):
-        return loc.full_ids()
-    if isinstance(loc, torch.Tensor):
-        return loc
-    raise TypeError(f"{where}: loc must be a tensor of slot ids or a KVWriteLoc, got {type(loc).__name__}")
+    """The generic location ``loc`` for a pool with one id space (as SGLang's plain pools: a
+    KVWriteLoc's ``swa_loc`` and ``full_loc`` are for the hybrid pools)."""
+    try:
+        return unwrap_write_loc(loc)[0]
+    except TypeError as exc:
+        raise TypeError(f"{where}: {exc}") from None

@@ -180,10 +180,35 @@ def test_debug_mode_catches_double_free_and_padding():
     with pytest.raises(ValueError, match="page 0"):
         pag.free(T(1, 2))
     pag.free_group_begin()
-    pag.free(got[4:6])
-    pag.free(got[6:8])  # the same page from two calls: caught when the group releases
-    with pytest.raises(ValueError, match="double free: page 2"):
+    pag.free(got[4:8])
+    pag.free(got[:1])  # page 1 is already free: caught when the group releases
+    with pytest.raises(ValueError, match="double free: page 1"):
         pag.free_group_end()
+
+
+def test_a_free_group_dedups_once_over_all_its_frees():
+    # A request freed in two pieces (a finished request and its over-allocated tail): both pieces
+    # hold slots of page 2. SGLang queues the raw slots and dedups once at free_group_end.
+    pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
+    got = pag.alloc(8)  # pages 1, 2
+    pag.free_group_begin()
+    pag.free(got[:6])
+    pag.free(got[6:])
+    assert [t.tolist() for t in pag.free_group] == [[4, 5, 6, 7, 8, 9], [10, 11]]  # raw slots
+    pag.free_group_end()
+    assert pag.free_pages.tolist() == [1, 2, 3, 4] and pag.available_size() == 16  # page 2 once
+    pag.check_books()
+
+
+def test_free_page_ids_in_a_group_are_released_after_the_slots():
+    pag = PagedTokenToKVPoolAllocator(32, 4)
+    got = pag.alloc(16)  # pages 1..4
+    pag.free_group_begin()
+    pag.free_segment(got[8:], start_pos=8)  # pages 3, 4 as page ids
+    pag.free(got[:8])  # pages 1, 2 as slots
+    pag.free_group_end()
+    # as SGLang: the slots' pages are released first, then the page ids, each prepended
+    assert pag.free_pages.tolist()[:4] == [3, 4, 1, 2]
 
 
 def test_debug_books_balance_and_clear_restores():
@@ -264,17 +289,6 @@ def test_a_bad_id_in_a_free_group_is_refused_at_once_and_the_group_survives():
     assert pag.available_size() == 12  # the good page was not lost with the bad id
 
 
-def test_a_refused_group_end_keeps_the_group():
-    pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
-    got = pag.alloc(8)
-    pag.free_group_begin()
-    pag.free(got[:2])
-    pag.free(got[2:4])  # page 1 again
-    with pytest.raises(ValueError, match="double free: page 1"):
-        pag.free_group_end()
-    assert pag.free_group is not None and pag.available_size() == 8
-
-
 def test_free_segment_checks_alignment_in_memory_in_debug_mode():
     pag = PagedTokenToKVPoolAllocator(32, 4, debug_mode=True)
     pag.alloc(8)
@@ -289,9 +303,18 @@ def test_the_bound_spares_the_merge_and_the_exact_count_decides_when_it_cannot()
     # bound 4 // 4 + 1 + 1 = 3 <= 6: no count, no merge
     assert pag.alloc_extend(T(0), T(0), T(4), T(4), T(-1), 4) is not None
     assert pag.release_pages.tolist() == [1, 2]
-    # bound 20 // 4 + 2 + 1 = 8 > 5 free, but the exact count (2 + 3 = 5 pages) fits: still no merge
-    assert pag.alloc_extend(T(0, 0), T(0, 0), T(8, 12), T(8, 12), T(-1, -1), 20) is not None
-    assert pag.release_pages.tolist() == [1, 2] and pag.free_pages.numel() == 0
-    # exact 2 pages > 0 free: the staged pages are merged and sorted, then taken
-    assert pag.alloc_extend(T(0), T(0), T(5), T(5), T(-1), 5).tolist() == [4, 5, 6, 7, 8]
-    assert pag.release_pages.numel() == 0
+    # bound 20 // 4 + 2 + 1 = 8 > 5 free: merged first (as SGLang), then the exact count (5 pages) fits
+    assert pag.alloc_extend(T(0, 0), T(0, 0), T(8, 12), T(8, 12), T(-1, -1), 20).tolist()[:4] == [4, 5, 6, 7]
+    assert pag.release_pages.numel() == 0 and pag.free_pages.tolist() == [15, 16]
+
+
+def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
+    pag = PagedTokenToKVPoolAllocator(32, 4, need_sort=True)  # 8 pages
+    got = pag.alloc(24)  # pages 1..6 held, 7 and 8 free
+    pag.free(got[4:8])  # page 2 staged
+    assert pag.alloc_extend(T(0), T(0), T(16), T(16), T(-1), 16) is None  # needs 4 pages, 3 free
+    assert pag.free_pages.tolist() == [2, 7, 8] and pag.release_pages.numel() == 0  # merged all the same
+    pag.free(got[:4])  # page 1 staged
+    seq = T(5, 9, 13, 17, 21)  # five new tokens, each opening a page; 4 pages free in all
+    assert pag.alloc_decode(seq, seq, T(7, 11, 15, 19, 23)) is None
+    assert pag.free_pages.tolist() == [1, 2, 7, 8]  # bs 5 > 3 on the list: merged, then refused

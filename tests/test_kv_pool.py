@@ -91,7 +91,7 @@ def test_set_kv_buffer_takes_a_write_loc():
 
     pool = MHATokenToKVPool(8, 1, torch.float32, 1, 2, 1)
     k = torch.ones(2, 1, 2)
-    pool.set_kv_buffer(0, KVWriteLoc(torch.tensor([2, 4]), physical=True), k, 2 * k)
+    pool.set_kv_buffer(0, KVWriteLoc(torch.tensor([2, 4])), k, 2 * k)
     assert pool.k_buffer[0][[2, 4]].eq(1).all() and pool.v_buffer[0][[2, 4]].eq(2).all()
     with pytest.raises(TypeError, match="list"):
         pool.set_kv_buffer(0, [2, 4], k, k)

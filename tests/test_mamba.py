@@ -11,8 +11,9 @@ from memlab.hybrid.mamba import HybridReqToTokenPool, MambaPool, MambaSlotAlloca
 from memlab.models import LINEAR, QWEN3_NEXT_80B_A3B
 from memlab.req_to_token import Req
 
-CONV = [(6, 3), (6, 2), (4, 3)]  # three mamba layers; the second has a narrower kernel
+CONV = [(6, 3), (4, 2)]  # two conv-state components, shared by every mamba layer (as SGLang's)
 TEMPORAL = (2, 3, 3)
+LAYERS = 3
 
 
 def make_pool(size=4, mamba_size=12, **kw):
@@ -91,12 +92,14 @@ def test_bad_arguments():
 
 
 # ---- the state pool -----------------------------------------------------------------------
-def test_conv_state_is_a_list_because_kernel_widths_differ():
-    p = MambaPool(4, CONV, TEMPORAL)
-    assert [tuple(c.shape) for c in p.conv] == [(5, 6, 3), (5, 6, 2), (5, 4, 3)]  # slot 0 included
+def test_conv_state_is_a_list_over_components_each_stacked_over_layers():
+    p = MambaPool(4, LAYERS, CONV, TEMPORAL)
+    # SGLang 0.5.23: (num_mamba_layers, size + 1, *shape) per conv component; slot 0 included
+    assert [tuple(c.shape) for c in p.conv] == [(3, 5, 6, 3), (3, 5, 4, 2)]
     assert tuple(p.temporal.shape) == (3, 5, 2, 3, 3)
     conv, temporal = p.get_state(1)
-    assert conv is p.conv[1] and temporal.shape == (5, 2, 3, 3)
+    assert [c.data_ptr() for c in conv] == [p.conv[0][1].data_ptr(), p.conv[1][1].data_ptr()]  # views
+    assert temporal.shape == (5, 2, 3, 3)
 
 
 class BuggyPoolNoZeroing(MambaPool):
@@ -105,14 +108,14 @@ class BuggyPoolNoZeroing(MambaPool):
 
 
 def _reuse_sees_stale_state(pool_cls):
-    p = pool_cls(1, CONV, TEMPORAL)
+    p = pool_cls(1, LAYERS, CONV, TEMPORAL)
     s = p.alloc(1)
-    p.conv[1][s] = 7
+    p.conv[1][:, s] = 7
     p.temporal[:, s] = 3
     p.free(s)
     s2 = p.alloc(1)
     assert s2.tolist() == s.tolist()  # the only slot comes back
-    return bool(p.conv[1][s2].any() or p.temporal[:, s2].any())
+    return bool(p.conv[1][:, s2].any() or p.temporal[:, s2].any())
 
 
 def test_slots_are_zeroed_before_reuse_and_the_buggy_pool_is_caught():
@@ -121,25 +124,25 @@ def test_slots_are_zeroed_before_reuse_and_the_buggy_pool_is_caught():
 
 
 def test_copy_slots_copies_every_layer():
-    p = MambaPool(3, CONV, TEMPORAL)
+    p = MambaPool(3, LAYERS, CONV, TEMPORAL)
     a, b = p.alloc(1), p.alloc(1)
     for i, c in enumerate(p.conv):
-        c[a] = i + 1
+        c[:, a] = torch.arange(3.0).view(3, 1, 1, 1).to(c.dtype) + i
     p.temporal[:, a] = torch.arange(3.0).view(3, 1, 1, 1, 1)
     p.copy_slots(a, b)
-    assert all(torch.equal(c[a], c[b]) for c in p.conv) and torch.equal(p.temporal[:, a], p.temporal[:, b])
+    assert all(torch.equal(c[:, a], c[:, b]) for c in p.conv) and torch.equal(p.temporal[:, a], p.temporal[:, b])
     with pytest.raises(ValueError, match="copy of 1 slots into 2"):
         p.copy_slots(a, torch.tensor([1, 2]))
 
 
 
 def test_move_slots_copies_then_clears_the_source_with_every_attached_state():
-    p = MambaPool(4, CONV, TEMPORAL)
+    p = MambaPool(4, LAYERS, CONV, TEMPORAL)
     extra = torch.zeros(5, 2)
     p.register_slot_state(extra)
     src = p.alloc(2)  # slots 1, 2
     for i, c in enumerate(p.conv):
-        c[src] = torch.tensor([10.0 + i, 20.0 + i]).view(2, *([1] * (c.dim() - 1))).to(c.dtype)
+        c[:, src] = torch.tensor([10.0 + i, 20.0 + i]).view(1, 2, *([1] * (c.dim() - 2))).to(c.dtype)
     p.temporal[:, src] = torch.tensor([1.0, 2.0]).view(1, 2, 1, 1, 1)
     extra[src] = torch.tensor([[5.0, 5.0], [6.0, 6.0]])
     # overlapping: slot 2 is a destination and a source; it must end up holding slot 1's state
@@ -147,7 +150,7 @@ def test_move_slots_copies_then_clears_the_source_with_every_attached_state():
     old = ([c.clone() for c in p.conv], p.temporal.clone(), extra.clone())
     p.move_slots(src, dst)
     for c, o in zip(p.conv, old[0]):
-        assert torch.equal(c[dst], o[src]) and not c[1].any()
+        assert torch.equal(c[:, dst], o[:, src]) and not c[:, 1].any()
     assert torch.equal(p.temporal[:, dst], old[1][:, src]) and not p.temporal[:, 1].any()
     assert torch.equal(extra[dst], old[2][src]) and not extra[1].any()
     with pytest.raises(ValueError, match="move of 2 slots into 1"):
@@ -169,7 +172,7 @@ class Recorder:
 
 
 def test_registered_states_ride_along_with_the_slot():
-    p = MambaPool(3, CONV, TEMPORAL)
+    p = MambaPool(3, LAYERS, CONV, TEMPORAL)
     extra = torch.zeros(4, 5)
     rec = Recorder()
     p.register_slot_state(extra)
@@ -192,7 +195,7 @@ def test_registered_states_ride_along_with_the_slot():
 def test_bytes_per_slot_match_the_model_table():
     m, tp = QWEN3_NEXT_80B_A3B, 16
     n = len(m.layer_ids(LINEAR))
-    p = MambaPool(1, [m.conv_state_shape(tp)] * n, m.temporal_state_shape(tp), torch.bfloat16, torch.float32)
+    p = MambaPool(1, n, [m.conv_state_shape(tp)], m.temporal_state_shape(tp), torch.bfloat16, torch.float32)
     assert p.bytes_per_slot() == m.state_bytes_per_request(2, 4, tp)
 
 
@@ -200,9 +203,10 @@ def test_bytes_per_slot_match_the_model_table():
 def test_dense_map_from_model_layers_to_mamba_layers():
     m = QWEN3_NEXT_80B_A3B
     ids = m.layer_ids(LINEAR)
-    pool = HybridReqToTokenPool(2, 8, 2, [(4, 3)] * len(ids), (1, 2, 2), ids)
+    pool = HybridReqToTokenPool(2, 8, 2, [(4, 3)], (1, 2, 2), ids)
     assert [pool.mamba_layer_index(i) for i in (0, 1, 2, 4, 46)] == [0, 1, 2, 3, 35]
-    assert pool.mamba2_layer_cache(46)[0] is pool.mamba_pool.conv[35]
+    conv, temporal = pool.mamba2_layer_cache(46)
+    assert conv[0].data_ptr() == pool.mamba_pool.conv[0][35].data_ptr() and temporal.shape == (3, 1, 2, 2)
     with pytest.raises(ValueError, match="layer 3 is not a mamba layer"):
         pool.mamba_layer_index(3)  # a full-attention layer
 
@@ -245,7 +249,7 @@ def test_lazy_mode_adds_the_second_slot_when_needed():
     pool = make_pool(mamba_size=5, enable_mamba_extra_buffer=True, mamba_extra_buffer_lazy=True)
     r1, r2 = pool.alloc_rows(2)  # 2 x (state + 1 tracking) = 4 of 5 slots
     pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
-    assert pp[r1, 1].item() == 0
+    assert pp[r1, 1].item() == -1  # not taken yet (SGLang marks it -1 too)
     pool.next_track_slots([r1])
     with pytest.raises(ValueError, match="ensure_tracking_slots"):
         pool.next_track_slots([r1])  # the second buffer does not exist yet
@@ -336,12 +340,12 @@ def test_a_refused_row_free_changes_nothing():
 
 
 def test_bad_construction():
-    with pytest.raises(ValueError, match="2 mamba layer ids for 3 conv shapes"):
-        HybridReqToTokenPool(2, 8, 4, CONV, TEMPORAL, [0, 1])
     with pytest.raises(ValueError, match="repeated"):
         HybridReqToTokenPool(2, 8, 4, CONV, TEMPORAL, [0, 1, 1])
     with pytest.raises(ValueError, match="at least one mamba layer"):
-        MambaPool(2, [], TEMPORAL)
+        HybridReqToTokenPool(2, 8, 4, CONV, TEMPORAL, [])
+    with pytest.raises(ValueError, match="conv-state components"):
+        MambaPool(2, 3, [], TEMPORAL)
 
 
 # ---- property test: both ledgers balance after every step ---------------------------------

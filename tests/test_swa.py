@@ -221,11 +221,35 @@ def test_release_keeps_what_the_prefix_cache_owns():
     held = {}
     extend(a, held, "r", 23)
     before = a.swa_available_size()
-    # the first 6 tokens belong to the prefix cache: start at the next page boundary, 8
-    assert a.release_out_of_window(row(held["r"]), 0, 23, 0, 6, cache_protected_len=6) == 16
+    # the first 8 tokens (page-aligned, as SGLang asserts) belong to the prefix cache
+    assert a.release_out_of_window(row(held["r"]), 0, 23, 0, 6, cache_protected_len=8) == 16
     assert a.swa_available_size() == before + 8
     m = a.full_to_swa_index_mapping[T(*held["r"])]
     assert (m[:8] > 0).all() and not m[8:16].any()
+
+
+def test_release_with_a_prefix_sharing_cache_keeps_a_whole_window_of_pages():
+    # SGLang keeps ceil_align(max(window, page_size), page_size) tokens behind pre_len when the
+    # cache shares prefixes: a key ending at the last page boundary still has a live window.
+    for sharing, want in ((False, 16), (True, 12)):
+        a = SWATokenToKVPoolAllocator(64, 32, 4)
+        held = {}
+        extend(a, held, "r", 23)
+        # window 6: without sharing 23 - 6 = 17 -> 16; with it 23 - ceil_align(6, 4) = 15 -> 12
+        assert a.release_out_of_window(row(held["r"]), 0, 23, 0, 6, supports_prefix_sharing=sharing) == want
+    a = SWATokenToKVPoolAllocator(64, 32, 8)
+    held = {}
+    extend(a, held, "r", 30)  # window 3 < page 8: sharing keeps a whole page, 30 - 8 = 22 -> 16
+    assert a.release_out_of_window(row(held["r"]), 0, 30, 0, 3, supports_prefix_sharing=True) == 16
+    assert a.release_out_of_window(row(held["r"]), 0, 30, 16, 3) == 24  # without sharing: 27 -> 24
+
+
+def test_release_needs_page_aligned_lengths():
+    a = SWATokenToKVPoolAllocator(64, 32, 4)
+    held = {}
+    extend(a, held, "r", 23)
+    with pytest.raises(ValueError, match="cache_protected_len 6 is not page-aligned"):
+        a.release_out_of_window(row(held["r"]), 0, 23, 0, 6, cache_protected_len=6)
 
 
 def test_release_needs_a_page_aligned_evicted_length():
@@ -270,7 +294,7 @@ def test_ring_slots_cycle_inside_each_rows_ring():
     ids = a.ring_loc(T(1, 1, 1, 5), T(0, 11, 12, 11))
     assert ids.tolist() == [4, 4 + 11, 4, 4 + 4 * 12 + 11]  # position 12 wraps to the ring's start
     w = a.write_loc(T(5, 6), req_pool_indices=T(2, 2), positions=T(0, 1))
-    assert w.physical and w.swa_loc.tolist() == [16, 17]
+    assert not w.physical and w.swa_loc.tolist() == [16, 17]
     pool.set_kv_buffer(0, w, torch.ones(2, 1, 2), torch.ones(2, 1, 2))
     assert pool.get_key_buffer(0)[16:18].all() and not pool.get_key_buffer(0)[:4].any()
     with pytest.raises(ValueError, match="ring"):

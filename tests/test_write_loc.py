@@ -1,10 +1,12 @@
-"""KVWriteLoc, and pools that refuse an unmarked location where they need physical ids."""
+"""KVWriteLoc; the SWA pool takes a plain location, only a pool with virtual ids demands the mark."""
 
 import pytest
 import torch
 
 from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
-from memlab.write_loc import KVWriteLoc, check_physical_write_loc, plain_loc, write_loc_is_physical
+from memlab.kv_pool import MHATokenToKVPool
+from memlab.write_loc import (KVWriteLoc, check_physical_write_loc, plain_loc, unwrap_write_loc,
+                              write_loc_is_physical)
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 
@@ -40,19 +42,40 @@ def test_bad_write_locs(make, err, match):
 
 
 def test_the_check_names_what_to_pass():
-    with pytest.raises(ValueError, match=r"got a bare tensor.*write_loc\(out_cache_loc\).*physical=True"):
+    with pytest.raises(ValueError, match=r"not marked physical \(got a bare tensor\).*physical=True"):
         check_physical_write_loc(T(1), "X.set_kv_buffer")
-    with pytest.raises(ValueError, match="not marked physical"):
+    with pytest.raises(ValueError, match="got a KVWriteLoc not marked physical"):
         check_physical_write_loc(KVWriteLoc(T(1)), "X.set_kv_buffer")
     w = KVWriteLoc(T(1), physical=True)
     assert check_physical_write_loc(w, "X") is w
 
 
-def test_plain_pools_take_a_tensor_or_the_full_ids():
+def test_plain_pools_write_loc_and_leave_the_side_ids_to_hybrid_pools():
+    # as SGLang's MHATokenToKVPool: loc, _, _ = unwrap_write_loc(loc_info)
     assert plain_loc(T(4), "P").tolist() == [4]
-    assert plain_loc(KVWriteLoc(T(4), full_loc=T(7)), "P").tolist() == [7]
+    assert plain_loc(KVWriteLoc(T(4), full_loc=T(7)), "P").tolist() == [4]
+    assert [x.tolist() if x is not None else x for x in unwrap_write_loc(KVWriteLoc(T(4), swa_loc=T(2)))] == [[4], [2], None]
     with pytest.raises(TypeError, match="P: loc must be"):
         plain_loc([4], "P")
+
+
+class VirtualIdPool(MHATokenToKVPool):
+    """What a unified pool does at its write door (memlab has none): virtual ids need the mark."""
+
+    requires_physical_write_loc = True
+
+
+def test_only_a_pool_with_virtual_ids_demands_the_mark():
+    k = torch.ones(1, 1, 2)
+    pool = VirtualIdPool(8, 1, torch.float32, 1, 2, 1)
+    for bad in (T(3), KVWriteLoc(T(3))):
+        with pytest.raises(ValueError, match="VirtualIdPool.set_kv_buffer: write loc is not marked physical"):
+            pool.set_kv_buffer(0, bad, k, k)
+    assert not pool.k_buffer[0].any()
+    pool.set_kv_buffer(0, KVWriteLoc(T(3), physical=True), k, k)
+    plain = MHATokenToKVPool(8, 1, torch.float32, 1, 2, 1)
+    plain.set_kv_buffer(0, T(3), k, k)  # a plain pool takes a bare location
+    assert torch.equal(pool.k_buffer[0], plain.k_buffer[0])
 
 
 def _swa_setup():
@@ -64,27 +87,27 @@ def _swa_setup():
     return pool, alloc, loc
 
 
-def test_swa_pool_refuses_unmarked_locations_and_writes_nothing():
+def test_swa_pool_takes_a_plain_location_and_needs_the_swa_ids_for_swa_layers():
     pool, alloc, loc = _swa_setup()
     k = torch.ones(2, 2, 4)
-    for bad in (loc, KVWriteLoc(loc), KVWriteLoc(loc, swa_loc=alloc.translate_loc_from_full_to_swa(loc))):
-        with pytest.raises(ValueError, match="SWAKVPool.set_kv_buffer: needs physical slot ids"):
+    pool.set_kv_buffer(1, loc, k, k)  # a full layer: a bare location, no mark
+    assert torch.equal(pool.get_key_buffer(1)[loc], k)
+    for bad in (loc, KVWriteLoc(loc, physical=True)):  # an SWA layer without the SWA-side ids
+        with pytest.raises(ValueError, match="layer 0 is a sliding-window layer.*no swa_loc"):
             pool.set_kv_buffer(0, bad, k, k)
-    assert not any(b.any() for b in pool.swa_kv_pool.k_buffer + pool.full_kv_pool.k_buffer)
-    with pytest.raises(ValueError, match="no swa_loc"):
-        pool.set_kv_buffer(0, KVWriteLoc(loc, physical=True), k, k)
+    assert not any(b.any() for b in pool.swa_kv_pool.k_buffer)
+    swa = alloc.translate_loc_from_full_to_swa(loc)
+    pool.set_kv_buffer(0, KVWriteLoc(loc, swa_loc=swa), 2 * k, 2 * k)  # unmarked: fine
+    assert torch.equal(pool.get_key_buffer(0)[swa], 2 * k)
 
 
 def test_swa_pool_writes_each_layer_in_its_own_id_space():
     pool, alloc, loc = _swa_setup()
     w = alloc.write_loc(loc)
-    assert w.physical and not torch.equal(w.swa_loc, loc)  # the id spaces really differ here
+    assert not w.physical and not torch.equal(w.swa_loc, loc)  # the id spaces really differ here
     k, v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
     pool.set_kv_buffer(1, w, k, v)  # full layer
     pool.set_kv_buffer(2, w, 2 * k, 2 * v)  # SWA layer
     assert torch.equal(pool.get_key_buffer(1)[loc], k) and torch.equal(pool.get_value_buffer(1)[loc], v)
     assert torch.equal(pool.get_key_buffer(2)[w.swa_loc], 2 * k)
     assert not pool.get_key_buffer(0).any()  # the other SWA layer is untouched
-    assert pool.is_swa_layer(2) and not pool.is_swa_layer(1)
-    with pytest.raises(IndexError, match="layer 3"):
-        pool.get_key_buffer(3)

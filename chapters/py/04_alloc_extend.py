@@ -137,8 +137,9 @@ assert torch.equal(kernel.cpu(), ref_t) and ref_t.tolist() == ref_py
 # without a bound. So the allocator decides on the host, from CPU copies of the lengths, **before**
 # anything runs: first a cheap upper bound ($\lfloor \text{extend\_num\_tokens} / P \rfloor$ +
 # batch size + 1 pages); only if that does not prove there is room, the exact count. Short means
-# `None`, with nothing taken. (Launching first and checking afterwards reads past the end of the
-# free list: SGLang once had exactly this bug.)
+# `None`, with no page taken. (Launching first and checking afterwards reads past the end of the
+# free list: SGLang once had exactly this bug.) Chapter 05 says why the bound comes first, and
+# what `need_sort` does when it fails.
 
 # %%
 scene = viz.scenes.paged_extend(page_size=P)
@@ -169,6 +170,19 @@ assert same
 # `slot_mapping` for the batch's tokens from the block table. SGLang does both at once: its
 # kernel hands out pages and writes every token's slot, and the slots go straight into
 # `req_to_token`.
+#
+# ## Where memlab differs from the engine
+#
+# memlab hands out the same slots as SGLang 0.5.23 for every batch: `./course engines` checks it
+# stream by stream, for both of SGLang's backends against all three of memlab's (chapter 05).
+# What differs is around the algorithm, not in it:
+#
+# | | memlab | SGLang 0.5.23 | why |
+# |---|---|---|---|
+# | backends | `backend="torch" / "triton" / "python"`, chosen per allocator | its Triton kernel where the platform has Triton, else a torch fallback | the chapter compares all three |
+# | the kernel's prefix sums | a loop over earlier requests in blocks of 128, page size a runtime value | loads `next_power_of_2(bs)` lengths at once; page size and batch bound are compile-time constants; part 2 in blocks of 4096 | one compiled kernel serves every batch; same output |
+# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix) | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
+# | page size 1 | `TokenToKVPoolAllocator.alloc_extend` exists and takes any free slots | the token allocator has only `alloc(n)`; the scheduler calls it for a prefill | one interface for the chapters |
 #
 # ## Exercises
 #

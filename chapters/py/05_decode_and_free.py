@@ -11,7 +11,8 @@
 # - say exactly when a decode step opens a page, and run the `alloc_decode` kernel;
 # - free a request's slots as whole pages, without freeing any page twice;
 # - use `free_segment` for an aligned run and show why an unaligned one is refused;
-# - batch frees with free groups, and let debug mode catch a double free;
+# - batch frees with free groups (one dedup for the whole group), and let debug mode catch a double free;
+# - say when staged pages are merged (`need_sort`) and why the cheap capacity bound comes first;
 # - write `alloc_decode` and the paged free path (exercises `ch05_alloc_decode`, `ch05_paged_free`).
 
 # %%
@@ -129,21 +130,99 @@ except ValueError as exc:
 #
 # When several requests finish in one step, `free_group_begin()` ... `free_group_end()` queues
 # their frees and releases them as one: one concatenation of the free list instead of many.
-# Queued tensors are copied (the caller may reuse its buffers). Groups do not nest. In debug mode
-# the allocator also checks its books after each release: no page free twice, free + held =
-# capacity.
+# Queued tensors are copied (the caller may reuse its buffers). Groups do not nest.
+#
+# A group queues the **raw slots** and removes duplicate pages **once**, at `free_group_end`:
+# `unique(cat(slots) // P)` over the whole group. That matters because two frees of one group often
+# touch the same page: a scheduler frees a finished request and, separately, its over-allocated
+# tail, and the cut between the two pieces falls inside a page. Deduplicating each call on its own
+# would release that page twice: it would sit on the free list twice, `available_size()` would
+# count a page someone still holds, and two requests would later be handed the same page.
+# (`free_segment` and `free_page_ids` queue page ids instead; they are released right after.)
+# In debug mode the allocator also checks its books after each release: no page free twice,
+# free + held = capacity.
 
 # %%
-b, c = al.alloc(4), al.alloc(4)
+b, c = al.alloc(4), al.alloc(8)
 al.free_group_begin()
 al.free(b)
-al.free(c)
-print("inside the group, queued:", [t.tolist() for t in al.free_group])
+al.free(c[:6])  # c finishes ...
+al.free(c[6:])  # ... and its tail, freed apart: both touch c's second page
+print("inside the group, queued slots:", [t.tolist() for t in al.free_group])
 al.free_group_end()
+print("released pages:", al.free_pages[:3].tolist(), "(c's second page once)")
 try:
     al.free(b)  # b's page is already free
 except ValueError as exc:
     print("ValueError:", exc)
+
+# %% [markdown]
+# ## need_sort: when the staged pages come back
+#
+# With `need_sort=True` (chapter 03) frees wait in `release_pages`, and are merged into the free
+# list and sorted when an allocation runs short. "Runs short" is decided by the same two-step test
+# as the capacity check, and SGLang merges as soon as the **cheap bound** fails:
+#
+# - `alloc_extend`: merge when `extend_num_tokens // P + bs + 1 > len(free_pages)`;
+# - `alloc_decode`: merge when `bs > len(free_pages)` (at most one new page per request).
+#
+# Only then is the exact count compared with the (now merged) free list; the call may still be
+# refused, after the merge. A refusal takes no page, but it may have reordered the free list.
+#
+# **Why the cheap bound comes first.** It is integer arithmetic on numbers the scheduler already
+# has. The exact count (`ceil(seq / P) - ceil(prefix / P)` summed over the batch) is a handful of
+# small tensor operations on the host copies of the lengths, on every prefill and decode. In the
+# common case, a deep free list, the bound proves there is room, and SGLang launches the kernel
+# first and counts the pages it took afterwards, while the GPU works. The exact count is paid
+# for before the launch only when the bound cannot prove room, which is also when merging the
+# staged pages can help.
+
+# %%
+ns = PagedTokenToKVPoolAllocator(32, P, need_sort=True)  # 8 pages
+held = ns.alloc(24)  # pages 1..6 held, 7 and 8 free
+ns.free(held[4:8])  # page 2 staged
+t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+print("free", ns.free_pages.tolist(), "staged", ns.release_pages.tolist())
+print("a 16-token prefill (4 pages) ->", ns.alloc_extend(t([0]), t([0]), t([16]), t([16]), t([-1]), 16))
+print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.release_pages.tolist())
+
+# %% [markdown]
+# ## memlab and SGLang, stream by stream
+#
+# memlab's allocators are not a paraphrase of SGLang's: run
+#
+# ```
+# ./course engines
+# ```
+#
+# and a differential suite (`tests/engines/`) downloads SGLang 0.5.23's published wheel, loads its
+# allocator modules (never copying them into the course), and drives random scheduler streams on
+# both in lockstep: extend batches mixing new and continuing requests, decode batches, frees,
+# free groups that free one page from two calls, `need_sort` staging, `clear()`. SGLang runs with
+# its torch fallback and with its Triton kernels, memlab with all three backends. After every
+# step each slot handed out, each refusal, the free list (content and order) and
+# `available_size()` must be identical. The run ends with a table of what was compared:
+#
+# ```
+# compared                                               streams     steps  all identical
+# PagedTokenToKVPoolAllocator page  4, Triton kernels (both)    2       120  yes
+# PagedTokenToKVPoolAllocator page  4, torch/python backends    8       480  yes
+# ...
+# ```
+#
+# The suite found the two behaviours this chapter now teaches (one dedup per free group; the
+# merge at the cheap bound) before they were fixed.
+#
+# ## Where memlab differs from the engine
+#
+# | | memlab | SGLang 0.5.23 | why |
+# |---|---|---|---|
+# | bad ids | `free` refuses page 0 and ids past the pool at once (ids on the CPU, or debug mode) | no check | a learner's bug gets a message, not a corrupt list |
+# | double free | debug mode keeps a ledger of held pages and names the page freed twice | debug mode asserts that no page is on the free list twice | the same bug, caught with its page number |
+# | `free_segment` in debug mode | checks that every `P`-th slot starts a page | compares the page set with `unique(slot // P)` | same guarantee |
+# | decode page count at `P = 1` | counts every token (each opens a page) | the paged class counts none (`seq_len % 1 == 1` never holds); SGLang uses the token allocator there | memlab's paged class stays correct at every page size |
+#
+# Everything else on this page (which page goes where, when, in which order) is SGLang's.
 
 # %% [markdown]
 # ## What the engines do differently

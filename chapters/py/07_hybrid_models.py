@@ -62,7 +62,8 @@ viz.Stepper(swa_scene.frames, draw_swa)
 #
 # $$\text{available} = \min(\text{full available}, \text{SWA available})$$
 #
-# and capacity is settled for both before either takes anything. The map has `size + page_size + 1`
+# and capacity is settled for both before either takes anything (SGLang settles it before a
+# prefill; for a decode step its scheduler checks first, see the table at the end). The map has `size + page_size + 1`
 # entries; the last is -1, so that `last_loc = -1` (an empty prefix) maps to -1 by Python's negative
 # indexing and the SWA side sees "no prefix" too.
 
@@ -83,10 +84,18 @@ print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)"
 #
 # $$\text{end} = \left\lfloor (s - w) / P \right\rfloor \cdot P$$
 #
-# The run is page-aligned and contiguous, so `free_segment` releases it without a `unique`
-# (chapter 05). Positions a prefix cache protects are left to it.
+# The run is page-aligned and contiguous, so it is released without a `unique` (chapter 05:
+# one slot per page names the SWA page). Positions a prefix cache protects (a page-aligned
+# `cache_protected_len`) are left to it. With a **prefix-sharing** cache SGLang keeps more:
+#
+# $$\text{end} = \left\lfloor \left(s - \lceil \max(w, P) \rceil_P\right) / P \right\rfloor \cdot P$$
+#
+# ($\lceil x \rceil_P$: rounded up to whole pages), so that a cached key ending at the last page
+# boundary still has a whole window of live SWA behind it.
 
 # %%
+import torch
+
 from memlab.hybrid.swa import SWATokenToKVPoolAllocator
 from memlab.req_to_token import ReqToTokenPool
 from memlab.viz.hybrid_books import SwaScene
@@ -99,6 +108,13 @@ for _ in range(5):
     print(f"seq_len {demo.reqs['R'].kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
           f"SWA slots released now: {released}")
 
+t = lambda *xs: torch.tensor(xs)  # noqa: E731
+for sharing in (False, True):
+    probe = SWATokenToKVPoolAllocator(64, 32, 4)
+    slots = probe.alloc_extend(t(0), t(0), t(23), t(23), t(-1), 23)
+    end = probe.release_out_of_window(slots[None, :], 0, 23, 0, 6, supports_prefix_sharing=sharing)
+    print(f"page 4, window 6, 23 tokens, prefix-sharing cache {sharing!s:<5}: released up to position {end}")
+
 # %% [markdown]
 # ## Freeing
 #
@@ -106,7 +122,11 @@ for _ in range(5):
 # clears the map for the freed pages, and only then frees the full side. The other order would free
 # full slots whose map entries another request could be handed before the SWA side read them.
 # Map entries of 0 (already released out of the window) are skipped: 0 is the SWA pool's padding
-# slot and must never reach its free list.
+# slot and must never reach its free list. (SGLang's scheduler frees a finished request in
+# page-aligned segments instead: the out-of-window part with `free_full_segment`, the full side
+# only, the rest with `free_segment`; memlab has both too.) Inside a free group the SWA ids are
+# read, and the map cleared, at each call; the SWA pages go back at the group's end, deduplicated
+# once, as on the full side.
 
 # %%
 dbg = SWATokenToKVPoolAllocator(16, 8, 2, debug_mode=True)
@@ -145,6 +165,13 @@ viz.Stepper(options, draw_mamba)
 # Slot 0 is padding. A slot is zeroed when handed out: a recurrent state left by the previous owner
 # would be read as the new request's history. Layers are sparse among the model's layers, so a
 # dense map turns a model layer id into a Mamba layer index.
+#
+# The layout is SGLang's: `MambaPool.conv` is a **list over the conv-state components** (most
+# models have one, `(channels, kernel - 1)`: the last inputs of the causal convolution), each
+# stacked over the mamba layers as `(num_mamba_layers, size + 1, *shape)`; `temporal` is one tensor
+# `(num_mamba_layers, size + 1, heads, head_dim, state)`. All mamba layers of a model share the
+# shapes, so one tensor per component holds every layer, and a slot's state is column `slot` of
+# each.
 
 # %%
 from memlab.models import MODELS
@@ -154,6 +181,13 @@ print(f"{qn.name}: {len(qn.layer_ids('linear_attention'))} linear layers, state 
       f"{qn.state_bytes_per_request() / 2**20:.1f} MiB; conv {qn.conv_state_shape()} temporal {qn.temporal_state_shape()}")
 mamba_frames = options["extra buffer, overlap scheduler (2 tracking slots)"]
 print(mamba_frames[1].caption)
+
+from memlab.hybrid.mamba import MambaPool
+
+small = MambaPool(4, num_mamba_layers=3, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4))
+print("conv:", [tuple(c.shape) for c in small.conv], " temporal:", tuple(small.temporal.shape))
+conv, temporal = small.get_state(1)  # mamba layer 1: views, indexed by slot
+print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 
 # %% [markdown]
 # ## Ping-pong
@@ -197,6 +231,21 @@ sw.allocate_slots(r, 1)
 print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 = null block)")
 
 # %% [markdown]
+# ## Where memlab differs from the engine
+#
+# `./course engines` drives SGLang 0.5.23's `SWATokenToKVPoolAllocator`, `ReqToTokenPool`,
+# `HybridReqToTokenPool` and `MambaPool` next to memlab's (chapter 05 tells how): same rows, slots,
+# free lists, map and evicted lengths after every step. Where memlab departs on purpose:
+#
+# | | memlab | SGLang 0.5.23 | why |
+# |---|---|---|---|
+# | SWA decode refused | both sides are checked first: a refusal takes nothing | takes the full side's page, then returns `None` when the SWA side is short (its scheduler checks capacity before, so it does not happen there) | an allocator never leaks on a refused request |
+# | `free()` at page size 1 after an out-of-window release | skips map entries of 0 | would hand SWA slot 0 back; the caller must use `free_full` for those slots | a plain `free` of a request is always safe |
+# | a Mamba row short of state slots | `alloc` returns `None` before taking a row | takes the rows, then asserts (the scheduler checks state slots first) | all or nothing, as for rows |
+# | a freed row | its map entries are reset to 0 | left as they were until the row is reused | a stale slot never shows in a picture |
+# | lazy second tracking slot | `ensure_tracking_slots(rows)` | taken by the scheduler's tracking code when needed | the chapter's one entry point |
+# | ring mode (`swa_req_ring_size`) | `ring_loc(row, position)` gives each token's ring slot | the ring lives in its DeepSeek-V4 pool and backend | shown, not compared stream by stream |
+#
 # ## Exercises
 #
 # **`exercises/ch07_swa_release.py`** (8 points): the release range and the SWA side of a free.

@@ -11,8 +11,8 @@
 # **After this chapter you can**
 # - size a KV pool from a memory budget and a model's bytes per token, floored to whole pages;
 # - clip a request's generation to what the pool could ever hold;
-# - compute the KV a decode step may take, with and without speculative decoding, and why the
-#   reserve is doubled under the overlap scheduler;
+# - compute the KV a decode step may take, with and without speculative decoding, and why SGLang
+#   0.5.23 always reserves twice that;
 # - decide which requests to retract when the next decode step does not fit;
 # - write the scheduler's planning numbers yourself (exercise `ch08_sizing`).
 
@@ -119,34 +119,58 @@ for name, spec in SPECS.items():
 # ## The doubled reserve
 #
 # Under the overlap scheduler the CPU prepares step $t+1$ while the GPU runs step $t$, so the
-# host's view of each request's length lags by one step. The scheduler therefore reserves **twice**
-# the step's footprint per running request. The request-table row gets a matching headroom past
-# the context length, so the over-allocation never runs off the end of a row.
+# host's view of each request's length lags by one step. To absorb that lag SGLang 0.5.23 reserves
+# **twice** the step's footprint per running request (`get_alloc_reserve_per_decode`), and it does
+# so **whatever the scheduler mode**: the double buffer stays on with overlap off too. The
+# request-table row gets a matching headroom past the context length, so the over-allocation
+# never runs off the end of a row. The 1x column below is only a *what if*
+# (`what_if_reserve_without_overlap_lag`): what the reserve would be if no lag had to be
+# absorbed. SGLang does not do it.
 
 # %%
-from memlab.sizing import req_to_token_row_width
+from memlab.sizing import req_to_token_row_width, what_if_reserve_without_overlap_lag
 
 for name, spec in SPECS.items():
-    print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16, True):>3} (overlap) "
-          f"{alloc_reserve_per_decode(spec, 16, False):>3} (no overlap); row width {req_to_token_row_width(8192, spec, 16):,}")
+    print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, any mode)  "
+          f"what if no lag: {what_if_reserve_without_overlap_lag(spec, 16):>3};  row width {req_to_token_row_width(8192, spec, 16):,}")
 
 # %% [markdown]
 # ## When the next step does not fit
 #
-# Before each decode step the scheduler checks that every running request can grow by its
-# reserve. If not, it **retracts** requests (frees their KV, puts them back in the queue) until the
-# rest fit: fewest decoded tokens first (least work lost), ties broken by the longest prompt
-# (most memory back). It always keeps at least one request, or nothing would make progress.
+# Before each decode step the scheduler checks that the next step fits
+# (`new_tokens_required_next_decode`): without speculative decoding, a page for each request whose
+# next token opens one; with it, each request must be able to grow to its committed length plus the
+# reserve, in whole pages past what it holds. If not, it **retracts** requests (frees their KV,
+# puts them back in the queue) until the rest fit: fewest decoded tokens first (least work lost),
+# ties broken by the longest prompt (most memory back), the same order with or without
+# speculative decoding. The check has already failed when retraction starts, so the first request
+# goes without a second check. It always keeps at least one request, or nothing would make
+# progress (SGLang aborts that last one if it still does not fit).
 
 # %%
-from memlab.sizing import RunningReq, retract_decode
+from memlab.sizing import RunningReq, new_tokens_required_next_decode, retract_decode
 
 # Every length sits on a page boundary, so each request needs a new page for its next step.
 running = [RunningReq("A", 900, 60), RunningReq("B", 300, 20), RunningReq("C", 2000, 48), RunningReq("D", 100, 12)]
-kept, retracted, fits = retract_decode(running, available_tokens=16, reserve=2, page_size=16)
+print("the next step needs", new_tokens_required_next_decode(running, 16), "free slots")
+kept, retracted, fits = retract_decode(running, available_tokens=16, page_size=16)
 print("one free page, four need one: retract", [q.rid for q in retracted], "keep", [q.rid for q in kept], "fits:", fits)
-kept, retracted, fits = retract_decode(running[:1], available_tokens=0, reserve=2, page_size=16)
+kept, retracted, fits = retract_decode(running[:1], available_tokens=0, page_size=16)
 print("no free page, one request   : retract", [q.rid for q in retracted], "keep", [q.rid for q in kept], "fits:", fits)
+
+# %% [markdown]
+# ## Where memlab differs from the engine
+#
+# `./course engines` compares these rules with SGLang 0.5.23's own functions over hundreds of
+# configurations and random batches (chapter 05 tells how): KV per decode step, the reserve, the
+# row headroom, the next step's demand and the retraction order. What memlab leaves out:
+#
+# | | memlab | SGLang 0.5.23 | why |
+# |---|---|---|---|
+# | configuration | frozen dataclasses passed in | process-wide configuration "bags" read by each function | one knob, every number moves, no globals |
+# | pool size | `usable // bytes per token`, floored to pages, from a given activation reserve | also reads the memory left after loading the weights, caps by `--max-total-tokens`, and sizes draft and hybrid pools by more rules | the arithmetic the chapter teaches |
+# | the last request that does not fit | `retract_decode` returns `fits=False` | aborts it | the caller decides |
+# | retraction policies | length order only | also a priority order (`--retraction-policy priority`) and beam groups | the default policy |
 
 # %% [markdown]
 # ## What the engines do differently

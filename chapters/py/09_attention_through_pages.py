@@ -62,9 +62,19 @@ viz.Stepper(attention_frames(scene, q), draw_attention)
 #
 # The allocator's output for a batch, `out_cache_loc`, holds one slot per new token. Each layer's
 # attention writes the token's K and V there: `set_kv_buffer(layer, loc, k, v)`. A pool with one
-# id space takes the slots as they are. A hybrid pool has two (full and sliding-window, chapter
-# 07), so a bare tensor could land in the wrong one: it accepts only a `KVWriteLoc` marked
-# **physical**, carrying the SWA-side ids too.
+# id space takes the slots as they are. A hybrid sliding-window pool has two (full and
+# sliding-window, chapter 07): its full layers write at `loc`, its SWA layers at the same tokens'
+# SWA-side ids. Those are translated **once per batch** (`allocator.write_loc(out_cache_loc)`,
+# SGLang's attention backend does it when it builds its metadata) and travel with `loc` in a
+# `KVWriteLoc`; the pool never translates. An SWA layer handed a bare tensor has no SWA ids and
+# refuses it.
+#
+# `KVWriteLoc` also carries a **physical** mark. It guards something else: SGLang's *unified* pools
+# hand out **virtual** ids, which a per-batch plan maps to physical slots; their write doors
+# (`requires_physical_write_loc = True`) refuse a location not marked physical, so an
+# untranslated virtual id never lands in somebody else's rows. Every other pool, the SWA pool
+# included, holds physical ids by allocation and needs no mark. memlab has no unified pool; its
+# `KVCache` keeps the flag (off) and the check, so the idea has its place.
 
 # %%
 from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
@@ -75,13 +85,15 @@ pool = SWAKVPool(16, 8, 1, torch.float32, head_num=1, head_dim=4, full_attention
 al = SWATokenToKVPoolAllocator(16, 8, 1, kvcache=pool)
 out_cache_loc = al.alloc(3)
 kv_new = torch.ones(3, 1, 4)
+pool.set_kv_buffer(0, out_cache_loc, kv_new, kv_new)  # a full layer: the bare slots will do
 try:
-    pool.set_kv_buffer(1, out_cache_loc, kv_new, kv_new)
+    pool.set_kv_buffer(1, out_cache_loc, kv_new, kv_new)  # an SWA layer: which SWA slots?
 except ValueError as exc:
-    print("bare tensor refused:", str(exc)[:110], "...")
+    print("SWA layer, bare tensor refused:", str(exc)[:100], "...")
 loc = al.write_loc(out_cache_loc)
 pool.set_kv_buffer(1, loc, kv_new, kv_new)
-print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(), "physical", loc.physical)
+print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(), "physical", loc.physical,
+      "(not needed: these ids are physical by allocation)")
 
 # %% [markdown]
 # ## Reading: one kernel, two spellings
@@ -153,6 +165,14 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # one load away. vLLM's take the block table: one load per block, then arithmetic. With page size
 # 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
 # (`mla_decode_attention_fwd`); the mappings are the same.
+#
+# ## Where memlab differs from the engine
+#
+# | | memlab | SGLang 0.5.23 | why |
+# |---|---|---|---|
+# | unified pools (virtual ids) | none; `requires_physical_write_loc` stays off on every pool | the unified pools refuse a write loc not marked physical | the mark is explained, not needed |
+# | decode attention | one Triton kernel, one program per (request, query head), an online softmax over blocks of positions | FlashInfer, FlashAttention or its own Triton kernels (split-K decode) | the slot lookup is what the chapter is about |
+# | KV writes | `buffer[loc] = k` per layer | fused store kernels, fp8 quantization, write checks in debug mode | same rows written |
 #
 # ## Exercise: `exercises/ch09_paged_gather.py`
 #

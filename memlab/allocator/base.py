@@ -1,8 +1,10 @@
 """What both allocators share: the free list of pages, staged frees, free groups, debug books.
 
 Ids are page ids; with page_size 1 a page is a slot. Page 0 is padding and never free.
-Checks that must read id values run only where they cost no host-device sync: range checks when
-the ids live on the CPU (or in debug mode), double-free checks in debug mode.
+Each public method first validates its arguments (``_check_*``, the boundary), then runs the
+algorithm as SGLang 0.5.23 does. Checks that must read id values run only where they cost no
+host-device sync: range checks when the ids live on the CPU (or in debug mode), double-free
+checks in debug mode.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class BaseTokenToKVPoolAllocator:
     def clear(self) -> None:
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
         self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.free_group = None  # a list while a free group is open
+        self.free_group = None  # while a group is open: the raw slot tensors of its free() calls
+        self.free_page_ids_group = []  # ... and the page ids of its free_page_ids()/free_segment() calls
         if self.debug_mode:
             self._held = torch.zeros(self.num_pages + 1, dtype=torch.bool)  # debug-only ledger
 
@@ -54,14 +57,6 @@ class BaseTokenToKVPoolAllocator:
             self.release_pages = self.release_pages[:0]
 
     # -- taking pages ----------------------------------------------------------------------
-    def _make_room(self, num_pages: int) -> bool:
-        """True when ``num_pages`` can be taken from the head of the free list (merging if need be)."""
-        if num_pages > len(self.free_pages) + len(self.release_pages):
-            return False  # refused before the merge: a refusal leaves even the order untouched
-        if num_pages > len(self.free_pages):
-            self.merge_and_sort_free()
-        return True
-
     def _take(self, num_pages: int) -> torch.Tensor:
         pages, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]
         if self.debug_mode:
@@ -70,59 +65,60 @@ class BaseTokenToKVPoolAllocator:
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots in whole pages from the head of the free list, or None when short."""
-        _check_int("need_size", need_size, 0)
-        if need_size % self.page_size:
-            raise ValueError(f"alloc needs whole pages: {need_size} is not a multiple of {self.page_size}")
-        n = need_size // self.page_size
-        if not self._make_room(n):
+        self._check_alloc(need_size)
+        num_pages = need_size // self.page_size
+        if num_pages > len(self.free_pages):
+            self.merge_and_sort_free()  # staged pages may cover it (a no-op without need_sort)
+        if num_pages > len(self.free_pages):
             return None
-        pages = self._take(n)
+        pages = self._take(num_pages)
         if self.page_size == 1:
             return pages
         offs = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
         return (pages[:, None] * self.page_size + offs).reshape(-1)
 
     # -- giving pages back -----------------------------------------------------------------
-    def _check_index(self, name: str, idx) -> None:
-        if not isinstance(idx, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of ids, got {type(idx).__name__}")
-        if idx.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{name} must hold int32/int64 ids, got {idx.dtype}")
-        if idx.device != self.device:
-            raise ValueError(f"{name} is on {idx.device}, the allocator on {self.device}")
-
     def free(self, free_index: torch.Tensor) -> None:
-        """Give back the pages under these slots; inside a free group, only queue them."""
-        self._check_index("free_index", free_index)
+        """Give back the pages under these slots; inside a free group, only queue the slots.
+
+        A group queues the raw slots and removes duplicate pages once, at ``free_group_end``:
+        two frees of one group that touch the same page (a request freed in two pieces) must
+        release it once.
+        """
+        self._check_slots("free_index", free_index)
         if free_index.numel() == 0:
             return
-        pages = self._pages_of(free_index)
-        if self.free_group is not None:
-            self._check_range(pages)  # now, not at the group's end, where one bad id would sink the group
-            if pages.untyped_storage().data_ptr() == free_index.untyped_storage().data_ptr():
-                pages = pages.clone()  # the caller may reuse its buffer before the group ends
-            self.free_group.append(pages)
+        if self.free_group is None:
+            self._release_page_ids(self._pages_of(free_index))
         else:
-            self.free_page_ids(pages)
+            self.free_group.append(free_index.clone())  # the caller may reuse its buffer before the end
 
     def _pages_of(self, free_index: torch.Tensor) -> torch.Tensor:
         """The distinct pages under these slots."""
         raise NotImplementedError
 
-    def _check_range(self, page_ids: torch.Tensor) -> None:
-        if page_ids.numel() and (self.debug_mode or page_ids.device.type == "cpu"):
-            lo, hi = page_ids.min().item(), page_ids.max().item()
-            if lo < 1 or hi > self.num_pages:
-                raise ValueError(f"cannot free page {lo if lo < 1 else hi}: pages are 1..{self.num_pages} "
-                                 "(page 0 is padding)")
-
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Release distinct page ids (the caller guarantees no duplicates)."""
-        self._check_index("page_ids", page_ids)
+        """Release distinct page ids (the caller guarantees no duplicates); queued inside a group."""
+        self._check_pages("page_ids", page_ids)
         if page_ids.numel() == 0:
             return
-        page_ids = page_ids.to(torch.int64)
-        self._check_range(page_ids)
+        if self.free_group is None:
+            self._release_page_ids(page_ids.to(torch.int64))
+        else:
+            self.free_page_ids_group.append(page_ids.to(torch.int64).clone())
+
+    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        """Free a contiguous run of a request's slots that starts on a page boundary, without the dedup.
+
+        ``start_pos`` is the run's first token position in the request. Aligned and contiguous,
+        every page_size-th slot is the first slot of a distinct page.
+        """
+        self._check_segment(free_index, start_pos)
+        if free_index.numel() == 0:
+            return
+        self.free_page_ids(free_index[:: self.page_size].to(torch.int64) // self.page_size)
+
+    def _release_page_ids(self, page_ids: torch.Tensor) -> None:
         if self.debug_mode:
             self._check_not_free(page_ids)
         if self.need_sort:
@@ -136,22 +132,68 @@ class BaseTokenToKVPoolAllocator:
 
     def free_group_begin(self) -> None:
         """Queue frees until free_group_end, then release them in one concatenation."""
-        if self.free_group is not None:
-            raise RuntimeError("free groups do not nest: free_group_begin called inside an open group")
-        self.free_group = []
+        self._check_no_open_group()
+        self.free_group, self.free_page_ids_group = [], []
 
     def free_group_end(self) -> None:
+        """Release the group: its slots' pages, deduplicated once over the whole group, then the
+        page ids queued by ``free_page_ids``/``free_segment``."""
+        self._check_open_group()
+        group, page_ids = self.free_group, self.free_page_ids_group
+        self.free_group, self.free_page_ids_group = None, []
+        if group:
+            self._release_page_ids(self._pages_of(torch.cat(group)))
+        if page_ids:
+            self._release_page_ids(torch.cat(page_ids))
+
+    # -- argument checks (the boundary) ----------------------------------------------------
+    def _check_alloc(self, need_size) -> None:
+        _check_int("need_size", need_size, 0)
+        if need_size % self.page_size:
+            raise ValueError(f"alloc needs whole pages: {need_size} is not a multiple of {self.page_size}")
+
+    def _check_index(self, name: str, idx) -> None:
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of ids, got {type(idx).__name__}")
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must hold int32/int64 ids, got {idx.dtype}")
+        if idx.device != self.device:
+            raise ValueError(f"{name} is on {idx.device}, the allocator on {self.device}")
+
+    def _check_page_range(self, lo: int, hi: int) -> None:
+        if lo < 1 or hi > self.num_pages:
+            raise ValueError(f"cannot free page {lo if lo < 1 else hi}: pages are 1..{self.num_pages} "
+                             "(page 0 is padding)")
+
+    def _check_pages(self, name: str, page_ids) -> None:
+        self._check_index(name, page_ids)
+        if page_ids.numel() and (self.debug_mode or page_ids.device.type == "cpu"):
+            self._check_page_range(int(page_ids.min()), int(page_ids.max()))
+
+    def _check_slots(self, name: str, free_index) -> None:
+        # Checked on each call, so one bad id inside a group is refused at once, not at its end.
+        self._check_index(name, free_index)
+        if free_index.numel() and (self.debug_mode or free_index.device.type == "cpu"):
+            self._check_page_range(int(free_index.min()) // self.page_size, int(free_index.max()) // self.page_size)
+
+    def _check_segment(self, free_index, start_pos) -> None:
+        self._check_slots("free_index", free_index)
+        if start_pos % self.page_size:
+            raise ValueError(f"free_segment needs a page-aligned start: position {start_pos} is not a "
+                             f"multiple of page_size {self.page_size}; use free() for unaligned runs")
+        firsts = free_index[:: self.page_size]
+        if self.debug_mode and (firsts % self.page_size).any():
+            bad = int(firsts[firsts % self.page_size != 0][0])
+            raise ValueError(f"free_segment: slot {bad} should start a page but sits at offset "
+                             f"{bad % self.page_size}: the run is not page-aligned in memory")
+
+    def _check_no_open_group(self) -> None:
+        if self.free_group is not None:
+            raise RuntimeError("free groups do not nest: free_group_begin called inside an open group")
+
+    def _check_open_group(self) -> None:
         if self.free_group is None:
             raise RuntimeError("free_group_end without free_group_begin")
-        group, self.free_group = self.free_group, None
-        if group:
-            # One release for the group; in debug mode a page freed by two calls is caught here,
-            # and the refused group stays open with its pages, so nothing is lost.
-            try:
-                self.free_page_ids(torch.cat(group))
-            except ValueError:
-                self.free_group = group
-                raise
 
     # -- debug mode ------------------------------------------------------------------------
     def _mark_held(self, pages: torch.Tensor) -> None:

@@ -27,31 +27,92 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         # and later handed to several requests at once. unique sorts on the device (a sync).
         return torch.unique(free_index.to(torch.int64) // self.page_size)
 
-    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        """Free a contiguous run of a request's slots that starts on a page boundary, without the dedup.
-
-        ``start_pos`` is the run's first token position in the request. Aligned and contiguous,
-        every page_size-th slot is the first slot of a distinct page.
-        """
-        self._check_index("free_index", free_index)
-        if start_pos % self.page_size:
-            raise ValueError(f"free_segment needs a page-aligned start: position {start_pos} is not a "
-                             f"multiple of page_size {self.page_size}; use free() for unaligned runs")
-        if free_index.numel() == 0:
-            return
-        firsts = free_index[:: self.page_size].to(torch.int64)
-        if self.debug_mode and (firsts % self.page_size).any():
-            bad = firsts[firsts % self.page_size != 0][0].item()
-            raise ValueError(f"free_segment: slot {bad} should start a page but sits at offset "
-                             f"{bad % self.page_size}: the run is not page-aligned in memory")
-        pages = firsts // self.page_size
-        if self.free_group is not None:
-            self._check_range(pages)
-            self.free_group.append(pages)
-        else:
-            self.free_page_ids(pages)
-
     # -- allocation ------------------------------------------------------------------------
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                     extend_num_tokens: int) -> torch.Tensor | None:
+        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are short.
+
+        ``last_loc`` is each request's last slot (-1 for an empty prefix). Capacity is settled on
+        the host from the CPU copies before anything is taken or launched.
+        """
+        bs = self._check_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        ps = self.page_size
+        # Room is settled before anything is launched or taken: launching first and counting after
+        # would read past the end of the free list. The cheap upper bound (a request grows by fewer
+        # than extend_len // ps + 1 pages) is integer arithmetic on numbers already at hand; it
+        # proves room in the common case. When it fails, staged pages are merged first (need_sort:
+        # SGLang merges here even when the call is then refused), and only then is the exact count
+        # paid for, before the launch.
+        max_new_pages = extend_num_tokens // ps + bs + 1
+        if max_new_pages > len(self.free_pages):
+            self.merge_and_sort_free()
+        num_new_pages = None
+        if max_new_pages > len(self.free_pages):
+            num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+            if num_new_pages > len(self.free_pages):
+                return None
+        if self.backend == "triton":
+            from memlab.kernels import alloc_extend
+
+            out = alloc_extend.alloc_extend(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
+        elif self.backend == "torch":
+            out = ref.alloc_extend_torch(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
+        else:
+            out = torch.tensor(ref.alloc_extend_python(prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(),
+                                                       self.free_pages.tolist(), ps), dtype=torch.int64,
+                               device=self.device)
+        if num_new_pages is None:  # the fast path counts after the launch, while the device works
+            num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+        self._take(num_new_pages)
+        return out
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
+        """One slot per request for its new token; ``seq_lens`` already count that token."""
+        bs = self._check_decode(seq_lens, seq_lens_cpu, last_loc)
+        ps = self.page_size
+        if bs > len(self.free_pages):  # the cheap bound: at most one new page per request
+            self.merge_and_sort_free()
+        # Requests whose new token opens a page. SGLang counts seq_len % ps == 1: the same for ps > 1;
+        # at page size 1 it uses the token allocator, so memlab's form keeps this class right there too.
+        num_new_pages = int(((seq_lens_cpu - 1) % ps == 0).sum())
+        if num_new_pages > len(self.free_pages):
+            return None
+        if self.backend == "triton":
+            from memlab.kernels import alloc_decode
+
+            out = alloc_decode.alloc_decode(seq_lens, last_loc, self.free_pages, ps)
+        elif self.backend == "torch":
+            out = ref.alloc_decode_torch(seq_lens, last_loc, self.free_pages, ps)
+        else:
+            out = torch.tensor(ref.alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), self.free_pages.tolist(),
+                                                       ps), dtype=torch.int64, device=self.device)
+        self._take(num_new_pages)
+        return out
+
+    # -- argument checks (the boundary) ----------------------------------------------------
+    def _check_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens) -> int:
+        bs = self._check_batch(dict(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc),
+                               dict(prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu))
+        short = (seq_lens_cpu < prefix_lens_cpu).nonzero()
+        if len(short):
+            i = short[0].item()
+            raise ValueError(f"request {i}: seq_len {seq_lens_cpu[i].item()} is shorter than its "
+                             f"prefix {prefix_lens_cpu[i].item()}")
+        if (prefix_lens_cpu < 0).any():
+            raise ValueError(f"prefix lengths must be >= 0, got {prefix_lens_cpu.tolist()}")
+        total = int((seq_lens_cpu - prefix_lens_cpu).sum())
+        if extend_num_tokens != total:
+            raise ValueError(f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}")
+        self._check_last_loc(last_loc, prefix_lens_cpu)
+        return bs
+
+    def _check_decode(self, seq_lens, seq_lens_cpu, last_loc) -> int:
+        bs = self._check_batch(dict(seq_lens=seq_lens, last_loc=last_loc), dict(seq_lens_cpu=seq_lens_cpu))
+        if (seq_lens_cpu < 1).any():
+            raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
+        self._check_last_loc(last_loc, seq_lens_cpu - 1)
+        return bs
+
     def _check_batch(self, lens: dict, cpu: dict) -> int:
         bs = None
         for name, t in lens.items():
@@ -69,47 +130,6 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             raise ValueError("empty batch")
         return bs
 
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                     extend_num_tokens: int) -> torch.Tensor | None:
-        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are short.
-
-        ``last_loc`` is each request's last slot (-1 for an empty prefix). Capacity is settled on
-        the host from the CPU copies before anything is taken or launched.
-        """
-        bs = self._check_batch(dict(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc),
-                               dict(prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu))
-        short = (seq_lens_cpu < prefix_lens_cpu).nonzero()
-        if len(short):
-            i = short[0].item()
-            raise ValueError(f"request {i}: seq_len {seq_lens_cpu[i].item()} is shorter than its "
-                             f"prefix {prefix_lens_cpu[i].item()}")
-        if (prefix_lens_cpu < 0).any():
-            raise ValueError(f"prefix lengths must be >= 0, got {prefix_lens_cpu.tolist()}")
-        total = int((seq_lens_cpu - prefix_lens_cpu).sum())
-        if extend_num_tokens != total:
-            raise ValueError(f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}")
-        ps = self.page_size
-        self._check_last_loc(last_loc, prefix_lens_cpu)
-        # Room is settled before anything is launched or taken: launching first and counting after
-        # would read past the end of the free list. A cheap upper bound proves room in the common
-        # case; only when it cannot does the exact count decide (merge staged pages, or refuse).
-        # The exact count also advances the free list; it comes from the host copies, no sync.
-        need = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
-        if extend_num_tokens // ps + bs + 1 > len(self.free_pages) and not self._make_room(need):
-            return None
-        if self.backend == "triton":
-            from memlab.kernels import alloc_extend
-
-            out = alloc_extend.alloc_extend(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
-        elif self.backend == "torch":
-            out = ref.alloc_extend_torch(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
-        else:
-            out = torch.tensor(ref.alloc_extend_python(prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(),
-                                                       self.free_pages.tolist(), ps), dtype=torch.int64,
-                               device=self.device)
-        self._take(need)
-        return out
-
     def _check_last_loc(self, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
         """Where it costs no sync (CPU, or debug mode): each last_loc must sit where its prefix ends."""
         if not (self.debug_mode or last_loc.device.type == "cpu"):
@@ -121,25 +141,3 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             i = bad[0].item()
             raise ValueError(f"request {i}: last_loc {last[i].item()} cannot end a prefix of {prefix_cpu[i].item()} "
                              f"tokens with page_size {ps} (an empty prefix has last_loc -1)")
-
-    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
-        """One slot per request for its new token; ``seq_lens`` already count that token."""
-        self._check_batch(dict(seq_lens=seq_lens, last_loc=last_loc), dict(seq_lens_cpu=seq_lens_cpu))
-        if (seq_lens_cpu < 1).any():
-            raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
-        ps = self.page_size
-        self._check_last_loc(last_loc, seq_lens_cpu - 1)
-        need = int(((seq_lens_cpu - 1) % ps == 0).sum())  # requests whose new token opens a page
-        if not self._make_room(need):
-            return None
-        if self.backend == "triton":
-            from memlab.kernels import alloc_decode
-
-            out = alloc_decode.alloc_decode(seq_lens, last_loc, self.free_pages, ps)
-        elif self.backend == "torch":
-            out = ref.alloc_decode_torch(seq_lens, last_loc, self.free_pages, ps)
-        else:
-            out = torch.tensor(ref.alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), self.free_pages.tolist(),
-                                                       ps), dtype=torch.int64, device=self.device)
-        self._take(need)
-        return out

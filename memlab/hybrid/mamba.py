@@ -30,6 +30,13 @@ def mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) 
     return 2 if overlap else 1
 
 
+def _check_layers(num_mamba_layers, conv_state_shape) -> None:
+    if isinstance(num_mamba_layers, bool) or not isinstance(num_mamba_layers, int) or num_mamba_layers <= 0:
+        raise ValueError(f"a MambaPool needs at least one mamba layer, got num_mamba_layers={num_mamba_layers!r}")
+    if len(conv_state_shape) == 0:
+        raise ValueError("conv_state_shape lists the conv-state components: at least one shape")
+
+
 def _slot_tensor(slots, device) -> torch.Tensor:
     t = torch.as_tensor(slots, device=device)
     if t.dtype not in (torch.int32, torch.int64) or t.dim() > 1:
@@ -91,25 +98,26 @@ class MambaSlotAllocator:
 
 
 class MambaPool:
-    """State slots 1..size (slot 0 padding): a conv state per layer and a temporal state.
+    """State slots 1..size (slot 0 padding): conv state and temporal state of every mamba layer.
 
-    ``conv`` is a list with one tensor per mamba layer, ``(size + 1, *conv_shape)``: layers may
-    differ in kernel width, so one stacked tensor cannot hold them. ``temporal`` is one tensor
-    ``(layers, size + 1, *temporal_shape)``. Slots are zeroed when handed out: a recurrent state
+    As SGLang's: ``conv`` is a list over the conv-state components (``conv_state_shape``, one
+    shape per component: most models have one, ``(channels, kernel - 1)``), each stacked over the
+    layers, ``(num_mamba_layers, size + 1, *shape)``; ``temporal`` is one tensor
+    ``(num_mamba_layers, size + 1, *temporal_state_shape)``. All mamba layers share the shapes, so
+    one tensor per component serves them all. Slots are zeroed when handed out: a recurrent state
     left by the previous owner would be read as the new request's history.
     """
 
-    def __init__(self, size: int, conv_state_shapes: Sequence[Sequence[int]], temporal_state_shape: Sequence[int],
-                 conv_dtype: torch.dtype = torch.bfloat16, ssm_dtype: torch.dtype = torch.float32,
-                 device="cpu", debug_mode: bool = False):
-        if len(conv_state_shapes) == 0:
-            raise ValueError("a MambaPool needs at least one mamba layer (conv_state_shapes is empty)")
+    def __init__(self, size: int, num_mamba_layers: int, conv_state_shape: Sequence[Sequence[int]],
+                 temporal_state_shape: Sequence[int], conv_dtype: torch.dtype = torch.bfloat16,
+                 ssm_dtype: torch.dtype = torch.float32, device="cpu", debug_mode: bool = False):
+        _check_layers(num_mamba_layers, conv_state_shape)
         self.allocator = MambaSlotAllocator(size, device, debug_mode)
         self.size, self.device = size, torch.device(device)
-        self.num_layers = len(conv_state_shapes)
-        self.conv = [torch.zeros((size + 1, *shape), dtype=conv_dtype, device=self.device)
-                     for shape in conv_state_shapes]
-        self.temporal = torch.zeros((self.num_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype,
+        self.num_mamba_layers = num_mamba_layers
+        self.conv = [torch.zeros((num_mamba_layers, size + 1, *shape), dtype=conv_dtype, device=self.device)
+                     for shape in conv_state_shape]
+        self.temporal = torch.zeros((num_mamba_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype,
                                     device=self.device)
         self._slot_siblings: list = []
 
@@ -156,7 +164,7 @@ class MambaPool:
     def clear_slots(self, slots) -> None:
         slots = _slot_tensor(slots, self.device)
         for c in self.conv:
-            c[slots] = 0
+            c[:, slots] = 0
         self.temporal[:, slots] = 0
         for s in self._slot_siblings:
             s.clear_slots(slots)
@@ -167,7 +175,7 @@ class MambaPool:
         if src.numel() != dst.numel():
             raise ValueError(f"copy of {src.numel()} slots into {dst.numel()}")
         for c in self.conv:
-            c[dst] = c[src]
+            c[:, dst] = c[:, src]
         self.temporal[:, dst] = self.temporal[:, src]
         for s in self._slot_siblings:
             s.copy_slots(src, dst)
@@ -182,12 +190,12 @@ class MambaPool:
         self.clear_slots(src[~torch.isin(src, dst)])
 
     def get_state(self, mamba_layer_idx: int):
-        """(conv, temporal) tensors of one mamba layer, each indexed by slot."""
-        return self.conv[mamba_layer_idx], self.temporal[mamba_layer_idx]
+        """(conv, temporal) of one mamba layer, indexed by slot: conv is a list over its components
+        (SGLang's ``State.at_layer_idx``)."""
+        return [c[mamba_layer_idx] for c in self.conv], self.temporal[mamba_layer_idx]
 
     def bytes_per_slot(self) -> int:
-        conv = sum(c[0].nbytes for c in self.conv)
-        return conv + self.temporal[:, 0].nbytes
+        return sum(c[:, 0].nbytes for c in self.conv) + self.temporal[:, 0].nbytes
 
     def mem_usage_bytes(self) -> int:
         return sum(c.nbytes for c in self.conv) + self.temporal.nbytes
@@ -213,24 +221,23 @@ class HybridReqToTokenPool(ReqToTokenPool):
     """The request table of a hybrid model: every row also owns a mamba state slot.
 
     Per row: ``req_index_to_mamba_index_mapping`` (the state slot; 0 = none), the ping-pong
-    tracking slots ``req_index_to_mamba_ping_pong_track_buffer_mapping`` (0 = none), which of
+    tracking slots ``req_index_to_mamba_ping_pong_track_buffer_mapping`` (-1 = not taken yet, in
+    lazy mode, as SGLang's; 0 on a free row), which of
     them the next snapshot goes to (``mamba_next_track_idx``) and the length the last snapshot
     was taken at (``mamba_last_track_seqlen``, -1 = none). A freed row gets all of them back
     to those values, so a reused row never sees a stale slot.
     """
 
     def __init__(self, size: int, max_context_len: int, mamba_size: int,
-                 conv_state_shapes: Sequence[Sequence[int]], temporal_state_shape: Sequence[int],
+                 conv_state_shape: Sequence[Sequence[int]], temporal_state_shape: Sequence[int],
                  mamba_layer_ids: Sequence[int], *, conv_dtype: torch.dtype = torch.bfloat16,
                  ssm_dtype: torch.dtype = torch.float32, enable_mamba_extra_buffer: bool = False,
                  enable_overlap_schedule: bool = True, mamba_extra_buffer_lazy: bool = False,
                  device="cpu", debug_mode: bool = False):
-        if len(mamba_layer_ids) != len(conv_state_shapes):
-            raise ValueError(f"{len(mamba_layer_ids)} mamba layer ids for {len(conv_state_shapes)} conv shapes")
         if len(set(mamba_layer_ids)) != len(mamba_layer_ids):
             raise ValueError(f"repeated mamba layer ids: {list(mamba_layer_ids)}")
-        self.mamba_pool = MambaPool(mamba_size, conv_state_shapes, temporal_state_shape, conv_dtype, ssm_dtype,
-                                    device, debug_mode)
+        self.mamba_pool = MambaPool(mamba_size, len(mamba_layer_ids), conv_state_shape, temporal_state_shape,
+                                    conv_dtype, ssm_dtype, device, debug_mode)
         # Mamba layers sit sparsely among the model's layers; the pool stores only them.
         self.mamba_map = {layer_id: i for i, layer_id in enumerate(mamba_layer_ids)}
         self.enable_mamba_extra_buffer = enable_mamba_extra_buffer
@@ -273,14 +280,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def alloc_rows(self, n: int) -> list[int] | None:
         """Rows plus, per row, a state slot and its initial tracking slots; all or nothing."""
         per_row = 1 + self.mamba_initial_tracking_slots
+        # decided before any row or slot is taken (memlab's choice: SGLang takes the rows, then
+        # asserts when state slots are short; its scheduler checks them first)
         if isinstance(n, int) and not isinstance(n, bool) and n * per_row > self.mamba_pool.available_size():
-            return None  # decided before any row or slot is taken
+            return None
         rows = super().alloc_rows(n)
         if not rows:
             return rows
         slots = self.mamba_pool.alloc_grouped(len(rows), per_row)
         r = torch.tensor(rows, dtype=torch.int64, device=self.req_index_to_mamba_index_mapping.device)
         self._reset_rows(r)
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping[r] = -1
         self.req_index_to_mamba_index_mapping[r] = slots[:, 0]
         self.req_index_to_mamba_ping_pong_track_buffer_mapping[r, : per_row - 1] = slots[:, 1:]
         return rows
@@ -289,7 +299,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """Lazy mode: give each row its missing ping-pong slots now; False (nothing taken) when short."""
         pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
         r = torch.unique(_slot_tensor(rows, pp.device))  # a row listed twice would get two sets and leak one
-        missing = (pp[r] == 0).nonzero()
+        missing = (pp[r] < 0).nonzero()
         if missing.numel() == 0:
             return True
         slots = self.mamba_pool.alloc(missing.shape[0])
@@ -312,7 +322,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             if owned.numel():
                 self.mamba_pool.free(owned)
         super().free(row_or_req)  # a bad or free row is refused here, before anything changed
-        self._reset_rows(row)
+        self._reset_rows(row)  # SGLang leaves a freed row's entries until reuse; memlab clears them
 
     # -- state slots of running requests ----------------------------------------------------
     def get_mamba_indices(self, rows) -> torch.Tensor:
@@ -326,8 +336,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         r = _slot_tensor(rows, pp.device)
         idx = self.mamba_next_track_idx[r]
         slots = pp[r, idx]
-        if (self.debug_mode or slots.device.type == "cpu") and bool((slots == 0).any()):
-            raise ValueError(f"rows {r[slots == 0].tolist()} have no tracking slot yet "
+        if (self.debug_mode or slots.device.type == "cpu") and bool((slots < 1).any()):
+            raise ValueError(f"rows {r[slots < 1].tolist()} have no tracking slot yet "
                              "(lazy mode: call ensure_tracking_slots first)")
         self.mamba_next_track_idx[r] = (idx + 1) % pp.shape[1]
         return slots

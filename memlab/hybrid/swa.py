@@ -17,7 +17,7 @@ import torch
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.allocator.reference import num_new_pages
 from memlab.kv_pool import MHATokenToKVPool
-from memlab.write_loc import KVWriteLoc, check_physical_write_loc
+from memlab.write_loc import KVWriteLoc, unwrap_write_loc
 
 
 def _ceil_ps(n: int, ps: int) -> int:
@@ -32,7 +32,9 @@ class SWAKVPool:
     instead of ``size_swa`` free-standing slots.
     """
 
-    requires_physical_write_loc = True  # two id spaces: a bare id could land in the wrong one
+    # Its ids are physical by allocation, so it needs no "physical" mark; only the unified pools
+    # (virtual ids, translated per batch) demand one. What it needs is the SWA-side ids.
+    requires_physical_write_loc = False
 
     def __init__(self, size: int, size_swa: int | None, page_size: int, dtype: torch.dtype, head_num: int,
                  head_dim: int, full_attention_layer_ids, swa_attention_layer_ids, device="cpu",
@@ -83,18 +85,20 @@ class SWAKVPool:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
-        """Write through a KVWriteLoc marked physical: full layers use its full-side ids, SWA
-        layers its ``swa_loc``."""
-        loc = check_physical_write_loc(loc, "SWAKVPool.set_kv_buffer")
+        """Full layers write at ``loc``; SWA layers at the write loc's ``swa_loc``, translated once
+        per batch (``allocator.write_loc(out_cache_loc)``): the pool never translates."""
+        loc, swa_loc, _ = unwrap_write_loc(loc)
         pool, i, is_swa = self._layer(getattr(layer_id, "layer_id", layer_id))
         if is_swa:
-            if loc.swa_loc is None:
-                raise ValueError(f"SWAKVPool.set_kv_buffer: layer {layer_id} is a sliding-window layer and the "
-                                 "write loc has no swa_loc; pass allocator.write_loc(out_cache_loc)")
-            ids = loc.swa_loc
-        else:
-            ids = loc.full_ids()
-        pool.set_kv_buffer(i, ids, cache_k, cache_v, k_scale, v_scale)
+            self._check_swa_loc(layer_id, swa_loc)
+            loc = swa_loc
+        pool.set_kv_buffer(i, loc, cache_k, cache_v, k_scale, v_scale)
+
+    @staticmethod
+    def _check_swa_loc(layer_id, swa_loc) -> None:
+        if swa_loc is None:
+            raise ValueError(f"SWAKVPool.set_kv_buffer: layer {layer_id} is a sliding-window layer and the "
+                             "write loc has no swa_loc; pass allocator.write_loc(out_cache_loc)")
 
     def kv_size_bytes(self) -> int:
         return self.full_kv_pool.kv_size_bytes() + self.swa_kv_pool.kv_size_bytes()
@@ -152,6 +156,7 @@ class SWATokenToKVPoolAllocator:
         self.full_to_swa_index_mapping = torch.cat((
             torch.zeros(size + page_size, dtype=torch.int64, device=self.device),
             torch.tensor([-1], dtype=torch.int64, device=self.device)))
+        self.swa_free_group = self.swa_page_ids_group = None  # lists while a free group is open
 
     def _check_kvcache_sizes(self, kvcache: SWAKVPool) -> None:
         # The pool sizes its buffers on its own (ring mode: from num_req_rows); an allocator that
@@ -197,6 +202,7 @@ class SWATokenToKVPoolAllocator:
         if self.swa_attn_allocator is not None:
             self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1] = 0
+        self.swa_free_group = self.swa_page_ids_group = None
 
     # -- allocation -------------------------------------------------------------------------
     def _fits(self, need_tokens: int) -> bool:
@@ -231,6 +237,9 @@ class SWATokenToKVPoolAllocator:
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
         ps = self.page_size
         need = len(seq_lens_cpu) if ps == 1 else int(((seq_lens_cpu - 1) % ps == 0).sum()) * ps
+        # memlab differs here on purpose: SGLang 0.5.23 lets the full side take its pages and then
+        # returns None if the SWA side is short (its scheduler checks capacity first, so it never
+        # is); memlab settles both sides before either takes anything.
         if not self._fits(need):
             return None
         full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
@@ -257,14 +266,15 @@ class SWATokenToKVPoolAllocator:
         return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
 
     def write_loc(self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None) -> KVWriteLoc:
-        """The batch's write location with its SWA-side ids, marked physical."""
+        """The batch's write location with its SWA-side ids (SGLang's attention backend builds it
+        once per batch: ``KVWriteLoc.for_batch(forward_batch, swa_loc=...)``)."""
         if self._swa_req_ring:
             if req_pool_indices is None or positions is None:
                 raise ValueError("ring mode: write_loc needs req_pool_indices and positions for the SWA ids")
             swa = self.ring_loc(req_pool_indices, positions)
         else:
             swa = self.translate_loc_from_full_to_swa(out_cache_loc)
-        return KVWriteLoc(out_cache_loc, swa_loc=swa, physical=True)
+        return KVWriteLoc(out_cache_loc, swa_loc=swa)
 
     # -- freeing ----------------------------------------------------------------------------
     def _check_slots(self, free_index: torch.Tensor) -> None:
@@ -302,15 +312,46 @@ class SWATokenToKVPoolAllocator:
         self.full_to_swa_index_mapping[(starts[:, None] + offs).reshape(-1)] = 0
 
     def free_swa(self, free_index: torch.Tensor) -> None:
-        """Give back the SWA slots under these full-side slots; the full side keeps them."""
-        if self._swa_req_ring:
+        """Give back the SWA slots under these full-side slots; the full side keeps them.
+
+        Inside a free group the SWA ids are resolved (and the map cleared) now, and released at
+        the group's end: a later step of the group may map the same full slots anew.
+        """
+        if self._swa_req_ring or free_index.numel() == 0:
             return  # a ring is freed with its row
         swa = self.full_to_swa_index_mapping[free_index]
-        # 0 means "no SWA slot" (released out of window, or never mapped): never the padding id 0.
-        swa = swa[swa > 0]
-        if swa.numel():
-            self.swa_attn_allocator.free(swa)
         self._clear_mapping(free_index)
+        if self.page_size == 1:
+            # An SWA slot is its own page: SGLang takes the page-id path here. It leaves slots the
+            # window already released to free_full (their map reads 0, the padding id); memlab
+            # skips them instead, at the price of a sync for the filter.
+            self._free_swa_page_ids(swa[swa > 0])
+        elif self.swa_free_group is not None:
+            self.swa_free_group.append(swa)
+        else:
+            self._release_swa(swa)
+
+    def _release_swa(self, swa: torch.Tensor) -> None:
+        # 0 means "no SWA slot" (released out of window, or never mapped): never the padding id 0.
+        self.swa_attn_allocator.free(swa[swa > 0])
+
+    def free_swa_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        """``free_swa`` for a page-aligned run of one request's slots (positions from ``start_pos``):
+        one slot per page names the SWA page, no dedup."""
+        self._check_segment(free_index, start_pos)
+        if self._swa_req_ring or free_index.numel() == 0:
+            return
+        ps = self.page_size
+        firsts = free_index[::ps].to(torch.int64)
+        swa_pages = self.full_to_swa_index_mapping[firsts] // ps
+        self._clear_mapping(firsts)
+        self._free_swa_page_ids(swa_pages)
+
+    def _free_swa_page_ids(self, swa_pages: torch.Tensor) -> None:
+        if self.swa_page_ids_group is not None:
+            self.swa_page_ids_group.append(swa_pages)
+        else:
+            self.swa_attn_allocator.free_page_ids(swa_pages)
 
     def free(self, free_index: torch.Tensor) -> None:
         """Free both sides: SWA first (it reads the map), then full."""
@@ -320,44 +361,77 @@ class SWATokenToKVPoolAllocator:
         self.free_swa(free_index)
         self.full_attn_allocator.free(free_index)
 
+    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        """``free`` for a page-aligned run of one request's slots: both sides without a dedup."""
+        self._check_slots(free_index)
+        self.free_swa_segment(free_index, start_pos)
+        self.full_attn_allocator.free_segment(free_index, start_pos)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Free full-side slots whose SWA peers are already gone (released out of window)."""
+        self._check_slots(free_index)
+        self.full_attn_allocator.free(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        """``free_full`` for a page-aligned run: how a finished request's out-of-window part goes back."""
+        self._check_slots(free_index)
+        self.full_attn_allocator.free_segment(free_index, start_pos)
+
     def free_group_begin(self) -> None:
+        """The full side queues in its own group; the SWA side's frees queue here, as SGLang's do."""
         self.full_attn_allocator.free_group_begin()
-        if self.swa_attn_allocator is not None:
-            self.swa_attn_allocator.free_group_begin()
+        self.swa_free_group, self.swa_page_ids_group = [], []
 
     def free_group_end(self) -> None:
+        """SWA page ids first, then the SWA slots (one dedup for the group), then the full side."""
+        self.full_attn_allocator._check_open_group()
+        swa_slots, swa_pages = self.swa_free_group, self.swa_page_ids_group
+        self.swa_free_group = self.swa_page_ids_group = None
+        if swa_pages:
+            self.swa_attn_allocator.free_page_ids(torch.cat(swa_pages))
+        if swa_slots:
+            self._release_swa(torch.cat(swa_slots))
         self.full_attn_allocator.free_group_end()
-        if self.swa_attn_allocator is not None:
-            self.swa_attn_allocator.free_group_end()
 
-    def release_out_of_window(self, req_to_token: torch.Tensor, req_pool_idx: int, seq_len: int,
-                              swa_evicted_len: int, sliding_window: int, cache_protected_len: int = 0) -> int:
-        """Free the SWA pages of a running request that lie wholly before its window.
+    def release_out_of_window(self, req_to_token: torch.Tensor, req_pool_idx: int, pre_len: int,
+                              swa_evicted_len: int, sliding_window: int, cache_protected_len: int = 0,
+                              supports_prefix_sharing: bool = False) -> int:
+        """Free the SWA pages of a running request that lie wholly before its window (SGLang's
+        ``free_swa_out_of_window_slots``); returns the new ``swa_evicted_len``.
 
         SGLang's convention: ``sliding_window`` leaves the query out (config.sliding_window - 1),
-        so the next query (position ``seq_len``) reads positions ``seq_len - sliding_window`` ..
-        ``seq_len - 1`` and those before are dead on the SWA side. Released: whole
-        pages from ``max(swa_evicted_len, cache_protected_len)`` (rounded up to a page: the
-        first ``cache_protected_len`` tokens belong to the prefix cache, which frees them
-        itself) up to that bound rounded down to a page. Returns the new ``swa_evicted_len``.
+        so the next query (position ``pre_len``) reads positions ``pre_len - sliding_window`` ..
+        ``pre_len - 1``; those before are dead on the SWA side. The first ``cache_protected_len``
+        tokens (page-aligned) belong to the prefix cache, which frees them itself. With a
+        prefix-sharing cache the kept tail is ``max(window, page_size)`` rounded up to whole pages,
+        so that a cached key ending at the last page boundary still has a whole window of live
+        SWA. The released run ends on a page boundary.
         """
+        self._check_release(swa_evicted_len, cache_protected_len)
         ps = self.page_size
-        if swa_evicted_len % ps:
-            raise ValueError(f"swa_evicted_len {swa_evicted_len} is not page-aligned (page_size {ps})")
-        start = max(swa_evicted_len, _ceil_ps(cache_protected_len, ps))
-        # SGLang's window leaves the query out, so position seq_len - window stays (vLLM's counts it and drops it).
-        end = (seq_len - sliding_window) // ps * ps
-        if self._swa_req_ring or end <= start:
-            return swa_evicted_len  # a ring overwrites itself; or nothing whole is out of window yet
-        full = req_to_token[req_pool_idx, start:end].to(torch.int64)
-        swa = self.full_to_swa_index_mapping[full]
-        if ps == 1:
-            self.swa_attn_allocator.free(swa)
+        if pre_len - sliding_window < swa_evicted_len + 1:
+            return swa_evicted_len  # nothing new is out of the window
+        evicted = max(swa_evicted_len, cache_protected_len)
+        if supports_prefix_sharing:
+            threshold = pre_len - _ceil_ps(max(sliding_window, ps), ps)
         else:
-            # Page-aligned and contiguous: every ps-th slot is a distinct page, no dedup needed.
-            self.swa_attn_allocator.free_segment(swa, start)
-        self._clear_mapping(full if ps == 1 else full[::ps])  # one slot per page is enough
-        return end
+            threshold = pre_len - sliding_window
+        new_evicted = max(evicted, threshold) // ps * ps
+        if new_evicted > evicted:
+            self.free_swa_segment(req_to_token[req_pool_idx, evicted:new_evicted].to(torch.int64), evicted)
+            return new_evicted
+        return evicted
+
+    def _check_release(self, swa_evicted_len: int, cache_protected_len: int) -> None:
+        ps = self.page_size
+        for name, v in (("swa_evicted_len", swa_evicted_len), ("cache_protected_len", cache_protected_len)):
+            if v % ps:
+                raise ValueError(f"{name} {v} is not page-aligned (page_size {ps})")
+
+    def _check_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        if start_pos % self.page_size:
+            raise ValueError(f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
+                             f"multiple of page_size {self.page_size}")
 
     def check_books(self) -> None:
         self.full_attn_allocator.check_books()

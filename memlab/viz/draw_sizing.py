@@ -29,7 +29,7 @@ def sizing_text(seq_len=8192, **kw) -> str:
     cfg = serving_config(**kw)
     r = report(cfg.model, cfg.gpu, seq_len, cfg.schedule, cfg.spec, cfg.parallel)
     ps = alloc_page_size(cfg.schedule, cfg.parallel)
-    reserve = alloc_reserve_per_decode(cfg.spec, ps, cfg.schedule.enable_overlap)
+    reserve = alloc_reserve_per_decode(cfg.spec, ps)
     if not r.sizes.fits:
         return f"<b>{cfg.model.name} does not fit on {cfg.gpu.name}</b> (per rank, TP {cfg.parallel.tp_size})"
     return (f"<b>{r.sizes.full_tokens + r.sizes.swa_tokens:,} tokens</b> of KV ({r.pages:,} pages of {ps}); "

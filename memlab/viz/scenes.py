@@ -182,11 +182,19 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
     elif story == "free group":
         al.free_group_begin()
         sc.finish("A")
-        sc.snap("free_group_begin(), then A finishes: its pages are only queued (yellow), not released")
+        sc.snap("free_group_begin(), then A finishes: its slots are only queued (yellow), not released")
         sc.finish("B")
         sc.snap("B finishes inside the same group: queued too")
+        c = sc.slots("C")
+        al.free(torch.tensor(c[:10]))
+        al.free(torch.tensor(c[10:]))  # as a scheduler frees a request and its over-allocated tail apart
+        r = sc.reqs.pop("C")
+        sc.req_pool.free(r)
+        r.kv_allocated_len = 0
+        sc.snap(f"C finishes, freed in two pieces ({c[:10]} and {c[10:]}): page {c[10] // page_size} is under both")
         al.free_group_end()
-        sc.snap("free_group_end(): one release for the whole group, one concatenation instead of two")
+        sc.snap("free_group_end(): one release for the whole group, its pages deduplicated once, "
+                "one concatenation instead of three")
         sc.snap("Groups do not nest", note=_error(lambda: (al.free_group_begin(), al.free_group_begin())))
         al.free_group_end()  # close the group the refused call left open
     else:
@@ -267,7 +275,7 @@ def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3, 
     from memlab.req_to_token import Req
     from memlab.viz.hybrid_books import read_mamba
 
-    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shapes=[(8, 3)], temporal_state_shape=(2, 4, 4),
+    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4),
                                 mamba_layer_ids=[0], enable_mamba_extra_buffer=extra_buffer,
                                 enable_overlap_schedule=overlap, debug_mode=True)
     reqs = {}

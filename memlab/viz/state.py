@@ -98,8 +98,11 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
         slots = tuple(table[row, :n].tolist()) if n else ()
         rows.append(RowView(row, owner, slots, gens[row]))
     staged = allocator.release_pages.tolist()
-    if getattr(allocator, "free_group", None):
-        staged += [p for t in allocator.free_group for p in t.tolist()]
+    if getattr(allocator, "free_group", None) is not None:  # an open group queues slots and page ids
+        ps = allocator.page_size
+        queued = {s // ps for t in allocator.free_group for s in t.tolist()}
+        queued |= {p for t in allocator.free_page_ids_group for p in t.tolist()}
+        staged += sorted(queued)
     return Books(caption=caption, page_size=allocator.page_size, num_pages=allocator.num_pages,
                  row_width=table.shape[1], rows=tuple(rows), free_rows=tuple(req_pool.free_slots),
                  free_pages=tuple(allocator.free_pages.tolist()), staged_pages=tuple(staged),

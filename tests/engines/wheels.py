@@ -8,15 +8,26 @@ skip with a message that says how to run them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # Windows: no lock; run the engines tests with one worker there
+    fcntl = None
+
 import pytest
 
 ENGINES = {"sglang": "0.5.23", "vllm": "0.33.0"}
+# The same Linux x86-64 wheels on every machine (a Mac or a newer Python included): only their
+# pure-Python and Triton files are read, so the platform of the wheel does not matter.
+PLATFORM = ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.11",
+            "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64"]
 HOW = "run `./course engines` on a machine that can reach PyPI (or set MEMLAB_ENGINES_CACHE to a folder holding the wheels)"
 
 
@@ -26,12 +37,26 @@ def cache_dir() -> Path:
     return d
 
 
+_UNAVAILABLE: dict[str, str] = {}  # engine -> why, so a failed download is tried once per process
+
+
 def wheel(name: str) -> Path:
     """The path of the engine's wheel, downloading it the first time; skips the test without one."""
+    if name in _UNAVAILABLE:
+        pytest.skip(_UNAVAILABLE[name])
+    try:
+        return _wheel(name)
+    except pytest.skip.Exception as exc:
+        _UNAVAILABLE[name] = str(exc.msg)
+        raise
+
+
+def _wheel(name: str) -> Path:
     version, d = ENGINES[name], cache_dir()
     found = sorted(d.glob(f"{name}-{version}-*.whl"))
     if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(d), f"{name}=={version}"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *PLATFORM, "-d", str(d),
+               f"{name}=={version}"]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         except subprocess.TimeoutExpired:
@@ -43,15 +68,33 @@ def wheel(name: str) -> Path:
     return found[0]
 
 
+@contextlib.contextmanager
+def _locked(name: str):
+    """One process at a time downloads and unpacks (pytest-xdist runs several)."""
+    if fcntl is None:
+        yield
+        return
+    with open(cache_dir() / f".{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def unpacked(name: str) -> Path:
     """A folder holding the wheel's files (unpacked once); put it on sys.path to import from it."""
-    whl = wheel(name)
-    dest = cache_dir() / whl.stem
-    done = dest / ".memlab-unpacked"
-    if not done.exists():
-        with zipfile.ZipFile(whl) as z:
-            z.extractall(dest)
-        done.write_text(whl.name)
+    with _locked(name):
+        whl = wheel(name)
+        dest = cache_dir() / whl.stem
+        if not (dest / ".memlab-unpacked").exists():
+            tmp = dest.with_name(dest.name + f".partial-{os.getpid()}")
+            with zipfile.ZipFile(whl) as z:
+                z.extractall(tmp)
+            (tmp / ".memlab-unpacked").write_text(whl.name)
+            if dest.exists():  # an interrupted earlier unpack
+                shutil.rmtree(dest)
+            tmp.rename(dest)  # all at once: a reader never sees half a wheel
     return dest
 
 
