@@ -24,12 +24,6 @@ pytestmark = pytest.mark.engines
 STREAMS, STEPS = 12, 80
 
 
-@pytest.fixture
-def tally(record_property):
-    """Report (what, streams, steps) to the engines suite's end-of-run table (tests/engines/conftest.py)."""
-    return lambda what, streams, steps: record_property("engines_tally", (what, streams, steps))
-
-
 class Recorder:
     """An allocator front that records what the tree frees (memlab calls free, SGLang free_segment)."""
 

@@ -176,8 +176,9 @@ def run_stream(seed: int) -> int:
 
 
 @pytest.mark.parametrize("seed", range(STREAMS))
-def test_block_pool_streams_match_vllm(seed):
+def test_block_pool_streams_match_vllm(seed, tally):
     assert run_stream(seed) == STEPS
+    tally("BlockPool + FreeKVCacheBlockQueue (vLLM)", 1, STEPS)
 
 
 def test_duplicates_of_one_hash_and_lookup_order_match_vllm():

@@ -185,15 +185,17 @@ def run_stream(seed: int, monkeypatch, sliding: bool = False) -> int:
 
 
 @pytest.mark.parametrize("seed", range(STREAMS))
-def test_kv_cache_manager_streams_match_vllm(seed, monkeypatch):
+def test_kv_cache_manager_streams_match_vllm(seed, monkeypatch, tally):
     assert run_stream(seed, monkeypatch) == STEPS
+    tally("KVCacheManager, full attention (vLLM)", 1, STEPS)
 
 
 @pytest.mark.parametrize("seed", range(SWA_STREAMS))
-def test_sliding_window_manager_streams_match_vllm(seed, monkeypatch):
+def test_sliding_window_manager_streams_match_vllm(seed, monkeypatch, tally):
     """Blocks that leave the window become null blocks and go back to the pool; a hit needs
     only the window's blocks (scanned from the right)."""
     assert run_stream(1000 + seed, monkeypatch, sliding=True) == STEPS
+    tally("KVCacheManager, sliding window (vLLM)", 1, STEPS)
 
 
 def test_longest_hit_rule_matches_vllm(monkeypatch):
