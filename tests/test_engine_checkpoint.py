@@ -190,3 +190,13 @@ def test_the_engine_stops_a_request_at_an_end_of_sequence_token():
         e.check_books()
     e = Engine(model, page_size=4, num_tokens=256, attention="torch", ignore_eos=True)
     assert e.generate(prompts, 10) == full
+
+
+def test_the_course_imports_neither_transformers_nor_safetensors():
+    import subprocess
+    import sys
+
+    code = ("import sys, memlab.engine, memlab.checkpoint, memlab.chat\n"
+            "print(sorted(m for m in ('transformers', 'safetensors', 'huggingface_hub') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
