@@ -292,3 +292,22 @@ def test_chapter_10_real_model_cells_skip_in_one_line_offline(capsys):
     for cell in chapter_cells("chat.download("):
         exec(compile(cell, str(CHAPTER), "exec"), ns)
     assert ns["run"] is None and capsys.readouterr().out == "real model skipped: offline mode\n"
+
+
+def test_download_says_in_one_line_why_it_cannot(monkeypatch, capsys):
+    import socket
+
+    from memlab import chat
+
+    def unreachable(*a, **kw):
+        raise OSError("no route")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert chat.download(chat.SMOLLM2) is None
+    out = capsys.readouterr().out  # the host is huggingface.co unless HF_ENDPOINT names a mirror
+    assert out.startswith("real model skipped: ") and out.endswith(" cannot be reached from this runtime\n")
+    assert out.count("\n") == 1
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert chat.download(chat.SMOLLM2) is None
+    assert capsys.readouterr().out == "real model skipped: offline mode\n"
