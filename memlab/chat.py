@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -116,7 +116,6 @@ class ChatRun:
     gaps: list | None = None  # transformers' best-minus-second logit per step
     reference_seconds: float | None = None
     max_position_embeddings: int = 4096
-    extra: dict = field(default_factory=dict)
 
     @property
     def generated(self) -> int:

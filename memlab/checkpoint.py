@@ -101,6 +101,7 @@ def _check_supported(c: dict) -> None:
         raise UnsupportedCheckpoint("rope_interleaved is true: memlab rotates the two halves of each head")
     if c.get("quantization_config"):
         raise UnsupportedCheckpoint("quantization_config is set: memlab loads unquantized weights only")
+    # pretraining_tp > 1 only made transformers 4 split each matmul in slices: the same function.
 
 
 def _rope(c: dict):

@@ -200,3 +200,14 @@ def test_the_course_imports_neither_transformers_nor_safetensors():
             "print(sorted(m for m in ('transformers', 'safetensors', 'huggingface_hub') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_chat_agreement_says_where_answers_part_and_how_close_it_was():
+    from memlab.chat import ChatRun
+
+    run = ChatRun("m", ["a", "b", "c"], [[1], [2], [3]], outputs=[[5, 6, 7], [5, 6, 9], [5, 6]], answers=[""] * 3,
+                  engine=None, frames=[], seconds=1.0, reference=[[5, 6, 7], [5, 6, 8], [5, 6, 2]],
+                  gaps=[[3.0, 2.0, 1.0], [3.0, 2.0, 0.004], [3.0, 2.0, 0.5]])
+    assert run.agreement() == ["  0: identical (3 tokens)",
+                               "  1: same first 2 tokens, then differs; transformers' top-2 logit gap there: 0.004",
+                               "  2: same first 2 tokens, then differs; transformers' top-2 logit gap there: 0.5"]
