@@ -113,8 +113,9 @@ assert served == reference
 # does not compute (biases, other rope scalings, other architectures). We take
 # [SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct): exactly
 # `LlamaForCausalLM` (9 query heads sharing 3 KV heads, tied embeddings, no rope scaling),
-# Apache-2.0, no login, and small: 134.5 M parameters, about 270 MB to download, served here in
-# float32 (540 MB) so that a T4 or a CPU runs it at once. Four questions share one system
+# Apache-2.0, no login, and small: 134.5 M parameters, about 270 MB to download (bfloat16), served
+# here in float32 (540 MB: the attention kernel takes fp16 or fp32, and float32 keeps the comparison
+# with `transformers` exact), quick on a T4 and bearable on a CPU. Four questions share one system
 # prompt; at most two run at a time, so the later ones find the system prompt's pages in the
 # prefix cache. The engine uses the Triton attention kernel on a GPU and torch's on a CPU, and
 # `transformers` answers the same prompts (greedy) for comparison. Without a network (and in the
