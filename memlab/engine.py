@@ -1,12 +1,14 @@
-"""The capstone: a tiny Llama-style model served through memlab's books.
+"""The capstone: a Llama-style model served through memlab's books.
 
 ``TinyLlama`` is a real transformer (RMSNorm, rotary positions, grouped-query attention, SwiGLU)
-with random weights from a fixed seed. Its forward pass takes an ``attend`` callback, so the
-same model runs two ways: ``generate_reference`` keeps each request's K/V in one contiguous
-tensor; ``Engine`` serves a batch through the request table, a KV pool, an allocator (page size
-1 or more), a prefix cache and a scheduler with chunked prefill, decode batches, admission
-against the allocator's capacity and retraction when a decode step cannot fit. Greedy outputs of
-the two must agree token for token.
+with random weights from a fixed seed, or a Hugging Face Llama checkpoint's weights
+(``memlab.checkpoint``; the tests check it against transformers). Its forward pass takes an
+``attend`` callback, so the same model runs two ways: ``generate_reference`` keeps each request's
+K/V in one contiguous tensor; ``Engine`` serves a batch through the request table, a KV pool, an
+allocator (page size 1 or more), a prefix cache and a scheduler with chunked prefill, decode
+batches, admission against the allocator's capacity and retraction when a decode step cannot
+fit. Greedy outputs of the two must agree token for token; a request ends after
+``max_new_tokens`` or on one of the model's end-of-sequence tokens.
 
 The prefix cache is vLLM's idea on SGLang's pages: each full page of a finished request is
 indexed by a chained hash of its tokens (the hash of a page stands for the whole prefix up to
@@ -42,32 +44,69 @@ class TinyConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     seed: int = 0
+    # What a real checkpoint may set (memlab.checkpoint reads them from its config.json):
+    tie_word_embeddings: bool = False  # the output head is the embedding matrix itself
+    rope_scaling: dict | None = None  # None, {"rope_type": "linear", ...} or {"rope_type": "llama3", ...}
+    eos_token_ids: tuple[int, ...] = ()  # a request stops after emitting one of these
+
+
+def rope_inv_freq(cfg: TinyConfig) -> torch.Tensor:
+    """Rotary frequencies ``theta ** (-2i / d)``, rescaled the way ``cfg.rope_scaling`` asks.
+
+    "linear" divides every frequency by ``factor`` (positions stretched evenly). "llama3" (Llama
+    3.1) keeps the fast ones, whose wavelength is under ``original / high_freq_factor`` tokens,
+    divides the slow ones, longer than ``original / low_freq_factor``, by ``factor``, and blends
+    the two in between, so local word order is seen exactly as in pretraining.
+    """
+    half = cfg.head_dim // 2
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(half, dtype=torch.float32) / half)
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / rs["factor"]
+    if kind == "llama3":
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        original = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        # 1 for the fast frequencies (kept), 0 for the slow ones (divided by factor), linear between
+        keep = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+        return (1 - keep) * inv_freq / factor + keep * inv_freq
+    if kind != "default":
+        raise ValueError(f"rope_scaling type {kind!r} is not implemented (default, linear, llama3)")
+    return inv_freq
 
 
 class TinyLlama:
-    """Weights and a forward pass; attention is whatever ``attend(layer, q, k, v)`` does."""
+    """Weights and a forward pass; attention is whatever ``attend(layer, q, k, v)`` does.
 
-    def __init__(self, cfg: TinyConfig = TinyConfig(), device="cpu", dtype=torch.float32):
+    By default the weights are random from ``cfg.seed`` (no download). ``weights`` takes a real
+    checkpoint's instead (``memlab.checkpoint.load`` builds them from a Hugging Face Llama
+    folder): a dict with ``embed`` (vocab, hidden), ``norm``, ``lm_head`` (hidden, vocab; None
+    when tied to ``embed``) and ``layers``, one dict per layer with ``attn_norm``, ``wq``, ``wk``,
+    ``wv``, ``wo``, ``mlp_norm``, ``w_gate``, ``w_up``, ``w_down``, each matrix (in, out) so that
+    a layer is ``x @ w``. Rotary positions rotate the two halves of each head (the layout of
+    Hugging Face's Llama checkpoints, whose q/k rows are already permuted for it).
+    """
+
+    def __init__(self, cfg: TinyConfig = TinyConfig(), device="cpu", dtype=torch.float32, weights: dict | None = None):
         if cfg.num_heads % cfg.num_kv_heads:
             raise ValueError(f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
-        g = torch.Generator().manual_seed(cfg.seed)
-        h, q, kv, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        w = random_weights(cfg) if weights is None else weights
 
-        def w(*shape):
-            return (torch.randn(*shape, generator=g) / math.sqrt(shape[0])).to(self.device, dtype)
+        def put(t):
+            return t.to(self.device, dtype)
 
-        self.embed = (torch.randn(cfg.vocab_size, h, generator=g)).to(self.device, dtype)
-        self.layers = [dict(attn_norm=torch.ones(h, device=self.device, dtype=dtype), wq=w(h, q), wk=w(h, kv),
-                            wv=w(h, kv), wo=w(q, h), mlp_norm=torch.ones(h, device=self.device, dtype=dtype),
-                            w_gate=w(h, f), w_up=w(h, f), w_down=w(f, h)) for _ in range(cfg.num_layers)]
-        self.norm = torch.ones(h, device=self.device, dtype=dtype)
-        self.lm_head = w(h, cfg.vocab_size) * 4  # sharp logits: greedy choices are far from ties
-        half = cfg.head_dim // 2
-        self.inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(half, device=self.device, dtype=torch.float32) / half)
+        self.embed = put(w["embed"])
+        self.layers = [{name: put(t) for name, t in layer.items()} for layer in w["layers"]]
+        self.norm = put(w["norm"])
+        # A tied head is a view of the embedding, not a copy (Hugging Face ties them the same way).
+        self.lm_head = self.embed.T if cfg.tie_word_embeddings else put(w["lm_head"])
+        self.inv_freq = rope_inv_freq(cfg).to(self.device)
 
     def _rms(self, x, weight):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps) * weight
+        xf = x.float()  # the norm in float32 whatever the model dtype, as Hugging Face computes it
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)).to(x.dtype) * weight
 
     def _rope(self, x, positions):
         ang = positions.to(torch.float32)[:, None] * self.inv_freq  # (T, D/2)
@@ -75,8 +114,9 @@ class TinyLlama:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """Logits (T, vocab) for tokens ``input_ids`` at ``positions``."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend, logits_rows=None) -> torch.Tensor:
+        """Logits (T, vocab) for tokens ``input_ids`` at ``positions``; only the rows ``logits_rows``
+        when given (a prefill needs the next token after each request's last one, not every token's)."""
         c = self.cfg
         x = self.embed[input_ids]
         for i, p in enumerate(self.layers):
@@ -87,11 +127,29 @@ class TinyLlama:
             x = x + attend(i, q, k, v).reshape(len(x), -1) @ p["wo"]
             hn = self._rms(x, p["mlp_norm"])
             x = x + (torch.nn.functional.silu(hn @ p["w_gate"]) * (hn @ p["w_up"])) @ p["w_down"]
+        if logits_rows is not None:
+            x = x[logits_rows]
         return self._rms(x, self.norm) @ self.lm_head
 
 
+def random_weights(cfg: TinyConfig) -> dict:
+    """Random weights from ``cfg.seed``, scaled so that greedy choices are far from ties."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    h, q, kv, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) / math.sqrt(shape[0])
+
+    embed = torch.randn(cfg.vocab_size, h, generator=g)
+    layers = [dict(attn_norm=torch.ones(h), wq=w(h, q), wk=w(h, kv), wv=w(h, kv), wo=w(q, h), mlp_norm=torch.ones(h),
+                   w_gate=w(h, f), w_up=w(h, f), w_down=w(f, h)) for _ in range(cfg.num_layers)]
+    lm_head = None if cfg.tie_word_embeddings else w(h, cfg.vocab_size) * 4  # sharp logits
+    return dict(embed=embed, layers=layers, norm=torch.ones(h), lm_head=lm_head)
+
+
 def generate_reference(model: TinyLlama, prompts, max_new_tokens: int) -> list[list[int]]:
-    """Greedy generation one request at a time, K/V kept in one contiguous tensor per layer."""
+    """Greedy generation one request at a time, K/V kept in one contiguous tensor per layer;
+    a request stops after ``max_new_tokens`` or after emitting an end-of-sequence token."""
     c, outs = model.cfg, []
     group = c.num_heads // c.num_kv_heads
     for prompt in prompts:
@@ -112,6 +170,8 @@ def generate_reference(model: TinyLlama, prompts, max_new_tokens: int) -> list[l
         for _ in range(max_new_tokens):
             nxt = int(model.forward(ids, pos, attend)[-1].argmax())
             out.append(nxt)
+            if nxt in c.eos_token_ids:
+                break
             ids, pos = torch.tensor([nxt], device=model.device), torch.tensor([len(tokens)], device=model.device)
             tokens.append(nxt)
         outs.append(out)
@@ -206,7 +266,8 @@ class Engine:
 
     def __init__(self, model: TinyLlama, *, page_size: int = 1, num_tokens: int = 2048, max_running: int = 8,
                  max_context: int = 512, chunk_size: int = 64, attention: str = "triton",
-                 alloc_backend: str = "torch", prefix_cache: bool = True, debug_mode: bool = False):
+                 alloc_backend: str = "torch", prefix_cache: bool = True, ignore_eos: bool = False,
+                 all_logits: bool = False, debug_mode: bool = False):
         if attention not in ("triton", "torch"):
             raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
         if chunk_size < 1:
@@ -222,8 +283,15 @@ class Engine:
             self.allocator = PagedTokenToKVPoolAllocator(num_tokens, page_size, model.dtype, dev, self.kv_pool,
                                                          debug_mode=debug_mode, backend=alloc_backend)
         self.cache = PrefixCache(page_size) if prefix_cache else None
+        # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
+        self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
         self.waiting: deque[EngineReq] = deque()
         self.running: list[EngineReq] = []
+        self.finished: list[EngineReq] = []  # in the order they finished
+        # The last forward pass's logits: one row per request (its last token), or, with
+        # all_logits, every token's (the tests compare a whole prefill with transformers).
+        self.all_logits = all_logits
+        self.last_logits: torch.Tensor | None = None
         self.stats = Counter()
 
     # -- requests --------------------------------------------------------------------------
@@ -318,27 +386,59 @@ class Engine:
             r.req.kv_allocated_len = r.kv_len
 
     # -- forward passes --------------------------------------------------------------------
-    def _attend(self, layer, q, req_pool_indices, seq_lens):
+    def _forward(self, ids, positions, rows, out_cache_loc, logits_rows=None, extend=None):
+        """Write each token's K/V to its slot, then let each token attend to its row up to itself.
+
+        Triton: every token is a one-query decode through chapter 09's kernel (a prefill chunk
+        too: causal by construction). Torch: a decode batch goes through ``attention_over_slots``;
+        a prefill batch (``extend``: per request, its row, its first token in the batch, its token
+        count and how many were already in the pool) attends request by request with a causal mask,
+        SGLang's extend attention, so a prefill gathers each row once instead of once per token.
+        """
         from memlab import attention
 
-        k_buf, v_buf = self.kv_pool.get_kv_buffer(layer)
-        table = self.req_to_token_pool.req_to_token
-        if self.attention == "triton":
-            return attention.decode_attention_fwd(q, k_buf, v_buf, table, req_pool_indices, seq_lens)
-        slots, mask = attention.slots_from_req_to_token(table, req_pool_indices, seq_lens)
-        return attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1]))
-
-    def _forward(self, ids, positions, rows, out_cache_loc):
-        """Write each token's K/V to its slot, then let each token attend to its row up to itself
-        (a prefill chunk runs as many one-query decodes: causal by construction)."""
         loc = KVWriteLoc(out_cache_loc, physical=True)
         seq_lens = (positions + 1).to(torch.int32)
+        table = self.req_to_token_pool.req_to_token
+        if self.attention == "torch" and extend is None:  # the same slots for every layer: gather once
+            slots, mask = attention.slots_from_req_to_token(table, rows, seq_lens)
+        elif self.attention == "torch":
+            segments = [self._extend_segment(*e) for e in extend]
 
         def attend(layer, q, k, v):
             self.kv_pool.set_kv_buffer(layer, loc, k, v)
-            return self._attend(layer, q, rows, seq_lens)
+            k_buf, v_buf = self.kv_pool.get_kv_buffer(layer)
+            if self.attention == "triton":
+                return attention.decode_attention_fwd(q, k_buf, v_buf, table, rows, seq_lens)
+            if extend is None:
+                return attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1]))
+            return self._extend_attention(q, k_buf, v_buf, segments)
 
-        return self.model.forward(ids, positions, attend)
+        logits = self.last_logits = self.model.forward(ids, positions, attend,
+                                                       None if self.all_logits else logits_rows)
+        return logits[logits_rows] if self.all_logits and logits_rows is not None else logits
+
+    def _extend_segment(self, row: int, off: int, n: int, pre: int):
+        """One request of a prefill batch: its slots (what was in the pool and this chunk) and which
+        keys each of its ``n`` queries must not see (key j is visible to query t iff j <= pre + t)."""
+        dev = self.model.device
+        slots = self.req_to_token_pool.req_to_token[row, :pre + n].to(torch.int64)
+        future = torch.arange(pre + n, device=dev)[None, :] > pre + torch.arange(n, device=dev)[:, None]
+        return off, n, slots, future
+
+    @staticmethod
+    def _extend_attention(q, k_buf, v_buf, segments):
+        """Causal attention of each request's new queries over its slots, in float32."""
+        _, h, d = q.shape
+        kvh = k_buf.shape[1]
+        out = torch.empty_like(q)
+        for off, n, slots, future in segments:
+            qs = q[off:off + n].float().view(n, kvh, h // kvh, d)  # grouped query heads share a KV head
+            k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
+            s = torch.einsum("nkgd,skd->kgns", qs, k) / math.sqrt(d)
+            p = s.masked_fill(future, float("-inf")).softmax(-1)
+            out[off:off + n] = torch.einsum("kgns,skd->nkgd", p, v).reshape(n, h, -1).to(q.dtype)
+        return out
 
     def _run_extend(self, batch) -> None:
         dev, ps, table = self.model.device, self.page_size, self.req_to_token_pool.req_to_token
@@ -358,15 +458,16 @@ class Engine:
         tok_rows = rows[tok_req.to(dev)]
         table[tok_rows, pos] = out.to(torch.int32)  # the request table records every new slot
         ids = torch.tensor([t for (r, n), p in zip(batch, pre.tolist()) for t in r.tokens[p:p + n]], device=dev)
-        logits = self._forward(ids, pos, tok_rows, out)
+        starts = torch.cumsum(ext, 0) - ext  # each request's first and last token in the batch
+        ends = (starts + ext - 1).to(dev)
+        extend = [(r.req.req_pool_idx, off, n, p) for (r, n), off, p in zip(batch, starts.tolist(), pre.tolist())]
+        picks = self._forward(ids, pos, tok_rows, out, logits_rows=ends, extend=extend).argmax(-1).tolist()
         self.stats["prefill_tokens"] += total
-        off = 0
-        for r, n in batch:
-            off += n
+        for (r, n), nxt in zip(batch, picks):
             r.kv_len += n
             r.req.kv_allocated_len = r.kv_len
             if r.kv_len == len(r.tokens):  # the whole sequence is in: its last logits give the next token
-                self._append(r, int(logits[off - 1].argmax()))
+                self._append(r, nxt)
 
     def _run_decode(self, decoding: list[EngineReq]) -> None:
         ps, dev = self.page_size, self.model.device
@@ -395,9 +496,10 @@ class Engine:
 
     def _append(self, r: EngineReq, token: int) -> None:
         r.output.append(token)
-        if len(r.output) == r.max_new_tokens:
+        if len(r.output) == r.max_new_tokens or token in self.stop_token_ids:
             r.finished = True
             self.running.remove(r)
+            self.finished.append(r)
             self._release(r, to_cache=True)
 
     def _retract(self, r: EngineReq) -> None:

@@ -108,6 +108,50 @@ for s, r in zip(served, reference):
 assert served == reference
 
 # %% [markdown]
+# ## A real model through your books
+#
+# The same engine serves a real instruct model: `memlab.checkpoint` reads a Hugging Face Llama
+# checkpoint (`config.json`, `*.safetensors`) into the model above, and refuses by name what it
+# does not compute (biases, other rope scalings, other architectures). We take
+# [SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct): exactly
+# `LlamaForCausalLM` (9 query heads sharing 3 KV heads, tied embeddings, no rope scaling),
+# Apache-2.0, no login, and small: 134.5 M parameters, about 270 MB to download (bfloat16), served
+# here in float32 (540 MB: the attention kernel takes fp16 or fp32, and float32 keeps the comparison
+# with `transformers` exact), quick on a T4 and bearable on a CPU. Four questions share one system
+# prompt; at most two run at a time, so the later ones find the system prompt's pages in the
+# prefix cache. The engine uses the Triton attention kernel on a GPU and torch's on a CPU, and
+# `transformers` answers the same prompts (greedy) for comparison. Without a network (and in the
+# headless test run) the cell says so in one line and the chapter moves on.
+
+# %%
+from memlab import chat
+from memlab.env import kernel_device
+
+SYSTEM = ("You are a patient teacher of computer systems. Answer in one or two short sentences, "
+          "with a concrete example when it helps, and explain any technical term you use.")
+QUESTIONS = ["What is a cache?", "Why does a GPU have its own memory?",
+             "What does a page table do?", "Name one way to save memory when serving many users."]
+path = chat.download(chat.SMOLLM2, offline=FAST)  # None after one line when nothing can be downloaded
+run = None if path is None else chat.serve_chat(path, SYSTEM, QUESTIONS, max_new_tokens=48,
+                                                device=kernel_device(), name="SmolLM2-135M-Instruct")
+if run is not None:
+    print(run.format())
+
+# %% [markdown]
+# The books of that run, step by step: each request's pages in its colour, the system prompt's
+# pages shared (hatched) once they are cached. Then the sizing of chapter 08 for this model: its KV
+# bytes per token, how many such requests a T4 would hold by `memlab.sizing`, and what the
+# engine actually held. When an answer differs from `transformers`, the line says where and how
+# close the two best tokens were there: float32 sums in another order can flip a near tie.
+
+# %%
+from IPython.display import display
+
+if run is not None:
+    display(viz.Stepper(run.frames, draw_engine, interval_ms=300))
+    print(run.sizing())
+
+# %% [markdown]
 # ## Replaying traces: how much does each policy waste?
 #
 # `memlab.sim` replays a request stream on a pool of slots under four policies: reserve the model's
