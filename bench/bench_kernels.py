@@ -119,7 +119,8 @@ def paged_attention_row(gen, dev, smoke):
         slots, mask = A.slots_from_block_table(table, lens, bsz)
         return A.attention_over_slots(q, k.flatten(0, 1), v.flatten(0, 1), slots, mask, scale)
 
-    close = lambda a, b: torch.allclose(a.float(), b.float(), atol=2e-3 if dtype == torch.float16 else 1e-5)  # noqa: E731
+    atol = 2e-3 if dtype == torch.float16 else 1e-5  # memlab.attention's tolerances
+    close = lambda a, b: torch.allclose(a.float(), b.float(), atol=atol)  # noqa: E731
     return f"paged_attention bs={bs} {heads}/{kv_heads} heads d={dim} len={seq_len} {str(dtype)[6:]}", \
         kernel, torch_ref, close
 

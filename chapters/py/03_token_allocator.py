@@ -148,7 +148,8 @@ with viz.notebook.exercise("ch03_token_allocator") as ex:
                                              ("free", "B", 0), ("alloc", "D", 4), ("alloc", "E", 2)]):
             if op == "alloc":
                 x, y = mine.alloc(n), ref.alloc(n)
-                assert torch.equal(x, y), f"need_sort={need_sort}, {who} alloc({n}): yours {x.tolist()}, memlab {y.tolist()}"
+                assert torch.equal(x, y), \
+                    f"need_sort={need_sort}, {who} alloc({n}): yours {x.tolist()}, memlab {y.tolist()}"
                 held[who] = y
             else:
                 mine.free(held[who].clone())

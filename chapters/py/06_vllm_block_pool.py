@@ -242,7 +242,8 @@ with viz.notebook.exercise("ch06_free_queue") as ex:
     blocks = [ex.Block(1, 1, "h1"), ex.Block(2, 2, "h2"), ex.Block(3, 1, "h3"), ex.Block(4, 1)]
     ex.free_request_blocks(q, blocks)
     print("queue:", q.ids())
-    assert q.ids() == [4, 7, 8, 3, 1], "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
+    assert q.ids() == [4, 7, 8, 3, 1], \
+        "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
 
 # %% [markdown]
 # **`exercises/ch06_block_hash.py`** (7 points): the chained hashes with their extra keys.

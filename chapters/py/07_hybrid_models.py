@@ -227,7 +227,8 @@ with viz.notebook.exercise("ch07_swa_release") as ex:
 
 # %%
 with viz.notebook.exercise("ch07_mamba_tracking") as exm:
-    assert [exm.get_mamba_tracking_slots(*a) for a in ((False, True), (True, True, True), (True, False), (True, True))] == [0, 1, 1, 2]
+    cases = ((False, True), (True, True, True), (True, False), (True, True))
+    assert [exm.get_mamba_tracking_slots(*a) for a in cases] == [0, 1, 1, 2]
     rows = exm.MambaRows(rows=3, num_slots=9, state_dim=4, tracking=2)
     assert rows.alloc_row(3)
     assert [rows.next_track_slot(3) for _ in range(3)] == [2, 3, 2], "ping-pong between the two tracking slots"

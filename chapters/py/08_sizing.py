@@ -179,7 +179,8 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 # %%
 with viz.notebook.exercise("ch08_sizing") as ex:
     assert ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16) == z.full_tokens
-    assert ex.max_new_tokens_for_memory(1000, 512, z.full_tokens, 16) == max_new_tokens_for_memory(1000, 512, z.full_tokens, 16)
+    args = (1000, 512, z.full_tokens, 16)
+    assert ex.max_new_tokens_for_memory(*args) == max_new_tokens_for_memory(*args)
     for spec in SPECS.values():
         args = () if spec.algorithm is None else (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens)
         for ps in (1, 16):

@@ -185,7 +185,8 @@ with viz.notebook.exercise("ch10_admission") as ex:
                ex.Request("e", 10, 5)]
     admitted, rejected = ex.admit(waiting, num_running=2, hooks=hooks, max_running_requests=8)
     print("admitted", [r.rid for r in admitted], "rejected", [r.rid for r in rejected])
-    assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == ["b"], "d must stop admission: e waits"
+    assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == ["b"], \
+        "d must stop admission: e waits"
 
 # %% [markdown]
 # ## Grade

@@ -133,7 +133,8 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     kernels run and where your exercise files live; return fast()."""
     from memlab.env import ensure_kernel_mode, has_cuda
 
-    if ref is not None:
+    here = Path.cwd().resolve()
+    if ref is not None and ROOT not in (here, *here.parents):  # a clone beside the notebook (Colab)
         check_clone(ROOT, ref)
     # Shell cells (!python -m memlab.grade 04) start a new process: let it find memlab too.
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
