@@ -9,7 +9,7 @@ What it rewrites, from memlab/home.py's REPO and REF:
   (``https://colab.research.google.com/github/REPO/blob/REF/chapters/NN_name.ipynb``);
 - the picture addresses in the chapters (``https://raw.githubusercontent.com/REPO/REF/chapters/img/...``);
 - the line ``HOME, REF = "REPO", "REF"`` of every chapter's first (setup) cell, which clones REF;
-- links to ``https://github.com/REPO``;
+- links to ``https://github.com/REPO`` and any other mention of the old OWNER/NAME;
 then rebuilds the notebooks from their twins (scripts/sync_notebooks.py).
 
 REF must be a tag (or a branch) of the home repository: the setup cell clones it with
@@ -69,7 +69,9 @@ def rewrite(text: str, repo: str, ref: str, old_repo: str) -> str:
     text = COLAB.sub(f"https://colab.research.google.com/github/{repo}/blob/{ref}/", text)
     text = RAW.sub(f"https://raw.githubusercontent.com/{repo}/{ref}/", text)
     text = SETUP.sub(f'HOME, REF = "{repo}", "{ref}"', text)
-    return re.sub(rf"https://github\.com/{re.escape(old_repo)}(?![\w.-])", f"https://github.com/{repo}", text)
+    # Links to the old home, and the name itself wherever else it is written.
+    text = re.sub(rf"https://github\.com/{re.escape(old_repo)}(?![\w.-])", f"https://github.com/{repo}", text)
+    return re.sub(rf"(?<![\w./-]){re.escape(old_repo)}(?![\w-])", repo, text)
 
 
 def problems(repo: str | None = None, ref: str | None = None) -> list[str]:

@@ -39,6 +39,14 @@ def test_the_check_catches_a_stray_link(tmp_path, monkeypatch):
     assert "at main" in found[0] and "someone/memlab" in found[1] and "old-owner" in found[2]
 
 
+def test_rewrite_moves_links_and_mentions_but_not_other_repositories():
+    old = f"see https://github.com/{home.REPO} or `{home.REPO}`; not https://github.com/{home.REPO}-extra " \
+          f"nor x{home.REPO}"
+    new = set_home.rewrite(old, "alice/kv", "v1", home.REPO)
+    assert new == f"see https://github.com/alice/kv or `alice/kv`; not https://github.com/{home.REPO}-extra " \
+                  f"nor x{home.REPO}"
+
+
 def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
     # A copy of what the script touches, so the script runs on it as on the real checkout.
     for rel in ("memlab/home.py", "README.md", "chapters/README.md", "pyproject.toml",
