@@ -518,14 +518,14 @@ def test_drive_gets_the_stubs_once_and_never_overwrites(fake_colab, capsys, monk
     assert sorted(p.name for p in folder.iterdir()) == stubs and calls["mount"] == 1
     assert os.environ["MEMLAB_EXERCISES"] == str(folder)
     out = capsys.readouterr().out
-    assert f"your exercise files: {folder} on Google Drive ({len(stubs)} stubs copied there now" in out
+    assert f"your exercise files: {folder} on Google Drive ({len(stubs)} files copied there now from" in out
     (folder / "ch04_alloc_extend.py").write_text("# my work\n")
     (folder / "ch05_alloc_decode.py").unlink()
     monkeypatch.delenv("MEMLAB_EXERCISES")
     notebook.start("05", drive=True)  # another chapter, a new runtime: Drive already mounted
     assert (folder / "ch04_alloc_extend.py").read_text() == "# my work\n"
     assert (folder / "ch05_alloc_decode.py").read_bytes() == (ROOT / "exercises/ch05_alloc_decode.py").read_bytes()
-    assert "1 stubs copied there now" in capsys.readouterr().out and calls["mount"] == 1
+    assert "(1 files copied there now" in capsys.readouterr().out and calls["mount"] == 1
     from memlab.grading import loader
 
     assert loader.source_dir() == folder  # the exercise cells and the grader read the Drive folder
@@ -554,3 +554,6 @@ def test_outside_colab_drive_is_ignored_and_the_folder_named(capsys, monkeypatch
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     notebook.start("04", drive=True)
     assert "your exercise files: exercises/ (DRIVE = True only applies in Colab)" in capsys.readouterr().out
+    monkeypatch.setenv("MEMLAB_EXERCISES", "solutions")
+    notebook.start("04")
+    assert "your exercise files: solutions (MEMLAB_EXERCISES)" in capsys.readouterr().out

@@ -71,9 +71,10 @@ def _show(path: Path) -> str:
 
 
 def use_drive(stubs: Path | None = None) -> tuple[Path, list[str]]:
-    """Mount Google Drive (Colab asks for access once), make MyDrive/memlab/exercises, copy the
-    stubs that are not there yet (a file already there is never overwritten) and point
-    MEMLAB_EXERCISES at it. Returns the folder and the names copied now."""
+    """Mount Google Drive (Colab asks for access once), make MyDrive/memlab/exercises, copy each
+    exercise file of this runtime (a stub, or work done before) that is not there yet (a file
+    already there is never overwritten) and point MEMLAB_EXERCISES at it. Returns the folder and
+    the names copied now."""
     from google.colab import drive  # only in Colab
 
     mount = Path(os.environ.get("MEMLAB_DRIVE_MOUNT", DRIVE_MOUNT))
@@ -93,14 +94,15 @@ def use_drive(stubs: Path | None = None) -> tuple[Path, list[str]]:
 
 def _where_work_lives(drive: bool) -> list[str]:
     """Say where the exercise files are, and in Colab whether they outlive the runtime."""
-    if os.environ.get(EXERCISES_ENV) and not drive:
-        return [f"your exercise files: {os.environ[EXERCISES_ENV]} (MEMLAB_EXERCISES)"]
+    note = " (DRIVE = True only applies in Colab)" if drive and not in_colab() else ""
+    if os.environ.get(EXERCISES_ENV) and not (drive and in_colab()):
+        return [f"your exercise files: {os.environ[EXERCISES_ENV]} (MEMLAB_EXERCISES){note}"]
     if not in_colab():
-        note = " (DRIVE = True only applies in Colab)" if drive else ""
         return [f"your exercise files: {_show(ROOT / 'exercises')}/{note}"]
     if drive:
         folder, copied = use_drive()
-        news = f"{len(copied)} stubs copied there now" if copied else "nothing copied"
+        # The runtime's files are copied, so work done before DRIVE = True moves along with the stubs.
+        news = f"{len(copied)} files copied there now from {ROOT.name}/exercises/" if copied else "nothing copied"
         return [f"your exercise files: {folder} on Google Drive ({news}; files already there are never "
                 "overwritten). Edit them there: every chapter with DRIVE = True uses them."]
     return [f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when Colab "
