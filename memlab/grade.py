@@ -3,7 +3,8 @@
 It runs the graded tests (tests/exercises) in a child pytest process against the learner's
 folder (exercises/ by default), with a time limit per test, and prints a score table: points
 earned per exercise, the first failing check in plain words, a CPU total, and GPU-only points
-apart. ``--results`` writes Gradescope's results.json.
+apart. ``--results`` writes Gradescope's results.json; ``--gradescope-bundle out.zip`` writes a
+whole Gradescope autograder (memlab.grading.gradescope).
 
 A learner's endless loop, crash (os._exit, a segfault) or exception costs that test's points and
 never stops the grader: the child logs each test's start and end as it goes; a test that hangs
@@ -347,7 +348,13 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per test (default %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress dots")
     p.add_argument("--list", action="store_true", help="list the exercises and their points, then stop")
+    p.add_argument("--gradescope-bundle", metavar="ZIP", help="write a Gradescope autograder zip, then stop")
     args = p.parse_args(argv)
+    if args.gradescope_bundle:  # memlab.grading.gradescope says what is in it
+        from memlab.grading.gradescope import build_bundle
+
+        print(f"wrote {build_bundle(args.gradescope_bundle)}: upload it as a Gradescope autograder")
+        return 0
     if args.list:
         print(format_catalog())
         return 0

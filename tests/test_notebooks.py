@@ -1,9 +1,18 @@
-"""The chapters: every notebook runs top to bottom headless (fast mode, working folder chapters/),
-and the stored notebooks are clean: no outputs, in step with their jupytext twins, no absolute
-paths, a Colab-ready first cell, links to their exercises, and a last cell that runs the grader."""
+"""The chapters: every notebook runs top to bottom the way Colab runs it, and the stored notebooks
+are clean: no outputs, in step with their jupytext twins, no absolute paths, one setup cell that
+clones the notebook's own version, exercise cells that never stop "Run all", pictures that do not
+depend on a relative path, links to their exercises, and a last cell that runs the grader.
+
+Each chapter executes once in CI, in test_chapter_runs_like_colab: a fresh folder without the
+repository (like Colab's /content), a local git repository standing in for GitHub (built from
+this working tree and tagged with the home's REF), every cell tag removed, the stubs untouched.
+"""
 
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +25,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import sync_notebooks  # noqa: E402
 from run_notebooks import CHAPTERS, chapter_notebooks, execute  # noqa: E402
 
+from memlab import home  # noqa: E402
 from memlab.grading import catalog  # noqa: E402
 
 NOTEBOOKS = chapter_notebooks()
@@ -42,7 +52,40 @@ def chapter_no(path) -> int:
     return int(path.name[:2])
 
 
-# -- every chapter runs ---------------------------------------------------------------------------
+def exercise_cells(nb, file):
+    return [c for c in code_cells(nb) if f'with viz.notebook.exercise("{file}") as ' in c.source]
+
+
+# -- a stand-in for GitHub ------------------------------------------------------------------------
+
+
+def git(*args, cwd=None):
+    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                       env=dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                                GIT_COMMITTER_EMAIL="t@t", GIT_CONFIG_GLOBAL=os.devnull))
+    assert r.returncode == 0, f"git {args}: {r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture(scope="session")
+def home_repo(tmp_path_factory):
+    """A git repository holding this working tree as it is now (committed or not), tagged REF:
+    what GitHub serves once the course is published. Returns its file:// address."""
+    src = tmp_path_factory.mktemp("github") / "memlab"
+    names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT).split("\0")
+    for name in filter(None, names):
+        f = ROOT / name
+        if f.is_file():  # a deleted file stays listed until the deletion is committed
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, src / name)
+    git("init", "-q", cwd=src)
+    git("add", "-A", cwd=src)
+    git("commit", "-q", "-m", "the course as published", cwd=src)
+    git("tag", home.REF, cwd=src)
+    return src
+
+
+# -- every chapter runs like Colab ----------------------------------------------------------------
 
 
 def outputs_text(cell):
@@ -58,21 +101,43 @@ def outputs_text(cell):
 
 
 def check_executed(nb, name):
-    """Errors only where a cell is tagged raises-exception; widgets drawn; the grader's table printed."""
+    """No cell raised (tags or not); widgets drawn; every exercise cell said its stub is not
+    written yet; the grader's table printed."""
     for i, c in enumerate(code_cells(nb)):
         errors = [o for o in c.outputs if o.output_type == "error"]
-        if errors and "raises-exception" not in c.metadata.get("tags", []):
+        if errors:
             raise AssertionError(f"{name} code cell {i} raised {errors[0].ename}: {errors[0].evalue}")
     kinds = {k for c in code_cells(nb) for o in c.outputs for k in o.get("data", {})}
     assert WIDGET in kinds, f"{name} shows no widget"
+    for e in catalog.for_chapter(int(name[:2])):
+        said = "".join(outputs_text(c) for c in exercise_cells(nb, e.file))
+        assert f"not written yet: edit exercises/{e.file}.py (then re-run this cell)" in said, \
+            f"{name}: the exercise cell of {e.file} did not report its stub:\n{said[-1500:]}"
     last = outputs_text(code_cells(nb)[-1])
     assert "total (CPU)" in last, f"{name}: the grader cell printed no score table:\n{last[-1500:]}"
 
 
+def picture_paths(nb) -> list[str]:
+    """Repository paths of the pictures a notebook shows (from their version-pinned addresses)."""
+    prefix = home.raw_url("")
+    return [u[len(prefix):] for u in image_refs(markdown(nb)) if u.startswith(prefix)]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
-def test_chapter_runs_top_to_bottom(path):
-    nb, seconds = execute(path, fast=True, timeout=240)
+def test_chapter_runs_like_colab(path, home_repo, tmp_path):
+    content = tmp_path / "content"  # Colab's working folder: no repository around it
+    content.mkdir()
+    nb, seconds = execute(path, fast=True, timeout=240, cwd=content,
+                          env={"MEMLAB_REPO_URL": home_repo.as_uri(), "MEMLAB_EXERCISES": ""})
     check_executed(nb, path.name)
+    clone = content / home.clone_folder()
+    first = outputs_text(code_cells(nb)[0])
+    assert f"repository {clone.name}/" in first, f"memlab was not imported from the clone:\n{first}"
+    assert "in this runtime ONLY" not in first  # not Colab: no warning about a recycled runtime
+    for pic in picture_paths(nb):  # what GitHub would serve at REF: the clone's file
+        assert (clone / pic).is_file(), f"{path.name} shows {pic}, which version {home.REF} does not have"
+    for stub in (ROOT / "exercises").glob("ch*.py"):
+        assert (clone / "exercises" / stub.name).read_bytes() == stub.read_bytes(), f"{stub.name} changed"
     print(f"{path.name}: {seconds:.1f} s")
 
 
@@ -81,10 +146,23 @@ def test_execution_check_catches_an_unexpected_error():
     nb.cells[0].outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division by zero",
                                                   traceback=[])]
     with pytest.raises(AssertionError, match="ZeroDivisionError"):
-        check_executed(nb, "bad.ipynb")
-    nb.cells[0].metadata["tags"] = ["raises-exception"]  # an exercise stub may raise ...
-    with pytest.raises(AssertionError, match="no widget"):  # ... but the chapter must still draw
-        check_executed(nb, "bad.ipynb")
+        check_executed(nb, "00_bad.ipynb")
+    nb.cells[0].metadata["tags"] = ["raises-exception"]  # a tag excuses nothing: Colab ignores it
+    with pytest.raises(AssertionError, match="ZeroDivisionError"):
+        check_executed(nb, "00_bad.ipynb")
+    nb.cells[0].outputs = []
+    with pytest.raises(AssertionError, match="no widget"):
+        check_executed(nb, "00_bad.ipynb")
+
+
+def test_execution_check_wants_every_stub_reported():
+    e = catalog.for_chapter(4)[0]
+    cell = nbformat.v4.new_code_cell(f'with viz.notebook.exercise("{e.file}") as ex:\n    ex.f()')
+    widget = nbformat.v4.new_output("display_data", data={WIDGET: {}, "text/plain": "w"})
+    cell.outputs = [widget, nbformat.v4.new_output("stream", text="nothing said")]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    with pytest.raises(AssertionError, match="(?s)did not report its stub.*nothing said"):
+        check_executed(nb, "04_x.ipynb")
 
 
 # -- the set of chapters --------------------------------------------------------------------------
@@ -94,11 +172,11 @@ def test_every_chapter_of_the_map_is_there():
     assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(11)], [p.name for p in NOTEBOOKS]
 
 
-def test_readme_links_every_chapter_to_colab():
-    text = (CHAPTERS / "README.md").read_text()
+@pytest.mark.parametrize("readme", ["README.md", "chapters/README.md"])
+def test_readmes_link_every_chapter_to_colab(readme):
+    text = (ROOT / readme).read_text()
     for p in NOTEBOOKS:
-        url = f"https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/{p.name}"
-        assert url in text, f"chapters/README.md has no Colab link for {p.name}"
+        assert home.colab_url(f"chapters/{p.name}") in text, f"{readme} has no Colab badge for {p.name}"
 
 
 # -- hygiene --------------------------------------------------------------------------------------
@@ -143,7 +221,7 @@ def test_absolute_path_check_catches_one():
 def setup_cell(nn: str) -> str:
     twin = (CHAPTERS / "py").glob("00_*.py")
     first = code_cells(sync_notebooks.build(next(twin)))[0].source
-    return first.replace('start("00")', f'start("{nn}")')
+    return first.replace('start("00", ', f'start("{nn}", ')
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
@@ -151,12 +229,13 @@ def test_first_cells_set_up_colab_and_local_alike(path):
     nb = load(path)
     nn = path.name[:2]
     assert nb.cells[0].cell_type == "markdown" and "After this chapter you can" in nb.cells[0].source
-    assert f"colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/{path.name}" in nb.cells[0].source
+    assert home.colab_url(f"chapters/{path.name}") in nb.cells[0].source, f"{path.name}: no Colab link to itself"
     first = code_cells(nb)[0].source
     assert first == setup_cell(nn), f"{path.name}: the setup cell differs from chapter 00's"
-    for needed in ("pyproject.toml", "git", "clone", "sys.path.insert"):
-        assert needed in first
+    assert f'HOME, REF = "{home.REPO}", "{home.REF}"' in first, "the setup cell clones another home or version"
+    assert 'f"memlab-{REF}"' in first and home.clone_folder("X") == "memlab-X", "clone folder: cell and home disagree"
     assert "pip install" not in first, "the setup cell must not reinstall anything"
+    assert len(first.splitlines()) <= 32, "keep the setup cell short: its logic belongs in memlab.viz.notebook"
     assert nb.metadata.get("accelerator") == "GPU" and nb.metadata["kernelspec"]["name"] == "python3"
 
 
@@ -167,19 +246,21 @@ def test_chapter_links_its_exercises_and_ends_with_its_grader(path):
     text = markdown(nb)
     for e in catalog.for_chapter(n):
         assert f"exercises/{e.file}.py" in text, f"{path.name} does not point to exercises/{e.file}.py"
-        tried = [c for c in code_cells(nb) if f'exercise("{e.file}")' in c.source]
-        assert tried, f"{path.name} has no cell that runs exercise {e.file} on the chapter's state"
+        assert exercise_cells(nb, e.file), \
+            f'{path.name} has no cell "with viz.notebook.exercise("{e.file}") as ...:" on the chapter\'s state'
     last = code_cells(nb)[-1].source
     want = 'grade(["--quiet"])' if n == 0 else f'grade(["{n:02d}"])'
     assert "from memlab.grade import main as grade" in last and want in last, f"{path.name} last cell: {last!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
-def test_only_exercise_cells_may_raise(path):
+def test_no_cell_relies_on_a_tag_and_exercises_run_inside_their_guard(path):
+    # Colab ignores raises-exception: an exercise cell must catch its own stub (the with block).
     for c in code_cells(load(path)):
-        if "raises-exception" in c.metadata.get("tags", []):
-            assert "viz.notebook.exercise(" in c.source, \
-                f"{path.name}: a tagged cell that runs no exercise:\n{c.source}"
+        assert not c.metadata.get("tags"), f"{path.name}: a tagged cell (Colab ignores tags):\n{c.source}"
+        if "viz.notebook.exercise(" in c.source:
+            assert c.source.startswith("with viz.notebook.exercise("), \
+                f"{path.name}: an exercise used outside its with block stops Run all:\n{c.source}"
 
 
 def test_sections_named_by_the_exercises_exist():
@@ -200,20 +281,43 @@ def test_sections_named_by_the_exercises_exist():
     assert found, "no stub points to a chapter section any more: update this test"
 
 
+IMAGE = re.compile(r"!\[[^\]]*\]\(\s*<?([^)\s>]+)|<img\b[^>]*?\bsrc\s*=\s*[\"']?([^\"'\s>]+)", re.I)
+
+
+def image_refs(text: str) -> list[str]:
+    """Every picture a markdown text shows: ![alt](target) and <img src=target>."""
+    return [a or b for a, b in IMAGE.findall(text)]
+
+
+def test_image_refs_finds_both_spellings():
+    text = '![a](img/x.png) and <img width=3 src="y.png"> and ![b]( <https://h/z.png> "t")'
+    assert image_refs(text) == ["img/x.png", "y.png", "https://h/z.png"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
+def test_pictures_do_not_depend_on_a_relative_path(path):
+    # Colab cannot resolve img/x.png for a notebook opened from GitHub, and GitHub's viewer does not
+    # either: every picture is the version-pinned address of a file of the repository at REF.
+    for ref in image_refs(markdown(load(path))):
+        assert ref.startswith(home.raw_url("chapters/img/")), \
+            f"{path.name} shows {ref}: not {home.raw_url('chapters/img/...')} (python scripts/set_home.py)"
+
+
 def test_static_pictures_exist_and_are_shown():
     from memlab.viz.render_static import PICTURES
 
     shown = {}
     for p in NOTEBOOKS:
-        for img in re.findall(r"\]\((img/[^)]+)\)", markdown(load(p))):
-            assert (CHAPTERS / img).is_file(), \
-                f"{p.name} shows {img}, which is missing (python -m memlab.viz.render_static)"
-            shown[img] = p
+        for pic in picture_paths(load(p)):
+            assert (ROOT / pic).is_file(), \
+                f"{p.name} shows {pic}, which is missing (python -m memlab.viz.render_static)"
+            shown[pic] = p
     for name in PICTURES:
-        img = f"img/{name}.png"
-        assert img in shown, f"{img} is rendered but no chapter shows it"
-        assert shown[img].name[:2] == name[:2], f"{img} is shown by {shown[img].name}"
-    assert all(p.name[:2] in {i[4:6] for i in shown} for p in NOTEBOOKS), "every chapter shows a static picture"
+        pic = f"chapters/img/{name}.png"
+        assert pic in shown, f"{pic} is rendered but no chapter shows it"
+        assert shown[pic].name[:2] == name[:2], f"{pic} is shown by {shown[pic].name}"
+    assert all(p.name[:2] in {Path(i).name[:2] for i in shown} for p in NOTEBOOKS), \
+        "every chapter shows a static picture"
 
 
 def test_points_quoted_in_the_text_match_the_catalog():
@@ -245,3 +349,211 @@ def test_twin_round_trips_through_the_notebook(tmp_path, monkeypatch):
     assert sync_notebooks.problems() == []
     nb = load(tmp_path / f"{twin.stem}.ipynb")
     assert "jupytext" not in nb.metadata, "no pairing metadata: it makes JupyterLab refuse newer notebooks"
+
+
+# -- the setup cell: local checkout, clone, reuse, failures (run in this process) -------------------
+
+
+def run_setup_cell(cwd, monkeypatch, url=None):
+    """Execute chapter 00's setup cell here with working folder ``cwd``; return its namespace."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the cell prepends the course
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # start() extends it
+    if url is not None:
+        monkeypatch.setenv("MEMLAB_REPO_URL", url)
+    ns = {}
+    exec(compile(setup_cell("00"), "setup-cell", "exec"), ns)
+    return ns
+
+
+def test_setup_cell_uses_the_checkout_around_the_notebook(monkeypatch, capsys, tmp_path):
+    ns = run_setup_cell(CHAPTERS, monkeypatch, url=(tmp_path / "nowhere").as_uri())  # never cloned
+    assert ns["root"] == ROOT and sys.path[0] == str(ROOT)
+    assert f"repository {ROOT.name}/" in capsys.readouterr().out
+
+
+def test_setup_cell_clones_its_version_once_and_reuses_it(home_repo, monkeypatch, capsys, tmp_path):
+    ns = run_setup_cell(tmp_path, monkeypatch, url=home_repo.as_uri())
+    clone = tmp_path / home.clone_folder()
+    assert ns["root"] == clone and sys.path[0] == str(clone)
+    assert git("describe", "--tags", "--exact-match", cwd=clone).strip() == home.REF
+    (clone / "exercises" / "mine.txt").write_text("work")
+    run_setup_cell(tmp_path, monkeypatch, url=(tmp_path / "gone").as_uri())  # no second clone needed
+    assert (clone / "exercises" / "mine.txt").read_text() == "work"
+    assert not (tmp_path / f"{clone.name}.partial").exists()
+
+
+def test_setup_cell_replaces_an_unfinished_clone(home_repo, monkeypatch, capsys, tmp_path):
+    part = tmp_path / f"{home.clone_folder()}.partial"
+    (part / "memlab").mkdir(parents=True)  # a clone that was interrupted
+    run_setup_cell(tmp_path, monkeypatch, url=home_repo.as_uri())
+    assert "an unfinished clone from an earlier run" in capsys.readouterr().out
+    assert (tmp_path / home.clone_folder() / "pyproject.toml").is_file() and not part.exists()
+
+
+@pytest.fixture(scope="session")
+def untagged_repo(tmp_path_factory):
+    src = tmp_path_factory.mktemp("untagged")
+    (src / "README.md").write_text("not the course\n")
+    git("init", "-q", cwd=src)
+    git("add", "-A", cwd=src)
+    git("commit", "-q", "-m", "x", cwd=src)
+    return src
+
+
+@pytest.mark.parametrize("case, says", [
+    ("missing", "no such repository or version"),
+    ("untagged", "no such repository or version"),
+    ("offline", "no network"),
+])
+def test_setup_cell_says_why_a_clone_failed(case, says, untagged_repo, monkeypatch, tmp_path):
+    url = {"missing": (tmp_path / "no-such-repo").as_uri(), "untagged": untagged_repo.as_uri(),
+           "offline": "http://127.0.0.1:9/memlab"}[case]  # port 9 (discard) refuses the connection
+    with pytest.raises(RuntimeError, match=says) as err:
+        run_setup_cell(tmp_path, monkeypatch, url=url)
+    assert f"at version {home.REF}" in str(err.value) and "git said:" in str(err.value)
+    assert not (tmp_path / home.clone_folder()).exists(), "a failed clone must not look like a finished one"
+
+
+def test_a_clone_moved_off_its_version_is_refused(home_repo, tmp_path):
+    from memlab.viz.notebook import check_clone
+
+    clone = tmp_path / home.clone_folder()
+    git("clone", "-q", "--depth", "1", "--branch", home.REF, home_repo.as_uri(), str(clone))
+    check_clone(clone, home.REF)  # at its version: fine
+    check_clone(ROOT, home.REF)  # a local checkout is the learner's own: never checked
+    (clone / "moved.txt").write_text("x")
+    git("add", "moved.txt", cwd=clone)
+    git("commit", "-q", "-m", "a pull or a checkout", cwd=clone)
+    with pytest.raises(RuntimeError, match=f"no longer at version {home.REF}"):
+        check_clone(clone, home.REF)
+    shutil.rmtree(clone / ".git" / "refs")
+    (clone / ".git" / "packed-refs").unlink(missing_ok=True)
+    with pytest.raises(RuntimeError, match="not a complete clone"):
+        check_clone(clone, home.REF)
+
+
+# -- exercise cells never stop Run all -----------------------------------------------------------
+
+
+@pytest.fixture
+def learner(tmp_path, monkeypatch):
+    """A learner folder (MEMLAB_EXERCISES) to write exercise files into."""
+    monkeypatch.setenv("MEMLAB_EXERCISES", str(tmp_path))
+    return tmp_path
+
+
+def test_a_stub_is_reported_and_the_cell_goes_on(learner, capsys):
+    from memlab.viz.notebook import exercise
+
+    (learner / "ch98_demo.py").write_text("def f():\n    raise NotImplementedError\n")
+    ran = []
+    with exercise("ch98_demo") as ex:
+        ex.f()
+        ran.append("after")
+    assert ran == [] and f"not written yet: edit {learner / 'ch98_demo.py'} (then re-run this cell)" \
+        in capsys.readouterr().out
+
+
+def test_a_wrong_answer_or_a_broken_file_is_shown_and_the_cell_goes_on(learner, capsys):
+    from memlab.viz.notebook import exercise
+
+    (learner / "ch98_demo.py").write_text("def f():\n    return 1\n")
+    with exercise("ch98_demo") as ex:
+        assert ex.f() == 2, "want 2"
+    out = capsys.readouterr().out
+    assert "ch98_demo: your code raised AssertionError: want 2" in out and "Traceback" in out
+    (learner / "ch98_demo.py").write_text("def f(:\n")  # does not compile: reported inside the block
+    with exercise("ch98_demo") as ex:
+        ex.f()
+    assert "raised SyntaxError" in capsys.readouterr().out
+    (learner / "ch98_demo.py").write_text("def f():\n    return 2\n")  # the edit is picked up
+    with exercise("ch98_demo") as ex:
+        assert ex.f() == 2
+
+
+def test_an_interrupt_still_stops_the_cell(learner):
+    from memlab.viz.notebook import exercise
+
+    (learner / "ch98_demo.py").write_text("def f():\n    raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt), exercise("ch98_demo") as ex:
+        ex.f()
+
+
+# -- keeping the learner's work: Google Drive in Colab (mocked) ------------------------------------
+
+
+@pytest.fixture
+def fake_colab(tmp_path, monkeypatch):
+    """google.colab with drive.mount and files.download that work on a temp folder."""
+    import types
+
+    mount, calls = tmp_path / "drive", {"mount": 0, "download": []}
+
+    def do_mount(where):
+        assert Path(where) == mount
+        calls["mount"] += 1
+        (mount / "MyDrive").mkdir(parents=True, exist_ok=True)
+
+    colab = types.ModuleType("google.colab")
+    colab.drive = types.SimpleNamespace(mount=do_mount)
+    colab.files = types.SimpleNamespace(download=lambda p: calls["download"].append(p))
+    google = types.ModuleType("google")
+    google.colab = colab
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setenv("MEMLAB_DRIVE_MOUNT", str(mount))
+    monkeypatch.delenv("MEMLAB_EXERCISES", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return mount, calls
+
+
+def test_drive_gets_the_stubs_once_and_never_overwrites(fake_colab, capsys, monkeypatch):
+    from memlab.viz import notebook
+
+    mount, calls = fake_colab
+    notebook.start("04", drive=True)
+    folder = mount / notebook.DRIVE_FOLDER
+    stubs = sorted(p.name for p in (ROOT / "exercises").glob("ch*.py"))
+    assert sorted(p.name for p in folder.iterdir()) == stubs and calls["mount"] == 1
+    assert os.environ["MEMLAB_EXERCISES"] == str(folder)
+    out = capsys.readouterr().out
+    assert f"your exercise files: {folder} on Google Drive ({len(stubs)} files copied there now from" in out
+    (folder / "ch04_alloc_extend.py").write_text("# my work\n")
+    (folder / "ch05_alloc_decode.py").unlink()
+    monkeypatch.delenv("MEMLAB_EXERCISES")
+    notebook.start("05", drive=True)  # another chapter, a new runtime: Drive already mounted
+    assert (folder / "ch04_alloc_extend.py").read_text() == "# my work\n"
+    assert (folder / "ch05_alloc_decode.py").read_bytes() == (ROOT / "exercises/ch05_alloc_decode.py").read_bytes()
+    assert "(1 files copied there now" in capsys.readouterr().out and calls["mount"] == 1
+    from memlab.grading import loader
+
+    assert loader.source_dir() == folder  # the exercise cells and the grader read the Drive folder
+
+
+def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, capsys, tmp_path, monkeypatch):
+    from memlab.viz import notebook
+
+    mount, calls = fake_colab
+    notebook.start("04")
+    out = capsys.readouterr().out
+    assert "in this runtime ONLY: they are lost when Colab recycles it" in out and "DRIVE = True" in out
+    assert calls["mount"] == 0 and not mount.exists() and "MEMLAB_EXERCISES" not in os.environ
+    monkeypatch.chdir(tmp_path)
+    zipped = notebook.download_exercises()
+    import zipfile
+
+    assert calls["download"] == [str(zipped)]
+    assert len(zipfile.ZipFile(zipped).namelist()) == len(list((ROOT / "exercises").glob("ch*.py")))
+
+
+def test_outside_colab_drive_is_ignored_and_the_folder_named(capsys, monkeypatch):
+    from memlab.viz import notebook
+
+    monkeypatch.delenv("MEMLAB_EXERCISES", raising=False)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    notebook.start("04", drive=True)
+    assert "your exercise files: exercises/ (DRIVE = True only applies in Colab)" in capsys.readouterr().out
+    monkeypatch.setenv("MEMLAB_EXERCISES", "solutions")
+    notebook.start("04")
+    assert "your exercise files: solutions (MEMLAB_EXERCISES)" in capsys.readouterr().out

@@ -7,13 +7,42 @@ import tomllib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+CONDA_FORGE = {"numpy", "matplotlib", "jupyterlab", "ipywidgets"}  # compiled or large: conda's builds
+
+
+def environment_yml() -> tuple[list[str], list[str]]:
+    """(conda dependencies, pip dependencies) of environment.yml, as written."""
+    text = (ROOT / "environment.yml").read_text()
+    conda_part, pip_part = text.split("- pip:", 1)
+    items = lambda part: [line.strip()[2:].strip() for line in part.splitlines()  # noqa: E731
+                          if line.strip().startswith("- ")]
+    return items(conda_part.split("dependencies:", 1)[1]), items(pip_part)
+
+
+def name_of(spec: str) -> str:
+    return re.split(r"[<>=!;\s\[]", spec, maxsplit=1)[0].lower()
+
+
 def test_environment_yml_agrees_with_pyproject():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     want = set(meta["dependencies"]) | {d for extra in meta["optional-dependencies"].values() for d in extra}
-    text = (ROOT / "environment.yml").read_text()
-    pip = text.split("- pip:", 1)[1]
-    got = {line.strip()[2:].strip() for line in pip.splitlines() if line.strip().startswith("- ")}
+    conda, pip = environment_yml()
+    got = set(pip) | {d for d in conda if name_of(d) not in ("python", "pip")}
     assert got == want, f"only in environment.yml: {sorted(got - want)}; only in pyproject: {sorted(want - got)}"
+    assert len(got) == len(pip) + len(conda) - 2, "a package is listed twice"
+
+
+def test_environment_yml_pins_python_and_takes_compiled_packages_from_conda_forge():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    conda, pip = environment_yml()
+    (python,) = [d for d in conda if name_of(d) == "python"]
+    m = re.fullmatch(r"python=3\.(\d+)", python)
+    assert m, f"pin one Python minor version (python=3.X), not {python!r}"
+    floor = int(re.fullmatch(r">=3\.(\d+)", meta["requires-python"]).group(1))
+    assert int(m.group(1)) >= floor, f"{python} is below requires-python {meta['requires-python']}"
+    assert {name_of(d) for d in conda} >= CONDA_FORGE, "numpy, matplotlib, jupyterlab, ipywidgets from conda-forge"
+    assert not {name_of(d) for d in pip} & CONDA_FORGE, "a conda-forge package is installed by pip again"
+    assert "conda-forge" in (ROOT / "environment.yml").read_text().split("channels:", 1)[1].split("dependencies:")[0]
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 00 · Orientation: three mappings
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/00_orientation.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/00_orientation.ipynb)
 #
 # An LLM serving engine keeps the keys and values (the KV cache) of every running request in one
 # big block of GPU memory. Most of what SGLang and vLLM do with that memory is bookkeeping: who
@@ -16,23 +16,37 @@
 #   and the grader.
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("00")
+FAST = start("00", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## The three mappings
@@ -83,7 +97,7 @@ for key, value in report():
 #   column in every tensor.
 # - Bottom: the allocator's free list, the page it hands out next on the left.
 #
-# ![The three mappings after D arrives (static picture of the widget's last step)](img/00_mappings.png)
+# ![The three mappings after D arrives (static picture of the widget's last step)](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/00_mappings.png)
 
 # %%
 from memlab import viz

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 01 · The request table
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/01_request_table.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/01_request_table.ipynb)
 #
 # The first mapping: a running request -> one row of a table. The row holds, for every position of
 # the request, the physical slot of that token's KV. SGLang calls this table `ReqToTokenPool`.
@@ -14,23 +14,37 @@
 # - write `alloc_rows`, `free` and `clear` yourself (exercise `ch01_alloc_rows`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("01")
+FAST = start("01", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -40,7 +54,7 @@ FAST = start("01")
 # the table is `free_slots`, the list of free rows, in list order. The right column shows each
 # row's owner and its **generation**.
 #
-# ![The request table after D reuses B's row](img/01_request_table.png)
+# ![The request table after D reuses B's row](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/01_request_table.png)
 
 # %%
 from memlab import viz
@@ -147,15 +161,15 @@ except ValueError as exc:
 # chapter's operations on your class and on `ReqToTokenPool` side by side. It raises
 # `NotImplementedError` until you fill the stub in; edit the file, then run the cell again.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch01_alloc_rows")
-mine, ref = ex.RowTable(5), ReqToTokenPool(5, 8)
-for op, arg in [("alloc_rows", 2), ("alloc_rows", 0), ("free", 4), ("alloc_rows", 1), ("alloc_rows", 9)]:
-    a, b = getattr(mine, op)(arg), getattr(ref, op)(arg)
-    print(f"{op}({arg}): yours {a}, memlab {b}")
-    assert a == b and mine.free_slots == ref.free_slots, "your free_slots differ from memlab's"
-assert mine.req_generation.tolist() == ref.req_generation.tolist()
-print("same rows, same free list, same generations")
+# %%
+with viz.notebook.exercise("ch01_alloc_rows") as ex:
+    mine, ref = ex.RowTable(5), ReqToTokenPool(5, 8)
+    for op, arg in [("alloc_rows", 2), ("alloc_rows", 0), ("free", 4), ("alloc_rows", 1), ("alloc_rows", 9)]:
+        a, b = getattr(mine, op)(arg), getattr(ref, op)(arg)
+        print(f"{op}({arg}): yours {a}, memlab {b}")
+        assert a == b and mine.free_slots == ref.free_slots, "your free_slots differ from memlab's"
+    assert mine.req_generation.tolist() == ref.req_generation.tolist()
+    print("same rows, same free list, same generations")
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 02 · KV stores: MHA, MLA, fp8 storage, layer ranges
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/02_kv_stores.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/02_kv_stores.ipynb)
 #
 # The third mapping: a physical slot -> bytes. A KV pool is a list of big tensors, one (or two)
 # per layer; slot `s` is row `s` of each. This chapter measures those rows for real models.
@@ -14,23 +14,37 @@
 # - write `mha_bytes_per_token` and `mla_bytes_per_token` (exercise `ch02_bytes_per_token`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("02")
+FAST = start("02", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: bytes per token for real models
@@ -39,7 +53,7 @@ FAST = start("02")
 # over all layers for each model in `memlab.models` (numbers from their published `config.json`).
 # Right: one token's row in one layer, drawn to the same scale for every model.
 #
-# ![KV bytes per token for five real models](img/02_kv_bytes.png)
+# ![KV bytes per token for five real models](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/02_kv_bytes.png)
 
 # %%
 import ipywidgets as W
@@ -176,17 +190,17 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 # Write `mha_bytes_per_token` and `mla_bytes_per_token` (5 points), bad arguments included. The
 # cell below checks yours against `memlab.kv_pool` for every model of the table.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch02_bytes_per_token")
-for name, m in MODELS.items():
-    if m.attention == "mla":
-        mine, ref = ex.mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim), \
-            mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim)
-    else:
-        mine, ref = ex.mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim), \
-            mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim)
-    print(f"{name:<22} yours {mine:>9,}  memlab {ref:>9,}")
-    assert mine == ref
+# %%
+with viz.notebook.exercise("ch02_bytes_per_token") as ex:
+    for name, m in MODELS.items():
+        if m.attention == "mla":
+            mine, ref = ex.mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim), \
+                mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim)
+        else:
+            mine, ref = ex.mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim), \
+                mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim)
+        print(f"{name:<22} yours {mine:>9,}  memlab {ref:>9,}")
+        assert mine == ref
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 03 · The token allocator and its free list
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/03_token_allocator.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/03_token_allocator.ipynb)
 #
 # The second mapping, in its simplest form: with a page size of 1, every token gets one slot, any
 # free slot will do, and the allocator is a list of free slot ids. SGLang calls it
@@ -16,23 +16,37 @@
 #   (exercise `ch03_token_allocator`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("03")
+FAST = start("03", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -42,7 +56,7 @@ FAST = start("03")
 # second (`need_sort=True`), they wait in a staging area (yellow) until an allocation runs short.
 # Watch where D's slots land in each.
 #
-# ![The token allocator after D arrives, staged frees merged and sorted](img/03_token_allocator.png)
+# ![The token allocator after D arrives, staged frees merged and sorted](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/03_token_allocator.png)
 
 # %%
 from memlab import viz
@@ -125,22 +139,23 @@ print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.r
 # Write `available_size`, `alloc`, `free` and `merge_and_sort_free` (8 points). The cell below
 # replays the story of the widget on your allocator and on memlab's, in both modes.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch03_token_allocator")
-for need_sort in (False, True):
-    mine, ref = ex.TokenToKVPoolAllocator(16, need_sort=need_sort), TokenToKVPoolAllocator(16, need_sort=need_sort)
-    held = {}
-    for step, (op, who, n) in enumerate([("alloc", "A", 4), ("alloc", "B", 3), ("alloc", "C", 6), ("free", "A", 0),
-                                         ("free", "B", 0), ("alloc", "D", 4), ("alloc", "E", 2)]):
-        if op == "alloc":
-            x, y = mine.alloc(n), ref.alloc(n)
-            assert torch.equal(x, y), f"need_sort={need_sort}, {who} alloc({n}): yours {x.tolist()}, memlab {y.tolist()}"
-            held[who] = y
-        else:
-            mine.free(held[who].clone())
-            ref.free(held[who].clone())
-        assert mine.available_size() == ref.available_size(), f"step {step}: available_size differs"
-    print(f"need_sort={need_sort}: same slots at every step")
+# %%
+with viz.notebook.exercise("ch03_token_allocator") as ex:
+    for need_sort in (False, True):
+        mine, ref = ex.TokenToKVPoolAllocator(16, need_sort=need_sort), TokenToKVPoolAllocator(16, need_sort=need_sort)
+        held = {}
+        for step, (op, who, n) in enumerate([("alloc", "A", 4), ("alloc", "B", 3), ("alloc", "C", 6), ("free", "A", 0),
+                                             ("free", "B", 0), ("alloc", "D", 4), ("alloc", "E", 2)]):
+            if op == "alloc":
+                x, y = mine.alloc(n), ref.alloc(n)
+                assert torch.equal(x, y), \
+                    f"need_sort={need_sort}, {who} alloc({n}): yours {x.tolist()}, memlab {y.tolist()}"
+                held[who] = y
+            else:
+                mine.free(held[who].clone())
+                ref.free(held[who].clone())
+            assert mine.available_size() == ref.available_size(), f"step {step}: available_size differs"
+        print(f"need_sort={need_sort}: same slots at every step")
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 04 · Paged allocation: `alloc_extend`
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/04_alloc_extend.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/04_alloc_extend.ipynb)
 #
 # With pages, slots are handed out `page_size` at a time and a request's tokens fill its pages in
 # order. A prefill batch then needs, for every new token, the slot it lands in. SGLang computes
@@ -18,23 +18,37 @@
 #   and `ch04_alloc_extend_kernel`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("04")
+FAST = start("04", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -44,7 +58,7 @@ FAST = start("04")
 # the three parts it belongs to. Pick a page size with the dropdown: with page size 1 there is
 # only part 2; with larger pages, more tokens continue an old page.
 #
-# ![Second prefill batch with page size 4: the three parts](img/04_alloc_extend.png)
+# ![Second prefill batch with page size 4: the three parts](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/04_alloc_extend.png)
 
 # %%
 from memlab import viz
@@ -189,34 +203,34 @@ assert same
 # **`exercises/ch04_alloc_extend.py`** (9 points): `PagedAllocator.alloc_extend` in torch, the
 # whole batch at once, capacity first. The cell below runs yours on the widget's batches.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch04_alloc_extend")
-mine = ex.PagedAllocator(48, P)
-held = {}
-for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
-    rids = list(batch)
-    pre_l = [len(held.get(r, [])) for r in rids]
-    seq_l = [p + batch[r] for p, r in zip(pre_l, rids)]
-    last_l = [held[r][-1] if held.get(r) else -1 for r in rids]
-    got = mine.alloc_extend(t(pre_l), t(seq_l), t(last_l))
-    print("yours:", got.tolist())
-    i = 0
-    for r, p, s in zip(rids, pre_l, seq_l):
-        held[r] = held.get(r, []) + got[i:i + s - p].tolist()
-        i += s - p
-want = {r: scene.slots(r) for r in scene.reqs}
-assert held == want, f"memlab's books: {want}"
-print("same slots as memlab for every request")
+# %%
+with viz.notebook.exercise("ch04_alloc_extend") as ex:
+    mine = ex.PagedAllocator(48, P)
+    held = {}
+    for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
+        rids = list(batch)
+        pre_l = [len(held.get(r, [])) for r in rids]
+        seq_l = [p + batch[r] for p, r in zip(pre_l, rids)]
+        last_l = [held[r][-1] if held.get(r) else -1 for r in rids]
+        got = mine.alloc_extend(t(pre_l), t(seq_l), t(last_l))
+        print("yours:", got.tolist())
+        i = 0
+        for r, p, s in zip(rids, pre_l, seq_l):
+            held[r] = held.get(r, []) + got[i:i + s - p].tolist()
+            i += s - p
+    want = {r: scene.slots(r) for r in scene.reqs}
+    assert held == want, f"memlab's books: {want}"
+    print("same slots as memlab for every request")
 
 # %% [markdown]
 # **`exercises/ch04_alloc_extend_kernel.py`** (6 points, +2 on a GPU): part 2 of the Triton
 # kernel, the whole pages. The cell runs yours on the random batch above.
 
-# %% tags=["raises-exception"]
-exk = viz.notebook.exercise("ch04_alloc_extend_kernel")
-got = exk.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n)
-assert torch.equal(got.cpu(), ref_t), f"first difference at output {int((got.cpu() != ref_t).nonzero()[0])}"
-print("your kernel matches the torch reference")
+# %%
+with viz.notebook.exercise("ch04_alloc_extend_kernel") as exk:
+    got = exk.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n)
+    assert torch.equal(got.cpu(), ref_t), f"first difference at output {int((got.cpu() != ref_t).nonzero()[0])}"
+    print("your kernel matches the torch reference")
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · Decode steps and freeing pages
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/05_decode_and_free.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/05_decode_and_free.ipynb)
 #
 # After prefill, every decode step adds exactly one token to every running request. Most steps
 # need no new page; a few cross a page boundary. When a request ends, its pages go back, each
@@ -16,23 +16,37 @@
 # - write `alloc_decode` and the paged free path (exercises `ch05_alloc_decode`, `ch05_paged_free`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("05")
+FAST = start("05", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -42,7 +56,7 @@ FAST = start("05")
 # refuses), a free group, and a double free caught in debug mode. Yellow pages are queued, not
 # yet released.
 #
-# ![Decode steps: which request opens a page at which step](img/05_decode.png)
+# ![Decode steps: which request opens a page at which step](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/05_decode.png)
 
 # %%
 from memlab import viz
@@ -237,25 +251,25 @@ print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.re
 # **`exercises/ch05_alloc_decode.py`** (6 points): `alloc_decode`. The cell runs yours on the
 # batch above.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch05_alloc_decode")
-mine = ex.PagedAllocator(64, P)
-mine.free_pages = free_pages.clone()
-got = mine.alloc_decode(seq_lens, last_loc)
-assert got.tolist() == by_kernel.tolist(), f"yours {got.tolist()}, the kernel's {by_kernel.tolist()}"
-print("same slots as the kernel; pages left:", mine.free_pages.tolist())
+# %%
+with viz.notebook.exercise("ch05_alloc_decode") as ex:
+    mine = ex.PagedAllocator(64, P)
+    mine.free_pages = free_pages.clone()
+    got = mine.alloc_decode(seq_lens, last_loc)
+    assert got.tolist() == by_kernel.tolist(), f"yours {got.tolist()}, the kernel's {by_kernel.tolist()}"
+    print("same slots as the kernel; pages left:", mine.free_pages.tolist())
 
 # %% [markdown]
 # **`exercises/ch05_paged_free.py`** (7 points): `free` with dedup, `free_segment`, free groups.
 
-# %% tags=["raises-exception"]
-exf = viz.notebook.exercise("ch05_paged_free")
-fl = exf.PagedFreeList(num_pages=16, page_size=P)
-pages = fl.alloc_pages(3)
-slots = (pages[:, None] * P + torch.arange(P)).reshape(-1)
-fl.free(slots)
-assert fl.free_pages[:3].tolist() == sorted(pages.tolist()), f"free list head: {fl.free_pages[:5].tolist()}"
-print("each page freed once, at the head:", fl.free_pages[:3].tolist())
+# %%
+with viz.notebook.exercise("ch05_paged_free") as exf:
+    fl = exf.PagedFreeList(num_pages=16, page_size=P)
+    pages = fl.alloc_pages(3)
+    slots = (pages[:, None] * P + torch.arange(P)).reshape(-1)
+    fl.free(slots)
+    assert fl.free_pages[:3].tolist() == sorted(pages.tolist()), f"free list head: {fl.free_pages[:5].tolist()}"
+    print("each page freed once, at the head:", fl.free_pages[:3].tolist())
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 06 · vLLM's block pool and prefix cache
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/06_vllm_block_pool.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/06_vllm_block_pool.ipynb)
 #
 # vLLM keeps the same three mappings as SGLang with different objects. Its scheduler owns a
 # **block pool** (a block is a page of `block_size` tokens) whose free queue doubles as the
@@ -18,23 +18,37 @@
 #   `ch06_block_hash`, `ch06_slot_mapping`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("06")
+FAST = start("06", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -45,7 +59,7 @@ FAST = start("06")
 # request's blocks; hatched ones came from a cache hit. Bottom: the free queue. A red edge marks a
 # block evicted by this step. Switch the story to see the same requests with caching off.
 #
-# ![B arrives and hits A's first two blocks in the middle of the free queue](img/06_block_pool.png)
+# ![B arrives and hits A's first two blocks in the middle of the free queue](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/06_block_pool.png)
 
 # %%
 from memlab import viz
@@ -256,34 +270,35 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 # **`exercises/ch06_free_queue.py`** (7 points): `free_request_blocks`, the order in which a
 # finished request's blocks join the queue.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch06_free_queue")
-q = ex.FreeQueue([ex.Block(i) for i in (7, 8)])
-blocks = [ex.Block(1, 1, "h1"), ex.Block(2, 2, "h2"), ex.Block(3, 1, "h3"), ex.Block(4, 1)]
-ex.free_request_blocks(q, blocks)
-print("queue:", q.ids())
-assert q.ids() == [4, 7, 8, 3, 1], "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
+# %%
+with viz.notebook.exercise("ch06_free_queue") as ex:
+    q = ex.FreeQueue([ex.Block(i) for i in (7, 8)])
+    blocks = [ex.Block(1, 1, "h1"), ex.Block(2, 2, "h2"), ex.Block(3, 1, "h3"), ex.Block(4, 1)]
+    ex.free_request_blocks(q, blocks)
+    print("queue:", q.ids())
+    assert q.ids() == [4, 7, 8, 3, 1], \
+        "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
 
 # %% [markdown]
 # **`exercises/ch06_block_hash.py`** (7 points): the chained hashes with their extra keys.
 
-# %% tags=["raises-exception"]
-exh = viz.notebook.exercise("ch06_block_hash")
-h = exh.request_block_hashes(list(range(10)), 4)
-h_salted = exh.request_block_hashes(list(range(10)), 4, cache_salt="alice")
-assert len(h) == 2 and all(a != b for a, b in zip(h, h_salted))
-assert exh.request_block_hashes(list(range(8)) + [99], 4) == h
-print("2 full blocks; the salt changes both; the same prefix gives the same hashes")
+# %%
+with viz.notebook.exercise("ch06_block_hash") as exh:
+    h = exh.request_block_hashes(list(range(10)), 4)
+    h_salted = exh.request_block_hashes(list(range(10)), 4, cache_salt="alice")
+    assert len(h) == 2 and all(a != b for a, b in zip(h, h_salted))
+    assert exh.request_block_hashes(list(range(8)) + [99], 4) == h
+    print("2 full blocks; the salt changes both; the same prefix gives the same hashes")
 
 # %% [markdown]
 # **`exercises/ch06_slot_mapping.py`** (5 points, +2 on a GPU): the slot_mapping kernel.
 
-# %% tags=["raises-exception"]
-exs = viz.notebook.exercise("ch06_slot_mapping")
-qsl = torch.tensor([0, 1, 9], device=dev)  # C has token 0, D tokens 1..8
-got = exs.compute_slot_mapping(table.block_table, qsl, positions, 4, 16)
-assert got.tolist() == by_python, f"yours {got.tolist()}"
-print("your kernel matches:", got.tolist())
+# %%
+with viz.notebook.exercise("ch06_slot_mapping") as exs:
+    qsl = torch.tensor([0, 1, 9], device=dev)  # C has token 0, D tokens 1..8
+    got = exs.compute_slot_mapping(table.block_table, qsl, positions, 4, 16)
+    assert got.tolist() == by_python, f"yours {got.tolist()}"
+    print("your kernel matches:", got.tolist())
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 07 · Hybrid models: sliding windows and Mamba state
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/07_hybrid_models.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/07_hybrid_models.ipynb)
 #
 # Not every layer needs every token's KV. Sliding-window layers (Gemma-3: 52 of its 62 layers)
 # read only the last `sliding_window` tokens; linear-attention layers (Qwen3-Next: 36 of 48) keep
@@ -17,23 +17,37 @@
 #   `ch07_swa_release`, `ch07_mamba_tracking`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("07")
+FAST = start("07", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: a sliding window
@@ -44,7 +58,7 @@ FAST = start("07")
 # the map from each held full slot to its SWA slot. Watch the SWA side empty out behind the window
 # while the full side keeps every token.
 #
-# ![Two ledgers after two decode steps](img/07_swa.png)
+# ![Two ledgers after two decode steps](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/07_swa.png)
 
 # %%
 from memlab import viz
@@ -149,7 +163,7 @@ dbg.check_books()
 # and, with the extra buffer for prefix caching, **tracking slots** that snapshots of the state are
 # written to. The * marks where the next snapshot goes.
 #
-# ![A request's state slot and its two tracking slots](img/07_mamba.png)
+# ![A request's state slot and its two tracking slots](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/07_mamba.png)
 
 # %%
 options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.scenes.mamba_slots(True, True),
@@ -250,24 +264,25 @@ print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 =
 #
 # **`exercises/ch07_swa_release.py`** (8 points): the release range and the SWA side of a free.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch07_swa_release")
-for seq_len, evicted, want in ((8, 0, (0, 4)), (9, 4, (4, 4)), (12, 4, (4, 8))):
-    got = ex.swa_release_range(seq_len, evicted, sliding_window=4, page_size=2)
-    assert tuple(got) == want, f"seq_len {seq_len}, released up to {evicted}: yours {got}, want {want}"
-print("release ranges agree")
+# %%
+with viz.notebook.exercise("ch07_swa_release") as ex:
+    for seq_len, evicted, want in ((8, 0, (0, 4)), (9, 4, (4, 4)), (12, 4, (4, 8))):
+        got = ex.swa_release_range(seq_len, evicted, sliding_window=4, page_size=2)
+        assert tuple(got) == want, f"seq_len {seq_len}, released up to {evicted}: yours {got}, want {want}"
+    print("release ranges agree")
 
 # %% [markdown]
 # **`exercises/ch07_mamba_tracking.py`** (8 points): tracking-slot counts and the Mamba row books.
 
-# %% tags=["raises-exception"]
-exm = viz.notebook.exercise("ch07_mamba_tracking")
-assert [exm.get_mamba_tracking_slots(*a) for a in ((False, True), (True, True, True), (True, False), (True, True))] == [0, 1, 1, 2]
-rows = exm.MambaRows(rows=3, num_slots=9, state_dim=4, tracking=2)
-assert rows.alloc_row(3)
-assert [rows.next_track_slot(3) for _ in range(3)] == [2, 3, 2], "ping-pong between the two tracking slots"
-rows.free_row(3)
-print("tracking counts, ping-pong and free agree")
+# %%
+with viz.notebook.exercise("ch07_mamba_tracking") as exm:
+    cases = ((False, True), (True, True, True), (True, False), (True, True))
+    assert [exm.get_mamba_tracking_slots(*a) for a in cases] == [0, 1, 1, 2]
+    rows = exm.MambaRows(rows=3, num_slots=9, state_dim=4, tracking=2)
+    assert rows.alloc_row(3)
+    assert [rows.next_track_slot(3) for _ in range(3)] == [2, 3, 2], "ping-pong between the two tracking slots"
+    rows.free_row(3)
+    print("tracking counts, ping-pong and free agree")
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 08 · Sizing: from GPU memory to pool sizes
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/08_sizing.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/08_sizing.ipynb)
 #
 # Before serving, an engine turns its GPU's memory into numbers: how many tokens the KV pool
 # holds, how many pages, how wide a request-table row is, how much each decode step must keep in
@@ -17,23 +17,37 @@
 # - write the scheduler's planning numbers yourself (exercise `ch08_sizing`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("08")
+FAST = start("08", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -43,7 +57,7 @@ FAST = start("08")
 # requests of each length fit at once, decided by the tightest ledger (for hybrid models there are
 # several). The line under the controls gives the derived numbers.
 #
-# ![Gemma-3-27B on an 80 GB GPU](img/08_sizing.png)
+# ![Gemma-3-27B on an 80 GB GPU](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/08_sizing.png)
 
 # %%
 import ipywidgets as W
@@ -186,16 +200,17 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 # Write `pool_size_tokens`, `max_new_tokens_for_memory`, `alloc_len_per_decode` and
 # `alloc_reserve_per_decode` (9 points). The cell compares yours with `memlab.sizing`.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch08_sizing")
-assert ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16) == z.full_tokens
-assert ex.max_new_tokens_for_memory(1000, 512, z.full_tokens, 16) == max_new_tokens_for_memory(1000, 512, z.full_tokens, 16)
-for spec in SPECS.values():
-    args = () if spec.algorithm is None else (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens)
-    for ps in (1, 16):
-        assert ex.alloc_len_per_decode(ps, *args) == alloc_len_per_decode(spec, ps), (spec, ps)
-        assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(spec, ps), (spec, ps)
-print("same numbers as memlab.sizing")
+# %%
+with viz.notebook.exercise("ch08_sizing") as ex:
+    assert ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16) == z.full_tokens
+    args = (1000, 512, z.full_tokens, 16)
+    assert ex.max_new_tokens_for_memory(*args) == max_new_tokens_for_memory(*args)
+    for spec in SPECS.values():
+        args = () if spec.algorithm is None else (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens)
+        for ps in (1, 16):
+            assert ex.alloc_len_per_decode(ps, *args) == alloc_len_per_decode(spec, ps), (spec, ps)
+            assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(spec, ps), (spec, ps)
+    print("same numbers as memlab.sizing")
 
 # %% [markdown]
 # ## Grade

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 09 · Writing and reading KV through the mappings
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/09_attention_through_pages.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/09_attention_through_pages.ipynb)
 #
 # Everything so far was bookkeeping. This chapter uses the books: a forward pass writes each new
 # token's K and V at the slot the allocator gave it, and decode attention reads a request's KV
@@ -16,23 +16,37 @@
 # - write the kernel's gather yourself (exercise `ch09_paged_gather`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("09")
+FAST = start("09", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -42,7 +56,7 @@ FAST = start("09")
 # request's KV a page at a time: each step shows the slots read (black edges) and, on the right,
 # the attention weight every position ends up with. Pick the request with the dropdown.
 #
-# ![Request A's query reading its third page](img/09_attention.png)
+# ![Request A's query reading its third page](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/09_attention.png)
 
 # %%
 import torch
@@ -180,11 +194,11 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # not `b`) and the K and V tiles at those slots (5 points, +2 on a GPU). The cell runs yours on
 # this chapter's pool.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch09_paged_gather")
-mine = ex.decode_attention(qd, k_buf, v_buf, table, rows, seq_lens)
-assert torch.allclose(mine.cpu(), dense, atol=1e-4), f"max difference {(mine.cpu() - dense).abs().max().item():.3g}"
-print("your kernel equals dense attention")
+# %%
+with viz.notebook.exercise("ch09_paged_gather") as ex:
+    mine = ex.decode_attention(qd, k_buf, v_buf, table, rows, seq_lens)
+    assert torch.allclose(mine.cpu(), dense, atol=1e-4), f"max difference {(mine.cpu() - dense).abs().max().item():.3g}"
+    print("your kernel equals dense attention")
 
 # %% [markdown]
 # ## Grade

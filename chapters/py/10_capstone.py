@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 10 · Capstone: serve a tiny model, replay real traces
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/10_capstone.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/10_capstone.ipynb)
 #
 # Time to run the books for real. `memlab.engine` serves a small Llama-style transformer (random
 # weights, fixed seed) through everything the course built: the request table, a KV pool, a paged
@@ -20,23 +20,37 @@
 # - write the scheduler's admission step (exercise `ch10_admission`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("10")
+FAST = start("10", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: the engine, step by step
@@ -46,7 +60,7 @@ FAST = start("10")
 # prefix hits); hatched ones are cached pages that running requests map (xN: how many). Right: the
 # pool over the steps so far (owned, cached, free) and the running and waiting requests.
 #
-# ![The engine mid-run: the shared system prompt is mapped by four requests](img/10_engine.png)
+# ![The engine mid-run: the shared system prompt is mapped by four requests](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/10_engine.png)
 
 # %%
 import torch
@@ -166,7 +180,7 @@ if run is not None:
 # of two) and **free** (including *external* fragmentation: free but in pieces too small for the
 # next request). Pick a workload, a block size and a placement.
 #
-# ![The pool split per policy on the ShareGPT-like workload](img/10_policies.png)
+# ![The pool split per policy on the ShareGPT-like workload](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/10_policies.png)
 
 # %%
 import ipywidgets as W
@@ -293,14 +307,15 @@ viz.show(sim.plot_figure2(buddy, first_fit))
 #
 # Write `admit` (8 points). The cell runs yours on a small queue.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch10_admission")
-hooks = ex.CapacityHooks(available=200, token_capacity=400, page_size=16, decode_reserve=16)
-waiting = [ex.Request("a", 40, 50), ex.Request("b", 900, 10), ex.Request("c", 60, 20), ex.Request("d", 100, 20),
-           ex.Request("e", 10, 5)]
-admitted, rejected = ex.admit(waiting, num_running=2, hooks=hooks, max_running_requests=8)
-print("admitted", [r.rid for r in admitted], "rejected", [r.rid for r in rejected])
-assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == ["b"], "d must stop admission: e waits"
+# %%
+with viz.notebook.exercise("ch10_admission") as ex:
+    hooks = ex.CapacityHooks(available=200, token_capacity=400, page_size=16, decode_reserve=16)
+    waiting = [ex.Request("a", 40, 50), ex.Request("b", 900, 10), ex.Request("c", 60, 20), ex.Request("d", 100, 20),
+               ex.Request("e", 10, 5)]
+    admitted, rejected = ex.admit(waiting, num_running=2, hooks=hooks, max_running_requests=8)
+    print("admitted", [r.rid for r in admitted], "rejected", [r.rid for r in rejected])
+    assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == ["b"], \
+        "d must stop admission: e waits"
 
 # %% [markdown]
 # ## Grade
