@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 11 · Above and below the allocator: the radix prefix cache and HiCache's host tier
 #
-# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/main/chapters/11_radix_and_hicache.ipynb)
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/11_radix_and_hicache.ipynb)
 #
 # The allocator is not alone. **Above** it, SGLang's `RadixCache` decides which prefixes are
 # reused: a radix tree over token ids whose nodes hold the KV slots the allocator handed out.
@@ -23,23 +23,37 @@
 # - write `match_prefix` with its split and `evict` (exercise `ch11_radix_match`).
 
 # %%
-# Setup: works locally (working folder chapters/) and in Colab (clones the course once).
+# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
-REPO_URL = "https://github.com/memlab-course/memlab"
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
 here = pathlib.Path.cwd().resolve()
 root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: fetch the course next to this notebook
-    root = here / "memlab"
-    if not root.exists():
-        subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(root)], check=True)
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
+if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
+    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
+    if not root.is_dir():
+        if part.exists():
+            print(f"removing {part.name}, an unfinished clone from an earlier run")
+            shutil.rmtree(part)
+        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
+                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
+        if git.returncode:
+            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
+            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
+                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
+                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
+                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
+        part.rename(root)
+sys.path.insert(0, str(root))
 from memlab.viz.notebook import start
 
-FAST = start("11")
+FAST = start("11", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -54,7 +68,7 @@ FAST = start("11")
 # node; `xx` pages belong to a running request and are not in the tree yet. The second story uses
 # pages of 2 tokens.
 #
-# ![D hits nodes that live only on the host: they are loaded back into new device pages](img/11_radix.png)
+# ![D hits nodes that live only on the host: they are loaded back into new device pages](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/11_radix.png)
 
 # %%
 from memlab import viz
@@ -300,15 +314,15 @@ viz.show(cmp.plot())
 # Write `split_node`, `match_prefix` and `evict` for a small radix tree (10 points). The cell runs
 # yours on the split of the section above.
 
-# %% tags=["raises-exception"]
-ex = viz.notebook.exercise("ch11_radix_match")
-t = ex.RadixTree()
-leaf = t.add_child(t.root, (1, 2, 3, 4, 5), range(100, 105))
-n, node = ex.match_prefix(t, [1, 2, 3, 9])
-print("matched", n, "ending on", node)
-assert n == 3 and node.key == (1, 2, 3) and node.children == {4: leaf}, "the match must split (1 2 3 4 5) after 3"
-freed = []
-assert ex.evict(t, 1, freed.append) == 2 and freed == [[103, 104]], "evict frees the leaf (4 5) whole"
+# %%
+with viz.notebook.exercise("ch11_radix_match") as ex:
+    t = ex.RadixTree()
+    leaf = t.add_child(t.root, (1, 2, 3, 4, 5), range(100, 105))
+    n, node = ex.match_prefix(t, [1, 2, 3, 9])
+    print("matched", n, "ending on", node)
+    assert n == 3 and node.key == (1, 2, 3) and node.children == {4: leaf}, "the match must split (1 2 3 4 5) after 3"
+    freed = []
+    assert ex.evict(t, 1, freed.append) == 2 and freed == [[103, 104]], "evict frees the leaf (4 5) whole"
 
 # %% [markdown]
 # ## Grade
