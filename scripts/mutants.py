@@ -269,18 +269,17 @@ def make_mutants(file: str) -> list[Mutant]:
     lines = src.splitlines()
     tree = ast.parse(src)
     mine = learner_lines(file)
-    base = ast.dump(tree)
     found: list[Mutant] = []
 
     def inside(node) -> bool:
         return all(n in mine for n in range(node.lineno, node.end_lineno + 1))
 
     def add(func, node, before, after, source):
-        try:
-            t = ast.parse(source)
-        except SyntaxError:
+        if before == after or source == src:
             return
-        if ast.dump(t) == base:
+        try:
+            compile(source, file, "exec", flags=ast.PyCF_ONLY_AST)
+        except SyntaxError:
             return
         found.append(Mutant(file, func, before, after, node.lineno, source))
 

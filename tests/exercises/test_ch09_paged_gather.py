@@ -197,6 +197,7 @@ def narrow_products(source: str) -> list[str]:
 def test_addresses_in_64_bit():
     from memlab.grading.loader import load
 
+    run([2, 3], [1, 0], seed=15)  # the gather works at all (the stub raises NotImplementedError here)
     source = open(load("ch09_paged_gather").__file__).read()
     bad = narrow_products(source)
     expect(not bad, f"the gather computes {bad[0] if bad else ''} in 32 bits: the slots come from req_to_token "
