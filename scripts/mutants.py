@@ -417,6 +417,9 @@ def worker() -> None:
             result.update(outcome="killed", by="timeout", detail=f"still running after {job['timeout']:g} s")
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        # A CUDA fault (an illegal address) poisons this process's context: every later mutant
+        # would fail for it. Ask for a fresh worker.
+        result["restart"] = "CUDA error" in result["detail"] or "illegal memory access" in result["detail"]
         out.write(json.dumps(result) + "\n")
         out.flush()
 
@@ -484,6 +487,9 @@ def run_jobs(jobs: list[dict], n_workers: int, progress=None) -> dict[str, dict]
                                "detail": f"the process died (exit code {rc})", "times": {}})
                     continue
                 outcome = json.loads(line)
+                if outcome.get("restart"):
+                    retire(w, outcome)
+                    continue
                 results[outcome["key"]] = outcome
                 if progress:
                     progress(w.job, outcome)

@@ -89,8 +89,6 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
     if not _same_kind(got, want):
         return "", got, want
     if _is_tensor(want):
-        import torch
-
         g, w = got.detach().cpu(), want.detach().cpu()
         if _tensors_equal(g, w):
             return None
@@ -161,8 +159,6 @@ def snapshot(x: Any) -> Any:
 def expect_unchanged(before: Any, after: Any, what: str) -> None:
     """An input the docstring does not allow to change is the same as before the call."""
     if _is_tensor(before):
-        import torch
-
         if _is_tensor(after) and after.dtype == before.dtype and after.shape == before.shape and \
                 _tensors_equal(after.detach().cpu(), before.cpu()):
             return

@@ -1,9 +1,11 @@
 """Graded: chapter 05, freeing pages (exercises/ch05_paged_free.py)."""
 
 import pytest
+import torch
 
 from exercise_refs import i64
-from memlab.grading.checks import call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises
+from memlab.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises,
+                                   expect_tensor)
 from memlab.grading.loader import load
 
 
@@ -33,7 +35,7 @@ def test_free_dedups_pages():
     f = free_list(8, 4)
     f.alloc_pages(8)  # everything in use: request 1 holds pages 7 and 3, request 2 page 5
     free(f, i64(*slots_of([7, 3], 4, 6)))  # request 1's 6 tokens: 4 slots on page 7, 2 on page 3
-    got = f.free_pages.tolist()
+    got = expect_tensor(f.free_pages, "free_pages after a free", torch.int64)
     expect(len(got) == len(set(got)), f"freeing the 6 slots of pages 7 and 3 put {got} in free_pages: each page "
                                       "must be freed ONCE (unique of slot // page_size)")
     expect_equal(f.free_pages, i64(3, 7), "pages freed by a request holding 6 tokens on pages 7 and 3 (an int64 "

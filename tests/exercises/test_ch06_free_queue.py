@@ -73,7 +73,6 @@ def test_null_blocks_skipped():
     # A sliding-window request whose first blocks fell out of the window: null placeholders.
     m, q, blocks = setup([(0, 1, None, True), (0, 1, None, True), (7, 1, "h7", False), (8, 1, None, False)],
                          queue_ids=(90,))
-    null = blocks[0]
     free(m, q, blocks)
     expect(all(b.block_id != 0 for b in q.blocks), f"the null block entered the free queue: {q.ids()}")
     expect_equal(q.ids(), [8, 90, 7], "free queue after freeing [null, null, 7 (hashed), 8 (unhashed)]")

@@ -38,7 +38,7 @@ def compare(block_table, qsl, positions, bs, padded, device=None, wide=0):
 
     dev = device or kernel_device()
     buf = torch.full((padded + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
-    rows, cols = len(block_table), len(block_table[0])
+    cols = len(block_table[0])
     full = fenced([r + [-7] * wide for r in block_table], torch.int32, dev)
     bt = full[:, :cols] if wide else full
     inputs = (bt, torch.tensor(qsl, dtype=torch.int32, device=dev), fenced(positions, torch.int64, dev))

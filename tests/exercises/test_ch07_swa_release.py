@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from exercise_refs import i64
-from memlab.grading.checks import call_keeping_inputs, expect, expect_equal, expect_raises
+from memlab.grading.checks import call_keeping_inputs, expect, expect_equal, expect_raises, expect_tensor
 from memlab.grading.loader import load
 
 
@@ -94,8 +94,9 @@ def test_take_swa_slots_skips_padding():
     # the window before (map 0).
     m[12:16] = torch.tensor([26, 24, 27, 25])
     got = take(m, torch.arange(8, 16), ps)
-    expect(0 not in got.tolist(), f"take_swa_slots returned {got.tolist()}: 0 means 'no SWA slot' and is the SWA "
-                                  "pool's padding slot; it must never be freed")
+    values = expect_tensor(got, "take_swa_slots's result", torch.int64)
+    expect(0 not in values, f"take_swa_slots returned {values}: 0 means 'no SWA slot' and is the SWA "
+                            "pool's padding slot; it must never be freed")
     expect_equal(got, i64(26, 24, 27, 25), "the SWA slots under full slots 8..15, in their order (an int64 tensor)")
     expect_equal(m[8:16], i64(*[0] * 8), "the map must forget the freed slots")
     m = mapping(32, ps)
