@@ -97,10 +97,11 @@ def test_catalog_matches_the_tests():
 
 
 # -- author-only checks: the stubs as the course ships them ------------------------------------
-# A learner edits exercises/; the checks below are about the course's stubs, so they read them as
-# committed (git show HEAD:exercises/...), never the working copy. Where that cannot be done (no
-# git, or the learner committed their own work) they skip and say why; in CI (CI or
-# MEMLAB_AUTHOR set) they fail instead, since there HEAD is the course.
+# A learner edits exercises/; the checks below are about the course's stubs. They read a stub
+# from the working copy while it is untouched (an author's edit shows at once), else as
+# committed (git show HEAD:exercises/...). Where neither is the course's stub (no git, or the
+# learner committed their own work) they skip and say why; in CI (CI or MEMLAB_AUTHOR set) they
+# fail instead, since there the checkout is the course.
 AUTHOR = bool(os.environ.get("CI") or os.environ.get("MEMLAB_AUTHOR"))
 
 
@@ -128,6 +129,9 @@ def looks_like_stub(stub: str, solution: str) -> bool:
                 yield from functions(n, f"{prefix}{n.name}.")
 
     ref = dict(functions(so))
+    names = lambda tree: {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}  # noqa
+    if names(st) != names(so):
+        return False  # a helper added, or a function renamed: a learner's file
     for name, fn in functions(st):
         if name in ref and ast.dump(fn) != ast.dump(ref[name]):
             body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
@@ -137,14 +141,19 @@ def looks_like_stub(stub: str, solution: str) -> bool:
 
 
 def committed_stub(file: str) -> str:
-    """exercises/<file>.py as committed, or skip (fail in CI) with the reason."""
+    """exercises/<file>.py as the course ships it (the working copy while untouched, else HEAD's),
+    or skip (fail in CI) with the reason."""
+    solution = (ROOT / "solutions" / f"{file}.py").read_text()
+    working = (ROOT / "exercises" / f"{file}.py").read_text()
+    if looks_like_stub(working, solution):
+        return working
     if shutil.which("git") is None:
         _skip_or_fail("it reads the stubs as committed, and git is not installed")
     got = subprocess.run(["git", "show", f"HEAD:exercises/{file}.py"], cwd=ROOT, capture_output=True, text=True)
     if got.returncode:
         _skip_or_fail(f"it reads the stubs as committed, and this checkout has no git history for them "
                       f"({got.stderr.strip()[:120]})")
-    if not looks_like_stub(got.stdout, (ROOT / "solutions" / f"{file}.py").read_text()):
+    if not looks_like_stub(got.stdout, solution):
         _skip_or_fail(f"exercises/{file}.py as committed (HEAD) holds your own work, not the course's stub; "
                       "these checks are for the course's authors")
     return got.stdout
@@ -172,7 +181,7 @@ def test_stub_and_solution_are_twins(exercise):
     """Same classes, functions, signatures and docstrings; the stub's bodies raise NotImplementedError."""
     stub = committed_stub(exercise.file)
     assert api(stub) == api((ROOT / "solutions" / f"{exercise.file}.py").read_text()), \
-        f"exercises/{exercise.file}.py (as committed) and its solution differ in their API or docstrings"
+        f"exercises/{exercise.file}.py and its solution differ in their API or docstrings"
     assert "NotImplementedError" in stub
 
 
@@ -227,6 +236,7 @@ def test_stub_detection():
     assert looks_like_stub(stub, sol) and not looks_like_stub(sol, sol)
     worked = stub.replace("        raise NotImplementedError\n", "        return len(self.free_pages)\n", 1)
     assert not looks_like_stub(worked, sol)  # one function written by a learner
+    assert not looks_like_stub(stub + "\n\ndef _helper():\n    raise NotImplementedError\n", sol)  # a helper added
     # (A function written word for word as in the solution is not seen here: the points it earns
     # are, by test_stubs_score_zero_with_not_implemented_only.)
     kernel = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
