@@ -45,9 +45,11 @@ class PagedFreeList:
         ``free_index`` holds the slots of the request's positions ``start_pos, start_pos + 1, ...``.
         When ``start_pos`` is a multiple of page_size, every page_size-th slot
         (``free_index[::page_size]``) is the first slot of a distinct page: free those pages, at
-        the head of ``free_pages``, in that order. Raise ValueError (naming ``start_pos``) when it
-        is not page-aligned, changing nothing: the shortcut would miss or repeat pages. An empty
-        ``free_index`` changes nothing. See chapter 05 (free_segment).
+        the head of ``free_pages``, in that order. An empty ``free_index`` changes nothing (checked
+        first, as in SGLang). Otherwise raise ValueError (naming ``start_pos``) when it is not
+        page-aligned, changing nothing: the shortcut would miss or repeat pages. (SGLang also
+        queues a segment's pages inside a free group; here it is called outside groups only.)
+        See chapter 05 (free_segment).
         """
         raise NotImplementedError
 

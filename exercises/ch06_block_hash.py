@@ -34,10 +34,11 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
     tuple of, in this order:
 
     - ``("lora", lora_name)`` on every block when ``lora_name`` is not None;
-    - ``(item.identifier, item.offset - block_start)`` for each item of ``mm_items`` (sorted by
-      offset) that overlaps the block's tokens;
-    - ``("salt", cache_salt)`` on block 0 only, when ``cache_salt`` is set: through the chain it
-      changes every later hash too;
-    and ``None`` instead of an empty tuple. See chapter 06 (block hashes).
+    - ``(item.identifier, item.offset - block_start)`` for each item of ``mm_items`` that
+      overlaps the block's tokens, in the order of ``mm_items`` (which comes sorted by offset);
+    - ``("salt", cache_salt)`` on block 0 only, when ``cache_salt`` is a non-empty string (vLLM
+      tests its truth: ``""`` is no salt): through the chain it changes every later hash too;
+    and ``None`` instead of an empty tuple. ``token_ids`` and ``mm_items`` are only read.
+    See chapter 06 (block hashes).
     """
     raise NotImplementedError

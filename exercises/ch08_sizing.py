@@ -40,10 +40,12 @@ def alloc_len_per_decode(page_size: int, num_steps: int | None = None, topk: int
 
 
 def alloc_reserve_per_decode(page_size: int, num_steps: int | None = None, topk: int | None = None,
-                             num_draft_tokens: int | None = None, enable_overlap: bool = True) -> int:
+                             num_draft_tokens: int | None = None) -> int:
     """KV slots the scheduler reserves per running request per decode step.
 
-    Twice ``alloc_len_per_decode(...)`` under the overlap scheduler (the host's committed length
-    lags the GPU by one step), once without it. See chapter 08 (the doubled reserve).
+    Twice ``alloc_len_per_decode(...)``, whatever the scheduler mode: SGLang 0.5.23 always keeps
+    this double buffer. It absorbs the lag of the overlap scheduler (the host's committed length
+    trails the GPU by one step); without overlap it is headroom. See chapter 08 (the doubled
+    reserve).
     """
     raise NotImplementedError

@@ -40,8 +40,12 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, req_to_token_ptr, req_po
         # position p lives in slot req_to_token[row, p] (row r starts at
         # req_to_token_ptr + r * stride_r2t). Load the BLOCK_N slots (masked by `live`, as int64),
         # then the K rows, a (BLOCK_N, HEAD_DIM) tile: k_ptr + slot * stride_ks + kv_h * stride_kh
-        # + d, and the V rows the same way from v_ptr; masked loads, other=0.0. Name the tiles
-        # k and v: the code after this section uses them.
+        # + d, and the V rows the same way from v_ptr (V has strides of its own); masked loads,
+        # other=0.0. Name the tiles k and v: the code after this section uses them.
+        # Why int64: req_to_token is int32 and a stride fits in 32 bits, so slot * stride_ks is
+        # computed in 32 bits unless the slot was cast first. Past 2^31 elements (a pool of 2
+        # million tokens at 8 KV heads x 128 dims) it wraps to a negative offset: the kernel reads
+        # another token's KV or faults. Cast the slots, not the product (too late).
         # YOUR CODE HERE
         # ===== END EXERCISE 09 =====
         s = tl.sum(q[None, :] * k.to(tl.float32), 1) * sm_scale

@@ -79,6 +79,12 @@ class ExerciseScore:
     def first_failure(self) -> TestResult | None:
         return next((t for t in self.tests if t.outcome == "failed"), None)
 
+    @property
+    def not_started(self) -> bool:
+        """Every CPU test stopped at a NotImplementedError: the stub is untouched (or nearly)."""
+        cpu = self._pick(False)
+        return bool(cpu) and all(t.outcome == "failed" and t.exc_type == "NotImplementedError" for t in cpu)
+
 
 @dataclass
 class GradeReport:
@@ -135,8 +141,9 @@ def _child_command(files: list[str]) -> list[str]:
 
 
 def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | None = None,
-              progress=None) -> tuple[list[dict], dict[str, TestResult], str]:
+              progress=None, tests: list[str] | None = None) -> tuple[list[dict], dict[str, TestResult], str]:
     """Run the graded tests in ``files`` against the folder ``src``; survive hangs and crashes."""
+    from memlab.grading.plugin import skip_after_timeout  # imports pytest, which grade() checked for
     work = Path(tempfile.mkdtemp(prefix="memlab-grade-"))
     log, skip, out = work / "log.jsonl", work / "skip.txt", work / "child.out"
     path = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
@@ -145,6 +152,8 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
                MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(path))
     if only:
         env["MEMLAB_GRADE_ONLY"] = ",".join(only)
+    if tests:
+        env["MEMLAB_GRADE_TESTS"] = ",".join(tests)
     collected: list[dict] = []
     device = "?"
     results: dict[str, TestResult] = {}
@@ -153,6 +162,8 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
     try:
         while True:
             skip.write_text("\n".join(results))
+            timed_out = {r.exercise: r.name for r in results.values() if r.exc_type in ("GradeTimeout", "Timeout")}
+            env["MEMLAB_GRADE_TIMED_OUT"] = ",".join(f"{e}={t}" for e, t in timed_out.items())
             with open(out, "wb") as out_f:
                 child = subprocess.Popen(_child_command(files), cwd=ROOT, env=env, stdout=out_f,
                                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -194,6 +205,13 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
                                           text[-2000:], "Crash" if not killed else "Timeout", timeout)
             if progress:
                 progress(results[running])
+            if killed:  # the exercise's other tests would hang the same way: skip them
+                for t in collected:
+                    if t["exercise"] == m["exercise"] and t["nodeid"] not in results:
+                        results[t["nodeid"]] = TestResult(t["nodeid"], t["exercise"], t["points"], t["gpu"],
+                                                          "skipped", skip_after_timeout(results[running].name))
+                        if progress:
+                            progress(results[t["nodeid"]])
         if not collected and not results:
             raise GradingError("pytest collected no graded tests; its output ends with:\n"
                                + out.read_text(errors="replace")[-3000:])
@@ -219,8 +237,9 @@ def check_checkout() -> Path:
 
 
 def grade(chapters: list[int] | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-          exercises: list[str] | None = None, progress=None) -> GradeReport:
-    """Grade the chosen chapters (all when None) of the learner's folder; see the module doc."""
+          exercises: list[str] | None = None, progress=None, tests: list[str] | None = None) -> GradeReport:
+    """Grade the chosen chapters (all when None) of the learner's folder; see the module doc.
+    ``tests``: only the graded tests of these names (the points of the others are not counted)."""
     if importlib.util.find_spec("pytest") is None:
         raise GradingError("the grader runs the tests with pytest, which is not installed: pip install pytest")
     check_checkout()
@@ -231,12 +250,13 @@ def grade(chapters: list[int] | None = None, source: str | None = None, timeout:
         raise GradingError(f"no exercise matches chapters={chapters} exercises={exercises}")
     files = sorted({str(ROOT / e.test_file) for e in chosen})
     t0 = time.monotonic()
-    _, results, device = run_tests(files, src, timeout, only=[e.id for e in chosen], progress=progress)
+    _, results, device = run_tests(files, src, timeout, only=[e.id for e in chosen], progress=progress, tests=tests)
     scores = []
+    only_tests = tests
     for e in chosen:
         tests = [r for r in results.values() if r.exercise == e.id]
         missing = e.points - sum(t.points for t in tests if not t.gpu)
-        if missing > 0:  # a test file that failed to import: its points are still at stake
+        if missing > 0 and not only_tests:  # a test file that failed to import: its points are still at stake
             tests.append(TestResult(f"{e.test_file}::collection", e.id, missing, False, "failed",
                                     f"{missing} points of tests could not be collected (a broken test file?)"))
         scores.append(ExerciseScore(e, tests))
@@ -261,7 +281,10 @@ def format_table(report: GradeReport, width: int = 118) -> str:
     for s in report.scores:
         fail = s.first_failure
         pts = f"{s.earned}/{s.possible}"
-        check = "-" if fail is None else _clip(fail.message or fail.outcome, width - 41)
+        if s.not_started:
+            check = f"not started: {where}/{s.exercise.file}.py raises NotImplementedError"
+        else:
+            check = "-" if fail is None else _clip(fail.message or fail.outcome, width - 41)
         lines.append(f"{s.exercise.chapter:02d}  {s.exercise.id:<26} {pts:>7}  {check}")
     lines.append("-" * min(width, 100))
     lines.append(f"{'':>2}  {'total (CPU)':<26} {f'{report.earned}/{report.possible}':>7}")
@@ -272,12 +295,22 @@ def format_table(report: GradeReport, width: int = 118) -> str:
             lines.append(f"    GPU-only checks ({report.gpu_possible} points) skipped: no CUDA device here "
                          "(run the grader in Colab on a GPU for them)")
     lines.append(f"    graded in {report.seconds:.1f} s")
-    failing = [t for t in report.tests if t.outcome == "failed"]
+    tried = [s for s in report.scores if not s.not_started]
+    idle = len(report.scores) - len(tried)
+    if idle:
+        lines.append(f"    {idle} exercise{'s' if idle != 1 else ''} not started yet: fill in a stub, then grade again")
+    failing = [t for s in tried for t in s.tests if t.outcome == "failed"]
     if failing:
         lines += ["", "What failed (fix the first one in each exercise first):"]
-        for t in failing:
-            lines.append(f"  {t.exercise} · {t.name} ({t.points} pt{'s' if t.points != 1 else ''}): "
-                         f"{_clip(t.message, 400)}")
+        for s in tried:
+            for t in s.tests:
+                if t.outcome == "failed":
+                    lines.append(f"  {t.exercise} · {t.name} ({t.points} pt{'s' if t.points != 1 else ''}): "
+                                 f"{_clip(t.message, 400)}")
+            after = [t for t in s.tests if t.outcome == "skipped" and not t.gpu]
+            if after:
+                lines.append(f"  {s.exercise.id} · {len(after)} more test{'s' if len(after) != 1 else ''}: "
+                             f"{_clip(after[0].message, 300)}")
     return "\n".join(lines)
 
 
@@ -346,7 +379,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--exercise", action="append", metavar="ID", help="only this exercise id (repeatable)")
     p.add_argument("--results", metavar="FILE", help="write Gradescope's results.json here")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per test (default %(default)s)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress dots")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress counter (there is none without a terminal)")
     p.add_argument("--list", action="store_true", help="list the exercises and their points, then stop")
     p.add_argument("--gradescope-bundle", metavar="ZIP", help="write a Gradescope autograder zip, then stop")
     args = p.parse_args(argv)
@@ -365,16 +398,22 @@ def _main(argv: list[str] | None) -> int:
             p.error(f"unknown exercise {unknown[0]!r}; known: {', '.join(catalog.BY_ID)}")
     source = "solutions" if args.solutions else (args.source or os.environ.get("MEMLAB_EXERCISES") or "exercises")
 
-    def dot(t: TestResult) -> None:
-        print({"passed": ".", "skipped": "s"}.get(t.outcome, "F"), end="", flush=True)
+    # A terminal shows a counter that the table then overwrites; a notebook or a log (not a tty)
+    # gets the table alone, without stray progress characters.
+    live = not args.quiet and sys.stdout.isatty()
+    done = [0]
+
+    def counter(t: TestResult) -> None:
+        done[0] += 1
+        print(f"\rmemlab grade: {done[0]} tests graded", end="", flush=True)
 
     try:
-        report = grade(chapters, source, args.timeout, args.exercise, progress=None if args.quiet else dot)
+        report = grade(chapters, source, args.timeout, args.exercise, progress=counter if live else None)
     except (GradingError, FileNotFoundError) as exc:
-        print(f"\nmemlab grade: {exc}", file=sys.stderr)
+        print(("\n" if done[0] else "") + f"memlab grade: {exc}", file=sys.stderr)
         return 2
-    if not args.quiet:
-        print()
+    if done[0]:
+        print("\r" + " " * 40 + "\r", end="", flush=True)
     table = format_table(report)
     print(table)
     if args.results:

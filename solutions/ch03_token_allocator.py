@@ -32,7 +32,8 @@ class TokenToKVPoolAllocator:
 
         - With ``need_sort``, when ``free_pages`` holds fewer than ``need_size`` slots, first call
           ``merge_and_sort_free()`` (and only then: merging costs a sort).
-        - Still short: return None and change nothing.
+        - Still short: return None. Without ``need_sort`` nothing has changed; with it the merge
+          stays done, as in SGLang (the staged slots were free all along).
         - ``need_size == 0`` returns an empty int64 tensor.
         See chapter 03 (allocation takes the head).
         """
@@ -53,14 +54,14 @@ class TokenToKVPoolAllocator:
         """
         if free_index.numel() == 0:
             return
-        free_index = free_index.to(torch.int64)
         if self.need_sort:
             self.release_pages = torch.cat((self.release_pages, free_index))
         else:
             self.free_pages = torch.cat((self.free_pages, free_index))
 
     def merge_and_sort_free(self) -> None:
-        """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``.
+        """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``
+        (an empty int64 tensor). With nothing staged, change nothing (no sort).
 
         Sorted, the next allocations get runs of neighbouring slots. See chapter 03 (merge and sort).
         """

@@ -35,8 +35,7 @@ class PagedAllocator:
         need = int(opens.sum())
         if need > len(self.free_pages):
             return None
-        which = torch.cumsum(opens.to(torch.int64), 0) - 1  # the k-th opener takes the k-th page
-        fresh = self.free_pages[which.clamp(0, max(need - 1, 0))] * ps if need else torch.zeros_like(seq_lens)
-        out = torch.where(opens, fresh, last_loc + 1)
+        out = last_loc + 1
+        out[opens] = self.free_pages[:need] * ps  # the k-th request that opens a page takes the k-th page
         self.free_pages = self.free_pages[need:]
         return out

@@ -42,10 +42,12 @@ def take_swa_slots(full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_s
     every slot of every PAGE touched by ``full_indices`` (pages of ``page_size`` slots: a paged
     free gives back whole pages, so a stale entry elsewhere in the page would later hand out an
     SWA slot someone else owns). The map's last entry (-1, read by ``last_loc = -1``) stays.
+    (SGLang 0.5.23 reads the map over every slot of those pages, since a paged free gives back
+    the whole page, and drops the zeros there; here only the slots asked for are returned.)
     See chapter 07 (two ledgers).
     """
     swa = full_to_swa[full_indices]
     swa = swa[swa > 0]
-    pages = torch.unique(full_indices // page_size)
-    full_to_swa[(pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)] = 0
+    pages = full_indices // page_size  # a page touched twice is cleared twice: cheaper than a unique (a sync)
+    full_to_swa[pages[:, None] * page_size + torch.arange(page_size, device=pages.device)] = 0
     return swa

@@ -96,22 +96,152 @@ def test_catalog_matches_the_tests():
         assert (ROOT / e.test_file).is_file()
 
 
+# -- author-only checks: the stubs as the course ships them ------------------------------------
+# A learner edits exercises/; the checks below are about the course's stubs. They read a stub
+# from the working copy while it is untouched (an author's edit shows at once), else as
+# committed (git show HEAD:exercises/...). Where neither is the course's stub (no git, or the
+# learner committed their own work) they skip and say why; in CI (CI or MEMLAB_AUTHOR set) they
+# fail instead, since there the checkout is the course.
+AUTHOR = bool(os.environ.get("CI") or os.environ.get("MEMLAB_AUTHOR"))
+
+
+def _skip_or_fail(reason: str):
+    if AUTHOR:
+        pytest.fail(f"{reason} (CI or MEMLAB_AUTHOR is set, so this author-only check may not skip)")
+    pytest.skip(f"author-only check skipped: {reason}")
+
+
+def looks_like_stub(stub: str, solution: str) -> bool:
+    """Untouched by a learner: every function that differs from the solution only raises
+    NotImplementedError (after its docstring), and a kernel's flag (``*_WRITTEN``) is False."""
+    st, so = ast.parse(stub), ast.parse(solution)
+    if ast.dump(st) == ast.dump(so):
+        return False  # the solution itself (a learner who copied it, or an author's slip: CI fails on it)
+    for node in st.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("_WRITTEN")
+                                                for t in node.targets):
+            return ast.literal_eval(node.value) is False
+    def functions(tree, prefix=""):
+        for n in getattr(tree, "body", []):
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+                if isinstance(n, ast.FunctionDef):
+                    yield prefix + n.name, n
+                yield from functions(n, f"{prefix}{n.name}.")
+
+    ref = dict(functions(so))
+    names = lambda tree: {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}  # noqa
+    if names(st) != names(so):
+        return False  # a helper added, or a function renamed: a learner's file
+    for name, fn in functions(st):
+        if name in ref and ast.dump(fn) != ast.dump(ref[name]):
+            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if not (len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])):
+                return False
+    return True
+
+
+def committed_stub(file: str) -> str:
+    """exercises/<file>.py as the course ships it (the working copy while untouched, else HEAD's),
+    or skip (fail in CI) with the reason."""
+    solution = (ROOT / "solutions" / f"{file}.py").read_text()
+    working = (ROOT / "exercises" / f"{file}.py").read_text()
+    if looks_like_stub(working, solution):
+        return working
+    if shutil.which("git") is None:
+        _skip_or_fail("it reads the stubs as committed, and git is not installed")
+    got = subprocess.run(["git", "show", f"HEAD:exercises/{file}.py"], cwd=ROOT, capture_output=True, text=True)
+    if got.returncode:
+        _skip_or_fail(f"it reads the stubs as committed, and this checkout has no git history for them "
+                      f"({got.stderr.strip()[:120]})")
+    if not looks_like_stub(got.stdout, solution):
+        _skip_or_fail(f"exercises/{file}.py as committed (HEAD) holds your own work, not the course's stub; "
+                      "these checks are for the course's authors")
+    return got.stdout
+
+
+def committed_stubs(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for e in catalog.EXERCISES:
+        (folder / f"{e.file}.py").write_text(committed_stub(e.file))
+    return folder
+
+
+def api(text: str):
+    tree = ast.parse(text)
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            sig = ast.unparse(node.args) if isinstance(node, ast.FunctionDef) else ""
+            out[node.name] = (sig, ast.get_docstring(node))
+    return out, ast.get_docstring(tree)
+
+
 @pytest.mark.parametrize("exercise", catalog.EXERCISES, ids=lambda e: e.id)
 def test_stub_and_solution_are_twins(exercise):
     """Same classes, functions, signatures and docstrings; the stub's bodies raise NotImplementedError."""
+    stub = committed_stub(exercise.file)
+    assert api(stub) == api((ROOT / "solutions" / f"{exercise.file}.py").read_text()), \
+        f"exercises/{exercise.file}.py and its solution differ in their API or docstrings"
+    assert "NotImplementedError" in stub
 
-    def api(path):
-        tree = ast.parse(path.read_text())
-        out = {}
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                sig = ast.unparse(node.args) if isinstance(node, ast.FunctionDef) else ""
-                out[node.name] = (sig, ast.get_docstring(node))
-        return out, ast.get_docstring(tree)
 
-    stub, sol = ROOT / "exercises" / f"{exercise.file}.py", ROOT / "solutions" / f"{exercise.file}.py"
-    assert api(stub) == api(sol)
-    assert "NotImplementedError" in stub.read_text()
+def _course_copy(dest: Path) -> Path:
+    """The repository's files (tracked and new, not ignored) copied to ``dest``, committed there."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode:
+        pytest.skip("needs a git checkout to copy the course from")
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git = ["git", "-c", "user.name=learner", "-c", "user.email=learner@example.com", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
+        subprocess.run(git + cmd, cwd=dest, check=True, capture_output=True)
+    return dest
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_learners_work_keeps_the_suite_green(tmp_path):
+    """A learner who has done every exercise (the solutions copied into exercises/ of a copy of
+    the course, never the real one) runs the suite's graded part and its author-only checks:
+    green. The graded tests grade exercises/ (their work); the author-only checks read the stubs
+    as committed. Once the learner commits their work, those checks skip and say why."""
+    course = _course_copy(tmp_path / "course")
+    for f in (course / "solutions").glob("ch*.py"):
+        shutil.copy2(f, course / "exercises" / f.name)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MEMLAB_AUTHOR", loader.ENV, "PYTEST_XDIST_WORKER")}
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0",
+                  "-rs", "-o", "addopts="]
+    checks = ["tests/test_grader.py::test_stub_and_solution_are_twins", "tests/test_grader.py::test_catalog_matches_the_tests"]
+    proc = subprocess.run(pytest_cmd + ["tests/exercises", *checks], cwd=course, capture_output=True, text=True,
+                          timeout=900, env=dict(env, **{loader.ENV: "exercises"}))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert f"grading {course / 'exercises'}" in out, out[:2000]  # the copy's exercises/, through the copy's memlab
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED") and "CUDA" not in line]
+    assert not skipped, skipped  # the author-only checks ran, against the stubs committed in the copy
+    subprocess.run(["git", "-c", "user.name=l", "-c", "user.email=l@e", "commit", "-qam", "my work"], cwd=course,
+                   check=True, capture_output=True)
+    proc = subprocess.run(pytest_cmd + [checks[0]], cwd=course, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "holds your own work" in out, out[-3000:]
+
+
+def test_stub_detection():
+    """What counts as the course's stub: the committed twin of each solution does; edited ones do not."""
+    sol = (ROOT / "solutions" / "ch03_token_allocator.py").read_text()
+    stub = (ROOT / "exercises" / "ch03_token_allocator.py").read_text()
+    assert looks_like_stub(stub, sol) and not looks_like_stub(sol, sol)
+    worked = stub.replace("        raise NotImplementedError\n", "        return len(self.free_pages)\n", 1)
+    assert not looks_like_stub(worked, sol)  # one function written by a learner
+    assert not looks_like_stub(stub + "\n\ndef _helper():\n    raise NotImplementedError\n", sol)  # a helper added
+    # (A function written word for word as in the solution is not seen here: the points it earns
+    # are, by test_stubs_score_zero_with_not_implemented_only.)
+    kernel = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
+    assert not looks_like_stub(kernel, kernel)  # GATHER_WRITTEN = True: a learner's (or an answer)
+    assert looks_like_stub(kernel.replace("GATHER_WRITTEN = True", "GATHER_WRITTEN = False"), kernel)
 
 
 def test_loader_imports_by_path_under_private_names(tmp_path, monkeypatch):
@@ -159,7 +289,7 @@ def test_bug_zoo_patch_that_no_longer_fits_fails_loudly(tmp_path):
 
 
 def test_zoo_is_large_enough():
-    assert len(ZOO) >= 15
+    assert len(ZOO) >= 50
     assert len({v.name for v in ZOO}) == len(ZOO)
     assert sorted(p.name for p in (ROOT / "tests" / "bug_zoo").glob("*.py")) == ["zoo.py"], "patches, not copies"
 
@@ -220,9 +350,10 @@ def test_solution_kernels_compile_for_a_t4_and_a_hopper():
 def test_solutions_score_full_marks_through_the_cli(tmp_path):
     """Run from a folder outside the repository (a notebook runs in chapters/ or /content)."""
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "--solutions", "--results", "results.json", "-q"],
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "--solutions", "--results", "results.json"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("memlab grade: solutions/ on "), proc.stdout[:200]  # no progress characters
     data = json.loads(out.read_text())
     total = sum(e.points for e in catalog.EXERCISES)
     check_results_json(data, [total, total])
@@ -234,14 +365,26 @@ def test_solutions_score_full_marks_through_the_cli(tmp_path):
 
 @pytest.mark.slow
 def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsys):
-    """In process, as a notebook calls it, from a working folder outside the repository: main()
-    finds exercises/ from memlab's own location and returns the exit code."""
+    """The stubs as committed, graded in process as a notebook calls it (from a working folder
+    outside the repository): zero points, every failure a NotImplementedError, and a short table:
+    one line per exercise not started, no list of its ~80 failing checks."""
+    stubs = committed_stubs(tmp_path / "stubs")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(loader.ENV, raising=False)
-    assert main(["--timeout", "60", "-q", "--results", "r.json"]) == 1
+    code = main(["--from", str(stubs), "--timeout", "60", "--results", "r.json"])
     table = capsys.readouterr().out
+    earned = json.loads((tmp_path / "r.json").read_text())["score"]
+    if earned and not AUTHOR:  # a function a learner wrote and committed, word for word the solution's
+        pytest.skip(f"author-only check skipped: exercises/ as committed earns {earned} points, so it holds your own "
+                    "work; the check is for the course's stubs")
+    assert code == 1, table
     total = sum(e.points for e in catalog.EXERCISES)
-    assert "memlab grade: exercises/" in table and f"0/{total}" in table and "not written yet" in table
+    assert table.startswith("memlab grade: "), table[:200]  # no progress characters before the table
+    assert f"0/{total}" in table and "What failed" not in table, table
+    rows = [line for line in table.splitlines() if line[:2].isdigit()]
+    assert len(rows) == len(catalog.EXERCISES) and all("not started:" in r for r in rows), table
+    assert len(table.splitlines()) <= len(catalog.EXERCISES) + 12, table
+    assert f"{len(catalog.EXERCISES)} exercises not started yet" in table
     data = json.loads((tmp_path / "r.json").read_text())
     check_results_json(data, [0, total])
     cpu_tests = sum(not gpu for tests in collected_markers().values() for _, _, gpu in tests)
@@ -278,18 +421,42 @@ def zoo_rounds():
     return rounds
 
 
+def _mutants():
+    if "_memlab_mutants" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_memlab_mutants", ROOT / "scripts" / "mutants.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up by name
+        spec.loader.exec_module(mod)
+    return sys.modules["_memlab_mutants"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("round_", zoo_rounds(), ids=lambda r: f"{len(r)}-variants")
+def test_every_zoo_variant_fails_its_test():
+    """Each variant, graded by the test it names (in a worker process of scripts/mutants.py, which
+    survives a variant that crashes or loops), fails it."""
+    mutants = _mutants()
+    jobs = [{"key": v.name, "file": v.solution, "source": zoo.build(v), "timeout": 60.0, "order": [v.catches]}
+            for v in ZOO]
+    results = mutants.run_jobs(jobs, 1)
+    passed = [f"{v.name} ({v.mistake}) passes {v.catches}" for v in ZOO if results[v.name]["outcome"] != "killed"]
+    assert not passed, passed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("round_", zoo_rounds()[:1], ids=lambda r: f"{len(r)}-variants")
 def test_bug_zoo_loses_points_where_it_should(round_, tmp_path):
+    """Through the grader (one round: a variant of every exercise at once): the variants' tests
+    fail and their points are lost."""
     learner = solutions_copy(tmp_path, {v.solution: zoo.build(v) for v in round_})
-    report = grade(source=str(learner), timeout=60, exercises=[v.exercise for v in round_])
+    report = grade(source=str(learner), timeout=60, exercises=[v.exercise for v in round_],
+                   tests=sorted({v.catches for v in round_}))
     scores = by_exercise(report)
     for v in round_:
         s = scores[v.exercise]
         caught = [t for t in s.tests if t.name == v.catches]
         assert caught, f"{v.name}: no test named {v.catches}"
         assert caught[0].outcome == "failed", f"{v.name} ({v.mistake}) passed {v.catches}"
-        assert s.earned < s.possible, f"{v.name} kept full marks"
+        assert caught[0].earned == 0 < caught[0].points, f"{v.name} kept the points of {v.catches}"
         assert caught[0].exc_type != "NotImplementedError"
 
 
@@ -306,7 +473,7 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
         "ch08_sizing": broken("ch08_sizing", (
             "    return budget_bytes // bytes_per_token // page_size * page_size",
             "    import ctypes\n    ctypes.string_at(0)  # segfault\n    return 0"), (
-            "    n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)\n",
+            "    paged_input = -(-input_tokens // page_size) * page_size\n",
             "    import time\n    while True:\n        try:\n            time.sleep(0.01)\n"
             "        except BaseException:\n            pass\n")),
         "ch07_mamba_tracking": broken("ch07_mamba_tracking", (
@@ -328,20 +495,49 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     data = json.loads(results.read_text())
     assert len(results.read_text()) < 200_000
     tests = {t["extra_data"]["nodeid"].split("::")[-1]: t for t in data["tests"]}
-    for name in ("test_mla_deepseek_v3", "test_matches_real_buffers", "test_bad_input"):
-        assert tests[name]["score"] == 0 and "timed out after 2.5 s (an endless loop?)" in tests[name]["output"]
+    # After a timeout the exercise's other tests are skipped (each would wait for the same loop).
+    assert "timed out after 2.5 s (an endless loop?)" in tests["test_mla_deepseek_v3"]["output"]
+    for name in ("test_matches_real_buffers", "test_bad_input"):
+        assert tests[name]["score"] == 0 and tests[name]["status"] == "failed"
+        assert tests[name]["output"].startswith("not run: test_mla_deepseek_v3 of this exercise timed out")
     assert tests["test_mha_llama3_8b"]["status"] == "passed"
-    assert "ignored the alarm" in tests["test_reserve_doubled"]["output"]
+    assert "ignored the alarm" in tests["test_max_new_tokens_formula"]["output"]  # killed by the watchdog
+    for name in ("test_max_new_tokens_never_negative", "test_decode_len_tree_on_pages", "test_reserve_doubled"):
+        assert tests[name]["score"] == 0
+        assert tests[name]["output"].startswith("not run: test_max_new_tokens_formula of this exercise timed out")
     assert "died (signal SIGSEGV)" in tests["test_pool_size_floored_to_pages"]["output"]
     assert "died (exit code 3)" in tests["test_tracking_slot_counts"]["output"]
     # Everything else was graded normally around them.
     assert all(tests[n]["status"] == "passed" for n in tests
                if tests[n]["extra_data"]["exercise"] in ("ch01.alloc_rows", "ch07.swa_release"))
     assert tests["test_next_track_slot_ping_pong"]["status"] == "passed"
-    assert tests["test_max_new_tokens_formula"]["status"] == "passed"
     flooded = tests["test_admits_in_order_until_budget"]
     assert flooded["status"] == "failed" and "characters cut" in flooded["output"]
     assert data["extra_data"]["cpu"][1] == sum(e.points for e in catalog.EXERCISES if e.chapter in (1, 2, 7, 8, 10))
+    assert "ch02.bytes_per_token · 2 more tests: not run: test_mla_deepseek_v3 of this exercise" in data["output"]
+
+
+def test_table_for_tried_and_untried_exercises():
+    """One line per exercise not started; the details (and the tests skipped after a timeout)
+    only for exercises that were tried."""
+    from memlab.grade import ExerciseScore, GradeReport, TestResult, format_table
+
+    def result(ex, name, outcome, exc_type=None, message=""):
+        return TestResult(f"t::{name}", ex.id, 1, False, outcome, message, "", exc_type)
+
+    a, b, c = catalog.EXERCISES[:3]
+    scores = [ExerciseScore(a, [result(a, "t1", "failed", "NotImplementedError", "not written yet: x"),
+                                result(a, "t2", "failed", "NotImplementedError", "not written yet: y")]),
+              ExerciseScore(b, [result(b, "t3", "passed"), result(b, "t4", "failed", "CheckFailed", "wrong slot"),
+                                result(b, "t5", "failed", "NotImplementedError", "not written yet: z")]),
+              ExerciseScore(c, [result(c, "t6", "failed", "GradeTimeout", "timed out after 1 s"),
+                                result(c, "t7", "skipped", message="not run: t6 of this exercise timed out")])]
+    table = format_table(GradeReport(ROOT / "exercises", scores, 1.0, "CPU"))
+    lines = table.splitlines()
+    assert sum("not started" in line for line in lines) == 2, table  # a's row, and the count
+    assert "not written yet: x" not in table and "not written yet: z" in table and "wrong slot" in table
+    assert f"{c.id} · 1 more test: not run: t6" in table
+    assert "1 exercise not started yet" in table
 
 
 # -- the solutions agree with memlab's own layers (the exercises are their twins) ----------------

@@ -225,7 +225,8 @@ for e in EXERCISES:
 #
 # The grader runs the graded tests against your files in `exercises/` and prints a table. From
 # a terminal: `python -m memlab.grade` (all chapters) or `python -m memlab.grade 04` (one).
-# Untouched stubs score 0: that is where everyone starts.
+# Untouched stubs score 0: that is where everyone starts. An exercise you have not started takes
+# one line of the table; once you start one, the grader lists its failing checks below the table.
 
 # %%
 from memlab.grade import main as grade

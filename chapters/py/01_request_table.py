@@ -116,15 +116,22 @@ print("pool.alloc_rows(0) ->", pool.alloc_rows(0))
 # `req_generation[row]` is bumped every time the row is handed out, and **never reset**, not even
 # by `clear()`. A reader stores `(row, generation)` and checks the generation again before it
 # trusts the row: a different number means the row changed hands.
+#
+# Below, a fresh table hands out one row and a reader remembers it. The row is freed, the table
+# is even cleared, and the next request gets the very same row (the last free one, again): only
+# its generation tells the reader that this is a new owner.
 
 # %%
-row = pool.alloc_rows(1)[0]
-seen = int(pool.req_generation[row])
-pool.free(row)
-pool.clear()  # even a full reset ...
-again = pool.alloc_rows(1)[0]
-print(f"row {row}: generation {seen} when first read; row {again} now has generation {int(pool.req_generation[again])}")
-assert again != row or pool.req_generation[again] != seen
+table = ReqToTokenPool(size=3, max_context_len=8)
+row = table.alloc_rows(1)[0]
+seen = (row, int(table.req_generation[row]))  # what the reader keeps
+table.free(row)
+table.clear()  # even a full reset ...
+again = table.alloc_rows(1)[0]
+now = int(table.req_generation[again])
+print(f"the reader kept (row {seen[0]}, generation {seen[1]}); the next request got row {again}, generation {now}")
+print("same row, new owner:", (again, now) != seen)
+assert again == row and now == seen[1] + 1
 
 # %% [markdown]
 # ## Chunked prefill keeps its row

@@ -54,9 +54,10 @@ FAST = start("03", REF, drive=DRIVE)
 # Two stories with the same requests: A, B and C take slots, A and B finish, D and E arrive.
 # Pick a story with the dropdown. In the first, freed slots join the tail of the free list; in the
 # second (`need_sort=True`), they wait in a staging area (yellow) until an allocation runs short.
-# Watch where D's slots land in each.
+# Watch where D's slots land in each. The picture is the second story just before D arrives: A's
+# and B's slots are staged, behind the three slots still on the free list.
 #
-# ![The token allocator after D arrives, staged frees merged and sorted](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/03_token_allocator.png)
+# ![need_sort=True after A and B finish: their slots wait in the staging area (yellow)](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/03_token_allocator.png)
 
 # %%
 from memlab import viz
@@ -96,6 +97,34 @@ print("alloc(99) ->", alloc.alloc(99), " available:", alloc.available_size())
 alloc.free(a)
 print("after freeing A:", alloc.free_pages.tolist())
 print("next 11 slots  :", alloc.alloc(11).tolist(), "(A's slots come last)")
+
+# %% [markdown]
+# ### A double free, and `debug_mode`
+#
+# `free` trusts its caller. Free the same slots twice and they sit on the list twice; a few
+# allocations later two requests share them and overwrite each other's KV, with no error
+# anywhere. Checking every free would cost a scan on every step, so the engines check only on
+# request: SGLang's paged allocator in its `debug_mode` (the environment variable
+# `SGLANG_DEBUG_MEMORY_POOL=1`); memlab's allocators take `debug_mode=True`, which the tests turn
+# on. When books look wrong, run with it first.
+
+# %%
+quiet = TokenToKVPoolAllocator(size=4)
+x = quiet.alloc(2)
+quiet.free(x)
+quiet.free(x)  # the bug: freed twice, silently
+print("free_pages:", quiet.free_pages.tolist(), "(slots 1 and 2 twice)")
+p, q = quiet.alloc(4), quiet.alloc(2)
+print(f"request P gets {p.tolist()}, request Q gets {q.tolist()}: both own slots 1 and 2")
+checked = TokenToKVPoolAllocator(size=4, debug_mode=True)
+y = checked.alloc(2)
+checked.free(y)
+try:
+    checked.free(y)
+except (ValueError, AssertionError) as exc:
+    print(f"with debug_mode=True the second free is refused: {type(exc).__name__}: {exc}")
+else:
+    raise AssertionError("debug_mode let a double free through")
 
 # %% [markdown]
 # ## Staged frees

@@ -2,10 +2,16 @@
 
 A graded test says ``expect_no_sharing({...}, "page")`` rather than ``assert len(set(x)) ==
 len(x)``, so the learner reads "page 7 was handed to requests 2 and 5", not a bare assertion.
+
+The comparisons are strict about types: ``expect_equal(got, want)`` with an int64 tensor as
+``want`` fails for a Python list, a float32 tensor or a tensor of another shape, and with an int
+``want`` fails for a float, a bool or a 0-d tensor. Nothing is converted before it is compared:
+a docstring that promises an int64 tensor is checked for one.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable, Mapping
 
 
@@ -13,8 +19,12 @@ class CheckFailed(AssertionError):
     """A graded check failed; the message is meant for the learner, as is."""
 
 
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "shape")
+
+
 def as_list(x: Any) -> Any:
-    """Tensors and tuples as plain lists (None stays None), for comparing and printing."""
+    """Tensors and tuples as plain lists (None stays None), for printing (never for comparing)."""
     if x is None:
         return None
     if hasattr(x, "tolist"):
@@ -40,23 +50,135 @@ def short(x: Any, limit: int = 16) -> str:
     return _show(x)
 
 
+def kind(x: Any) -> str:
+    """What ``x`` is, in words: 'an int64 tensor of shape (3,)', 'a Python list', 'an int', ..."""
+    if x is None:
+        return "None"
+    if _is_tensor(x):
+        shape = tuple(x.shape)
+        dtype = str(x.dtype).removeprefix("torch.")
+        return f"a 0-d {dtype} tensor" if not shape else f"{_a_tensor(x.dtype)} of shape {shape}"
+    names = {bool: "a bool", int: "an int", float: "a float", str: "a str", bytes: "bytes",
+             list: "a Python list", tuple: "a tuple", dict: "a dict"}
+    if type(x) in names:
+        return names[type(x)]
+    return f"a {type(x).__module__}.{type(x).__qualname__}".replace("a builtins.", "a ")
+
+
+def _same_kind(got: Any, want: Any) -> bool:
+    if _is_tensor(want):
+        return _is_tensor(got) and got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
+    if want is None:
+        return got is None
+    if isinstance(want, (bool, int, float, str, bytes, list, tuple)):
+        return type(got) is type(want)
+    return True  # anything else: compared by == only
+
+
+def _tensors_equal(g, w) -> bool:
+    """Same values, NaN equal to NaN (a poisoned buffer must compare equal to its copy)."""
+    import torch
+
+    if g.is_floating_point():
+        return bool(torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(0.0), w.nan_to_num(0.0)))
+    return torch.equal(g, w)
+
+
+def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
+    """None when equal in kind and value; else (where, got part, want part) of the first difference."""
+    if not _same_kind(got, want):
+        return "", got, want
+    if _is_tensor(want):
+        g, w = got.detach().cpu(), want.detach().cpu()
+        if _tensors_equal(g, w):
+            return None
+        gl, wl = g.reshape(-1).tolist(), w.reshape(-1).tolist()
+        i = next(i for i, (a, b) in enumerate(zip(gl, wl)) if a != b and not (a != a and b != b))
+        return f"position {i}" if want.dim() == 1 else f"flat position {i}", gl[i], wl[i]
+    if isinstance(want, (list, tuple)):
+        if len(got) != len(want):
+            return "length", len(got), len(want)
+        for i, (a, b) in enumerate(zip(got, want)):
+            sub = _mismatch(a, b)
+            if sub is not None:
+                where, ga, wa = sub
+                return (f"position {i}" + (f", {where}" if where else "")), ga, wa
+        return None
+    return None if got == want else ("", got, want)
+
+
 def expect(cond: bool, message: str) -> None:
     if not cond:
         raise CheckFailed(message)
 
 
 def expect_equal(got: Any, want: Any, what: str) -> None:
-    """Equal values; for sequences the message points at the first differing position."""
-    g, w = as_list(got), as_list(want)
-    if g == w:
+    """Equal in kind (type, dtype, shape) and in value; the message points at the first difference."""
+    bad = _mismatch(got, want)
+    if bad is None:
         return
-    if isinstance(g, list) and isinstance(w, list):
-        if len(g) != len(w):
-            raise CheckFailed(f"{what}: got {len(g)} values, expected {len(w)}: got {short(g)}, expected {short(w)}")
-        i = next(i for i, (a, b) in enumerate(zip(g, w)) if a != b)
-        raise CheckFailed(f"{what}: position {i} is {_show(g[i])}, expected {_show(w[i])} "
-                          f"(got {short(g)}, expected {short(w)})")
-    raise CheckFailed(f"{what}: got {short(g)}, expected {short(w)}")
+    where, g, w = bad
+    if not _same_kind(g, w):
+        at = f" at {where}" if where else ""
+        raise CheckFailed(f"{what}: expected {kind(w)}{at}, got {kind(g)}: {short(got)}"
+                          + (f" (expected {short(want)})" if not _is_tensor(want) or want.numel() <= 64 else ""))
+    if where == "length":
+        raise CheckFailed(f"{what}: got {g} values, expected {w}: got {short(got)}, expected {short(want)}")
+    if where:
+        raise CheckFailed(f"{what}: {where} is {_show(g)}, expected {_show(w)} (got {short(got)}, expected {short(want)})")
+    raise CheckFailed(f"{what}: got {short(got)}, expected {short(want)}")
+
+
+def _a_tensor(dtype) -> str:
+    if dtype is None:
+        return "a tensor"
+    name = str(dtype).removeprefix("torch.")
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} tensor"
+
+
+def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) -> list:
+    """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a list."""
+    if not _is_tensor(got):
+        raise CheckFailed(f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}")
+    if dtype is not None and got.dtype != dtype:
+        raise CheckFailed(f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}")
+    if length is not None and (got.dim() != 1 or len(got) != length):
+        raise CheckFailed(f"{what}: expected a 1-D tensor of {length} values, got {kind(got)}: {short(got)}")
+    return got.tolist()
+
+
+def snapshot(x: Any) -> Any:
+    """A deep copy to compare against later (tensors cloned)."""
+    if _is_tensor(x):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple, dict)):
+        return copy.deepcopy(x)
+    return x
+
+
+def expect_unchanged(before: Any, after: Any, what: str) -> None:
+    """An input the docstring does not allow to change is the same as before the call."""
+    if _is_tensor(before):
+        if _is_tensor(after) and after.dtype == before.dtype and after.shape == before.shape and \
+                _tensors_equal(after.detach().cpu(), before.cpu()):
+            return
+    elif _mismatch(after, before) is None:
+        return
+    raise CheckFailed(f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the caller "
+                      "still uses it: work on a copy, e.g. x = x - y rather than x -= y)")
+
+
+def call_keeping_inputs(fn: Callable, what: str, *args, mutable: Iterable[str] = (), **kwargs) -> Any:
+    """``fn(*args, **kwargs)``, then check that no tensor or list argument changed (except the
+    keyword arguments named in ``mutable``). Positional arguments are named by position."""
+    mutable = set(mutable)
+    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    kept = [(name, a, snapshot(a)) for name, a in named
+            if name not in mutable and (_is_tensor(a) or isinstance(a, (list, tuple, dict)))]
+    out = fn(*args, **kwargs)
+    for name, a, before in kept:
+        expect_unchanged(before, a, f"{what}: its input {name}")
+    return out
 
 
 def expect_no_sharing(owners: Mapping[Any, Iterable[int]], unit: str = "slot", owner: str = "request") -> None:
@@ -72,12 +194,16 @@ def expect_no_sharing(owners: Mapping[Any, Iterable[int]], unit: str = "slot", o
             seen[i] = who
 
 
-def expect_raises(errors: type | tuple, fn: Callable[[], Any], what: str) -> None:
-    """``fn()`` must raise one of ``errors`` (a clear error for bad input or a refused operation)."""
+def expect_raises(errors: type | tuple, fn: Callable[[], Any], what: str, naming: str | None = None) -> None:
+    """``fn()`` must raise one of ``errors`` (a clear error for bad input or a refused operation);
+    with ``naming``, the error's message must contain that text (the argument or value at fault)."""
     names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
     try:
         got = fn()
-    except errors:
+    except errors as exc:
+        if naming is not None and naming not in str(exc):
+            raise CheckFailed(f"{what} raised {type(exc).__name__}({str(exc)!r}), whose message should name "
+                              f"{naming!r}") from exc
         return
     except NotImplementedError:
         raise

@@ -18,6 +18,11 @@ from memlab.viz.style import figure_png
 OUT = Path(__file__).resolve().parents[2] / "chapters" / "img"
 
 
+def token_allocator_books():
+    """Chapter 03's picture: need_sort after A and B finish, their slots staged (yellow), before D."""
+    return scenes.token_allocator(need_sort=True).frames[5]
+
+
 def _mappings():
     sc = scenes.orientation()
     return draw_books(sc.frames[-1], ("table", "slots", "buffers", "free"), slot=sc.slots("D")[0])
@@ -85,8 +90,7 @@ PICTURES = {
     "00_mappings": _mappings,
     "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
     "02_kv_bytes": _kv_bytes,
-    "03_token_allocator": lambda: draw_books(scenes.token_allocator(need_sort=True).frames[6],
-                                             ("table", "slots", "free")),
+    "03_token_allocator": lambda: draw_books(token_allocator_books(), ("table", "slots", "free")),
     "04_alloc_extend": lambda: draw_books(scenes.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
     "05_decode": lambda: draw_books(scenes.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
     "06_block_pool": lambda: _vllm(scenes.prefix_cache(True).frames[4]),

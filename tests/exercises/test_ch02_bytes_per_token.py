@@ -28,6 +28,8 @@ def test_mha_llama3_8b():
 def test_mha_v_head_dim():
     got = ex().mha_bytes_per_token(2, 4, 192, v_head_dim=128, dtype_bytes=2)
     expect_equal(got, 2 * 4 * (192 + 128) * 2, "2 layers, 4 heads, K width 192 and V width 128: bytes per token")
+    got = ex().mha_bytes_per_token(3, 1, 8, 40)
+    expect_equal(got, 3 * 1 * (8 + 40) * 2, "3 layers, 1 head, K width 8 and V width 40 (positional), 2 bytes")
 
 
 @points(1)
@@ -56,10 +58,12 @@ def test_matches_real_buffers():
 @points(1)
 def test_bad_input():
     e = ex()
-    expect_raises(ValueError, lambda: e.mha_bytes_per_token(0, 8, 128), "mha_bytes_per_token(layer_num=0)")
-    expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, -1, 128), "mha_bytes_per_token(head_num=-1)")
-    expect_raises(ValueError, lambda: e.mha_bytes_per_token(32, 8, 128, v_head_dim=0),
-                  "mha_bytes_per_token(v_head_dim=0)")
-    expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, 512, 64, dtype_bytes=0),
-                  "mla_bytes_per_token(dtype_bytes=0)")
-    expect_raises(ValueError, lambda: e.mla_bytes_per_token(61, True, 64), "mla_bytes_per_token(kv_lora_rank=True)")
+    good = {"mha_bytes_per_token": dict(layer_num=32, head_num=8, head_dim=128, v_head_dim=64, dtype_bytes=2),
+            "mla_bytes_per_token": dict(layer_num=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)}
+    for fn, kwargs in good.items():
+        for name in kwargs:  # every argument, each bad value: a ValueError that names the argument
+            for bad in (0, -1, True, 2.0):
+                args = dict(kwargs, **{name: bad})
+                expect_raises(ValueError, lambda: getattr(e, fn)(**args), f"{fn}({name}={bad!r})", naming=name)
+        expect_equal(getattr(e, fn)(**dict(kwargs, layer_num=1, dtype_bytes=1)), 8 * (128 + 64) if fn[1] == "h" else 512 + 64,
+                     f"{fn} with layer_num=1 and dtype_bytes=1 (the smallest good values)")

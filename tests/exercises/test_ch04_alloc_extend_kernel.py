@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from exercise_refs import alloc_extend_python, split_by_request
+from exercise_refs import alloc_extend_python, fenced, split_by_request
 from memlab.grading.checks import expect_equal
 
 GUARD = 16
@@ -28,13 +28,18 @@ def launch(pre, seq, last, free_pages, ps, device=None):
     n = sum(seq) - sum(pre)
     buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
     t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)
-    pages = t(free_pages)
-    load("ch04_alloc_extend_kernel").alloc_extend(t(pre), t(seq), t(last), pages, ps, n, out=buf[GUARD:GUARD + n])
+    # free_pages ends right before memory that may not be read: a load past it crashes.
+    pages = fenced(free_pages, torch.int64, dev)
+    inputs = (t(pre), t(seq), t(last))
+    before = [x.clone() for x in inputs]
+    load("ch04_alloc_extend_kernel").alloc_extend(*inputs, pages, ps, n, out=buf[GUARD:GUARD + n])
     buf = buf.cpu()
-    expect_equal(buf[:GUARD], [SENTINEL] * GUARD, "the guard band BEFORE the output was written to")
-    expect_equal(buf[GUARD + n:], [SENTINEL] * GUARD, "the guard band AFTER the output was written to "
+    expect_equal(buf[:GUARD], torch.full((GUARD,), SENTINEL), "the guard band BEFORE the output was written to")
+    expect_equal(buf[GUARD + n:], torch.full((GUARD,), SENTINEL), "the guard band AFTER the output was written to "
                  "(a store past the batch's last token: is part 2's store masked?)")
-    expect_equal(pages.cpu(), free_pages, "the kernel must only read free_pages")
+    expect_equal(pages.cpu(), torch.tensor(free_pages), "the kernel must only read free_pages")
+    for name, x, b in zip(("prefix_lens", "seq_lens", "last_loc"), inputs, before):
+        expect_equal(x, b, f"the kernel must only read {name}")
     return buf[GUARD:GUARD + n]
 
 
@@ -46,18 +51,23 @@ def compare(pre, seq, last, free_pages, ps, device=None):
                            f"its part 1 is its first {min(seq[i], -(-pre[i] // ps) * ps) - pre[i]} tokens)")
 
 
+def pages_needed(pre, seq, ps):
+    return sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
+
+
 def shuffled_pages(n, rng):
-    return rng.sample(range(1, 10 * n), n)
+    return rng.sample(range(1, 10 * n + 2), n)
 
 
 @pytest.mark.kernel
 @points(2)
 def test_whole_pages_only():
     rng = random.Random(5)
-    # Page-aligned prefixes and lengths: every new token is in part 2.
-    compare([0, 8, 0], [8, 16, 4], [-1, 31, -1], shuffled_pages(8, rng), 4)
-    compare([0, 0], [32, 16], [-1, -1], shuffled_pages(8, rng), 16)
-    compare([0, 2, 0], [3, 5, 1], [-1, 90, -1], shuffled_pages(8, rng), 1)
+    # Page-aligned prefixes and lengths: every new token is in part 2; exactly the pages needed.
+    compare([0, 8, 0], [8, 16, 4], [-1, 31, -1], shuffled_pages(5, rng), 4)
+    compare([0, 0], [32, 16], [-1, -1], shuffled_pages(3, rng), 16)
+    compare([0, 2, 0], [3, 5, 1], [-1, 90, -1], shuffled_pages(7, rng), 1)
+    compare([16], [80], [63], shuffled_pages(4, rng), 16)
 
 
 @pytest.mark.kernel
@@ -65,7 +75,8 @@ def test_whole_pages_only():
 def test_long_extend_loops_over_blocks():
     rng = random.Random(6)
     # 300 and 200 tokens of whole pages: several TOK_BLOCK (64) rounds per request.
-    compare([0, 4], [300, 204], [-1, 83], shuffled_pages(130, rng), 4)
+    compare([0, 4], [300, 204], [-1, 83], shuffled_pages(125, rng), 4)
+    compare([0], [128], [-1], shuffled_pages(32, rng), 4)  # exactly two rounds of 64
 
 
 @pytest.mark.kernel
@@ -73,15 +84,14 @@ def test_long_extend_loops_over_blocks():
 def test_mixed_random_batches():
     rng = random.Random(7)
     # All three parts in one request: 3 -> 20 tokens on pages of 4 (1 + 12 + 4 tokens).
-    compare([3, 0, 10], [20, 9, 41], [42, -1, 89], shuffled_pages(16, rng), 4)
+    compare([3, 0, 10], [20, 9, 41], [42, -1, 89], shuffled_pages(15, rng), 4)
     for _ in range(5):
         ps = rng.choice([4, 16])
         bs = rng.randint(1, 5)
         pre = [rng.choice([0, rng.randint(1, 50)]) for _ in range(bs)]
         seq = [p + rng.randint(0, 3 * ps + 9) for p in pre]
         last = [-1 if p == 0 else (9000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
-        need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
-        compare(pre, seq, last, shuffled_pages(need + 3, rng), ps)
+        compare(pre, seq, last, shuffled_pages(pages_needed(pre, seq, ps) + rng.choice([0, 3]), rng), ps)
 
 
 @pytest.mark.kernel
@@ -89,7 +99,7 @@ def test_mixed_random_batches():
 def test_empty_and_tiny_requests():
     rng = random.Random(8)
     # A request with nothing new between others, and one that only fills its old page.
-    compare([5, 7, 0], [5, 8, 9], [-1 + 5, 29, -1], shuffled_pages(4, rng), 8)
+    compare([5, 7, 0], [5, 8, 9], [-1 + 5, 29, -1], shuffled_pages(2, rng), 8)
 
 
 @pytest.mark.kernel
@@ -102,5 +112,4 @@ def test_compiled_on_gpu_large_batch():
         pre = [rng.choice([0, rng.randint(0, 300)]) for _ in range(bs)]
         seq = [p + rng.randint(0, 600) for p in pre]
         last = [-1 if p == 0 else (200000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
-        need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
-        compare(pre, seq, last, shuffled_pages(need + 8, rng), ps, device="cuda")
+        compare(pre, seq, last, shuffled_pages(pages_needed(pre, seq, ps), rng), ps, device="cuda")

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from memlab.grading.checks import as_list, expect, expect_equal, expect_no_sharing, expect_raises
+from exercise_refs import i64
+from memlab.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises,
+                                   expect_tensor)
 from memlab.grading.loader import load
 
 
@@ -15,50 +17,64 @@ def free_list(num_pages=8, page_size=4):
     return load("ch05_paged_free").PagedFreeList(num_pages, page_size)
 
 
-def t(values):
-    return torch.tensor(values, dtype=torch.int64)
-
-
 def slots_of(pages, ps, n=None):
     out = [p * ps + o for p in pages for o in range(ps)]
     return out[:n] if n is not None else out
+
+
+def free(f, slots, what="free"):
+    return call_keeping_inputs(f.free, what, slots)
+
+
+def free_segment(f, slots, start_pos):
+    return call_keeping_inputs(f.free_segment, "free_segment", slots, start_pos=start_pos)
 
 
 @points(2)
 def test_free_dedups_pages():
     f = free_list(8, 4)
     f.alloc_pages(8)  # everything in use: request 1 holds pages 7 and 3, request 2 page 5
-    f.free(t(slots_of([7, 3], 4, 6)))  # request 1's 6 tokens: 4 slots on page 7, 2 on page 3
-    got = as_list(f.free_pages)
+    free(f, i64(*slots_of([7, 3], 4, 6)))  # request 1's 6 tokens: 4 slots on page 7, 2 on page 3
+    got = expect_tensor(f.free_pages, "free_pages after a free", torch.int64)
     expect(len(got) == len(set(got)), f"freeing the 6 slots of pages 7 and 3 put {got} in free_pages: each page "
                                       "must be freed ONCE (unique of slot // page_size)")
-    expect_equal(sorted(got), [3, 7], "pages freed by a request holding 6 tokens on pages 7 and 3")
+    expect_equal(f.free_pages, i64(3, 7), "pages freed by a request holding 6 tokens on pages 7 and 3 (an int64 "
+                                          "tensor, ascending)")
     # Hand the pages out again: with duplicates, two requests would share a page.
     owners = {}
     for req in (10, 11, 12):
         pages = f.alloc_pages(1)
         if pages is not None:
-            owners[req] = as_list(pages)
+            owners[req] = pages.tolist()
     expect_no_sharing(owners, "page")
+    g = free_list(8, 1)  # page size 1: a slot is a page
+    g.alloc_pages(8)
+    free(g, i64(6, 2, 6))
+    expect_equal(g.free_pages, i64(2, 6), "page size 1, freeing slots [6, 2, 6]: pages 2 and 6, once each")
 
 
 @points(1)
 def test_free_prepends_lifo():
     f = free_list(8, 4)
     f.alloc_pages(4)  # pages 1..4 in use, 5..8 free
-    f.free(t([13, 12, 5]))  # pages 3 and 1
-    expect_equal(f.free_pages, [1, 3, 5, 6, 7, 8], "free_pages after freeing pages 3 and 1: freed pages go to "
-                                                  "the HEAD (LIFO reuse), in ascending order (unique sorts)")
+    free(f, i64(13, 12, 5))  # pages 3 and 1
+    expect_equal(f.free_pages, i64(1, 3, 5, 6, 7, 8), "free_pages after freeing pages 3 and 1: freed pages go to "
+                                                      "the HEAD (LIFO reuse), in ascending order (unique sorts)")
+    free(f, i64(8, 9))  # page 2
+    expect_equal(f.free_pages, i64(2, 1, 3, 5, 6, 7, 8), "after freeing page 2 too: the latest free comes first")
 
 
 @points(1)
 def test_free_empty_noop():
     f = free_list(8, 4)
     f.alloc_pages(3)
-    f.free(t([]))
-    expect_equal(f.free_pages, [4, 5, 6, 7, 8], "free of an empty tensor must change nothing")
-    f.free_segment(t([]), 8)
-    expect_equal(f.free_pages, [4, 5, 6, 7, 8], "free_segment of an empty tensor must change nothing")
+    free(f, i64(), "free of an empty tensor")
+    expect_equal(f.free_pages, i64(4, 5, 6, 7, 8), "free of an empty tensor must change nothing")
+    free_segment(f, i64(), 8)
+    expect_equal(f.free_pages, i64(4, 5, 6, 7, 8), "free_segment of an empty tensor must change nothing")
+    free_segment(f, i64(), 3)
+    expect_equal(f.free_pages, i64(4, 5, 6, 7, 8), "free_segment of an empty tensor at start_pos 3 changes nothing "
+                                                   "(the empty check comes first, as in SGLang)")
 
 
 @points(1)
@@ -66,9 +82,16 @@ def test_free_segment_aligned():
     f = free_list(8, 4)
     f.alloc_pages(8)
     # Positions 8..17 of a request (page-aligned start), on pages 6, 2 and 8 (the last one partly).
-    f.free_segment(t(slots_of([6, 2, 8], 4, 10)), start_pos=8)
-    expect_equal(f.free_pages, [6, 2, 8], "free_segment of positions 8..17 on pages 6, 2, 8: one page per "
-                                          "page_size slots, in run order, at the head")
+    free_segment(f, i64(*slots_of([6, 2, 8], 4, 10)), start_pos=8)
+    expect_equal(f.free_pages, i64(6, 2, 8), "free_segment of positions 8..17 on pages 6, 2, 8: one page per "
+                                             "page_size slots, in run order, at the head")
+    free_segment(f, i64(*slots_of([3, 1], 4, 8)), start_pos=0)
+    expect_equal(f.free_pages, i64(3, 1, 6, 2, 8), "free_segment of positions 0..7 on pages 3 and 1 (two whole "
+                                                   "pages), at the head")
+    g = free_list(8, 1)
+    g.alloc_pages(8)
+    free_segment(g, i64(5, 7, 2), start_pos=3)
+    expect_equal(g.free_pages, i64(5, 7, 2), "page size 1: every slot is a page, every start is aligned")
 
 
 @points(1)
@@ -77,10 +100,12 @@ def test_free_segment_rejects_unaligned():
     f.alloc_pages(8)
     # Positions 2..9 of a request: slots 26, 27 on page 6, then page 2, then 32, 33 on page 8.
     run = [26, 27] + slots_of([2], 4) + [32, 33]
-    expect_raises(ValueError, lambda: f.free_segment(t(run), start_pos=2),
+    expect_raises(ValueError, lambda: f.free_segment(i64(*run), start_pos=2),
                   "free_segment(start_pos=2) with page size 4 (taking every 4th slot would give pages 6 and 2 "
-                  "and miss page 8)")
-    expect_equal(f.free_pages, [], "a refused free_segment must free nothing")
+                  "and miss page 8)", naming="2")
+    expect_raises(ValueError, lambda: f.free_segment(i64(*slots_of([5], 4)[1:]), start_pos=5),
+                  "free_segment(start_pos=5) with page size 4", naming="5")
+    expect_equal(f.free_pages, i64(), "a refused free_segment must free nothing")
 
 
 @points(1)
@@ -88,13 +113,25 @@ def test_free_group_batches_once():
     f = free_list(8, 4)
     f.alloc_pages(8)
     f.free_group_begin()
-    a = t(slots_of([5], 4) + [8])  # page 5 and slot 8 of page 2
+    expect_equal(f.free_group, [], "free_group right after free_group_begin()")
+    a = i64(*slots_of([5], 4), 8)  # page 5 and slot 8 of page 2
     f.free(a)
     a[:] = 0  # the caller reuses its tensor: the group must have kept a copy
-    f.free(t([9, 10]))  # the rest of page 2: shared with the first call
-    expect_equal(f.free_pages, [], "inside a free group nothing may be released yet")
+    free(f, i64(9, 10))  # the rest of page 2: shared with the first call
+    free(f, i64(), "free of an empty tensor inside a group")
+    expect_equal(f.free_pages, i64(), "inside a free group nothing may be released yet")
+    expect_equal(len(f.free_group), 2, "tensors queued in the group after two frees and an empty one")
     expect_raises(RuntimeError, f.free_group_begin, "free_group_begin() while a group is open (groups do not nest)")
     f.free_group_end()
-    expect_equal(f.free_pages, [2, 5], "free_group_end() must free pages 2 and 5 once each (one free of "
-                                       "everything queued; the first tensor was changed by its owner after queuing)")
+    expect(f.free_group is None, f"free_group after free_group_end() must be None, got {f.free_group!r}")
+    expect_equal(f.free_pages, i64(2, 5), "free_group_end() must free pages 2 and 5 once each (one free of "
+                                          "everything queued; the first tensor was changed by its owner after queuing)")
     expect_raises(RuntimeError, f.free_group_end, "free_group_end() with no group open")
+    f.free_group_begin()
+    expect_raises(RuntimeError, f.free_group_begin, "free_group_begin() while an EMPTY group is open (an open "
+                  "group is free_group is not None, even when nothing is queued yet)")
+    f.free_group_end()  # an empty group: nothing to free
+    expect(f.free_group is None, "free_group after closing an empty group must be None")
+    expect_equal(f.free_pages, i64(2, 5), "an empty free group must change nothing")
+    free(f, i64(13))  # outside a group: released at once again
+    expect_equal(f.free_pages, i64(3, 2, 5), "a free after the group closed is released at once")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from memlab.grading.checks import expect, expect_equal
+from memlab.grading.checks import call_keeping_inputs, expect, expect_equal
 from memlab.grading.loader import load
 
 
@@ -12,6 +12,11 @@ def points(n):
 
 def ex():
     return load("ch06_block_hash")
+
+
+def hashes(m, token_ids, bs, **kwargs):
+    """request_block_hashes, which may only read its inputs; a list of bytes."""
+    return call_keeping_inputs(m.request_block_hashes, "request_block_hashes", token_ids, bs, **kwargs)
 
 
 def chain(m, token_ids, bs, extras):
@@ -30,18 +35,20 @@ TOKENS = list(range(100, 110))
 def test_full_blocks_only():
     m = ex()
     for n, want in ((10, 2), (12, 3), (3, 0), (4, 1), (0, 0)):
-        got = m.request_block_hashes(list(range(n)), 4)
+        got = hashes(m, list(range(n)), 4)
         expect(len(got) == want, f"{n} tokens in blocks of 4 make {want} full blocks, got {len(got)} hashes "
                                  "(a partial block is still growing: it gets no hash)")
-    expect_equal(m.request_block_hashes(TOKENS, 4), chain(m, TOKENS, 4, [None, None]),
-                 "hashes of 10 tokens in blocks of 4 (no extra keys)")
+    expect_equal(hashes(m, TOKENS, 4), chain(m, TOKENS, 4, [None, None]),
+                 "hashes of 10 tokens in blocks of 4 (no extra keys): a list of bytes")
+    expect_equal(hashes(m, [], 4), [], "no token: an empty list")
+    expect_equal(hashes(m, TOKENS[:3], 1), chain(m, TOKENS[:3], 1, [None] * 3), "3 tokens in blocks of 1")
 
 
 @points(1)
 def test_chain_stands_for_the_prefix():
     m = ex()
-    a = m.request_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)
-    b = m.request_block_hashes([9, 9, 9, 9, 5, 6, 7, 8], 4)
+    a = hashes(m, [1, 2, 3, 4, 5, 6, 7, 8], 4)
+    b = hashes(m, [9, 9, 9, 9, 5, 6, 7, 8], 4)
     expect(a[1] != b[1], "two requests with the same SECOND block but different first blocks got the same "
                          "second hash: each block's hash must include its parent's")
     expect_equal(a[1], m.hash_fn((a[0], (5, 6, 7, 8), None)),
@@ -51,23 +58,26 @@ def test_chain_stands_for_the_prefix():
 @points(2)
 def test_salt_first_block_only():
     m = ex()
-    got = m.request_block_hashes(TOKENS, 4, cache_salt="tenant-a")
+    got = hashes(m, TOKENS, 4, cache_salt="tenant-a")
     want = chain(m, TOKENS, 4, [(("salt", "tenant-a"),), None])
     expect_equal(got[0], want[0], "block 0 with cache_salt='tenant-a' (extra keys (('salt', 'tenant-a'),))")
     expect_equal(got[1], want[1], "block 1 with a salt: the salt is on block 0 only (extra keys None); "
                                   "it still changes block 1's hash through the parent")
-    plain = m.request_block_hashes(TOKENS, 4)
+    plain = hashes(m, TOKENS, 4)
     expect(got[1] != plain[1], "a salt must change every later hash too (through the chain)")
+    expect_equal(hashes(m, TOKENS, 4, cache_salt=""), plain, "cache_salt='' is no salt (vLLM tests its truth)")
 
 
 @points(1)
 def test_lora_on_every_block():
     m = ex()
-    got = m.request_block_hashes(TOKENS, 4, lora_name="sql-adapter", cache_salt="s")
+    got = hashes(m, TOKENS, 4, lora_name="sql-adapter", cache_salt="s")
     key = ("lora", "sql-adapter")
     expect_equal(got, chain(m, TOKENS, 4, [(key, ("salt", "s")), (key,)]),
                  "hashes with lora_name='sql-adapter' and cache_salt='s' (lora on every block, then the salt "
                  "on block 0)")
+    expect_equal(hashes(m, TOKENS, 4, lora_name=""), chain(m, TOKENS, 4, [(("lora", ""),)] * 2),
+                 "lora_name='' is a name (the key is there whenever lora_name is not None)")
 
 
 @points(1)
@@ -75,8 +85,18 @@ def test_multimodal_items_overlapping():
     m = ex()
     tokens = list(range(16))
     items = (m.MMItem("img-a", 2, 5), m.MMItem("img-b", 9, 2))  # positions 2..6 and 9..10
-    got = m.request_block_hashes(tokens, 4, mm_items=items)
+    got = hashes(m, tokens, 4, mm_items=items)
     want = chain(m, tokens, 4, [(("img-a", 2),), (("img-a", -2),), (("img-b", 1),), None])
     for i in range(4):
         expect_equal(got[i], want[i], f"block {i} of 16 tokens with images at positions 2..6 and 9..10 "
                                       "(extra keys: (identifier, item offset - block start) per overlapping item)")
+    # Items that end exactly where a block starts, or start exactly where it ends, do not overlap it;
+    # two items in one block keep their order; the lora key comes first.
+    items = [m.MMItem("a", 0, 4), m.MMItem("b", 4, 1), m.MMItem("c", 7, 1), m.MMItem("d", 8, 8)]
+    got = hashes(m, tokens, 4, mm_items=items, lora_name="L")
+    lora = ("lora", "L")
+    want = chain(m, tokens, 4, [(lora, ("a", 0)), (lora, ("b", 0), ("c", 3)), (lora, ("d", 0)), (lora, ("d", -4))])
+    for i in range(4):
+        expect_equal(got[i], want[i], f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: "
+                                      "an item overlaps a block when it starts before the block's end and ends "
+                                      "after its start")

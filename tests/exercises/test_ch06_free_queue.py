@@ -6,6 +6,16 @@ from memlab.grading.checks import expect, expect_equal
 from memlab.grading.loader import load
 
 
+def free(m, q, blocks):
+    """free_request_blocks, which must leave the caller's list of blocks as it was (same blocks, same order)."""
+    before = list(blocks)
+    got = m.free_request_blocks(q, blocks)
+    expect(got is None, f"free_request_blocks returns nothing (it changes the queue), got {got!r}")
+    expect(len(blocks) == len(before) and all(a is b for a, b in zip(blocks, before)),
+           f"free_request_blocks changed the caller's list of blocks to {blocks} (was {before}): walk it with "
+           "reversed(blocks), do not reverse it in place")
+
+
 def points(n):
     return pytest.mark.points(n, exercise="ch06.free_queue")
 
@@ -21,7 +31,7 @@ def setup(spec, queue_ids=(90, 91)):
 @points(2)
 def test_reverse_order_hashed_to_tail():
     m, q, blocks = setup([(1, 1, "h1", False), (2, 1, "h2", False), (3, 1, "h3", False)])
-    m.free_request_blocks(q, blocks)
+    free(m, q, blocks)
     expect_equal(q.ids(), [90, 91, 3, 2, 1], "free queue (head first) after freeing a request's hashed blocks "
                  "1, 2, 3: they go to the tail in REVERSE order, so the end of the prefix is evicted first")
     expect_equal([b.ref_cnt for b in blocks], [0, 0, 0], "ref counts after the free")
@@ -30,26 +40,32 @@ def test_reverse_order_hashed_to_tail():
 @points(2)
 def test_unhashed_to_head():
     m, q, blocks = setup([(1, 1, "h1", False), (2, 1, "h2", False), (4, 1, None, False)])
-    m.free_request_blocks(q, blocks)
+    free(m, q, blocks)
     expect_equal(q.ids(), [4, 90, 91, 2, 1], "free queue after freeing blocks 1, 2 (hashed) and 4 (its partial "
                  "last block, no hash): an unhashed block goes to the HEAD, to be reused first")
+    # A hash is any value that is not None, even one that reads as false.
+    m, q, blocks = setup([(1, 1, 0, False), (2, 1, b"", False), (3, 1, None, False), (4, 1, (), False)])
+    free(m, q, blocks)
+    expect_equal(q.ids(), [3, 90, 91, 4, 2, 1], "free queue after freeing blocks with hashes 0, b'', None and (): "
+                 "only block 3 (hash None) is unhashed; a hash of 0 or b'' is still a hash (test `is not None`, "
+                 "not truthiness)")
 
 
 @points(1)
 def test_several_unhashed_keep_walk_order():
     m, q, blocks = setup([(1, 1, "h1", False), (5, 1, None, False), (6, 1, None, False)])
-    m.free_request_blocks(q, blocks)
+    free(m, q, blocks)
     expect_equal(q.ids(), [6, 5, 90, 91, 1], "free queue after freeing blocks 1 (hashed), 5 and 6 (unhashed): "
                  "the walk goes 6, 5, 1; the unhashed ones are prepended as a group in walk order")
 
 
 @points(1)
 def test_shared_blocks_stay_out():
-    m, q, blocks = setup([(1, 2, "h1", False), (2, 2, "h2", False), (3, 1, "h3", False)])
-    m.free_request_blocks(q, blocks)
-    expect_equal(q.ids(), [90, 91, 3], "blocks 1 and 2 are still used by another request (ref_cnt 2 -> 1): "
-                 "only block 3 may enter the free queue")
-    expect_equal([b.ref_cnt for b in blocks], [1, 1, 0], "ref counts after the free")
+    m, q, blocks = setup([(1, 2, "h1", False), (2, 3, None, False), (3, 1, "h3", False)])
+    free(m, q, blocks)
+    expect_equal(q.ids(), [90, 91, 3], "blocks 1 and 2 are still used by other requests (ref_cnt 2 -> 1, "
+                 "3 -> 2): only block 3 may enter the free queue")
+    expect_equal([b.ref_cnt for b in blocks], [1, 2, 0], "ref counts after the free (one decrement each)")
 
 
 @points(1)
@@ -57,8 +73,14 @@ def test_null_blocks_skipped():
     # A sliding-window request whose first blocks fell out of the window: null placeholders.
     m, q, blocks = setup([(0, 1, None, True), (0, 1, None, True), (7, 1, "h7", False), (8, 1, None, False)],
                          queue_ids=(90,))
-    null = blocks[0]
-    m.free_request_blocks(q, blocks)
+    free(m, q, blocks)
     expect(all(b.block_id != 0 for b in q.blocks), f"the null block entered the free queue: {q.ids()}")
     expect_equal(q.ids(), [8, 90, 7], "free queue after freeing [null, null, 7 (hashed), 8 (unhashed)]")
-    expect_equal(null.ref_cnt, 1, "a null block's ref_cnt must be left alone")
+    expect_equal([b.ref_cnt for b in blocks], [1, 1, 0, 0], "ref counts: a null block's ref_cnt must be left alone")
+    m, q, blocks = setup([(0, 1, None, True)], queue_ids=())
+    free(m, q, blocks)
+    expect_equal(q.ids(), [], "freeing a request that holds only a null block queues nothing")
+    m, q, blocks = setup([(5, 1, "h5", False), (0, 1, None, True), (6, 1, None, False)], queue_ids=(90,))
+    free(m, q, blocks)
+    expect_equal(q.ids(), [6, 90, 5], "free queue after freeing [5 (hashed), null, 6 (unhashed)]: a null block is "
+                 "skipped wherever it sits, and the walk goes on past it")

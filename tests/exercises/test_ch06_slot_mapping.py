@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from exercise_refs import fenced
 from memlab.grading.checks import expect_equal
 
 GUARD = 16
@@ -28,25 +29,34 @@ def reference(block_table, query_start_loc, positions, block_size, num_tokens_pa
     return out
 
 
-def compare(block_table, qsl, positions, bs, padded, device=None):
+def compare(block_table, qsl, positions, bs, padded, device=None, wide=0):
+    """Run the kernel on a fenced batch (a load past positions or past the block table crashes) and
+    compare it with the reference. ``wide``: the block table is a view of a table ``wide`` columns
+    wider, so its row stride is not its width."""
     from memlab.env import kernel_device
     from memlab.grading.loader import load
 
     dev = device or kernel_device()
     buf = torch.full((padded + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
-    bt = torch.tensor(block_table, dtype=torch.int32, device=dev)
-    load("ch06_slot_mapping").compute_slot_mapping(
-        bt, torch.tensor(qsl, dtype=torch.int32, device=dev),
-        torch.tensor(positions, dtype=torch.int64, device=dev), bs, padded, out=buf[GUARD:GUARD + padded])
+    cols = len(block_table[0])
+    full = fenced([r + [-7] * wide for r in block_table], torch.int32, dev)
+    bt = full[:, :cols] if wide else full
+    inputs = (bt, torch.tensor(qsl, dtype=torch.int32, device=dev), fenced(positions, torch.int64, dev))
+    before = [x.clone() for x in (full, *inputs[1:])]
+    load("ch06_slot_mapping").compute_slot_mapping(*inputs, bs, padded, out=buf[GUARD:GUARD + padded])
     buf = buf.cpu()
-    expect_equal(buf[:GUARD], [SENTINEL] * GUARD, "the guard band BEFORE slot_mapping was written to")
-    expect_equal(buf[GUARD + padded:], [SENTINEL] * GUARD, "the guard band AFTER slot_mapping was written to")
+    expect_equal(buf[:GUARD], torch.full((GUARD,), SENTINEL), "the guard band BEFORE slot_mapping was written to")
+    expect_equal(buf[GUARD + padded:], torch.full((GUARD,), SENTINEL), "the guard band AFTER slot_mapping was "
+                 "written to (a store past the last token: is the mask i < end?)")
+    for name, x, b in zip(("block_table", "query_start_loc", "positions"), (full, *inputs[1:]), before):
+        expect_equal(x, b, f"the kernel must only read {name}")
     want = reference(block_table, qsl, positions, bs, padded)
     got = buf[GUARD:GUARD + padded].tolist()
     for r in range(len(qsl) - 1):
         a, b = qsl[r], qsl[r + 1]
         expect_equal(got[a:b], want[a:b], f"slots of request {r} (tokens {a}..{b - 1} at positions "
-                     f"{positions[a:b]}, block table row {block_table[r]}, block size {bs})")
+                     f"{positions[a:b]}, block table row {block_table[r]}, block size {bs}"
+                     f"{', a table view with row stride ' + str(cols + wide) if wide else ''})")
     expect_equal(got[qsl[-1]:], want[qsl[-1]:], "padding tokens must get slot -1")
 
 
@@ -66,16 +76,21 @@ def random_batch(rng, num_reqs, bs, max_blocks, max_tokens, pool_blocks):
 def test_small_batch_by_hand():
     # Request 0 at positions 2..4 (blocks 3, 5), request 1 at positions 8, 9 (its third block, 2).
     compare([[3, 5, 0], [7, 1, 2]], [0, 3, 5], [2, 3, 4, 8, 9, 0, 0], 4, 7)
+    # The same batch with the block table a view of a wider one: row r starts at r * stride, not r * width.
+    compare([[3, 5, 0], [7, 1, 2]], [0, 3, 5], [2, 3, 4, 8, 9, 0, 0], 4, 7, wide=5)
 
 
 @pytest.mark.kernel
 @points(2)
 def test_random_batches():
     rng = random.Random(12)
-    for bs in (1, 4, 16):
+    for bs, pad, wide in ((1, 3, 0), (4, 0, 3), (16, 9, 1), (16, 0, 0)):
         table, qsl, positions = random_batch(rng, rng.randint(1, 5), bs, 6, 70, 500)
-        padded = qsl[-1] + rng.randint(0, 9)
-        compare(table, qsl, positions + [0] * (padded - qsl[-1]), bs, padded)
+        padded = qsl[-1] + pad
+        compare(table, qsl, positions + [0] * pad, bs, padded, wide=wide)
+    # Block ids of a big pool: block * block_size passes 2^31, so the slot must be computed in int64.
+    table = [[2**27 + 5, 2**28 + 1], [2**30 + 3, 7]]
+    compare(table, [0, 2, 4], [3, 17, 16, 31], 16, 4)
 
 
 @pytest.mark.kernel
@@ -83,6 +98,8 @@ def test_random_batches():
 def test_padding_only_after_requests():
     # A long padded tail (more than one block of 64) after a single decode token.
     compare([[4, 9]], [0, 1], [5] + [0] * 99, 4, 100)
+    # No padding at all: the last request's tokens end the batch (and the positions tensor).
+    compare([[4, 9], [2, 6]], [0, 1, 3], [5, 6, 7], 4, 3)
 
 
 @pytest.mark.kernel

@@ -3,8 +3,10 @@
 import itertools
 
 import pytest
+import torch
 
-from memlab.grading.checks import as_list, expect, expect_equal, expect_no_sharing, expect_raises
+from exercise_refs import i64
+from memlab.grading.checks import expect, expect_equal, expect_no_sharing, expect_raises
 from memlab.grading.loader import load
 
 
@@ -16,52 +18,90 @@ def rows(num_rows=4, num_slots=8, tracking=2):
     return load("ch07_mamba_tracking").MambaRows(num_rows, num_slots, 3, tracking)
 
 
+def fields(m, row):
+    return {"state_slot": m.state_slot[row].clone(), "track_slots": m.track_slots[row].clone(),
+            "next_track_idx": m.next_track_idx[row].clone(), "last_track_seqlen": m.last_track_seqlen[row].clone()}
+
+
+def expect_fresh(m, row, what):
+    fresh = {"state_slot": i64(0)[0], "track_slots": i64(*[0] * m.tracking), "next_track_idx": i64(0)[0],
+             "last_track_seqlen": i64(-1)[0]}
+    for name, got in fields(m, row).items():
+        expect_equal(got, fresh[name], f"{what}: {name}[{row}] (a reused row would start from a stale value; "
+                                       "every tracking field must be reset)")
+
+
 @points(2)
 def test_tracking_slot_counts():
     f = load("ch07_mamba_tracking").get_mamba_tracking_slots
     for extra, overlap, lazy in itertools.product((False, True), repeat=3):
         want = 0 if not extra else 1 if lazy else 2 if overlap else 1
-        got = f(extra, overlap, lazy)
-        expect(got == want, f"get_mamba_tracking_slots(extra_buffer={extra}, overlap={overlap}, lazy={lazy}) "
-                            f"returned {got}, expected {want}")
+        expect_equal(f(extra, overlap, lazy), want,
+                     f"get_mamba_tracking_slots(extra_buffer={extra}, overlap={overlap}, lazy={lazy}) (an int)")
+    expect_equal(f(True, True), 2, "get_mamba_tracking_slots(True, True) with lazy left at its default")
 
 
 @points(1)
 def test_alloc_gives_state_and_tracking():
     m = rows(tracking=2)
-    expect(m.alloc_row(3) is True, "alloc_row(3) with 8 free slots must return True")
-    expect_equal(int(m.state_slot[3]), 1, "row 3's state slot (the first slot from the head)")
-    expect_equal(m.track_slots[3], [2, 3], "row 3's two tracking slots (the next ones, in column order)")
-    expect_equal(m.free_slots, [4, 5, 6, 7, 8], "free_slots after handing out 3 slots")
-    expect(m.alloc_row(1) is True, "alloc_row(1) with 5 free slots must return True")
-    expect_no_sharing({3: [int(m.state_slot[3])] + as_list(m.track_slots[3]),
-                       1: [int(m.state_slot[1])] + as_list(m.track_slots[1])}, "mamba slot", "row")
+    expect_equal(m.alloc_row(3), True, "alloc_row(3) with 8 free slots")
+    expect_equal(m.state_slot[3], i64(1)[0], "row 3's state slot (the first slot from the head)")
+    expect_equal(m.track_slots[3], i64(2, 3), "row 3's two tracking slots (the next ones, in column order)")
+    expect_equal(m.free_slots, i64(4, 5, 6, 7, 8), "free_slots after handing out 3 slots")
+    expect_equal(m.alloc_row(1), True, "alloc_row(1) with 5 free slots")
+    expect_no_sharing({3: [int(m.state_slot[3])] + m.track_slots[3].tolist(),
+                       1: [int(m.state_slot[1])] + m.track_slots[1].tolist()}, "mamba slot", "row")
+    expect_equal(m.alloc_row(2), False, "alloc_row(2) with 2 free slots (it needs 3)")
+    none = rows(num_slots=2, tracking=0)  # no extra buffer: a state slot only
+    expect_equal(none.alloc_row(2), True, "alloc_row(2) without tracking slots")
+    expect_equal(none.alloc_row(4), True, "alloc_row(4) with exactly 1 free slot and no tracking slots")
+    expect_equal(none.state_slot, i64(0, 0, 1, 0, 2), "state_slot after rows 2 and 4 took slots 1 and 2")
+    expect_equal(none.free_slots, i64(), "free_slots after handing out every slot")
 
 
 @points(1)
 def test_alloc_all_or_nothing():
     m = rows(num_slots=4, tracking=2)
     m.alloc_row(1)
+    m.state[1] = 5.0  # row 1's recurrent state, which later allocations must leave alone
     got = m.alloc_row(2)
     expect(got is False, f"alloc_row(2) needs 3 slots with 1 free: must return False, got {got!r}")
-    expect_equal(m.free_slots, [4], "a refused alloc_row must leave free_slots alone")
-    expect_equal(int(m.state_slot[2]), 0, "a refused alloc_row must not give row 2 a state slot")
+    expect_equal(m.free_slots, i64(4), "a refused alloc_row must leave free_slots alone")
+    expect_fresh(m, 2, "a refused alloc_row(2)")
+    m = rows(num_slots=6, tracking=2)
+    m.alloc_row(1)
+    m.state[1:4] = 5.0
+    expect_equal(m.alloc_row(2), True, "alloc_row(2) with exactly 3 free slots (it needs 3)")
+    expect_equal(m.track_slots[2], i64(5, 6), "row 2's tracking slots: the last two slots")
+    expect_equal(m.free_slots, i64(), "free_slots after an exact fit")
+    expect_equal(m.state[1:4], torch.full((3, 3), 5.0), "row 1's state after row 2 was allocated: only the slots "
+                                                       "handed out may be zeroed")
 
 
 @points(2)
 def test_free_resets_every_field():
-    m = rows(tracking=2)
+    m = rows(num_slots=10, tracking=2)
     m.alloc_row(2)
+    m.alloc_row(3)  # neighbours that keep their slots
+    m.alloc_row(1)
     m.next_track_slot(2)
     m.last_track_seqlen[2] = 17  # a snapshot was taken at length 17
+    neighbours = {r: fields(m, r) for r in (1, 3)}
     m.free_row(2)
-    fields = {"state_slot": (int(m.state_slot[2]), 0), "track_slots": (as_list(m.track_slots[2]), [0, 0]),
-              "next_track_idx": (int(m.next_track_idx[2]), 0), "last_track_seqlen": (int(m.last_track_seqlen[2]), -1)}
-    for name, (got, fresh) in fields.items():
-        expect(got == fresh, f"after free_row(2), {name}[2] is {got!r}, expected {fresh!r}: a reused row would "
-                             "start from a stale value (every tracking field must be reset)")
-    expect_equal(sorted(as_list(m.free_slots)), list(range(1, 9)), "after free_row every slot must be free again")
-    expect_equal(as_list(m.free_slots)[-3:], [1, 2, 3], "freed slots go to the tail of free_slots")
+    expect_fresh(m, 2, "after free_row(2)")
+    expect_equal(m.free_slots, i64(10, 1, 2, 3), "after free_row(2) the row's slots go to the tail of "
+                 "free_slots: state slot first, then the tracking slots (and nothing of rows 1 and 3)")
+    for r, before in neighbours.items():
+        for name, value in before.items():
+            expect_equal(fields(m, r)[name], value, f"row {r}'s {name} after free_row(2)")
+    m.free_row(3)
+    expect_equal(m.free_slots, i64(10, 1, 2, 3, 4, 5, 6), "free_slots after free_row(3) too")
+    # A row that holds nothing (never allocated, or freed already): nothing to give back. Its
+    # zeros are "no slot", and slot 0 is the padding slot: it must never reach the free list.
+    m.free_row(2)
+    m.free_row(4)
+    expect_equal(m.free_slots, i64(10, 1, 2, 3, 4, 5, 6), "free_row of rows that hold no slot must free nothing")
+    expect_fresh(m, 4, "after free_row(4) of an empty row")
 
 
 @points(1)
@@ -71,7 +111,7 @@ def test_slots_zeroed_before_reuse():
     m.state[1:4] = 7.0  # the request's recurrent state and snapshots
     m.free_row(1)
     m.alloc_row(2)
-    expect_equal(m.state[1:4].flatten(), [0.0] * 9, "slots handed to a new request must be zeroed: the old "
+    expect_equal(m.state[1:4], torch.zeros(3, 3), "slots handed to a new request must be zeroed: the old "
                  "owner's state would be read as its history")
 
 
@@ -79,13 +119,20 @@ def test_slots_zeroed_before_reuse():
 def test_next_track_slot_ping_pong():
     m = rows(tracking=2)
     m.alloc_row(1)
-    a, b = as_list(m.track_slots[1])
+    a, b = m.track_slots[1].tolist()
     got = [m.next_track_slot(1) for _ in range(4)]
-    expect_equal(got, [a, b, a, b], "four snapshots with two tracking slots alternate (ping-pong)")
+    expect_equal(got, [a, b, a, b], "four snapshots with two tracking slots alternate (ping-pong), as ints")
     single = rows(tracking=1)
     single.alloc_row(1)
-    (only,) = as_list(single.track_slots[1])
+    (only,) = single.track_slots[1].tolist()
     expect_equal([single.next_track_slot(1) for _ in range(3)], [only] * 3, "one tracking slot is reused every time")
+    three = rows(tracking=3)
+    three.alloc_row(2)
+    a, b, c = three.track_slots[2].tolist()
+    expect_equal([three.next_track_slot(2) for _ in range(4)], [a, b, c, a], "with three tracking slots the "
+                 "snapshots go round them in column order")
+    expect_raises(ValueError, lambda: m.next_track_slot(3), "next_track_slot(3) for a row that holds no slot")
+    expect_equal(m.next_track_idx[3], i64(0)[0], "a refused next_track_slot must not advance next_track_idx")
     none = rows(tracking=0)
     none.alloc_row(1)
     expect_raises(ValueError, lambda: none.next_track_slot(1), "next_track_slot without tracking slots")

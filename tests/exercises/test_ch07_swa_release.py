@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from memlab.grading.checks import as_list, expect, expect_equal, expect_raises
+from exercise_refs import i64
+from memlab.grading.checks import call_keeping_inputs, expect, expect_equal, expect_raises, expect_tensor
 from memlab.grading.loader import load
 
 
@@ -21,11 +22,13 @@ def ex():
 def test_release_whole_pages_out_of_window():
     f = ex().swa_release_range
     expect_equal(f(30, 0, 8, 4), (0, 20), "seq_len 30, window 8, page size 4, nothing released yet: positions "
-                 "below 22 are out of the window, whole pages of them end at 20")
+                 "below 22 are out of the window, whole pages of them end at 20 (a tuple of two ints)")
     expect_equal(f(30, 0, 8, 1), (0, 22), "the same with page size 1")
     expect_equal(f(31, 20, 8, 4), (20, 20), "seq_len 31 with 20 already released: the next whole page (20..23) "
                  "is not yet out of the window, so nothing (returned as (20, 20))")
     expect_equal(f(32, 20, 8, 4), (20, 24), "seq_len 32 with 20 already released: page 20..23 is now out")
+    expect_equal(f(24, 0, 8, 4), (0, 16), "seq_len 24, window 8: positions below 16 are out, 16 is a page "
+                 "boundary: release 0..15")
 
 
 @points(1)
@@ -33,6 +36,8 @@ def test_nothing_while_inside_window():
     f = ex().swa_release_range
     expect_equal(f(5, 0, 8, 4), (0, 0), "seq_len 5 with window 8: every token is in the window")
     expect_equal(f(8, 0, 8, 4), (0, 0), "seq_len 8 with window 8: every token is in the window")
+    expect_equal(f(11, 0, 8, 4), (0, 0), "seq_len 11 with window 8: positions 0..2 are out, but no WHOLE page")
+    expect_equal(f(12, 4, 8, 4), (4, 4), "seq_len 12 with 4 already released: page 4..7 is still in the window")
 
 
 @points(1)
@@ -40,9 +45,19 @@ def test_prefix_cache_keeps_its_part():
     f = ex().swa_release_range
     expect_equal(f(40, 0, 8, 4, cache_protected_len=10), (12, 32), "seq_len 40, window 8, page size 4, the "
                  "prefix cache owning the first 10 tokens: start at 10 rounded UP to a page")
+    expect_equal(f(40, 0, 8, 4, cache_protected_len=12), (12, 32), "the prefix cache owning exactly 3 pages (12)")
+    expect_equal(f(40, 16, 8, 4, cache_protected_len=12), (16, 32), "16 already released, 12 protected: start at 16")
     expect_equal(f(40, 0, 8, 4, cache_protected_len=36), (0, 0), "when the prefix cache owns everything out of "
                  "the window nothing is released")
-    expect_raises(ValueError, lambda: f(40, 6, 8, 4), "swa_release_range with swa_evicted_len 6, not page-aligned")
+    expect_equal(f(40, 0, 8, 4, cache_protected_len=32), (0, 0), "protected up to exactly the end: nothing")
+    expect_raises(ValueError, lambda: f(40, 6, 8, 4), "swa_release_range with swa_evicted_len 6, not page-aligned",
+                  naming="6")
+
+
+def release_reference(seq, evicted, window, ps, protected):
+    start = max(evicted, -(-protected // ps) * ps)
+    end = (seq - window) // ps * ps
+    return (start, end) if end > start else (evicted, evicted)
 
 
 @points(1)
@@ -55,13 +70,9 @@ def test_random_release_invariants():
         evicted = rng.randint(0, 20) * ps
         protected = rng.randint(0, 100)
         seq = rng.randint(0, 300)
-        start, end = f(seq, evicted, window, ps, cache_protected_len=protected)
-        what = (f"swa_release_range({seq}, {evicted}, window={window}, page_size={ps}, "
-                f"protected={protected}) = {(start, end)}")
-        expect(start % ps == 0 and end % ps == 0, f"{what}: both ends must be page-aligned")
-        expect(end <= seq - window or start == end, f"{what}: releases positions inside the window")
-        expect(start >= evicted, f"{what}: starts below what was already released")
-        expect(start == end or start >= protected, f"{what}: releases positions the prefix cache owns")
+        got = f(seq, evicted, window, ps, cache_protected_len=protected)
+        what = f"swa_release_range({seq}, {evicted}, window={window}, page_size={ps}, cache_protected_len={protected})"
+        expect_equal(got, release_reference(seq, evicted, window, ps, protected), what)
 
 
 def mapping(size, ps):
@@ -70,18 +81,27 @@ def mapping(size, ps):
     return m
 
 
+def take(m, full_indices, ps):
+    """take_swa_slots, which may change the map but not full_indices."""
+    return call_keeping_inputs(ex().take_swa_slots, "take_swa_slots", m, full_indices, ps, mutable=("argument 1",))
+
+
 @points(2)
 def test_take_swa_slots_skips_padding():
     ps = 4
     m = mapping(32, ps)
     # Full pages 2 and 3 (slots 8..15) map to SWA slots 20..27; slots 8..11 were released out of
     # the window before (map 0).
-    m[12:16] = torch.arange(24, 28)
-    got = as_list(ex().take_swa_slots(m, torch.arange(8, 16), ps))
-    expect(0 not in got, f"take_swa_slots returned {got}: 0 means 'no SWA slot' and is the SWA pool's padding "
-                         "slot; it must never be freed")
-    expect_equal(sorted(got), [24, 25, 26, 27], "the SWA slots under full slots 8..15")
-    expect_equal(m[8:16], [0] * 8, "the map must forget the freed slots")
+    m[12:16] = torch.tensor([26, 24, 27, 25])
+    got = take(m, torch.arange(8, 16), ps)
+    values = expect_tensor(got, "take_swa_slots's result", torch.int64)
+    expect(0 not in values, f"take_swa_slots returned {values}: 0 means 'no SWA slot' and is the SWA "
+                            "pool's padding slot; it must never be freed")
+    expect_equal(got, i64(26, 24, 27, 25), "the SWA slots under full slots 8..15, in their order (an int64 tensor)")
+    expect_equal(m[8:16], i64(*[0] * 8), "the map must forget the freed slots")
+    m = mapping(32, ps)
+    got = take(m, torch.tensor([9, 10, 11]), ps)
+    expect_equal(got, i64(), "full slots whose map is all 0: nothing to free (an EMPTY int64 tensor)")
 
 
 @points(1)
@@ -89,8 +109,17 @@ def test_take_swa_slots_clears_whole_pages():
     ps = 4
     m = mapping(32, ps)
     m[16:24] = torch.arange(40, 48)
-    got = as_list(ex().take_swa_slots(m, torch.tensor([17, 18, 21]), ps))
-    expect_equal(sorted(got), [41, 42, 45], "the SWA slots under full slots 17, 18, 21")
-    expect_equal(m[16:24], [0] * 8, "the map entries of every slot of full pages 4 and 5 must be cleared (a paged "
-                                    "free gives back whole pages)")
+    m[28:32] = torch.arange(60, 64)
+    wide = torch.tensor([21, -5, 17, -5, 18, -5])
+    got = take(m, wide[::2], ps)  # a strided view: slots 21, 17, 18
+    expect_equal(got, i64(45, 41, 42), "the SWA slots under full slots 21, 17, 18 (given as a strided view)")
+    expect_equal(m[16:24], i64(*[0] * 8), "the map entries of every slot of full pages 4 and 5 must be cleared (a "
+                                          "paged free gives back whole pages)")
+    expect_equal(m[28:32], i64(60, 61, 62, 63), "the map of page 7, untouched by the free, must stay")
     expect_equal(int(m[-1]), -1, "the map's last entry (-1, read for last_loc = -1) must stay")
+    expect_equal(take(m, i64(), ps), i64(), "take_swa_slots of no slot")
+    expect_equal(m[28:32], i64(60, 61, 62, 63), "take_swa_slots of no slot must change nothing")
+    m1 = mapping(8, 1)
+    m1[3], m1[5] = 1, 9  # SWA slot 1 is a real slot (only 0 is padding)
+    expect_equal(take(m1, i64(5, 4, 3), 1), i64(9, 1), "page size 1: the SWA slots under full slots 5, 4, 3")
+    expect_equal(m1, i64(0, 0, 0, 0, 0, 0, 0, 0, 0, -1), "page size 1: only the freed slots are cleared")

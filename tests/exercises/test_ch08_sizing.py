@@ -22,6 +22,8 @@ def test_pool_size_floored_to_pages():
     expect_equal(f(10 * gib + 5 * 131072, 131072, 16), 81920, "81925 tokens' worth of bytes, page size 16: "
                  "floored to whole pages")
     expect_equal(f(1000, 64, 4), 12, "1000 bytes at 64 per token (15 tokens), page size 4")
+    expect_equal(f(1024, 64, 16), 16, "1024 bytes at 64 per token: exactly one page of 16")
+    expect_equal(f(1023, 64, 16), 0, "1023 bytes at 64 per token (15 tokens): not one whole page of 16")
 
 
 @points(2)
@@ -31,6 +33,9 @@ def test_max_new_tokens_formula():
     expect_equal(f(100, 500, 1000, 16), 500, "a request asking for less than the room keeps its max_new_tokens")
     expect_equal(f(96, 2000, 1000, 16), 887, "input 96 is 6 whole pages of 16: 1000 - 96 - 16 - 1")
     expect_equal(f(7, 100, 50, 1), 41, "page size 1: 50 - 7 - 1 - 1")
+    expect_equal(f(7, 41, 50, 1), 41, "page size 1, asking for exactly the room (41)")
+    expect_equal(f(0, 10, 50, 16), 10, "an empty prompt (0 pages)")
+    expect_equal(f(16, 0, 50, 16), 0, "max_new_tokens 0 stays 0")
 
 
 @points(1)
@@ -39,6 +44,11 @@ def test_max_new_tokens_never_negative():
     got = f(5000, 100, 1000, 16)
     expect(got == 0,
            f"a prompt longer than the pool leaves no room: max_new_tokens_for_memory must return 0, got {got}")
+    expect_equal(f(5000, 100, 1000, 16), 0, "a prompt longer than the pool (an int)")
+    expect_equal(f(967, 100, 1000, 16), 7, "input 967 (976 in pages of 16), capacity 1000: 1000 - 976 - 16 - 1 = 7")
+    expect_equal(f(983, 100, 1000, 16), 0, "input 983 (992 in pages of 16), capacity 1000: 1000 - 992 - 17 < 0")
+    expect_equal(f(998, 100, 1000, 1), 0, "page size 1, capacity 1000, input 998: 1000 - 998 - 1 - 1 = 0")
+    expect_equal(f(997, 100, 1000, 1), 1, "page size 1, capacity 1000, input 997: 1000 - 997 - 1 - 1 = 1")
 
 
 @points(1)
@@ -54,6 +64,8 @@ def test_decode_len_chain_and_page_one():
     expect_equal(f(1, num_steps=3, topk=4, num_draft_tokens=8), 12, "page size 1, 3 steps x topk 4, 8 draft tokens")
     expect_equal(f(16, num_steps=5, topk=1, num_draft_tokens=6), 6, "a chain (topk 1) of 5 steps, 6 draft tokens")
     expect_equal(f(16, num_steps=3), 3, "a chain of 3 steps with topk and draft tokens unset")
+    expect_equal(f(1, num_steps=2, topk=3), 6, "page size 1, 2 steps x topk 3, draft tokens unset")
+    expect_equal(f(1, num_steps=1, topk=1, num_draft_tokens=1), 1, "the smallest speculative step: 1 step, topk 1")
 
 
 @points(1)
@@ -63,13 +75,17 @@ def test_decode_len_tree_on_pages():
                  "each branch may need ceil((16 - 1 + 3) / 16) = 2 pages of its own: 2 * 16 * 4")
     expect_equal(f(4, num_steps=8, topk=2, num_draft_tokens=64), 64, "when the verify block (64 draft tokens) is "
                  "larger than the tree's pages (ceil(11/4) * 4 * 2 = 24) it wins")
+    expect_equal(f(2, num_steps=2, topk=2), 8, "a tree on pages of 2 (topk 2, 2 steps, draft tokens unset): "
+                 "ceil((2 - 1 + 2) / 2) = 2 pages per branch: 2 * 2 * 2")
+    expect_equal(f(4, num_steps=1, topk=3, num_draft_tokens=12), 12, "topk 3, 1 step on pages of 4: 1 page per "
+                 "branch (12 slots), equal to the 12 draft tokens")
 
 
 @points(2)
 def test_reserve_doubled():
     f = ex().alloc_reserve_per_decode
-    expect_equal(f(1), 2, "reserve per decode step without speculation under the overlap scheduler: twice 1")
+    expect_equal(f(1), 2, "reserve per decode step without speculation: twice 1")
+    expect_equal(f(64), 2, "reserve per decode step without speculation on pages of 64: still twice 1 slot")
     expect_equal(f(16, num_steps=3, topk=4, num_draft_tokens=8), 256, "reserve for a tree on pages of 16 "
-                 "(128 slots a step) under the overlap scheduler: doubled")
-    expect_equal(f(16, num_steps=3, topk=4, num_draft_tokens=8, enable_overlap=False), 128,
-                 "without the overlap scheduler the host does not lag: reserve one step's slots")
+                 "(128 slots a step): doubled")
+    expect_equal(f(16, 5, 1, 6), 12, "reserve for a chain of 5 steps with 6 draft tokens (arguments by position)")

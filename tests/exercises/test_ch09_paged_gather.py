@@ -1,26 +1,53 @@
 """Graded: chapter 09, the gather of paged decode attention (exercises/ch09_paged_gather.py).
 
 The kernel's output is compared with dense attention over each request's KV gathered in torch.
+K and V come in several layouts (views of wider buffers, with strides of their own), the request
+table is fenced (a read past its end crashes), and unowned slots hold poison; a check on the
+gather's source, and a GPU check on a pool past 2^31 elements, cover 32-bit address arithmetic.
 """
 
+import ast
 import math
+import re
+import textwrap
 
 import pytest
 import torch
 
-from memlab.grading.checks import expect
+from exercise_refs import fenced
+from memlab.grading.checks import expect, expect_equal
 
 
 def points(n):
     return pytest.mark.points(n, exercise="ch09.paged_gather")
 
 
-def layout(lens, rows, num_slots, kv_heads, head_dim, seed, dtype=torch.float32, device="cpu", poison=False):
+def kv_views(k, v, kind):
+    """K and V with the same values in another memory layout (their strides differ)."""
+    if kind == "dense":
+        return k, v
+
+    def in_wider(x):  # every slot's row inside a wider buffer: stride (h + 1) * d, d, 1
+        n, h, d = x.shape
+        wide = torch.full((n, h + 1, d), float("nan"), dtype=x.dtype, device=x.device)
+        wide[:, 1:] = x
+        return wide[:, 1:]
+
+    def heads_outer(x):  # a (slots, heads, dim) view of a (heads, slots, dim) tensor: stride d, n * d, 1
+        return x.transpose(0, 1).contiguous().transpose(0, 1)
+
+    if kind == "strided":
+        return in_wider(k), heads_outer(v)
+    return heads_outer(k), in_wider(v)  # "swapped"
+
+
+def layout(lens, rows, num_slots, kv_heads, head_dim, seed, dtype=torch.float32, poison=False, extra_cols=8,
+           wide_table=0):
     """KV scattered over a pool: each request's tokens on random distinct slots of its row."""
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(num_slots, kv_heads, head_dim, generator=g)
     v = torch.randn(num_slots, kv_heads, head_dim, generator=g)
-    r2t = torch.zeros(max(rows) + 2, max(lens) + 8, dtype=torch.int32)
+    r2t = torch.zeros(max(rows) + 1, max(lens) + extra_cols + wide_table, dtype=torch.int32)
     perm = torch.randperm(num_slots - 1, generator=g) + 1
     used, i = [], 0
     for row, n in zip(rows, lens):
@@ -33,7 +60,7 @@ def layout(lens, rows, num_slots, kv_heads, head_dim, seed, dtype=torch.float32,
         k[~owned] = 1e4
         v[~owned] = float("nan")
         r2t[r2t == 0] = int(perm[-1])  # past each request's length: an unowned slot
-    return k.to(dtype).to(device), v.to(dtype).to(device), r2t.to(device)
+    return k.to(dtype), v.to(dtype), r2t
 
 
 def reference(q, k, v, r2t, rows, lens):
@@ -48,26 +75,40 @@ def reference(q, k, v, r2t, rows, lens):
     return torch.stack(out)
 
 
-def run(lens, rows, heads=4, kv_heads=2, head_dim=16, seed=0, dtype=torch.float32, device=None, poison=False,
-        atol=1e-4):
+def run(lens, rows, heads=4, kv_heads=2, head_dim=16, seed=0, dtype=torch.float32, poison=False, kv="dense",
+        extra_cols=8, wide_table=0, atol=1e-4):
+    """The learner's kernel on a fenced request table (its last row ends the readable memory)."""
     from memlab.env import kernel_device
     from memlab.grading.loader import load
 
-    dev = device or kernel_device()
-    k, v, r2t = layout(lens, rows, 256 if device is None else 8192, kv_heads, head_dim, seed, dtype, dev, poison)
-    q = torch.randn(len(lens), heads, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(dev)
-    got = load("ch09_paged_gather").decode_attention(
-        q, k, v, r2t, torch.tensor(rows, device=dev), torch.tensor(lens, device=dev)).float().cpu()
-    want = reference(q.cpu(), k.cpu(), v.cpu(), r2t.cpu(), rows, lens)
+    dev = kernel_device()
+    k, v, r2t = layout(lens, rows, 256, kv_heads, head_dim, seed, dtype, poison, extra_cols, wide_table)
+    q = torch.randn(len(lens), heads, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    kd, vd = kv_views(k.to(dev), v.to(dev), kv)  # the views are made where the kernel runs
+    table = fenced(r2t, torch.int32, dev)
+    if wide_table:
+        table = table[:, : r2t.shape[1] - wide_table]  # a view: its row stride is wider than its rows
+    inputs = [q.to(dev), kd, vd, table, torch.tensor(rows, device=dev), torch.tensor(lens, device=dev)]
+    before = [x.clone() for x in inputs]
+    got = load("ch09_paged_gather").decode_attention(*inputs)
+    expect(isinstance(got, torch.Tensor) and got.shape == q.shape and got.dtype == dtype,
+           f"decode_attention must return a {dtype} tensor of shape {tuple(q.shape)}, got "
+           f"{getattr(got, 'dtype', type(got).__name__)} {tuple(getattr(got, 'shape', ()))}")
+    for name, x, b in zip(("q", "k_buffer", "v_buffer", "req_to_token", "req_pool_indices", "seq_lens"),
+                          inputs, before):
+        expect_equal(x, b, f"decode_attention must only read {name}")
+    got = got.float().cpu()
+    want = reference(q, k, v, r2t, rows, lens)
     for b in range(len(lens)):
         err = (got[b] - want[b]).abs().max().item()
-        expect(err <= atol, f"request {b} (row {rows[b]}, {lens[b]} tokens): output differs from attention over "
-                            f"its own KV by {err:.3g} (tolerance {atol:g}); does the gather read row "
-                            "req_pool_indices[b] and the right KV head?")
+        expect(err <= atol, f"request {b} (row {rows[b]}, {lens[b]} tokens; K strides {tuple(kd.stride())}, V strides "
+                            f"{tuple(vd.stride())}, req_to_token row stride {table.stride(0)}): output differs from "
+                            f"attention over its own KV by {err:.3g} (tolerance {atol:g}); does the gather read row "
+                            "req_pool_indices[b], the right KV head, and V with V's own strides?")
 
 
 @pytest.mark.kernel
-@points(2)
+@points(1)
 def test_matches_dense_attention():
     # Batch entry b is NOT row b: rows come from req_pool_indices.
     run([1, 7, 33], [4, 1, 2], heads=4, kv_heads=2, seed=1)
@@ -75,15 +116,19 @@ def test_matches_dense_attention():
 
 @pytest.mark.kernel
 @points(1)
-def test_grouped_query_heads():
-    run([9, 20], [2, 3], heads=8, kv_heads=2, seed=2)
-    run([5], [1], heads=2, kv_heads=2, seed=3)
+def test_k_and_v_layouts_differ():
+    # K inside a wider buffer, V heads-outermost, the request table a view of a wider one.
+    run([5, 19, 2], [3, 0, 2], heads=4, kv_heads=2, seed=8, kv="strided", wide_table=5)
+    run([40], [1], heads=2, kv_heads=2, seed=9, kv="swapped")
+    run([7, 21], [1, 3], heads=4, kv_heads=2, seed=14, kv="swapped", wide_table=3)
 
 
 @pytest.mark.kernel
 @points(1)
-def test_one_token_requests():
-    run([1, 1, 1], [3, 1, 2], seed=4)
+def test_grouped_query_heads():
+    run([9, 20], [2, 3], heads=8, kv_heads=2, seed=2)
+    run([5], [1], heads=2, kv_heads=2, seed=3)
+    run([3, 6], [1, 2], heads=4, kv_heads=1, seed=10, kv="strided")
 
 
 @pytest.mark.kernel
@@ -91,15 +136,134 @@ def test_one_token_requests():
 def test_reads_only_its_own_slots():
     # Slots no request owns hold 1e4 (K) and NaN (V): a gather past seq_len or from the wrong row shows.
     run([3, 17, 40], [5, 2, 1], seed=5, poison=True)
+    # One-token requests; the last row of the table is full (its request's tokens end the table's
+    # memory): a load of the table past seq_len reads past the end, which the fence turns into a crash.
+    run([1, 1, 1], [3, 1, 2], seed=4, poison=True)
+    run([2, 16], [0, 1], seed=11, poison=True, extra_cols=0)
+    run([4, 13], [1, 0], seed=12, poison=True, extra_cols=0, kv="strided")
+
+
+# -- 32-bit address arithmetic ------------------------------------------------------------------
+
+SECTION = re.compile(r"# =+ EXERCISE 09: gather.*?\n(.*?)# =+ END EXERCISE 09", re.DOTALL)
+
+
+def _is_int64(node, assigned) -> bool:
+    """Whether an expression is int64 for sure: a cast to tl.int64, or built from one."""
+    if isinstance(node, ast.Call):
+        f = node.func
+        text = [ast.unparse(a) for a in node.args] + [ast.unparse(k.value) for k in node.keywords]
+        if isinstance(f, ast.Attribute) and f.attr in ("to", "cast") and "tl.int64" in text:
+            return True
+        return False
+    if isinstance(node, ast.Subscript):
+        return _is_int64(node.value, assigned)
+    if isinstance(node, ast.Name):
+        values = assigned.get(node.id, [])
+        return bool(values) and all(_is_int64(v, assigned) for v in values)
+    if isinstance(node, ast.BinOp):
+        return _is_int64(node.left, assigned) or _is_int64(node.right, assigned)
+    return False
+
+
+def narrow_products(source: str) -> list[str]:
+    """The products ``x * stride_ks`` / ``x * stride_vs`` in the gather where neither side is
+    certainly int64 (empty when every one is, or when none is found)."""
+    m = SECTION.search(source)
+    if m is None:
+        return []
+    try:
+        tree = ast.parse(textwrap.dedent(m.group(1)))
+    except SyntaxError:
+        return []
+    assigned: dict[str, list] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    assigned.setdefault(t.id, []).append(n.value)
+    bad = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+            sides = (n.left, n.right)
+            if any(isinstance(s, ast.Name) and s.id in ("stride_ks", "stride_vs") for s in sides) and \
+                    not any(_is_int64(s, assigned) for s in sides):
+                bad.append(ast.unparse(n))
+    return bad
+
+
+@pytest.mark.kernel
+@points(1)
+def test_addresses_in_64_bit():
+    from memlab.grading.loader import load
+
+    run([2, 3], [1, 0], seed=15)  # the gather works at all (the stub raises NotImplementedError here)
+    source = open(load("ch09_paged_gather").__file__).read()
+    bad = narrow_products(source)
+    expect(not bad, f"the gather computes {bad[0] if bad else ''} in 32 bits: the slots come from req_to_token "
+                    "(int32) and the stride fits in 32 bits, so the product is int32 and wraps past 2^31 "
+                    "elements (a pool of a few million tokens): the kernel would read another token's KV or "
+                    "fault. Cast the slots to int64 first (.to(tl.int64)), as SGLang does")
 
 
 @pytest.mark.kernel
 @pytest.mark.gpu
-@points(2)
+@points(1)
 def test_compiled_on_gpu_fp16():
     import random
+
+    from memlab.grading.loader import load
 
     rng = random.Random(6)
     lens = [rng.randint(1, 300) for _ in range(24)]
     rows = rng.sample(range(1, 60), 24)
-    run(lens, rows, heads=8, kv_heads=2, head_dim=64, seed=7, dtype=torch.float16, device="cuda", atol=2e-2)
+    k, v, r2t = layout(lens, rows, 8192, 2, 64, 7, torch.float16)
+    q = torch.randn(24, 8, 64, generator=torch.Generator().manual_seed(8)).half()
+    kd, vd = kv_views(k, v, "strided")
+    got = load("ch09_paged_gather").decode_attention(
+        q.cuda(), kd.cuda(), vd.cuda(), r2t.cuda(), torch.tensor(rows).cuda(), torch.tensor(lens).cuda())
+    err = (got.float().cpu() - reference(q, k, v, r2t, rows, lens)).abs().max().item()
+    expect(err <= 2e-2, f"fp16 on the GPU (strided K and V): the output differs from attention by {err:.3g}")
+
+
+@pytest.mark.kernel
+@pytest.mark.gpu
+@points(1)
+def test_gpu_pool_past_2_31_elements():
+    """K and V in one fp16 buffer of more than 2^31 elements (4.3 GB); the requests' slots lie at its end,
+    where slot * stride_ks no longer fits in 32 bits."""
+    from memlab.grading.loader import load
+
+    kv_heads, dim = 2, 64
+    per_slot = 2 * kv_heads * dim  # K and V interleaved per slot: stride_ks = stride_vs = 256
+    num_slots = (1 << 31) // per_slot + 4096
+    try:
+        kv = torch.empty(num_slots, 2, kv_heads, dim, dtype=torch.float16, device="cuda")
+    except torch.cuda.OutOfMemoryError:
+        pytest.skip("needs 4.3 GB of free GPU memory")
+    k, v = kv[:, 0], kv[:, 1]
+    g = torch.Generator().manual_seed(13)
+    lens, rows = [37, 5, 64], [2, 1, 3]
+    slots = (num_slots - 1 - torch.randperm(4000, generator=g)[: sum(lens)]).tolist()
+    r2t = torch.zeros(4, 64, dtype=torch.int32)
+    i = 0
+    for row, n in zip(rows, lens):
+        r2t[row, :n] = torch.tensor(slots[i:i + n], dtype=torch.int32)
+        i += n
+    used = torch.tensor(slots, device="cuda")
+    k[used] = torch.randn(len(slots), kv_heads, dim, generator=g).half().cuda()
+    v[used] = torch.randn(len(slots), kv_heads, dim, generator=g).half().cuda()
+    q = torch.randn(3, 4, dim, generator=g).half().cuda()
+    try:
+        got = load("ch09_paged_gather").decode_attention(q, k, v, r2t.cuda(), torch.tensor(rows).cuda(),
+                                                         torch.tensor(lens).cuda())
+        torch.cuda.synchronize()
+        small = {s: j for j, s in enumerate(slots)}  # the same KV in a small pool, for the reference
+        r2t_small = r2t.clone().apply_(lambda s: small.get(s, 0))
+        want = reference(q.cpu(), k[used].cpu(), v[used].cpu(), r2t_small, rows, lens)
+        err = (got.float().cpu() - want).abs().max().item()
+    finally:
+        del kv, k, v
+        torch.cuda.empty_cache()
+    expect(err <= 2e-2, f"a pool of {num_slots:,} slots x {per_slot} values (past 2^31 elements): the output differs "
+                        f"from attention by {err:.3g}; is slot * stride computed in int64?")
