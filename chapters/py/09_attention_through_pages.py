@@ -193,6 +193,12 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # The kernel's gather: load the block's slots through `req_to_token` (row `req_pool_indices[b]`,
 # not `b`) and the K and V tiles at those slots (5 points, +2 on a GPU). The cell runs yours on
 # this chapter's pool.
+#
+# Cast the slot to int64 before you multiply it by a stride. `req_to_token` is int32, and so is
+# `slot * stride_ks` unless one side is 64-bit: past 2^31 elements (a pool of about two million
+# tokens at 8 KV heads x 128 dims) the product wraps to a negative offset and the kernel reads
+# another token's KV, or faults. The grader checks your gather's source for this on a CPU and, on
+# a GPU, runs a pool past 2^31 elements.
 
 # %%
 with viz.notebook.exercise("ch09_paged_gather") as ex:
