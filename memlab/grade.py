@@ -355,8 +355,9 @@ def _parse_chapter(text: str) -> int | None:
     t = text.lower().removeprefix("ch").removeprefix("chapter")
     if t in ("all", ""):
         return None
-    if not t.isdigit() or not 1 <= int(t) <= 10:
-        raise argparse.ArgumentTypeError(f"chapter must be 01..10 or 'all', got {text!r}")
+    last = max(e.chapter for e in catalog.EXERCISES)
+    if not t.isdigit() or not 1 <= int(t) <= last:
+        raise argparse.ArgumentTypeError(f"chapter must be 01..{last} or 'all', got {text!r}")
     return int(t)
 
 

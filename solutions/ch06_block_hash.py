@@ -4,15 +4,16 @@ Write ``request_block_hashes``. Grade with ``./course grade 06``.
 """
 
 import hashlib
+import pickle
 from typing import NamedTuple
 
 
 def hash_fn(obj) -> bytes:
-    """Given: SHA-256 of the object's repr (stable for ints, strings, bytes, None and tuples)."""
-    return hashlib.sha256(repr(obj).encode()).digest()
+    """Given: vLLM 0.33's ``sha256``, SHA-256 of the object pickled with the highest protocol."""
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-NONE_HASH = hash_fn(("none_hash", "memlab"))  # the parent of every request's first block
+NONE_HASH = hash_fn("vllm-none-hash")  # the parent of every request's first block (vLLM's fixed seed)
 
 
 class MMItem(NamedTuple):
@@ -24,7 +25,8 @@ class MMItem(NamedTuple):
 
 
 def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str | None = None,
-                         mm_items: tuple = (), cache_salt: str | None = None) -> list[bytes]:
+                         lora_path: str | None = None, mm_items: tuple = (),
+                         cache_salt: str | None = None) -> list[bytes]:
     """The hash of each FULL block of a request, first block first.
 
     Block i covers tokens ``[i * block_size, (i + 1) * block_size)``; a last partial block gets no
@@ -33,10 +35,10 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
     hash (``NONE_HASH`` for block 0), so one hash stands for the whole prefix. ``extra_keys`` is a
     tuple of, in this order:
 
-    - ``("lora", lora_name)`` on every block when ``lora_name`` is not None;
-    - ``(item.identifier, item.offset - block_start)`` for each item of ``mm_items`` that
+    - ``("lora", lora_name, lora_path)`` on every block when ``lora_name`` is not None;
+    - ``("mm", item.identifier, item.offset - block_start)`` for each item of ``mm_items`` that
       overlaps the block's tokens, in the order of ``mm_items`` (which comes sorted by offset);
-    - ``("salt", cache_salt)`` on block 0 only, when ``cache_salt`` is a non-empty string (vLLM
+    - ``("cache_salt", cache_salt)`` on block 0 only, when ``cache_salt`` is a non-empty string (vLLM
       tests its truth: ``""`` is no salt): through the chain it changes every later hash too;
     and ``None`` instead of an empty tuple. ``token_ids`` and ``mm_items`` are only read.
     See chapter 06 (block hashes).
@@ -47,10 +49,11 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
         start, end = i * block_size, (i + 1) * block_size
         keys = []
         if lora_name is not None:
-            keys.append(("lora", lora_name))
-        keys += [(m.identifier, m.offset - start) for m in mm_items if m.offset < end and m.offset + m.length > start]
+            keys.append(("lora", lora_name, lora_path))
+        keys += [("mm", m.identifier, m.offset - start) for m in mm_items
+                 if m.offset < end and m.offset + m.length > start]
         if i == 0 and cache_salt:
-            keys.append(("salt", cache_salt))
+            keys.append(("cache_salt", cache_salt))
         parent = hash_fn((parent, tuple(token_ids[start:end]), tuple(keys) if keys else None))
         hashes.append(parent)
     return hashes

@@ -111,7 +111,7 @@ def match_prefix(tree: RadixTree, key) -> tuple:
     - ``n = tree.key_match(child.key, key, matched)``. When ``n`` is the child's whole key,
       descend into it. Otherwise the match ends inside it: split it (``split_node``) after ``n``
       tokens, add ``n``, and stop at the new node, so the match always ends exactly on a node.
-    See chapter 11 (match_prefix).
+    See chapter 11 (The radix tree).
     """
     key = list(key)[: len(key) // tree.page_size * tree.page_size]
     now = tree.tick()
@@ -140,7 +140,7 @@ def evict(tree: RadixTree, num_tokens: int, free) -> int:
       from its parent's children, count its tokens.
     - A parent left without children and unlocked (and not the root) is now a leaf: it becomes a
       candidate in the same call.
-    See chapter 11 (evict).
+    See chapter 11 (The radix tree).
     """
     heap = [(n.last_access_time, id(n), n) for n in tree.evictable_leaves()]
     heapq.heapify(heap)

@@ -42,6 +42,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("ch09.paged_gather", 9, "ch09_paged_gather", 5,
              "paged decode attention: gather KV through req_to_token", gpu_points=2),
     Exercise("ch10.admission", 10, "ch10_admission", 8, "scheduler admission against the capacity hooks"),
+    Exercise("ch11.radix_match", 11, "ch11_radix_match", 10, "radix tree: match_prefix with its split, LRU evict"),
 )
 
 BY_ID = {e.id: e for e in EXERCISES}

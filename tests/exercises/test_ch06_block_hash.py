@@ -59,8 +59,8 @@ def test_chain_stands_for_the_prefix():
 def test_salt_first_block_only():
     m = ex()
     got = hashes(m, TOKENS, 4, cache_salt="tenant-a")
-    want = chain(m, TOKENS, 4, [(("salt", "tenant-a"),), None])
-    expect_equal(got[0], want[0], "block 0 with cache_salt='tenant-a' (extra keys (('salt', 'tenant-a'),))")
+    want = chain(m, TOKENS, 4, [(("cache_salt", "tenant-a"),), None])
+    expect_equal(got[0], want[0], "block 0 with cache_salt='tenant-a' (extra keys (('cache_salt', 'tenant-a'),))")
     expect_equal(got[1], want[1], "block 1 with a salt: the salt is on block 0 only (extra keys None); "
                                   "it still changes block 1's hash through the parent")
     plain = hashes(m, TOKENS, 4)
@@ -72,12 +72,19 @@ def test_salt_first_block_only():
 def test_lora_on_every_block():
     m = ex()
     got = hashes(m, TOKENS, 4, lora_name="sql-adapter", cache_salt="s")
-    key = ("lora", "sql-adapter")
-    expect_equal(got, chain(m, TOKENS, 4, [(key, ("salt", "s")), (key,)]),
+    key = ("lora", "sql-adapter", None)
+    expect_equal(got, chain(m, TOKENS, 4, [(key, ("cache_salt", "s")), (key,)]),
                  "hashes with lora_name='sql-adapter' and cache_salt='s' (lora on every block, then the salt "
                  "on block 0)")
-    expect_equal(hashes(m, TOKENS, 4, lora_name=""), chain(m, TOKENS, 4, [(("lora", ""),)] * 2),
+    expect_equal(hashes(m, TOKENS, 4, lora_name=""), chain(m, TOKENS, 4, [(("lora", "", None),)] * 2),
                  "lora_name='' is a name (the key is there whenever lora_name is not None)")
+    key = ("lora", "sql-adapter", "/adapters/v2")
+    expect_equal(hashes(m, TOKENS, 4, lora_name="sql-adapter", lora_path="/adapters/v2"),
+                 chain(m, TOKENS, 4, [(key,)] * 2),
+                 "lora_path='/adapters/v2': the key is ('lora', name, path), so a name re-pointed at another "
+                 "adapter does not reuse KV")
+    expect_equal(hashes(m, TOKENS, 4, lora_path="/adapters/v2"), hashes(m, TOKENS, 4),
+                 "a lora_path without a lora_name adds no key")
 
 
 @points(1)
@@ -86,16 +93,17 @@ def test_multimodal_items_overlapping():
     tokens = list(range(16))
     items = (m.MMItem("img-a", 2, 5), m.MMItem("img-b", 9, 2))  # positions 2..6 and 9..10
     got = hashes(m, tokens, 4, mm_items=items)
-    want = chain(m, tokens, 4, [(("img-a", 2),), (("img-a", -2),), (("img-b", 1),), None])
+    want = chain(m, tokens, 4, [(("mm", "img-a", 2),), (("mm", "img-a", -2),), (("mm", "img-b", 1),), None])
     for i in range(4):
         expect_equal(got[i], want[i], f"block {i} of 16 tokens with images at positions 2..6 and 9..10 "
-                                      "(extra keys: (identifier, item offset - block start) per overlapping item)")
+                                      "(extra keys: ('mm', identifier, item offset - block start) per overlapping item)")
     # Items that end exactly where a block starts, or start exactly where it ends, do not overlap it;
     # two items in one block keep their order; the lora key comes first.
     items = [m.MMItem("a", 0, 4), m.MMItem("b", 4, 1), m.MMItem("c", 7, 1), m.MMItem("d", 8, 8)]
     got = hashes(m, tokens, 4, mm_items=items, lora_name="L")
-    lora = ("lora", "L")
-    want = chain(m, tokens, 4, [(lora, ("a", 0)), (lora, ("b", 0), ("c", 3)), (lora, ("d", 0)), (lora, ("d", -4))])
+    lora = ("lora", "L", None)
+    want = chain(m, tokens, 4, [(lora, ("mm", "a", 0)), (lora, ("mm", "b", 0), ("mm", "c", 3)), (lora, ("mm", "d", 0)),
+                                (lora, ("mm", "d", -4))])
     for i in range(4):
         expect_equal(got[i], want[i], f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: "
                                       "an item overlaps a block when it starts before the block's end and ends "
