@@ -106,21 +106,6 @@ def lab():
         shutil.rmtree(state, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def browser(lab):
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(str(lab["state"] / "chromium"), executable_path=lab["chromium"],
-                                                    headless=True, args=CHROMIUM_FLAGS,
-                                                    viewport={"width": 1400, "height": 1000})
-        try:
-            yield ctx
-        finally:
-            ctx.close()
-
-
 def open_notebook(ctx, lab, name):
     """A page with notebook ``name`` open, its kernel started; returns the page."""
     page = ctx.new_page()
@@ -154,8 +139,26 @@ def wait_for_new_picture(page, old):
     return page.locator(".memlab-stepper img.memlab-view").get_attribute("src")
 
 
-def test_widget_draws_and_reacts_in_a_real_browser(lab, browser):
-    page = open_notebook(browser, lab, CHAPTER)
+def test_widgets_draw_and_react_in_a_real_browser(lab):
+    """One JupyterLab and one Chromium for both chapters (two tests could land on two pytest-xdist
+    workers, each starting its own)."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(str(lab["state"] / "chromium"), executable_path=lab["chromium"],
+                                                    headless=True, args=CHROMIUM_FLAGS,
+                                                    viewport={"width": 1400, "height": 1000})
+        try:
+            request_table_widget(ctx, lab)
+            radix_widget(ctx, lab)
+        finally:
+            ctx.close()
+
+
+def request_table_widget(ctx, lab):
+    """Chapter 01 whole: the Stepper draws, next changes the step and the picture."""
+    page = open_notebook(ctx, lab, CHAPTER)
     try:
         page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         stepper = page.locator(".memlab-stepper")
@@ -184,10 +187,10 @@ def test_widget_draws_and_reacts_in_a_real_browser(lab, browser):
     assert (ARTIFACTS / "01_request_table_widget.png").stat().st_size > 10_000
 
 
-def test_radix_widget_steps_through_its_story(lab, browser):
+def radix_widget(ctx, lab):
     """Chapter 11 down to its widget: step through the radix tree's story (arrive, finish, the
     split) and back, switch to pages of 2; each move changes the caption and the picture."""
-    page = open_notebook(browser, lab, RADIX)
+    page = open_notebook(ctx, lab, RADIX)
     try:
         widget_cell = page.evaluate("""() => {
             const nb = window.jupyterapp.shell.currentWidget.content;
