@@ -135,7 +135,8 @@ def evict(tree: RadixTree, num_tokens: int, free) -> int:
     how many tokens were freed.
 
     - Candidates: ``tree.evictable_leaves()``, least recently used first (smallest
-      ``last_access_time``; a heap of ``(last_access_time, id(node), node)`` works).
+      ``last_access_time``; a heap of ``(last_access_time, id(node), node)`` works: two leaves
+      can have the same time, and nodes themselves do not compare).
     - For each evicted leaf: ``free(node.value)`` (the allocator takes the slots back), remove it
       from its parent's children, count its tokens.
     - A parent left without children and unlocked (and not the root) is now a leaf: it becomes a

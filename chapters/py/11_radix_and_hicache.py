@@ -64,9 +64,14 @@ FAST = start("11", REF, drive=DRIVE)
 # slots (`host`) and its lock count. Dark blue: locked by a running request; peach: an evictable
 # leaf (the next eviction's candidates, least recently used first); mint: on the device with a
 # child on the device; grey and hatched: evicted from the device, its KV only on the host. A black
-# edge marks what the step changed. Right: every device and host page in the colour of its
-# node; `xx` pages belong to a running request and are not in the tree yet. The second story uses
-# pages of 2 tokens.
+# edge marks what the step changed. Right: every device and host slot in the colour of its
+# node; cross-hatched slots belong to a running request and are not in the tree yet; slot 0 (dark
+# grey) is the padding slot, never handed out (chapter 03). Press **next** and watch the tree.
+#
+# The second story (the `story` menu) replays the same requests with pages of 2 tokens. Its
+# captions are the first story's, but every match and every split now falls on a page boundary:
+# B shares 7 tokens with A ('<s> You are brief . What is'), yet hits only 6 (three whole pages),
+# and the split lands after 'What', not after 'is'.
 #
 # ![D hits nodes that live only on the host: they are loaded back into new device pages](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/11_radix.png)
 
@@ -146,7 +151,7 @@ a = drv.admit(list(range(10)))
 drv.finish(a)
 print("A: 10 tokens -> the tree keeps", ptree.total_size(), "(two pages); the page of tokens 8, 9 was freed")
 b = drv.admit(list(range(6)) + [50, 51, 52])
-print("B shares tokens 0-5 but hits", b.hit_tokens, "tokens: one whole page (a request never hits its last token)")
+print("B shares tokens 0-5 but hits", b.hit_tokens, "tokens: one whole page; its second page (4 5 50 51) is not A's (4 5 6 7)")
 drv.finish(b)
 
 # %% [markdown]
@@ -265,12 +270,19 @@ hi.check_idle(16)
 # | eviction | whole unlocked leaves (a node is the unit), LRU by access time | block by block from the free queue's head (LRU; a request's tail first) |
 # | below the GPU | HiCache: host (and storage) tiers under the same tree | a separate KV connector / offloading layer |
 #
-# `memlab.prefix_compare` replays one stream of multi-turn conversations that share four system
-# prompts (each turn's prompt is the whole conversation so far plus a new message), one request
-# after another, through both, at a few cache sizes: hit rate (prompt tokens whose KV was reused)
-# and evictions (tokens of cached KV dropped). With `host_tokens`, the radix tree also gets a
-# host tier (its "evicted" tokens were demoted to the host, not lost). Fast mode uses a shorter
-# stream.
+# `memlab.prefix_compare` replays one stream of multi-turn conversations through both, one
+# request after another, at a few cache sizes (tokens of KV the device pool holds), and counts
+# the **hit rate** (prompt tokens whose KV was reused, over all prompt tokens; a request never
+# hits its last prompt token, which is computed for its logits) and the **evictions** (tokens of
+# cached KV dropped to make room). The stream (`shared_prefix_conversations`, seed 0): 120
+# conversations of 4 turns, each opening with one of 4 system prompts of 384 tokens; a turn adds
+# a user message and an answer of 24 to 160 random tokens each, and its prompt is the whole
+# conversation so far plus the new message; the turns of different conversations arrive
+# interleaved in a random order. vLLM's blocks and the radix tree's pages hold 16 tokens; the
+# radix tree also runs with pages of 1 token, and with a HiCache host tier of 32,768 tokens (its
+# "evicted" tokens were demoted to the host, not lost). In fast mode the cell below replays a
+# shorter stream (30 conversations of 3 turns, 90 requests) at two sizes without the host tier:
+# fewer conversations compete for the cache, so its hit rates are higher than the table after it.
 
 # %%
 from memlab.prefix_compare import compare, shared_prefix_conversations
@@ -282,8 +294,8 @@ print(cmp.table())
 viz.show(cmp.plot())
 
 # %% [markdown]
-# Measured with `python bench/bench_prefix_cache.py` (120 conversations of 4 turns, 480 requests,
-# 364,088 prompt tokens; a cache that never evicts would hit 87.2 %):
+# Measured with `python bench/bench_prefix_cache.py` on the full stream (480 requests, 364,088
+# prompt tokens; a cache that never evicts would hit 87.2 %), hit rate / tokens evicted:
 #
 # | cache (tokens) | 2,048 | 4,096 | 8,192 | 16,384 |
 # |---|---|---|---|---|
@@ -292,27 +304,62 @@ viz.show(cmp.plot())
 # | radix, pages of 1 | 26.4 % / 310,555 | 44.7 % / 241,529 | 57.2 % / 192,399 | 65.5 % / 154,178 |
 # | radix, pages of 16 + host tier of 32,768 | 75.3 % / 295,888 | 75.3 % / 237,200 | 75.3 % / 188,720 | 75.3 % / 151,152 |
 #
-# (hit rate / tokens evicted.) On this stream the two caches hit almost the same once the cache
-# holds a few conversations: both share the system prompts and each conversation's history
-# (requests run one at a time here, so vLLM's earlier sharing within a step does not show). At
-# the smallest cache the radix tree hits less and evicts more: it evicts whole leaves (a
-# conversation's whole last turn) where vLLM frees exactly the blocks it needs, tail first. On
-# this stream about 40 % of the tokens the radix tree evicts (43 % at 2,048 tokens) go beyond
-# what `evict` was asked for; freed early, they delay the next eviction, which is why the totals
-# stay close once the cache is larger.
-# Pages of 1 token gain almost nothing here: the only extra hits are the partial last pages of
-# each turn. A host tier 2 to 16 times the device pool turns most evictions into demotions: the
-# hit rate no longer depends on the device pool at all, only on what the host can hold.
+# On this stream the two caches hit almost the same once the cache holds a few conversations:
+# both share the system prompts and each conversation's history (requests run one at a time here,
+# so vLLM's earlier sharing within a step does not show). At the smallest cache the radix tree
+# hits less and evicts more: it evicts whole leaves (a conversation's whole last turn) where vLLM
+# frees exactly the blocks it needs, tail first. Between 41 % and 46 % of the tokens the radix
+# tree evicts (43 % at 2,048 tokens) go beyond what `evict` was asked for (measured by adding up
+# the `num_tokens` of every `evict` call in the same replays); freed early, they delay the next
+# eviction, which is why the totals stay close once the cache is larger. Pages of 1 token change
+# the hit rate by 0.3 points at most here: their only extra hits are the partial last pages of each
+# turn, and they cost as many evictions. A host tier 2 to 16 times the device pool turns most
+# evictions into demotions: the hit rate no longer depends on the device pool at all, only on what
+# the host can hold.
 #
-# **Against the real engine.** `tests/engines/test_sglang_radix.py` loads SGLang 0.5.23's own
-# `RadixCache` from its published wheel and drives both trees with the same random streams of
-# insert, match, lock, unlock and evict (page sizes 1 and 4): same matched lengths and slots,
-# same evicted slots in the same order, same sizes and the same tree after every step.
+# **Against the real engine.** `./course engines` runs `tests/engines/test_sglang_radix.py`: it
+# loads SGLang 0.5.23's own `RadixCache` (`sglang/srt/mem_cache/radix_cache.py`) from its
+# published wheel and drives it and memlab's tree with the same random streams of insert, match,
+# lock, unlock and evict (page sizes 1 and 4). After every step both must agree: the same matched
+# lengths and slots, the same evicted slots in the same order, the same sizes and the same tree.
+#
+# ## Where memlab differs from SGLang
+#
+# memlab's radix tree is SGLang's `RadixCache`, name for name. Its host tier keeps HiCache's
+# names and order of operations, but SGLang 0.5.23 builds HiCache on a larger structure: the
+# scheduler's tree is a `UnifiedRadixCache` (`unified_radix_cache.py`) over a `UnifiedTreeCore`
+# (`unified_cache/`), and `init_hicache` gives it a `HiCacheController`
+# (`managers/cache_controller.py`) that moves the KV.
+#
+# | | memlab | SGLang 0.5.23 |
+# |---|---|---|
+# | the tree | `RadixCache`, and `HiRadixCache` (a subclass) for two tiers | `RadixCache` is the classic tree (the one `./course engines` compares); for a full-attention model the server builds a `UnifiedRadixCache`, with or without HiCache: its nodes carry one record per component (full attention, sliding window, Mamba), and its core runs in Rust by default (Python as the fallback) |
+# | keys | plain sequences of token ids | a `RadixKey`: the token ids, an extra key (the LoRA adapter) and a cache salt that keep namespaces apart, and a bigram view for EAGLE |
+# | LRU order | a counter; a heap of the evictable leaves at every `evict` | `RadixCache`: `time.monotonic()` stamps and the same heap; the unified core: a counter and doubly linked LRU lists (`UnifiedLRUList`) walked from the oldest end; other policies on request (`--radix-eviction-policy` lfu, slru, priority, tlru) |
+# | transfers | synchronous: `write` and `load` copy before they return | queued, merged and run on their own CUDA streams, each batch with CUDA events (`HiCacheAck`); a node being written through stays locked until its copy's event has fired; a load records one event per layer (`LayerDoneCounter`), so layer 0's attention starts while later layers are still on the way; tensor-parallel ranks agree on finished copies (an all-reduce) |
+# | the copy | a Triton gather/scatter between device buffers, plus one bulk copy to pinned host memory (so it runs in the interpreter too) | `--hicache-io-backend kernel` (the default): CUDA kernels that read and write pinned host memory directly; `direct`: plain copies; host layouts `layer_first`, `page_first` (the default) and others |
+# | pools | one device KV pool and its host pool (MHA or MLA) | one host pool for each declaration a device pool makes (`host_pool_decls`): KV, sliding window, Mamba state, indexer keys, moved together (`HybridCacheController`) |
+# | host size | given in tokens | `--hicache-ratio` times the device pool (2 by default, lowered when host memory is short) or `--hicache-size` in GB |
+# | below the host | nothing | a storage tier (L3, `--hicache-storage-backend` file, Mooncake, HF3FS, NIXL, ...): pages stored under the hash of their prefix, prefetched while a request waits, backed up from the host |
+#
+# What stays the same: the three write policies (`write_through`, `write_through_selective`,
+# `write_back`), device pages taken *before* a load copies into them, slot ids translated to
+# buffer rows before every copy (identity for a static pool; memlab calls the allocator's
+# `translate_kv_indices_for_transfer`, the name SGLang's PD-disaggregation transfers use, where
+# SGLang's HiCache copy asks the device pool's `host_transfer_translate`), and the rule that a
+# node on the host never hangs below a node that is only on the device.
 #
 # ## Exercise: `exercises/ch11_radix_match.py`
 #
-# Write `split_node`, `match_prefix` and `evict` for a small radix tree (10 points). The cell runs
-# yours on the split of the section above.
+# Write `split_node`, `match_prefix` and `evict` for a small radix tree (10 points). The file
+# gives the tree: `TreeNode` (a key of token ids, a Python list of slots, a lock count, an access
+# time), `RadixTree` with its LRU clock (`tree.tick()`), `child_key` (a child is found by its first
+# token, or its first page as a tuple), `key_match` (tokens shared, in whole pages), `add_child`,
+# `lock`/`unlock` and `evictable_leaves()`. `evict` gives slots back through the `free` function
+# it receives, as `RadixCache.evict` does through the allocator. The reference is
+# `memlab/radix_cache.py` (`_match_prefix_helper`, `_split_node`, `evict`); the graded tests also
+# try pages of 2, an eviction that fits exactly, leaves with the same access time, and parents
+# that are locked or still have children. The cell runs yours on the split of the section above.
 
 # %%
 with viz.notebook.exercise("ch11_radix_match") as ex:
