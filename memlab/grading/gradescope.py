@@ -33,6 +33,8 @@ from pathlib import Path
 
 from memlab.grading import catalog
 from memlab.grading.loader import ROOT
+from memlab.grading.report import format_table, gradescope_results
+from memlab.grading.runner import DEFAULT_TIMEOUT, GradingError, grade
 
 ROOT_ENV = "MEMLAB_AUTOGRADER_ROOT"
 DEFAULT_ROOT = "/autograder"
@@ -162,8 +164,6 @@ def _gpu_note(report) -> tuple[str, list[dict]]:
 
 
 def results_for(report, table: str, found: dict[str, Path], missing: list[str], submission: Path) -> dict:
-    from memlab.grade import gradescope_results
-
     data = gradescope_results(report, table)
     note, extra = _gpu_note(report)
     rel = {n: p.relative_to(submission).as_posix() for n, p in found.items()}
@@ -186,19 +186,17 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
     results.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        from memlab import grade
-
         submission = root / "submission"
         if not submission.is_dir():
-            raise grade.GradingError(f"there is no submission folder ({submission})")
+            raise GradingError(f"there is no submission folder ({submission})")
         found, missing = find_submitted(submission)
         work = root / "work" / "exercises"  # the stubs, then the submitted files over them
         shutil.rmtree(work.parent, ignore_errors=True)
         shutil.copytree(ROOT / "exercises", work)
         for name, path in found.items():
             shutil.copyfile(path, work / name)
-        report = grade.grade(None, str(work), timeout or grade.DEFAULT_TIMEOUT)
-        data = results_for(report, grade.format_table(report), found, missing, submission)
+        report = grade(None, str(work), timeout or DEFAULT_TIMEOUT)
+        data = results_for(report, format_table(report), found, missing, submission)
     except Exception as exc:  # the grader failed, not the student: say so, score 0, never no file
         data = {"score": 0, "execution_time": round(time.monotonic() - t0, 2), "tests": [],
                 "output": ("The memlab autograder could not grade this submission (not a mistake in your "
