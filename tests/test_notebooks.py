@@ -315,6 +315,9 @@ def test_static_pictures_exist_and_are_shown():
             assert (ROOT / pic).is_file(), \
                 f"{p.name} shows {pic}, which is missing (python -m memlab.viz.render_static)"
             shown[pic] = p
+    drawn = {f"chapters/img/{name}.png" for name in PICTURES}
+    not_drawn = sorted(p for p in shown if p.startswith("chapters/img/") and p not in drawn)
+    assert not not_drawn, f"shown but not drawn by python -m memlab.viz.render_static (add to PICTURES): {not_drawn}"
     for name in PICTURES:
         pic = f"chapters/img/{name}.png"
         assert pic in shown, f"{pic} is rendered but no chapter shows it"
