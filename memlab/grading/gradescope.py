@@ -7,13 +7,14 @@ student's files in ``/autograder/submission``, runs ``run_autograder`` from ``/a
 reads ``/autograder/results/results.json``.
 
 The bundle holds the course without its solutions (a student's code runs in the same container,
-so they must not be there): ``memlab/``, ``kernels/``, the stubs in ``exercises/``, the graded
-tests and ``pyproject.toml``. ``setup.sh`` makes a virtual environment with a CPU torch and the
-rest of pyproject's dependencies plus pytest; ``run_autograder`` calls ``run()`` below, which
-grades the stubs overlaid with the submitted ``chNN_*.py`` files (found anywhere in the
-submission, never under a ``solutions`` folder) and writes results.json, also when grading
-itself fails (score 0, the reason in ``output``). Gradescope's machines have no GPU: the
-GPU-only points are then not run, and the output says which maximum applies.
+so they must not be there): ``memlab/`` (its ``kernels`` link written as files), ``kernels/``,
+the stubs in ``exercises/``, the graded tests and ``pyproject.toml``. ``setup.sh`` makes a
+virtual environment with a CPU torch and the rest of pyproject's dependencies plus pytest;
+``run_autograder`` calls ``run()`` below, which grades the stubs overlaid with the submitted
+``chNN_*.py`` files (found anywhere in the submission, never under a ``solutions`` folder) and
+writes results.json, also when grading itself fails (score 0, the reason in ``output``).
+Gradescope's machines have no GPU: the GPU-only points are then not run, and the output says
+which maximum applies.
 
 ``MEMLAB_AUTOGRADER_ROOT`` replaces ``/autograder`` (the tests unpack the bundle into a temp
 folder); ``MEMLAB_PYTHON`` replaces the setup's virtual environment.
@@ -95,10 +96,11 @@ def _requirements() -> tuple[str, list[str]]:
 def bundle_files() -> list[Path]:
     """Repository files the autograder needs (relative paths), solutions never among them."""
     out = []
-    for d in BUNDLE_DIRS:
-        for f in sorted((ROOT / d).rglob("*")):
-            if f.is_file() and not SKIP & set(f.relative_to(ROOT).parts) and f.suffix != ".pyc":
-                out.append(f.relative_to(ROOT))
+    for d in BUNDLE_DIRS:  # through links: memlab/kernels (a link to kernels/) goes in as files
+        for folder, dirs, files in os.walk(ROOT / d, followlinks=True):
+            dirs[:] = sorted(x for x in dirs if x not in SKIP)
+            rel = Path(folder).relative_to(ROOT)
+            out += [rel / f for f in sorted(files) if not f.endswith(".pyc")]
     out += [Path(f) for f in BUNDLE_FILES if (ROOT / f).is_file()]
     return out
 
