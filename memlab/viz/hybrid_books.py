@@ -113,7 +113,7 @@ def _slots(out) -> list[int]:
     return [] if out is None else out.tolist()
 
 
-def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4):
+def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4) -> SwaScene:
     """Chapter 07: a sliding-window model's two ledgers; out-of-window SWA pages go back early."""
     al = SWATokenToKVPoolAllocator(size, size_swa, page_size, debug_mode=True)
     sc = SwaScene(ReqToTokenPool(4, 16), al, window)
@@ -135,8 +135,10 @@ def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, windo
     return sc
 
 
-def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3, mamba_size: int = 9):
-    """Chapter 07: a hybrid request table; each row owns a state slot and its tracking slots."""
+def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3,
+                mamba_size: int = 9) -> list[MambaFrame]:
+    """Chapter 07: a hybrid request table; each row owns a state slot and its tracking slots.
+    Returns the frames (``MambaFrame``s), not a scene: the pool is driven directly."""
     pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4),
                                 mamba_layer_ids=[0], enable_mamba_extra_buffer=extra_buffer,
                                 enable_overlap_schedule=overlap, debug_mode=True)

@@ -103,7 +103,7 @@ class VllmScene:
 
 # -- 3. the chapter's story -------------------------------------------------------------------
 
-def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4):
+def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4) -> VllmScene:
     """Chapter 06: vLLM's block pool; a prefix hit, reverse-order frees, lazy eviction."""
     sc = VllmScene(num_blocks, block_size, enable_caching)
     mode = "prefix caching on" if enable_caching else "prefix caching off"
