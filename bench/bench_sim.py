@@ -85,15 +85,17 @@ def main():
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     speed_vs_reference(args.pool)
     if args.plots:
+        from memlab.viz import draw_sim  # matplotlib only when figures are asked for
+
         os.makedirs(args.plots, exist_ok=True)
-        sim.plot_figure2(*fig2).savefig(os.path.join(args.plots, "figure2.png"), dpi=120)
+        draw_sim.plot_figure2(*fig2).savefig(os.path.join(args.plots, "figure2.png"), dpi=120)
         for wl, results in zip(streams, all_results):
             stem = wl.name.lower().replace(" ", "_").replace("(", "").replace(")", "")
-            sim.plot_breakdown(results).savefig(os.path.join(args.plots, f"breakdown_{stem}.png"), dpi=120)
+            draw_sim.plot_breakdown(results).savefig(os.path.join(args.plots, f"breakdown_{stem}.png"), dpi=120)
             paged = next(r for r in results if r.policy == "paged B=16")
-            sim.plot_timeline(paged).savefig(os.path.join(args.plots, f"timeline_{stem}.png"), dpi=120)
+            draw_sim.plot_timeline(paged).savefig(os.path.join(args.plots, f"timeline_{stem}.png"), dpi=120)
         if sweep:
-            sim.plot_sweep(sweep).savefig(os.path.join(args.plots, "sweep_sharegpt.png"), dpi=120)
+            draw_sim.plot_sweep(sweep).savefig(os.path.join(args.plots, "sweep_sharegpt.png"), dpi=120)
         print(f"figures in {args.plots}")
 
 

@@ -1,6 +1,6 @@
 import sys
 
-from memlab.env import doctor
+from memlab.doctor import doctor
 
 if __name__ == "__main__":
     if sys.argv[1:2] not in ([], ["doctor"]):

@@ -1,15 +1,15 @@
-"""Device policy and the environment report (``python -m memlab doctor``).
+"""Device policy: where kernels run, and the kernel mode fixed before any kernel exists.
 
 memlab runs kernels compiled on a CUDA device when there is one; otherwise in the Triton
 interpreter, which must be switched on (TRITON_INTERPRET=1) before the first kernel module is
-imported, because triton.jit reads it when a kernel is defined.
+imported, because triton.jit reads it when a kernel is defined. This module is the floor of
+the library: it imports nothing of memlab (memlab.kernels imports it; the environment report,
+which runs a kernel, is memlab.doctor).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import platform
 import sys
 
 _mode: str | None = None
@@ -53,54 +53,3 @@ def ensure_kernel_mode() -> str:
 def kernel_device() -> str:
     """The torch device kernels run on: 'cuda' on a GPU, 'cpu' in the interpreter."""
     return "cuda" if ensure_kernel_mode() == "gpu" else "cpu"
-
-
-def run_canary() -> None:
-    """Raise unless a tiny kernel returns real numbers (some Triton/NumPy pairs return zeros)."""
-    import torch
-    from memlab.kernels import canary
-
-    x = torch.arange(1, 11, dtype=torch.int64, device=kernel_device())
-    got = canary.axpb(x, a=3, b=2).cpu().tolist()
-    want = [3 * v + 2 for v in range(1, 11)]
-    if got != want:
-        raise RuntimeError(f"Triton canary returned {got}, expected {want}: this Triton "
-                           f"({_version('triton')}) / NumPy ({_version('numpy')}) pairing is broken")
-
-
-def _version(name: str) -> str:
-    try:
-        return getattr(importlib.import_module(name), "__version__", "?")
-    except Exception as exc:  # a missing or broken package is part of the report
-        return f"missing ({type(exc).__name__})"
-
-
-def report() -> list[tuple[str, str]]:
-    try:
-        ensure_kernel_mode()  # before the version probe below imports triton
-    except RuntimeError:
-        pass
-    rows = [("python", sys.version.split()[0]), ("platform", platform.platform())]
-    rows += [(n, _version(n)) for n in ("torch", "triton", "numpy", "ipywidgets", "matplotlib")]
-    if has_cuda():
-        import torch
-
-        cap = torch.cuda.get_device_capability()
-        rows += [("device", torch.cuda.get_device_name()), ("compute capability", f"{cap[0]}.{cap[1]}")]
-    else:
-        rows += [("device", "cpu (no CUDA device)"), ("compute capability", "-")]
-    try:
-        mode = ensure_kernel_mode()
-        run_canary()
-        rows += [("kernel mode", mode), ("canary", "OK: kernels return real numbers")]
-    except Exception as exc:
-        rows += [("kernel mode", _mode or "unavailable"), ("canary", f"FAIL: {exc}")]
-    return rows
-
-
-def doctor() -> int:
-    rows = report()
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:>{width}}  {v}")
-    return 0 if rows[-1][1].startswith("OK") or not sys.platform.startswith("linux") else 1

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-import memlab.grade as grade_module
-from memlab.grade import grade, main
-from memlab.grading import catalog, loader
+from memlab.grade import main
+from memlab.grading import catalog, loader, runner
+from memlab.grading.runner import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,7 +192,10 @@ def _course_copy(dest: Path) -> Path:
         pytest.skip("needs a git checkout to copy the course from")
     for rel in filter(None, listed.stdout.decode().split("\0")):
         src = ROOT / rel
-        if src.is_file():
+        if src.is_symlink():  # memlab/kernels -> ../kernels
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(src), dest / rel)
+        elif src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     git = ["git", "-c", "user.name=learner", "-c", "user.email=learner@example.com", "-c", "commit.gpgsign=false"]
@@ -403,8 +406,8 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     (tmp_path / "mine").mkdir()
     assert loader.source_dir("mine") == tmp_path / "mine"  # --from DIR is relative to the working folder
     assert loader.source_dir("exercises") == ROOT / "exercises"  # the names are the repository's folders
-    assert grade_module.check_checkout() == ROOT == Path(grade_module.__file__).resolve().parents[1]
-    monkeypatch.setattr(grade_module, "ROOT", tmp_path)  # memlab installed without the course around it
+    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[2]
+    monkeypatch.setattr(runner, "ROOT", tmp_path)  # memlab installed without the course around it
     assert main(["02", "-q"]) == 2 and "exercises, solutions, tests/exercises are not next to" in capsys.readouterr().err
 
 
@@ -520,7 +523,8 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
 def test_table_for_tried_and_untried_exercises():
     """One line per exercise not started; the details (and the tests skipped after a timeout)
     only for exercises that were tried."""
-    from memlab.grade import ExerciseScore, GradeReport, TestResult, format_table
+    from memlab.grading.report import format_table
+    from memlab.grading.runner import ExerciseScore, GradeReport, TestResult
 
     def result(ex, name, outcome, exc_type=None, message=""):
         return TestResult(f"t::{name}", ex.id, 1, False, outcome, message, "", exc_type)

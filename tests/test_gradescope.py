@@ -58,6 +58,7 @@ def test_the_bundle_holds_what_gradescope_wants_and_no_solutions(bundle):
     assert {"setup.sh", "run_autograder", "requirements.txt"} <= set(names)  # at the root of the zip
     for e in catalog.EXERCISES:
         assert f"exercises/{e.file}.py" in names and e.test_file in names
+    assert "memlab/kernels/alloc_extend.py" in names, "memlab.kernels (a link in the repository) must go in as files"
     assert [n for n in names if n.startswith("solutions/")] == ["solutions/README.md"]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     reqs = zipfile.ZipFile(bundle).read("requirements.txt").decode().split()

@@ -53,7 +53,7 @@ def chapter_no(path) -> int:
 
 
 def exercise_cells(nb, file):
-    return [c for c in code_cells(nb) if f'with viz.notebook.exercise("{file}") as ' in c.source]
+    return [c for c in code_cells(nb) if f'with exercise("{file}") as ' in c.source]
 
 
 # -- a stand-in for GitHub ------------------------------------------------------------------------
@@ -75,7 +75,10 @@ def home_repo(tmp_path_factory):
     names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT).split("\0")
     for name in filter(None, names):
         f = ROOT / name
-        if f.is_file():  # a deleted file stays listed until the deletion is committed
+        if f.is_symlink():  # memlab/kernels -> ../kernels: a link in git, a link in the clone
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(f), src / name)
+        elif f.is_file():  # a deleted file stays listed until the deletion is committed
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, src / name)
     git("init", "-q", cwd=src)
@@ -157,7 +160,7 @@ def test_execution_check_catches_an_unexpected_error():
 
 def test_execution_check_wants_every_stub_reported():
     e = catalog.for_chapter(4)[0]
-    cell = nbformat.v4.new_code_cell(f'with viz.notebook.exercise("{e.file}") as ex:\n    ex.f()')
+    cell = nbformat.v4.new_code_cell(f'with exercise("{e.file}") as ex:\n    ex.f()')
     widget = nbformat.v4.new_output("display_data", data={WIDGET: {}, "text/plain": "w"})
     cell.outputs = [widget, nbformat.v4.new_output("stream", text="nothing said")]
     nb = nbformat.v4.new_notebook(cells=[cell])
@@ -235,7 +238,7 @@ def test_first_cells_set_up_colab_and_local_alike(path):
     assert f'HOME, REF = "{home.REPO}", "{home.REF}"' in first, "the setup cell clones another home or version"
     assert 'f"memlab-{REF}"' in first and home.clone_folder("X") == "memlab-X", "clone folder: cell and home disagree"
     assert "pip install" not in first, "the setup cell must not reinstall anything"
-    assert len(first.splitlines()) <= 32, "keep the setup cell short: its logic belongs in memlab.viz.notebook"
+    assert len(first.splitlines()) <= 32, "keep the setup cell short: its logic belongs in memlab.notebook"
     assert nb.metadata.get("accelerator") == "GPU" and nb.metadata["kernelspec"]["name"] == "python3"
 
 
@@ -247,7 +250,7 @@ def test_chapter_links_its_exercises_and_ends_with_its_grader(path):
     for e in catalog.for_chapter(n):
         assert f"exercises/{e.file}.py" in text, f"{path.name} does not point to exercises/{e.file}.py"
         assert exercise_cells(nb, e.file), \
-            f'{path.name} has no cell "with viz.notebook.exercise("{e.file}") as ...:" on the chapter\'s state'
+            f'{path.name} has no cell "with exercise("{e.file}") as ...:" on the chapter\'s state'
     last = code_cells(nb)[-1].source
     want = 'grade(["--quiet"])' if n == 0 else f'grade(["{n:02d}"])'
     assert "from memlab.grade import main as grade" in last and want in last, f"{path.name} last cell: {last!r}"
@@ -258,8 +261,8 @@ def test_no_cell_relies_on_a_tag_and_exercises_run_inside_their_guard(path):
     # Colab ignores raises-exception: an exercise cell must catch its own stub (the with block).
     for c in code_cells(load(path)):
         assert not c.metadata.get("tags"), f"{path.name}: a tagged cell (Colab ignores tags):\n{c.source}"
-        if "viz.notebook.exercise(" in c.source:
-            assert c.source.startswith("with viz.notebook.exercise("), \
+        if re.search(r"(?<![\w.])exercise\(", c.source):
+            assert c.source.startswith("with exercise("), \
                 f"{path.name}: an exercise used outside its with block stops Run all:\n{c.source}"
 
 
@@ -312,6 +315,9 @@ def test_static_pictures_exist_and_are_shown():
             assert (ROOT / pic).is_file(), \
                 f"{p.name} shows {pic}, which is missing (python -m memlab.viz.render_static)"
             shown[pic] = p
+    drawn = {f"chapters/img/{name}.png" for name in PICTURES}
+    not_drawn = sorted(p for p in shown if p.startswith("chapters/img/") and p not in drawn)
+    assert not not_drawn, f"shown but not drawn by python -m memlab.viz.render_static (add to PICTURES): {not_drawn}"
     for name in PICTURES:
         pic = f"chapters/img/{name}.png"
         assert pic in shown, f"{pic} is rendered but no chapter shows it"
@@ -391,6 +397,33 @@ def test_setup_cell_replaces_an_unfinished_clone(home_repo, monkeypatch, capsys,
     assert (tmp_path / home.clone_folder() / "pyproject.toml").is_file() and not part.exists()
 
 
+def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_path):
+    """Colab's way end to end, in a fresh interpreter whose working folder has no course around it:
+    the cell clones the course and puts it on sys.path; memlab and memlab.kernels then come from
+    that clone (not from the checkout this test's Python has installed), a kernel runs, and a shell
+    cell (a new process, like !python -m memlab.grade) finds the clone's kernels too."""
+    code = setup_cell("00") + (
+        "\nimport memlab, memlab.kernels.canary as canary, torch\n"
+        "from memlab.env import kernel_device\n"
+        "print('MEMLAB', memlab.__file__)\n"
+        "print('KERNEL', canary.__file__)\n"
+        "print('AXPB', canary.axpb(torch.arange(4, device=kernel_device()), a=3, b=2).tolist())\n"
+        "shell = subprocess.run([sys.executable, '-c', 'import memlab.kernels.canary as c; print(c.__file__)'],\n"
+        "                       capture_output=True, text=True, cwd='/')\n"
+        "print('SHELL', shell.stdout.strip() or shell.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH", "MEMLAB_EXERCISES")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=env | {"MEMLAB_REPO_URL": home_repo.as_uri()})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    clone = tmp_path / home.clone_folder()
+    assert got["MEMLAB"] == str(clone / "memlab" / "__init__.py")
+    for key in ("KERNEL", "SHELL"):
+        assert got[key] == str(clone / "memlab" / "kernels" / "canary.py"), f"{key}: {got[key]}"
+        assert Path(got[key]).resolve() == clone / "kernels" / "canary.py"  # the clone's own kernels/ folder
+    assert got["AXPB"] == "[2, 5, 8, 11]"
+
+
 @pytest.fixture(scope="session")
 def untagged_repo(tmp_path_factory):
     src = tmp_path_factory.mktemp("untagged")
@@ -416,7 +449,7 @@ def test_setup_cell_says_why_a_clone_failed(case, says, untagged_repo, monkeypat
 
 
 def test_a_clone_moved_off_its_version_is_refused(home_repo, tmp_path):
-    from memlab.viz.notebook import check_clone
+    from memlab.notebook import check_clone
 
     clone = tmp_path / home.clone_folder()
     git("clone", "-q", "--depth", "1", "--branch", home.REF, home_repo.as_uri(), str(clone))
@@ -444,7 +477,7 @@ def learner(tmp_path, monkeypatch):
 
 
 def test_a_stub_is_reported_and_the_cell_goes_on(learner, capsys):
-    from memlab.viz.notebook import exercise
+    from memlab.notebook import exercise
 
     (learner / "ch98_demo.py").write_text("def f():\n    raise NotImplementedError\n")
     ran = []
@@ -456,7 +489,7 @@ def test_a_stub_is_reported_and_the_cell_goes_on(learner, capsys):
 
 
 def test_a_wrong_answer_or_a_broken_file_is_shown_and_the_cell_goes_on(learner, capsys):
-    from memlab.viz.notebook import exercise
+    from memlab.notebook import exercise
 
     (learner / "ch98_demo.py").write_text("def f():\n    return 1\n")
     with exercise("ch98_demo") as ex:
@@ -473,7 +506,7 @@ def test_a_wrong_answer_or_a_broken_file_is_shown_and_the_cell_goes_on(learner, 
 
 
 def test_an_interrupt_still_stops_the_cell(learner):
-    from memlab.viz.notebook import exercise
+    from memlab.notebook import exercise
 
     (learner / "ch98_demo.py").write_text("def f():\n    raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt), exercise("ch98_demo") as ex:
@@ -509,7 +542,7 @@ def fake_colab(tmp_path, monkeypatch):
 
 
 def test_drive_gets_the_stubs_once_and_never_overwrites(fake_colab, capsys, monkeypatch):
-    from memlab.viz import notebook
+    from memlab import notebook
 
     mount, calls = fake_colab
     notebook.start("04", drive=True)
@@ -532,7 +565,7 @@ def test_drive_gets_the_stubs_once_and_never_overwrites(fake_colab, capsys, monk
 
 
 def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, capsys, tmp_path, monkeypatch):
-    from memlab.viz import notebook
+    from memlab import notebook
 
     mount, calls = fake_colab
     notebook.start("04")
@@ -548,7 +581,7 @@ def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, caps
 
 
 def test_outside_colab_drive_is_ignored_and_the_folder_named(capsys, monkeypatch):
-    from memlab.viz import notebook
+    from memlab import notebook
 
     monkeypatch.delenv("MEMLAB_EXERCISES", raising=False)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))

@@ -58,3 +58,24 @@ def test_course_script_never_pins_over_an_existing_torch():
     # torch is installed only behind a failed import check
     installs = [line for line in script.splitlines() if "MEMLAB_TORCH" in line and "pip" in line]
     assert installs and all("import torch" in line and "||" in line for line in installs), installs
+
+
+# Files CONTRIBUTING.md names before they exist, each with what brings it. Delete a line when it lands.
+CONTRIBUTING_PENDING = {"memlab/_checks.py": "issue 12 (helper core): the boundary module for argument checks"}
+
+
+def contributing_paths(text: str) -> set[str]:
+    """Repository paths CONTRIBUTING.md names in backticks (templates such as kernels/<name>.py aside)."""
+    names = {m.split("::")[0] for m in re.findall(r"`([\w./<>-]+/[\w.<>-]+\.(?:py|md|toml))`", text)}
+    return {n for n in names if not re.search(r"<|NN|chNN", n)}
+
+
+def test_contributing_names_files_that_exist():
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    named = contributing_paths(text)
+    assert {"scripts/compile_kernels.py", "memlab/grading/catalog.py", "tests/test_checklists.py"} <= named
+    missing = sorted(n for n in named - set(CONTRIBUTING_PENDING) if not (ROOT / n).exists())
+    assert not missing, f"CONTRIBUTING.md names files that do not exist: {missing}"
+    landed = sorted(n for n in CONTRIBUTING_PENDING if (ROOT / n).exists())
+    assert not landed, f"these exist now: delete them from CONTRIBUTING_PENDING: {landed}"
+    assert contributing_paths("`tests/nope.py` and `kernels/<name>.py`") == {"tests/nope.py"}

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from memlab import sim
 from memlab.sim import Buddy, FirstFit, Oracle, Paged, Pow2, Workload
 from memlab.sim.replay import TIMELINE_COLUMNS
+from memlab.viz import draw_sim
 
 KEYS = ("iterations", "slot_iterations", "external_slot_iterations", "generated_tokens", "prefill_tokens",
         "recomputed_tokens", "preemptions", "peak_running", "max_request_internal")
@@ -524,19 +525,19 @@ def test_entry_points_and_plots():
     assert table.count("\n") == 5 and "paged B=16" in table
     first_fit = sim.compare_policies(wl, pool_size=4096, policies=("oracle",), placement="first_fit", progress=False)
     assert first_fit[0].policy == "oracle (first fit)"
-    fig = sim.plot_breakdown(results)
+    fig = draw_sim.plot_breakdown(results)
     assert len(fig.axes[0].patches) == len(sim.SHARES) * len(results)
     # the breakdown says how often paging preempted
     paged = sim.simulate(wl, 2048, "paged", progress=False)
     assert paged.preemptions > 0
-    fig = sim.plot_breakdown([results[0], paged])
+    fig = draw_sim.plot_breakdown([results[0], paged])
     notes = [t.get_text() for t in fig.axes[0].texts]
     assert f"batch {paged.avg_batch:.1f}\n{paged.preemptions:,} preempted" in notes
     assert f"batch {results[0].avg_batch:.1f}" in notes
-    fig = sim.plot_timeline(results[-1])
+    fig = draw_sim.plot_timeline(results[-1])
     assert fig.axes[0].get_xlim()[1] == results[-1].iterations
     with pytest.raises(ValueError, match="no timeline"):
-        sim.plot_timeline(sim.simulate(wl.head(5), 4096, progress=False, timeline=False))
+        draw_sim.plot_timeline(sim.simulate(wl.head(5), 4096, progress=False, timeline=False))
 
 
 def test_sweep_axis_shows_the_band_that_matters():
@@ -544,7 +545,7 @@ def test_sweep_axis_shows_the_band_that_matters():
     sweep = sim.block_size_sweep(wl, pool_size=4096, block_sizes=(1, 16, 64), progress=False)
     assert [r.policy for r in sweep] == ["paged B=1", "paged B=16", "paged B=64"]
     used = [100 * r.shares["used"] for r in sweep]
-    fig = sim.plot_sweep(sweep)
+    fig = draw_sim.plot_sweep(sweep)
     ax = fig.axes[0]
     assert len(ax.patches) == len(sim.SHARES) * len(sweep)
     low, high = ax.get_ylim()
@@ -564,7 +565,7 @@ def test_timeline_is_binned_and_keeps_the_totals():
     assert abs((b["running"] * width).sum() - r.generated_tokens) < 1e-6 * r.generated_tokens
     assert (b["running_min"] <= b["running"] + 1e-9).all() and (b["running"] <= b["running_max"] + 1e-9).all()
     assert b["preempted"].sum() == r.preemptions
-    fig = sim.plot_timeline(r, bins=200)
+    fig = draw_sim.plot_timeline(r, bins=200)
     ax, twin = fig.axes
     drawn = sum(len(p.vertices) for c in ax.collections for p in c.get_paths())
     assert drawn <= len(sim.SHARES) * (4 * 200 + 8)  # bounded by the bins, not by the iterations
@@ -575,7 +576,7 @@ def test_timeline_is_binned_and_keeps_the_totals():
 
 
 def test_policy_widget_names_what_a_buddy_pool_cannot_run():
-    from memlab.viz.draw_engine import draw_policies
+    from memlab.viz.draw_sim import draw_policies
 
     # Azure conv's Max reserves its longest request, 14,089 slots: a block of 16,384 that no
     # buddy pool of 15,728 slots has. First fit places it.

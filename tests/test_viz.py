@@ -4,11 +4,10 @@ state; widgets re-render through their observers; scenes replay the real library
 import pytest
 import torch
 
+from memlab.allocator import TokenToKVPoolAllocator
 from memlab.req_to_token import ReqToTokenPool
-from memlab.viz import scenes
-from memlab.viz.draw import draw_books
-from memlab.viz.scene import Scene
-from memlab.viz.state import read_books
+from memlab.viz import hybrid_books, sglang_books, vllm_books
+from memlab.viz.sglang_books import Scene, draw_books, read_books
 from memlab.viz.style import FREE, HIGHLIGHT, PADDING, STAGED, owner_color, same_color, text_color
 from memlab.viz.widgets import Explorer, Stepper
 
@@ -29,7 +28,7 @@ def text_of(fig, gid):
 
 @pytest.fixture(scope="module")
 def orientation():
-    return scenes.orientation()
+    return sglang_books.orientation()
 
 
 def expected_slot_fill(books, s):
@@ -107,7 +106,7 @@ def test_slot_grid_shows_owners_padding_tails_and_new_slots(orientation):
 def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(orientation, monkeypatch):
     # Buggy variant: paint the whole page of an owner, hiding how much of its last page is unused.
     books = orientation.frames[1]
-    import memlab.viz.draw as d
+    import memlab.viz.sglang_books as d
 
     real_cell = d.cell
 
@@ -138,7 +137,7 @@ def test_request_table_cells_hold_the_slots(orientation):
 
 
 def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
-    sc = scenes.paged_free("free_segment")
+    sc = sglang_books.paged_free("free_segment")
     books = sc.frames[1]
     released = books.released_slots
     assert released == frozenset(sc.slots("C")[:8])
@@ -151,7 +150,7 @@ def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
 
 
 def test_free_list_strip_in_order_with_staged_after():
-    sc = scenes.token_allocator(need_sort=True)
+    sc = sglang_books.token_allocator(need_sort=True)
     books = sc.frames[5]  # A and B freed: staged
     assert books.staged_pages
     fig = draw_books(books, ("free",))
@@ -179,7 +178,7 @@ def test_buffers_colour_each_slot_row_by_owner_and_trace_bytes(orientation):
 
 
 def test_part_hatching_follows_extend_parts():
-    sc = scenes.paged_extend(page_size=4)
+    sc = sglang_books.paged_extend(page_size=4)
     books = sc.frames[2]
     fig = draw_books(books, ("slots",))
     cells = by_gid(fig, "slot:")
@@ -195,7 +194,7 @@ def test_extend_parts_agree_with_the_page_count():
     for ps in (1, 2, 4, 16):
         for pre in range(0, 20):
             for seq in range(pre, pre + 20):
-                parts = scenes.extend_parts(pre, seq, ps)
+                parts = sglang_books.extend_parts(pre, seq, ps)
                 assert len(parts) == seq - pre and parts == sorted(parts)
                 pages = (parts.count(2) // ps) + (parts.count(3) > 0)
                 assert pages == num_new_pages(pre, seq, ps), (ps, pre, seq)
@@ -313,8 +312,43 @@ def test_orientation_story(orientation):
     assert {s // 4 for s in d.slots} == {s // 4 for s in b.slots}, "and B's page (LIFO)"
 
 
+# The stories take the page size as a parameter: their captions must say what happened at that size.
+@pytest.mark.parametrize("ps", [1, 2, 4, 8])
+def test_story_captions_follow_the_page_size(ps):
+    import ast
+    import re
+
+    first = sglang_books.orientation(page_size=ps).frames[0].caption
+    assert f"page 0 and {'slot 0' if ps == 1 else f'slots 0-{ps - 1}'} are padding" in first, first
+    seg = sglang_books.paged_free("free_segment", page_size=ps).frames
+    every = {1: "every slot", 2: "every 2nd slot", 4: "every 4th slot", 8: "every 8th slot"}[ps]
+    assert every in seg[1].caption, seg[1].caption
+    said_refused = "is refused" in seg[2].caption
+    assert said_refused == ("Error" in seg[2].note) == (ps > 1), (seg[2].caption, seg[2].note)
+    if said_refused:  # the run it names starts mid-page
+        start = int(re.search(r"positions (\d+)\.\.", seg[2].caption).group(1))
+        assert start % ps
+    group = next(f.caption for f in sglang_books.paged_free("free group", page_size=ps).frames
+                 if "two pieces" in f.caption)
+    a, b = (ast.literal_eval(x) for x in re.search(r"\((\[.*?\]) and (\[.*?\])\)", group).groups())
+    both = {s // ps for s in a} & {s // ps for s in b}
+    assert (f"page {min(both)} is under both" if both else "no page is under both") in group, group
+    for f in sglang_books.decode_steps(page_size=ps).frames:
+        assert "% 1 ==" not in f.caption, f.caption
+
+
+@pytest.mark.parametrize("bs", [2, 3, 4, 5])
+def test_prefix_cache_caption_counts_the_blocks_it_names(bs):
+    books = vllm_books.prefix_cache(True, num_blocks=16, block_size=bs).frames[2]  # after A's 2 decodes
+    hashed = [b for b in books.req_blocks["A"] if b in books.hashes]
+    if 12 // bs > 10 // bs:
+        assert f"its block number {len(hashed)} fills up" in books.caption, books.caption
+    else:
+        assert "no block of A's fills up" in books.caption, books.caption
+
+
 def test_scene_refusal_changes_nothing():
-    sc = Scene(ReqToTokenPool(2, 8), scenes.TokenToKVPoolAllocator(8))
+    sc = Scene(ReqToTokenPool(2, 8), TokenToKVPoolAllocator(8))
     sc.extend_batch({"A": 4})
     before = sc.books()
     assert sc.extend_batch({"B": 2, "C": 1}) is None  # one row for two requests
@@ -325,17 +359,17 @@ def test_scene_refusal_changes_nothing():
 
 @pytest.mark.parametrize("story", ["free", "free_segment", "free group", "double free"])
 def test_paged_free_stories_keep_the_books(story):
-    sc = scenes.paged_free(story)
+    sc = sglang_books.paged_free(story)
     sc.allocator.check_books()  # debug mode: free + held == capacity, nothing free twice
     notes = [f.note for f in sc.frames if f.note]
     if story in ("free_segment", "double free", "free group"):
         assert notes and all("Error" in n for n in notes)
     with pytest.raises(ValueError):
-        scenes.paged_free("nonsense")
+        sglang_books.paged_free("nonsense")
 
 
 def test_decode_steps_open_pages_when_seq_len_mod_ps_is_one():
-    sc = scenes.decode_steps(page_size=4)
+    sc = sglang_books.decode_steps(page_size=4)
     for prev, cur in zip(sc.frames, sc.frames[1:]):
         for r in cur.rows:
             if r.owner is None:
@@ -372,7 +406,7 @@ def test_books_from_a_kvcache_free_allocator_have_no_buffers():
 def test_vllm_pictures_follow_the_block_pool():
     from memlab.viz.vllm_books import CACHED, EVICTED, draw_vllm
 
-    sc = scenes.prefix_cache(True)
+    sc = vllm_books.prefix_cache(True)
     hit_frame = next(f for f in sc.frames if f.hit)
     assert hit_frame.hit == {1, 2}, "B's first two blocks come from A's cached prefix"
     fig = draw_vllm(hit_frame)
@@ -397,7 +431,7 @@ def test_vllm_pictures_follow_the_block_pool():
 
 
 def test_vllm_frames_read_the_real_pool():
-    sc = scenes.prefix_cache(True)
+    sc = vllm_books.prefix_cache(True)
     pool = sc.manager.block_pool
     last = sc.frames[-1]
     assert last.queue == tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
@@ -405,14 +439,14 @@ def test_vllm_frames_read_the_real_pool():
     pool.check_invariants()
     freed_frame = sc.frames[3]  # A finished: its hashed blocks at the tail, last block first
     assert freed_frame.queue[-3:] == (3, 2, 1)
-    off = scenes.prefix_cache(False)
+    off = vllm_books.prefix_cache(False)
     assert not any(f.hit for f in off.frames) and not off.frames[-1].hashes
 
 
 def test_swa_picture_pairs_two_ledgers():
     from memlab.viz.hybrid_books import draw_swa
 
-    sc = scenes.sliding_window()
+    sc = hybrid_books.sliding_window()
     frame = sc.frames[5]  # after decode step 2: out-of-window pages released
     mapping = sc.allocator.full_to_swa_index_mapping
     assert all(int(mapping[f]) == s for f, s in sc.frames[-1].pairs)
@@ -431,7 +465,7 @@ def test_swa_picture_pairs_two_ledgers():
 def test_mamba_picture_marks_state_and_ping_pong_slots():
     from memlab.viz.hybrid_books import draw_mamba
 
-    frames = scenes.mamba_slots(extra_buffer=True, overlap=True)
+    frames = hybrid_books.mamba_slots(extra_buffer=True, overlap=True)
     snaps = [f for f in frames if "snapshots" in f.caption]
     nexts = [next(r[4] for r in f.rows if r[1] == "A") for f in snaps]
     assert nexts == [1, 0, 1], "the next tracking slot alternates: ping-pong"
@@ -442,7 +476,7 @@ def test_mamba_picture_marks_state_and_ping_pong_slots():
     cells = by_gid(draw_mamba(f), "mslot:")
     assert same_color(cells[f"mslot:{a[2]}"].get_facecolor(), owner_color("A"))
     assert same_color(cells["mslot:0"].get_facecolor(), PADDING)
-    assert all(len(r[3]) == 0 for r in scenes.mamba_slots(extra_buffer=False)[-1].rows)
+    assert all(len(r[3]) == 0 for r in hybrid_books.mamba_slots(extra_buffer=False)[-1].rows)
 
 
 def test_sizing_picture_uses_memlab_sizing():
@@ -463,7 +497,7 @@ def test_sizing_picture_uses_memlab_sizing():
 def test_attention_frames_walk_a_request_page_by_page():
     from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
-    sc = scenes.orientation(dtype=torch.float32, head_dim=16)
+    sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
     sc.extend_batch({"A": 6, "D": 3})
     fill_kv(sc)
     q = torch.randn(len(sc.reqs), 4, 16, generator=torch.Generator().manual_seed(1))

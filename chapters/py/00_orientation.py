@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("00", REF, drive=DRIVE)
 
@@ -78,7 +78,7 @@ FAST = start("00", REF, drive=DRIVE)
 # interpreter, and the canary catches that before any chapter trusts a kernel.
 
 # %%
-from memlab.env import report
+from memlab.doctor import report
 
 for key, value in report():
     print(f"{key:>18}  {value}")
@@ -103,7 +103,7 @@ for key, value in report():
 from memlab import viz
 
 PAGE_SIZE = 4
-scene = viz.scenes.orientation(page_size=PAGE_SIZE)
+scene = viz.sglang_books.orientation(page_size=PAGE_SIZE)
 viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "slots", "buffers", "free")))
 
 # %% [markdown]

@@ -42,7 +42,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("01", REF, drive=DRIVE)
 
@@ -59,7 +59,7 @@ FAST = start("01", REF, drive=DRIVE)
 # %%
 from memlab import viz
 
-scene = viz.scenes.request_table(rows=5, width=8)
+scene = viz.sglang_books.request_table(rows=5, width=8)
 viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows")))
 
 # %% [markdown]
@@ -169,7 +169,7 @@ except ValueError as exc:
 # yet: ...` until you fill the stub in; edit the file, then run the cell again.
 
 # %%
-with viz.notebook.exercise("ch01_alloc_rows") as ex:
+with exercise("ch01_alloc_rows") as ex:
     mine, ref = ex.RowTable(5), ReqToTokenPool(5, 8)
     for op, arg in [("alloc_rows", 2), ("alloc_rows", 0), ("free", 4), ("alloc_rows", 1), ("alloc_rows", 9)]:
         a, b = getattr(mine, op)(arg), getattr(ref, op)(arg)

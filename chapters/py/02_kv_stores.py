@@ -42,7 +42,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("02", REF, drive=DRIVE)
 
@@ -191,7 +191,7 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 # cell below checks yours against `memlab.kv_pool` for every model of the table.
 
 # %%
-with viz.notebook.exercise("ch02_bytes_per_token") as ex:
+with exercise("ch02_bytes_per_token") as ex:
     for name, m in MODELS.items():
         if m.attention == "mla":
             mine, ref = ex.mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim), \

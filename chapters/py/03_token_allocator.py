@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("03", REF, drive=DRIVE)
 
@@ -62,8 +62,8 @@ FAST = start("03", REF, drive=DRIVE)
 # %%
 from memlab import viz
 
-stories = {"FIFO (need_sort=False)": viz.scenes.token_allocator(need_sort=False).frames,
-           "staged (need_sort=True)": viz.scenes.token_allocator(need_sort=True).frames}
+stories = {"FIFO (need_sort=False)": viz.sglang_books.token_allocator(need_sort=False).frames,
+           "staged (need_sort=True)": viz.sglang_books.token_allocator(need_sort=True).frames}
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
 
 # %% [markdown]
@@ -169,7 +169,7 @@ print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.r
 # replays the story of the widget on your allocator and on memlab's, in both modes.
 
 # %%
-with viz.notebook.exercise("ch03_token_allocator") as ex:
+with exercise("ch03_token_allocator") as ex:
     for need_sort in (False, True):
         mine, ref = ex.TokenToKVPoolAllocator(16, need_sort=need_sort), TokenToKVPoolAllocator(16, need_sort=need_sort)
         held = {}

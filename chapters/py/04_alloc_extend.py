@@ -46,7 +46,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("04", REF, drive=DRIVE)
 
@@ -63,7 +63,7 @@ FAST = start("04", REF, drive=DRIVE)
 # %%
 from memlab import viz
 
-stories = {f"page_size {ps}": viz.scenes.paged_extend(page_size=ps).frames for ps in (1, 2, 4, 8)}
+stories = {f"page_size {ps}": viz.sglang_books.paged_extend(page_size=ps).frames for ps in (1, 2, 4, 8)}
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")), start=2)
 
 # %% [markdown]
@@ -107,7 +107,7 @@ new_pages = (sq + P - 1) // P - (pre + P - 1) // P
 print("new tokens :", new_tokens.tolist(), "-> output starts", (torch.cumsum(new_tokens, 0) - new_tokens).tolist())
 print("new pages  :", new_pages.tolist(), "-> free-list starts", (torch.cumsum(new_pages, 0) - new_pages).tolist())
 for name, p, s in zip("ABC", prefix, seq):
-    parts = viz.scenes.extend_parts(p, s, P)
+    parts = viz.sglang_books.extend_parts(p, s, P)
     print(f"{name}: {p} -> {s}: part 1 x{parts.count(1)}, part 2 x{parts.count(2)}, part 3 x{parts.count(3)}")
 
 # %% [markdown]
@@ -156,7 +156,7 @@ assert torch.equal(kernel.cpu(), ref_t) and ref_t.tolist() == ref_py
 # what `need_sort` does when it fails.
 
 # %%
-scene = viz.scenes.paged_extend(page_size=P)
+scene = viz.sglang_books.paged_extend(page_size=P)
 al = scene.allocator
 before = al.free_pages.clone()
 t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
@@ -170,7 +170,7 @@ print("free pages unchanged:", al.free_pages.tolist())
 # kernel serves the widget's scenario end to end, on the GPU or in the interpreter:
 
 # %%
-kscene = viz.scenes.paged_extend(page_size=P, backend="triton", device=dev)  # free list where the kernel runs
+kscene = viz.sglang_books.paged_extend(page_size=P, backend="triton", device=dev)  # free list where the kernel runs
 same = all(a.rows == b.rows and a.free_pages == b.free_pages for a, b in zip(kscene.frames, scene.frames))
 print("triton backend gives the same books at every step:", same)
 assert same
@@ -204,7 +204,7 @@ assert same
 # whole batch at once, capacity first. The cell below runs yours on the widget's batches.
 
 # %%
-with viz.notebook.exercise("ch04_alloc_extend") as ex:
+with exercise("ch04_alloc_extend") as ex:
     mine = ex.PagedAllocator(48, P)
     held = {}
     for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
@@ -227,7 +227,7 @@ with viz.notebook.exercise("ch04_alloc_extend") as ex:
 # kernel, the whole pages. The cell runs yours on the random batch above.
 
 # %%
-with viz.notebook.exercise("ch04_alloc_extend_kernel") as exk:
+with exercise("ch04_alloc_extend_kernel") as exk:
     got = exk.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n)
     assert torch.equal(got.cpu(), ref_t), f"first difference at output {int((got.cpu() != ref_t).nonzero()[0])}"
     print("your kernel matches the torch reference")

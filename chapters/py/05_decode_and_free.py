@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("05", REF, drive=DRIVE)
 
@@ -61,8 +61,8 @@ FAST = start("05", REF, drive=DRIVE)
 # %%
 from memlab import viz
 
-stories = {"decode steps": viz.scenes.decode_steps(page_size=4).frames}
-stories.update({story: viz.scenes.paged_free(story).frames for story in ("free", "free_segment", "free group", "double free")})
+stories = {"decode steps": viz.sglang_books.decode_steps(page_size=4).frames}
+stories.update({story: viz.sglang_books.paged_free(story).frames for story in ("free", "free_segment", "free group", "double free")})
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
 
 # %% [markdown]
@@ -252,7 +252,7 @@ print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.re
 # batch above.
 
 # %%
-with viz.notebook.exercise("ch05_alloc_decode") as ex:
+with exercise("ch05_alloc_decode") as ex:
     mine = ex.PagedAllocator(64, P)
     mine.free_pages = free_pages.clone()
     got = mine.alloc_decode(seq_lens, last_loc)
@@ -263,7 +263,7 @@ with viz.notebook.exercise("ch05_alloc_decode") as ex:
 # **`exercises/ch05_paged_free.py`** (7 points): `free` with dedup, `free_segment`, free groups.
 
 # %%
-with viz.notebook.exercise("ch05_paged_free") as exf:
+with exercise("ch05_paged_free") as exf:
     fl = exf.PagedFreeList(num_pages=16, page_size=P)
     pages = fl.alloc_pages(3)
     slots = (pages[:, None] * P + torch.arange(P)).reshape(-1)

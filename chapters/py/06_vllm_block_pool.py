@@ -46,7 +46,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("06", REF, drive=DRIVE)
 
@@ -65,8 +65,8 @@ FAST = start("06", REF, drive=DRIVE)
 from memlab import viz
 from memlab.viz.vllm_books import draw_vllm
 
-stories = {"prefix caching on": viz.scenes.prefix_cache(True).frames,
-           "prefix caching off": viz.scenes.prefix_cache(False).frames}
+stories = {"prefix caching on": viz.vllm_books.prefix_cache(True).frames,
+           "prefix caching off": viz.vllm_books.prefix_cache(False).frames}
 viz.Stepper(stories, draw_vllm)
 
 # %% [markdown]
@@ -271,7 +271,7 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 # finished request's blocks join the queue.
 
 # %%
-with viz.notebook.exercise("ch06_free_queue") as ex:
+with exercise("ch06_free_queue") as ex:
     q = ex.FreeQueue([ex.Block(i) for i in (7, 8)])
     blocks = [ex.Block(1, 1, "h1"), ex.Block(2, 2, "h2"), ex.Block(3, 1, "h3"), ex.Block(4, 1)]
     ex.free_request_blocks(q, blocks)
@@ -283,7 +283,7 @@ with viz.notebook.exercise("ch06_free_queue") as ex:
 # **`exercises/ch06_block_hash.py`** (7 points): the chained hashes with their extra keys.
 
 # %%
-with viz.notebook.exercise("ch06_block_hash") as exh:
+with exercise("ch06_block_hash") as exh:
     h = exh.request_block_hashes(list(range(10)), 4)
     h_salted = exh.request_block_hashes(list(range(10)), 4, cache_salt="alice")
     assert len(h) == 2 and all(a != b for a, b in zip(h, h_salted))
@@ -294,7 +294,7 @@ with viz.notebook.exercise("ch06_block_hash") as exh:
 # **`exercises/ch06_slot_mapping.py`** (5 points, +2 on a GPU): the slot_mapping kernel.
 
 # %%
-with viz.notebook.exercise("ch06_slot_mapping") as exs:
+with exercise("ch06_slot_mapping") as exs:
     qsl = torch.tensor([0, 1, 9], device=dev)  # C has token 0, D tokens 1..8
     got = exs.compute_slot_mapping(table.block_table, qsl, positions, 4, 16)
     assert got.tolist() == by_python, f"yours {got.tolist()}"

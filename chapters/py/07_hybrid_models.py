@@ -45,7 +45,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("07", REF, drive=DRIVE)
 
@@ -64,7 +64,7 @@ FAST = start("07", REF, drive=DRIVE)
 from memlab import viz
 from memlab.viz.hybrid_books import draw_swa, draw_mamba
 
-swa_scene = viz.scenes.sliding_window()
+swa_scene = viz.hybrid_books.sliding_window()
 viz.Stepper(swa_scene.frames, draw_swa)
 
 # %% [markdown]
@@ -166,9 +166,9 @@ dbg.check_books()
 # ![A request's state slot and its two tracking slots](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/07_mamba.png)
 
 # %%
-options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.scenes.mamba_slots(True, True),
-           "extra buffer, no overlap (1 tracking slot)": viz.scenes.mamba_slots(True, False),
-           "no extra buffer": viz.scenes.mamba_slots(False, True)}
+options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.hybrid_books.mamba_slots(True, True),
+           "extra buffer, no overlap (1 tracking slot)": viz.hybrid_books.mamba_slots(True, False),
+           "no extra buffer": viz.hybrid_books.mamba_slots(False, True)}
 viz.Stepper(options, draw_mamba)
 
 # %% [markdown]
@@ -265,7 +265,7 @@ print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 =
 # **`exercises/ch07_swa_release.py`** (8 points): the release range and the SWA side of a free.
 
 # %%
-with viz.notebook.exercise("ch07_swa_release") as ex:
+with exercise("ch07_swa_release") as ex:
     for seq_len, evicted, want in ((8, 0, (0, 4)), (9, 4, (4, 4)), (12, 4, (4, 8))):
         got = ex.swa_release_range(seq_len, evicted, sliding_window=4, page_size=2)
         assert tuple(got) == want, f"seq_len {seq_len}, released up to {evicted}: yours {got}, want {want}"
@@ -275,7 +275,7 @@ with viz.notebook.exercise("ch07_swa_release") as ex:
 # **`exercises/ch07_mamba_tracking.py`** (8 points): tracking-slot counts and the Mamba row books.
 
 # %%
-with viz.notebook.exercise("ch07_mamba_tracking") as exm:
+with exercise("ch07_mamba_tracking") as exm:
     cases = ((False, True), (True, True, True), (True, False), (True, True))
     assert [exm.get_mamba_tracking_slots(*a) for a in cases] == [0, 1, 1, 2]
     rows = exm.MambaRows(rows=3, num_slots=9, state_dim=4, tracking=2)

@@ -45,7 +45,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("08", REF, drive=DRIVE)
 
@@ -201,7 +201,7 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 # `alloc_reserve_per_decode` (9 points). The cell compares yours with `memlab.sizing`.
 
 # %%
-with viz.notebook.exercise("ch08_sizing") as ex:
+with exercise("ch08_sizing") as ex:
     assert ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16) == z.full_tokens
     args = (1000, 512, z.full_tokens, 16)
     assert ex.max_new_tokens_for_memory(*args) == max_new_tokens_for_memory(*args)

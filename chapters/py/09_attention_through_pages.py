@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("09", REF, drive=DRIVE)
 
@@ -64,7 +64,7 @@ import torch
 from memlab import viz
 from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
-scene = viz.scenes.orientation(dtype=torch.float32, head_dim=16)
+scene = viz.sglang_books.orientation(dtype=torch.float32, head_dim=16)
 scene.extend_batch({"A": 6, "D": 3})  # the chunked prefill of chapter 00: A and D get scattered pages
 fill_kv(scene)
 rids = list(scene.reqs)
@@ -201,7 +201,7 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # a GPU, runs a pool past 2^31 elements.
 
 # %%
-with viz.notebook.exercise("ch09_paged_gather") as ex:
+with exercise("ch09_paged_gather") as ex:
     mine = ex.decode_attention(qd, k_buf, v_buf, table, rows, seq_lens)
     assert torch.allclose(mine.cpu(), dense, atol=1e-4), f"max difference {(mine.cpu() - dense).abs().max().item():.3g}"
     print("your kernel equals dense attention")

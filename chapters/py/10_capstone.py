@@ -48,7 +48,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("10", REF, drive=DRIVE)
 
@@ -67,7 +67,7 @@ import torch
 
 from memlab import viz
 from memlab.engine import Engine, TinyLlama, generate_reference
-from memlab.viz.draw_engine import WORKLOADS, draw_engine, draw_policies, engine_frames
+from memlab.viz.draw_engine import draw_engine, engine_frames
 
 model = TinyLlama()
 g = torch.Generator().manual_seed(0)
@@ -185,6 +185,9 @@ if run is not None:
 # %%
 import ipywidgets as W
 
+from memlab.sim import WORKLOADS
+from memlab.viz.draw_sim import draw_policies
+
 n_requests = 400 if FAST else 4000
 controls = dict(workload_name=W.Dropdown(options=WORKLOADS, description="workload"),
                 block_size=W.Dropdown(options=[1, 4, 16, 64, 256], value=16, description="block size"),
@@ -202,11 +205,12 @@ viz.Explorer(controls, draw_policies, columns=4)
 
 # %%
 from memlab import sim
+from memlab.viz.draw_sim import plot_figure2, plot_sweep
 from memlab.viz.style import new_figure
 
 sweep = sim.block_size_sweep(sim.sharegpt_like(n_requests), block_sizes=(1, 4, 16, 64, 256), progress=False)
 fig, ax = new_figure(8, 3.6)
-sim.plot_sweep(sweep, ax=ax)
+plot_sweep(sweep, ax=ax)
 viz.show(fig)
 
 # %% [markdown]
@@ -255,7 +259,7 @@ fig2_requests = 1_200 if FAST else sim.FIG2_REQUESTS  # the text's numbers are f
 buddy = sim.figure2(n=fig2_requests)
 first_fit = sim.figure2("first_fit", n=fig2_requests)
 print(sim.figure2_table(buddy, first_fit))
-viz.show(sim.plot_figure2(buddy, first_fit))
+viz.show(plot_figure2(buddy, first_fit))
 
 # %% [markdown]
 # | % of KV memory holding token states | Orca (Max) | Orca (Pow2) | Orca (Oracle) | vLLM |
@@ -308,7 +312,7 @@ viz.show(sim.plot_figure2(buddy, first_fit))
 # Write `admit` (8 points). The cell runs yours on a small queue.
 
 # %%
-with viz.notebook.exercise("ch10_admission") as ex:
+with exercise("ch10_admission") as ex:
     hooks = ex.CapacityHooks(available=200, token_capacity=400, page_size=16, decode_reserve=16)
     waiting = [ex.Request("a", 40, 50), ex.Request("b", 900, 10), ex.Request("c", 60, 20), ex.Request("d", 100, 20),
                ex.Request("e", 10, 5)]

@@ -51,7 +51,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.viz.notebook import start
+from memlab.notebook import exercise, start
 
 FAST = start("11", REF, drive=DRIVE)
 
@@ -362,7 +362,7 @@ viz.show(cmp.plot())
 # that are locked or still have children. The cell runs yours on the split of the section above.
 
 # %%
-with viz.notebook.exercise("ch11_radix_match") as ex:
+with exercise("ch11_radix_match") as ex:
     t = ex.RadixTree()
     leaf = t.add_child(t.root, (1, 2, 3, 4, 5), range(100, 105))
     n, node = ex.match_prefix(t, [1, 2, 3, 9])

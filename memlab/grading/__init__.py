@@ -1,3 +1,11 @@
-"""The autograder's parts: the exercise catalog, the one seam to learner code, teaching checks,
-and the pytest plugin that times and records each graded test. The command is ``memlab.grade``.
+"""memlab's autograder, one package:
+
+- ``catalog``: every graded exercise (id, chapter, file, points);
+- ``loader``: the one seam between graded tests and learner code (``load("ch04_alloc_extend")``);
+- ``checks``: the teaching checks graded tests use (messages in plain words);
+- ``plugin``: the pytest plugin that times and records each graded test in the child process;
+- ``runner``: runs the child, survives hangs and crashes, scores the results (``grade()``);
+- ``report``: the score table, Gradescope's results.json, the catalog listing;
+- ``cli``: the command line, ``python -m memlab.grade`` (memlab/grade.py is its entry point);
+- ``gradescope``: the whole course as a Gradescope autograder.
 """

@@ -7,13 +7,14 @@ student's files in ``/autograder/submission``, runs ``run_autograder`` from ``/a
 reads ``/autograder/results/results.json``.
 
 The bundle holds the course without its solutions (a student's code runs in the same container,
-so they must not be there): ``memlab/``, ``kernels/``, the stubs in ``exercises/``, the graded
-tests and ``pyproject.toml``. ``setup.sh`` makes a virtual environment with a CPU torch and the
-rest of pyproject's dependencies plus pytest; ``run_autograder`` calls ``run()`` below, which
-grades the stubs overlaid with the submitted ``chNN_*.py`` files (found anywhere in the
-submission, never under a ``solutions`` folder) and writes results.json, also when grading
-itself fails (score 0, the reason in ``output``). Gradescope's machines have no GPU: the
-GPU-only points are then not run, and the output says which maximum applies.
+so they must not be there): ``memlab/`` (its ``kernels`` link written as files), ``kernels/``,
+the stubs in ``exercises/``, the graded tests and ``pyproject.toml``. ``setup.sh`` makes a
+virtual environment with a CPU torch and the rest of pyproject's dependencies plus pytest;
+``run_autograder`` calls ``run()`` below, which grades the stubs overlaid with the submitted
+``chNN_*.py`` files (found anywhere in the submission, never under a ``solutions`` folder) and
+writes results.json, also when grading itself fails (score 0, the reason in ``output``).
+Gradescope's machines have no GPU: the GPU-only points are then not run, and the output says
+which maximum applies.
 
 ``MEMLAB_AUTOGRADER_ROOT`` replaces ``/autograder`` (the tests unpack the bundle into a temp
 folder); ``MEMLAB_PYTHON`` replaces the setup's virtual environment.
@@ -33,6 +34,8 @@ from pathlib import Path
 
 from memlab.grading import catalog
 from memlab.grading.loader import ROOT
+from memlab.grading.report import format_table, gradescope_results
+from memlab.grading.runner import DEFAULT_TIMEOUT, GradingError, grade
 
 ROOT_ENV = "MEMLAB_AUTOGRADER_ROOT"
 DEFAULT_ROOT = "/autograder"
@@ -93,10 +96,11 @@ def _requirements() -> tuple[str, list[str]]:
 def bundle_files() -> list[Path]:
     """Repository files the autograder needs (relative paths), solutions never among them."""
     out = []
-    for d in BUNDLE_DIRS:
-        for f in sorted((ROOT / d).rglob("*")):
-            if f.is_file() and not SKIP & set(f.relative_to(ROOT).parts) and f.suffix != ".pyc":
-                out.append(f.relative_to(ROOT))
+    for d in BUNDLE_DIRS:  # through links: memlab/kernels (a link to kernels/) goes in as files
+        for folder, dirs, files in os.walk(ROOT / d, followlinks=True):
+            dirs[:] = sorted(x for x in dirs if x not in SKIP)
+            rel = Path(folder).relative_to(ROOT)
+            out += [rel / f for f in sorted(files) if not f.endswith(".pyc")]
     out += [Path(f) for f in BUNDLE_FILES if (ROOT / f).is_file()]
     return out
 
@@ -162,8 +166,6 @@ def _gpu_note(report) -> tuple[str, list[dict]]:
 
 
 def results_for(report, table: str, found: dict[str, Path], missing: list[str], submission: Path) -> dict:
-    from memlab.grade import gradescope_results
-
     data = gradescope_results(report, table)
     note, extra = _gpu_note(report)
     rel = {n: p.relative_to(submission).as_posix() for n, p in found.items()}
@@ -186,19 +188,17 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
     results.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     try:
-        from memlab import grade
-
         submission = root / "submission"
         if not submission.is_dir():
-            raise grade.GradingError(f"there is no submission folder ({submission})")
+            raise GradingError(f"there is no submission folder ({submission})")
         found, missing = find_submitted(submission)
         work = root / "work" / "exercises"  # the stubs, then the submitted files over them
         shutil.rmtree(work.parent, ignore_errors=True)
         shutil.copytree(ROOT / "exercises", work)
         for name, path in found.items():
             shutil.copyfile(path, work / name)
-        report = grade.grade(None, str(work), timeout or grade.DEFAULT_TIMEOUT)
-        data = results_for(report, grade.format_table(report), found, missing, submission)
+        report = grade(None, str(work), timeout or DEFAULT_TIMEOUT)
+        data = results_for(report, format_table(report), found, missing, submission)
     except Exception as exc:  # the grader failed, not the student: say so, score 0, never no file
         data = {"score": 0, "execution_time": round(time.monotonic() - t0, 2), "tests": [],
                 "output": ("The memlab autograder could not grade this submission (not a mistake in your "

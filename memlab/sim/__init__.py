@@ -5,10 +5,13 @@ Notebook entry points (chapter 10)::
     from memlab import sim
     wl = sim.sharegpt_like(20_000)                 # or sim.load_azure("conv"), sim.load_azure("code")
     results = sim.compare_policies(wl, pool_size=15_728)  # placement="buddy" (default) or "first_fit"
-    print(sim.breakdown_table(results)); sim.plot_breakdown(results)
-    sim.plot_sweep(sim.block_size_sweep(wl))
+    print(sim.breakdown_table(results))
+    sweep = sim.block_size_sweep(wl)
     buddy, first_fit = sim.figure2(), sim.figure2("first_fit")   # the vLLM paper's Figure 2
-    print(sim.figure2_table(buddy, first_fit)); sim.plot_figure2(buddy, first_fit)
+    print(sim.figure2_table(buddy, first_fit))
+
+Their pictures are memlab.viz.draw_sim's (``plot_breakdown(results)``, ``plot_sweep(sweep)``,
+``plot_figure2(buddy, first_fit)``): memlab.sim computes, memlab.viz draws.
 
 The five shares (used, reserved, internal, rounding, free) are defined in ``memlab.sim.replay``;
 the placements (buddy, first fit, any slots) in ``memlab.sim.policies``; the paper's setup in
@@ -22,24 +25,12 @@ from memlab.sim.policies import (PLACEMENTS, AnySlots, Buddy, FirstFit, MaxConte
 from memlab.sim.replay import (DEFAULT_POOL_SIZE, SHARES, SimResult, bin_timeline, block_size_sweep,
                                breakdown_table, compare_policies, simulate)
 from memlab.sim.reference import simulate_reference
-from memlab.sim.workload import Workload, load_azure, sharegpt_like
-
-_PLOTS = ("plot_breakdown", "plot_sweep", "plot_timeline", "plot_figure2")
-
-
-def __getattr__(name):
-    # The plots pull in matplotlib and memlab.viz (seconds): load them only when one is asked for.
-    if name in _PLOTS:
-        from memlab.sim import plots
-
-        return getattr(plots, name)
-    raise AttributeError(f"module 'memlab.sim' has no attribute {name!r}")
+from memlab.sim.workload import WORKLOADS, Workload, load_azure, load_workload, sharegpt_like
 
 __all__ = [
-    "Workload", "sharegpt_like", "load_azure", "Policy", "Reservation", "MaxContext", "Pow2", "Oracle",
-    "Paged", "make_policy", "PLACEMENTS", "Buddy", "FirstFit", "AnySlots", "simulate", "simulate_reference",
-    "SimResult", "SHARES", "DEFAULT_POOL_SIZE", "compare_policies", "block_size_sweep", "breakdown_table",
-    "bin_timeline", "figure2", "figure2_table", "paper_categories", "tokens_per_request", "FIG2_POOL_SIZE",
-    "FIG2_REQUESTS", "PAPER_FIG2", "PAPER_FIG13_BATCH", "plot_breakdown", "plot_sweep", "plot_timeline",
-    "plot_figure2",
+    "Workload", "WORKLOADS", "sharegpt_like", "load_azure", "load_workload", "Policy", "Reservation", "MaxContext",
+    "Pow2", "Oracle", "Paged", "make_policy", "PLACEMENTS", "Buddy", "FirstFit", "AnySlots", "simulate",
+    "simulate_reference", "SimResult", "SHARES", "DEFAULT_POOL_SIZE", "compare_policies", "block_size_sweep",
+    "breakdown_table", "bin_timeline", "figure2", "figure2_table", "paper_categories", "tokens_per_request",
+    "FIG2_POOL_SIZE", "FIG2_REQUESTS", "PAPER_FIG2", "PAPER_FIG13_BATCH",
 ]

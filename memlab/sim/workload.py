@@ -98,3 +98,16 @@ def load_azure(kind: str = "conv", n: int | None = None, max_context: int | None
     longest = int(rows.sum(1).max())
     rows = rows[:n] if n is not None else rows
     return Workload(f"Azure 2023 {kind}", rows[:, 0], rows[:, 1], max_context or longest)
+
+
+WORKLOADS = ("ShareGPT-like", "Azure 2023 conv", "Azure 2023 code")  # the names load_workload knows
+
+
+def load_workload(name: str, n: int) -> Workload:
+    """The first ``n`` requests of a workload by its name in WORKLOADS (chapter 10's explorer)."""
+    if name == "ShareGPT-like":
+        return sharegpt_like(n)
+    kinds = {"Azure 2023 conv": "conv", "Azure 2023 code": "code"}
+    if name not in kinds:
+        raise ValueError(f"unknown workload {name!r}; known: {WORKLOADS}")
+    return load_azure(kinds[name], n=n)

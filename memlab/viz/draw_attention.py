@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.viz.draw import draw_slot_grid
-from memlab.viz.state import Books
+from memlab.viz.sglang_books import Books, draw_slot_grid
 from memlab.viz.style import caption_text, new_figure, owner_color
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memlab.viz.draw import cell
-from memlab.viz.style import FREE, PADDING, PALETTE, caption_text, grid_axes, new_figure, owner_color
+from memlab.viz.style import FREE, PADDING, PALETTE, caption_text, cell, grid_axes, new_figure, owner_color
 
 CACHED = "#e8dcc0"  # a cached page (evictable when nobody maps it)
 
@@ -106,43 +105,4 @@ def draw_engine(frame: EngineFrame, width: float = 11.0):
     plot.legend(loc="upper left", fontsize=7)
     twin.legend(loc="upper right", fontsize=7)
     fig.suptitle(caption_text(frame.caption, fig=fig), fontsize=10, x=0.01, ha="left")
-    return fig
-
-
-WORKLOADS = ("ShareGPT-like", "Azure 2023 conv", "Azure 2023 code")
-
-
-def workload(name: str, n: int):
-    from memlab import sim
-
-    if name == "ShareGPT-like":
-        return sim.sharegpt_like(n)
-    kinds = {"Azure 2023 conv": "conv", "Azure 2023 code": "code"}
-    if name not in kinds:
-        raise ValueError(f"unknown workload {name!r}; known: {WORKLOADS}")
-    return sim.load_azure(kinds[name], n=n)
-
-
-def draw_policies(workload_name: str = "ShareGPT-like", block_size: int = 16, n: int = 1000,
-                  pool_size: int | None = None, placement: str = "buddy"):
-    """The pool's slots split per allocation policy, replayed on the same request stream.
-
-    Reservations are placed by ``placement`` ('buddy' or 'first_fit'). A policy that cannot run
-    (a buddy block larger than the pool's largest power-of-two block) is named under the bars.
-    """
-    from memlab import sim
-
-    wl = workload(workload_name, n)
-    pool = pool_size or sim.DEFAULT_POOL_SIZE
-    results, refused = [], []
-    for policy in ("max", "pow2", "oracle", "paged"):
-        try:
-            results.append(sim.simulate(wl, pool, policy, block_size, placement=placement, progress=False))
-        except ValueError as e:  # the policy's largest request never fits this pool
-            refused.append(f"{policy}: {e}")
-    fig, ax = new_figure(9, 3.4 + 0.3 * len(refused))
-    sim.plot_breakdown(results, ax=ax, title=f"{wl.name}, {n:,} requests, {pool:,} slots, "
-                                             f"{placement.replace('_', ' ')} placement")
-    if refused:
-        fig.text(0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=7, wrap=True)
     return fig

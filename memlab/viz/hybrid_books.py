@@ -1,5 +1,11 @@
-"""Pictures of the hybrid books (chapter 07): an SWA model's two ledgers with the map between
-them, and a Mamba layer's per-request state slots with their ping-pong tracking slots."""
+"""The hybrid books (chapter 07): a sliding-window model's two ledgers (full and SWA) with the map
+between them, and a Mamba layer's per-request state slots with their ping-pong tracking slots.
+
+The same four parts as every side of memlab.viz (see ``sglang_books``): the snapshots
+(``SwaFrame``, ``MambaFrame`` and ``read_mamba``), the scene (``SwaScene``, a ``Scene`` over an
+``SWATokenToKVPoolAllocator`` that also releases out-of-window pages), the chapter's stories
+(``sliding_window``, ``mamba_slots``) and the drawings (``draw_swa``, ``draw_mamba``).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.viz.draw import cell, draw_request_table, draw_slot_grid
-from memlab.viz.scene import Scene
-from memlab.viz.state import Books, RowView, read_books
-from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, grid_axes, new_figure, owner_color
+from memlab.hybrid.mamba import HybridReqToTokenPool
+from memlab.hybrid.swa import SWATokenToKVPoolAllocator
+from memlab.req_to_token import Req, ReqToTokenPool
+from memlab.viz.sglang_books import Books, RowView, Scene, draw_request_table, draw_slot_grid, read_books
+from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
 
+
+# -- 1. the snapshots -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SwaFrame:
@@ -22,6 +31,39 @@ class SwaFrame:
     window: int
     note: str = ""
 
+
+@dataclass(frozen=True)
+class MambaFrame:
+    caption: str
+    size: int  # state slots 1..size; 0 is padding
+    free_slots: tuple
+    rows: tuple  # (row, owner, state slot, tracking slots tuple, next_track_idx, last_track_seqlen)
+    note: str = ""
+
+    def slot_roles(self) -> dict[int, tuple[str, str]]:
+        """slot -> (owner, role): 'state', 'track 0', 'track 1' (a * marks the next snapshot's)."""
+        roles = {}
+        for _, owner, state, tracks, nxt, _ in self.rows:
+            if owner is None:
+                continue
+            if state:
+                roles[state] = (owner, "state")
+            for i, t in enumerate(tracks):
+                if t:
+                    roles[t] = (owner, f"track {i}" + ("*" if i == nxt else ""))
+        return roles
+
+
+def read_mamba(caption: str, pool, reqs, note: str = "") -> MambaFrame:
+    owners = {r.req_pool_idx: str(r.rid) for r in reqs if r.req_pool_idx is not None}
+    pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
+    rows = tuple((row, owners.get(row), int(pool.req_index_to_mamba_index_mapping[row]),
+                  tuple(pp[row].tolist()), int(pool.mamba_next_track_idx[row]),
+                  int(pool.mamba_last_track_seqlen[row])) for row in range(1, pool.size + 1))
+    return MambaFrame(caption, pool.mamba_pool.size, tuple(pool.mamba_pool.allocator.free_slots.tolist()), rows, note)
+
+
+# -- 2. the scene -----------------------------------------------------------------------------
 
 class SwaScene(Scene):
     """A Scene over an ``SWATokenToKVPoolAllocator``; it also releases out-of-window pages."""
@@ -65,6 +107,80 @@ class SwaScene(Scene):
         return super().finish(rid)
 
 
+# -- 3. the chapter's stories -----------------------------------------------------------------
+
+def _slots(out) -> list[int]:
+    return [] if out is None else out.tolist()
+
+
+def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4) -> SwaScene:
+    """Chapter 07: a sliding-window model's two ledgers; out-of-window SWA pages go back early."""
+    al = SWATokenToKVPoolAllocator(size, size_swa, page_size, debug_mode=True)
+    sc = SwaScene(ReqToTokenPool(4, 16), al, window)
+    sc.snap(f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window {window} tokens)")
+    out = sc.extend_batch({"A": 6, "B": 4})
+    sc.snap("A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in the map",
+            new_slots=_slots(out))
+    for rid in ("A", "B"):
+        freed = sc.release(rid)
+        sc.snap(f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole pages); "
+                "the full side keeps them" if freed else f"{rid}: nothing wholly outside the window yet")
+    for step in (1, 2, 3):
+        out = sc.decode(["A", "B"])
+        freed = [s for rid in ("A", "B") for s in sc.release(rid)]
+        sc.snap(f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} released",
+                new_slots=_slots(out))
+    slots = sc.finish("B")
+    sc.snap(f"B finishes: SWA side first (it reads the map), then its full slots {slots}")
+    return sc
+
+
+def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3,
+                mamba_size: int = 9) -> list[MambaFrame]:
+    """Chapter 07: a hybrid request table; each row owns a state slot and its tracking slots.
+    Returns the frames (``MambaFrame``s), not a scene: the pool is driven directly."""
+    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4),
+                                mamba_layer_ids=[0], enable_mamba_extra_buffer=extra_buffer,
+                                enable_overlap_schedule=overlap, debug_mode=True)
+    reqs = {}
+    frames = []
+
+    def snap(caption, note=""):
+        frames.append(read_mamba(caption, pool, reqs.values(), note))
+
+    per_row = 1 + pool.mamba_initial_tracking_slots
+    snap(f"{mamba_size} state slots (0 is padding); each request takes {per_row}: its state"
+         + (f" and {per_row - 1} tracking slot{'s' if per_row > 2 else ''}" if per_row > 1 else ""))
+    for rid in ("A", "B"):
+        r = Req(rid)
+        pool.alloc([r])
+        reqs[rid] = r
+        snap(f"{rid} arrives: row {r.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.req_pool_idx])[0])} "
+             "(zeroed: no stale recurrent state)")
+    if extra_buffer:
+        row = reqs["A"].req_pool_idx
+        for seq in (16, 32, 48):
+            dst = int(pool.track_state([row], [seq])[0])
+            snap(f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * moves to the other "
+                 "slot (ping-pong: the next write never hits the one still being read)")
+    a = reqs.pop("A")
+    row = a.req_pool_idx
+    pool.free(a)
+    snap(f"A finishes: row {row} and all its slots go back (to the tail), every tracking field reset")
+    c = Req("C")
+    if pool.alloc([c]) is None:
+        snap("C arrives but the state slots are short: no row is taken")
+    else:
+        reqs["C"] = c
+        pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[c.req_pool_idx].tolist()
+        state = int(pool.get_mamba_indices([c.req_pool_idx])[0])
+        snap(f"C arrives: row {c.req_pool_idx} again, but slots {[state] + pp} "
+             "from the head of the free list (A's went to the tail)")
+    return frames
+
+
+# -- 4. the drawings --------------------------------------------------------------------------
+
 def draw_swa(frame: SwaFrame, width: float = 11.5):
     """Request table (full-side slots), the full ledger, the SWA ledger, and the full -> SWA map."""
     fig = new_figure(width, 4.6)[0]
@@ -85,37 +201,6 @@ def draw_swa(frame: SwaFrame, width: float = 11.5):
     ax.set_ylim(1.2, -0.5)
     fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
-
-
-@dataclass(frozen=True)
-class MambaFrame:
-    caption: str
-    size: int  # state slots 1..size; 0 is padding
-    free_slots: tuple
-    rows: tuple  # (row, owner, state slot, tracking slots tuple, next_track_idx, last_track_seqlen)
-    note: str = ""
-
-    def slot_roles(self) -> dict[int, tuple[str, str]]:
-        """slot -> (owner, role): 'state', 'track 0', 'track 1' (a * marks the next snapshot's)."""
-        roles = {}
-        for _, owner, state, tracks, nxt, _ in self.rows:
-            if owner is None:
-                continue
-            if state:
-                roles[state] = (owner, "state")
-            for i, t in enumerate(tracks):
-                if t:
-                    roles[t] = (owner, f"track {i}" + ("*" if i == nxt else ""))
-        return roles
-
-
-def read_mamba(caption: str, pool, reqs, note: str = "") -> MambaFrame:
-    owners = {r.req_pool_idx: str(r.rid) for r in reqs if r.req_pool_idx is not None}
-    pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
-    rows = tuple((row, owners.get(row), int(pool.req_index_to_mamba_index_mapping[row]),
-                  tuple(pp[row].tolist()), int(pool.mamba_next_track_idx[row]),
-                  int(pool.mamba_last_track_seqlen[row])) for row in range(1, pool.size + 1))
-    return MambaFrame(caption, pool.mamba_pool.size, tuple(pool.mamba_pool.allocator.free_slots.tolist()), rows, note)
 
 
 def draw_mamba(frame: MambaFrame, width: float = 10.0):
@@ -148,8 +233,3 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
     tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=7, va="top")
     fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
-
-
-def mamba_track(pool, reqs, rid_rows, seq_lens) -> torch.Tensor:
-    """Snapshot the rows' states into their next tracking slots (``HybridReqToTokenPool.track_state``)."""
-    return pool.track_state(rid_rows, seq_lens)

@@ -1,10 +1,12 @@
-"""Pictures of SGLang's radix tree over two tiers: the tree (each node with its tokens, its device
+"""SGLang's radix tree over two tiers (chapter 11): the tree (each node with its tokens, its device
 and host slots, its lock count, whether it is an evictable leaf or lives only on the host), the
 device pool's pages and the host pool's pages, each page in the colour of what holds it.
 
-``RadixScene`` drives a real ``HiRadixCache`` (memlab.hicache) over a tiny real KV pool the way
-SGLang's scheduler does (memlab.prefix_compare.RadixDriver) and snapshots it into ``RadixBooks``
-after each step; ``draw_radix`` is a pure function from one snapshot to a figure.
+The same four parts as every side of memlab.viz (see ``sglang_books``): the snapshot
+(``RadixBooks``, read by ``read_radix_books``), the scene (``RadixScene`` drives a real
+``HiRadixCache`` (memlab.hicache) over a tiny real KV pool the way SGLang's scheduler does,
+through memlab.prefix_compare.RadixDriver, and snaps ``RadixBooks`` after each step), the
+chapter's story (``story``) and the drawing (``draw_radix``, a pure function of one snapshot).
 
     from memlab.viz.radix_books import draw_radix, story
     frames = story()
@@ -18,8 +20,11 @@ from dataclasses import dataclass, field
 import torch
 from matplotlib.patches import Circle
 
-from memlab.viz.draw import cell
-from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, grid_axes, new_figure, owner_color
+from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.hicache import HiRadixCache, HostKVCache, host_pool_decls
+from memlab.kv_pool import MHATokenToKVPool
+from memlab.prefix_compare import RadixDriver
+from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
 
 # Node states use colours outside the owners' palette: a request's own pages keep its colour.
 LOCKED = "#2b2d6e"  # on the device, locked by running requests
@@ -27,6 +32,8 @@ EVICTABLE = "#fdd9a0"  # an unlocked leaf on the device: the next eviction takes
 DEVICE = "#c7e9c0"  # on the device, unlocked, with a child on the device
 HOST_ONLY = "#c9c9c9"  # evicted from the device, its KV kept on the host
 
+
+# -- 1. the snapshot --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class NodeView:
@@ -122,7 +129,7 @@ def read_radix_books(tree, caption: str, requests=None, highlight=(), words=(), 
                       tuple(words), note)
 
 
-# -- a story, driven through the real library ---------------------------------------------------------
+# -- 2. the scene -----------------------------------------------------------------------------
 
 WORDS = ("<s>", "You", "are", "brief", ".", "What", "is", "KV", "HiCache", "?", "a", "radix", "tree", "page",
          "Why", "terse", "host")
@@ -137,11 +144,6 @@ class RadixScene:
 
     def __init__(self, device_tokens: int = 24, host_tokens: int = 32, page_size: int = 1,
                  write_policy: str = "write_through"):
-        from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-        from memlab.hicache import HiRadixCache, HostKVCache, host_pool_decls
-        from memlab.kv_pool import MHATokenToKVPool
-        from memlab.prefix_compare import RadixDriver
-
         self.pool = MHATokenToKVPool(device_tokens, page_size, torch.float32, head_num=1, head_dim=2, layer_num=1)
         alloc = TokenToKVPoolAllocator(device_tokens, kvcache=self.pool, debug_mode=True) if page_size == 1 else \
             PagedTokenToKVPoolAllocator(device_tokens, page_size, kvcache=self.pool, debug_mode=True)
@@ -196,10 +198,13 @@ class RadixScene:
         return self.snap(caption, before, f"evict_host({num_tokens}) freed {n} host slots")
 
 
+# -- 3. the chapter's story -------------------------------------------------------------------
+
 def story(page_size: int = 1) -> list[RadixBooks]:
     """Inserts, a split, matches with locks, evictions to the host and a load-back, step by step."""
-    sc = RadixScene(device_tokens=24, host_tokens=32, page_size=page_size)
-    sc.snap("An empty tree over an empty device pool (24 slots) and host pool (32 slots).")
+    device, host = 24, 32
+    sc = RadixScene(device_tokens=device, host_tokens=host, page_size=page_size)
+    sc.snap(f"An empty tree over an empty device pool ({device} slots) and host pool ({host} slots).")
     sc.arrive("A", "<s> You are brief . What is KV ?", "A arrives: nothing cached, it computes every token "
               "into slots of its own (request-owned pages).")
     sc.finish("A", "A finishes: the tree inserts its tokens as one node and keeps A's slots; write-through "
@@ -222,7 +227,8 @@ def story(page_size: int = 1) -> list[RadixBooks]:
     return sc.frames
 
 
-# -- the drawing -----------------------------------------------------------------------------------
+# -- 4. the drawing ---------------------------------------------------------------------------
+
 
 def _layout(books: RadixBooks) -> dict:
     """x, y of each node: leaves side by side in tree order, a parent above the middle of its children."""
@@ -331,19 +337,3 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
                     va="bottom")
     fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
-
-
-def render_static(path=None) -> "Path":
-    """chapters/img/11_radix.png: the story's load-back step (what the chapter shows on GitHub)."""
-    from pathlib import Path
-
-    from memlab.viz.style import figure_png
-
-    path = Path(path) if path else Path(__file__).resolve().parents[2] / "chapters" / "img" / "11_radix.png"
-    frames = story()
-    path.write_bytes(figure_png(draw_radix(frames[8]), dpi=80))
-    return path
-
-
-if __name__ == "__main__":
-    print(render_static())

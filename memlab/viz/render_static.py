@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from memlab.viz import scenes
-from memlab.viz.draw import draw_books
+from memlab.viz import hybrid_books, sglang_books, vllm_books
+from memlab.viz.sglang_books import draw_books
 from memlab.viz.style import figure_png
 
 OUT = Path(__file__).resolve().parents[2] / "chapters" / "img"
@@ -20,11 +20,11 @@ OUT = Path(__file__).resolve().parents[2] / "chapters" / "img"
 
 def token_allocator_books():
     """Chapter 03's picture: need_sort after A and B finish, their slots staged (yellow), before D."""
-    return scenes.token_allocator(need_sort=True).frames[5]
+    return sglang_books.token_allocator(need_sort=True).frames[5]
 
 
 def _mappings():
-    sc = scenes.orientation()
+    sc = sglang_books.orientation()
     return draw_books(sc.frames[-1], ("table", "slots", "buffers", "free"), slot=sc.slots("D")[0])
 
 
@@ -32,18 +32,6 @@ def _kv_bytes():
     from memlab.viz.draw_models import draw_kv_bytes
 
     return draw_kv_bytes("Llama-3.1-8B")
-
-
-def _vllm(books):
-    from memlab.viz.vllm_books import draw_vllm
-
-    return draw_vllm(books)
-
-
-def _hybrid(name, frame):
-    from memlab.viz import hybrid_books
-
-    return getattr(hybrid_books, name)(frame)
 
 
 def _sizing(**kw):
@@ -57,7 +45,7 @@ def _attention():
 
     from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
-    sc = scenes.orientation(dtype=torch.float32, head_dim=16)
+    sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
     sc.extend_batch({"A": 6, "D": 3})
     fill_kv(sc)
     q = torch.randn(len(sc.reqs), 4, 16, generator=torch.Generator().manual_seed(1))
@@ -81,25 +69,32 @@ def _engine():
 
 
 def _policies():
-    from memlab.viz.draw_engine import draw_policies
+    from memlab.viz.draw_sim import draw_policies
 
     return draw_policies("ShareGPT-like", 16, n=4000)
 
 
+def _radix():
+    from memlab.viz.radix_books import draw_radix, story
+
+    return draw_radix(story()[8])  # the load-back step
+
+
 PICTURES = {
     "00_mappings": _mappings,
-    "01_request_table": lambda: draw_books(scenes.request_table().frames[4], ("table", "rows")),
+    "01_request_table": lambda: draw_books(sglang_books.request_table().frames[4], ("table", "rows")),
     "02_kv_bytes": _kv_bytes,
     "03_token_allocator": lambda: draw_books(token_allocator_books(), ("table", "slots", "free")),
-    "04_alloc_extend": lambda: draw_books(scenes.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
-    "05_decode": lambda: draw_books(scenes.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
-    "06_block_pool": lambda: _vllm(scenes.prefix_cache(True).frames[4]),
-    "07_swa": lambda: _hybrid("draw_swa", scenes.sliding_window().frames[5]),
-    "07_mamba": lambda: _hybrid("draw_mamba", scenes.mamba_slots()[4]),
+    "04_alloc_extend": lambda: draw_books(sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
+    "05_decode": lambda: draw_books(sglang_books.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
+    "06_block_pool": lambda: vllm_books.draw_vllm(vllm_books.prefix_cache(True).frames[4]),
+    "07_swa": lambda: hybrid_books.draw_swa(hybrid_books.sliding_window().frames[5]),
+    "07_mamba": lambda: hybrid_books.draw_mamba(hybrid_books.mamba_slots()[4]),
     "08_sizing": lambda: _sizing(model="Gemma-3-27B"),
     "09_attention": lambda: _attention(),
     "10_engine": lambda: _engine(),
     "10_policies": lambda: _policies(),
+    "11_radix": lambda: _radix(),
 }
 
 

@@ -1,4 +1,4 @@
-"""Colours and figure plumbing shared by every drawing.
+"""Colours, figure plumbing and the one drawing primitive (``cell``) shared by every drawing.
 
 Owners (requests) keep one colour across every picture of the course: "A" is always the same
 blue. Each drawn cell carries a ``gid`` such as ``"slot:13"`` so tests can find it and check its
@@ -13,6 +13,7 @@ import zlib
 
 from matplotlib.colors import to_hex, to_rgba
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
            "#ff9da7", "#86bcb6")
@@ -59,6 +60,27 @@ def grid_axes(ax, title: str | None = None) -> None:
     ax.invert_yaxis()
     if title:
         ax.set_title(title, fontsize=10, loc="left")
+
+
+def cell(ax, x, y, fill, label="", gid=None, w=1.0, h=1.0, edge="white", lw=1.0, alpha=1.0, fontsize=7,
+         hatch=None):
+    """One labelled box with its top-left corner at (x, y); ``gid`` names it for the tests."""
+    r = Rectangle((x, y), w, h, facecolor=fill, edgecolor=edge, linewidth=lw, alpha=alpha, hatch=hatch)
+    if hatch:
+        r.set_hatch_linewidth(0.6) if hasattr(r, "set_hatch_linewidth") else None
+    r.set_gid(gid)
+    ax.add_patch(r)
+    if label != "":
+        t = ax.text(x + w / 2, y + h / 2, str(label), ha="center", va="center", fontsize=fontsize,
+                    color=text_color(fill) if alpha > 0.5 else "black")
+        t.set_gid(None if gid is None else f"label:{gid}")
+    return r
+
+
+def frame_axes(ax, width, height, pad=0.3):
+    """Fit a cell drawing's axes to ``width`` x ``height`` cells (room above for column labels)."""
+    ax.set_xlim(-pad, width + pad)
+    ax.set_ylim(height + pad, -pad - 0.6)
 
 
 def figure_png(fig, dpi: int = 90) -> bytes:

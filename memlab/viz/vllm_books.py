@@ -1,20 +1,25 @@
-"""Pictures of vLLM's books: the block pool, each request's blocks (its block-table row), and the
-free queue as the linked list it is. ``VllmScene`` drives a real ``KVCacheManager`` the way
-vLLM's scheduler does and snapshots it into ``VllmBooks`` after each step.
+"""vLLM's books (chapter 06): the block pool, each request's blocks (its block-table row), and the
+free queue as the linked list it is.
+
+The same four parts as every side of memlab.viz (see ``sglang_books``): the snapshot
+(``VllmBooks``), the scene (``VllmScene`` drives a real ``KVCacheManager`` the way vLLM's
+scheduler does and snaps ``VllmBooks`` after each step), the chapter's story (``prefix_cache``)
+and the drawing (``draw_vllm``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memlab.viz.draw import cell
-from memlab.viz.style import FREE, HIGHLIGHT, NULL, caption_text, grid_axes, new_figure, owner_color
+from memlab.viz.style import FREE, HIGHLIGHT, NULL, caption_text, cell, grid_axes, new_figure, owner_color
 from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
 CACHED = "#b9e0dc"  # a free block that still carries a hash: a prefix hit can revive it
 EVICTED = "#e15759"
 
+
+# -- 1. the snapshot --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class VllmBooks:
@@ -35,6 +40,8 @@ class VllmBooks:
         """The first request (in table order) that holds the block."""
         return next((r for r, ids in self.req_blocks.items() if block_id in ids), None)
 
+
+# -- 2. the scene -----------------------------------------------------------------------------
 
 class VllmScene:
     """A KVCacheManager driven like vLLM's scheduler: arrive (lookup, allocate), decode, finish."""
@@ -93,6 +100,51 @@ class VllmScene:
         self.manager.free(self.requests.pop(rid))
         return blocks
 
+
+# -- 3. the chapter's story -------------------------------------------------------------------
+
+def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4) -> VllmScene:
+    """Chapter 06: vLLM's block pool; a prefix hit, reverse-order frees, lazy eviction."""
+    sc = VllmScene(num_blocks, block_size, enable_caching)
+    mode = "prefix caching on" if enable_caching else "prefix caching off"
+    sc.snap(f"{mode}: block 0 is the null block, popped at start; blocks 1..{num_blocks - 1} are free")
+
+    def arrive(rid, tokens, what):
+        r = sc.arrive(rid, tokens)
+        if r is None:
+            sc.snap(f"{rid} needs more blocks than are free: allocate_slots returns None, nothing changes")
+            return
+        hit = f"; {r['hit_tokens']} tokens hit the cache (blocks {sorted(r['hit'])})" if r["hit"] else ""
+        ev = f"; block {sorted(r['evicted'])} still carried a hash: evicted now" if r["evicted"] else ""
+        sc.snap(f"{rid} arrives with {len(tokens)} tokens{what}: new blocks {r['new']}{hit}{ev}",
+                new=r["new"], hit=r["hit"], evicted=r["evicted"])
+
+    prompt = list(range(10))
+    arrive("A", prompt, "")
+    for t in (100, 101):
+        sc.decode("A", t)
+    full_before, full = len(prompt) // block_size, (len(prompt) + 2) // block_size
+    if full > full_before:
+        chained = f" (chained on the {full - 1} before it)" if full > 1 else ""
+        sc.snap(f"A decodes 2 tokens: its block number {full} fills up"
+                + (f" and gets a hash{chained}" if enable_caching else ""))
+    else:
+        sc.snap("A decodes 2 tokens: no block of A's fills up")
+    freed = sc.finish("A")
+    where = ("in reverse, hashed ones to the TAIL: the prefix's end will be evicted before its start"
+             if enable_caching else "in reverse, to the head (nothing is cached)")
+    sc.snap(f"A finishes: blocks {freed[::-1]} are freed {where}")
+    arrive("B", prompt[:8] + [50, 51, 52], " (its first 8 are A's)")
+    arrive("C", list(range(200, 224)), "")
+    arrive("D", list(range(300, 308)), "")
+    freed = sc.finish("B")
+    sc.snap(f"B finishes: reversed {freed[::-1]}; "
+            + ("the unhashed partial block goes to the head, hashed ones to the tail" if enable_caching
+               else "all to the head, in that order"))
+    return sc
+
+
+# -- 4. the drawing ---------------------------------------------------------------------------
 
 def _block_fill(books: VllmBooks, b: int):
     if b == books.null_block:

@@ -1,4 +1,5 @@
-"""What a chapter's cells call once the first cell has put the course on ``sys.path``.
+"""The notebooks' side of the course: what a chapter's cells call once the first cell has put the
+course on ``sys.path`` (``from memlab.notebook import exercise, start``).
 
 - ``start(chapter, ref, drive)``: the rest of the setup (kernel mode, a clone's version, where your
   exercise files live: this runtime, or a folder on Google Drive in Colab);
@@ -18,7 +19,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXERCISES_ENV = "MEMLAB_EXERCISES"
 DRIVE_MOUNT = "/content/drive"  # where Colab mounts Google Drive (MEMLAB_DRIVE_MOUNT overrides it)
 DRIVE_FOLDER = "MyDrive/memlab/exercises"  # one folder for every chapter and every course version
@@ -108,7 +109,7 @@ def _where_work_lives(drive: bool) -> list[str]:
     return [f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when Colab "
             "recycles it.",
             "  Keep them: set DRIVE = True in this cell and re-run it (a folder on your Google Drive), or "
-            "download them now and then: from memlab.viz.notebook import download_exercises; download_exercises()"]
+            "download them now and then: from memlab.notebook import download_exercises; download_exercises()"]
 
 
 def download_exercises(to: str | os.PathLike | None = None) -> Path:

@@ -1,13 +1,15 @@
-"""Pictures of simulator results: the pool split per policy, a block-size sweep, a timeline, and
-the vLLM paper's Figure 2 beside memlab's.
+"""Chapter 10's pictures of simulator results (memlab.sim): the pool split per policy, a
+block-size sweep, a timeline, the vLLM paper's Figure 2 beside memlab's, and ``draw_policies``
+(the chapter's explorer: a named workload replayed under every policy).
 
-Each function draws on ``ax`` when given, else on a new figure, and returns the figure.
+Each ``plot_*`` draws on ``ax`` when given, else on a new figure, and returns the figure.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from memlab.sim import DEFAULT_POOL_SIZE, load_workload, simulate
 from memlab.sim.figure2 import CATEGORIES, PAPER_FIG2, SYSTEMS, paper_categories
 from memlab.sim.replay import SHARES, bin_timeline
 from memlab.viz.style import FREE, new_figure
@@ -152,4 +154,28 @@ def plot_figure2(*runs, ax=None, title=None):
     ax.set_xlabel("% of KV cache memory, averaged over the run")
     ax.set_title(title or "vLLM paper, Fig. 2 (OPT-13B, A100-40GB, ShareGPT) beside memlab")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8, frameon=False)
+    return fig
+
+
+def draw_policies(workload_name: str = "ShareGPT-like", block_size: int = 16, n: int = 1000,
+                  pool_size: int | None = None, placement: str = "buddy"):
+    """The pool's slots split per allocation policy, replayed on the same request stream.
+
+    ``workload_name`` is one of memlab.sim.WORKLOADS. Reservations are placed by ``placement``
+    ('buddy' or 'first_fit'). A policy that cannot run (a buddy block larger than the pool's
+    largest power-of-two block) is named under the bars.
+    """
+    wl = load_workload(workload_name, n)
+    pool = pool_size or DEFAULT_POOL_SIZE
+    results, refused = [], []
+    for policy in ("max", "pow2", "oracle", "paged"):
+        try:
+            results.append(simulate(wl, pool, policy, block_size, placement=placement, progress=False))
+        except ValueError as e:  # the policy's largest request never fits this pool
+            refused.append(f"{policy}: {e}")
+    fig, ax = new_figure(9, 3.4 + 0.3 * len(refused))
+    plot_breakdown(results, ax=ax, title=f"{wl.name}, {n:,} requests, {pool:,} slots, "
+                                         f"{placement.replace('_', ' ')} placement")
+    if refused:
+        fig.text(0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=7, wrap=True)
     return fig

@@ -1,0 +1,170 @@
+"""memlab's import graph, read statically from the source (every import statement, also those
+inside functions: a lazy import is still a dependency): no cycle between modules, none between
+the library's parts (sim and viz, env and kernels once imported each other), and the library's
+floors follow the teaching order: a module taught in chapter N imports nothing taught later.
+"""
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The chapter that teaches each part of the library: a part may import only parts of its chapter
+# or earlier ones. 0: the floor under every chapter. TOOLS sit above the library (notebooks,
+# pictures, grading, the environment report): they may import any part, and no part imports them.
+FLOORS = {
+    "memlab.env": 0, "memlab.home": 0, "memlab.kernels": 0,
+    "memlab.req_to_token": 1,
+    "memlab.kv_pool": 2, "memlab.models": 2,
+    "memlab.allocator": 3,  # chapters 03 to 05
+    "memlab.vllm": 6,
+    "memlab.hybrid": 7, "memlab.write_loc": 7,  # write_loc: chapters 07 to 09
+    "memlab.sizing": 8,
+    "memlab.attention": 9,
+    "memlab.engine": 10, "memlab.sim": 10, "memlab.checkpoint": 10,
+    "memlab.radix_cache": 11, "memlab.hicache": 11, "memlab.page_copy": 11, "memlab.prefix_compare": 11,
+}
+TOOLS = {"memlab", "memlab.__main__", "memlab.viz", "memlab.notebook", "memlab.grading", "memlab.grade",
+         "memlab.doctor", "memlab.chat"}
+
+# Floor violations still on main, each with what removes it. When one is gone, delete its line.
+PENDING = {
+    ("memlab.kv_pool", "memlab.write_loc"): "issue 12 (helper core): the pool stops importing chapter 07's write_loc",
+}
+
+
+def modules(package_dir: Path) -> dict[str, Path]:
+    """Module name -> file, for every .py under the package (through memlab/kernels, a link)."""
+    found = {}
+    for folder, dirs, files in os.walk(package_dir, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for f in files:
+            if f.endswith(".py"):
+                rel = (Path(folder) / f).relative_to(package_dir.parent).with_suffix("")
+                parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+                found[".".join(parts)] = Path(folder) / f
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The memlab modules ``name`` imports: each named module, or its closest known parent (a
+    name imported from a module), and the parent packages that Python runs first (their
+    __init__), except the importer's own packages, which are already being imported."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            targets |= {f"{base}.{a.name}" for a in node.names} | {base}
+    out = set()
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    for t in targets:
+        while t and t not in known:
+            t = t.rpartition(".")[0]
+        if not t:
+            continue  # not memlab
+        parents = {".".join(t.split(".")[:i]) for i in range(1, t.count(".") + 1)}
+        out |= ({t} | parents) - own
+    out.discard(name)
+    return out
+
+
+def graph(package_dir: Path = ROOT / "memlab") -> dict[str, set[str]]:
+    mods = modules(package_dir)
+    return {m: imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def unit(module: str) -> str:
+    """The part a module belongs to: its package under memlab (memlab.viz.style -> memlab.viz)."""
+    return ".".join(module.split(".")[:2])
+
+
+def units(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for m, targets in g.items():
+        out.setdefault(unit(m), set()).update(unit(t) for t in targets if unit(t) != unit(m))
+    return out
+
+
+@pytest.fixture(scope="module")
+def memlab_graph():
+    return graph()
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    pkg = tmp_path / "memlab"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from memlab.sub import b  # lazy\n")
+    (pkg / "sub" / "__init__.py").write_text("from . import c\n")
+    (pkg / "sub" / "b.py").write_text("from ..a import f\nimport numpy\n")
+    (pkg / "sub" / "c.py").write_text("from .b import thing\n")
+    g = graph(pkg)
+    assert g["memlab.a"] == {"memlab.sub", "memlab.sub.b"}
+    assert g["memlab.sub.b"] == {"memlab.a"} and g["memlab.sub"] == {"memlab.sub.c"}
+    assert g["memlab.sub.c"] == {"memlab.sub.b"}  # its own package is not an edge back
+    assert cycles(g) == [["memlab.a", "memlab.sub", "memlab.sub.b", "memlab.sub.c"]]
+    assert cycles(units(g)) == [["memlab.a", "memlab.sub"]]
+
+
+def test_the_kernels_are_in_the_graph(memlab_graph):
+    assert "memlab.kernels.alloc_extend" in memlab_graph and "memlab.env" in memlab_graph["memlab.kernels"]
+
+
+def test_no_module_imports_itself_back(memlab_graph):
+    assert cycles(memlab_graph) == []
+
+
+def test_no_two_parts_of_memlab_import_each_other(memlab_graph):
+    assert cycles(units(memlab_graph)) == []
+
+
+def test_floors_follow_the_teaching_order(memlab_graph):
+    parts = units(memlab_graph)
+    unplaced = sorted(set(parts) - set(FLOORS) - TOOLS)
+    assert not unplaced, f"give each a floor (the chapter that teaches it) in FLOORS, or put it in TOOLS: {unplaced}"
+    up = sorted((a, b) for a, targets in parts.items() if a in FLOORS for b in targets
+                if b in TOOLS or FLOORS[b] > FLOORS[a])
+    assert set(up) - set(PENDING) == set(), "\n".join(
+        f"{a} (chapter {FLOORS[a]:02d}) imports {b} " + ("(a tool above the library)" if b in TOOLS else
+                                                          f"(chapter {FLOORS[b]:02d})") for a, b in up)
+    assert set(PENDING) <= set(up), f"no longer imported: delete from PENDING {sorted(set(PENDING) - set(up))}"
