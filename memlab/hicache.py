@@ -26,49 +26,26 @@ HiCacheController and HostKVCache.
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple
-
 import torch
 
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.kv_pool import BufferDecl, HostPoolDecl  # noqa: F401  (the declaration lives with the device pool)
 from memlab.page_copy import transfer_pages
 from memlab.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
-class BufferDecl(NamedTuple):
-    name: str  # the device pool's attribute holding one tensor per layer ("k_buffer", ...)
-    row_shape: tuple  # the shape of one token's row in one layer
-    dtype: torch.dtype  # the stored dtype (uint8 for fp8 pools)
-
-
-class HostPoolDecl(NamedTuple):
-    """One host pool a device pool asks HiCache to keep (SGLang's ``HostPoolDecl``)."""
-
-    pool_name: str
-    device_pool: object
-    layer_num: int
-    buffers: tuple  # BufferDecl per per-layer buffer of the device pool
-
-
 def host_pool_decls(device_pool) -> tuple:
-    """What a device pool declares for HiCache: the per-layer buffers its host twin must mirror.
-
-    SGLang's pools answer this themselves (``KVCache.host_pool_decls()``); memlab's do not yet,
-    so this reads their per-layer buffer lists: MHA's ``k_buffer`` and ``v_buffer``, MLA's
-    ``kv_buffer``.
-    """
-    buffers = tuple(BufferDecl(name, tuple(getattr(device_pool, name)[0].shape[1:]), getattr(device_pool, name)[0].dtype)
-                    for name in ("k_buffer", "v_buffer", "kv_buffer") if hasattr(device_pool, name))
-    return (HostPoolDecl("kv", device_pool, device_pool.layer_num, buffers),)
+    """What a device pool declares for HiCache: the per-layer buffers its host twin must mirror
+    (``KVCache.host_pool_decls()``, as in SGLang: the pool answers for itself)."""
+    return device_pool.host_pool_decls()
 
 
 def translate_kv_indices_for_transfer(allocator, kv_indices: torch.Tensor) -> torch.Tensor:
-    """Slot ids as the transfer addresses the pool's buffers. A static pool's ids ARE rows of its
-    buffers (identity, as in SGLang's base allocator); a pool whose ids are virtual translates."""
-    translate = getattr(allocator, "translate_kv_indices_for_transfer", None)
-    return kv_indices if translate is None else translate(kv_indices)
+    """Slot ids as the transfer addresses the pool's buffers (the allocator's
+    ``translate_kv_indices_for_transfer``: identity for memlab's static pools)."""
+    return allocator.translate_kv_indices_for_transfer(kv_indices)
 
 
 class HostKVCache:
