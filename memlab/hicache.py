@@ -269,7 +269,7 @@ class HiRadixCache(RadixCache):
     def _evict_backuped(self, node: TreeNode) -> int:
         """Demote: free the device slots, keep the node with its host copy."""
         num_evicted = len(node.value)
-        self.token_to_kv_pool_allocator.free(node.value)
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
         node.value = None
         self.evictable_size_ -= num_evicted
         self.evictable_leaves.discard(node)
@@ -286,7 +286,7 @@ class HiRadixCache(RadixCache):
             self.cache_controller.evict_host(n.host_value)
         node.children = {}
         num_evicted = len(node.value)
-        self.token_to_kv_pool_allocator.free(node.value)
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
         self._delete_leaf(node)
         return num_evicted
 

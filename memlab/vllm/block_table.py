@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from memlab import _checks
+from memlab.env import resolve_device
 
 PAD_SLOT_ID = -1
 BACKENDS = ("triton", "torch", "python")
@@ -114,6 +115,7 @@ class BlockTable:
         _checks.positive_ints(block_size=block_size, max_num_reqs=max_num_reqs,
                               max_num_blocks_per_req=max_num_blocks_per_req,
                               max_num_batched_tokens=max_num_batched_tokens)
+        device = resolve_device(device)
         self.block_size = block_size
         self.max_num_reqs = max_num_reqs
         self.max_num_blocks_per_req = max_num_blocks_per_req
