@@ -360,8 +360,10 @@ class HiRadixCache(RadixCache):
         return device_indices
 
     def init_load_back(self, last_node: TreeNode, host_hit_length: int):
-        """At admission: load the host part of a match back. Returns (the loaded slots, the node
-        to lock); when loading is refused, the device part of the match and its last node."""
+        """At admission: load the host part of a match back. Returns (the loaded device slots, the
+        node to lock). When loading is refused (fewer host tokens than ``load_back_threshold``, or
+        no room even after evicting): an empty tensor and the last node of the match's device part,
+        which the caller then locks; the host part is recomputed."""
         if last_node.evicted:
             loading_values = self.load_back(last_node)
             if loading_values is not None:

@@ -91,7 +91,8 @@ class DecLockRefResult(NamedTuple):
 
 
 class RadixCache:
-    """SGLang's RadixCache over a memlab allocator (``alloc``, ``free``, ``available_size``)."""
+    """SGLang's RadixCache over a memlab allocator (``free``, ``free_segment``, ``available_size``,
+    ``page_size``, ``device``): a node's slots are whole pages, so they go back as segments."""
 
     def __init__(self, token_to_kv_pool_allocator, page_size: int | None = None, disable: bool = False,
                  debug_mode: bool = False):
