@@ -25,7 +25,7 @@ from memlab.req_to_token import Req
 
 def _lens(xs, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A device tensor and its host copy (the allocators settle capacity on the host)."""
-    cpu = torch.as_tensor(xs, dtype=torch.int64)
+    cpu = torch.as_tensor(xs, dtype=torch.int64, device="cpu")
     return cpu.to(device), cpu
 
 
@@ -49,9 +49,9 @@ def alloc_paged_token_slots_extend(allocator, prefix_lens: Sequence[int], seq_le
     dev = allocator.device
     prefix, prefix_cpu = _lens(prefix_lens, dev)
     seq, seq_cpu = _lens(seq_lens, dev)
-    if tree_cache is not None:
+    if tree_cache is not None and tree_cache.evictable_size():
         evict_from_tree_cache(tree_cache, allocator, num_new_pages(prefix_cpu, seq_cpu, allocator.page_size) * allocator.page_size)
-    last = torch.as_tensor(last_loc, dtype=torch.int64).to(dev)
+    last = torch.as_tensor(last_loc, dtype=torch.int64, device=dev)
     return allocator.alloc_extend(prefix, prefix_cpu, seq, seq_cpu, last, int((seq_cpu - prefix_cpu).sum()))
 
 
@@ -60,10 +60,10 @@ def alloc_paged_token_slots_decode(allocator, seq_lens: Sequence[int], last_loc:
     """One slot per request for its new token (``seq_lens`` count it), or None when short."""
     dev = allocator.device
     seq, seq_cpu = _lens(seq_lens, dev)
-    if tree_cache is not None:
+    if tree_cache is not None and tree_cache.evictable_size():
         ps = allocator.page_size
         evict_from_tree_cache(tree_cache, allocator, int(((seq_cpu - 1) % ps == 0).sum()) * ps)
-    return allocator.alloc_decode(seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64).to(dev))
+    return allocator.alloc_decode(seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64, device=dev))
 
 
 def write_cache_indices(req_to_token_pool, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
@@ -96,7 +96,8 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     seq_lens = prefix_lens + extend
     ps = allocator.page_size
     need = num_new_pages(prefix_lens, seq_lens, ps) * ps
-    evict_from_tree_cache(tree_cache, allocator, need)
+    if tree_cache is not None and tree_cache.evictable_size():
+        evict_from_tree_cache(tree_cache, allocator, need)
     if need > allocator.available_size():
         return None
     for r, new, n in zip(reqs, fresh, prefix_lens.tolist()):
@@ -127,11 +128,12 @@ def alloc_for_decode(req_to_token_pool, allocator, reqs: Sequence[Req], tree_cac
     dev = req_to_token_pool.device
     rows = torch.tensor([r.req_pool_idx for r in reqs], device=dev)
     seq = torch.tensor([r.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
-    last = get_last_loc(req_to_token_pool.req_to_token, rows, (seq - 1).to(dev))
+    pos = (seq - 1).to(dev)  # the new token's position; a decoding request holds KV before it
+    last = req_to_token_pool.req_to_token[rows, pos - 1].to(torch.int64)
     out = alloc_paged_token_slots_decode(allocator, seq, last, tree_cache)
     if out is None:
         return None
-    req_to_token_pool.write((rows, (seq - 1).to(dev)), out.to(torch.int32))
+    req_to_token_pool.write((rows, pos), out.to(torch.int32))
     for r in reqs:
         r.kv_allocated_len += 1
     return out
