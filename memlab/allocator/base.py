@@ -133,7 +133,9 @@ class BaseTokenToKVPoolAllocator:
 
     def free_group_end(self) -> None:
         """Release the group: its slots' pages, deduplicated once over the whole group, then the
-        page ids queued by ``free_page_ids``/``free_segment``."""
+        page ids queued by ``free_page_ids``/``free_segment``. In debug mode a page freed twice
+        within the group is caught here; the group is then closed with its pages not released
+        (SGLang's debug assert fires at the same point: the books are suspect either way)."""
         _checks.free_group_end(self)
         group, page_ids = self.free_group, self.free_page_ids_group
         self.free_group, self.free_page_ids_group = None, []
