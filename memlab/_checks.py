@@ -31,7 +31,9 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 def integer(name: str, v, lo: int = 0) -> int:
     """``v`` as a Python int >= ``lo``. Any integral number is accepted: int, NumPy integers, a
     0-d integer tensor. A bool is not a count, and neither is a float (even 3.0)."""
-    if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.dtype.is_floating_point \
+    if type(v) is int:  # the common case: one type check
+        pass
+    elif isinstance(v, torch.Tensor) and v.dim() == 0 and not v.dtype.is_floating_point \
             and not v.dtype.is_complex and v.dtype != torch.bool:
         v = int(v)
     elif isinstance(v, numbers.Integral) and not isinstance(v, bool):
