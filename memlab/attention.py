@@ -23,13 +23,13 @@ import math
 
 import torch
 
+from memlab import _checks
+
 __all__ = [
     "decode_attention_fwd", "paged_attention", "mla_decode_attention_fwd", "mla_paged_attention",
     "slots_from_req_to_token", "slots_from_block_table", "attention_over_slots",
     "python_slots_from_req_to_token", "python_slots_from_block_table", "python_attention_over_slots",
 ]
-
-_DTYPES = (torch.float16, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,65 +109,17 @@ def python_attention_over_slots(q, k_buffer, v_buffer, slot_lists, sm_scale):
 
 
 # ---------------------------------------------------------------------------------------------
-# Checks shared by the kernel wrappers (shapes and dtypes only: no host-device sync).
+# What the kernel wrappers share (their argument checks live in memlab._checks).
 # ---------------------------------------------------------------------------------------------
-def _check_dtype(name, t, dtype=None):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if dtype is None and t.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be float16 or float32 (portable kernels), got {t.dtype}")
-    if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name} must be {dtype} like q, got {t.dtype}")
-
-
-def _check_index(name, t, ndim):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
-
-
 def _out(o, q, d_v):
-    shape = (q.shape[0], q.shape[1], d_v)
-    if o is None:
-        return torch.empty(shape, dtype=q.dtype, device=q.device)
-    _check_dtype("o", o, q.dtype)
-    if tuple(o.shape) != shape:
-        raise ValueError(f"o must have shape {shape}, got {tuple(o.shape)}")
-    return o
+    return torch.empty((q.shape[0], q.shape[1], d_v), dtype=q.dtype, device=q.device) if o is None else o
 
 
-def _check_heads(q, num_kv_heads):
-    if q.dim() != 3:
-        raise ValueError(f"q must be (batch, q_heads, head_dim), got shape {tuple(q.shape)}")
-    if num_kv_heads < 1 or q.shape[1] % num_kv_heads:
-        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({num_kv_heads})")
-
-
-def _check_batch(q, seq_lens, table, table_name, rows=None):
-    _check_index("seq_lens", seq_lens, 1)
-    _check_index(table_name, table, 2)
-    if table.dtype != torch.int32:
-        raise TypeError(f"{table_name} must be int32 (as the engines keep it), got {table.dtype}")
-    if seq_lens.shape[0] != q.shape[0] or (rows is not None and rows.shape[0] != q.shape[0]):
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}"
-                         + ("" if rows is None else f", req_pool_indices {rows.shape[0]}"))
-
-
-def _flat_cache(name, cache, ndim_heads=True):
+def _flat_cache(cache):
     """(num_blocks, block_size, [kv_heads,] dim) -> flat (slots, kv_heads, dim) view, block_size."""
-    if cache.dim() == 3 and not ndim_heads:
+    if cache.dim() == 3:  # vLLM's MLA layout has no head axis
         cache = cache.unsqueeze(2)
-    if cache.dim() != 4:
-        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}")
-    num_blocks, block_size = cache.shape[0], cache.shape[1]
-    try:
-        return cache.view(num_blocks * block_size, cache.shape[2], cache.shape[3]), block_size
-    except RuntimeError as exc:
-        raise ValueError(f"{name}'s blocks must be laid out contiguously (slot = block * block_size "
-                         f"+ offset), got strides {cache.stride()}") from exc
+    return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3]), cache.shape[1]
 
 
 def _scale(sm_scale, dim):
@@ -190,15 +142,7 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
     Request b's token t is in slot ``req_to_token[req_pool_indices[b], t]``, t < seq_lens[b].
     ``sm_scale`` defaults to 1/sqrt(D). Returns o (bs, H, Dv), written in place when given.
     """
-    _check_dtype("q", q)
-    _check_dtype("k_buffer", k_buffer, q.dtype)
-    _check_dtype("v_buffer", v_buffer, q.dtype)
-    _check_heads(q, k_buffer.shape[1])
-    _check_index("req_pool_indices", req_pool_indices, 1)
-    _check_batch(q, seq_lens, req_to_token, "req_to_token", req_pool_indices)
-    if k_buffer.shape[-1] != q.shape[-1] or v_buffer.shape[:2] != k_buffer.shape[:2]:
-        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, k_buffer {tuple(k_buffer.shape)}, "
-                         f"v_buffer {tuple(v_buffer.shape)}")
+    _checks.decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o)
     o = _out(o, q, v_buffer.shape[-1])
     return _launch(q=q, q_pe=q, k=k_buffer, v=v_buffer, o=o, table=req_to_token,
                    req_pool_indices=req_pool_indices, seq_lens=seq_lens,
@@ -211,32 +155,13 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale=
 
     Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t % block_size``.
     """
-    _check_dtype("query", query)
-    _check_dtype("key_cache", key_cache, query.dtype)
-    _check_dtype("value_cache", value_cache, query.dtype)
-    k, block_size = _flat_cache("key_cache", key_cache)
-    v, _ = _flat_cache("value_cache", value_cache)
-    _check_heads(query, k.shape[1])
-    _check_batch(query, seq_lens, block_table, "block_table")
-    if k.shape[-1] != query.shape[-1] or v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"shapes disagree: query {tuple(query.shape)}, key_cache {tuple(key_cache.shape)}, "
-                         f"value_cache {tuple(value_cache.shape)}")
+    _checks.paged_attention(query, key_cache, value_cache, block_table, seq_lens, out)
+    k, block_size = _flat_cache(key_cache)
+    v, _ = _flat_cache(value_cache)
     out = _out(out, query, v.shape[-1])
     return _launch(q=query, q_pe=query, k=k, v=v, o=out, table=block_table, req_pool_indices=seq_lens,
                    seq_lens=seq_lens, sm_scale=_scale(scale, query.shape[-1]), page_size=block_size,
                    d_main=query.shape[-1], d_pe=0, d_v=v.shape[-1], use_block_table=True, v_from_k=False)
-
-
-def _check_mla(q_nope, q_rope, kv):
-    _check_dtype("q_nope", q_nope)
-    _check_dtype("q_rope", q_rope, q_nope.dtype)
-    _check_dtype("kv_buffer", kv, q_nope.dtype)
-    if q_nope.dim() != 3 or q_rope.shape[:2] != q_nope.shape[:2]:
-        raise ValueError(f"q_nope (bs, H, kv_lora_rank) and q_rope (bs, H, qk_rope_head_dim) disagree: "
-                         f"{tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
-    if kv.shape[1] != 1 or kv.shape[2] != q_nope.shape[2] + q_rope.shape[2]:
-        raise ValueError(f"the latent buffer must be (slots, 1, kv_lora_rank + qk_rope_head_dim) = "
-                         f"(slots, 1, {q_nope.shape[2] + q_rope.shape[2]}), got {tuple(kv.shape)}")
 
 
 def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens,
@@ -247,9 +172,7 @@ def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_i
     ``sm_scale`` is required: models scale by the original head dim (DeepSeek-V3: 1/sqrt(192)),
     not by r + d_r. Returns o (bs, H, r), the latent output (the caller applies W_UV).
     """
-    _check_mla(q_nope, q_rope, kv_buffer)
-    _check_index("req_pool_indices", req_pool_indices, 1)
-    _check_batch(q_nope, seq_lens, req_to_token, "req_to_token", req_pool_indices)
+    _checks.mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o)
     r = q_nope.shape[-1]
     o = _out(o, q_nope, r)
     return _launch(q=q_nope, q_pe=q_rope, k=kv_buffer, v=kv_buffer, o=o, table=req_to_token,
@@ -261,9 +184,8 @@ def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_i
 def mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, scale, out=None):
     """vLLM spelling, MLA: kv_c_and_k_pe_cache (num_blocks, block_size, r + d_r) (vLLM's layout, no
     head axis; (num_blocks, block_size, 1, r + d_r) is accepted too)."""
-    kv, block_size = _flat_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, ndim_heads=False)
-    _check_mla(q_nope, q_rope, kv)
-    _check_batch(q_nope, seq_lens, block_table, "block_table")
+    _checks.mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out)
+    kv, block_size = _flat_cache(kv_c_and_k_pe_cache)
     r = q_nope.shape[-1]
     out = _out(out, q_nope, r)
     return _launch(q=q_nope, q_pe=q_rope, k=kv, v=kv, o=out, table=block_table, req_pool_indices=seq_lens,

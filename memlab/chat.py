@@ -25,6 +25,7 @@ import torch
 
 from memlab import checkpoint
 from memlab.engine import Engine
+from memlab.utils import ceil_div
 
 # SmolLM2-135M-Instruct: LlamaForCausalLM exactly (GQA 9/3 heads, tied embeddings, no rope
 # scaling, no biases), Apache-2.0, no login, 134.5 M parameters: about 270 MB of bfloat16.
@@ -154,7 +155,7 @@ class ChatRun:
     def pages_per_request(self) -> list[int]:
         """Pages each request ended with: its prompt and answer rounded up to whole pages."""
         ps = self.engine.page_size
-        return [-(-(len(p) + len(o)) // ps) for p, o in zip(self.prompts, self.outputs)]
+        return [ceil_div(len(p) + len(o), ps) for p, o in zip(self.prompts, self.outputs)]
 
     def sizing(self, gpu_gib: float = T4_GIB) -> str:
         """KV bytes per token, what ``memlab.sizing`` says a T4 holds, and what the engine used."""

@@ -26,49 +26,26 @@ HiCacheController and HostKVCache.
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple
-
 import torch
 
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.kv_pool import BufferDecl, HostPoolDecl  # noqa: F401  (the declaration lives with the device pool)
 from memlab.page_copy import transfer_pages
 from memlab.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
-class BufferDecl(NamedTuple):
-    name: str  # the device pool's attribute holding one tensor per layer ("k_buffer", ...)
-    row_shape: tuple  # the shape of one token's row in one layer
-    dtype: torch.dtype  # the stored dtype (uint8 for fp8 pools)
-
-
-class HostPoolDecl(NamedTuple):
-    """One host pool a device pool asks HiCache to keep (SGLang's ``HostPoolDecl``)."""
-
-    pool_name: str
-    device_pool: object
-    layer_num: int
-    buffers: tuple  # BufferDecl per per-layer buffer of the device pool
-
-
 def host_pool_decls(device_pool) -> tuple:
-    """What a device pool declares for HiCache: the per-layer buffers its host twin must mirror.
-
-    SGLang's pools answer this themselves (``KVCache.host_pool_decls()``); memlab's do not yet,
-    so this reads their per-layer buffer lists: MHA's ``k_buffer`` and ``v_buffer``, MLA's
-    ``kv_buffer``.
-    """
-    buffers = tuple(BufferDecl(name, tuple(getattr(device_pool, name)[0].shape[1:]), getattr(device_pool, name)[0].dtype)
-                    for name in ("k_buffer", "v_buffer", "kv_buffer") if hasattr(device_pool, name))
-    return (HostPoolDecl("kv", device_pool, device_pool.layer_num, buffers),)
+    """What a device pool declares for HiCache: the per-layer buffers its host twin must mirror
+    (``KVCache.host_pool_decls()``, as in SGLang: the pool answers for itself)."""
+    return device_pool.host_pool_decls()
 
 
 def translate_kv_indices_for_transfer(allocator, kv_indices: torch.Tensor) -> torch.Tensor:
-    """Slot ids as the transfer addresses the pool's buffers. A static pool's ids ARE rows of its
-    buffers (identity, as in SGLang's base allocator); a pool whose ids are virtual translates."""
-    translate = getattr(allocator, "translate_kv_indices_for_transfer", None)
-    return kv_indices if translate is None else translate(kv_indices)
+    """Slot ids as the transfer addresses the pool's buffers (the allocator's
+    ``translate_kv_indices_for_transfer``: identity for memlab's static pools)."""
+    return allocator.translate_kv_indices_for_transfer(kv_indices)
 
 
 class HostKVCache:
@@ -292,7 +269,7 @@ class HiRadixCache(RadixCache):
     def _evict_backuped(self, node: TreeNode) -> int:
         """Demote: free the device slots, keep the node with its host copy."""
         num_evicted = len(node.value)
-        self.token_to_kv_pool_allocator.free(node.value)
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
         node.value = None
         self.evictable_size_ -= num_evicted
         self.evictable_leaves.discard(node)
@@ -309,7 +286,7 @@ class HiRadixCache(RadixCache):
             self.cache_controller.evict_host(n.host_value)
         node.children = {}
         num_evicted = len(node.value)
-        self.token_to_kv_pool_allocator.free(node.value)
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
         self._delete_leaf(node)
         return num_evicted
 
@@ -383,8 +360,10 @@ class HiRadixCache(RadixCache):
         return device_indices
 
     def init_load_back(self, last_node: TreeNode, host_hit_length: int):
-        """At admission: load the host part of a match back. Returns (the loaded slots, the node
-        to lock); when loading is refused, the device part of the match and its last node."""
+        """At admission: load the host part of a match back. Returns (the loaded device slots, the
+        node to lock). When loading is refused (fewer host tokens than ``load_back_threshold``, or
+        no room even after evicting): an empty tensor and the last node of the match's device part,
+        which the caller then locks; the host part is recomputed."""
         if last_node.evicted:
             loading_values = self.load_back(last_node)
             if loading_values is not None:

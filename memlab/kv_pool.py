@@ -8,10 +8,12 @@ neighbours) absorbs writes of padded tokens. A pool holds only the layers
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from memlab import _checks
 from memlab.env import resolve_device
-from memlab.write_loc import check_physical_write_loc, plain_loc
 
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
                    if hasattr(torch, n))
@@ -33,10 +35,19 @@ def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int
     return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
 
 
-def _check_dims(**dims) -> None:
-    for name, v in dims.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+class BufferDecl(NamedTuple):
+    name: str  # the pool's attribute holding one tensor per layer ("k_buffer", ...)
+    row_shape: tuple  # the shape of one token's row in one layer
+    dtype: torch.dtype  # the stored dtype (uint8 for fp8 pools)
+
+
+class HostPoolDecl(NamedTuple):
+    """One host pool a device pool asks HiCache to keep (SGLang's ``HostPoolDecl``, chapter 11)."""
+
+    pool_name: str
+    device_pool: object
+    layer_num: int
+    buffers: tuple  # BufferDecl per per-layer buffer of the device pool
 
 
 class KVCache:
@@ -48,22 +59,18 @@ class KVCache:
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, layer_num: int, device="cpu",
                  start_layer: int | None = None, end_layer: int | None = None):
-        _check_dims(size=size, page_size=page_size, layer_num=layer_num)
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        start_layer = 0 if start_layer is None else start_layer
+        end_layer = start_layer + layer_num - 1 if end_layer is None else end_layer
+        _checks.kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
         self.size, self.page_size, self.layer_num = size, page_size, layer_num
         self.device = resolve_device(device)
         self.dtype = dtype
         # index_put (buffer[loc] = x) has no fp8 implementation: store fp8 as raw bytes.
         self.store_dtype = torch.uint8 if dtype in FP8_DTYPES else dtype
-        self.start_layer = 0 if start_layer is None else start_layer
-        self.end_layer = self.start_layer + layer_num - 1 if end_layer is None else end_layer
-        if self.end_layer - self.start_layer + 1 != layer_num or self.start_layer < 0:
-            raise ValueError(f"layers {self.start_layer}..{self.end_layer} do not make {layer_num} layers")
+        self.start_layer, self.end_layer = start_layer, end_layer
 
     def _local(self, layer_id: int) -> int:
-        if not self.start_layer <= layer_id <= self.end_layer:
-            raise IndexError(f"layer {layer_id} is not in this pool (layers {self.start_layer}..{self.end_layer})")
+        _checks.layer_id(self, layer_id)
         return layer_id - self.start_layer
 
     def _view(self, t: torch.Tensor) -> torch.Tensor:
@@ -75,26 +82,17 @@ class KVCache:
         x = x.to(self.dtype)
         return x.view(self.store_dtype) if self.store_dtype != self.dtype else x
 
-    def _check_loc(self, loc, n: int) -> torch.Tensor:
-        where = f"{type(self).__name__}.set_kv_buffer"
-        if self.requires_physical_write_loc:
-            check_physical_write_loc(loc, where)
-        loc = plain_loc(loc, where)  # a bare tensor or a KVWriteLoc
-        if loc.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"loc must be an int32/int64 tensor of slot ids, got {loc.dtype}")
-        if loc.device != self.device:
-            raise ValueError(f"loc is on {loc.device}, the pool on {self.device}")
-        if loc.numel() != n:
-            raise ValueError(f"{loc.numel()} slots for {n} tokens")
-        if loc.device.type == "cpu" and n:  # on a GPU this check would cost a sync per write
-            bad = ((loc < 0) | (loc >= self.size + self.page_size)).nonzero()
-            if len(bad):
-                i = bad[0].item()
-                raise ValueError(f"token {i} has slot {loc[i].item()}, outside 0..{self.size + self.page_size - 1}")
-        return loc
+    buffer_names: tuple = ()  # the attributes holding one tensor per layer
 
     def buffers(self) -> list[torch.Tensor]:
-        raise NotImplementedError
+        return [t for name in self.buffer_names for t in getattr(self, name)]
+
+    def host_pool_decls(self) -> tuple:
+        """What a host tier must mirror (HiCache, chapter 11): per layer, one host tensor for each
+        of this pool's buffers, with the same row shape and stored dtype."""
+        buffers = tuple(BufferDecl(name, tuple(getattr(self, name)[0].shape[1:]), self.store_dtype)
+                        for name in self.buffer_names)
+        return (HostPoolDecl("kv", self, self.layer_num, buffers),)
 
     def kv_size_bytes(self) -> int:
         """Bytes the pool really holds (padding page included), from the tensors themselves."""
@@ -108,19 +106,18 @@ class KVCache:
 class MHATokenToKVPool(KVCache):
     """Separate K ``(rows, H, d)`` and V ``(rows, H, d_v)`` per layer."""
 
+    buffer_names = ("k_buffer", "v_buffer")
+
     def __init__(self, size, page_size, dtype, head_num, head_dim, layer_num, device="cpu",
                  v_head_dim=None, start_layer=None, end_layer=None):
         super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
-        _check_dims(head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim)
+        _checks.positive_ints(head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim)
         self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
         rows = size + page_size
         z = dict(dtype=self.store_dtype, device=self.device)
         self.k_buffer = [torch.zeros((rows, head_num, head_dim), **z) for _ in range(layer_num)]
         self.v_buffer = [torch.zeros((rows, head_num, v_head_dim), **z) for _ in range(layer_num)]
-
-    def buffers(self):
-        return self.k_buffer + self.v_buffer
 
     @property
     def bytes_per_token(self) -> int:
@@ -139,7 +136,8 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
         """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = self._check_loc(loc, cache_k.shape[0])
+        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
+                               cache_v=(cache_v, (self.head_num, self.v_head_dim), "head_num, v_head_dim"))
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
         self.v_buffer[i][loc] = self._store(cache_v, v_scale)
 
@@ -147,17 +145,16 @@ class MHATokenToKVPool(KVCache):
 class MLATokenToKVPool(KVCache):
     """One latent buffer ``(rows, 1, r + d_r)`` per layer; "V" is a view of its first r columns."""
 
+    buffer_names = ("kv_buffer",)
+
     def __init__(self, size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device="cpu",
                  start_layer=None, end_layer=None):
         super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
-        _check_dims(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
+        _checks.positive_ints(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         self.kv_buffer = [torch.zeros((size + page_size, 1, self.kv_cache_dim), dtype=self.store_dtype,
                                       device=self.device) for _ in range(layer_num)]
-
-    def buffers(self):
-        return list(self.kv_buffer)
 
     @property
     def bytes_per_token(self) -> int:
@@ -176,5 +173,5 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None) -> None:
         """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = self._check_loc(loc, cache_k.shape[0])
+        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
         self.kv_buffer[i][loc] = self._store(cache_k, k_scale)

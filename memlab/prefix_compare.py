@@ -31,6 +31,7 @@ import torch
 
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.radix_cache import RadixCache
+from memlab.utils import ceil_align
 
 
 class Turn(NamedTuple):
@@ -90,7 +91,7 @@ class RadixDriver:
         tree.inc_lock_ref(last_node)
         prefix = tree.path_device_indices(last_node)
         need = len(tokens) - len(prefix)
-        whole_pages = -(-need // ps) * ps  # the prefix is whole pages: new tokens start a page
+        whole_pages = ceil_align(need, ps)  # the prefix is whole pages: new tokens start a page
         short = whole_pages - self.allocator.available_size()
         if short > 0:
             tree.evict(short)

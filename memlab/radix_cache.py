@@ -91,14 +91,15 @@ class DecLockRefResult(NamedTuple):
 
 
 class RadixCache:
-    """SGLang's RadixCache over a memlab allocator (``alloc``, ``free``, ``available_size``)."""
+    """SGLang's RadixCache over a memlab allocator (``free``, ``free_segment``, ``available_size``,
+    ``page_size``, ``device``): a node's slots are whole pages, so they go back as segments."""
 
     def __init__(self, token_to_kv_pool_allocator, page_size: int | None = None, disable: bool = False,
                  debug_mode: bool = False):
         _validate_init(token_to_kv_pool_allocator, page_size)
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = token_to_kv_pool_allocator.page_size if page_size is None else page_size
-        self.device = getattr(token_to_kv_pool_allocator, "device", torch.device("cpu"))
+        self.device = token_to_kv_pool_allocator.device
         self.disable = disable
         self.debug_mode = debug_mode
         self._clock = itertools.count()  # the LRU clock: one tick per access or new node
@@ -162,7 +163,8 @@ class RadixCache:
         num_evicted = 0
         while num_evicted < num_tokens and eviction_heap:
             _, _, x = heapq.heappop(eviction_heap)
-            self.token_to_kv_pool_allocator.free(x.value)
+            # A node's value is whole pages, page-aligned: freed as a segment, without the dedup.
+            self.token_to_kv_pool_allocator.free_segment(x.value, start_pos=0)
             num_evicted += len(x.value)
             self._delete_leaf(x)
             if len(x.parent.children) == 0 and x.parent.lock_ref == 0:
@@ -219,6 +221,16 @@ class RadixCache:
             stack.extend(c for c in node.children.values() if not c.evicted)
         return total
 
+    def device_pages(self) -> set:
+        """Every page the tree holds on the device (a walk over the tree: for books checks)."""
+        pages, stack = set(), list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if not node.evicted:
+                pages.update((node.value // self.page_size).tolist())
+        return pages
+
     def path_device_indices(self, node: TreeNode) -> torch.Tensor:
         """The slots of the path root -> ``node``: a request's prefix, ready for its row."""
         values = []
@@ -241,8 +253,9 @@ class RadixCache:
         """
         key = self.page_aligned(token_ids[: len(kv_indices)])
         result = self.insert(key, kv_indices[: len(key)].to(torch.int64))
-        self.token_to_kv_pool_allocator.free(kv_indices[cache_protected_len:result.prefix_len])
-        self.token_to_kv_pool_allocator.free(kv_indices[len(key):])
+        self.token_to_kv_pool_allocator.free_segment(kv_indices[cache_protected_len:result.prefix_len],
+                                                     start_pos=cache_protected_len)
+        self.token_to_kv_pool_allocator.free(kv_indices[len(key):])  # the partial last page
         self.dec_lock_ref(last_node)
         return result
 

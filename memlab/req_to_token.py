@@ -10,6 +10,7 @@ from typing import Iterable
 
 import torch
 
+from memlab import _checks
 from memlab.env import resolve_device
 
 
@@ -28,23 +29,16 @@ class Req:
         return f"Req({self.rid!r}, row={self.req_pool_idx}, kv={self.kv_allocated_len})"
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 class ReqToTokenPool:
     """``size`` usable rows (1..size) plus padding row 0, each ``max_context_len`` slots wide."""
 
     def __init__(self, size: int, max_context_len: int, device="cpu"):
-        self.size = _positive_int("size", size)
-        self.max_context_len = _positive_int("max_context_len", max_context_len)
+        self.size, self.max_context_len = _checks.req_to_token_pool(size, max_context_len)
         self.device = resolve_device(device)
-        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=self.device)
+        self.req_to_token = torch.zeros((self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device)
         # Bumped on every allocation and never reset (not even by clear): an asynchronous reader
         # that stored (row, generation) detects reuse of the row by a changed generation.
-        self.req_generation = torch.zeros(size + 1, dtype=torch.int64)
+        self.req_generation = torch.zeros(self.size + 1, dtype=torch.int64)
         self.clear()
 
     def clear(self) -> None:
@@ -57,8 +51,7 @@ class ReqToTokenPool:
 
     def alloc_rows(self, n: int) -> list[int] | None:
         """Take ``n`` rows, all or nothing (``None`` when short); bump their generations."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"alloc_rows needs a count >= 0, got {n!r}")
+        n = _checks.alloc_rows(n)
         if n > len(self.free_slots):
             return None
         if n == 0:
@@ -73,14 +66,8 @@ class ReqToTokenPool:
     def alloc(self, reqs: Iterable[Req]) -> list[int] | None:
         """Give each new request a row; a request continuing a chunked prefill keeps its row."""
         reqs = list(reqs)
+        _checks.alloc_reqs(reqs)
         new = [r for r in reqs if r.req_pool_idx is None]
-        if len({id(r) for r in reqs}) != len(reqs):
-            dup = next(r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i]))
-            raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
-        for r in reqs:
-            if r.req_pool_idx is not None and r.kv_allocated_len <= 0:
-                raise ValueError(f"{r!r} holds row {r.req_pool_idx} but owns no KV yet: "
-                                 "only a chunked prefill that already wrote KV may keep its row")
         rows = self.alloc_rows(len(new))
         if rows is None:
             return None
@@ -93,10 +80,8 @@ class ReqToTokenPool:
         """Return a row (an int or a Req, whose ``req_pool_idx`` is then cleared)."""
         req = row_or_req if isinstance(row_or_req, Req) else None
         row = req.req_pool_idx if req is not None else row_or_req
-        if isinstance(row, bool) or not isinstance(row, int) or not 1 <= row <= self.size:
-            raise ValueError(f"cannot free row {row!r}: rows are 1..{self.size} (row 0 is padding)")
-        if self._row_free[row]:
-            raise ValueError(f"double free: row {row} is already free")
+        _checks.free_row(self, row)
+        row = int(row)
         self._row_free[row] = 1
         self.free_slots.append(row)
         if req is not None:

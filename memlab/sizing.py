@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from memlab.hybrid.mamba import mamba_tracking_slots
 from memlab.models import FULL, LINEAR, SLIDING, ModelConfig
+from memlab.utils import ceil_align, ceil_div
 
 GiB = 1 << 30
 
@@ -31,15 +32,6 @@ def _nonneg_int(name: str, v) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{name} must be an int >= 0, got {v!r}")
     return v
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def ceil_ps(n: int, page_size: int) -> int:
-    """``n`` rounded up to whole pages."""
-    return ceil_div(n, page_size) * page_size
 
 
 def floor_ps(n: int, page_size: int) -> int:
@@ -185,7 +177,7 @@ def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capa
     _nonneg_int("input_tokens", input_tokens)
     _nonneg_int("max_new_tokens", max_new_tokens)
     _pos_int("page_size", page_size)
-    return max(0, min(max_new_tokens, token_capacity - ceil_ps(input_tokens, page_size) - page_size - 1))
+    return max(0, min(max_new_tokens, token_capacity - ceil_align(input_tokens, page_size) - page_size - 1))
 
 
 # ---- decode capacity and retraction -------------------------------------------------------
@@ -218,7 +210,7 @@ def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = 
     total = 0
     for r in reqs:
         grow = max(0, r.seq_len + reserve - r.allocated)
-        total += ceil_ps(r.allocated + grow, page_size) - ceil_ps(r.allocated, page_size)
+        total += ceil_align(r.allocated + grow, page_size) - ceil_align(r.allocated, page_size)
     return total
 
 
@@ -235,29 +227,38 @@ def retract_order(reqs) -> list[int]:
     return idx[::-1]
 
 
-def retract_decode(reqs, available_tokens: int, page_size: int, reserve: int | None = None):
+def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None = None, release=None):
     """Retract requests until the rest fit the next decode step; always keeps one.
 
     As SGLang's ``ScheduleBatch.retract_decode``, which the scheduler calls only after
     ``check_decode_mem`` failed: its first pass retracts without checking again. Returns
-    ``(kept, retracted, fits)``; a retracted request gives back its pages. ``fits`` is False only
-    when one request is left and still does not fit (SGLang aborts it; memlab leaves that to the
-    caller).
+    ``(kept, retracted, fits)``; ``fits`` is False only when one request is left and still does
+    not fit (SGLang aborts it; memlab leaves that to the caller).
+
+    ``available_tokens`` is a number (the free slots now: a retracted request is counted as giving
+    back all its pages) or, for an engine, a function that reads the books; then ``release`` is
+    called on each victim as it is chosen (the engine frees its KV there, as SGLang's
+    ``release_req``) and the books are read again, so a victim whose pages stay (a cached prefix
+    another request maps) is counted as it really is.
     """
     reqs = list(reqs)
     order = retract_order(reqs)[::-1]  # popped from the end, as SGLang's sorted_indices
     avail = available_tokens
+    read = available_tokens if callable(available_tokens) else (lambda: avail)
     retracted = []
     first_iter = True
-    while first_iter or not check_decode_mem([reqs[i] for i in order], avail, page_size, reserve):
+    while first_iter or not check_decode_mem([reqs[i] for i in order], read(), page_size, reserve):
         if len(order) == 1:
             break  # always keep at least one request
         first_iter = False
         victim = reqs[order.pop()]
         retracted.append(victim)
-        avail += ceil_ps(victim.allocated, page_size)
+        if release is not None:
+            release(victim)
+        if not callable(available_tokens):
+            avail += ceil_align(victim.allocated, page_size)
     kept = [reqs[i] for i in sorted(order)]
-    return kept, retracted, check_decode_mem(kept, avail, page_size, reserve)
+    return kept, retracted, check_decode_mem(kept, read(), page_size, reserve)
 
 
 # ---- pool sizes from a budget -------------------------------------------------------------
@@ -323,9 +324,9 @@ def request_footprint(cfg: ServingConfig, seq_len: int) -> dict:
     ps = alloc_page_size(s, cfg.parallel)
     out = {}
     if m.layer_ids(FULL):
-        out[FULL] = ceil_ps(seq_len, ps)
+        out[FULL] = ceil_align(seq_len, ps)
     if m.layer_ids(SLIDING):
-        out[SLIDING] = min(ceil_ps(seq_len, ps), ceil_ps(m.sliding_window, ps) + ps)
+        out[SLIDING] = min(ceil_align(seq_len, ps), ceil_align(m.sliding_window, ps) + ps)
     if m.layer_ids(LINEAR):
         out[LINEAR] = 1 + mamba_tracking_slots(s.enable_mamba_extra_buffer, s.enable_overlap,
                                                s.mamba_extra_buffer_lazy)

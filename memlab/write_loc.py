@@ -18,13 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def _ids(name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor of slot ids, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-        raise TypeError(f"{name} must be a 1-D int32/int64 tensor, got {t.dtype} of shape {tuple(t.shape)}")
-    return t
+from memlab import _checks
 
 
 @dataclass(slots=True)
@@ -39,19 +33,14 @@ class KVWriteLoc:
     physical: bool = False
 
     def __post_init__(self):
-        n = _ids("loc", self.loc).shape[0]
+        _checks.kv_write_loc(self)
         # The side ids are resolved once from the padded batch; later paths may narrow ``loc``,
         # so cut them to match (same per-token order).
-        if self.swa_loc is not None and _ids("swa_loc", self.swa_loc).shape[0] != n:
-            if self.swa_loc.shape[0] < n:
-                raise ValueError(f"swa_loc has {self.swa_loc.shape[0]} ids for {n} tokens")
+        n = self.loc.shape[0]
+        if self.swa_loc is not None:
             self.swa_loc = self.swa_loc[:n]
-        if self.full_loc is not None and _ids("full_loc", self.full_loc).shape[0] != n:
-            if self.full_loc.shape[0] < n:
-                raise ValueError(f"full_loc has {self.full_loc.shape[0]} ids for {n} tokens")
+        if self.full_loc is not None:
             self.full_loc = self.full_loc[:n]
-        if not isinstance(self.physical, bool):
-            raise TypeError(f"physical must be a bool, got {self.physical!r}")
 
     @classmethod
     def for_batch(cls, out_cache_loc: torch.Tensor, *, physical: bool, swa_loc=None, full_loc=None) -> "KVWriteLoc":
@@ -76,9 +65,7 @@ def unwrap_write_loc(loc) -> tuple:
     """``(loc, swa_loc, full_loc)`` of a KVWriteLoc, or ``(loc, None, None)`` of a bare tensor."""
     if isinstance(loc, KVWriteLoc):
         return loc.loc, loc.swa_loc, loc.full_loc
-    if isinstance(loc, torch.Tensor):
-        return loc, None, None
-    raise TypeError(f"loc must be a tensor of slot ids or a KVWriteLoc, got {type(loc).__name__}")
+    return loc, None, None
 
 
 def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
@@ -96,7 +83,6 @@ def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
 def plain_loc(loc, where: str) -> torch.Tensor:
     """The generic location ``loc`` for a pool with one id space (as SGLang's plain pools: a
     KVWriteLoc's ``swa_loc`` and ``full_loc`` are for the hybrid pools)."""
-    try:
-        return unwrap_write_loc(loc)[0]
-    except TypeError as exc:
-        raise TypeError(f"{where}: {exc}") from None
+    loc = unwrap_write_loc(loc)[0]
+    _checks.plain_loc(loc, where)
+    return loc

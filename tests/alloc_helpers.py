@@ -2,22 +2,21 @@
 
 import torch
 
+from memlab.allocation import alloc_paged_token_slots_decode, alloc_paged_token_slots_extend
+
 
 def extend(alloc, held: dict, rid, n: int):
     """Extend request ``rid`` (holding ``held[rid]`` slots) by ``n`` tokens; returns the new slots or None."""
     slots = held.get(rid, [])
-    pre, seq = len(slots), len(slots) + n
-    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-    out = alloc.alloc_extend(t([pre]), t([pre]), t([seq]), t([seq]), t([slots[-1] if slots else -1]), n)
+    out = alloc_paged_token_slots_extend(alloc, [len(slots)], [len(slots) + n], [slots[-1] if slots else -1])
     if out is not None:
         held[rid] = slots + out.tolist()
     return out
 
 
 def decode(alloc, held: dict, rids):
-    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
     seqs = [len(held[r]) + 1 for r in rids]
-    out = alloc.alloc_decode(t(seqs), t(seqs), t([held[r][-1] for r in rids]))
+    out = alloc_paged_token_slots_decode(alloc, seqs, [held[r][-1] for r in rids])
     if out is not None:
         for r, s in zip(rids, out.tolist()):
             held[r].append(s)

@@ -318,3 +318,32 @@ def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
     seq = T(5, 9, 13, 17, 21)  # five new tokens, each opening a page; 4 pages free in all
     assert pag.alloc_decode(seq, seq, T(7, 11, 15, 19, 23)) is None
     assert pag.free_pages.tolist() == [1, 2, 7, 8]  # bs 5 > 3 on the list: merged, then refused
+
+
+def test_counts_of_any_integral_type_are_accepted():
+    np = pytest.importorskip("numpy")
+    tok, pag = TokenToKVPoolAllocator(8), PagedTokenToKVPoolAllocator(16, 4)
+    assert tok.alloc(np.int64(3)).tolist() == [1, 2, 3]
+    assert tok.alloc(torch.tensor(2)).tolist() == [4, 5]  # a 0-d integer tensor
+    assert pag.alloc(np.int32(8)).tolist() == list(range(4, 12))
+    assert PagedTokenToKVPoolAllocator(np.int64(16), np.int64(4)).num_pages == 4
+
+
+@pytest.mark.parametrize("bad", [3.0, "3", True, torch.tensor(3.0), torch.tensor([3])])
+def test_a_count_that_is_no_integer_names_its_type(bad):
+    with pytest.raises(TypeError, match=f"need_size must be an int .*got {type(bad).__name__}"):
+        TokenToKVPoolAllocator(8).alloc(bad)
+
+
+def test_the_token_allocator_speaks_of_slots():
+    # chapter 03 speaks of slots: page size 1 has no pages to name
+    tok = TokenToKVPoolAllocator(8, debug_mode=True)
+    got = tok.alloc(2)
+    with pytest.raises(ValueError, match=r"cannot free slot 9: slots are 1..8 \(slot 0 is padding\)"):
+        tok.free(T(9))
+    tok.free(got)
+    with pytest.raises(ValueError, match="double free: slot 1 is already free"):
+        tok.free(got[:1])
+    pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
+    with pytest.raises(ValueError, match=r"cannot free page 5: pages are 1..4 \(page 0 is padding\)"):
+        pag.free(T(20))

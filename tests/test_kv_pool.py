@@ -65,12 +65,37 @@ def test_v_head_dim_counts_in_mha_bytes():
     assert mha_bytes_per_token(2, 3, 8, v_head_dim=4, dtype_bytes=2) == 2 * 3 * (8 + 4) * 2
 
 
-@pytest.mark.parametrize("kw,name", [(dict(size=0), "size"), (dict(head_num=-2), "head_num"),
-                                     (dict(layer_num=1.5), "layer_num"), (dict(page_size=0), "page_size")])
-def test_bad_dimensions_are_named(kw, name):
+@pytest.mark.parametrize("kw,name,err", [(dict(size=0), "size", ValueError), (dict(head_num=-2), "head_num", ValueError),
+                                         (dict(layer_num=1.5), "layer_num", TypeError),
+                                         (dict(page_size=0), "page_size", ValueError)])
+def test_bad_dimensions_are_named(kw, name, err):
     args = dict(size=8, page_size=1, dtype=torch.float16, head_num=2, head_dim=4, layer_num=1) | kw
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(err, match=name):
         MHATokenToKVPool(**args)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool])
+def test_a_pool_refuses_a_dtype_that_is_not_floating_point(dtype):
+    with pytest.raises(TypeError, match=f"dtype {dtype} is not one"):
+        MHATokenToKVPool(8, 1, dtype, 2, 4, 1)
+    with pytest.raises(TypeError, match=f"dtype {dtype} is not one"):
+        MLATokenToKVPool(8, 1, dtype, 4, 2, 1)
+
+
+def test_a_wrong_head_dim_is_named_before_torch_sees_it():
+    pool = MHATokenToKVPool(8, 1, torch.float32, head_num=2, head_dim=4, layer_num=1, v_head_dim=3)
+    loc = torch.tensor([1, 2])
+    with pytest.raises(ValueError, match=r"cache_k has shape \(2, 2, 8\); this pool stores rows of "
+                                         r"\(tokens, head_num, head_dim\) = \(tokens, 2, 4\)"):
+        pool.set_kv_buffer(0, loc, torch.ones(2, 2, 8), torch.ones(2, 2, 3))
+    with pytest.raises(ValueError, match=r"cache_v has shape \(2, 2, 4\).*v_head_dim\) = \(tokens, 2, 3\)"):
+        pool.set_kv_buffer(0, loc, torch.ones(2, 2, 4), torch.ones(2, 2, 4))
+    with pytest.raises(ValueError, match=r"head_num, head_dim\) = \(tokens, 2, 4\)"):
+        pool.set_kv_buffer(0, loc, torch.ones(2, 8), torch.ones(2, 2, 3))  # heads flattened
+    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()  # refused before writing
+    mla = MLATokenToKVPool(8, 1, torch.float32, kv_lora_rank=4, qk_rope_head_dim=2, layer_num=1)
+    with pytest.raises(ValueError, match=r"\(tokens, 1, kv_lora_rank \+ qk_rope_head_dim\) = \(tokens, 1, 6\)"):
+        mla.set_kv_buffer(0, loc, torch.ones(2, 1, 4))
 
 
 def test_bad_dtype_and_locations():

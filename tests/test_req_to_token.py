@@ -91,12 +91,23 @@ def test_free_req_clears_its_row_and_write_fills_it():
     assert r.req_pool_idx is None and row in pool.free_slots
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
-def test_bad_sizes_are_named(bad):
-    with pytest.raises(ValueError, match=str(bad)):
+@pytest.mark.parametrize("bad, err", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_bad_sizes_are_named(bad, err):
+    # a number out of range is a ValueError; a value that is not an integer at all (a float, a
+    # bool) is a TypeError whose message names the type
+    with pytest.raises(err, match=str(bad)):
         ReqToTokenPool(bad, 4)
-    with pytest.raises(ValueError, match=str(bad)):
+    with pytest.raises(err, match=str(bad)):
         ReqToTokenPool(4, bad)
+
+
+def test_integral_numbers_of_any_kind_are_counts():
+    np = pytest.importorskip("numpy")
+    pool = ReqToTokenPool(np.int64(4), torch.tensor(8))
+    assert (pool.size, pool.max_context_len) == (4, 8) and type(pool.size) is int
+    assert len(pool.alloc_rows(np.int32(2))) == 2
+    with pytest.raises(TypeError, match="got float 2.0"):
+        pool.alloc_rows(2.0)
 
 
 @pytest.mark.parametrize("row", [0, 5, -1, "x"])

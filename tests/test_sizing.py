@@ -130,6 +130,25 @@ def test_retract_until_it_fits():
     assert [r.rid for r in gone] == ["C"] and [r.rid for r in kept] == ["A", "B", "D"] and fits
 
 
+def test_an_engine_releases_each_victim_and_reads_its_books_again():
+    # C's first 150 slots are a cached prefix another request maps: retracting C frees only 51.
+    reqs = [RunningReq("A", 100, 5), RunningReq("B", 50, 1), RunningReq("C", 200, 1), RunningReq("D", 10, 9)]
+    books = {"free": 0}
+    freed = {"A": 106, "B": 51, "C": 51, "D": 19}
+    released = []
+
+    def release(r):
+        released.append(r.rid)
+        books["free"] += freed[r.rid]
+
+    kept, gone, fits = retract_decode(reqs, lambda: books["free"], 1, reserve=30, release=release)
+    # C (51 back) leaves 3 requests needing 90; B (51 more, 102 free) then fits the other two (60)
+    assert released == [r.rid for r in gone] == ["C", "B"] and [r.rid for r in kept] == ["A", "D"] and fits
+    # counted as a plain number, C would be taken to give back all 201 slots and B would stay
+    kept, gone, _ = retract_decode(reqs, 0, 1, reserve=30)
+    assert [r.rid for r in gone] == ["C"]
+
+
 def test_retraction_always_keeps_one_request():
     reqs = [RunningReq("A", 100, 5), RunningReq("B", 50, 1)]
     kept, gone, fits = retract_decode(reqs, 0, 1, reserve=10_000)  # nothing could ever fit

@@ -195,7 +195,7 @@ assert same
 # |---|---|---|---|
 # | backends | `backend="torch" / "triton" / "python"`, chosen per allocator | its Triton kernel where the platform has Triton, else a torch fallback | the chapter compares all three |
 # | the kernel's prefix sums | a loop over earlier requests in blocks of 128, page size a runtime value | loads `next_power_of_2(bs)` lengths at once; page size and batch bound are compile-time constants; part 2 in blocks of 4096 | one compiled kernel serves every batch; same output |
-# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix) | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
+# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix), by one validator per method in `memlab/_checks.py`, so `alloc_extend` in `memlab/allocator/paged.py` reads like SGLang's | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
 # | page size 1 | `TokenToKVPoolAllocator.alloc_extend` exists and takes any free slots | the token allocator has only `alloc(n)`; the scheduler calls it for a prefill | one interface for the chapters |
 #
 # ## Exercises

@@ -84,13 +84,18 @@ viz.Stepper(frames, draw_engine, interval_ms=700)
 #
 # 1. **Schedule a prefill batch**: unfinished chunked prefills first, then waiting requests in
 #    order, each only if its pages fit next to the reserve the running requests need for their
-#    next decode step; a new request first looks its prompt up in the prefix cache and maps the
-#    hit pages into its row. Nobody overtakes the first request that does not fit.
-# 2. Otherwise **decode**: every running request adds one token; if the pages for this step are
-#    short, retract requests (fewest decoded tokens first) until they fit, always keeping one.
-# 3. Allocate slots (`alloc_extend` / `alloc_decode`), write them into the request table, write
-#    K/V at those slots (`set_kv_buffer`), attend through `req_to_token`.
-# 4. A finished request's full pages go into the prefix cache; its partial last page is freed.
+#    next decode step; a new request first looks its prompt up in the prefix cache and locks the
+#    hit pages. Nobody overtakes the first request that does not fit.
+# 2. Otherwise **decode**: every running request adds one token. If the pages for this step are
+#    short (chapter 08's `check_decode_mem`), requests still prefilling are retracted first (they
+#    hold pages but take no part in this step), then chapter 08's `retract_decode` picks victims
+#    among the decoding ones (fewest decoded tokens first), always keeping one.
+# 3. Allocate: `memlab.allocation.alloc_for_extend` / `alloc_for_decode` (SGLang's names) give new
+#    requests a row, take slots with `alloc_extend` / `alloc_decode` (evicting from the prefix
+#    cache first when the pool is short) and write them into the request table; then write K/V
+#    at those slots (`set_kv_buffer`) and attend through `req_to_token`.
+# 4. A finished request hands its pages to the prefix cache (`cache_finished_req`), which keeps
+#    the full pages it did not have and frees the rest; a retracted one frees its own pages.
 #
 # The books stay balanced at every step: each page is free, owned by one running request, or cached.
 
@@ -298,8 +303,30 @@ viz.show(plot_figure2(buddy, first_fit))
 # against `available_size()` minus the running requests' decode reserve and clips each request's
 # `max_new_tokens` to what the pool could ever hold; vLLM's admits on the blocks needed now and,
 # when a decode step runs short, preempts running requests and recomputes them later. memlab's engine follows
-# SGLang's scheduling and borrows vLLM's block hashes for its cache.
+# SGLang's scheduling; its prefix cache is a choice: `Engine(..., prefix_cache="hash")` (the default)
+# indexes full pages by chapter 06's chained block hashes, `"radix"` is SGLang's radix tree and
+# `"hicache"` the tree with a host tier (chapter 11). All three give the same tokens.
 #
+# The hash cache reuses chapter 06's hashing but not its `BlockPool`: in vLLM the free queue is
+# at the same time the cache's eviction order (a cached block waits among the free blocks until
+# it is handed out again), so the block pool must be the allocator. Here SGLang's allocators of
+# chapters 03 to 05 own the free pages; cached pages nobody maps wait in an LRU list beside the
+# allocator and are evicted into it when the pool runs short, the way SGLang's radix tree does.
+#
+# The eight requests of the first cell again, through each cache (the same tokens; the radix
+# tree also shares a prefix that ends inside a page when pages hold one token):
+
+# %%
+served = {}
+for kind in ("hash", "radix", "hicache"):
+    e = Engine(model, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32, attention="torch",
+               prefix_cache=kind)
+    served[kind] = e.generate(prompts, 8 if FAST else 16)
+    e.check_books()
+    print(f"{kind:8} prompt tokens read from the cache: {e.stats['cached_tokens']:4}, retracted: {e.stats['retracted']}")
+assert served["hash"] == served["radix"] == served["hicache"]
+
+# %% [markdown]
 # ## Admission
 #
 # The scheduler's admission step, first come, first served: the budget is what is free minus a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from memlab import _checks
 from memlab.allocator import reference as ref
 from memlab.allocator.base import BaseTokenToKVPoolAllocator
 
@@ -17,8 +18,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
                  need_sort: bool = False, debug_mode: bool = False, backend: str = "torch"):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        _checks.backend(backend, BACKENDS)
         self.backend = backend
         super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
 
@@ -35,8 +35,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         ``last_loc`` is each request's last slot (-1 for an empty prefix). Capacity is settled on
         the host from the CPU copies before anything is taken or launched.
         """
-        bs = self._check_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
-        ps = self.page_size
+        _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        bs, ps = len(prefix_lens), self.page_size
         # Room is settled before anything is launched or taken: launching first and counting after
         # would read past the end of the free list. The cheap upper bound (a request grows by fewer
         # than extend_len // ps + 1 pages) is integer arithmetic on numbers already at hand; it
@@ -68,8 +68,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         """One slot per request for its new token; ``seq_lens`` already count that token."""
-        bs = self._check_decode(seq_lens, seq_lens_cpu, last_loc)
-        ps = self.page_size
+        _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
+        bs, ps = len(seq_lens), self.page_size
         if bs > len(self.free_pages):  # the cheap bound: at most one new page per request
             self.merge_and_sort_free()
         # Requests whose new token opens a page. SGLang counts seq_len % ps == 1: the same for ps > 1;
@@ -88,56 +88,3 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                                                        ps), dtype=torch.int64, device=self.device)
         self._take(num_new_pages)
         return out
-
-    # -- argument checks (the boundary) ----------------------------------------------------
-    def _check_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens) -> int:
-        bs = self._check_batch(dict(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc),
-                               dict(prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu))
-        short = (seq_lens_cpu < prefix_lens_cpu).nonzero()
-        if len(short):
-            i = short[0].item()
-            raise ValueError(f"request {i}: seq_len {seq_lens_cpu[i].item()} is shorter than its "
-                             f"prefix {prefix_lens_cpu[i].item()}")
-        if (prefix_lens_cpu < 0).any():
-            raise ValueError(f"prefix lengths must be >= 0, got {prefix_lens_cpu.tolist()}")
-        total = int((seq_lens_cpu - prefix_lens_cpu).sum())
-        if extend_num_tokens != total:
-            raise ValueError(f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}")
-        self._check_last_loc(last_loc, prefix_lens_cpu)
-        return bs
-
-    def _check_decode(self, seq_lens, seq_lens_cpu, last_loc) -> int:
-        bs = self._check_batch(dict(seq_lens=seq_lens, last_loc=last_loc), dict(seq_lens_cpu=seq_lens_cpu))
-        if (seq_lens_cpu < 1).any():
-            raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
-        self._check_last_loc(last_loc, seq_lens_cpu - 1)
-        return bs
-
-    def _check_batch(self, lens: dict, cpu: dict) -> int:
-        bs = None
-        for name, t in lens.items():
-            self._check_index(name, t)
-            if t.dim() != 1:
-                raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-            bs = len(t) if bs is None else bs
-            if len(t) != bs:
-                raise ValueError(f"{name} has {len(t)} entries, the batch has {bs}")
-        for name, t in cpu.items():
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or len(t) != bs:
-                got = (f"a {t.device} tensor of {len(t)}" if isinstance(t, torch.Tensor) else type(t).__name__)
-                raise ValueError(f"{name} must be a CPU tensor of {bs} lengths (a host copy: no sync), got {got}")
-        if bs == 0:
-            raise ValueError("empty batch")
-        return bs
-
-    def _check_last_loc(self, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
-        """Where it costs no sync (CPU, or debug mode): each last_loc must sit where its prefix ends."""
-        if not (self.debug_mode or last_loc.device.type == "cpu"):
-            return
-        ps, last = self.page_size, last_loc.cpu().to(torch.int64)
-        empty = prefix_cpu == 0
-        bad = torch.where(empty, last != -1, (last < ps) | ((last + 1) % ps != prefix_cpu % ps)).nonzero()
-        if len(bad):
-            i = bad[0].item()
-            raise ValueError(f"request {i}: last_loc {last[i].item()} cannot end a prefix of {prefix_cpu[i].item()} "
-                             f"tokens with page_size {ps} (an empty prefix has last_loc -1)")

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import torch
 
-
-def ceil_div(a, b):
-    return -(-a // b)
+from memlab.utils import ceil_div
 
 
 def num_new_pages(prefix_lens, seq_lens, page_size: int):

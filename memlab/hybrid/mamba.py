@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from memlab.env import resolve_device
 from memlab.req_to_token import Req, ReqToTokenPool
 
 
@@ -52,7 +53,7 @@ class MambaSlotAllocator:
     def __init__(self, size: int, device="cpu", debug_mode: bool = False):
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"size must be a positive int, got {size!r}")
-        self.size, self.device, self.debug_mode = size, torch.device(device), debug_mode
+        self.size, self.device, self.debug_mode = size, resolve_device(device), debug_mode
         self.clear()
 
     def clear(self) -> None:
@@ -113,7 +114,7 @@ class MambaPool:
                  ssm_dtype: torch.dtype = torch.float32, device="cpu", debug_mode: bool = False):
         _check_layers(num_mamba_layers, conv_state_shape)
         self.allocator = MambaSlotAllocator(size, device, debug_mode)
-        self.size, self.device = size, torch.device(device)
+        self.size, self.device = size, resolve_device(device)
         self.num_mamba_layers = num_mamba_layers
         self.conv = [torch.zeros((num_mamba_layers, size + 1, *shape), dtype=conv_dtype, device=self.device)
                      for shape in conv_state_shape]
@@ -246,7 +247,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             mamba_tracking_slots(True, enable_overlap_schedule) if enable_mamba_extra_buffer else 0)
         self.mamba_initial_tracking_slots = mamba_tracking_slots(
             enable_mamba_extra_buffer, enable_overlap_schedule, mamba_extra_buffer_lazy)
-        dev = torch.device(device)
+        dev = resolve_device(device)
         self.debug_mode = debug_mode
         self.req_index_to_mamba_index_mapping = torch.zeros(size + 1, dtype=torch.int64, device=dev)
         self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(

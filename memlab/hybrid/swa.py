@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from memlab import _checks
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.allocator.reference import num_new_pages
+from memlab.env import resolve_device
 from memlab.kv_pool import MHATokenToKVPool
+from memlab.utils import ceil_align
 from memlab.write_loc import KVWriteLoc, unwrap_write_loc
-
-
-def _ceil_ps(n: int, ps: int) -> int:
-    return -(-n // ps) * ps
 
 
 class SWAKVPool:
@@ -41,19 +40,12 @@ class SWAKVPool:
                  v_head_dim: int | None = None, swa_req_ring_size: int | None = None,
                  num_req_rows: int | None = None):
         full_ids, swa_ids = list(full_attention_layer_ids), list(swa_attention_layer_ids)
-        if set(full_ids) & set(swa_ids):
-            raise ValueError(f"layers {sorted(set(full_ids) & set(swa_ids))} are both full and SWA")
-        if not full_ids or not swa_ids:
-            raise ValueError("an SWAKVPool needs at least one full and one SWA layer")
+        _checks.swa_kv_pool(full_ids, swa_ids, size_swa, swa_req_ring_size, num_req_rows)
         self.page_size = page_size
         self.swa_req_ring_size = swa_req_ring_size
         if swa_req_ring_size is not None:
-            if not isinstance(num_req_rows, int) or num_req_rows <= 0:
-                raise ValueError(f"ring mode sizes the SWA pool by request rows: num_req_rows={num_req_rows!r}")
-            self.swa_ring_cost = _ceil_ps(swa_req_ring_size, page_size)
+            self.swa_ring_cost = ceil_align(swa_req_ring_size, page_size)
             size_swa = num_req_rows * self.swa_ring_cost
-        elif size_swa is None:
-            raise ValueError("size_swa is required unless swa_req_ring_size is given")
         self.size, self.size_swa = size, size_swa
         self.full_kv_pool = MHATokenToKVPool(size, page_size, dtype, head_num, head_dim, len(full_ids), device,
                                              v_head_dim)
@@ -64,10 +56,8 @@ class SWAKVPool:
         self.dtype, self.device = dtype, self.full_kv_pool.device
 
     def _layer(self, layer_id: int):
-        try:
-            i, is_swa = self.layers_mapping[layer_id]
-        except KeyError:
-            raise IndexError(f"layer {layer_id} is in neither sub-pool (layers: {sorted(self.layers_mapping)})") from None
+        _checks.swa_layer(self, layer_id)
+        i, is_swa = self.layers_mapping[layer_id]
         return (self.swa_kv_pool if is_swa else self.full_kv_pool), i, is_swa
 
     def is_swa_layer(self, layer_id: int) -> bool:
@@ -90,15 +80,9 @@ class SWAKVPool:
         loc, swa_loc, _ = unwrap_write_loc(loc)
         pool, i, is_swa = self._layer(getattr(layer_id, "layer_id", layer_id))
         if is_swa:
-            self._check_swa_loc(layer_id, swa_loc)
+            _checks.swa_write(layer_id, swa_loc)
             loc = swa_loc
         pool.set_kv_buffer(i, loc, cache_k, cache_v, k_scale, v_scale)
-
-    @staticmethod
-    def _check_swa_loc(layer_id, swa_loc) -> None:
-        if swa_loc is None:
-            raise ValueError(f"SWAKVPool.set_kv_buffer: layer {layer_id} is a sliding-window layer and the "
-                             "write loc has no swa_loc; pass allocator.write_loc(out_cache_loc)")
 
     def kv_size_bytes(self) -> int:
         return self.full_kv_pool.kv_size_bytes() + self.swa_kv_pool.kv_size_bytes()
@@ -115,14 +99,10 @@ class SWATokenToKVPoolAllocator:
     def __init__(self, size: int, size_swa: int | None, page_size: int, dtype=torch.float16, device="cpu",
                  kvcache: SWAKVPool | None = None, need_sort: bool = False, debug_mode: bool = False,
                  req_to_token_pool=None, swa_req_ring_size: int | None = None, backend: str = "torch"):
-        if kvcache is not None and not isinstance(kvcache, SWAKVPool):
-            raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
+        _checks.swa_allocator(kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool)
         if kvcache is not None and swa_req_ring_size is None:
-            swa_req_ring_size = kvcache.swa_req_ring_size
-        if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
-            raise ValueError(f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
-                             f"with ring size {kvcache.swa_req_ring_size}")
-        self.page_size, self.device = page_size, torch.device(device)
+            swa_req_ring_size = kvcache.swa_req_ring_size  # the pool's ring, unless one is asked for
+        self.page_size, self.device = page_size, resolve_device(device)
         self._kvcache, self.debug_mode = kvcache, debug_mode
         full_pool = kvcache.full_kv_pool if kvcache is not None else None
         swa_pool = kvcache.swa_kv_pool if kvcache is not None else None
@@ -137,36 +117,21 @@ class SWATokenToKVPoolAllocator:
         self._swa_req_ring = swa_req_ring_size is not None
         if self._swa_req_ring:
             # Each request row owns one ring: SWA capacity is rows, not tokens; no SWA ids to hand out.
-            if req_to_token_pool is None:
-                raise ValueError("per-request SWA ring: capacity is counted in request rows, "
-                                 "so req_to_token_pool is required")
             self._req_to_token_pool = req_to_token_pool
-            self.swa_ring_cost = _ceil_ps(swa_req_ring_size, page_size)
+            self.swa_ring_cost = ceil_align(swa_req_ring_size, page_size)
             self._size_swa = req_to_token_pool.size * self.swa_ring_cost
             self.swa_attn_allocator = None
         else:
-            if size_swa is None:
-                raise ValueError("size_swa is required unless a per-request ring is used")
             self.swa_attn_allocator = make(size_swa, swa_pool)
             self._size_swa = size_swa
         if kvcache is not None:
-            self._check_kvcache_sizes(kvcache)
+            _checks.swa_kvcache_sizes(self, kvcache)
         # size + page_size rows (as in the KV buffers) and a trailing -1: a request with no prefix
         # has last_loc = -1, and mapping[-1] = -1 hands the SWA side the same "no prefix" mark.
         self.full_to_swa_index_mapping = torch.cat((
             torch.zeros(size + page_size, dtype=torch.int64, device=self.device),
             torch.tensor([-1], dtype=torch.int64, device=self.device)))
         self.swa_free_group = self.swa_page_ids_group = None  # lists while a free group is open
-
-    def _check_kvcache_sizes(self, kvcache: SWAKVPool) -> None:
-        # The pool sizes its buffers on its own (ring mode: from num_req_rows); an allocator that
-        # counts more slots than the buffers hold would hand out ids past their end.
-        if kvcache.page_size != self.page_size:
-            raise ValueError(f"the SWAKVPool has page_size {kvcache.page_size}, "
-                             f"the allocator page_size {self.page_size}")
-        for side, pool_n, own_n in (("full", kvcache.size, self._size_full), ("SWA", kvcache.size_swa, self._size_swa)):
-            if pool_n != own_n:
-                raise ValueError(f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}")
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -252,15 +217,13 @@ class SWATokenToKVPoolAllocator:
 
     # -- ids for the pools ------------------------------------------------------------------
     def translate_loc_from_full_to_swa(self, full_loc: torch.Tensor) -> torch.Tensor:
-        if self._swa_req_ring:
-            raise ValueError("ring mode: SWA ids come from rows and positions; use ring_loc()")
+        _checks.swa_not_ring(self, "translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()")
         return self.full_to_swa_index_mapping[full_loc]
 
     def ring_loc(self, req_pool_indices: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Ring mode: the SWA slot of each (row, position); the first page is padding, and padded
         batch entries (row 0) land there, not in another row's ring."""
-        if not self._swa_req_ring:
-            raise ValueError("ring_loc needs the per-request ring mode")
+        _checks.swa_ring(self, "ring_loc needs the per-request ring mode")
         c, ps = self.swa_ring_cost, self.page_size
         row, pos = req_pool_indices.to(torch.int64), positions.to(torch.int64)
         return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
@@ -269,36 +232,13 @@ class SWATokenToKVPoolAllocator:
         """The batch's write location with its SWA-side ids (SGLang's attention backend builds it
         once per batch: ``KVWriteLoc.for_batch(forward_batch, swa_loc=...)``)."""
         if self._swa_req_ring:
-            if req_pool_indices is None or positions is None:
-                raise ValueError("ring mode: write_loc needs req_pool_indices and positions for the SWA ids")
+            _checks.swa_ring_write_loc(req_pool_indices, positions)
             swa = self.ring_loc(req_pool_indices, positions)
         else:
             swa = self.translate_loc_from_full_to_swa(out_cache_loc)
         return KVWriteLoc(out_cache_loc, swa_loc=swa)
 
     # -- freeing ----------------------------------------------------------------------------
-    def _check_slots(self, free_index: torch.Tensor) -> None:
-        if not isinstance(free_index, torch.Tensor) or free_index.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}")
-        if free_index.device != self.full_to_swa_index_mapping.device:  # a concrete device: cuda:0, not cuda
-            raise ValueError(f"free_index is on {free_index.device}, the allocator on "
-                             f"{self.full_to_swa_index_mapping.device}")
-        if free_index.numel() and (self.debug_mode or free_index.device.type == "cpu"):
-            lo, hi = int(free_index.min()), int(free_index.max())
-            if lo < self.page_size or hi >= self.size + self.page_size:
-                bad = lo if lo < self.page_size else hi
-                raise ValueError(f"cannot free slot {bad}: slots are {self.page_size}.."
-                                 f"{self.size + self.page_size - 1} (the first page is padding)")
-        if self.debug_mode and free_index.numel():
-            # The full side's double-free check, run before the SWA side gives anything back: a
-            # refused free must change neither side.
-            full = self.full_attn_allocator
-            pages = free_index.to(torch.int64) // self.page_size
-            already = torch.isin(pages, torch.cat((full.free_pages, full.release_pages)))
-            if already.any():
-                raise ValueError(f"double free: full-side slot {int(free_index[already][0])} (page "
-                                 f"{int(pages[already][0])}) is already free")
-
     def _clear_mapping(self, free_index: torch.Tensor) -> None:
         # A paged free gives back whole pages, so forget the whole pages: a stale entry for a slot
         # of a released page would later hand out an SWA slot someone else owns.
@@ -338,7 +278,7 @@ class SWATokenToKVPoolAllocator:
     def free_swa_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free_swa`` for a page-aligned run of one request's slots (positions from ``start_pos``):
         one slot per page names the SWA page, no dedup."""
-        self._check_segment(free_index, start_pos)
+        _checks.swa_segment(self, start_pos)
         if self._swa_req_ring or free_index.numel() == 0:
             return
         ps = self.page_size
@@ -355,7 +295,7 @@ class SWATokenToKVPoolAllocator:
 
     def free(self, free_index: torch.Tensor) -> None:
         """Free both sides: SWA first (it reads the map), then full."""
-        self._check_slots(free_index)
+        _checks.swa_free(self, free_index)
         if free_index.numel() == 0:
             return
         self.free_swa(free_index)
@@ -363,18 +303,18 @@ class SWATokenToKVPoolAllocator:
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free`` for a page-aligned run of one request's slots: both sides without a dedup."""
-        self._check_slots(free_index)
+        _checks.swa_free(self, free_index)
         self.free_swa_segment(free_index, start_pos)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         """Free full-side slots whose SWA peers are already gone (released out of window)."""
-        self._check_slots(free_index)
+        _checks.swa_free(self, free_index)
         self.full_attn_allocator.free(free_index)
 
     def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free_full`` for a page-aligned run: how a finished request's out-of-window part goes back."""
-        self._check_slots(free_index)
+        _checks.swa_free(self, free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
     def free_group_begin(self) -> None:
@@ -384,7 +324,7 @@ class SWATokenToKVPoolAllocator:
 
     def free_group_end(self) -> None:
         """SWA page ids first, then the SWA slots (one dedup for the group), then the full side."""
-        self.full_attn_allocator._check_open_group()
+        _checks.free_group_end(self.full_attn_allocator)
         swa_slots, swa_pages = self.swa_free_group, self.swa_page_ids_group
         self.swa_free_group = self.swa_page_ids_group = None
         if swa_pages:
@@ -407,13 +347,13 @@ class SWATokenToKVPoolAllocator:
         so that a cached key ending at the last page boundary still has a whole window of live
         SWA. The released run ends on a page boundary.
         """
-        self._check_release(swa_evicted_len, cache_protected_len)
+        _checks.swa_release(self, swa_evicted_len, cache_protected_len)
         ps = self.page_size
         if pre_len - sliding_window < swa_evicted_len + 1:
             return swa_evicted_len  # nothing new is out of the window
         evicted = max(swa_evicted_len, cache_protected_len)
         if supports_prefix_sharing:
-            threshold = pre_len - _ceil_ps(max(sliding_window, ps), ps)
+            threshold = pre_len - ceil_align(max(sliding_window, ps), ps)
         else:
             threshold = pre_len - sliding_window
         new_evicted = max(evicted, threshold) // ps * ps
@@ -422,16 +362,9 @@ class SWATokenToKVPoolAllocator:
             return new_evicted
         return evicted
 
-    def _check_release(self, swa_evicted_len: int, cache_protected_len: int) -> None:
-        ps = self.page_size
-        for name, v in (("swa_evicted_len", swa_evicted_len), ("cache_protected_len", cache_protected_len)):
-            if v % ps:
-                raise ValueError(f"{name} {v} is not page-aligned (page_size {ps})")
-
-    def _check_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        if start_pos % self.page_size:
-            raise ValueError(f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
-                             f"multiple of page_size {self.page_size}")
+    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Full-side slot ids are rows of the full pool's buffers: identity, as for a static pool."""
+        return kv_indices
 
     def check_books(self) -> None:
         self.full_attn_allocator.check_books()

@@ -21,6 +21,8 @@ import bisect
 
 import numpy as np
 
+from memlab.utils import ceil_div
+
 PLACEMENTS = ("buddy", "first_fit", "any")
 
 
@@ -121,7 +123,7 @@ class Paged(Policy):
 
     def blocks_for(self, tokens):
         """Blocks that hold ``tokens`` tokens: ceil(tokens / B)."""
-        return -(-tokens // self.block_size)
+        return ceil_div(tokens, self.block_size)
 
 
 def make_policy(policy, block_size: int = 16, placement: str = "buddy") -> Policy:

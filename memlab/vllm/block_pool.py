@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Hashable, Iterable, Sequence
 
+from memlab import _checks
+
 BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
 
 
@@ -224,8 +226,7 @@ class BlockPool:
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True):
-        if not isinstance(num_gpu_blocks, int) or isinstance(num_gpu_blocks, bool) or num_gpu_blocks < 2:
-            raise ValueError(f"num_gpu_blocks must be an int >= 2 (block 0 is the null block), got {num_gpu_blocks!r}")
+        num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
@@ -243,20 +244,11 @@ class BlockPool:
         """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them."""
         if num_cached_blocks >= num_full_blocks:
             return
-        if num_full_blocks > len(blocks) or num_full_blocks > len(request.block_hashes):
-            raise ValueError(f"cannot cache {num_full_blocks} full blocks: the request holds {len(blocks)} "
-                             f"blocks and {len(request.block_hashes)} block hashes")
+        _checks.cache_full_blocks(request, blocks, num_full_blocks)
         hashes = request.block_hashes
         todo = [(blocks[i], hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
                 if not blocks[i].is_null]  # a null block: a sliding window already dropped it
-        # Check every block before hashing any: a refusal changes nothing.
-        for block, _ in todo:
-            block.check_unhashed()
-        if len(todo) > 1:
-            ids = [block.block_id for block, _ in todo]
-            if len(set(ids)) != len(ids):
-                dup = next(b for k, b in enumerate(ids) if b in ids[:k])
-                raise ValueError(f"block {dup} appears twice among the blocks to cache")
+        _checks.blocks_to_cache(todo)  # every block before any is hashed: a refusal changes nothing
         insert = self.cached_block_hash_to_block.insert
         for block, block_hash in todo:
             block._block_hash = block_hash
@@ -265,8 +257,7 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue; a popped block that still has a hash is
         evicted now (lazy eviction: a freed block stays hittable until its space is needed)."""
-        if not isinstance(num_blocks, int) or num_blocks < 0:
-            raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        num_blocks = _checks.integer("num_blocks", num_blocks, 0)
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool: "
                              f"{self.free_block_queue.num_free_blocks} are free")

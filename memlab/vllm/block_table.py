@@ -19,13 +19,11 @@ from typing import Sequence
 
 import torch
 
+from memlab import _checks
+from memlab.env import resolve_device
+
 PAD_SLOT_ID = -1
 BACKENDS = ("triton", "torch", "python")
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 # ---- slot_mapping ---------------------------------------------------------------------------
@@ -52,43 +50,11 @@ def slot_mapping_torch(block_table: torch.Tensor, req_indices: torch.Tensor, pos
     return out
 
 
-def check_slot_mapping_inputs(block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor,
-                              block_size: int, num_tokens: int,
-                              num_blocks_per_row: torch.Tensor | Sequence[int] | None = None) -> None:
-    """Host-side validation (CPU tensors: no device sync). Errors name the first bad token."""
-    if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(f"block_table must be a 2-D int32 tensor, got {block_table.dtype} {tuple(block_table.shape)}")
-    if req_indices.shape != positions.shape or positions.dim() != 1:
-        raise ValueError(f"req_indices {tuple(req_indices.shape)} and positions {tuple(positions.shape)} "
-                         "must be 1-D and of one length")
-    if not 0 <= num_tokens <= positions.numel():
-        raise ValueError(f"num_tokens={num_tokens} outside 0..{positions.numel()}")
-    if not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if positions.device.type != "cpu" or num_tokens == 0:
-        return
-    req = req_indices[:num_tokens].long()
-    pos = positions[:num_tokens].long()
-    bad = (req < 0) | (req >= block_table.shape[0]) | (pos < 0)
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"token {i}: request row {int(req[i])} or position {int(pos[i])} is out of range "
-                         f"(rows 0..{block_table.shape[0] - 1}, positions >= 0)")
-    limit = (torch.as_tensor(num_blocks_per_row, dtype=torch.long)[req] if num_blocks_per_row is not None
-             else torch.full_like(req, block_table.shape[1]))
-    bad = pos // block_size >= limit
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"token {i}: position {int(pos[i])} needs block {int(pos[i]) // block_size} of row "
-                         f"{int(req[i])}, which holds {int(limit[i])} blocks")
-
-
 def compute_slot_mapping(block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor,
                          block_size: int, num_tokens: int | None = None, backend: str = "triton") -> torch.Tensor:
     """slot_mapping for len(positions) entries, of which the first num_tokens are real tokens."""
-    _check_backend(backend)
     num_tokens = positions.numel() if num_tokens is None else num_tokens
-    check_slot_mapping_inputs(block_table, req_indices, positions, block_size, num_tokens)
+    _checks.compute_slot_mapping(block_table, req_indices, positions, block_size, num_tokens, backend)
     if backend == "triton":
         from memlab.kernels import slot_mapping
 
@@ -101,30 +67,6 @@ def compute_slot_mapping(block_table: torch.Tensor, req_indices: torch.Tensor, p
 
 
 # ---- storing K and V at their slots ---------------------------------------------------------
-
-def _check_store_inputs(key, value, key_cache, value_cache, slot_mapping) -> None:
-    if key.dim() != 3 or value.dim() != 3 or key_cache.dim() != 4 or value_cache.dim() != 4:
-        raise ValueError(f"want key/value (T, H, D) and caches (N, block_size, H, D); got "
-                         f"{tuple(key.shape)}, {tuple(value.shape)}, {tuple(key_cache.shape)}, {tuple(value_cache.shape)}")
-    if key_cache.shape[:2] != value_cache.shape[:2] or key.shape[1:] != key_cache.shape[2:] \
-            or value.shape[1:] != value_cache.shape[2:]:
-        raise ValueError(f"shapes disagree: key {tuple(key.shape)} vs key_cache {tuple(key_cache.shape)}, "
-                         f"value {tuple(value.shape)} vs value_cache {tuple(value_cache.shape)}")
-    if slot_mapping.dim() != 1 or slot_mapping.numel() > key.shape[0] or key.shape[0] != value.shape[0]:
-        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} must be 1-D with at most one slot per "
-                         f"token (key has {key.shape[0]}, value {value.shape[0]})")
-    if slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
-    if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
-        raise TypeError(f"dtypes differ: key {key.dtype} -> cache {key_cache.dtype}, "
-                        f"value {value.dtype} -> cache {value_cache.dtype}")
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
-        num_slots = key_cache.shape[0] * key_cache.shape[1]
-        bad = slot_mapping >= num_slots
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise ValueError(f"token {i}: slot {int(slot_mapping[i])} is past the cache's {num_slots} slots")
-
 
 def store_kv_python(key, value, key_cache, value_cache, slot_mapping) -> None:
     """The definition, one token at a time."""
@@ -148,8 +90,7 @@ def store_kv_torch(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 def store_kv(key, value, key_cache, value_cache, slot_mapping, backend: str = "triton") -> None:
     """Write token t's K and V into the paged caches at slot_mapping[t] (skipping -1)."""
-    _check_backend(backend)
-    _check_store_inputs(key, value, key_cache, value_cache, slot_mapping)
+    _checks.store_kv(key, value, key_cache, value_cache, slot_mapping, backend)
     if backend == "triton":
         from memlab.kernels import store_kv as kernel
 
@@ -171,11 +112,10 @@ class BlockTable:
 
     def __init__(self, block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
                  max_num_batched_tokens: int, device: str | torch.device = "cpu"):
-        for name, v in (("block_size", block_size), ("max_num_reqs", max_num_reqs),
-                        ("max_num_blocks_per_req", max_num_blocks_per_req),
-                        ("max_num_batched_tokens", max_num_batched_tokens)):
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        _checks.positive_ints(block_size=block_size, max_num_reqs=max_num_reqs,
+                              max_num_blocks_per_req=max_num_blocks_per_req,
+                              max_num_batched_tokens=max_num_batched_tokens)
+        device = resolve_device(device)
         self.block_size = block_size
         self.max_num_reqs = max_num_reqs
         self.max_num_blocks_per_req = max_num_blocks_per_req
@@ -185,58 +125,43 @@ class BlockTable:
         self.num_blocks_per_row = torch.zeros(max_num_reqs, dtype=torch.int64)
         self.slot_mapping = torch.full((max_num_batched_tokens,), PAD_SLOT_ID, dtype=torch.int64, device=device)
 
-    def _check_row(self, row_idx: int) -> None:
-        if not isinstance(row_idx, int) or not 0 <= row_idx < self.max_num_reqs:
-            raise ValueError(f"row_idx {row_idx!r} outside 0..{self.max_num_reqs - 1}")
-
     def append_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """Append a request's new block ids to its row (all or nothing)."""
-        self._check_row(row_idx)
+        _checks.block_row(self, row_idx)
+        start = int(self.num_blocks_per_row[row_idx])
+        _checks.append_row(self, block_ids, row_idx, start)
         if not block_ids:
             return
-        start = int(self.num_blocks_per_row[row_idx])
         end = start + len(block_ids)
-        if end > self.max_num_blocks_per_req:
-            raise ValueError(f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed "
-                             f"max_num_blocks_per_req={self.max_num_blocks_per_req}")
-        if min(block_ids) < 0:
-            raise ValueError(f"block ids must be >= 0, got {list(block_ids)}")
         self.block_table[row_idx, start:end] = torch.tensor(block_ids, dtype=torch.int32)
         self.num_blocks_per_row[row_idx] = end
 
     def add_row(self, block_ids: Sequence[int], row_idx: int) -> None:
-        """A request newly placed in this row: forget what the row held, then append."""
-        self._check_row(row_idx)
-        old = int(self.num_blocks_per_row[row_idx])
+        """A request newly placed in this row: forget what the row held, then append. Checked
+        before the row is touched: a refused add changes nothing."""
+        _checks.block_row(self, row_idx)
+        _checks.append_row(self, block_ids, row_idx, 0)
         self.num_blocks_per_row[row_idx] = 0
-        try:
-            self.append_row(block_ids, row_idx)
-        except ValueError:
-            self.num_blocks_per_row[row_idx] = old  # a refused add changes nothing
-            raise
+        self.append_row(block_ids, row_idx)
 
     def move_row(self, src: int, tgt: int) -> None:
         """Condense the batch: a request moves from row src to row tgt."""
-        self._check_row(src)
-        self._check_row(tgt)
+        _checks.block_row(self, src)
+        _checks.block_row(self, tgt)
         n = int(self.num_blocks_per_row[src])
         self.block_table[tgt, :n] = self.block_table[src, :n]
         self.num_blocks_per_row[tgt] = n
 
     def get_row(self, row_idx: int) -> list[int]:
-        self._check_row(row_idx)
+        _checks.block_row(self, row_idx)
         return self.block_table[row_idx, :int(self.num_blocks_per_row[row_idx])].tolist()
 
     def compute_slot_mapping(self, req_indices: torch.Tensor, positions: torch.Tensor,
                              num_padded: int | None = None, backend: str = "triton") -> torch.Tensor:
         """slot_mapping for these tokens, -1 up to num_padded entries; a view of the buffer."""
-        _check_backend(backend)
         num_tokens = positions.numel()
         num_padded = num_tokens if num_padded is None else num_padded
-        if not num_tokens <= num_padded <= self.slot_mapping.numel():
-            raise ValueError(f"num_padded={num_padded} must lie in {num_tokens}..{self.slot_mapping.numel()}")
-        check_slot_mapping_inputs(self.block_table, req_indices, positions, self.block_size, num_tokens,
-                                  self.num_blocks_per_row)
+        _checks.block_table_slot_mapping(self, req_indices, positions, num_padded, backend)
         out = self.slot_mapping[:num_padded]
         if backend == "triton":
             from memlab.kernels import slot_mapping

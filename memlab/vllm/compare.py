@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from memlab.req_to_token import ReqToTokenPool
+from memlab.req_to_token import Req, ReqToTokenPool
 from memlab.vllm.block_table import BlockTable
-from memlab.vllm.kv_cache_manager import KVCacheManager, cdiv
+from memlab.utils import ceil_div as cdiv
+from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
 
@@ -72,42 +74,24 @@ class _SGLangBooks:
     def __init__(self, allocator, num_reqs: int, max_len: int):
         self.allocator = allocator
         self.pool = ReqToTokenPool(num_reqs, max_len)
-        self.row: dict[str, int] = {}
-        self.length: dict[str, int] = {}
+        self.reqs: dict[str, Req] = {}
         ps = allocator.page_size
         self.engine = "sglang page 1" if ps == 1 else f"sglang page {ps}"
 
     def prefill(self, batch: list[StreamRequest]) -> None:
-        rows = self.pool.alloc_rows(len(batch))
-        lens = torch.tensor([r.prompt_len for r in batch], dtype=torch.int64)
-        zeros = torch.zeros_like(lens)
-        out = self.allocator.alloc_extend(zeros, zeros, lens, lens, torch.full_like(lens, -1), int(lens.sum()))
-        if rows is None or out is None:
+        reqs = [Req(r.rid) for r in batch]
+        if alloc_for_extend(self.pool, self.allocator, reqs, [r.prompt_len for r in batch]) is None:
             raise RuntimeError(f"{self.engine}: out of capacity admitting {[r.rid for r in batch]}")
-        start = 0
-        for r, row in zip(batch, rows):
-            self.pool.write((row, slice(0, r.prompt_len)), out[start:start + r.prompt_len].to(torch.int32))
-            self.row[r.rid], self.length[r.rid] = row, r.prompt_len
-            start += r.prompt_len
+        self.reqs.update((r.rid, r) for r in reqs)
 
     def decode(self, batch: list[StreamRequest]) -> None:
-        rows = [self.row[r.rid] for r in batch]
-        cur = torch.tensor([self.length[r.rid] for r in batch], dtype=torch.int64)
-        last_loc = self.pool.req_to_token[rows, cur - 1].to(torch.int64)
-        out = self.allocator.alloc_decode(cur + 1, cur + 1, last_loc)
-        if out is None:
+        if alloc_for_decode(self.pool, self.allocator, [self.reqs[r.rid] for r in batch]) is None:
             raise RuntimeError(f"{self.engine}: out of capacity in a decode step")
-        self.pool.write((rows, cur), out.to(torch.int32))
-        for r in batch:
-            self.length[r.rid] += 1
 
     def finish(self, r: StreamRequest) -> ComparisonRow:
-        row, n = self.row.pop(r.rid), self.length.pop(r.rid)
-        slots = self.pool.req_to_token[row, :n].to(torch.int64)
-        ps = self.allocator.page_size
+        slots = release_kv_cache(self.pool, self.allocator, self.reqs.pop(r.rid))
+        n, ps = len(slots), self.allocator.page_size
         units = len(torch.unique(slots // ps))
-        self.allocator.free(slots)
-        self.pool.free(row)
         head = units if self.allocator.prepend_on_free else 0
         return ComparisonRow(self.engine, r.rid, n, slots.tolist(), units * ps, units * ps - n,
                              "slot" if ps == 1 else "page", head, units - head)

@@ -16,12 +16,9 @@ scheduler's calls, in order:
 
 from __future__ import annotations
 
+from memlab.utils import ceil_div as cdiv  # vLLM's name for it
 from memlab.vllm.block_pool import BlockPool, KVCacheBlock
 from memlab.vllm.hashing import BlockHash, get_hash_fn_by_name, get_request_block_hasher
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from memlab import _checks
 from memlab.vllm.hashing import BlockHash, MultiModalFeature
 
 
@@ -17,22 +18,8 @@ class Request:
                  block_hasher: Callable[["Request"], list[BlockHash]] | None = None,
                  lora_name: str | None = None, lora_path: str | None = None,
                  mm_features: Sequence[MultiModalFeature] = (), cache_salt: str | None = None):
-        if len(prompt_token_ids) == 0:
-            raise ValueError(f"request {request_id!r} has an empty prompt")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
-        if bad:
-            raise ValueError(f"request {request_id!r}: token ids must be ints >= 0, got {bad[:3]!r}")
         mm_features = [MultiModalFeature(*f) for f in mm_features]
-        for prev, item in zip(mm_features, mm_features[1:]):
-            if item.offset < prev.offset + prev.length:
-                raise ValueError(f"request {request_id!r}: multimodal items must be sorted and disjoint, "
-                                 f"got {prev} then {item}")
-        for item in mm_features:
-            if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt_token_ids):
-                raise ValueError(f"request {request_id!r}: multimodal item {item} lies outside the "
-                                 f"{len(prompt_token_ids)}-token prompt")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
+        _checks.vllm_request(request_id, prompt_token_ids, mm_features, cache_salt)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)

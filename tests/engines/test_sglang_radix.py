@@ -39,6 +39,8 @@ class Recorder:
     def free_segment(self, idx, start_pos=0):
         if idx.numel():
             self.freed.append(idx.tolist())
+            if self.allocator is not None:
+                self.allocator.free_segment(idx, start_pos)
 
     def available_size(self):
         return self.allocator.available_size()

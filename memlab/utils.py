@@ -1,0 +1,17 @@
+"""Small arithmetic every layer shares (SGLang keeps these in ``sglang.srt.utils.common``).
+
+One definition each: the allocators, the vLLM side (``cdiv`` there), the hybrid pools, the
+sizing, the engine and the simulator all round up the same way.
+"""
+
+from __future__ import annotations
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` for ints >= 0 and b > 0; works elementwise on integer tensors too."""
+    return -(-a // b)
+
+
+def ceil_align(n, page_size):
+    """``n`` rounded up to whole pages (a multiple of ``page_size``)."""
+    return ceil_div(n, page_size) * page_size
