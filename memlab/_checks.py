@@ -126,14 +126,13 @@ def kv_write(pool, loc, **rows) -> torch.Tensor:
     rows to write, each given as ``name=(tensor, row shape the pool stores, names of its dims)``.
     Returns the slot ids."""
     where = f"{type(pool).__name__}.set_kv_buffer"
-    if pool.requires_physical_write_loc or not isinstance(loc, torch.Tensor):
-        # A KVWriteLoc (chapters 07 to 09), imported only here, so a plain pool's module does not
-        # depend on the later chapters.
-        from memlab.write_loc import check_physical_write_loc, plain_loc
-
-        if pool.requires_physical_write_loc:
-            check_physical_write_loc(loc, where)
-        loc = plain_loc(loc, where)
+    if pool.requires_physical_write_loc:
+        physical_write_loc(loc, where)
+    if not isinstance(loc, torch.Tensor):
+        # A KVWriteLoc (chapters 07 to 09) is read by its fields, so this module imports no later
+        # chapter: a plain pool writes its generic ids ``loc``.
+        loc = getattr(loc, "loc", loc)
+        plain_loc(loc, where)
     if loc.dtype not in INDEX_DTYPES:
         raise TypeError(f"loc must be an int32/int64 tensor of slot ids, got {loc.dtype}")
     if loc.device != pool.device:
@@ -398,6 +397,18 @@ def kv_write_loc(w) -> None:
                 raise ValueError(f"{name} has {side.shape[0]} ids for {n} tokens")
     if not isinstance(w.physical, bool):
         raise TypeError(f"physical must be a bool, got {w.physical!r}")
+
+
+def physical_write_loc(loc, where: str) -> None:
+    """The write door of a pool with virtual ids (``requires_physical_write_loc``): only a
+    KVWriteLoc marked physical passes; the message says what to pass. A flag read, no sync."""
+    if getattr(loc, "physical", False) is True:
+        return
+    got = "a bare tensor" if isinstance(loc, torch.Tensor) else (
+        "a KVWriteLoc not marked physical" if hasattr(loc, "physical") else repr(type(loc).__name__))
+    raise ValueError(
+        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. Pass the "
+        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately.")
 
 
 def plain_loc(loc, where: str) -> None:

@@ -1,4 +1,4 @@
-"""Hugging Face Llama checkpoints in and out of memlab's model (``memlab.engine.TinyLlama``).
+"""Hugging Face Llama checkpoints in and out of memlab's model (``memlab.tiny_llama.TinyLlama``).
 
 A checkpoint folder holds ``config.json`` (the shapes) and ``*.safetensors`` files (the tensors,
 by name; a big model splits them over shards listed in ``model.safetensors.index.json``).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from memlab.engine import TinyConfig, TinyLlama
+from memlab.tiny_llama import TinyConfig, TinyLlama
 
 ROPE_TYPES = ("default", "linear", "llama3")
 _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}

@@ -3,13 +3,14 @@
 The device pool is small and fast; host memory is large. HiCache keeps a second KV pool in host
 memory and lets the radix tree's nodes live on the device, on the host, or both:
 
-- ``host_pool_decls(device_pool)`` is the declaration a device pool makes of the host pool it
+- ``device_pool.host_pool_decls()`` is the declaration a device pool makes of the host pool it
   needs: its per-layer buffers' row shapes and dtypes. ``HostKVCache`` builds the host pool from
   it, so the host pool's shape follows the device pool's (MHA: K and V per layer; MLA: one latent
   buffer per layer). Its capacity is counted in tokens, and it has its own page allocator.
 - ``HiCacheController`` moves KV: ``write`` (device -> host: take host pages, copy) and ``load``
   (host -> device: take device pages FIRST, then copy back into them). The slot ids go through
-  ``translate_kv_indices_for_transfer`` before the copy (identity for memlab's static pools).
+  the device pool's ``host_transfer_translate`` before the copy, as in SGLang 0.5.23's L2
+  transfers (None, so the identity, for memlab's static pools; unified pools with virtual ids set it).
 - ``HiRadixCache`` is the radix tree over both tiers. A node evicted from the device keeps its
   KV on the host (``host_value``; ``value`` is None): a later match still finds it
   (``host_hit_length``) and ``load_back`` brings it back to new device pages. Two write policies:
@@ -19,8 +20,9 @@ memory and lets the radix tree's nodes live on the device, on the host, or both:
 Where memlab differs from SGLang 0.5.23: transfers run synchronously (SGLang queues them on
 copy streams, acknowledges them later and keeps the nodes locked meanwhile); one device pool and
 one host pool (SGLang assembles several: SWA, Mamba, index keys); no storage tier (L3). The
-names and the order of operations follow SGLang's HiRadixCache / UnifiedRadixCache,
-HiCacheController and HostKVCache.
+names and the order of operations follow SGLang 0.5.23's UnifiedRadixCache (with HiCache
+enabled by ``init_hicache``), HiCacheController and HostKVCache; ``HiRadixCache`` is the name older
+SGLang releases gave the tree with a host tier.
 """
 
 from __future__ import annotations
@@ -36,16 +38,11 @@ from memlab.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
-def host_pool_decls(device_pool) -> tuple:
-    """What a device pool declares for HiCache: the per-layer buffers its host twin must mirror
-    (``KVCache.host_pool_decls()``, as in SGLang: the pool answers for itself)."""
-    return device_pool.host_pool_decls()
-
-
-def translate_kv_indices_for_transfer(allocator, kv_indices: torch.Tensor) -> torch.Tensor:
-    """Slot ids as the transfer addresses the pool's buffers (the allocator's
-    ``translate_kv_indices_for_transfer``: identity for memlab's static pools)."""
-    return allocator.translate_kv_indices_for_transfer(kv_indices)
+def transfer_indices(device_pool, device_indices: torch.Tensor) -> torch.Tensor:
+    """Slot ids as a copy addresses the device pool's buffers: the pool's ``host_transfer_translate``
+    when it has one (virtual ids), else the ids themselves."""
+    translate = getattr(device_pool, "host_transfer_translate", None)
+    return device_indices if translate is None else translate(device_indices)
 
 
 class HostKVCache:
@@ -121,7 +118,7 @@ class HiCacheController:
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         if host_indices is None:
             return None
-        device_indices = translate_kv_indices_for_transfer(self.mem_pool_device_allocator, device_indices)
+        device_indices = transfer_indices(self.mem_pool_device, device_indices)
         self.mem_pool_host.backup_from_device_all_layer(self.mem_pool_device, host_indices, device_indices,
                                                         self.io_backend)
         return host_indices
@@ -131,9 +128,9 @@ class HiCacheController:
         device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
         if device_indices is None:
             return None
-        transfer_indices = translate_kv_indices_for_transfer(self.mem_pool_device_allocator, device_indices)
+        indices = transfer_indices(self.mem_pool_device, device_indices)
         for layer_id in range(self.mem_pool_host.layer_num):
-            self.mem_pool_host.load_to_device_per_layer(self.mem_pool_device, host_indices, transfer_indices,
+            self.mem_pool_host.load_to_device_per_layer(self.mem_pool_device, host_indices, indices,
                                                         layer_id, self.io_backend)
         return device_indices
 

@@ -169,13 +169,13 @@ def radix_tree(cache_tokens: int, page_size: int, host_tokens: int = 0, write_po
         alloc = TokenToKVPoolAllocator(cache_tokens) if page_size == 1 else \
             PagedTokenToKVPoolAllocator(cache_tokens, page_size)
         return RadixCache(alloc)
-    from memlab.hicache import HiRadixCache, HostKVCache, host_pool_decls
+    from memlab.hicache import HiRadixCache, HostKVCache
     from memlab.kv_pool import MHATokenToKVPool
 
     pool = MHATokenToKVPool(cache_tokens, page_size, torch.float16, head_num=1, head_dim=4, layer_num=1)
     alloc = TokenToKVPoolAllocator(cache_tokens, kvcache=pool) if page_size == 1 else \
         PagedTokenToKVPoolAllocator(cache_tokens, page_size, kvcache=pool)
-    host = HostKVCache(host_pool_decls(pool)[0], host_tokens, page_size, pin_memory=False)
+    host = HostKVCache(pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False)
     return HiRadixCache(alloc, host, write_policy=write_policy, io_backend="torch", load_back_threshold=page_size)
 
 

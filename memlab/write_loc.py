@@ -71,13 +71,8 @@ def unwrap_write_loc(loc) -> tuple:
 def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
     """The write door of a pool with virtual ids (``requires_physical_write_loc``): refuse anything
     but a physically marked KVWriteLoc; the message says what to pass. A flag read, no device sync."""
-    if write_loc_is_physical(loc):
-        return loc
-    got = "a bare tensor" if isinstance(loc, torch.Tensor) else (
-        "a KVWriteLoc not marked physical" if isinstance(loc, KVWriteLoc) else repr(type(loc).__name__))
-    raise ValueError(
-        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. Pass the "
-        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately.")
+    _checks.physical_write_loc(loc, where)
+    return loc
 
 
 def plain_loc(loc, where: str) -> torch.Tensor:

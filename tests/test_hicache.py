@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from memlab.hicache import HiCacheController, HiRadixCache, HostKVCache, host_pool_decls
+from memlab.hicache import HiCacheController, HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
 from memlab.prefix_compare import RadixDriver
 
@@ -29,7 +29,7 @@ def make_tree(page_size=1, device_tokens=32, host_tokens=64, policy="write_throu
     pool = make_pool(kind, device_tokens, page_size)
     alloc = TokenToKVPoolAllocator(device_tokens, kvcache=pool, debug_mode=True) if page_size == 1 else \
         PagedTokenToKVPoolAllocator(device_tokens, page_size, kvcache=pool, debug_mode=True)
-    host = HostKVCache(host_pool_decls(pool)[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
+    host = HostKVCache(pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
     tree = cls(alloc, host, write_policy=policy, io_backend=backend, load_back_threshold=threshold, debug_mode=debug)
     return tree, pool, alloc, host
 
@@ -68,7 +68,7 @@ def check_kv(pool, req):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
 def test_host_pool_mirrors_the_device_pool(kind, dtype):
     pool = make_pool(kind, 64, 4, dtype, layers=3)
-    (decl,) = host_pool_decls(pool)
+    (decl,) = pool.host_pool_decls()
     names = ["k_buffer", "v_buffer"] if kind == "mha" else ["kv_buffer"]
     assert [b.name for b in decl.buffers] == names and decl.layer_num == 3
     host = HostKVCache(decl, 100, 4, pin_memory=False)
@@ -90,7 +90,7 @@ def test_round_trip_returns_every_byte(kind, page_size, backend, dtype):
     pool = make_pool(kind, 8 * page_size, page_size, dtype)
     alloc = TokenToKVPoolAllocator(8, kvcache=pool, debug_mode=True) if page_size == 1 else \
         PagedTokenToKVPoolAllocator(8 * page_size, page_size, kvcache=pool, debug_mode=True)
-    host = HostKVCache(host_pool_decls(pool)[0], 6 * page_size, page_size, pin_memory=False, debug_mode=True)
+    host = HostKVCache(pool.host_pool_decls()[0], 6 * page_size, page_size, pin_memory=False, debug_mode=True)
     ctl = HiCacheController(alloc, host, page_size, io_backend=backend)
     gen = torch.Generator().manual_seed(page_size)
     for buf in pool.buffers():  # random bytes everywhere (fp8 pools store uint8)

@@ -61,7 +61,7 @@ def test_course_script_never_pins_over_an_existing_torch():
 
 
 # Files CONTRIBUTING.md names before they exist, each with what brings it. Delete a line when it lands.
-CONTRIBUTING_PENDING = {"memlab/_checks.py": "issue 12 (helper core): the boundary module for argument checks"}
+CONTRIBUTING_PENDING: dict = {}
 
 
 def contributing_paths(text: str) -> set[str]:

@@ -304,27 +304,14 @@ viz.show(plot_figure2(buddy, first_fit))
 # `max_new_tokens` to what the pool could ever hold; vLLM's admits on the blocks needed now and,
 # when a decode step runs short, preempts running requests and recomputes them later. memlab's engine follows
 # SGLang's scheduling; its prefix cache is a choice: `Engine(..., prefix_cache="hash")` (the default)
-# indexes full pages by chapter 06's chained block hashes, `"radix"` is SGLang's radix tree and
-# `"hicache"` the tree with a host tier (chapter 11). All three give the same tokens.
+# indexes full pages by chapter 06's chained block hashes; chapter 11 adds `"radix"` (SGLang's
+# radix tree) and `"hicache"` (the tree with a host tier) and serves these requests through both.
 #
 # The hash cache reuses chapter 06's hashing but not its `BlockPool`: in vLLM the free queue is
 # at the same time the cache's eviction order (a cached block waits among the free blocks until
 # it is handed out again), so the block pool must be the allocator. Here SGLang's allocators of
 # chapters 03 to 05 own the free pages; cached pages nobody maps wait in an LRU list beside the
 # allocator and are evicted into it when the pool runs short, the way SGLang's radix tree does.
-#
-# The eight requests of the first cell again, through each cache (the same tokens; the radix
-# tree also shares a prefix that ends inside a page when pages hold one token):
-
-# %%
-served = {}
-for kind in ("hash", "radix", "hicache"):
-    e = Engine(model, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32, attention="torch",
-               prefix_cache=kind)
-    served[kind] = e.generate(prompts, 8 if FAST else 16)
-    e.check_books()
-    print(f"{kind:8} prompt tokens read from the cache: {e.stats['cached_tokens']:4}, retracted: {e.stats['retracted']}")
-assert served["hash"] == served["radix"] == served["hicache"]
 
 # %% [markdown]
 # ## Admission

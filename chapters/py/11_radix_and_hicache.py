@@ -159,16 +159,16 @@ drv.finish(b)
 #
 # The host pool mirrors the device pool: one tensor per layer for each buffer the device pool
 # holds (MHA: K and V; MLA: one latent buffer). SGLang's device pools declare what they need
-# (`KVCache.host_pool_decls()`); memlab's `host_pool_decls(pool)` reads the same facts from the
-# pool's buffers. The host pool is sized in tokens, in whole pages, with its own page allocator.
+# (`KVCache.host_pool_decls()`), and so do memlab's: `pool.host_pool_decls()` names each per-layer
+# buffer with its row shape and dtype. The host pool is sized in tokens, in whole pages, with its own page allocator.
 
 # %%
-from memlab.hicache import HostKVCache, host_pool_decls
+from memlab.hicache import HostKVCache
 from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
 
 for dev_pool in (MHATokenToKVPool(64, 4, torch.float16, head_num=8, head_dim=128, layer_num=4),
                  MLATokenToKVPool(64, 4, torch.float16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=4)):
-    (decl,) = host_pool_decls(dev_pool)
+    (decl,) = dev_pool.host_pool_decls()
     host = HostKVCache(decl, 256, 4, pin_memory=False)
     print(f"{type(dev_pool).__name__:18} declares {[(b.name, b.row_shape) for b in decl.buffers]}; host pool of "
           f"{host.size} tokens: {host.size_per_token} bytes per token (device: {dev_pool.bytes_per_token})")
@@ -221,8 +221,9 @@ print("page 5 -> 1, 0 -> 3, 7 -> 2: kernel == torch == python; page 0 of dst unt
 # - A match walks through host-only nodes too: `host_hit_length` counts the tokens past
 #   `last_device_node` that only the host holds.
 # - `load_back(node)` locks the device ancestors, takes **device pages first** (evicting if
-#   short), copies host -> device into them (the slot ids pass through
-#   `translate_kv_indices_for_transfer`, identity for a static pool), then re-points the nodes.
+#   short), copies host -> device into them (the slot ids pass through the device pool's
+#   `host_transfer_translate` when it has one: virtual ids; a static pool has none), then
+#   re-points the nodes.
 # - `evict_host` drops host-only leaves, least recently used first.
 
 # %%
@@ -230,7 +231,7 @@ from memlab.hicache import HiRadixCache
 
 pool = MHATokenToKVPool(16, 1, torch.float32, head_num=1, head_dim=2, layer_num=2)
 hi_alloc = TokenToKVPoolAllocator(16, kvcache=pool, debug_mode=True)
-hi = HiRadixCache(hi_alloc, HostKVCache(host_pool_decls(pool)[0], 32, 1, pin_memory=False),
+hi = HiRadixCache(hi_alloc, HostKVCache(pool.host_pool_decls()[0], 32, 1, pin_memory=False),
                   write_policy="write_through", io_backend="triton", load_back_threshold=1, debug_mode=True)
 
 
@@ -255,6 +256,33 @@ assert k[:, 0].tolist() == list(range(7)) and k[:, 1].tolist() == [7.0, 8, 9, 10
 print("every byte came back: layer 1's K of the whole row =", k.tolist())
 hdrv.finish(r)
 hi.check_idle(16)
+
+# %% [markdown]
+# ## The capstone's engine on a radix tree
+#
+# Chapter 10's engine takes its prefix cache as a choice: `Engine(..., prefix_cache="hash")` indexes
+# full pages by chapter 06's chained block hashes, `"radix"` is this chapter's `RadixCache`, and
+# `"hicache"` the tree with a host tier. A new request matches its prompt in the tree and locks the
+# hit; a finished one hands its pages to the tree (`cache_finished_req`); when the pool runs short,
+# the scheduler evicts from the tree before it refuses. Chapter 10's eight requests (a shared
+# 16-token system prompt) through each cache give the same tokens; the radix tree also shares a
+# prefix that ends inside a page when pages hold one token.
+
+# %%
+from memlab.engine import Engine, TinyLlama
+
+model = TinyLlama()
+g = torch.Generator().manual_seed(0)
+system = torch.randint(0, 128, (16,), generator=g).tolist()
+prompts = [system + torch.randint(0, 128, (int(n),), generator=g).tolist() for n in torch.randint(4, 24, (8,), generator=g)]
+served = {}
+for kind in ("hash", "radix", "hicache"):
+    e = Engine(model, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32, attention="torch",
+               prefix_cache=kind)
+    served[kind] = e.generate(prompts, 8 if FAST else 16)
+    e.check_books()
+    print(f"{kind:8} prompt tokens read from the cache: {e.stats['cached_tokens']:4}, retracted: {e.stats['retracted']}")
+assert served["hash"] == served["radix"] == served["hicache"]
 
 # %% [markdown]
 # ## Radix tree or block hashes?
@@ -344,9 +372,9 @@ viz.show(cmp.plot())
 #
 # What stays the same: the three write policies (`write_through`, `write_through_selective`,
 # `write_back`), device pages taken *before* a load copies into them, slot ids translated to
-# buffer rows before every copy (identity for a static pool; memlab calls the allocator's
-# `translate_kv_indices_for_transfer`, the name SGLang's PD-disaggregation transfers use, where
-# SGLang's HiCache copy asks the device pool's `host_transfer_translate`), and the rule that a
+# buffer rows before every copy (the device pool's `host_transfer_translate`, set only by pools
+# with virtual ids; the allocator's `translate_kv_indices_for_transfer` is the same idea for
+# SGLang's PD-disaggregation transfers), and the rule that a
 # node on the host never hangs below a node that is only on the device.
 #
 # ## Exercise: `exercises/ch11_radix_match.py`

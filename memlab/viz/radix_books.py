@@ -21,7 +21,7 @@ import torch
 from matplotlib.patches import Circle
 
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from memlab.hicache import HiRadixCache, HostKVCache, host_pool_decls
+from memlab.hicache import HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.prefix_compare import RadixDriver
 from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
@@ -147,7 +147,7 @@ class RadixScene:
         self.pool = MHATokenToKVPool(device_tokens, page_size, torch.float32, head_num=1, head_dim=2, layer_num=1)
         alloc = TokenToKVPoolAllocator(device_tokens, kvcache=self.pool, debug_mode=True) if page_size == 1 else \
             PagedTokenToKVPoolAllocator(device_tokens, page_size, kvcache=self.pool, debug_mode=True)
-        host = HostKVCache(host_pool_decls(self.pool)[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
+        host = HostKVCache(self.pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
         self.tree = HiRadixCache(alloc, host, write_policy=write_policy, io_backend="torch", load_back_threshold=1,
                                  debug_mode=True)
         self.driver = RadixDriver(self.tree, self._compute)
