@@ -167,11 +167,10 @@ class HashPrefixCache:
 
 
 class EngineReq:
-    __slots__ = ("rid", "prompt", "max_new_tokens", "page_size", "output", "req", "cached_len", "last_node", "prefix",
-                 "finished")
+    __slots__ = ("rid", "prompt", "max_new_tokens", "output", "req", "cached_len", "last_node", "prefix", "finished")
 
-    def __init__(self, rid, prompt, max_new_tokens, page_size: int = 1):
-        self.rid, self.prompt, self.max_new_tokens, self.page_size = rid, list(prompt), max_new_tokens, page_size
+    def __init__(self, rid, prompt, max_new_tokens):
+        self.rid, self.prompt, self.max_new_tokens = rid, list(prompt), max_new_tokens
         self.output: list[int] = []
         self.req = Req(rid)  # its row in the request table; req.kv_allocated_len: tokens whose K/V sit in the pool
         self.cached_len = 0  # leading tokens mapped from the prefix cache (the cache's, not ours to free)
@@ -182,10 +181,6 @@ class EngineReq:
     @property
     def kv_len(self) -> int:
         return self.req.kv_allocated_len
-
-    @property
-    def cached_pages(self) -> int:
-        return self.cached_len // self.page_size
 
     @property
     def tokens(self) -> list[int]:
@@ -233,7 +228,6 @@ class Engine:
             self.allocator = PagedTokenToKVPoolAllocator(num_tokens, page_size, model.dtype, dev, self.kv_pool,
                                                          debug_mode=debug_mode, backend=alloc_backend)
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
-        self.cache = None if kind is None else self.tree_cache
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
         self.waiting: deque[EngineReq] = deque()
@@ -268,7 +262,7 @@ class Engine:
             raise ValueError(f"a request of {total} tokens exceeds max_context {self.req_to_token_pool.max_context_len}")
         if ceil_align(total, self.page_size) + self.page_size > self.allocator.num_pages * self.page_size:
             raise ValueError(f"a request of {total} tokens can never fit a pool of {self.allocator.size} slots")
-        r = EngineReq(self.stats["requests"], prompt, max_new_tokens, self.page_size)
+        r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
         self.stats["requests"] += 1
         self.waiting.append(r)
         return r

@@ -511,7 +511,8 @@ def test_attention_frames_walk_a_request_page_by_page():
     assert not same_color(bars["weight:0"].get_facecolor(), owner_color("A"))
 
 
-def test_engine_frames_follow_a_real_engine():
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_engine_frames_follow_a_real_engine(prefix_cache):
     from memlab.engine import Engine, TinyLlama
     from memlab.viz.draw_engine import draw_engine, engine_frames
 
@@ -519,13 +520,15 @@ def test_engine_frames_follow_a_real_engine():
     system = torch.randint(0, 128, (8,), generator=g).tolist()
     prompts = [system + [i] for i in range(5)]
     engine = Engine(TinyLlama(), page_size=4, num_tokens=64, max_running=3, max_context=32, chunk_size=16,
-                    attention="torch")
+                    attention="torch", prefix_cache=prefix_cache)
     frames = engine_frames(engine, prompts, max_new_tokens=4)
     assert frames[-1].history[-1][:2] == (0, 0), "everybody finished"
+    assert frames[-1].cached == frozenset(engine.tree_cache.device_pages()) != frozenset()
     for f in frames:
         running, waiting, owned, cached, free = f.history[-1]
         assert owned + cached + free == engine.allocator.num_pages
-        assert len(set(f.page_owner)) == len(f.page_owner)
+        assert len(f.cached) == cached and not f.cached & set(f.page_owner)
+        assert set(f.shared) <= f.cached
     assert any(f.shared for f in frames), "the shared prefix is mapped from the cache"
     shared = next(f for f in frames if f.shared)
     cells = by_gid(draw_engine(shared), "page:")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memlab.utils import ceil_div
 from memlab.viz.style import FREE, PADDING, PALETTE, caption_text, cell, grid_axes, new_figure, owner_color
 
 CACHED = "#e8dcc0"  # a cached page (evictable when nobody maps it)
@@ -26,17 +27,9 @@ class EngineFrame:
 
 
 def read_engine(engine, caption: str, step: int, history: tuple) -> EngineFrame:
-    ps = engine.page_size
-    table = engine.req_to_token_pool.req_to_token
-    owner = {}
-    for r in engine.running:
-        slots = table[r.req.req_pool_idx, r.cached_pages * ps:r.kv_len].tolist()
-        for s in slots:
-            owner[s // ps] = rid_name(r.rid)
-    cache = engine.cache
-    cached = frozenset(cache.hash_of) if cache else frozenset()
-    shared = {p: n for p, n in cache.ref.items() if n > 0} if cache else {}
-    return EngineFrame(caption, step, engine.allocator.num_pages, owner, shared, cached, history)
+    owned, cached, shared = engine.page_books()  # the books engine.check_books audits
+    owner = {page: rid_name(rid) for page, rid in owned.items()}
+    return EngineFrame(caption, step, engine.allocator.num_pages, owner, shared, frozenset(cached), history)
 
 
 def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
@@ -47,7 +40,7 @@ def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
 
     def snap(caption, step):
         free = len(engine.allocator.free_pages) + len(engine.allocator.release_pages)
-        cached = len(engine.cache.hash_of) if engine.cache else 0
+        cached = len(engine.tree_cache.device_pages())
         owned = engine.allocator.num_pages - free - cached
         history.append((len(engine.running), len(engine.waiting), owned, cached, free))
         return read_engine(engine, caption, step, tuple(history))
@@ -86,7 +79,7 @@ def draw_engine(frame: EngineFrame, width: float = 11.0):
         else:
             fill, label = FREE, ""
         cell(grid, x, y, fill, label, gid=f"page:{p}", hatch="///" if p in frame.shared else None, fontsize=6)
-    lines = -(-(frame.num_pages + 1) // per_line)
+    lines = ceil_div(frame.num_pages + 1, per_line)
     grid.set_xlim(-0.2, per_line + 0.2)
     grid.set_ylim(lines + 0.2, -0.5)
     h = frame.history

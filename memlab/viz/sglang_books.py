@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from memlab.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from memlab.allocator.reference import num_new_pages
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.req_to_token import Req, ReqToTokenPool
+from memlab.utils import ceil_align
 from memlab.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, caption_text, cell, frame_axes, grid_axes,
                               new_figure, owner_color)
 
@@ -138,10 +139,6 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
 
 # -- 2. the scene -----------------------------------------------------------------------------
 
-def _t(xs, device="cpu") -> torch.Tensor:
-    return torch.tensor(xs, dtype=torch.int64, device=device)
-
-
 class Scene:
     def __init__(self, req_pool: ReqToTokenPool, allocator, kvcache=None):
         self.req_pool, self.allocator, self.kvcache = req_pool, allocator, kvcache
@@ -168,45 +165,19 @@ class Scene:
 
     # -- scheduling ----------------------------------------------------------------------------
     def extend_batch(self, lens: dict) -> torch.Tensor | None:
-        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a row).
-
-        Like a scheduler, it checks KV capacity first (whole pages, from ``available_size``), then
-        asks the request table for rows (all or nothing), then allocates the slots. Returns the new
-        slots in batch order, or None when pages or rows are short; a refused batch changes nothing.
-        """
+        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a row),
+        through the scheduler's ``alloc_for_extend`` (pages checked first, then rows). Returns the
+        new slots in batch order, or None when pages or rows are short; a refused batch changes
+        nothing."""
         batch = [self.reqs.get(rid) or Req(rid) for rid in lens]
-        pre = [r.kv_allocated_len for r in batch]
-        seq = [p + n for p, n in zip(pre, lens.values())]
-        ps = self.allocator.page_size
-        if num_new_pages(torch.tensor(pre), torch.tensor(seq), ps) * ps > self.allocator.available_size():
-            return None
-        if self.req_pool.alloc(batch) is None:  # rows only for requests without one
-            return None
-        last = [self.last_loc(r.rid) if r.rid in self.reqs else -1 for r in batch]
-        dev = self.allocator.device
-        out = self.allocator.alloc_extend(_t(pre, dev), _t(pre), _t(seq, dev), _t(seq), _t(last, dev),
-                                          sum(lens.values()))
-        i = 0
-        for r, p, s in zip(batch, pre, seq):
-            self.req_pool.write((r.req_pool_idx, slice(p, s)), out[i:i + s - p].to(torch.int32).cpu())
-            r.kv_allocated_len = s
-            self.reqs[r.rid] = r
-            i += s - p
+        out = alloc_for_extend(self.req_pool, self.allocator, batch, list(lens.values()))
+        if out is not None:
+            self.reqs.update((r.rid, r) for r in batch)
         return out
 
     def decode(self, rids) -> torch.Tensor | None:
-        """One decode step: each request in ``rids`` gets one more token."""
-        batch = [self.reqs[r] for r in rids]
-        seq = [r.kv_allocated_len + 1 for r in batch]
-        last = [self.last_loc(r) for r in rids]
-        dev = self.allocator.device
-        out = self.allocator.alloc_decode(_t(seq, dev), _t(seq), _t(last, dev))
-        if out is None:
-            return None
-        for r, s, slot in zip(batch, seq, out.tolist()):
-            self.req_pool.write((r.req_pool_idx, s - 1), slot)
-            r.kv_allocated_len = s
-        return out
+        """One decode step: each request in ``rids`` gets one more token (``alloc_for_decode``)."""
+        return alloc_for_decode(self.req_pool, self.allocator, [self.reqs[r] for r in rids])
 
     def clear(self) -> None:
         """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets them)."""
@@ -218,13 +189,7 @@ class Scene:
 
     def finish(self, rid) -> list[int]:
         """The request ends: its slots go back to the allocator, its row to the request table."""
-        slots = self.slots(rid)
-        if slots:
-            self.allocator.free(_t(slots, self.allocator.device))
-        r = self.reqs.pop(rid)
-        self.req_pool.free(r)
-        r.kv_allocated_len = 0
-        return slots
+        return release_kv_cache(self.req_pool, self.allocator, self.reqs.pop(rid)).tolist()
 
 
 # -- 3. the chapters' stories -----------------------------------------------------------------
@@ -336,7 +301,7 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
 
 def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
     """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
-    old_end = -(-prefix // page_size) * page_size
+    old_end = ceil_align(prefix, page_size)
     full_end = seq // page_size * page_size
     return [1 if pos < old_end else 2 if pos < full_end else 3 for pos in range(prefix, seq)]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memlab.utils import ceil_div
 from memlab.viz.style import FREE, HIGHLIGHT, NULL, caption_text, cell, grid_axes, new_figure, owner_color
 from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
@@ -175,7 +176,7 @@ def draw_vllm(books: VllmBooks, width: float = 11.0):
              lw=2 if edge != "white" else 1, hatch="///" if b in books.hit else None)
         if books.ref_cnt[b] > 1:
             pool_ax.text(x * 1.1 + 0.95, y * 1.1 + 0.1, f"x{books.ref_cnt[b]}", fontsize=6, ha="right", va="top")
-    lines = -(-books.num_blocks // per_line)
+    lines = ceil_div(books.num_blocks, per_line)
     pool_ax.set_xlim(-0.2, per_line * 1.1)
     pool_ax.set_ylim(lines * 1.1 + 0.1, -0.4)
 
