@@ -123,6 +123,17 @@ def test_page_size_two_keeps_whole_pages():
     assert sorted(n.key for n in frames[5].nodes)[0] == tuple(encode("<s> You"))  # the split falls on a page
 
 
+@pytest.mark.parametrize("page_size, split_b, split_c", [(1, "<s> You are brief . What is", "<s> You are"),
+                                                         (2, "<s> You are brief . What", "<s> You")])
+def test_captions_name_the_split_the_tree_made(page_size, split_b, split_c):
+    frames = story(page_size=page_size)
+    assert f"through '{split_b}'" in frames[3].caption and f"shares '{split_c}'" in frames[5].caption
+    for f, split in ((frames[3], split_b), (frames[5], split_c)):
+        locked = [n for n in f.nodes if n.lock_ref and n.parent is None]
+        assert [n.key for n in locked] == [tuple(encode(split))], "the caption names the node the match split off"
+    assert ("whole pages of 2" in frames[3].caption) == (page_size == 2)
+
+
 def test_stepper_over_stories(frames):
     """The chapter's widget over the story's frames (the drawings are checked above; a caption
     stands in for the picture here, so the test stays quick)."""

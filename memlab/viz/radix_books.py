@@ -200,27 +200,46 @@ class RadixScene:
 
 # -- 3. the chapter's story -------------------------------------------------------------------
 
+def _shared_pages(a: str, b: str, page_size: int) -> str:
+    """The words two prompts share as the tree matches them: whole pages only."""
+    n = 0
+    for x, y in zip(a.split(), b.split()):
+        if x != y:
+            break
+        n += 1
+    return " ".join(a.split()[: n - n % page_size])
+
+
+def _aligned(a: str, b: str, page_size: int) -> str:
+    common = len(_shared_pages(a, b, 1).split())
+    kept = len(_shared_pages(a, b, page_size).split())
+    return f" (whole pages of {page_size}: {kept} of the {common} shared tokens)" if kept < common else ""
+
+
 def story(page_size: int = 1) -> list[RadixBooks]:
     """Inserts, a split, matches with locks, evictions to the host and a load-back, step by step."""
     device, host = 24, 32
     sc = RadixScene(device_tokens=device, host_tokens=host, page_size=page_size)
+    a, b, c = "<s> You are brief . What is KV ?", "<s> You are brief . What is HiCache ?", "<s> You are terse . Why a radix tree ?"
     sc.snap(f"An empty tree over an empty device pool ({device} slots) and host pool ({host} slots).")
-    sc.arrive("A", "<s> You are brief . What is KV ?", "A arrives: nothing cached, it computes every token "
+    sc.arrive("A", a, "A arrives: nothing cached, it computes every token "
               "into slots of its own (request-owned pages).")
     sc.finish("A", "A finishes: the tree inserts its tokens as one node and keeps A's slots; write-through "
               "also copies them to the host at once.")
-    sc.arrive("B", "<s> You are brief . What is HiCache ?", "B arrives: its prompt matches A's node up to "
-              "'is', so the match SPLITS the node there; B maps the shared slots and locks that path.")
+    shared_b, shared_c = _shared_pages(a, b, page_size), _shared_pages(a, c, page_size)
+    sc.arrive("B", b, f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, so "
+              "the match SPLITS the node there; B maps the shared slots and locks that path.")
     sc.finish("B", "B finishes: its own tail becomes a second leaf under the split node; the lock is gone.")
-    sc.arrive("C", "<s> You are terse . Why a radix tree ?", "C arrives: shares '<s> You are' - another split; "
-              "C locks the path it uses (lock counts along it).")
+    sc.arrive("C", c, f"C arrives: shares '{shared_c}'{_aligned(a, c, page_size)} - another split; C locks the "
+              "path it uses (lock counts along it).")
     sc.evict(16, "Pool pressure: evict(16) takes unlocked leaves, least recently used first. Their KV has a "
              "host copy, so they are DEMOTED: device slots freed, the node stays, host-only (grey).")
     sc.finish("C", "C finishes and unlocks; its tail is a new leaf (write-through copies it too).")
-    sc.arrive("D", "<s> You are brief . What is KV ? a", "D asks A's question again: the match runs through "
+    sc.arrive("D", a + " a", "D asks A's question again: the match runs through "
               "host-only nodes; load-back takes device slots FIRST, copies the KV back into them, and "
               "re-points the nodes.")
-    sc.finish("D", "D finishes; every node is on the device again, with its host copy.")
+    sc.finish("D", "D finishes: the nodes on its path are on the device again, each with its host copy; a "
+              "node it did not match stays host-only.")
     sc.evict(100, "Evict everything unlocked: all nodes demoted to the host.")
     sc.evict_host(8, "Host pressure: evict_host(8) drops host-only LEAVES, least recently used first; they "
                   "are gone from both tiers.")
@@ -310,10 +329,11 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
              hatch="///" if n.state == "host" else None, fontsize=6)
     depth = max([d for _, d in pos.values()] + [1])
     tree_ax.set_xlim(-w / 2 - 0.3, right + w / 2 + 0.3)
-    tree_ax.set_ylim(depth * dy + h + 0.3, -0.2)
+    legend_y = depth * dy + h + 0.4  # a row of its own below the deepest nodes
+    tree_ax.set_ylim(legend_y + 0.5, -0.2)
     for i, (state, fill) in enumerate(STATE_FILL.items()):
         label = {"locked": "locked", "evictable": "evictable leaf", "device": "on device", "host": "host only"}[state]
-        cell(tree_ax, -w / 2 + i * 2.0, depth * dy + h + 0.0, fill, label, gid=f"legend:{state}", w=1.9, h=0.3,
+        cell(tree_ax, -w / 2 + i * 2.0, legend_y, fill, label, gid=f"legend:{state}", w=1.9, h=0.3,
              fontsize=6, hatch="///" if state == "host" else None)
 
     for ax, name, pages, owner_of, prefix in ((dev_ax, "device pool", books.device_pages, books.device_owner, "dpage"),
