@@ -7,7 +7,9 @@ For each cache size (tokens of KV in the pool): the prefix hit rate (prompt toke
 reused, over all prompt tokens) and the tokens of cached KV evicted, for vLLM's block pool
 (blocks of --page tokens), the radix tree with pages of --page tokens and of 1 token, and (with
 --host) the radix tree with a HiCache host tier of that many tokens (its "evicted" tokens were
-demoted to the host, not lost). Then the replay time of each, side by side, as a ratio to vLLM's.
+demoted to the host, not lost). For the radix rows without a host tier, the share of the
+evicted tokens beyond what its ``evict`` calls asked for (it frees whole leaves). Then the replay
+time of each, side by side, as a ratio to vLLM's.
 """
 
 import argparse

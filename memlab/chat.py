@@ -197,7 +197,7 @@ def serve_chat(folder, system: str, questions, max_new_tokens: int = 48, *, page
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = chat_prompts(tokenizer, system, questions)
     model = checkpoint.load(folder, device=device)
-    cuda = torch.device(device).type == "cuda"
+    cuda = model.device.type == "cuda"  # the device the model resolved (memlab.env.resolve_device)
     engine = Engine(model, page_size=page_size, num_tokens=num_tokens, max_running=max_running,
                     max_context=max(map(len, prompts)) + max_new_tokens + page_size, chunk_size=256,
                     attention="triton" if cuda else "torch", alloc_backend="triton" if cuda else "torch")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from loading import load_file
 from memlab.grading import catalog
 from memlab.models import MODELS
 
@@ -85,11 +86,7 @@ def test_every_exercise_file_is_in_the_catalog_and_has_its_twins():
 
 
 def test_every_exercise_has_a_zoo_variant_caught_by_one_of_its_tests():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_memlab_zoo_check", ROOT / "tests" / "bug_zoo" / "zoo.py")
-    zoo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zoo)
+    zoo = load_file("tests/bug_zoo/zoo.py")
     for e in catalog.EXERCISES:
         mine = [v for v in zoo.ZOO if v.exercise == e.id]
         assert mine, f"{e.id}: no known-wrong variant in tests/bug_zoo/zoo.py"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import importlib.util
 import json
 import os
 import shutil
@@ -24,18 +23,12 @@ import pytest
 from memlab.grade import main
 from memlab.grading import catalog, loader, runner
 from memlab.grading.runner import grade
+from loading import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _zoo():
-    spec = importlib.util.spec_from_file_location("_memlab_bug_zoo", ROOT / "tests" / "bug_zoo" / "zoo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-zoo = _zoo()
+zoo = load_file("tests/bug_zoo/zoo.py")
 ZOO = zoo.ZOO
 
 
@@ -424,20 +417,11 @@ def zoo_rounds():
     return rounds
 
 
-def _mutants():
-    if "_memlab_mutants" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_memlab_mutants", ROOT / "scripts" / "mutants.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # dataclasses look their module up by name
-        spec.loader.exec_module(mod)
-    return sys.modules["_memlab_mutants"]
-
-
 @pytest.mark.slow
 def test_every_zoo_variant_fails_its_test():
     """Each variant, graded by the test it names (in a worker process of scripts/mutants.py, which
     survives a variant that crashes or loops), fails it."""
-    mutants = _mutants()
+    mutants = load_file("scripts/mutants.py")
     jobs = [{"key": v.name, "file": v.solution, "source": zoo.build(v), "timeout": 60.0, "order": [v.catches]}
             for v in ZOO]
     results = mutants.run_jobs(jobs, 1)

@@ -4,27 +4,19 @@ of mutants runs here, each of which the graded tests must kill. The whole run (a
 mutants, a few minutes) is `./course mutants`; its score is in tests/bug_zoo/equivalent_mutants.md."""
 
 import difflib
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from loading import load_file
 from memlab.grading import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _mutants():
-    if "_memlab_mutants" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_memlab_mutants", ROOT / "scripts" / "mutants.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # dataclasses look their module up by name
-        spec.loader.exec_module(mod)
-    return sys.modules["_memlab_mutants"]
 
 
-mutants = _mutants()
+mutants = load_file("scripts/mutants.py")
 
 
 @pytest.mark.parametrize("exercise", catalog.EXERCISES, ids=lambda e: e.id)

@@ -331,16 +331,16 @@ viz.show(cmp.plot())
 # | radix, pages of 16 | 26.5 % / 306,560 | 44.7 % / 238,080 | 57.1 % / 189,264 | 65.2 % / 151,536 |
 # | radix, pages of 1 | 26.4 % / 310,555 | 44.7 % / 241,529 | 57.2 % / 192,399 | 65.5 % / 154,178 |
 # | radix, pages of 16 + host tier of 32,768 | 75.3 % / 295,888 | 75.3 % / 237,200 | 75.3 % / 188,720 | 75.3 % / 151,152 |
+# | radix, evicted beyond the ask, pages of 16 / of 1 | 42.7 % / 43.6 % | 40.8 % / 42.0 % | 46.2 % / 47.5 % | 45.6 % / 45.0 % |
 #
 # On this stream the two caches hit almost the same once the cache holds a few conversations:
 # both share the system prompts and each conversation's history (requests run one at a time here,
 # so vLLM's earlier sharing within a step does not show). At the smallest cache the radix tree
 # hits less and evicts more: it evicts whole leaves (a conversation's whole last turn) where vLLM
-# frees exactly the blocks it needs, tail first. Between 41 % and 46 % of the tokens the radix
-# tree evicts (43 % at 2,048 tokens) go beyond what `evict` was asked for (measured by adding up
-# the `num_tokens` of every `evict` call in the same replays); freed early, they delay the next
-# eviction, which is why the totals stay close once the cache is larger. Pages of 1 token change
-# the hit rate by 0.3 points at most here: their only extra hits are the partial last pages of each
+# frees exactly the blocks it needs, tail first. Between 41 % and 48 % of the tokens the radix
+# tree evicts go beyond what its `evict` calls asked for (the last row); freed early, they delay
+# the next eviction, which is why the totals stay close once the cache is larger. Pages of 1 token
+# change the hit rate by 0.3 points at most here: their only extra hits are the partial last pages of each
 # turn, and they cost as many evictions. A host tier 2 to 16 times the device pool turns most
 # evictions into demotions: the hit rate no longer depends on the device pool at all, only on what
 # the host can hold.
