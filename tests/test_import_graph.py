@@ -160,12 +160,23 @@ def test_no_two_parts_of_memlab_import_each_other(memlab_graph):
     assert cycles(units(memlab_graph)) == []
 
 
+def upward(parts: dict[str, set[str]], floors: dict[str, int] = FLOORS, tools: set = TOOLS) -> list:
+    """(part, what it imports) where a part imports a tool or a part taught in a later chapter."""
+    return sorted((a, b) for a, targets in parts.items() if a in floors for b in targets
+                  if b in tools or floors[b] > floors[a])
+
+
+def test_the_floor_check_sees_a_late_import_and_a_tool():
+    parts = {"memlab.a": {"memlab.b"}, "memlab.b": {"memlab.a", "memlab.t"}, "memlab.t": {"memlab.a"}}
+    assert upward(parts, {"memlab.a": 1, "memlab.b": 2}, {"memlab.t"}) == [("memlab.a", "memlab.b"),
+                                                                         ("memlab.b", "memlab.t")]
+
+
 def test_floors_follow_the_teaching_order(memlab_graph):
     parts = units(memlab_graph)
     unplaced = sorted(set(parts) - set(FLOORS) - TOOLS)
     assert not unplaced, f"give each a floor (the chapter that teaches it) in FLOORS, or put it in TOOLS: {unplaced}"
-    up = sorted((a, b) for a, targets in parts.items() if a in FLOORS for b in targets
-                if b in TOOLS or FLOORS[b] > FLOORS[a])
+    up = upward(parts)
     assert set(up) - set(PENDING) == set(), "\n".join(
         f"{a} (chapter {FLOORS[a]:02d}) imports {b} " + ("(a tool above the library)" if b in TOOLS else
                                                           f"(chapter {FLOORS[b]:02d})") for a, b in up)
