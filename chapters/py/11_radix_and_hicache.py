@@ -68,10 +68,10 @@ FAST = start("11", REF, drive=DRIVE)
 # node; cross-hatched slots belong to a running request and are not in the tree yet; slot 0 (dark
 # grey) is the padding slot, never handed out (chapter 03). Press **next** and watch the tree.
 #
-# The second story (the `story` menu) replays the same requests with pages of 2 tokens. Its
-# captions are the first story's, but every match and every split now falls on a page boundary:
-# B shares 7 tokens with A ('<s> You are brief . What is'), yet hits only 6 (three whole pages),
-# and the split lands after 'What', not after 'is'.
+# The second story (the `story` menu) replays the same requests with pages of 2 tokens: every
+# match and every split now falls on a page boundary. B shares 7 tokens with A ('<s> You are
+# brief . What is'), yet hits only 6 (three whole pages), and the split lands after 'What', not
+# after 'is'; the captions say so.
 #
 # ![D hits nodes that live only on the host: they are loaded back into new device pages](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/11_radix.png)
 
