@@ -183,6 +183,19 @@ def test_a_free_the_full_side_refuses_changes_neither_side(ps):
     a.check_books()
 
 
+@pytest.mark.parametrize("start, cut, message", [(0, slice(1, 5), "not page-aligned in memory"),
+                                                  (2, slice(0, 4), "page-aligned start")])
+def test_a_free_segment_the_full_side_refuses_changes_neither_side(start, cut, message):
+    a = SWATokenToKVPoolAllocator(32, 16, 4, debug_mode=True)
+    held = {}
+    extend(a, held, "a", 8)
+    before = books(a)
+    with pytest.raises(ValueError, match=message):
+        a.free_segment(T(*held["a"][cut]), start)
+    assert unchanged(a, before)  # the SWA side gave nothing back, its map entries stand
+    a.check_books()
+
+
 def test_freeing_slots_of_one_page_twice_in_a_call_clears_the_page_once():
     a = SWATokenToKVPoolAllocator(32, 16, 4, debug_mode=True)
     held = {}

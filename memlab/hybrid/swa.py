@@ -304,6 +304,7 @@ class SWATokenToKVPoolAllocator:
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free`` for a page-aligned run of one request's slots: both sides without a dedup."""
         _checks.swa_free(self, free_index)
+        _checks.free_segment(self.full_attn_allocator, free_index, start_pos)  # before either side changes
         self.free_swa_segment(free_index, start_pos)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
