@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from memlab.allocator.reference import num_new_pages
+from memlab.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.req_to_token import Req
 
 
@@ -43,14 +43,13 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
 
 
 def alloc_paged_token_slots_extend(allocator, prefix_lens: Sequence[int], seq_lens: Sequence[int],
-                                   last_loc: Sequence[int] | torch.Tensor, tree_cache=None) -> torch.Tensor | None:
+                                   last_loc: Sequence[int] | torch.Tensor) -> torch.Tensor | None:
     """Slots for tokens ``prefix_lens[i]..seq_lens[i]`` of each request (``last_loc``: the slot of
-    its last prefix token, -1 for none), or None when the pool is short even after eviction."""
+    its last prefix token, -1 for none), or None when the pool is short. (SGLang evicts from the
+    tree cache here; memlab's ``alloc_for_extend`` has already done so, before its capacity check.)"""
     dev = allocator.device
     prefix, prefix_cpu = _lens(prefix_lens, dev)
     seq, seq_cpu = _lens(seq_lens, dev)
-    if tree_cache is not None and tree_cache.evictable_size():
-        evict_from_tree_cache(tree_cache, allocator, num_new_pages(prefix_cpu, seq_cpu, allocator.page_size) * allocator.page_size)
     last = torch.as_tensor(last_loc, dtype=torch.int64, device=dev)
     return allocator.alloc_extend(prefix, prefix_cpu, seq, seq_cpu, last, int((seq_cpu - prefix_cpu).sum()))
 
@@ -62,7 +61,7 @@ def alloc_paged_token_slots_decode(allocator, seq_lens: Sequence[int], last_loc:
     seq, seq_cpu = _lens(seq_lens, dev)
     if tree_cache is not None and tree_cache.evictable_size():
         ps = allocator.page_size
-        evict_from_tree_cache(tree_cache, allocator, int(((seq_cpu - 1) % ps == 0).sum()) * ps)
+        evict_from_tree_cache(tree_cache, allocator, num_new_pages_decode(seq_cpu, ps) * ps)
     return allocator.alloc_decode(seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64, device=dev))
 
 
@@ -100,13 +99,7 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
         evict_from_tree_cache(tree_cache, allocator, need)
     if need > allocator.available_size():
         return None
-    for r, new, n in zip(reqs, fresh, prefix_lens.tolist()):
-        if new:
-            r.kv_allocated_len = n  # a prefix's slots are the request's row from now on
     if req_to_token_pool.alloc(reqs) is None:
-        for r, new in zip(reqs, fresh):
-            if new:
-                r.kv_allocated_len = 0
         return None
     rows = torch.tensor([r.req_pool_idx for r in reqs])
     for r, p, new in zip(reqs, prefix_indices, fresh):

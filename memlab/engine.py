@@ -28,11 +28,12 @@ from memlab.allocation import alloc_for_decode, alloc_for_extend, release_kv_cac
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.hicache import HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool
+from memlab.page_copy import page_rows
 from memlab.radix_cache import EvictResult, MatchResult, RadixCache
 from memlab.req_to_token import Req, ReqToTokenPool
 from memlab.sizing import RunningReq, check_decode_mem, retract_decode
 # The model lives in its own module (memlab.checkpoint fills it); chapters import it from here too.
-from memlab.tiny_llama import TinyConfig, TinyLlama, generate_reference, random_weights, rope_inv_freq  # noqa: F401
+from memlab.tiny_llama import TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: F401
 from memlab.utils import ceil_align
 from memlab.vllm.hashing import get_hash_fn_by_name, hash_block_tokens, hash_request_tokens
 from memlab.write_loc import KVWriteLoc
@@ -120,9 +121,8 @@ class HashPrefixCache:
                 self.lru[page] = None
 
     def path_device_indices(self, node: tuple) -> torch.Tensor:
-        ps, dev = self.page_size, self.token_to_kv_pool_allocator.device
-        pages = torch.tensor(node, dtype=torch.int64, device=dev)
-        return (pages[:, None] * ps + torch.arange(ps, device=dev)).reshape(-1)
+        pages = torch.tensor(node, dtype=torch.int64, device=self.token_to_kv_pool_allocator.device)
+        return page_rows(pages, self.page_size)
 
     def evictable_size(self) -> int:
         return len(self.lru) * self.page_size

@@ -31,7 +31,7 @@ import heapq
 import torch
 
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from memlab.kv_pool import BufferDecl, HostPoolDecl  # noqa: F401  (the declaration lives with the device pool)
+from memlab.kv_pool import HostPoolDecl  # the declaration lives with the device pool
 from memlab.page_copy import transfer_pages
 from memlab.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
 

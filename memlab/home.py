@@ -24,10 +24,6 @@ REF = "v0.1.0"
 PUBLISHED = False  # True once REPO exists and REF is pushed there
 
 
-def github_url(repo: str = REPO) -> str:
-    return f"https://github.com/{repo}"
-
-
 def colab_url(path: str, repo: str = REPO, ref: str = REF) -> str:
     """Colab's 'open from GitHub' address of a notebook at ``path`` in the repository."""
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{path}"

@@ -19,8 +19,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-EXERCISES_ENV = "MEMLAB_EXERCISES"
+from memlab.grading.loader import ENV as EXERCISES_ENV, ROOT  # where the grader looks for a learner's files
 DRIVE_MOUNT = "/content/drive"  # where Colab mounts Google Drive (MEMLAB_DRIVE_MOUNT overrides it)
 DRIVE_FOLDER = "MyDrive/memlab/exercises"  # one folder for every chapter and every course version
 

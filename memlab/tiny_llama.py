@@ -90,9 +90,13 @@ class TinyLlama:
         xf = x.float()  # the norm in float32 whatever the model dtype, as Hugging Face computes it
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)).to(x.dtype) * weight
 
-    def _rope(self, x, positions):
+    def _rope_cos_sin(self, positions):
+        """cos and sin of each position's rotation angles, (T, 1, D/2): once per forward."""
         ang = positions.to(torch.float32)[:, None] * self.inv_freq  # (T, D/2)
-        cos, sin = ang.cos()[:, None, :].to(x.dtype), ang.sin()[:, None, :].to(x.dtype)
+        return ang.cos()[:, None, :].to(self.dtype), ang.sin()[:, None, :].to(self.dtype)
+
+    @staticmethod
+    def _rope(x, cos, sin):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -101,10 +105,11 @@ class TinyLlama:
         when given (a prefill needs the next token after each request's last one, not every token's)."""
         c = self.cfg
         x = self.embed[input_ids]
+        cos, sin = self._rope_cos_sin(positions)
         for i, p in enumerate(self.layers):
             hn = self._rms(x, p["attn_norm"])
-            q = self._rope((hn @ p["wq"]).view(-1, c.num_heads, c.head_dim), positions)
-            k = self._rope((hn @ p["wk"]).view(-1, c.num_kv_heads, c.head_dim), positions)
+            q = self._rope((hn @ p["wq"]).view(-1, c.num_heads, c.head_dim), cos, sin)
+            k = self._rope((hn @ p["wk"]).view(-1, c.num_kv_heads, c.head_dim), cos, sin)
             v = (hn @ p["wv"]).view(-1, c.num_kv_heads, c.head_dim)
             x = x + attend(i, q, k, v).reshape(len(x), -1) @ p["wo"]
             hn = self._rms(x, p["mlp_norm"])

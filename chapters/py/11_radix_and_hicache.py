@@ -373,8 +373,8 @@ viz.show(cmp.plot())
 # What stays the same: the three write policies (`write_through`, `write_through_selective`,
 # `write_back`), device pages taken *before* a load copies into them, slot ids translated to
 # buffer rows before every copy (the device pool's `host_transfer_translate`, set only by pools
-# with virtual ids; the allocator's `translate_kv_indices_for_transfer` is the same idea for
-# SGLang's PD-disaggregation transfers), and the rule that a
+# with virtual ids; SGLang's allocators carry the same idea as `translate_kv_indices_for_transfer`
+# for PD-disaggregation transfers, which memlab leaves out), and the rule that a
 # node on the host never hangs below a node that is only on the device.
 #
 # ## Exercise: `exercises/ch11_radix_match.py`

@@ -41,11 +41,6 @@ class BaseTokenToKVPoolAllocator:
     def get_kvcache(self):
         return self._kvcache
 
-    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
-        """The rows of the pool's buffers a transfer (HiCache, chapter 11) must copy. A static
-        pool's slot ids ARE those rows; SGLang's unified pools hand out virtual ids and translate."""
-        return kv_indices
-
     def merge_and_sort_free(self) -> None:
         """Fold staged frees into the free list and sort it, so later runs of pages are contiguous."""
         if len(self.release_pages):

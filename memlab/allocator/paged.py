@@ -72,9 +72,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         bs, ps = len(seq_lens), self.page_size
         if bs > len(self.free_pages):  # the cheap bound: at most one new page per request
             self.merge_and_sort_free()
-        # Requests whose new token opens a page. SGLang counts seq_len % ps == 1: the same for ps > 1;
-        # at page size 1 it uses the token allocator, so memlab's form keeps this class right there too.
-        num_new_pages = int(((seq_lens_cpu - 1) % ps == 0).sum())
+        num_new_pages = ref.num_new_pages_decode(seq_lens_cpu, ps)
         if num_new_pages > len(self.free_pages):
             return None
         if self.backend == "triton":

@@ -22,6 +22,13 @@ def num_new_pages(prefix_lens, seq_lens, page_size: int):
     return int(n.sum()) if isinstance(n, torch.Tensor) else n
 
 
+def num_new_pages_decode(seq_lens, page_size: int) -> int:
+    """Pages a decode step opens: requests whose new token starts a page. SGLang's
+    ``get_num_new_pages(..., decode=True)`` counts ``seq_len % ps == 1``, the same for ps > 1; at
+    page size 1 SGLang uses the token allocator, and this form stays right there too."""
+    return int(((seq_lens - 1) % page_size == 0).sum())
+
+
 def alloc_extend_python(prefix_lens, seq_lens, last_loc, free_pages, page_size: int) -> list[int]:
     out, next_page = [], 0
     for pre, seq, last in zip(prefix_lens, seq_lens, last_loc):

@@ -16,7 +16,7 @@ import torch
 
 from memlab import _checks
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from memlab.allocator.reference import num_new_pages
+from memlab.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.env import resolve_device
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.utils import ceil_align
@@ -201,7 +201,7 @@ class SWATokenToKVPoolAllocator:
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
         ps = self.page_size
-        need = len(seq_lens_cpu) if ps == 1 else int(((seq_lens_cpu - 1) % ps == 0).sum()) * ps
+        need = num_new_pages_decode(seq_lens_cpu, ps) * ps
         # memlab differs here on purpose: SGLang 0.5.23 lets the full side take its pages and then
         # returns None if the SWA side is short (its scheduler checks capacity first, so it never
         # is); memlab settles both sides before either takes anything.
@@ -362,10 +362,6 @@ class SWATokenToKVPoolAllocator:
             self.free_swa_segment(req_to_token[req_pool_idx, evicted:new_evicted].to(torch.int64), evicted)
             return new_evicted
         return evicted
-
-    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
-        """Full-side slot ids are rows of the full pool's buffers: identity, as for a static pool."""
-        return kv_indices
 
     def check_books(self) -> None:
         self.full_attn_allocator.check_books()

@@ -26,10 +26,15 @@ class EngineFrame:
     history: tuple  # per step so far: (running, waiting, owned, cached, free) pages
 
 
-def read_engine(engine, caption: str, step: int, history: tuple) -> EngineFrame:
+def read_engine(engine, caption: str, step: int, history: list) -> EngineFrame:
+    """The engine's pages now; appends this step's (running, waiting, owned, cached, free) pages
+    to ``history``."""
     owned, cached, shared = engine.page_books()  # the books engine.check_books audits
+    free = len(engine.allocator.free_pages) + len(engine.allocator.release_pages)
+    num_pages = engine.allocator.num_pages
+    history.append((len(engine.running), len(engine.waiting), num_pages - free - len(cached), len(cached), free))
     owner = {page: rid_name(rid) for page, rid in owned.items()}
-    return EngineFrame(caption, step, engine.allocator.num_pages, owner, shared, frozenset(cached), history)
+    return EngineFrame(caption, step, num_pages, owner, shared, frozenset(cached), tuple(history))
 
 
 def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
@@ -39,11 +44,7 @@ def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
     history = []
 
     def snap(caption, step):
-        free = len(engine.allocator.free_pages) + len(engine.allocator.release_pages)
-        cached = len(engine.tree_cache.device_pages())
-        owned = engine.allocator.num_pages - free - cached
-        history.append((len(engine.running), len(engine.waiting), owned, cached, free))
-        return read_engine(engine, caption, step, tuple(history))
+        return read_engine(engine, caption, step, history)
 
     frames = [snap(f"{len(prompts)} requests waiting; {engine.allocator.num_pages} pages of {engine.page_size}", 0)]
     step = 0

@@ -16,7 +16,8 @@ import torch
 from memlab.hybrid.mamba import HybridReqToTokenPool
 from memlab.hybrid.swa import SWATokenToKVPoolAllocator
 from memlab.req_to_token import Req, ReqToTokenPool
-from memlab.viz.sglang_books import Books, RowView, Scene, draw_request_table, draw_slot_grid, read_books
+from memlab.viz.sglang_books import (Books, RowView, Scene, _slots, draw_request_table, draw_slot_grid,
+                                     read_books)
 from memlab.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
 
 
@@ -108,10 +109,6 @@ class SwaScene(Scene):
 
 
 # -- 3. the chapter's stories -----------------------------------------------------------------
-
-def _slots(out) -> list[int]:
-    return [] if out is None else out.tolist()
-
 
 def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4) -> SwaScene:
     """Chapter 07: a sliding-window model's two ledgers; out-of-window SWA pages go back early."""

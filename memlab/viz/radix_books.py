@@ -302,7 +302,6 @@ def _page_fill(owner, books: RadixBooks):
 def draw_radix(books: RadixBooks, width: float = 12.0):
     """The tree (left), the device pool's pages (top right) and the host pool's pages (bottom right)."""
     fig, axes = new_figure(width, 5.6, ncols=2, nrows=2, width_ratios=[1.9, 1], height_ratios=[1, 1])
-    tree_ax = axes[0, 0]
     gs = axes[0, 0].get_gridspec()
     axes[0, 0].remove()
     axes[1, 0].remove()

@@ -29,7 +29,7 @@ from memlab.allocation import alloc_for_decode, alloc_for_extend, release_kv_cac
 from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.req_to_token import Req, ReqToTokenPool
-from memlab.utils import ceil_align
+from memlab.utils import ceil_align, ceil_div
 from memlab.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, caption_text, cell, frame_axes, grid_axes,
                               new_figure, owner_color)
 
@@ -88,9 +88,6 @@ class Books:
     def num_slots(self) -> int:
         """Rows of every KV buffer: the usable slots plus the padding page."""
         return (self.num_pages + 1) * self.page_size
-
-    def owner_of_row(self, row: int) -> str | None:
-        return self.rows[row].owner
 
 
 def read_buffers(kvcache) -> tuple[Buffer, ...]:
@@ -463,7 +460,7 @@ def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: s
     slot_owner = books.slot_owner
     page_owner = books.page_owner
     staged, free = set(books.staged_pages), set(books.free_pages)
-    lines = (books.num_pages + 1 + ppl - 1) // ppl
+    lines = ceil_div(books.num_pages + 1, ppl)
     for page in range(books.num_pages + 1):
         line, col = divmod(page, ppl)
         x = col * (ps + gap)
