@@ -14,5 +14,9 @@ def load_file(relpath: str):
         spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]  # no half-run module for the next caller
+            raise
     return sys.modules[name]

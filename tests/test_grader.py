@@ -643,3 +643,29 @@ def test_solutions_agree_with_the_library(monkeypatch):
     rows, lens = torch.tensor([1, 0], device=dev), torch.tensor([20, 7], device=dev)
     got = sol("ch09_paged_gather").decode_attention(q, k, v, r2t, rows, lens)
     assert torch.allclose(got, decode_attention_fwd(q, k, v, r2t, rows, lens), atol=1e-5)
+
+
+# Correct ways to write chapter 09's gather that its 64-bit check must accept (the zoo holds the
+# wrong ones it must refuse): a cast on its own line, a tl.where over int64 slots, tl.cast, a
+# renamed stride over cast slots.
+CH09_SLOTS = "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+CH09_CORRECT = {
+    "cast on the next line": "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n"
+                             "        slots = slots.to(tl.int64)\n",
+    "tl.where over int64": "        raw = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+                           "        slots = tl.where(live, raw, 0)\n",
+    "tl.cast": "        slots = tl.cast(tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0), tl.int64)\n",
+    "renamed stride": CH09_SLOTS + "        sk = stride_ks\n",
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(CH09_CORRECT))
+def test_ch09_64_bit_check_accepts_correct_spellings(spelling):
+    check = load_file("tests/exercises/exercise_refs.py").narrow_products
+    source = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
+    assert source.count(CH09_SLOTS) == 1 and check(source) == []
+    variant = source.replace(CH09_SLOTS, CH09_CORRECT[spelling])
+    if spelling == "renamed stride":
+        variant = variant.replace("slots[:, None] * stride_ks", "slots[:, None] * sk")
+    assert check(variant) == [], spelling
+    assert check(variant.replace("# =", "# -")) != [], "without the markers the check finds nothing to pass"

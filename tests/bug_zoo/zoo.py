@@ -235,6 +235,17 @@ ZOO = (
             "the slots kept int32: slot * stride_ks wraps past 2^31 elements (a pool of a few million tokens)",
             (("slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)",
               "slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)"),)),
+    Variant("ch09_paged_gather__int32_through_stride_aliases", "ch09.paged_gather", "test_addresses_in_64_bit",
+            "the slots kept int32, the strides renamed: sk = stride_ks still multiplies in 32 bits",
+            (("slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)",
+              "slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n"
+              "        sk = stride_ks\n        sv = stride_vs"),
+             ("slots[:, None] * stride_ks", "slots[:, None] * sk"), ("slots[:, None] * stride_vs", "slots[:, None] * sv"))),
+    Variant("ch09_paged_gather__int64_cast_then_reloaded", "ch09.paged_gather", "test_addresses_in_64_bit",
+            "the slots cast to int64, then loaded again as int32 before the addresses are computed",
+            (("slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)",
+              "slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+              "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)"),)),
     Variant("ch10_admission__prefill_only_rejected", "ch10.admission", "test_reject_and_clip",
             "a prefill-only request (max_new_tokens 0, clip 0) rejected even in an empty pool",
             (("        if clip == 0 and r.max_new_tokens > 0:\n", "        if clip == 0:\n"),)),

@@ -1,5 +1,10 @@
 """Plain-Python references the graded tests compare against (written for the tests, on purpose
-independent of memlab's own layers and of the solutions)."""
+independent of memlab's own layers and of the solutions), and the one check that reads a
+learner's source (chapter 09's 64-bit addresses)."""
+
+import ast
+import re
+import textwrap
 
 from memlab.grading.checks import as_list
 
@@ -88,3 +93,72 @@ def fenced(values, dtype, device=None):
     except Exception:  # not Linux or macOS: no fence here
         return t
     return out  # the tensor keeps the mapping alive
+
+
+# -- chapter 09: 32-bit address arithmetic, read from the source ----------------------------------
+
+GATHER_SECTION = re.compile(r"# =+ EXERCISE 09: gather.*?\n(.*?)# =+ END EXERCISE 09", re.DOTALL)
+
+STRIDES = ("stride_ks", "stride_vs")
+
+
+def _latest(assigned: dict, name: str, line: int):
+    """The value last assigned to ``name`` before ``line``, with its line (None when never)."""
+    before = [(ln, v) for ln, v in assigned.get(name, ()) if ln < line]
+    return max(before, key=lambda lv: lv[0]) if before else None
+
+
+def _is_int64(node, assigned, line: int) -> bool:
+    """Whether an expression used at ``line`` is int64 for sure: a cast to tl.int64, a tl.where
+    with an int64 branch, or built from one; a name stands for its latest value before ``line``."""
+    if isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in ("to", "cast"):
+            text = [ast.unparse(a) for a in node.args] + [ast.unparse(k.value) for k in node.keywords]
+            return "tl.int64" in text
+        if ast.unparse(f) == "tl.where":
+            return any(_is_int64(a, assigned, line) for a in node.args[1:])
+        return False
+    if isinstance(node, ast.Subscript):
+        return _is_int64(node.value, assigned, line)
+    if isinstance(node, ast.Name):
+        latest = _latest(assigned, node.id, line)
+        return latest is not None and _is_int64(latest[1], assigned, latest[0])
+    if isinstance(node, ast.BinOp):
+        return _is_int64(node.left, assigned, line) or _is_int64(node.right, assigned, line)
+    return False
+
+
+def _is_stride(node, assigned, line: int) -> bool:
+    """``stride_ks`` / ``stride_vs``, or a name that holds one of them (an alias)."""
+    if not isinstance(node, ast.Name):
+        return False
+    if node.id in STRIDES:
+        return True
+    latest = _latest(assigned, node.id, line)
+    return latest is not None and _is_stride(latest[1], assigned, latest[0])
+
+
+def narrow_products(source: str) -> list[str]:
+    """What is wrong with the gather's address arithmetic: each product ``x * stride_ks`` /
+    ``x * stride_vs`` (or of an alias of a stride) where neither side is certainly int64 at that
+    line; or a line saying the check found nothing to look at. Empty when every product is int64."""
+    m = GATHER_SECTION.search(source)
+    if m is None:
+        return ["(nothing: the EXERCISE 09 markers around the gather are gone; put them back)"]
+    try:
+        tree = ast.parse(textwrap.dedent(m.group(1)))
+    except SyntaxError:
+        return ["(nothing: the gather section does not parse)"]
+    assigned: dict[str, list] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    assigned.setdefault(t.id, []).append((n.lineno, n.value))
+    products = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+                and any(_is_stride(s, assigned, n.lineno) for s in (n.left, n.right))]
+    if not products:
+        return ["(nothing: no product of a slot and stride_ks / stride_vs was found; address the rows as "
+                "k_ptr + slot * stride_ks + ..., as the comments say)"]
+    return [ast.unparse(n) for n in products if not any(_is_int64(s, assigned, n.lineno) for s in (n.left, n.right))]
