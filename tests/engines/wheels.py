@@ -53,6 +53,11 @@ def wheel(name: str) -> Path:
 
 def _wheel(name: str) -> Path:
     version, d = ENGINES[name], cache_dir()
+    with _locked(f"{name}.download"):  # one worker downloads; the others wait, then find the file
+        return _download(name, version, d)
+
+
+def _download(name: str, version: str, d: Path) -> Path:
     found = sorted(d.glob(f"{name}-{version}-*.whl"))
     if not found:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *PLATFORM, "-d", str(d),
