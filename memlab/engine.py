@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict, deque
 import torch
 
 from memlab.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.hicache import HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.page_copy import page_rows
@@ -222,11 +222,8 @@ class Engine:
         self.req_to_token_pool = ReqToTokenPool(max_running, max_context, device=dev)
         self.kv_pool = MHATokenToKVPool(num_tokens, page_size, model.dtype, c.num_kv_heads, c.head_dim, c.num_layers,
                                         device=dev)
-        if page_size == 1:
-            self.allocator = TokenToKVPoolAllocator(num_tokens, model.dtype, dev, self.kv_pool, debug_mode=debug_mode)
-        else:
-            self.allocator = PagedTokenToKVPoolAllocator(num_tokens, page_size, model.dtype, dev, self.kv_pool,
-                                                         debug_mode=debug_mode, backend=alloc_backend)
+        self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev, kvcache=self.kv_pool,
+                                        debug_mode=debug_mode, backend=alloc_backend)
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import torch
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.kv_pool import HostPoolDecl  # the declaration lives with the device pool
 from memlab.page_copy import transfer_pages
 from memlab.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
@@ -60,10 +60,7 @@ class HostKVCache:
         self.buffers = {b.name: [torch.zeros((rows, *b.row_shape), dtype=b.dtype, pin_memory=pin)
                                  for _ in range(self.layer_num)] for b in decl.buffers}
         self.size_per_token = sum(b.dtype.itemsize * torch.Size(b.row_shape).numel() for b in decl.buffers) * self.layer_num
-        if page_size == 1:
-            self.allocator = TokenToKVPoolAllocator(self.size, device="cpu", debug_mode=debug_mode)
-        else:
-            self.allocator = PagedTokenToKVPoolAllocator(self.size, page_size, device="cpu", debug_mode=debug_mode)
+        self.allocator = make_allocator(self.size, page_size, device="cpu", debug_mode=debug_mode)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         return self.allocator.alloc(need_size)

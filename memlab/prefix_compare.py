@@ -29,7 +29,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.radix_cache import RadixCache
 from memlab.utils import ceil_align
 
@@ -177,15 +177,12 @@ def radix_tree(cache_tokens: int, page_size: int, host_tokens: int = 0, write_po
     """A radix tree over a fresh allocator of ``cache_tokens`` slots; with ``host_tokens``, a
     HiRadixCache over a tiny real KV pool (1 layer, 1 head of 4) and a host pool of that size."""
     if not host_tokens:
-        alloc = TokenToKVPoolAllocator(cache_tokens) if page_size == 1 else \
-            PagedTokenToKVPoolAllocator(cache_tokens, page_size)
-        return RadixCache(alloc)
+        return RadixCache(make_allocator(cache_tokens, page_size))
     from memlab.hicache import HiRadixCache, HostKVCache
     from memlab.kv_pool import MHATokenToKVPool
 
     pool = MHATokenToKVPool(cache_tokens, page_size, torch.float16, head_num=1, head_dim=4, layer_num=1)
-    alloc = TokenToKVPoolAllocator(cache_tokens, kvcache=pool) if page_size == 1 else \
-        PagedTokenToKVPoolAllocator(cache_tokens, page_size, kvcache=pool)
+    alloc = make_allocator(cache_tokens, page_size, kvcache=pool)
     host = HostKVCache(pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False)
     return HiRadixCache(alloc, host, write_policy=write_policy, io_backend="torch", load_back_threshold=page_size)
 

@@ -347,3 +347,12 @@ def test_the_token_allocator_speaks_of_slots():
     pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
     with pytest.raises(ValueError, match=r"cannot free page 5: pages are 1..4 \(page 0 is padding\)"):
         pag.free(T(20))
+
+
+def test_make_allocator_picks_the_class_sglang_picks():
+    from memlab.allocator import make_allocator
+
+    a = make_allocator(16, 1, debug_mode=True)
+    assert type(a) is TokenToKVPoolAllocator and a.debug_mode and a.page_size == 1
+    b = make_allocator(16, 4, backend="python", need_sort=True)
+    assert type(b) is PagedTokenToKVPoolAllocator and (b.page_size, b.backend, b.need_sort) == (4, "python", True)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.hicache import HiCacheController, HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
 from memlab.prefix_compare import RadixDriver
@@ -27,8 +27,7 @@ def make_pool(kind, size, page_size, dtype=torch.float32, layers=2):
 def make_tree(page_size=1, device_tokens=32, host_tokens=64, policy="write_through", kind="mha",
               threshold=1, backend="torch", cls=HiRadixCache, debug=True):
     pool = make_pool(kind, device_tokens, page_size)
-    alloc = TokenToKVPoolAllocator(device_tokens, kvcache=pool, debug_mode=True) if page_size == 1 else \
-        PagedTokenToKVPoolAllocator(device_tokens, page_size, kvcache=pool, debug_mode=True)
+    alloc = make_allocator(device_tokens, page_size, kvcache=pool, debug_mode=True)
     host = HostKVCache(pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
     tree = cls(alloc, host, write_policy=policy, io_backend=backend, load_back_threshold=threshold, debug_mode=debug)
     return tree, pool, alloc, host
@@ -88,8 +87,7 @@ def test_host_pool_mirrors_the_device_pool(kind, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e5m2])
 def test_round_trip_returns_every_byte(kind, page_size, backend, dtype):
     pool = make_pool(kind, 8 * page_size, page_size, dtype)
-    alloc = TokenToKVPoolAllocator(8, kvcache=pool, debug_mode=True) if page_size == 1 else \
-        PagedTokenToKVPoolAllocator(8 * page_size, page_size, kvcache=pool, debug_mode=True)
+    alloc = make_allocator(8 * page_size, page_size, kvcache=pool, debug_mode=True)
     host = HostKVCache(pool.host_pool_decls()[0], 6 * page_size, page_size, pin_memory=False, debug_mode=True)
     ctl = HiCacheController(alloc, host, page_size, io_backend=backend)
     gen = torch.Generator().manual_seed(page_size)

@@ -10,14 +10,13 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.prefix_compare import RadixDriver
 from memlab.radix_cache import RadixCache
 
 
 def tree_of(size=32, page_size=1, **kw):
-    alloc = TokenToKVPoolAllocator(size, debug_mode=True) if page_size == 1 else \
-        PagedTokenToKVPoolAllocator(size, page_size, debug_mode=True)
+    alloc = make_allocator(size, page_size, debug_mode=True)
     return RadixCache(alloc, debug_mode=True, **kw), alloc
 
 
@@ -223,8 +222,7 @@ ops = st.lists(st.tuples(st.sampled_from(["admit", "admit", "finish", "evict"]),
 
 
 def run_stream(cls, page_size, steps):
-    alloc = TokenToKVPoolAllocator(40, debug_mode=True) if page_size == 1 else \
-        PagedTokenToKVPoolAllocator(40, page_size, debug_mode=True)
+    alloc = make_allocator(40, page_size, debug_mode=True)
     tree = cls(alloc, debug_mode=True)
     drv, running, seqs = RadixDriver(tree), [], [[1, 2, 3, 4, 5, 6], [1, 2, 7, 7], [9] * 8]
     for op, x in steps:

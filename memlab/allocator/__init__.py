@@ -4,4 +4,13 @@ from memlab.allocator.base import BaseTokenToKVPoolAllocator
 from memlab.allocator.paged import PagedTokenToKVPoolAllocator
 from memlab.allocator.token import TokenToKVPoolAllocator
 
-__all__ = ["BaseTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"]
+__all__ = ["BaseTokenToKVPoolAllocator", "TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator", "make_allocator"]
+
+
+def make_allocator(size: int, page_size: int = 1, *, backend: str = "torch", **kw) -> BaseTokenToKVPoolAllocator:
+    """The allocator SGLang's scheduler builds for a page size: the token allocator at page size 1,
+    the paged one above it (``backend`` applies to the paged one only). ``kw``: dtype, device,
+    kvcache, need_sort, debug_mode."""
+    if page_size == 1:
+        return TokenToKVPoolAllocator(size, **kw)
+    return PagedTokenToKVPoolAllocator(size, page_size, backend=backend, **kw)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from matplotlib.patches import Circle
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.hicache import HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.prefix_compare import RadixDriver
@@ -145,8 +145,7 @@ class RadixScene:
     def __init__(self, device_tokens: int = 24, host_tokens: int = 32, page_size: int = 1,
                  write_policy: str = "write_through"):
         self.pool = MHATokenToKVPool(device_tokens, page_size, torch.float32, head_num=1, head_dim=2, layer_num=1)
-        alloc = TokenToKVPoolAllocator(device_tokens, kvcache=self.pool, debug_mode=True) if page_size == 1 else \
-            PagedTokenToKVPoolAllocator(device_tokens, page_size, kvcache=self.pool, debug_mode=True)
+        alloc = make_allocator(device_tokens, page_size, kvcache=self.pool, debug_mode=True)
         host = HostKVCache(self.pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
         self.tree = HiRadixCache(alloc, host, write_policy=write_policy, io_backend="torch", load_back_threshold=1,
                                  debug_mode=True)

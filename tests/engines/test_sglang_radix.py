@@ -17,7 +17,7 @@ import torch
 
 from radix_loader import load
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.allocator import make_allocator
 from memlab.radix_cache import RadixCache
 
 pytestmark = pytest.mark.engines
@@ -65,8 +65,7 @@ class Pair:
     def __init__(self, page_size: int, pool_tokens: int):
         s = load()
         self.rc, self.base, self.ps = s.radix_cache, s.base, page_size
-        alloc = TokenToKVPoolAllocator(pool_tokens, debug_mode=True) if page_size == 1 else \
-            PagedTokenToKVPoolAllocator(pool_tokens, page_size, debug_mode=True)
+        alloc = make_allocator(pool_tokens, page_size, debug_mode=True)
         self.mine_alloc, self.theirs_alloc = Recorder(alloc, page_size), Recorder(page_size=page_size)
         self.mine = RadixCache(self.mine_alloc, page_size=page_size, debug_mode=True)
         self.theirs = self.rc.RadixCache.create_simulated(mock_allocator=self.theirs_alloc, page_size=page_size)
