@@ -20,7 +20,6 @@ from radix_loader import load
 from memlab.allocator import make_allocator
 from memlab.radix_cache import RadixCache
 
-pytestmark = pytest.mark.engines
 STREAMS, STEPS = 12, 80
 
 

@@ -19,7 +19,6 @@ from vllm_loader import assert_same_books, load, pool_books
 from memlab.vllm.block_pool import BlockPool
 from memlab.vllm.hashing import hash_block_tokens, sha256
 
-pytestmark = pytest.mark.engines
 
 STREAMS = 64
 STEPS = 200
@@ -149,7 +148,7 @@ class Lockstep:
         assert ok_ours == ok_theirs, f"step {self.step}: reset_prefix_cache() {ok_ours} vs {ok_theirs}"
 
 
-def run_stream(seed: int) -> int:
+def run_stream(seed: int) -> None:
     rng = random.Random(seed)
     num_blocks = rng.choice([4, 9, 16, 40])
     ls = Lockstep(num_blocks, rng)
@@ -172,12 +171,11 @@ def run_stream(seed: int) -> int:
             ls.reset()
         ls.check(op)
         ls.ours.check_invariants()
-    return STEPS
 
 
 @pytest.mark.parametrize("seed", range(STREAMS))
 def test_block_pool_streams_match_vllm(seed, tally):
-    assert run_stream(seed) == STEPS
+    run_stream(seed)  # ls.check raises at the first step where the books differ
     tally("BlockPool + FreeKVCacheBlockQueue (vLLM)", 1, STEPS)
 
 

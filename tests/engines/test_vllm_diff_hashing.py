@@ -17,7 +17,6 @@ from memlab.vllm.hashing import (MultiModalFeature, generate_block_hash_extra_ke
                                  hash_block_tokens, init_none_hash, sha256)
 from memlab.vllm.request import Request
 
-pytestmark = pytest.mark.engines
 
 REQUESTS = 300
 

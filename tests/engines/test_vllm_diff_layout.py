@@ -9,8 +9,6 @@ from vllm_loader import load
 
 from memlab.vllm.kv_layout import KV_CACHE_LAYOUTS, layout_strides, stride_order
 
-pytestmark = pytest.mark.engines
-
 
 def test_layout_names_and_permutations_match_vllm():
     V = load()

@@ -20,7 +20,6 @@ from vllm_loader import EngineRequest, assert_same_books, load, pool_books
 from memlab.vllm.kv_cache_manager import KVCacheManager, SlidingWindowKVCacheManager
 from memlab.vllm.request import Request
 
-pytestmark = pytest.mark.engines
 
 STREAMS = 64
 SWA_STREAMS = 40
@@ -158,7 +157,7 @@ class Lockstep:
         assert ok_ours == ok_theirs, f"{self.where('reset')}: {ok_ours} vs {ok_theirs}"
 
 
-def run_stream(seed: int, monkeypatch, sliding: bool = False) -> int:
+def run_stream(seed: int, monkeypatch, sliding: bool = False) -> None:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 16])
     num_blocks = rng.choice([8, 24, 64]) if block_size < 16 else rng.choice([6, 12, 30])
@@ -181,12 +180,11 @@ def run_stream(seed: int, monkeypatch, sliding: bool = False) -> int:
             ls.reset()
         ls.check(op)
         ls.ours.block_pool.check_invariants()
-    return STEPS
 
 
 @pytest.mark.parametrize("seed", range(STREAMS))
 def test_kv_cache_manager_streams_match_vllm(seed, monkeypatch, tally):
-    assert run_stream(seed, monkeypatch) == STEPS
+    run_stream(seed, monkeypatch)  # ls.check raises at the first step where the books differ
     tally("KVCacheManager, full attention (vLLM)", 1, STEPS)
 
 
@@ -194,7 +192,7 @@ def test_kv_cache_manager_streams_match_vllm(seed, monkeypatch, tally):
 def test_sliding_window_manager_streams_match_vllm(seed, monkeypatch, tally):
     """Blocks that leave the window become null blocks and go back to the pool; a hit needs
     only the window's blocks (scanned from the right)."""
-    assert run_stream(1000 + seed, monkeypatch, sliding=True) == STEPS
+    run_stream(1000 + seed, monkeypatch, sliding=True)
     tally("KVCacheManager, sliding window (vLLM)", 1, STEPS)
 
 
