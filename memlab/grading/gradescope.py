@@ -215,12 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="grade /autograder/submission (what run_autograder calls)")
     r.add_argument("--root", help=f"the autograder folder (default ${ROOT_ENV} or {DEFAULT_ROOT})")
     r.add_argument("--timeout", type=float, help="seconds per test")
-    b = sub.add_parser("bundle", help="write the autograder zip")
-    b.add_argument("out")
-    a = p.parse_args(argv)
-    if a.cmd == "bundle":
-        print(f"wrote {build_bundle(a.out)}")
-        return 0
+    a = p.parse_args(argv)  # the zip itself: python -m memlab.grade --gradescope-bundle
     data = run(a.root, a.timeout)
     print(data["output"])
     return 0
