@@ -376,6 +376,15 @@ def swa_release(alloc, swa_evicted_len, cache_protected_len) -> None:
             raise ValueError(f"{name} {v} is not page-aligned (page_size {alloc.page_size})")
 
 
+# ---- hybrid pools: Mamba state (chapter 07) -----------------------------------------------------
+
+def mamba_layers(num_mamba_layers, conv_state_shape) -> None:
+    if isinstance(num_mamba_layers, bool) or not isinstance(num_mamba_layers, int) or num_mamba_layers <= 0:
+        raise ValueError(f"a MambaPool needs at least one mamba layer, got num_mamba_layers={num_mamba_layers!r}")
+    if len(conv_state_shape) == 0:
+        raise ValueError("conv_state_shape lists the conv-state components: at least one shape")
+
+
 # ---- write locations (chapters 07 to 09) --------------------------------------------------------
 
 def _write_ids(name: str, t) -> None:

@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from memlab import _checks
+
 from memlab.env import resolve_device
 from memlab.req_to_token import Req, ReqToTokenPool
 
@@ -29,13 +31,6 @@ def mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) 
     if lazy:
         return 1
     return 2 if overlap else 1
-
-
-def _check_layers(num_mamba_layers, conv_state_shape) -> None:
-    if isinstance(num_mamba_layers, bool) or not isinstance(num_mamba_layers, int) or num_mamba_layers <= 0:
-        raise ValueError(f"a MambaPool needs at least one mamba layer, got num_mamba_layers={num_mamba_layers!r}")
-    if len(conv_state_shape) == 0:
-        raise ValueError("conv_state_shape lists the conv-state components: at least one shape")
 
 
 def _slot_tensor(slots, device) -> torch.Tensor:
@@ -112,7 +107,7 @@ class MambaPool:
     def __init__(self, size: int, num_mamba_layers: int, conv_state_shape: Sequence[Sequence[int]],
                  temporal_state_shape: Sequence[int], conv_dtype: torch.dtype = torch.bfloat16,
                  ssm_dtype: torch.dtype = torch.float32, device="cpu", debug_mode: bool = False):
-        _check_layers(num_mamba_layers, conv_state_shape)
+        _checks.mamba_layers(num_mamba_layers, conv_state_shape)
         self.allocator = MambaSlotAllocator(size, device, debug_mode)
         self.size, self.device = size, resolve_device(device)
         self.num_mamba_layers = num_mamba_layers
