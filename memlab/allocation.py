@@ -65,14 +65,20 @@ def alloc_paged_token_slots_decode(allocator, seq_lens: Sequence[int], last_loc:
     return allocator.alloc_decode(seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64, device=dev))
 
 
+def extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor):
+    """Token-level views of a prefill batch (host tensors): each token's request (its index in the
+    batch), each request's first token in the batch, and each token's position in its request."""
+    tok_req = torch.repeat_interleave(torch.arange(len(extend_lens)), extend_lens)
+    starts = torch.cumsum(extend_lens, 0) - extend_lens
+    return tok_req, starts, torch.arange(len(tok_req)) - starts[tok_req] + prefix_lens[tok_req]
+
+
 def write_cache_indices(req_to_token_pool, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
                         out_cache_loc: torch.Tensor) -> None:
     """Row ``rows[i]`` gets its new slots at positions ``prefix_lens[i]..``: one scatter for the
     whole batch (``rows``, ``prefix_lens``, ``extend_lens``: host tensors)."""
     dev = req_to_token_pool.device
-    tok_req = torch.repeat_interleave(torch.arange(len(extend_lens)), extend_lens)
-    starts = torch.cumsum(extend_lens, 0) - extend_lens
-    pos = torch.arange(len(tok_req)) - starts[tok_req] + prefix_lens[tok_req]
+    tok_req, _, pos = extend_positions(prefix_lens, extend_lens)
     req_to_token_pool.write((rows[tok_req].to(dev), pos.to(dev)), out_cache_loc.to(dev, torch.int32))
 
 

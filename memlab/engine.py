@@ -24,7 +24,7 @@ from collections import Counter, OrderedDict, deque
 
 import torch
 
-from memlab.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
+from memlab.allocation import alloc_for_decode, alloc_for_extend, extend_positions, release_kv_cache
 from memlab.allocator import make_allocator
 from memlab.hicache import HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool
@@ -403,7 +403,6 @@ class Engine:
 
     def _run_extend(self, batch) -> None:
         dev = self.model.device
-        pre = torch.tensor([r.cached_len if r.req.req_pool_idx is None else r.kv_len for r, _ in batch])
         ext = torch.tensor([n for _, n in batch])
         # Rows for the new requests, slots for every chunk, all written into the request table
         # (after evicting from the prefix cache if the pool is short).
@@ -413,12 +412,11 @@ class Engine:
             raise RuntimeError("alloc_for_extend refused a batch the scheduler admitted")
         for r, _ in batch:
             r.prefix = None
-        # Token-level views of the batch: each token's request, position and row.
+        pre = torch.tensor([r.kv_len - n for r, n in batch])  # where each chunk starts
         rows = torch.tensor([r.req.req_pool_idx for r, _ in batch], device=dev)
         total = int(ext.sum())
-        tok_req = torch.repeat_interleave(torch.arange(len(batch)), ext)
-        starts = torch.cumsum(ext, 0) - ext  # each request's first token in the batch
-        pos = (torch.arange(total) - starts[tok_req] + pre[tok_req]).to(dev)
+        tok_req, starts, pos = extend_positions(pre, ext)
+        pos = pos.to(dev)
         tok_rows = rows[tok_req.to(dev)]
         ids = torch.tensor([t for (r, n), p in zip(batch, pre.tolist()) for t in r.tokens[p:p + n]], device=dev)
         ends = (starts + ext - 1).to(dev)
