@@ -29,7 +29,7 @@ from memlab.allocator import make_allocator
 from memlab.hicache import HiRadixCache, HostKVCache
 from memlab.kv_pool import MHATokenToKVPool
 from memlab.page_copy import page_rows
-from memlab.radix_cache import EvictResult, MatchResult, RadixCache
+from memlab.radix_cache import EvictResult, MatchResult, RadixCache, match_and_lock
 from memlab.req_to_token import Req, ReqToTokenPool
 from memlab.sizing import RunningReq, check_decode_mem, retract_decode
 # The model lives in its own module (memlab.checkpoint fills it); chapters import it from here too.
@@ -330,14 +330,9 @@ class Engine:
     def _match(self, r: EngineReq):
         """The cached prefix of ``r`` (at most all tokens but the last, which is computed for its
         logits), its slots and its node, locked. HiCache first loads a host-only part back."""
-        tree = self.tree_cache
-        m = tree.match_prefix(r.tokens[:-1])
-        node = m.last_device_node
-        if m.host_hit_length:
-            loaded, node = tree.init_load_back(m.last_host_node, m.host_hit_length)
-            self.stats["loaded_back_tokens"] += len(loaded)
-        tree.inc_lock_ref(node)
-        return tree.path_device_indices(node), node
+        prefix, node, loaded = match_and_lock(self.tree_cache, r.tokens[:-1])
+        self.stats["loaded_back_tokens"] += loaded
+        return prefix, node
 
     def _admit(self, r: EngineReq, prefix: torch.Tensor, node) -> None:
         self.waiting.remove(r)

@@ -30,7 +30,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from memlab.allocator import make_allocator
-from memlab.radix_cache import RadixCache
+from memlab.radix_cache import RadixCache, match_and_lock
 from memlab.utils import ceil_align
 
 
@@ -84,13 +84,7 @@ class RadixDriver:
         ``tokens[:prompt_len - 1]`` may hit: the last prompt token is computed for its logits."""
         prompt_len = len(tokens) if prompt_len is None else prompt_len
         tree, ps = self.tree, self.page_size
-        m = tree.match_prefix(tokens[: prompt_len - 1])
-        last_node, host_hit = m.last_device_node, 0
-        if m.host_hit_length:  # HiCache: load the host part back (it locks what it needs meanwhile)
-            loaded, last_node = tree.init_load_back(m.last_host_node, m.host_hit_length)
-            host_hit = len(loaded)
-        tree.inc_lock_ref(last_node)
-        prefix = tree.path_device_indices(last_node)
+        prefix, last_node, host_hit = match_and_lock(tree, tokens[: prompt_len - 1])
         need = len(tokens) - len(prefix)
         whole_pages = ceil_align(need, ps)  # the prefix is whole pages: new tokens start a page
         short = whole_pages - self.allocator.available_size()

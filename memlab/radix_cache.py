@@ -73,6 +73,19 @@ class MatchResult(NamedTuple):
     host_hit_length: int = 0  # HiCache: matched tokens whose KV lives only on the host
 
 
+def match_and_lock(tree_cache, key) -> tuple:
+    """What a scheduler does with a new request's prompt: match it, load a host-only part back to
+    the device first (HiCache), lock the node the device part ends at. Returns (the matched slots,
+    that node, how many tokens came back from the host). Any of the course's prefix caches."""
+    m = tree_cache.match_prefix(key)
+    node, loaded = m.last_device_node, 0
+    if m.host_hit_length:  # the load-back locks what it needs meanwhile
+        indices, node = tree_cache.init_load_back(m.last_host_node, m.host_hit_length)
+        loaded = len(indices)
+    tree_cache.inc_lock_ref(node)
+    return tree_cache.path_device_indices(node), node, loaded
+
+
 class InsertResult(NamedTuple):
     prefix_len: int  # tokens the tree already held on the device: the caller's copies are duplicates
     last_device_node: TreeNode
