@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from memlab.allocator import PagedTokenToKVPoolAllocator
-from memlab.allocator import reference as ref
-from memlab.env import ensure_kernel_mode, kernel_device
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+from memlab.sglang.allocator import reference as ref
+from memlab.common.env import ensure_kernel_mode, kernel_device
 
 
 def timeit(fn, min_time=0.2):

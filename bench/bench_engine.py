@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from memlab import checkpoint
-from memlab.engine import Engine, TinyConfig, TinyLlama, throughput
-from memlab.env import kernel_device
+from memlab.capstone import checkpoint
+from memlab.capstone.engine import Engine, TinyConfig, TinyLlama, throughput
+from memlab.common.env import kernel_device
 
 
 def hf_generate(hf, prompts, new, batched: bool):
@@ -89,7 +89,7 @@ def main(argv=None):
     if args.no_transformers:
         return 0
     try:
-        from memlab.chat import load_reference
+        from memlab.course.chat import load_reference
     except ImportError as exc:
         print(f"transformers side skipped: {exc}")
         return 0

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from memlab.env import ensure_kernel_mode, kernel_device
+from memlab.common.env import ensure_kernel_mode, kernel_device
 
 
 def _clock_us(fn, min_time=0.1) -> float:
@@ -46,7 +46,7 @@ def _pages(bs, ps, dev, gen, max_len):
 
 
 def alloc_extend_row(gen, dev, smoke):
-    from memlab.allocator import reference as ref
+    from memlab.sglang.allocator import reference as ref
     from memlab.kernels import alloc_extend
 
     bs, ps = (8, 4) if smoke else (256, 16)
@@ -57,7 +57,7 @@ def alloc_extend_row(gen, dev, smoke):
 
 
 def alloc_decode_row(gen, dev, smoke):
-    from memlab.allocator import reference as ref
+    from memlab.sglang.allocator import reference as ref
     from memlab.kernels import alloc_decode
 
     bs, ps = (8, 4) if smoke else (256, 16)
@@ -101,7 +101,7 @@ def store_kv_row(gen, dev, smoke):
 
 
 def paged_attention_row(gen, dev, smoke):
-    from memlab import attention as A
+    from memlab.common import attention as A
 
     bs, heads, kv_heads, dim, seq_len, bsz = (2, 4, 2, 16, 9, 4) if smoke else (64, 32, 8, 128, 1024, 16)
     dtype = torch.float32 if smoke else torch.float16
@@ -119,7 +119,7 @@ def paged_attention_row(gen, dev, smoke):
         slots, mask = A.slots_from_block_table(table, lens, bsz)
         return A.attention_over_slots(q, k.flatten(0, 1), v.flatten(0, 1), slots, mask, scale)
 
-    atol = 2e-3 if dtype == torch.float16 else 1e-5  # memlab.attention's tolerances
+    atol = 2e-3 if dtype == torch.float16 else 1e-5  # memlab.common.attention's tolerances
     close = lambda a, b: torch.allclose(a.float(), b.float(), atol=atol)  # noqa: E731
     return f"paged_attention bs={bs} {heads}/{kv_heads} heads d={dim} len={seq_len} {str(dtype)[6:]}", \
         kernel, torch_ref, close

@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from memlab.prefix_compare import compare, replay_radix, replay_vllm, shared_prefix_conversations
+from memlab.capstone.prefix_compare import compare, replay_radix, replay_vllm, shared_prefix_conversations
 
 
 def main(argv=None):

@@ -16,7 +16,7 @@ import argparse
 import os
 import time
 
-from memlab import sim
+from memlab.capstone import sim
 
 
 def replay_table(wl, pool, policies):
@@ -42,7 +42,7 @@ def figure2():
     print(f"\nvLLM paper, Fig. 2 beside memlab ({sim.FIG2_REQUESTS:,} ShareGPT-like requests, "
           f"{sim.FIG2_POOL_SIZE:,} slots); {time.perf_counter() - t0:.1f} s for 8 replays")
     print(sim.figure2_table(buddy, first_fit))
-    # the stream's tail fitted to the Max bar (not the default: see memlab.sim.figure2)
+    # the stream's tail fitted to the Max bar (not the default: see memlab.capstone.sim.figure2)
     fitted = sim.figure2(sigma=0.8, progress=True)
     print("\nthe same, buddy allocator, lengths with sigma 0.8 (the tail the Max bar implies): token states "
           + ", ".join(f"{r.policy} {sim.paper_categories(r)[0]:.1f}" for r in fitted))
@@ -85,7 +85,7 @@ def main():
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     speed_vs_reference(args.pool)
     if args.plots:
-        from memlab.viz import draw_sim  # matplotlib only when figures are asked for
+        from memlab.course.viz import draw_sim  # matplotlib only when figures are asked for
 
         os.makedirs(args.plots, exist_ok=True)
         draw_sim.plot_figure2(*fig2).savefig(os.path.join(args.plots, "figure2.png"), dpi=120)

@@ -8,6 +8,6 @@ Importing the package fixes the kernel mode first: without a GPU, Triton's inter
 (TRITON_INTERPRET=1) before a kernel is defined, because ``triton.jit`` reads it then.
 """
 
-from memlab.env import ensure_kernel_mode
+from memlab.common.env import ensure_kernel_mode
 
 ensure_kernel_mode()

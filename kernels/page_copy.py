@@ -10,8 +10,8 @@ outside its two buffers, whatever the host passed. It moves elements without loo
 any dtype works (fp8 pools store uint8).
 
 Both buffers must be reachable from where the kernel runs: on a GPU both live in device memory
-(memlab.page_copy stages the host side, see there); in the interpreter both are CPU tensors.
-References: memlab.page_copy.copy_pages_torch / copy_pages_python.
+(memlab.sglang.page_copy stages the host side, see there); in the interpreter both are CPU tensors.
+References: memlab.sglang.page_copy.copy_pages_torch / copy_pages_python.
 """
 
 import torch

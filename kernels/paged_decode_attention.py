@@ -1,6 +1,6 @@
 """Paged decode attention: one query token per request attends over KV read through a mapping.
 
-The KV pool is the flat slot layout of memlab.kv_pool: a buffer (slots, kv_heads, dim) per layer.
+The KV pool is the flat slot layout of memlab.sglang.kv_pool: a buffer (slots, kv_heads, dim) per layer.
 A request's t-th token lives in some slot; which slot is the whole point of the course. Two
 spellings of that mapping are read here:
 
@@ -116,7 +116,7 @@ def _paged_decode_kernel(
 
 def launch(q, q_pe, k, v, o, table, req_pool_indices, seq_lens, sm_scale, page_size,
            d_main, d_pe, d_v, use_block_table, v_from_k):
-    """Launch on checked, flat-slot-layout tensors (memlab.attention does the checking).
+    """Launch on checked, flat-slot-layout tensors (memlab.common.attention does the checking).
 
     q (bs, H, >= d_main), q_pe (bs, H, >= d_pe) or q when d_pe == 0, k/v (slots, kv_heads, dim),
     o (bs, H, >= d_v); table: req_to_token or block_table; req_pool_indices ignored with a block

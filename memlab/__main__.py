@@ -1,6 +1,6 @@
 import sys
 
-from memlab.doctor import doctor
+from memlab.course.doctor import doctor
 
 if __name__ == "__main__":
     if sys.argv[1:2] not in ([], ["doctor"]):

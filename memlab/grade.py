@@ -1,10 +1,10 @@
 """``python -m memlab.grade``: the autograder's command (``from memlab.grade import main`` in a
-notebook). The grader itself is the package memlab.grading; this module is only its entry point,
+notebook). The grader itself is the package memlab.course.grading; this module is only its entry point,
 kept under the name learners type."""
 
 import sys
 
-from memlab.grading.cli import main
+from memlab.course.grading.cli import main
 
 __all__ = ["main"]
 

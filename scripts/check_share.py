@@ -7,7 +7,7 @@ Code lines: lines that hold a statement's tokens, without blank lines, comments 
 Checking lines: ``assert`` and ``raise`` statements, ``if`` blocks whose body only raises (with no
 ``else``), and whole functions named ``_check*``, ``check_*``, ``_validate*``, ``validate_*``,
 ``_pos_int``, ``_nonneg_int``. Argument checks that live in the boundary module
-(``memlab/_checks.py``) are not core code and are not counted.
+(``memlab/common/_checks.py``) are not core code and are not counted.
 """
 
 from __future__ import annotations
@@ -23,25 +23,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # The layers a chapter sends a learner to read; drivers (vllm compare/replay), pictures, the
 # grader, the simulator and the engine are not in this list.
 CORE = [
-    "memlab/req_to_token.py",
-    "memlab/kv_pool.py",
-    "memlab/models.py",
-    "memlab/allocator/base.py",
-    "memlab/allocator/token.py",
-    "memlab/allocator/paged.py",
-    "memlab/allocator/reference.py",
+    "memlab/sglang/req_to_token.py",
+    "memlab/sglang/kv_pool.py",
+    "memlab/common/models.py",
+    "memlab/sglang/allocator/base.py",
+    "memlab/sglang/allocator/token.py",
+    "memlab/sglang/allocator/paged.py",
+    "memlab/sglang/allocator/reference.py",
     "memlab/vllm/block_pool.py",
     "memlab/vllm/hashing.py",
     "memlab/vllm/kv_cache_manager.py",
     "memlab/vllm/block_table.py",
     "memlab/vllm/request.py",
-    "memlab/hybrid/swa.py",
-    "memlab/hybrid/mamba.py",
-    "memlab/sizing.py",
-    "memlab/write_loc.py",
-    "memlab/attention.py",
-    "memlab/radix_cache.py",
-    "memlab/hicache.py",
+    "memlab/sglang/swa.py",
+    "memlab/sglang/mamba.py",
+    "memlab/common/sizing.py",
+    "memlab/sglang/write_loc.py",
+    "memlab/common/attention.py",
+    "memlab/sglang/radix_cache.py",
+    "memlab/sglang/hicache.py",
 ]
 CHECK_FUNCS = ("_check", "check_", "_validate", "validate_")
 CHECK_NAMES = ("_pos_int", "_nonneg_int")

@@ -98,7 +98,7 @@ if [ $DRY = 1 ]; then
   label="python ($PY) with torch, triton, pytest, hypothesis"; check has "torch, triton, pytest, hypothesis"
   label="timeout (coreutils)"; check command -v timeout
   for f in scripts/run_notebooks.py bench/bench_kernels.py tests/exercises; do label=$f; check test -e "$f"; done
-  label="memlab.grade, memlab.env"; check has "memlab.grade, memlab.env"
+  label="memlab.grade, memlab.common.env"; check has "memlab.grade, memlab.common.env"
   label="tests marked kernel or gpu"; check grep -rqlE "mark\.(kernel|gpu)|pytestmark.*(kernel|gpu)" tests
   if [ $NB_OK = 1 ]; then echo "  ok       chapter packages (nbclient, ipykernel, jupytext, ipywidgets...)"
   else echo "  skip     chapter packages missing: phase 3 would be skipped (bash $0 --fetch-wheels)"; fi

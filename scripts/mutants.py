@@ -16,7 +16,7 @@ mutants are listed, with the reason, in tests/bug_zoo/equivalent_mutants.md; the
 exercise is killed / (mutants - equivalent).
 
 The mutants run in worker processes (``--jobs``, default 2); each mutant loads through the
-grader's seam (memlab.grading.loader) from a folder of its own. A mutant that loops is stopped
+grader's seam (memlab.course.grading.loader) from a folder of its own. A mutant that loops is stopped
 after ``--timeout`` seconds (counted as killed: the grader's per-test limit takes its points).
 ``--sample N`` grades N mutants per exercise chosen with ``--seed`` (the CI sample);
 ``--update-note`` rewrites the score table in the note. Exit code: 0 when every exercise scores
@@ -367,13 +367,13 @@ def _graded_tests(file: str):
 def worker() -> None:
     """Read mutants (JSON lines) on stdin; answer one JSON line each on stdout."""
     sys.path.insert(0, str(TESTS))
-    from memlab.env import ensure_kernel_mode
+    from memlab.common.env import ensure_kernel_mode
 
     ensure_kernel_mode()
     import torch
 
     torch.set_num_threads(1)
-    from memlab.grading import loader
+    from memlab.course.grading import loader
 
     out = sys.stdout
     sys.stdout = sys.stderr  # tests may print; keep the protocol clean
@@ -579,7 +579,7 @@ def main(argv=None) -> int:
         worker()
         return 0
     sys.path.insert(0, str(ROOT))
-    from memlab.grading import catalog
+    from memlab.course.grading import catalog
 
     files = []
     for x in a.exercises or [e.file for e in catalog.EXERCISES]:

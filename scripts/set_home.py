@@ -1,10 +1,10 @@
-"""Set the course's home (memlab/home.py) and rewrite every badge, link, clone cell and picture.
+"""Set the course's home (memlab/course/home.py) and rewrite every badge, link, clone cell and picture.
 
     python scripts/set_home.py OWNER/NAME [--ref TAG] [--published]   publish under OWNER/NAME
     python scripts/set_home.py                                        REF := v<pyproject version>
     python scripts/set_home.py --check                                exit 1 where anything disagrees
 
-What it rewrites, from memlab/home.py's REPO and REF:
+What it rewrites, from memlab/course/home.py's REPO and REF:
 - the Colab badges and links in README.md, chapters/README.md and each chapter's first cell
   (``https://colab.research.google.com/github/REPO/blob/REF/chapters/NN_name.ipynb``);
 - the picture addresses in the chapters (``https://raw.githubusercontent.com/REPO/REF/chapters/img/...``);
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-HOME_FILE = ROOT / "memlab" / "home.py"
+HOME_FILE = ROOT / "memlab" / "course" / "home.py"
 TEXT_FILES = ("README.md", "chapters/README.md")
 REPO_RE = r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+"
 REF_RE = r"[A-Za-z0-9][A-Za-z0-9._/-]*"

@@ -22,7 +22,7 @@ class TreeNode:
 
 
 class RadixTree:
-    """Given: the tree's state and its small helpers (memlab.radix_cache.RadixCache has them all)."""
+    """Given: the tree's state and its small helpers (memlab.sglang.radix_cache.RadixCache has them all)."""
 
     def __init__(self, page_size: int = 1):
         self.page_size = page_size

@@ -2,7 +2,7 @@
 
 import torch
 
-from memlab.allocation import alloc_paged_token_slots_decode, alloc_paged_token_slots_extend
+from memlab.sglang.allocation import alloc_paged_token_slots_decode, alloc_paged_token_slots_extend
 
 
 def extend(alloc, held: dict, rid, n: int):

@@ -3,7 +3,7 @@ import os
 import pytest
 
 # Fix the kernel mode before any test module imports triton (directly or through a kernel).
-from memlab.env import ensure_kernel_mode, has_cuda
+from memlab.common.env import ensure_kernel_mode, has_cuda
 
 ensure_kernel_mode()
 os.environ.setdefault("MPLBACKEND", "Agg")

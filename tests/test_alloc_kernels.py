@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from memlab.allocator import reference as ref
-from memlab.env import kernel_device
+from memlab.sglang.allocator import reference as ref
+from memlab.common.env import kernel_device
 
 pytestmark = pytest.mark.kernel
 GUARD, SENTINEL = 64, -7777
@@ -123,7 +123,7 @@ def test_reference_forgetting_last_loc_continuation_is_caught():
 @pytest.mark.parametrize("backend", ["triton", "python"])
 def test_allocator_backends_agree_with_torch(backend):
     from alloc_helpers import check_books, decode, extend
-    from memlab.allocator import PagedTokenToKVPoolAllocator
+    from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 
     runs = {}
     for b in ("torch", backend):

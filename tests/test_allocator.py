@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from alloc_helpers import check_books, decode, extend, same, snapshot
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 
@@ -100,7 +100,7 @@ class CheckAfterTaking(PagedTokenToKVPoolAllocator):
     """The SGLang bug: take (launch) first, count after."""
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, n):
-        from memlab.allocator.reference import num_new_pages
+        from memlab.sglang.allocator.reference import num_new_pages
 
         need = num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size)
         self.free_pages = self.free_pages[need:]
@@ -350,7 +350,7 @@ def test_the_token_allocator_speaks_of_slots():
 
 
 def test_make_allocator_picks_the_class_sglang_picks():
-    from memlab.allocator import make_allocator
+    from memlab.sglang.allocator import make_allocator
 
     a = make_allocator(16, 1, debug_mode=True)
     assert type(a) is TokenToKVPoolAllocator and a.debug_mode and a.page_size == 1

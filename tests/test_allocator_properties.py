@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from alloc_helpers import check_books, decode, extend
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 # (op, request id, n): "split" frees a request in two pieces (cut after n % len tokens) inside one
 # free group, so both frees touch the page the cut falls in, the way a scheduler frees a finished

@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from memlab import attention as A
-from memlab.env import kernel_device
+from memlab.common import attention as A
+from memlab.common.env import kernel_device
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
 SENTINEL = 777.0
@@ -288,9 +288,9 @@ def test_kernel_reads_what_memlabs_books_wrote():
     # decode steps that interleave requests on the page grid, and a freed request's pages reused),
     # K/V written with set_kv_buffer; the kernel must equal attention over each request's own
     # K/V kept contiguously on the side.
-    from memlab.allocator import PagedTokenToKVPoolAllocator
-    from memlab.kv_pool import MHATokenToKVPool
-    from memlab.req_to_token import ReqToTokenPool
+    from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+    from memlab.sglang.kv_pool import MHATokenToKVPool
+    from memlab.sglang.req_to_token import ReqToTokenPool
 
     dev, ps, layer, g = kernel_device(), 4, 1, torch.Generator().manual_seed(7)
     pool = MHATokenToKVPool(96, ps, torch.float32, head_num=2, head_dim=8, layer_num=2, device=dev)

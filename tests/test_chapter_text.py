@@ -11,7 +11,7 @@ def twin(name: str) -> str:
 
 
 def test_chapter_03_picture_shows_the_yellow_staging_area():
-    from memlab.viz.render_static import token_allocator_books
+    from memlab.course.viz.render_static import token_allocator_books
 
     books = token_allocator_books()
     assert books.staged_pages and set(books.staged_pages) == {1, 2, 3, 4, 5, 6, 7}, books.staged_pages

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loading import load_file
-from memlab.grading import catalog
-from memlab.models import MODELS
+from memlab.course.grading import catalog
+from memlab.common.models import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_every_exercise_file_is_in_the_catalog_and_has_its_twins():
     for folder, pattern, strip in (("exercises", "ch[0-9][0-9]_*.py", ""), ("solutions", "ch[0-9][0-9]_*.py", ""),
                                    ("tests/exercises", "test_ch[0-9][0-9]_*.py", "test_")):
         found = files(folder, pattern, strip)
-        assert found == listed, (f"{folder}/: not in memlab/grading/catalog.py: {sorted(found - listed)}; "
+        assert found == listed, (f"{folder}/: not in memlab/course/grading/catalog.py: {sorted(found - listed)}; "
                                  f"catalog entries without a file here: {sorted(listed - found)}")
     for e in catalog.EXERCISES:
         assert e.id == f"ch{e.chapter:02d}.{e.file[5:]}" and e.file.startswith(f"ch{e.chapter:02d}_"), e
@@ -107,10 +107,10 @@ def test_every_exercise_has_a_mutation_score(exercise):
 
 
 def test_every_model_config_is_in_the_table():
-    tree = ast.parse((ROOT / "memlab" / "models.py").read_text())
+    tree = ast.parse((ROOT / "memlab" / "common" / "models.py").read_text())
     defined = {t.id for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                and ast.unparse(node.value.func) == "ModelConfig" for t in node.targets}
-    import memlab.models as models
+    import memlab.common.models as models
 
     assert defined and {getattr(models, n).name for n in defined} == set(MODELS), \
-        "every ModelConfig constant in memlab/models.py belongs in MODELS (chapters 02 and 08 list MODELS)"
+        "every ModelConfig constant in memlab/common/models.py belongs in MODELS (chapters 02 and 08 list MODELS)"

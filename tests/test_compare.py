@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.vllm.compare import StreamRequest, compare, describe_free, format_table, make_stream
+from memlab.capstone.compare import StreamRequest, compare, describe_free, format_table, make_stream
 
 BS = 4
 

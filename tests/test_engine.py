@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from memlab.allocator import PagedTokenToKVPoolAllocator
-from memlab.engine import Engine, HashPrefixCache, TinyConfig, TinyLlama, generate_reference
-from memlab.sizing import RunningReq, check_decode_mem, retract_decode
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+from memlab.capstone.engine import Engine, HashPrefixCache, TinyConfig, TinyLlama, generate_reference
+from memlab.common.sizing import RunningReq, check_decode_mem, retract_decode
 
 MODEL = TinyLlama(TinyConfig())
 RNG = random.Random(0)

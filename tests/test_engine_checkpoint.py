@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from memlab import checkpoint
-from memlab.checkpoint import UnsupportedCheckpoint
-from memlab.engine import Engine, TinyConfig, TinyLlama, generate_reference, rope_inv_freq
+from memlab.capstone import checkpoint
+from memlab.capstone.checkpoint import UnsupportedCheckpoint
+from memlab.capstone.engine import Engine, TinyConfig, TinyLlama, generate_reference, rope_inv_freq
 
 # HuggingFaceTB/SmolLM2-135M-Instruct's config.json as published on the Hub (transformers 4.42).
 SMOLLM2_CONFIG = {
@@ -196,14 +196,14 @@ def test_the_course_imports_neither_transformers_nor_safetensors():
     import subprocess
     import sys
 
-    code = ("import sys, memlab.engine, memlab.checkpoint, memlab.chat\n"
+    code = ("import sys, memlab.capstone.engine, memlab.capstone.checkpoint, memlab.course.chat\n"
             "print(sorted(m for m in ('transformers', 'safetensors', 'huggingface_hub') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 def test_chat_agreement_says_where_answers_part_and_how_close_it_was():
-    from memlab.chat import ChatRun
+    from memlab.course.chat import ChatRun
 
     run = ChatRun("m", ["a", "b", "c"], [[1], [2], [3]], outputs=[[5, 6, 7], [5, 6, 9], [5, 6]], answers=[""] * 3,
                   engine=None, frames=[], seconds=1.0, reference=[[5, 6, 7], [5, 6, 8], [5, 6, 2]],

@@ -1,5 +1,5 @@
 """memlab's engine against transformers itself, with no download: small random LlamaForCausalLM
-models built by transformers, saved with save_pretrained, loaded by memlab.checkpoint and served
+models built by transformers, saved with save_pretrained, loaded by memlab.capstone.checkpoint and served
 through the engine (page sizes 1 and 16, chunked prefill, prefix sharing, retraction).
 
 Float32 throughout. Prefill logits must agree within LOGIT_ATOL + LOGIT_RTOL * |logit| (measured:
@@ -21,8 +21,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from memlab import checkpoint  # noqa: E402
-from memlab.engine import Engine, TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: E402
+from memlab.capstone import checkpoint  # noqa: E402
+from memlab.capstone.engine import Engine, TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: E402
 
 LOGIT_ATOL, LOGIT_RTOL = 1e-4, 1e-5
 # Logits here stay under 64 in magnitude, so within the tolerance each is off by at most 7.4e-4 and
@@ -214,7 +214,7 @@ def test_memlabs_random_model_runs_the_same_in_transformers(tmp_path):
 @pytest.mark.kernel
 def test_a_loaded_checkpoint_through_the_triton_attention_kernel(cases):
     c = cases("gqa4-llama3-rope")
-    from memlab.env import kernel_device
+    from memlab.common.env import kernel_device
 
     model = checkpoint.load(c.folder, device=kernel_device())
     prompt = PROMPTS[2][:6]  # short: the interpreter runs one program per token and head
@@ -246,7 +246,7 @@ def local_chat_checkpoint(case, folder):
 
 
 def test_serve_chat_matches_transformers_and_keeps_the_books(cases, tmp_path):
-    from memlab import chat
+    from memlab.course import chat
 
     folder = local_chat_checkpoint(cases("gqa-untied"), tmp_path)
     system = " ".join(f"w{i}" for i in range(10, 30))  # 20 words: with the template's 3 tokens, 5 pages of 4
@@ -272,8 +272,9 @@ def chapter_cells(marker: str) -> list[str]:
 
 
 def test_chapter_10_real_model_cells_run_with_a_local_checkpoint(cases, tmp_path, monkeypatch, capsys):
-    from memlab import chat, viz
-    from memlab.viz.draw_engine import draw_engine
+    from memlab.course import chat
+    from memlab.course import viz
+    from memlab.course.viz.draw_engine import draw_engine
 
     folder = local_chat_checkpoint(cases("gqa-untied"), tmp_path)
     monkeypatch.setattr(chat, "download", lambda repo, offline: folder)  # the cell's own call, no network
@@ -285,8 +286,8 @@ def test_chapter_10_real_model_cells_run_with_a_local_checkpoint(cases, tmp_path
 
 
 def test_chapter_10_real_model_cells_skip_in_one_line_offline(capsys):
-    from memlab import viz
-    from memlab.viz.draw_engine import draw_engine
+    from memlab.course import viz
+    from memlab.course.viz.draw_engine import draw_engine
 
     ns = {"FAST": True, "viz": viz, "draw_engine": draw_engine}
     for cell in chapter_cells("chat.download("):
@@ -297,7 +298,7 @@ def test_chapter_10_real_model_cells_skip_in_one_line_offline(capsys):
 def test_download_says_in_one_line_why_it_cannot(monkeypatch, capsys):
     import socket
 
-    from memlab import chat
+    from memlab.course import chat
 
     def unreachable(*a, **kw):
         raise OSError("no route")

@@ -4,7 +4,9 @@ import sys
 
 import pytest
 
-from memlab import doctor, env
+from memlab.course import doctor
+
+from memlab.common import env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from memlab.grade import main
-from memlab.grading import catalog, loader, runner
-from memlab.grading.runner import grade
+from memlab.course.grading import catalog, loader, runner
+from memlab.course.grading.runner import grade
 from loading import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -399,7 +399,7 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     (tmp_path / "mine").mkdir()
     assert loader.source_dir("mine") == tmp_path / "mine"  # --from DIR is relative to the working folder
     assert loader.source_dir("exercises") == ROOT / "exercises"  # the names are the repository's folders
-    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[2]
+    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[3]
     monkeypatch.setattr(runner, "ROOT", tmp_path)  # memlab installed without the course around it
     assert main(["02", "-q"]) == 2 and "exercises, solutions, tests/exercises are not next to" in capsys.readouterr().err
 
@@ -507,8 +507,8 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
 def test_table_for_tried_and_untried_exercises():
     """One line per exercise not started; the details (and the tests skipped after a timeout)
     only for exercises that were tried."""
-    from memlab.grading.report import format_table
-    from memlab.grading.runner import ExerciseScore, GradeReport, TestResult
+    from memlab.course.grading.report import format_table
+    from memlab.course.grading.runner import ExerciseScore, GradeReport, TestResult
 
     def result(ex, name, outcome, exc_type=None, message=""):
         return TestResult(f"t::{name}", ex.id, 1, False, outcome, message, "", exc_type)
@@ -539,7 +539,7 @@ def test_solutions_agree_with_the_library(monkeypatch):
     sol = lambda name: loader.load(name, source="solutions")
 
     # 01: the request table.
-    from memlab.req_to_token import ReqToTokenPool
+    from memlab.sglang.req_to_token import ReqToTokenPool
 
     mine, lib = sol("ch01_alloc_rows").RowTable(6), ReqToTokenPool(6, 4)
     for _ in range(40):
@@ -555,7 +555,7 @@ def test_solutions_agree_with_the_library(monkeypatch):
             lib.clear()
 
     # 03: the token allocator, staged frees included.
-    from memlab.allocator import TokenToKVPoolAllocator
+    from memlab.sglang.allocator import TokenToKVPoolAllocator
 
     for need_sort in (False, True):
         mine = sol("ch03_token_allocator").TokenToKVPoolAllocator(20, need_sort)
@@ -575,14 +575,14 @@ def test_solutions_agree_with_the_library(monkeypatch):
             assert mine.available_size() == lib.available_size()
 
     # 02: bytes per token.
-    from memlab import kv_pool
+    from memlab.sglang import kv_pool
 
     b = sol("ch02_bytes_per_token")
     assert b.mha_bytes_per_token(32, 8, 128, 64, 1) == kv_pool.mha_bytes_per_token(32, 8, 128, 64, dtype_bytes=1)
     assert b.mla_bytes_per_token(61, 512, 64) == kv_pool.mla_bytes_per_token(61, 512, 64)
 
     # 04, 05: paged allocation against the library's plain-Python references.
-    from memlab.allocator import reference
+    from memlab.sglang.allocator import reference
 
     for _ in range(30):
         ps = rng.choice([1, 4, 16])
@@ -616,8 +616,8 @@ def test_solutions_agree_with_the_library(monkeypatch):
     # 07: tracking slots; 08: sizing.
     import itertools
 
-    from memlab import sizing
-    from memlab.hybrid.mamba import mamba_tracking_slots
+    from memlab.common import sizing
+    from memlab.sglang.mamba import mamba_tracking_slots
 
     m = sol("ch07_mamba_tracking")
     for flags in itertools.product((False, True), repeat=3):
@@ -632,8 +632,8 @@ def test_solutions_agree_with_the_library(monkeypatch):
         assert s.alloc_reserve_per_decode(ps, steps, topk, draft) == sizing.alloc_reserve_per_decode(spec, ps)
 
     # 09: the gather kernel against the library's paged decode attention.
-    from memlab.attention import decode_attention_fwd
-    from memlab.env import kernel_device
+    from memlab.common.attention import decode_attention_fwd
+    from memlab.common.env import kernel_device
 
     dev = kernel_device()
     g = torch.Generator().manual_seed(5)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from memlab.grade import main as grade_main
-from memlab.grading import catalog, gradescope
+from memlab.course.grading import catalog, gradescope
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_MAX = sum(e.points for e in catalog.EXERCISES)

@@ -12,10 +12,10 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memlab.allocator import make_allocator
-from memlab.hicache import HiCacheController, HiRadixCache, HostKVCache
-from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
-from memlab.prefix_compare import RadixDriver
+from memlab.sglang.allocator import make_allocator
+from memlab.sglang.hicache import HiCacheController, HiRadixCache, HostKVCache
+from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool
+from memlab.capstone.prefix_compare import RadixDriver
 
 
 def make_pool(kind, size, page_size, dtype=torch.float32, layers=2):

@@ -1,4 +1,4 @@
-"""The course's home is one setting (memlab/home.py): every badge, link, clone cell and picture
+"""The course's home is one setting (memlab/course/home.py): every badge, link, clone cell and picture
 agrees with it, and scripts/set_home.py moves all of them to a new home in one go."""
 
 import re
@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import set_home  # noqa: E402
 
-from memlab import home  # noqa: E402
+from memlab.course import home  # noqa: E402
 
 
 def test_every_badge_link_clone_cell_and_picture_agrees_with_the_setting():
@@ -49,7 +49,7 @@ def test_rewrite_moves_links_and_mentions_but_not_other_repositories():
 
 def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
     # A copy of what the script touches, so the script runs on it as on the real checkout.
-    for rel in ("memlab/home.py", "README.md", "chapters/README.md", "pyproject.toml",
+    for rel in ("memlab/course/home.py", "README.md", "chapters/README.md", "pyproject.toml",
                 "scripts/set_home.py", "scripts/sync_notebooks.py"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
@@ -73,7 +73,7 @@ def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
     assert "https://colab.research.google.com/github/alice/kv-course/blob/v9.9/chapters/04_alloc_extend.ipynb" in nb
     assert "https://raw.githubusercontent.com/alice/kv-course/v9.9/chapters/img/04_alloc_extend.png" in nb
     assert 'HOME, REF = \\"alice/kv-course\\", \\"v9.9\\"' in nb
-    setting = (tmp_path / "memlab" / "home.py").read_text()
+    setting = (tmp_path / "memlab" / "course" / "home.py").read_text()
     assert re.search(r'^REPO = "alice/kv-course"$', setting, re.M) and 'REF = "v9.9"' in setting
     assert "PUBLISHED = True" in setting
     bad = run("alice/kv-course", "--ref", "0123456789abcdef0123456789abcdef01234567")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from memlab.kv_pool import (MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token)
+from memlab.sglang.kv_pool import (MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token)
 
 FP8 = torch.float8_e4m3fn
 
@@ -112,7 +112,7 @@ def test_bad_dtype_and_locations():
 
 
 def test_set_kv_buffer_takes_a_write_loc():
-    from memlab.write_loc import KVWriteLoc
+    from memlab.sglang.write_loc import KVWriteLoc
 
     pool = MHATokenToKVPool(8, 1, torch.float32, 1, 2, 1)
     k = torch.ones(2, 1, 2)

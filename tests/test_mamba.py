@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.hybrid.mamba import HybridReqToTokenPool, MambaPool, MambaSlotAllocator, mamba_tracking_slots
-from memlab.models import LINEAR, QWEN3_NEXT_80B_A3B
-from memlab.req_to_token import Req
+from memlab.sglang.mamba import HybridReqToTokenPool, MambaPool, MambaSlotAllocator, mamba_tracking_slots
+from memlab.common.models import LINEAR, QWEN3_NEXT_80B_A3B
+from memlab.sglang.req_to_token import Req
 
 CONV = [(6, 3), (4, 2)]  # two conv-state components, shared by every mamba layer (as SGLang's)
 TEMPORAL = (2, 3, 3)

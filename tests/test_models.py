@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
-from memlab.models import (DEEPSEEK_V3, FULL, GEMMA_3_27B, LINEAR, LLAMA_3_1_8B, MODELS, QWEN2_5_7B,
+from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool
+from memlab.common.models import (DEEPSEEK_V3, FULL, GEMMA_3_27B, LINEAR, LLAMA_3_1_8B, MODELS, QWEN2_5_7B,
                            QWEN3_NEXT_80B_A3B, SLIDING, ModelConfig)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loading import load_file
-from memlab.grading import catalog
+from memlab.course.grading import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import sync_notebooks  # noqa: E402
 from run_notebooks import CHAPTERS, chapter_notebooks, execute  # noqa: E402
 
-from memlab import home  # noqa: E402
-from memlab.grading import catalog  # noqa: E402
+from memlab.course import home  # noqa: E402
+from memlab.course.grading import catalog  # noqa: E402
 
 NOTEBOOKS = chapter_notebooks()
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -238,7 +238,7 @@ def test_first_cells_set_up_colab_and_local_alike(path):
     assert f'HOME, REF = "{home.REPO}", "{home.REF}"' in first, "the setup cell clones another home or version"
     assert 'f"memlab-{REF}"' in first and home.clone_folder("X") == "memlab-X", "clone folder: cell and home disagree"
     assert "pip install" not in first, "the setup cell must not reinstall anything"
-    assert len(first.splitlines()) <= 32, "keep the setup cell short: its logic belongs in memlab.notebook"
+    assert len(first.splitlines()) <= 32, "keep the setup cell short: its logic belongs in memlab.course.notebook"
     assert nb.metadata.get("accelerator") == "GPU" and nb.metadata["kernelspec"]["name"] == "python3"
 
 
@@ -307,17 +307,17 @@ def test_pictures_do_not_depend_on_a_relative_path(path):
 
 
 def test_static_pictures_exist_and_are_shown():
-    from memlab.viz.render_static import PICTURES
+    from memlab.course.viz.render_static import PICTURES
 
     shown = {}
     for p in NOTEBOOKS:
         for pic in picture_paths(load(p)):
             assert (ROOT / pic).is_file(), \
-                f"{p.name} shows {pic}, which is missing (python -m memlab.viz.render_static)"
+                f"{p.name} shows {pic}, which is missing (python -m memlab.course.viz.render_static)"
             shown[pic] = p
     drawn = {f"chapters/img/{name}.png" for name in PICTURES}
     not_drawn = sorted(p for p in shown if p.startswith("chapters/img/") and p not in drawn)
-    assert not not_drawn, f"shown but not drawn by python -m memlab.viz.render_static (add to PICTURES): {not_drawn}"
+    assert not not_drawn, f"shown but not drawn by python -m memlab.course.viz.render_static (add to PICTURES): {not_drawn}"
     for name in PICTURES:
         pic = f"chapters/img/{name}.png"
         assert pic in shown, f"{pic} is rendered but no chapter shows it"
@@ -404,7 +404,7 @@ def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_pat
     cell (a new process, like !python -m memlab.grade) finds the clone's kernels too."""
     code = setup_cell("00") + (
         "\nimport memlab, memlab.kernels.canary as canary, torch\n"
-        "from memlab.env import kernel_device\n"
+        "from memlab.common.env import kernel_device\n"
         "print('MEMLAB', memlab.__file__)\n"
         "print('KERNEL', canary.__file__)\n"
         "print('AXPB', canary.axpb(torch.arange(4, device=kernel_device()), a=3, b=2).tolist())\n"
@@ -449,7 +449,7 @@ def test_setup_cell_says_why_a_clone_failed(case, says, untagged_repo, monkeypat
 
 
 def test_a_clone_moved_off_its_version_is_refused(home_repo, tmp_path):
-    from memlab.notebook import check_clone
+    from memlab.course.notebook import check_clone
 
     clone = tmp_path / home.clone_folder()
     git("clone", "-q", "--depth", "1", "--branch", home.REF, home_repo.as_uri(), str(clone))
@@ -477,7 +477,7 @@ def learner(tmp_path, monkeypatch):
 
 
 def test_a_stub_is_reported_and_the_cell_goes_on(learner, capsys):
-    from memlab.notebook import exercise
+    from memlab.course.notebook import exercise
 
     (learner / "ch98_demo.py").write_text("def f():\n    raise NotImplementedError\n")
     ran = []
@@ -489,7 +489,7 @@ def test_a_stub_is_reported_and_the_cell_goes_on(learner, capsys):
 
 
 def test_a_wrong_answer_or_a_broken_file_is_shown_and_the_cell_goes_on(learner, capsys):
-    from memlab.notebook import exercise
+    from memlab.course.notebook import exercise
 
     (learner / "ch98_demo.py").write_text("def f():\n    return 1\n")
     with exercise("ch98_demo") as ex:
@@ -506,7 +506,7 @@ def test_a_wrong_answer_or_a_broken_file_is_shown_and_the_cell_goes_on(learner, 
 
 
 def test_an_interrupt_still_stops_the_cell(learner):
-    from memlab.notebook import exercise
+    from memlab.course.notebook import exercise
 
     (learner / "ch98_demo.py").write_text("def f():\n    raise KeyboardInterrupt\n")
     with pytest.raises(KeyboardInterrupt), exercise("ch98_demo") as ex:
@@ -542,7 +542,7 @@ def fake_colab(tmp_path, monkeypatch):
 
 
 def test_drive_gets_the_stubs_once_and_never_overwrites(fake_colab, capsys, monkeypatch):
-    from memlab import notebook
+    from memlab.course import notebook
 
     mount, calls = fake_colab
     notebook.start("04", drive=True)
@@ -559,13 +559,13 @@ def test_drive_gets_the_stubs_once_and_never_overwrites(fake_colab, capsys, monk
     assert (folder / "ch04_alloc_extend.py").read_text() == "# my work\n"
     assert (folder / "ch05_alloc_decode.py").read_bytes() == (ROOT / "exercises/ch05_alloc_decode.py").read_bytes()
     assert "(1 files copied there now" in capsys.readouterr().out and calls["mount"] == 1
-    from memlab.grading import loader
+    from memlab.course.grading import loader
 
     assert loader.source_dir() == folder  # the exercise cells and the grader read the Drive folder
 
 
 def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, capsys, tmp_path, monkeypatch):
-    from memlab import notebook
+    from memlab.course import notebook
 
     mount, calls = fake_colab
     notebook.start("04")
@@ -581,7 +581,7 @@ def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, caps
 
 
 def test_outside_colab_drive_is_ignored_and_the_folder_named(capsys, monkeypatch):
-    from memlab import notebook
+    from memlab.course import notebook
 
     monkeypatch.delenv("MEMLAB_EXERCISES", raising=False)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))

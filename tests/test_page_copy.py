@@ -5,8 +5,8 @@ staged device <-> host paths of transfer_pages; on a GPU, a real device <-> pinn
 import pytest
 import torch
 
-from memlab.env import kernel_device
-from memlab.page_copy import copy_pages_python, copy_pages_torch, transfer_pages
+from memlab.common.env import kernel_device
+from memlab.sglang.page_copy import copy_pages_python, copy_pages_torch, transfer_pages
 
 GUARD = 3  # guard rows around each buffer
 LAYOUTS = {"mha": (2, 8), "mla": (1, 24)}  # one token's row: (heads, head_dim) / (1, r + d_r)

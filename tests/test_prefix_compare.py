@@ -1,10 +1,10 @@
-"""memlab.prefix_compare, the replay behind chapter 11's table: the stream is what its docstring
+"""memlab.capstone.prefix_compare, the replay behind chapter 11's table: the stream is what its docstring
 says, a cache that never evicts hits exactly the longest earlier prefix (worked out here in plain
 Python, per cache kind), and the over-eviction count matches a case done by hand."""
 
 import pytest
 
-from memlab.prefix_compare import (Turn, compare, replay_radix, replay_vllm, shared_prefix_conversations)
+from memlab.capstone.prefix_compare import (Turn, compare, replay_radix, replay_vllm, shared_prefix_conversations)
 
 
 def lcp(a, b) -> int:

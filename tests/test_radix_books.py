@@ -1,13 +1,13 @@
-"""memlab.viz.radix_books without a browser: the story replays the real HiRadixCache, snapshots
+"""memlab.course.viz.radix_books without a browser: the story replays the real HiRadixCache, snapshots
 read the real tree and pools, and the drawing paints each node and page the colour its state and
 owner give (derived here independently of the drawing code)."""
 
 import pytest
 import torch
 
-from memlab.viz.radix_books import (DEVICE, EVICTABLE, HOST_ONLY, LOCKED, RadixScene, draw_radix, encode,
+from memlab.course.viz.radix_books import (DEVICE, EVICTABLE, HOST_ONLY, LOCKED, RadixScene, draw_radix, encode,
                                     read_radix_books, story)
-from memlab.viz.style import FREE, HIGHLIGHT, PADDING, owner_color, same_color
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color, same_color
 
 
 def by_gid(fig, prefix):
@@ -108,7 +108,7 @@ def test_drawing_colours_follow_the_books(frames, step):
 
 
 def test_drawing_check_catches_a_drawing_that_ignores_locks(frames, monkeypatch):
-    import memlab.viz.radix_books as rb
+    import memlab.course.viz.radix_books as rb
 
     monkeypatch.setattr(rb, "STATE_FILL", {**rb.STATE_FILL, "locked": rb.DEVICE})
     with pytest.raises(AssertionError, match="wrong colour"):
@@ -137,7 +137,7 @@ def test_captions_name_the_split_the_tree_made(page_size, split_b, split_c):
 def test_stepper_over_stories(frames):
     """The chapter's widget over the story's frames (the drawings are checked above; a caption
     stands in for the picture here, so the test stays quick)."""
-    from memlab.viz.widgets import Stepper
+    from memlab.course.viz.widgets import Stepper
 
     w = Stepper({"first steps": frames[:4], "later": frames[6:8]}, lambda b: f"<p>{b.note}</p>")
     w._move(+3)

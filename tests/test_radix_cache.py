@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memlab.allocator import make_allocator
-from memlab.prefix_compare import RadixDriver
-from memlab.radix_cache import RadixCache
+from memlab.sglang.allocator import make_allocator
+from memlab.capstone.prefix_compare import RadixDriver
+from memlab.sglang.radix_cache import RadixCache
 
 
 def tree_of(size=32, page_size=1, **kw):

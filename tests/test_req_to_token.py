@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from memlab.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
 
 def test_row_zero_is_padding_and_never_handed_out():

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memlab import sim
-from memlab.sim import Buddy, FirstFit, Oracle, Paged, Pow2, Workload
-from memlab.sim.replay import TIMELINE_COLUMNS
-from memlab.viz import draw_sim
+from memlab.capstone import sim
+from memlab.capstone.sim import Buddy, FirstFit, Oracle, Paged, Pow2, Workload
+from memlab.capstone.sim.replay import TIMELINE_COLUMNS
+from memlab.course.viz import draw_sim
 
 KEYS = ("iterations", "slot_iterations", "external_slot_iterations", "generated_tokens", "prefill_tokens",
         "recomputed_tokens", "preemptions", "peak_running", "max_request_internal")
@@ -394,7 +394,7 @@ def test_bug_zoo_buddies_that_do_not_coalesce_properly_are_caught():
 # ---------------------------------------------------------------------------------------------
 # The vLLM paper's Figure 2 (OPT-13B on an A100-40GB, ShareGPT): memlab's four figures against
 # the paper's token-state shares. Orca (Pow2) stays out of the band, for the reason
-# memlab.sim.figure2 gives (xfail, strict: it fails the day it passes).
+# memlab.capstone.sim.figure2 gives (xfail, strict: it fails the day it passes).
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fig2():
@@ -411,7 +411,7 @@ def fig2_first_fit():
 FIG2_BAND = [("Orca (Max)", 0, 3.0), ("Orca (Oracle)", 2, 3.0), ("vLLM", 3, 1.5),
              pytest.param("Orca (Pow2)", 1, 3.0, marks=pytest.mark.xfail(strict=True, reason=(
                  "memlab 31.6 against 26.8: the synthetic stream's 512 token states per running request "
-                 "against the 430 the paper's Pow2 bar implies at its own batch (see memlab.sim.figure2)")))]
+                 "against the 430 the paper's Pow2 bar implies at its own batch (see memlab.capstone.sim.figure2)")))]
 
 
 @pytest.mark.parametrize("system, i, band", FIG2_BAND)
@@ -576,7 +576,7 @@ def test_timeline_is_binned_and_keeps_the_totals():
 
 
 def test_policy_widget_names_what_a_buddy_pool_cannot_run():
-    from memlab.viz.draw_sim import draw_policies
+    from memlab.course.viz.draw_sim import draw_policies
 
     # Azure conv's Max reserves its longest request, 14,089 slots: a block of 16,384 that no
     # buddy pool of 15,728 slots has. First fit places it.

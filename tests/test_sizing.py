@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.models import (DEEPSEEK_V3, FULL, GEMMA_3_27B, LINEAR, LLAMA_3_1_8B, QWEN2_5_7B, QWEN3_NEXT_80B_A3B,
+from memlab.common.models import (DEEPSEEK_V3, FULL, GEMMA_3_27B, LINEAR, LLAMA_3_1_8B, QWEN2_5_7B, QWEN3_NEXT_80B_A3B,
                            SLIDING)
-from memlab.sizing import (GiB, GPUConfig, ParallelConfig, RunningReq, ScheduleConfig, ServingConfig,
+from memlab.common.sizing import (GiB, GPUConfig, ParallelConfig, RunningReq, ScheduleConfig, ServingConfig,
                            SpeculativeConfig, alloc_len_per_decode, alloc_page_size, alloc_reserve_per_decode,
                            check_decode_mem, max_new_tokens_for_memory, max_requests_at, new_tokens_required_next_decode,
                            pool_sizes, report, req_to_token_row_width, retract_decode, retract_order,

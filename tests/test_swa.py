@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alloc_helpers import decode, extend
-from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
-from memlab.req_to_token import ReqToTokenPool
+from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
+from memlab.sglang.req_to_token import ReqToTokenPool
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 

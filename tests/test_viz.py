@@ -1,15 +1,15 @@
-"""memlab.viz without a browser: drawings show the right owners, colours and labels for a given
+"""memlab.course.viz without a browser: drawings show the right owners, colours and labels for a given
 state; widgets re-render through their observers; scenes replay the real library."""
 
 import pytest
 import torch
 
-from memlab.allocator import TokenToKVPoolAllocator
-from memlab.req_to_token import ReqToTokenPool
-from memlab.viz import hybrid_books, sglang_books, vllm_books
-from memlab.viz.sglang_books import Scene, draw_books, read_books
-from memlab.viz.style import FREE, HIGHLIGHT, PADDING, STAGED, owner_color, same_color, text_color
-from memlab.viz.widgets import Explorer, Stepper
+from memlab.sglang.allocator import TokenToKVPoolAllocator
+from memlab.sglang.req_to_token import ReqToTokenPool
+from memlab.course.viz import hybrid_books, sglang_books, vllm_books
+from memlab.course.viz.sglang_books import Scene, draw_books, read_books
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, STAGED, owner_color, same_color, text_color
+from memlab.course.viz.widgets import Explorer, Stepper
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ def test_slot_grid_shows_owners_padding_tails_and_new_slots(orientation):
 def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(orientation, monkeypatch):
     # Buggy variant: paint the whole page of an owner, hiding how much of its last page is unused.
     books = orientation.frames[1]
-    import memlab.viz.sglang_books as d
+    import memlab.course.viz.sglang_books as d
 
     real_cell = d.cell
 
@@ -189,7 +189,7 @@ def test_part_hatching_follows_extend_parts():
 
 
 def test_extend_parts_agree_with_the_page_count():
-    from memlab.allocator.reference import num_new_pages
+    from memlab.sglang.allocator.reference import num_new_pages
 
     for ps in (1, 2, 4, 16):
         for pre in range(0, 20):
@@ -206,9 +206,9 @@ def test_draw_books_rejects_unknown_panels(orientation):
 
 
 def test_kv_bytes_picture_highlights_the_model_and_uses_memlab_numbers():
-    from memlab.models import MODELS
-    from memlab.viz.draw_models import draw_kv_bytes, kv_text
-    from memlab.viz.style import PALETTE
+    from memlab.common.models import MODELS
+    from memlab.course.viz.draw_models import draw_kv_bytes, kv_text
+    from memlab.course.viz.style import PALETTE
 
     fig = draw_kv_bytes("DeepSeek-V3", dtype_bytes=1, tp_size=2)
     bars = by_gid(fig, "model:")
@@ -383,7 +383,7 @@ def test_decode_steps_open_pages_when_seq_len_mod_ps_is_one():
 
 
 def test_render_static_writes_one_picture(tmp_path):
-    from memlab.viz.render_static import PICTURES, render
+    from memlab.course.viz.render_static import PICTURES, render
 
     (path,) = render(["01_request_table"], out=tmp_path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -393,7 +393,7 @@ def test_render_static_writes_one_picture(tmp_path):
 
 
 def test_books_from_a_kvcache_free_allocator_have_no_buffers():
-    from memlab.allocator import PagedTokenToKVPoolAllocator
+    from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 
     b = read_books("x", ReqToTokenPool(2, 4), PagedTokenToKVPoolAllocator(8, 2))
     assert b.buffers == () and b.num_slots == 10 and b.free_pages == (1, 2, 3, 4)
@@ -404,7 +404,7 @@ def test_books_from_a_kvcache_free_allocator_have_no_buffers():
 
 
 def test_vllm_pictures_follow_the_block_pool():
-    from memlab.viz.vllm_books import CACHED, EVICTED, draw_vllm
+    from memlab.course.viz.vllm_books import CACHED, EVICTED, draw_vllm
 
     sc = vllm_books.prefix_cache(True)
     hit_frame = next(f for f in sc.frames if f.hit)
@@ -444,7 +444,7 @@ def test_vllm_frames_read_the_real_pool():
 
 
 def test_swa_picture_pairs_two_ledgers():
-    from memlab.viz.hybrid_books import draw_swa
+    from memlab.course.viz.hybrid_books import draw_swa
 
     sc = hybrid_books.sliding_window()
     frame = sc.frames[5]  # after decode step 2: out-of-window pages released
@@ -463,7 +463,7 @@ def test_swa_picture_pairs_two_ledgers():
 
 
 def test_mamba_picture_marks_state_and_ping_pong_slots():
-    from memlab.viz.hybrid_books import draw_mamba
+    from memlab.course.viz.hybrid_books import draw_mamba
 
     frames = hybrid_books.mamba_slots(extra_buffer=True, overlap=True)
     snaps = [f for f in frames if "snapshots" in f.caption]
@@ -480,9 +480,9 @@ def test_mamba_picture_marks_state_and_ping_pong_slots():
 
 
 def test_sizing_picture_uses_memlab_sizing():
-    from memlab.models import MODELS
-    from memlab.sizing import GiB, report
-    from memlab.viz.draw_sizing import draw_sizing, serving_config, sizing_text
+    from memlab.common.models import MODELS
+    from memlab.common.sizing import GiB, report
+    from memlab.course.viz.draw_sizing import draw_sizing, serving_config, sizing_text
 
     kw = dict(model="Llama-3.1-8B", gpu="A100 / H100 80GB", page_size=16)
     cfg = serving_config(**kw)
@@ -495,7 +495,7 @@ def test_sizing_picture_uses_memlab_sizing():
 
 
 def test_attention_frames_walk_a_request_page_by_page():
-    from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
+    from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
     sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
     sc.extend_batch({"A": 6, "D": 3})
@@ -513,8 +513,8 @@ def test_attention_frames_walk_a_request_page_by_page():
 
 @pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
 def test_engine_frames_follow_a_real_engine(prefix_cache):
-    from memlab.engine import Engine, TinyLlama
-    from memlab.viz.draw_engine import draw_engine, engine_frames
+    from memlab.capstone.engine import Engine, TinyLlama
+    from memlab.course.viz.draw_engine import draw_engine, engine_frames
 
     g = torch.Generator().manual_seed(0)
     system = torch.randint(0, 128, (8,), generator=g).tolist()

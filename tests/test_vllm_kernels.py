@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from memlab.env import kernel_device
+from memlab.common.env import kernel_device
 from memlab.vllm.block_table import (BACKENDS, BlockTable, compute_slot_mapping, slot_mapping_python,
                                      slot_mapping_torch, store_kv, store_kv_python, store_kv_torch)
 

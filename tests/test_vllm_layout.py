@@ -50,7 +50,7 @@ def test_split_kv_views_the_halves_of_each_token_and_store_kv_writes_through_the
 
 @pytest.mark.kernel
 def test_store_kv_kernel_writes_through_the_split_views():
-    from memlab.env import kernel_device
+    from memlab.common.env import kernel_device
 
     dev = kernel_device()
     layer = allocate_kv_cache(1, B, H, N, D, dtype=torch.float32, device=dev)[0]

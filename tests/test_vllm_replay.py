@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.vllm.replay import (TRACES, TraceRequest, hit_rate_curve, load_trace, replay, run,
+from memlab.capstone.trace_replay import (TRACES, TraceRequest, hit_rate_curve, load_trace, replay, run,
                                 unlimited_bound)
 
 SUBSAMPLE = 1500  # the full conversation trace takes ~15 s for 9 capacities; a subsample ~1 s

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
-from memlab.kv_pool import MHATokenToKVPool
-from memlab.write_loc import (KVWriteLoc, check_physical_write_loc, plain_loc, unwrap_write_loc,
+from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
+from memlab.sglang.kv_pool import MHATokenToKVPool
+from memlab.sglang.write_loc import (KVWriteLoc, check_physical_write_loc, plain_loc, unwrap_write_loc,
                               write_loc_is_physical)
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731

@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("00", REF, drive=DRIVE)
 
@@ -78,7 +78,7 @@ FAST = start("00", REF, drive=DRIVE)
 # interpreter, and the canary catches that before any chapter trusts a kernel.
 
 # %%
-from memlab.doctor import report
+from memlab.course.doctor import report
 
 for key, value in report():
     print(f"{key:>18}  {value}")
@@ -100,7 +100,7 @@ for key, value in report():
 # ![The three mappings after D arrives (static picture of the widget's last step)](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/00_mappings.png)
 
 # %%
-from memlab import viz
+from memlab.course import viz
 
 PAGE_SIZE = 4
 scene = viz.sglang_books.orientation(page_size=PAGE_SIZE)
@@ -153,8 +153,8 @@ print(f"free pages, head first: {allocator.free_pages.tolist()}; free rows: {req
 # %%
 import torch
 
-from memlab.allocator.reference import alloc_extend_torch
-from memlab.env import kernel_device
+from memlab.sglang.allocator.reference import alloc_extend_torch
+from memlab.common.env import kernel_device
 from memlab.kernels import alloc_extend
 
 dev = kernel_device()
@@ -214,7 +214,7 @@ viz.show(viz.draw_books(scene.books("A +6 and D +3 tokens, slots from alloc_exte
 # grader over all of them, so you see your starting score.
 
 # %%
-from memlab.grading.catalog import EXERCISES
+from memlab.course.grading.catalog import EXERCISES
 
 for e in EXERCISES:
     gpu = f" (+{e.gpu_points} on a GPU)" if e.gpu_points else ""

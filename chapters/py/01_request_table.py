@@ -42,7 +42,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("01", REF, drive=DRIVE)
 
@@ -57,7 +57,7 @@ FAST = start("01", REF, drive=DRIVE)
 # ![The request table after D reuses B's row](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/01_request_table.png)
 
 # %%
-from memlab import viz
+from memlab.course import viz
 
 scene = viz.sglang_books.request_table(rows=5, width=8)
 viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows")))
@@ -71,7 +71,7 @@ viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows"))
 # writing it harms nobody, so no kernel needs an "is this entry real?" branch.
 
 # %%
-from memlab.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
 pool = ReqToTokenPool(size=5, max_context_len=8)
 print(pool.req_to_token.shape, pool.req_to_token.dtype)

@@ -42,7 +42,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("02", REF, drive=DRIVE)
 
@@ -50,7 +50,7 @@ FAST = start("02", REF, drive=DRIVE)
 # ## See it: bytes per token for real models
 #
 # Pick a model, a KV dtype, a tensor-parallel size and a context length. Left: KV bytes per token
-# over all layers for each model in `memlab.models` (numbers from their published `config.json`).
+# over all layers for each model in `memlab.common.models` (numbers from their published `config.json`).
 # Right: one token's row in one layer, drawn to the same scale for every model.
 #
 # ![KV bytes per token for five real models](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/02_kv_bytes.png)
@@ -58,9 +58,9 @@ FAST = start("02", REF, drive=DRIVE)
 # %%
 import ipywidgets as W
 
-from memlab import viz
-from memlab.models import MODELS
-from memlab.viz.draw_models import draw_kv_bytes, kv_text
+from memlab.course import viz
+from memlab.common.models import MODELS
+from memlab.course.viz.draw_models import draw_kv_bytes, kv_text
 
 controls = dict(
     model=W.Dropdown(options=list(MODELS), value="Llama-3.1-8B"),
@@ -85,7 +85,7 @@ viz.Explorer(controls, draw_kv_bytes, text=kv_text, columns=2)
 # %%
 import torch
 
-from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token
+from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token
 
 mha = MHATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=4)
 k = mha.get_key_buffer(0)
@@ -188,7 +188,7 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 # ## Exercise: `exercises/ch02_bytes_per_token.py`
 #
 # Write `mha_bytes_per_token` and `mla_bytes_per_token` (5 points), bad arguments included. The
-# cell below checks yours against `memlab.kv_pool` for every model of the table.
+# cell below checks yours against `memlab.sglang.kv_pool` for every model of the table.
 
 # %%
 with exercise("ch02_bytes_per_token") as ex:

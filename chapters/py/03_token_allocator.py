@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("03", REF, drive=DRIVE)
 
@@ -60,7 +60,7 @@ FAST = start("03", REF, drive=DRIVE)
 # ![need_sort=True after A and B finish: their slots wait in the staging area (yellow)](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/03_token_allocator.png)
 
 # %%
-from memlab import viz
+from memlab.course import viz
 
 stories = {"FIFO (need_sort=False)": viz.sglang_books.token_allocator(need_sort=False).frames,
            "staged (need_sort=True)": viz.sglang_books.token_allocator(need_sort=True).frames}
@@ -77,7 +77,7 @@ viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "fre
 # %%
 import torch
 
-from memlab.allocator import TokenToKVPoolAllocator
+from memlab.sglang.allocator import TokenToKVPoolAllocator
 
 alloc = TokenToKVPoolAllocator(size=16)
 a = alloc.alloc(4)

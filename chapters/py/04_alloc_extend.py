@@ -46,7 +46,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("04", REF, drive=DRIVE)
 
@@ -61,7 +61,7 @@ FAST = start("04", REF, drive=DRIVE)
 # ![Second prefill batch with page size 4: the three parts](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/04_alloc_extend.png)
 
 # %%
-from memlab import viz
+from memlab.course import viz
 
 stories = {f"page_size {ps}": viz.sglang_books.paged_extend(page_size=ps).frames for ps in (1, 2, 4, 8)}
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")), start=2)
@@ -80,8 +80,8 @@ viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "fre
 # %%
 import torch
 
-from memlab.allocator import PagedTokenToKVPoolAllocator
-from memlab.allocator.reference import alloc_extend_python, alloc_extend_torch, num_new_pages
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+from memlab.sglang.allocator.reference import alloc_extend_python, alloc_extend_torch, num_new_pages
 
 P = 4
 prefix, seq = [6, 3, 0], [11, 12, 4]  # the second batch of the widget: A, B continue, C is new
@@ -116,7 +116,7 @@ for name, p, s in zip("ABC", prefix, seq):
 # `kernels/alloc_extend.py` runs one program per request. Each program sums the new tokens and
 # new pages of the requests before it (its prefix sums), then writes its three parts with masked
 # stores. The loop over whole pages has a *runtime* bound, so one compiled kernel serves every
-# extend length. `memlab.allocator.reference` holds a vectorised torch version (no loop over
+# extend length. `memlab.sglang.allocator.reference` holds a vectorised torch version (no loop over
 # requests) and a plain-Python version that reads like the definition. All three must agree.
 #
 # The cell runs them on a random batch. The kernel writes into a buffer with a guard band of
@@ -124,7 +124,7 @@ for name, p, s in zip("ABC", prefix, seq):
 # guards are untouched.
 
 # %%
-from memlab.env import kernel_device
+from memlab.common.env import kernel_device
 from memlab.kernels import alloc_extend
 
 dev = kernel_device()
@@ -195,7 +195,7 @@ assert same
 # |---|---|---|---|
 # | backends | `backend="torch" / "triton" / "python"`, chosen per allocator | its Triton kernel where the platform has Triton, else a torch fallback | the chapter compares all three |
 # | the kernel's prefix sums | a loop over earlier requests in blocks of 128, page size a runtime value | loads `next_power_of_2(bs)` lengths at once; page size and batch bound are compile-time constants; part 2 in blocks of 4096 | one compiled kernel serves every batch; same output |
-# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix), by one validator per method in `memlab/_checks.py`, so `alloc_extend` in `memlab/allocator/paged.py` reads like SGLang's | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
+# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix), by one validator per method in `memlab/common/_checks.py`, so `alloc_extend` in `memlab/sglang/allocator/paged.py` reads like SGLang's | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
 # | page size 1 | `TokenToKVPoolAllocator.alloc_extend` exists and takes any free slots | the token allocator has only `alloc(n)`; the scheduler calls it for a prefill | one interface for the chapters |
 #
 # ## Exercises

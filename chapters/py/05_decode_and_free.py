@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("05", REF, drive=DRIVE)
 
@@ -59,7 +59,7 @@ FAST = start("05", REF, drive=DRIVE)
 # ![Decode steps: which request opens a page at which step](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/05_decode.png)
 
 # %%
-from memlab import viz
+from memlab.course import viz
 
 stories = {"decode steps": viz.sglang_books.decode_steps(page_size=4).frames}
 stories.update({story: viz.sglang_books.paged_free(story).frames for story in ("free", "free_segment", "free group", "double free")})
@@ -82,8 +82,8 @@ viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "fre
 # %%
 import torch
 
-from memlab.allocator.reference import alloc_decode_python, alloc_decode_torch
-from memlab.env import kernel_device
+from memlab.sglang.allocator.reference import alloc_decode_python, alloc_decode_torch
+from memlab.common.env import kernel_device
 from memlab.kernels import alloc_decode
 
 P = 4
@@ -113,7 +113,7 @@ assert by_kernel.cpu().tolist() == alloc_decode_python(seq_lens.tolist(), last_l
 # Released pages go to the **head** of the free list (LIFO), so the next allocation reuses them.
 
 # %%
-from memlab.allocator import PagedTokenToKVPoolAllocator
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 
 al = PagedTokenToKVPoolAllocator(64, P, debug_mode=True)
 a_slots = al.alloc(8)  # two pages

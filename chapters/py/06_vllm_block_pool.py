@@ -46,7 +46,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("06", REF, drive=DRIVE)
 
@@ -62,8 +62,8 @@ FAST = start("06", REF, drive=DRIVE)
 # ![B arrives and hits A's first two blocks in the middle of the free queue](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/06_block_pool.png)
 
 # %%
-from memlab import viz
-from memlab.viz.vllm_books import draw_vllm
+from memlab.course import viz
+from memlab.course.viz.vllm_books import draw_vllm
 
 stories = {"prefix caching on": viz.vllm_books.prefix_cache(True).frames,
            "prefix caching off": viz.vllm_books.prefix_cache(False).frames}
@@ -166,7 +166,7 @@ print("free queue after A's free:", [blk.block_id for blk in mgr.block_pool.free
 # %%
 import torch
 
-from memlab.env import kernel_device
+from memlab.common.env import kernel_device
 from memlab.vllm.block_table import BlockTable, slot_mapping_python, store_kv
 
 last = stories["prefix caching on"][-1]
@@ -216,8 +216,8 @@ print(f"{written} of 48 slots written, in blocks {sorted({int(s) // 4 for s in b
 # progress bar counts requests over all capacities. Fast mode replays the first requests only.
 
 # %%
-from memlab.viz.style import new_figure
-from memlab.vllm.replay import hit_rate_curve, load_trace
+from memlab.course.viz.style import new_figure
+from memlab.capstone.trace_replay import hit_rate_curve, load_trace
 
 trace = load_trace("conversation", limit=300 if FAST else None)
 curve = hit_rate_curve(trace, fractions=(0.05, 0.2, 0.5, 1.0) if FAST else (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
@@ -232,11 +232,11 @@ print(curve.table())
 #
 # The same request stream through SGLang's token allocator, SGLang's paged allocator and vLLM's
 # block pool: how many slots each reserves, how many it wastes in the last page, and where its
-# free puts what it releases (`memlab.vllm.compare`). SGLang's prefix cache is a radix tree over
+# free puts what it releases (`memlab.capstone.compare`). SGLang's prefix cache is a radix tree over
 # token ids instead of a hash map over blocks; its allocators know nothing of caching.
 
 # %%
-from memlab.vllm.compare import compare, format_table, make_stream
+from memlab.capstone.compare import compare, format_table, make_stream
 
 print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 

@@ -45,7 +45,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("07", REF, drive=DRIVE)
 
@@ -61,8 +61,8 @@ FAST = start("07", REF, drive=DRIVE)
 # ![Two ledgers after two decode steps](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/07_swa.png)
 
 # %%
-from memlab import viz
-from memlab.viz.hybrid_books import draw_swa, draw_mamba
+from memlab.course import viz
+from memlab.course.viz.hybrid_books import draw_swa, draw_mamba
 
 swa_scene = viz.hybrid_books.sliding_window()
 viz.Stepper(swa_scene.frames, draw_swa)
@@ -110,9 +110,9 @@ print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)"
 # %%
 import torch
 
-from memlab.hybrid.swa import SWATokenToKVPoolAllocator
-from memlab.req_to_token import ReqToTokenPool
-from memlab.viz.hybrid_books import SwaScene
+from memlab.sglang.swa import SWATokenToKVPoolAllocator
+from memlab.sglang.req_to_token import ReqToTokenPool
+from memlab.course.viz.hybrid_books import SwaScene
 
 demo = SwaScene(ReqToTokenPool(2, 16), SWATokenToKVPoolAllocator(32, 16, 2), window=4)
 demo.extend_batch({"R": 5})
@@ -188,7 +188,7 @@ viz.Stepper(options, draw_mamba)
 # each.
 
 # %%
-from memlab.models import MODELS
+from memlab.common.models import MODELS
 
 qn = MODELS["Qwen3-Next-80B-A3B"]
 print(f"{qn.name}: {len(qn.layer_ids('linear_attention'))} linear layers, state per request "
@@ -196,7 +196,7 @@ print(f"{qn.name}: {len(qn.layer_ids('linear_attention'))} linear layers, state 
 mamba_frames = options["extra buffer, overlap scheduler (2 tracking slots)"]
 print(mamba_frames[1].caption)
 
-from memlab.hybrid.mamba import MambaPool
+from memlab.sglang.mamba import MambaPool
 
 small = MambaPool(4, num_mamba_layers=3, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4))
 print("conv:", [tuple(c.shape) for c in small.conv], " temporal:", tuple(small.temporal.shape))
@@ -219,7 +219,7 @@ print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 # the last snapshot; writing the next one into the *other* slot (ping-pong) keeps them apart.
 
 # %%
-from memlab.hybrid.mamba import mamba_tracking_slots
+from memlab.sglang.mamba import mamba_tracking_slots
 
 for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, False, False), (True, False, True)):
     print(f"extra={extra!s:<5} lazy={lazy!s:<5} overlap={overlap!s:<5} -> {mamba_tracking_slots(extra, overlap, lazy)}")

@@ -5,7 +5,7 @@
 #
 # Before serving, an engine turns its GPU's memory into numbers: how many tokens the KV pool
 # holds, how many pages, how wide a request-table row is, how much each decode step must keep in
-# reserve. `memlab.sizing` derives them the way SGLang does, from configuration objects: change one
+# reserve. `memlab.common.sizing` derives them the way SGLang does, from configuration objects: change one
 # knob and every derived number moves.
 #
 # **After this chapter you can**
@@ -45,7 +45,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("08", REF, drive=DRIVE)
 
@@ -62,9 +62,9 @@ FAST = start("08", REF, drive=DRIVE)
 # %%
 import ipywidgets as W
 
-from memlab import viz
-from memlab.models import MODELS
-from memlab.viz.draw_sizing import GPUS, SPECS, draw_sizing, sizing_text
+from memlab.course import viz
+from memlab.common.models import MODELS
+from memlab.course.viz.draw_sizing import GPUS, SPECS, draw_sizing, sizing_text
 
 controls = dict(
     model=W.Dropdown(options=list(MODELS), value="Llama-3.1-8B"),
@@ -92,7 +92,7 @@ viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 # (sliding-window tokens per full token; a share for the Mamba state).
 
 # %%
-from memlab.sizing import GiB, ScheduleConfig, SpeculativeConfig, pool_sizes, report
+from memlab.common.sizing import GiB, ScheduleConfig, SpeculativeConfig, pool_sizes, report
 
 r = report(MODELS["Llama-3.1-8B"], 80, seq_len=8192, schedule=ScheduleConfig(page_size=16, activation_reserve_bytes=2 * GiB))
 print(r.format())
@@ -109,7 +109,7 @@ print(f"\ncheck: ({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,})
 # $$\text{max\_new} = \max\left(0, \min\left(\text{max\_new}, C - \lceil \text{input} \rceil_P - P - 1\right)\right)$$
 
 # %%
-from memlab.sizing import max_new_tokens_for_memory
+from memlab.common.sizing import max_new_tokens_for_memory
 
 for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512)):
     print(f"input {inp:>7,}, asks {want}: gets {max_new_tokens_for_memory(inp, want, z.full_tokens, 16)}")
@@ -124,7 +124,7 @@ for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512))
 # $\lceil (P - 1 + \text{steps}) / P \rceil$ whole pages of its own.
 
 # %%
-from memlab.sizing import alloc_len_per_decode, alloc_reserve_per_decode
+from memlab.common.sizing import alloc_len_per_decode, alloc_reserve_per_decode
 
 for name, spec in SPECS.items():
     print(f"{name:<30} page 1: {alloc_len_per_decode(spec, 1):>3}   page 16: {alloc_len_per_decode(spec, 16):>3} slots a step")
@@ -142,7 +142,7 @@ for name, spec in SPECS.items():
 # absorbed. SGLang does not do it.
 
 # %%
-from memlab.sizing import req_to_token_row_width, what_if_reserve_without_overlap_lag
+from memlab.common.sizing import req_to_token_row_width, what_if_reserve_without_overlap_lag
 
 for name, spec in SPECS.items():
     print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, any mode)  "
@@ -162,7 +162,7 @@ for name, spec in SPECS.items():
 # progress (SGLang aborts that last one if it still does not fit).
 
 # %%
-from memlab.sizing import RunningReq, new_tokens_required_next_decode, retract_decode
+from memlab.common.sizing import RunningReq, new_tokens_required_next_decode, retract_decode
 
 # Every length sits on a page boundary, so each request needs a new page for its next step.
 running = [RunningReq("A", 900, 60), RunningReq("B", 300, 20), RunningReq("C", 2000, 48), RunningReq("D", 100, 12)]
@@ -198,7 +198,7 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 # ## Exercise: `exercises/ch08_sizing.py`
 #
 # Write `pool_size_tokens`, `max_new_tokens_for_memory`, `alloc_len_per_decode` and
-# `alloc_reserve_per_decode` (9 points). The cell compares yours with `memlab.sizing`.
+# `alloc_reserve_per_decode` (9 points). The cell compares yours with `memlab.common.sizing`.
 
 # %%
 with exercise("ch08_sizing") as ex:
@@ -210,7 +210,7 @@ with exercise("ch08_sizing") as ex:
         for ps in (1, 16):
             assert ex.alloc_len_per_decode(ps, *args) == alloc_len_per_decode(spec, ps), (spec, ps)
             assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(spec, ps), (spec, ps)
-    print("same numbers as memlab.sizing")
+    print("same numbers as memlab.common.sizing")
 
 # %% [markdown]
 # ## Grade

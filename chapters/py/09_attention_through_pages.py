@@ -44,7 +44,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("09", REF, drive=DRIVE)
 
@@ -61,8 +61,8 @@ FAST = start("09", REF, drive=DRIVE)
 # %%
 import torch
 
-from memlab import viz
-from memlab.viz.draw_attention import attention_frames, draw_attention, fill_kv
+from memlab.course import viz
+from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
 scene = viz.sglang_books.orientation(dtype=torch.float32, head_dim=16)
 scene.extend_batch({"A": 6, "D": 3})  # the chunked prefill of chapter 00: A and D get scattered pages
@@ -91,8 +91,8 @@ viz.Stepper(attention_frames(scene, q), draw_attention)
 # `KVCache` keeps the flag (off) and the check, so the idea has its place.
 
 # %%
-from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
-from memlab.write_loc import KVWriteLoc
+from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
+from memlab.sglang.write_loc import KVWriteLoc
 
 pool = SWAKVPool(16, 8, 1, torch.float32, head_num=1, head_dim=4, full_attention_layer_ids=[0],
                  swa_attention_layer_ids=[1])
@@ -124,8 +124,8 @@ print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(),
 # `(slots, heads, dim)` tensor is a free view as `(blocks, B, heads, dim)`.
 
 # %%
-from memlab import attention
-from memlab.env import kernel_device
+from memlab.common import attention
+from memlab.common.env import kernel_device
 
 dev = kernel_device()
 kv = scene.kvcache

@@ -3,10 +3,10 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/10_capstone.ipynb)
 #
-# Time to run the books for real. `memlab.engine` serves a small Llama-style transformer (random
+# Time to run the books for real. `memlab.capstone.engine` serves a small Llama-style transformer (random
 # weights, fixed seed) through everything the course built: the request table, a KV pool, a paged
 # allocator, a prefix cache and a scheduler with chunked prefill, decode batches, admission and
-# retraction. Then `memlab.sim` replays request streams from production traces to measure how much
+# retraction. Then `memlab.capstone.sim` replays request streams from production traces to measure how much
 # of a pool each allocation policy wastes.
 #
 # **After this chapter you can**
@@ -48,7 +48,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("10", REF, drive=DRIVE)
 
@@ -65,9 +65,9 @@ FAST = start("10", REF, drive=DRIVE)
 # %%
 import torch
 
-from memlab import viz
-from memlab.engine import Engine, TinyLlama, generate_reference
-from memlab.viz.draw_engine import draw_engine, engine_frames
+from memlab.course import viz
+from memlab.capstone.engine import Engine, TinyLlama, generate_reference
+from memlab.course.viz.draw_engine import draw_engine, engine_frames
 
 model = TinyLlama()
 g = torch.Generator().manual_seed(0)
@@ -90,7 +90,7 @@ viz.Stepper(frames, draw_engine, interval_ms=700)
 #    short (chapter 08's `check_decode_mem`), requests still prefilling are retracted first (they
 #    hold pages but take no part in this step), then chapter 08's `retract_decode` picks victims
 #    among the decoding ones (fewest decoded tokens first), always keeping one.
-# 3. Allocate: `memlab.allocation.alloc_for_extend` / `alloc_for_decode` (SGLang's names) give new
+# 3. Allocate: `memlab.sglang.allocation.alloc_for_extend` / `alloc_for_decode` (SGLang's names) give new
 #    requests a row, take slots with `alloc_extend` / `alloc_decode` (evicting from the prefix
 #    cache first when the pool is short) and write them into the request table; then write K/V
 #    at those slots (`set_kv_buffer`) and attend through `req_to_token`.
@@ -113,7 +113,7 @@ print("books balanced: every page is free, owned or cached")
 # interpreter on a CPU), on a short run.
 
 # %%
-from memlab.env import kernel_device
+from memlab.common.env import kernel_device
 
 few = [p[:20] for p in prompts[: 2 if FAST else 4]]
 new_tokens = 4 if FAST else 8
@@ -129,7 +129,7 @@ assert served == reference
 # %% [markdown]
 # ## A real model through your books
 #
-# The same engine serves a real instruct model: `memlab.checkpoint` reads a Hugging Face Llama
+# The same engine serves a real instruct model: `memlab.capstone.checkpoint` reads a Hugging Face Llama
 # checkpoint (`config.json`, `*.safetensors`) into the model above, and refuses by name what it
 # does not compute (biases, other rope scalings, other architectures). We take
 # [SmolLM2-135M-Instruct](https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct): exactly
@@ -143,8 +143,8 @@ assert served == reference
 # headless test run) the cell says so in one line and the chapter moves on.
 
 # %%
-from memlab import chat
-from memlab.env import kernel_device
+from memlab.course import chat
+from memlab.common.env import kernel_device
 
 SYSTEM = ("You are a patient teacher of computer systems. Answer in one or two short sentences, "
           "with a concrete example when it helps, and explain any technical term you use.")
@@ -159,7 +159,7 @@ if run is not None:
 # %% [markdown]
 # The books of that run, step by step: each request's pages in its colour, the system prompt's
 # pages shared (hatched) once they are cached. Then the sizing of chapter 08 for this model: its KV
-# bytes per token, how many such requests a T4 would hold by `memlab.sizing`, and what the
+# bytes per token, how many such requests a T4 would hold by `memlab.common.sizing`, and what the
 # engine actually held. When an answer differs from `transformers`, the line says where and how
 # close the two best tokens were there: float32 sums in another order can flip a near tie.
 
@@ -173,7 +173,7 @@ if run is not None:
 # %% [markdown]
 # ## Replaying traces: how much does each policy waste?
 #
-# `memlab.sim` replays a request stream on a pool of slots under four policies: reserve the model's
+# `memlab.capstone.sim` replays a request stream on a pool of slots under four policies: reserve the model's
 # maximum length per request (`max`, what systems did before paging), reserve the prompt plus the
 # output rounded up to a power of two (`pow2`), know the exact final length (`oracle`,
 # unattainable), and allocate blocks on demand (`paged`, SGLang and vLLM). A reservation must sit
@@ -190,8 +190,8 @@ if run is not None:
 # %%
 import ipywidgets as W
 
-from memlab.sim import WORKLOADS
-from memlab.viz.draw_sim import draw_policies
+from memlab.capstone.sim import WORKLOADS
+from memlab.course.viz.draw_sim import draw_policies
 
 n_requests = 400 if FAST else 4000
 controls = dict(workload_name=W.Dropdown(options=WORKLOADS, description="workload"),
@@ -209,9 +209,9 @@ viz.Explorer(controls, draw_policies, columns=4)
 # where block sizes differ):
 
 # %%
-from memlab import sim
-from memlab.viz.draw_sim import plot_figure2, plot_sweep
-from memlab.viz.style import new_figure
+from memlab.capstone import sim
+from memlab.course.viz.draw_sim import plot_figure2, plot_sweep
+from memlab.course.viz.style import new_figure
 
 sweep = sim.block_size_sweep(sim.sharegpt_like(n_requests), block_sizes=(1, 4, 16, 64, 256), progress=False)
 fig, ax = new_figure(8, 3.6)
@@ -221,7 +221,7 @@ viz.show(fig)
 # %% [markdown]
 # ## The buddy allocator
 #
-# A binary buddy allocator (`memlab.sim.Buddy`) hands out blocks of 2^k slots that start at a
+# A binary buddy allocator (`memlab.capstone.sim.Buddy`) hands out blocks of 2^k slots that start at a
 # multiple of 2^k. A request for n slots takes the lowest free block of the smallest order k with
 # 2^k >= n, **splitting** a larger block in halves (buddies) as often as needed and listing the
 # upper halves as free; a released block **coalesces** with its buddy (its start XOR 2^k)

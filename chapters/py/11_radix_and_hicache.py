@@ -51,7 +51,7 @@ if root is None:  # Colab or a bare kernel: clone version REF next to this noteb
                 f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
         part.rename(root)
 sys.path.insert(0, str(root))
-from memlab.notebook import exercise, start
+from memlab.course.notebook import exercise, start
 
 FAST = start("11", REF, drive=DRIVE)
 
@@ -76,15 +76,15 @@ FAST = start("11", REF, drive=DRIVE)
 # ![D hits nodes that live only on the host: they are loaded back into new device pages](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/11_radix.png)
 
 # %%
-from memlab import viz
-from memlab.viz.radix_books import draw_radix, story
+from memlab.course import viz
+from memlab.course.viz.radix_books import draw_radix, story
 
 viz.Stepper({"page size 1": story(), "page size 2": story(page_size=2)}, draw_radix, interval_ms=2000)
 
 # %% [markdown]
 # ## The radix tree
 #
-# `memlab/radix_cache.py` follows SGLang's `sglang/srt/mem_cache/radix_cache.py` name for name:
+# `memlab/sglang/radix_cache.py` follows SGLang's `sglang/srt/mem_cache/radix_cache.py` name for name:
 #
 # - `match_prefix(key)` walks down from the root, one child per step (a child is found by its
 #   first token). A match that ends **inside** a node splits it, so the match always ends
@@ -102,8 +102,8 @@ viz.Stepper({"page size 1": story(), "page size 2": story(page_size=2)}, draw_ra
 # %%
 import torch
 
-from memlab.allocator import TokenToKVPoolAllocator
-from memlab.radix_cache import RadixCache
+from memlab.sglang.allocator import TokenToKVPoolAllocator
+from memlab.sglang.radix_cache import RadixCache
 
 alloc = TokenToKVPoolAllocator(32, debug_mode=True)
 tree = RadixCache(alloc, debug_mode=True)
@@ -142,8 +142,8 @@ print("idle check: available", alloc.available_size(), "+ evictable", tree.evict
 # slots (which is what lets eviction free pages without a dedup).
 
 # %%
-from memlab.allocator import PagedTokenToKVPoolAllocator
-from memlab.prefix_compare import RadixDriver
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+from memlab.capstone.prefix_compare import RadixDriver
 
 ptree = RadixCache(PagedTokenToKVPoolAllocator(64, 4, debug_mode=True), debug_mode=True)
 drv = RadixDriver(ptree)  # admit: match, lock, allocate; finish: insert, free the rest, unlock
@@ -163,8 +163,8 @@ drv.finish(b)
 # buffer with its row shape and dtype. The host pool is sized in tokens, in whole pages, with its own page allocator.
 
 # %%
-from memlab.hicache import HostKVCache
-from memlab.kv_pool import MHATokenToKVPool, MLATokenToKVPool
+from memlab.sglang.hicache import HostKVCache
+from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool
 
 for dev_pool in (MHATokenToKVPool(64, 4, torch.float16, head_num=8, head_dim=128, layer_num=4),
                  MLATokenToKVPool(64, 4, torch.float16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=4)):
@@ -189,8 +189,8 @@ for dev_pool in (MHATokenToKVPool(64, 4, torch.float16, head_num=8, head_dim=128
 # references:
 
 # %%
-from memlab.env import kernel_device
-from memlab.page_copy import copy_pages_python, copy_pages_torch
+from memlab.common.env import kernel_device
+from memlab.sglang.page_copy import copy_pages_python, copy_pages_torch
 
 dev = kernel_device()
 src = torch.randn(8 * 4, 2, 8, device=dev)  # 8 pages of 4 rows, MHA-like rows (2 heads of 8)
@@ -211,7 +211,7 @@ print("page 5 -> 1, 0 -> 3, 7 -> 2: kernel == torch == python; page 0 of dst unt
 # %% [markdown]
 # ## Evict to the host, load back
 #
-# `HiRadixCache` (memlab/hicache.py) is the tree over both tiers; `HiCacheController` moves the
+# `HiRadixCache` (memlab/sglang/hicache.py) is the tree over both tiers; `HiCacheController` moves the
 # KV. A node's `value` holds its device slots, its `host_value` its host slots:
 #
 # - **write-through** copies a node to the host when it is inserted (`write_through_selective`:
@@ -227,7 +227,7 @@ print("page 5 -> 1, 0 -> 3, 7 -> 2: kernel == torch == python; page 0 of dst unt
 # - `evict_host` drops host-only leaves, least recently used first.
 
 # %%
-from memlab.hicache import HiRadixCache
+from memlab.sglang.hicache import HiRadixCache
 
 pool = MHATokenToKVPool(16, 1, torch.float32, head_num=1, head_dim=2, layer_num=2)
 hi_alloc = TokenToKVPoolAllocator(16, kvcache=pool, debug_mode=True)
@@ -269,7 +269,7 @@ hi.check_idle(16)
 # prefix that ends inside a page when pages hold one token.
 
 # %%
-from memlab.engine import Engine, TinyLlama
+from memlab.capstone.engine import Engine, TinyLlama
 
 model = TinyLlama()
 g = torch.Generator().manual_seed(0)
@@ -298,7 +298,7 @@ assert served["hash"] == served["radix"] == served["hicache"]
 # | eviction | whole unlocked leaves (a node is the unit), LRU by access time | block by block from the free queue's head (LRU; a request's tail first) |
 # | below the GPU | HiCache: host (and storage) tiers under the same tree | a separate KV connector / offloading layer |
 #
-# `memlab.prefix_compare` replays one stream of multi-turn conversations through both, one
+# `memlab.capstone.prefix_compare` replays one stream of multi-turn conversations through both, one
 # request after another, at a few cache sizes (tokens of KV the device pool holds), and counts
 # the **hit rate** (prompt tokens whose KV was reused, over all prompt tokens; a request never
 # hits its last prompt token, which is computed for its logits) and the **evictions** (tokens of
@@ -313,7 +313,7 @@ assert served["hash"] == served["radix"] == served["hicache"]
 # fewer conversations compete for the cache, so its hit rates are higher than the table after it.
 
 # %%
-from memlab.prefix_compare import compare, shared_prefix_conversations
+from memlab.capstone.prefix_compare import compare, shared_prefix_conversations
 
 stream = shared_prefix_conversations(30, 3) if FAST else shared_prefix_conversations()
 sizes = (2048, 8192) if FAST else (2048, 4096, 8192, 16384)
@@ -385,7 +385,7 @@ viz.show(cmp.plot())
 # token, or its first page as a tuple), `key_match` (tokens shared, in whole pages), `add_child`,
 # `lock`/`unlock` and `evictable_leaves()`. `evict` gives slots back through the `free` function
 # it receives, as `RadixCache.evict` does through the allocator. The reference is
-# `memlab/radix_cache.py` (`_match_prefix_helper`, `_split_node`, `evict`); the graded tests also
+# `memlab/sglang/radix_cache.py` (`_match_prefix_helper`, `_split_node`, `evict`); the graded tests also
 # try pages of 2, an eviction that fits exactly, leaves with the same access time, and parents
 # that are locked or still have children. The cell runs yours on the split of the section above.
 

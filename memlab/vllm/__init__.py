@@ -1,5 +1,5 @@
-"""vLLM v1's half of the books: block pool and prefix cache (scheduler side), block table and
-slot_mapping (worker side), a side-by-side with SGLang's allocators, and a trace replay.
+"""What mirrors vLLM 0.33 (``vllm/v1``): the block pool and prefix cache (scheduler side), the block
+table and slot_mapping (worker side).
 
 Modules, in the order chapter 06 teaches them:
     block_pool        KVCacheBlock, FreeKVCacheBlockQueue, BlockPool
@@ -8,8 +8,9 @@ Modules, in the order chapter 06 teaches them:
     kv_cache_manager  KVCacheManager, SlidingWindowKVCacheManager
     block_table       BlockTable, slot_mapping and store_kv (kernel + torch + Python references)
     kv_layout         the cache vLLM 0.33 stores into: logical [layer, block, head, token, content]
-    compare           the same request stream through SGLang's allocators and the block pool
-    replay            Mooncake traces through the prefix cache: hit rate against capacity
+
+The drivers that run a stream through both engines' books, or a trace through this one, are the
+capstone's: memlab.capstone.compare and memlab.capstone.trace_replay.
 """
 
 from memlab.vllm.block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock

@@ -1,4 +1,4 @@
-"""vLLM v1's block pool: every KV block's metadata in one Python object.
+"""vLLM's block pool (vllm/v1/core/block_pool.py, kv_cache_utils.py): every block's metadata in one object.
 
 vLLM keeps KVCacheBlock and FreeKVCacheBlockQueue in vllm/v1/core/kv_cache_utils.py and
 BlockPool in vllm/v1/core/block_pool.py; memlab keeps the three together because they are one
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Hashable, Iterable, Sequence
 
-from memlab import _checks
+from memlab.common import _checks
 
 BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
 

@@ -1,4 +1,4 @@
-"""The worker side of vLLM's books: the block table, slot_mapping, and storing K/V by slot.
+"""The worker side of vLLM's books (vllm/v1/worker/block_table.py): block table, slot_mapping, storing K/V.
 
 The scheduler (block pool, manager) sends each request's NEW block ids; the worker appends
 them to the request's row of an int32 block table (rows only grow: a block id once given never
@@ -19,8 +19,8 @@ from typing import Sequence
 
 import torch
 
-from memlab import _checks
-from memlab.env import resolve_device
+from memlab.common import _checks
+from memlab.common.env import resolve_device
 
 PAD_SLOT_ID = -1
 BACKENDS = ("triton", "torch", "python")

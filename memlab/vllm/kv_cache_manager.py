@@ -1,4 +1,4 @@
-"""A slim version of vLLM v1's KVCacheManager for one KV cache group.
+"""A slim KVCacheManager (vllm/v1/core/kv_cache_manager.py) for one KV cache group.
 
 vLLM splits this across KVCacheManager, a coordinator and one SingleTypeKVCacheManager per
 attention type (vllm/v1/core/kv_cache_manager.py, kv_cache_coordinator.py,
@@ -16,7 +16,7 @@ scheduler's calls, in order:
 
 from __future__ import annotations
 
-from memlab.utils import ceil_div as cdiv  # vLLM's name for it
+from memlab.common.utils import ceil_div as cdiv  # vLLM's name for it
 from memlab.vllm.block_pool import BlockPool, KVCacheBlock
 from memlab.vllm.hashing import BlockHash, get_hash_fn_by_name, get_request_block_hasher
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from memlab import _checks
+from memlab.common import _checks
 from memlab.vllm.hashing import BlockHash, MultiModalFeature
 
 

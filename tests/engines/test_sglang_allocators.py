@@ -9,7 +9,7 @@ python) in lockstep; after every step each slot id handed out, each refusal, the
 import pytest
 import torch
 
-from memlab.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang_loader import load
 from sglang_streams import Stream, run
 

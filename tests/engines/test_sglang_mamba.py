@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memlab.hybrid.mamba import HybridReqToTokenPool, MambaPool
-from memlab.req_to_token import Req
+from memlab.sglang.mamba import HybridReqToTokenPool, MambaPool
+from memlab.sglang.req_to_token import Req
 from sglang_loader import load
 
 CONV = [(6, 3), (4, 2)]  # two conv-state components

@@ -17,8 +17,8 @@ import torch
 
 from radix_loader import load
 
-from memlab.allocator import make_allocator
-from memlab.radix_cache import RadixCache
+from memlab.sglang.allocator import make_allocator
+from memlab.sglang.radix_cache import RadixCache
 
 STREAMS, STEPS = 12, 80
 

@@ -1,4 +1,4 @@
-"""memlab.sizing's per-step rules against SGLang 0.5.23's own functions.
+"""memlab.common.sizing's per-step rules against SGLang 0.5.23's own functions.
 
 KV per decode step, the reserve (always twice that), the request-table headroom, the next
 decode step's demand, and the retraction order, over a grid of speculative configurations,
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memlab.sizing import (RunningReq, SpeculativeConfig, alloc_len_per_decode, alloc_reserve_per_decode,
+from memlab.common.sizing import (RunningReq, SpeculativeConfig, alloc_len_per_decode, alloc_reserve_per_decode,
                            new_tokens_required_next_decode, req_to_token_extra_len, retract_decode, retract_order)
 from sglang_loader import load
 

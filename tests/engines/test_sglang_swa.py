@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memlab.hybrid.swa import SWAKVPool, SWATokenToKVPoolAllocator
-from memlab.req_to_token import Req, ReqToTokenPool
-from memlab.write_loc import KVWriteLoc
+from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.write_loc import KVWriteLoc
 from sglang_loader import load
 from sglang_streams import T, books
 

@@ -1,4 +1,4 @@
-"""Graded tests: they reach learner code only through memlab.grading.loader.load (the seam).
+"""Graded tests: they reach learner code only through memlab.course.grading.loader.load (the seam).
 
 Which folder they grade: MEMLAB_EXERCISES ('exercises', 'solutions' or a path) when set, as the
 grader (python -m memlab.grade) always sets it. In the plain test suite it is unset and these
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from memlab.grading import loader, plugin
+from memlab.course.grading import loader, plugin
 
 loader.set_default("solutions")
 

@@ -6,7 +6,7 @@ import ast
 import re
 import textwrap
 
-from memlab.grading.checks import as_list
+from memlab.course.grading.checks import as_list
 
 
 def ceil_div(a, b):

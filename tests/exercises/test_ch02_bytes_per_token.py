@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from memlab.grading.checks import expect_equal, expect_raises
-from memlab.grading.loader import load
+from memlab.course.grading.checks import expect_equal, expect_raises
+from memlab.course.grading.loader import load
 
 
 def points(n):

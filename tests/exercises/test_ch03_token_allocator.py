@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from exercise_refs import i64
-from memlab.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing,
+from memlab.course.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing,
                                    expect_tensor)
-from memlab.grading.loader import load
+from memlab.course.grading.loader import load
 
 
 def points(n):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from exercise_refs import alloc_extend_python, i64, split_by_request
-from memlab.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises,
+from memlab.course.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises,
                                    expect_tensor, snapshot)
-from memlab.grading.loader import load
+from memlab.course.grading.loader import load
 
 
 def points(n):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exercise_refs import alloc_extend_python, fenced, split_by_request
-from memlab.grading.checks import expect_equal
+from memlab.course.grading.checks import expect_equal
 
 GUARD = 16
 SENTINEL = -777
@@ -21,8 +21,8 @@ def points(n):
 
 
 def launch(pre, seq, last, free_pages, ps, device=None):
-    from memlab.env import kernel_device
-    from memlab.grading.loader import load
+    from memlab.common.env import kernel_device
+    from memlab.course.grading.loader import load
 
     dev = device or kernel_device()
     n = sum(seq) - sum(pre)

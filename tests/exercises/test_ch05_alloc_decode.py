@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exercise_refs import alloc_decode_python, i64
-from memlab.grading.checks import call_keeping_inputs, expect, expect_equal, expect_no_sharing, snapshot
-from memlab.grading.loader import load
+from memlab.course.grading.checks import call_keeping_inputs, expect, expect_equal, expect_no_sharing, snapshot
+from memlab.course.grading.loader import load
 
 
 def points(n):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from exercise_refs import i64
-from memlab.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises,
+from memlab.course.grading.checks import (call_keeping_inputs, expect, expect_equal, expect_no_sharing, expect_raises,
                                    expect_tensor)
-from memlab.grading.loader import load
+from memlab.course.grading.loader import load
 
 
 def points(n):

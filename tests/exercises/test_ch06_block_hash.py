@@ -2,8 +2,8 @@
 
 import pytest
 
-from memlab.grading.checks import call_keeping_inputs, expect, expect_equal
-from memlab.grading.loader import load
+from memlab.course.grading.checks import call_keeping_inputs, expect, expect_equal
+from memlab.course.grading.loader import load
 
 
 def points(n):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exercise_refs import fenced
-from memlab.grading.checks import expect_equal
+from memlab.course.grading.checks import expect_equal
 
 GUARD = 16
 SENTINEL = -555
@@ -33,8 +33,8 @@ def compare(block_table, qsl, positions, bs, padded, device=None, wide=0):
     """Run the kernel on a fenced batch (a load past positions or past the block table crashes) and
     compare it with the reference. ``wide``: the block table is a view of a table ``wide`` columns
     wider, so its row stride is not its width."""
-    from memlab.env import kernel_device
-    from memlab.grading.loader import load
+    from memlab.common.env import kernel_device
+    from memlab.course.grading.loader import load
 
     dev = device or kernel_device()
     buf = torch.full((padded + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)

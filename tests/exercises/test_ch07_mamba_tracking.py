@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exercise_refs import i64
-from memlab.grading.checks import expect, expect_equal, expect_no_sharing, expect_raises
-from memlab.grading.loader import load
+from memlab.course.grading.checks import expect, expect_equal, expect_no_sharing, expect_raises
+from memlab.course.grading.loader import load
 
 
 def points(n):

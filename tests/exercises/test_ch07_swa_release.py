@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exercise_refs import i64
-from memlab.grading.checks import call_keeping_inputs, expect, expect_equal, expect_raises, expect_tensor
-from memlab.grading.loader import load
+from memlab.course.grading.checks import call_keeping_inputs, expect, expect_equal, expect_raises, expect_tensor
+from memlab.course.grading.loader import load
 
 
 def points(n):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from exercise_refs import fenced, narrow_products
-from memlab.grading.checks import expect, expect_equal
+from memlab.course.grading.checks import expect, expect_equal
 
 
 def points(n):
@@ -75,8 +75,8 @@ def reference(q, k, v, r2t, rows, lens):
 def run(lens, rows, heads=4, kv_heads=2, head_dim=16, seed=0, dtype=torch.float32, poison=False, kv="dense",
         extra_cols=8, wide_table=0, atol=1e-4):
     """The learner's kernel on a fenced request table (its last row ends the readable memory)."""
-    from memlab.env import kernel_device
-    from memlab.grading.loader import load
+    from memlab.common.env import kernel_device
+    from memlab.course.grading.loader import load
 
     dev = kernel_device()
     k, v, r2t = layout(lens, rows, 256, kv_heads, head_dim, seed, dtype, poison, extra_cols, wide_table)
@@ -147,7 +147,7 @@ def test_reads_only_its_own_slots():
 @pytest.mark.kernel
 @points(1)
 def test_addresses_in_64_bit():
-    from memlab.grading.loader import load
+    from memlab.course.grading.loader import load
 
     run([2, 3], [1, 0], seed=15)  # the gather works at all (the stub raises NotImplementedError here)
     source = open(load("ch09_paged_gather").__file__).read()
@@ -165,7 +165,7 @@ def test_addresses_in_64_bit():
 def test_compiled_on_gpu_fp16():
     import random
 
-    from memlab.grading.loader import load
+    from memlab.course.grading.loader import load
 
     rng = random.Random(6)
     lens = [rng.randint(1, 300) for _ in range(24)]
@@ -185,7 +185,7 @@ def test_compiled_on_gpu_fp16():
 def test_gpu_pool_past_2_31_elements():
     """K and V in one fp16 buffer of more than 2^31 elements (4.3 GB); the requests' slots lie at its end,
     where slot * stride_ks no longer fits in 32 bits."""
-    from memlab.grading.loader import load
+    from memlab.course.grading.loader import load
 
     kv_heads, dim = 2, 64
     per_slot = 2 * kv_heads * dim  # K and V interleaved per slot: stride_ks = stride_vs = 256

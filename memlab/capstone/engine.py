@@ -1,0 +1,524 @@
+"""The capstone: a Llama-style model served through memlab's books.
+
+The model is ``memlab.capstone.tiny_llama.TinyLlama`` (re-exported here), random weights from a fixed seed
+or a Hugging Face Llama checkpoint's (``memlab.capstone.checkpoint``; the tests check it against
+transformers). ``generate_reference`` keeps each request's K/V in one contiguous tensor;
+``Engine`` serves a batch through the request table, a KV pool, an allocator (page size 1 or
+more), a prefix cache and a scheduler with chunked prefill, decode batches, admission against the
+allocator's capacity and retraction when a decode step cannot fit. Greedy outputs of the two must
+agree token for token; a request ends after ``max_new_tokens`` or on one of the model's
+end-of-sequence tokens.
+
+What the chapters taught, reused: the rows and slots go through ``memlab.sglang.allocation`` (SGLang's
+``alloc_for_extend`` / ``alloc_for_decode``), retraction through ``sizing.retract_decode``
+(chapter 08). The prefix cache is one of three, driven the same way (SGLang's names: match,
+lock, evict, ``cache_finished_req``): vLLM's block hashes on SGLang's pages (``HashPrefixCache``,
+chapter 06's hashing), SGLang's ``RadixCache``, or ``HiRadixCache`` with a host tier (chapter 11).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, OrderedDict, deque
+
+import torch
+
+from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, extend_positions, release_kv_cache
+from memlab.sglang.allocator import make_allocator
+from memlab.sglang.hicache import HiRadixCache, HostKVCache
+from memlab.sglang.kv_pool import MHATokenToKVPool
+from memlab.sglang.page_copy import page_rows
+from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, match_and_lock
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.common.sizing import RunningReq, check_decode_mem, retract_decode
+# The model lives in its own module (memlab.capstone.checkpoint fills it); chapters import it from here too.
+from memlab.capstone.tiny_llama import TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: F401
+from memlab.common.utils import ceil_align
+from memlab.vllm.hashing import get_hash_fn_by_name, hash_block_tokens, hash_request_tokens
+from memlab.sglang.write_loc import KVWriteLoc
+
+
+class ChunkCache:
+    """No prefix cache (SGLang's ``ChunkCache``, used when the radix cache is disabled): nothing
+    matches, nothing is kept, a finished request frees all its slots."""
+
+    def __init__(self, allocator):
+        self.token_to_kv_pool_allocator = allocator
+
+    def match_prefix(self, key) -> MatchResult:
+        return MatchResult(0, None, None)
+
+    def inc_lock_ref(self, node) -> None:
+        pass
+
+    def dec_lock_ref(self, node) -> None:
+        pass
+
+    def path_device_indices(self, node) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.int64, device=self.token_to_kv_pool_allocator.device)
+
+    def evictable_size(self) -> int:
+        return 0
+
+    def evict(self, num_tokens: int) -> EvictResult:
+        return EvictResult(0)
+
+    def cache_finished_req(self, token_ids, kv_indices: torch.Tensor, cache_protected_len: int, last_node) -> None:
+        self.token_to_kv_pool_allocator.free(kv_indices)
+
+    def device_pages(self) -> set:
+        return set()
+
+
+class HashPrefixCache:
+    """vLLM's prefix cache (chapter 06) on SGLang's books: each full page of a finished request is
+    indexed by its chained block hash (``memlab.vllm.hashing``: the hash of a page stands for the
+    whole prefix up to it); a later request whose prompt starts with the same pages maps them.
+
+    Why not vLLM's ``BlockPool`` itself: there, the free queue IS the cache's eviction order (a
+    cached block waits among the free blocks until it is handed out again), so the block pool
+    must be the allocator. Here SGLang's allocators (chapters 03 to 05) own the free pages, so
+    cached pages nobody maps wait in an LRU list outside the allocator and are evicted into it
+    when the pool runs short, the way SGLang's radix cache does. It speaks the radix cache's
+    names (``match_prefix``, ``inc_lock_ref``, ``evict``, ``cache_finished_req``), so the engine
+    drives either one the same way; a match's "node" is the tuple of its pages.
+    """
+
+    __slots__ = ("token_to_kv_pool_allocator", "page_size", "hash_fn", "page_of", "hash_of", "ref", "lru")
+
+    def __init__(self, allocator, hash_fn: str = "fast"):
+        self.token_to_kv_pool_allocator = allocator
+        self.page_size = allocator.page_size
+        self.hash_fn = get_hash_fn_by_name(hash_fn)
+        self.page_of: dict = {}  # block hash -> page id
+        self.hash_of: dict = {}  # page id -> block hash
+        self.ref: Counter = Counter()  # running requests mapping each cached page
+        self.lru: OrderedDict = OrderedDict()  # cached pages nobody maps, next to be evicted first
+
+    def match_prefix(self, key) -> MatchResult:
+        """The cached pages of ``key``'s longest prefix of full pages; a miss ends the chain."""
+        ps, pages, parent = self.page_size, [], None
+        for i in range(len(key) // ps):
+            parent = hash_block_tokens(self.hash_fn, parent, key[i * ps:(i + 1) * ps])
+            page = self.page_of.get(parent)
+            if page is None:
+                break
+            pages.append(page)
+        node = tuple(pages)
+        return MatchResult(len(pages) * ps, node, node)
+
+    def inc_lock_ref(self, node: tuple) -> None:
+        for page in node:
+            self.ref[page] += 1
+            self.lru.pop(page, None)
+
+    def dec_lock_ref(self, node: tuple) -> None:
+        for page in reversed(node):  # the prefix's head goes last: a chain's tail is evicted first
+            self.ref[page] -= 1
+            if self.ref[page] == 0:
+                del self.ref[page]
+                self.lru[page] = None
+
+    def path_device_indices(self, node: tuple) -> torch.Tensor:
+        pages = torch.tensor(node, dtype=torch.int64, device=self.token_to_kv_pool_allocator.device)
+        return page_rows(pages, self.page_size)
+
+    def evictable_size(self) -> int:
+        return len(self.lru) * self.page_size
+
+    def evict(self, num_tokens: int) -> EvictResult:
+        """Drop the least recently used unmapped pages (at least ``num_tokens`` slots, when there
+        are that many) and give them back to the allocator."""
+        pages = []
+        while self.lru and len(pages) * self.page_size < num_tokens:
+            page, _ = self.lru.popitem(last=False)
+            del self.page_of[self.hash_of.pop(page)]
+            pages.append(page)
+        if pages:
+            alloc = self.token_to_kv_pool_allocator
+            alloc.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=alloc.device))
+        return EvictResult(len(pages) * self.page_size)
+
+    def cache_finished_req(self, token_ids, kv_indices: torch.Tensor, cache_protected_len: int, last_node: tuple) -> None:
+        """Index the finished request's full pages after its matched prefix; a page whose hash is
+        already cached (another request computed the same prefix) and the partial last page go
+        back to the allocator; then the prefix is unlocked."""
+        ps, alloc = self.page_size, self.token_to_kv_pool_allocator
+        full = len(kv_indices) // ps
+        pages = (kv_indices[: full * ps: ps] // ps).tolist()
+        hashes = hash_request_tokens(self.hash_fn, ps, token_ids[: full * ps])
+        new, dup = [], []
+        for page, h in list(zip(pages, hashes))[cache_protected_len // ps:]:
+            if h in self.page_of:
+                dup.append(page)
+            else:
+                self.page_of[h], self.hash_of[page] = page, h
+                new.append(page)
+        for page in reversed(new):  # as vLLM frees a request's blocks: the tail first in line
+            self.lru[page] = None
+        if dup:
+            alloc.free_page_ids(torch.tensor(dup, dtype=torch.int64, device=alloc.device))
+        alloc.free(kv_indices[full * ps:])
+        self.dec_lock_ref(last_node)
+
+    def device_pages(self) -> set:
+        return set(self.hash_of)
+
+
+class EngineReq:
+    __slots__ = ("rid", "prompt", "max_new_tokens", "output", "req", "cached_len", "last_node", "prefix", "finished")
+
+    def __init__(self, rid, prompt, max_new_tokens):
+        self.rid, self.prompt, self.max_new_tokens = rid, list(prompt), max_new_tokens
+        self.output: list[int] = []
+        self.req = Req(rid)  # its row in the request table; req.kv_allocated_len: tokens whose K/V sit in the pool
+        self.cached_len = 0  # leading tokens mapped from the prefix cache (the cache's, not ours to free)
+        self.last_node = None  # where that prefix ends in the cache: locked while the request runs
+        self.prefix = None  # admitted, not yet allocated: the matched slots its new row starts with
+        self.finished = False
+
+    @property
+    def kv_len(self) -> int:
+        return self.req.kv_allocated_len
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def prefilling(self) -> bool:
+        """Still computing its prompt (or, after a retraction, prompt and output again)."""
+        return not self.output or self.kv_len < len(self.prompt) + len(self.output) - 1
+
+
+PREFIX_CACHES = (None, "hash", "radix", "hicache")
+
+
+class Engine:
+    """Serve greedy generation for a stream of requests through memlab's books.
+
+    ``prefix_cache``: ``"hash"`` (or True) vLLM's block hashes on SGLang's pages (chapter 06);
+    ``"radix"`` SGLang's radix tree (chapter 11); ``"hicache"`` the radix tree with a host tier of
+    ``host_tokens`` slots (chapter 11: evicted pages move to the host, a later hit loads them
+    back); None (or False) no prefix cache.
+    """
+
+    def __init__(self, model: TinyLlama, *, page_size: int = 1, num_tokens: int = 2048, max_running: int = 8,
+                 max_context: int = 512, chunk_size: int = 64, attention: str = "triton",
+                 alloc_backend: str = "torch", prefix_cache: bool | str | None = True, host_tokens: int | None = None,
+                 write_policy: str = "write_through", ignore_eos: bool = False, all_logits: bool = False,
+                 debug_mode: bool = False):
+        kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache)
+        if attention not in ("triton", "torch"):
+            raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if kind not in PREFIX_CACHES:
+            raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES} (or True/False), got {prefix_cache!r}")
+        c, dev = model.cfg, model.device
+        self.model, self.page_size, self.chunk_size, self.attention = model, page_size, chunk_size, attention
+        self.debug_mode = debug_mode
+        self.req_to_token_pool = ReqToTokenPool(max_running, max_context, device=dev)
+        self.kv_pool = MHATokenToKVPool(num_tokens, page_size, model.dtype, c.num_kv_heads, c.head_dim, c.num_layers,
+                                        device=dev)
+        self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev, kvcache=self.kv_pool,
+                                        debug_mode=debug_mode, backend=alloc_backend)
+        self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
+        # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
+        self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
+        self.waiting: deque[EngineReq] = deque()
+        self.running: list[EngineReq] = []
+        self.finished: list[EngineReq] = []  # in the order they finished
+        # The last forward pass's logits: one row per request (its last token), or, with
+        # all_logits, every token's (the tests compare a whole prefill with transformers).
+        self.all_logits = all_logits
+        self.last_logits: torch.Tensor | None = None
+        self.stats = Counter()
+
+    def _make_tree_cache(self, kind, host_tokens, write_policy):
+        if kind is None:
+            return ChunkCache(self.allocator)
+        if kind == "hash":
+            return HashPrefixCache(self.allocator)
+        if kind == "radix":
+            return RadixCache(self.allocator, debug_mode=self.debug_mode)
+        host_tokens = 2 * self.allocator.size if host_tokens is None else host_tokens
+        host = HostKVCache(self.kv_pool.host_pool_decls()[0], host_tokens, self.page_size, debug_mode=self.debug_mode)
+        return HiRadixCache(self.allocator, host, write_policy=write_policy, io_backend=self.attention,
+                            debug_mode=self.debug_mode)
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(self, prompt, max_new_tokens: int) -> EngineReq:
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        total = len(prompt) + max_new_tokens
+        if total > self.req_to_token_pool.max_context_len:
+            raise ValueError(f"a request of {total} tokens exceeds max_context {self.req_to_token_pool.max_context_len}")
+        if ceil_align(total, self.page_size) + self.page_size > self.allocator.num_pages * self.page_size:
+            raise ValueError(f"a request of {total} tokens can never fit a pool of {self.allocator.size} slots")
+        r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
+        self.stats["requests"] += 1
+        self.waiting.append(r)
+        return r
+
+    def generate(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        reqs = [self.add_request(p, max_new_tokens) for p in prompts]
+        while self.step():
+            pass
+        return [r.output for r in reqs]
+
+    def available(self) -> int:
+        """Slots a request could get now: free ones plus cached ones nobody maps (evictable)."""
+        return self.allocator.available_size() + self.tree_cache.evictable_size()
+
+    # -- scheduling ------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One forward pass: a prefill batch if one can be formed, else a decode batch."""
+        batch = self._schedule_prefill()
+        decoding = [r for r in self.running if not r.prefilling]
+        if batch:
+            self._run_extend(batch)
+        elif decoding:
+            self._run_decode(decoding)
+        elif len(self.running) > 1:
+            # Only prefills that cannot go on: the newest gives its pages back to the older ones.
+            self._retract(self.running[-1])
+        elif self.waiting or self.running:
+            raise RuntimeError(f"stuck: {len(self.waiting)} waiting and {len(self.running)} running, none can run")
+        else:
+            return False
+        if self.debug_mode:
+            self.check_books()
+        return True
+
+    def _schedule_prefill(self) -> list[tuple[EngineReq, int]]:
+        """Chunks to compute this step as (request, tokens): unfinished chunked prefills first, then
+        waiting requests in order while the pool can hold them (nobody overtakes). A new request
+        first looks its prompt up in the prefix cache and locks what it finds."""
+        ps, budget, batch, taken = self.page_size, self.chunk_size, [], 0
+        rows_left = self.req_to_token_pool.available_size()
+        reserve = ps * sum(1 for r in self.running if not r.prefilling)  # the next decode step's pages
+        for r in [r for r in self.running if r.prefilling] + list(self.waiting):
+            if budget <= 0:
+                break
+            new = r.req.req_pool_idx is None
+            if new and rows_left == 0:
+                break
+            if new:
+                prefix, node = self._match(r)
+                start = len(prefix)
+            else:
+                start = r.kv_len
+            n = min(len(r.tokens) - start, budget)
+            need = ceil_align(start + n, ps) - ceil_align(start, ps)
+            if need > self.available() - reserve - taken:
+                if new:
+                    self.tree_cache.dec_lock_ref(node)
+                break
+            if new:
+                self._admit(r, prefix, node)
+                rows_left -= 1
+            reserve += ps if start + n == len(r.tokens) else 0  # it decodes next step
+            batch.append((r, n))
+            budget -= n
+            taken += need
+        return batch
+
+    def _match(self, r: EngineReq):
+        """The cached prefix of ``r`` (at most all tokens but the last, which is computed for its
+        logits), its slots and its node, locked. HiCache first loads a host-only part back."""
+        prefix, node, loaded = match_and_lock(self.tree_cache, r.tokens[:-1])
+        self.stats["loaded_back_tokens"] += loaded
+        return prefix, node
+
+    def _admit(self, r: EngineReq, prefix: torch.Tensor, node) -> None:
+        self.waiting.remove(r)
+        self.running.append(r)
+        self.stats["prompt_tokens"] += len(r.tokens)
+        self.stats["cached_tokens"] += len(prefix)
+        r.prefix, r.cached_len, r.last_node = prefix, len(prefix), node
+
+    # -- forward passes --------------------------------------------------------------------
+    def _forward(self, ids, positions, rows, out_cache_loc, logits_rows=None, extend=None):
+        """Write each token's K/V to its slot, then let each token attend to its row up to itself.
+
+        Triton: every token is a one-query decode through chapter 09's kernel (a prefill chunk
+        too: causal by construction). Torch: a decode batch goes through ``attention_over_slots``;
+        a prefill batch (``extend``: per request, its row, its first token in the batch, its token
+        count and how many were already in the pool) attends request by request with a causal mask,
+        SGLang's extend attention, so a prefill gathers each row once instead of once per token.
+        """
+        from memlab.common import attention
+
+        loc = KVWriteLoc(out_cache_loc, physical=True)
+        seq_lens = (positions + 1).to(torch.int32)
+        table = self.req_to_token_pool.req_to_token
+        if self.attention == "torch" and extend is None:  # the same slots for every layer: gather once
+            slots, mask = attention.slots_from_req_to_token(table, rows, seq_lens)
+        elif self.attention == "torch":
+            segments = [self._extend_segment(*e) for e in extend]
+
+        def attend(layer, q, k, v):
+            self.kv_pool.set_kv_buffer(layer, loc, k, v)
+            k_buf, v_buf = self.kv_pool.get_kv_buffer(layer)
+            if self.attention == "triton":
+                return attention.decode_attention_fwd(q, k_buf, v_buf, table, rows, seq_lens)
+            if extend is None:
+                return attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1]))
+            return self._extend_attention(q, k_buf, v_buf, segments)
+
+        logits = self.last_logits = self.model.forward(ids, positions, attend,
+                                                       None if self.all_logits else logits_rows)
+        return logits[logits_rows] if self.all_logits and logits_rows is not None else logits
+
+    def _extend_segment(self, row: int, off: int, n: int, pre: int):
+        """One request of a prefill batch: its slots (what was in the pool and this chunk) and which
+        keys each of its ``n`` queries must not see (key j is visible to query t iff j <= pre + t)."""
+        dev = self.model.device
+        slots = self.req_to_token_pool.req_to_token[row, :pre + n].to(torch.int64)
+        future = torch.arange(pre + n, device=dev)[None, :] > pre + torch.arange(n, device=dev)[:, None]
+        return off, n, slots, future
+
+    @staticmethod
+    def _extend_attention(q, k_buf, v_buf, segments):
+        """Causal attention of each request's new queries over its slots, in float32."""
+        _, h, d = q.shape
+        kvh = k_buf.shape[1]
+        out = torch.empty_like(q)
+        for off, n, slots, future in segments:
+            qs = q[off:off + n].float().view(n, kvh, h // kvh, d)  # grouped query heads share a KV head
+            k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
+            s = torch.einsum("nkgd,skd->kgns", qs, k) / math.sqrt(d)
+            p = s.masked_fill(future, float("-inf")).softmax(-1)
+            out[off:off + n] = torch.einsum("kgns,skd->nkgd", p, v).reshape(n, h, -1).to(q.dtype)
+        return out
+
+    def _run_extend(self, batch) -> None:
+        dev = self.model.device
+        ext = torch.tensor([n for _, n in batch])
+        # Rows for the new requests, slots for every chunk, all written into the request table
+        # (after evicting from the prefix cache if the pool is short).
+        out = alloc_for_extend(self.req_to_token_pool, self.allocator, [r.req for r, _ in batch], ext.tolist(),
+                               [r.prefix for r, _ in batch], self.tree_cache)
+        if out is None:
+            raise RuntimeError("alloc_for_extend refused a batch the scheduler admitted")
+        for r, _ in batch:
+            r.prefix = None
+        pre = torch.tensor([r.kv_len - n for r, n in batch])  # where each chunk starts
+        rows = torch.tensor([r.req.req_pool_idx for r, _ in batch], device=dev)
+        total = int(ext.sum())
+        tok_req, starts, pos = extend_positions(pre, ext)
+        pos = pos.to(dev)
+        tok_rows = rows[tok_req.to(dev)]
+        ids = torch.tensor([t for (r, n), p in zip(batch, pre.tolist()) for t in r.tokens[p:p + n]], device=dev)
+        ends = (starts + ext - 1).to(dev)
+        extend = [(r.req.req_pool_idx, off, n, p) for (r, n), off, p in zip(batch, starts.tolist(), pre.tolist())]
+        picks = self._forward(ids, pos, tok_rows, out, logits_rows=ends, extend=extend).argmax(-1).tolist()
+        self.stats["prefill_tokens"] += total
+        for (r, n), nxt in zip(batch, picks):
+            if r.kv_len == len(r.tokens):  # the whole sequence is in: its last logits give the next token
+                self._append(r, nxt)
+
+    def _run_decode(self, decoding: list[EngineReq]) -> None:
+        decoding = self._retract_for_decode(decoding)
+        dev = self.model.device
+        out = alloc_for_decode(self.req_to_token_pool, self.allocator, [r.req for r in decoding], self.tree_cache)
+        if out is None:
+            raise RuntimeError(f"the pool ({self.allocator.size} slots) cannot hold one more token of a single request")
+        rows = torch.tensor([r.req.req_pool_idx for r in decoding], device=dev)
+        positions = torch.tensor([r.kv_len - 1 for r in decoding], device=dev)
+        ids = torch.tensor([r.tokens[-1] for r in decoding], device=dev)
+        logits = self._forward(ids, positions, rows, out)
+        self.stats["decode_tokens"] += len(decoding)
+        for r, nxt in zip(decoding, logits.argmax(-1).tolist()):
+            self._append(r, nxt)
+
+    def _retract_for_decode(self, decoding: list[EngineReq]) -> list[EngineReq]:
+        """The requests that keep decoding when this step's pages are short (chapter 08).
+
+        First the requests still prefilling: they hold pages, take no part in this step, and
+        retracting them loses least (memlab's order; SGLang's admission keeps a larger reserve
+        for future decode tokens and rarely gets here). Then ``sizing.retract_decode`` over the
+        decode batch, as SGLang: fewest decoded tokens first, releasing each victim at once and
+        reading the books again, always keeping one.
+        """
+        ps = self.page_size
+        views = [RunningReq(r.rid, len(r.prompt), len(r.output) - 1, r.kv_len) for r in decoding]  # seq_len: KV held
+        if check_decode_mem(views, self.available(), ps):
+            return decoding
+        for r in [r for r in reversed(self.running) if r.prefilling]:
+            self._retract(r)
+            if check_decode_mem(views, self.available(), ps):
+                return decoding
+        by_rid = {r.rid: r for r in decoding}
+        kept, _, fits = retract_decode(views, self.available, ps, release=lambda v: self._retract(by_rid[v.rid]))
+        if not fits:
+            raise RuntimeError(f"the pool ({self.allocator.size} slots) cannot hold one more token of a single request")
+        return [by_rid[v.rid] for v in kept]
+
+    def _append(self, r: EngineReq, token: int) -> None:
+        r.output.append(token)
+        if len(r.output) == r.max_new_tokens or token in self.stop_token_ids:
+            r.finished = True
+            self.running.remove(r)
+            self.finished.append(r)
+            row = self.req_to_token_pool.req_to_token[r.req.req_pool_idx, :r.kv_len].to(torch.int64)
+            # The prefix cache keeps what it can (radix: the whole row in whole pages; hash: the
+            # full pages whose hash is new) and frees the rest; the prefix is unlocked.
+            self.tree_cache.cache_finished_req(r.tokens[:r.kv_len], row, r.cached_len, r.last_node)
+            self.req_to_token_pool.free(r.req)
+            r.req.kv_allocated_len = r.cached_len = 0
+            r.last_node = None
+
+    def _retract(self, r: EngineReq) -> None:
+        """Give back a running request's memory (its own slots; the cache keeps the prefix); it waits
+        at the front and recomputes later."""
+        self.running.remove(r)
+        release_kv_cache(self.req_to_token_pool, self.allocator, r.req, start=r.cached_len)
+        self.tree_cache.dec_lock_ref(r.last_node)
+        r.cached_len, r.last_node = 0, None
+        self.waiting.appendleft(r)
+        self.stats["retracted"] += 1
+
+    # -- books -----------------------------------------------------------------------------
+    def page_books(self) -> tuple[dict, set, dict]:
+        """Who holds each page: (page -> rid for pages a running request owns, the pages the prefix
+        cache holds, cached page -> how many running requests map it)."""
+        ps, table = self.page_size, self.req_to_token_pool.req_to_token
+        owned, shared = {}, Counter()
+        for r in self.running:
+            row = table[r.req.req_pool_idx, :r.kv_len].tolist()
+            for s in row[r.cached_len:]:
+                assert owned.setdefault(s // ps, r.rid) == r.rid, f"page {s // ps} held by requests {owned[s // ps]} and {r.rid}"
+            shared.update({s // ps for s in row[:r.cached_len]})
+        return owned, self.tree_cache.device_pages(), dict(shared)
+
+    def check_books(self) -> None:
+        """Every page is exactly one of: free, owned by a running request, or held by the prefix
+        cache; running requests map only cached pages in their prefixes; idle, the cache and the
+        free list hold the whole pool."""
+        owned, cached, shared = self.page_books()
+        free = torch.cat((self.allocator.free_pages, self.allocator.release_pages)).tolist()
+        both = cached & set(owned)
+        assert not both, f"pages {sorted(both)} are cached and owned"
+        used = set(free) & (cached | set(owned))
+        assert not used, f"pages {sorted(used)} are free and in use"
+        assert len(free) + len(cached) + len(owned) == self.allocator.num_pages, (
+            f"{len(free)} free + {len(cached)} cached + {len(owned)} owned != {self.allocator.num_pages} pages")
+        assert set(shared) <= cached, f"prefix pages {sorted(set(shared) - cached)} are not in the cache"
+        if not self.running:
+            total = self.allocator.num_pages * self.page_size
+            assert self.available() == total, f"idle: {self.available()} available + evictable != {total} slots"
+
+
+def throughput(engine: Engine, prompts, max_new_tokens: int) -> dict:
+    """Run a batch to completion; tokens per second of the whole run (prefill + decode)."""
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, max_new_tokens)
+    dt = time.perf_counter() - t0
+    gen = sum(len(o) for o in outs)
+    return dict(seconds=dt, generated=gen, prefill=engine.stats["prefill_tokens"],
+                tokens_per_s=(gen + engine.stats["prefill_tokens"]) / dt, generated_per_s=gen / dt)

@@ -1,0 +1,125 @@
+"""Render the static pictures the chapters show to readers without a kernel (GitHub, nbviewer).
+
+    python -m memlab.course.viz.render_static [--out chapters/img] [NAME ...]
+
+Each picture is the drawing a chapter's widget makes at one chosen step, from the same scene.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memlab.course.viz import hybrid_books, sglang_books, vllm_books
+from memlab.course.viz.sglang_books import draw_books
+from memlab.course.viz.style import figure_png
+
+OUT = Path(__file__).resolve().parents[3] / "chapters" / "img"
+
+
+def token_allocator_books():
+    """Chapter 03's picture: need_sort after A and B finish, their slots staged (yellow), before D."""
+    return sglang_books.token_allocator(need_sort=True).frames[5]
+
+
+def _mappings():
+    sc = sglang_books.orientation()
+    return draw_books(sc.frames[-1], ("table", "slots", "buffers", "free"), slot=sc.slots("D")[0])
+
+
+def _kv_bytes():
+    from memlab.course.viz.draw_models import draw_kv_bytes
+
+    return draw_kv_bytes("Llama-3.1-8B")
+
+
+def _sizing(**kw):
+    from memlab.course.viz.draw_sizing import draw_sizing
+
+    return draw_sizing(**kw)
+
+
+def _attention():
+    import torch
+
+    from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
+
+    sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
+    sc.extend_batch({"A": 6, "D": 3})
+    fill_kv(sc)
+    q = torch.randn(len(sc.reqs), 4, 16, generator=torch.Generator().manual_seed(1))
+    return draw_attention(attention_frames(sc, q)["request A"][2])
+
+
+def _engine():
+    import torch
+
+    from memlab.capstone.engine import Engine, TinyLlama
+    from memlab.course.viz.draw_engine import draw_engine, engine_frames
+
+    g = torch.Generator().manual_seed(0)
+    system = torch.randint(0, 128, (16,), generator=g).tolist()
+    prompts = [system + torch.randint(0, 128, (int(n),), generator=g).tolist()
+               for n in torch.randint(4, 24, (8,), generator=g)]
+    engine = Engine(TinyLlama(), page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32,
+                    attention="torch")
+    frames = engine_frames(engine, prompts, max_new_tokens=16)
+    return draw_engine(frames[len(frames) // 2])
+
+
+def _policies():
+    from memlab.course.viz.draw_sim import draw_policies
+
+    return draw_policies("ShareGPT-like", 16, n=4000)
+
+
+def _radix():
+    from memlab.course.viz.radix_books import draw_radix, story
+
+    return draw_radix(story()[8])  # the load-back step
+
+
+PICTURES = {
+    "00_mappings": _mappings,
+    "01_request_table": lambda: draw_books(sglang_books.request_table().frames[4], ("table", "rows")),
+    "02_kv_bytes": _kv_bytes,
+    "03_token_allocator": lambda: draw_books(token_allocator_books(), ("table", "slots", "free")),
+    "04_alloc_extend": lambda: draw_books(sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
+    "05_decode": lambda: draw_books(sglang_books.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
+    "06_block_pool": lambda: vllm_books.draw_vllm(vllm_books.prefix_cache(True).frames[4]),
+    "07_swa": lambda: hybrid_books.draw_swa(hybrid_books.sliding_window().frames[5]),
+    "07_mamba": lambda: hybrid_books.draw_mamba(hybrid_books.mamba_slots()[4]),
+    "08_sizing": lambda: _sizing(model="Gemma-3-27B"),
+    "09_attention": lambda: _attention(),
+    "10_engine": lambda: _engine(),
+    "10_policies": lambda: _policies(),
+    "11_radix": lambda: _radix(),
+}
+
+
+def render(names=None, out: Path = OUT, dpi: int = 80) -> list[Path]:
+    unknown = [n for n in names or () if n not in PICTURES]
+    if unknown:
+        raise ValueError(f"unknown picture {unknown[0]!r}; known: {', '.join(PICTURES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names or PICTURES:
+        path = out / f"{name}.png"
+        path.write_bytes(figure_png(PICTURES[name](), dpi=dpi))
+        written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help=f"pictures to render (default: all of {', '.join(PICTURES)})")
+    p.add_argument("--out", type=Path, default=OUT)
+    a = p.parse_args(argv)
+    for path in render(a.names, a.out):
+        print(f"wrote {path} ({path.stat().st_size // 1024} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

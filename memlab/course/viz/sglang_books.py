@@ -1,0 +1,575 @@
+"""SGLang's books (chapters 00 to 05): the request table (``ReqToTokenPool``), the token and
+paged allocators with their free lists, and the KV pool's buffers.
+
+Every side of the books in memlab.course.viz (this module, ``vllm_books``, ``hybrid_books``,
+``radix_books``) is one module in the same four parts, in this order:
+
+1. the snapshot: ``Books``, frozen, read from the real objects by ``read_books``; a drawing
+   never looks at live objects, so every picture is a pure function of a state and a widget can
+   step back through states the library has left behind;
+2. the scene: ``Scene`` drives the real objects the way SGLang's scheduler does (a row per new
+   request, ``alloc_extend`` / ``alloc_decode``, the slots written into the row, a free when the
+   request ends) and snaps ``Books`` after each step;
+3. the chapters' stories, each built by driving the real library: ``orientation`` (00),
+   ``request_table`` (01), ``token_allocator`` (03), ``paged_extend`` (04), ``decode_steps`` and
+   ``paged_free`` (05). Each returns the scene, whose live objects the chapter keeps using, so
+   "the real code on the same state" is literally the same state;
+4. the drawings: ``draw_request_table``, ``draw_slot_grid``, ``draw_free_list``, ``draw_row_list``,
+   ``draw_buffers``, each on an axes, with cells that carry a gid (``row:R:P``, ``slot:S``,
+   ``free:I``, ``buf:NAME:S``); ``draw_books`` puts panels side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.kv_pool import MHATokenToKVPool
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.common.utils import ceil_align, ceil_div
+from memlab.course.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, caption_text, cell, frame_axes, grid_axes,
+                              new_figure, owner_color)
+
+
+
+# -- 1. the snapshot --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowView:
+    row: int
+    owner: str | None  # None: a free row (or the padding row 0)
+    slots: tuple[int, ...]  # req_to_token[row, :len], the physical slot of each position
+    generation: int
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str  # e.g. "k_buffer[0]"
+    shape: tuple[int, ...]
+    row_bytes: int  # bytes of one slot's row
+
+
+@dataclass(frozen=True)
+class Books:
+    caption: str
+    page_size: int
+    num_pages: int  # usable pages are 1..num_pages; page 0 is padding
+    row_width: int
+    rows: tuple[RowView, ...]  # request-table rows 0..size
+    free_rows: tuple[int, ...] = ()  # ReqToTokenPool.free_slots, in list order
+    free_pages: tuple[int, ...] = ()  # the allocator's free list, head first
+    staged_pages: tuple[int, ...] = ()  # released but not yet on the free list (need_sort, free group)
+    new_slots: frozenset = frozenset()  # slots handed out (or freed) by the step this snapshot follows
+    part_of: dict = field(default_factory=dict)  # slot -> alloc_extend part (1, 2, 3), when shown
+    buffers: tuple[Buffer, ...] = ()  # the KV pool's per-layer tensors, when shown
+    note: str = ""
+
+    @property
+    def slot_owner(self) -> dict[int, str]:
+        """Held slots -> owner (slots whose page went back to the allocator are not held)."""
+        gone = set(self.free_pages) | set(self.staged_pages)
+        return {s: r.owner for r in self.rows if r.owner is not None
+                for s in r.slots if s // self.page_size not in gone}
+
+    @property
+    def page_owner(self) -> dict[int, str]:
+        return {s // self.page_size: o for s, o in self.slot_owner.items()}
+
+    @property
+    def released_slots(self) -> frozenset:
+        """Slots still written in a row whose page was already given back (e.g. out of a window)."""
+        gone = set(self.free_pages) | set(self.staged_pages)
+        return frozenset(s for r in self.rows if r.owner is not None for s in r.slots if s // self.page_size in gone)
+
+    @property
+    def num_slots(self) -> int:
+        """Rows of every KV buffer: the usable slots plus the padding page."""
+        return (self.num_pages + 1) * self.page_size
+
+
+def read_buffers(kvcache) -> tuple[Buffer, ...]:
+    """The pool's tensors in layer order, K before V (MHA) or the one latent buffer (MLA)."""
+    if kvcache is None:
+        return ()
+    out = []
+    for i in range(kvcache.layer_num):
+        layer = kvcache.start_layer + i
+        if hasattr(kvcache, "kv_buffer"):
+            t = kvcache.kv_buffer[i]
+            out.append(Buffer(f"kv_buffer[{layer}]", tuple(t.shape), t[0].nbytes))
+        else:
+            for kind in ("k", "v"):
+                t = getattr(kvcache, f"{kind}_buffer")[i]
+                out.append(Buffer(f"{kind}_buffer[{layer}]", tuple(t.shape), t[0].nbytes))
+    return tuple(out)
+
+
+def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of=None, kvcache=None,
+               note: str = "") -> Books:
+    """Snapshot the books: each Req's row holds its first ``kv_allocated_len`` slots."""
+    owners = {}
+    for r in reqs:
+        if r.req_pool_idx is not None:
+            owners[r.req_pool_idx] = (str(r.rid), r.kv_allocated_len)
+    table = req_pool.req_to_token
+    gens = req_pool.req_generation.tolist()
+    rows = []
+    for row in range(table.shape[0]):
+        owner, n = owners.get(row, (None, 0))
+        slots = tuple(table[row, :n].tolist()) if n else ()
+        rows.append(RowView(row, owner, slots, gens[row]))
+    staged = allocator.release_pages.tolist()
+    if getattr(allocator, "free_group", None) is not None:  # an open group queues slots and page ids
+        ps = allocator.page_size
+        queued = {s // ps for t in allocator.free_group for s in t.tolist()}
+        queued |= {p for t in allocator.free_page_ids_group for p in t.tolist()}
+        staged += sorted(queued)
+    return Books(caption=caption, page_size=allocator.page_size, num_pages=allocator.num_pages,
+                 row_width=table.shape[1], rows=tuple(rows), free_rows=tuple(req_pool.free_slots),
+                 free_pages=tuple(allocator.free_pages.tolist()), staged_pages=tuple(staged),
+                 new_slots=frozenset(int(s) for s in new_slots), part_of=dict(part_of or {}),
+                 buffers=read_buffers(kvcache), note=note)
+
+
+# -- 2. the scene -----------------------------------------------------------------------------
+
+class Scene:
+    def __init__(self, req_pool: ReqToTokenPool, allocator, kvcache=None):
+        self.req_pool, self.allocator, self.kvcache = req_pool, allocator, kvcache
+        self.reqs: dict[str, Req] = {}
+        self.frames: list[Books] = []
+
+    # -- reading -----------------------------------------------------------------------------
+    def books(self, caption: str = "", new_slots=(), part_of=None, note: str = "") -> Books:
+        return read_books(caption, self.req_pool, self.allocator, self.reqs.values(), new_slots, part_of,
+                          self.kvcache, note)
+
+    def snap(self, caption: str, new_slots=(), part_of=None, note: str = "") -> Books:
+        b = self.books(caption, new_slots, part_of, note)
+        self.frames.append(b)
+        return b
+
+    def slots(self, rid) -> list[int]:
+        r = self.reqs[rid]
+        return self.req_pool.req_to_token[r.req_pool_idx, : r.kv_allocated_len].tolist()
+
+    def last_loc(self, rid) -> int:
+        s = self.slots(rid)
+        return s[-1] if s else -1
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def extend_batch(self, lens: dict) -> torch.Tensor | None:
+        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a row),
+        through the scheduler's ``alloc_for_extend`` (pages checked first, then rows). Returns the
+        new slots in batch order, or None when pages or rows are short; a refused batch changes
+        nothing."""
+        batch = [self.reqs.get(rid) or Req(rid) for rid in lens]
+        out = alloc_for_extend(self.req_pool, self.allocator, batch, list(lens.values()))
+        if out is not None:
+            self.reqs.update((r.rid, r) for r in batch)
+        return out
+
+    def decode(self, rids) -> torch.Tensor | None:
+        """One decode step: each request in ``rids`` gets one more token (``alloc_for_decode``)."""
+        return alloc_for_decode(self.req_pool, self.allocator, [self.reqs[r] for r in rids])
+
+    def clear(self) -> None:
+        """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets them)."""
+        for r in self.reqs.values():
+            r.req_pool_idx, r.kv_allocated_len = None, 0
+        self.reqs.clear()
+        self.req_pool.clear()
+        self.allocator.clear()
+
+    def finish(self, rid) -> list[int]:
+        """The request ends: its slots go back to the allocator, its row to the request table."""
+        return release_kv_cache(self.req_pool, self.allocator, self.reqs.pop(rid)).tolist()
+
+
+# -- 3. the chapters' stories -----------------------------------------------------------------
+
+def _nth(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ... 11th, 12th, 21st."""
+    return f"{n}" + ("th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th"))
+
+
+def _every(n: int) -> str:
+    return "every slot" if n == 1 else f"every {_nth(n)} slot"
+
+
+def _slot_span(first: int, last: int) -> str:
+    return f"slot {first}" if first == last else f"slots {first}-{last}"
+
+
+def _pages_word(pages) -> str:
+    return "page" if len(pages) == 1 else "pages"
+
+
+def orientation(page_size: int = 4, size: int = 32, rows: int = 4, width: int = 12, dtype=torch.float16,
+                head_dim: int = 8) -> Scene:
+    """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its room."""
+    kv = MHATokenToKVPool(size, page_size, dtype, head_num=2, head_dim=head_dim, layer_num=2)
+    sc = Scene(ReqToTokenPool(rows, width), PagedTokenToKVPoolAllocator(size, page_size, kvcache=kv), kv)
+    sc.snap(f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never handed out")
+    for rid, n in (("A", 5), ("B", 3), ("C", 8)):
+        out = sc.extend_batch({rid: n})
+        r = sc.reqs[rid]
+        sc.snap(f"{rid} arrives with {n} tokens: row {r.req_pool_idx} (taken from the tail of the free rows), "
+                f"slots {out.tolist()}", new_slots=out.tolist())
+    lens = [sc.reqs[r].kv_allocated_len + 1 for r in "ABC"]
+    out = sc.decode(["A", "B", "C"])
+    opened = [r for r, n in zip("ABC", lens) if (n - 1) % page_size == 0]
+    sc.snap(f"One decode step: A, B, C each add a token, in slots {out.tolist()}"
+            + (f"; {', '.join(opened)} opened a new page" if opened else ""), new_slots=out.tolist())
+    slots = sc.finish("B")
+    b_pages = {s // page_size for s in slots}
+    sc.snap(f"B finishes: its row and its {_pages_word(b_pages)} go back (slots {slots} are free again)")
+    out = sc.extend_batch({"D": 4})
+    again = (f"B's row and B's {_pages_word(b_pages)} again" if {s // page_size for s in out.tolist()} == b_pages
+             else "B's row again")
+    sc.snap(f"D arrives with 4 tokens: row {sc.reqs['D'].req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
+            "and pages are the next handed out)", new_slots=out.tolist())
+    return sc
+
+
+def _slots(out) -> list[int]:
+    return [] if out is None else out.tolist()
+
+
+def request_table(rows: int = 5, width: int = 8) -> Scene:
+    """Chapter 01: rows from the tail, reuse and generations, a chunked prefill keeping its row, clear()."""
+    sc = Scene(ReqToTokenPool(rows, width), TokenToKVPoolAllocator(rows * width))
+    sc.snap(f"{rows} free rows; alloc_rows takes from the tail of free_slots, so row {rows} goes first")
+    sc.extend_batch({"A": 3, "B": 2})
+    sc.snap(f"A and B arrive together: alloc_rows(2) takes the last two free rows, "
+            f"A -> row {sc.reqs['A'].req_pool_idx}, B -> row {sc.reqs['B'].req_pool_idx}; each generation is now 1")
+    sc.extend_batch({"C": 4})
+    sc.snap(f"C arrives: row {sc.reqs['C'].req_pool_idx}")
+    b_row = sc.reqs["B"].req_pool_idx
+    sc.finish("B")
+    sc.snap(f"B finishes: row {b_row} is appended to free_slots, so it is the next one handed out")
+    sc.extend_batch({"D": 2})
+    d = sc.reqs["D"]
+    sc.snap(f"D arrives and gets row {d.req_pool_idx} again, generation {d.generation}: a reader that stored "
+            f"(row {d.req_pool_idx}, generation 1) for B now sees the row was reused")
+    sc.extend_batch({"E": 3})
+    e_row = sc.reqs["E"].req_pool_idx
+    sc.snap(f"E's long prompt is prefilled in chunks; the first chunk (3 tokens) takes row {e_row}")
+    before = sc.req_pool.available_size()
+    sc.extend_batch({"E": 3})
+    sc.snap(f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at {before}")
+    rows0 = sc.req_pool.alloc_rows(0)
+    sc.snap(f"alloc_rows(0) returns {rows0}: free_slots[-0:] would have been the whole list")
+    short = sc.extend_batch({"F": 1, "G": 1, "H": 1})
+    sc.snap(f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc returns "
+            f"{short}, and nothing changes (all or nothing)")
+    sc.clear()
+    sc.snap("clear(): every row is free again, but the generations stay: a reused row never repeats one")
+    return sc
+
+
+def token_allocator(need_sort: bool, size: int = 16) -> Scene:
+    """Chapter 03: one slot per token; FIFO reuse, or staged frees merged and sorted on demand."""
+    sc = Scene(ReqToTokenPool(5, 8), TokenToKVPoolAllocator(size, need_sort=need_sort))
+    mode = "need_sort=True" if need_sort else "need_sort=False"
+    sc.snap(f"{mode}: slots 1..{size} free, slot 0 is padding; allocation takes the head of free_pages")
+    for rid, n in (("A", 4), ("B", 3), ("C", 6)):
+        out = sc.extend_batch({rid: n})
+        sc.snap(f"{rid} takes {n} slots from the head: {_slots(out)}", new_slots=_slots(out))
+    for rid in ("A", "B"):
+        freed = sc.finish(rid)
+        where = "are staged in release_pages" if need_sort else "join the TAIL of free_pages (FIFO)"
+        sc.snap(f"{rid} finishes: its slots {freed} {where}")
+    free_now = len(sc.allocator.free_pages)
+    out = sc.extend_batch({"D": 4})
+    if need_sort:
+        how = (f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted first"
+               if free_now < 4 else "free_pages is deep enough: nothing is merged")
+    else:
+        how = "the oldest free slots go first"
+    sc.snap(f"D takes 4 slots: {_slots(out)} ({how})", new_slots=_slots(out))
+    out = sc.extend_batch({"E": 2})
+    sc.snap(f"E takes 2 slots: {_slots(out)}", new_slots=_slots(out))
+    return sc
+
+
+def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
+    """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
+    old_end = ceil_align(prefix, page_size)
+    full_end = seq // page_size * page_size
+    return [1 if pos < old_end else 2 if pos < full_end else 3 for pos in range(prefix, seq)]
+
+
+def paged_extend(page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu") -> Scene:
+    """Chapter 04: prefill batches on a paged allocator, each new token coloured by its part.
+
+    ``device``: where the allocator's free list lives (the kernel's device for backend="triton")."""
+    sc = Scene(ReqToTokenPool(4, 24), PagedTokenToKVPoolAllocator(size, page_size, device=device, backend=backend))
+    sc.snap(f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
+            "page, 2 = whole new pages, 3 = a new partial page")
+    for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
+        pre = {r: sc.reqs[r].kv_allocated_len if r in sc.reqs else 0 for r in batch}
+        out = sc.extend_batch(batch)
+        part_of, i, desc = {}, 0, []
+        for r, n in batch.items():
+            parts = extend_parts(pre[r], pre[r] + n, page_size)
+            for s, p in zip(out[i:i + n].tolist(), parts):
+                part_of[s] = p
+            i += n
+            counts = [parts.count(k) for k in (1, 2, 3)]
+            desc.append(f"{r} {pre[r]}->{pre[r] + n} (parts {counts[0]}/{counts[1]}/{counts[2]})")
+        sc.snap("alloc_extend: " + ", ".join(desc), new_slots=_slots(out), part_of=part_of,
+                note=f"slots in batch order: {_slots(out)}")
+    return sc
+
+
+def decode_steps(page_size: int = 4, steps: int = 6, prompts=(("A", 3), ("B", 4), ("C", 6))) -> Scene:
+    """Chapter 05: decode steps; a request opens a page exactly when its new length % page_size == 1."""
+    sc = Scene(ReqToTokenPool(4, 16), PagedTokenToKVPoolAllocator(64, page_size))
+    out = sc.extend_batch(dict(prompts))
+    sc.snap("Prefill: " + ", ".join(f"{r} has {n} tokens" for r, n in prompts), new_slots=_slots(out))
+    rids = [r for r, _ in prompts]
+    for step in range(1, steps + 1):
+        lens = {r: sc.reqs[r].kv_allocated_len + 1 for r in rids}
+        out = sc.decode(rids)
+        opened = [r for r in rids if (lens[r] - 1) % page_size == 0]
+        rule = f"seq_len % {page_size} == 1" if page_size > 1 else "page_size 1: every token is a page"
+        what = (f"{', '.join(opened)} open{'s' if len(opened) == 1 else ''} a page ({rule})"
+                if opened else "nobody crosses a page boundary: every slot is last_loc + 1")
+        sc.snap(f"decode step {step}: seq_lens {list(lens.values())}; {what}", new_slots=_slots(out))
+    return sc
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except (ValueError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def paged_free(story: str, page_size: int = 4) -> Scene:
+    """Chapter 05: four ways to give pages back, on the state ``decode_steps`` leaves behind."""
+    stories = ("free", "free_segment", "free group", "double free")
+    if story not in stories:
+        raise ValueError(f"story must be one of {stories}, got {story!r}")
+    sc = Scene(ReqToTokenPool(4, 16), PagedTokenToKVPoolAllocator(64, page_size, debug_mode=True))
+    sc.extend_batch({"A": 6, "B": 9, "C": 13})
+    sc.snap("A, B and C hold 6, 9 and 13 tokens; the allocator runs in debug mode (it checks its books)")
+    al = sc.allocator
+    if story == "free":
+        slots = sc.slots("A")
+        pages = sorted({s // page_size for s in slots})
+        sc.finish("A")
+        sc.snap(f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // {page_size}), "
+                "at the HEAD of the free list (LIFO: the next allocation reuses them)")
+        out = sc.extend_batch({"D": 5})
+        sc.snap(f"D takes A's pages again: slots {_slots(out)}", new_slots=_slots(out))
+    elif story == "free_segment":
+        c = sc.slots("C")
+        n = max(page_size, 8 - 8 % page_size)  # whole pages
+        run = c[:n]
+        al.free_segment(torch.tensor(run), start_pos=0)
+        sc.snap(f"C's first {n} positions leave a sliding window: free_segment(slots {run}, start_pos=0) takes "
+                f"{_every(page_size)} ({run[::page_size]}), one per page, with no unique()")
+        start = next((p for p in range(10, n, -1) if p % page_size), None)  # a run that starts mid-page
+        if start is None:
+            sc.snap(f"With page_size {page_size} no run of C's starts mid-page: nothing to refuse")
+        else:
+            err = _error(lambda: al.free_segment(torch.tensor(c[start:start + 3]), start_pos=start))
+            sc.snap(f"An unaligned run (positions {start}..{start + 2}) is refused: {_every(page_size)} from there "
+                    "would not be one per page", note=err)
+    elif story == "free group":
+        al.free_group_begin()
+        sc.finish("A")
+        sc.snap("free_group_begin(), then A finishes: its slots are only queued (yellow), not released")
+        sc.finish("B")
+        sc.snap("B finishes inside the same group: queued too")
+        c = sc.slots("C")
+        cut = next((p for p in range(10, 0, -1) if p % page_size), 10)  # mid-page where there are pages
+        al.free(torch.tensor(c[:cut]))
+        al.free(torch.tensor(c[cut:]))  # as a scheduler frees a request and its over-allocated tail apart
+        r = sc.reqs.pop("C")
+        sc.req_pool.free(r)
+        r.kv_allocated_len = 0
+        both = sorted({s // page_size for s in c[:cut]} & {s // page_size for s in c[cut:]})
+        sc.snap(f"C finishes, freed in two pieces ({c[:cut]} and {c[cut:]}): "
+                + (f"page {both[0]} is under both" if both else "no page is under both"))
+        al.free_group_end()
+        sc.snap("free_group_end(): one release for the whole group, its pages deduplicated once, "
+                "one concatenation instead of three")
+        sc.snap("Groups do not nest", note=_error(lambda: (al.free_group_begin(), al.free_group_begin())))
+        al.free_group_end()  # close the group the refused call left open
+    else:
+        slots = sc.slots("A")
+        sc.finish("A")
+        sc.snap("A finishes: its pages go back")
+        sc.snap("A stale copy of A's slots is freed again: debug mode catches the double free",
+                note=_error(lambda: al.free(torch.tensor(slots))))
+    return sc
+
+
+# -- 4. the drawings --------------------------------------------------------------------------
+
+def draw_request_table(ax, books: Books, max_cols: int | None = None, show_generation: bool = True) -> None:
+    """req_to_token as a grid: a row per request-table row, the slot id of each position in it."""
+    cols = min(books.row_width, max_cols or books.row_width)
+    grid_axes(ax, "request table  req_to_token[row, pos] = slot")
+    released = books.released_slots
+    x0 = 1.6
+    for r in books.rows:
+        y = r.row
+        free = r.row in set(books.free_rows)
+        name = "pad" if r.row == 0 else f"row {r.row}"
+        ax.text(x0 - 0.15, y + 0.5, name, ha="right", va="center", fontsize=7)
+        for pos in range(cols):
+            if r.row == 0:
+                fill, label = PADDING, ""
+            elif r.owner is not None and pos < len(r.slots):
+                fill, label = owner_color(r.owner), r.slots[pos]
+            else:
+                fill, label = FREE, ""
+            edge = HIGHLIGHT if label != "" and label in books.new_slots else "white"
+            cell(ax, x0 + pos, y, fill, label, gid=f"row:{r.row}:{pos}", edge=edge, lw=1.5 if edge == HIGHLIGHT else 1,
+                 alpha=0.3 if label in released else 1.0)
+        tag = r.owner if r.owner is not None else ("free" if free else "")
+        right = f"{tag}" + (f"  gen {r.generation}" if show_generation and r.row else "")
+        ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=7)
+    for pos in range(cols):
+        ax.text(x0 + pos + 0.5, -0.25, str(pos), ha="center", va="bottom", fontsize=6, color="#666")
+    frame_axes(ax, x0 + cols + 3.2, len(books.rows))
+
+
+def _page_layout(books: Books, pages_per_line: int | None):
+    ps = books.page_size
+    if pages_per_line is None:
+        pages_per_line = min(books.num_pages + 1, 20) if ps == 1 else (max(1, 16 // ps) if ps < 16 else 1)
+    return ps, pages_per_line, (0.4 if ps > 1 else 0.0)
+
+
+def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: str | None = None) -> None:
+    """Physical slots grouped by page: owner colours, pale for a held page's unused tail."""
+    ps, ppl, gap = _page_layout(books, pages_per_line)
+    title = title or (f"KV slots, {ps} per page (slot = page * {ps} + offset)" if ps > 1 else "KV slots")
+    if books.part_of:
+        title += "\n/// part 1 · plain: part 2 · ... part 3"
+    grid_axes(ax, title)
+    slot_owner = books.slot_owner
+    page_owner = books.page_owner
+    staged, free = set(books.staged_pages), set(books.free_pages)
+    lines = ceil_div(books.num_pages + 1, ppl)
+    for page in range(books.num_pages + 1):
+        line, col = divmod(page, ppl)
+        x = col * (ps + gap)
+        y = line * 1.5
+        if ps > 1:
+            ax.text(x + ps / 2, y - 0.05, f"page {page}", ha="center", va="bottom", fontsize=6, color="#666")
+        for off in range(ps):
+            s = page * ps + off
+            alpha, hatch = 1.0, None
+            if page == 0:
+                fill = PADDING
+            elif page in staged:
+                fill = STAGED
+            elif page in free:
+                fill = FREE
+            elif s in slot_owner:
+                fill = owner_color(slot_owner[s])
+                hatch = PART_HATCH.get(books.part_of.get(s))
+            elif page in page_owner:  # the unused tail of a page some request holds
+                fill, alpha = owner_color(page_owner[page]), 0.3
+            else:
+                fill = FREE
+            new = s in books.new_slots
+            cell(ax, x + off, y, fill, s, gid=f"slot:{s}", alpha=alpha, hatch=hatch,
+                 edge=HIGHLIGHT if new else "white", lw=1.5 if new else 1.0)
+    width = ppl * (ps + gap) - gap if books.num_pages + 1 >= ppl else (books.num_pages + 1) * (ps + gap) - gap
+    frame_axes(ax, width, lines * 1.5 - 0.5)
+
+
+def draw_free_list(ax, books: Books, title: str | None = None, max_items: int = 24) -> None:
+    """The free list head first, then what is staged (released but not merged yet)."""
+    unit = "slots" if books.page_size == 1 else "pages"
+    grid_axes(ax, title or f"free {unit}: head (taken next) -> tail")
+    items = [(p, FREE, "free") for p in books.free_pages] + [(p, STAGED, "staged") for p in books.staged_pages]
+    shown = items[:max_items]
+    for i, (p, fill, kind) in enumerate(shown):
+        cell(ax, i, 0, fill, p, gid=f"free:{i}:{kind}", edge="#999")
+    if len(items) > max_items:
+        ax.text(max_items + 0.2, 0.5, f"... {len(items) - max_items} more", va="center", fontsize=7)
+    if not items:
+        ax.text(0, 0.5, "(empty)", va="center", fontsize=8)
+    if books.staged_pages:
+        ax.text(len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=7, color="#996600")
+    frame_axes(ax, max(len(shown), 1) + (3 if len(items) > max_items else 0), 1.6)
+
+
+def draw_row_list(ax, books: Books) -> None:
+    """ReqToTokenPool.free_slots: alloc_rows takes from the tail, free appends to the tail."""
+    grid_axes(ax, "free rows (alloc takes the tail)")
+    for i, row in enumerate(books.free_rows):
+        cell(ax, i, 0, FREE, row, gid=f"freerow:{i}", edge="#999")
+    if not books.free_rows:
+        ax.text(0, 0.5, "(no free row)", va="center", fontsize=8)
+    frame_axes(ax, max(len(books.free_rows), 1), 1)
+
+
+def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
+    """Every layer's KV tensor as a strip of slot rows, coloured by owner; one slot traced to bytes."""
+    grid_axes(ax, "KV buffers: slot s is row s of every layer's tensor")
+    slot_owner = books.slot_owner
+    n = books.num_slots
+    x0 = 3.2
+    for j, b in enumerate(books.buffers):
+        ax.text(x0 - 0.2, j + 0.5, b.name, ha="right", va="center", fontsize=7)
+        for s in range(n):
+            fill = PADDING if s < books.page_size else owner_color(slot_owner.get(s))
+            mark = s == slot
+            cell(ax, x0 + s, j, fill, gid=f"buf:{b.name}:{s}", edge=HIGHLIGHT if mark else "white",
+                 lw=1.5 if mark else 0.3)
+    for s in range(0, n, max(1, books.page_size)):
+        ax.text(x0 + s + 0.5, -0.15, str(s), ha="center", va="bottom", fontsize=6, color="#666")
+    if slot is not None and books.buffers:
+        b = books.buffers[0]
+        ax.text(x0 + n + 0.5, len(books.buffers) / 2, f"slot {slot} -> bytes\n[{slot * b.row_bytes}, "
+                f"{(slot + 1) * b.row_bytes})\nof each tensor\n({b.row_bytes} B a row,\nshape {b.shape})",
+                fontsize=7, va="center")
+    frame_axes(ax, x0 + n + (9 if slot is not None else 0), max(len(books.buffers), 1))
+
+
+PANELS = {"table": draw_request_table, "slots": draw_slot_grid, "free": draw_free_list,
+          "rows": draw_row_list, "buffers": draw_buffers}
+
+
+def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 11.0, height: float = 3.6,
+               slot: int | None = None):
+    """Panels side by side (``table``, ``slots``, ``buffers`` in a row; ``free``/``rows`` strips below)."""
+    top = [p for p in panels if p in ("table", "slots")]
+    strips = [p for p in panels if p in ("free", "rows", "buffers")]
+    unknown = [p for p in panels if p not in PANELS]
+    if unknown:
+        raise ValueError(f"unknown panel {unknown[0]!r}; known: {sorted(PANELS)}")
+    extra = sum(0.35 * max(len(books.buffers), 2) if p == "buffers" else 0.7 for p in strips)
+    if top == ["table"]:
+        width = min(width, 2.5 + 0.45 * books.row_width)
+    fig, _ = new_figure(width, height * bool(top) + extra, ncols=1)
+    fig.clear()
+    tall = {"free": 1, "rows": 1, "buffers": 0.4 * max(len(books.buffers), 2)}
+    ratios = [4] * bool(top) + [tall[p] for p in strips]
+    sub = fig.subfigures(len(ratios), 1, height_ratios=ratios, squeeze=False)[:, 0]
+    i = 0
+    if top:
+        widths = {"table": books.row_width + 5, "slots": 17.5}
+        axes = sub[0].subplots(1, len(top), width_ratios=[widths[p] for p in top], squeeze=False)[0]
+        for ax, p in zip(axes, top):
+            PANELS[p](ax, books)
+        i = 1
+    for p in strips:
+        ax = sub[i].subplots()
+        draw_buffers(ax, books, slot) if p == "buffers" else PANELS[p](ax, books)
+        i += 1
+    fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
+    return fig

@@ -1,0 +1,89 @@
+"""The allocation kernels' references (SGLang's are alloc_*_naive in sglang/srt/mem_cache/allocator/paged.py).
+
+Both take the free list as it is before the call and return the slot of every new token. A
+request's new tokens come in three parts:
+  (1) the rest of its last, partly filled page, continuing from ``last_loc + 1``;
+  (2) whole new pages;
+  (3) one new, partly filled page.
+Requests take their new pages from the free list in batch order, so each request's first page
+and first output position are prefix sums over the requests before it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.common.utils import ceil_div
+
+
+def num_new_pages(prefix_lens, seq_lens, page_size: int):
+    """Pages a batch needs: sum of ceil(seq / ps) - ceil(prefix / ps) (works on ints and tensors)."""
+    n = ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
+    return int(n.sum()) if isinstance(n, torch.Tensor) else n
+
+
+def num_new_pages_decode(seq_lens, page_size: int) -> int:
+    """Pages a decode step opens: requests whose new token starts a page. SGLang's
+    ``get_num_new_pages(..., decode=True)`` counts ``seq_len % ps == 1``, the same for ps > 1; at
+    page size 1 SGLang uses the token allocator, and this form stays right there too."""
+    return int(((seq_lens - 1) % page_size == 0).sum())
+
+
+def alloc_extend_python(prefix_lens, seq_lens, last_loc, free_pages, page_size: int) -> list[int]:
+    out, next_page = [], 0
+    for pre, seq, last in zip(prefix_lens, seq_lens, last_loc):
+        old_page_end = ceil_div(pre, page_size) * page_size  # where the last partial page ends
+        part1 = min(seq, old_page_end) - pre
+        out += [last + 1 + i for i in range(part1)]
+        pos = pre + part1
+        while pos < seq:  # parts (2) and (3): fresh pages, filled from offset 0
+            page = free_pages[next_page]
+            next_page += 1
+            take = min(page_size, seq - pos)
+            out += [page * page_size + i for i in range(take)]
+            pos += take
+    return out
+
+
+def alloc_decode_python(seq_lens, last_loc, free_pages, page_size: int) -> list[int]:
+    out, next_page = [], 0
+    for seq, last in zip(seq_lens, last_loc):
+        if (seq - 1) % page_size == 0:  # the new token (position seq - 1) opens a page
+            out.append(free_pages[next_page] * page_size)
+            next_page += 1
+        else:
+            out.append(last + 1)
+    return out
+
+
+def _nonempty(free_pages: torch.Tensor) -> torch.Tensor:
+    return free_pages if len(free_pages) else free_pages.new_zeros(1)
+
+
+def alloc_extend_torch(prefix_lens, seq_lens, last_loc, free_pages, page_size: int,
+                       extend_num_tokens: int) -> torch.Tensor:
+    """One slot per new token, computed for all tokens at once (no loop over requests)."""
+    bs, dev = len(seq_lens), seq_lens.device
+    ext = seq_lens - prefix_lens
+    out_start = torch.cumsum(ext, 0) - ext
+    pages = ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
+    page_start = torch.cumsum(pages, 0) - pages
+    old_page_end = ceil_div(prefix_lens, page_size) * page_size
+    # Per request first, so each token needs only a few gathers.
+    shift = prefix_lens - out_start  # token j of the batch sits at position j + shift[req]
+    first_page = page_start - old_page_end // page_size  # free-list index of position 0's page
+    cont = last_loc + 1 - prefix_lens  # part (1): slot = cont + position
+    req = torch.repeat_interleave(torch.arange(bs, device=dev), ext, output_size=extend_num_tokens)
+    pos = torch.arange(extend_num_tokens, device=dev) + shift[req]
+    free_pages = _nonempty(free_pages)  # gathered values are only used where pages were counted
+    k = (first_page[req] + pos // page_size).clamp(0, len(free_pages) - 1)
+    fresh = free_pages[k] * page_size + pos % page_size
+    return torch.where(pos < old_page_end[req], cont[req] + pos, fresh)
+
+
+def alloc_decode_torch(seq_lens, last_loc, free_pages, page_size: int) -> torch.Tensor:
+    opens = (seq_lens - 1) % page_size == 0
+    k = torch.cumsum(opens.to(torch.int64), 0) - 1  # which new page each opener takes
+    free_pages = _nonempty(free_pages)
+    fresh = free_pages[k.clamp(0, len(free_pages) - 1)] * page_size
+    return torch.where(opens, fresh, last_loc + 1)

@@ -1,0 +1,177 @@
+"""The KV stores, slot -> bytes: the ``KVCache`` family of sglang/srt/mem_cache/memory_pool.py.
+
+One tensor per layer, ``size + page_size`` rows: the allocators hand out the slots of pages
+1..size // page_size (slots page_size .. size + page_size - 1), and the first page (slot 0 and its
+neighbours) absorbs writes of padded tokens. A pool holds only the layers
+``start_layer..end_layer`` of a pipeline stage, indexed by ``layer_id - start_layer``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from memlab.common import _checks
+from memlab.common.env import resolve_device
+
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                   if hasattr(torch, n))
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim: int | None = None,
+                        dtype_bytes: int = 2) -> int:
+    """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
+
+
+def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2) -> int:
+    """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
+    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+
+
+class BufferDecl(NamedTuple):
+    name: str  # the pool's attribute holding one tensor per layer ("k_buffer", ...)
+    row_shape: tuple  # the shape of one token's row in one layer
+    dtype: torch.dtype  # the stored dtype (uint8 for fp8 pools)
+
+
+class HostPoolDecl(NamedTuple):
+    """One host pool a device pool asks HiCache to keep (SGLang's ``HostPoolDecl``, chapter 11)."""
+
+    pool_name: str
+    device_pool: object
+    layer_num: int
+    buffers: tuple  # BufferDecl per per-layer buffer of the device pool
+
+
+class KVCache:
+    """What every pool shares: sizes, layer range, and the stored vs. logical dtype."""
+
+    # SGLang's unified pools set this: their ids are virtual, so their write doors take only a
+    # KVWriteLoc marked physical. memlab's pools hold physical ids by allocation.
+    requires_physical_write_loc = False
+
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, layer_num: int, device="cpu",
+                 start_layer: int | None = None, end_layer: int | None = None):
+        start_layer = 0 if start_layer is None else start_layer
+        end_layer = start_layer + layer_num - 1 if end_layer is None else end_layer
+        _checks.kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
+        self.size, self.page_size, self.layer_num = size, page_size, layer_num
+        self.device = resolve_device(device)
+        self.dtype = dtype
+        # index_put (buffer[loc] = x) has no fp8 implementation: store fp8 as raw bytes.
+        self.store_dtype = torch.uint8 if dtype in FP8_DTYPES else dtype
+        self.start_layer, self.end_layer = start_layer, end_layer
+
+    def _local(self, layer_id: int) -> int:
+        _checks.layer_id(self, layer_id)
+        return layer_id - self.start_layer
+
+    def _view(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(self.dtype) if self.store_dtype != self.dtype else t
+
+    def _store(self, x: torch.Tensor, scale) -> torch.Tensor:
+        if scale is not None:
+            x = x / scale
+        x = x.to(self.dtype)
+        return x.view(self.store_dtype) if self.store_dtype != self.dtype else x
+
+    buffer_names: tuple = ()  # the attributes holding one tensor per layer
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [t for name in self.buffer_names for t in getattr(self, name)]
+
+    def host_pool_decls(self) -> tuple:
+        """What a host tier must mirror (HiCache, chapter 11): per layer, one host tensor for each
+        of this pool's buffers, with the same row shape and stored dtype."""
+        buffers = tuple(BufferDecl(name, tuple(getattr(self, name)[0].shape[1:]), self.store_dtype)
+                        for name in self.buffer_names)
+        return (HostPoolDecl("kv", self, self.layer_num, buffers),)
+
+    def kv_size_bytes(self) -> int:
+        """Bytes the pool really holds (padding page included), from the tensors themselves."""
+        return sum(t.nbytes for t in self.buffers())
+
+    @property
+    def bytes_per_token(self) -> int:
+        raise NotImplementedError
+
+
+class MHATokenToKVPool(KVCache):
+    """Separate K ``(rows, H, d)`` and V ``(rows, H, d_v)`` per layer."""
+
+    buffer_names = ("k_buffer", "v_buffer")
+
+    def __init__(self, size, page_size, dtype, head_num, head_dim, layer_num, device="cpu",
+                 v_head_dim=None, start_layer=None, end_layer=None):
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
+        v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        _checks.positive_ints(head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim)
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
+        rows = size + page_size
+        z = dict(dtype=self.store_dtype, device=self.device)
+        self.k_buffer = [torch.zeros((rows, head_num, head_dim), **z) for _ in range(layer_num)]
+        self.v_buffer = [torch.zeros((rows, head_num, v_head_dim), **z) for _ in range(layer_num)]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return mha_bytes_per_token(self.layer_num, self.head_num, self.head_dim, self.v_head_dim,
+                                   dtype_bytes(self.store_dtype))
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.k_buffer[self._local(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.v_buffer[self._local(layer_id)])
+
+    def get_kv_buffer(self, layer_id: int):
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
+        """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
+        i = self._local(getattr(layer_id, "layer_id", layer_id))
+        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
+                               cache_v=(cache_v, (self.head_num, self.v_head_dim), "head_num, v_head_dim"))
+        self.k_buffer[i][loc] = self._store(cache_k, k_scale)
+        self.v_buffer[i][loc] = self._store(cache_v, v_scale)
+
+
+class MLATokenToKVPool(KVCache):
+    """One latent buffer ``(rows, 1, r + d_r)`` per layer; "V" is a view of its first r columns."""
+
+    buffer_names = ("kv_buffer",)
+
+    def __init__(self, size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device="cpu",
+                 start_layer=None, end_layer=None):
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
+        _checks.positive_ints(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
+        self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
+        self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
+        self.kv_buffer = [torch.zeros((size + page_size, 1, self.kv_cache_dim), dtype=self.store_dtype,
+                                      device=self.device) for _ in range(layer_num)]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return mla_bytes_per_token(self.layer_num, self.kv_lora_rank, self.qk_rope_head_dim,
+                                   dtype_bytes(self.store_dtype))
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.kv_buffer[self._local(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.get_key_buffer(layer_id)[..., : self.kv_lora_rank]
+
+    def get_kv_buffer(self, layer_id: int):
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None) -> None:
+        """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
+        i = self._local(getattr(layer_id, "layer_id", layer_id))
+        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
+        self.kv_buffer[i][loc] = self._store(cache_k, k_scale)

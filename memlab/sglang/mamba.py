@@ -1,0 +1,353 @@
+"""Linear-attention state per request (sglang/srt/mem_cache/memory_pool.py: MambaPool, HybridReqToTokenPool).
+
+A linear layer keeps no KV per token; it keeps one fixed-size state per request (a conv state:
+the last ``kernel - 1`` inputs per channel, and a temporal state: the recurrence's matrix). So
+its ledger counts request slots (``MambaPool``), and the request table learns, per row, which
+slot holds the request's state and which extra "tracking" slots it may write snapshots to
+(``HybridReqToTokenPool``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from memlab.common import _checks
+
+from memlab.common.env import resolve_device
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
+
+
+def mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) -> int:
+    """Tracking slots a request takes at admission besides its state slot.
+
+    None without the extra buffer; one in lazy mode (the second comes when first needed);
+    otherwise two under the overlap scheduler (while step t-1 still reads one snapshot, step t
+    writes the other: ping-pong) and one without it.
+    """
+    if not extra_buffer:
+        return 0
+    if lazy:
+        return 1
+    return 2 if overlap else 1
+
+
+def _slot_tensor(slots, device) -> torch.Tensor:
+    t = torch.as_tensor(slots, device=device)
+    if t.dtype not in (torch.int32, torch.int64) or t.dim() > 1:
+        raise TypeError(f"slots must be a 1-D integer tensor or list, got {t.dtype} of shape {tuple(t.shape)}")
+    return t.reshape(-1).to(torch.int64)
+
+
+class MambaSlotAllocator:
+    """Free slots 1..size; allocation from the head, frees appended at the tail (FIFO reuse)."""
+
+    __slots__ = ("size", "device", "debug_mode", "free_slots")
+
+    def __init__(self, size: int, device="cpu", debug_mode: bool = False):
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be a positive int, got {size!r}")
+        self.size, self.device, self.debug_mode = size, resolve_device(device), debug_mode
+        self.clear()
+
+    def clear(self) -> None:
+        # Slot 0 is padding: padded batch entries read and write it harmlessly.
+        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+
+    def available_size(self) -> int:
+        return self.free_slots.numel()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+            raise ValueError(f"need_size must be an int >= 0, got {need_size!r}")
+        if need_size > self.free_slots.numel():
+            return None
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        return out
+
+    def alloc_grouped(self, num_groups: int, group_size: int) -> torch.Tensor | None:
+        """``num_groups`` groups of ``group_size`` slots, all or nothing: a (groups, size) tensor."""
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0:
+            raise ValueError(f"group_size must be an int >= 0, got {group_size!r}")
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+            raise ValueError(f"num_groups must be an int >= 0, got {num_groups!r}")
+        out = self.alloc(num_groups * group_size)
+        return None if out is None else out.view(num_groups, group_size)
+
+    def free(self, slots) -> None:
+        slots = _slot_tensor(slots, self.device)
+        if slots.numel() == 0:
+            return
+        if self.debug_mode or slots.device.type == "cpu":  # on a GPU the range check would sync
+            lo, hi = int(slots.min()), int(slots.max())
+            if lo < 1 or hi > self.size:
+                raise ValueError(f"cannot free mamba slot {lo if lo < 1 else hi}: slots are 1..{self.size} "
+                                 "(slot 0 is padding)")
+        if self.debug_mode:
+            uniq, counts = torch.unique(torch.cat((self.free_slots, slots)), return_counts=True)
+            if (counts > 1).any():
+                raise ValueError(f"mamba slot {int(uniq[counts > 1][0])} freed twice "
+                                 "(already free or repeated in this call)")
+        self.free_slots = torch.cat((self.free_slots, slots))
+
+
+class MambaPool:
+    """State slots 1..size (slot 0 padding): conv state and temporal state of every mamba layer.
+
+    As SGLang's: ``conv`` is a list over the conv-state components (``conv_state_shape``, one
+    shape per component: most models have one, ``(channels, kernel - 1)``), each stacked over the
+    layers, ``(num_mamba_layers, size + 1, *shape)``; ``temporal`` is one tensor
+    ``(num_mamba_layers, size + 1, *temporal_state_shape)``. All mamba layers share the shapes, so
+    one tensor per component serves them all. Slots are zeroed when handed out: a recurrent state
+    left by the previous owner would be read as the new request's history.
+    """
+
+    def __init__(self, size: int, num_mamba_layers: int, conv_state_shape: Sequence[Sequence[int]],
+                 temporal_state_shape: Sequence[int], conv_dtype: torch.dtype = torch.bfloat16,
+                 ssm_dtype: torch.dtype = torch.float32, device="cpu", debug_mode: bool = False):
+        _checks.mamba_layers(num_mamba_layers, conv_state_shape)
+        self.allocator = MambaSlotAllocator(size, device, debug_mode)
+        self.size, self.device = size, resolve_device(device)
+        self.num_mamba_layers = num_mamba_layers
+        self.conv = [torch.zeros((num_mamba_layers, size + 1, *shape), dtype=conv_dtype, device=self.device)
+                     for shape in conv_state_shape]
+        self.temporal = torch.zeros((num_mamba_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype,
+                                    device=self.device)
+        self._slot_siblings: list = []
+
+    # -- states that share the slot's lifetime ---------------------------------------------
+    def register_slot_state(self, state) -> None:
+        """Attach a state indexed by slot that must be cleared, copied, moved and freed with the slot.
+
+        ``state``: a tensor whose first dim is ``size + 1``, or an object with
+        ``clear_slots(slots)``, ``copy_slots(src, dst)`` and ``free_slots(slots)``.
+        """
+        if isinstance(state, torch.Tensor):
+            if state.shape[0] != self.size + 1:
+                raise ValueError(f"a slot state needs {self.size + 1} rows (slot 0 padding), got {state.shape[0]}")
+            state = _TensorSlotState(state)
+        elif not all(callable(getattr(state, m, None)) for m in ("clear_slots", "copy_slots", "free_slots")):
+            raise TypeError(f"{state!r} is neither a tensor nor has clear_slots/copy_slots/free_slots")
+        self._slot_siblings = [*self._slot_siblings, state]
+
+    # -- slots ------------------------------------------------------------------------------
+    def available_size(self) -> int:
+        return self.allocator.available_size()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        slots = self.allocator.alloc(need_size)
+        if slots is not None:
+            self.clear_slots(slots)
+        return slots
+
+    def alloc_grouped(self, num_groups: int, group_size: int) -> torch.Tensor | None:
+        slots = self.allocator.alloc_grouped(num_groups, group_size)
+        if slots is not None:
+            self.clear_slots(slots.reshape(-1))
+        return slots
+
+    def free(self, slots) -> None:
+        slots = _slot_tensor(slots, self.device)
+        self.allocator.free(slots)  # validates first: a refused free touches no sibling
+        for s in self._slot_siblings:
+            s.free_slots(slots)
+
+    def clear(self) -> None:
+        self.allocator.clear()
+
+    def clear_slots(self, slots) -> None:
+        slots = _slot_tensor(slots, self.device)
+        for c in self.conv:
+            c[:, slots] = 0
+        self.temporal[:, slots] = 0
+        for s in self._slot_siblings:
+            s.clear_slots(slots)
+
+    def copy_slots(self, src, dst) -> None:
+        """State of slots ``src`` -> slots ``dst`` (e.g. a snapshot into a tracking slot)."""
+        src, dst = _slot_tensor(src, self.device), _slot_tensor(dst, self.device)
+        if src.numel() != dst.numel():
+            raise ValueError(f"copy of {src.numel()} slots into {dst.numel()}")
+        for c in self.conv:
+            c[:, dst] = c[:, src]
+        self.temporal[:, dst] = self.temporal[:, src]
+        for s in self._slot_siblings:
+            s.copy_slots(src, dst)
+
+    def move_slots(self, src, dst) -> None:
+        """State of slots ``src`` -> slots ``dst``, then ``src`` cleared (a slot in both keeps what
+        it received). Every registered state moves too."""
+        src, dst = _slot_tensor(src, self.device), _slot_tensor(dst, self.device)
+        if src.numel() != dst.numel():
+            raise ValueError(f"move of {src.numel()} slots into {dst.numel()}")
+        self.copy_slots(src, dst)
+        self.clear_slots(src[~torch.isin(src, dst)])
+
+    def get_state(self, mamba_layer_idx: int):
+        """(conv, temporal) of one mamba layer, indexed by slot: conv is a list over its components
+        (SGLang's ``State.at_layer_idx``)."""
+        return [c[mamba_layer_idx] for c in self.conv], self.temporal[mamba_layer_idx]
+
+    def bytes_per_slot(self) -> int:
+        return sum(c[:, 0].nbytes for c in self.conv) + self.temporal[:, 0].nbytes
+
+    def mem_usage_bytes(self) -> int:
+        return sum(c.nbytes for c in self.conv) + self.temporal.nbytes
+
+
+class _TensorSlotState:
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def clear_slots(self, slots):
+        self.t[slots] = 0
+
+    def copy_slots(self, src, dst):
+        self.t[dst] = self.t[src]
+
+    def free_slots(self, slots):
+        pass  # zeroed when the slot is handed out again
+
+
+class HybridReqToTokenPool(ReqToTokenPool):
+    """The request table of a hybrid model: every row also owns a mamba state slot.
+
+    Per row: ``req_index_to_mamba_index_mapping`` (the state slot; 0 = none), the ping-pong
+    tracking slots ``req_index_to_mamba_ping_pong_track_buffer_mapping`` (-1 = not taken yet, in
+    lazy mode, as SGLang's; 0 on a free row), which of
+    them the next snapshot goes to (``mamba_next_track_idx``) and the length the last snapshot
+    was taken at (``mamba_last_track_seqlen``, -1 = none). A freed row gets all of them back
+    to those values, so a reused row never sees a stale slot.
+    """
+
+    def __init__(self, size: int, max_context_len: int, mamba_size: int,
+                 conv_state_shape: Sequence[Sequence[int]], temporal_state_shape: Sequence[int],
+                 mamba_layer_ids: Sequence[int], *, conv_dtype: torch.dtype = torch.bfloat16,
+                 ssm_dtype: torch.dtype = torch.float32, enable_mamba_extra_buffer: bool = False,
+                 enable_overlap_schedule: bool = True, mamba_extra_buffer_lazy: bool = False,
+                 device="cpu", debug_mode: bool = False):
+        if len(set(mamba_layer_ids)) != len(mamba_layer_ids):
+            raise ValueError(f"repeated mamba layer ids: {list(mamba_layer_ids)}")
+        self.mamba_pool = MambaPool(mamba_size, len(mamba_layer_ids), conv_state_shape, temporal_state_shape,
+                                    conv_dtype, ssm_dtype, device, debug_mode)
+        # Mamba layers sit sparsely among the model's layers; the pool stores only them.
+        self.mamba_map = {layer_id: i for i, layer_id in enumerate(mamba_layer_ids)}
+        self.enable_mamba_extra_buffer = enable_mamba_extra_buffer
+        self.mamba_extra_buffer_lazy = mamba_extra_buffer_lazy
+        self.mamba_ping_pong_track_buffer_size = (
+            mamba_tracking_slots(True, enable_overlap_schedule) if enable_mamba_extra_buffer else 0)
+        self.mamba_initial_tracking_slots = mamba_tracking_slots(
+            enable_mamba_extra_buffer, enable_overlap_schedule, mamba_extra_buffer_lazy)
+        dev = resolve_device(device)
+        self.debug_mode = debug_mode
+        self.req_index_to_mamba_index_mapping = torch.zeros(size + 1, dtype=torch.int64, device=dev)
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
+            (size + 1, self.mamba_ping_pong_track_buffer_size), dtype=torch.int64, device=dev)
+        self.mamba_next_track_idx = torch.zeros(size + 1, dtype=torch.int64, device=dev)
+        self.mamba_last_track_seqlen = torch.full((size + 1,), -1, dtype=torch.int64, device=dev)
+        super().__init__(size, max_context_len, device)
+
+    # -- layers -----------------------------------------------------------------------------
+    def mamba_layer_index(self, layer_id: int) -> int:
+        try:
+            return self.mamba_map[layer_id]
+        except KeyError:
+            raise ValueError(f"layer {layer_id} is not a mamba layer (mamba layers: {sorted(self.mamba_map)})") from None
+
+    def mamba2_layer_cache(self, layer_id: int):
+        return self.mamba_pool.get_state(self.mamba_layer_index(layer_id))
+
+    # -- rows -------------------------------------------------------------------------------
+    def clear(self) -> None:
+        super().clear()
+        self.mamba_pool.clear()
+        self._reset_rows(slice(None))
+
+    def _reset_rows(self, rows) -> None:
+        self.req_index_to_mamba_index_mapping[rows] = 0
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping[rows] = 0
+        self.mamba_next_track_idx[rows] = 0
+        self.mamba_last_track_seqlen[rows] = -1
+
+    def alloc_rows(self, n: int) -> list[int] | None:
+        """Rows plus, per row, a state slot and its initial tracking slots; all or nothing."""
+        per_row = 1 + self.mamba_initial_tracking_slots
+        # decided before any row or slot is taken (memlab's choice: SGLang takes the rows, then
+        # asserts when state slots are short; its scheduler checks them first)
+        if isinstance(n, int) and not isinstance(n, bool) and n * per_row > self.mamba_pool.available_size():
+            return None
+        rows = super().alloc_rows(n)
+        if not rows:
+            return rows
+        slots = self.mamba_pool.alloc_grouped(len(rows), per_row)
+        r = torch.tensor(rows, dtype=torch.int64, device=self.req_index_to_mamba_index_mapping.device)
+        self._reset_rows(r)
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping[r] = -1
+        self.req_index_to_mamba_index_mapping[r] = slots[:, 0]
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping[r, : per_row - 1] = slots[:, 1:]
+        return rows
+
+    def ensure_tracking_slots(self, rows) -> bool:
+        """Lazy mode: give each row its missing ping-pong slots now; False (nothing taken) when short."""
+        pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
+        r = torch.unique(_slot_tensor(rows, pp.device))  # a row listed twice would get two sets and leak one
+        missing = (pp[r] < 0).nonzero()
+        if missing.numel() == 0:
+            return True
+        slots = self.mamba_pool.alloc(missing.shape[0])
+        if slots is None:
+            return False
+        pp[r[missing[:, 0]], missing[:, 1]] = slots
+        return True
+
+    def free(self, row_or_req) -> None:
+        """Free the row and every mamba slot it owns, and reset all its tracking fields."""
+        row = row_or_req.req_pool_idx if isinstance(row_or_req, Req) else row_or_req
+        held = isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= self.size \
+            and not self._row_free[row]
+        if held:
+            # Slots first: the pool may refuse (debug double free) while the row is still held,
+            # so a refused free changes nothing.
+            owned = torch.cat((self.req_index_to_mamba_index_mapping[row:row + 1],
+                               self.req_index_to_mamba_ping_pong_track_buffer_mapping[row]))
+            owned = owned[owned > 0]  # 0 = no slot; never hand the padding slot to the free list
+            if owned.numel():
+                self.mamba_pool.free(owned)
+        super().free(row_or_req)  # a bad or free row is refused here, before anything changed
+        self._reset_rows(row)  # SGLang leaves a freed row's entries until reuse; memlab clears them
+
+    # -- state slots of running requests ----------------------------------------------------
+    def get_mamba_indices(self, rows) -> torch.Tensor:
+        return self.req_index_to_mamba_index_mapping[_slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)]
+
+    def next_track_slots(self, rows) -> torch.Tensor:
+        """The tracking slot each row writes its next snapshot to; flips the ping-pong index."""
+        pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
+        if pp.shape[1] == 0:
+            raise ValueError("no tracking slots: the pool was built without enable_mamba_extra_buffer")
+        r = _slot_tensor(rows, pp.device)
+        idx = self.mamba_next_track_idx[r]
+        slots = pp[r, idx]
+        if (self.debug_mode or slots.device.type == "cpu") and bool((slots < 1).any()):
+            raise ValueError(f"rows {r[slots < 1].tolist()} have no tracking slot yet "
+                             "(lazy mode: call ensure_tracking_slots first)")
+        self.mamba_next_track_idx[r] = (idx + 1) % pp.shape[1]
+        return slots
+
+    def track_state(self, rows, seq_lens) -> torch.Tensor:
+        """Snapshot each row's state into its next tracking slot (what a prefix cache keeps)."""
+        r = _slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)
+        dst = self.next_track_slots(r)
+        self.mamba_pool.copy_slots(self.req_index_to_mamba_index_mapping[r], dst)
+        self.mamba_last_track_seqlen[r] = torch.as_tensor(seq_lens, dtype=torch.int64, device=r.device)
+        return dst
+
+    def held_mamba_slots(self) -> torch.Tensor:
+        """Every slot some row owns (for ledgers and tests)."""
+        both = torch.cat((self.req_index_to_mamba_index_mapping[1:],
+                          self.req_index_to_mamba_ping_pong_track_buffer_mapping[1:].reshape(-1)))
+        return both[both > 0]
