@@ -82,8 +82,34 @@ def test_long_extend_crosses_many_tok_blocks():
     run_extend([3], [3 + 2000], [100_000 * 16 + 2], list(range(1, 200)), 16)
 
 
-@pytest.mark.parametrize("ps", [1, 2, 16, 64])
-@pytest.mark.parametrize("bs", [1, 7, 300])
+def not_a_power_of_two_batch(ps):
+    """Nine random requests and a 700-token extend, which crosses 256-token blocks mid-page."""
+    rng = random.Random(f"np2-{ps}")
+    pre, seq, last = random_batch(rng, 9, ps, "unaligned")
+    pre, seq, last = pre + [1], seq + [1 + 700], last + [100_100 * ps]
+    need = ref.num_new_pages(torch.tensor(pre), torch.tensor(seq), ps)
+    return pre, seq, last, rng.sample(range(1, need + 20), need + 3)
+
+
+@pytest.mark.parametrize("ps", [3, 5, 6, 7])
+def test_alloc_extend_page_sizes_that_are_not_powers_of_two(ps):
+    """The page size is a constexpr (// and % by it compile to a multiply, not a shift); parts 1
+    and 3 use a block of its next power of two, masked."""
+    out = run_extend(*not_a_power_of_two_batch(ps), ps)
+    assert len(set(out)) == len(out)
+
+
+def test_not_a_power_of_two_check_catches_a_short_page_block(monkeypatch):
+    """A launcher rounding the page block down (4 lanes for page size 6) loses the end of a page."""
+    from memlab.kernels import alloc_extend
+
+    monkeypatch.setattr(alloc_extend.triton, "next_power_of_2", lambda n: 1 << (n.bit_length() - 1))
+    with pytest.raises(AssertionError, match="kernel != reference"):
+        run_extend(*not_a_power_of_two_batch(6), 6)
+
+
+@pytest.mark.parametrize("ps,bs", [(ps, bs) for ps in (1, 2, 16, 64) for bs in (1, 7, 300)]
+                         + [(ps, bs) for ps in (3, 5, 6, 7) for bs in (1, 7)] + [(3, 300)])
 def test_alloc_decode_matches_references(ps, bs):
     from memlab.kernels import alloc_decode
 

@@ -194,7 +194,7 @@ assert same
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
 # | backends | `backend="torch" / "triton" / "python"`, chosen per allocator | its Triton kernel where the platform has Triton, else a torch fallback | the chapter compares all three |
-# | the kernel's prefix sums | a loop over earlier requests in blocks of 128, page size a runtime value | loads `next_power_of_2(bs)` lengths at once; page size and batch bound are compile-time constants; part 2 in blocks of 4096 | one compiled kernel serves every batch; same output |
+# | the kernel's loops | prefix sums over earlier requests in blocks of 128; page size a compile-time constant, parts 1 and 3 in blocks of its next power of two; part 2 in blocks of 256 | loads `next_power_of_2(bs)` lengths at once (one compiled variant per power of two of the batch size); page size a compile-time constant, powers of two only; part 2 in blocks of 4096 | one compiled kernel per page size serves every batch, any page size works, fewer registers; same output |
 # | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix), by one validator per method in `memlab/common/_checks.py`, so `alloc_extend` in `memlab/sglang/allocator/paged.py` reads like SGLang's | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
 # | page size 1 | `TokenToKVPoolAllocator.alloc_extend` exists and takes any free slots | the token allocator has only `alloc(n)`; the scheduler calls it for a prefill | one interface for the chapters |
 #
