@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh without a GPU: it parses, its dry run finds every command it would call
 (and says which are missing), it installs a folder of wheels without network, and on a machine
 without CUDA it stops at once with exit status 2 and a report that says nothing was run. The
-kernel benchmark it runs last checks every kernel against its torch reference (smoke sizes)."""
+kernel benchmark it runs last checks every kernel against its torch reference, and SGLang's
+allocator kernels from its wheel beside memlab's (smoke sizes)."""
 
 import base64
 import hashlib
@@ -32,9 +33,10 @@ def test_dry_run_says_what_is_missing(tmp_path):
     bare = tmp_path / "python3"  # a Python without torch
     bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S -I \"$@\"\n")
     bare.chmod(0o755)
-    r = run("--dry-run", PYTHON=str(bare))
+    r = run("--dry-run", PYTHON=str(bare), MEMLAB_ENGINES_CACHE=str(tmp_path / "no-engines"))
     assert r.returncode == 3 and "MISSING  python" in r.stdout and "some commands are missing" in r.stdout
     assert "phase 3 would be skipped" in r.stdout
+    assert "SGLang's wheel missing: the benchmark would time memlab's kernels only" in r.stdout
 
 
 def _wheel(folder: Path) -> Path:
@@ -55,14 +57,18 @@ def _wheel(folder: Path) -> Path:
 
 def test_dry_run_finds_every_command_and_installs_a_folder_of_wheels_without_network(tmp_path):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
-    wheels.mkdir()
+    (wheels / "engines").mkdir(parents=True)
     _wheel(wheels)
+    sglang = wheels / "engines" / "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"  # brought along, not installed
+    sglang.write_bytes(b"")
     r = run("--dry-run", MEMLAB_GPU_WHEELS=str(wheels), MEMLAB_GPU_SITE=str(site), PIP_NO_INDEX="1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "MISSING" not in r.stdout and "every command is there" in r.stdout
-    for phase in ("-m kernel\\ or\\ gpu", "memlab.grade --solutions", "run_notebooks.py --jobs", "bench_kernels.py"):
+    for phase in ("-m kernel\\ or\\ gpu", "memlab.grade --solutions", "run_notebooks.py --jobs", "bench_kernels.py",
+                  "compile check: scripts/compile_kernels.py", f"SGLang's wheel for the benchmark: {sglang}"):
         assert phase in r.stdout, f"the dry run does not show {phase!r}:\n{r.stdout}"
     assert (site / "memlabprobe.py").is_file() and f"1 wheels from {wheels} installed in {site}" in r.stdout
+    assert not (site / "sglang").exists()
 
 
 def test_without_cuda_it_stops_at_once_and_says_so(tmp_path):
@@ -77,9 +83,21 @@ def test_without_cuda_it_stops_at_once_and_says_so(tmp_path):
 
 
 @pytest.mark.kernel
-def test_the_kernel_benchmark_checks_every_kernel_against_torch():
-    r = subprocess.run([sys.executable, "bench/bench_kernels.py", "--smoke"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+def test_the_kernel_benchmark_checks_every_kernel_against_torch_and_sglang():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "engines"))
+    from wheels import extracted
+
+    extracted("sglang", ["sglang/kernels/ops/memory/allocator.py"])  # skips without the wheel and network
+    r = subprocess.run([sys.executable, "bench/bench_kernels.py", "--smoke", "--rounds", "1"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = [line for line in r.stdout.splitlines()[2:] if line.strip()]
-    assert len(rows) == 5 and not any("MISMATCH" in line for line in rows), r.stdout
+    lines = r.stdout.splitlines()
+    mode = "mode: compiled kernels on" if torch.cuda.is_available() else "mode: Triton interpreter"
+    assert lines[0].startswith(mode) and "from sglang/kernels/ops/memory/allocator.py in its wheel" in lines[1], r.stdout
+    header = next(i for i, line in enumerate(lines) if line.startswith("case"))
+    rows = [line for line in lines[header + 1:] if line.strip()]
+    assert len(rows) == 6 and not any("MISMATCH" in line for line in rows), r.stdout
+    timed = [line.split() for line in rows if line.startswith("alloc_")]
+    assert len(timed) == 3 and all(cols[-4] != "-" and cols[-2].endswith("x") for cols in timed), r.stdout
