@@ -59,7 +59,7 @@ def sglang_kernels():
 def side_by_side(fns: dict, gpu: bool, rounds: int = 3, min_time: float = 0.05) -> dict:
     """Microseconds per call of each function. GPU: do_bench each. CPU: the best of ``rounds``
     rounds, the functions taking turns within each round, in CPU time of this process (one
-    thread), so other work on a busy machine counts for none of them."""
+    thread), so waiting for a busy machine's cores counts for none of them."""
     if gpu:
         import triton.testing
 

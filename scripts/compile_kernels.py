@@ -16,8 +16,7 @@ import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import JITFunction, create_function_from_signature
+from triton.compiler import ASTSource
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 P64, P32, I32 = "*i64", "*i32", "i32"
@@ -90,9 +89,11 @@ def load(path: pathlib.Path):
 
 
 @functools.cache
-def as_jit(kernel) -> JITFunction:
+def as_jit(kernel):
     """The kernel as Triton's JIT sees it, also under the interpreter (an InterpretedFunction keeps
     the Python function and its jit options, do_not_specialize among them)."""
+    from triton.runtime.jit import JITFunction
+
     return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn, **kernel.kwargs)
 
 
@@ -101,6 +102,9 @@ def variant(kernel, *args, capability: int = 90, **kwargs) -> tuple:
     compute capability: (name, signature, constexprs, specializations), computed the way the JIT
     keys its cache (a pointer's 16-byte alignment, an int's divisibility by 16 or being 1, each
     constexpr's value). Two launches with different tuples compile twice."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature  # the JIT's own binder
+
     jit = as_jit(kernel)
     binder = create_function_from_signature(jit.signature, jit.params, make_backend(GPUTarget("cuda", capability, 32)))
     bound, spec, _ = binder(*args, **kwargs)
@@ -127,7 +131,7 @@ def main() -> int:
                     src = ASTSource(fn=getattr(mod, name), signature=sig | {k: "constexpr" for k in constexprs},
                                     constexprs=constexprs)
                     n = len(triton.compile(src, target=GPUTarget("cuda", cap, 32)).asm["cubin"])
-                    ptrs = "/".join(sorted({t for t in sig.values() if t.startswith("*")}))
+                    ptrs = ",".join(t for t in sig.values() if t.startswith("*"))
                     print(f"ok   {fname}:{name} {ptrs} {constexprs} sm_{cap} ({n} bytes of cubin)")
                 except Exception as exc:  # report every failure, not just the first
                     failed += 1
