@@ -16,7 +16,7 @@
 #   and the grader.
 
 # %%
-#@title Setup: run it first (in Colab, tick DRIVE to keep your exercise files on Google Drive) { display-mode: "form" }
+#@title Setup: run this cell first (tick DRIVE to keep your exercise files on Google Drive, Colab only) { display-mode: "form" }
 DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
 import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
@@ -73,6 +73,7 @@ for key, value in report():
 # - Middle strip: every layer's K and V tensor, one column per slot. The same slot is the same
 #   column in every tensor.
 # - Bottom: the allocator's free list, the page it hands out next on the left.
+# - Words: [the glossary](glossary.md).
 
 # %% [markdown]
 # ![The three mappings after D arrives (static picture of the widget's last step)](img/00_mappings.png)

@@ -23,7 +23,7 @@
 # - write `match_prefix` with its split and `evict` (exercise `ch11_radix_match`).
 
 # %%
-#@title Setup: run it first (in Colab, tick DRIVE to keep your exercise files on Google Drive) { display-mode: "form" }
+#@title Setup: run this cell first (tick DRIVE to keep your exercise files on Google Drive, Colab only) { display-mode: "form" }
 DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
 import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
@@ -46,8 +46,8 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # grey) is the padding slot, never handed out (chapter 03). Press **next** and watch the tree.
 #
 # The second story (the `story` menu) replays the same requests with pages of 2 tokens: every
-# match and every split now falls on a page boundary. B shares 7 tokens with A ('<s> You are
-# brief . What is'), yet hits only 6 (three whole pages), and the split lands after 'What', not
+# match and every split now falls on a page boundary. B shares 7 tokens with A
+# (`<s> You are brief . What is`), yet hits only 6 (three whole pages), and the split lands after 'What', not
 # after 'is'; the captions say so.
 
 # %% [markdown]
