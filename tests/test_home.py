@@ -31,13 +31,15 @@ def test_the_check_catches_a_stray_link(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text(f"[x]({home.colab_url('chapters/00_orientation.ipynb', ref='main')})\n"
                       f"[y]({home.colab_url('chapters/01_request_table.ipynb', repo='someone/memlab')})\n"
-                      f"clone https://github.com/old-owner/{home.REPO.split('/')[1]}\n")
+                      f"clone https://github.com/old-owner/{home.REPO.split('/')[1]}\n"
+                      f"[g]({home.github_url('chapters/glossary.md', ref='v0.0.1')})\n")
     monkeypatch.setattr(set_home, "files", lambda: [readme])
     monkeypatch.setattr(set_home, "notebooks", lambda: [])
     monkeypatch.setattr(set_home, "ROOT", tmp_path)
     found = set_home.problems()
-    assert len(found) == 3, found
-    assert "at main" in found[0] and "someone/memlab" in found[1] and "old-owner" in found[2]
+    assert len(found) == 4, found
+    assert "at main" in found[0] and "someone/memlab" in found[1] and "GitHub link" in found[2] and "v0.0.1" in found[2]
+    assert "old-owner" in found[3]
 
 
 def test_rewrite_moves_links_and_mentions_but_not_other_repositories():
@@ -74,6 +76,8 @@ def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
     nb = (tmp_path / "chapters" / "04_alloc_extend.ipynb").read_text()
     assert "https://colab.research.google.com/github/alice/kv-course/blob/v9.9/chapters/04_alloc_extend.ipynb" in nb
     assert "raw.githubusercontent.com" not in nb and "](data:image/png;base64," in nb  # pictures stay inside
+    ch00 = (tmp_path / "chapters" / "py" / "00_orientation.py").read_text()
+    assert "https://github.com/alice/kv-course/blob/v9.9/chapters/glossary.md" in ch00  # Colab's glossary link
     assert 'HOME, REF = \\"alice/kv-course\\", \\"v9.9\\"' in nb
     setting = (tmp_path / "memlab" / "course" / "home.py").read_text()
     assert re.search(r'^REPO = "alice/kv-course"$', setting, re.M) and 'REF = "v9.9"' in setting

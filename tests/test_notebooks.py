@@ -608,6 +608,7 @@ def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, caps
     notebook.start("04")
     out = capsys.readouterr().out
     assert "in this runtime ONLY: they are lost when Colab recycles it" in out and "DRIVE = True" in out
+    assert f"the glossary (every word of the books): {home.github_url('chapters/glossary.md')}" in out
     assert calls["mount"] == 0 and not mount.exists() and "MEMLAB_EXERCISES" not in os.environ
     monkeypatch.chdir(tmp_path)
     zipped = notebook.download_exercises()

@@ -3,8 +3,9 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/01_request_table.ipynb)
 #
-# The first mapping: a running request -> one row of a table. The row holds, for every position of
-# the request, the physical slot of that token's KV. SGLang calls this table `ReqToTokenPool`.
+# The first mapping: a running request -> one [row](glossary.md#row) of a table. The row holds, for
+# every position of the request, the physical [slot](glossary.md#slot) of that token's KV. SGLang
+# calls this table, the [request table](glossary.md#request-table), `ReqToTokenPool`.
 #
 # **After this chapter you can**
 # - allocate and free rows the way SGLang does (from the tail of a plain list, all or nothing);
@@ -28,8 +29,8 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 #
 # A table of 5 rows, 8 positions wide. Requests arrive, finish and come back; a long prompt is fed
 # in two chunks; a batch asks for more rows than are free; at the end, `clear()`. The strip under
-# the table is `free_slots`, the list of free rows, in list order. The right column shows each
-# row's owner and its **generation**.
+# the table is `free_slots`, the list of free rows (its [free list](glossary.md#free-list)), in list order. The right column shows each
+# row's owner and its **[generation](glossary.md#generation)**.
 
 # %% [markdown]
 # ![The request table after D reuses B's row](img/01_request_table.png)
@@ -44,9 +45,10 @@ viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows"))
 # ## The table itself
 #
 # `ReqToTokenPool(size, max_context_len)` holds an int32 tensor of `size + 1` rows and
-# `max_context_len` columns. Row 0 is the **padding row**: decode batches replayed through a CUDA
-# graph have a fixed size, and the unused entries of a padded batch point at row 0. Reading or
-# writing it harms nobody, so no kernel needs an "is this entry real?" branch.
+# `max_context_len` columns. Row 0 is the **[padding row](glossary.md#padding-row)**: decode
+# batches replayed through a [CUDA graph](glossary.md#cuda-graph) have a fixed size, and the unused
+# entries of a padded batch point at row 0. Reading or writing it harms nobody, so no kernel needs
+# an "is this entry real?" branch.
 
 # %%
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -87,9 +89,10 @@ print("pool.alloc_rows(0) ->", pool.alloc_rows(0))
 # %% [markdown]
 # ## The generation counter
 #
-# Some readers of the table run asynchronously: a copy of KV to host memory, or the overlap
-# scheduler preparing the next batch while the GPU runs this one. Such a reader may remember "row
-# 5" and come back later. By then the row may belong to someone else.
+# Some readers of the table run a step behind: with the overlap scheduler (the CPU prepares the
+# next batch while the GPU runs this one), SGLang's speculative decoding keeps per-row data from
+# one step and uses it in the next. Such a reader may remember "row 5" and come back later. By
+# then the row may belong to someone else.
 #
 # `req_generation[row]` is bumped every time the row is handed out, and **never reset**, not even
 # by `clear()`. A reader stores `(row, generation)` and checks the generation again before it
@@ -114,10 +117,11 @@ assert again == row and now == seen[1] + 1
 # %% [markdown]
 # ## Chunked prefill keeps its row
 #
-# A long prompt is prefilled in chunks, one scheduling step each. `alloc(reqs)` gives rows only
-# to requests that have none; a request that already holds a row (and already wrote KV through
-# it) keeps it. A request that holds a row but owns no KV yet is a scheduler bug, and `alloc`
-# says so.
+# A long prompt is prefilled in chunks ([chunked prefill](glossary.md#chunked-prefill)), one
+# scheduling step each. `alloc(reqs)` gives rows only to requests that have none; a request that
+# already holds a row (and already wrote KV through it) keeps it. A request that holds a row but
+# owns no KV yet is a scheduler bug, and `alloc` says so (SGLang checks it with an `assert`;
+# memlab raises `ValueError` with a message).
 
 # %%
 e = Req("E")
@@ -134,11 +138,12 @@ except ValueError as exc:
 # ## What the engines do differently
 #
 # SGLang gives a request one row for its whole life and writes a slot per token into it. vLLM's
-# worker keeps a **block table** instead: one row per request in the current batch, one entry per
-# *block* (page), not per token. When requests finish, vLLM compacts the batch and moves rows
-# (`BlockTable.move_row` in `memlab.vllm.block_table`), so a request's row index can change
-# between steps: a row there is a place in this step's batch, not a request's identity for its
-# whole life. Chapter 06 covers vLLM's side.
+# worker keeps a **[block table](glossary.md#block-table)** instead: one entry per
+# *[block](glossary.md#block)* (page), not per token. In vLLM 0.33's default model runner (V2) a
+# request keeps its row for its whole life too, and each step the rows of the running requests
+# are gathered into a batch-ordered copy. The older V1 runner instead compacts the batch when
+# requests finish and moves rows (`BlockTable.move_row`, mirrored in `memlab.vllm.block_table`),
+# so there a row is only a place in this step's batch. Chapter 06 covers vLLM's side.
 #
 # ## Exercise: `exercises/ch01_alloc_rows.py`
 #

@@ -4,9 +4,11 @@
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/06_vllm_block_pool.ipynb)
 #
 # vLLM keeps the same three mappings as SGLang with different objects. Its scheduler owns a
-# **block pool** (a block is a page of `block_size` tokens) whose free queue doubles as the
-# eviction order of a **prefix cache**; its workers keep a **block table** and derive a per-token
-# `slot_mapping` before every step.
+# **block pool** (a [block](glossary.md#block) is a page of `block_size` tokens) whose
+# [free queue](glossary.md#free-queue) doubles as the [eviction](glossary.md#eviction) order of a
+# **[prefix cache](glossary.md#prefix-cache)**; its workers keep a
+# **[block table](glossary.md#block-table)** and derive a per-token
+# [`slot_mapping`](glossary.md#slot-mapping) before every step.
 #
 # **After this chapter you can**
 # - follow blocks through the free queue: allocation from the head, lazy eviction, hits removed
@@ -71,11 +73,14 @@ queue.append(pool.blocks[5])
 # %% [markdown]
 # ## Block hashes
 #
-# A full block's hash is `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
+# A full block's hash ([block hash](glossary.md#block-hash)) is
+# `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
 # one hash stands for the whole prefix up to that block, so a lookup compares one value per block.
 # Only full blocks are hashed (a partial block's content is still growing). The first block's
-# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`), so every process
-# and every machine computes the same hashes and could share cached KV. The extra keys hold
+# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`), so with the
+# default `sha256` every process and every machine computes the same hashes and could share
+# cached KV. (The fast `xxhash` options draw a random seed per process instead, unless
+# `PYTHONHASHSEED` is set: a predictable seed would let an attacker make colliding blocks.) The extra keys hold
 # whatever else decides the KV: the LoRA adapter (`("lora", name, path)`), multimodal items
 # overlapping the block (`("mm", content hash, offset in the block)`), and a per-user **cache
 # salt** on the first block only (`("cache_salt", salt)`), which through the chain changes every
@@ -98,10 +103,13 @@ print("a salt changes every hash         :", [s != p for s, p in zip(salted, pla
 # ## Cache hits
 #
 # `get_computed_blocks` walks the prompt's hashes and stops at the first miss: after a miss no
-# later block can share the prefix. At most `num_tokens - 1` tokens can hit, because the last
-# token must be computed again to produce the next token's logits. `allocate_slots` then counts
-# the hit blocks whose reference count is 0 as *needed*: touching them takes them off the free
-# queue, so they are no longer available to others.
+# later block can share the prefix. At most `num_tokens - 1` tokens can hit (a
+# [cache hit](glossary.md#cache-hit)), because the last token must be computed again to produce
+# the next token's logits. Hits come in whole blocks, so that cap is rounded down to a block
+# boundary: a prompt that fills its blocks exactly recomputes its whole last block.
+# `allocate_slots` then counts the hit blocks whose [reference count](glossary.md#reference-count)
+# is 0 as *needed*: touching them takes them off the free queue, so they are no longer available
+# to others.
 
 # %%
 from memlab.vllm import KVCacheManager
@@ -113,7 +121,8 @@ a.num_computed_tokens = a.num_tokens
 mgr.free(a)
 b = Request("B", list(range(12)), block_hasher=mgr.request_block_hasher)  # the very same prompt
 hits, n = mgr.get_computed_blocks(b)
-print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): the last token is recomputed")
+print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): at most 11 may hit, and "
+      f"hits are whole blocks, so the whole last block ({b.num_tokens - n} tokens) is computed again")
 
 # %% [markdown]
 # ## Freeing in reverse
@@ -131,8 +140,10 @@ print("free queue after A's free:", [blk.block_id for blk in mgr.block_pool.free
 # %% [markdown]
 # ## Block table and slot_mapping
 #
-# The worker's `BlockTable` has a row of block ids per request. Before each step a kernel turns
-# every scheduled token (request row, position) into a slot:
+# The worker's block table has a row of block ids per request (`BlockTables` in vLLM 0.33's
+# default model runner, one per group of layers; `BlockTable` in the older V1 runner, which memlab
+# mirrors). Before each step a kernel turns every scheduled token (request row, position) into a
+# slot:
 #
 # $$\text{slot} = \text{block\_table}[r, \lfloor \text{pos} / B \rfloor] \cdot B + \text{pos} \bmod B$$
 #
@@ -231,13 +242,13 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 #
 # | | vLLM 0.33 | memlab |
 # |---|---|---|
-# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (hybrid models) | one group: `KVCacheManager` (full attention) or `SlidingWindowKVCacheManager` |
+# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (`FullAttentionManager`, `SlidingWindowManager`, `MambaManager`, ...) | one group: `KVCacheManager` (full attention) or `SlidingWindowKVCacheManager` |
 # | hash map keys | the block hash plus a 4-byte KV cache group id | the block hash |
-# | partial blocks | in hybrid models with several block sizes, a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
+# | partial blocks | in hybrid Mamba models (Mamba's `align` mode, Mamba blocks larger than the hash unit), a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
 # | `allocate_slots` | also KV-connector (external) tokens, EAGLE's dropped last hit, delayed caching, a full-sequence admission gate | new tokens, hits and lookahead only |
 # | watermark | waived while no other request is scheduled in the step | applied to every admission |
 # | sliding window | may skip caching blocks no later hit can use (retention settings) | caches every full block (vLLM's default for one group) |
-# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
+# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed; without it the xxhash variants use a random seed per process | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
 # | extra keys | LoRA, multimodal items, cache salt, prompt-embedding digests | LoRA, multimodal items, cache salt |
 # | a free of a free block | not checked | refused with an error, nothing changed |
 # | KV store | `reshape_and_cache_flash`, a CUDA C++ op | a Triton kernel (`store_kv`) |

@@ -56,10 +56,12 @@ viz.Stepper(attention_frames(scene, q), draw_attention)
 # attention writes the token's K and V there: `set_kv_buffer(layer, loc, k, v)`. A pool with one
 # id space takes the slots as they are. A hybrid sliding-window pool has two (full and
 # sliding-window, chapter 07): its full layers write at `loc`, its SWA layers at the same tokens'
-# SWA-side ids. Those are translated **once per batch** (`allocator.write_loc(out_cache_loc)`,
-# SGLang's attention backend does it when it builds its metadata) and travel with `loc` in a
-# `KVWriteLoc`; the pool never translates. An SWA layer handed a bare tensor has no SWA ids and
-# refuses it.
+# SWA-side ids. Those are translated **once per batch**: SGLang's attention backend looks up the
+# batch's SWA-side ids when it builds its metadata (`kv_index_translator.write_ids(...)`) and hands
+# them with `loc` to the pool as one `KVWriteLoc` (`KVWriteLoc.for_batch(forward_batch,
+# swa_loc=...)`); the pool never translates. (memlab's allocator does the lookup in one call,
+# `write_loc(out_cache_loc)`, below.) An SWA layer handed a bare tensor has no SWA ids and refuses
+# it (SGLang asserts; memlab raises `ValueError` with a message).
 #
 # `KVWriteLoc` also carries a **physical** mark. It guards something else: SGLang's *unified* pools
 # hand out **virtual** ids, which a per-batch plan maps to physical slots; their write doors
@@ -97,8 +99,9 @@ print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(),
 # $$m' = \max(m, \max_j s_j), \quad \ell' = \ell\, e^{m - m'} + \sum_j e^{s_j - m'}, \quad
 # o' = o\, e^{m - m'} + \sum_j e^{s_j - m'} v_j$$
 #
-# The slot lookup is the only place the engines differ: SGLang reads `req_to_token[row, pos]`;
-# vLLM reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
+# The slot lookup is the only place the engines differ: SGLang reads the slot from
+# `req_to_token[row, pos]` (through a per-batch index list, see the end of the chapter); vLLM
+# reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
 # `(slots, heads, dim)` tensor is a free view as `(blocks, B, heads, dim)`.
 
 # %%
@@ -153,10 +156,14 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # %% [markdown]
 # ## What the engines do differently
 #
-# SGLang's decode kernels take `req_to_token` and the batch's `req_pool_indices`: a token's slot is
-# one load away. vLLM's take the block table: one load per block, then arithmetic. With page size
-# 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
-# (`mla_decode_attention_fwd`); the mappings are the same.
+# SGLang's attention backends copy each request's slots out of `req_to_token` (row
+# `req_pool_indices[b]`) into a per-batch index list once per step (`kv_indices`, with
+# `kv_indptr` offsets), and the decode kernels read a token's slot from that list: one load per
+# token. (memlab's `decode_attention_fwd` reads `req_to_token` directly, the same lookup without
+# the copy.) vLLM's kernels take the block table: one load per block, then arithmetic. With page
+# size 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
+# (SGLang passes the same buffer, and a view of its first `kv_lora_rank` columns as V; memlab's
+# version is `mla_decode_attention_fwd`); the mappings are the same.
 #
 # ## Where memlab differs from the engine
 #

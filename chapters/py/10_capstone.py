@@ -72,8 +72,10 @@ viz.Stepper(frames, draw_engine, interval_ms=700)
 #    requests a row, take slots with `alloc_extend` / `alloc_decode` (evicting from the prefix
 #    cache first when the pool is short) and write them into the request table; then write K/V
 #    at those slots (`set_kv_buffer`) and attend through `req_to_token`.
-# 4. A finished request hands its pages to the prefix cache (`cache_finished_req`), which keeps
-#    the full pages it did not have and frees the rest; a retracted one frees its own pages.
+# 4. A finished request hands its pages to the prefix cache (SGLang 0.5.23:
+#    `release_kv_cache(req, tree_cache, checkpoint=True)`, which calls the tree's `checkpoint`),
+#    which keeps the full pages it did not have and frees the rest; a retracted one frees its own
+#    pages.
 #
 # The books stay balanced at every step: each page is free, owned by one running request, or cached.
 
@@ -278,9 +280,13 @@ viz.show(plot_figure2(buddy, first_fit))
 # ## What the engines do differently
 #
 # Both engines page. SGLang's prefix cache is a radix tree over token ids that shares any common
-# prefix; vLLM hashes full blocks and shares whole blocks of a prefix. SGLang's scheduler admits
-# against `available_size()` minus the running requests' decode reserve and clips each request's
-# `max_new_tokens` to what the pool could ever hold; vLLM's admits on the blocks needed now and,
+# prefix (in whole pages when pages are larger than one token); vLLM hashes full blocks and shares
+# whole blocks of a prefix. SGLang's scheduler admits a request only if the free and evictable
+# pool, minus an estimate of what the running requests will still generate (their remaining
+# `max_new_tokens`, capped at 4096 each and scaled by a `new_token_ratio` that adapts to
+# retractions), still holds the new request's prompt plus its own remaining `max_new_tokens`; it
+# also clips each request's `max_new_tokens` to what the pool could ever hold (memlab's engine and
+# the exercise below use a simpler budget, see Admission). vLLM's admits on the blocks needed now and,
 # when a decode step runs short, preempts running requests and recomputes them later. memlab's engine follows
 # SGLang's scheduling; its prefix cache is a choice: `Engine(..., prefix_cache="hash")` (the default)
 # indexes full pages by chapter 06's chained block hashes; chapter 11 adds `"radix"` (SGLang's
@@ -299,6 +305,7 @@ viz.show(plot_figure2(buddy, first_fit))
 # decode reserve per running request; each request costs its prompt in whole pages plus its own
 # reserve; a request that could never fit even an empty pool is rejected; the first one that does
 # not fit now stops admission, so a later, smaller request cannot overtake it and starve it.
+# This is a simplified version of SGLang's rule (see "What the engines do differently" above).
 #
 # ## Exercise: `exercises/ch10_admission.py`
 #

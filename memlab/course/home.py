@@ -29,6 +29,11 @@ def colab_url(path: str, repo: str = REPO, ref: str = REF) -> str:
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{path}"
 
 
+def github_url(path: str, repo: str = REPO, ref: str = REF) -> str:
+    """GitHub's page of a file of version ``ref`` (in Colab, the glossary opens from there)."""
+    return f"https://github.com/{repo}/blob/{ref}/{path}"
+
+
 def clone_folder(ref: str = REF) -> str:
     """The folder a chapter's first cell clones into (next to the notebook, e.g. Colab's /content):
     one per version, so a clone of another version is never reused."""

@@ -160,6 +160,10 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     print(f"memlab chapter {chapter} · repository {ROOT.name}/ · kernels run {where}{flags}")
     if not has_cuda() and in_colab():
         print("Colab without a GPU: Runtime > Change runtime type > T4 GPU runs the kernels compiled.")
+    if in_colab():  # the chapters' links to chapters/glossary.md are relative: JupyterLab's and GitHub's
+        from memlab.course.home import github_url
+
+        print(f"the glossary (every word of the books): {github_url('chapters/glossary.md')}")
     for line in _where_work_lives(drive):
         print(line)
     return fast()
