@@ -2,8 +2,8 @@
 
 - Every chapter, as a learner first sees it (nothing run): every picture has loaded (it travels
   inside the notebook), no rendered markdown strikes text through or swallows a token it prints
-  (a raw ``<s>`` opens a strikethrough and vanishes), the setup cell is collapsed, the glossary
-  link leads to a file JupyterLab serves. No request leaves 127.0.0.1: a picture that needs the
+  (a raw ``<s>`` opens a strikethrough and vanishes), the setup cell is collapsed, chapter 00
+  links the glossary, and a term's link in chapter 01 opens glossary.md rendered, at its entry. No request leaves 127.0.0.1: a picture that needs the
   network is an error. A screenshot of each chapter's top is saved.
 - Two widgets, driven: chapter 01 runs whole, chapter 11 down to its radix-tree widget; controls
   are moved and the picture and caption must change (chapter 11's caption prints '<s>').
@@ -223,6 +223,23 @@ PAGE_CHECK = """() => {
     return {pictures: pictures.length, broken, struck, dropped, collapsed: first.inputHidden, glossary}; }"""
 
 
+def follow_a_glossary_link(page, term: str) -> None:
+    """Click a chapter's link to a glossary entry: JupyterLab opens glossary.md rendered, at it."""
+    notebook = page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
+    link = page.get_by_role("link", name=term, exact=True).first
+    link.scroll_into_view_if_needed()
+    link.click()
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.title.label === 'glossary.md'")
+    page.wait_for_function("""(id) => {
+        const h = document.querySelector(`.jp-RenderedMarkdown [data-jupyter-id="${id}"]`);
+        if (!h) return false;
+        const r = h.getBoundingClientRect();
+        return r.height > 0 && r.top >= 0 && r.top < window.innerHeight; }""", arg=term.replace(" ", "-"))
+    page.screenshot(path=str(ARTIFACTS / "glossary_from_chapter_01.png"))
+    page.evaluate("(id) => { window.jupyterapp.shell.currentWidget.dispose(); window.jupyterapp.shell.activateById(id); }",
+                  notebook)
+
+
 def test_every_chapter_shows_its_pictures_and_text_offline(lab):
     """One page, each chapter opened in turn (loading JupyterLab once keeps this quick)."""
     from playwright.sync_api import sync_playwright
@@ -241,6 +258,8 @@ def test_every_chapter_shows_its_pictures_and_text_offline(lab):
                                    .map(i => i.decode().catch(() => null)))""")  # each loaded, or failed
                 found[name] = page.evaluate(PAGE_CHECK)
                 page.screenshot(path=str(ARTIFACTS / f"{name[:-6]}_top.png"))
+                if name == CHAPTER:
+                    follow_a_glossary_link(page, "generation")
                 page.evaluate(CLOSE)
             page.close()
         finally:

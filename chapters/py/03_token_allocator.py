@@ -16,7 +16,7 @@
 #   (exercise `ch03_token_allocator`).
 
 # %%
-#@title Setup: run this cell first (tick DRIVE to keep your exercise files on Google Drive, Colab only) { display-mode: "form" }
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
 DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
 import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
