@@ -1,4 +1,4 @@
-"""Set the course's home (memlab/course/home.py) and rewrite every badge, link, clone cell and picture.
+"""Set the course's home (memlab/course/home.py) and rewrite every badge, link and clone cell.
 
     python scripts/set_home.py OWNER/NAME [--ref TAG] [--published]   publish under OWNER/NAME
     python scripts/set_home.py                                        REF := v<pyproject version>
@@ -7,10 +7,12 @@
 What it rewrites, from memlab/course/home.py's REPO and REF:
 - the Colab badges and links in README.md, chapters/README.md and each chapter's first cell
   (``https://colab.research.google.com/github/REPO/blob/REF/chapters/NN_name.ipynb``);
-- the picture addresses in the chapters (``https://raw.githubusercontent.com/REPO/REF/chapters/img/...``);
+- the links to a file's page on GitHub (``https://github.com/REPO/blob/REF/chapters/...``, the
+  glossary for Colab readers);
 - the line ``HOME, REF = "REPO", "REF"`` of every chapter's first (setup) cell, which clones REF;
 - links to ``https://github.com/REPO`` and any other mention of the old OWNER/NAME;
-then rebuilds the notebooks from their twins (scripts/sync_notebooks.py).
+then rebuilds the notebooks from their twins (scripts/sync_notebooks.py). Pictures name no home:
+each notebook carries its own (scripts/sync_notebooks.py writes them in from chapters/img/).
 
 REF must be a tag (or a branch) of the home repository: the setup cell clones it with
 ``git clone --branch REF``. Tag the commit that carries the new setting with exactly REF.
@@ -32,7 +34,7 @@ TEXT_FILES = ("README.md", "chapters/README.md")
 REPO_RE = r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+"
 REF_RE = r"[A-Za-z0-9][A-Za-z0-9._/-]*"
 COLAB = re.compile(rf"https://colab\.research\.google\.com/github/({REPO_RE})/blob/({REF_RE}?)/(?=chapters/)")
-RAW = re.compile(rf"https://raw\.githubusercontent\.com/({REPO_RE})/({REF_RE}?)/(?=chapters/)")
+BLOB = re.compile(rf"https://github\.com/({REPO_RE})/blob/({REF_RE}?)/(?=chapters/)")
 SETUP = re.compile(r'^HOME, REF = "([^"]*)", "([^"]*)"', re.M)
 
 
@@ -67,7 +69,7 @@ def check_name(repo: str, ref: str) -> None:
 
 def rewrite(text: str, repo: str, ref: str, old_repo: str) -> str:
     text = COLAB.sub(f"https://colab.research.google.com/github/{repo}/blob/{ref}/", text)
-    text = RAW.sub(f"https://raw.githubusercontent.com/{repo}/{ref}/", text)
+    text = BLOB.sub(f"https://github.com/{repo}/blob/{ref}/", text)
     text = SETUP.sub(f'HOME, REF = "{repo}", "{ref}"', text)
     # Links to the old home, and the name itself wherever else it is written.
     text = re.sub(rf"https://github\.com/{re.escape(old_repo)}(?![\w.-])", f"https://github.com/{repo}", text)
@@ -82,7 +84,7 @@ def problems(repo: str | None = None, ref: str | None = None) -> list[str]:
     for path in [*files(), *notebooks()]:
         text = path.read_text()
         name = path.relative_to(ROOT)
-        for pattern, what in ((COLAB, "Colab link"), (RAW, "picture address"), (SETUP, "setup cell")):
+        for pattern, what in ((COLAB, "Colab link"), (BLOB, "GitHub link"), (SETUP, "setup cell")):
             for m in pattern.finditer(text):
                 if m.groups() != (repo, ref):
                     found.append(f"{name}: {what} names {m.group(1)} at {m.group(2)}, the home is {repo} at {ref}")

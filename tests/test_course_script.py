@@ -111,3 +111,95 @@ def test_an_environment_without_pip_or_uv_gets_pip_from_ensurepip(tmp_path):
     lines = calls.read_text().splitlines()
     assert "-m ensurepip --upgrade" in lines and lines.index("-m ensurepip --upgrade") < lines.index(
         "-m pip install some-package"), lines
+
+
+# -- set-up progress and JupyterLab's address -----------------------------------------------------
+
+FAKE_BASE = """
+echo "$*" >> "$CALLS"
+case "$*" in
+  "-c import sys; sys.exit(sys.version_info < (3, 10))") exit 0 ;;
+  "-c import torch") exit "${NO_TORCH:-1}" ;;
+  "-m venv"*) d="${@: -1}"; mkdir -p "$d/bin"; cp "$0" "$d/bin/python" ;;
+  "-m pip install"*) echo "Collecting something"; sleep 0.2 ;;
+esac
+exit 0
+"""
+
+
+def setup_run(tmp_path, **env):
+    """setup() in a scratch folder (ROOT moved there) with a fake python3: what it prints."""
+    b = fake_bin(tmp_path, python3=FAKE_BASE)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    return sourced(f'ROOT="{tmp_path}"; cd "{tmp_path}"; setup .venv-t ".[course]"',
+                   env_with(b, CALLS=str(tmp_path / "calls"), TMPDIR=str(tmp_path), **env))
+
+
+def test_setup_prints_a_line_per_step_and_nothing_once_done(tmp_path):
+    proc = setup_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("memlab:")]
+    assert [line.split(" (")[0] for line in lines] == [
+        "memlab: setting up .venv-t", "memlab: [1/4] creating .venv-t", "memlab: [2/4] updating pip",
+        "memlab: [3/4] installing torch==2.13.0", "memlab: [4/4] installing memlab and what it needs: .[course]",
+        "memlab: .venv-t is ready"], proc.stderr
+    assert "Collecting" not in proc.stderr  # pip's own lines stay in its log (a terminal sees one live line)
+    again = setup_run(tmp_path)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+def test_setup_with_a_torch_already_there_says_so_and_skips_it(tmp_path):
+    proc = setup_run(tmp_path, NO_TORCH="0")
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/3] creating .venv-t (it reuses the torch python3 already has)" in proc.stderr, proc.stderr
+    assert "torch==" not in proc.stderr and "[3/3] installing memlab" in proc.stderr
+
+
+FAKE_LAB = """
+if [ "$1 $2" = "-m jupyter" ]; then
+  trap 'echo stopped > "$CALLS.stopped"; exit 0' TERM
+  for i in $(seq 25); do echo "[I 2026-01-01 ServerApp] server log line $i"; done
+  [ -n "${NO_URL:-}" ] && exit 1
+  echo "    http://127.0.0.1:8888/lab?token=abc123"
+  echo "[I 2026-01-01 ServerApp] a line after the address"
+  sleep "${LAB_SECONDS:-1}" & wait $!
+fi
+"""
+
+
+def test_lab_prints_its_address_last_on_its_own(tmp_path):
+    b = fake_bin(tmp_path, python=FAKE_LAB)
+    proc = sourced(f'PY="{b}/python"; LAB_ARGS=(); serve_lab',
+                   env_with(b, CALLS=str(tmp_path / "calls"), TMPDIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert "server log line" not in proc.stderr and "a line after" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].strip() == \
+        "http://127.0.0.1:8888/lab/tree/00_orientation.ipynb?token=abc123", proc.stderr
+    (log,) = tmp_path.glob("memlab-lab.*")  # the server's log is kept, and named
+    assert "server log line 25" in log.read_text() and str(log) in proc.stderr
+
+
+def test_lab_that_does_not_start_shows_its_log(tmp_path):
+    b = fake_bin(tmp_path, python=FAKE_LAB)
+    proc = sourced(f'PY="{b}/python"; LAB_ARGS=(); serve_lab',
+                   env_with(b, CALLS=str(tmp_path / "calls"), TMPDIR=str(tmp_path), NO_URL="1"))
+    assert proc.returncode == 1 and "JupyterLab did not start" in proc.stderr
+    assert "server log line 25" in proc.stderr, proc.stderr
+
+
+def test_stopping_the_command_stops_jupyterlab(tmp_path):
+    import signal
+    import time
+
+    b = fake_bin(tmp_path, python=FAKE_LAB)
+    err = tmp_path / "stderr"
+    with open(err, "w") as f:
+        proc = subprocess.Popen(["bash", "-c", f'source "{COURSE}"; PY="{b}/python"; LAB_ARGS=(); serve_lab'],
+                                stderr=f, env=env_with(b, CALLS=str(tmp_path / "calls"), TMPDIR=str(tmp_path),
+                                                       LAB_SECONDS="60"))
+        deadline = time.monotonic() + 30
+        while "00_orientation" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # what Ctrl-C's trap does too
+        assert proc.wait(timeout=30) == 130
+    assert (tmp_path / "calls.stopped").read_text().strip() == "stopped", "JupyterLab was left running"

@@ -1,5 +1,6 @@
-"""The course's home is one setting (memlab/course/home.py): every badge, link, clone cell and picture
-agrees with it, and scripts/set_home.py moves all of them to a new home in one go."""
+"""The course's home is one setting (memlab/course/home.py): every badge, link and clone cell agrees
+with it, and scripts/set_home.py moves all of them to a new home in one go. Pictures depend on no
+home (each notebook carries its own): moving the home leaves them inside the notebooks."""
 
 import re
 import shutil
@@ -16,7 +17,7 @@ import set_home  # noqa: E402
 from memlab.course import home  # noqa: E402
 
 
-def test_every_badge_link_clone_cell_and_picture_agrees_with_the_setting():
+def test_every_badge_link_and_clone_cell_agrees_with_the_setting():
     assert set_home.setting() == (home.REPO, home.REF, home.PUBLISHED)
     assert set_home.problems() == []
 
@@ -29,14 +30,16 @@ def test_the_notebooks_belong_to_this_version():
 def test_the_check_catches_a_stray_link(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text(f"[x]({home.colab_url('chapters/00_orientation.ipynb', ref='main')})\n"
-                      f"![p]({home.raw_url('chapters/img/a.png', repo='someone/memlab')})\n"
-                      f"clone https://github.com/old-owner/{home.REPO.split('/')[1]}\n")
+                      f"[y]({home.colab_url('chapters/01_request_table.ipynb', repo='someone/memlab')})\n"
+                      f"clone https://github.com/old-owner/{home.REPO.split('/')[1]}\n"
+                      f"[g]({home.github_url('chapters/glossary.md', ref='v0.0.1')})\n")
     monkeypatch.setattr(set_home, "files", lambda: [readme])
     monkeypatch.setattr(set_home, "notebooks", lambda: [])
     monkeypatch.setattr(set_home, "ROOT", tmp_path)
     found = set_home.problems()
-    assert len(found) == 3, found
-    assert "at main" in found[0] and "someone/memlab" in found[1] and "old-owner" in found[2]
+    assert len(found) == 4, found
+    assert "at main" in found[0] and "someone/memlab" in found[1] and "GitHub link" in found[2] and "v0.0.1" in found[2]
+    assert "old-owner" in found[3]
 
 
 def test_rewrite_moves_links_and_mentions_but_not_other_repositories():
@@ -54,6 +57,7 @@ def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     shutil.copytree(ROOT / "chapters" / "py", tmp_path / "chapters" / "py")
+    shutil.copytree(ROOT / "chapters" / "img", tmp_path / "chapters" / "img")  # the notebooks carry them
     for nb in (ROOT / "chapters").glob("*.ipynb"):
         shutil.copy(nb, tmp_path / "chapters" / nb.name)
     script = tmp_path / "scripts" / "set_home.py"
@@ -71,7 +75,9 @@ def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
         assert home.REPO not in text and f"/{home.REF}/" not in text, f"{f.name} still names the old home"
     nb = (tmp_path / "chapters" / "04_alloc_extend.ipynb").read_text()
     assert "https://colab.research.google.com/github/alice/kv-course/blob/v9.9/chapters/04_alloc_extend.ipynb" in nb
-    assert "https://raw.githubusercontent.com/alice/kv-course/v9.9/chapters/img/04_alloc_extend.png" in nb
+    assert "raw.githubusercontent.com" not in nb and "](data:image/png;base64," in nb  # pictures stay inside
+    ch00 = (tmp_path / "chapters" / "py" / "00_orientation.py").read_text()
+    assert "https://github.com/alice/kv-course/blob/v9.9/chapters/glossary.md" in ch00  # Colab's glossary link
     assert 'HOME, REF = \\"alice/kv-course\\", \\"v9.9\\"' in nb
     setting = (tmp_path / "memlab" / "course" / "home.py").read_text()
     assert re.search(r'^REPO = "alice/kv-course"$', setting, re.M) and 'REF = "v9.9"' in setting

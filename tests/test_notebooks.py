@@ -1,13 +1,15 @@
 """The chapters: every notebook runs top to bottom the way Colab runs it, and the stored notebooks
 are clean: no outputs, in step with their jupytext twins, no absolute paths, one setup cell that
-clones the notebook's own version, exercise cells that never stop "Run all", pictures that do not
-depend on a relative path, links to their exercises, and a last cell that runs the grader.
+clones the notebook's own version, exercise cells that never stop "Run all", pictures carried inside
+the notebook (no network, no relative path), links to their exercises, and a last cell that runs
+the grader.
 
 Each chapter executes once in CI, in test_chapter_runs_like_colab: a fresh folder without the
 repository (like Colab's /content), a local git repository standing in for GitHub (built from
 this working tree and tagged with the home's REF), every cell tag removed, the stubs untouched.
 """
 
+import base64
 import json
 import os
 import re
@@ -120,10 +122,15 @@ def check_executed(nb, name):
     assert "total (CPU)" in last, f"{name}: the grader cell printed no score table:\n{last[-1500:]}"
 
 
+INLINE_PNG = "data:image/png;base64,"
+
+
 def picture_paths(nb) -> list[str]:
-    """Repository paths of the pictures a notebook shows (from their version-pinned addresses)."""
-    prefix = home.raw_url("")
-    return [u[len(prefix):] for u in image_refs(markdown(nb)) if u.startswith(prefix)]
+    """Repository paths of the pictures a notebook carries inline: the chapters/img/ file each equals
+    byte for byte (a picture that equals no file there, or is not inline, is left out)."""
+    files = {p.read_bytes(): f"chapters/img/{p.name}" for p in (CHAPTERS / "img").glob("*.png")}
+    data = [base64.b64decode(u[len(INLINE_PNG):]) for u in image_refs(markdown(nb)) if u.startswith(INLINE_PNG)]
+    return [files[d] for d in data if d in files]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
@@ -137,8 +144,6 @@ def test_chapter_runs_like_colab(path, home_repo, tmp_path):
     first = outputs_text(code_cells(nb)[0])
     assert f"repository {clone.name}/" in first, f"memlab was not imported from the clone:\n{first}"
     assert "in this runtime ONLY" not in first  # not Colab: no warning about a recycled runtime
-    for pic in picture_paths(nb):  # what GitHub would serve at REF: the clone's file
-        assert (clone / pic).is_file(), f"{path.name} shows {pic}, which version {home.REF} does not have"
     for stub in (ROOT / "exercises").glob("ch*.py"):
         assert (clone / "exercises" / stub.name).read_bytes() == stub.read_bytes(), f"{stub.name} changed"
     print(f"{path.name}: {seconds:.1f} s")
@@ -211,7 +216,7 @@ ABSOLUTE = re.compile(r"(?<![\w.])(/(?:work|home|root|tmp|Users|usr|opt|content)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
 def test_no_absolute_paths(path):
     for i, c in enumerate(load(path).cells):
-        m = ABSOLUTE.search(c.source)
+        m = ABSOLUTE.search(re.sub(r"data:image/png;base64,[\w+/=]+", "", c.source))  # a picture's bytes are no path
         assert m is None, f"{path.name} cell {i} has an absolute path: {m.group(0)!r}"
 
 
@@ -233,12 +238,18 @@ def test_first_cells_set_up_colab_and_local_alike(path):
     nn = path.name[:2]
     assert nb.cells[0].cell_type == "markdown" and "After this chapter you can" in nb.cells[0].source
     assert home.colab_url(f"chapters/{path.name}") in nb.cells[0].source, f"{path.name}: no Colab link to itself"
-    first = code_cells(nb)[0].source
+    setup = code_cells(nb)[0]
+    first = setup.source
     assert first == setup_cell(nn), f"{path.name}: the setup cell differs from chapter 00's"
     assert f'HOME, REF = "{home.REPO}", "{home.REF}"' in first, "the setup cell clones another home or version"
     assert 'f"memlab-{REF}"' in first and home.clone_folder("X") == "memlab-X", "clone folder: cell and home disagree"
     assert "pip install" not in first, "the setup cell must not reinstall anything"
-    assert len(first.splitlines()) <= 32, "keep the setup cell short: its logic belongs in memlab.course.notebook"
+    assert len(first.splitlines()) <= 8, "keep the setup cell short: what runs after the clone is notebook.start's"
+    # Collapsed: Colab shows the #@title form (its DRIVE checkbox), JupyterLab hides the source.
+    assert re.fullmatch(r'#@title [^{}]+\{ display-mode: "form" \}', first.splitlines()[0]), first.splitlines()[0]
+    assert 'DRIVE = False  #@param {type:"boolean"}' in first.splitlines()
+    assert setup.metadata.get("cellView") == "form" and setup.metadata.get("jupyter") == {"source_hidden": True}
+    assert not any(c.metadata.get("jupyter") or c.metadata.get("cellView") for c in nb.cells if c is not setup)
     assert nb.metadata.get("accelerator") == "GPU" and nb.metadata["kernelspec"]["name"] == "python3"
 
 
@@ -297,13 +308,38 @@ def test_image_refs_finds_both_spellings():
     assert image_refs(text) == ["img/x.png", "y.png", "https://h/z.png"]
 
 
+def picture_problems(nb, name) -> list[str]:
+    """Pictures that could break: an address (the network, a home that may not exist), a relative
+    path (Colab opened from its badge has no folder around the notebook), or inline bytes that are
+    not a file of chapters/img/ (the PNG there is the one source)."""
+    found = []
+    for ref in image_refs(markdown(nb)):
+        if not ref.startswith(INLINE_PNG):
+            found.append(f"{name} shows {ref[:80]}: not inline (the twin writes ![alt](img/NAME.png), "
+                         "python scripts/sync_notebooks.py carries the file into the notebook)")
+    shown = len(image_refs(markdown(nb))) - len(found)
+    if len(picture_paths(nb)) != shown:
+        found.append(f"{name} carries a picture that is no file of chapters/img/ (or an old one): "
+                     "python scripts/sync_notebooks.py")
+    return found
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
-def test_pictures_do_not_depend_on_a_relative_path(path):
-    # Colab cannot resolve img/x.png for a notebook opened from GitHub, and GitHub's viewer does not
-    # either: every picture is the version-pinned address of a file of the repository at REF.
-    for ref in image_refs(markdown(load(path))):
-        assert ref.startswith(home.raw_url("chapters/img/")), \
-            f"{path.name} shows {ref}: not {home.raw_url('chapters/img/...')} (python scripts/set_home.py)"
+def test_pictures_are_inside_the_notebook(path):
+    assert picture_problems(load(path), path.name) == []
+    twin = (CHAPTERS / "py" / f"{path.stem}.py").read_text()
+    for ref in image_refs(twin):
+        assert re.fullmatch(r"img/[\w.-]+\.png", ref), f"py/{path.stem}.py shows {ref}: write ![alt](img/NAME.png)"
+
+
+def test_picture_check_catches_an_address_a_relative_path_and_a_stale_picture():
+    png = next((CHAPTERS / "img").glob("*.png")).read_bytes()
+    good = f"![ok]({INLINE_PNG}{base64.b64encode(png).decode()})"
+    stale = f"![old]({INLINE_PNG}{base64.b64encode(png + b'x').decode()})"
+    for text, says in ((good, None), ("![a](https://raw.githubusercontent.com/o/n/v1/chapters/img/a.png)", "not inline"),
+                       ('<img src="img/a.png">', "not inline"), (stale, "no file of chapters/img/")):
+        found = picture_problems(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)]), "x.ipynb")
+        assert (found == []) if says is None else (len(found) == 1 and says in found[0]), (text[:40], found)
 
 
 def test_static_pictures_exist_and_are_shown():
@@ -392,9 +428,10 @@ def test_setup_cell_clones_its_version_once_and_reuses_it(home_repo, monkeypatch
 def test_setup_cell_replaces_an_unfinished_clone(home_repo, monkeypatch, capsys, tmp_path):
     part = tmp_path / f"{home.clone_folder()}.partial"
     (part / "memlab").mkdir(parents=True)  # a clone that was interrupted
+    (part / "memlab" / "half.py").write_text("x")
     run_setup_cell(tmp_path, monkeypatch, url=home_repo.as_uri())
-    assert "an unfinished clone from an earlier run" in capsys.readouterr().out
-    assert (tmp_path / home.clone_folder() / "pyproject.toml").is_file() and not part.exists()
+    clone = tmp_path / home.clone_folder()
+    assert (clone / "pyproject.toml").is_file() and not (clone / "memlab" / "half.py").exists() and not part.exists()
 
 
 def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_path):
@@ -571,6 +608,7 @@ def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, caps
     notebook.start("04")
     out = capsys.readouterr().out
     assert "in this runtime ONLY: they are lost when Colab recycles it" in out and "DRIVE = True" in out
+    assert f"the glossary (every word of the books): {home.github_url('chapters/glossary.md')}" in out
     assert calls["mount"] == 0 and not mount.exists() and "MEMLAB_EXERCISES" not in os.environ
     monkeypatch.chdir(tmp_path)
     zipped = notebook.download_exercises()

@@ -6,6 +6,8 @@
 # An LLM serving engine keeps the keys and values (the KV cache) of every running request in one
 # big block of GPU memory. Most of what SGLang and vLLM do with that memory is bookkeeping: who
 # owns which piece, and where the piece lives. This course opens those books one layer at a time.
+# A word you have not met yet is in the [glossary](glossary.md): each chapter links a word there
+# where it first uses it.
 #
 # **After this chapter you can**
 # - name the three mappings every engine keeps, and say which object owns each;
@@ -16,46 +18,23 @@
 #   and the grader.
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("00", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("00", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## The three mappings
 #
 # | mapping | from -> to | kept by |
 # |---|---|---|
-# | request -> row | a running request -> its row in the request table | `ReqToTokenPool` (chapter 01) |
-# | logical token -> physical slot | (row, position) -> slot id; with pages, slot = page * page_size + offset | the allocators (chapters 03-05), written into the request table |
-# | physical slot -> bytes | slot id -> one row of every layer's K and V tensors | the `KVCache` pools (chapter 02) |
+# | request -> row | a running [request](glossary.md#request) -> its [row](glossary.md#row) in the [request table](glossary.md#request-table) | `ReqToTokenPool` (chapter 01) |
+# | logical token -> physical slot | (row, position) -> [slot](glossary.md#slot) id; with [pages](glossary.md#page), slot = page * page_size + offset | the [allocators](glossary.md#allocator) (chapters 03-05), written into the request table |
+# | physical slot -> bytes | slot id -> one row of every layer's K and V tensors | the `KVCache` [pools](glossary.md#kv-pool) (chapter 02) |
 #
 # A request sees its tokens as positions 0, 1, 2, ... The engine stores them wherever there is
 # room. The request table remembers, per position, the *slot* it went to; the KV pools turn a
@@ -63,8 +42,10 @@ FAST = start("00", REF, drive=DRIVE)
 #
 # Three conventions show up everywhere:
 # - **Padding.** Row 0 of the request table and slot 0 (with pages: all of page 0) are never
-#   handed out. Batches padded to a fixed shape (CUDA graphs) point their dummy entries there and
-#   may read or write them without harming anyone.
+#   handed out: the [padding row](glossary.md#padding-row) and the
+#   [padding slot](glossary.md#padding-slot). Batches padded to a fixed shape
+#   ([CUDA graphs](glossary.md#cuda-graph)) point their dummy entries there and may read or write
+#   them without harming anyone.
 # - **Pages.** With `page_size` > 1, slots are handed out a page at a time. A request's tokens
 #   fill its pages in order, so inside a page its slots are consecutive.
 # - **Reuse.** Freed rows and pages are handed out again, soon. That is the whole point, and the
@@ -74,8 +55,9 @@ FAST = start("00", REF, drive=DRIVE)
 # ## Your environment
 #
 # The same report as `./course doctor` (or `python -m memlab doctor`). The canary is a tiny
-# kernel whose answer is known: some Triton and NumPy pairings silently return zeros in the
-# interpreter, and the canary catches that before any chapter trusts a kernel.
+# [kernel](glossary.md#kernel) whose answer is known: some Triton and NumPy pairings silently
+# return zeros in the [interpreter](glossary.md#triton-interpreter), and the canary catches that
+# before any chapter trusts a kernel.
 
 # %%
 from memlab.course.doctor import report
@@ -91,13 +73,17 @@ for key, value in report():
 # decodes one token, B finishes, and D arrives in B's place. Move the slider or press play.
 #
 # - Left: the request table. Each row is a request; cell `pos` holds the slot of its token `pos`.
+#   `gen` beside a row counts how many times that row has been handed out, its
+#   [generation](glossary.md#generation) (chapter 01 says why engines keep it).
 # - Right: the slots, grouped by page. A pale cell belongs to a page a request holds but has not
 #   filled yet. A black edge marks what the step changed.
 # - Middle strip: every layer's K and V tensor, one column per slot. The same slot is the same
 #   column in every tensor.
-# - Bottom: the allocator's free list, the page it hands out next on the left.
-#
-# ![The three mappings after D arrives (static picture of the widget's last step)](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/00_mappings.png)
+# - Bottom: the allocator's [free list](glossary.md#free-list), the page it hands out next on the
+#   left.
+
+# %% [markdown]
+# ![The three mappings after D arrives (static picture of the widget's last step)](img/00_mappings.png)
 
 # %%
 from memlab.course import viz
@@ -109,15 +95,16 @@ viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "slots",
 # %% [markdown]
 # ## Read it: the same books in code
 #
-# The widget's last step is the live state of `scene`. Follow request A through the three
-# mappings by hand.
+# The widget's last step (press play, or drag the slider to the end) is the live state of
+# `scene`. Follow request A through the three mappings by hand.
 
 # %%
 req_pool, allocator, kv = scene.req_pool, scene.allocator, scene.kvcache
 a = scene.reqs["A"]
 row = a.req_pool_idx                                    # mapping 1: request -> row
 slots = req_pool.req_to_token[row, : a.kv_allocated_len]  # mapping 2: position -> slot
-print(f"A owns row {row} (generation {int(req_pool.req_generation[row])}); its slots: {slots.tolist()}")
+print(f"A owns row {row} (handed out {int(req_pool.req_generation[row])} time(s) so far: the row's generation, "
+      f"chapter 01); its slots: {slots.tolist()}")
 print(f"pages under those slots: {sorted(set((slots // PAGE_SIZE).tolist()))}")
 
 k0 = kv.get_key_buffer(0)                               # mapping 3: slot -> bytes
@@ -140,11 +127,14 @@ print(f"free pages, head first: {allocator.free_pages.tolist()}; free rows: {req
 # %% [markdown]
 # ## Run it: a real kernel on the same state
 #
-# When a prefill batch arrives, SGLang computes the slot of every new token in one kernel,
-# `alloc_extend`, with one GPU program per request. Here A continues its prefill with 6 more
-# tokens and D with 3 (a *chunked prefill*: a long prompt fed in pieces). Each request's new
-# tokens come in up to three parts: the rest of its last page, whole new pages, and a new partial
-# page. Chapter 04 builds this kernel from scratch; here we only run it.
+# When a [prefill](glossary.md#prefill) batch arrives and pages are bigger than one token, SGLang
+# works out the slot of every new token in one kernel, `alloc_extend`, which runs one GPU program
+# per request. (With a page size of 1 it just takes the first free slots, no kernel.) Here A
+# continues its prefill with 6 more tokens and D with 3 (a
+# [chunked prefill](glossary.md#chunked-prefill): a long prompt fed in pieces). Each request's new
+# tokens come in up to [three parts](glossary.md#the-three-parts): the rest of its last page,
+# whole new pages, and a new partial page. Chapter 04 builds this kernel from scratch; here we only
+# run it.
 #
 # On a GPU the kernel is compiled; on a CPU it runs in the Triton interpreter, which executes the
 # same program with NumPy. Either way we compare it with the torch reference, a vectorised
@@ -177,9 +167,11 @@ print(f"torch reference: {by_torch.tolist()}")
 assert torch.equal(by_kernel, by_torch)
 
 # %% [markdown]
-# The kernel only computes slots; it takes nothing. The allocator decides first, on the host,
-# whether the pages are there, then runs the kernel (or a reference) and removes the pages it
-# used from its free list. Let the scene do that for real and look at the books again:
+# The kernel only computes slots; it takes nothing. Before launching it, the allocator makes sure
+# on the host that there are enough free pages: usually a quick upper bound is enough for that,
+# and only when the bound fails does it count the pages exactly first (chapters 04 and 05 say
+# why). Then it runs the kernel (or a torch fallback) and drops the pages it used from the head of
+# its free list. Let the scene do that for real and look at the books again:
 
 # %%
 out = scene.extend_batch(batch)
@@ -190,9 +182,9 @@ viz.show(viz.draw_books(scene.books("A +6 and D +3 tokens, slots from alloc_exte
 # %% [markdown]
 # ## The same books in vLLM
 #
-# vLLM keeps the same three mappings under other names. Its *block table* has a row per request
-# listing the request's block ids (a block is a page), and before each step it computes a
-# per-token `slot_mapping`:
+# vLLM keeps the same three mappings under other names. Its [block table](glossary.md#block-table)
+# has a row per request listing the request's [block](glossary.md#block) ids (a block is a page),
+# and before each step it computes a per-token [`slot_mapping`](glossary.md#slot-mapping):
 #
 # $$\text{slot} = \text{block\_table}[\text{req}, \lfloor \text{pos} / B \rfloor] \cdot B + \text{pos} \bmod B$$
 #
@@ -206,6 +198,11 @@ viz.show(viz.draw_books(scene.books("A +6 and D +3 tokens, slots from alloc_exte
 # - `kernels/`: the Triton kernels; import them as `from memlab.kernels import alloc_extend`.
 # - `exercises/`: the stubs you fill in; `solutions/`: the filled-in twins (look only when stuck).
 # - `tests/`: the test suite; `tests/exercises/` holds the graded tests.
+# - `chapters/glossary.md`: [the glossary](glossary.md), every word of the books in plain terms
+#   (row, slot, page, block, `last_loc`, generation, padding, free list, staged pages, locked and
+#   evictable ...). In Colab, open it on GitHub:
+#   [glossary.md](https://github.com/memlab-course/memlab/blob/v0.1.0/chapters/glossary.md) (the
+#   first cell prints that address too).
 #
 # ## Exercises
 #

@@ -3,8 +3,9 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/01_request_table.ipynb)
 #
-# The first mapping: a running request -> one row of a table. The row holds, for every position of
-# the request, the physical slot of that token's KV. SGLang calls this table `ReqToTokenPool`.
+# The first mapping: a running request -> one [row](glossary.md#row) of a table. The row holds, for
+# every position of the request, the physical [slot](glossary.md#slot) of that token's KV. SGLang
+# calls this table, the [request table](glossary.md#request-table), `ReqToTokenPool`.
 #
 # **After this chapter you can**
 # - allocate and free rows the way SGLang does (from the tail of a plain list, all or nothing);
@@ -14,47 +15,25 @@
 # - write `alloc_rows`, `free` and `clear` yourself (exercise `ch01_alloc_rows`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("01", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("01", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
 #
 # A table of 5 rows, 8 positions wide. Requests arrive, finish and come back; a long prompt is fed
 # in two chunks; a batch asks for more rows than are free; at the end, `clear()`. The strip under
-# the table is `free_slots`, the list of free rows, in list order. The right column shows each
-# row's owner and its **generation**.
-#
-# ![The request table after D reuses B's row](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/01_request_table.png)
+# the table is `free_slots`, the list of free rows (its [free list](glossary.md#free-list)), in list order. The right column shows each
+# row's owner and its **[generation](glossary.md#generation)**.
+
+# %% [markdown]
+# ![The request table after D reuses B's row](img/01_request_table.png)
 
 # %%
 from memlab.course import viz
@@ -66,9 +45,10 @@ viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows"))
 # ## The table itself
 #
 # `ReqToTokenPool(size, max_context_len)` holds an int32 tensor of `size + 1` rows and
-# `max_context_len` columns. Row 0 is the **padding row**: decode batches replayed through a CUDA
-# graph have a fixed size, and the unused entries of a padded batch point at row 0. Reading or
-# writing it harms nobody, so no kernel needs an "is this entry real?" branch.
+# `max_context_len` columns. Row 0 is the **[padding row](glossary.md#padding-row)**: decode
+# batches replayed through a [CUDA graph](glossary.md#cuda-graph) have a fixed size, and the unused
+# entries of a padded batch point at row 0. Reading or writing it harms nobody, so no kernel needs
+# an "is this entry real?" branch.
 
 # %%
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -109,9 +89,10 @@ print("pool.alloc_rows(0) ->", pool.alloc_rows(0))
 # %% [markdown]
 # ## The generation counter
 #
-# Some readers of the table run asynchronously: a copy of KV to host memory, or the overlap
-# scheduler preparing the next batch while the GPU runs this one. Such a reader may remember "row
-# 5" and come back later. By then the row may belong to someone else.
+# Some readers of the table run a step behind: with the overlap scheduler (the CPU prepares the
+# next batch while the GPU runs this one), SGLang's speculative decoding keeps per-row data from
+# one step and uses it in the next. Such a reader may remember "row 5" and come back later. By
+# then the row may belong to someone else.
 #
 # `req_generation[row]` is bumped every time the row is handed out, and **never reset**, not even
 # by `clear()`. A reader stores `(row, generation)` and checks the generation again before it
@@ -136,10 +117,11 @@ assert again == row and now == seen[1] + 1
 # %% [markdown]
 # ## Chunked prefill keeps its row
 #
-# A long prompt is prefilled in chunks, one scheduling step each. `alloc(reqs)` gives rows only
-# to requests that have none; a request that already holds a row (and already wrote KV through
-# it) keeps it. A request that holds a row but owns no KV yet is a scheduler bug, and `alloc`
-# says so.
+# A long prompt is prefilled in chunks ([chunked prefill](glossary.md#chunked-prefill)), one
+# scheduling step each. `alloc(reqs)` gives rows only to requests that have none; a request that
+# already holds a row (and already wrote KV through it) keeps it. A request that holds a row but
+# owns no KV yet is a scheduler bug, and `alloc` says so (SGLang checks it with an `assert`;
+# memlab raises `ValueError` with a message).
 
 # %%
 e = Req("E")
@@ -156,11 +138,12 @@ except ValueError as exc:
 # ## What the engines do differently
 #
 # SGLang gives a request one row for its whole life and writes a slot per token into it. vLLM's
-# worker keeps a **block table** instead: one row per request in the current batch, one entry per
-# *block* (page), not per token. When requests finish, vLLM compacts the batch and moves rows
-# (`BlockTable.move_row` in `memlab.vllm.block_table`), so a request's row index can change
-# between steps: a row there is a place in this step's batch, not a request's identity for its
-# whole life. Chapter 06 covers vLLM's side.
+# worker keeps a **[block table](glossary.md#block-table)** instead: one entry per
+# *[block](glossary.md#block)* (page), not per token. In vLLM 0.33's default model runner (V2) a
+# request keeps its row for its whole life too, and each step the rows of the running requests
+# are gathered into a batch-ordered copy. The older V1 runner instead compacts the batch when
+# requests finish and moves rows (`BlockTable.move_row`, mirrored in `memlab.vllm.block_table`),
+# so there a row is only a place in this step's batch. Chapter 06 covers vLLM's side.
 #
 # ## Exercise: `exercises/ch01_alloc_rows.py`
 #

@@ -3,8 +3,9 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/02_kv_stores.ipynb)
 #
-# The third mapping: a physical slot -> bytes. A KV pool is a list of big tensors, one (or two)
-# per layer; slot `s` is row `s` of each. This chapter measures those rows for real models.
+# The third mapping: a physical slot -> bytes. A [KV pool](glossary.md#kv-pool) is a list of big
+# tensors, one (or two) per layer; [slot](glossary.md#slot) `s` is row `s` of each. This chapter
+# measures those rows for real models, the [bytes per token](glossary.md#bytes-per-token).
 #
 # **After this chapter you can**
 # - compute the KV bytes of one token for an MHA/GQA model and for an MLA model, and check them
@@ -14,37 +15,14 @@
 # - write `mha_bytes_per_token` and `mla_bytes_per_token` (exercise `ch02_bytes_per_token`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("02", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("02", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: bytes per token for real models
@@ -52,8 +30,9 @@ FAST = start("02", REF, drive=DRIVE)
 # Pick a model, a KV dtype, a tensor-parallel size and a context length. Left: KV bytes per token
 # over all layers for each model in `memlab.common.models` (numbers from their published `config.json`).
 # Right: one token's row in one layer, drawn to the same scale for every model.
-#
-# ![KV bytes per token for five real models](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/02_kv_bytes.png)
+
+# %% [markdown]
+# ![KV bytes per token for five real models](img/02_kv_bytes.png)
 
 # %%
 import ipywidgets as W
@@ -80,7 +59,7 @@ viz.Explorer(controls, draw_kv_bytes, text=kv_text, columns=2)
 # $$\text{bytes per token} = L \cdot H \cdot (d + d_v) \cdot b \;=\; 2 L H d b \quad (d_v = d)$$
 #
 # `MHATokenToKVPool` keeps a K and a V tensor per layer, each of shape `(size + page_size, H, d)`:
-# the first page is padding (chapter 00). Let us build a small one and count its real bytes.
+# the first page is padding (the [padding slot](glossary.md#padding-slot), chapter 00). Let us build a small one and count its real bytes.
 
 # %%
 import torch
@@ -132,10 +111,12 @@ print("read as fp8  :", fp8.get_key_buffer(0)[3].float().tolist(), "(x / k_scale
 # %% [markdown]
 # ## Layer ranges
 #
-# With pipeline parallelism each GPU runs a range of layers and keeps KV only for those. A pool
-# holds layers `start_layer..end_layer` and is indexed by the model's layer id, which it turns
-# into `layer_id - start_layer`. Asking for a layer outside the range is an error, not a silent
-# read of somebody else's layer.
+# With pipeline parallelism each GPU runs a range of layers and keeps KV only for those (its
+# [layer range](glossary.md#layer-range)). A pool holds layers `start_layer..end_layer` and is
+# indexed by the model's layer id, which it turns into `layer_id - start_layer`. memlab refuses a
+# layer outside the range. SGLang does not check: a layer id below `start_layer` becomes a
+# negative list index and quietly reads another of the pool's layers (only an index far out of
+# range raises `IndexError`).
 
 # %%
 stage = MHATokenToKVPool(size=16, page_size=1, dtype=torch.float16, head_num=2, head_dim=8, layer_num=4,
@@ -182,7 +163,8 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 # | | the engine (SGLang 0.5.23 / vLLM 0.33) | memlab |
 # |---|---|---|
 # | SGLang's K and V tensors | one allocation per layer when $d_v = d$, `(2, rows, H, d)`, K and V its two halves (rows padded to whole pages), so a paged kernel reaches V from one base; a page-major `hnd` layout on request | two separate tensors per layer, `(size + page_size, H, d)`: the same rows and bytes, no shared base |
-# | SGLang's write | a fused `store_cache` kernel on CUDA; K and V on two streams while CUDA graphs are captured | `k_buffer[layer][loc] = k`, SGLang's fallback path |
+# | SGLang's write | a fused `store_cache` kernel on CUDA; when that kernel is not available, plain indexed writes, with K and V on two streams while a CUDA graph is being captured | `k_buffer[layer][loc] = k`, SGLang's fallback path |
+# | a layer outside the pool's range | no check: `k_buffer[layer_id - start_layer]`, so a layer below the range reads another local layer | refused (`IndexError`) with a message naming the layer and the range |
 # | vLLM's cache | one buffer, logical `[L, B, H, N, C]`, physical order from `KVCacheLayout`; written by `reshape_and_cache_flash` (CUDA C++) through the split K and V views | `memlab.vllm.kv_layout` builds the same views; chapter 06 writes into them with memlab's Triton `store_kv` |
 #
 # ## Exercise: `exercises/ch02_bytes_per_token.py`

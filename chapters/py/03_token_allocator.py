@@ -4,8 +4,8 @@
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/03_token_allocator.ipynb)
 #
 # The second mapping, in its simplest form: with a page size of 1, every token gets one slot, any
-# free slot will do, and the allocator is a list of free slot ids. SGLang calls it
-# `TokenToKVPoolAllocator`.
+# free slot will do, and the [allocator](glossary.md#allocator) is a list of free slot ids, its
+# [free list](glossary.md#free-list). SGLang calls it `TokenToKVPoolAllocator`.
 #
 # **After this chapter you can**
 # - say which end of the free list allocation takes from and which end frees go to, and why;
@@ -16,48 +16,27 @@
 #   (exercise `ch03_token_allocator`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("03", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("03", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
 #
 # Two stories with the same requests: A, B and C take slots, A and B finish, D and E arrive.
 # Pick a story with the dropdown. In the first, freed slots join the tail of the free list; in the
-# second (`need_sort=True`), they wait in a staging area (yellow) until an allocation runs short.
+# second (`need_sort=True`), they wait in a staging area (yellow,
+# [staged pages](glossary.md#staged-pages)) until an allocation runs short.
 # Watch where D's slots land in each. The picture is the second story just before D arrives: A's
 # and B's slots are staged, behind the three slots still on the free list.
-#
-# ![need_sort=True after A and B finish: their slots wait in the staging area (yellow)](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/03_token_allocator.png)
+
+# %% [markdown]
+# ![need_sort=True after A and B finish: their slots wait in the staging area (yellow)](img/03_token_allocator.png)
 
 # %%
 from memlab.course import viz
@@ -72,7 +51,8 @@ viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "fre
 # The free list `free_pages` is an int64 tensor (with page size 1, a "page" is a slot). `alloc(n)`
 # hands out its first `n` entries and keeps the rest: one slice, no loop, on the device where the
 # KV lives. Slot 0 is padding and is never on the list. A request for more than is free returns
-# `None` and changes nothing.
+# `None` and hands out nothing. (With `need_sort`, below, the failed attempt may first have merged
+# and sorted the staged slots.)
 
 # %%
 import torch
@@ -101,12 +81,13 @@ print("next 11 slots  :", alloc.alloc(11).tolist(), "(A's slots come last)")
 # %% [markdown]
 # ### A double free, and `debug_mode`
 #
-# `free` trusts its caller. Free the same slots twice and they sit on the list twice; a few
-# allocations later two requests share them and overwrite each other's KV, with no error
-# anywhere. Checking every free would cost a scan on every step, so the engines check only on
-# request: SGLang's paged allocator in its `debug_mode` (the environment variable
-# `SGLANG_DEBUG_MEMORY_POOL=1`); memlab's allocators take `debug_mode=True`, which the tests turn
-# on. When books look wrong, run with it first.
+# `free` trusts its caller. Free the same slots twice (a [double free](glossary.md#double-free))
+# and they sit on the list twice; a few allocations later two requests share them and overwrite
+# each other's KV, with no error anywhere. Checking every free would cost a scan on every step, so
+# the engines check only on request ([debug mode](glossary.md#debug-mode)): SGLang's paged
+# allocator (not this token allocator, which has no such mode) asserts after each free, when
+# `SGLANG_DEBUG_MEMORY_POOL=1`, that no page is on its free list twice; memlab's allocators take
+# `debug_mode=True`, which the tests turn on. When books look wrong, run with it first.
 
 # %%
 quiet = TokenToKVPoolAllocator(size=4)
@@ -131,7 +112,8 @@ else:
 #
 # With `need_sort=True`, `free` does not touch the free list: it appends to `release_pages`, a
 # staging area. `available_size()` counts both, because staged slots are free; leaving them out
-# would make the scheduler think memory is short when it is not.
+# would make the scheduler think memory is short when it is not. (SGLang turns `need_sort` on only
+# when prefill and decode run on separate servers, PD disaggregation.)
 
 # %%
 alloc = TokenToKVPoolAllocator(size=16, need_sort=True)
@@ -145,7 +127,8 @@ print("available_size:", alloc.available_size(), "= 3 free + 7 staged")
 # ## Merge and sort
 #
 # Only when an allocation finds `free_pages` too short does the allocator call
-# `merge_and_sort_free()`: staged and free slots become one **sorted** list. Sorting costs a
+# `merge_and_sort_free()` ([merge and sort](glossary.md#merge-and-sort)): staged and free slots
+# become one **sorted** list. Sorting costs a
 # sort, so it happens rarely; in exchange the next requests get runs of neighbouring slots.
 # Contiguous slots make the attention kernel's reads of a request's KV closer together in memory,
 # and let a run be described by its start and length.
@@ -159,7 +142,7 @@ print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.r
 #
 # SGLang's *paged* allocator (chapter 04) puts freed pages at the **head** instead (LIFO): the
 # pages just released are the next handed out, so the live set stays on few, recently used
-# pages. vLLM's block pool (chapter 06) keeps a doubly linked free queue: freed blocks without a
+# pages. vLLM's block pool (chapter 06) keeps a doubly linked [free queue](glossary.md#free-queue): freed blocks without a
 # cached hash go to the head, cached ones to the tail, so the prefix cache keeps them as long as
 # possible.
 #

@@ -3,9 +3,11 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/04_alloc_extend.ipynb)
 #
-# With pages, slots are handed out `page_size` at a time and a request's tokens fill its pages in
-# order. A prefill batch then needs, for every new token, the slot it lands in. SGLang computes
-# all of them in one GPU kernel, `alloc_extend`, one program per request.
+# With [pages](glossary.md#page), slots are handed out [`page_size`](glossary.md#page-size) at a
+# time and a request's tokens fill its pages in order. A prefill batch (an
+# [extend](glossary.md#extend)) then needs, for every new token, the slot it lands in. SGLang
+# computes all of them in one GPU [kernel](glossary.md#kernel), `alloc_extend`, one program per
+# request.
 #
 # **After this chapter you can**
 # - compute how many new pages a request needs, and where each of its new tokens lands;
@@ -18,37 +20,14 @@
 #   and `ch04_alloc_extend_kernel`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("04", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("04", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -57,8 +36,9 @@ FAST = start("04", REF, drive=DRIVE)
 # continues again. Every slot a batch hands out has a black edge, and its hatching says which of
 # the three parts it belongs to. Pick a page size with the dropdown: with page size 1 there is
 # only part 2; with larger pages, more tokens continue an old page.
-#
-# ![Second prefill batch with page size 4: the three parts](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/04_alloc_extend.png)
+
+# %% [markdown]
+# ![Second prefill batch with page size 4: the three parts](img/04_alloc_extend.png)
 
 # %%
 from memlab.course import viz
@@ -71,7 +51,9 @@ viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "fre
 #
 # Page `p` holds slots `p * P .. p * P + P - 1` (page size $P$); page 0 is padding. A request with
 # $s$ tokens occupies $\lceil s / P \rceil$ pages, its last one possibly partly filled. Growing from
-# a prefix of $p$ tokens to $s$ tokens, it needs
+# a prefix of $p$ tokens ([prefix length](glossary.md#prefix-length), `prefix_lens`) to $s$ tokens
+# ([seq length](glossary.md#seq-length), `seq_lens`; the difference is its
+# [extend length](glossary.md#extend-length)), it needs
 #
 # $$n_{\text{new}} = \lceil s / P \rceil - \lceil p / P \rceil$$
 #
@@ -90,12 +72,19 @@ print("new pages per request:", [num_new_pages(p, s, P) for p, s in zip(prefix, 
 # %% [markdown]
 # ## Three parts
 #
-# Request $i$'s new tokens, positions $p_i .. s_i - 1$, fall into three parts:
+# Request $i$'s new tokens, positions $p_i .. s_i - 1$, fall into
+# [three parts](glossary.md#the-three-parts):
 #
-# 1. **the rest of its old page**: positions up to $\lceil p_i / P \rceil P$; the slots continue
-#    from `last_loc + 1`, where `last_loc` is the slot of its last token (-1 for an empty prefix);
-# 2. **whole new pages**: up to $\lfloor s_i / P \rfloor P$;
-# 3. **one new partial page**: the rest, starting at offset 0 of one more new page.
+# 1. **the rest of its old page**: positions $p_i$ up to $\min(s_i, \lceil p_i / P \rceil P) - 1$;
+#    the slots continue from `last_loc + 1`, where [`last_loc`](glossary.md#last_loc) is the slot
+#    of its last token (-1 for an empty prefix). A request that ends inside its old page gets only
+#    this part, and takes no new page (5 -> 7 tokens with $P = 4$: positions 5 and 6 go to
+#    `last_loc + 1` and `last_loc + 2`);
+# 2. **whole new pages**: positions $\lceil p_i / P \rceil P$ up to $\lfloor s_i / P \rfloor P - 1$;
+# 3. **one new partial page**: positions $\lfloor s_i / P \rfloor P$ to $s_i - 1$ when $s_i$ is not a
+#    multiple of $P$, starting at offset 0 of one more new page.
+#
+# Parts 2 and 3 exist only for a request that grows past the end of its old page.
 #
 # Every request writes its slots at an output offset and takes pages from a free-list offset that
 # depend only on the requests before it: two **prefix sums** over the batch.
@@ -148,12 +137,17 @@ assert torch.equal(kernel.cpu(), ref_t) and ref_t.tolist() == ref_py
 # ## Capacity first
 #
 # The kernel trusts the free list to be deep enough: a program reads `free_pages[page_start + k]`
-# without a bound. So the allocator decides on the host, from CPU copies of the lengths, **before**
-# anything runs: first a cheap upper bound ($\lfloor \text{extend\_num\_tokens} / P \rfloor$ +
-# batch size + 1 pages); only if that does not prove there is room, the exact count. Short means
-# `None`, with no page taken. (Launching first and checking afterwards reads past the end of the
-# free list: SGLang once had exactly this bug.) Chapter 05 says why the bound comes first, and
-# what `need_sort` does when it fails.
+# without a bound. So the allocator decides on the host **before** anything runs (the
+# [capacity check](glossary.md#capacity-check)). First it tries a
+# [cheap bound](glossary.md#cheap-bound) from two numbers it already has
+# ($\lfloor \text{extend\_num\_tokens} / P \rfloor$ + batch size + 1 pages, never fewer than
+# the batch needs). Only if that does not prove there is room does it make the exact count, from
+# CPU copies of the lengths, before the launch. Short means `None`, with no page taken. When the
+# bound does prove room, SGLang launches right away and makes the exact count afterwards, while
+# the GPU works, to know how many pages to drop from the free list (chapter 05). What must never
+# happen is a launch before the host knows there are enough pages: the kernel would read past the
+# end of the free list. Chapter 05 says why the bound comes first, and what `need_sort` does when
+# it fails.
 
 # %%
 scene = viz.sglang_books.paged_extend(page_size=P)
@@ -181,9 +175,11 @@ assert same
 # vLLM never computes a slot per token at allocation time. Its scheduler asks the KV cache manager
 # for whole *blocks* (plain Python over a block pool, chapter 06) and sends the new block ids to
 # the workers, which append them to the block table. Before each step a small kernel derives
-# `slot_mapping` for the batch's tokens from the block table. SGLang does both at once: its
-# kernel hands out pages and writes every token's slot, and the slots go straight into
-# `req_to_token`.
+# `slot_mapping` for the batch's tokens from the block table. SGLang works per token from the
+# start: its kernel computes every new token's slot from the pages at the head of the free list,
+# the allocator then drops those pages from the list, and a second kernel
+# (`write_cache_indices`, called by the scheduler's `alloc_for_extend`) copies the slots into
+# each request's row of `req_to_token`.
 #
 # ## Where memlab differs from the engine
 #

@@ -3,9 +3,9 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/05_decode_and_free.ipynb)
 #
-# After prefill, every decode step adds exactly one token to every running request. Most steps
-# need no new page; a few cross a page boundary. When a request ends, its pages go back, each
-# exactly once.
+# After prefill, and without speculative decoding, every [decode](glossary.md#decode) step adds
+# exactly one token to every running request. Most steps need no new page; a few cross a page
+# boundary. When a request ends, its pages go back, each exactly once.
 #
 # **After this chapter you can**
 # - say exactly when a decode step opens a page, and run the `alloc_decode` kernel;
@@ -16,37 +16,14 @@
 # - write `alloc_decode` and the paged free path (exercises `ch05_alloc_decode`, `ch05_paged_free`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("05", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("05", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -55,8 +32,9 @@ FAST = start("05", REF, drive=DRIVE)
 # The others give pages back four ways: a plain `free`, `free_segment` (and an unaligned run it
 # refuses), a free group, and a double free caught in debug mode. Yellow pages are queued, not
 # yet released.
-#
-# ![Decode steps: which request opens a page at which step](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/05_decode.png)
+
+# %% [markdown]
+# ![Decode steps: which request opens a page at which step](img/05_decode.png)
 
 # %%
 from memlab.course import viz
@@ -69,7 +47,8 @@ viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "fre
 # ## One token per step
 #
 # `alloc_decode(seq_lens, seq_lens_cpu, last_loc)` gets each request's length **after** the new
-# token. The new token sits at position `seq_len - 1`; it opens a page exactly when that position
+# token (its [seq length](glossary.md#seq-length); [`last_loc`](glossary.md#last_loc) is the slot
+# of its last token so far). The new token sits at position `seq_len - 1`; it opens a page exactly when that position
 # is a multiple of the page size:
 #
 # $$(\text{seq\_len} - 1) \bmod P = 0 \iff \text{seq\_len} \bmod P = 1 \quad (P > 1)$$
@@ -107,7 +86,8 @@ assert by_kernel.cpu().tolist() == alloc_decode_python(seq_lens.tolist(), last_l
 #
 # `free(slots)` releases the **pages** under the slots. A request's slots share pages, so the page
 # ids are deduplicated first: `unique(slot // P)`. Without the dedup a page would be released once
-# per slot on it, and later handed to several requests at once. `unique` sorts on the device and
+# per slot on it (a [double free](glossary.md#double-free)), and later handed to several requests
+# at once. `unique` sorts on the device and
 # the result's length is data-dependent: a host-device sync, paid once per free.
 #
 # Released pages go to the **head** of the free list (LIFO), so the next allocation reuses them.
@@ -125,7 +105,8 @@ print(f"free list: {len(al.free_pages)} of {al.num_pages} pages, head {al.free_p
 # ## free_segment
 #
 # When the caller knows the slots form a contiguous run of one request starting on a page
-# boundary (for example, tokens leaving a sliding window, chapter 07), every $P$-th slot is the
+# boundary (a [page-aligned segment](glossary.md#page-aligned-segment): for example, tokens leaving
+# a sliding window, chapter 07, or a finished request's row), every $P$-th slot is the
 # first slot of a distinct page: `free_index[::P] // P` are the pages, no `unique` needed. An
 # unaligned start breaks that: the first slot taken is in the middle of a page, and the pages
 # counted are wrong. `free_segment` asserts the alignment.
@@ -142,19 +123,29 @@ except ValueError as exc:
 # %% [markdown]
 # ## Free groups
 #
-# When several requests finish in one step, `free_group_begin()` ... `free_group_end()` queues
-# their frees and releases them as one: one concatenation of the free list instead of many.
-# Queued tensors are copied (the caller may reuse its buffers). Groups do not nest.
+# When several requests finish in one step, `free_group_begin()` ... `free_group_end()` (a
+# [free group](glossary.md#free-group)) queues their frees and releases them as one: one
+# concatenation of the free list instead of many. Queued tensors are copied (the caller may reuse
+# its buffers). Groups do not nest. SGLang's scheduler opens a group around the processing of each
+# batch's results, so every request that finishes in a step is freed inside one.
 #
 # A group queues the **raw slots** and removes duplicate pages **once**, at `free_group_end`:
-# `unique(cat(slots) // P)` over the whole group. That matters because two frees of one group often
-# touch the same page: a scheduler frees a finished request and, separately, its over-allocated
-# tail, and the cut between the two pieces falls inside a page. Deduplicating each call on its own
+# `unique(cat(slots) // P)` over the whole group. That matters whenever two `free` calls of one
+# group touch the same page, for example a request's slots and a tail of them freed apart, with
+# the cut inside a page (the cell below does exactly this). Deduplicating each call on its own
 # would release that page twice: it would sit on the free list twice, `available_size()` would
 # count a page someone still holds, and two requests would later be handed the same page.
-# (`free_segment` and `free_page_ids` queue page ids instead; they are released right after.)
-# In debug mode the allocator also checks its books after each release: no page free twice,
-# free + held = capacity.
+# (SGLang 0.5.23 also avoids the case where it starts: it frees a finished request's row and its
+# over-allocated tail as page-aligned segments, the tail from the next page boundary on.)
+#
+# Besides `free(slots)` the allocator has a lower-level door, `free_page_ids(pages)`: it releases
+# exactly the pages it is given, with no dedup, so the caller must not name a page twice.
+# `free_segment` ends there. Inside a group these page ids wait in a second queue, and
+# `free_group_end` releases them just after the group's deduplicated slots. (In the exercise,
+# `free_segment` is only called outside groups.)
+#
+# In debug mode memlab's allocator also checks its books after each release: no page free twice,
+# free + held = capacity. (SGLang's debug mode checks the first of the two.)
 
 # %%
 b, c = al.alloc(4), al.alloc(8)
@@ -173,23 +164,27 @@ except ValueError as exc:
 # %% [markdown]
 # ## need_sort: when the staged pages come back
 #
-# With `need_sort=True` (chapter 03) frees wait in `release_pages`, and are merged into the free
-# list and sorted when an allocation runs short. "Runs short" is decided by the same two-step test
+# With `need_sort=True` (chapter 03) SGLang's paged allocator stages freed pages in a list,
+# `staged_pages` (their count in `num_staged_pages`): the [staged pages](glossary.md#staged-pages).
+# They are merged into the free list and sorted when an allocation runs short. "Runs short" is decided by the same two-step test
 # as the capacity check, and SGLang merges as soon as the **cheap bound** fails:
 #
 # - `alloc_extend`: merge when `extend_num_tokens // P + bs + 1 > len(free_pages)`;
 # - `alloc_decode`: merge when `bs > len(free_pages)` (at most one new page per request).
 #
-# Only then is the exact count compared with the (now merged) free list; the call may still be
-# refused, after the merge. A refusal takes no page, but it may have reordered the free list.
+# `alloc_extend` then tests the bound again; only if it still fails does it make the exact count
+# and compare it with the merged free list. `alloc_decode` always makes its exact count, after
+# the merge test and before its kernel runs. Either call may still be refused after a merge. A
+# refusal takes no page, but it may have reordered the free list.
 #
 # **Why the cheap bound comes first.** It is integer arithmetic on numbers the scheduler already
-# has. The exact count (`ceil(seq / P) - ceil(prefix / P)` summed over the batch) is a handful of
-# small tensor operations on the host copies of the lengths, on every prefill and decode. In the
-# common case, a deep free list, the bound proves there is room, and SGLang launches the kernel
-# first and counts the pages it took afterwards, while the GPU works. The exact count is paid
-# for before the launch only when the bound cannot prove room, which is also when merging the
-# staged pages can help.
+# has. The exact count for a prefill (`ceil(seq / P) - ceil(prefix / P)` summed over the batch)
+# takes a few small tensor operations on the host copies of the lengths. In the common case, a
+# deep free list, the bound proves there is room, so `alloc_extend` launches its kernel right away
+# and makes the exact count afterwards, while the GPU works (to know how many pages to drop from
+# the free list). It pays for the count before the launch only when the bound cannot prove room,
+# which is also when merging the staged pages can help. A decode step is cheaper to count (one
+# comparison per request), so `alloc_decode` always counts before it launches.
 
 # %%
 ns = PagedTokenToKVPoolAllocator(32, P, need_sort=True)  # 8 pages
@@ -234,6 +229,7 @@ print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.re
 # | bad ids | `free` refuses page 0 and ids past the pool at once (ids on the CPU, or debug mode) | no check | a learner's bug gets a message, not a corrupt list |
 # | double free | debug mode keeps a ledger of held pages and names the page freed twice | debug mode asserts that no page is on the free list twice | the same bug, caught with its page number |
 # | `free_segment` in debug mode | checks that every `P`-th slot starts a page | compares the page set with `unique(slot // P)` | same guarantee |
+# | staged pages (`need_sort`) | one tensor, `release_pages` (the name SGLang's token allocator uses) | a list of tensors, `staged_pages`, and their count, `num_staged_pages` | one staging area for both allocators |
 # | decode page count at `P = 1` | counts every token (each opens a page) | the paged class counts none (`seq_len % 1 == 1` never holds); SGLang uses the token allocator there | memlab's paged class stays correct at every page size |
 #
 # Everything else on this page (which page goes where, when, in which order) is SGLang's.

@@ -4,9 +4,11 @@
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/06_vllm_block_pool.ipynb)
 #
 # vLLM keeps the same three mappings as SGLang with different objects. Its scheduler owns a
-# **block pool** (a block is a page of `block_size` tokens) whose free queue doubles as the
-# eviction order of a **prefix cache**; its workers keep a **block table** and derive a per-token
-# `slot_mapping` before every step.
+# **block pool** (a [block](glossary.md#block) is a page of `block_size` tokens) whose
+# [free queue](glossary.md#free-queue) doubles as the [eviction](glossary.md#eviction) order of a
+# **[prefix cache](glossary.md#prefix-cache)**; its workers keep a
+# **[block table](glossary.md#block-table)** and derive a per-token
+# [`slot_mapping`](glossary.md#slot-mapping) before every step.
 #
 # **After this chapter you can**
 # - follow blocks through the free queue: allocation from the head, lazy eviction, hits removed
@@ -18,37 +20,14 @@
 #   `ch06_block_hash`, `ch06_slot_mapping`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("06", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("06", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -58,8 +37,9 @@ FAST = start("06", REF, drive=DRIVE)
 # owner's colour, free, or free and still **cached**: teal, with its hash label). Top right: each
 # request's blocks; hatched ones came from a cache hit. Bottom: the free queue. A red edge marks a
 # block evicted by this step. Switch the story to see the same requests with caching off.
-#
-# ![B arrives and hits A's first two blocks in the middle of the free queue](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/06_block_pool.png)
+
+# %% [markdown]
+# ![B arrives and hits A's first two blocks in the middle of the free queue](img/06_block_pool.png)
 
 # %%
 from memlab.course import viz
@@ -93,11 +73,14 @@ queue.append(pool.blocks[5])
 # %% [markdown]
 # ## Block hashes
 #
-# A full block's hash is `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
+# A full block's hash ([block hash](glossary.md#block-hash)) is
+# `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
 # one hash stands for the whole prefix up to that block, so a lookup compares one value per block.
 # Only full blocks are hashed (a partial block's content is still growing). The first block's
-# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`), so every process
-# and every machine computes the same hashes and could share cached KV. The extra keys hold
+# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`), so with the
+# default `sha256` every process and every machine computes the same hashes and could share
+# cached KV. (The fast `xxhash` options draw a random seed per process instead, unless
+# `PYTHONHASHSEED` is set: a predictable seed would let an attacker make colliding blocks.) The extra keys hold
 # whatever else decides the KV: the LoRA adapter (`("lora", name, path)`), multimodal items
 # overlapping the block (`("mm", content hash, offset in the block)`), and a per-user **cache
 # salt** on the first block only (`("cache_salt", salt)`), which through the chain changes every
@@ -120,10 +103,13 @@ print("a salt changes every hash         :", [s != p for s, p in zip(salted, pla
 # ## Cache hits
 #
 # `get_computed_blocks` walks the prompt's hashes and stops at the first miss: after a miss no
-# later block can share the prefix. At most `num_tokens - 1` tokens can hit, because the last
-# token must be computed again to produce the next token's logits. `allocate_slots` then counts
-# the hit blocks whose reference count is 0 as *needed*: touching them takes them off the free
-# queue, so they are no longer available to others.
+# later block can share the prefix. At most `num_tokens - 1` tokens can hit (a
+# [cache hit](glossary.md#cache-hit)), because the last token must be computed again to produce
+# the next token's logits. Hits come in whole blocks, so that cap is rounded down to a block
+# boundary: a prompt that fills its blocks exactly recomputes its whole last block.
+# `allocate_slots` then counts the hit blocks whose [reference count](glossary.md#reference-count)
+# is 0 as *needed*: touching them takes them off the free queue, so they are no longer available
+# to others.
 
 # %%
 from memlab.vllm import KVCacheManager
@@ -135,7 +121,8 @@ a.num_computed_tokens = a.num_tokens
 mgr.free(a)
 b = Request("B", list(range(12)), block_hasher=mgr.request_block_hasher)  # the very same prompt
 hits, n = mgr.get_computed_blocks(b)
-print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): the last token is recomputed")
+print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): at most 11 may hit, and "
+      f"hits are whole blocks, so the whole last block ({b.num_tokens - n} tokens) is computed again")
 
 # %% [markdown]
 # ## Freeing in reverse
@@ -153,8 +140,10 @@ print("free queue after A's free:", [blk.block_id for blk in mgr.block_pool.free
 # %% [markdown]
 # ## Block table and slot_mapping
 #
-# The worker's `BlockTable` has a row of block ids per request. Before each step a kernel turns
-# every scheduled token (request row, position) into a slot:
+# The worker's block table has a row of block ids per request (`BlockTables` in vLLM 0.33's
+# default model runner, one per group of layers; `BlockTable` in the older V1 runner, which memlab
+# mirrors). Before each step a kernel turns every scheduled token (request row, position) into a
+# slot:
 #
 # $$\text{slot} = \text{block\_table}[r, \lfloor \text{pos} / B \rfloor] \cdot B + \text{pos} \bmod B$$
 #
@@ -253,13 +242,13 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 #
 # | | vLLM 0.33 | memlab |
 # |---|---|---|
-# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (hybrid models) | one group: `KVCacheManager` (full attention) or `SlidingWindowKVCacheManager` |
+# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (`FullAttentionManager`, `SlidingWindowManager`, `MambaManager`, ...) | one group: `KVCacheManager` (full attention) or `SlidingWindowKVCacheManager` |
 # | hash map keys | the block hash plus a 4-byte KV cache group id | the block hash |
-# | partial blocks | in hybrid models with several block sizes, a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
+# | partial blocks | in hybrid Mamba models (Mamba's `align` mode, Mamba blocks larger than the hash unit), a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
 # | `allocate_slots` | also KV-connector (external) tokens, EAGLE's dropped last hit, delayed caching, a full-sequence admission gate | new tokens, hits and lookahead only |
 # | watermark | waived while no other request is scheduled in the step | applied to every admission |
 # | sliding window | may skip caching blocks no later hit can use (retention settings) | caches every full block (vLLM's default for one group) |
-# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
+# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed; without it the xxhash variants use a random seed per process | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
 # | extra keys | LoRA, multimodal items, cache salt, prompt-embedding digests | LoRA, multimodal items, cache salt |
 # | a free of a free block | not checked | refused with an error, nothing changed |
 # | KV store | `reshape_and_cache_flash`, a CUDA C++ op | a Triton kernel (`store_kv`) |

@@ -4,8 +4,9 @@
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/07_hybrid_models.ipynb)
 #
 # Not every layer needs every token's KV. Sliding-window layers (Gemma-3: 52 of its 62 layers)
-# read only the last `sliding_window` tokens; linear-attention layers (Qwen3-Next: 36 of 48) keep
-# a fixed-size state per request instead of KV per token. SGLang gives each kind its own ledger.
+# read only the last `sliding_window` tokens (the model's own count, the current token included);
+# linear-attention layers (Qwen3-Next: 36 of 48) keep a fixed-size state per request instead of KV
+# per token. SGLang gives each kind its own ledger.
 #
 # **After this chapter you can**
 # - run two allocators side by side with a map from full-side slots to sliding-window slots, and
@@ -17,48 +18,27 @@
 #   `ch07_swa_release`, `ch07_mamba_tracking`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("07", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("07", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: a sliding window
 #
-# Full pool: 16 pages of 2 slots; sliding-window pool: 6 pages; window: 4 tokens. A and B arrive,
+# Full pool: 16 pages of 2 slots; sliding-window pool: 6 pages; window: 4 tokens (SGLang's count,
+# see "Two ways to count a window" below). A and B arrive,
 # decode three tokens, B finishes. Left: the request table, which stores **full-side** slots.
 # Middle and right: the two ledgers, each with its own free list and its own slot numbers. Bottom:
 # the map from each held full slot to its SWA slot. Watch the SWA side empty out behind the window
 # while the full side keeps every token.
-#
-# ![Two ledgers after two decode steps](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/07_swa.png)
+
+# %% [markdown]
+# ![Two ledgers after two decode steps](img/07_swa.png)
 
 # %%
 from memlab.course import viz
@@ -106,6 +86,22 @@ print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)"
 #
 # ($\lceil x \rceil_P$: rounded up to whole pages), so that a cached key ending at the last page
 # boundary still has a whole window of live SWA behind it.
+#
+# SGLang batches these releases: by default its scheduler waits until 128 more tokens
+# (`SGLANG_SWA_EVICTION_INTERVAL`) have left the window since the last release, then gives back
+# every whole page behind the window at once. The widget and the cell below release at every step
+# so that you can see it happen.
+#
+# ### Two ways to count a window
+#
+# The engines count the window differently. SGLang's window $w$ counts the tokens *before* the
+# current one: a query at position $q$ reads $q - w \ldots q$, $w + 1$ tokens, and SGLang sets $w$
+# to the model's `sliding_window` $- 1$. vLLM's `sliding_window` counts the current token too: a
+# query at $q$ reads $q - w + 1 \ldots q$. So window 4 here and `sliding_window=4` in vLLM's cell
+# at the end are not the same window. After 10 tokens (positions 0-9), SGLang keeps positions 6-9
+# for the next query (position 10), while vLLM needs only 7-9 and frees whole blocks only.
+# SGLang's window 4 is vLLM's (and the model config's) `sliding_window=5`: for one model, say
+# `sliding_window=4096`, SGLang's $w$ is 4095 and both read the same 4096 tokens.
 
 # %%
 import torch
@@ -132,9 +128,10 @@ for sharing in (False, True):
 # %% [markdown]
 # ## Freeing
 #
-# A hybrid free goes **SWA side first**: it reads the map to find the SWA slots, gives them back,
-# clears the map for the freed pages, and only then frees the full side. The other order would free
-# full slots whose map entries another request could be handed before the SWA side read them.
+# A hybrid free goes **SWA side first**: it reads the map to find the SWA slots, clears the map for
+# the freed pages, gives the SWA slots back (at the group's end, inside a free group), and only then
+# frees the full side. The SWA side must read the map at the moment of the call: later in the same
+# group, the prefix cache may point that full slot at a different SWA slot.
 # Map entries of 0 (already released out of the window) are skipped: 0 is the SWA pool's padding
 # slot and must never reach its free list. (SGLang's scheduler frees a finished request in
 # page-aligned segments instead: the out-of-window part with `free_full_segment`, the full side
@@ -162,8 +159,9 @@ dbg.check_books()
 # recurrent state. `HybridReqToTokenPool` gives each request row a **state slot** in a `MambaPool`,
 # and, with the extra buffer for prefix caching, **tracking slots** that snapshots of the state are
 # written to. The * marks where the next snapshot goes.
-#
-# ![A request's state slot and its two tracking slots](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/07_mamba.png)
+
+# %% [markdown]
+# ![A request's state slot and its two tracking slots](img/07_mamba.png)
 
 # %%
 options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.hybrid_books.mamba_slots(True, True),
@@ -176,8 +174,11 @@ viz.Stepper(options, draw_mamba)
 #
 # The state's size does not depend on the request's length: for Qwen3-Next it is about 74 MiB per
 # request across its 36 linear layers (bf16 conv state, fp32 recurrent state), whatever the context. So the ledger counts **request slots**.
-# Slot 0 is padding. A slot is zeroed when handed out: a recurrent state left by the previous owner
-# would be read as the new request's history. Layers are sparse among the model's layers, so a
+# Slot 0 is padding. A state left by the previous owner must never be read as the new request's
+# history, yet SGLang does not zero a slot when it hands it out: it marks the request
+# (`mamba_needs_clear`) and zeroes the slot on the GPU's forward stream just before the request's
+# first prefill runs its Mamba layers; if the prefix cache supplies a saved state, that state is
+# copied in instead. (memlab zeroes the slot when it hands it out.) Layers are sparse among the model's layers, so a
 # dense map turns a model layer id into a Mamba layer index.
 #
 # The layout is SGLang's: `MambaPool.conv` is a **list over the conv-state components** (most
@@ -211,7 +212,8 @@ print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 # | extra buffer | lazy | overlap scheduler | tracking slots |
 # |---|---|---|---|
 # | no | - | - | 0 |
-# | yes | yes | - | 1 (the second when first needed) |
+# | yes | yes | yes | 1, and a second when first needed |
+# | yes | yes | no | 1 |
 # | yes | no | no | 1 |
 # | yes | no | yes | 2 |
 #
@@ -227,11 +229,18 @@ for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, Fa
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM handles sliding windows inside one block pool: `SlidingWindowKVCacheManager` replaces the
-# blocks that fell out of the window with the **null block** in the request's list (the block
-# table stays append-only) and frees them, and a prefix hit only needs the blocks inside the window.
+# vLLM handles sliding windows inside one block pool. Its `KVCacheManager` works through a
+# coordinator, which keeps one manager per group of layers (a `SingleTypeKVCacheManager`); for the
+# sliding-window group that manager is `SlidingWindowManager`. Before each allocation it replaces
+# the blocks that fell out of the window with the **[null block](glossary.md#null-block)** in the
+# request's list (the block table stays append-only) and frees them, and a prefix hit only needs
+# the blocks inside the window. (The cell below uses memlab's class, which plays both parts for
+# one group; `sliding_window=4` there is vLLM's count, see "Two ways to count a window".)
 # SGLang keeps a separate pool for the SWA layers, a configurable fraction of the full pool's size
-# (`swa_full_tokens_ratio`, chapter 08), so tokens that left the window cost those layers nothing. For Mamba-style layers both engines keep per-request state outside the token pool.
+# (`swa_full_tokens_ratio`, chapter 08), so tokens that left the window cost those layers nothing.
+# For Mamba-style layers SGLang keeps per-request state in a pool of its own, outside the token
+# pool; vLLM stores it in blocks of the same block pool, handed out by a Mamba manager (one block
+# holds one request's state).
 
 # %%
 from memlab.vllm import KVCacheManager, Request, SlidingWindowKVCacheManager

@@ -12,42 +12,19 @@
 # - size a KV pool from a memory budget and a model's bytes per token, floored to whole pages;
 # - clip a request's generation to what the pool could ever hold;
 # - compute the KV a decode step may take, with and without speculative decoding, and why SGLang
-#   0.5.23 always reserves twice that;
+#   0.5.23 reserves twice that when it decodes speculatively;
 # - decide which requests to retract when the next decode step does not fit;
 # - write the scheduler's planning numbers yourself (exercise `ch08_sizing`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("08", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("08", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -56,8 +33,9 @@ FAST = start("08", REF, drive=DRIVE)
 # setup and the static memory fraction. Left: where the GPU's bytes go (per rank). Right: how many
 # requests of each length fit at once, decided by the tightest ledger (for hybrid models there are
 # several). The line under the controls gives the derived numbers.
-#
-# ![Gemma-3-27B on an 80 GB GPU](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/08_sizing.png)
+
+# %% [markdown]
+# ![The picture shows Gemma-3-27B on an 80 GB GPU; the widget opens on Llama-3.1-8B](img/08_sizing.png)
 
 # %%
 import ipywidgets as W
@@ -82,12 +60,20 @@ viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 # %% [markdown]
 # ## From memory to tokens
 #
-# SGLang reserves a fraction of the GPU for static use (`mem_fraction_static`), takes the
-# weights and an activation reserve off it, and divides the rest by the bytes one token costs:
+# SGLang measures the GPU's free memory twice: $F_\text{before}$, before it loads the weights, and
+# $F_\text{after}$, after. `mem_fraction_static` ($f$) is the share of $F_\text{before}$ that the
+# weights and the KV pool may use together; the remaining $(1 - f) \cdot F_\text{before}$ stays
+# free for activations and CUDA graphs. The KV pool gets what is left, divided by the bytes one
+# token costs:
 #
-# $$\text{tokens} = \left\lfloor \frac{M \cdot f - W - A}{\text{bytes per token}} \right\rfloor_{P}$$
+# $$\text{tokens} = \left\lfloor \frac{F_\text{after} - (1 - f) \cdot F_\text{before}}{\text{bytes per token}} \right\rfloor_{P}$$
 #
-# floored to whole pages of $P$ tokens. The page size used for allocation is `page_size` times
+# floored to whole pages of $P$ tokens. With nothing but the weights $W$ loaded, the numerator is
+# $f \cdot F_\text{before} - W$: the activations have no term of their own, they live in the
+# $1 - f$ share. memlab simplifies: it starts from the GPU's total memory $M$ and takes an
+# explicit activation reserve $A$ (the widget's "act. GiB") off it,
+# $\lfloor (M \cdot f - W - A) / \text{bytes per token} \rfloor_P$, so that you can see each part
+# move. The page size used for allocation is `page_size` times
 # the decode-context-parallel size. Hybrid models first split the budget between their ledgers
 # (sliding-window tokens per full token; a share for the Mamba state).
 
@@ -132,20 +118,24 @@ for name, spec in SPECS.items():
 # %% [markdown]
 # ## The doubled reserve
 #
-# Under the overlap scheduler the CPU prepares step $t+1$ while the GPU runs step $t$, so the
-# host's view of each request's length lags by one step. To absorb that lag SGLang 0.5.23 reserves
-# **twice** the step's footprint per running request (`get_alloc_reserve_per_decode`), and it does
-# so **whatever the scheduler mode**: the double buffer stays on with overlap off too. The
-# request-table row gets a matching headroom past the context length, so the over-allocation
-# never runs off the end of a row. The 1x column below is only a *what if*
-# (`what_if_reserve_without_overlap_lag`): what the reserve would be if no lag had to be
-# absorbed. SGLang does not do it.
+# With speculative decoding, SGLang 0.5.23 keeps each running request's allocation ahead of its
+# committed length by **twice** the step's footprint (`get_alloc_reserve_per_decode`). The code
+# says the 2x absorbs the overlap scheduler's one-step lag (the CPU prepares step $t+1$ while the
+# GPU runs step $t$, so the host's view of each length lags by one step), but the same reserve is
+# used with overlap off. With speculative decoding and pages, the request-table row gets a
+# matching headroom past the context length (`reserve + page_size - 1`), so the over-allocation
+# never runs off the end of a row; otherwise the headroom is a few slots.
+#
+# Without speculative decoding there is no reserve at all: each decode step allocates exactly one
+# slot per request, and a request needs a new page only when its committed length sits on a page
+# boundary. The 1x column below is only a *what if* (`what_if_reserve_without_overlap_lag`): what the speculative reserve would be if no
+# lag had to be absorbed. SGLang does not do it.
 
 # %%
 from memlab.common.sizing import req_to_token_row_width, what_if_reserve_without_overlap_lag
 
 for name, spec in SPECS.items():
-    print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, any mode)  "
+    print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, when speculative)  "
           f"what if no lag: {what_if_reserve_without_overlap_lag(spec, 16):>3};  row width {req_to_token_row_width(8192, spec, 16):,}")
 
 # %% [markdown]
@@ -182,18 +172,20 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
 # | configuration | frozen dataclasses passed in | process-wide configuration "bags" read by each function | one knob, every number moves, no globals |
-# | pool size | `usable // bytes per token`, floored to pages, from a given activation reserve | also reads the memory left after loading the weights, caps by `--max-total-tokens`, and sizes draft and hybrid pools by more rules | the arithmetic the chapter teaches |
+# | pool size | `(M * f - W - A) // bytes per token`, floored to pages: the GPU's total memory, a computed weight size and an explicit activation reserve | `F_after - (1 - f) * F_before` from two measurements of free memory (activations live in the `1 - f` share), caps by `--max-total-tokens`, and sizes draft and hybrid pools by more rules | each part of the budget can be seen and moved |
 # | the last request that does not fit | `retract_decode` returns `fits=False` | aborts it | the caller decides |
 # | retraction policies | length order only | also a priority order (`--retraction-policy priority`) and beam groups | the default policy |
 
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM measures instead of computing: it runs a dummy forward pass at the largest batch, records
-# the peak activation memory, and gives what is left under `gpu_memory_utilization` to the KV
-# cache, as a number of blocks (`available bytes // bytes per block`). SGLang computes the budget
-# from `mem_fraction_static` and its own estimates. Both floor to whole blocks or pages; both keep
-# the numbers in configuration objects.
+# vLLM measures instead of computing. Its `gpu_memory_utilization` is a share of the GPU's
+# **total** memory. It runs a dummy forward pass at the largest batch, records the weights, the
+# peak activation memory and (by default) an estimate of the CUDA graphs, and gives the rest of
+# that share to the KV cache as a number of blocks (`available bytes // bytes per block`). SGLang
+# computes its budget from `mem_fraction_static`, a share of the free memory before loading, and
+# two measurements of free memory. Both floor to whole blocks or pages; both keep the numbers in
+# configuration objects.
 #
 # ## Exercise: `exercises/ch08_sizing.py`
 #

@@ -16,37 +16,14 @@
 # - write the kernel's gather yourself (exercise `ch09_paged_gather`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("09", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("09", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -55,8 +32,9 @@ FAST = start("09", REF, drive=DRIVE)
 # D pages 3 and 8. Every slot got random K and V. One decode query per request reads its
 # request's KV a page at a time: each step shows the slots read (black edges) and, on the right,
 # the attention weight every position ends up with. Pick the request with the dropdown.
-#
-# ![Request A's query reading its third page](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/09_attention.png)
+
+# %% [markdown]
+# ![Request A's query reading its third page](img/09_attention.png)
 
 # %%
 import torch
@@ -78,10 +56,12 @@ viz.Stepper(attention_frames(scene, q), draw_attention)
 # attention writes the token's K and V there: `set_kv_buffer(layer, loc, k, v)`. A pool with one
 # id space takes the slots as they are. A hybrid sliding-window pool has two (full and
 # sliding-window, chapter 07): its full layers write at `loc`, its SWA layers at the same tokens'
-# SWA-side ids. Those are translated **once per batch** (`allocator.write_loc(out_cache_loc)`,
-# SGLang's attention backend does it when it builds its metadata) and travel with `loc` in a
-# `KVWriteLoc`; the pool never translates. An SWA layer handed a bare tensor has no SWA ids and
-# refuses it.
+# SWA-side ids. Those are translated **once per batch**: SGLang's attention backend looks up the
+# batch's SWA-side ids when it builds its metadata (`kv_index_translator.write_ids(...)`) and hands
+# them with `loc` to the pool as one `KVWriteLoc` (`KVWriteLoc.for_batch(forward_batch,
+# swa_loc=...)`); the pool never translates. (memlab's allocator does the lookup in one call,
+# `write_loc(out_cache_loc)`, below.) An SWA layer handed a bare tensor has no SWA ids and refuses
+# it (SGLang asserts; memlab raises `ValueError` with a message).
 #
 # `KVWriteLoc` also carries a **physical** mark. It guards something else: SGLang's *unified* pools
 # hand out **virtual** ids, which a per-batch plan maps to physical slots; their write doors
@@ -119,8 +99,9 @@ print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(),
 # $$m' = \max(m, \max_j s_j), \quad \ell' = \ell\, e^{m - m'} + \sum_j e^{s_j - m'}, \quad
 # o' = o\, e^{m - m'} + \sum_j e^{s_j - m'} v_j$$
 #
-# The slot lookup is the only place the engines differ: SGLang reads `req_to_token[row, pos]`;
-# vLLM reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
+# The slot lookup is the only place the engines differ: SGLang reads the slot from
+# `req_to_token[row, pos]` (through a per-batch index list, see the end of the chapter); vLLM
+# reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
 # `(slots, heads, dim)` tensor is a free view as `(blocks, B, heads, dim)`.
 
 # %%
@@ -175,10 +156,14 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # %% [markdown]
 # ## What the engines do differently
 #
-# SGLang's decode kernels take `req_to_token` and the batch's `req_pool_indices`: a token's slot is
-# one load away. vLLM's take the block table: one load per block, then arithmetic. With page size
-# 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
-# (`mla_decode_attention_fwd`); the mappings are the same.
+# SGLang's attention backends copy each request's slots out of `req_to_token` (row
+# `req_pool_indices[b]`) into a per-batch index list once per step (`kv_indices`, with
+# `kv_indptr` offsets), and the decode kernels read a token's slot from that list: one load per
+# token. (memlab's `decode_attention_fwd` reads `req_to_token` directly, the same lookup without
+# the copy.) vLLM's kernels take the block table: one load per block, then arithmetic. With page
+# size 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
+# (SGLang passes the same buffer, and a view of its first `kv_lora_rank` columns as V; memlab's
+# version is `mla_decode_attention_fwd`); the mappings are the same.
 #
 # ## Where memlab differs from the engine
 #

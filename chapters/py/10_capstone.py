@@ -20,37 +20,14 @@
 # - write the scheduler's admission step (exercise `ch10_admission`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("10", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("10", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: the engine, step by step
@@ -59,8 +36,9 @@ FAST = start("10", REF, drive=DRIVE)
 # requests run at once. Left: every page, in its owner's colour; beige pages are cached (kept for
 # prefix hits); hatched ones are cached pages that running requests map (xN: how many). Right: the
 # pool over the steps so far (owned, cached, free) and the running and waiting requests.
-#
-# ![The engine mid-run: the shared system prompt is mapped by four requests](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/10_engine.png)
+
+# %% [markdown]
+# ![The engine mid-run: the shared system prompt is mapped by four requests](img/10_engine.png)
 
 # %%
 import torch
@@ -94,8 +72,10 @@ viz.Stepper(frames, draw_engine, interval_ms=700)
 #    requests a row, take slots with `alloc_extend` / `alloc_decode` (evicting from the prefix
 #    cache first when the pool is short) and write them into the request table; then write K/V
 #    at those slots (`set_kv_buffer`) and attend through `req_to_token`.
-# 4. A finished request hands its pages to the prefix cache (`cache_finished_req`), which keeps
-#    the full pages it did not have and frees the rest; a retracted one frees its own pages.
+# 4. A finished request hands its pages to the prefix cache (SGLang 0.5.23:
+#    `release_kv_cache(req, tree_cache, checkpoint=True)`, which calls the tree's `checkpoint`),
+#    which keeps the full pages it did not have and frees the rest; a retracted one frees its own
+#    pages.
 #
 # The books stay balanced at every step: each page is free, owned by one running request, or cached.
 
@@ -184,8 +164,9 @@ if run is not None:
 # last block), **rounding** (what the buddy allocator adds to round a reservation up to a power
 # of two) and **free** (including *external* fragmentation: free but in pieces too small for the
 # next request). Pick a workload, a block size and a placement.
-#
-# ![The pool split per policy on the ShareGPT-like workload](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/10_policies.png)
+
+# %% [markdown]
+# ![The pool split per policy on the ShareGPT-like workload](img/10_policies.png)
 
 # %%
 import ipywidgets as W
@@ -299,9 +280,13 @@ viz.show(plot_figure2(buddy, first_fit))
 # ## What the engines do differently
 #
 # Both engines page. SGLang's prefix cache is a radix tree over token ids that shares any common
-# prefix; vLLM hashes full blocks and shares whole blocks of a prefix. SGLang's scheduler admits
-# against `available_size()` minus the running requests' decode reserve and clips each request's
-# `max_new_tokens` to what the pool could ever hold; vLLM's admits on the blocks needed now and,
+# prefix (in whole pages when pages are larger than one token); vLLM hashes full blocks and shares
+# whole blocks of a prefix. SGLang's scheduler admits a request only if the free and evictable
+# pool, minus an estimate of what the running requests will still generate (their remaining
+# `max_new_tokens`, capped at 4096 each and scaled by a `new_token_ratio` that adapts to
+# retractions), still holds the new request's prompt plus its own remaining `max_new_tokens`; it
+# also clips each request's `max_new_tokens` to what the pool could ever hold (memlab's engine and
+# the exercise below use a simpler budget, see Admission). vLLM's admits on the blocks needed now and,
 # when a decode step runs short, preempts running requests and recomputes them later. memlab's engine follows
 # SGLang's scheduling; its prefix cache is a choice: `Engine(..., prefix_cache="hash")` (the default)
 # indexes full pages by chapter 06's chained block hashes; chapter 11 adds `"radix"` (SGLang's
@@ -320,6 +305,7 @@ viz.show(plot_figure2(buddy, first_fit))
 # decode reserve per running request; each request costs its prompt in whole pages plus its own
 # reserve; a request that could never fit even an empty pool is rejected; the first one that does
 # not fit now stops admission, so a later, smaller request cannot overtake it and starve it.
+# This is a simplified version of SGLang's rule (see "What the engines do differently" above).
 #
 # ## Exercise: `exercises/ch10_admission.py`
 #

@@ -3,12 +3,16 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/11_radix_and_hicache.ipynb)
 #
-# The allocator is not alone. **Above** it, SGLang's `RadixCache` decides which prefixes are
-# reused: a radix tree over token ids whose nodes hold the KV slots the allocator handed out.
-# **Below** it, HiCache moves pages between GPU memory and host memory (and storage): a node
-# evicted from the GPU can keep its KV in a host pool and come back later. The allocator's free
-# pages are at the same time the scheduler's admission test and HiCache's transfer target: a hit
-# that lives only on the host first takes device pages, then copies the KV back into them.
+# The allocator is not alone. **Above** it, SGLang's [prefix cache](glossary.md#prefix-cache)
+# decides which prefixes are reused: a radix tree over token ids whose nodes hold the KV slots the
+# allocator handed out. (SGLang 0.5.23's scheduler builds a `UnifiedRadixCache` for this by
+# default. This chapter follows `RadixCache`, SGLang's classic version of the same tree in
+# `radix_cache.py`, which memlab mirrors name for name.) **Below** it, HiCache moves pages between
+# GPU memory and host memory (and storage): a node evicted from the GPU can keep its KV in a host
+# pool and come back later. Both sides lean on the allocator's free pages. The scheduler admits a
+# new request only if enough pages are free, or can be freed from the tree; and HiCache, to bring
+# a node back from host memory, first takes free device pages and only then copies the KV back
+# into them.
 #
 # **After this chapter you can**
 # - follow a radix tree through inserts, matches that split a node, locks held by running
@@ -23,37 +27,14 @@
 # - write `match_prefix` with its split and `evict` (exercise `ch11_radix_match`).
 
 # %%
-# Setup: the course around this notebook, or (Colab) a clone of this notebook's version of it.
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
 HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-DRIVE = False  # Colab: True keeps your exercise files in a folder on your Google Drive
-here = pathlib.Path.cwd().resolve()
-root = next((p for p in (here, *here.parents) if (p / "pyproject.toml").exists() and (p / "memlab").is_dir()), None)
-if root is None:  # Colab or a bare kernel: clone version REF next to this notebook, once
-    root, url = here / f"memlab-{REF}", os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-    part = root.with_name(root.name + ".partial")  # becomes root only when the clone is complete
-    if not root.is_dir():
-        if part.exists():
-            print(f"removing {part.name}, an unfinished clone from an earlier run")
-            shutil.rmtree(part)
-        git = subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", REF, url, str(part)],
-                             capture_output=True, text=True, env=dict(os.environ, GIT_TERMINAL_PROMPT="0"))
-        if git.returncode:
-            offline = any(w in git.stderr for w in ("resolve host", "connect to", "timed out", "unreachable"))
-            raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + (
-                "no network (this runtime cannot reach the server); check the connection, then re-run this cell"
-                if offline else f"no such repository or version ({HOME} does not exist, is private, or has no "
-                f"tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}") from None
-        part.rename(root)
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("11", REF, drive=DRIVE)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("11", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -69,11 +50,12 @@ FAST = start("11", REF, drive=DRIVE)
 # grey) is the padding slot, never handed out (chapter 03). Press **next** and watch the tree.
 #
 # The second story (the `story` menu) replays the same requests with pages of 2 tokens: every
-# match and every split now falls on a page boundary. B shares 7 tokens with A ('<s> You are
-# brief . What is'), yet hits only 6 (three whole pages), and the split lands after 'What', not
+# match and every split now falls on a page boundary. B shares 7 tokens with A
+# (`<s> You are brief . What is`), yet hits only 6 (three whole pages), and the split lands after 'What', not
 # after 'is'; the captions say so.
-#
-# ![D hits nodes that live only on the host: they are loaded back into new device pages](https://raw.githubusercontent.com/memlab-course/memlab/v0.1.0/chapters/img/11_radix.png)
+
+# %% [markdown]
+# ![D hits nodes that live only on the host: they are loaded back into new device pages](img/11_radix.png)
 
 # %%
 from memlab.course import viz
@@ -88,13 +70,15 @@ viz.Stepper({"page size 1": story(), "page size 2": story(page_size=2)}, draw_ra
 #
 # - `match_prefix(key)` walks down from the root, one child per step (a child is found by its
 #   first token). A match that ends **inside** a node splits it, so the match always ends
-#   exactly on a node: `MatchResult(device_prefix_len, last_device_node, ...)`. The slots are
+#   exactly on a node: `MatchResult(device_prefix_len, last_device_node, ...)` (a
+#   [cache hit](glossary.md#cache-hit) of `device_prefix_len` tokens). The slots are
 #   read off the path with `path_device_indices(node)`.
 # - `insert(key, value)` adds what the tree did not have and returns `prefix_len`, how much it
 #   already had: the caller's own slots for that part are duplicates, and the **caller** frees
 #   them.
 # - `inc_lock_ref(node)` / `dec_lock_ref(node)` lock or unlock the whole path to the root;
-#   locked tokens move from `evictable_size()` to `protected_size()`.
+#   [locked](glossary.md#locked) tokens move from `evictable_size()` to `protected_size()`
+#   ([evictable](glossary.md#evictable): cached, but no running request uses them).
 # - `evict(num_tokens)` frees unlocked leaves, least recently used first, through the allocator;
 #   a parent whose last child went becomes a leaf and may go in the same call. A node is the unit:
 #   evict frees *at least* what was asked.
@@ -133,7 +117,8 @@ print("idle check: available", alloc.available_size(), "+ evictable", tree.evict
 # %% [markdown]
 # **The idle check.** With no request running, every slot of the pool is free, held by the tree
 # (evictable) or locked (protected): SGLang's scheduler checks `available + evictable +
-# protected == total` whenever it is idle, and a leak (a slot nobody owns) shows up there. In
+# protected == total` whenever it is idle (plus the tokens streaming sessions hold, when there are
+# any), and a leak (a slot nobody owns) shows up there. In
 # `debug_mode`, memlab's tree also recounts its books from the tree after every change.
 #
 # **Pages.** With `page_size > 1` a key is cut to whole pages (`page_aligned`) and compared page
@@ -157,10 +142,13 @@ drv.finish(b)
 # %% [markdown]
 # ## Below the allocator: the host pool
 #
-# The host pool mirrors the device pool: one tensor per layer for each buffer the device pool
-# holds (MHA: K and V; MLA: one latent buffer). SGLang's device pools declare what they need
-# (`KVCache.host_pool_decls()`), and so do memlab's: `pool.host_pool_decls()` names each per-layer
-# buffer with its row shape and dtype. The host pool is sized in tokens, in whole pages, with its own page allocator.
+# memlab's host pool mirrors the device pool: one tensor per layer for each buffer the device
+# pool holds (MHA: K and V; MLA: one latent buffer). (SGLang keeps one host tensor for all layers,
+# by default with all layers of a page side by side, the `page_first` layout.) SGLang's device
+# pools declare what they need (`KVCache.host_pool_decls()`), and so do memlab's:
+# `pool.host_pool_decls()` names each per-layer buffer with its row shape and dtype. The host pool
+# is sized in tokens, in whole pages, and hands out its slots from its own free list, a whole
+# number of pages at a time.
 
 # %%
 from memlab.sglang.hicache import HostKVCache
@@ -263,7 +251,10 @@ hi.check_idle(16)
 # Chapter 10's engine takes its prefix cache as a choice: `Engine(..., prefix_cache="hash")` indexes
 # full pages by chapter 06's chained block hashes, `"radix"` is this chapter's `RadixCache`, and
 # `"hicache"` the tree with a host tier. A new request matches its prompt in the tree and locks the
-# hit; a finished one hands its pages to the tree (`cache_finished_req`); when the pool runs short,
+# hit; a finished one hands its pages to the tree (SGLang 0.5.23:
+# `release_kv_cache(req, tree_cache, checkpoint=True)`, which calls the tree's `checkpoint`: it
+# inserts the page-aligned part, frees the slots the tree already had, and the rest of the row is
+# freed after); when the pool runs short,
 # the scheduler evicts from the tree before it refuses. Chapter 10's eight requests (a shared
 # 16-token system prompt) through each cache give the same tokens; the radix tree also shares a
 # prefix that ends inside a page when pages hold one token.
@@ -331,14 +322,15 @@ viz.show(cmp.plot())
 # | radix, pages of 16 | 26.5 % / 306,560 | 44.7 % / 238,080 | 57.1 % / 189,264 | 65.2 % / 151,536 |
 # | radix, pages of 1 | 26.4 % / 310,555 | 44.7 % / 241,529 | 57.2 % / 192,399 | 65.5 % / 154,178 |
 # | radix, pages of 16 + host tier of 32,768 | 75.3 % / 295,888 | 75.3 % / 237,200 | 75.3 % / 188,720 | 75.3 % / 151,152 |
-# | radix, evicted beyond the ask, pages of 16 / of 1 | 42.7 % / 43.6 % | 40.8 % / 42.0 % | 46.2 % / 47.5 % | 45.6 % / 45.0 % |
+# | radix: share of its evicted tokens it was not asked to evict, pages of 16 / of 1 | 42.7 % / 43.6 % | 40.8 % / 42.0 % | 46.2 % / 47.5 % | 45.6 % / 45.0 % |
 #
 # On this stream the two caches hit almost the same once the cache holds a few conversations:
 # both share the system prompts and each conversation's history (requests run one at a time here,
 # so vLLM's earlier sharing within a step does not show). At the smallest cache the radix tree
 # hits less and evicts more: it evicts whole leaves (a conversation's whole last turn) where vLLM
 # frees exactly the blocks it needs, tail first. Between 41 % and 48 % of the tokens the radix
-# tree evicts go beyond what its `evict` calls asked for (the last row); freed early, they delay
+# tree evicts are more than its `evict` calls asked for (the last row): a leaf goes whole even
+# when fewer of its tokens were needed. Freed early, they delay
 # the next eviction, which is why the totals stay close once the cache is larger. Pages of 1 token
 # change the hit rate by 0.3 points at most here: their only extra hits are the partial last pages of each
 # turn, and they cost as many evictions. A host tier 2 to 16 times the device pool turns most
@@ -359,16 +351,16 @@ viz.show(cmp.plot())
 # (`unified_cache/`), and `init_hicache` gives it a `HiCacheController`
 # (`managers/cache_controller.py`) that moves the KV.
 #
-# | | memlab | SGLang 0.5.23 |
+# | | what differs, in plain words | SGLang 0.5.23's names |
 # |---|---|---|
-# | the tree | `RadixCache`, and `HiRadixCache` (a subclass) for two tiers | `RadixCache` is the classic tree (the one `./course engines` compares); for a full-attention model the server builds a `UnifiedRadixCache`, with or without HiCache: its nodes carry one record per component (full attention, sliding window, Mamba), and its core runs in Rust by default (Python as the fallback) |
-# | keys | plain sequences of token ids | a `RadixKey`: the token ids, an extra key (the LoRA adapter) and a cache salt that keep namespaces apart, and a bigram view for EAGLE |
-# | LRU order | a counter; a heap of the evictable leaves at every `evict` | `RadixCache`: `time.monotonic()` stamps and the same heap; the unified core: a counter and doubly linked LRU lists (`UnifiedLRUList`) walked from the oldest end; other policies on request (`--radix-eviction-policy` lfu, slru, priority, tlru) |
-# | transfers | synchronous: `write` and `load` copy before they return | queued, merged and run on their own CUDA streams, each batch with CUDA events (`HiCacheAck`); a node being written through stays locked until its copy's event has fired; a load records one event per layer (`LayerDoneCounter`), so layer 0's attention starts while later layers are still on the way; tensor-parallel ranks agree on finished copies (an all-reduce) |
-# | the copy | a Triton gather/scatter between device buffers, plus one bulk copy to pinned host memory (so it runs in the interpreter too) | `--hicache-io-backend kernel` (the default): CUDA kernels that read and write pinned host memory directly; `direct`: plain copies; host layouts `layer_first`, `page_first` (the default) and others |
-# | pools | one device KV pool and its host pool (MHA or MLA) | one host pool for each declaration a device pool makes (`host_pool_decls`): KV, sliding window, Mamba state, indexer keys, moved together (`HybridCacheController`) |
-# | host size | given in tokens | `--hicache-ratio` times the device pool (2 by default, lowered when host memory is short) or `--hicache-size` in GB |
-# | below the host | nothing | a storage tier (L3, `--hicache-storage-backend` file, Mooncake, HF3FS, NIXL, ...): pages stored under the hash of their prefix, prefetched while a request waits, backed up from the host |
+# | the tree | memlab has one tree class, plus a subclass with a host tier. SGLang's server runs a more general tree that can also keep sliding-window and Mamba state on each node, with its core written in Rust; SGLang also keeps a simple reference tree, the one memlab mirrors and the engine tests compare with memlab's. | `RadixCache` (`mem_cache/radix_cache.py`); `UnifiedRadixCache` (`unified_radix_cache.py`), built by `create_unified_radix_cache`, components FULL / SWA / MAMBA; the Rust `TreeCore`, Python as the fallback |
+# | keys | memlab's keys are plain lists of token ids. SGLang's keys also carry a namespace (the LoRA adapter, a per-user salt), so requests that must not share KV never match, and a special view for speculative decoding. | `RadixKey(token_ids, extra_key, cache_salt, is_bigram)`; the bigram view is EAGLE's |
+# | LRU order | Both evict the least recently used leaf first. memlab orders by a counter; SGLang's classic tree by clock timestamps, and its unified tree keeps nodes in linked lists sorted by use. SGLang can also be told to evict in other orders. | `TreeNode.last_access_time = time.monotonic()` and a heap in `evict`; `UnifiedLRUList`; `--radix-eviction-policy` `lru` (default), `lfu`, `slru`, `priority`, `tlru` |
+# | transfers | memlab copies KV between GPU and host at once and waits for the copy. SGLang queues copies and runs them in the background on their own GPU streams; it keeps a node locked until its copy is done, lets layer 0's attention start before later layers have arrived, and makes all tensor-parallel GPUs agree on which copies are done. | `HiCacheController` (`managers/cache_controller.py`) with CUDA events (`HiCacheAck`), one event per layer on a load (`LayerDoneCounter`), an all-reduce across ranks |
+# | the copy | memlab copies pages with a Triton kernel plus one bulk copy through a staging buffer, so it also runs without a GPU. SGLang's default copy kernels read and write host memory directly, and its host memory can be laid out in several ways. | `--hicache-io-backend kernel` (default) or `direct`; `--hicache-mem-layout` `page_first` (default), `layer_first`, `page_first_direct`, ... |
+# | pools | memlab backs up only the KV pool. SGLang backs up every kind of state a device pool declares (KV, sliding-window KV, Mamba state, indexer keys) and moves them together. | `KVCache.host_pool_decls()`; `HybridCacheController` |
+# | host size | memlab takes the host pool's size in tokens. SGLang makes it twice the device pool by default (smaller when the machine is short of host memory), or takes a size in GB. | `--hicache-ratio` (2.0 in cache mode), `--hicache-size` (GB), `--hicache-host-memory-fraction` (0.8) |
+# | below the host | memlab stops at host memory. SGLang can add a third tier, a disk or a remote store, where pages are saved under a hash of all the tokens before them and fetched ahead of time while a request waits. | `--hicache-storage-backend` (`file`, `mooncake`, `hf3fs`, `nixl`, ...); `--hicache-storage-prefetch-policy` |
 #
 # What stays the same: the three write policies (`write_through`, `write_through_selective`,
 # `write_back`), device pages taken *before* a load copies into them, slot ids translated to

@@ -1,11 +1,12 @@
-"""The course's home: the one setting behind every badge, link, clone cell and picture URL.
+"""The course's home: the one setting behind every badge, link and clone cell.
 
 ``REPO`` is the GitHub repository the course is published under and ``REF`` the version the
 notebooks of this checkout belong to: a tag (``v`` + the version in pyproject.toml) that the
-chapters' first cells clone, that their Colab badges open and that their pictures are served from.
+chapters' first cells clone and that their Colab badges open. (Pictures depend on no home: each
+notebook carries its own, written in by scripts/sync_notebooks.py from chapters/img/.)
 
 The course has no published home yet: ``memlab-course/memlab`` is a placeholder, so until it is
-published the badges, the Colab clone and the pictures point at a repository that does not exist.
+published the badges and the Colab clone point at a repository that does not exist.
 To publish under OWNER/NAME:
 
     python scripts/set_home.py OWNER/NAME   # rewrites this file, both READMEs and every chapter
@@ -13,8 +14,7 @@ To publish under OWNER/NAME:
     git tag v0.1.0 && git push origin main v0.1.0   # the tag REF names must exist on the home
 
 After a version bump in pyproject.toml, ``python scripts/set_home.py`` (no argument) moves REF to
-the new tag. tests/test_home.py checks that every badge, link, clone cell and picture agrees
-with this file.
+the new tag. tests/test_home.py checks that every badge, link and clone cell agrees with this file.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def colab_url(path: str, repo: str = REPO, ref: str = REF) -> str:
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{path}"
 
 
-def raw_url(path: str, repo: str = REPO, ref: str = REF) -> str:
-    """The address GitHub serves a file of version ``ref`` from (pictures in the notebooks)."""
-    return f"https://raw.githubusercontent.com/{repo}/{ref}/{path}"
+def github_url(path: str, repo: str = REPO, ref: str = REF) -> str:
+    """GitHub's page of a file of version ``ref`` (in Colab, the glossary opens from there)."""
+    return f"https://github.com/{repo}/blob/{ref}/{path}"
 
 
 def clone_folder(ref: str = REF) -> str:

@@ -104,11 +104,12 @@ def _where_work_lives(drive: bool) -> list[str]:
         # The runtime's files are copied, so work done before DRIVE = True moves along with the stubs.
         news = f"{len(copied)} files copied there now from {ROOT.name}/exercises/" if copied else "nothing copied"
         return [f"your exercise files: {folder} on Google Drive ({news}; files already there are never "
-                "overwritten). Edit them there: every chapter with DRIVE = True uses them."]
+                "overwritten). Edit them there: every chapter with DRIVE ticked (DRIVE = True) uses them."]
     return [f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when Colab "
             "recycles it.",
-            "  Keep them: set DRIVE = True in this cell and re-run it (a folder on your Google Drive), or "
-            "download them now and then: from memlab.course.notebook import download_exercises; download_exercises()"]
+            "  Keep them: tick DRIVE in the first cell (DRIVE = True) and re-run it (a folder on your Google "
+            "Drive), or download them now and then: from memlab.course.notebook import download_exercises; "
+            "download_exercises()"]
 
 
 def download_exercises(to: str | os.PathLike | None = None) -> Path:
@@ -160,6 +161,10 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     print(f"memlab chapter {chapter} · repository {ROOT.name}/ · kernels run {where}{flags}")
     if not has_cuda() and in_colab():
         print("Colab without a GPU: Runtime > Change runtime type > T4 GPU runs the kernels compiled.")
+    if in_colab():  # the chapters' links to chapters/glossary.md are relative: JupyterLab's and GitHub's
+        from memlab.course.home import github_url
+
+        print(f"the glossary (every word of the books): {github_url('chapters/glossary.md')}")
     for line in _where_work_lives(drive):
         print(line)
     return fast()

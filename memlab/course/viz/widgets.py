@@ -7,6 +7,7 @@ Dropdown, HTML, HBox, VBox, and ``jslink``. A drawing is turned into an inline P
 
 from __future__ import annotations
 
+import html
 from typing import Callable
 
 import ipywidgets as W
@@ -75,7 +76,8 @@ class Stepper(W.VBox):
         key = (self.story.value, i)
         if key not in self._cache:
             self._cache[key] = as_html(self.draw(self.states[i]))
-        caption = getattr(self.states[i], "caption", "")
+        # A caption is plain text: a token such as '<s>' must print, not open a strikethrough.
+        caption = html.escape(getattr(self.states[i], "caption", ""), quote=False)
         self.caption.value = f"<b>step {i} of {len(self.states) - 1}</b>: {caption}"
         self.view.value = self._cache[key]
 
