@@ -205,7 +205,7 @@ def _own(path: Path, user) -> None:
 class Zygote:
     """The process that forks learner processes (Linux); elsewhere each is started afresh."""
 
-    def __init__(self, preload=PRELOAD):
+    def __init__(self, preload=()):
         from memlab.common.env import ensure_kernel_mode
 
         ensure_kernel_mode()  # TRITON_INTERPRET, passed on to the learner's processes
@@ -309,23 +309,64 @@ class Zygote:
 _zygote: Zygote | None = None
 
 
-def zygote() -> Zygote:
+def needed_imports(paths) -> list[str]:
+    """What of torch, NumPy and Triton these learner files import (the zygote imports it once)."""
+    found = set()
+    for p in paths:
+        try:
+            tree = ast.parse(Path(p).read_text(errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    if "torch" in found:
+        found.add("numpy")  # tensors cross as NumPy views of their bytes
+    return [m for m in PRELOAD if m.split(".")[0] in found]
+
+
+def zygote(files=None) -> Zygote:
+    """The zygote, started on first use; it preloads what ``files`` import (default: every exercise
+    file of the folder of the first file loaded)."""
     global _zygote
     if _zygote is None or not _zygote.alive():
-        _zygote = Zygote()
+        _zygote = Zygote(needed_imports(files or ()))
     return _zygote
 
 
-def warm() -> None:
+def warm(files) -> None:
     """Start the zygote now (it imports torch while the grader collects its tests)."""
-    zygote()
+    zygote(files)
 
 
 def _shutdown():
+    """At exit: stop every learner process and the zygote at once (nothing of theirs is kept)."""
     for s in list(_live):
-        s.stop()
-    if _zygote is not None:
-        _zygote.close()
+        s.dead = s.dead or "the grader stopped"
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(s.pid, signal.SIGKILL)
+                break
+            except OSError:
+                pass
+        try:
+            s.sock.close()
+        except OSError:
+            pass
+    _live.clear()
+    z = _zygote
+    if z is not None:
+        if z.ctl is not None:
+            z.ctl.close()
+        if z.proc is not None:
+            try:
+                os.killpg(z.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            z.proc.wait()
+        shutil.rmtree(z.dir, ignore_errors=True)
 
 
 import atexit  # noqa: E402
@@ -370,7 +411,7 @@ class Session:
         self.proc = None
         self.out_pos = 0
         self.out = None
-        z = zygote()
+        z = zygote(sorted(path.parent.glob("ch[0-9][0-9]_*.py")) or [path])
         self.zygote = z
         self.work = z.work_dir()
         self.file = self.work / f"{name}.py"
