@@ -274,6 +274,8 @@ def grade(chapters: list[int] | None = None, source: str | None = None, timeout:
         raise GradingError("the grader runs the tests with pytest, which is not installed: pip install pytest")
     check_checkout()
     src = source_dir(source)
+    if exercises:
+        exercises = [catalog.find(x).id for x in exercises]  # a file's name will do too
     chosen = [e for e in catalog.EXERCISES
               if (not chapters or e.chapter in chapters) and (not exercises or e.id in exercises)]
     if not chosen:

@@ -341,6 +341,13 @@ def warm(files) -> None:
     zygote(files)
 
 
+def ready() -> None:
+    """Wait until the zygote has imported what it preloads (no-op where there is no zygote)."""
+    z = _zygote
+    if z is not None and z.fork_server and z.alive():
+        z._wait_ready()
+
+
 def _shutdown():
     """At exit: stop every learner process and the zygote at once (nothing of theirs is kept)."""
     for s in list(_live):
@@ -571,9 +578,12 @@ class Session:
         return data.decode("utf-8", errors="replace")
 
     def _relay(self, text: str | None = None) -> str:
+        """Pass the learner's output on to this process's (pytest captures it per test); a
+        traceback dump of the learner's process (faulthandler's) is the grader's, not theirs."""
         text = self._read_output() if text is None else text
-        if text:
-            sys.stdout.write(text if len(text) <= 200_000 else text[:100_000] + "\n... [cut] ...\n" + text[-100_000:])
+        shown = _DUMP.sub("", text)
+        if shown:
+            sys.stdout.write(shown if len(shown) <= 200_000 else shown[:100_000] + "\n... [cut] ...\n" + shown[-100_000:])
         return text
 
     def _where(self, text: str) -> str:
@@ -640,6 +650,12 @@ class Session:
             self.zygote.wait(self.pid, self.proc, 2.0)
             self._close(why)
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+# A faulthandler dump: from its first line to the blank line (or the end) after its last frame.
+_DUMP = re.compile(r"^(?:Fatal Python error: .*\n(?:.*\n)*?)?(?:(?:Current thread|Thread) 0x[0-9a-f]+ .*\n"
+                   r"(?:  File .*\n|  <no Python frame>\n)*\n?)+(?:\s*Extension modules: .*\n)?"
+                   r"(?:.*\(total: \d+\)\n)?", re.M)
 
 
 def _has_cuda() -> bool:
