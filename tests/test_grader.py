@@ -509,6 +509,43 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     assert "ch02.bytes_per_token · 2 more tests: not run: test_mla_deepseek_v3 of this exercise" in data["output"]
 
 
+# Four ways to earn points without writing the code (tests/dishonest/): forge the grader's event
+# log and leave; import memlab's own implementation; read a solution from disk and run it; patch
+# the grader from inside. Before the sandbox, a folder of them earned 115/115.
+DISHONEST = {
+    "ch01.alloc_rows": "imports memlab.course.grading.plugin",
+    "ch02.bytes_per_token": f"reads /proc/",
+    "ch04.alloc_extend": "imports memlab.sglang.allocator.reference",
+    "ch08.sizing": f"reads {ROOT / 'solutions' / 'ch08_sizing.py'}",
+}
+
+
+def dishonest_folder(dest: Path) -> Path:
+    from memlab.course.grading.stubs import write_stubs
+
+    write_stubs(dest)
+    for f in (ROOT / "tests" / "dishonest").glob("ch*.py"):
+        shutil.copyfile(f, dest / f.name)
+    return dest
+
+
+@pytest.mark.slow
+def test_dishonest_files_earn_nothing(tmp_path):
+    learner = dishonest_folder(tmp_path / "learner")
+    results = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "01", "02", "04", "08", "--from", str(learner),
+                           "--results", str(results), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads(results.read_text())
+    assert data["score"] == 0, proc.stdout
+    for exercise, why in DISHONEST.items():
+        tests = [t for t in data["tests"] if t["extra_data"]["exercise"] == exercise]
+        assert tests and all(t["score"] == 0 for t in tests), exercise
+        assert all(t["output"].startswith("write it yourself: your file ") and why in t["output"] for t in tests), \
+            [t["output"][:300] for t in tests]
+        assert f"{exercise} (all " in proc.stdout, proc.stdout  # said once, not once per test
+
+
 def test_table_for_tried_and_untried_exercises():
     """One line per exercise not started; the details (and the tests skipped after a timeout)
     only for exercises that were tried."""

@@ -244,6 +244,7 @@ class exercise:  # noqa: N801 (a context manager that reads like a function in t
         while tb.tb_next is not None:
             tb = tb.tb_next
         code, line = tb.tb_frame.f_code, tb.tb_lineno
+        linecache.checkcache(code.co_filename)  # a file edited since (IPython's cells have names of their own)
         source = "".join(linecache.getlines(code.co_filename, tb.tb_frame.f_globals))
         try:
             tree = ast.parse(source)

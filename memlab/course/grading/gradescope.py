@@ -96,7 +96,7 @@ if [ -n "$USER_" ] && [ "$(id -u)" = 0 ] && id -u "$USER_" >/dev/null 2>&1; then
 else
   export MEMLAB_SANDBOX_USER=
 fi
-export MEMLAB_SANDBOX_BLOCK=$AG
+export MEMLAB_SANDBOX_BLOCK=$AG${MEMLAB_SANDBOX_BLOCK:+:$MEMLAB_SANDBOX_BLOCK}
 cd "$AG/source" && PYTHONPATH="$AG/source" "$PY" -m memlab.course.grading.gradescope run --root "$AG"
 rc=$?
 if [ ! -s "$AG/results/results.json" ]; then  # Python itself did not run: still hand in a result

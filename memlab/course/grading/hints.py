@@ -202,7 +202,7 @@ def state_file() -> Path:
 def _read_state() -> dict:
     try:
         data = json.loads(state_file().read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # none yet, unreadable or garbled: start from the first hint
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -212,7 +212,7 @@ def _write_state(state: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(state, indent=1, sort_keys=True))
-    except OSError:
+    except (OSError, ValueError):
         pass  # a read-only home: the hint is still shown, it just is not remembered
 
 
