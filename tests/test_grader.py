@@ -1,6 +1,7 @@
 """Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo
 (patches in tests/bug_zoo/zoo.py, built into a copy of solutions/), the command from any working
-folder, and survival of learner code that loops, crashes or floods the output.
+folder, survival of learner code that loops, crashes or floods the output, and dishonest files
+(tests/dishonest/) that earn nothing. (A learner's checkout in every state: test_learner_states.)
 
 Each grade() call runs a child pytest over tests/exercises; the expensive ones are marked slow
 but stay in the normal suite (about a minute in all on 2 cores).
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from memlab.grade import main
-from memlab.course.grading import catalog, loader, runner
+from memlab.course.grading import catalog, loader, runner, stubs
+from memlab.course.grading.stubs import looks_like_stub
 from memlab.course.grading.runner import grade
 from loading import load_file
 
@@ -90,11 +92,11 @@ def test_catalog_matches_the_tests():
 
 
 # -- author-only checks: the stubs as the course ships them ------------------------------------
-# A learner edits exercises/; the checks below are about the course's stubs. They read a stub
-# from the working copy while it is untouched (an author's edit shows at once), else as
-# committed (git show HEAD:exercises/...). Where neither is the course's stub (no git, or the
-# learner committed their own work) they skip and say why; in CI (CI or MEMLAB_AUTHOR set) they
-# fail instead, since there the checkout is the course.
+# A learner edits exercises/ (and may commit there, or delete a file); the checks below are about
+# the course's stubs, read through memlab.course.grading.stubs: the working copy while it is the
+# stub (an author's edit shows at once), else the newest commit of git's history that has the
+# stub. Where nothing holds it (no git) they skip and say why; in CI (CI or MEMLAB_AUTHOR set)
+# they fail instead, since there the checkout is the course.
 AUTHOR = bool(os.environ.get("CI") or os.environ.get("MEMLAB_AUTHOR"))
 
 
@@ -104,52 +106,13 @@ def _skip_or_fail(reason: str):
     pytest.skip(f"author-only check skipped: {reason}")
 
 
-def looks_like_stub(stub: str, solution: str) -> bool:
-    """Untouched by a learner: every function that differs from the solution only raises
-    NotImplementedError (after its docstring), and a kernel's flag (``*_WRITTEN``) is False."""
-    st, so = ast.parse(stub), ast.parse(solution)
-    if ast.dump(st) == ast.dump(so):
-        return False  # the solution itself (a learner who copied it, or an author's slip: CI fails on it)
-    for node in st.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("_WRITTEN")
-                                                for t in node.targets):
-            return ast.literal_eval(node.value) is False
-    def functions(tree, prefix=""):
-        for n in getattr(tree, "body", []):
-            if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
-                if isinstance(n, ast.FunctionDef):
-                    yield prefix + n.name, n
-                yield from functions(n, f"{prefix}{n.name}.")
-
-    ref = dict(functions(so))
-    names = lambda tree: {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}  # noqa
-    if names(st) != names(so):
-        return False  # a helper added, or a function renamed: a learner's file
-    for name, fn in functions(st):
-        if name in ref and ast.dump(fn) != ast.dump(ref[name]):
-            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
-            if not (len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])):
-                return False
-    return True
-
-
 def committed_stub(file: str) -> str:
-    """exercises/<file>.py as the course ships it (the working copy while untouched, else HEAD's),
-    or skip (fail in CI) with the reason."""
-    solution = (ROOT / "solutions" / f"{file}.py").read_text()
-    working = (ROOT / "exercises" / f"{file}.py").read_text()
-    if looks_like_stub(working, solution):
-        return working
-    if shutil.which("git") is None:
-        _skip_or_fail("it reads the stubs as committed, and git is not installed")
-    got = subprocess.run(["git", "show", f"HEAD:exercises/{file}.py"], cwd=ROOT, capture_output=True, text=True)
-    if got.returncode:
-        _skip_or_fail(f"it reads the stubs as committed, and this checkout has no git history for them "
-                      f"({got.stderr.strip()[:120]})")
-    if not looks_like_stub(got.stdout, solution):
-        _skip_or_fail(f"exercises/{file}.py as committed (HEAD) holds your own work, not the course's stub; "
-                      "these checks are for the course's authors")
-    return got.stdout
+    """exercises/<file>.py as the course ships it, or skip (fail in CI) with the reason."""
+    got = stubs.course_stub(file)
+    if got is None:
+        _skip_or_fail(f"exercises/{file}.py is not the course's stub, and this checkout has no git history that "
+                      "holds it")
+    return got[0]
 
 
 def committed_stubs(folder: Path) -> Path:
@@ -178,63 +141,18 @@ def test_stub_and_solution_are_twins(exercise):
     assert "NotImplementedError" in stub
 
 
-def _course_copy(dest: Path) -> Path:
-    """The repository's files (tracked and new, not ignored) copied to ``dest``, committed there."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True)
-    if listed.returncode:
-        pytest.skip("needs a git checkout to copy the course from")
-    for rel in filter(None, listed.stdout.decode().split("\0")):
-        src = ROOT / rel
-        if src.is_symlink():  # memlab/kernels -> ../kernels
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.readlink(src), dest / rel)
-        elif src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    git = ["git", "-c", "user.name=learner", "-c", "user.email=learner@example.com", "-c", "commit.gpgsign=false"]
-    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
-        subprocess.run(git + cmd, cwd=dest, check=True, capture_output=True)
-    return dest
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_a_learners_work_keeps_the_suite_green(tmp_path):
-    """A learner who has done every exercise (the solutions copied into exercises/ of a copy of
-    the course, never the real one) runs the suite's graded part and its author-only checks:
-    green. The graded tests grade exercises/ (their work); the author-only checks read the stubs
-    as committed. Once the learner commits their work, those checks skip and say why."""
-    course = _course_copy(tmp_path / "course")
-    for f in (course / "solutions").glob("ch*.py"):
-        shutil.copy2(f, course / "exercises" / f.name)
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MEMLAB_AUTHOR", loader.ENV, "PYTEST_XDIST_WORKER")}
-    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0",
-                  "-rs", "-o", "addopts="]
-    checks = ["tests/test_grader.py::test_stub_and_solution_are_twins", "tests/test_grader.py::test_catalog_matches_the_tests"]
-    proc = subprocess.run(pytest_cmd + ["tests/exercises", *checks], cwd=course, capture_output=True, text=True,
-                          timeout=900, env=dict(env, **{loader.ENV: "exercises"}))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert f"grading {course / 'exercises'}" in out, out[:2000]  # the copy's exercises/, through the copy's memlab
-    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED") and "CUDA" not in line]
-    assert not skipped, skipped  # the author-only checks ran, against the stubs committed in the copy
-    subprocess.run(["git", "-c", "user.name=l", "-c", "user.email=l@e", "commit", "-qam", "my work"], cwd=course,
-                   check=True, capture_output=True)
-    proc = subprocess.run(pytest_cmd + [checks[0]], cwd=course, capture_output=True, text=True, timeout=300, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "holds your own work" in out, out[-3000:]
-
-
 def test_stub_detection():
     """What counts as the course's stub: the committed twin of each solution does; edited ones do not."""
     sol = (ROOT / "solutions" / "ch03_token_allocator.py").read_text()
-    stub = (ROOT / "exercises" / "ch03_token_allocator.py").read_text()
+    stub = committed_stub("ch03_token_allocator")
     assert looks_like_stub(stub, sol) and not looks_like_stub(sol, sol)
     worked = stub.replace("        raise NotImplementedError\n", "        return len(self.free_pages)\n", 1)
     assert not looks_like_stub(worked, sol)  # one function written by a learner
     assert not looks_like_stub(stub + "\n\ndef _helper():\n    raise NotImplementedError\n", sol)  # a helper added
     # (A function written word for word as in the solution is not seen here: the points it earns
     # are, by test_stubs_score_zero_with_not_implemented_only.)
+    # A learner's checkout: edited, then committed; the stub is still found, in git's history.
+    assert stubs.course_stub("ch03_token_allocator")[0] == stub
     kernel = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
     assert not looks_like_stub(kernel, kernel)  # GATHER_WRITTEN = True: a learner's (or an answer)
     assert looks_like_stub(kernel.replace("GATHER_WRITTEN = True", "GATHER_WRITTEN = False"), kernel)

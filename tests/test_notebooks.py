@@ -8,6 +8,7 @@ repository (like Colab's /content), a local git repository standing in for GitHu
 this working tree and tagged with the home's REF), every cell tag removed, the stubs untouched.
 """
 
+import io
 import json
 import os
 import re
@@ -69,18 +70,19 @@ def git(*args, cwd=None):
 
 @pytest.fixture(scope="session")
 def home_repo(tmp_path_factory):
-    """A git repository holding this working tree as it is now (committed or not), tagged REF:
-    what GitHub serves once the course is published. Returns its file:// address."""
+    """A git repository holding the course as committed (HEAD), tagged REF: what GitHub serves once
+    the course is published. Its exercises/ are the course's stubs (memlab.course.grading.stubs),
+    whatever a learner has done to this checkout's, committed or not. Returns its folder."""
+    import tarfile
+
+    from memlab.course.grading.stubs import write_stubs
+
     src = tmp_path_factory.mktemp("github") / "memlab"
-    names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT).split("\0")
-    for name in filter(None, names):
-        f = ROOT / name
-        if f.is_symlink():  # memlab/kernels -> ../kernels: a link in git, a link in the clone
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.readlink(f), src / name)
-        elif f.is_file():  # a deleted file stays listed until the deletion is committed
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, src / name)
+    src.mkdir()
+    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:  # memlab/kernels stays a link
+        tar.extractall(src, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+    write_stubs(src / "exercises")
     git("init", "-q", cwd=src)
     git("add", "-A", cwd=src)
     git("commit", "-q", "-m", "the course as published", cwd=src)
@@ -139,8 +141,10 @@ def test_chapter_runs_like_colab(path, home_repo, tmp_path):
     assert "in this runtime ONLY" not in first  # not Colab: no warning about a recycled runtime
     for pic in picture_paths(nb):  # what GitHub would serve at REF: the clone's file
         assert (clone / pic).is_file(), f"{path.name} shows {pic}, which version {home.REF} does not have"
-    for stub in (ROOT / "exercises").glob("ch*.py"):
-        assert (clone / "exercises" / stub.name).read_bytes() == stub.read_bytes(), f"{stub.name} changed"
+    from memlab.course.grading.stubs import course_stub
+
+    for e in catalog.EXERCISES:  # the clone's stubs are the course's, and the run left them alone
+        assert (clone / "exercises" / f"{e.file}.py").read_text() == course_stub(e.file)[0], f"{e.file} changed"
     print(f"{path.name}: {seconds:.1f} s")
 
 

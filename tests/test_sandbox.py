@@ -379,3 +379,46 @@ def test_a_memory_limit_is_a_memory_error(tmp_path, monkeypatch):
             mod.alloc(3 << 30)
     finally:
         mod._session.stop()
+
+
+def _nobody_runs(python: str) -> bool:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not Path(python).exists():
+        return False
+    import pwd
+    import subprocess
+
+    try:
+        pw = pwd.getpwnam("nobody")
+    except KeyError:
+        return False
+    return subprocess.run([python, "-c", "pass"], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _nobody_runs("/usr/bin/python3"),
+                    reason="needs root, the user nobody and a system /usr/bin/python3 that user may run")
+def test_the_learner_process_runs_as_another_user(tmp_path, monkeypatch):
+    """The privilege drop Gradescope uses (MEMLAB_SANDBOX_USER), with the existing user nobody and
+    the system's Python (this machine's Python with torch is not one nobody may run): the
+    learner's process is nobody's, and a file only root may read stays closed to it even where
+    the audit hook would let it through (outside the course)."""
+    monkeypatch.setattr(sandbox, "_zygote", None)  # a zygote of its own, as nobody
+    monkeypatch.setenv(sandbox.USER_ENV, "nobody")
+    monkeypatch.setenv(sandbox.PYTHON_ENV, "/usr/bin/python3")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root only")
+    secret.chmod(0o600)
+    path = tmp_path / "plain.py"
+    path.write_text("import os\ndef who():\n    return os.getuid()\n"
+                    "def read(p):\n    try:\n        return open(p).read()\n    except PermissionError:\n"
+                    "        return 'refused'\n")
+    os.chmod(tmp_path, 0o755)
+    mod = sandbox.open_module(path, "_memlab_learner_test_nobody")
+    try:
+        import pwd
+
+        assert mod.who() == pwd.getpwnam("nobody").pw_uid
+        assert mod.read(str(secret)) == "refused"
+    finally:
+        mod._session.stop()
+        sandbox._zygote.close()

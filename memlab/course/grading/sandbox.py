@@ -13,7 +13,8 @@ folder of its own holding a copy of the learner's file, with memlab, the solutio
 pytest and the grader neither importable nor readable (a meta-path finder and an audit hook,
 installed before the learner's file is imported); an attempt is reported here and the exercise
 earns nothing. On Gradescope it also runs as an unprivileged user (``MEMLAB_SANDBOX_USER``) with
-resource limits (``MEMLAB_SANDBOX_LIMITS``), so the operating system keeps it out as well.
+resource limits (``MEMLAB_SANDBOX_LIMITS``), so the operating system keeps it out as well;
+``MEMLAB_SANDBOX_BLOCK`` names more folders it may not read (``os.pathsep``-separated).
 
 A learner process that dies, hangs past the test's alarm (it is killed; a new one serves the next
 test) or sends what is not data fails that test with a message saying why.
@@ -48,6 +49,7 @@ IMPORT_TIMEOUT = 120.0  # seconds for the learner's file to import (outside a gr
 USER_ENV = "MEMLAB_SANDBOX_USER"
 LIMITS_ENV = "MEMLAB_SANDBOX_LIMITS"
 BLOCK_ENV = "MEMLAB_SANDBOX_BLOCK"
+PYTHON_ENV = "MEMLAB_SANDBOX_PYTHON"  # the Python the learner's processes run (default: this one)
 PRELOAD = ("torch", "numpy", "triton", "triton.language")
 FORBIDDEN = wire.FORBIDDEN
 # What the learner's process may see of this process's environment: locale, paths to libraries
@@ -231,7 +233,8 @@ class Zygote:
             kw = dict(user=self.user[0], group=self.user[1], extra_groups=[])
         log = open(self.dir / "zygote.log", "ab")
         try:
-            return subprocess.Popen([sys.executable, "-I", str(self.wire), *args], pass_fds=pass_fds,
+            python = os.environ.get(PYTHON_ENV) or sys.executable
+            return subprocess.Popen([python, "-I", str(self.wire), *args], pass_fds=pass_fds,
                                     env=_env(str(self.dir)), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=log, start_new_session=True, **kw)
         finally:
