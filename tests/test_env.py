@@ -45,7 +45,7 @@ def test_importing_memlab_never_imports_triton():
 
 
 def test_kernel_mode_is_set_before_the_first_kernel_import():
-    r = run_py("import os, memlab.kernels\nfrom memlab import env\nprint(env.ensure_kernel_mode(), os.environ.get('TRITON_INTERPRET'))")
+    r = run_py("import os, memlab.kernels\nfrom memlab.common import env\nprint(env.ensure_kernel_mode(), os.environ.get('TRITON_INTERPRET'))")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == (["gpu", "None"] if env.has_cuda() else ["interpreter", "1"])
 

@@ -86,8 +86,8 @@ def test_catalog_matches_the_tests():
         cpu = sum(p for _, p, gpu in markers[e.id] if not gpu)
         gpu = sum(p for _, p, g in markers[e.id] if g)
         assert (cpu, gpu) == (e.points, e.gpu_points), f"{e.id}: tests give {cpu} CPU + {gpu} GPU points"
-        for folder in ("exercises", "solutions"):
-            assert (ROOT / folder / f"{e.file}.py").is_file()
+        assert (ROOT / "solutions" / f"{e.file}.py").is_file()
+        assert stubs.course_stub(e.file) is not None  # the stub: in exercises/, or in git (a learner deleted it)
         assert (ROOT / e.test_file).is_file()
 
 
@@ -151,11 +151,29 @@ def test_stub_detection():
     assert not looks_like_stub(stub + "\n\ndef _helper():\n    raise NotImplementedError\n", sol)  # a helper added
     # (A function written word for word as in the solution is not seen here: the points it earns
     # are, by test_stubs_score_zero_with_not_implemented_only.)
-    # A learner's checkout: edited, then committed; the stub is still found, in git's history.
-    assert stubs.course_stub("ch03_token_allocator")[0] == stub
     kernel = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
     assert not looks_like_stub(kernel, kernel)  # GATHER_WRITTEN = True: a learner's (or an answer)
     assert looks_like_stub(kernel.replace("GATHER_WRITTEN = True", "GATHER_WRITTEN = False"), kernel)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_course_stub_is_found_whatever_the_learner_did(tmp_path):
+    """Edited and committed: the stub comes from git's history; deleted: from HEAD; untouched: the
+    working copy; no git at all and no stub: None (the author-only checks then skip)."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, capture_output=True)
+    stub = stubs.course_stub("ch03_token_allocator", clone)
+    assert stub[1] == "the working copy" and looks_like_stub(stub[0], (ROOT / "solutions" / "ch03_token_allocator.py")
+                                                             .read_text())
+    shutil.copyfile(clone / "solutions" / "ch03_token_allocator.py", clone / "exercises" / "ch03_token_allocator.py")
+    (clone / "exercises" / "ch02_bytes_per_token.py").unlink()
+    assert stubs.course_stub("ch02_bytes_per_token", clone)[1].startswith("commit ")  # HEAD's
+    subprocess.run(["git", "-c", "user.name=l", "-c", "user.email=l@e", "commit", "-qam", "my work"], cwd=clone,
+                   check=True, capture_output=True)
+    found = stubs.course_stub("ch03_token_allocator", clone)
+    assert found[0] == stub[0] and found[1].startswith("commit "), found[1]  # from before the learner's commit
+    shutil.rmtree(clone / ".git")
+    assert stubs.course_stub("ch03_token_allocator", clone) is None
 
 
 def test_loader_imports_by_path_under_private_names(tmp_path, monkeypatch):
@@ -435,8 +453,16 @@ DISHONEST = {
     "ch01.alloc_rows": "imports memlab.course.grading.plugin",
     "ch02.bytes_per_token": f"reads /proc/",
     "ch04.alloc_extend": "imports memlab.sglang.allocator.reference",
-    "ch08.sizing": f"reads {ROOT / 'solutions' / 'ch08_sizing.py'}",
+    "ch08.sizing": "solutions/ch08_sizing.py (the course's own files)",
 }
+
+
+def checkouts_to_block() -> str:
+    """This checkout, and the one this Python's environment lives in when that is another (a
+    learner's clone run with a shared .venv): its solutions are the course's too. A learner's own
+    .venv lives in their clone; a Gradescope image holds no solutions at all."""
+    venv = next((p for p in Path(sys.prefix).resolve().parents if (p / "solutions").is_dir()), None)
+    return os.pathsep.join(str(p) for p in {ROOT, venv} if p is not None)
 
 
 def dishonest_folder(dest: Path) -> Path:
@@ -453,7 +479,8 @@ def test_dishonest_files_earn_nothing(tmp_path):
     learner = dishonest_folder(tmp_path / "learner")
     results = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "-m", "memlab.grade", "01", "02", "04", "08", "--from", str(learner),
-                           "--results", str(results), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           "--results", str(results), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, MEMLAB_SANDBOX_BLOCK=checkouts_to_block()))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = json.loads(results.read_text())
     assert data["score"] == 0, proc.stdout

@@ -114,7 +114,8 @@ def test_dishonest_files_earn_nothing_from_the_bundle(bundle, tmp_path):
         shutil.copy(f, root / "submission" / f.name)
     # This machine's Python lives in a checkout that holds the solutions (a Gradescope image has
     # none): it is the course's too, as far as the student's code is concerned.
-    data = run_autograder(root, block=str(ROOT))
+    venv = next((p for p in Path(sys.prefix).resolve().parents if (p / "solutions").is_dir()), ROOT)
+    data = run_autograder(root, block=os.pathsep.join({str(ROOT), str(venv)}))
     assert data["score"] == 0 and all(t["score"] == 0 for t in data["tests"]), data["output"][:3000]
     used = data["extra_data"]["course_code_used"]
     assert sorted(used) == sorted(f.name for f in (ROOT / "tests" / "dishonest").glob("ch*.py")), used

@@ -839,6 +839,7 @@ class LearnerModule(types.ModuleType):
         super().__init__(modname)
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_session", None)
+        object.__setattr__(self, "_stamp", None)
         object.__setattr__(self, "_flagged", imports_course_code(path.read_text(errors="replace")))
         object.__setattr__(self, "__file__", str(path))
 
