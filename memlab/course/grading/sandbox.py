@@ -192,10 +192,13 @@ def _limits() -> dict:
     return out
 
 
-def _env(home: str) -> dict:
+def _env(home: str, tmp: str | None = None) -> dict:
+    """The learner's environment: ``home`` is the zygote's folder (Triton's cache there is shared by
+    every learner process of one grading run: a GPU compiles its helpers once), ``tmp`` its own."""
     env = {k: v for k, v in os.environ.items() if PASS_ENV.match(k)}
-    env.update(HOME=home, TMPDIR=home, PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8", MPLBACKEND="Agg",
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.update(HOME=home, TMPDIR=tmp or home, PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8",
+               MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.setdefault("TRITON_CACHE_DIR", os.path.join(home, ".triton"))
     return env
 
 
@@ -429,7 +432,7 @@ class Session:
         os.chmod(self.file, 0o644)
         _own(self.file, z.user)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        config = {"work": str(self.work), "file": str(self.file), "name": name, "env": _env(str(self.work)),
+        config = {"work": str(self.work), "file": str(self.file), "name": name, "env": _env(str(z.dir), str(self.work)),
                   "limits": _limits(), "blocked": blocked_roots(), "allowed": allowed_roots() + [str(z.dir)],
                   "cpu_only": os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda()}
         self.pid, self.proc = z.spawn(config, theirs)
@@ -485,6 +488,9 @@ class Session:
             wire.send_msg(self.sock, header, blobs)
         except OSError:
             self._crashed()
+        except BaseException:  # the alarm while a big message was going out: the protocol is broken
+            self._abort("interrupted")
+            raise
         return self._await()
 
     def _await(self, deadline=None, importing=False):

@@ -427,10 +427,7 @@ class Peer:
                 return ["f", fid]
             raise NotData(f"the grader cannot hand {_kind(x)} to your code (only data, your own objects and "
                           "functions cross)")
-        # learner side
-        fid = getattr(x, "_memlab_wire_callback", None)
-        if fid is not None and type(x).__name__ == "GraderFunction":
-            return ["f", fid]
+        # learner side: a handle to the object (GraderFunction and _Method are special, above)
         hid = self.handle_of.get(id(x))
         if hid is None:
             hid = self._new_id()
