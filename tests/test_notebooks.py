@@ -579,6 +579,9 @@ def test_without_drive_colab_says_the_work_lives_in_the_runtime(fake_colab, caps
     assert "in this runtime ONLY: they are lost when Colab recycles it" in out and "DRIVE = True" in out
     assert calls["mount"] == 0 and not mount.exists() and "MEMLAB_EXERCISES" not in os.environ
     monkeypatch.chdir(tmp_path)
+    from memlab.course.grading import loader
+
+    monkeypatch.setattr(loader, "_default", "exercises")  # as in a notebook (the graded tests' conftest grades solutions/)
     zipped = notebook.download_exercises()
     import zipfile
 

@@ -270,8 +270,8 @@ _EXC_BASES = {n: getattr(builtins, n) for n in dir(builtins)
               if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), Exception)}
 
 
-def exception_info(exc: BaseException, learner_file: str | None = None, parent_id=None) -> list:
-    """What crosses for an exception: [name, builtin bases, str, where, traceback text, parent id]."""
+def exception_info(exc: BaseException, learner_file: str | None = None, parent_id=None) -> tuple:
+    """What crosses for an exception: (name, builtin bases, str, where, traceback text, parent id)."""
     bases = [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins" and c.__name__ in _EXC_BASES]
     where = ""
     tb = exc.__traceback__
