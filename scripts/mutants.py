@@ -16,7 +16,8 @@ mutants are listed, with the reason, in tests/bug_zoo/equivalent_mutants.md; the
 exercise is killed / (mutants - equivalent).
 
 The mutants run in worker processes (``--jobs``, default 2); each mutant loads through the
-grader's seam (memlab.course.grading.loader) from a folder of its own. A mutant that loops is stopped
+grader's seam (memlab.course.grading.loader) from a folder of its own, so it runs in a learner
+process as the grader runs it (memlab.course.grading.sandbox). A mutant that loops is stopped
 after ``--timeout`` seconds (counted as killed: the grader's per-test limit takes its points).
 ``--sample N`` grades N mutants per exercise chosen with ``--seed`` (the CI sample);
 ``--update-note`` rewrites the score table in the note. Exit code: 0 when every exercise scores
@@ -72,10 +73,19 @@ class Mutant:
 
 
 def learner_lines(file: str) -> set[int]:
-    """Line numbers of solutions/<file>.py that the learner writes: those differing from the stub,
-    without the flag that says a kernel section is written (``*_WRITTEN = True``)."""
+    """Line numbers of solutions/<file>.py that the learner writes: those differing from the stub
+    (as the course ships it, whatever a learner did to exercises/), without the flag that says a
+    kernel section is written (``*_WRITTEN = True``)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from memlab.course.grading.stubs import course_stub
+
     sol = (ROOT / "solutions" / f"{file}.py").read_text().splitlines()
-    stub = (ROOT / "exercises" / f"{file}.py").read_text().splitlines()
+    got = course_stub(file, ROOT)
+    if got is None:
+        raise SystemExit(f"exercises/{file}.py is not the course's stub and git's history has none: mutants "
+                         "change the lines a learner writes, which the stub tells")
+    stub = got[0].splitlines()
     lines: set[int] = set()
     for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, stub, sol, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):

@@ -10,6 +10,7 @@ import pytest
 
 from loading import load_file
 from memlab.course.grading import catalog
+from memlab.course.grading.stubs import course_stub
 from memlab.common.models import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +80,8 @@ def test_every_exercise_file_is_in_the_catalog_and_has_its_twins():
     for folder, pattern, strip in (("exercises", "ch[0-9][0-9]_*.py", ""), ("solutions", "ch[0-9][0-9]_*.py", ""),
                                    ("tests/exercises", "test_ch[0-9][0-9]_*.py", "test_")):
         found = files(folder, pattern, strip)
+        if folder == "exercises":  # a learner may have deleted a stub: the course's is still in git
+            found |= {e.file for e in catalog.EXERCISES if course_stub(e.file)}
         assert found == listed, (f"{folder}/: not in memlab/course/grading/catalog.py: {sorted(found - listed)}; "
                                  f"catalog entries without a file here: {sorted(listed - found)}")
     for e in catalog.EXERCISES:

@@ -1,6 +1,7 @@
 """Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo
 (patches in tests/bug_zoo/zoo.py, built into a copy of solutions/), the command from any working
-folder, and survival of learner code that loops, crashes or floods the output.
+folder, survival of learner code that loops, crashes or floods the output, and dishonest files
+(tests/dishonest/) that earn nothing. (A learner's checkout in every state: test_learner_states.)
 
 Each grade() call runs a child pytest over tests/exercises; the expensive ones are marked slow
 but stay in the normal suite (about a minute in all on 2 cores).
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from memlab.grade import main
-from memlab.course.grading import catalog, loader, runner
+from memlab.course.grading import catalog, loader, runner, stubs
+from memlab.course.grading.stubs import looks_like_stub
 from memlab.course.grading.runner import grade
 from loading import load_file
 
@@ -84,17 +86,17 @@ def test_catalog_matches_the_tests():
         cpu = sum(p for _, p, gpu in markers[e.id] if not gpu)
         gpu = sum(p for _, p, g in markers[e.id] if g)
         assert (cpu, gpu) == (e.points, e.gpu_points), f"{e.id}: tests give {cpu} CPU + {gpu} GPU points"
-        for folder in ("exercises", "solutions"):
-            assert (ROOT / folder / f"{e.file}.py").is_file()
+        assert (ROOT / "solutions" / f"{e.file}.py").is_file()
+        assert stubs.course_stub(e.file) is not None  # the stub: in exercises/, or in git (a learner deleted it)
         assert (ROOT / e.test_file).is_file()
 
 
 # -- author-only checks: the stubs as the course ships them ------------------------------------
-# A learner edits exercises/; the checks below are about the course's stubs. They read a stub
-# from the working copy while it is untouched (an author's edit shows at once), else as
-# committed (git show HEAD:exercises/...). Where neither is the course's stub (no git, or the
-# learner committed their own work) they skip and say why; in CI (CI or MEMLAB_AUTHOR set) they
-# fail instead, since there the checkout is the course.
+# A learner edits exercises/ (and may commit there, or delete a file); the checks below are about
+# the course's stubs, read through memlab.course.grading.stubs: the working copy while it is the
+# stub (an author's edit shows at once), else the newest commit of git's history that has the
+# stub. Where nothing holds it (no git) they skip and say why; in CI (CI or MEMLAB_AUTHOR set)
+# they fail instead, since there the checkout is the course.
 AUTHOR = bool(os.environ.get("CI") or os.environ.get("MEMLAB_AUTHOR"))
 
 
@@ -104,52 +106,13 @@ def _skip_or_fail(reason: str):
     pytest.skip(f"author-only check skipped: {reason}")
 
 
-def looks_like_stub(stub: str, solution: str) -> bool:
-    """Untouched by a learner: every function that differs from the solution only raises
-    NotImplementedError (after its docstring), and a kernel's flag (``*_WRITTEN``) is False."""
-    st, so = ast.parse(stub), ast.parse(solution)
-    if ast.dump(st) == ast.dump(so):
-        return False  # the solution itself (a learner who copied it, or an author's slip: CI fails on it)
-    for node in st.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("_WRITTEN")
-                                                for t in node.targets):
-            return ast.literal_eval(node.value) is False
-    def functions(tree, prefix=""):
-        for n in getattr(tree, "body", []):
-            if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
-                if isinstance(n, ast.FunctionDef):
-                    yield prefix + n.name, n
-                yield from functions(n, f"{prefix}{n.name}.")
-
-    ref = dict(functions(so))
-    names = lambda tree: {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}  # noqa
-    if names(st) != names(so):
-        return False  # a helper added, or a function renamed: a learner's file
-    for name, fn in functions(st):
-        if name in ref and ast.dump(fn) != ast.dump(ref[name]):
-            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
-            if not (len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])):
-                return False
-    return True
-
-
 def committed_stub(file: str) -> str:
-    """exercises/<file>.py as the course ships it (the working copy while untouched, else HEAD's),
-    or skip (fail in CI) with the reason."""
-    solution = (ROOT / "solutions" / f"{file}.py").read_text()
-    working = (ROOT / "exercises" / f"{file}.py").read_text()
-    if looks_like_stub(working, solution):
-        return working
-    if shutil.which("git") is None:
-        _skip_or_fail("it reads the stubs as committed, and git is not installed")
-    got = subprocess.run(["git", "show", f"HEAD:exercises/{file}.py"], cwd=ROOT, capture_output=True, text=True)
-    if got.returncode:
-        _skip_or_fail(f"it reads the stubs as committed, and this checkout has no git history for them "
-                      f"({got.stderr.strip()[:120]})")
-    if not looks_like_stub(got.stdout, solution):
-        _skip_or_fail(f"exercises/{file}.py as committed (HEAD) holds your own work, not the course's stub; "
-                      "these checks are for the course's authors")
-    return got.stdout
+    """exercises/<file>.py as the course ships it, or skip (fail in CI) with the reason."""
+    got = stubs.course_stub(file)
+    if got is None:
+        _skip_or_fail(f"exercises/{file}.py is not the course's stub, and this checkout has no git history that "
+                      "holds it")
+    return got[0]
 
 
 def committed_stubs(folder: Path) -> Path:
@@ -178,57 +141,10 @@ def test_stub_and_solution_are_twins(exercise):
     assert "NotImplementedError" in stub
 
 
-def _course_copy(dest: Path) -> Path:
-    """The repository's files (tracked and new, not ignored) copied to ``dest``, committed there."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True)
-    if listed.returncode:
-        pytest.skip("needs a git checkout to copy the course from")
-    for rel in filter(None, listed.stdout.decode().split("\0")):
-        src = ROOT / rel
-        if src.is_symlink():  # memlab/kernels -> ../kernels
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.readlink(src), dest / rel)
-        elif src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    git = ["git", "-c", "user.name=learner", "-c", "user.email=learner@example.com", "-c", "commit.gpgsign=false"]
-    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the course"]):
-        subprocess.run(git + cmd, cwd=dest, check=True, capture_output=True)
-    return dest
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_a_learners_work_keeps_the_suite_green(tmp_path):
-    """A learner who has done every exercise (the solutions copied into exercises/ of a copy of
-    the course, never the real one) runs the suite's graded part and its author-only checks:
-    green. The graded tests grade exercises/ (their work); the author-only checks read the stubs
-    as committed. Once the learner commits their work, those checks skip and say why."""
-    course = _course_copy(tmp_path / "course")
-    for f in (course / "solutions").glob("ch*.py"):
-        shutil.copy2(f, course / "exercises" / f.name)
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MEMLAB_AUTHOR", loader.ENV, "PYTEST_XDIST_WORKER")}
-    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0",
-                  "-rs", "-o", "addopts="]
-    checks = ["tests/test_grader.py::test_stub_and_solution_are_twins", "tests/test_grader.py::test_catalog_matches_the_tests"]
-    proc = subprocess.run(pytest_cmd + ["tests/exercises", *checks], cwd=course, capture_output=True, text=True,
-                          timeout=900, env=dict(env, **{loader.ENV: "exercises"}))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert f"grading {course / 'exercises'}" in out, out[:2000]  # the copy's exercises/, through the copy's memlab
-    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED") and "CUDA" not in line]
-    assert not skipped, skipped  # the author-only checks ran, against the stubs committed in the copy
-    subprocess.run(["git", "-c", "user.name=l", "-c", "user.email=l@e", "commit", "-qam", "my work"], cwd=course,
-                   check=True, capture_output=True)
-    proc = subprocess.run(pytest_cmd + [checks[0]], cwd=course, capture_output=True, text=True, timeout=300, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "holds your own work" in out, out[-3000:]
-
-
 def test_stub_detection():
     """What counts as the course's stub: the committed twin of each solution does; edited ones do not."""
     sol = (ROOT / "solutions" / "ch03_token_allocator.py").read_text()
-    stub = (ROOT / "exercises" / "ch03_token_allocator.py").read_text()
+    stub = committed_stub("ch03_token_allocator")
     assert looks_like_stub(stub, sol) and not looks_like_stub(sol, sol)
     worked = stub.replace("        raise NotImplementedError\n", "        return len(self.free_pages)\n", 1)
     assert not looks_like_stub(worked, sol)  # one function written by a learner
@@ -238,6 +154,26 @@ def test_stub_detection():
     kernel = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
     assert not looks_like_stub(kernel, kernel)  # GATHER_WRITTEN = True: a learner's (or an answer)
     assert looks_like_stub(kernel.replace("GATHER_WRITTEN = True", "GATHER_WRITTEN = False"), kernel)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_course_stub_is_found_whatever_the_learner_did(tmp_path):
+    """Edited and committed: the stub comes from git's history; deleted: from HEAD; untouched: the
+    working copy; no git at all and no stub: None (the author-only checks then skip)."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, capture_output=True)
+    stub = stubs.course_stub("ch03_token_allocator", clone)
+    assert stub[1] == "the working copy" and looks_like_stub(stub[0], (ROOT / "solutions" / "ch03_token_allocator.py")
+                                                             .read_text())
+    shutil.copyfile(clone / "solutions" / "ch03_token_allocator.py", clone / "exercises" / "ch03_token_allocator.py")
+    (clone / "exercises" / "ch02_bytes_per_token.py").unlink()
+    assert stubs.course_stub("ch02_bytes_per_token", clone)[1].startswith("commit ")  # HEAD's
+    subprocess.run(["git", "-c", "user.name=l", "-c", "user.email=l@e", "commit", "-qam", "my work"], cwd=clone,
+                   check=True, capture_output=True)
+    found = stubs.course_stub("ch03_token_allocator", clone)
+    assert found[0] == stub[0] and found[1].startswith("commit "), found[1]  # from before the learner's commit
+    shutil.rmtree(clone / ".git")
+    assert stubs.course_stub("ch03_token_allocator", clone) is None
 
 
 def test_loader_imports_by_path_under_private_names(tmp_path, monkeypatch):
@@ -393,7 +329,8 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     assert main(["--list"]) == 0 and "ch04.alloc_extend" in capsys.readouterr().out
     assert main(["--help"]) == 0
-    assert main(["12"]) == 2 and "chapter must be 01..11" in capsys.readouterr().err
+    assert main(["12"]) == 2 and "chapter must be 00..11" in capsys.readouterr().err
+    assert main(["00"]) == 0 and "chapter 00 has no exercises" in capsys.readouterr().out
     assert main(["--exercise", "ch99.nothing"]) == 2 and "unknown exercise" in capsys.readouterr().err
     assert main(["--from", "missing", "-q"]) == 2 and "no such folder" in capsys.readouterr().err
     (tmp_path / "mine").mkdir()
@@ -449,7 +386,8 @@ def test_bug_zoo_loses_points_where_it_should(round_, tmp_path):
 
 @pytest.mark.slow
 def test_grader_survives_loops_crashes_and_floods(tmp_path):
-    """An endless loop, one that swallows the alarm, os._exit, a segfault and megabytes of output."""
+    """An endless loop, one that swallows the alarm, os._exit, a segfault and megabytes of output,
+    each in the learner's process: it is stopped, and the next test gets a new one."""
     def broken(name, *patch):
         return zoo.apply_patch((ROOT / "solutions" / f"{name}.py").read_text(), patch, "survival test", name)
 
@@ -488,7 +426,11 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
         assert tests[name]["score"] == 0 and tests[name]["status"] == "failed"
         assert tests[name]["output"].startswith("not run: test_mla_deepseek_v3 of this exercise timed out")
     assert tests["test_mha_llama3_8b"]["status"] == "passed"
-    assert "ignored the alarm" in tests["test_max_new_tokens_formula"]["output"]  # killed by the watchdog
+    # A loop that swallows the alarm runs in the learner's process: the alarm goes off here all the
+    # same, and the learner's process is stopped; where it was comes from its traceback.
+    swallowed = tests["test_max_new_tokens_formula"]["output"]
+    assert swallowed.startswith("timed out after 2.5 s (an endless loop?), at ch08_sizing.py:"), swallowed
+    assert "Current thread" not in swallowed and "wire.py" not in swallowed, swallowed
     for name in ("test_max_new_tokens_never_negative", "test_decode_len_tree_on_pages", "test_reserve_doubled"):
         assert tests[name]["score"] == 0
         assert tests[name]["output"].startswith("not run: test_max_new_tokens_formula of this exercise timed out")
@@ -502,6 +444,52 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     assert flooded["status"] == "failed" and "characters cut" in flooded["output"]
     assert data["extra_data"]["cpu"][1] == sum(e.points for e in catalog.EXERCISES if e.chapter in (1, 2, 7, 8, 10))
     assert "ch02.bytes_per_token · 2 more tests: not run: test_mla_deepseek_v3 of this exercise" in data["output"]
+
+
+# Four ways to earn points without writing the code (tests/dishonest/): forge the grader's event
+# log and leave; import memlab's own implementation; read a solution from disk and run it; patch
+# the grader from inside. Before the sandbox, a folder of them earned 115/115.
+DISHONEST = {
+    "ch01.alloc_rows": "imports memlab.course.grading.plugin",
+    "ch02.bytes_per_token": f"reads /proc/",
+    "ch04.alloc_extend": "imports memlab.sglang.allocator.reference",
+    "ch08.sizing": "solutions/ch08_sizing.py (the course's own files)",
+}
+
+
+def checkouts_to_block() -> str:
+    """This checkout, and the one this Python's environment lives in when that is another (a
+    learner's clone run with a shared .venv): its solutions are the course's too. A learner's own
+    .venv lives in their clone; a Gradescope image holds no solutions at all."""
+    venv = next((p for p in Path(sys.prefix).resolve().parents if (p / "solutions").is_dir()), None)
+    return os.pathsep.join(str(p) for p in {ROOT, venv} if p is not None)
+
+
+def dishonest_folder(dest: Path) -> Path:
+    from memlab.course.grading.stubs import write_stubs
+
+    write_stubs(dest)
+    for f in (ROOT / "tests" / "dishonest").glob("ch*.py"):
+        shutil.copyfile(f, dest / f.name)
+    return dest
+
+
+@pytest.mark.slow
+def test_dishonest_files_earn_nothing(tmp_path):
+    learner = dishonest_folder(tmp_path / "learner")
+    results = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", "01", "02", "04", "08", "--from", str(learner),
+                           "--results", str(results), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, MEMLAB_SANDBOX_BLOCK=checkouts_to_block()))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads(results.read_text())
+    assert data["score"] == 0, proc.stdout
+    for exercise, why in DISHONEST.items():
+        tests = [t for t in data["tests"] if t["extra_data"]["exercise"] == exercise]
+        assert tests and all(t["score"] == 0 for t in tests), exercise
+        assert all(t["output"].startswith("write it yourself: your file ") and why in t["output"] for t in tests), \
+            [t["output"][:300] for t in tests]
+        assert f"{exercise} (all " in proc.stdout, proc.stdout  # said once, not once per test
 
 
 def test_table_for_tried_and_untried_exercises():

@@ -16,6 +16,7 @@ import pytest
 
 from memlab.grade import main as grade_main
 from memlab.course.grading import catalog, gradescope
+from memlab.course.grading.stubs import write_stubs
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_MAX = sum(e.points for e in catalog.EXERCISES)
@@ -43,10 +44,14 @@ def autograder(bundle: Path, where: Path) -> Path:
     return root
 
 
-def run_autograder(root: Path, python: str = sys.executable) -> dict:
-    env = dict(os.environ, MEMLAB_AUTOGRADER_ROOT=str(root), MEMLAB_PYTHON=python)
-    for k in ("MEMLAB_EXERCISES", "PYTHONPATH"):
+def run_autograder(root: Path, python: str = sys.executable, user: str = "", block: str | None = None) -> dict:
+    """Run the bundle's run_autograder; ``user``: the user the student's code runs as (none here:
+    this machine's Python is not one another user may run; see the permission test)."""
+    env = dict(os.environ, MEMLAB_AUTOGRADER_ROOT=str(root), MEMLAB_PYTHON=python, MEMLAB_SANDBOX_USER=user)
+    for k in ("MEMLAB_EXERCISES", "PYTHONPATH", "MEMLAB_SANDBOX_BLOCK"):
         env.pop(k, None)
+    if block:
+        env["MEMLAB_SANDBOX_BLOCK"] = block
     r = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -92,12 +97,31 @@ def test_solutions_earn_every_cpu_point_and_say_which_maximum(bundle, tmp_path):
 
 def test_stubs_and_missing_files_earn_nothing(bundle, tmp_path):
     root = autograder(bundle, tmp_path)
-    for stub in (ROOT / "exercises").glob("ch0*.py"):  # chapters 01..09 handed in flat, 10 missing
+    stubs = write_stubs(tmp_path / "stubs") and tmp_path / "stubs"  # as committed, whatever exercises/ holds
+    for stub in stubs.glob("ch0*.py"):  # chapters 01..09 handed in flat, 10 missing
         shutil.copy(stub, root / "submission" / stub.name)
     data = run_autograder(root)
     assert data["score"] == 0 and all(t["score"] == 0 for t in data["tests"])
     assert "graded as the untouched stub (0 points): ch10_admission.py" in data["output"]
     assert "not written yet" in json.dumps(data["tests"])
+
+
+def test_dishonest_files_earn_nothing_from_the_bundle(bundle, tmp_path):
+    """The four files of tests/dishonest/ (forge the log, import memlab's implementation, read a
+    solution, patch the grader), handed in: 0 points, each listed for the instructor."""
+    root = autograder(bundle, tmp_path)
+    for f in (ROOT / "tests" / "dishonest").glob("ch*.py"):
+        shutil.copy(f, root / "submission" / f.name)
+    # This machine's Python lives in a checkout that holds the solutions (a Gradescope image has
+    # none): it is the course's too, as far as the student's code is concerned.
+    venv = next((p for p in Path(sys.prefix).resolve().parents if (p / "solutions").is_dir()), ROOT)
+    data = run_autograder(root, block=os.pathsep.join({str(ROOT), str(venv)}))
+    assert data["score"] == 0 and all(t["score"] == 0 for t in data["tests"]), data["output"][:3000]
+    used = data["extra_data"]["course_code_used"]
+    assert sorted(used) == sorted(f.name for f in (ROOT / "tests" / "dishonest").glob("ch*.py")), used
+    assert "Graded 0 for using the course's own implementation or files (write it yourself): ch01_alloc_rows.py " \
+           "imports memlab.course.grading.plugin" in data["output"], data["output"][:3000]
+    assert "ch04_alloc_extend.py imports memlab.sglang.allocator.reference" in data["output"]
 
 
 def test_results_are_written_when_grading_fails(bundle, tmp_path):
@@ -121,3 +145,62 @@ def test_submitted_files_are_found_anywhere_but_under_solutions(tmp_path):
     assert found["ch04_alloc_extend.py"] == tmp_path / "deep" / "exercises" / "ch04_alloc_extend.py"
     assert found["ch01_alloc_rows.py"] == tmp_path / "ch01_alloc_rows.py"
     assert "ch05_alloc_decode.py" in missing and len(found) + len(missing) == len(catalog.EXERCISES)
+
+
+def _as(user: str, code: str) -> subprocess.CompletedProcess:
+    import pwd
+
+    pw = pwd.getpwnam(user)
+    return subprocess.run(["/usr/bin/env", "python3", "-c", code], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+                          capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+
+
+def _a_user_who_runs_python() -> str | None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    import pwd
+
+    for name in ("nobody", "student"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if _as(name, "print(1)").returncode == 0:
+            return name
+    return None
+
+
+@pytest.mark.skipif(_a_user_who_runs_python() is None,
+                    reason="needs root and an unprivileged user (nobody) who can run a system python3")
+def test_the_students_user_cannot_read_the_graders_files(bundle):
+    """run_autograder's permissions, with an existing unprivileged user standing in for Gradescope's
+    ``student`` (no user is created here): before it, that user can read the tests and the
+    submission; after it, neither them nor the results, while the folder stays traversable for
+    the Python the student's code runs on. The grader's Python gets the user and the limits."""
+    import tempfile
+
+    user = _a_user_who_runs_python()
+    where = Path(tempfile.mkdtemp(prefix="memlab-gs-"))  # not under pytest's own 0700 folder
+    try:
+        os.chmod(where, 0o755)
+        root = autograder(bundle, where)
+        os.chmod(root, 0o755)
+        (root / "submission" / "ch01_alloc_rows.py").write_text("x = 1\n")
+        test_file = root / "source" / catalog.EXERCISES[0].test_file
+        read = f"import sys\ntry:\n    open(sys.argv[1]).read()\nexcept PermissionError:\n    print('refused')\n"
+        probe = lambda p: _as(user, read.replace("sys.argv[1]", repr(str(p)))).stdout.strip()  # noqa: E731
+        assert probe(test_file) == "" and probe(root / "submission" / "ch01_alloc_rows.py") == ""  # readable before
+        fake = where / "python"
+        fake.write_text('#!/bin/sh\nenv > "$MEMLAB_AUTOGRADER_ROOT/grader-env.txt"\nexit 3\n')
+        fake.chmod(0o755)
+        env = dict(os.environ, MEMLAB_AUTOGRADER_ROOT=str(root), MEMLAB_PYTHON=str(fake), MEMLAB_SANDBOX_USER=user)
+        subprocess.run([str(root / "run_autograder")], cwd=root, env=env, check=True, capture_output=True)
+        for p in (test_file, root / "submission" / "ch01_alloc_rows.py", root / "results" / "results.json",
+                  root / "source" / "memlab" / "course" / "grading" / "plugin.py"):
+            assert probe(p) == "refused", p
+        assert _as(user, f"import os; os.stat({str(root)!r})").returncode == 0  # the folder itself: traversable
+        seen = dict(line.split("=", 1) for line in (root / "grader-env.txt").read_text().splitlines() if "=" in line)
+        assert seen["MEMLAB_SANDBOX_USER"] == user and "memory=4G" in seen["MEMLAB_SANDBOX_LIMITS"]
+        assert str(root) in seen["MEMLAB_SANDBOX_BLOCK"].split(":")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)

@@ -4,8 +4,10 @@ course on ``sys.path`` (``from memlab.course.notebook import exercise, start``).
 - ``start(chapter, ref, drive)``: the rest of the setup (kernel mode, a clone's version, where your
   exercise files live: this runtime, or a folder on Google Drive in Colab);
 - ``exercise(name)``: the context manager of an exercise cell: a stub that is not written yet,
-  or an error in your code, is reported in a line and the notebook goes on ("Run all" reaches the
-  grade cell in Colab too, which ignores the ``raises-exception`` tag);
+  an error in your code, or a chapter's check your result does not pass, is reported in plain
+  words and the notebook goes on ("Run all" reaches the grade cell in Colab too, which ignores
+  the ``raises-exception`` tag);
+- ``hint(name)``: the next hint for an exercise (memlab.course.grading.hints);
 - ``download_exercises()``: your exercise files as one zip (Colab: the browser downloads it).
 """
 
@@ -172,9 +174,17 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
 
 # -- exercise cells ---------------------------------------------------------------------------
 
+def hint(name: str, all: bool = False) -> None:  # noqa: A002 (the cells read hint(..., all=True))
+    """Print the next hint for an exercise (``all=True``: every hint), as ``./course hint`` does."""
+    from memlab.course.grading import hints
+
+    print(hints.all_hints(name) if all else hints.next_hint(name))
+
+
 class _Yours:
     """Your exercise module, loaded on first use inside the ``with`` block, so that a file that
-    does not import (a syntax error) is reported like any other error of the cell."""
+    does not import (a syntax error) is reported like any other error of the cell. It runs in
+    this notebook's process (your own check of your own file); the grader runs it apart."""
 
     def __init__(self, name: str):
         self._name = name
@@ -187,8 +197,8 @@ class _Yours:
             from memlab.course.grading import loader
 
             path = (loader.source_dir() / f"{self._name}.py").resolve()
-            loader._cache.pop(path, None)  # the grader caches per run; a notebook wants the latest edit
-            self._module = loader.load(self._name)
+            loader._cache.pop(path, None)  # loaded once per process; a notebook wants the latest edit
+            self._module = loader.load_here(self._name)
         return getattr(self._module, attr)
 
 
@@ -198,7 +208,12 @@ class exercise:  # noqa: N801 (a context manager that reads like a function in t
     prints one line; any other error prints its traceback; either way the notebook goes on."""
 
     def __init__(self, name: str):
-        self.name = name
+        from memlab.course.grading import catalog
+
+        try:
+            self.name = catalog.find(name).file  # ch04_alloc_extend, or its id ch04.alloc_extend
+        except ValueError:  # a file of your own beside the course's: its name as given
+            self.name = name
 
     def __enter__(self) -> _Yours:
         return _Yours(self.name)
@@ -211,11 +226,59 @@ class exercise:  # noqa: N801 (a context manager that reads like a function in t
         except FileNotFoundError:
             return f"exercises/{self.name}.py"
 
+    def _raised_by_yours(self, tb) -> bool:
+        """Whether a frame of the traceback is in your exercise file (else the cell raised it)."""
+        from memlab.course.grading import loader
+
+        try:
+            mine = (loader.source_dir() / f"{self.name}.py").resolve()
+        except FileNotFoundError:
+            return False
+        while tb is not None:
+            try:
+                if Path(tb.tb_frame.f_code.co_filename).resolve() == mine:
+                    return True
+            except (OSError, ValueError):
+                pass
+            tb = tb.tb_next
+        return False
+
+    @staticmethod
+    def _check_text(tb) -> str:
+        """The source of the statement that raised in the cell (the condition of an ``assert``)."""
+        import ast
+        import linecache
+
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        code, line = tb.tb_frame.f_code, tb.tb_lineno
+        linecache.checkcache(code.co_filename)  # a file edited since (IPython's cells have names of their own)
+        source = "".join(linecache.getlines(code.co_filename, tb.tb_frame.f_globals))
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a cell with IPython's own syntax: the line alone
+            return linecache.getline(code.co_filename, line).strip()
+        found = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= n.end_lineno
+                 and not isinstance(n, (ast.With, ast.For, ast.While, ast.If, ast.Try, ast.FunctionDef))]
+        if not found:
+            return linecache.getline(code.co_filename, line).strip()
+        node = max(found, key=lambda n: n.lineno)  # the innermost statement
+        return ast.unparse(node.test if isinstance(node, ast.Assert) else node)
+
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None or not issubclass(exc_type, Exception):
             return False  # KeyboardInterrupt and friends stop the notebook as usual
         if issubclass(exc_type, NotImplementedError):
             print(f"not written yet: edit {self._file()} (then re-run this cell)")
+            return True
+        if issubclass(exc_type, AssertionError) and not self._raised_by_yours(tb):
+            # Your code ran and returned; the chapter's own check of its result failed.
+            check = self._check_text(tb)
+            said = str(exc).strip()
+            print(f"{self.name}: your code ran without an error, but the chapter's check failed: {check}"
+                  + (f"\n  it expected: {said}" if said else "")
+                  + f"\n  fix {self._file()} (then re-run this cell); the notebook goes on. "
+                  f'Stuck? hint("{self.name}") (from memlab.course.notebook import hint)', flush=True)
             return True
         print(f"{self.name}: your code raised {exc_type.__name__}: {exc}\n"
               f"  fix {self._file()} (then re-run this cell); the notebook goes on. Traceback:", flush=True)

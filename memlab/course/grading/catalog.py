@@ -46,6 +46,17 @@ EXERCISES: tuple[Exercise, ...] = (
 )
 
 BY_ID = {e.id: e for e in EXERCISES}
+BY_FILE = {e.file: e for e in EXERCISES}
+
+
+def find(name: str) -> Exercise:
+    """The exercise named by its file (``ch04_alloc_extend``, with or without ``.py`` or a folder)
+    or by its id (``ch04.alloc_extend``); a ValueError that lists the names otherwise."""
+    key = name.strip().replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    e = BY_FILE.get(key) or BY_ID.get(key) or BY_FILE.get(key.replace(".", "_", 1))
+    if e is None:
+        raise ValueError(f"unknown exercise {name!r}; the exercises are {', '.join(BY_FILE)}")
+    return e
 
 
 def for_chapter(chapter: int | None) -> list[Exercise]:

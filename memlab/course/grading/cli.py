@@ -1,5 +1,6 @@
-"""The grader's command line: ``python -m memlab.grade [chapter ...] [--solutions | --from DIR]
-[--results FILE]`` (memlab/grade.py is the entry point learners type; this is its body).
+"""The grader's command line: ``python -m memlab.grade [chapter ...] [--exercise NAME] [--solutions |
+--from DIR] [--results FILE]`` (memlab/grade.py is the entry point learners type; this is its body).
+An exercise is named by its file (``ch04_alloc_extend``) or its id (``ch04.alloc_extend``).
 
 It grades (memlab.course.grading.runner), prints the score table (memlab.course.grading.report): points earned
 per exercise, the first failing check in plain words, a CPU total and GPU-only points apart.
@@ -18,12 +19,12 @@ from memlab.course.grading.report import format_catalog, format_table, write_res
 from memlab.course.grading.runner import DEFAULT_TIMEOUT, GradingError, TestResult, grade
 
 def _parse_chapter(text: str) -> int | None:
-    t = text.lower().removeprefix("ch").removeprefix("chapter")
+    t = text.lower().removeprefix("chapter").removeprefix("ch")
     if t in ("all", ""):
         return None
     last = max(e.chapter for e in catalog.EXERCISES)
-    if not t.isdigit() or not 1 <= int(t) <= last:
-        raise argparse.ArgumentTypeError(f"chapter must be 01..{last} or 'all', got {text!r}")
+    if not t.isdigit() or not 0 <= int(t) <= last:
+        raise argparse.ArgumentTypeError(f"chapter must be 00..{last} or 'all', got {text!r}")
     return int(t)
 
 
@@ -39,11 +40,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="python -m memlab.grade", description="Grade memlab's exercises.")
-    p.add_argument("chapters", nargs="*", type=_parse_chapter, help="chapters to grade, e.g. 04 (default: all)")
+    p.add_argument("chapters", nargs="*", type=_parse_chapter,
+                   help="chapters to grade, e.g. 04 (default: all); a chapter without exercises (00) grades nothing "
+                        "and says so (exit code 0)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--solutions", action="store_true", help="grade solutions/ (the reference answers)")
     g.add_argument("--from", dest="source", metavar="DIR", help="grade the exercise files in DIR")
-    p.add_argument("--exercise", action="append", metavar="ID", help="only this exercise id (repeatable)")
+    p.add_argument("--exercise", action="append", metavar="NAME",
+                   help="only this exercise: its file (ch04_alloc_extend) or id (ch04.alloc_extend); repeatable")
     p.add_argument("--results", metavar="FILE", help="write Gradescope's results.json here")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per test (default %(default)s)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress counter (there is none without a terminal)")
@@ -59,10 +63,20 @@ def _main(argv: list[str] | None) -> int:
         print(format_catalog())
         return 0
     chapters = [c for c in args.chapters if c is not None] or None
+    if chapters:
+        empty = [c for c in chapters if not catalog.for_chapter(c)]
+        for c in empty:
+            print(f"chapter {c:02d} has no exercises (the first are in chapter 01; python -m memlab.grade --list "
+                  "lists them all)")
+        chapters = [c for c in chapters if c not in empty]
+        if not chapters:
+            return 0
+    exercises = None
     if args.exercise:
-        unknown = [x for x in args.exercise if x not in catalog.BY_ID]
-        if unknown:
-            p.error(f"unknown exercise {unknown[0]!r}; known: {', '.join(catalog.BY_ID)}")
+        try:
+            exercises = [catalog.find(x).id for x in args.exercise]
+        except ValueError as exc:
+            p.error(str(exc))
     source = "solutions" if args.solutions else (args.source or os.environ.get("MEMLAB_EXERCISES") or "exercises")
 
     # A terminal shows a counter that the table then overwrites; a notebook or a log (not a tty)
@@ -75,7 +89,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"\rmemlab grade: {done[0]} tests graded", end="", flush=True)
 
     try:
-        report = grade(chapters, source, args.timeout, args.exercise, progress=counter if live else None)
+        report = grade(chapters, source, args.timeout, exercises, progress=counter if live else None)
     except (GradingError, FileNotFoundError) as exc:
         print(("\n" if done[0] else "") + f"memlab grade: {exc}", file=sys.stderr)
         return 2

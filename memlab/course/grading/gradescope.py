@@ -8,16 +8,24 @@ reads ``/autograder/results/results.json``.
 
 The bundle holds the course without its solutions (a student's code runs in the same container,
 so they must not be there): ``memlab/`` (its ``kernels`` link written as files), ``kernels/``,
-the stubs in ``exercises/``, the graded tests and ``pyproject.toml``. ``setup.sh`` makes a
-virtual environment with a CPU torch and the rest of pyproject's dependencies plus pytest;
-``run_autograder`` calls ``run()`` below, which grades the stubs overlaid with the submitted
-``chNN_*.py`` files (found anywhere in the submission, never under a ``solutions`` folder) and
-writes results.json, also when grading itself fails (score 0, the reason in ``output``).
+the stubs in ``exercises/`` (as committed: memlab.course.grading.stubs), the graded tests and
+``pyproject.toml``. ``setup.sh`` makes a virtual environment with a CPU torch and the rest of
+pyproject's dependencies plus pytest, and the unprivileged user the student's code runs as
+(``student``); ``run_autograder`` calls ``run()`` below, which grades the stubs overlaid with the
+submitted ``chNN_*.py`` files (found anywhere in the submission, never under a ``solutions``
+folder) and writes results.json, also when grading itself fails (score 0, the reason in ``output``).
 Gradescope's machines have no GPU: the GPU-only points are then not run, and the output says
 which maximum applies.
 
+The student's code runs in learner processes of its own (memlab.course.grading.sandbox), as the
+user ``student``, with time, memory and file-size limits: ``run_autograder`` first makes the
+grader's files (``source``: the tests, the grader; ``submission``; ``results``) readable by root
+only. A file that imports or reads the course's own implementation earns nothing, and the
+output lists it for the instructor (``extra_data.course_code_used`` too).
+
 ``MEMLAB_AUTOGRADER_ROOT`` replaces ``/autograder`` (the tests unpack the bundle into a temp
-folder); ``MEMLAB_PYTHON`` replaces the setup's virtual environment.
+folder); ``MEMLAB_PYTHON`` replaces the setup's virtual environment; ``MEMLAB_SANDBOX_USER``
+replaces ``student`` (empty: the student's code runs as the grader's user, without the limits).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -36,11 +45,12 @@ from memlab.course.grading import catalog
 from memlab.course.grading.loader import ROOT
 from memlab.course.grading.report import format_table, gradescope_results
 from memlab.course.grading.runner import DEFAULT_TIMEOUT, GradingError, grade
+from memlab.course.grading.stubs import course_stub
 
 ROOT_ENV = "MEMLAB_AUTOGRADER_ROOT"
 DEFAULT_ROOT = "/autograder"
-BUNDLE_DIRS = ("memlab", "kernels", "exercises", "tests/exercises")
-BUNDLE_FILES = ("tests/conftest.py", "pyproject.toml", "LICENSE")
+BUNDLE_DIRS = ("memlab", "kernels", "tests/exercises")
+BUNDLE_FILES = ("tests/conftest.py", "pyproject.toml", "LICENSE", "exercises/README.md")
 SKIP = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache"}
 OUTPUT_LIMIT = 60_000  # characters of the whole-submission output kept in results.json
 
@@ -58,6 +68,9 @@ python3 -m venv "$AG/venv"
 "$AG/venv/bin/pip" install -q --upgrade pip
 "$AG/venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu "__TORCH__"
 "$AG/venv/bin/pip" install -q -r requirements.txt
+chmod -R go+rX "$AG/venv"
+# The student's code runs as this user, which can read none of the grader's files.
+id -u student >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin student
 # Prove the image can grade: the environment report, then the stubs (every check fails, none crashes).
 PYTHONPATH="$PWD" "$AG/venv/bin/python" -m memlab doctor
 PYTHONPATH="$PWD" "$AG/venv/bin/python" -m memlab.grade --quiet >/dev/null || [ $? -eq 1 ]
@@ -71,6 +84,19 @@ PY=${MEMLAB_PYTHON:-}
 if [ -z "$PY" ]; then PY=$AG/venv/bin/python; [ -x "$PY" ] || PY=python3; fi
 mkdir -p "$AG/results"
 rm -f "$AG/results/results.json"
+# The student's code runs as an unprivileged user that cannot read the tests, the grader, the
+# submission or the results, with limits (memlab.course.grading.sandbox); only root reads them.
+USER_=${MEMLAB_SANDBOX_USER-student}
+if [ -n "$USER_" ] && [ "$(id -u)" = 0 ] && id -u "$USER_" >/dev/null 2>&1; then
+  chmod 711 "$AG"
+  chmod -R go-rwx "$AG/source" "$AG/submission" "$AG/results"
+  [ ! -d "$AG/venv" ] || chmod -R go+rX "$AG/venv"
+  export MEMLAB_SANDBOX_USER=$USER_
+  export MEMLAB_SANDBOX_LIMITS=${MEMLAB_SANDBOX_LIMITS-memory=4G,cpu=900,fsize=256M,nofile=1024,nproc=128}
+else
+  export MEMLAB_SANDBOX_USER=
+fi
+export MEMLAB_SANDBOX_BLOCK=$AG${MEMLAB_SANDBOX_BLOCK:+:$MEMLAB_SANDBOX_BLOCK}
 cd "$AG/source" && PYTHONPATH="$AG/source" "$PY" -m memlab.course.grading.gradescope run --root "$AG"
 rc=$?
 if [ ! -s "$AG/results/results.json" ]; then  # Python itself did not run: still hand in a result
@@ -94,7 +120,8 @@ def _requirements() -> tuple[str, list[str]]:
 
 
 def bundle_files() -> list[Path]:
-    """Repository files the autograder needs (relative paths), solutions never among them."""
+    """Repository files the autograder needs (relative paths), solutions never among them; the
+    stubs come apart, as the course ships them (``build_bundle``)."""
     out = []
     for d in BUNDLE_DIRS:  # through links: memlab/kernels (a link to kernels/) goes in as files
         for folder, dirs, files in os.walk(ROOT / d, followlinks=True):
@@ -124,8 +151,15 @@ def build_bundle(out: str | os.PathLike) -> Path:
         add(z, "requirements.txt", "\n".join(reqs) + "\n")
         # The grader wants a solutions/ folder next to exercises/; the answers stay out of the bundle.
         add(z, "solutions/README.md", "The reference solutions are not part of the autograder.\n")
-        for rel in bundle_files():
-            add(z, rel.as_posix(), (ROOT / rel).read_bytes())
+        files = {rel.as_posix(): (ROOT / rel).read_bytes() for rel in bundle_files()}
+        for e in catalog.EXERCISES:  # the stubs as committed, whatever this checkout's exercises/ holds
+            got = course_stub(e.file)
+            if got is None:
+                raise GradingError(f"exercises/{e.file}.py is not the course's stub, and git's history has none: "
+                                   "build the bundle from a checkout of the course")
+            files[f"exercises/{e.file}.py"] = got[0].encode()
+        for name in sorted(files):
+            add(z, name, files[name])
     return out
 
 
@@ -165,6 +199,12 @@ def _gpu_note(report) -> tuple[str, list[dict]]:
     return note, [entry]
 
 
+def _what(message: str) -> str:
+    """'imports memlab.x' out of the grader's 'write it yourself: your file f.py imports memlab.x. ...'."""
+    m = re.search(r"your file \S+ (.*?)\. The grader", message)
+    return m.group(1) if m else message
+
+
 def results_for(report, table: str, found: dict[str, Path], missing: list[str], submission: Path) -> dict:
     data = gradescope_results(report, table)
     note, extra = _gpu_note(report)
@@ -173,6 +213,11 @@ def results_for(report, table: str, found: dict[str, Path], missing: list[str], 
     lines = [note, f"Exercise files graded from your submission: {got}."]
     if missing:
         lines.append(f"Not in your submission, graded as the untouched stub (0 points): {', '.join(missing)}.")
+    used = {f"{s.exercise.file}.py": s.course_code for s in report.scores if s.course_code}
+    if used:  # for the instructor: these files earn nothing
+        lines.append("Graded 0 for using the course's own implementation or files (write it yourself): "
+                     + "; ".join(f"{f} {_what(why)}" for f, why in used.items()) + ".")
+    data["extra_data"]["course_code_used"] = used
     data["output"] = ("\n".join(lines) + "\n\n" + data["output"])[:OUTPUT_LIMIT]
     data["tests"] += extra
     data["extra_data"].update(max_score_here=report.possible + (report.gpu_possible if report.gpu_ran else 0),
@@ -195,6 +240,7 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
         work = root / "work" / "exercises"  # the stubs, then the submitted files over them
         shutil.rmtree(work.parent, ignore_errors=True)
         shutil.copytree(ROOT / "exercises", work)
+        os.chmod(work.parent, 0o700)
         for name, path in found.items():
             shutil.copyfile(path, work / name)
         report = grade(None, str(work), timeout or DEFAULT_TIMEOUT)

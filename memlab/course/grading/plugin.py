@@ -1,12 +1,14 @@
 """The grader's pytest plugin: points markers, a time limit per test, and a log of every test.
 
-``python -m memlab.grade`` runs pytest in a child process with ``-p memlab.course.grading.plugin``
-and these environment variables:
+``python -m memlab.grade`` runs pytest in a child process with ``-p memlab.course.grading.plugin``.
+That process is trusted: the learner's code runs in learner processes of its own
+(memlab.course.grading.sandbox), never here. Its environment variables:
 
-- MEMLAB_GRADE_LOG: a JSON-lines file; the plugin writes "collected", then "start" and "end"
-  for each test, flushed at once, so the parent knows which test was running if the child dies
-  (``os._exit``, a segfault) or hangs past the watchdog.
-- MEMLAB_GRADE_TIMEOUT: seconds per test; SIGALRM raises ``GradeTimeout`` in the test.
+- MEMLAB_GRADE_LOG_FD: the write end of a pipe (inherited; no file a learner process could find);
+  the plugin writes JSON lines: "collected", then "start" and "end" for each test, at once, so
+  the parent knows which test was running if this process dies or hangs past the watchdog.
+- MEMLAB_GRADE_TIMEOUT: seconds per test; SIGALRM raises ``GradeTimeout`` in the test (also while
+  it waits for the learner's process, which is then stopped).
 - MEMLAB_GRADE_SKIP: a file of node ids already graded by an earlier child (after a crash).
 - MEMLAB_GRADE_ONLY / MEMLAB_GRADE_TESTS: comma-separated exercise ids / test names to grade (all
   when unset).
@@ -28,6 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from memlab.course.grading import sandbox
 
 MARKERS = (
     "points(n, exercise): this test is worth n points of the exercise with that catalog id",
@@ -81,26 +85,31 @@ def _learner_frame(tb, learner_dir: str | None):
 def describe(excinfo, learner_dir: str | None) -> str:
     """The first failing check, in plain words."""
     exc = excinfo.value
-    frame = _learner_frame(excinfo.tb, learner_dir)
-    where = ""
-    if frame is not None:
-        code = frame.tb_frame.f_code
-        where = f"{Path(code.co_filename).name}:{frame.tb_lineno} in {code.co_name}"
+    where = getattr(exc, "where", "")  # the learner's line, told by the learner's process
+    if not where and not isinstance(exc, (sandbox.LearnerError, GradeTimeout)):
+        frame = _learner_frame(excinfo.tb, learner_dir)
+        if frame is not None:
+            code = frame.tb_frame.f_code
+            where = f"{Path(code.co_filename).name}:{frame.tb_lineno} in {code.co_name}"
     if isinstance(exc, GradeTimeout):
-        return f"timed out after {exc.args[0]:g} s (an endless loop?), at {where}"
+        return f"timed out after {exc.args[0]:g} s (an endless loop?)" + (f", at {where}" if where else "")
+    if isinstance(exc, sandbox.SandboxFailure):
+        return str(exc)
     if isinstance(exc, NotImplementedError):
-        return f"not written yet: {where} raises NotImplementedError"
+        return f"not written yet: {where or 'your code'} raises NotImplementedError"
     if isinstance(exc, AssertionError):
         text = str(exc).strip()
         if type(exc).__name__ == "CheckFailed":
             return text
+        if isinstance(exc, sandbox.LearnerError):  # an assert in the learner's own code
+            return f"your code's assert failed at {where}" + (f": {text.splitlines()[0]}" if text else "")
         first = text.split("\n")[0] if text else ""
         return f"check failed at {where}: {first}" if first else f"check failed at {where}"
     if isinstance(exc, SyntaxError):
         return f"your file does not compile: {exc.msg} at {Path(exc.filename or '?').name}:{exc.lineno}"
     if isinstance(exc, pytest.skip.Exception):
         return f"skipped: {exc}"
-    return f"your code raised {type(exc).__name__}: {str(exc).strip()[:300]} (at {where})"
+    return f"your code raised {type(exc).__name__}: {str(exc).strip()[:300]}" + (f" (at {where})" if where else "")
 
 
 def _device() -> str:
@@ -115,9 +124,9 @@ def _device() -> str:
 
 
 class Recorder:
-    def __init__(self, log_path: str, timeout: float, skip: set[str], only: set[str] | None = None,
+    def __init__(self, log_fd: int, timeout: float, skip: set[str], only: set[str] | None = None,
                  names: set[str] | None = None):
-        self.log = open(log_path, "a", encoding="utf-8")
+        self.log_fd = log_fd
         self.only = only
         self.names = names
         self.timeout = timeout
@@ -128,8 +137,9 @@ class Recorder:
         self.timed_out: dict[str, str] = {}  # exercise id -> the test that timed out
 
     def write(self, **event) -> None:
-        self.log.write(json.dumps(event) + "\n")
-        self.log.flush()  # the parent must see it even if this process dies on the next line
+        data = (json.dumps(event) + "\n").encode()
+        while data:  # unbuffered: the parent must see it even if this process dies on the next line
+            data = data[os.write(self.log_fd, data):]
 
     # -- which tests ------------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
@@ -147,6 +157,11 @@ class Recorder:
             config.hook.pytest_deselected(items=drop)
         items[:] = keep
         self.write(event="collected", tests=graded, device=_device())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session):
+        # The zygote finishes importing torch before the first test's clock starts.
+        sandbox.ready()
 
     # -- one test ---------------------------------------------------------------------------
     def _on_alarm(self, signum, frame):
@@ -208,7 +223,8 @@ class Recorder:
         if report.failed or report.skipped:
             cur["outcome"] = "failed" if report.failed else "skipped"
             if call.excinfo is not None:
-                cur["exc_type"] = call.excinfo.typename
+                exc = call.excinfo.value
+                cur["exc_type"] = exc.kind if isinstance(exc, sandbox.SandboxFailure) else call.excinfo.typename
                 if isinstance(call.excinfo.value, GradeTimeout) and cur["exercise"]:
                     self.timed_out.setdefault(cur["exercise"], item.name)
                 if report.skipped:
@@ -226,14 +242,19 @@ class Recorder:
 
 def pytest_configure(config):
     register_markers(config)
-    log = os.environ.get("MEMLAB_GRADE_LOG")
+    log = os.environ.get("MEMLAB_GRADE_LOG_FD")
     if log:
+        only = set(os.environ.get("MEMLAB_GRADE_ONLY", "").split(",")) - {""}
+        src = Path(os.environ.get("MEMLAB_EXERCISES", "."))
+        from memlab.course.grading import catalog
+
+        files = [src / f"{e.file}.py" for e in catalog.EXERCISES if not only or e.id in only]
+        sandbox.warm(files)  # the zygote imports torch while pytest collects the tests
         skip_file = os.environ.get("MEMLAB_GRADE_SKIP")
         skip = set(Path(skip_file).read_text().split("\n")) - {""} if skip_file and os.path.exists(skip_file) else set()
         timeout = float(os.environ.get("MEMLAB_GRADE_TIMEOUT", "30"))
-        only = set(os.environ.get("MEMLAB_GRADE_ONLY", "").split(",")) - {""}
         names = set(os.environ.get("MEMLAB_GRADE_TESTS", "").split(",")) - {""}
-        recorder = Recorder(log, timeout, skip, only or None, names or None)
+        recorder = Recorder(int(log), timeout, skip, only or None, names or None)
         # Exercises that timed out in an earlier child (the parent passes them on after a crash).
         for pair in os.environ.get("MEMLAB_GRADE_TIMED_OUT", "").split(","):
             if "=" in pair:

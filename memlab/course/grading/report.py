@@ -48,6 +48,9 @@ def format_table(report: GradeReport, width: int = 118) -> str:
     if failing:
         lines += ["", "What failed (fix the first one in each exercise first):"]
         for s in tried:
+            if s.course_code:  # one reason for every test: say it once
+                lines.append(f"  {s.exercise.id} (all {s.possible} points): {_clip(s.course_code, 400)}")
+                continue
             for t in s.tests:
                 if t.outcome == "failed":
                     lines.append(f"  {t.exercise} · {t.name} ({t.points} pt{'s' if t.points != 1 else ''}): "
@@ -56,6 +59,10 @@ def format_table(report: GradeReport, width: int = 118) -> str:
             if after:
                 lines.append(f"  {s.exercise.id} · {len(after)} more test{'s' if len(after) != 1 else ''}: "
                              f"{_clip(after[0].message, 300)}")
+        stuck = next((s.exercise.file for s in tried if s.earned < s.possible and not s.course_code), None)
+        if stuck:
+            lines += ["", f"Stuck? ./course hint {stuck} shows a hint, one more each time (in a notebook: "
+                          f'from memlab.course.notebook import hint; hint("{stuck}")).']
     return "\n".join(lines)
 
 

@@ -4,10 +4,13 @@
 folder (exercises/ by default), with a time limit per test, and returns a ``GradeReport``:
 points earned per exercise, CPU points and GPU-only points apart.
 
-A learner's endless loop, crash (os._exit, a segfault) or exception costs that test's points and
-never stops the grader: the child (memlab.course.grading.plugin) logs each test's start and end as it
-goes; a test that hangs past the alarm is killed by a watchdog here, and after a kill or a crash
-a new child grades the tests that are left.
+The child pytest process is trusted: the learner's code runs in learner processes of its own
+(memlab.course.grading.sandbox), which see neither the tests nor this log. A learner's endless
+loop, crash (os._exit, a segfault) or exception costs that test's points and never stops the
+grader: the child (memlab.course.grading.plugin) logs each test's start and end as it goes, over
+a pipe; a test that hangs past the alarm and the watchdog is killed here, and after a kill or a
+crash a new child grades the tests that are left. An exercise whose file imports or reads the
+course's own implementation earns nothing (``ExerciseScore.course_code``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from memlab.course.grading import catalog
 from memlab.course.grading.loader import ROOT, source_dir
+from memlab.course.grading.sandbox import BLOCK_ENV
 
 DEFAULT_TIMEOUT = 30.0  # seconds per test; kernels in the interpreter take a few at most
 WATCHDOG_GRACE = 3.0  # extra seconds before a test that ignores the alarm is killed
@@ -77,6 +81,11 @@ class ExerciseScore:
         return next((t for t in self.tests if t.outcome == "failed"), None)
 
     @property
+    def course_code(self) -> str | None:
+        """Why the exercise earns nothing: its file uses the course's own code (None if it does not)."""
+        return next((t.message for t in self.tests if t.exc_type == "CourseCodeUsed"), None)
+
+    @property
     def not_started(self) -> bool:
         """Every CPU test stopped at a NotImplementedError: the stub is untouched (or nearly)."""
         cpu = self._pick(False)
@@ -103,15 +112,35 @@ class GradeReport:
 
 # -- running the child ------------------------------------------------------------------------
 
-def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
-    if not path.exists():
-        return [], offset
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
-    end = data.rfind(b"\n") + 1  # a half-written last line is read next time
-    events = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return events, offset + end
+class _Log:
+    """The read end of the event pipe: whole JSON lines, as they come."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        self.rest = b""
+
+    def read(self) -> list[dict]:
+        chunks = [self.rest]
+        while True:
+            try:
+                data = os.read(self.r, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        data = b"".join(chunks)
+        end = data.rfind(b"\n") + 1  # a half-written last line is read next time
+        self.rest = data[end:]
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+    def close(self):
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _crash_message(returncode: int, output: str, src: Path) -> str:
@@ -132,8 +161,11 @@ def _crash_message(returncode: int, output: str, src: Path) -> str:
 
 
 def _child_command(files: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-p", "memlab.course.grading.plugin", "-p", "no:cacheprovider",
-            "-p", "no:xdist", "-p", "no:randomly", "-o", "addopts=", "-q", "--tb=no", "--show-capture=no",
+    # Plugins the graded tests do not use cost seconds at start-up (pytest rewrites their modules).
+    off = [a for p in ("cacheprovider", "xdist", "randomly", "hypothesispytest", "anyio", "platformdirs")
+           for a in ("-p", f"no:{p}")]
+    return [sys.executable, "-m", "pytest", "-p", "memlab.course.grading.plugin", *off, "-o", "addopts=", "-q",
+            "--tb=no", "--show-capture=no",
             "--no-header", "--continue-on-collection-errors", "-W", "ignore::DeprecationWarning", *files]
 
 
@@ -142,11 +174,12 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
     """Run the graded tests in ``files`` against the folder ``src``; survive hangs and crashes."""
     from memlab.course.grading.plugin import skip_after_timeout  # imports pytest, which grade() checked for
     work = Path(tempfile.mkdtemp(prefix="memlab-grade-"))
-    log, skip, out = work / "log.jsonl", work / "skip.txt", work / "child.out"
+    log, skip, out = _Log(), work / "skip.txt", work / "child.out"
     path = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    env = dict(os.environ, MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG=str(log),
+    blocked = [str(work), *(p for p in os.environ.get(BLOCK_ENV, "").split(os.pathsep) if p)]
+    env = dict(os.environ, MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG_FD=str(log.w),
                MEMLAB_GRADE_TIMEOUT=str(timeout), MEMLAB_GRADE_SKIP=str(skip), PYTHONDONTWRITEBYTECODE="1",
-               MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(path))
+               MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(path), **{BLOCK_ENV: os.pathsep.join(blocked)})
     if only:
         env["MEMLAB_GRADE_ONLY"] = ",".join(only)
     if tests:
@@ -155,7 +188,6 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
     device = "?"
     results: dict[str, TestResult] = {}
     meta: dict[str, dict] = {}
-    offset = 0
     try:
         while True:
             skip.write_text("\n".join(results))
@@ -163,11 +195,11 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
             env["MEMLAB_GRADE_TIMED_OUT"] = ",".join(f"{e}={t}" for e, t in timed_out.items())
             with open(out, "wb") as out_f:
                 child = subprocess.Popen(_child_command(files), cwd=ROOT, env=env, stdout=out_f,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True, pass_fds=[log.w])
                 running, started, killed = None, 0.0, False
                 while True:
                     rc = child.poll()
-                    events, offset = _read_events(log, offset)
+                    events = log.read()
                     for ev in events:
                         kind = ev["event"]
                         if kind == "collected" and not collected:
@@ -218,6 +250,7 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
                                                   "not run: the test process stopped before this test")
         return collected, results, device
     finally:
+        log.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -241,6 +274,8 @@ def grade(chapters: list[int] | None = None, source: str | None = None, timeout:
         raise GradingError("the grader runs the tests with pytest, which is not installed: pip install pytest")
     check_checkout()
     src = source_dir(source)
+    if exercises:
+        exercises = [catalog.find(x).id for x in exercises]  # a file's name will do too
     chosen = [e for e in catalog.EXERCISES
               if (not chapters or e.chapter in chapters) and (not exercises or e.id in exercises)]
     if not chosen:
@@ -256,5 +291,11 @@ def grade(chapters: list[int] | None = None, source: str | None = None, timeout:
         if missing > 0 and not only_tests:  # a test file that failed to import: its points are still at stake
             tests.append(TestResult(f"{e.test_file}::collection", e.id, missing, False, "failed",
                                     f"{missing} points of tests could not be collected (a broken test file?)"))
-        scores.append(ExerciseScore(e, tests))
+        score = ExerciseScore(e, tests)
+        why = score.course_code
+        if why:  # the course's own code did the work (or was read): no test of the exercise counts
+            for t in tests:
+                if t.outcome != "skipped":
+                    t.outcome, t.message, t.exc_type = "failed", why, "CourseCodeUsed"
+        scores.append(score)
     return GradeReport(src, scores, time.monotonic() - t0, device)
