@@ -108,3 +108,46 @@ def test_multimodal_items_overlapping():
         expect_equal(got[i], want[i], f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: "
                                       "an item overlaps a block when it starts before the block's end and ends "
                                       "after its start")
+
+
+# -- the learner's hashes against vLLM's (memlab.vllm.hashing), on random requests ----------------
+
+def random_case(d):
+    from types import SimpleNamespace
+
+    from exercise_refs import INT31, SIZES
+    from memlab.vllm.hashing import get_request_block_hasher, sha256
+
+    m = ex()
+    bs = d.pick(SIZES)
+    n = d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(0, 3 * bs + 3)  # past a 64-token block too
+    kwargs = {}
+    if d.chance(0.4):
+        kwargs["lora_name"] = f"adapter{d.int(0, 9)}"
+        kwargs["lora_path"] = d.pick((None, f"/loras/{d.int(0, 9)}"))
+    items, pos = [], d.int(0, bs + 1)
+    for k in d.count(0, 5, 0.5):  # sorted by offset, disjoint; identifiers in another order
+        length = d.int(1, bs + 2)
+        items.append(m.MMItem(f"{d.pick('qbxma')}-image{k}", pos, length))
+        pos += length + d.int(0, bs)
+    if items:
+        kwargs["mm_items"] = tuple(items)
+    salt = d.pick((None, "", "tenant-a", "tenant-b"))
+    if salt is not None:
+        kwargs["cache_salt"] = salt
+    tokens = [d.big(0, INT31) for _ in range(n)]  # drawn last: shrinking the list keeps the rest
+    d.given(token_ids=tokens, block_size=bs, **{k: (list(v) if k == "mm_items" else v) for k, v in kwargs.items()})
+    args = ", ".join([repr(tokens), str(bs)] + [f"{k}={v!r}" for k, v in kwargs.items()])
+    d.code(f"print(ex.request_block_hashes({args.replace('MMItem(', 'ex.MMItem(')}))")
+    got = d.call("request_block_hashes", m.request_block_hashes, tokens, bs, **kwargs)
+    request = SimpleNamespace(block_hashes=[], num_tokens=n, all_token_ids=tokens, lora_name=kwargs.get("lora_name"),
+                              lora_path=kwargs.get("lora_path"), mm_features=list(items), cache_salt=salt)
+    d.returns("request_block_hashes", got, get_request_block_hasher(bs, sha256)(request),
+              "hashes are shown by their first bytes")
+
+
+@points(2)
+def test_random_requests_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=660, trials=150, name="ch06_block_hash")
