@@ -85,6 +85,13 @@ def test_staged_frees_counted():
     expect_equal(a.free_pages, i64(7, 8), "with need_sort a free must not touch free_pages")
     expect_equal(a.release_pages, i64(3, 1, 5), "with need_sort freed slots are appended to release_pages")
     expect_equal(a.available_size(), 5, "available_size() must count the 2 free AND the 3 staged slots")
+    b = allocator(8, need_sort=True)
+    b.alloc(4)
+    buf = i64(2, 4)
+    free(b, buf)
+    buf[:] = 0  # the caller reuses its buffer: the allocator must have kept no reference to it
+    expect_equal(b.release_pages, i64(2, 4), "release_pages after free([2, 4]) into an empty stage, the caller "
+                 "then overwriting its tensor: keep a copy (torch.cat makes one), not the caller's tensor")
 
 
 @points(2)

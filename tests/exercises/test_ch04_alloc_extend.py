@@ -98,9 +98,10 @@ def test_refusal_takes_nothing():
     expect_equal(out, i64(4, 5, 6, 7, 8, 9, 10, 11, 21, 22), "prefix 0 -> 8 takes both free pages; prefix 5 -> 7 "
                  "fills its old page (slots 21, 22) and needs no page")
     expect_equal(b.free_pages, i64(), "every page taken")
-    for pre, seq in (([5], [4]), ([0, 9], [3, 8])):
+    for pre, seq in (([5], [4]), ([0, 9], [3, 8]), ([0, 9], [9, 8])):
         expect_raises(ValueError, lambda: a.alloc_extend(t(pre), t(seq), t([3] * len(pre))),
-                      f"alloc_extend with prefix_lens {pre} and seq_lens {seq} (a seq_len below its prefix_len)")
+                      f"alloc_extend with prefix_lens {pre} and seq_lens {seq} (a seq_len below its prefix_len; "
+                      "no page is free either: the ValueError for invalid input comes first)")
     expect_equal(a.free_pages, i64(), "free_pages after refused calls")
 
 

@@ -66,6 +66,10 @@ def test_salt_first_block_only():
     plain = hashes(m, TOKENS, 4)
     expect(got[1] != plain[1], "a salt must change every later hash too (through the chain)")
     expect_equal(hashes(m, TOKENS, 4, cache_salt=""), plain, "cache_salt='' is no salt (vLLM tests its truth)")
+    item = m.MMItem("img", 1, 2)
+    got = hashes(m, TOKENS, 4, mm_items=(item,), cache_salt="tenant-a")
+    expect_equal(got[0], chain(m, TOKENS, 4, [(("mm", "img", 1), ("cache_salt", "tenant-a")), None])[0],
+                 "block 0 with an image and a salt: the salt comes last, after the items")
 
 
 @points(1)
@@ -104,6 +108,10 @@ def test_multimodal_items_overlapping():
     lora = ("lora", "L", None)
     want = chain(m, tokens, 4, [(lora, ("mm", "a", 0)), (lora, ("mm", "b", 0), ("mm", "c", 3)), (lora, ("mm", "d", 0)),
                                 (lora, ("mm", "d", -4))])
+    got2 = hashes(m, tokens[:4], 4, mm_items=(m.MMItem("img-z", 0, 1), m.MMItem("img-a", 2, 1)))
+    expect_equal(got2, chain(m, tokens[:4], 4, [(("mm", "img-z", 0), ("mm", "img-a", 2))]),
+                 "two items in one block, img-z at 0 and img-a at 2: their keys in offset order (the order of "
+                 "mm_items), never sorted by identifier")
     for i in range(4):
         expect_equal(got[i], want[i], f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: "
                                       "an item overlaps a block when it starts before the block's end and ends "

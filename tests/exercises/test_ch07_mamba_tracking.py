@@ -48,6 +48,8 @@ def test_alloc_gives_state_and_tracking():
     expect_equal(m.state_slot[3], i64(1)[0], "row 3's state slot (the first slot from the head)")
     expect_equal(m.track_slots[3], i64(2, 3), "row 3's two tracking slots (the next ones, in column order)")
     expect_equal(m.free_slots, i64(4, 5, 6, 7, 8), "free_slots after handing out 3 slots")
+    expect_equal((m.next_track_idx, m.last_track_seqlen), (i64(0, 0, 0, 0, 0), i64(-1, -1, -1, -1, -1)),
+                 "alloc_row leaves next_track_idx and last_track_seqlen alone (fresh: 0 and -1)")
     expect_equal(m.alloc_row(1), True, "alloc_row(1) with 5 free slots")
     expect_no_sharing({3: [int(m.state_slot[3])] + m.track_slots[3].tolist(),
                        1: [int(m.state_slot[1])] + m.track_slots[1].tolist()}, "mamba slot", "row")
@@ -113,6 +115,16 @@ def test_slots_zeroed_before_reuse():
     m.alloc_row(2)
     expect_equal(m.state[1:4], torch.zeros(3, 3), "slots handed to a new request must be zeroed: the old "
                  "owner's state would be read as its history")
+    m = rows(num_slots=4, tracking=2)
+    m.alloc_row(1)  # slots 1, 2, 3
+    state = m.state.clone()
+    state[1:4] = 7.0
+    m.state = state
+    m.free_row(1)  # free_slots: 4, 1, 2, 3
+    m.alloc_row(2)  # slots 4, 1, 2: not consecutive, not ascending
+    expect_equal(m.state[:, 0], torch.tensor([0.0, 0.0, 0.0, 7.0, 0.0]), "row 2 took slots 4, 1, 2 (not "
+                 "consecutive): exactly their state rows must be zeroed (state[slots] = 0, not a span from the "
+                 "first to the last), and free slot 3 keeps its old state")
 
 
 @points(1)
@@ -194,8 +206,9 @@ def random_case(d):
     held = set()
     for _ in d.count(1, 16, 0.9):
         op = d.pick(("alloc", "write", "free", "track"))
-        pool = sorted(set(range(1, n_rows + 1)) - held) if op == "alloc" else sorted(held) if op in ("free", "write") \
-            else list(range(1, n_rows + 1))
+        every = list(range(1, n_rows + 1))
+        pool = sorted(set(every) - held) if op == "alloc" else sorted(held) if op == "write" \
+            else (sorted(held) if op == "free" and d.chance(0.8) else every)  # free_row of a row holding nothing too
         if not pool:
             continue
         row = d.pick(pool)

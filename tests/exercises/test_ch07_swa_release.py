@@ -52,6 +52,8 @@ def test_prefix_cache_keeps_its_part():
     expect_equal(f(40, 0, 8, 4, cache_protected_len=32), (0, 0), "protected up to exactly the end: nothing")
     expect_raises(ValueError, lambda: f(40, 6, 8, 4), "swa_release_range with swa_evicted_len 6, not page-aligned",
                   naming="6")
+    expect_raises(ValueError, lambda: f(9, 6, 8, 4), "swa_release_range(9, 6, 8, 4): swa_evicted_len 6 is not "
+                  "page-aligned, and that is checked first, even when nothing would be released", naming="6")
 
 
 def release_reference(seq, evicted, window, ps, protected):

@@ -49,6 +49,15 @@ def test_split_keeps_locks():
     new = m.split_node(tree, leaf, 1)
     expect_equal(new.lock_ref, 1, "a request locking the old node runs through both parts: the new node "
                  "inherits lock_ref, or eviction could take a prefix in use")
+    expect_equal(leaf.lock_ref, 1, "the old node keeps its own lock_ref: the split copies it, it does not move it")
+    # Deeper in the tree: the nodes above the split keep their locks (one each per request).
+    tree, leaf = chain(m, 1, (1, 2), (3, 4, 5))
+    tree.lock(leaf)
+    top = leaf.parent
+    new = m.split_node(tree, leaf, 1)
+    expect_equal((top.lock_ref, new.lock_ref, leaf.lock_ref), (1, 1, 1), "after splitting (3, 4, 5) below (1, 2) "
+                 "with one request locking the path: (1, 2), the new (3,) and (4, 5) each hold that one lock "
+                 "(copy lock_ref; taking a lock through tree.lock would lock the ancestors again)")
 
 
 @points(2)
