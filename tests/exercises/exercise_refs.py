@@ -1,6 +1,8 @@
-"""Plain-Python references the graded tests compare against (written for the tests, on purpose
-independent of memlab's own layers and of the solutions), and the one check that reads a
-learner's source (chapter 09's 64-bit addresses)."""
+"""What the graded tests share: plain-Python references for the hand cases (written for the
+tests, on purpose independent of memlab's own layers and of the solutions), the sizes and helpers
+of the random differential tests (each compares the learner with memlab's own layer, or with the
+docstring's rules written in its test module, never with the solution), and the one check that
+reads a learner's source (chapter 09's 64-bit addresses)."""
 
 import ast
 import re
