@@ -29,7 +29,7 @@ from typing import Any, Callable
 from memlab.course.grading.checks import CheckFailed, as_list, expect_equal, short, snapshot
 
 SHOWN = 24  # list items shown in a message before "..."
-SHRINK_CALLS = 400  # replays a shrink may spend
+SHRINK_CALLS = 1500  # replays a shrink may spend
 SHRINK_SECONDS = 4.0  # ... and wall time (kernels in the interpreter are slow)
 
 
