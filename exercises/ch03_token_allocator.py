@@ -44,7 +44,8 @@ class TokenToKVPoolAllocator:
 
         Without ``need_sort`` append them to the TAIL of ``free_pages`` (FIFO reuse: a freed slot
         comes back after every slot that was already free); with ``need_sort`` append them to
-        ``release_pages`` instead. See chapter 03 (FIFO reuse).
+        ``release_pages`` instead. Keep no reference to ``free_index`` itself: the caller may reuse
+        that tensor afterwards (``torch.cat`` makes a new one). See chapter 03 (FIFO reuse).
         """
         raise NotImplementedError
 

@@ -19,11 +19,10 @@ class Request:
 class CapacityHooks:
     """Given: what the allocator tells the scheduler (SGLang's scheduler-facing capacity hooks)."""
 
-    def __init__(self, available: int, token_capacity: int, page_size: int, decode_reserve: int):
+    def __init__(self, available: int, token_capacity: int, page_size: int):
         self.available = available  # free KV slots now
         self.token_capacity = token_capacity  # slots of the whole pool
         self.page_size = page_size
-        self.decode_reserve = decode_reserve  # slots a running request keeps for its next decode steps
 
     def available_size(self) -> int:
         return self.available
@@ -33,20 +32,30 @@ class CapacityHooks:
         return max(0, min(max_new_tokens, self.token_capacity - paged_input - self.page_size - 1))
 
 
-def admit(waiting: list, num_running: int, hooks: CapacityHooks, max_running_requests: int) -> tuple[list, list]:
+def admit(waiting: list, running_seq_lens: list, hooks: CapacityHooks, max_running_requests: int) -> tuple[list, list]:
     """First come, first served: return ``(admitted, rejected)`` lists of requests from ``waiting``.
 
-    - Budget: ``hooks.available_size()`` minus ``hooks.decode_reserve`` for each of the
-      ``num_running`` requests already running.
-    - Walk ``waiting`` in order. Stop once ``num_running + len(admitted)`` reaches
-      ``max_running_requests``.
+    ``running_seq_lens`` holds the committed length (SGLang's ``kv_committed_len``) of each request
+    already running. Without speculative decoding a decode step writes one token per request, at
+    position ``seq_len``: it opens a page exactly when ``seq_len % page_size == 0`` (at page size
+    1: always), and that request then needs ``page_size`` free slots; the others need none (their
+    token fits in their last page). SGLang 0.5.23 counts the next decode step this way
+    (``new_tokens_required_next_decode``); its doubled ``alloc_reserve_per_decode`` is read only
+    when decoding speculatively.
+
+    - Budget: ``hooks.available_size()`` minus what the running requests' next decode step needs.
+    - Walk ``waiting`` in order. Stop once ``len(running_seq_lens) + len(admitted)`` reaches
+      ``max_running_requests`` (a rejected request takes no place among them).
     - ``clip = hooks.max_new_tokens_for_memory(r.input_len, r.max_new_tokens)``. When it is 0 but
       ``r.max_new_tokens > 0`` the request cannot run even in an empty pool: append it to
       ``rejected`` and go on with the next one.
-    - A request costs its prompt rounded UP to whole pages plus ``hooks.decode_reserve``. When
-      the cost exceeds what is left of the budget, STOP: a later, smaller request must not
-      overtake it (it would starve).
-    - Otherwise admit it: set ``r.max_new_tokens = clip``, append it, take its cost off the budget.
+    - A request costs its prompt rounded UP to whole pages, plus what its first decode step
+      needs by the rule above at ``seq_len = r.input_len`` (``page_size`` when its prompt ends
+      on a page boundary, else 0): charged to every request, a prefill-only one
+      (``max_new_tokens == 0``) too. When the cost exceeds what is left of the budget, STOP: a
+      later, smaller request must not overtake it (it would starve).
+    - Otherwise admit it: set ``r.max_new_tokens = clip`` (only now: a request that waits keeps
+      its own), append it, take its whole cost off the budget.
     Do not change ``waiting`` itself. See chapter 10 (admission).
     """
     raise NotImplementedError

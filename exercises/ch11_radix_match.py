@@ -86,8 +86,9 @@ def split_node(tree: RadixTree, child: TreeNode, split_len: int) -> TreeNode:
     """Cut ``child`` after ``split_len`` tokens; return the new node that holds the first part.
 
     - The new node gets ``child``'s first ``split_len`` tokens and slots, ``child``'s parent,
-      ``child``'s ``lock_ref`` (the same requests run through both parts), and a fresh
-      ``last_access_time`` from ``tree.tick()`` (it is created now).
+      a copy of ``child``'s ``lock_ref`` (the same requests run through both parts: ``child``
+      keeps its own, and no other node's changes), and a fresh ``last_access_time`` from
+      ``tree.tick()`` (it is created now).
     - ``child`` keeps the rest of its tokens and slots and becomes the new node's only child,
       registered under ``tree.child_key`` of its new key.
     - The parent's entry that pointed at ``child`` now points at the new node (same child key).
@@ -120,7 +121,8 @@ def evict(tree: RadixTree, num_tokens: int, free) -> int:
     - For each evicted leaf: ``free(node.value)`` (the allocator takes the slots back), remove it
       from its parent's children, count its tokens.
     - A parent left without children and unlocked (and not the root) is now a leaf: it becomes a
-      candidate in the same call.
+      candidate in the same call, at once (pushed onto the heap), with its own
+      ``last_access_time``.
     See chapter 11 (The radix tree).
     """
     raise NotImplementedError

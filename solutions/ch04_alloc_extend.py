@@ -38,7 +38,9 @@ class PagedAllocator:
         head of ``free_pages``: request 0's first, then request 1's, each request's in order.
         Decide capacity BEFORE taking anything: when short, return None and leave ``free_pages``
         as it was. Otherwise drop the pages taken from ``free_pages``. Raise ValueError when a
-        ``seq_lens`` entry is below its ``prefix_lens`` entry. See chapter 04 (three parts).
+        ``seq_lens`` entry is below its ``prefix_lens`` entry, before anything else: an invalid
+        batch raises even when it is also short of pages (memlab's allocator checks its
+        arguments before its capacity test). See chapter 04 (three parts).
         """
         ps = self.page_size
         if bool((seq_lens < prefix_lens).any()):

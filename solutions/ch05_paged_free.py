@@ -32,7 +32,7 @@ class PagedFreeList:
         - Page of slot s: ``s // page_size``. A request's slots share pages, so take each page
           ONCE: ``torch.unique`` of the page ids (it also sorts them ascending).
         - Put them at the HEAD of ``free_pages``, before the pages already free (LIFO reuse).
-        - An empty ``free_index`` changes nothing.
+        - An empty ``free_index`` changes nothing (inside a group too: nothing is queued).
         - Inside a free group (``free_group`` is not None) release nothing yet: append a COPY of
           ``free_index`` to ``free_group`` (the caller may reuse its tensor afterwards).
         See chapter 05 (freeing whole pages).

@@ -37,9 +37,11 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
 
     - ``("lora", lora_name, lora_path)`` on every block when ``lora_name`` is not None;
     - ``("mm", item.identifier, item.offset - block_start)`` for each item of ``mm_items`` that
-      overlaps the block's tokens, in the order of ``mm_items`` (which comes sorted by offset);
-    - ``("cache_salt", cache_salt)`` on block 0 only, when ``cache_salt`` is a non-empty string (vLLM
-      tests its truth: ``""`` is no salt): through the chain it changes every later hash too;
+      overlaps the block's tokens, in the order of ``mm_items`` (which comes sorted by offset;
+      keep that order, never sort the items by identifier);
+    - ``("cache_salt", cache_salt)`` on block 0 only, last (after the items), when ``cache_salt``
+      is a non-empty string (vLLM tests its truth: ``""`` is no salt): through the chain it
+      changes every later hash too;
     and ``None`` instead of an empty tuple. ``token_ids`` and ``mm_items`` are only read.
     See chapter 06 (block hashes).
     """

@@ -45,9 +45,12 @@ class MambaRows:
 
         All or nothing: with fewer than ``1 + tracking`` free slots return False and change
         nothing. Otherwise take them from the head of ``free_slots`` (the first is the state
-        slot, the rest the tracking slots in column order), ZERO their rows of ``state`` (the
-        previous owner's recurrent state must not leak into a new request), and return True.
-        See chapter 07 (state per request).
+        slot, the rest the tracking slots in column order), ZERO their rows of ``state`` and only
+        theirs (the previous owner's recurrent state must not leak into a new request; the slots
+        need not be consecutive, and other rows of ``state`` belong to other requests), set
+        ``state_slot[row]`` and ``track_slots[row]``, and return True. Leave every other field
+        alone: ``next_track_idx[row]`` and ``last_track_seqlen[row]`` keep the fresh values
+        ``free_row`` left (0 and -1). See chapter 07 (state per request).
         """
         need = 1 + self.tracking
         if need > len(self.free_slots):

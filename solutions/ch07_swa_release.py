@@ -20,8 +20,8 @@ def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, p
     - when ``end <= start`` nothing is released: return ``(swa_evicted_len, swa_evicted_len)``.
 
     The caller frees those positions' SWA slots and sets ``swa_evicted_len = end``. Raise
-    ValueError (naming it) when ``swa_evicted_len`` is not page-aligned. See chapter 07 (out of the
-    window).
+    ValueError (naming it) when ``swa_evicted_len`` is not page-aligned, checked first (even when
+    nothing would be released). See chapter 07 (out of the window).
     """
     ps = page_size
     if swa_evicted_len % ps:

@@ -51,10 +51,12 @@ def alloc_reserve_per_decode(page_size: int, num_steps: int | None = None, topk:
                              num_draft_tokens: int | None = None) -> int:
     """KV slots the scheduler reserves per running request per decode step.
 
-    Twice ``alloc_len_per_decode(...)``, whatever the scheduler mode: SGLang 0.5.23 always keeps
-    this double buffer. It absorbs the lag of the overlap scheduler (the host's committed length
-    trails the GPU by one step); without overlap it is headroom. See chapter 08 (the doubled
-    reserve).
+    Twice ``alloc_len_per_decode(...)``, whatever the scheduler mode (SGLang 0.5.23's
+    ``get_alloc_reserve_per_decode``): a double buffer for the lag of the overlap scheduler (the
+    host's committed length trails the GPU by one step). SGLang reads it only when decoding
+    speculatively (its decode-fit estimate and EAGLE's allocation); without speculative decoding
+    a step takes one slot per request, and its fit check counts a page only for a request whose
+    committed length sits on a page boundary (chapter 10). See chapter 08 (the doubled reserve).
     """
     n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)
     return 2 * n

@@ -147,7 +147,7 @@ except ValueError as exc:
 #
 # ## Exercise: `exercises/ch01_alloc_rows.py`
 #
-# Write `RowTable.alloc_rows`, `free` and `clear` (7 points). The cell below replays this
+# Write `RowTable.alloc_rows`, `free` and `clear` (9 points). The cell below replays this
 # chapter's operations on your class and on `ReqToTokenPool` side by side. It prints `not written
 # yet: ...` until you fill the stub in; edit the file, then run the cell again.
 

@@ -169,7 +169,7 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 #
 # ## Exercise: `exercises/ch02_bytes_per_token.py`
 #
-# Write `mha_bytes_per_token` and `mla_bytes_per_token` (5 points), bad arguments included. The
+# Write `mha_bytes_per_token` and `mla_bytes_per_token` (7 points), bad arguments included. The
 # cell below checks yours against `memlab.sglang.kv_pool` for every model of the table.
 
 # %%

@@ -148,7 +148,7 @@ print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.r
 #
 # ## Exercise: `exercises/ch03_token_allocator.py`
 #
-# Write `available_size`, `alloc`, `free` and `merge_and_sort_free` (8 points). The cell below
+# Write `available_size`, `alloc`, `free` and `merge_and_sort_free` (10 points). The cell below
 # replays the story of the widget on your allocator and on memlab's, in both modes.
 
 # %%

@@ -196,7 +196,7 @@ assert same
 #
 # ## Exercises
 #
-# **`exercises/ch04_alloc_extend.py`** (9 points): `PagedAllocator.alloc_extend` in torch, the
+# **`exercises/ch04_alloc_extend.py`** (11 points): `PagedAllocator.alloc_extend` in torch, the
 # whole batch at once, capacity first. The cell below runs yours on the widget's batches.
 
 # %%
@@ -219,7 +219,7 @@ with exercise("ch04_alloc_extend") as ex:
     print("same slots as memlab for every request")
 
 # %% [markdown]
-# **`exercises/ch04_alloc_extend_kernel.py`** (6 points, +2 on a GPU): part 2 of the Triton
+# **`exercises/ch04_alloc_extend_kernel.py`** (8 points, +2 on a GPU): part 2 of the Triton
 # kernel, the whole pages. The cell runs yours on the random batch above.
 
 # %%

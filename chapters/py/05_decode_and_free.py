@@ -244,7 +244,7 @@ print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.re
 #
 # ## Exercises
 #
-# **`exercises/ch05_alloc_decode.py`** (6 points): `alloc_decode`. The cell runs yours on the
+# **`exercises/ch05_alloc_decode.py`** (8 points): `alloc_decode`. The cell runs yours on the
 # batch above.
 
 # %%
@@ -256,7 +256,7 @@ with exercise("ch05_alloc_decode") as ex:
     print("same slots as the kernel; pages left:", mine.free_pages.tolist())
 
 # %% [markdown]
-# **`exercises/ch05_paged_free.py`** (7 points): `free` with dedup, `free_segment`, free groups.
+# **`exercises/ch05_paged_free.py`** (9 points): `free` with dedup, `free_segment`, free groups.
 
 # %%
 with exercise("ch05_paged_free") as exf:

@@ -256,7 +256,7 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 # %% [markdown]
 # ## Exercises
 #
-# **`exercises/ch06_free_queue.py`** (7 points): `free_request_blocks`, the order in which a
+# **`exercises/ch06_free_queue.py`** (9 points): `free_request_blocks`, the order in which a
 # finished request's blocks join the queue.
 
 # %%
@@ -269,7 +269,7 @@ with exercise("ch06_free_queue") as ex:
         "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
 
 # %% [markdown]
-# **`exercises/ch06_block_hash.py`** (7 points): the chained hashes with their extra keys.
+# **`exercises/ch06_block_hash.py`** (9 points): the chained hashes with their extra keys.
 
 # %%
 with exercise("ch06_block_hash") as exh:
@@ -280,7 +280,7 @@ with exercise("ch06_block_hash") as exh:
     print("2 full blocks; the salt changes both; the same prefix gives the same hashes")
 
 # %% [markdown]
-# **`exercises/ch06_slot_mapping.py`** (5 points, +2 on a GPU): the slot_mapping kernel.
+# **`exercises/ch06_slot_mapping.py`** (7 points, +2 on a GPU): the slot_mapping kernel.
 
 # %%
 with exercise("ch06_slot_mapping") as exs:

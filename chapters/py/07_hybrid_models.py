@@ -271,7 +271,7 @@ print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 =
 #
 # ## Exercises
 #
-# **`exercises/ch07_swa_release.py`** (8 points): the release range and the SWA side of a free.
+# **`exercises/ch07_swa_release.py`** (10 points): the release range and the SWA side of a free.
 
 # %%
 with exercise("ch07_swa_release") as ex:
@@ -281,7 +281,7 @@ with exercise("ch07_swa_release") as ex:
     print("release ranges agree")
 
 # %% [markdown]
-# **`exercises/ch07_mamba_tracking.py`** (8 points): tracking-slot counts and the Mamba row books.
+# **`exercises/ch07_mamba_tracking.py`** (10 points): tracking-slot counts and the Mamba row books.
 
 # %%
 with exercise("ch07_mamba_tracking") as exm:

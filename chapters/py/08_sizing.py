@@ -190,7 +190,7 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 # ## Exercise: `exercises/ch08_sizing.py`
 #
 # Write `pool_size_tokens`, `max_new_tokens_for_memory`, `alloc_len_per_decode` and
-# `alloc_reserve_per_decode` (9 points). The cell compares yours with `memlab.common.sizing`.
+# `alloc_reserve_per_decode` (11 points). The cell compares yours with `memlab.common.sizing`.
 
 # %%
 with exercise("ch08_sizing") as ex:

@@ -176,7 +176,7 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # ## Exercise: `exercises/ch09_paged_gather.py`
 #
 # The kernel's gather: load the block's slots through `req_to_token` (row `req_pool_indices[b]`,
-# not `b`) and the K and V tiles at those slots (5 points, +2 on a GPU). The cell runs yours on
+# not `b`) and the K and V tiles at those slots (7 points, +2 on a GPU). The cell runs yours on
 # this chapter's pool.
 #
 # Cast the slot to int64 before you multiply it by a stride. `req_to_token` is int32, and so is

@@ -301,22 +301,27 @@ viz.show(plot_figure2(buddy, first_fit))
 # %% [markdown]
 # ## Admission
 #
-# The scheduler's admission step, first come, first served: the budget is what is free minus a
-# decode reserve per running request; each request costs its prompt in whole pages plus its own
-# reserve; a request that could never fit even an empty pool is rejected; the first one that does
-# not fit now stops admission, so a later, smaller request cannot overtake it and starve it.
-# This is a simplified version of SGLang's rule (see "What the engines do differently" above).
+# The scheduler's admission step, first come, first served: the budget is what is free minus what
+# the running requests' next decode step needs. Without speculative decoding that step writes one
+# token per request and opens a page only for a request whose committed length sits on a page
+# boundary (SGLang 0.5.23's `new_tokens_required_next_decode`; chapter 08's doubled
+# `alloc_reserve_per_decode` is read only when decoding speculatively). Each request costs its
+# prompt in whole pages, plus a page when its prompt ends on a page boundary (its first decode
+# step opens one); a request that could never fit even an empty pool is rejected; the first one
+# that does not fit now stops admission, so a later, smaller request cannot overtake it and starve
+# it. (SGLang's `PrefillAdder` also holds back what the running requests may still generate; this
+# step leaves that out.)
 #
 # ## Exercise: `exercises/ch10_admission.py`
 #
-# Write `admit` (8 points). The cell runs yours on a small queue.
+# Write `admit` (10 points). The cell runs yours on a small queue.
 
 # %%
 with exercise("ch10_admission") as ex:
-    hooks = ex.CapacityHooks(available=200, token_capacity=400, page_size=16, decode_reserve=16)
+    hooks = ex.CapacityHooks(available=200, token_capacity=400, page_size=16)
     waiting = [ex.Request("a", 40, 50), ex.Request("b", 900, 10), ex.Request("c", 60, 20), ex.Request("d", 100, 20),
                ex.Request("e", 10, 5)]
-    admitted, rejected = ex.admit(waiting, num_running=2, hooks=hooks, max_running_requests=8)
+    admitted, rejected = ex.admit(waiting, running_seq_lens=[32, 45], hooks=hooks, max_running_requests=8)
     print("admitted", [r.rid for r in admitted], "rejected", [r.rid for r in rejected])
     assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == ["b"], \
         "d must stop admission: e waits"

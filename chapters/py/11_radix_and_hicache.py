@@ -371,7 +371,7 @@ viz.show(cmp.plot())
 #
 # ## Exercise: `exercises/ch11_radix_match.py`
 #
-# Write `split_node`, `match_prefix` and `evict` for a small radix tree (10 points). The file
+# Write `split_node`, `match_prefix` and `evict` for a small radix tree (12 points). The file
 # gives the tree: `TreeNode` (a key of token ids, a Python list of slots, a lock count, an access
 # time), `RadixTree` with its LRU clock (`tree.tick()`), `child_key` (a child is found by its first
 # token, or its first page as a tuple), `key_match` (tokens shared, in whole pages), `add_child`,

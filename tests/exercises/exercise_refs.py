@@ -1,6 +1,8 @@
-"""Plain-Python references the graded tests compare against (written for the tests, on purpose
-independent of memlab's own layers and of the solutions), and the one check that reads a
-learner's source (chapter 09's 64-bit addresses)."""
+"""What the graded tests share: plain-Python references for the hand cases (written for the
+tests, on purpose independent of memlab's own layers and of the solutions), the sizes and helpers
+of the random differential tests (each compares the learner with memlab's own layer, or with the
+docstring's rules written in its test module, never with the solution), and the one check that
+reads a learner's source (chapter 09's 64-bit addresses)."""
 
 import ast
 import re
@@ -162,3 +164,29 @@ def narrow_products(source: str) -> list[str]:
         return ["(nothing: no product of a slot and stride_ks / stride_vs was found; address the rows as "
                 "k_ptr + slot * stride_ks + ..., as the comments say)"]
     return [ast.unparse(n) for n in products if not any(_is_int64(s, assigned, n.lineno) for s in (n.left, n.right))]
+
+
+# -- random cases for the differential tests (memlab.course.grading.fuzz draws them) --------------
+
+# Page, block and window sizes: powers of two and not (a bitmask such as k & (page_size - 1) or
+# x & -page_size is right for 2, 4, 16 and wrong for 3, 5, 6, 7). The simplest comes first: a
+# shrunk case uses the smallest size that still shows the difference.
+SIZES = (1, 2, 3, 4, 5, 6, 7, 16, 64)
+INT31 = 2**31 - 1  # ids and lengths up to here where no pool is needed (float32 is exact below 2**24)
+
+
+def tensor(values, strided=False):
+    """An int64 tensor; ``strided``: a view of every other entry of a wider one (not contiguous)."""
+    import torch
+
+    if strided:
+        return torch.tensor([v for x in values for v in (x, -99)], dtype=torch.int64)[::2]
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def scribble(*tensors):
+    """The caller reuses its buffers after a call: overwrite them in place (an allocator that kept
+    one instead of a copy now holds garbage)."""
+    for t in tensors:
+        if t is not None and t.numel():
+            t.fill_(-3)

@@ -113,3 +113,53 @@ def test_random_stream_never_shares_a_row():
         expect_equal(t.req_generation, i64(*gen), "req_generation: one bump per row taken")
         expect(len(t.free_slots) + sum(map(len, held.values())) == 16,
                f"free ({len(t.free_slots)}) + held ({sum(map(len, held.values()))}) rows must be 16")
+
+
+# -- the learner's row table against the engine's (memlab's ReqToTokenPool), step by step --------
+
+def random_case(d):
+    from memlab.course.grading.fuzz import raised
+    from memlab.sglang.req_to_token import ReqToTokenPool
+
+    size = d.int(1, 12)
+    mine, engine = table(size), ReqToTokenPool(size, 1)
+    d.given(size=size)
+    d.code(f"t = ex.RowTable({size})")
+    held: list[int] = []
+    for _ in d.count(1, 14, 0.85):
+        op = d.pick(("alloc", "free", "bad free", "clear"))
+        if op == "alloc":
+            n = d.int(0, size + 1)
+            d.step(f"alloc_rows({n})")
+            d.code(f"print(t.alloc_rows({n}))")
+            got, want = d.call("alloc_rows", mine.alloc_rows, n), engine.alloc_rows(n)
+            d.returns("alloc_rows", got, want)
+            held += want or []
+            what = "alloc_rows"
+        elif op == "free" and held:
+            row = held.pop(d.int(0, len(held) - 1))  # any held row, in any order
+            d.step(f"free({row})")
+            d.code(f"t.free({row})")
+            d.returns("free", d.call("free", mine.free, row), engine.free(row))
+            what = "free"
+        elif op == "bad free":
+            row = d.pick((0, size + 1, -1, size + 7))
+            d.step(f"free({row})")
+            d.code(f"t.free({row})")
+            d.returns("free", d.call("free", mine.free, row), raised(engine.free, row))
+            what = "free"
+        else:
+            d.step("clear()")
+            d.code("t.clear()")
+            d.returns("clear", d.call("clear", mine.clear), engine.clear())
+            held, what = [], "clear"
+        d.code("print(t.free_slots, t.req_generation)")
+        d.books(what, "free_slots", mine.free_slots, engine.free_slots)
+        d.books(what, "req_generation", mine.req_generation, engine.req_generation)
+
+
+@points(2)
+def test_random_streams_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=101, trials=150, name="ch01_alloc_rows")

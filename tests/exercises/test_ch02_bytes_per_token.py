@@ -67,3 +67,39 @@ def test_bad_input():
                 expect_raises(ValueError, lambda: getattr(e, fn)(**args), f"{fn}({name}={bad!r})", naming=name)
         expect_equal(getattr(e, fn)(**dict(kwargs, layer_num=1, dtype_bytes=1)), 8 * (128 + 64) if fn[1] == "h" else 512 + 64,
                      f"{fn} with layer_num=1 and dtype_bytes=1 (the smallest good values)")
+
+
+# -- the learner's sizes against the engine's (memlab.sglang.kv_pool), on random shapes -----------
+
+def random_case(d):
+    from exercise_refs import INT31
+    from memlab.course.grading.fuzz import Raised
+    from memlab.sglang import kv_pool
+
+    mla = d.chance(0.4)
+    fn = "mla_bytes_per_token" if mla else "mha_bytes_per_token"
+    names = ("layer_num", "kv_lora_rank", "qk_rope_head_dim") if mla else ("layer_num", "head_num", "head_dim")
+    args = {n: (d.big(1, INT31) if d.chance(0.2) else d.int(1, 200)) for n in names}
+    if not mla and d.chance(0.5):
+        args["v_head_dim"] = d.big(1, 4096)
+    if d.chance(0.6):
+        args["dtype_bytes"] = d.pick((1, 2, 4, 8))
+    bad = d.chance(0.25)
+    if bad:  # one argument that is not a positive int: the docstring's ValueError
+        name = d.pick(list(args) + (["v_head_dim"] if not mla else []))
+        args[name] = d.pick((0, -1, True, False, 2.0, -(2**31)))
+    positional = d.int(0, len(names))  # the first arguments by position, the rest by name
+    pos = [args.pop(n) for n in names[:positional]]
+    d.given(**dict(zip(names, pos)), **args)
+    shown = ", ".join([repr(v) for v in pos] + [f"{k}={v!r}" for k, v in args.items()])
+    d.code(f"print(ex.{fn}({shown}))")
+    got = d.call(fn, getattr(ex(), fn), *pos, **args)
+    want = Raised(ValueError()) if bad else getattr(kv_pool, fn)(*pos, **args)
+    d.returns(fn, got, want)
+
+
+@points(2)
+def test_random_shapes_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=202, trials=200, name="ch02_bytes_per_token")

@@ -85,6 +85,13 @@ def test_staged_frees_counted():
     expect_equal(a.free_pages, i64(7, 8), "with need_sort a free must not touch free_pages")
     expect_equal(a.release_pages, i64(3, 1, 5), "with need_sort freed slots are appended to release_pages")
     expect_equal(a.available_size(), 5, "available_size() must count the 2 free AND the 3 staged slots")
+    b = allocator(8, need_sort=True)
+    b.alloc(4)
+    buf = i64(2, 4)
+    free(b, buf)
+    buf[:] = 0  # the caller reuses its buffer: the allocator must have kept no reference to it
+    expect_equal(b.release_pages, i64(2, 4), "release_pages after free([2, 4]) into an empty stage, the caller "
+                 "then overwriting its tensor: keep a copy (torch.cat makes one), not the caller's tensor")
 
 
 @points(2)
@@ -163,3 +170,52 @@ def test_random_stream_invariants():
                          f"(free_pages, release_pages) after step {req} (need_sort={need_sort})")
             expect_equal(a.available_size(), len(model.free) + len(model.staged), "available_size()")
         expect_tensor(a.free_pages, "free_pages", torch.int64)
+
+
+# -- the learner's allocator against the engine's (memlab's TokenToKVPoolAllocator), step by step -
+
+def random_case(d):
+    from exercise_refs import scribble, tensor
+    from memlab.course.grading.fuzz import tensor_code
+    from memlab.sglang.allocator import TokenToKVPoolAllocator
+
+    size, need_sort = d.int(1, 40), d.chance(0.5)
+    mine, engine = allocator(size, need_sort), TokenToKVPoolAllocator(size, need_sort=need_sort)
+    d.given(size=size, need_sort=need_sort)
+    d.code(f"a = ex.TokenToKVPoolAllocator({size}, need_sort={need_sort})")
+    held: list[int] = []
+    for _ in d.count(1, 16, 0.85):
+        op = d.pick(("alloc", "free", "merge"))
+        if op == "alloc":
+            n = d.int(0, size // 2 + 2)
+            d.step(f"alloc({n})")
+            d.code(f"print(a.alloc({n}))")
+            want = engine.alloc(n)
+            d.returns("alloc", d.call("alloc", mine.alloc, n), want)
+            held += [] if want is None else want.tolist()
+            what = "alloc"
+        elif op == "free":
+            slots = [held.pop(d.int(0, len(held) - 1)) for _ in range(d.int(0, len(held)))]  # any order
+            d.step(f"free({slots})")
+            d.code(f"a.free({tensor_code(slots)})")
+            buf = tensor(slots)
+            d.returns("free", d.call("free", mine.free, buf), engine.free(tensor(slots)))
+            scribble(buf)  # the caller reuses its buffer: the allocator must not have kept it
+            what = "free"
+        else:
+            d.step("merge_and_sort_free()")
+            d.code("a.merge_and_sort_free()")
+            d.returns("merge_and_sort_free", d.call("merge_and_sort_free", mine.merge_and_sort_free),
+                      engine.merge_and_sort_free())
+            what = "merge_and_sort_free"
+        d.code("print(a.free_pages, a.release_pages, a.available_size())")
+        d.books(what, "free_pages", mine.free_pages, engine.free_pages)
+        d.books(what, "release_pages", mine.release_pages, engine.release_pages)
+        d.books(what, "available_size()", d.call("available_size", mine.available_size), engine.available_size())
+
+
+@points(2)
+def test_random_streams_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=303, trials=120, name="ch03_token_allocator")

@@ -98,9 +98,10 @@ def test_refusal_takes_nothing():
     expect_equal(out, i64(4, 5, 6, 7, 8, 9, 10, 11, 21, 22), "prefix 0 -> 8 takes both free pages; prefix 5 -> 7 "
                  "fills its old page (slots 21, 22) and needs no page")
     expect_equal(b.free_pages, i64(), "every page taken")
-    for pre, seq in (([5], [4]), ([0, 9], [3, 8])):
+    for pre, seq in (([5], [4]), ([0, 9], [3, 8]), ([0, 9], [9, 8])):
         expect_raises(ValueError, lambda: a.alloc_extend(t(pre), t(seq), t([3] * len(pre))),
-                      f"alloc_extend with prefix_lens {pre} and seq_lens {seq} (a seq_len below its prefix_len)")
+                      f"alloc_extend with prefix_lens {pre} and seq_lens {seq} (a seq_len below its prefix_len; "
+                      "no page is free either: the ValueError for invalid input comes first)")
     expect_equal(a.free_pages, i64(), "free_pages after refused calls")
 
 
@@ -124,3 +125,73 @@ def test_matches_reference_on_random_batches():
         expect_no_sharing({i: g for i, g in enumerate(got)}, "slot")
         used = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
         expect_equal(a.free_pages, free_before[used:], f"free_pages after taking {used} pages from its head")
+
+
+# -- the learner's alloc_extend against the engine's, on random batches ---------------------------
+
+def engine_alloc_extend(pre, seq, last, free_pages, ps):
+    """SGLang's answer (memlab.sglang.allocator: its checks, its capacity rule, alloc_extend_naive):
+    (slots or None or the error, free_pages after)."""
+    from memlab.course.grading.fuzz import Raised
+    from memlab.sglang.allocator.reference import alloc_extend_python as engine
+
+    if any(s < p for p, s in zip(pre, seq)):  # the engine's boundary check comes before capacity
+        return Raised(ValueError("a seq_len below its prefix_len")), free_pages
+    need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
+    if need > len(free_pages):
+        return None, free_pages
+    return i64(*engine(pre, seq, last, free_pages, ps)), free_pages[need:]
+
+
+def draw_batch(d, ps, big):
+    """A batch: fresh and continued requests, some longer than a 64-token block; with ``big``,
+    prefixes near 2**31 (a pure index computation: no pool needed); now and then an invalid one."""
+    from exercise_refs import INT31
+
+    pre, seq = [], []
+    for _ in d.count(1, 4):
+        p = d.big(0, INT31 - 300) if big else (0 if d.chance(0.3) else d.int(0, 3 * ps + 70))
+        pre.append(p)
+        seq.append(p + d.int(0, 2 * 64 + 3 * ps + 8))
+    if d.chance(0.08):  # an invalid request: the docstring's ValueError must win, even when pages are short
+        i = d.int(0, len(pre) - 1)
+        pre[i], seq[i] = pre[i] + d.int(1, 5), pre[i]
+    last = [-1 if p == 0 else (d.int(1, 9) + 1000 + 2 * i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
+    return pre, seq, last
+
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES, scribble, tensor
+    from memlab.course.grading.fuzz import tensor_code
+
+    ps = d.pick(SIZES)
+    big = d.chance(0.25)
+    a = load("ch04_alloc_extend").PagedAllocator(64 * ps, ps)
+    d.given(page_size=ps)
+    d.code(f"a = ex.PagedAllocator({64 * ps}, {ps})")
+    free = None
+    for step in d.count(1, 2, 0.4):
+        pre, seq, last = draw_batch(d, ps, big)
+        if free is None:  # page ids in random order, small and up to 2**31 / page_size
+            need = sum(max(0, -(-s // ps) - -(-p // ps)) for p, s in zip(pre, seq))
+            free = d.ids(max(0, need + d.int(-2, 3)), (INT31 - ps) // ps)
+            a.free_pages = tensor(free)
+            d.code(f"a.free_pages = {tensor_code(free)}")
+            d.given(prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
+        else:
+            d.step(f"alloc_extend(prefix_lens={pre}, seq_lens={seq}, last_loc={last})")
+        strided = d.chance(0.3)
+        args = [tensor(v, strided) for v in (pre, seq, last)]
+        d.code(f"print(a.alloc_extend({tensor_code(pre)}, {tensor_code(seq)}, {tensor_code(last)}))")
+        got = d.call("alloc_extend", a.alloc_extend, *args)
+        want, free = engine_alloc_extend(pre, seq, last, free, ps)
+        d.returns("alloc_extend", got, want)
+        scribble(*args)
+        d.books("alloc_extend", "free_pages", a.free_pages, tensor(free))
+
+
+@points(2)
+def test_random_batches_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=404, trials=150, name="ch04_alloc_extend")

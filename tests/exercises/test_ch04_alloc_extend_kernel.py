@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from exercise_refs import alloc_extend_python, fenced, split_by_request
+from exercise_refs import alloc_extend_python, fenced, i64, split_by_request
 from memlab.course.grading.checks import expect_equal
 
 GUARD = 16
@@ -113,3 +113,51 @@ def test_compiled_on_gpu_large_batch():
         seq = [p + rng.randint(0, 600) for p in pre]
         last = [-1 if p == 0 else (200000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
         compare(pre, seq, last, shuffled_pages(pages_needed(pre, seq, ps), rng), ps, device="cuda")
+
+
+# -- the learner's kernel against the engine's alloc_extend, on random batches --------------------
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES
+    from memlab.common.env import kernel_device
+    from memlab.course.grading.fuzz import tensor_code
+    from memlab.course.grading.loader import load
+    from memlab.sglang.allocator.reference import alloc_extend_python as engine
+
+    ps = d.pick(SIZES)
+    big = d.chance(0.2)
+    pre, seq = [], []
+    for _ in d.count(1, 3, 0.5):
+        p = d.big(0, INT31 - 300) if big else (0 if d.chance(0.3) else d.int(0, 2 * ps + 40))
+        pre.append(p)
+        seq.append(p + (d.int(64, 2 * 64 + 3 * ps + 8) if d.chance(0.4) else d.int(0, 3 * ps + 4)))
+    last = [-1 if p == 0 else (1000 + 2 * i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
+    # page ids in random order, small and large (slots past 2**31: the output is int64)
+    free = d.ids(pages_needed(pre, seq, ps) + d.int(0, 2), INT31)
+    n = sum(seq) - sum(pre)
+    d.given(page_size=ps, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
+    d.code(f"print(ex.alloc_extend({tensor_code(pre)}, {tensor_code(seq)}, {tensor_code(last)}, "
+           f"{tensor_code(free)}, {ps}, {n}))")
+    dev = kernel_device()
+    buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
+    pages = fenced(free, torch.int64, dev)  # a load past the free list's end crashes
+    inputs = [torch.tensor(v, dtype=torch.int64, device=dev) for v in (pre, seq, last)]
+    got = d.call("alloc_extend", load("ch04_alloc_extend_kernel").alloc_extend, *inputs, pages, ps, n,
+                 out=buf[GUARD:GUARD + n], keep=False)
+    buf = buf.cpu()
+    d.returns("alloc_extend", buf[GUARD:GUARD + n] if torch.is_tensor(got) else got, i64(*engine(pre, seq, last, free, ps)))
+    sentinels = torch.full((GUARD,), SENTINEL)
+    d.same("the guard band before the output", buf[:GUARD], sentinels, "a store before the batch's first token")
+    d.same("the guard band after the output", buf[GUARD + n:], sentinels, "a store past the batch's last token: "
+           "is part 2's store masked?")
+    d.same("free_pages after the launch", pages.cpu(), i64(*free), "the kernel must only read it")
+    for name, x, v in zip(("prefix_lens", "seq_lens", "last_loc"), inputs, (pre, seq, last)):
+        d.same(f"{name} after the launch", x.cpu(), i64(*v), "the kernel must only read it")
+
+
+@pytest.mark.kernel
+@points(2)
+def test_random_batches_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=440, trials=40, name="ch04_alloc_extend_kernel")

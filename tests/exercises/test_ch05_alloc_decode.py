@@ -95,3 +95,47 @@ def test_refusal():
     expect_equal(a.free_pages, i64(), "every page taken")
     out = decode(a, [1], [-1])
     expect(out is None, f"1 request opens a page, no page free: alloc_decode must return None, got {out!r}")
+
+
+# -- the learner's alloc_decode against the engine's, over several decode steps --------------------
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES, scribble, tensor
+    from memlab.course.grading.fuzz import tensor_code
+    from memlab.sglang.allocator.reference import alloc_decode_python as engine
+
+    ps = d.pick(SIZES)
+    big = d.chance(0.25)  # lengths near 2**31: alloc_decode only computes with them (no pool needed)
+    seq = [(d.big(1, INT31 - 10) if big else d.int(1, 3 * ps + 3)) for _ in d.count(1, 6)]
+    # the slot of each request's previous token (position seq - 2), on an old page far from the new ones
+    last = [-1 if s == 1 else (5000 + 3 * i) * ps + (s - 2) % ps for i, s in enumerate(seq)]
+    steps = list(d.count(1, 4, 0.5))
+    opens = sum((s + k - 1) % ps == 0 for s in seq for k in range(len(steps)))
+    free = d.ids(max(0, opens + d.int(-2, 2)), INT31)  # page ids in random order, small and large
+    a = allocator(64 * ps, ps)
+    a.free_pages = tensor(free)
+    d.given(page_size=ps, seq_lens=seq, last_loc=last, free_pages=free)
+    d.code(f"a = ex.PagedAllocator({64 * ps}, {ps})")
+    d.code(f"a.free_pages = {tensor_code(free)}")
+    for k in steps:
+        if k:
+            d.step(f"alloc_decode(seq_lens={seq}, last_loc={last})")
+        d.code(f"print(a.alloc_decode({tensor_code(seq)}, {tensor_code(last)}))")
+        args = [tensor(seq, d.chance(0.3)), tensor(last, d.chance(0.3))]
+        got = d.call("alloc_decode", a.alloc_decode, *args)
+        need = sum((s - 1) % ps == 0 for s in seq)
+        want = None if need > len(free) else i64(*engine(seq, last, free, ps))
+        d.returns("alloc_decode", got, want)
+        scribble(*args)
+        free = free if want is None else free[need:]
+        d.books("alloc_decode", "free_pages", a.free_pages, tensor(free))
+        if want is None:
+            break
+        seq, last = [s + 1 for s in seq], want.tolist()
+
+
+@points(2)
+def test_random_decode_steps_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=505, trials=150, name="ch05_alloc_decode")

@@ -135,3 +135,134 @@ def test_free_group_batches_once():
     expect_equal(f.free_pages, i64(2, 5), "an empty free group must change nothing")
     free(f, i64(13))  # outside a group: released at once again
     expect_equal(f.free_pages, i64(3, 2, 5), "a free after the group closed is released at once")
+
+
+# -- the learner's frees against the engine's rules, over random sequences -------------------------
+
+class Engine:
+    """SGLang's paged free as the docstrings state it (memlab's allocator checks page ranges against a
+    real pool, which this test does not build): pages deduplicated and sorted, released at the head;
+    free groups queue copies and release them as one free."""
+
+    def __init__(self, free_pages, ps):
+        self.free_pages, self.ps, self.free_group = list(free_pages), ps, None
+
+    def alloc_pages(self, n):
+        if n > len(self.free_pages):
+            return None
+        out, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        return out
+
+    def free(self, slots):
+        if not slots:
+            return
+        if self.free_group is not None:
+            self.free_group.append(list(slots))
+            return
+        self.free_pages = sorted({s // self.ps for s in slots}) + self.free_pages
+
+    def free_segment(self, slots, start_pos):
+        from memlab.course.grading.fuzz import Raised
+
+        if not slots:
+            return None
+        if start_pos % self.ps:
+            return Raised(ValueError())
+        self.free_pages = [s // self.ps for s in slots[:: self.ps]] + self.free_pages
+        return None
+
+    def free_group_begin(self):
+        from memlab.course.grading.fuzz import Raised
+
+        if self.free_group is not None:
+            return Raised(RuntimeError())
+        self.free_group = []
+
+    def free_group_end(self):
+        from memlab.course.grading.fuzz import Raised
+
+        if self.free_group is None:
+            return Raised(RuntimeError())
+        queued, self.free_group = self.free_group, None
+        self.free([s for q in queued for s in q])
+
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES, scribble, tensor
+    from memlab.course.grading.fuzz import tensor_code
+
+    ps = d.pick(SIZES)
+    ids = d.ids(d.int(1, 10), INT31 // ps)  # page ids in random order: small (1 and 8 sort apart in a set) and large
+    f, engine = free_list(8, ps), Engine(ids, ps)
+    f.free_pages = tensor(ids)
+    d.given(page_size=ps, free_pages=ids)
+    d.code(f"f = ex.PagedFreeList(8, {ps})")
+    d.code(f"f.free_pages = {tensor_code(ids)}")
+    reqs = []  # the slots of each request's tokens, in position order
+    for _ in d.count(1, 12, 0.85):
+        op = d.pick(("alloc", "free", "free part", "segment", "begin", "end", "empty"))
+        what = op
+        if op == "alloc":
+            n = d.int(0, 3)
+            d.step(f"alloc_pages({n})")
+            d.code(f"print(f.alloc_pages({n}))")
+            pages = engine.alloc_pages(n)
+            got = d.call("alloc_pages", f.alloc_pages, n)
+            d.returns("alloc_pages", got, None if pages is None else tensor(pages))
+            if pages:
+                length = len(pages) * ps - d.int(0, ps - 1)  # the last page may be partly filled
+                reqs.append([pages[p // ps] * ps + p % ps for p in range(length)])
+            what = "alloc_pages"
+        elif op in ("free", "free part") and reqs:
+            slots = reqs.pop(d.int(0, len(reqs) - 1))
+            if op == "free part" and len(slots) > 1:  # a request freed in two pieces: they share a page
+                cut = d.int(1, len(slots) - 1)
+                slots, rest = slots[:cut], slots[cut:]
+                reqs.append(rest)
+            if d.chance(0.4):
+                slots = d.shuffled(slots)  # any order
+            d.step(f"free({slots})")
+            d.code(f"f.free({tensor_code(slots)})")
+            buf = tensor(slots)
+            d.returns("free", d.call("free", f.free, buf), engine.free(slots))
+            scribble(buf)  # the caller reuses its buffer (a free group must have kept a copy)
+            what = "free"
+        elif op == "segment" and reqs and engine.free_group is None:  # outside groups only (the docstring)
+            i = d.int(0, len(reqs) - 1)
+            start = d.int(0, len(reqs[i]) - 1)
+            if d.chance(0.7):
+                start = start // ps * ps  # mostly aligned; else the ValueError (and nothing freed)
+            slots = reqs[i][start:]
+            d.step(f"free_segment({slots}, start_pos={start})")
+            d.code(f"f.free_segment({tensor_code(slots)}, {start})")
+            want = engine.free_segment(slots, start)
+            if want is None:
+                reqs[i] = reqs[i][:start]
+            d.returns("free_segment", d.call("free_segment", f.free_segment, tensor(slots), start), want)
+            what = "free_segment"
+        elif op == "begin":
+            d.step("free_group_begin()")
+            d.code("f.free_group_begin()")
+            d.returns("free_group_begin", d.call("free_group_begin", f.free_group_begin), engine.free_group_begin())
+            what = "free_group_begin"
+        elif op == "end":
+            d.step("free_group_end()")
+            d.code("f.free_group_end()")
+            d.returns("free_group_end", d.call("free_group_end", f.free_group_end), engine.free_group_end())
+            what = "free_group_end"
+        else:
+            d.step("free([])")
+            d.code("f.free(torch.tensor([], dtype=torch.int64))")
+            d.returns("free", d.call("free", f.free, tensor([])), engine.free([]))
+            what = "free"
+        d.code("print(f.free_pages, f.free_group)")
+        d.books(what, "free_pages", f.free_pages, tensor(engine.free_pages))
+        group = engine.free_group
+        d.books(what, "free_group", f.free_group, None if group is None else [tensor(q) for q in group])
+
+
+@points(2)
+def test_random_frees_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=550, trials=150, name="ch05_paged_free")

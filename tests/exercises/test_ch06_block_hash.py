@@ -66,6 +66,10 @@ def test_salt_first_block_only():
     plain = hashes(m, TOKENS, 4)
     expect(got[1] != plain[1], "a salt must change every later hash too (through the chain)")
     expect_equal(hashes(m, TOKENS, 4, cache_salt=""), plain, "cache_salt='' is no salt (vLLM tests its truth)")
+    item = m.MMItem("img", 1, 2)
+    got = hashes(m, TOKENS, 4, mm_items=(item,), cache_salt="tenant-a")
+    expect_equal(got[0], chain(m, TOKENS, 4, [(("mm", "img", 1), ("cache_salt", "tenant-a")), None])[0],
+                 "block 0 with an image and a salt: the salt comes last, after the items")
 
 
 @points(1)
@@ -104,7 +108,54 @@ def test_multimodal_items_overlapping():
     lora = ("lora", "L", None)
     want = chain(m, tokens, 4, [(lora, ("mm", "a", 0)), (lora, ("mm", "b", 0), ("mm", "c", 3)), (lora, ("mm", "d", 0)),
                                 (lora, ("mm", "d", -4))])
+    got2 = hashes(m, tokens[:4], 4, mm_items=(m.MMItem("img-z", 0, 1), m.MMItem("img-a", 2, 1)))
+    expect_equal(got2, chain(m, tokens[:4], 4, [(("mm", "img-z", 0), ("mm", "img-a", 2))]),
+                 "two items in one block, img-z at 0 and img-a at 2: their keys in offset order (the order of "
+                 "mm_items), never sorted by identifier")
     for i in range(4):
         expect_equal(got[i], want[i], f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: "
                                       "an item overlaps a block when it starts before the block's end and ends "
                                       "after its start")
+
+
+# -- the learner's hashes against vLLM's (memlab.vllm.hashing), on random requests ----------------
+
+def random_case(d):
+    from types import SimpleNamespace
+
+    from exercise_refs import INT31, SIZES
+    from memlab.vllm.hashing import get_request_block_hasher, sha256
+
+    m = ex()
+    bs = d.pick(SIZES)
+    n = d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(0, 3 * bs + 3)  # past a 64-token block too
+    kwargs = {}
+    if d.chance(0.4):
+        kwargs["lora_name"] = f"adapter{d.int(0, 9)}"
+        kwargs["lora_path"] = d.pick((None, f"/loras/{d.int(0, 9)}"))
+    items, pos = [], d.int(0, bs + 1)
+    for k in d.count(0, 5, 0.5):  # sorted by offset, disjoint; identifiers in another order
+        length = d.int(1, bs + 2)
+        items.append(m.MMItem(f"{d.pick('qbxma')}-image{k}", pos, length))
+        pos += length + d.int(0, bs)
+    if items:
+        kwargs["mm_items"] = tuple(items)
+    salt = d.pick((None, "", "tenant-a", "tenant-b"))
+    if salt is not None:
+        kwargs["cache_salt"] = salt
+    tokens = [d.big(0, INT31) for _ in range(n)]  # drawn last: shrinking the list keeps the rest
+    d.given(token_ids=tokens, block_size=bs, **{k: (list(v) if k == "mm_items" else v) for k, v in kwargs.items()})
+    args = ", ".join([repr(tokens), str(bs)] + [f"{k}={v!r}" for k, v in kwargs.items()])
+    d.code(f"print(ex.request_block_hashes({args.replace('MMItem(', 'ex.MMItem(')}))")
+    got = d.call("request_block_hashes", m.request_block_hashes, tokens, bs, **kwargs)
+    request = SimpleNamespace(block_hashes=[], num_tokens=n, all_token_ids=tokens, lora_name=kwargs.get("lora_name"),
+                              lora_path=kwargs.get("lora_path"), mm_features=list(items), cache_salt=salt)
+    d.returns("request_block_hashes", got, get_request_block_hasher(bs, sha256)(request),
+              "hashes are shown by their first bytes")
+
+
+@points(2)
+def test_random_requests_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=660, trials=150, name="ch06_block_hash")

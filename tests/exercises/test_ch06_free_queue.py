@@ -84,3 +84,71 @@ def test_null_blocks_skipped():
     free(m, q, blocks)
     expect_equal(q.ids(), [6, 90, 5], "free queue after freeing [5 (hashed), null, 6 (unhashed)]: a null block is "
                  "skipped wherever it sits, and the walk goes on past it")
+
+
+# -- the learner's free against vLLM's (memlab's BlockPool.free_blocks), request after request -----
+
+HASHES = (None, "h", 0, b"", b"\x07" * 8, ("t", 3))  # falsy hashes are hashes too
+
+
+def random_case(d):
+    from exercise_refs import INT31
+    from memlab.vllm.block_pool import BlockPool
+
+    m = load("ch06_free_queue")
+    n = d.int(1, 10)
+    pool = BlockPool(n + 1)  # engine blocks 1..n; block 0 is vLLM's null block
+    ids = d.ids(n, INT31)  # the learner's block ids: random order, small and large
+    hashes = [d.pick(HASHES) for _ in range(n)]
+    eng = pool.blocks[1:]
+    for b, h in zip(eng, hashes):
+        b._block_hash = h
+    queued = set(d.sample(range(n), d.int(0, min(3, n))))  # already free before the frees
+    reqs = []  # block-table indices per request (-1: a null placeholder)
+    for _ in d.count(1, 4):
+        table = [-1] * (d.int(1, 2) if d.chance(0.2) else 0)  # a sliding window dropped its first blocks
+        table += [i for i in d.sample(range(n), d.int(0, n)) if i not in queued]
+        reqs.append(table)
+    refs = [sum(r.count(i) for r in reqs) + (1 if d.chance(0.15) else 0) for i in range(n)]  # +1: another holder
+    queued |= {i for i in range(n) if refs[i] == 0}
+    order = [i for i in range(n) if i in queued]
+    order = d.shuffled(order)
+    for i in range(n):
+        eng[i].ref_cnt = refs[i]
+    for b in list(pool.free_block_queue.get_all_free_blocks()):
+        pool.free_block_queue.remove(b)
+    pool.free_block_queue.append_n([eng[i] for i in order])
+    mine = [m.Block(ids[i], ref_cnt=refs[i], block_hash=hashes[i]) for i in range(n)]
+    null = m.Block(0, ref_cnt=1, is_null=True)
+    q = m.FreeQueue([mine[i] for i in order])
+    d.given(blocks=[(ids[i], refs[i], hashes[i]) for i in range(n)], queue=[ids[i] for i in order],
+            requests=[[ids[i] if i >= 0 else "null" for i in r] for r in reqs])
+    d.code("blocks = {" + ", ".join(f"{ids[i]}: ex.Block({ids[i]}, ref_cnt={refs[i]}, block_hash={hashes[i]!r})"
+                                    for i in range(n)) + "}")
+    d.code("null = ex.Block(0, ref_cnt=1, is_null=True)")
+    d.code(f"q = ex.FreeQueue([blocks[i] for i in {[ids[i] for i in order]}])")
+    for r in d.shuffled(range(len(reqs))):  # requests finish in any order
+        table = reqs[r]
+        d.step(f"free request {r}: free_request_blocks(q, {[ids[i] if i >= 0 else 'null' for i in table]})")
+        d.code("ex.free_request_blocks(q, [" + ", ".join("null" if i < 0 else f"blocks[{ids[i]}]" for i in table) + "])")
+        blocks = [null if i < 0 else mine[i] for i in table]
+        before = list(blocks)
+        d.returns("free_request_blocks", d.call("free_request_blocks", m.free_request_blocks, q, blocks, keep=False), None)
+        d.same("the caller's list of blocks (same blocks, same order)", [ids.index(b.block_id) if b is not null
+               else -1 for b in blocks], table, "walk it with reversed(blocks), do not reverse it in place")
+        if len(blocks) != len(before) or any(a is not b for a, b in zip(blocks, before)):
+            d.fail("list changed", f"your `free_request_blocks` changed the caller's list of blocks on {d.words()}")
+        pool.free_blocks(reversed([pool.null_block if i < 0 else eng[i] for i in table]))
+        index = {id(b): i for i, b in enumerate(eng)}
+        d.code("print(q.ids(), [b.ref_cnt for b in blocks.values()])")
+        d.books("free_request_blocks", "queue.ids()", d.call("ids", q.ids),
+                [ids[index[id(b)]] for b in pool.free_block_queue.get_all_free_blocks()])
+        d.books("free_request_blocks", "the blocks' ref_cnt", [b.ref_cnt for b in mine], [b.ref_cnt for b in eng])
+        d.books("free_request_blocks", "the null block's ref_cnt", null.ref_cnt, 1)
+
+
+@points(2)
+def test_random_frees_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=606, trials=150, name="ch06_free_queue")

@@ -111,3 +111,59 @@ def test_compiled_on_gpu():
         table, qsl, positions = random_batch(rng, 64, bs, 32, 300, 5000)
         padded = qsl[-1] + 37
         compare(table, qsl, positions + [0] * 37, bs, padded, device="cuda")
+
+
+# -- the learner's kernel against vLLM's slot_mapping (memlab.vllm.block_table), on random batches --
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES
+    from memlab.common.env import kernel_device
+    from memlab.course.grading.fuzz import tensor_code
+    from memlab.course.grading.loader import load
+    from memlab.vllm.block_table import slot_mapping_python as engine
+
+    bs = d.pick(SIZES)
+    reqs, cols = [], 0
+    for _ in d.count(1, 4, 0.5):  # (tokens before this step, tokens this step computes)
+        new = d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(1, 2 * bs + 2)  # past a 64-token block too
+        ctx = new + (d.int(0, 3 * bs) if d.chance(0.5) else 0)
+        reqs.append((ctx - new, new))
+        cols = max(cols, -(-ctx // bs))
+    pad, wide = d.int(0, 70) if d.chance(0.3) else d.int(0, 3), d.int(0, 3) if d.chance(0.3) else 0
+    table = [d.ids(cols, INT31) for _ in reqs]  # block ids of a big pool in random order: slots past 2**31
+    qsl, positions = [0], []
+    for done, new in reqs:
+        positions += list(range(done, done + new))
+        qsl.append(qsl[-1] + new)
+    padded = qsl[-1] + pad
+    positions += [0] * pad
+    d.given(block_size=bs, block_table=table, query_start_loc=qsl, positions=positions,
+            num_tokens_padded=padded, **({"row_stride": cols + wide} if wide else {}))
+    d.code(f"print(ex.compute_slot_mapping(torch.tensor({table}, dtype=torch.int32), "
+           f"torch.tensor({qsl}, dtype=torch.int32), {tensor_code(positions)}, {bs}, {padded}))")
+    dev = kernel_device()
+    buf = torch.full((padded + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
+    full = fenced([r + [-7] * wide for r in table], torch.int32, dev)  # a load past the table crashes
+    bt = full[:, :cols] if wide else full
+    q, pos = torch.tensor(qsl, dtype=torch.int32, device=dev), fenced(positions, torch.int64, dev)
+    got = d.call("compute_slot_mapping", load("ch06_slot_mapping").compute_slot_mapping, bt, q, pos, bs, padded,
+                 out=buf[GUARD:GUARD + padded], keep=False)
+    buf = buf.cpu()
+    req_of = [r for r, (_, new) in enumerate(reqs) for _ in range(new)]
+    want = torch.tensor(engine(table, req_of, positions[:qsl[-1]], bs, padded), dtype=torch.int64)
+    d.returns("compute_slot_mapping", buf[GUARD:GUARD + padded] if torch.is_tensor(got) else got, want)
+    sentinels = torch.full((GUARD,), SENTINEL)
+    d.same("the guard band before slot_mapping", buf[:GUARD], sentinels, "a store before the first token")
+    d.same("the guard band after slot_mapping", buf[GUARD + padded:], sentinels, "a store past the last token: "
+           "is the mask i < end?")
+    d.same("the block table after the launch", full.cpu(), torch.tensor([r + [-7] * wide for r in table],
+           dtype=torch.int32), "the kernel must only read it")
+    d.same("positions after the launch", pos.cpu(), torch.tensor(positions), "the kernel must only read it")
+
+
+@pytest.mark.kernel
+@points(2)
+def test_random_batches_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=612, trials=24, name="ch06_slot_mapping")

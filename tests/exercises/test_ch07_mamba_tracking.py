@@ -48,6 +48,8 @@ def test_alloc_gives_state_and_tracking():
     expect_equal(m.state_slot[3], i64(1)[0], "row 3's state slot (the first slot from the head)")
     expect_equal(m.track_slots[3], i64(2, 3), "row 3's two tracking slots (the next ones, in column order)")
     expect_equal(m.free_slots, i64(4, 5, 6, 7, 8), "free_slots after handing out 3 slots")
+    expect_equal((m.next_track_idx, m.last_track_seqlen), (i64(0, 0, 0, 0, 0), i64(-1, -1, -1, -1, -1)),
+                 "alloc_row leaves next_track_idx and last_track_seqlen alone (fresh: 0 and -1)")
     expect_equal(m.alloc_row(1), True, "alloc_row(1) with 5 free slots")
     expect_no_sharing({3: [int(m.state_slot[3])] + m.track_slots[3].tolist(),
                        1: [int(m.state_slot[1])] + m.track_slots[1].tolist()}, "mamba slot", "row")
@@ -113,6 +115,16 @@ def test_slots_zeroed_before_reuse():
     m.alloc_row(2)
     expect_equal(m.state[1:4], torch.zeros(3, 3), "slots handed to a new request must be zeroed: the old "
                  "owner's state would be read as its history")
+    m = rows(num_slots=4, tracking=2)
+    m.alloc_row(1)  # slots 1, 2, 3
+    state = m.state.clone()
+    state[1:4] = 7.0
+    m.state = state
+    m.free_row(1)  # free_slots: 4, 1, 2, 3
+    m.alloc_row(2)  # slots 4, 1, 2: not consecutive, not ascending
+    expect_equal(m.state[:, 0], torch.tensor([0.0, 0.0, 0.0, 7.0, 0.0]), "row 2 took slots 4, 1, 2 (not "
+                 "consecutive): exactly their state rows must be zeroed (state[slots] = 0, not a span from the "
+                 "first to the last), and free slot 3 keeps its old state")
 
 
 @points(1)
@@ -136,3 +148,112 @@ def test_next_track_slot_ping_pong():
     none = rows(tracking=0)
     none.alloc_row(1)
     expect_raises(ValueError, lambda: none.next_track_slot(1), "next_track_slot without tracking slots")
+
+
+# -- the learner's rows against the engine's rules, over random sequences --------------------------
+
+class Engine:
+    """SGLang's HybridReqToTokenPool books for one model, as the docstrings state them (memlab's pool
+    allocates rows and slots together; the exercise gives the row): slots from the head, freed to
+    the tail, state rows zeroed when handed out, every field of a freed row reset."""
+
+    def __init__(self, rows, num_slots, state_dim, tracking):
+        self.tracking = tracking
+        self.state = torch.zeros(num_slots + 1, state_dim)
+        self.free_slots = list(range(1, num_slots + 1))
+        self.state_slot, self.track = [0] * (rows + 1), [[0] * tracking for _ in range(rows + 1)]
+        self.next_idx, self.last_len = [0] * (rows + 1), [-1] * (rows + 1)
+
+    def alloc_row(self, row):
+        if 1 + self.tracking > len(self.free_slots):
+            return False
+        slots, self.free_slots = self.free_slots[:1 + self.tracking], self.free_slots[1 + self.tracking:]
+        self.state[slots] = 0
+        self.state_slot[row], self.track[row] = slots[0], slots[1:]
+        return True
+
+    def free_row(self, row):
+        self.free_slots += [s for s in [self.state_slot[row]] + self.track[row] if s > 0]
+        self.state_slot[row], self.track[row] = 0, [0] * self.tracking
+        self.next_idx[row], self.last_len[row] = 0, -1
+
+    def next_track_slot(self, row):
+        from memlab.course.grading.fuzz import Raised
+
+        if self.tracking == 0 or self.track[row][self.next_idx[row]] == 0:
+            return Raised(ValueError())
+        slot = self.track[row][self.next_idx[row]]
+        self.next_idx[row] = (self.next_idx[row] + 1) % self.tracking
+        return slot
+
+
+def random_case(d):
+    from exercise_refs import tensor
+    from memlab.sglang.mamba import mamba_tracking_slots
+
+    m = load("ch07_mamba_tracking")
+    if d.chance(0.15):
+        flags = dict(extra_buffer=d.chance(0.5), overlap=d.chance(0.5), lazy=d.chance(0.5))
+        d.given(**flags)
+        d.code(f"print(ex.get_mamba_tracking_slots(**{flags}))")
+        d.returns("get_mamba_tracking_slots", d.call("get_mamba_tracking_slots", m.get_mamba_tracking_slots, **flags),
+                  mamba_tracking_slots(**flags))
+        return
+    n_rows, n_slots, dim, tracking = d.int(1, 5), d.int(1, 10), d.int(1, 3), d.int(0, 2)
+    mine, engine = m.MambaRows(n_rows, n_slots, dim, tracking), Engine(n_rows, n_slots, dim, tracking)
+    d.given(rows=n_rows, num_slots=n_slots, state_dim=dim, tracking=tracking)
+    d.code(f"r = ex.MambaRows({n_rows}, {n_slots}, {dim}, {tracking})")
+    held = set()
+    for _ in d.count(1, 16, 0.9):
+        op = d.pick(("alloc", "write", "free", "track"))
+        every = list(range(1, n_rows + 1))
+        pool = sorted(set(every) - held) if op == "alloc" else sorted(held) if op == "write" \
+            else (sorted(held) if op == "free" and d.chance(0.8) else every)  # free_row of a row holding nothing too
+        if not pool:
+            continue
+        row = d.pick(pool)
+        if op == "alloc":
+            d.step(f"alloc_row({row})")
+            d.code(f"print(r.alloc_row({row}))")
+            want = engine.alloc_row(row)
+            d.returns("alloc_row", d.call("alloc_row", mine.alloc_row, row), want)
+            held |= {row} if want else set()
+            what = "alloc_row"
+        elif op == "free":
+            d.step(f"free_row({row})")
+            d.code(f"r.free_row({row})")
+            d.returns("free_row", d.call("free_row", mine.free_row, row), engine.free_row(row))
+            held.discard(row)
+            what = "free_row"
+        elif op == "write":  # the model runs: the row's slots get a state
+            value = float(d.int(1, 9))
+            slots = [engine.state_slot[row]] + engine.track[row]
+            d.step(f"(the forward pass writes {value} into the state rows of slots {slots})")
+            d.code(f"s = r.state.clone(); s[{slots}] = {value}; r.state = s")
+            engine.state[slots] = value
+            state = mine.state.clone()
+            state[slots] = value
+            mine.state = state
+            continue
+        else:
+            d.step(f"next_track_slot({row})")
+            d.code(f"print(r.next_track_slot({row}))")
+            d.returns("next_track_slot", d.call("next_track_slot", mine.next_track_slot, row),
+                      engine.next_track_slot(row))
+            what = "next_track_slot"
+        d.code("print(r.free_slots, r.state_slot, r.track_slots, r.next_track_idx, r.last_track_seqlen, r.state)")
+        d.books(what, "free_slots", mine.free_slots, tensor(engine.free_slots))
+        d.books(what, "state_slot", mine.state_slot, tensor(engine.state_slot))
+        d.books(what, "track_slots", mine.track_slots, torch.tensor(engine.track, dtype=torch.int64).reshape(
+                n_rows + 1, tracking))
+        d.books(what, "next_track_idx", mine.next_track_idx, tensor(engine.next_idx))
+        d.books(what, "last_track_seqlen", mine.last_track_seqlen, tensor(engine.last_len))
+        d.books(what, "state", mine.state, engine.state, "a slot's state row is zeroed when the slot is handed out, "
+                "and only then")
+
+
+@points(2)
+def test_random_sequences_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=770, trials=120, name="ch07_mamba_tracking")

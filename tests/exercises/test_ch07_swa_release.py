@@ -52,6 +52,8 @@ def test_prefix_cache_keeps_its_part():
     expect_equal(f(40, 0, 8, 4, cache_protected_len=32), (0, 0), "protected up to exactly the end: nothing")
     expect_raises(ValueError, lambda: f(40, 6, 8, 4), "swa_release_range with swa_evicted_len 6, not page-aligned",
                   naming="6")
+    expect_raises(ValueError, lambda: f(9, 6, 8, 4), "swa_release_range(9, 6, 8, 4): swa_evicted_len 6 is not "
+                  "page-aligned, and that is checked first, even when nothing would be released", naming="6")
 
 
 def release_reference(seq, evicted, window, ps, protected):
@@ -123,3 +125,66 @@ def test_take_swa_slots_clears_whole_pages():
     m1[3], m1[5] = 1, 9  # SWA slot 1 is a real slot (only 0 is padding)
     expect_equal(take(m1, i64(5, 4, 3), 1), i64(9, 1), "page size 1: the SWA slots under full slots 5, 4, 3")
     expect_equal(m1, i64(0, 0, 0, 0, 0, 0, 0, 0, 0, -1), "page size 1: only the freed slots are cleared")
+
+
+# -- the learner's answers against the engine's rules, on random windows and maps -----------------
+
+def engine_take(m, full, ps):
+    """SGLang's free_swa on the map (memlab.sglang.swa: read the map, forget whole pages), as lists."""
+    swa = [m[s] for s in full]
+    for s in full:
+        for o in range(ps):
+            m[s // ps * ps + o] = 0
+    return [v for v in swa if v > 0]
+
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES, scribble, tensor
+    from memlab.course.grading.fuzz import Raised, tensor_code
+
+    e = ex()
+    ps = d.pick(SIZES)
+    if d.chance(0.5):  # swa_release_range, with lengths up to 2**31 (pure arithmetic)
+        big = d.chance(0.3)
+        window = d.big(1, INT31 // 2) if big else d.int(1, 3 * ps + 8)
+        seq = d.big(0, INT31) if big else d.int(0, window + 6 * ps + 8)
+        evicted = (d.big(0, INT31) if big else d.int(0, seq + ps)) // ps * ps
+        if d.chance(0.1) and ps > 1:
+            evicted += d.int(1, ps - 1)  # not page-aligned: the ValueError
+        protected = d.pick((0, d.big(0, INT31) if big else d.int(0, seq + ps)))
+        d.given(seq_len=seq, swa_evicted_len=evicted, sliding_window=window, page_size=ps,
+                cache_protected_len=protected)
+        d.code(f"print(ex.swa_release_range({seq}, {evicted}, {window}, {ps}, cache_protected_len={protected}))")
+        got = d.call("swa_release_range", e.swa_release_range, seq, evicted, window, ps, cache_protected_len=protected)
+        want = Raised(ValueError()) if evicted % ps else release_reference(seq, evicted, window, ps, protected)
+        d.returns("swa_release_range", got, want)
+        return
+    pages = d.int(1, 8)
+    size = (pages + 1) * ps  # full slots 0 .. size - 1 (page 0 is padding), then the -1 entry
+    m = [0] * size + [-1]
+    for s in range(ps, size):
+        if d.chance(0.7):
+            m[s] = d.big(1, INT31)  # the SWA slot paired with full slot s (0: none)
+    mine = tensor(m)
+    d.given(page_size=ps, full_to_swa=m)
+    d.code(f"m = {tensor_code(m)}")
+    for _ in d.count(1, 3, 0.5):
+        touched = d.sample(range(1, pages + 1), d.int(0, pages))  # pages in any order, not consecutive
+        full = [p * ps + o for p in touched for o in range(ps) if o == 0 or d.chance(0.7)]
+        full = d.shuffled(full) if d.chance(0.3) else full
+        strided = d.chance(0.3)
+        d.step(f"take_swa_slots(m, {full}, {ps})")
+        d.code(f"print(ex.take_swa_slots(m, {tensor_code(full)}, {ps}), m)")
+        arg = tensor(full, strided)
+        got = d.call("take_swa_slots", e.take_swa_slots, mine, arg, ps, keep=False)
+        d.same("take_swa_slots's input full_indices", arg, tensor(full), "only the map may change")
+        d.returns("take_swa_slots", got, tensor(engine_take(m, full, ps)))
+        scribble(arg)
+        d.books("take_swa_slots", "full_to_swa", mine, tensor(m))
+
+
+@points(2)
+def test_random_windows_and_maps_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=707, trials=150, name="ch07_swa_release")

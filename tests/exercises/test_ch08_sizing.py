@@ -89,3 +89,53 @@ def test_reserve_doubled():
     expect_equal(f(16, num_steps=3, topk=4, num_draft_tokens=8), 256, "reserve for a tree on pages of 16 "
                  "(128 slots a step): doubled")
     expect_equal(f(16, 5, 1, 6), 12, "reserve for a chain of 5 steps with 6 draft tokens (arguments by position)")
+
+
+# -- the learner's numbers against the engine's (memlab.common.sizing), on random configurations ---
+
+def random_case(d):
+    from exercise_refs import INT31, SIZES
+    from memlab.common import sizing
+
+    e = ex()
+    ps = d.pick(SIZES + (128, 256))
+    fn = d.pick(("pool_size_tokens", "max_new_tokens_for_memory", "alloc_len_per_decode", "alloc_reserve_per_decode"))
+    if fn == "pool_size_tokens":  # budgets up to 2**50 bytes: exact only in integers
+        per_token = d.big(1, 2**22)
+        budget = d.big(0, 2**50) if d.chance(0.5) else per_token * d.big(0, INT31) + d.int(0, per_token - 1)
+        args = (budget, per_token, ps)
+        want = sizing.floor_ps(budget // per_token, ps)
+    elif fn == "max_new_tokens_for_memory":
+        capacity = d.big(1, INT31)
+        args = (d.big(0, capacity + 2 * ps) if d.chance(0.8) else d.big(0, INT31), d.big(0, INT31), capacity, ps)
+        want = sizing.max_new_tokens_for_memory(*args)
+    else:
+        spec = {}
+        if d.chance(0.7):  # speculative decoding: a chain or a tree; the keywords or None
+            spec = {"num_steps": d.int(1, 9), "topk": d.pick((None, 1, 2, 3, 4, 8)),
+                    "num_draft_tokens": d.pick((None, d.int(1, 80)))}
+        args = (ps, *spec.values()) if d.chance(0.3) else (ps,)
+        kwargs = {} if len(args) > 1 else spec
+        config = sizing.SpeculativeConfig()
+        if spec:
+            config = sizing.SpeculativeConfig("EAGLE", spec["num_steps"], spec["topk"] or 1,
+                                              spec["num_draft_tokens"] or 1)  # unset draft tokens: never the max
+        rule = sizing.alloc_len_per_decode if fn == "alloc_len_per_decode" else sizing.alloc_reserve_per_decode
+        want = rule(config, ps)
+        d.given(page_size=ps, **spec)
+        shown = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+        d.code(f"print(ex.{fn}({shown}))")
+        d.returns(fn, d.call(fn, getattr(e, fn), *args, **kwargs), want)
+        return
+    names = ("budget_bytes", "bytes_per_token", "page_size") if fn == "pool_size_tokens" else \
+        ("input_tokens", "max_new_tokens", "token_capacity", "page_size")
+    d.given(**dict(zip(names, args)))
+    d.code(f"print(ex.{fn}{args})")
+    d.returns(fn, d.call(fn, getattr(e, fn), *args), want)
+
+
+@points(2)
+def test_random_configurations_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=808, trials=300, name="ch08_sizing")

@@ -150,7 +150,10 @@ def test_addresses_in_64_bit():
     from memlab.course.grading.loader import load
 
     run([2, 3], [1, 0], seed=15)  # the gather works at all (the stub raises NotImplementedError here)
-    source = open(load("ch09_paged_gather").__file__).read()
+    from memlab.course.grading.loader import source_dir
+
+    load("ch09_paged_gather")  # the file imports (else its error is the message)
+    source = (source_dir() / "ch09_paged_gather.py").read_text()  # the file, read from disk
     bad = narrow_products(source)
     expect(not bad or not bad[0].startswith("(nothing"), f"the 64-bit check found {bad[0] if bad else ''}")
     expect(not bad, f"the gather computes {bad[0] if bad else ''} in 32 bits: the slots come from req_to_token "
@@ -220,3 +223,84 @@ def test_gpu_pool_past_2_31_elements():
         torch.cuda.empty_cache()
     expect(err <= 2e-2, f"a pool of {num_slots:,} slots x {per_slot} values (past 2^31 elements): the output differs "
                         f"from attention by {err:.3g}; is slot * stride computed in int64?")
+
+
+# -- the learner's kernel against the engine's attention (memlab.common.attention), on random batches
+
+VIEW_CODE = {  # the layouts of kv_views, as code to paste
+    "in_wider": "w = torch.full((x.shape[0], x.shape[1] + 1, x.shape[2]), float('nan')); w[:, 1:] = x; x = w[:, 1:]",
+    "heads_outer": "x = x.transpose(0, 1).contiguous().transpose(0, 1)",
+}
+
+
+def random_case(d):
+    from memlab.common.attention import attention_over_slots, slots_from_req_to_token
+    from memlab.common.env import kernel_device
+    from memlab.course.grading.loader import load
+
+    (kv_heads, group), head_dim = d.pick(((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (3, 1))), d.pick((16, 4, 8, 32))
+    heads = kv_heads * group
+    lens = [d.int(17, 40) if d.chance(0.3) else d.int(1, 16) for _ in d.count(1, 3, 0.4)]  # past a block of 16
+    num_rows = len(lens) + d.int(0, 3)
+    rows = d.sample(range(num_rows), len(lens))  # batch entry b is not row b
+    num_slots = sum(lens) + d.int(1, 40)
+    slots = d.sample(range(1, num_slots), sum(lens))  # each token on a random slot of the pool
+    cols = max(lens) + d.pick((0, 3))  # 0: the last row ends the table's memory (the fence)
+    table = [[0] * cols for _ in range(num_rows)]
+    i = 0
+    for row, n in zip(rows, lens):
+        table[row][:n] = slots[i:i + n]
+        i += n
+    kind = d.pick(("dense", "strided", "swapped"))
+    poison, half, seed = d.chance(0.5), d.chance(0.2), d.int(0, 999)
+    dtype = torch.float16 if half else torch.float32
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(num_slots, kv_heads, head_dim, generator=g)
+    v = torch.randn(num_slots, kv_heads, head_dim, generator=g)
+    q = torch.randn(len(lens), heads, head_dim, generator=g)
+    unowned = sorted(set(range(num_slots)) - set(slots))
+    if poison:  # slots no request owns hold garbage: reading one shows
+        k[unowned], v[unowned] = 1e4, float("nan")
+    k, v, q = k.to(dtype), v.to(dtype), q.to(dtype)
+    d.given(seq_lens=lens, req_pool_indices=rows, req_to_token=table, kv_heads=kv_heads, heads=heads,
+            head_dim=head_dim, layout=kind, dtype=str(dtype).removeprefix("torch."), unowned_slots_poisoned=poison)
+    d.code(f"g = torch.Generator().manual_seed({seed})")
+    for name, shape in (("k", (num_slots, kv_heads, head_dim)), ("v", (num_slots, kv_heads, head_dim)),
+                        ("q", (len(lens), heads, head_dim))):
+        d.code(f"{name} = torch.randn{shape}, generator=g)".replace("randn(", "randn(", 1).replace(
+            f"randn{shape}", f"randn({', '.join(map(str, shape))}"))
+    if poison:
+        d.code(f"k[{unowned}], v[{unowned}] = 1e4, float('nan')")
+    d.code(f"k, v, q = k.to(torch.{dtype}), v.to(torch.{dtype}), q.to(torch.{dtype})".replace("torch.torch.", "torch."))
+    views = {"dense": (), "strided": ("in_wider", "heads_outer"), "swapped": ("heads_outer", "in_wider")}[kind]
+    for name, view in zip("kv", views):
+        d.code(f"x = {name}; {VIEW_CODE[view]}; {name} = x")
+    d.code(f"print(ex.decode_attention(q, k, v, torch.tensor({table}, dtype=torch.int32), torch.tensor({rows}), "
+           f"torch.tensor({lens})))")
+    dev = kernel_device()
+    kd, vd = kv_views(k.to(dev), v.to(dev), kind)
+    r2t = fenced(table, torch.int32, dev)  # a load past the table's end crashes
+    inputs = [q.to(dev), kd, vd, r2t, torch.tensor(rows, device=dev), torch.tensor(lens, device=dev)]
+    before = [x.clone() for x in inputs]
+    got = d.call("decode_attention", load("ch09_paged_gather").decode_attention, *inputs, keep=False)
+    if not (isinstance(got, torch.Tensor) and got.shape == q.shape and got.dtype == dtype):
+        d.returns("decode_attention", got, f"a {dtype} tensor of shape {tuple(q.shape)}")
+    for name, x, b in zip(("q", "k_buffer", "v_buffer", "req_to_token", "req_pool_indices", "seq_lens"), inputs, before):
+        d.same(f"{name} after the call", x, b, "decode_attention must only read it")
+    slot_ids, mask = slots_from_req_to_token(torch.tensor(table), torch.tensor(rows), torch.tensor(lens))
+    want = attention_over_slots(q.float(), k.float(), v.float(), slot_ids, mask, 1 / math.sqrt(head_dim))
+    err = (got.float().cpu() - want).abs().amax(dim=(1, 2))
+    atol = 2e-2 if half else 1e-4
+    if bool((err > atol).any()) or bool(err.isnan().any()):
+        b = int(torch.nan_to_num(err, nan=float("inf")).argmax())
+        d.fail("decode_attention output", f"your `decode_attention` differs from the engine's on {d.words()}: "
+               f"request {b}'s output is off by {float(err[b]):.3g} (tolerance {atol:g}); does the gather read row "
+               "req_pool_indices[b], the right KV head, only the request's own slots, and V with V's own strides?")
+
+
+@pytest.mark.kernel
+@points(2)
+def test_random_batches_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=909, trials=8, name="ch09_paged_gather")

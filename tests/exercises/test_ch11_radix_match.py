@@ -49,6 +49,15 @@ def test_split_keeps_locks():
     new = m.split_node(tree, leaf, 1)
     expect_equal(new.lock_ref, 1, "a request locking the old node runs through both parts: the new node "
                  "inherits lock_ref, or eviction could take a prefix in use")
+    expect_equal(leaf.lock_ref, 1, "the old node keeps its own lock_ref: the split copies it, it does not move it")
+    # Deeper in the tree: the nodes above the split keep their locks (one each per request).
+    tree, leaf = chain(m, 1, (1, 2), (3, 4, 5))
+    tree.lock(leaf)
+    top = leaf.parent
+    new = m.split_node(tree, leaf, 1)
+    expect_equal((top.lock_ref, new.lock_ref, leaf.lock_ref), (1, 1, 1), "after splitting (3, 4, 5) below (1, 2) "
+                 "with one request locking the path: (1, 2), the new (3,) and (4, 5) each hold that one lock "
+                 "(copy lock_ref; taking a lock through tree.lock would lock the ancestors again)")
 
 
 @points(2)
@@ -120,35 +129,6 @@ def test_evict_lru_order():
 
 
 @points(1)
-def test_evict_exact_fit_and_ties():
-    m = load("ch11_radix_match")
-    tree = m.RadixTree()
-    tree.add_child(tree.root, (1, 1), [11, 12])
-    b = tree.add_child(tree.root, (2, 2, 2), [21, 22, 23])
-    freed = []
-    expect_equal(m.evict(tree, 0, freed.append), 0, "evict(0) frees nothing")
-    expect_equal(freed, [], "evict(0) must not call free")
-    expect_equal(m.evict(tree, 2, freed.append), 2, "the oldest leaf (1, 1) holds exactly the 2 tokens asked")
-    expect_equal(freed, [[11, 12]], "2 tokens freed are enough: evict stops there (it evicts while FEWER than "
-                 "num_tokens are freed), and (2, 2, 2) stays")
-    expect(list(tree.root.children.values()) == [b], "(2, 2, 2) stays in the tree")
-
-    # Leaves last used at the same time (SGLang stamps time.monotonic(), which can repeat):
-    # the heap must still order them, which (time, node) alone cannot (nodes do not compare).
-    tree = m.RadixTree()
-    p = tree.add_child(tree.root, (1,), [10])
-    low = tree.add_child(p, (2,), [20])
-    q = tree.add_child(tree.root, (3,), [30])
-    r = tree.add_child(tree.root, (4,), [40])
-    low.last_access_time, p.last_access_time, q.last_access_time, r.last_access_time = 1, 5, 5, 5
-    freed = []
-    n = m.evict(tree, 10, freed.append)
-    expect_equal(n, 4, "with equal times every unlocked node still goes: 4 tokens")
-    expect(freed[:1] == [[20]] and sorted(freed[1:]) == [[10], [30], [40]],
-           f"(2,) (time 1) first, then (1,), (3,), (4,) (time 5, in any order); freed {freed}")
-
-
-@points(1)
 def test_evict_skips_locked_and_climbs():
     m = load("ch11_radix_match")
     tree, leaf = chain(m, 1, (1, 2), (3,))
@@ -156,7 +136,8 @@ def test_evict_skips_locked_and_climbs():
     tree.lock(locked)
     freed = []
     n = m.evict(tree, 3, freed.append)
-    expect_equal(freed, [[102], [100, 101]], "(3,) goes, then its parent (1, 2), now a leaf, in the same call")
+    expect_equal(freed, [[102], [100, 101]], "(3,) goes; its parent (1, 2) has just become a leaf (no children, "
+                 "unlocked): push it onto the heap in the same call, so it goes next")
     expect_equal(n, 3, "3 tokens freed")
     expect(list(tree.root.children) == [7], "the locked node stays")
 
@@ -177,3 +158,223 @@ def test_evict_skips_locked_and_climbs():
     freed = []
     expect_equal(m.evict(tree, 100, freed.append), 2, "only the unlocked leaf (3, 4) can go: 2 tokens")
     expect_equal(freed, [[102, 103]], "(1, 2), now childless, is locked by a running request: it stays")
+
+    # A parent that has just become a leaf competes on its OWN time: here (1, 2) was matched alone
+    # after its child (3,) was last used, and after the leaf (7,) was added.
+    tree = m.RadixTree()
+    p = tree.add_child(tree.root, (1, 2), [100, 101])
+    c = tree.add_child(p, (3,), [102])
+    x = tree.add_child(tree.root, (7,), [70])
+    y = tree.add_child(tree.root, (8,), [80])
+    c.last_access_time, x.last_access_time, p.last_access_time, y.last_access_time = 2, 3, 4, 5
+    freed = []
+    n = m.evict(tree, 4, freed.append)
+    expect_equal(freed, [[102], [70], [100, 101]], "(3,) (time 2) goes first; its parent (1, 2) then becomes a leaf "
+                 "and competes at once, with its own time 4 (not its child's 2), so (7,) (time 3) goes before it "
+                 "and (8,) (time 5) stays: push the parent with (parent.last_access_time, id(parent), parent)")
+    expect_equal(n, 4, "4 tokens asked, 4 freed")
+
+
+@points(1)
+def test_evict_exact_fit_and_ties():
+    m = load("ch11_radix_match")
+    tree = m.RadixTree()
+    tree.add_child(tree.root, (1, 1), [11, 12])
+    b = tree.add_child(tree.root, (2, 2, 2), [21, 22, 23])
+    freed = []
+    expect_equal(m.evict(tree, 0, freed.append), 0, "evict(0) frees nothing")
+    expect_equal(freed, [], "evict(0) must not call free")
+    expect_equal(m.evict(tree, 2, freed.append), 2, "the oldest leaf (1, 1) holds exactly the 2 tokens asked")
+    expect_equal(freed, [[11, 12]], "2 tokens freed are enough: evict stops there (it evicts while FEWER than "
+                 "num_tokens are freed), and (2, 2, 2) stays")
+    expect(list(tree.root.children.values()) == [b], "(2, 2, 2) stays in the tree")
+
+    # Leaves last used at the same time (SGLang stamps time.monotonic(), which can repeat):
+    # the heap must still order them, which (time, node) alone cannot (nodes do not compare).
+    tree = m.RadixTree()
+    low = tree.add_child(tree.root, (2,), [20])
+    p = tree.add_child(tree.root, (1,), [10])
+    q = tree.add_child(tree.root, (3,), [30])
+    r = tree.add_child(tree.root, (4,), [40])
+    low.last_access_time, p.last_access_time, q.last_access_time, r.last_access_time = 1, 5, 5, 5
+    freed = []
+    n = m.evict(tree, 10, freed.append)
+    expect(freed[:1] == [[20]] and sorted(freed[1:]) == [[10], [30], [40]],
+           f"(2,) (time 1) first, then (1,), (3,), (4,) (time 5, in any order); freed {freed}")
+    expect_equal(n, 4, "every unlocked leaf went: 4 tokens")
+    # A parent that has just become a leaf ties with other leaves too: it is pushed the same way.
+    tree = m.RadixTree()
+    p = tree.add_child(tree.root, (1,), [10])
+    low = tree.add_child(p, (2,), [20])
+    q = tree.add_child(tree.root, (3,), [30])
+    r = tree.add_child(tree.root, (4,), [40])
+    low.last_access_time, p.last_access_time, q.last_access_time, r.last_access_time = 1, 5, 5, 5
+    freed = []
+    m.evict(tree, 10, freed.append)
+    expect(freed[:1] == [[20]] and sorted(freed[1:]) == [[10], [30], [40]],
+           f"(2,) (time 1) first, then its parent (1,), now a leaf, and (3,), (4,): all three at time 5, in any "
+           f"order (the parent is pushed as (time, id(node), node) like the others); freed {freed}")
+
+
+# -- the learner's tree against the engine's rules, over random inserts, matches, locks, evicts ----
+
+class Node:
+    __slots__ = ("key", "value", "children", "parent", "lock_ref", "time")
+
+    def __init__(self, key, value, parent, time):
+        self.key, self.value, self.children, self.parent = tuple(key), list(value), {}, parent
+        self.lock_ref, self.time = 0, time
+
+
+class Engine:
+    """SGLang 0.5.23's RadixCache as the docstrings state it (a tick counter for time.monotonic()):
+    match with its split, LRU eviction that climbs to parents left without children."""
+
+    def __init__(self, page_size):
+        self.ps, self.clock = page_size, 0
+        self.root = Node((), (), None, 0)
+        self.root.lock_ref = 1
+
+    def tick(self):
+        self.clock += 1
+        return self.clock
+
+    def child_key(self, key, offset=0):
+        return key[offset] if self.ps == 1 else tuple(key[offset: offset + self.ps])
+
+    def add_child(self, parent, key, value):
+        node = Node(key, value, parent, self.tick())
+        parent.children[self.child_key(node.key)] = node
+        return node
+
+    def lock(self, node, by):
+        while node is not self.root:
+            node.lock_ref += by
+            node = node.parent
+
+    def split(self, child, n):
+        new = Node(child.key[:n], child.value[:n], child.parent, self.tick())
+        new.lock_ref, new.children = child.lock_ref, {self.child_key(child.key, n): child}
+        child.parent.children[self.child_key(child.key)] = new
+        child.parent, child.key, child.value = new, child.key[n:], child.value[n:]
+        return new
+
+    def match(self, key):
+        key = list(key)[: len(key) // self.ps * self.ps]
+        now, node, matched = self.tick(), self.root, 0
+        while matched < len(key):
+            child = node.children.get(self.child_key(key, matched))
+            if child is None:
+                break
+            child.time = now
+            n = 0
+            while n < min(len(child.key), len(key) - matched) and child.key[n] == key[matched + n]:
+                n += 1
+            n = n // self.ps * self.ps
+            if n < len(child.key):
+                return matched + n, self.split(child, n)
+            node, matched = child, matched + n
+        return matched, node
+
+    def evict(self, num_tokens, free):
+        import heapq
+
+        stack, heap = list(self.root.children.values()), []
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if not node.children and node.lock_ref == 0:
+                heap.append((node.time, id(node), node))
+        heapq.heapify(heap)
+        evicted = 0
+        while evicted < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            free(node.value)
+            evicted += len(node.key)
+            parent = node.parent
+            del parent.children[self.child_key(node.key)]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.time, id(parent), parent))
+        return evicted
+
+
+def engine_shape(node):
+    return {k: (c.key, c.value, c.lock_ref, c.time, engine_shape(c)) for k, c in sorted(node.children.items())}
+
+
+def learner_shape(node):
+    return {k: (c.key, c.value, c.lock_ref, c.last_access_time, learner_shape(c))
+            for k, c in sorted(node.children.items())}
+
+
+def random_case(d):
+    m = load("ch11_radix_match")
+    ps = d.pick((1, 2, 3, 4))
+    tree, engine = m.RadixTree(ps), Engine(ps)
+    d.given(page_size=ps)
+    d.code(f"tree = ex.RadixTree({ps})")
+    slots = iter(range(100, 10_000))
+    locks = []  # (learner node, engine node, code name) of running requests' prefixes
+    keys = []  # what was inserted: a later match of its first pages ends inside the tree
+    for step in d.count(3, 20, 0.92):
+        op = d.pick(("insert", "match", "evict", "prefix", "unlock"))
+        key = [d.int(0, 2) for _ in range(d.int(0, 4) * ps + (d.int(0, ps - 1) if d.chance(0.2) else 0))]
+        if op == "prefix" and keys:  # a request sharing only the first pages of an earlier one
+            old = keys[d.int(0, len(keys) - 1)]
+            key, op = old[: d.int(0, len(old) // ps) * ps], "match"
+        keys += [key] if op == "insert" else []
+        what = "match_prefix"
+        if op in ("insert", "match"):
+            d.step(f"match_prefix({key})" + (" and add_child of the rest (an insert)" if op == "insert" else ""))
+            d.code(f"n{step}, node{step} = ex.match_prefix(tree, {key}); print(n{step}, node{step})")
+            got = d.call("match_prefix", m.match_prefix, tree, key)
+            n, node = engine.match(key)
+            if isinstance(got, tuple) and len(got) == 2:
+                d.returns("match_prefix", got[0], n, "the matched length")
+                path, up = [], node
+                while up is not engine.root:
+                    path[:0], up = up.value, up.parent
+                d.same("the node match_prefix ends on (its key, the slots from the root to it)",
+                       (got[1].key, tree.path_value(got[1])), (node.key, path), "the match ends exactly on a node")
+            else:
+                d.returns("match_prefix", got, (n, "a node"))
+            if op == "insert" and n < len(key) // ps * ps:  # SGLang's insert: the match, then a new leaf
+                rest = key[n: len(key) // ps * ps]
+                value = [next(slots) for _ in rest]
+                d.code(f"node{step} = tree.add_child(node{step}, {rest}, {value})")
+                got, node = (n, tree.add_child(got[1], rest, value)), engine.add_child(node, rest, value)
+            if node is not engine.root and d.chance(0.6):  # a running request locks its prefix
+                d.step("tree.lock(that node)")
+                d.code(f"tree.lock(node{step})")
+                tree.lock(got[1])
+                engine.lock(node, 1)
+                locks.append((got[1], node, f"node{step}"))
+        elif op == "evict":
+            num = d.int(0, 8)
+            d.step(f"evict({num})")
+            d.code(f"freed = []; print(ex.evict(tree, {num}, freed.append), freed)")
+            freed, want_freed = [], []
+            got = d.call("evict", m.evict, tree, num, lambda v: freed.append(list(v)), keep=False)
+            want = engine.evict(num, lambda v: want_freed.append(list(v)))
+            d.same("what evict freed (free's arguments, in order)", freed, want_freed, "least recently used first")
+            d.returns("evict", got, want, "the tokens it freed")
+            what = "evict"
+        elif op == "unlock" and locks:
+            mine, eng, name = locks.pop(d.int(0, len(locks) - 1))
+            d.step("tree.unlock(a node locked before)")
+            d.code(f"tree.unlock({name})")
+            tree.unlock(mine)
+            engine.lock(eng, -1)
+        else:
+            continue
+        d.code("print(tree.clock, tree.root.children)")
+        d.books(what, "the tree (child key: key, value, lock_ref, last_access_time, children)",
+                learner_shape(tree.root), engine_shape(engine.root))
+        d.books(what, "tree.clock", tree.clock, engine.clock, "one tree.tick() per match and per new node")
+
+
+@points(2)
+def test_random_sequences_match_the_engine():
+    from memlab.course.grading.fuzz import check
+
+    check(random_case, seed=1111, trials=200, name="ch11_radix_match")
