@@ -219,6 +219,8 @@ def test_kv_bytes_picture_highlights_the_model_and_uses_memlab_numbers():
         assert same_color(bar.get_facecolor(), PALETTE[0]) == (name == "DeepSeek-V3")
     assert set(by_gid(fig, "seg:")) == {"seg:V = view of the latent", "seg:rope part"}
     assert set(by_gid(draw_kv_bytes("Llama-3.1-8B"), "seg:")) == {"seg:K", "seg:V"}
+    dsa = by_gid(draw_kv_bytes("DeepSeek-V3.2"), "seg:")
+    assert set(dsa) == {"seg:V = view of the latent", "seg:rope part", "seg:indexer key"}
     assert f"{MODELS['Llama-3.1-8B'].kv_bytes_per_token():,} B per token" in kv_text("Llama-3.1-8B")
 
 
