@@ -393,7 +393,7 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     assert main(["--list"]) == 0 and "ch04.alloc_extend" in capsys.readouterr().out
     assert main(["--help"]) == 0
-    assert main(["12"]) == 2 and "chapter must be 01..11" in capsys.readouterr().err
+    assert main(["13"]) == 2 and "chapter must be 01..12" in capsys.readouterr().err
     assert main(["--exercise", "ch99.nothing"]) == 2 and "unknown exercise" in capsys.readouterr().err
     assert main(["--from", "missing", "-q"]) == 2 and "no such folder" in capsys.readouterr().err
     (tmp_path / "mine").mkdir()
