@@ -42,6 +42,9 @@ CORE = [
     "memlab/common/attention.py",
     "memlab/sglang/radix_cache.py",
     "memlab/sglang/hicache.py",
+    "memlab/sglang/unified/pool.py",
+    "memlab/sglang/unified/sub_pool.py",
+    "memlab/sglang/unified/hybrid_swa.py",
 ]
 CHECK_FUNCS = ("_check", "check_", "_validate", "validate_")
 CHECK_NAMES = ("_pos_int", "_nonneg_int")

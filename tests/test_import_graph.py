@@ -39,6 +39,7 @@ FLOORS = {
     "memlab.capstone.engine": 11,
     "memlab.sglang.radix_cache": 11, "memlab.sglang.hicache": 11, "memlab.sglang.page_copy": 11,
     "memlab.capstone.prefix_compare": 11,
+    "memlab.sglang.unified": 12,
 }
 TOOLS = {"memlab", "memlab.__main__", "memlab.course", "memlab.grade"}
 

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool
-from memlab.common.models import (DEEPSEEK_V3, FULL, GEMMA_3_27B, LINEAR, LLAMA_3_1_8B, MODELS, QWEN2_5_7B,
+from memlab.sglang.kv_pool import DSATokenToKVPool, MHATokenToKOnlyPool, MHATokenToKVPool, MLATokenToKVPool
+from memlab.common.models import (DEEPSEEK_V3, DEEPSEEK_V3_2, FULL, GEMMA_3_27B, LINEAR, LLAMA_3_1_8B, MODELS, QWEN2_5_7B,
                            QWEN3_NEXT_80B_A3B, SLIDING, ModelConfig)
 
 
@@ -33,6 +33,14 @@ def test_deepseek_mla_is_one_latent_per_layer_and_not_split_by_tp():
     assert DEEPSEEK_V3.kv_bytes_per_token(tp_size=8) == 70272  # every rank keeps the whole latent
     mha_equivalent = 61 * 128 * (192 + 128) * 2  # 128 heads of K (192) and V (128)
     assert mha_equivalent // DEEPSEEK_V3.kv_bytes_per_token() == 71
+
+
+def test_deepseek_v3_2_adds_the_indexer_keys():
+    # 61 layers x (latent 576 x 2 bytes + indexer key 128 fp8 + one fp32 scale per 128 = 132)
+    assert DEEPSEEK_V3_2.kv_bytes_per_token() == 61 * (576 * 2 + 132) == 78324
+    assert DEEPSEEK_V3_2.kv_bytes_per_token(dtype_bytes=1) == 61 * (576 + 132) == 43188  # fp8 latent, raw layout
+    assert DEEPSEEK_V3_2.kv_bytes_per_token() - DEEPSEEK_V3.kv_bytes_per_token() == 61 * 132 == 8052
+    assert DEEPSEEK_V3_2.kv_bytes_per_token(tp_size=8) == 78324  # latent and indexer keys: every rank
 
 
 def test_gemma3_layer_pattern_five_local_one_global():
@@ -97,6 +105,33 @@ def test_table_agrees_with_real_pool_tensors(model):
 def test_mla_table_agrees_with_real_pool_tensors():
     pool = MLATokenToKVPool(2, 1, torch.bfloat16, 512, 64, 61)
     assert sum(t[0].nbytes for t in pool.kv_buffer) == DEEPSEEK_V3.kv_bytes_per_token()
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_dsa_table_agrees_with_real_pool_tensors(page_size):
+    pool = DSATokenToKVPool(4 * page_size, page_size, torch.bfloat16, 512, 64, 61)
+    latent = sum(t[0].nbytes for t in pool.kv_buffer)
+    index = sum(t[0].nbytes for t in pool.index_k_with_scale_buffer) // page_size  # one page-major row per page
+    assert latent + index == pool.bytes_per_token == DEEPSEEK_V3_2.kv_bytes_per_token()
+    assert pool.index_k_with_scale_buffer[0].shape == ((4 * page_size + page_size + 1) // page_size, page_size * 132)
+    assert pool.kv_size_bytes() == latent * (5 * page_size) + index * page_size * pool.index_k_with_scale_buffer[0].shape[0]
+    with pytest.raises(ValueError, match="128 values"):
+        DSATokenToKVPool(4, 1, torch.bfloat16, 512, 64, 1, index_head_dim=64)
+
+
+def test_k_only_pool_is_half_an_mha_pool():
+    # MiniMax's sparse index layers that never read V: one head of 128 (sparse_index_dim) per layer
+    k_only = MHATokenToKOnlyPool(8, 1, torch.bfloat16, head_num=1, head_dim=128, layer_num=3)
+    full = MHATokenToKVPool(8, 1, torch.bfloat16, head_num=1, head_dim=128, layer_num=3)
+    assert k_only.bytes_per_token == 3 * 256 == full.bytes_per_token // 2
+    assert sum(t[0].nbytes for t in k_only.k_buffer) == k_only.bytes_per_token
+    assert k_only.kv_size_bytes() == full.kv_size_bytes() // 2
+    k = torch.ones(2, 1, 128)
+    k_only.set_k_buffer(1, torch.tensor([3, 4]), k)
+    assert torch.equal(k_only.get_key_buffer(1)[3:5], k.bfloat16())
+    for call in (lambda: k_only.get_value_buffer(1), lambda: k_only.set_kv_buffer(1, torch.tensor([3]), k, k)):
+        with pytest.raises(NotImplementedError, match="V"):
+            call()
 
 
 def test_configs_are_frozen_and_slotted():

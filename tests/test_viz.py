@@ -219,6 +219,8 @@ def test_kv_bytes_picture_highlights_the_model_and_uses_memlab_numbers():
         assert same_color(bar.get_facecolor(), PALETTE[0]) == (name == "DeepSeek-V3")
     assert set(by_gid(fig, "seg:")) == {"seg:V = view of the latent", "seg:rope part"}
     assert set(by_gid(draw_kv_bytes("Llama-3.1-8B"), "seg:")) == {"seg:K", "seg:V"}
+    dsa = by_gid(draw_kv_bytes("DeepSeek-V3.2"), "seg:")
+    assert set(dsa) == {"seg:V = view of the latent", "seg:rope part", "seg:indexer key"}
     assert f"{MODELS['Llama-3.1-8B'].kv_bytes_per_token():,} B per token" in kv_text("Llama-3.1-8B")
 
 
@@ -535,3 +537,33 @@ def test_engine_frames_follow_a_real_engine(prefix_cache):
     assert len(cells) == shared.num_pages + 1
     p = next(iter(shared.shared))
     assert cells[f"page:{p}"].get_hatch() == "///"
+
+
+# -- chapter 12: the unified pool ---------------------------------------------------------------
+
+def test_unified_story_reads_the_real_books_and_marks_moves():
+    from memlab.course.viz.unified_books import draw_unified, unified_story
+
+    sc = unified_story(page_size=2)
+    al = sc.allocator
+    frames = sc.frames
+    assert frames[0].joint_available == frames[0].gap_bytes // 256 * 2 and not frames[0].rows
+    first = frames[1]  # A's 7 tokens: 4 virtual pages, bound on both sides
+    assert first.new_pages == frozenset({1, 2, 3, 4}) and len(first.full.bound) == len(first.swa.bound) == 4
+    assert first.gap_bytes == frames[0].gap_bytes - 4 * 256
+    released = frames[4]  # A's window moved on: its first SWA pages went, its full pages stayed
+    assert len(released.swa.bound) == len(released.full.bound) - 2 and {m[0] for m in released.moves} == {"swa"}
+    done = frames[5]  # A finished: B's full pages moved up into A's; B's virtual ids did not change
+    moved = [m for m in done.moves if m[0] == "full"]
+    assert moved and dict(done.rows)["B"] == dict(frames[4].rows)["B"]
+    fig = draw_unified(done)
+    cells = by_gid(fig, "byte:full:")
+    for _, v, _, p in moved:
+        assert same_color(cells[f"byte:full:{p}"].get_edgecolor(), HIGHLIGHT)
+        assert same_color(by_gid(fig, "v2p:full:")[f"v2p:full:{v}"].get_edgecolor(), HIGHLIGHT)
+    assert same_color(cells[f"byte:full:{moved[0][3]}"].get_facecolor(), owner_color("B"))
+    assert "byte:gap" in by_gid(fig, "byte:gap") and "byte:floor" in by_gid(fig, "byte:floor")
+    refused = frames[6]
+    assert "refused" in refused.caption and refused.joint_available < refused.full.available
+    assert frames[-1].gap_bytes < 256  # C took every page pair that fit
+    al.check_books()

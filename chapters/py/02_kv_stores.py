@@ -11,6 +11,7 @@
 # - compute the KV bytes of one token for an MHA/GQA model and for an MLA model, and check them
 #   against real tensors' `nbytes`;
 # - explain why fp8 KV is stored as `uint8` and viewed back as fp8;
+# - size DeepSeek-V3.2's sparse-attention pool (the latent plus the indexer's keys) and a K-only pool;
 # - build a pool that holds only a pipeline stage's layers and index it by model layer id;
 # - write `mha_bytes_per_token` and `mla_bytes_per_token` (exercise `ch02_bytes_per_token`).
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # Right: one token's row in one layer, drawn to the same scale for every model.
 
 # %% [markdown]
-# ![KV bytes per token for five real models](img/02_kv_bytes.png)
+# ![KV bytes per token for six real models](img/02_kv_bytes.png)
 
 # %%
 import ipywidgets as W
@@ -91,6 +92,48 @@ kv0, v0 = mla.get_key_buffer(0), mla.get_value_buffer(0)
 print("kv_buffer[0]:", tuple(kv0.shape), "  V view:", tuple(v0.shape), " shares memory:", v0.data_ptr() == kv0.data_ptr())
 print("formula:", mla_bytes_per_token(2, 512, 64), " pool:", mla.bytes_per_token)
 print("DeepSeek-V3:", MODELS["DeepSeek-V3"].kv_bytes_per_token(), "bytes per token")
+
+# %% [markdown]
+# ## Two more shapes: DeepSeek's sparse-attention pool, the K-only pool
+#
+# DeepSeek-V3.2 keeps V3's latent and adds **DeepSeek sparse attention**: a small "lightning
+# indexer" scores every cached token for each query and the attention reads only the top 2,048.
+# To score, the indexer keeps a key of its own per token and layer: 128 values in fp8 plus one
+# fp32 scale per 128 values, 132 bytes whatever the latent's dtype. SGLang's `DSATokenToKVPool`
+# is an MLA pool with one more per-layer buffer, `index_k_with_scale_buffer`, page-major: a row
+# per page, all the page's fp8 keys first, then their scales. `MHATokenToKOnlyPool` is the other
+# new shape: K without V, for MiniMax's sparse layers whose index branch never reads V (one head
+# of 128 per layer, half an MHA pool of that shape).
+
+# %%
+from memlab.sglang.kv_pool import DSATokenToKVPool, MHATokenToKOnlyPool, dsa_index_bytes_per_token
+
+dsa = DSATokenToKVPool(size=128, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
+                       layer_num=2)
+idx = dsa.get_index_k_with_scale_buffer(0)
+print("kv_buffer[0]:", tuple(dsa.kv_buffer[0].shape), " index_k_with_scale_buffer[0]:", tuple(idx.shape), idx.dtype,
+      f"= {idx.shape[1] // 64} bytes a token")
+print("formula:", mla_bytes_per_token(2, 512, 64), "+", dsa_index_bytes_per_token(2), "=", dsa.bytes_per_token)
+v32 = MODELS["DeepSeek-V3.2"]
+print(f"DeepSeek-V3.2: {v32.kv_bytes_per_token():,} bytes per token (bf16 latent), {v32.kv_bytes_per_token(dtype_bytes=1):,}"
+      f" (fp8 latent); the indexer adds {dsa_index_bytes_per_token(61):,} to V3's {MODELS['DeepSeek-V3'].kv_bytes_per_token():,}")
+k_only = MHATokenToKOnlyPool(size=64, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=128, layer_num=1)
+print("K-only:", tuple(k_only.k_buffer[0].shape), f"{k_only.bytes_per_token} bytes per token per layer (no V buffer)")
+
+# %% [markdown]
+# | pool (SGLang 0.5.23) | one token, one layer | bytes | on a real config |
+# |---|---|---|---|
+# | `MHATokenToKVPool` | K and V of every KV head | $2 H d b$ | Llama-3.1-8B: 4,096 (bf16), 131,072 over 32 layers |
+# | `MLATokenToKVPool` | one latent, $r + d_r$ | $(r + d_r) b$ | DeepSeek-V3: 1,152 (bf16), 70,272 over 61 layers |
+# | `DSATokenToKVPool` | the latent + the indexer's key (128 fp8 + one fp32 scale) | $(r + d_r) b + 132$ | DeepSeek-V3.2: 1,284 (bf16), **78,324** over 61 layers; fp8 latent 708, 43,188 |
+# | `MHATokenToKOnlyPool` | K of one head, no V | $H d b$ | a MiniMax sparse index layer: 1 head of 128, 256 (bf16) |
+#
+# With an fp8 KV cache, SGLang's default CUDA backends for DeepSeek store the latent in a *scaled*
+# layout rather than as 576 raw bytes: 512 fp8 values, four fp32 scales (one per 128) and the
+# rotary part kept in bf16, 512 + 16 + 128 = 656 bytes (`calculate_mla_kv_cache_dim`), so
+# DeepSeek-V3.2 takes 61 x (656 + 132) = 48,068 bytes a token there. memlab's pools store fp8
+# as raw bytes (the 43,188 above). The indexer has its own constraints on a GPU too: 64-token
+# physical pages, and layers that reuse the previous top-k keep no indexer keys.
 
 # %% [markdown]
 # ## fp8 storage

@@ -67,8 +67,8 @@ viz.Stepper(attention_frames(scene, q), draw_attention)
 # hand out **virtual** ids, which a per-batch plan maps to physical slots; their write doors
 # (`requires_physical_write_loc = True`) refuse a location not marked physical, so an
 # untranslated virtual id never lands in somebody else's rows. Every other pool, the SWA pool
-# included, holds physical ids by allocation and needs no mark. memlab has no unified pool; its
-# `KVCache` keeps the flag (off) and the check, so the idea has its place.
+# included, holds physical ids by allocation and needs no mark. Chapter 12 builds the unified
+# pool and shows its door refusing an unmarked write.
 
 # %%
 from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
@@ -169,7 +169,7 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 #
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
-# | unified pools (virtual ids) | none; `requires_physical_write_loc` stays off on every pool | the unified pools refuse a write loc not marked physical | the mark is explained, not needed |
+# | unified pools (virtual ids) | in chapter 12 (`memlab.sglang.unified`): its pools refuse a write loc not marked physical; the pools here keep `requires_physical_write_loc` off | the unified pools refuse a write loc not marked physical | this chapter's pools hold physical ids |
 # | decode attention | one Triton kernel, one program per (request, query head), an online softmax over blocks of positions | FlashInfer, FlashAttention or its own Triton kernels (split-K decode) | the slot lookup is what the chapter is about |
 # | KV writes | `buffer[loc] = k` per layer | fused store kernels, fp8 quantization, write checks in debug mode | same rows written |
 #

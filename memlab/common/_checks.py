@@ -116,6 +116,13 @@ def kv_cache(size, page_size, dtype, layer_num, start_layer: int, end_layer: int
         raise ValueError(f"layers {start_layer}..{end_layer} do not make {layer_num} layers")
 
 
+def dsa_index_head_dim(index_head_dim) -> None:
+    positive_ints(index_head_dim=index_head_dim)
+    if index_head_dim != 128:  # SGLang's DSATokenToKVPool asserts it: one head of 128 for DeepSeek's indexer
+        raise ValueError(f"the DSA indexer keeps one key of 128 values per token and layer, got index_head_dim "
+                         f"{index_head_dim}")
+
+
 def layer_id(pool, layer_id) -> None:
     if not pool.start_layer <= layer_id <= pool.end_layer:
         raise IndexError(f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})")
@@ -452,9 +459,10 @@ def alloc(alloc, need_size) -> int:
 
 
 def _page_range(alloc, lo: int, hi: int) -> None:
-    if lo < 1 or hi > alloc.num_pages:
+    first, last = alloc.page_id_range()
+    if lo < first or hi > last:
         u = _unit(alloc)
-        raise ValueError(f"cannot free {u} {lo if lo < 1 else hi}: {u}s are 1..{alloc.num_pages} "
+        raise ValueError(f"cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
                          f"({u} 0 is padding)")
 
 
@@ -587,6 +595,100 @@ def allocator_books(alloc) -> None:
     held = int(alloc._held.sum())
     if len(free) + held != alloc.num_pages:
         raise AssertionError(f"books do not balance: {len(free)} free + {held} held != {alloc.num_pages} {u}s")
+
+
+# ---- the unified pool (chapter 12) -----------------------------------------------------------------
+
+def sub_pool_spec(spec) -> None:
+    if not isinstance(spec.name, str) or not spec.name:
+        raise ValueError(f"a sub-pool needs a name, got {spec.name!r}")
+    positive_ints(layer_num=spec.layer_num)
+    if spec.grow_direction not in ("up", "down"):
+        raise ValueError(f"sub-pool {spec.name!r}: grow_direction must be 'up' or 'down', got "
+                         f"{spec.grow_direction!r} (SGLang's 'float' middle pool is not part of memlab)")
+
+
+def mha_sub_pool_spec(spec) -> None:
+    positive_ints(head_num=spec.head_num, head_dim=spec.head_dim, v_head_dim=spec.v_head_dim)
+    want = torch.uint8 if spec.kv_cache_dtype in _fp8_dtypes() else spec.kv_cache_dtype
+    if spec.store_dtype != want:
+        raise ValueError(f"sub-pool {spec.name!r}: a {spec.kv_cache_dtype} cache is stored as {want}, "
+                         f"got store_dtype {spec.store_dtype}")
+
+
+def _fp8_dtypes() -> tuple:
+    return tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                 if hasattr(torch, n))
+
+
+def unified_kv_pool(total_bytes, specs: list, page_size) -> None:
+    integer("total_bytes", total_bytes, 1)
+    integer("page_size", page_size, 1)
+    names = [getattr(s, "name", None) for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"sub-pool names must be unique, got {names}")
+    directions = sorted(getattr(s, "grow_direction", None) for s in specs)
+    if directions != ["down", "up"]:
+        raise ValueError(f"a UnifiedKVPool needs exactly one 'up' and one 'down' sub-pool, got {directions}")
+
+
+def unified_row_alignment(spec, align: int) -> None:
+    for part, nbytes in (("K", spec.k_row_bytes()), ("V", spec.v_row_bytes())):
+        if nbytes % align:
+            raise ValueError(f"the unified pool needs every per-layer row to be a multiple of {align} bytes; "
+                             f"sub-pool {spec.name!r} has a {nbytes}-byte {part} row. Run this model without "
+                             "--enable-unified-memory.")
+
+
+def unified_swa_kv_pool(buffer, full_ids: list, swa_ids: list) -> None:
+    swa_kv_pool(full_ids, swa_ids, 0, None, None)
+    for name, ids in (("full", full_ids), ("swa", swa_ids)):
+        spec = buffer._specs_by_name.get(name)
+        if spec is None or not hasattr(spec, "head_num"):
+            raise ValueError(f"a UnifiedSWAKVPool needs an MHA sub-pool named {name!r}; the buffer has "
+                             f"{sorted(buffer._specs_by_name)}")
+        if spec.layer_num != len(ids):
+            raise ValueError(f"sub-pool {name!r} holds {spec.layer_num} layers, {len(ids)} layer ids given")
+
+
+def multi_ended_allocator(buffer, name, is_id_owner, virtual_num_pages, page_size) -> None:
+    if name not in buffer._specs_by_name:
+        raise ValueError(f"no sub-pool {name!r} in this buffer (it has {sorted(buffer._specs_by_name)})")
+    integer("page_size", page_size, 1)
+    if virtual_num_pages is not None and is_id_owner:
+        raise ValueError("only a non-owner allocator may use another pool's virtual-id space")
+    if virtual_num_pages is not None:
+        integer("virtual_num_pages", virtual_num_pages, 1)
+
+
+def multi_ended_books(alloc) -> None:
+    """Debug mode: the two page tables are inverse, the bound pages are exactly the dense run at
+    this sub-pool's end, and (an owner) every virtual page is free or bound, once."""
+    if not alloc.debug_mode:
+        raise RuntimeError("check_books needs debug_mode=True")
+    v2p, p2v = alloc.virtual_to_physical[:-1].cpu(), alloc.physical_to_virtual[:-1].cpu()
+    v = torch.nonzero(v2p > 0).flatten()  # page 0 <-> 0 is the sink
+    name = alloc.sub_pool_name
+    if not torch.equal(p2v[v2p[v]], v):
+        raise AssertionError(f"[{name}] v2p and p2v disagree")
+    lo, hi = alloc.used_page_range()
+    if not torch.equal(torch.sort(v2p[v]).values, torch.arange(lo, hi)):
+        raise AssertionError(f"[{name}] bound pages {sorted(v2p[v].tolist())} are not the run {lo}..{hi - 1}")
+    if int((p2v[1:] >= 0).sum()) != hi - lo:
+        raise AssertionError(f"[{name}] p2v marks {int((p2v[1:] >= 0).sum())} pages used, the run holds {hi - lo}")
+    if alloc.is_id_owner:
+        free = alloc.free_pages.cpu()
+        if len(torch.unique(free)) != len(free) or bool(torch.isin(free, v).any()):
+            raise AssertionError(f"[{name}] a virtual page is free twice, or free and bound")
+        if len(free) + len(v) != alloc.num_virtual_ids - alloc.min_page_index:
+            raise AssertionError(f"[{name}] {len(free)} free + {len(v)} bound virtual pages != "
+                                 f"{alloc.num_virtual_ids - alloc.min_page_index}")
+
+
+def unified_swa_books(full_v2p: torch.Tensor, swa_v2p: torch.Tensor) -> None:
+    orphan = torch.nonzero((swa_v2p[:-1] > 0) & (full_v2p[:-1] <= 0)).flatten()
+    if len(orphan):
+        raise AssertionError(f"virtual page {orphan[0].item()} holds an SWA page but no full page")
 
 
 # ---- attention through the mappings (chapter 09): shapes and dtypes only, no device sync ----------

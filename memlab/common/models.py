@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memlab.sglang.kv_pool import mha_bytes_per_token, mla_bytes_per_token
+from memlab.sglang.kv_pool import dsa_index_bytes_per_token, mha_bytes_per_token, mla_bytes_per_token
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -43,6 +43,8 @@ class ModelConfig:
     attention: str = "mha"  # "mha" (incl. GQA/MQA) or "mla"
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    # DeepSeek sparse attention (V3.2): the indexer keeps one small fp8 key per token and layer
+    index_head_dim: int | None = None
     # hybrid models: one kind per layer; None means every layer is full attention
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
@@ -91,9 +93,11 @@ class ModelConfig:
         return max(1, self.num_key_value_heads // tp_size)
 
     def kv_bytes_per_token_per_layer(self, dtype_bytes: int = 2, tp_size: int = 1) -> int:
-        """KV bytes one token occupies in ONE attention layer (full or sliding) on one rank."""
+        """KV bytes one token occupies in ONE attention layer (full or sliding) on one rank. A DSA
+        model adds its indexer's key, stored in fp8 with fp32 scales whatever ``dtype_bytes`` is."""
         if self.attention == "mla":  # the latent is not split across ranks
-            return mla_bytes_per_token(1, self.kv_lora_rank, self.qk_rope_head_dim, dtype_bytes)
+            index = 0 if self.index_head_dim is None else dsa_index_bytes_per_token(1, self.index_head_dim)
+            return mla_bytes_per_token(1, self.kv_lora_rank, self.qk_rope_head_dim, dtype_bytes) + index
         return mha_bytes_per_token(1, self.kv_heads_per_rank(tp_size), self.head_dim, self.v_head_dim,
                                    dtype_bytes)
 
@@ -172,6 +176,21 @@ DEEPSEEK_V3 = ModelConfig(
           "q_lora_rank 1536; num_nextn_predict_layers 1",
 )
 
+DEEPSEEK_V3_2 = ModelConfig(
+    name="DeepSeek-V3.2",
+    source="deepseek-ai/DeepSeek-V3.2 config.json",
+    num_hidden_layers=61, hidden_size=7168, intermediate_size=18432,
+    num_attention_heads=128, num_key_value_heads=128,
+    head_dim=192, v_head_dim=128,  # as DeepSeek-V3: qk_nope_head_dim 128 + qk_rope_head_dim 64
+    vocab_size=129280, max_position_embeddings=163840,
+    attention="mla", kv_lora_rank=512, qk_rope_head_dim=64,
+    index_head_dim=128,  # no index_topk_freq / index_kpool: every layer keeps indexer keys
+    num_params=671_000_000_000,  # card: 671B, DeepSeek-V3's shapes plus the indexer (685B with MTP)
+    weight_dtype_bytes=1,  # released in fp8, as V3
+    notes="DeepSeek sparse attention: a lightning indexer (index_n_heads 64, index_head_dim 128) picks "
+          "index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
+)
+
 GEMMA_3_27B = ModelConfig(
     name="Gemma-3-27B",
     source="google/gemma-3-27b-it config.json (text_config)",
@@ -198,4 +217,4 @@ QWEN3_NEXT_80B_A3B = ModelConfig(
     notes="MoE: 512 experts, 10 routed + 1 shared per token, expert size 512",
 )
 
-MODELS = {m.name: m for m in (LLAMA_3_1_8B, QWEN2_5_7B, DEEPSEEK_V3, GEMMA_3_27B, QWEN3_NEXT_80B_A3B)}
+MODELS = {m.name: m for m in (LLAMA_3_1_8B, QWEN2_5_7B, DEEPSEEK_V3, DEEPSEEK_V3_2, GEMMA_3_27B, QWEN3_NEXT_80B_A3B)}

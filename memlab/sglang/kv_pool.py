@@ -35,6 +35,16 @@ def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int
     return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
 
 
+DSA_QUANT_BLOCK = 128  # SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
+
+
+def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
+    """The DeepSeek sparse-attention indexer's key cache: per layer one fp8 key of
+    ``index_head_dim`` values and one fp32 scale per 128 of them, whatever the KV dtype:
+    ``L * (d_idx + d_idx / 128 * 4)`` (132 bytes a layer for d_idx = 128)."""
+    return layer_num * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
+
+
 class BufferDecl(NamedTuple):
     name: str  # the pool's attribute holding one tensor per layer ("k_buffer", ...)
     row_shape: tuple  # the shape of one token's row in one layer
@@ -114,10 +124,13 @@ class MHATokenToKVPool(KVCache):
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
         _checks.positive_ints(head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim)
         self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
-        rows = size + page_size
-        z = dict(dtype=self.store_dtype, device=self.device)
-        self.k_buffer = [torch.zeros((rows, head_num, head_dim), **z) for _ in range(layer_num)]
-        self.v_buffer = [torch.zeros((rows, head_num, v_head_dim), **z) for _ in range(layer_num)]
+        self._create_buffers()
+
+    def _create_buffers(self) -> None:
+        """One K and one V tensor per layer (the unified pool's subclass puts views here instead)."""
+        rows, z = self.size + self.page_size, dict(dtype=self.store_dtype, device=self.device)
+        self.k_buffer = [torch.zeros((rows, self.head_num, self.head_dim), **z) for _ in range(self.layer_num)]
+        self.v_buffer = [torch.zeros((rows, self.head_num, self.v_head_dim), **z) for _ in range(self.layer_num)]
 
     @property
     def bytes_per_token(self) -> int:
@@ -175,3 +188,77 @@ class MLATokenToKVPool(KVCache):
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = _checks.kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
         self.kv_buffer[i][loc] = self._store(cache_k, k_scale)
+
+
+class MHATokenToKOnlyPool(KVCache):
+    """K without V, ``(rows, H, d)`` per layer: SGLang's pool for the index branch of MiniMax's
+    sparse layers, which never reads V (``sparse_disable_index_value``); a V tensor would be
+    memory nobody reads. Writes go through ``set_k_buffer``."""
+
+    buffer_names = ("k_buffer",)
+
+    def __init__(self, size, page_size, dtype, head_num, head_dim, layer_num, device="cpu",
+                 start_layer=None, end_layer=None):
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
+        _checks.positive_ints(head_num=head_num, head_dim=head_dim)
+        self.head_num, self.head_dim = head_num, head_dim
+        self.k_buffer = [torch.zeros((size + page_size, head_num, head_dim), dtype=self.store_dtype,
+                                     device=self.device) for _ in range(layer_num)]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.layer_num * self.head_num * self.head_dim * dtype_bytes(self.store_dtype)
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.k_buffer[self._local(layer_id)])
+
+    def set_k_buffer(self, layer_id, loc, cache_k, k_scale=None) -> None:
+        i = self._local(getattr(layer_id, "layer_id", layer_id))
+        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"))
+        self.k_buffer[i][loc] = self._store(cache_k, k_scale)
+
+    def get_value_buffer(self, layer_id: int):
+        raise NotImplementedError("MHATokenToKOnlyPool does not allocate V")
+
+    def get_kv_buffer(self, layer_id: int):
+        raise NotImplementedError("MHATokenToKOnlyPool does not allocate V")
+
+    def set_kv_buffer(self, *args, **kwargs) -> None:
+        raise NotImplementedError("MHATokenToKOnlyPool stores no V: write keys with set_k_buffer")
+
+
+class DSATokenToKVPool(MLATokenToKVPool):
+    """The MLA latent plus the DeepSeek sparse-attention indexer's keys (DeepSeek-V3.2).
+
+    The indexer scores every cached token for each query and picks the top-k the attention then
+    reads; for that it keeps its own small key per token and layer, in fp8 with an fp32 scale per
+    128 values. Its buffer is page-major, ``(pages, page_size * (d_idx + d_idx / 128 * 4))`` bytes
+    per layer: within a page, all the fp8 keys first, then all the scales.
+    """
+
+    index_k_with_scale_buffer_dtype = torch.uint8
+
+    def __init__(self, size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device="cpu",
+                 index_head_dim: int = 128, start_layer=None, end_layer=None):
+        super().__init__(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device,
+                         start_layer, end_layer)
+        _checks.dsa_index_head_dim(index_head_dim)
+        self.index_head_dim = index_head_dim
+        num_pages = (size + page_size + 1) // page_size  # SGLang's IndexKeyCache: the padding page, rounded
+        row = page_size * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
+        self.index_k_with_scale_buffer = [torch.zeros((num_pages, row), dtype=self.index_k_with_scale_buffer_dtype,
+                                                      device=self.device) for _ in range(layer_num)]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return super().bytes_per_token + dsa_index_bytes_per_token(self.layer_num, self.index_head_dim)
+
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.index_k_with_scale_buffer[self._local(layer_id)]
+
+    def kv_size_bytes(self) -> int:
+        return super().kv_size_bytes() + sum(t.nbytes for t in self.index_k_with_scale_buffer)
+
+    def host_pool_decls(self) -> tuple:
+        raise NotImplementedError("memlab's HiCache (chapter 11) mirrors MHA and MLA pools; SGLang declares the "
+                                  "indexer keys as a pool of their own (pool_host/dsa.py), memlab does not")

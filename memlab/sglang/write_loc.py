@@ -9,7 +9,8 @@ The ``physical`` mark guards one thing: SGLang's unified pools hand out VIRTUAL 
 per-batch plan translates into physical slots; their write doors refuse a location not marked
 physical, so an untranslated id never lands in the wrong rows (``requires_physical_write_loc``).
 Every other pool, the SWA pool included, holds physical ids by allocation and takes a plain
-location. memlab has no unified pool; the mark and the check are here so the idea is in place.
+location. memlab's unified pools (``memlab.sglang.unified``, chapter 12) demand the mark; their
+allocator's ``write_loc`` translates a batch once and marks it.
 """
 
 from __future__ import annotations

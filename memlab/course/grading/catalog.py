@@ -43,6 +43,8 @@ EXERCISES: tuple[Exercise, ...] = (
              "paged decode attention: gather KV through req_to_token", gpu_points=2),
     Exercise("ch10.admission", 10, "ch10_admission", 10, "scheduler admission: free pages and the next decode step"),
     Exercise("ch11.radix_match", 11, "ch11_radix_match", 12, "radix tree: match_prefix with its split, LRU evict"),
+    Exercise("ch12.virtual_pages", 12, "ch12_virtual_pages", 10,
+             "unified pool: translate virtual ids, capacity in bytes, eager compaction"),
 )
 
 BY_ID = {e.id: e for e in EXERCISES}

@@ -6,12 +6,12 @@ same drawings make the static pictures under chapters/img/ (``python -m memlab.c
 
 One module per side of the books, each in the same four parts (snapshot, scene, the chapters'
 stories, drawings): ``sglang_books`` (chapters 00-05), ``vllm_books`` (06), ``hybrid_books`` (07),
-``radix_books`` (11). The other chapters draw one picture each: ``draw_models`` (02),
+``radix_books`` (11), ``unified_books`` (12). The other chapters draw one picture each: ``draw_models`` (02),
 ``draw_sizing`` (08), ``draw_attention`` (09), ``draw_engine`` and ``draw_sim`` (10). Shared:
 ``style`` (colours, figure plumbing, ``cell``) and ``widgets`` (``Stepper``, ``Explorer``).
 """
 
-from memlab.course.viz import hybrid_books, radix_books, sglang_books, vllm_books
+from memlab.course.viz import hybrid_books, radix_books, sglang_books, unified_books, vllm_books
 from memlab.course.viz.sglang_books import (Books, Scene, draw_books, draw_buffers, draw_free_list, draw_request_table,
                                      draw_row_list, draw_slot_grid, read_books)
 from memlab.course.viz.style import figure_html, owner_color, show
@@ -19,4 +19,4 @@ from memlab.course.viz.widgets import Explorer, Stepper
 
 __all__ = ["Books", "Explorer", "Scene", "Stepper", "draw_books", "draw_buffers", "draw_free_list",
            "draw_request_table", "draw_row_list", "draw_slot_grid", "figure_html", "hybrid_books", "owner_color",
-           "radix_books", "read_books", "sglang_books", "show", "vllm_books"]
+           "radix_books", "read_books", "sglang_books", "show", "unified_books", "vllm_books"]

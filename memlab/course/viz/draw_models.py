@@ -57,6 +57,11 @@ def draw_kv_bytes(model: str = "Llama-3.1-8B", dtype_bytes: int = 2, tp_size: in
         segs = [("V = view of the latent", m.kv_lora_rank * b, PALETTE[2]),
                 ("rope part", m.qk_rope_head_dim * b, PALETTE[4])]
         label = f"kv_buffer row: (1, {m.kv_lora_rank} + {m.qk_rope_head_dim})"
+        if m.index_head_dim:  # DeepSeek sparse attention: the indexer's fp8 key and its scales
+            segs.append(("indexer key", m.kv_bytes_per_token_per_layer(b, tp_size) - (m.kv_lora_rank
+                                                                                    + m.qk_rope_head_dim) * b,
+                         PALETTE[6]))
+            label += f"; index_k_with_scale_buffer: {m.index_head_dim} fp8 + scales"
     else:
         h = m.kv_heads_per_rank(tp_size)
         dv = m.v_head_dim or m.head_dim

@@ -74,6 +74,12 @@ def _policies():
     return draw_policies("ShareGPT-like", 16, n=4000)
 
 
+def _unified():
+    from memlab.course.viz.unified_books import draw_unified, unified_story
+
+    return draw_unified(unified_story().frames[5])  # A finishes: B's full pages move into A's old ones
+
+
 def _radix():
     from memlab.course.viz.radix_books import draw_radix, story
 
@@ -95,6 +101,7 @@ PICTURES = {
     "10_engine": lambda: _engine(),
     "10_policies": lambda: _policies(),
     "11_radix": lambda: _radix(),
+    "12_unified": lambda: _unified(),
 }
 
 

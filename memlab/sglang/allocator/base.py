@@ -41,6 +41,10 @@ class BaseTokenToKVPoolAllocator:
     def get_kvcache(self):
         return self._kvcache
 
+    def page_id_range(self) -> tuple[int, int]:
+        """The first and last page id this allocator hands out (page 0 is padding)."""
+        return 1, self.num_pages
+
     def merge_and_sort_free(self) -> None:
         """Fold staged frees into the free list and sort it, so later runs of pages are contiguous."""
         if len(self.release_pages):

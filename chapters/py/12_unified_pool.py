@@ -1,0 +1,354 @@
+# %% [markdown]
+# # 12 · The unified pool: one buffer, two ends, virtual ids
+#
+# [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/12_unified_pool.ipynb)
+#
+# Chapter 07 gave a sliding-window model two pools: full attention and sliding window, each sized
+# once at start-up, with a map from every full-side slot to its SWA-side slot. SGLang 0.5.23's
+# `--enable-unified-memory` puts both in **one byte buffer**: the full-attention sub-pool grows
+# down from the top, the sliding-window sub-pool up from the bottom, and whatever lies between
+# their frontiers is free for either. Above the allocator every id is **virtual**: the request
+# table, the radix tree and the scheduler never see where a page physically sits. The allocator
+# hands out virtual ids with the very `alloc_extend` / `alloc_decode` of chapters 04-05, binds each
+# virtual page to a physical page on each side, and translates ids just before KV is written or
+# read. The seed article names the trade-off: the mapping table disappears, and the allocator
+# must manage both pools' byte budgets.
+#
+# **After this chapter you can**
+# - lay out sub-pools in one byte buffer (bytes per entry, grow direction, the padding floor) and
+#   find the byte a physical slot starts at;
+# - follow virtual pages from chapter 04-05's kernels to the physical pages they are bound to,
+#   through the `v2p` / `p2v` page tables, and translate a batch's write locations;
+# - count capacity in bytes: one token of a hybrid model costs a full entry *and* an SWA entry,
+#   and a token out of the window only the full one;
+# - say why a free compacts pages and why nothing above the allocator notices;
+# - explain the `physical` mark: the unified pool's write door refuses a location not marked
+#   physical, which chapter 07's two-pool layout never needs;
+# - write the translation, the byte-counted capacity and the compaction of one sub-pool (exercise
+#   `ch12_virtual_pages`).
+
+# %%
+#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  #@param {type:"boolean"}
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("12", REF, drive=DRIVE)
+
+# %% [markdown]
+# ## See it
+#
+# A 3,072-byte buffer for a tiny hybrid model: one full-attention layer (K and V of 16 fp16
+# values: 64 bytes a slot) and two sliding-window layers (64 bytes a slot too), pages of 2 slots.
+# Top: the buffer itself. The dark grey floor is the padding sink; SWA pages (hatched) grow up
+# from it, full pages grow down from the top, each in its request's colour and labelled with its
+# physical page number; between the two frontiers lies the gap. Middle: the request table, one
+# cell per virtual page with the virtual token ids it holds (pale: its SWA page already went,
+# out of the window). Bottom: each side's page table, virtual page over physical page. A black
+# edge marks what the step bound or moved. Press **next**.
+#
+# ![A finishes: B's pages move into A's old ones; B's virtual ids stay](img/12_unified.png)
+
+# %%
+from memlab.course import viz
+from memlab.course.viz.unified_books import draw_unified, unified_story
+
+story = unified_story(page_size=2, window=4)
+viz.Stepper({"page size 2": story.frames}, draw_unified, interval_ms=2500)
+
+# %% [markdown]
+# ## One buffer, two ends
+#
+# `memlab/sglang/unified/pool.py` follows SGLang's `unified_memory_pool.py`. A sub-pool is a
+# `SubPoolSpec`: a name, its layers, and the end it grows from. Its **entry** is one slot holding
+# every one of its layers, token-major (`[K_0 | V_0 | K_1 | V_1 | ...]`, rounded up to 32 bytes),
+# and every sub-pool sees the *whole* buffer as an array of its own entries: physical slot `t` of
+# sub-pool X starts at byte `t * entry_bytes(X)`. The sub-pools overlap as address spaces; only
+# their allocators keep the pages in use apart. The lowest bytes are the padding sink, where
+# every sub-pool's slot 0 lies (padded tokens write there), so each sub-pool's first usable slot,
+# `min_slot_index`, starts past the reserved floor.
+
+# %%
+import torch
+
+from memlab.sglang.unified import MHASubPoolSpec, UnifiedKVPool
+
+full_spec = MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
+                           grow_direction="down")
+swa_spec = MHASubPoolSpec(name="swa", layer_num=2, head_num=1, head_dim=8, store_dtype=torch.float16,
+                          grow_direction="up")
+pool = UnifiedKVPool(total_bytes=3072, sub_pool_specs=[full_spec, swa_spec], page_size=2)
+for s in pool.sub_pool_specs:
+    print(f"{s.name:4} grows {s.grow_direction:4}: {s.entry_bytes()} B an entry, max_slots {pool.max_slots(s.name)}, "
+          f"first usable slot {pool.min_slot_index(s.name)}")
+print("reserved floor:", pool.reserved_floor, "bytes (page 0 of each paged sub-pool)")
+k, v = pool.mha_views_for("swa")
+print("swa layer 1's K view:", tuple(k[1].shape), "slot stride", k[1].stride(0) * 2, "bytes; slot 5 starts at byte",
+      k[1][5].data_ptr() - pool._raw.data_ptr(), "= 5 x 64 + layer 1's offset 32")
+
+# %% [markdown]
+# ## Virtual ids and their translation
+#
+# `memlab/sglang/unified/sub_pool.py` follows SGLang's `allocator/unified_sub_pool.py`. A
+# `MultiEndedAllocator` **is** chapter 04-05's paged allocator: `alloc_extend` and `alloc_decode`
+# run the same code path and the same Triton kernels, on a free list of **virtual** pages
+# (`free_virtual_ids`). The kernel computes `page * page_size + offset` and cannot tell what a
+# page id stands for. Each virtual page it takes is then bound to a physical page at this
+# sub-pool's growing end, in two page tables: `virtual_to_physical` (v2p) and
+# `physical_to_virtual` (p2v). A kernel that touches KV reads the translation:
+#
+# $$\text{physical}(t) = \text{v2p}[t \,/\!/\, ps] \cdot ps + t \bmod ps$$
+#
+# and an id that is unbound, negative or past the table goes to 0, the sink.
+#
+# `UnifiedSWATokenToKVPoolAllocator` (`allocator/unified_hybrid_swa.py`) puts a full side (grows
+# down, **owns** the virtual ids) and an SWA side (grows up, owns none) over one buffer. Every
+# virtual page the full side hands out is bound on both sides, so one virtual id names a full
+# slot and an SWA slot: the SWA side's v2p table *is* chapter 07's `full_to_swa_index_mapping`,
+# and that table disappears. Here are two requests through the chapter 04 kernel (`backend="triton"`):
+
+# %%
+from memlab.sglang.unified import UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
+
+kv = UnifiedSWAKVPool(unified_buffer=pool, full_attention_layer_ids=[1], swa_attention_layer_ids=[0, 2], page_size=2)
+alloc = UnifiedSWATokenToKVPoolAllocator(unified_buffer=pool, kvcache=kv, page_size=2, debug_mode=True,
+                                         backend="triton")
+T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+free_before = alloc.full_attn_allocator.free_virtual_ids[:6].tolist()
+a = alloc.alloc_extend(T(0, 0), T(0, 0), T(5, 4), T(5, 4), T(-1, -1), 9)  # two new requests, 5 and 4 tokens
+print("free virtual pages before:", free_before, "-> virtual ids:", a.tolist())
+fa, sa = alloc.full_attn_allocator, alloc.swa_attn_allocator
+print("full v2p:", {v: int(fa.virtual_to_physical[v]) for v in range(1, 6)}, " swa v2p:",
+      {v: int(sa.virtual_to_physical[v]) for v in range(1, 6)})
+print("full slots:", alloc.translate_kv_loc(a).tolist())
+print("swa slots: ", alloc.translate_loc_from_full_to_swa(a).tolist())
+d = alloc.alloc_decode(T(6, 5), T(6, 5), T(a[4], a[8]))  # one decode step each (chapter 05's kernel)
+print("decode:", d.tolist(), "; unbound, negative and out-of-range ids go to the sink:",
+      alloc.translate_kv_loc(T(40, -1, 10_000)).tolist())
+
+# %% [markdown]
+# The first request's pages are 1, 2 and 3 (ids 2-6), the second's 4 and 5 (ids 8-11): the
+# chapter 04 kernel, page by page from the head of the free list. The full side bound them to
+# its top pages, the SWA side to its bottom pages, both in ascending order. (SGLang's scheduler
+# calls `alloc(n)` instead at page size 1, where a page is a token.)
+#
+# ## Capacity in bytes
+#
+# Each side can take the pages that fit between its frontier and the other side's:
+# `available_size() = min(gap // bytes_per_page, pages it has never used) * page_size`. A token of
+# the composite needs a page on **both** sides, so it costs both entries of the shared gap:
+# `available_size() = gap // (e_full + e_swa) pages`. A token that has left the sliding window
+# keeps its full slot and gives its SWA bytes back (`free_swa`: the SWA v2p entry becomes -1, the
+# whole tombstone), so a long request costs ever less than a short one per token. The split
+# between the two sides floats with the load; it is never fixed.
+
+# %%
+gap = fa._current_gap_bytes()
+print(f"gap {gap} B: full side alone {fa.available_size()} tokens, SWA side alone {sa.available_size()}, "
+      f"both (a page pair of {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B) {alloc.available_size()}")
+alloc.free_swa(a[:4])  # the first request's first two pages leave its window
+print("after free_swa of ids", a[:4].tolist(), ": swa slots", alloc.translate_loc_from_full_to_swa(a[:4]).tolist(),
+      "(the sink), full slots", alloc.translate_kv_loc(a[:4]).tolist(), "(kept)")
+print(f"gap {fa._current_gap_bytes()} B: both {alloc.available_size()} tokens")
+big = alloc.available_size() + 2
+print(f"alloc({big}):", alloc.alloc(big), f"- the full side alone has room for {fa.available_size()} tokens, but "
+      "every new token also needs an SWA page")
+
+# %% [markdown]
+# ## A free compacts at once
+#
+# memlab keeps SGLang's **eager** compaction (`SGLANG_DISABLE_LAZY_COMPACTION=1`). When pages
+# are freed, the frontier retreats by that many pages, and the pages still in use in the band it
+# gave up move into the freed ones further in (sources and holes both in ascending order). The
+# pages in use always form one dense run at each end, so the gap stays one band. A move copies
+# the page's bytes and rewrites v2p and p2v; the virtual ids, hence the request table, the radix
+# tree and the scheduler's books, stay exactly as they were. Below: the second request's KV is
+# written (through the write door, next section), the first request is freed, its pages are
+# filled with the second's, and the second's KV reads back intact through the new translation.
+
+# %%
+second = torch.cat((a[5:], d[1:]))
+full_pool = kv.full_kv_pool
+kv_in = torch.randn(len(second), 1, 16).half()
+kv.set_kv_buffer(1, alloc.write_loc(second), kv_in, -kv_in)
+before = {"full slots": alloc.translate_kv_loc(second).tolist(), "virtual ids": second.tolist()}
+alloc.free(torch.cat((a[:5], d[:1])))  # the first request finishes
+after = {"full slots": alloc.translate_kv_loc(second).tolist(), "virtual ids": second.tolist()}
+for key in before:
+    print(f"{key:12}: {before[key]} -> {after[key]}")
+assert torch.equal(full_pool.get_key_buffer(0)[alloc.translate_kv_loc(second)], kv_in)
+print("the second request's K and V moved with their pages: read back through the new translation, intact")
+alloc.check_books()
+
+# %% [markdown]
+# SGLang's default is **lazy** compaction: a free only marks the pages as holes (a hole inside the
+# run is still taken first by the next allocation on that side), and pages move on demand: an
+# urgent flush when the other side is short, and a bounded, opportunistic one whenever the
+# scheduler is idle (which must wait for the forward pass still reading the pages: CUDA events).
+# Lazy mode copies fewer pages and never stalls a free, at the price of that machinery. Both
+# accept and refuse exactly the same requests: lazy counts its own holes as room, and the flush
+# turns the neighbour's holes into gap before it answers. `./course engines` checks it: it runs
+# SGLang's lazy allocator beside memlab's eager one and compares every accept and refusal, and
+# its `schedulable_available_size()` (room after the neighbour's flush) with memlab's
+# `available_size()`.
+#
+# ## The physical mark
+#
+# Above the allocator the ids are virtual, and a unified pool's write door cannot tell a virtual
+# id from a physical one: it never translates. So SGLang's unified KV pools
+# (`UnifiedMHATokenToKVPool`, `UnifiedMLATokenToKVPool`) set `requires_physical_write_loc = True`
+# and their `set_kv_buffer` refuses anything but a `KVWriteLoc` marked physical
+# (`_check_physical_write_loc`). The per-batch plan translates the batch's `out_cache_loc` once
+# and binds it to the batch (`KVWriteLoc.for_batch` reads `out_cache_loc_is_physical`); ids
+# translated some other way must say so: `KVWriteLoc(loc, physical=True)`. memlab's
+# `alloc.write_loc(out_cache_loc)` is that plan in one call: the translated full-side ids and
+# SWA-side ids, marked physical. Chapter 07's two-pool layout holds physical ids by allocation,
+# so it takes a plain location and needs no mark.
+
+# %%
+from memlab.sglang.swa import SWAKVPool
+from memlab.sglang.write_loc import KVWriteLoc
+
+ids = alloc.alloc(2)
+x = torch.ones(2, 1, 16).half()
+for what, loc in (("the virtual ids", ids), ("translated but unmarked", KVWriteLoc(alloc.translate_kv_loc(ids)))):
+    try:
+        full_pool.set_kv_buffer(0, loc, x, x)
+    except ValueError as exc:
+        print(f"{what}: refused ({str(exc).split(';')[0]})")
+full_pool.set_kv_buffer(0, KVWriteLoc(alloc.translate_kv_loc(ids), physical=True), x, x)
+kv.set_kv_buffer(0, alloc.write_loc(ids), x[:, :, :8], x[:, :, :8])  # an SWA layer: its swa_loc, the same mark
+print("marked physical: written; requires_physical_write_loc: unified", kv.requires_physical_write_loc,
+      "| chapter 07's SWAKVPool", SWAKVPool.requires_physical_write_loc)
+
+# %% [markdown]
+# ## The trade-off, measured
+#
+# What the shared buffer buys: the split between the two sides is no longer fixed. Below, the
+# same byte budget serves a model with one full-attention layer and five sliding-window layers
+# (a Gemma-like 5:1; 64 and 320 bytes a slot), window 8, page size 1. Chapter 07's two pools are
+# sized the way SGLang sizes them (`--swa-full-tokens-ratio 0.8`: 0.8 SWA slots per full slot,
+# chapter 08); the unified buffer has the same bytes. Requests of one prompt length arrive until
+# one is refused, and after every third arrival the oldest request finishes; each keeps only its
+# last 8 tokens on the SWA side. The table counts the requests admitted before the first refusal,
+# and the page copies the unified side made on the way (the price of eager compaction: a free
+# that leaves pages in use inside the band it gives up moves them).
+
+# %%
+from memlab.sglang.swa import SWATokenToKVPoolAllocator
+
+
+class CountMoves:  # a KV pool stand-in that only counts the allocator's page moves
+    def __init__(self):
+        self.full_kv_pool = self.swa_kv_pool = self
+        self.moves = 0
+
+    def move_physical_pages(self, tgt, src, page_size):
+        self.moves += len(src)
+
+
+def serve(al, prompt, window=8):
+    """Requests of ``prompt`` tokens arrive until one is refused; after every third the oldest
+    finishes. Returns how many were admitted."""
+    held, admitted = [], 0
+    while (ids := al.alloc(prompt)) is not None:
+        held.append(ids)
+        admitted += 1
+        al.free_swa(ids[: prompt - window])  # out of the window
+        if admitted % 3 == 0:
+            al.free(held.pop(0))
+    return admitted
+
+
+budget, e_full, e_swa = 64 * 1024, 64, 320
+specs = [MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
+                        grow_direction="down"),
+         MHASubPoolSpec(name="swa", layer_num=5, head_num=1, head_dim=16, store_dtype=torch.float16,
+                        grow_direction="up")]
+full_tokens = int(budget / (e_full + 0.8 * e_swa))
+print(f"{budget:,} B: two pools of {full_tokens} full and {int(0.8 * full_tokens)} SWA slots, or one buffer")
+print(f"{'prompt':>7} {'two pools':>10} {'unified':>8} {'page copies':>12}")
+for prompt in (8, 32, 96):
+    two = SWATokenToKVPoolAllocator(full_tokens, int(0.8 * full_tokens), 1)
+    moves = CountMoves()
+    one = UnifiedSWATokenToKVPoolAllocator(unified_buffer=UnifiedKVPool(total_bytes=budget, sub_pool_specs=specs),
+                                           kvcache=moves)
+    print(f"{prompt:>7} {serve(two, prompt):>10} {serve(one, prompt):>8} {moves.moves:>12}")
+
+# %% [markdown]
+# With short prompts (all in the window) both layouts are bounded by bytes, and the unified
+# buffer wins a little: two fixed pools strand whatever the other side does not need. With long
+# prompts most of a request's tokens are out of the window; the two pools then fill up on the full
+# side while the SWA pool sits nearly empty, and the unified buffer gives those bytes to the full
+# side. The price is on the right: every free compacts, copying pages. And the allocator now
+# answers the scheduler's capacity questions in bytes for both sides at once, the part of the
+# seed's sentence the code makes concrete.
+#
+# **Against the real engine.** `./course engines` runs `tests/engines/test_sglang_unified.py`: it
+# loads 0.5.23's `UnifiedKVPool`, `MultiEndedAllocator`, `UnifiedSWATokenToKVPoolAllocator` and
+# the `virtual_slot` functions (their torch paths off CUDA) from the published wheel, drives
+# them and memlab's with the same random streams (two END allocators with a KV or a Mamba-state
+# lower end at page sizes 1, 2, 3 and 4; the SWA composite with `alloc`, `free_swa`, `free_full`
+# and `free` at page sizes 1 to 4, and with the paged kernels at 2, 4 and 16), and compares after
+# every step the virtual ids and refusals, both page tables, the watermarks, the free virtual ids
+# in order, every page move, both sides' capacities and every translation. What it cannot compare
+# on a CPU: a lazy flush while a forward pass is in flight (it waits on a CUDA event), the write
+# door of SGLang's own unified KV pools (they subclass the CUDA-heavy `MHATokenToKVPool`, so the
+# test hands the allocators stand-ins and compares the ids that reach the door), the per-batch
+# translation plan (`KVLocPlan` and `KVIndexTranslator` import attention kernels; memlab's
+# `write_loc` is compared through the translations it is made of), and the Triton `virtual_slot`
+# kernels (off CUDA SGLang takes their torch paths).
+#
+# ## Where memlab differs from SGLang
+#
+# | | memlab | SGLang 0.5.23 |
+# |---|---|---|
+# | compaction | eager: every free moves the pages in the band it gives up | lazy by default: holes, an urgent flush when the other side is short, an opportunistic one when idle, CUDA events guarding pages a forward may still read; eager with `SGLANG_DISABLE_LAZY_COMPACTION=1`. The same accept and refuse decisions |
+# | sub-pools | two ends: full + SWA (the allocators also take a Mamba-state end) | also the three-pool layout Mamba + SWA + full, the SWA side a "float" between the ends, with `make_room` and leapfrog moves; the Mamba composite `UnifiedMambaTokenToKVPoolAllocator` and its slot allocator |
+# | the write path | `alloc.write_loc(out_cache_loc)`: translate once, mark physical | `KVIndexTranslator` and a per-batch `KVLocPlan` that rebinds `out_cache_loc` to physical ids and keeps the virtual ones in `out_cache_loc_virtual`; read-side translation tables for attention |
+# | views | MHA sub-pools; MLA and Mamba specs give their entry bytes | views for MLA and Mamba state too; a fused speculative-draft region inside each entry |
+# | capacity | recomputed at each call | memoised on an epoch the capacity fields bump; `schedulable_available_size` credits the neighbour's lazy holes; `can_reserve` / `reclaim_plan` price evictions in bytes for the scheduler |
+# | the rest | none of it | decode context parallelism (`translate_write_loc` drops ids another rank owns), move gates for PD disaggregation and HiCache, post-capture virtual-memory backing of the buffer, NaN poisoning in debug runs |
+#
+# SGLang turns the flag down for any model that is not hybrid (full + SWA, full + Mamba, or all
+# three): a plain model has nothing to share a buffer with.
+#
+# ## Exercise: `exercises/ch12_virtual_pages.py`
+#
+# Write one sub-pool's books (10 points): `translate` (virtual token ids to physical ones through
+# a v2p table, the sink for the unbound and the out-of-range), `available_tokens` (an END
+# sub-pool's capacity from its watermark and its neighbour's frontier, in bytes) and
+# `compact_after_free` (the eager compaction after a free: the new watermark, the pages that move
+# and where, both page tables rewritten). The references are `translate_token_ids`,
+# `MultiEndedAllocator.available_size` and `MultiEndedAllocator._compact_pending` in
+# `memlab/sglang/unified/sub_pool.py`; the graded tests also run random streams of that allocator
+# at page sizes 1 to 6 and compare after every step. The cell below runs yours on this chapter's
+# allocator.
+
+# %%
+with exercise("ch12_virtual_pages") as ex:
+    live = torch.cat((second, ids))
+    assert torch.equal(ex.translate(live, fa.virtual_to_physical, 2), fa.translate_kv_loc(live)), "translate"
+    for side, other in ((fa, sa), (sa, fa)):
+        frontier = other._byte_low_frontier() if side.grow_direction == "up" else other._byte_high_frontier()
+        mine = ex.available_tokens(side.grow_direction, side.watermark_physical, side.num_pages, side.min_page_index,
+                                   side.entry_bytes_per_page, side.page_size, frontier)
+        print(f"{side.sub_pool_name}: yours {mine}, memlab {side.available_size()}")
+        assert mine == side.available_size()
+    v2p, p2v = fa.virtual_to_physical.clone(), fa.physical_to_virtual.clone()
+    pages = sorted({t // 2 for t in ids.tolist()})
+    freed = v2p[pages].tolist()
+    v2p[pages] = -1
+    print("compact_after_free:", ex.compact_after_free("down", fa.watermark_physical, freed, v2p, p2v))
+    alloc.free(ids)
+    assert torch.equal(v2p, fa.virtual_to_physical) and torch.equal(p2v, fa.physical_to_virtual), "compact_after_free"
+
+# %% [markdown]
+# ## Grade
+
+# %%
+from memlab.grade import main as grade
+
+grade(["12"]);

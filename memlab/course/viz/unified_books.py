@@ -1,0 +1,264 @@
+"""The unified pool's books (chapter 12): one byte buffer, two sub-pools growing from its ends, the
+request table in virtual ids, and the page tables that bind virtual pages to physical ones.
+
+The same four parts as every side of memlab.course.viz (see ``sglang_books``):
+
+1. the snapshot: ``UnifiedFrame`` (with a ``SubPoolView`` per side), frozen, read from the real
+   objects by ``read_unified``;
+2. the scene: ``UnifiedScene`` drives a ``ReqToTokenPool`` and a ``UnifiedSWATokenToKVPoolAllocator``
+   the way SGLang's scheduler does (``alloc_for_extend`` / ``alloc_for_decode``, a sliding window's
+   ``free_swa``, a finished request's ``free``) and snaps a frame after each step; the page moves of
+   a step are read off the page tables (a virtual page bound before and after, to another page);
+3. the chapter's story: ``unified_story``;
+4. the drawing: ``draw_unified(frame)``, a pure function of the frame (cells carry gids
+   ``byte:SIDE:PAGE``, ``vpage:ROW:I``, ``v2p:SIDE:VPAGE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from memlab.sglang.req_to_token import ReqToTokenPool
+from memlab.sglang.unified import MHASubPoolSpec, UnifiedKVPool, UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
+from memlab.course.viz.sglang_books import Scene
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
+
+
+# -- 1. the snapshot --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SubPoolView:
+    name: str
+    grow: str  # "up" (from byte 0) or "down" (from the top)
+    page_size: int
+    entry_bytes: int
+    num_pages: int
+    min_page_index: int
+    used: tuple  # (first, end): the physical pages in use, one dense run at this end
+    bound: tuple  # (virtual page, physical page), ascending virtual page
+    available: int  # tokens this side alone could take now
+
+    @property
+    def page_bytes(self) -> int:
+        return self.entry_bytes * self.page_size
+
+
+@dataclass(frozen=True)
+class UnifiedFrame:
+    caption: str
+    total_bytes: int
+    reserved_floor: int
+    page_size: int
+    rows: tuple  # (owner, virtual token ids) per running request
+    full: SubPoolView
+    swa: SubPoolView
+    gap_bytes: int
+    joint_available: int  # tokens with a full AND an SWA slot
+    moves: tuple = ()  # (side, virtual page, from physical page, to physical page) in this step
+    new_pages: frozenset = frozenset()  # virtual pages bound by this step
+    note: str = ""
+
+    def page_owner(self) -> dict[int, str]:
+        ps = self.page_size
+        return {t // ps: owner for owner, ids in self.rows for t in ids}
+
+
+def _side(a) -> SubPoolView:
+    v2p = a.virtual_to_physical[:-1]
+    bound = torch.nonzero(v2p > 0).flatten()
+    return SubPoolView(a.sub_pool_name, a.grow_direction, a.page_size, a.entry_bytes, a.num_pages, a.min_page_index,
+                       a.used_page_range(), tuple(zip(bound.tolist(), v2p[bound].tolist())), a.available_size())
+
+
+def read_unified(caption: str, allocator: UnifiedSWATokenToKVPoolAllocator, rows: dict, before=None,
+                 note: str = "") -> UnifiedFrame:
+    """Snapshot: ``rows`` maps an owner to its virtual token ids; ``before`` is the frame of the
+    previous step, to read which pages moved and which were bound."""
+    fa, sa = allocator.full_attn_allocator, allocator.swa_attn_allocator
+    full, swa = _side(fa), _side(sa)
+    moves, new = [], set()
+    if before is not None:
+        for old, now in ((before.full, full), (before.swa, swa)):
+            was = dict(old.bound)
+            moves += [(now.name, v, was[v], p) for v, p in now.bound if v in was and was[v] != p]
+            new |= {v for v, _ in now.bound if v not in was}
+    return UnifiedFrame(caption, allocator.unified_buffer.total_bytes, allocator.unified_buffer.reserved_floor,
+                        allocator.page_size, tuple((str(o), tuple(ids)) for o, ids in rows.items()), full, swa,
+                        fa._current_gap_bytes(), allocator.available_size(), tuple(moves), frozenset(new), note)
+
+
+# -- 2. the scene -----------------------------------------------------------------------------
+
+class UnifiedScene(Scene):
+    """A Scene over a UnifiedSWATokenToKVPoolAllocator; the request table holds virtual ids."""
+
+    def __init__(self, req_pool: ReqToTokenPool, allocator: UnifiedSWATokenToKVPoolAllocator, kvcache=None):
+        super().__init__(req_pool, allocator, kvcache)
+        self.swa_released: dict[str, int] = {}
+
+    def books(self, caption: str = "", note: str = "", **_) -> UnifiedFrame:
+        rows = {rid: self.slots(rid) for rid in self.reqs}
+        return read_unified(caption, self.allocator, rows, self.frames[-1] if self.frames else None, note)
+
+    def snap(self, caption: str, note: str = "", **_) -> UnifiedFrame:
+        f = self.books(caption, note)
+        self.frames.append(f)
+        return f
+
+    def release_window(self, rid: str, window: int) -> list[int]:
+        """The request's tokens wholly before its last ``window`` leave the sliding window: their
+        SWA pages go back (``free_swa``, whole pages), their full pages and virtual ids stay."""
+        ps, ids = self.allocator.page_size, self.slots(rid)
+        start, end = self.swa_released.get(rid, 0), (len(ids) - window) // ps * ps
+        if end <= start:
+            return []
+        self.allocator.free_swa(torch.tensor(ids[start:end]))
+        self.swa_released[rid] = end
+        return ids[start:end]
+
+    def finish(self, rid) -> list[int]:
+        self.swa_released.pop(rid, None)
+        return super().finish(rid)
+
+
+# -- 3. the chapter's story -------------------------------------------------------------------
+
+def unified_scene(page_size: int = 2, total_bytes: int = 3072, backend: str = "torch") -> UnifiedScene:
+    """A tiny hybrid model over one buffer: full attention (1 layer of K+V, 16 bf16 values each:
+    64 bytes a slot) grows down from the top, the sliding window (2 layers of 8: 64 bytes) up from
+    the floor."""
+    specs = [MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
+                            grow_direction="down"),
+             MHASubPoolSpec(name="swa", layer_num=2, head_num=1, head_dim=8, store_dtype=torch.float16,
+                            grow_direction="up")]
+    pool = UnifiedKVPool(total_bytes=total_bytes, sub_pool_specs=specs, page_size=page_size)
+    kv = UnifiedSWAKVPool(unified_buffer=pool, full_attention_layer_ids=[1], swa_attention_layer_ids=[0, 2],
+                          page_size=page_size, backend=backend)
+    al = UnifiedSWATokenToKVPoolAllocator(unified_buffer=pool, kvcache=kv, page_size=page_size, debug_mode=True,
+                                          backend=backend)
+    return UnifiedScene(ReqToTokenPool(4, 24), al, kv)
+
+
+def _pages(ids, ps) -> list[int]:
+    return sorted({t // ps for t in ids})
+
+
+def unified_story(page_size: int = 2, window: int = 4, backend: str = "torch") -> UnifiedScene:
+    """Chapter 12: requests in one buffer; a window releasing SWA pages; a free compacting pages
+    while the request table keeps its virtual ids; a prompt refused for bytes, not for ids."""
+    sc = unified_scene(page_size, backend=backend)
+    al = sc.allocator
+    fa, sa = al.full_attn_allocator, al.swa_attn_allocator
+    e = fa.entry_bytes_per_page + sa.entry_bytes_per_page
+    sc.snap(f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages ({fa.entry_bytes_per_page} B) grow down "
+            f"from the top, SWA pages ({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
+            f"padding floor; a token needs both, so {al.available_size()} tokens fit "
+            f"({fa._current_gap_bytes()} B of gap // {e} B a page pair, x {page_size})")
+    out = sc.extend_batch({"A": 7})
+    sc.snap(f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} from the free "
+            "list of virtual pages; each new virtual page is then bound to a full page at the top and an SWA page "
+            "at the bottom")
+    out = sc.extend_batch({"B": 5})
+    sc.snap(f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap between them "
+            f"shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page")
+    lens = {r: sc.reqs[r].kv_allocated_len + 1 for r in ("A", "B")}
+    out = sc.decode(["A", "B"])
+    opened = [r for r, n in lens.items() if (n - 1) % page_size == 0]
+    sc.snap(f"A decode step: virtual ids {out.tolist()} (chapter 05's alloc_decode); "
+            + (f"{' and '.join(opened)} opened a page, bound on both sides" if opened else
+               "nobody opens a page, so nothing new is bound: each id is last_loc + 1"))
+    gone = sc.release_window("A", window)
+    sc.snap(f"A's next token reads only its last {window}: the SWA pages of {gone} go back (free_swa); their SWA "
+            "v2p entries become -1, their full pages and virtual ids stay, and the freed SWA pages are "
+            "compacted at once")
+    a_pages = _pages(sc.slots("A"), page_size)
+    sc.finish("A")
+    f = sc.snap(f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side gives up "
+                "move into A's old ones (the black edges), and only the page tables change: B's virtual ids "
+                "in the request table stay as they were")
+    moved = [m for m in f.moves if m[0] == "full"]
+    if moved:
+        sc.frames[-1] = UnifiedFrame(**{**f.__dict__, "note": "moved: " + ", ".join(
+            f"virtual page {v}: full page {p} -> {q}" for _, v, p, q in moved)})
+    want = al.available_size() + page_size
+    if sc.extend_batch({"C": want}) is None:
+        sc.snap(f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} tokens of room "
+                f"and virtual ids to spare: the shared gap pays for {al.available_size()} tokens on both sides")
+    out = sc.extend_batch({"C": al.available_size()})
+    sc.snap(f"C takes all {len(out)} that fit: the two frontiers meet and the gap is gone")
+    return sc
+
+
+# -- 4. the drawing ---------------------------------------------------------------------------
+
+def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
+    grid_axes(ax, f"the byte buffer ({frame.total_bytes} B): SWA pages (hatched) from byte "
+                  f"{frame.reserved_floor}, full pages from the top; gap {frame.gap_bytes} B")
+    scale = width / frame.total_bytes
+    owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
+    cell(ax, 0, 0, PADDING, "sink", gid="byte:floor", w=frame.reserved_floor * scale, fontsize=6)
+    for side, hatch in ((frame.swa, "///"), (frame.full, None)):
+        for v, p in side.bound:
+            x = p * side.page_bytes * scale
+            edge = HIGHLIGHT if (side.name, p) in moved else "white"
+            cell(ax, x, 0, owner_color(owner.get(v)), f"{p}", gid=f"byte:{side.name}:{p}", w=side.page_bytes * scale,
+                 edge=edge, lw=1.6 if edge == HIGHLIGHT else 0.8, hatch=hatch, fontsize=6)
+    lo = frame.swa.used[1] * frame.swa.page_bytes if frame.swa.grow == "up" else frame.full.used[1] * frame.full.page_bytes
+    hi = lo + frame.gap_bytes
+    if frame.gap_bytes:
+        cell(ax, lo * scale, 0, FREE, f"gap {frame.gap_bytes} B", gid="byte:gap", w=(hi - lo) * scale, fontsize=7,
+             edge="#999")
+    step = 1 << max(6, (frame.total_bytes // 6).bit_length() - 1)
+    for b in range(0, frame.total_bytes + 1, step):
+        ax.text(b * scale, 1.15, str(b), ha="center", va="top", fontsize=6, color="#666")
+    ax.text(lo * scale, -0.15, f"{frame.swa.name} grows up ->", ha="left", va="bottom", fontsize=7)
+    ax.text(hi * scale, -0.15, f"<- {frame.full.name} grows down", ha="right", va="bottom", fontsize=7)
+    ax.set_xlim(-1.5, width + 0.5)
+    ax.set_ylim(1.7, -0.8)
+
+
+def _request_table(ax, frame: UnifiedFrame) -> None:
+    grid_axes(ax, "request table: virtual token ids, one cell per virtual page")
+    ps = frame.page_size
+    swa_bound = dict(frame.swa.bound)
+    for y, (owner, ids) in enumerate(frame.rows):
+        ax.text(-0.2, y + 0.5, owner, ha="right", va="center", fontsize=8)
+        for i, v in enumerate(_pages(ids, ps)):
+            first, last = max(v * ps, ids[0]), min(v * ps + ps - 1, ids[-1])
+            label = f"{first}" if first == last else f"{first}-{last}"
+            new = v in frame.new_pages
+            cell(ax, i * 1.3, y, owner_color(owner), label, gid=f"vpage:{owner}:{i}", w=1.2, fontsize=6,
+                 alpha=1.0 if v in swa_bound else 0.45, edge=HIGHLIGHT if new else "white", lw=1.5 if new else 1)
+    if not frame.rows:
+        ax.text(0, 0.5, "(no request)", fontsize=8, va="center")
+    ax.set_xlim(-1.5, 24.5)
+    ax.set_ylim(max(len(frame.rows), 3) + 0.2, -0.4)
+
+
+def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
+    grid_axes(ax, f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)")
+    owner, moved = frame.page_owner(), {(m[0], m[1]) for m in frame.moves}
+    for i, (v, p) in enumerate(side.bound[:18]):
+        edge = HIGHLIGHT if (side.name, v) in moved else "white"
+        cell(ax, i * 1.3, 0, owner_color(owner.get(v)), f"{v}\n{p}", gid=f"v2p:{side.name}:{v}", w=1.2, fontsize=6,
+             edge=edge, lw=1.6 if edge == HIGHLIGHT else 1)
+    if not side.bound:
+        ax.text(0, 0.5, "(nothing bound)", fontsize=8, va="center")
+    ax.set_xlim(-1.5, 24.5)
+    ax.set_ylim(1.2, -0.5)
+
+
+def draw_unified(frame: UnifiedFrame, width: float = 11.5):
+    """The buffer with both sub-pools and the gap, the request table (virtual ids; pale: SWA pages
+    gone), and the two page tables (virtual page over physical page; black edge: moved or new)."""
+    fig, (bx, rx, fx, sx) = new_figure(width, 4.6, nrows=4, height_ratios=[1.3, 1.6, 0.9, 0.9])
+    _bytes_lane(bx, frame, 24)
+    _request_table(rx, frame)
+    _page_table(fx, frame.full, frame)
+    _page_table(sx, frame.swa, frame)
+    for ax in (bx, rx, fx, sx):
+        ax.set_aspect("auto")  # lanes of cells: fill the figure's width
+    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
+    return fig

@@ -1,0 +1,232 @@
+"""UnifiedSWATokenToKVPoolAllocator (sglang/srt/mem_cache/allocator/unified_hybrid_swa.py): full and sliding-window KV in one buffer, one id.
+
+Chapter 07's two-pool SWA allocator hands out a full-side id and an SWA-side id per token and keeps
+``full_to_swa_index_mapping`` between them, with each pool's size fixed at start-up. Here both
+sub-pools live in one UnifiedKVPool and share ONE virtual id: the full side owns the ids (a
+grow-down END), the SWA side binds the same virtual pages to physical pages of its own (a grow-up
+END, built with the full side's virtual page count). So the SWA side's v2p table IS the full -> SWA
+map, and the mapping table disappears. The price: the allocator must manage both pools' byte
+budgets. A token costs ``e_full + e_swa`` bytes of the shared gap, a token that has left the window
+only ``e_full``, and the split between the two floats with the load instead of being fixed.
+
+Where memlab is smaller: eager compaction only (see ``sub_pool``), so ``ensure_capacity`` never
+flushes; no ``can_reserve`` / ``reclaim_plan`` (the eviction planner), no PD-decode
+``alloc_extend_swa_tail``, no move gates; the ``*_segment`` frees take the general path (the same
+pages for a page-aligned run).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.common import _checks
+from memlab.common.utils import ceil_div
+from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
+from memlab.sglang.unified.pool import UnifiedKVPool
+from memlab.sglang.unified.sub_pool import MultiEndedAllocator
+from memlab.sglang.write_loc import KVWriteLoc
+
+
+class UnifiedSWATokenToKVPoolAllocator:
+    def __init__(self, *, unified_buffer: UnifiedKVPool, kvcache=None, device="cpu", page_size: int = 1,
+                 debug_mode: bool = False, backend: str = "torch"):
+        self.unified_buffer, self._kvcache, self.page_size = unified_buffer, kvcache, page_size
+        kw = dict(unified_buffer=unified_buffer, device=device, page_size=page_size, debug_mode=debug_mode,
+                  backend=backend)
+        self.full_attn_allocator = MultiEndedAllocator(
+            kvcache=None if kvcache is None else kvcache.full_kv_pool, sub_pool_name="full", is_id_owner=True, **kw)
+        # The SWA side binds the virtual pages the full side mints, so it spans the full side's id space.
+        self.swa_attn_allocator = MultiEndedAllocator(
+            kvcache=None if kvcache is None else kvcache.swa_kv_pool, sub_pool_name="swa", is_id_owner=False,
+            virtual_num_pages=self.full_attn_allocator.num_virtual_ids, **kw)
+        self.full_attn_allocator.bind_peer(self.swa_attn_allocator)
+        self.swa_attn_allocator.bind_peer(self.full_attn_allocator)
+        self.device, self.debug_mode = self.full_attn_allocator.device, debug_mode
+        self._empty_shared_gap_bytes = self.full_attn_allocator._current_gap_bytes()
+        # What each side could take alone, from the empty buffer (the SWA side: at most one page per virtual page).
+        self._size_full = self.full_attn_allocator.available_size()
+        self._size_swa = min(self.swa_attn_allocator.available_size(),
+                             len(self.full_attn_allocator.free_virtual_ids) * page_size)
+        self.free_group = None
+
+    # -- sizes: one byte budget for both sides ---------------------------------------------------
+    @property
+    def size(self) -> int:
+        return min(self._size_full, self._size_swa)
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    def available_size(self) -> int:
+        """Tokens an ``alloc`` can still take: each needs a full page AND an SWA page (one virtual
+        id), so it costs both entry sizes of the shared gap."""
+        fa, sa = self.full_attn_allocator, self.swa_attn_allocator
+        gap_bytes = fa._current_gap_bytes()
+        room_full = fa.num_pages - fa.min_page_index - fa._allocated_pages()
+        room_swa = sa.num_pages - sa.min_page_index - sa._allocated_pages()
+        pages_by_bytes = gap_bytes // (fa.entry_bytes_per_page + sa.entry_bytes_per_page)
+        return min(pages_by_bytes, room_full, room_swa) * self.page_size
+
+    def full_available_size(self) -> int:
+        """Full-side tokens alone (the SWA side lending its bytes), within the full side's size."""
+        return min(self._size_full - self.full_attn_allocator.allocated_count(),
+                   self.full_attn_allocator.schedulable_available_size())
+
+    def swa_available_size(self) -> int:
+        return min(self._size_swa - self.swa_attn_allocator.allocated_count(),
+                   self.swa_attn_allocator.schedulable_available_size())
+
+    def get_kvcache(self):
+        return self._kvcache
+
+    def clear(self) -> None:
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        self.free_group = None
+
+    # -- the byte envelope ---------------------------------------------------------------------
+    def _fits_page_demand(self, num_full_pages: int, num_swa_pages: int) -> bool:
+        """Both sides' new pages against their page numbers and, together, against the gap.
+        (SGLang's check also counts lazy holes and virtual ids; eagerly compacted, the holes are
+        gap already and the free virtual ids are exactly the full side's unused page numbers.)"""
+        fa, sa, ps = self.full_attn_allocator, self.swa_attn_allocator, self.page_size
+        virtual_page_capacity = fa.num_virtual_ids - fa.min_page_index
+        full_page_capacity = min(virtual_page_capacity, fa.num_pages - fa.min_page_index)
+        swa_page_capacity = min(virtual_page_capacity, sa.num_pages - sa.min_page_index)
+        if fa.allocated_count() // ps + num_full_pages > full_page_capacity:
+            return False
+        if sa.allocated_count() // ps + num_swa_pages > swa_page_capacity:
+            return False
+        return (num_full_pages * fa.entry_bytes_per_page + num_swa_pages * sa.entry_bytes_per_page
+                <= fa._current_gap_bytes())
+
+    def ensure_capacity(self, full_tokens: int, swa_tokens: int) -> bool:
+        """Whether ``full_tokens`` full-side and ``swa_tokens`` SWA-side tokens fit now. (SGLang's
+        lazy mode then tries once more after compacting both sides; eager has nothing to compact.)"""
+        if full_tokens < 0 or swa_tokens < 0:
+            return False
+        if full_tokens == 0 and swa_tokens == 0:
+            return True
+        return self._fits_page_demand(ceil_div(full_tokens, self.page_size), ceil_div(swa_tokens, self.page_size))
+
+    # -- allocation: the full side's paged kernels, the SWA side binds the same pages ----------------
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        fa = self.full_attn_allocator
+        need_size = _checks.alloc(fa, need_size)
+        if not self.ensure_capacity(need_size, need_size):
+            return None
+        new_virtual_pages = fa.free_virtual_ids[: need_size // self.page_size]  # rebound, never changed in place
+        v_tokens = fa.alloc(need_size)
+        assert v_tokens is not None, "full.alloc refused after the joint check passed"
+        self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)
+        return v_tokens
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                     extend_num_tokens: int) -> torch.Tensor | None:
+        fa = self.full_attn_allocator
+        _checks.alloc_extend(fa, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        need_tokens = num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size) * self.page_size
+        if not self.ensure_capacity(need_tokens, need_tokens):
+            return None
+        new_virtual_pages = fa.free_virtual_ids[: need_tokens // self.page_size]
+        out = fa.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        assert out is not None, "full.alloc_extend refused after the joint check passed"
+        self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)
+        return out
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
+        fa = self.full_attn_allocator
+        _checks.alloc_decode(fa, seq_lens, seq_lens_cpu, last_loc)
+        need_tokens = num_new_pages_decode(seq_lens_cpu, self.page_size) * self.page_size
+        if not self.ensure_capacity(need_tokens, need_tokens):
+            return None
+        new_virtual_pages = fa.free_virtual_ids[: need_tokens // self.page_size]
+        out = fa.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+        assert out is not None, "full.alloc_decode refused after the joint check passed"
+        self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)
+        return out
+
+    # -- translation: one virtual id, two physical slots ----------------------------------------
+    def translate_kv_loc(self, loc: torch.Tensor) -> torch.Tensor:
+        """Full layers read here: virtual token ids -> the full sub-pool's physical slots."""
+        return self.full_attn_allocator.translate_kv_loc(loc)
+
+    def translate_loc_from_full_to_swa(self, loc: torch.Tensor) -> torch.Tensor:
+        """SWA layers read here: the same virtual ids -> the SWA sub-pool's physical slots
+        (0, the sink, once a token has left the window)."""
+        return self.swa_attn_allocator.translate_kv_loc(loc)
+
+    def translate_write_loc(self, loc: torch.Tensor) -> torch.Tensor:
+        return self.full_attn_allocator.translate_write_loc(loc)
+
+    def write_loc(self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None) -> KVWriteLoc:
+        """The batch's write location, translated once and marked physical: what SGLang's per-batch
+        plan binds (``KVLocPlan.bind``: ``out_cache_loc`` becomes physical, the virtual ids stay in
+        ``out_cache_loc_virtual``). Chapter 07's allocator has the same method, unmarked."""
+        return KVWriteLoc.for_batch(self.translate_write_loc(out_cache_loc), physical=True,
+                                    swa_loc=self.translate_loc_from_full_to_swa(out_cache_loc))
+
+    # -- freeing ---------------------------------------------------------------------------------
+    def _swa_live(self, free_index: torch.Tensor) -> torch.Tensor:
+        # > 0: -1 is a token whose SWA page already went (out of the window), 0 the sink page.
+        v = free_index.to(torch.int64)
+        return v[self.swa_attn_allocator.virtual_to_physical[v // self.page_size] > 0]
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Both sides: the SWA pages still bound, then the full pages (which return the virtual ids)."""
+        _checks.free(self.full_attn_allocator, free_index)
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.clone())
+            return
+        live = self._swa_live(free_index)
+        if live.numel():
+            self.swa_attn_allocator.free(live)
+        self.full_attn_allocator.free(free_index.to(torch.int64))
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """A sliding window moved on: give back the SWA pages under these ids, keep the virtual ids
+        and the full pages. The SWA v2p entry becoming -1 is the whole tombstone."""
+        _checks.free(self.full_attn_allocator, free_index)
+        live = self._swa_live(free_index)
+        if live.numel():
+            self.swa_attn_allocator.free(live)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """The full side of tokens whose SWA pages already went (a finished request's old part)."""
+        self.full_attn_allocator.free(free_index.to(torch.int64))
+
+    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
+        self.free(free_index)
+
+    def free_swa_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
+        self.free_swa(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
+        self.free_full(free_index)
+
+    def free_group_begin(self) -> None:
+        _checks.free_group_begin(self)
+        self.free_group = []
+
+    def free_group_end(self) -> None:
+        _checks.free_group_end(self)
+        group, self.free_group = self.free_group, None
+        if group:
+            self.free(torch.cat(group))
+
+    def check_books(self) -> None:
+        """Debug mode: each side's books; and no SWA page without a full page under the same id."""
+        fa, sa = self.full_attn_allocator, self.swa_attn_allocator
+        fa.check_books()
+        sa.check_books()
+        _checks.unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
