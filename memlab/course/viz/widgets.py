@@ -21,18 +21,20 @@ def as_html(drawing) -> str:
 class Stepper(W.VBox):
     """Step through precomputed states (each with a ``caption``): play, previous, slider, next.
 
-    ``states`` is a list, or a dict of named lists (stories) with a dropdown to pick one.
+    ``states`` is a list, or a dict of named lists (stories) with a dropdown to pick one; ``story``
+    names the one it opens on (default: the first).
     ``draw(state)`` returns a matplotlib Figure or an HTML string; pictures are cached per step,
     so playing back and forth redraws nothing.
     """
 
-    def __init__(self, states, draw: Callable, interval_ms: int = 1500, start: int = 0):
+    def __init__(self, states, draw: Callable, interval_ms: int = 1500, start: int = 0, story: str | None = None):
         self.stories = dict(states) if isinstance(states, dict) else {"": list(states)}
         if not self.stories or not all(self.stories.values()):
             raise ValueError("a Stepper needs at least one state in every story")
         self.draw = draw
         self._cache: dict[tuple, str] = {}
-        self.story = W.Dropdown(options=list(self.stories), description="story")
+        self.story = W.Dropdown(options=list(self.stories), description="story",
+                                value=list(self.stories)[0] if story is None else story)
         self.states = list(self.stories[self.story.value])
         self.slider = W.IntSlider(value=0, min=0, max=len(self.states) - 1, description="step",
                                   continuous_update=False)
