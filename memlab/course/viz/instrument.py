@@ -53,11 +53,15 @@ def spell_value(v) -> str:
     return repr(v)
 
 
-def spell(name: str, *args, **kwargs) -> str:
-    """``name(arg, key=value, ...)`` with every value spelled by ``spell_value``."""
+def spell(name: str, *args, width: int = 96, **kwargs) -> str:
+    """``name(arg, key=value, ...)`` with every value spelled by ``spell_value``; longer than
+    ``width``, one argument a line (still one Python expression to paste)."""
     parts = [a if isinstance(a, Verbatim) else spell_value(a) for a in args]
     parts += [f"{k}={v if isinstance(v, Verbatim) else spell_value(v)}" for k, v in kwargs.items()]
-    return f"{name}({', '.join(parts)})"
+    line = f"{name}({', '.join(parts)})"
+    if len(line) <= width:
+        return line
+    return f"{name}(\n" + "".join(f"    {p},\n" for p in parts) + ")"
 
 
 class Verbatim(str):
@@ -416,10 +420,13 @@ class _Frame:
         self.caption = esc(self.caption)  # the Stepper puts captions into HTML as they are
 
 
+BOX = "font-size:12.5px;line-height:1.45"  # ipywidgets' HTML gives its content a 28 px line height
+
+
 def call_html(step: Step | None, note: str = "", opening: bool = False) -> str:
     """The call box: the call in a copyable block, what came back, or the library's message."""
     if step is None:
-        body = '<div class="memlab-call">no step yet: type your values and press an operation</div>'
+        body = f'<div class="memlab-call" style="{BOX}">no step yet: type your values and press an operation</div>'
     else:
         who = "the story's last step" if opening else ("you ran" if step.ok else "refused")
         code = esc(step.call or f"{step.op}({', '.join(f'{k}={v!r}' for k, v in step.args.items())})")
@@ -428,11 +435,12 @@ def call_html(step: Step | None, note: str = "", opening: bool = False) -> str:
         err = (f'<div class="memlab-error" style="color:#c62828;font-weight:bold;white-space:pre-wrap">'
                f'{esc(step.error)}</div>' if step.error else "")
         keep = ("" if step.ok else '<div style="color:#555">nothing changed: the books are as before this call</div>')
-        body = (f'<div class="memlab-call" style="border-left:4px solid {colour};padding:2px 8px">'
+        body = (f'<div class="memlab-call" style="{BOX};border-left:4px solid {colour};padding:2px 8px">'
                 f'<span style="color:#555">{who}:</span>'
-                f'<pre style="margin:2px 0;white-space:pre-wrap;user-select:all">{code}{result}</pre>{err}{keep}</div>')
+                f'<pre style="margin:2px 0;white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;'
+                f'line-height:1.35">{code}{result}</pre>{err}{keep}</div>')
     if note:
-        body += f'<div class="memlab-note" style="color:#8a6d00">{esc(note)}</div>'
+        body += f'<div class="memlab-note" style="{BOX};color:#8a6d00">{esc(note)}</div>'
     return body
 
 
@@ -444,8 +452,17 @@ def books_value(v) -> str:
 
 
 def books_html(books: dict) -> str:
-    """The books as a two-column table (every value escaped)."""
-    rows = "".join(f'<tr><td style="padding:1px 12px 1px 0;color:#555;white-space:nowrap">{esc(k)}</td>'
-                   f'<td style="padding:1px 0"><code>{esc(books_value(v))}</code></td></tr>' for k, v in books.items())
-    return (f'<table class="memlab-books" style="font-size:12px;border-collapse:collapse">'
-            f'<tr><td colspan="2" style="color:#555"><b>the books now</b> (read from the objects)</td></tr>{rows}</table>')
+    """The books, one line each: the name, then the value read from the objects (escaped)."""
+    lines = "".join(f'<div class="memlab-book"><span class="memlab-book-key" style="display:inline-block;'
+                    f'min-width:140px;color:#555">{esc(k)}</span><code class="memlab-book-value">'
+                    f'{esc(books_value(v))}</code></div>' for k, v in books.items())
+    return (f'<div class="memlab-books" style="{BOX}"><div style="color:#555"><b>the books now</b> '
+            f'(read from the objects)</div>{lines}</div>')
+
+
+def table_html(head, rows, cls: str = "") -> str:
+    """A compact table (every cell escaped), for an operation's details."""
+    td = "padding:0 12px 0 0;text-align:left;white-space:nowrap"
+    th = "".join(f'<th style="{td}">{esc(h)}</th>' for h in head)
+    body = "".join("<tr>" + "".join(f'<td style="{td}">{esc(v)}</td>' for v in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}" style="{BOX};border-collapse:collapse"><tr>{th}</tr>{body}</table>'

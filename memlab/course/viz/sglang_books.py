@@ -804,6 +804,7 @@ def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.T
     """The Triton kernel, the torch and the Python references on one batch's arguments, next to the
     slots the allocator handed out: an HTML table and whether all agree."""
     from memlab.common.env import kernel_device
+    from memlab.course.viz.instrument import BOX, table_html
     from memlab.course.viz.svg import esc
     from memlab.kernels import alloc_extend as kernel
     from memlab.sglang.allocator import reference as ref
@@ -818,27 +819,26 @@ def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.T
                                                                           free_pages.tolist(), page_size),
     }
     want = out.tolist()
-    verdicts = []
+    rows, agree = [], True
     for name, v in got.items():
         diff = next((i for i, (a, b) in enumerate(zip(v, want)) if a != b), None)
         if diff is None and len(v) != len(want):
             diff = min(len(v), len(want))
-        verdicts.append((name, v, diff))
-    agree = all(d is None for _, _, d in verdicts)
-    rows = "".join(f"<tr><td>{esc(name)}</td><td><code>{esc(v)}</code></td><td>"
-                   + ("same" if d is None else f'<b style="color:#c62828">first difference at output {d}: '
-                      f"{esc(v[d] if d < len(v) else 'nothing')} instead of {esc(want[d] if d < len(want) else 'nothing')}</b>")
-                   + "</td></tr>" for name, v, d in verdicts)
+        agree &= diff is None
+        verdict = "same" if diff is None else (
+            f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} instead of "
+            f"{want[diff] if diff < len(want) else 'nothing'}")
+        rows.append((name, v, verdict))
     head = ('<b style="color:#2e7d32">all three agree with the allocator</b>' if agree
             else '<b style="color:#c62828">the three do not agree</b>')
-    return (f'<div class="memlab-three-way">{head} (on {esc(dev)}: '
-            f'{"the interpreter" if str(dev) == "cpu" else "compiled"})<table style="font-size:12px">{rows}</table></div>',
-            agree)
+    mode = "the interpreter" if str(dev) == "cpu" else "compiled"
+    return (f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} (the kernel on {esc(dev)}: {mode})'
+            f'{table_html(("", "slots", ""), rows)}</div>', agree)
 
 
 def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int) -> str:
     """Each request's output start and free-list start (the two prefix sums) and its three parts."""
-    from memlab.course.viz.svg import esc
+    from memlab.course.viz.instrument import BOX, table_html
 
     pre, seq, last = args["prefix_lens"].tolist(), args["seq_lens"].tolist(), args["last_loc"].tolist()
     new_tok = [s - p for p, s in zip(pre, seq)]
@@ -847,16 +847,14 @@ def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int)
     page_start = [sum(new_pages[:i]) for i in range(len(rids))]
     head = ("request", "prefix -> seq", "last_loc", "new tokens", "output starts at", "new pages",
             "free-list starts at", "pages taken", "part 1 / 2 / 3")
-    body = ""
+    rows = []
     for i, r in enumerate(rids):
         parts = extend_parts(pre[i], seq[i], page_size)
         taken = free_pages[page_start[i]:page_start[i] + new_pages[i]].tolist()
-        cells = (r, f"{pre[i]} -> {seq[i]}", last[i], new_tok[i], out_start[i], new_pages[i], page_start[i], taken,
-                 " / ".join(str(parts.count(k)) for k in (1, 2, 3)))
-        body += "<tr>" + "".join(f"<td>{esc(v)}</td>" for v in cells) + "</tr>"
-    th = "".join(f"<th style='padding:0 8px 0 0;text-align:left'>{esc(h)}</th>" for h in head)
-    return (f'<table class="memlab-prefix-sums" style="font-size:12px"><tr>{th}</tr>{body}</table>'
-            '<div style="font-size:11px;color:#555">output start = the new tokens of the requests before it; '
+        rows.append((r, f"{pre[i]} -> {seq[i]}", last[i], new_tok[i], out_start[i], new_pages[i], page_start[i], taken,
+                     " / ".join(str(parts.count(k)) for k in (1, 2, 3))))
+    return (table_html(head, rows, "memlab-prefix-sums")
+            + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the requests before it; '
             "free-list start = their new pages (two exclusive prefix sums)</div>")
 
 
