@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from memlab.course.viz import sglang_books
-from memlab.course.viz.instrument import Instrument, Operation, Step, ints, names, spell, spell_value
+from memlab.course.viz.instrument import Instrument, Operation, ints, names, spell, spell_value
 from memlab.course.viz.sglang_books import EXTEND_BATCHES, extend_instrument, extend_scene
 from memlab.course.viz.widgets import Stepper
 from memlab.sglang.allocation import alloc_for_extend
@@ -311,3 +311,14 @@ def test_a_generic_instrument_refuses_and_replays():
     inst.world.append(99)  # behind the instrument's back
     assert inst.undo() and inst.books() == {"items": [1]} and inst.picture == "<svg>1</svg>"
     assert inst.do("pop").result == "1" and inst.books() == {"items": []}
+
+
+def test_recording_sees_the_call_and_puts_the_method_back():
+    from memlab.course.viz.instrument import recording
+    from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+
+    al = PagedTokenToKVPoolAllocator(16, 4)
+    with recording(al, "alloc") as calls:
+        got = al.alloc(8)
+    assert calls == [{"args": {"need_size": 8}, "result": got}]
+    assert "alloc" not in vars(al) and al.alloc(4).tolist() == [12, 13, 14, 15]

@@ -31,6 +31,7 @@ ToggleButtons, Button, HTML, HBox, VBox.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -70,31 +71,29 @@ class Verbatim(str):
 
 @contextlib.contextmanager
 def recording(obj, method: str):
-    """Record every call of ``obj.method`` (its keyword arguments by name, copied before the call,
+    """Record every call of ``obj.method`` (its arguments by name, tensors copied before the call,
     and what it returned) while the block runs: the call an instrument shows is the call made."""
     real = getattr(obj, method)
-    calls: list[dict] = []
-    import inspect
-
     sig = inspect.signature(real)
+    calls: list[dict] = []
 
     def spy(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
-        seen = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in bound.arguments.items()}
-        call = {"args": seen, "result": None, "raised": None}
+        seen = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                for k, v in sig.bind(*args, **kwargs).arguments.items()}
+        call = {"args": seen, "result": None}
         calls.append(call)
-        try:
-            call["result"] = real(*args, **kwargs)
-        except Exception as exc:
-            call["raised"] = exc
-            raise
+        call["result"] = real(*args, **kwargs)
         return call["result"]
 
+    own = method in vars(obj)  # an attribute of the instance itself (else the class's method)
     setattr(obj, method, spy)
     try:
         yield calls
     finally:
-        delattr(obj, method)  # the class's method again
+        if own:
+            setattr(obj, method, real)
+        else:
+            delattr(obj, method)
 
 
 # -- parsing what the learner typed -----------------------------------------------------------------
@@ -412,12 +411,9 @@ class Instrument(W.VBox):
 
 @dataclass
 class _Frame:
-    caption: str
+    caption: str  # plain text: the Stepper escapes it
     svg: str
     code: str = ""
-
-    def __post_init__(self):
-        self.caption = esc(self.caption)  # the Stepper puts captions into HTML as they are
 
 
 BOX = "font-size:12.5px;line-height:1.45"  # ipywidgets' HTML gives its content a 28 px line height

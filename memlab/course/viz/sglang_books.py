@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import ipywidgets as W
 import torch
 
 from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
@@ -31,8 +32,11 @@ from memlab.sglang.allocator.reference import num_new_pages
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.common.utils import ceil_align, ceil_div
-from memlab.course.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, caption_text, cell, frame_axes, grid_axes,
-                              new_figure, owner_color)
+from memlab.course.viz.instrument import (BOX, Field, InputError, Instrument, Operation, Verbatim, ints, names,
+                                         recording, spell, spell_value, table_html)
+from memlab.course.viz.style import (FREE, HIGHLIGHT, PADDING, PALETTE, PART_HATCH, STAGED, caption_text, cell, frame_axes,
+                              grid_axes, new_figure, owner_color, swatch_legend)
+from memlab.course.viz.svg import CELL, PART_FILL, Canvas, Swatch, esc
 
 
 
@@ -297,6 +301,9 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
     return sc
 
 
+PART_NAMES = {1: "part 1: the rest of its old page", 2: "part 2: whole new pages", 3: "part 3: a new partial page"}
+
+
 def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
     """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
     old_end = ceil_align(prefix, page_size)
@@ -472,9 +479,9 @@ def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: s
     """Physical slots grouped by page: owner colours, pale for a held page's unused tail."""
     ps, ppl, gap = _page_layout(books, pages_per_line)
     title = title or (f"KV slots, {ps} per page (slot = page * {ps} + offset)" if ps > 1 else "KV slots")
-    if books.part_of:
-        title += "\n/// part 1 · plain: part 2 · ... part 3"
     grid_axes(ax, title)
+    if books.part_of:  # drawn swatches, hatched like the slots they explain
+        swatch_legend(ax, [(PART_NAMES[k], PALETTE[0], PART_HATCH[k]) for k in (1, 2, 3)], ncol=1)
     slot_owner = books.slot_owner
     page_owner = books.page_owner
     staged, free = set(books.staged_pages), set(books.free_pages)
@@ -595,9 +602,6 @@ def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 1
 
 # -- 4b. the same books as inline SVG (the instruments' pictures: every cell says what it is) -----
 
-PART_NAMES = {1: "part 1: the rest of its old page", 2: "part 2: whole new pages", 3: "part 3: a new partial page"}
-
-
 def _slot_words(books: Books, s: int) -> str:
     ps = books.page_size
     return f"slot {s}" if ps == 1 else f"slot {s} = page {s // ps} × {ps} + offset {s % ps}"
@@ -614,8 +618,6 @@ def _new_edge(books: Books, s) -> dict:
 
 def svg_request_table(c, books: Books, x: float, y: float, max_cols: int | None = None) -> float:
     """req_to_token as rows of cells (the slot of each position); returns the y below it."""
-    from memlab.course.viz.svg import CELL, PART_FILL
-
     cols = min(books.row_width, max_cols or books.row_width)
     c.text(x, y + 13, "request table: req_to_token[row, position] = slot", size=12.5, weight="bold", color="#222")
     x0, y0 = x + 58, y + 36
@@ -649,8 +651,6 @@ def svg_request_table(c, books: Books, x: float, y: float, max_cols: int | None 
 
 def svg_slot_grid(c, books: Books, x: float, y: float, width: float = 640, title: str | None = None) -> float:
     """The KV slots page by page, coloured by who holds them; returns the y below it."""
-    from memlab.course.viz.svg import CELL, PART_FILL
-
     ps, gap = books.page_size, (10 if books.page_size > 1 else 0)
     title = title or (f"KV slots, {ps} per page: slot = page × {ps} + offset" if ps > 1 else "KV slots (one per page)")
     c.text(x, y + 13, title, size=12.5, weight="bold", color="#222")
@@ -696,8 +696,6 @@ def svg_slot_grid(c, books: Books, x: float, y: float, width: float = 640, title
 
 def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> float:
     """free_pages head first, then what is staged; returns the y below it."""
-    from memlab.course.viz.svg import CELL
-
     unit = "slots" if books.page_size == 1 else "pages"
     c.text(x, y + 13, f"free_pages: {len(books.free_pages)} free {unit}, head (taken next) -> tail",
            size=12.5, weight="bold", color="#222")
@@ -719,7 +717,6 @@ def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> fl
 
 
 def svg_legend(c, books: Books, x: float, y: float) -> float:
-    from memlab.course.viz.svg import PART_FILL, Swatch
 
     sw = []
     if books.part_of:
@@ -738,8 +735,6 @@ SVG_PANELS = ("table", "slots", "free")
 
 def svg_books(books: Books, panels=SVG_PANELS, readout: str = "hover a cell: its row, position, slot, page") -> str:
     """The books as one inline SVG, panels stacked: the request table, the slots, the free list."""
-    from memlab.course.viz.svg import CELL, Canvas
-
     unknown = [p for p in panels if p not in SVG_PANELS]
     if unknown:
         raise ValueError(f"unknown panel {unknown[0]!r}; known: {SVG_PANELS}")
@@ -759,28 +754,18 @@ def svg_books(books: Books, panels=SVG_PANELS, readout: str = "hover a cell: its
 
 # -- 5. the instruments: the learner's own calls on the real objects ----------------------------
 
-def _batch_fields(requests: str, prefix: str, seq: str):
-    from memlab.course.viz.instrument import Field, ints, names
-
-    layout = W_layout("170px")
-    req = Field("requests", _text("requests", requests, layout), names)
-    pre = Field("prefix_lens", _text("prefix_lens", prefix, layout), ints,
-                follow=("requests", lambda sc, rids: ", ".join(str(_held(sc, r)) for r in rids)))
-    sq = Field("seq_lens", _text("seq_lens", seq, layout), ints)
-    return [req, pre, sq]
+def _batch_fields(requests: str, prefix: str, seq: str) -> list:
+    """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each holds)."""
 
 
-def W_layout(width: str):
-    import ipywidgets as W
+    def box(name, value):
+        return W.Text(value=value, description=name, layout=W.Layout(width="170px"),
+                      style={"description_width": "initial"}, continuous_update=False)
 
-    return W.Layout(width=width)
-
-
-def _text(name: str, value: str, layout):
-    import ipywidgets as W
-
-    return W.Text(value=value, description=name, layout=layout, style={"description_width": "initial"},
-                  continuous_update=False)
+    return [Field("requests", box("requests", requests), names),
+            Field("prefix_lens", box("prefix_lens", prefix), ints,
+                  follow=("requests", lambda sc, rids: ", ".join(str(_held(sc, r)) for r in rids))),
+            Field("seq_lens", box("seq_lens", seq), ints)]
 
 
 def _held(sc: Scene, rid) -> int:
@@ -804,8 +789,6 @@ def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.T
     """The Triton kernel, the torch and the Python references on one batch's arguments, next to the
     slots the allocator handed out: an HTML table and whether all agree."""
     from memlab.common.env import kernel_device
-    from memlab.course.viz.instrument import BOX, table_html
-    from memlab.course.viz.svg import esc
     from memlab.kernels import alloc_extend as kernel
     from memlab.sglang.allocator import reference as ref
 
@@ -838,8 +821,6 @@ def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.T
 
 def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int) -> str:
     """Each request's output start and free-list start (the two prefix sums) and its three parts."""
-    from memlab.course.viz.instrument import BOX, table_html
-
     pre, seq, last = args["prefix_lens"].tolist(), args["seq_lens"].tolist(), args["last_loc"].tolist()
     new_tok = [s - p for p, s in zip(pre, seq)]
     new_pages = [ceil_div(s, page_size) - ceil_div(p, page_size) for p, s in zip(pre, seq)]
@@ -861,8 +842,6 @@ def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int)
 def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
     """A prefill batch through the scheduler's ``alloc_for_extend``, which calls the allocator's
     ``alloc_extend``; the call shown is the recorded one."""
-    from memlab.course.viz.instrument import InputError, Verbatim, recording, spell, spell_value
-
     if not (len(requests) == len(prefix_lens) == len(seq_lens)):
         raise InputError(f"{len(requests)} requests, {len(prefix_lens)} prefix_lens, {len(seq_lens)} seq_lens: "
                          "give one of each per request")
@@ -898,14 +877,11 @@ def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
     if not step.replay:
         args = calls[0]["args"]
         table = prefix_sums_html(requests, args, free_before, ps)
-        agree, _ = ("", True) if not len(out) else three_way(args, free_before, ps, out)
-        step.details = table + agree
+        step.details = table + (three_way(args, free_before, ps, out)[0] if len(out) else "")
 
 
 def _op_release(sc: Scene, step, request) -> None:
     """A request ends: ``release_kv_cache`` frees its slots (``allocator.free``) and its row."""
-    from memlab.course.viz.instrument import InputError, recording, spell
-
     if request not in sc.reqs:
         raise InputError(f"{request!r} holds no row: nothing to release")
     step.call = f"release_kv_cache(req_to_token_pool, allocator, {request})"
@@ -914,7 +890,7 @@ def _op_release(sc: Scene, step, request) -> None:
     ps = sc.allocator.page_size
     pages = list(dict.fromkeys(s // ps for s in slots))
     step.call += "".join(f"\n# called {spell('allocator.free', **c['args'])}" for c in calls)
-    step.result = f"pages {pages} back at the head of free_pages; row {request} free"
+    step.result = f"pages {pages} back at the head of free_pages; its row is free"
     step.marks = dict(new_slots=slots)
     step.caption = f"{request} finishes: its pages {pages} go back"
 
@@ -938,9 +914,7 @@ def extend_instrument(page_size: int = 4, page_sizes=(1, 2, 4, 8), size: int = 4
     ``alloc_extend``; free a request; pick the page size. Opens on the story's last state
     (``paged_extend``'s three batches). ``batch``: the fields' first values (prefix_lens None: what
     each request holds)."""
-    import ipywidgets as W
 
-    from memlab.course.viz.instrument import Field, Instrument, Operation
 
     def build(page_size):
         return extend_scene(page_size, size)
@@ -949,12 +923,9 @@ def extend_instrument(page_size: int = 4, page_sizes=(1, 2, 4, 8), size: int = 4
         marks = step.marks if step is not None else {}
         return svg_books(sc.books(new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of")))
 
-    held = {}
-    for b in opening:
-        for r, n in b.items():
-            held[r] = held.get(r, 0) + n
     rids, prefix, seq = batch
-    prefix = prefix if prefix is not None else ", ".join(str(held.get(r, 0)) for r in rids.replace(",", " ").split())
+    if prefix is None:
+        prefix = ", ".join(str(_sum_before(opening, len(opening), r)) for r in names(rids))
     extend = Operation("alloc_extend", _op_alloc_extend, _batch_fields(rids, prefix, seq),
                        help="alloc_for_extend(...) -> allocator.alloc_extend(...) on this batch")
     who = W.Dropdown(description="request", layout=W.Layout(width="160px"))

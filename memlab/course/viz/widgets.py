@@ -12,6 +12,7 @@ from typing import Callable
 import ipywidgets as W
 
 from memlab.course.viz.style import figure_html
+from memlab.course.viz.svg import esc
 
 
 def as_html(drawing) -> str:
@@ -19,7 +20,7 @@ def as_html(drawing) -> str:
 
 
 class Stepper(W.VBox):
-    """Step through precomputed states (each with a ``caption``): play, previous, slider, next.
+    """Step through precomputed states (each with a ``caption``, plain text): play, previous, slider, next.
 
     ``states`` is a list, or a dict of named lists (stories) with a dropdown to pick one; ``story``
     names the one it opens on (default: the first).
@@ -77,7 +78,7 @@ class Stepper(W.VBox):
         key = (self.story.value, i)
         if key not in self._cache:
             self._cache[key] = as_html(self.draw(self.states[i]))
-        caption = getattr(self.states[i], "caption", "")
+        caption = esc(getattr(self.states[i], "caption", ""))  # a token like <s> is text, not markup
         self.caption.value = f"<b>step {i} of {len(self.states) - 1}</b>: {caption}"
         self.view.value = self._cache[key]
 
