@@ -235,13 +235,25 @@ def drive_the_instrument(page):
     assert svg_of(page) == after_svg
     inst.screenshot(path=str(ARTIFACTS / "04_instrument_refused.png"))
 
-    # undo: back to the opening books and picture
+    # replay as a story: a stepper over the learner's steps (the state before them, then the batch)
+    inst.locator("button", has_text="replay as a story").click()
+    story = page.locator(f"{INST} .memlab-story")
+    story.wait_for(timeout=WAIT)
+    wait_idle(page)
+    assert "step 0 of 1" in story.text_content()
+    story.locator("button", has_text="next").click()
+    wait_text(page, f"{INST} .memlab-story", "step 1 of 1")
+    assert "alloc_extend: A 11->14 (parts 1/0/2), D 0->6 (parts 0/4/2)" in story.text_content()
+    story.screenshot(path=str(ARTIFACTS / "04_instrument_story.png"))
+
+    # undo: back to the opening books and picture (the story of the undone step is gone)
     inst.locator("button", has_text="undo").click()
     wait_text(page, f"{INST} .memlab-call", "the story's last step")
     wait_changed(page, after_svg)
     wait_idle(page)
     assert svg_of(page) == opening_svg
     assert books_shown(page) == opening_books == kernel_eval(page, REAL_BOOKS)
+    assert page.locator(f"{INST} .memlab-story").count() == 0
 
     # hover a slot: its tooltip says what it is, and the read-out strip shows it
     slot = inst.locator('g.memlab-cell[data-gid="slot:38"]')
@@ -254,13 +266,9 @@ def drive_the_instrument(page):
         return t && getComputedStyle(t).visibility === 'visible'; }""", timeout=WAIT)
     inst.screenshot(path=str(ARTIFACTS / "04_instrument_hover.png"))
 
-    # replay as a story: a stepper over the learner's steps (none left after the undo: one frame)
-    inst.locator("button", has_text="replay as a story").click()
-    page.locator(f"{INST} .memlab-story").wait_for(timeout=WAIT)
-    wait_idle(page)
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     texts = [errors.nth(i).text_content() or "" for i in range(errors.count())]
     bad = [t for t in texts if "Error" in t or "Traceback" in t]
     assert not bad, f"error output in chapter 04: {bad[0][:500]}"
-    for name in ("open", "after_alloc_extend", "refused", "hover"):
+    for name in ("open", "after_alloc_extend", "refused", "story", "hover"):
         assert (ARTIFACTS / f"04_instrument_{name}.png").stat().st_size > 10_000

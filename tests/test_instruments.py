@@ -219,6 +219,8 @@ def test_story_replays_the_learners_own_steps(inst):
     assert stepper.view.value.startswith("<svg")
     stepper.slider.value = 2
     assert "C finishes" in stepper.caption.value and stepper.view.value == inst.picture
+    inst.undo()  # the story told steps that are gone now
+    assert list(inst.story_box.children) == []
 
 
 def test_following_fields_fill_each_requests_prefix(inst):

@@ -258,6 +258,7 @@ class Instrument(W.VBox):
         if step.ok:
             self.history.append(step)
             self.last = step
+            self.story_box.children = []  # a story of the steps before this one would be stale
         else:
             self._rebuild()  # whatever the failed call touched, the objects are the history's again
         self._show(step)
@@ -281,6 +282,7 @@ class Instrument(W.VBox):
             self._show(self.last, note="nothing to undo")
             return False
         self.history.pop()
+        self.story_box.children = []
         self._rebuild()
         self._show(self.last)
         return True
@@ -289,6 +291,7 @@ class Instrument(W.VBox):
         """Back to the opening state (or, ``empty``, to the books before any step)."""
         self.use_opening = not empty
         self.history = []
+        self.story_box.children = []
         self._rebuild()
         self._show(self.last)
 
@@ -352,6 +355,7 @@ class Instrument(W.VBox):
     def _resettle(self) -> list[Step]:
         """After a setting changed: replay what still goes through, drop the rest."""
         old, self.history = self.history, []
+        self.story_box.children = []
         self.world = self._fresh()
         dropped = []
         for i, s in enumerate(old):

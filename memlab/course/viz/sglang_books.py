@@ -16,7 +16,12 @@ Every side of the books in memlab.course.viz (this module, ``vllm_books``, ``hyb
    "the real code on the same state" is literally the same state;
 4. the drawings: ``draw_request_table``, ``draw_slot_grid``, ``draw_free_list``, ``draw_row_list``,
    ``draw_buffers``, each on an axes, with cells that carry a gid (``row:R:P``, ``slot:S``,
-   ``free:I``, ``buf:NAME:S``); ``draw_books`` puts panels side by side.
+   ``free:I``, ``buf:NAME:S``); ``draw_books`` puts panels side by side. The same books as inline
+   SVG for the instruments, every cell with its tooltip: ``svg_request_table``, ``svg_slot_grid``,
+   ``svg_free_list``, put together by ``svg_books``;
+5. the instruments (memlab.course.viz.instrument): ``extend_instrument`` (04), the learner's own
+   prefill batches through ``alloc_for_extend`` on the real allocator, with the kernel and both
+   references run on each batch.
 """
 
 from __future__ import annotations
