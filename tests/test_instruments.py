@@ -108,15 +108,16 @@ def test_alloc_extend_books_are_the_librarys(page_size, batches):
 
 
 def test_the_call_shown_is_the_call_made(inst):
-    before = copy.deepcopy(inst.world.allocator)
+    """The chapter's recipe: undo the call, paste it under a copy of the allocator: same slots."""
     step = inst.do("alloc_extend", requests=["A", "D"], prefix_lens=[11, 0], seq_lens=[14, 6])
     comment, *lines = step.call.splitlines()
-    line = "\n".join(lines)
     assert comment.startswith("# alloc_for_extend(req_to_token_pool, allocator, reqs=[A, D], extend_lens=[3, 6])")
-    assert line.startswith("allocator.alloc_extend(\n    prefix_lens=tensor([11, 0]),\n    prefix_lens_cpu=tensor([11, 0]),")
-    pasted = eval(line, {"tensor": torch.tensor, "allocator": before})  # what a learner's cell would run
+    assert lines[:3] == ["allocator.alloc_extend(", "    prefix_lens=tensor([11, 0]),", "    prefix_lens_cpu=tensor([11, 0]),"]
+    inst.undo()
+    allocator = copy.deepcopy(inst.world.allocator)
+    pasted = eval(step.call, {"tensor": torch.tensor, "allocator": allocator})  # the comment line is harmless
     assert spell_value(pasted) == step.result
-    assert before.free_pages.tolist() == inst.world.allocator.free_pages.tolist()
+    assert allocator.free_pages.tolist() == [] and inst.world.allocator.free_pages.tolist() == [10, 11, 12]
 
 
 def test_release_gives_the_pages_back_like_the_library(inst):

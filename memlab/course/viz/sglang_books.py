@@ -783,7 +783,7 @@ def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
     need = num_new_pages(torch.tensor(prefix), torch.tensor(seq), ps)
     free = al.available_size() // ps
     if need > free:
-        return (f"refused (the library returns None): the batch needs {need} new pages "
+        return (f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
                 f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
                 "slots); capacity is checked before anything is taken, so nothing was")
     return (f"refused (the library returns None): {new_rows} new requests need a row each, "
