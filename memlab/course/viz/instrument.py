@@ -175,6 +175,9 @@ class Step:
 # -- the instrument -------------------------------------------------------------------------------------
 
 class Instrument(W.VBox):
+    """The controls, the call box, the picture, the books and the story area over one world
+    (see the module's docstring for what a chapter gives it)."""
+
     def __init__(self, build: Callable, operations: list, draw: Callable, books: Callable,
                  settings: dict | None = None, opening=(), title: str = "", max_steps: int = 200):
         self.build, self.draw_world, self.read_books = build, draw, books
