@@ -567,3 +567,62 @@ def test_unified_story_reads_the_real_books_and_marks_moves():
     assert "refused" in refused.caption and refused.joint_available < refused.full.available
     assert frames[-1].gap_bytes < 256  # C took every page pair that fit
     al.check_books()
+
+
+# -- labels never cut, legends drawn, captions escaped (issue 18, section 5) ------------------------
+
+
+def node_label_words(fig, books):
+    """Each node's drawn label, its lines joined: it must hold the node's tokens in full."""
+    for n in books.nodes:
+        words = " ".join(books.words[t] if t < len(books.words) else str(t) for t in n.key)
+        drawn = text_of(fig, f"node:{n.id}").split("\n")
+        tokens = " ".join(line for line in drawn if not line.startswith(("dev ", "host ")) and "|" not in line)
+        assert tokens == words, f"node {n.id}: drawn {tokens!r}, its tokens are {words!r}"
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_radix_node_labels_show_every_token(page_size):
+    from memlab.course.viz.radix_books import draw_radix, story
+
+    for books in story(page_size=page_size):
+        node_label_words(draw_radix(books), books)
+
+
+def test_radix_label_check_catches_a_cut_label(monkeypatch):
+    from memlab.course.viz import radix_books
+
+    real = radix_books._label
+
+    def cut(books, n, width=22):  # the old label: cut at 22 characters with a "~"
+        words, rest = real(books, n, width=1000).split("\n", 1)
+        return (words[:21] + "~" if len(words) > 22 else words) + "\n" + rest
+    monkeypatch.setattr(radix_books, "_label", cut)
+    frames = radix_books.story()
+    with pytest.raises(AssertionError, match="drawn"):
+        for books in frames:
+            node_label_words(radix_books.draw_radix(books), books)
+
+
+def test_legends_are_drawn_swatches_not_text():
+    from memlab.course.viz.radix_books import draw_radix, story
+
+    fig = draw_books(sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free"))
+    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert not any("///" in t or "... part" in t for t in texts), "a legend written as text"
+    (legend,) = [a for a in fig.findobj(lambda a: a.get_gid() == "legend")]
+    assert [(p.get_hatch(), t.get_text()) for p, t in zip(legend.get_patches(), legend.get_texts())] == [
+        ("///", "part 1: the rest of its old page"), (None, "part 2: whole new pages"),
+        ("...", "part 3: a new partial page")]
+    fig = draw_radix(story()[3])  # B running: its own pages cross-hatched in the pools
+    assert by_gid(fig, "legend:request")["legend:request"].get_hatch() == "xx"
+    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert not any(t.startswith("xx:") for t in texts)
+
+
+def test_stepper_captions_are_text_not_markup():
+    class S:
+        caption = "B shares 7 tokens with A ('<s> You are brief . What is')"
+
+    s = Stepper([S()], lambda _: "<i>x</i>")
+    assert "&lt;s&gt; You are brief" in s.caption.value and "<s>" not in s.caption.value

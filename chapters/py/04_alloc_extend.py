@@ -44,7 +44,25 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 from memlab.course import viz
 
 stories = {f"page_size {ps}": viz.sglang_books.paged_extend(page_size=ps).frames for ps in (1, 2, 4, 8)}
-viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")), start=2)
+viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")), start=2, story="page_size 4")
+
+# %% [markdown]
+# ### Your own batch
+#
+# The instrument below starts where the story ends: A, B and C hold 11, 12 and 11 tokens, three
+# pages are free. Type a batch (a name, its prefix length and its sequence length per request;
+# a request's prefix is what it already holds) and press `alloc_extend`. It runs the scheduler's
+# `alloc_for_extend` on the real allocator and shows the `alloc_extend` call that made, the slots
+# coloured by part, the two prefix sums, and the Triton kernel and both references run on that
+# batch. A batch the pool cannot hold is refused, with nothing taken; `release_kv_cache` gives a
+# request's pages back. Hover a cell to read what it is; `undo`, `reset` and another page size
+# replay your steps on fresh objects. To run a call yourself, `undo` it and paste it into a cell
+# under `import copy; from torch import tensor; allocator = copy.deepcopy(inst.world.allocator)`:
+# the same slots come back.
+
+# %%
+inst = viz.sglang_books.extend_instrument(page_size=4)
+inst
 
 # %% [markdown]
 # ## Pages

@@ -270,9 +270,12 @@ def _layout(books: RadixBooks) -> dict:
 
 
 def _label(books: RadixBooks, n: NodeView, width: int = 22) -> str:
+    """A node's tokens in full, wrapped at ``width`` characters (never cut: the split point a step
+    teaches may be the last word), then where its KV lives and its lock count."""
+    import textwrap
+
     words = " ".join(books.words[t] if t < len(books.words) else str(t) for t in n.key)
-    if len(words) > width:
-        words = words[: width - 1] + "~"
+    words = "\n".join(textwrap.wrap(words, width, break_long_words=True)) or "(empty)"
     where = []
     if n.value is not None:
         where.append(f"dev {_span(n.value)}")
@@ -310,10 +313,13 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
     s = books.sizes
     grid_axes(tree_ax, f"radix tree: evictable {s.get('evictable', 0)}, protected {s.get('protected', 0)} tokens")
     pos = _layout(books)
-    w, h, dx, dy = 2.7, 1.0, 3.0, 1.8
+    labels = {n.id: _label(books, n) for n in books.nodes}
+    lines = max([lb.count("\n") + 1 for lb in labels.values()] + [2])
+    w, h, dx = 2.7, 0.2 + 0.4 * lines, 3.0  # every node as tall as the tallest label
+    dy = h + 0.8
     top = [pos[n.id][0] for n in books.nodes if n.parent is None]
     root_x = dx * sum(top) / len(top) if top else 0.0
-    right = max([x * dx for x, _ in pos.values()] + [len(STATE_FILL) * 2.0 - w])
+    right = max([x * dx for x, _ in pos.values()] + [(len(STATE_FILL) + 1) * 2.0 - w])
     tree_ax.add_patch(Circle((root_x, 0.3), 0.3, facecolor=PADDING, gid="node:root"))
     tree_ax.text(root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=6)
     for n in books.nodes:
@@ -322,7 +328,7 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
         px, pbottom = (root_x, 0.6) if n.parent is None else (pos[n.parent][0] * dx, pos[n.parent][1] * dy + h)
         tree_ax.plot([px, cx], [pbottom, top], color="#888", lw=0.8, zorder=0)
         new = n.id in books.highlight
-        cell(tree_ax, cx - w / 2, top, STATE_FILL[n.state], _label(books, n), gid=f"node:{n.id}", w=w, h=h,
+        cell(tree_ax, cx - w / 2, top, STATE_FILL[n.state], labels[n.id], gid=f"node:{n.id}", w=w, h=h,
              edge=HIGHLIGHT if new else ("#333" if n.host_value is not None else "white"), lw=2.0 if new else 1.0,
              hatch="///" if n.state == "host" else None, fontsize=6)
     depth = max([d for _, d in pos.values()] + [1])
@@ -333,6 +339,9 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
         label = {"locked": "locked", "evictable": "evictable leaf", "device": "on device", "host": "host only"}[state]
         cell(tree_ax, -w / 2 + i * 2.0, legend_y, fill, label, gid=f"legend:{state}", w=1.9, h=0.3,
              fontsize=6, hatch="///" if state == "host" else None)
+    # the pools' cross-hatched pages, drawn like them (in a request's colour on the right)
+    cell(tree_ax, -w / 2 + len(STATE_FILL) * 2.0, legend_y, "#c8c8c8", "a request's own", gid="legend:request",
+         w=1.9, h=0.3, fontsize=6, hatch="xx")
 
     for ax, name, pages, owner_of, prefix in ((dev_ax, "device pool", books.device_pages, books.device_owner, "dpage"),
                                               (host_ax, "host pool", books.host_pages, books.host_owner, "hpage")):
@@ -350,8 +359,5 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
             cell(ax, x * 1.05, y * 1.05, _page_fill(owner, books), label, gid=f"{prefix}:{p}", hatch=hatch)
         ax.set_xlim(-0.1, per_line * 1.05)
         ax.set_ylim((pages // per_line + 1) * 1.05 + 0.1, -0.4)
-    if books.requests:
-        dev_ax.text(0, -0.15, "xx: a running request's own pages (" + ", ".join(books.requests) + ")", fontsize=7,
-                    va="bottom")
     fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig

@@ -16,22 +16,32 @@ Every side of the books in memlab.course.viz (this module, ``vllm_books``, ``hyb
    "the real code on the same state" is literally the same state;
 4. the drawings: ``draw_request_table``, ``draw_slot_grid``, ``draw_free_list``, ``draw_row_list``,
    ``draw_buffers``, each on an axes, with cells that carry a gid (``row:R:P``, ``slot:S``,
-   ``free:I``, ``buf:NAME:S``); ``draw_books`` puts panels side by side.
+   ``free:I``, ``buf:NAME:S``); ``draw_books`` puts panels side by side. The same books as inline
+   SVG for the instruments, every cell with its tooltip: ``svg_request_table``, ``svg_slot_grid``,
+   ``svg_free_list``, put together by ``svg_books``;
+5. the instruments (memlab.course.viz.instrument): ``extend_instrument`` (04), the learner's own
+   prefill batches through ``alloc_for_extend`` on the real allocator, with the kernel and both
+   references run on each batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import ipywidgets as W
 import torch
 
 from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator.reference import num_new_pages
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.common.utils import ceil_align, ceil_div
-from memlab.course.viz.style import (FREE, HIGHLIGHT, PADDING, PART_HATCH, STAGED, caption_text, cell, frame_axes, grid_axes,
-                              new_figure, owner_color)
+from memlab.course.viz.instrument import (BOX, Field, InputError, Instrument, Operation, Verbatim, ints, names,
+                                         recording, spell, spell_value, table_html)
+from memlab.course.viz.style import (FREE, HIGHLIGHT, PADDING, PALETTE, PART_HATCH, STAGED, caption_text, cell, frame_axes,
+                              grid_axes, new_figure, owner_color, swatch_legend)
+from memlab.course.viz.svg import CELL, PART_FILL, Canvas, Swatch, esc
 
 
 
@@ -296,6 +306,9 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
     return sc
 
 
+PART_NAMES = {1: "part 1: the rest of its old page", 2: "part 2: whole new pages", 3: "part 3: a new partial page"}
+
+
 def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
     """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
     old_end = ceil_align(prefix, page_size)
@@ -303,24 +316,41 @@ def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
     return [1 if pos < old_end else 2 if pos < full_end else 3 for pos in range(prefix, seq)]
 
 
+# Chapter 04's three prefill batches (new tokens per request): the story, the instrument's opening.
+EXTEND_BATCHES = ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7})
+
+
+def extend_scene(page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu",
+                 rows: int = 4, width: int = 24) -> Scene:
+    """Chapter 04's books before any batch: a request table and a paged allocator."""
+    return Scene(ReqToTokenPool(rows, width), PagedTokenToKVPoolAllocator(size, page_size, device=device, backend=backend))
+
+
+def extend_marks(prefix: dict, batch: dict, out, page_size: int) -> tuple[dict, list[str]]:
+    """Which part each slot an extend handed out falls in (slot -> 1, 2, 3), and a line per request
+    (``A 6->11 (parts 2/4/1)``); ``prefix``: each request's length before, ``batch``: its new tokens."""
+    part_of, i, desc = {}, 0, []
+    for r, n in batch.items():
+        parts = extend_parts(prefix[r], prefix[r] + n, page_size)
+        for s, p in zip(_slots(out)[i:i + n], parts):
+            part_of[s] = p
+        i += n
+        counts = [parts.count(k) for k in (1, 2, 3)]
+        desc.append(f"{r} {prefix[r]}->{prefix[r] + n} (parts {counts[0]}/{counts[1]}/{counts[2]})")
+    return part_of, desc
+
+
 def paged_extend(page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu") -> Scene:
     """Chapter 04: prefill batches on a paged allocator, each new token coloured by its part.
 
     ``device``: where the allocator's free list lives (the kernel's device for backend="triton")."""
-    sc = Scene(ReqToTokenPool(4, 24), PagedTokenToKVPoolAllocator(size, page_size, device=device, backend=backend))
+    sc = extend_scene(page_size, size, backend, device)
     sc.snap(f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
             "page, 2 = whole new pages, 3 = a new partial page")
-    for batch in ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7}):
+    for batch in EXTEND_BATCHES:
         pre = {r: sc.reqs[r].kv_allocated_len if r in sc.reqs else 0 for r in batch}
         out = sc.extend_batch(batch)
-        part_of, i, desc = {}, 0, []
-        for r, n in batch.items():
-            parts = extend_parts(pre[r], pre[r] + n, page_size)
-            for s, p in zip(out[i:i + n].tolist(), parts):
-                part_of[s] = p
-            i += n
-            counts = [parts.count(k) for k in (1, 2, 3)]
-            desc.append(f"{r} {pre[r]}->{pre[r] + n} (parts {counts[0]}/{counts[1]}/{counts[2]})")
+        part_of, desc = extend_marks(pre, batch, out, page_size)
         sc.snap("alloc_extend: " + ", ".join(desc), new_slots=_slots(out), part_of=part_of,
                 note=f"slots in batch order: {_slots(out)}")
     return sc
@@ -454,9 +484,9 @@ def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: s
     """Physical slots grouped by page: owner colours, pale for a held page's unused tail."""
     ps, ppl, gap = _page_layout(books, pages_per_line)
     title = title or (f"KV slots, {ps} per page (slot = page * {ps} + offset)" if ps > 1 else "KV slots")
-    if books.part_of:
-        title += "\n/// part 1 · plain: part 2 · ... part 3"
     grid_axes(ax, title)
+    if books.part_of:  # drawn swatches, hatched like the slots they explain
+        swatch_legend(ax, [(PART_NAMES[k], PALETTE[0], PART_HATCH[k]) for k in (1, 2, 3)], ncol=1)
     slot_owner = books.slot_owner
     page_owner = books.page_owner
     staged, free = set(books.staged_pages), set(books.free_pages)
@@ -573,3 +603,349 @@ def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 1
         i += 1
     fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
+
+
+# -- 4b. the same books as inline SVG (the instruments' pictures: every cell says what it is) -----
+
+def _slot_words(books: Books, s: int) -> str:
+    ps = books.page_size
+    return f"slot {s}" if ps == 1 else f"slot {s} = page {s // ps} × {ps} + offset {s % ps}"
+
+
+def _positions(books: Books) -> dict[int, tuple[str, int]]:
+    """slot -> (owner, position) for every slot written in a held row."""
+    return {s: (r.owner, pos) for r in books.rows if r.owner is not None for pos, s in enumerate(r.slots)}
+
+
+def _new_edge(books: Books, s) -> dict:
+    return dict(stroke=HIGHLIGHT, stroke_width=2.0) if s in books.new_slots else {}
+
+
+def svg_request_table(c, books: Books, x: float, y: float, max_cols: int | None = None) -> float:
+    """req_to_token as rows of cells (the slot of each position); returns the y below it."""
+    cols = min(books.row_width, max_cols or books.row_width)
+    c.text(x, y + 13, "request table: req_to_token[row, position] = slot", size=12.5, weight="bold", color="#222")
+    x0, y0 = x + 58, y + 36
+    for pos in range(cols):
+        c.text(x0 + pos * CELL + CELL / 2, y0 - 5, pos, size=9, anchor="middle", color="#888")
+    released, free_rows = books.released_slots, set(books.free_rows)
+    for r in books.rows:
+        ry = y0 + r.row * (CELL + 2)
+        c.text(x0 - 6, ry + 15, "pad" if r.row == 0 else f"row {r.row}", size=10.5, anchor="end", color="#444")
+        who = (f"row {r.row} · {r.owner} (generation {r.generation}, {len(r.slots)} tokens)" if r.owner is not None
+               else "row 0 · padding: padded batch entries point here; never handed out" if r.row == 0
+               else f"row {r.row} · free (generation {r.generation})")
+        for pos in range(cols):
+            if r.row == 0:
+                c.cell(x0 + pos * CELL, ry, PADDING, tip=f"{who}", gid=f"row:{r.row}:{pos}")
+            elif r.owner is not None and pos < len(r.slots):
+                s = r.slots[pos]
+                part = books.part_of.get(s) if s in books.new_slots else None
+                tip = f"{who} · position {pos} -> {_slot_words(books, s)}"
+                tip += f" · new: {PART_NAMES[part]}" if part else (" · new" if s in books.new_slots else "")
+                tip += " · its page was given back" if s in released else ""
+                c.cell(x0 + pos * CELL, ry, owner_color(r.owner), s, tip=tip, gid=f"row:{r.row}:{pos}",
+                       opacity=0.3 if s in released else 1.0, pattern=PART_FILL.get(part), **_new_edge(books, s))
+            else:
+                c.cell(x0 + pos * CELL, ry, FREE, tip=f"{who} · position {pos}: no slot", gid=f"row:{r.row}:{pos}")
+        tag = (f"{r.owner} · gen {r.generation}" if r.owner is not None
+               else (f"free · gen {r.generation}" if r.row in free_rows else ""))
+        c.text(x0 + cols * CELL + 8, ry + 15, tag, size=10.5, color="#444")
+    return y0 + len(books.rows) * (CELL + 2) + 6
+
+
+def svg_slot_grid(c, books: Books, x: float, y: float, width: float = 640, title: str | None = None) -> float:
+    """The KV slots page by page, coloured by who holds them; returns the y below it."""
+    ps, gap = books.page_size, (10 if books.page_size > 1 else 0)
+    title = title or (f"KV slots, {ps} per page: slot = page × {ps} + offset" if ps > 1 else "KV slots (one per page)")
+    c.text(x, y + 13, title, size=12.5, weight="bold", color="#222")
+    per_line = max(1, int((width + gap) // (ps * CELL + gap)))
+    line_h = CELL + (16 if ps > 1 else 4)
+    y0 = y + 22 + (12 if ps > 1 else 0)
+    where, page_owner = _positions(books), books.page_owner
+    staged, free = set(books.staged_pages), set(books.free_pages)
+    free_at = {p: i for i, p in enumerate(books.free_pages)}
+    for page in range(books.num_pages + 1):
+        line, col = divmod(page, per_line)
+        px, py = x + col * (ps * CELL + gap), y0 + line * line_h
+        if ps > 1:
+            c.text(px + ps * CELL / 2, py - 4, f"page {page}", size=9, anchor="middle", color="#777")
+        for off in range(ps):
+            s = page * ps + off
+            kw = _new_edge(books, s)
+            words = _slot_words(books, s)
+            if page == 0:
+                c.cell(px + off * CELL, py, PADDING, s, tip=f"{words} · padding: never handed out", gid=f"slot:{s}")
+            elif page in staged:
+                c.cell(px + off * CELL, py, STAGED, s, tip=f"{words} · freed, staged (not yet on the free list)",
+                       gid=f"slot:{s}", **kw)
+            elif page in free:
+                c.cell(px + off * CELL, py, FREE, s, tip=f"{words} · free: free_pages[{free_at[page]}]",
+                       gid=f"slot:{s}", **kw)
+            elif s in where and s not in books.released_slots:
+                owner, pos = where[s]
+                part = books.part_of.get(s) if s in books.new_slots else None
+                tip = f"{words} · {owner}, position {pos}" + (f" · new: {PART_NAMES[part]}" if part else
+                                                             " · new" if s in books.new_slots else "")
+                c.cell(px + off * CELL, py, owner_color(owner), s, tip=tip, gid=f"slot:{s}",
+                       pattern=PART_FILL.get(part), **kw)
+            elif page in page_owner:
+                c.cell(px + off * CELL, py, owner_color(page_owner[page]), s, opacity=0.3, gid=f"slot:{s}",
+                       tip=f"{words} · {page_owner[page]}'s page, not written yet (its next token lands here)")
+            else:
+                c.cell(px + off * CELL, py, FREE, s, tip=f"{words} · not on the free list and held by no row",
+                       gid=f"slot:{s}")
+    lines = ceil_div(books.num_pages + 1, per_line)
+    return y0 + lines * line_h - (12 if ps > 1 else 0) + 8
+
+
+def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> float:
+    """free_pages head first, then what is staged; returns the y below it."""
+    unit = "slots" if books.page_size == 1 else "pages"
+    c.text(x, y + 13, f"free_pages: {len(books.free_pages)} free {unit}, head (taken next) -> tail",
+           size=12.5, weight="bold", color="#222")
+    per_line = max(1, int(width // CELL))
+    items = [(p, FREE, f"free_pages[{i}]") for i, p in enumerate(books.free_pages)]
+    items += [(p, STAGED, f"release_pages[{i}] (staged)") for i, p in enumerate(books.staged_pages)]
+    y0 = y + 20
+    ps = books.page_size
+    for i, (p, fill, name) in enumerate(items):
+        line, col = divmod(i, per_line)
+        span = f"slot {p}" if ps == 1 else f"slots {p * ps}-{p * ps + ps - 1}"
+        nxt = " · taken next" if i == 0 and fill == FREE else ""
+        c.cell(x + col * CELL, y0 + line * (CELL + 4), fill, p, tip=f"{name} = {unit[:-1]} {p} ({span}){nxt}",
+               gid=f"free:{i}", stroke="#999")
+    if not items:
+        c.text(x, y0 + 15, "(empty: nothing free)", size=11, color="#777")
+    lines = max(1, ceil_div(len(items), per_line))
+    return y0 + lines * (CELL + 4) + 4
+
+
+def svg_legend(c, books: Books, x: float, y: float) -> float:
+
+    sw = []
+    if books.part_of:
+        sw += [Swatch(PART_NAMES[k], "#4e79a7", PART_FILL[k]) for k in (1, 2, 3)]
+    if books.new_slots:
+        sw.append(Swatch("handed out by the last call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2))
+    sw += [Swatch("free", FREE), Swatch("padding", PADDING), Swatch("a held page's unwritten tail", "#4e79a7",
+                                                                  opacity=0.3)]
+    if books.staged_pages:
+        sw.append(Swatch("staged", STAGED))
+    return c.legend(x, y, sw)
+
+
+SVG_PANELS = ("table", "slots", "free")
+
+
+def svg_books(books: Books, panels=SVG_PANELS, readout: str = "hover a cell: its row, position, slot, page") -> str:
+    """The books as one inline SVG, panels stacked: the request table, the slots, the free list."""
+    unknown = [p for p in panels if p not in SVG_PANELS]
+    if unknown:
+        raise ValueError(f"unknown panel {unknown[0]!r}; known: {SVG_PANELS}")
+    c = Canvas(readout)
+    width = max(58 + books.row_width * CELL + 90, 560) if "table" in panels else 640
+    y = 4.0
+    for p in panels:
+        if p == "table":
+            y = svg_request_table(c, books, 4, y) + 8
+        elif p == "slots":
+            y = svg_slot_grid(c, books, 4, y, width=width) + 8
+        else:
+            y = svg_free_list(c, books, 4, y, width=width) + 8
+    svg_legend(c, books, 4, y)
+    return c.html()
+
+
+# -- 5. the instruments: the learner's own calls on the real objects ----------------------------
+
+def _batch_fields(requests: str, prefix: str, seq: str) -> list:
+    """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each holds)."""
+
+
+    def box(name, value):
+        return W.Text(value=value, description=name, layout=W.Layout(width="170px"),
+                      style={"description_width": "initial"}, continuous_update=False)
+
+    return [Field("requests", box("requests", requests), names),
+            Field("prefix_lens", box("prefix_lens", prefix), ints,
+                  follow=("requests", lambda sc, rids: ", ".join(str(_held(sc, r)) for r in rids))),
+            Field("seq_lens", box("seq_lens", seq), ints)]
+
+
+def _held(sc: Scene, rid) -> int:
+    return sc.reqs[rid].kv_allocated_len if rid in sc.reqs else 0
+
+
+def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
+    """Why ``alloc_for_extend`` returned None, in the library's own numbers."""
+    ps, al = sc.allocator.page_size, sc.allocator
+    need = num_new_pages(torch.tensor(prefix), torch.tensor(seq), ps)
+    free = al.available_size() // ps
+    if need > free:
+        return (f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
+                f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
+                "slots); capacity is checked before anything is taken, so nothing was")
+    return (f"refused (the library returns None): {new_rows} new requests need a row each, "
+            f"{sc.req_pool.available_size()} row(s) are free; nothing was taken")
+
+
+def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.Tensor) -> tuple[str, bool]:
+    """The Triton kernel, the torch and the Python references on one batch's arguments, next to the
+    slots the allocator handed out: an HTML table and whether all agree."""
+    from memlab.common.env import kernel_device
+    from memlab.kernels import alloc_extend as kernel
+    from memlab.sglang.allocator import reference as ref
+
+    pre, seq, last, n = args["prefix_lens"], args["seq_lens"], args["last_loc"], int(args["extend_num_tokens"])
+    dev = kernel_device()
+    got = {
+        "Triton kernel (memlab.kernels.alloc_extend)":
+            kernel.alloc_extend(pre.to(dev), seq.to(dev), last.to(dev), free_pages.to(dev), page_size, n).cpu().tolist(),
+        "torch reference (alloc_extend_torch)": ref.alloc_extend_torch(pre, seq, last, free_pages, page_size, n).tolist(),
+        "Python reference (alloc_extend_python)": ref.alloc_extend_python(pre.tolist(), seq.tolist(), last.tolist(),
+                                                                          free_pages.tolist(), page_size),
+    }
+    want = out.tolist()
+    rows, agree = [], True
+    for name, v in got.items():
+        diff = next((i for i, (a, b) in enumerate(zip(v, want)) if a != b), None)
+        if diff is None and len(v) != len(want):
+            diff = min(len(v), len(want))
+        agree &= diff is None
+        verdict = "same" if diff is None else (
+            f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} instead of "
+            f"{want[diff] if diff < len(want) else 'nothing'}")
+        rows.append((name, v, verdict))
+    head = ('<b style="color:#2e7d32">all three agree with the allocator</b>' if agree
+            else '<b style="color:#c62828">the three do not agree</b>')
+    mode = "the interpreter" if str(dev) == "cpu" else "compiled"
+    return (f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} (the kernel on {esc(dev)}: {mode})'
+            f'{table_html(("", "slots", ""), rows)}</div>', agree)
+
+
+def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int) -> str:
+    """Each request's output start and free-list start (the two prefix sums) and its three parts."""
+    pre, seq, last = args["prefix_lens"].tolist(), args["seq_lens"].tolist(), args["last_loc"].tolist()
+    new_tok = [s - p for p, s in zip(pre, seq)]
+    new_pages = [ceil_div(s, page_size) - ceil_div(p, page_size) for p, s in zip(pre, seq)]
+    out_start = [sum(new_tok[:i]) for i in range(len(rids))]
+    page_start = [sum(new_pages[:i]) for i in range(len(rids))]
+    head = ("request", "prefix -> seq", "last_loc", "new tokens", "output starts at", "new pages",
+            "free-list starts at", "pages taken", "part 1 / 2 / 3")
+    rows = []
+    for i, r in enumerate(rids):
+        parts = extend_parts(pre[i], seq[i], page_size)
+        taken = free_pages[page_start[i]:page_start[i] + new_pages[i]].tolist()
+        rows.append((r, f"{pre[i]} -> {seq[i]}", last[i], new_tok[i], out_start[i], new_pages[i], page_start[i], taken,
+                     " / ".join(str(parts.count(k)) for k in (1, 2, 3))))
+    return (table_html(head, rows, "memlab-prefix-sums")
+            + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the requests before it; '
+            "free-list start = their new pages (two exclusive prefix sums)</div>")
+
+
+def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
+    """A prefill batch through the scheduler's ``alloc_for_extend``, which calls the allocator's
+    ``alloc_extend``; the call shown is the recorded one."""
+    if not (len(requests) == len(prefix_lens) == len(seq_lens)):
+        raise InputError(f"{len(requests)} requests, {len(prefix_lens)} prefix_lens, {len(seq_lens)} seq_lens: "
+                         "give one of each per request")
+    if len(set(requests)) != len(requests):
+        raise InputError("a request appears twice in one batch")
+    held = {r: _held(sc, r) for r in requests}
+    wrong = [r for r, p in zip(requests, prefix_lens) if p != held[r]]
+    if wrong:
+        says = ", ".join(f"{r} holds {held[r]}" if r in sc.reqs else f"{r} is new (0)" for r in wrong)
+        raise InputError(f"prefix_lens: a request's prefix is the tokens it already holds (chapter 04 has no "
+                         f"prefix cache): {says}")
+    batch = {r: s - p for r, p, s in zip(requests, prefix_lens, seq_lens)}
+    al, ps = sc.allocator, sc.allocator.page_size
+    free_before = al.free_pages.clone()
+    new_rows = sum(r not in sc.reqs for r in requests)
+    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
+                      reqs=Verbatim(f"[{', '.join(requests)}]"), extend_lens=list(batch.values()))
+    with recording(al, "alloc_extend") as calls:
+        try:
+            out = sc.extend_batch(batch)
+        finally:
+            if calls:  # the scheduler reached the allocator: show that call, the engine's own
+                step.call = (f"# {step.call} called:\n"
+                             + spell("allocator.alloc_extend", **calls[0]["args"]))
+    if out is None:
+        step.result = "None"
+        step.refuse(extend_refusal(sc, prefix_lens, seq_lens, new_rows))
+        return
+    step.result = spell_value(out)
+    part_of, desc = extend_marks(held, batch, out, ps)
+    step.marks = dict(new_slots=_slots(out), part_of=part_of)
+    step.caption = "alloc_extend: " + ", ".join(desc)
+    if not step.replay:
+        args = calls[0]["args"]
+        table = prefix_sums_html(requests, args, free_before, ps)
+        step.details = table + (three_way(args, free_before, ps, out)[0] if len(out) else "")
+
+
+def _op_release(sc: Scene, step, request) -> None:
+    """A request ends: ``release_kv_cache`` frees its slots (``allocator.free``) and its row."""
+    if request not in sc.reqs:
+        raise InputError(f"{request!r} holds no row: nothing to release")
+    step.call = f"release_kv_cache(req_to_token_pool, allocator, {request})"
+    with recording(sc.allocator, "free") as calls:
+        slots = sc.finish(request)
+    ps = sc.allocator.page_size
+    pages = list(dict.fromkeys(s // ps for s in slots))
+    step.call += "".join(f"\n# called {spell('allocator.free', **c['args'])}" for c in calls)
+    step.result = f"pages {pages} back at the head of free_pages; its row is free"
+    step.marks = dict(new_slots=slots)
+    step.caption = f"{request} finishes: its pages {pages} go back"
+
+
+def extend_books(sc: Scene) -> dict:
+    """The books chapter 04's instrument lists, read from the real allocator and request table."""
+    al, ps = sc.allocator, sc.allocator.page_size
+    out = {"free_pages": al.free_pages.tolist(), "available_size()": al.available_size(),
+           "free rows": list(sc.req_pool.free_slots)}
+    for rid, r in sc.reqs.items():
+        slots = sc.slots(rid)
+        out[f"request {rid}"] = dict(row=r.req_pool_idx, tokens=r.kv_allocated_len,
+                                     pages=list(dict.fromkeys(s // ps for s in slots)),
+                                     last_loc=slots[-1] if slots else -1)
+    return out
+
+
+def extend_instrument(page_size: int = 4, page_sizes=(1, 2, 4, 8), size: int = 48, opening=EXTEND_BATCHES,
+                      batch=("A, D", None, "14, 6")):
+    """Chapter 04's instrument: type a prefill batch (requests, prefix_lens, seq_lens), press
+    ``alloc_extend``; free a request; pick the page size. Opens on the story's last state
+    (``paged_extend``'s three batches). ``batch``: the fields' first values (prefix_lens None: what
+    each request holds)."""
+
+
+    def build(page_size):
+        return extend_scene(page_size, size)
+
+    def draw(sc, step):
+        marks = step.marks if step is not None else {}
+        return svg_books(sc.books(new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of")))
+
+    rids, prefix, seq = batch
+    if prefix is None:
+        prefix = ", ".join(str(_sum_before(opening, len(opening), r)) for r in names(rids))
+    extend = Operation("alloc_extend", _op_alloc_extend, _batch_fields(rids, prefix, seq),
+                       help="alloc_for_extend(...) -> allocator.alloc_extend(...) on this batch")
+    who = W.Dropdown(description="request", layout=W.Layout(width="160px"))
+    release = Operation("release", _op_release,
+                        [Field("request", who, str, options=lambda sc: list(sc.reqs))],
+                        label="release_kv_cache", help="the request finishes: its pages and its row go back")
+    ps = W.ToggleButtons(options=list(page_sizes), value=page_size, description="page_size",
+                         style={"button_width": "42px"})
+    opening_steps = [("alloc_extend", dict(requests=list(b), prefix_lens=[_sum_before(opening, i, r) for r in b],
+                                           seq_lens=[_sum_before(opening, i, r) + n for r, n in b.items()]))
+                     for i, b in enumerate(opening)]
+    return Instrument(build, [extend, release], draw, extend_books, settings={"page_size": ps},
+                      opening=opening_steps, title="alloc_extend on your own batch")
+
+
+def _sum_before(batches, i: int, rid) -> int:
+    """Tokens request ``rid`` holds before batch ``i``."""
+    return sum(b.get(rid, 0) for b in batches[:i])

@@ -77,6 +77,19 @@ def cell(ax, x, y, fill, label="", gid=None, w=1.0, h=1.0, edge="white", lw=1.0,
     return r
 
 
+def swatch_legend(ax, items, anchor=(0.0, 0.0), loc="upper left", ncol=None, fontsize=7):
+    """A legend of drawn swatches, each a small cell like the ones it explains (fill and hatch),
+    below the axes by default: ``items`` are (words, fill, hatch) triples."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=fill, edgecolor="white" if hatch else "#999", hatch=hatch, linewidth=0.6, label=words)
+               for words, fill, hatch in items]
+    leg = ax.legend(handles=handles, loc=loc, bbox_to_anchor=anchor, ncol=ncol or len(handles), fontsize=fontsize,
+                    frameon=False, handlelength=1.8, handleheight=1.3, columnspacing=1.2, borderaxespad=0.2)
+    leg.set_gid("legend")
+    return leg
+
+
 def frame_axes(ax, width, height, pad=0.3):
     """Fit a cell drawing's axes to ``width`` x ``height`` cells (room above for column labels)."""
     ax.set_xlim(-pad, width + pad)

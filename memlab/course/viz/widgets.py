@@ -13,6 +13,7 @@ from typing import Callable
 import ipywidgets as W
 
 from memlab.course.viz.style import figure_html
+from memlab.course.viz.svg import esc
 
 
 def as_html(drawing) -> str:
@@ -20,20 +21,22 @@ def as_html(drawing) -> str:
 
 
 class Stepper(W.VBox):
-    """Step through precomputed states (each with a ``caption``): play, previous, slider, next.
+    """Step through precomputed states (each with a ``caption``, plain text): play, previous, slider, next.
 
-    ``states`` is a list, or a dict of named lists (stories) with a dropdown to pick one.
+    ``states`` is a list, or a dict of named lists (stories) with a dropdown to pick one; ``story``
+    names the one it opens on (default: the first).
     ``draw(state)`` returns a matplotlib Figure or an HTML string; pictures are cached per step,
     so playing back and forth redraws nothing.
     """
 
-    def __init__(self, states, draw: Callable, interval_ms: int = 1500, start: int = 0):
+    def __init__(self, states, draw: Callable, interval_ms: int = 1500, start: int = 0, story: str | None = None):
         self.stories = dict(states) if isinstance(states, dict) else {"": list(states)}
         if not self.stories or not all(self.stories.values()):
             raise ValueError("a Stepper needs at least one state in every story")
         self.draw = draw
         self._cache: dict[tuple, str] = {}
-        self.story = W.Dropdown(options=list(self.stories), description="story")
+        self.story = W.Dropdown(options=list(self.stories), description="story",
+                                value=list(self.stories)[0] if story is None else story)
         self.states = list(self.stories[self.story.value])
         self.slider = W.IntSlider(value=0, min=0, max=len(self.states) - 1, description="step",
                                   continuous_update=False)
@@ -76,8 +79,7 @@ class Stepper(W.VBox):
         key = (self.story.value, i)
         if key not in self._cache:
             self._cache[key] = as_html(self.draw(self.states[i]))
-        # A caption is plain text: a token such as '<s>' must print, not open a strikethrough.
-        caption = html.escape(getattr(self.states[i], "caption", ""), quote=False)
+        caption = esc(getattr(self.states[i], "caption", ""))  # a token like <s> is text, not markup
         self.caption.value = f"<b>step {i} of {len(self.states) - 1}</b>: {caption}"
         self.view.value = self._cache[key]
 

@@ -1,0 +1,138 @@
+"""Inline SVG for the instruments: cells that say what they are when hovered.
+
+A matplotlib PNG cannot tell a learner which request, position or page a cell is; an SVG can.
+Every cell drawn here carries its full description twice: a ``<title>`` (the browser's own
+tooltip) and a hidden line that CSS shows in the picture's read-out strip while the pointer is
+over the cell (it also shows in a screenshot, and works in Colab, JupyterLab and Notebook alike:
+no script, only CSS). Every string that enters the SVG is escaped (a token ``<s>`` stays text).
+A cell carries ``data-gid`` (``slot:13``, ``row:2:5``, ``free:0``) so tests can find it, as the
+PNG drawings' gids do.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from memlab.course.viz.style import text_color
+
+CELL = 22  # a cell's side in pixels
+FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace"
+
+# Class names carry the memlab- prefix: a <style> inside inline SVG applies to the whole page.
+CSS = """
+.memlab-svg { font-family: %s; }
+.memlab-svg .memlab-cell:hover > rect.memlab-box { stroke: #000; stroke-width: 2.5; }
+.memlab-svg .memlab-tip { visibility: hidden; }
+.memlab-svg .memlab-cell:hover > .memlab-tip { visibility: visible; }
+""" % FONT
+
+# alloc_extend's three parts, drawn over the owner's colour: hatched, plain, dotted (as PART_HATCH).
+DEFS = """<defs>
+<pattern id="memlab-part1" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(45)">
+<rect width="2.2" height="6" fill="#000" fill-opacity="0.38"/></pattern>
+<pattern id="memlab-part3" patternUnits="userSpaceOnUse" width="6" height="6">
+<circle cx="3" cy="3" r="1.3" fill="#000" fill-opacity="0.45"/></pattern>
+</defs>"""
+PART_FILL = {1: "url(#memlab-part1)", 2: None, 3: "url(#memlab-part3)"}
+
+
+def esc(value) -> str:
+    """Text as it must appear inside HTML or SVG: ``<s>`` stays the four characters."""
+    return html.escape(str(value), quote=True)
+
+
+@dataclass(frozen=True)
+class Swatch:
+    """One legend entry: a small cell drawn like the cells it explains, and its words."""
+    label: str
+    fill: str = "#ffffff"
+    pattern: str | None = None  # an SVG paint over the fill, e.g. PART_FILL[1]
+    stroke: str = "#999"
+    stroke_width: float = 1.0
+    opacity: float = 1.0
+
+
+class Canvas:
+    """An SVG built cell by cell, sized to what was drawn; ``html()`` closes it with a read-out strip."""
+
+    def __init__(self, readout: str = "hover a cell to read what it is"):
+        self.parts: list = []  # SVG text, and ints: where cell i's hidden read-out line goes
+        self.tips: list[str] = []
+        self.width = self.height = 0.0
+        self.readout = readout
+
+    def _grow(self, x: float, y: float) -> None:
+        self.width, self.height = max(self.width, x), max(self.height, y)
+
+    def text(self, x, y, s, size: float = 11, anchor: str = "start", color: str = "#333",
+             weight: str = "normal", title: str | None = None) -> None:
+        """A line of text with its baseline at ``y``."""
+        t = f"<title>{esc(title)}</title>" if title else ""
+        self.parts.append(f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+                          f'fill="{color}" font-weight="{weight}">{t}{esc(s)}</text>')
+        width = 0.62 * size * len(str(s))
+        self._grow(x + (width if anchor == "start" else width / 2 if anchor == "middle" else 0), y + 4)
+
+    def cell(self, x, y, fill, label="", tip: str = "", gid: str | None = None, w: float = CELL,
+             h: float = CELL, stroke: str = "#ffffff", stroke_width: float = 1.0, opacity: float = 1.0,
+             pattern: str | None = None, size: float = 10) -> None:
+        """A box with its top-left corner at (x, y), its label centred, its description in ``tip``."""
+        data = f' data-gid="{esc(gid)}"' if gid else ""
+        body = [f'<rect class="memlab-box" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
+                f'fill="{fill}" fill-opacity="{opacity}" stroke="{stroke}" stroke-width="{stroke_width}"/>']
+        if pattern:
+            body.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{pattern}" '
+                        'pointer-events="none"/>')
+        if label != "":
+            ink = text_color(fill) if opacity > 0.5 else "black"
+            halo = "#000" if ink == "white" else "#fff"
+            body.append(f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + size * 0.36:.1f}" font-size="{size}" '
+                        f'text-anchor="middle" fill="{ink}" stroke="{halo}" stroke-width="{2.4 if pattern else 0}" '
+                        f'stroke-opacity="0.7" paint-order="stroke" pointer-events="none">{esc(label)}</text>')
+        title = f"<title>{esc(tip)}</title>" if tip else ""
+        self.parts += [f'<g class="memlab-cell"{data}>{title}{"".join(body)}', len(self.tips), "</g>"]
+        self.tips.append(tip)
+        self._grow(x + w, y + h)
+
+    def legend(self, x, y, swatches, gap: float = 18) -> float:
+        """Swatches in a row from (x, y), wrapping at the canvas's width so far; returns the y below."""
+        right = max(self.width, 480)
+        cx, cy = x, y
+        for s in swatches:
+            width = 16 + 6 + 6.6 * len(s.label)
+            if cx > x and cx + width > right:
+                cx, cy = x, cy + 22
+            body = (f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.fill}" '
+                    f'fill-opacity="{s.opacity}" stroke="{s.stroke}" stroke-width="{s.stroke_width}"/>')
+            if s.pattern:
+                body += f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.pattern}"/>'
+            self.parts.append(f'<g class="memlab-swatch">{body}</g>')
+            self.text(cx + 22, cy + 12.5, s.label, size=11)
+            cx += width + gap
+        return cy + 22
+
+    def html(self) -> str:
+        """The SVG, with a read-out strip under the drawing where a hovered cell's words appear."""
+        import textwrap
+
+        pad, line_h = 6, 15
+        width = max(self.width, 420) + pad
+        chars = max(40, int((width - 12) / 7.0))  # 11.5 px monospace: about 7 px a character
+        lines = {i: textwrap.wrap(t, chars) for i, t in enumerate(self.tips) if t}
+        rows = max([1, *map(len, lines.values())])
+        y, strip_h = self.height + 8, rows * line_h + 8
+
+        def block(texts, fill, ink):
+            spans = "".join(f'<tspan x="6" y="{y + 15 + k * line_h:.1f}">{esc(t)}</tspan>' for k, t in enumerate(texts))
+            return (f'<rect x="0" y="{y:.1f}" width="{width:.1f}" height="{strip_h}" fill="{fill}"/>'
+                    f'<text font-size="11.5" fill="{ink}">{spans}</text>')
+
+        strip = block([self.readout], "#f6f6f6", "#777")
+        body = "".join(p if isinstance(p, str) else
+                       (f'<g class="memlab-tip" pointer-events="none">{block(lines[p], "#fff8d6", "#000")}</g>'
+                        if p in lines else "") for p in self.parts)
+        height = y + strip_h + pad
+        return (f'<svg class="memlab-svg" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
+                f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+                f'style="max-width:100%;height:auto"><style>{CSS}</style>{DEFS}{strip}{body}</svg>')
