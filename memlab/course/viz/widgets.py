@@ -7,7 +7,6 @@ Dropdown, HTML, HBox, VBox, and ``jslink``. A drawing is turned into an inline P
 
 from __future__ import annotations
 
-import html
 from typing import Callable
 
 import ipywidgets as W
