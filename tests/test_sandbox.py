@@ -296,6 +296,16 @@ def test_errors_keep_their_kind_and_the_learners_line(toy):
         toy.sparse()
 
 
+def test_an_error_of_any_kind_leaves_the_process_usable(toy):
+    # AttributeError (hasattr on a learner object) is no kind the wire refuses: the learner's
+    # error comes back and the next call still runs (it once stopped the process as "interrupted").
+    leaf = toy.Node(0).add(3)
+    assert not hasattr(leaf, "tolist") and leaf.key == 3
+    with pytest.raises(LookupError, match="from the test"):  # a callback's own error, raised here
+        toy.call_back(lambda x: (_ for _ in ()).throw(LookupError("from the test")), 1)
+    assert toy.call_back(lambda x: x, 1) == 2 and repr(leaf) == "Node(3)"
+
+
 def test_a_fenced_tensor_stays_fenced(toy):
     fenced = load_file("tests/exercises/exercise_refs.py").fenced
     t = fenced([1, 2, 3], torch.int64)

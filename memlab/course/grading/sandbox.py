@@ -518,8 +518,10 @@ class Session:
                     self._after()
                     info = body[0]
                     if isinstance(info, tuple) and len(info) == 6 and info[5] in self.grader_errors:
-                        raise self.grader_errors.pop(info[5])
-                    raise _learner_error(info)
+                        failed = self.grader_errors.pop(info[5])  # a callback of the test's raised it
+                    else:
+                        failed = _learner_error(info)
+                    break
                 if kind == "q" and body and body[0] == "call" and len(body) == 4:
                     self._serve_callback(*body[1:])
                     continue
@@ -528,8 +530,6 @@ class Session:
             self._crashed(importing)
         except (wire.WireError, wire.NotData, ValueError, TypeError, KeyError, IndexError, OverflowError,
                 RecursionError, RuntimeError, MemoryError) as exc:
-            if isinstance(exc, LearnerError):
-                raise
             self._abort("sent something that is not data")
             raise NotDataError(f"your code's process sent something the grader cannot read as data ({exc}); the "
                                "grader takes numbers, strings, lists, tuples, dicts, sets, tensors and your own "
@@ -544,6 +544,9 @@ class Session:
                 except AttributeError:
                     pass
             raise
+        # Raised outside the try: an error the learner's code (or a callback) raised leaves the
+        # protocol intact, so the process stays usable for the next call.
+        raise failed
 
     def _after(self):
         self._relay()
