@@ -187,6 +187,18 @@ HINTS: dict[str, tuple[str, ...]] = {
         "children and unlocked (and is not the root), that parent is now a leaf: push it into the heap in the "
         "same call.",
     ),
+    "ch12_virtual_pages": (
+        "A virtual id splits like any slot id: its page (id // page_size) and its offset in the page. Look the "
+        "page up in v2p and put the offset back on the physical page; every id that has no physical page "
+        "(negative, past the table, unbound) goes to the padding sink (chapter 12, virtual ids and their "
+        "translation). Work on the whole tensor at once and build a new one.",
+        "Capacity is counted in bytes, then in pages: the gap between this sub-pool's frontier and its "
+        "neighbour's, in whole pages of this sub-pool's entry size, but never more pages than its own page "
+        "numbers still allow. Mind which way the frontier faces for a sub-pool that grows down.",
+        "After a free the sub-pool shrinks toward its own end by as many pages as were freed. The pages still "
+        "in use inside the band it gives up must move out, into the freed pages that lie outside the band, "
+        "both taken in ascending order; both page tables follow each move, and the band is left unused.",
+    ),
 }
 
 STATE_ENV = "MEMLAB_HINTS_STATE"
