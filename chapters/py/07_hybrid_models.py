@@ -119,7 +119,7 @@ demo.extend_batch({"R": 5})
 for _ in range(5):
     demo.decode(["R"])
     released = demo.release("R")  # calls allocator.release_out_of_window(...)
-    print(f"seq_len {demo.reqs['R'].kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
+    print(f"seq_len {demo.reqs['R'].kv.kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
           f"SWA slots released now: {released}")
 
 t = lambda *xs: torch.tensor(xs)  # noqa: E731

@@ -229,7 +229,8 @@ def load() -> types.SimpleNamespace:
     L.module("sglang.srt.mem_cache.allocator.swa")
     sb = L.pick("sglang.srt.managers.schedule_batch", [
         "ReqKvInfo", "ScheduleBatch.new_tokens_required_next_decode",
-        "ScheduleBatch._new_tokens_required_next_decode_spec_v2", "ScheduleBatch._get_decode_retraction_order"],
+        "ScheduleBatch._new_tokens_required_next_decode_spec_v2", "ScheduleBatch._get_decode_retraction_order",
+        "ScheduleBatch._collect_deferred_mamba_cow_and_clear"],
         ceil_align=common.ceil_align, get_schedule=rc.get_schedule,
         get_alloc_reserve_per_decode=sizing.get_alloc_reserve_per_decode,
         num_beam_member_rows=lambda reqs: 0)  # beam search is not modelled
