@@ -227,16 +227,16 @@ for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, Fa
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM handles sliding windows inside one block pool: `SlidingWindowKVCacheManager` replaces the
+# vLLM handles sliding windows inside one block pool: `SlidingWindowManager` replaces the
 # blocks that fell out of the window with the **null block** in the request's list (the block
 # table stays append-only) and frees them, and a prefix hit only needs the blocks inside the window.
 # SGLang keeps a separate pool for the SWA layers, a configurable fraction of the full pool's size
 # (`swa_full_tokens_ratio`, chapter 08), so tokens that left the window cost those layers nothing. For Mamba-style layers both engines keep per-request state outside the token pool.
 
 # %%
-from memlab.vllm import KVCacheManager, Request, SlidingWindowKVCacheManager
+from memlab.vllm import KVCacheManager, Request
 
-sw = SlidingWindowKVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)
+sw = KVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)  # its group: a SlidingWindowManager
 r = Request("A", list(range(6)), block_hasher=sw.request_block_hasher)
 sw.allocate_slots(r, 6)
 r.num_computed_tokens = 6

@@ -141,7 +141,7 @@ class _VLLMBooks:
         n, bs = req.num_tokens, self.manager.block_size
         slots = self.table.compute_slot_mapping(torch.full((n,), row, dtype=torch.int32),
                                                 torch.arange(n), backend="torch").tolist()
-        blocks = self.manager.req_to_blocks[r.rid]
+        blocks = self.manager.get_blocks(r.rid)
         to_tail = sum(1 for b in blocks if b.ref_cnt == 1 and b.block_hash is not None)
         to_head = sum(1 for b in blocks if b.ref_cnt == 1 and b.block_hash is None)
         self.manager.free(req)
