@@ -94,7 +94,7 @@ viz.Stepper(frames, draw_engine, interval_ms=700)
 #    requests a row, take slots with `alloc_extend` / `alloc_decode` (evicting from the prefix
 #    cache first when the pool is short) and write them into the request table; then write K/V
 #    at those slots (`set_kv_buffer`) and attend through `req_to_token`.
-# 4. A finished request hands its pages to the prefix cache (`cache_finished_req`), which keeps
+# 4. A finished request hands its pages to the prefix cache (`release_kv_cache(req, tree, checkpoint=True)`), which keeps
 #    the full pages it did not have and frees the rest; a retracted one frees its own pages.
 #
 # The books stay balanced at every step: each page is free, owned by one running request, or cached.

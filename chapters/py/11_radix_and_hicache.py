@@ -106,7 +106,7 @@ from memlab.sglang.allocator import TokenToKVPoolAllocator
 from memlab.sglang.radix_cache import RadixCache
 
 alloc = TokenToKVPoolAllocator(32, debug_mode=True)
-tree = RadixCache(alloc, debug_mode=True)
+tree = RadixCache(alloc, debug_mode=True)  # 0.5.23's scheduler builds UnifiedRadixCache; RadixCache is its reference class
 
 
 def finished(tokens):
@@ -146,7 +146,7 @@ from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.capstone.prefix_compare import RadixDriver
 
 ptree = RadixCache(PagedTokenToKVPoolAllocator(64, 4, debug_mode=True), debug_mode=True)
-drv = RadixDriver(ptree)  # admit: match, lock, allocate; finish: insert, free the rest, unlock
+drv = RadixDriver(ptree)  # admit: match, lock, allocate, checkpoint; finish: release_kv_cache(checkpoint=True)
 a = drv.admit(list(range(10)))
 drv.finish(a)
 print("A: 10 tokens -> the tree keeps", ptree.total_size(), "(two pages); the page of tokens 8, 9 was freed")
@@ -263,7 +263,7 @@ hi.check_idle(16)
 # Chapter 10's engine takes its prefix cache as a choice: `Engine(..., prefix_cache="hash")` indexes
 # full pages by chapter 06's chained block hashes, `"radix"` is this chapter's `RadixCache`, and
 # `"hicache"` the tree with a host tier. A new request matches its prompt in the tree and locks the
-# hit; a finished one hands its pages to the tree (`cache_finished_req`); when the pool runs short,
+# hit; a finished one hands its pages to the tree (`release_kv_cache(req, tree, checkpoint=True)`); when the pool runs short,
 # the scheduler evicts from the tree before it refuses. Chapter 10's eight requests (a shared
 # 16-token system prompt) through each cache give the same tokens; the radix tree also shares a
 # prefix that ends inside a page when pages hold one token.

@@ -257,7 +257,7 @@ def load() -> types.SimpleNamespace:
         "ReqKvInfo", "ScheduleBatch.new_tokens_required_next_decode",
         "ScheduleBatch._new_tokens_required_next_decode_spec_v2", "ScheduleBatch._get_decode_retraction_order",
         "ScheduleBatch._collect_deferred_mamba_cow_and_clear", "Req.finished", "Req.refresh_fill_ids",
-        "Req.owned_kv_len", "Req.reset_for_retract"],
+        "Req.owned_kv_len", "Req.reset_for_retract", "ScheduleBatch.check_decode_mem"],
         ceil_align=common.ceil_align, get_schedule=rc.get_schedule, get_serving=rc.get_serving,
         get_alloc_reserve_per_decode=sizing.get_alloc_reserve_per_decode,
         num_beam_member_rows=lambda reqs: 0)  # beam search is not modelled
@@ -288,9 +288,10 @@ def load() -> types.SimpleNamespace:
     radix.time = TickClock()
     mc = L.pick("sglang.srt.mem_cache.common", [
         "logger", "free_swa_out_of_window_slots", "coalesce_ranges", "free_kv_row_segments", "checkpoint_kv_cache",
-        "evict_from_tree_cache", "release_kv_cache", "_release_overallocated_kv_indices"],
+        "evict_from_tree_cache", "release_kv_cache", "_release_overallocated_kv_indices", "_evict_until_allocatable"],
         ceil_align=common.ceil_align, ComponentType=ct.ComponentType, get_spec=rc.get_spec,
-        get_serving=rc.get_serving)
+        get_serving=rc.get_serving, EvictParams=bpc.EvictParams, EvictResult=bpc.EvictResult,
+        page_interleave_shard_size=lambda allocator: 1)  # page sharding (DCP) is not modelled
 
     from sglang.kernels.ops.memory import allocator as kernels
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape

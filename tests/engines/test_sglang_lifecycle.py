@@ -7,7 +7,8 @@ table and ``memlab.sglang.allocation``'s functions of the same names. A stream a
 (match their tokens but the last, lock the match), computes their prefills in chunks with a
 checkpoint after every chunk (two requests prefilling the same prompt at once make duplicates),
 decodes, finishes requests (``checkpoint=True``: the split at the prompt), retracts some
-(``checkpoint=False``, then they come back with their output), touches waiting prompts and
+(``checkpoint=False``, then they come back with their output), touches waiting prompts, runs the
+decode batch's fit check (``check_decode_mem``, which evicts from the tree inside the check) and
 evicts. After every step the two must agree on: the whole tree (every node's key, slots, lock
 count, priority and hit count), evictable and protected sizes, the free list (order included),
 and per running request its row, ``cache_protected_len``, ``cache_inserted_len``,
@@ -28,8 +29,9 @@ from array import array
 import pytest
 import torch
 
+from memlab.common.sizing import RunningReq, check_decode_mem
 from memlab.sglang.allocation import (alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, coalesce_ranges,
-                                      release_kv_cache)
+                                      evict_from_tree_cache, release_kv_cache)
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -204,7 +206,7 @@ class Stream:
         self.running: dict = {}  # rid -> dict(mine, theirs, tokens, prompt_len, left, prefix)
         self.seqs = [[self.rng.randrange(4) for _ in range(self.rng.randrange(4, 20))] for _ in range(3)]
         self.steps = self.tie_skips = self.finished = self.retracted = self.duplicates = self.checkpoints = 0
-        self.evicted = 0
+        self.evicted = self.decode_checks = self.decode_refusals = self.evicted_in_checks = 0
         self.next_rid = 0
 
     def both(self, method, *args):
@@ -307,24 +309,53 @@ class Stream:
         self.waiting.insert(0, (rid, r["tokens"], prompt, r["left"]))
         self.retracted += 1
 
+    def decode_check(self):
+        """The decode batch's fit check, which evicts from the tree inside it: SGLang's real
+        ``ScheduleBatch.check_decode_mem`` (through its allocator's ``check_decode_capacity``)
+        against ``sizing.check_decode_mem`` with ``evict_from_tree_cache``."""
+        running = [r for r in self.running.values() if r["decoding"]]
+        if not running:
+            return
+        if self.mine.tie() or self.theirs.tie():
+            self.tie_skips += 1
+            return
+        before = self.mine.tree.num_evicted_tokens
+        views = [RunningReq(r["mine"].rid, r["mine"].kv.kv_committed_len, 0, r["mine"].kv.kv_allocated_len)
+                 for r in running]
+        mine = check_decode_mem(views, self.mine.alloc.available_size, self.ps,
+                                evict=lambda n: evict_from_tree_cache(self.mine.tree, n))
+        batch = type("Batch", (), {})()
+        batch.reqs, batch.tree_cache = [r["theirs"] for r in running], self.theirs.tree
+        batch.token_to_kv_pool_allocator = self.theirs.alloc
+        batch.spec_algorithm = type("NoSpec", (), {"is_none": staticmethod(lambda: True)})()
+        sb = self.theirs.sg.schedule_batch
+        batch.new_tokens_required_next_decode = lambda selected=None: sb.new_tokens_required_next_decode(batch, selected)
+        theirs = sb.check_decode_mem(batch)
+        assert mine == theirs, f"check_decode_mem: memlab {mine}, SGLang {theirs}"
+        self.decode_checks += 1
+        self.decode_refusals += not mine
+        self.evicted_in_checks += self.mine.tree.num_evicted_tokens - before
+
     def step(self):
         op = self.rng.random()
         decoding = [rid for rid, r in self.running.items() if r["decoding"]]
         prefilling = [rid for rid in self.running if rid not in decoding]
-        if op < 0.2:
+        if op < 0.17:
             self.arrive()
-        elif op < 0.35:
+        elif op < 0.3:
             self.admit()
-        elif op < 0.6 and prefilling:
+        elif op < 0.52 and prefilling:
             self.prefill(self.rng.choice(prefilling))
-        elif op < 0.8 and decoding:
+        elif op < 0.7 and decoding:
             self.decode(self.rng.choice(decoding))
-        elif op < 0.85 and (held := [rid for rid, r in self.running.items() if r["mine"].kv.holds_kv]):
+        elif op < 0.75 and (held := [rid for rid, r in self.running.items() if r["mine"].kv.holds_kv]):
             self.retract(self.rng.choice(sorted(held)))
-        elif op < 0.9 and self.waiting:
+        elif op < 0.8 and self.waiting:
             w = self.rng.choice(self.waiting)
             self.both("touch", w[1])
-        elif op < 0.95:
+        elif op < 0.93:
+            self.decode_check()
+        elif op < 0.96:
             if self.mine.tie() or self.theirs.tie():
                 self.tie_skips += 1
             else:
@@ -352,9 +383,10 @@ STREAMS, STEPS = 10, 120
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_request_lifecycle_streams_match_sglang(page_size, disable, tally):
     sg = load()
-    totals = dict(steps=0, finished=0, retracted=0, checkpoints=0, duplicates=0, tie_skips=0, evicted=0)
+    totals = dict(steps=0, finished=0, retracted=0, checkpoints=0, duplicates=0, tie_skips=0, evicted=0,
+                  decode_checks=0, decode_refusals=0, evicted_in_checks=0)
     for seed in range(STREAMS):
-        s = Stream(sg, 100 * page_size + seed + 7 * disable, page_size, size=48 if page_size == 1 else 64,
+        s = Stream(sg, 100 * page_size + seed + 7 * disable, page_size, size=48 if page_size == 1 else 40,
                    disable=disable)
         for _ in range(STEPS):
             s.step()
@@ -368,7 +400,8 @@ def test_request_lifecycle_streams_match_sglang(page_size, disable, tally):
     # every path ran: finished and retracted requests, checkpoints; duplicates only with a tree
     assert totals["finished"] > 10 and totals["retracted"] > 5 and totals["checkpoints"] > 50
     assert (totals["duplicates"] > 0) != disable and (totals["evicted"] > 0) != disable
-    assert totals["tie_skips"] < totals["steps"] // 20
+    assert totals["tie_skips"] < totals["steps"] // 20 and totals["decode_checks"] > 20
+    assert (totals["evicted_in_checks"] > 0) != disable  # the check itself evicted
 
 
 def test_worked_examples_match_sglang(tally):
