@@ -222,8 +222,8 @@ class Engine:
         kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache)
         if attention not in ("triton", "torch"):
             raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
-        if chunk_size < page_size:
-            raise ValueError(f"chunk_size must be >= page_size ({page_size}): a cut chunk ends on a page, got {chunk_size}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         if kind not in PREFIX_CACHES:
             raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES} (or True/False), got {prefix_cache!r}")
         c, dev = model.cfg, model.device
@@ -308,7 +308,7 @@ class Engine:
         waiting requests in order while the pool can hold them (nobody overtakes). A new request
         first looks its tokens up in the prefix cache and locks what it finds; cut short, its
         chunk ends on a page boundary (SGLang's ``PrefillAdder``; a continuing chunk is not cut
-        to a page). Room is kept for the next decode step: a page for each decoding request
+        to a page, nor a chunk shorter than a page). Room is kept for the next decode step: a page for each decoding request
         whose committed length sits on a page boundary (``new_tokens_required_next_decode``)."""
         ps, budget, batch, taken = self.page_size, self.chunk_size, [], 0
         rows_left = self.req_to_token_pool.available_size()
@@ -324,7 +324,9 @@ class Engine:
             start = r.prefix_len
             n = min(len(r.tokens) - start, budget)
             if new and start + n < len(r.tokens):
-                n = (start + n) // ps * ps - start
+                # unless that leaves nothing: no progress is worse than a partial page (SGLang's rule
+                # for its chunk grid, floor_chunked_tokens)
+                n = (start + n) // ps * ps - start or n
             need = ceil_align(start + n, ps) - ceil_align(start, ps)
             if n <= 0 or need > self.available() - reserve - taken:
                 if new:

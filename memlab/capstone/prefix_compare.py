@@ -31,7 +31,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from memlab.sglang.allocation import alloc_for_extend, checkpoint_kv_cache, release_kv_cache
+from memlab.sglang.allocation import checkpoint_kv_cache, release_kv_cache
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -126,10 +126,18 @@ class RadixDriver:
         if short > 0:
             self.evict_requested += short
             tree.evict(short)
-        new = alloc_for_extend(self.req_to_token_pool, self.allocator, [req], [need], [prefix])
-        if new is None:
+        # The prefix is whole pages, so the new tokens start a page: alloc hands out the very
+        # slots alloc_for_extend's alloc_extend would, without the batch machinery.
+        new = self.allocator.alloc(ceil_align(need, ps))
+        if new is None or self.req_to_token_pool.alloc([req]) is None:
+            if new is not None:
+                self.allocator.free(new)
             tree.unlock(req.lock)
             return None
+        new = new[:need]
+        self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, len(tokens))),
+                                     torch.cat((prefix, new)).to(torch.int32))
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = len(tokens)
         req.output_ids = list(tokens[prompt_len:])
         if self.on_compute is not None:
             self.on_compute(new, req.tokens, len(prefix))

@@ -203,7 +203,7 @@ def free_kv_row(req_to_token_pool, allocator, kv: ReqKvInfo, ranges, swa_evicted
     beside the request, SGLang in ``kv``)."""
     row = req_to_token_pool.req_to_token[kv.req_pool_idx]
     dev = allocator.device
-    free_kv_row_segments(allocator, [(row[s:e].to(dev, torch.int64), s) for s, e in coalesce_ranges(ranges) if e > s],
+    free_kv_row_segments(allocator, [(row[s:e].to(dev), s) for s, e in coalesce_ranges(ranges) if e > s],
                          swa_evicted_seqlen=swa_evicted_seqlen, swa_dead_lo=kv.cache_protected_len)
 
 

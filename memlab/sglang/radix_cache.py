@@ -169,8 +169,8 @@ class RadixCache:
 
     def page_aligned(self, key: Sequence[int]) -> tuple:
         """The key cut to whole pages: a partial last page is never cached or matched."""
-        key = tuple(key)
-        return key[: len(key) // self.page_size * self.page_size] if self.page_size > 1 else key
+        key = key if type(key) is tuple else tuple(key)
+        return key[: len(key) // self.page_size * self.page_size] if len(key) % self.page_size else key
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         """The longest cached prefix of ``key``. A match that ends inside a node splits it, so the
@@ -236,7 +236,8 @@ class RadixCache:
                 self.insert(prompt_key, values[: len(prompt_key)], priority=min(priority + 1, _INT64_MAX),
                             inserted_len=len(prompt_key))
         cpl = kv.cache_protected_len
-        self.token_to_kv_pool_allocator.free_segment(values[cpl:result.prefix_len], start_pos=cpl)
+        if result.prefix_len > cpl:  # the request computed what the tree held already: its copies go
+            self.token_to_kv_pool_allocator.free_segment(values[cpl:result.prefix_len], start_pos=cpl)
         return radix_key, kv_indices, result.prefix_len
 
     def checkpoint(self, req, *, up_to: int) -> None:
@@ -246,19 +247,23 @@ class RadixCache:
         length. Frees nothing of the request's own tail: ``release_kv_cache`` does."""
         if self.disable:
             return
-        radix_key, _, _ = self._insert_cache(req, req.full_untruncated_fill_ids[:up_to], split_prompt=True)
+        radix_key, _, prefix_len = self._insert_cache(req, req.full_untruncated_fill_ids[:up_to], split_prompt=True)
         new_last_node = self.match_prefix(radix_key).last_device_node  # its slots may be the tree's now
         new_indices = self.path_device_indices(new_last_node)
         assert len(new_indices) == len(radix_key), f"{len(new_indices)=}, {len(radix_key)=}"
         kv = req.kv
         cpl = kv.cache_protected_len
-        self.req_to_token_pool.write((kv.req_pool_idx, slice(cpl, len(new_indices))),
-                                     new_indices[cpl:].to(torch.int32))
+        if prefix_len > cpl:
+            # The row points at the tree's slots from here on. SGLang writes [cpl, len(new_indices));
+            # past the old prefix the tree took the row's own slots, so only this part changes.
+            self.req_to_token_pool.write((kv.req_pool_idx, slice(cpl, prefix_len)),
+                                         new_indices[cpl:prefix_len].to(torch.int32))
         # With page_size > 1 the partial last page stays in the row, not in the tree: the
         # request still owns it, and the next checkpoint or release_kv_cache frees it.
         kv.cache_protected_len = len(new_indices)
-        self.unlock(req.lock)
-        req.lock = self.lock(new_last_node)
+        if req.lock is None or req.lock.node is not new_last_node:  # the same node: the lock stays as it is
+            self.unlock(req.lock)
+            req.lock = self.lock(new_last_node)
         req.last_node = new_last_node
 
     def free_kv_row(self, kv, ranges) -> None:

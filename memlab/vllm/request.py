@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from memlab.common import _checks
 from memlab.vllm.hashing import BlockHash, MultiModalFeature
 
 
@@ -23,7 +24,7 @@ class Request:
                  lora_name: str | None = None, lora_path: str | None = None,
                  mm_features: Sequence[MultiModalFeature] = (), cache_salt: str | None = None):
         mm_features = [MultiModalFeature(*f) for f in mm_features]
-        _validate_request(request_id, prompt_token_ids, mm_features, cache_salt)
+        _checks.vllm_request(request_id, prompt_token_ids, mm_features, cache_salt)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
@@ -55,22 +56,3 @@ class Request:
         return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
                 f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})")
 
-
-# -- argument checks at the boundary ----------------------------------------------------------
-
-def _validate_request(request_id, prompt_token_ids, mm_features: list, cache_salt) -> None:
-    if prompt_token_ids is None:  # vLLM's message (it would read prompt embeddings instead)
-        raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
-    bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
-    if bad:
-        raise ValueError(f"request {request_id!r}: token ids must be ints >= 0, got {bad[:3]!r}")
-    for prev, item in zip(mm_features, mm_features[1:]):
-        if item.offset < prev.offset + prev.length:
-            raise ValueError(f"request {request_id!r}: multimodal items must be sorted and disjoint, "
-                             f"got {prev} then {item}")
-    for item in mm_features:
-        if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt_token_ids):
-            raise ValueError(f"request {request_id!r}: multimodal item {item} lies outside the "
-                             f"{len(prompt_token_ids)}-token prompt")
-    if cache_salt is not None and not isinstance(cache_salt, str):
-        raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
