@@ -5,7 +5,9 @@ import random
 
 import pytest
 
+from memlab.sglang.allocation import alloc_for_extend, release_kv_cache
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.capstone.engine import Engine, HashPrefixCache, TinyConfig, TinyLlama, generate_reference
 from memlab.common.sizing import RunningReq, check_decode_mem, retract_decode
 
@@ -51,12 +53,12 @@ class DecodeBatchOnlyRetraction(Engine):
     """The bug: only the decode batch may be retracted; a prefill in progress keeps its pages."""
 
     def _retract_for_decode(self, decoding):
-        views = [RunningReq(r.rid, len(r.prompt), len(r.output) - 1, r.kv_len) for r in decoding]
-        if check_decode_mem(views, self.available(), self.page_size):
+        views, free = self._decode_views(decoding), self.allocator.available_size
+        if check_decode_mem(views, free, self.page_size, evict=self._evict):
             return decoding
         by_rid = {r.rid: r for r in decoding}
-        kept, _, fits = retract_decode(views, self.available, self.page_size,
-                                       release=lambda v: self._retract(by_rid[v.rid]))
+        kept, _, fits = retract_decode(views, free, self.page_size, release=lambda v: self._retract(by_rid[v.rid]),
+                                       evict=self._evict)
         if not fits:
             raise RuntimeError("the pool cannot hold one more token of a single request")
         return [by_rid[v.rid] for v in kept]
@@ -65,14 +67,14 @@ class DecodeBatchOnlyRetraction(Engine):
 @pytest.mark.parametrize("num_tokens", [64, 48])
 def test_a_prefill_in_progress_is_retracted_when_a_decode_step_cannot_fit(num_tokens):
     want = generate_reference(MODEL, LONG, 12)
-    for cache in ("hash", "radix"):
+    for cache in (None, "hash", "radix"):
         e = Engine(MODEL, page_size=1, num_tokens=num_tokens, chunk_size=16, attention="torch", prefix_cache=cache,
                    debug_mode=True)
         assert e.generate(LONG, 12) == want
         assert e.stats["retracted"] > 0
     with pytest.raises(RuntimeError, match="cannot hold one more token"):
-        DecodeBatchOnlyRetraction(MODEL, page_size=1, num_tokens=num_tokens, chunk_size=16,
-                                  attention="torch").generate(LONG, 12)
+        DecodeBatchOnlyRetraction(MODEL, page_size=1, num_tokens=num_tokens, chunk_size=16, attention="torch",
+                                  prefix_cache=None).generate(LONG, 12)
 
 
 @pytest.mark.parametrize("cache", ["hash", "radix", "hicache"])
@@ -136,29 +138,48 @@ def test_engine_with_the_triton_attention_kernel():
     assert e.generate(prompts, 3) == [r[:3] for r in (REF[0], generate_reference(MODEL, prompts[1:], 3)[0])]
 
 
+def hash_cache(num_tokens=32, page_size=2):
+    alloc = PagedTokenToKVPoolAllocator(num_tokens, page_size, debug_mode=True)
+    pool = ReqToTokenPool(4, 32)
+    return HashPrefixCache(alloc, pool), alloc, pool
+
+
+def computed(cache, pool, alloc, tokens, prompt_len=None):
+    """A request that matched nothing and computed ``tokens`` into fresh slots of its own."""
+    prompt_len = len(tokens) if prompt_len is None else prompt_len
+    r = Req(len(pool.free_slots), tokens[:prompt_len])
+    r.output_ids = list(tokens[prompt_len:])
+    r.lock = cache.lock(())
+    assert alloc_for_extend(pool, alloc, [r], [len(tokens)]) is not None
+    return r
+
+
 def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
-    alloc = PagedTokenToKVPoolAllocator(32, 2, debug_mode=True)
-    c = HashPrefixCache(alloc)
-    slots = alloc.alloc(6)  # pages 1, 2, 3
-    c.cache_finished_req([1, 2, 3, 4, 5, 6], slots, 0, ())
+    c, alloc, pool = hash_cache()
+    r = computed(c, pool, alloc, [1, 2, 3, 4, 5, 6])  # pages 1, 2, 3
+    release_kv_cache(r, c, checkpoint=True)
     assert c.evictable_size() == 6 and c.device_pages() == {1, 2, 3}
     assert c.match_prefix([1, 2, 3]).last_device_node == (1,)  # only full pages of the key
     m = c.match_prefix([1, 2, 9, 9, 5, 6])  # a miss ends the chain: later equal pages do not count
     assert m.device_prefix_len == 2 and c.path_device_indices(m.last_device_node).tolist() == [2, 3]
-    c.inc_lock_ref(m.last_device_node)
+    lock = c.lock(m.last_device_node)
     assert c.evictable_size() == 4
     assert c.evict(3).num_tokens_evicted == 4 and c.device_pages() == {1}  # pages 3 then 2: the chain's tail
-    c.dec_lock_ref(m.last_device_node)
+    c.unlock(lock)
     assert c.evict(1).num_tokens_evicted == 2 and alloc.available_size() == 32
     alloc.check_books()
 
 
 def test_hash_cache_frees_duplicate_pages_and_the_partial_tail():
-    alloc = PagedTokenToKVPoolAllocator(32, 2, debug_mode=True)
-    c = HashPrefixCache(alloc)
-    c.cache_finished_req([1, 2, 3, 4, 5], alloc.alloc(6)[:5], 0, ())  # two full pages, a partial third
+    c, alloc, pool = hash_cache()
+    release_kv_cache(computed(c, pool, alloc, [1, 2, 3, 4, 5]), c, checkpoint=True)  # 2 full pages, a partial 3rd
     assert c.device_pages() == {1, 2} and alloc.available_size() == 28
-    c.cache_finished_req([1, 2, 3, 4], alloc.alloc(4), 0, ())  # computed the same prefix again
+    r = computed(c, pool, alloc, [1, 2, 3, 4, 7])  # computed the same prefix again
+    row = pool.req_to_token[r.kv.req_pool_idx, :5].tolist()
+    c.checkpoint(r, up_to=5)  # a chunk checkpointed: its copies go back, the row maps the cached pages
+    assert pool.req_to_token[r.kv.req_pool_idx, :5].tolist() == [2, 3, 4, 5, row[4]]
+    assert r.kv.cache_protected_len == 4 and r.lock.node == (1, 2) and alloc.available_size() == 26
+    release_kv_cache(r, c, checkpoint=True)
     assert c.device_pages() == {1, 2} and alloc.available_size() == 28
     alloc.check_books()
 
@@ -186,6 +207,7 @@ def test_the_engine_books_catch_a_page_owned_twice():
     e.step()
     a, b = e.running
     table = e.req_to_token_pool.req_to_token
-    table[b.req.req_pool_idx, b.cached_len] = table[a.req.req_pool_idx, a.cached_len]  # b maps a's page
+    cpl_a, cpl_b = a.kv.cache_protected_len, b.kv.cache_protected_len
+    table[b.kv.req_pool_idx, cpl_b] = table[a.kv.req_pool_idx, cpl_a]  # b maps a's own page
     with pytest.raises(AssertionError, match="held by requests"):
         e.check_books()

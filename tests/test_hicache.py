@@ -213,13 +213,13 @@ def test_insert_revives_a_host_only_node_with_the_requests_slots():
     tree.evict(4)
     (node,) = tree.root_node.children.values()
     host_before = node.host_value.clone()
-    r = drv.admit([1, 2, 3, 4, 5])
+    r = drv.admit([1, 2, 3, 4, 5])  # computes all 5; its prefill checkpoint inserts them
     assert (r.hit_tokens, r.host_hit_tokens) == (0, 0)
-    result = tree.insert(r.tokens, r.kv_indices)
-    assert result.prefix_len == 0  # the revived part is not a duplicate: the node adopts the slots
+    # the revived part is not a duplicate: the node adopts the request's slots, nothing is freed
     assert node.value.tolist() == r.kv_indices[:4].tolist() and torch.equal(node.host_value, host_before)
+    assert r.kv.cache_protected_len == 5 and r.lock.node.key == (5,) and node.lock_ref == 1
     assert tree.total_size() == 5 and alloc.available_size() == 32 - 5
-    tree.dec_lock_ref(r.last_node)
+    drv.finish(r)
     tree.check_idle(32)
 
 
@@ -250,7 +250,7 @@ def test_load_back_of_a_path_of_host_only_nodes():
     check_kv(pool, r)
     (top,) = tree.root_node.children.values()
     assert not top.evicted and top not in tree.evictable_leaves  # its child is on the device again
-    assert tree.protected_size() == 8 and tree.evictable_size() == 0
+    assert tree.protected_size() == 9 and tree.evictable_size() == 0  # its own token too: checkpointed
     drv.finish(r)
     tree.check_idle(32)
 
@@ -286,7 +286,7 @@ def check_owners(tree, alloc, host, running):
 
     nodes = tree._all_nodes()
     dev = [(f"node {n.id}", (n.value[::ps] // ps).tolist()) for n in nodes if not n.evicted]
-    dev += [(f"request {i}", torch.unique(r.kv_indices[r.cache_protected_len:] // ps).tolist())
+    dev += [(f"request {i}", torch.unique(r.kv_indices[r.kv.cache_protected_len:] // ps).tolist())
             for i, r in enumerate(running)]
     ledger(torch.cat((alloc.free_pages, alloc.release_pages)).tolist(), dev, alloc.num_pages, "device")
     hst = [(f"node {n.id}", (n.host_value[::ps] // ps).tolist()) for n in nodes if n.backuped]

@@ -29,7 +29,7 @@ def state(sc):
     return dict(free_pages=al.free_pages.tolist(), release_pages=al.release_pages.tolist(),
                 table=rp.req_to_token.tolist(), generations=rp.req_generation.tolist(),
                 free_rows=list(rp.free_slots), row_free=bytes(rp._row_free),
-                reqs={r: (q.req_pool_idx, q.kv_allocated_len) for r, q in sc.reqs.items()})
+                reqs={r: (q.kv.req_pool_idx, q.kv.kv_allocated_len) for r, q in sc.reqs.items()})
 
 
 def direct(page_size, batches):
@@ -52,7 +52,7 @@ def cells(svg: str) -> dict:
 
 def batch_args(sc, batch):
     """prefix_lens and seq_lens of ``batch`` ({rid: new tokens}) on scene ``sc``."""
-    pre = [sc.reqs[r].kv_allocated_len if r in sc.reqs else 0 for r in batch]
+    pre = [sc.reqs[r].kv.kv_allocated_len if r in sc.reqs else 0 for r in batch]
     return dict(requests=list(batch), prefix_lens=pre, seq_lens=[p + n for p, n in zip(pre, batch.values())])
 
 
@@ -102,8 +102,8 @@ def test_alloc_extend_books_are_the_librarys(page_size, batches):
     al = sc.allocator
     assert books["free_pages"] == al.free_pages.tolist() and books["available_size()"] == al.available_size()
     for rid, req in sc.reqs.items():
-        row = sc.req_pool.req_to_token[req.req_pool_idx, :req.kv_allocated_len].tolist()
-        assert books[f"request {rid}"]["tokens"] == req.kv_allocated_len
+        row = sc.req_pool.req_to_token[req.kv.req_pool_idx, :req.kv.kv_allocated_len].tolist()
+        assert books[f"request {rid}"]["tokens"] == req.kv.kv_allocated_len
         assert books[f"request {rid}"]["pages"] == list(dict.fromkeys(s // page_size for s in row))
 
 

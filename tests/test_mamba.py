@@ -29,8 +29,8 @@ def test_tracking_slot_counts_for_every_combination(extra, overlap, lazy):
     assert pool.mamba_initial_tracking_slots == want
     # the ping-pong buffer is sized for the full count even when lazy mode fills it late
     assert pool.mamba_ping_pong_track_buffer_size == (0 if not extra else 2 if overlap else 1)
-    rows = pool.alloc_rows(2)
-    assert pool.mamba_pool.available_size() == 12 - 2 * (1 + want)
+    rows = pool.alloc([Req("a"), Req("b")])
+    assert pool.mamba_allocator.available_size() == 12 - 2 * (1 + want)
     held = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[rows]
     assert int((held > 0).sum()) == 2 * want
 
@@ -42,13 +42,6 @@ def test_slot_allocator_takes_the_head_and_frees_to_the_tail():
     a.free(torch.tensor([1]))
     assert a.free_slots.tolist() == [3, 4, 5, 1]  # FIFO: the oldest free slots go out first
     assert a.alloc(0).numel() == 0 and a.available_size() == 4
-
-
-def test_grouped_allocation_is_all_or_nothing():
-    a = MambaSlotAllocator(5)
-    assert a.alloc_grouped(2, 2).tolist() == [[1, 2], [3, 4]]
-    before = a.free_slots.clone()
-    assert a.alloc_grouped(1, 2) is None and torch.equal(a.free_slots, before)
 
 
 @pytest.mark.parametrize("bad", [[0], [6], [-1]])
@@ -102,30 +95,50 @@ def test_conv_state_is_a_list_over_components_each_stacked_over_layers():
     assert temporal.shape == (5, 2, 3, 3)
 
 
-class BuggyPoolNoZeroing(MambaPool):
-    def alloc(self, need_size):
-        return self.allocator.alloc(need_size)  # hands out the previous owner's state
+class BuggyNoDeferredClear(HybridReqToTokenPool):
+    def execute_deferred_mamba_cow_and_clear(self, reqs):  # forgets the flag: the slot keeps its old state
+        for r in reqs:
+            r.kv.mamba_needs_clear = False
 
 
 def _reuse_sees_stale_state(pool_cls):
-    p = pool_cls(1, LAYERS, CONV, TEMPORAL)
-    s = p.alloc(1)
-    p.conv[1][:, s] = 7
-    p.temporal[:, s] = 3
-    p.free(s)
-    s2 = p.alloc(1)
-    assert s2.tolist() == s.tolist()  # the only slot comes back
-    return bool(p.conv[1][:, s2].any() or p.temporal[:, s2].any())
+    pool = pool_cls(2, 8, 1, CONV, TEMPORAL, [1, 2, 5])
+    a = Req("a")
+    pool.alloc([a])
+    s = a.kv.mamba_pool_idx.reshape(1)
+    pool.mamba_pool.conv[1][:, s] = 7  # a's recurrent state
+    pool.mamba_pool.temporal[:, s] = 3
+    pool.free_mamba_cache(a)
+    pool.free(a)
+    b = Req("b")
+    pool.alloc([b])
+    assert int(b.kv.mamba_pool_idx) == int(s) and b.kv.mamba_needs_clear  # the only slot comes back, marked
+    pool.execute_deferred_mamba_cow_and_clear([b])  # before b's first extend
+    assert not b.kv.mamba_needs_clear
+    return bool(pool.mamba_pool.conv[1][:, s].any() or pool.mamba_pool.temporal[:, s].any())
 
 
-def test_slots_are_zeroed_before_reuse_and_the_buggy_pool_is_caught():
-    assert not _reuse_sees_stale_state(MambaPool)
-    assert _reuse_sees_stale_state(BuggyPoolNoZeroing)
+def test_a_new_slot_is_zeroed_before_its_first_extend_and_the_buggy_pool_is_caught():
+    assert not _reuse_sees_stale_state(HybridReqToTokenPool)
+    assert _reuse_sees_stale_state(BuggyNoDeferredClear)
+
+
+def test_a_cached_state_copied_in_wins_over_the_clear():
+    pool = make_pool(mamba_size=4)
+    a, b = Req("a"), Req("b")
+    pool.alloc([a, b])
+    pool.mamba_pool.temporal[:, a.kv.mamba_pool_idx] = 5.0  # a cached state, say a tree's
+    pool.mamba_pool.temporal[:, b.kv.mamba_pool_idx] = 9.0  # the slot's previous owner's
+    b.kv.mamba_cow_src_index = a.kv.mamba_pool_idx.reshape(1)
+    pool.execute_deferred_mamba_cow_and_clear([a, b])
+    assert not pool.mamba_pool.temporal[:, a.kv.mamba_pool_idx].any()  # a's new slot: zeroed
+    assert (pool.mamba_pool.temporal[:, b.kv.mamba_pool_idx] == 0).all()  # copied from a, after a's clear
+    assert b.kv.mamba_cow_src_index is None and not b.kv.mamba_needs_clear
 
 
 def test_copy_slots_copies_every_layer():
     p = MambaPool(3, LAYERS, CONV, TEMPORAL)
-    a, b = p.alloc(1), p.alloc(1)
+    a, b = torch.tensor([1]), torch.tensor([2])
     for i, c in enumerate(p.conv):
         c[:, a] = torch.arange(3.0).view(3, 1, 1, 1).to(c.dtype) + i
     p.temporal[:, a] = torch.arange(3.0).view(3, 1, 1, 1, 1)
@@ -140,7 +153,7 @@ def test_move_slots_copies_then_clears_the_source_with_every_attached_state():
     p = MambaPool(4, LAYERS, CONV, TEMPORAL)
     extra = torch.zeros(5, 2)
     p.register_slot_state(extra)
-    src = p.alloc(2)  # slots 1, 2
+    src = torch.tensor([1, 2])
     for i, c in enumerate(p.conv):
         c[:, src] = torch.tensor([10.0 + i, 20.0 + i]).view(1, 2, *([1] * (c.dim() - 2))).to(c.dtype)
     p.temporal[:, src] = torch.tensor([1.0, 2.0]).view(1, 2, 1, 1, 1)
@@ -167,9 +180,6 @@ class Recorder:
     def copy_slots(self, src, dst):
         self.calls.append(("copy", src.tolist(), dst.tolist()))
 
-    def free_slots(self, s):
-        self.calls.append(("free", s.tolist()))
-
 
 def test_registered_states_ride_along_with_the_slot():
     p = MambaPool(3, LAYERS, CONV, TEMPORAL)
@@ -177,15 +187,13 @@ def test_registered_states_ride_along_with_the_slot():
     rec = Recorder()
     p.register_slot_state(extra)
     p.register_slot_state(rec)
-    a = p.alloc(1)
+    a, b = torch.tensor([1]), torch.tensor([2])
     extra[a] = 9
-    b = p.alloc(1)
     p.copy_slots(a, b)
     assert torch.equal(extra[b], extra[a])
-    p.free(a)
-    a2 = p.alloc(2)[-1:]  # slot a comes back last (FIFO)
-    assert a2.tolist() == a.tolist() and not extra[a2].any()  # cleared with its slot
-    assert rec.calls[:4] == [("clear", [1]), ("clear", [2]), ("copy", [1], [2]), ("free", [1])]
+    p.clear_slots(a)
+    assert not extra[a].any() and extra[b].all()  # cleared with its slot
+    assert rec.calls == [("copy", [1], [2]), ("clear", [1])]
     with pytest.raises(ValueError, match="4 rows"):
         p.register_slot_state(torch.zeros(3))
     with pytest.raises(TypeError):
@@ -215,6 +223,7 @@ def test_rows_come_with_state_slots_all_or_nothing():
     pool = make_pool(size=4, mamba_size=3, enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
     reqs = [Req("a")]
     assert pool.alloc(reqs) is not None  # 1 state + 2 ping-pong slots: the whole mamba pool
+    assert reqs[0].kv.mamba_needs_clear and reqs[0].kv.mamba_ping_pong_track_buffer.tolist() == [2, 3]
     gen = pool.req_generation.clone()
     assert pool.alloc([Req("b")]) is None  # rows are free, state slots are not
     assert pool.available_size() == 3 and torch.equal(pool.req_generation, gen)
@@ -224,21 +233,57 @@ def test_a_continuing_chunked_prefill_keeps_row_and_slots():
     pool = make_pool()
     r = Req("a")
     pool.alloc([r])
-    slot = pool.get_mamba_indices([r.req_pool_idx]).item()
-    r.kv_allocated_len = 5
-    free_before = pool.mamba_pool.available_size()
+    slot = pool.get_mamba_indices([r.kv.req_pool_idx]).item()
+    r.kv.kv_allocated_len = 5
+    pool.execute_deferred_mamba_cow_and_clear([r])
+    free_before = pool.mamba_allocator.available_size()
     pool.alloc([r, Req("b")])
-    assert pool.get_mamba_indices([r.req_pool_idx]).item() == slot
-    assert pool.mamba_pool.available_size() == free_before - 1
+    assert pool.get_mamba_indices([r.kv.req_pool_idx]).item() == slot and not r.kv.mamba_needs_clear
+    assert pool.mamba_allocator.available_size() == free_before - 1
+
+
+def test_free_gives_back_the_row_only_and_alloc_reuses_the_state_still_held():
+    pool = make_pool(enable_mamba_extra_buffer=True)
+    r = Req("a")
+    pool.alloc([r])
+    state, tracking = int(r.kv.mamba_pool_idx), r.kv.mamba_ping_pong_track_buffer.tolist()
+    pool.execute_deferred_mamba_cow_and_clear([r])
+    slots_free = pool.mamba_allocator.available_size()
+    pool.free(r)  # e.g. a tree adopts the state: the row goes, the state stays with the request
+    assert not r.kv.holds_kv and r.kv.holds_mamba and pool.mamba_allocator.available_size() == slots_free
+    rows = pool.alloc([r])  # back again: a new row, the same state and tracking slots, no clear
+    assert pool.get_mamba_indices(rows).item() == state and not r.kv.mamba_needs_clear
+    assert pool.req_index_to_mamba_ping_pong_track_buffer_mapping[rows[0]].tolist() == tracking
+    assert pool.mamba_allocator.available_size() == slots_free
+    pool.free_mamba_cache(r)
+    pool.free(r)
+    assert pool.mamba_allocator.free_slots.tolist()[-3:] == [state] + tracking  # the state first, at the tail
+    with pytest.raises(ValueError, match="holds no mamba state"):
+        pool.free_mamba_cache(r)
+
+
+def test_free_mamba_cache_keeps_the_tracking_slot_a_tree_adopted():
+    pool = make_pool(enable_mamba_extra_buffer=True)
+    r = Req("a")
+    pool.alloc([r])
+    a, b = r.kv.mamba_ping_pong_track_buffer.tolist()
+    pool.free_mamba_cache(r, mamba_ping_pong_track_buffer_to_keep=1)
+    assert a in pool.mamba_allocator.free_slots.tolist() and b not in pool.mamba_allocator.free_slots.tolist()
+    assert r.kv.mamba_ping_pong_track_buffer is None and pool.held_mamba_slots().numel() == 0
+    with pytest.raises(ValueError, match="cannot keep ping-pong entry 1 of 1"):
+        q = Req("q")
+        single = make_pool(enable_mamba_extra_buffer=True, enable_overlap_schedule=False)
+        single.alloc([q])
+        single.free_mamba_cache(q, 1)
 
 
 def test_ping_pong_alternates_under_overlap_and_not_without():
     pool = make_pool(enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
-    (row,) = pool.alloc_rows(1)
+    (row,) = pool.alloc([Req("a")])
     a, b = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
     assert [pool.next_track_slots([row]).item() for _ in range(4)] == [a, b, a, b]
     single = make_pool(enable_mamba_extra_buffer=True, enable_overlap_schedule=False)
-    (row,) = single.alloc_rows(1)
+    (row,) = single.alloc([Req("a")])
     (c,) = single.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
     assert [single.next_track_slots([row]).item() for _ in range(3)] == [c, c, c]
     with pytest.raises(ValueError, match="enable_mamba_extra_buffer"):
@@ -247,32 +292,35 @@ def test_ping_pong_alternates_under_overlap_and_not_without():
 
 def test_lazy_mode_adds_the_second_slot_when_needed():
     pool = make_pool(mamba_size=5, enable_mamba_extra_buffer=True, mamba_extra_buffer_lazy=True)
-    r1, r2 = pool.alloc_rows(2)  # 2 x (state + 1 tracking) = 4 of 5 slots
+    q1, q2 = Req("a"), Req("b")
+    r1, r2 = pool.alloc([q1, q2])  # 2 x (state + 1 tracking) = 4 of 5 slots
     pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
     assert pp[r1, 1].item() == -1  # not taken yet (SGLang marks it -1 too)
     pool.next_track_slots([r1])
     with pytest.raises(ValueError, match="ensure_tracking_slots"):
         pool.next_track_slots([r1])  # the second buffer does not exist yet
-    assert pool.ensure_tracking_slots([r1]) and pp[r1, 1].item() > 0
+    assert pool.ensure_tracking_slots([q1]) and pp[r1, 1].item() > 0
+    assert q1.kv.mamba_ping_pong_track_buffer[1].item() == pp[r1, 1].item()
     before = pp.clone()
-    assert not pool.ensure_tracking_slots([r2])  # pool empty: refused, nothing changed
+    assert not pool.ensure_tracking_slots([q2])  # pool empty: refused, nothing changed
     assert torch.equal(pp, before)
 
 
 
 def test_ensure_tracking_slots_takes_one_slot_per_row_even_for_a_repeated_row():
     pool = make_pool(mamba_size=6, enable_mamba_extra_buffer=True, mamba_extra_buffer_lazy=True)
-    (r1,) = pool.alloc_rows(1)  # state + 1 tracking slot
-    free = pool.mamba_pool.available_size()
-    assert pool.ensure_tracking_slots([r1, r1])
-    assert pool.mamba_pool.available_size() == free - 1  # one missing slot, one taken: no leak
+    q = Req("a")
+    pool.alloc([q])  # state + 1 tracking slot
+    free = pool.mamba_allocator.available_size()
+    assert pool.ensure_tracking_slots([q, q])
+    assert pool.mamba_allocator.available_size() == free - 1  # one missing slot, one taken: no leak
     held = pool.held_mamba_slots().tolist()
-    assert len(held) + pool.mamba_pool.available_size() == 6
+    assert len(held) + pool.mamba_allocator.available_size() == 6
 
 
 def test_track_state_snapshots_into_the_tracking_slot():
     pool = make_pool(enable_mamba_extra_buffer=True)
-    (row,) = pool.alloc_rows(1)
+    (row,) = pool.alloc([Req("a")])
     main = pool.get_mamba_indices([row])
     pool.mamba_pool.temporal[:, main] = 5.0
     dst = pool.track_state([row], [37])
@@ -295,11 +343,13 @@ class BuggyPartialReset(HybridReqToTokenPool):
 
 def _reused_row_is_clean(cls) -> bool:
     pool = cls(1, 16, 6, CONV, TEMPORAL, [1, 2, 5], enable_mamba_extra_buffer=True)
-    (row,) = pool.alloc_rows(1)
+    r = Req("a")
+    (row,) = pool.alloc([r])
     pool.track_state([row], [12])  # ping-pong index now 1
-    pool.free(row)
+    pool.free_mamba_cache(r)
+    pool.free(r)
     clean_after_free = fresh_row(pool, row)
-    (row2,) = pool.alloc_rows(1)
+    (row2,) = pool.alloc([Req("b")])
     first = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row2, 0].item()
     return clean_after_free and pool.next_track_slots([row2]).item() == first \
         and pool.mamba_last_track_seqlen[row2].item() == -1
@@ -314,29 +364,30 @@ def test_free_returns_every_slot_and_refuses_bad_rows():
     pool = make_pool(enable_mamba_extra_buffer=True)
     r = Req("a")
     pool.alloc([r])
-    row = r.req_pool_idx
+    row = r.kv.req_pool_idx
+    pool.free_mamba_cache(r)
     pool.free(r)
-    assert r.req_pool_idx is None and fresh_row(pool, row) and pool.mamba_pool.available_size() == 12
+    assert r.kv.req_pool_idx is None and fresh_row(pool, row) and pool.mamba_allocator.available_size() == 12
     with pytest.raises(ValueError, match="row 0 is padding"):
         pool.free(0)
     pool.clear()
-    assert pool.available_size() == 4 and pool.mamba_pool.available_size() == 12
+    assert pool.available_size() == 4 and pool.mamba_allocator.available_size() == 12
 
 
-
-def test_a_refused_row_free_changes_nothing():
+def test_a_refused_state_free_changes_nothing():
     pool = make_pool(enable_mamba_extra_buffer=True)
-    (row,) = pool.alloc_rows(1)
+    r = Req("a")
+    (row,) = pool.alloc([r])
     slot = pool.get_mamba_indices([row])
-    pool.mamba_pool.free(slot)  # a bookkeeping bug elsewhere: the row's state slot is free already
+    pool.mamba_allocator.free(slot)  # a bookkeeping bug elsewhere: the request's state slot is free already
     rows_free, mapping = list(pool.free_slots), pool.req_index_to_mamba_index_mapping.clone()
-    pp, slots_free = pool.req_index_to_mamba_ping_pong_track_buffer_mapping.clone(), pool.mamba_pool.available_size()
+    pp, slots_free = pool.req_index_to_mamba_ping_pong_track_buffer_mapping.clone(), pool.mamba_allocator.available_size()
     with pytest.raises(ValueError, match=f"mamba slot {slot.item()} freed twice"):
-        pool.free(row)
+        pool.free_mamba_cache(r)
     assert pool.free_slots == rows_free and row not in pool.free_slots  # the row is still held
-    assert torch.equal(pool.req_index_to_mamba_index_mapping, mapping)
+    assert torch.equal(pool.req_index_to_mamba_index_mapping, mapping) and r.kv.holds_mamba
     assert torch.equal(pool.req_index_to_mamba_ping_pong_track_buffer_mapping, pp)
-    assert pool.mamba_pool.available_size() == slots_free
+    assert pool.mamba_allocator.available_size() == slots_free
 
 
 def test_bad_construction():
@@ -362,11 +413,13 @@ def test_random_streams_keep_both_ledgers_balanced(ops, extra, overlap, lazy):
         if op == "alloc":
             reqs = [Req(f"r{len(live)}-{i}") for i in range(k)]
             if pool.alloc(reqs) is not None:
-                live += [r.req_pool_idx for r in reqs]
+                live += reqs
         elif op == "free" and live:
-            pool.free(live.pop(k % len(live)))
+            r = live.pop(k % len(live))
+            pool.free_mamba_cache(r)
+            pool.free(r)
         elif op == "track" and live and extra:
-            row = live[k % len(live)]
+            row = live[k % len(live)].kv.req_pool_idx
             if bool(pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row, pool.mamba_next_track_idx[row]] > 0):
                 pool.track_state([row], [k])
         elif op == "lazy" and live and extra:
@@ -374,10 +427,10 @@ def test_random_streams_keep_both_ledgers_balanced(ops, extra, overlap, lazy):
         # rows: free + held == capacity; mamba slots likewise, none held twice, none both
         assert pool.available_size() + len(live) == 5
         held = pool.held_mamba_slots().tolist()
-        free = pool.mamba_pool.allocator.free_slots.tolist()
+        free = pool.mamba_allocator.free_slots.tolist()
         assert len(set(held)) == len(held) and not set(held) & set(free) and 0 not in free
         assert len(held) + len(free) == 9
         for row in pool.free_slots:
             assert fresh_row(pool, row)
-        for row in live:
-            assert pool.req_index_to_mamba_index_mapping[row].item() > 0
+        for r in live:
+            assert pool.req_index_to_mamba_index_mapping[r.kv.req_pool_idx].item() == int(r.kv.mamba_pool_idx) > 0

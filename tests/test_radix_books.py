@@ -62,9 +62,10 @@ def test_story_steps_through_split_eviction_and_load_back(frames):
     assert len(frames) == 12 and all(f.caption for f in frames)
     keys = lambda f: sorted(n.key for n in f.nodes)  # noqa: E731
     assert keys(frames[2]) == [tuple(encode("<s> You are brief . What is KV ?"))]
-    assert keys(frames[3]) == sorted([tuple(encode("<s> You are brief . What is")), tuple(encode("KV ?"))])  # split
+    assert keys(frames[3]) == sorted([tuple(encode("<s> You are brief . What is")), tuple(encode("KV ?")),
+                                      tuple(encode("HiCache ?"))])  # split, and B's checkpointed tail
     locked = [n for n in frames[3].nodes if n.lock_ref]
-    assert [n.key for n in locked] == [tuple(encode("<s> You are brief . What is"))]  # B holds the shared path
+    assert [n.key for n in locked] == [tuple(encode("<s> You are brief . What is")), tuple(encode("HiCache ?"))]
     assert any(n.value is None for n in frames[6].nodes)  # demoted to the host
     assert "loaded back" in frames[8].note and frames[8].highlight
     assert all(n.value is None for n in frames[10].nodes)
@@ -84,8 +85,8 @@ def test_snapshots_read_the_real_tree_and_pools():
         assert n.value == tuple(real[n.id].value.tolist()) and n.lock_ref == real[n.id].lock_ref
         assert n.evictable == (real[n.id] in tree.evictable_leaves)
     assert books.free_device == frozenset(tree.token_to_kv_pool_allocator.free_pages.tolist())
-    assert books.requests["B"] == frozenset(sc.running["B"].kv_indices[sc.running["B"].cache_protected_len:].tolist())
-    assert books.sizes["protected"] == tree.protected_size() == 7
+    assert books.requests["B"] == frozenset(sc.running["B"].kv_indices[sc.running["B"].kv.cache_protected_len:].tolist())
+    assert books.sizes["protected"] == tree.protected_size() == 9  # the shared 7 and B's own 2, checkpointed
 
 
 def test_load_back_in_the_story_brings_back_the_right_kv():

@@ -1,5 +1,6 @@
-"""RadixCache: hand-worked cases (a split, LRU eviction, locks, page alignment, a finished request),
-the books it keeps, and a property test over random request streams: every page is free, held by
+"""RadixCache: hand-worked cases (a split, LRU eviction, locks, page alignment), a request's
+lifecycle (checkpoints between chunks, the finished request split at its prompt, a disabled tree,
+a retraction), the books it keeps, and a property test over random request streams: every page is free, held by
 the tree, or held by one running request, never two of these (with a buggy variant that breaks it).
 """
 
@@ -10,9 +11,11 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, release_kv_cache
 from memlab.sglang.allocator import make_allocator
 from memlab.capstone.prefix_compare import RadixDriver
-from memlab.sglang.radix_cache import RadixCache
+from memlab.sglang.radix_cache import RadixCache, match_and_lock
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
 
 def tree_of(size=32, page_size=1, **kw):
@@ -133,21 +136,187 @@ def test_page_aligned_keys():
     tree.check_idle(64)
 
 
-def test_finished_request_frees_duplicates_and_its_partial_page():
-    tree, alloc = tree_of(64, page_size=4)
-    drv = RadixDriver(tree)
-    a = drv.admit(list(range(10)))
-    assert a.hit_tokens == 0 and len(a.kv_indices) == 10
-    b = drv.admit(list(range(9)) + [50, 51])  # computes all 11 too: a is not in the tree yet
-    drv.finish(a)  # 8 tokens (two pages) kept; the page of tokens 8, 9 freed
-    assert tree.total_size() == 8 and alloc.available_size() == 64 - 8 - 12
-    drv.finish(b)  # b's first two pages duplicate a's: freed; its third page (8, 50, 51) is new... partial: freed
-    assert tree.total_size() == 8 and alloc.available_size() == 64 - 8
-    c = drv.admit(list(range(10)))  # hits two pages
-    assert c.hit_tokens == 8 and c.kv_indices[:8].tolist() == tree.path_device_indices(c.last_node).tolist()
-    assert tree.protected_size() == 8
-    drv.finish(c)
+# -- a request's lifecycle: checkpoints, release, the split at the prompt ------------------------
+
+def table_tree(size=64, page_size=1, **kw):
+    alloc = make_allocator(size, page_size, debug_mode=True)
+    pool = ReqToTokenPool(4, 64)
+    return RadixCache(alloc, debug_mode=True, req_to_token_pool=pool, **kw), alloc, pool
+
+
+def admit(tree, rid, prompt):
+    """Matched and locked, as the scheduler admits it; returns the request and its matched slots."""
+    r = Req(rid, prompt)
+    prefix, _ = match_and_lock(tree, r)
+    return r, prefix
+
+
+def extend(tree, r, n, prefix=None):
+    """One prefill chunk of ``n`` tokens, then its checkpoint (``checkpoint_kv_cache``)."""
+    assert alloc_for_extend(tree.req_to_token_pool, tree.token_to_kv_pool_allocator, [r], [n], [prefix]) is not None
+    r.extend_end = r.prefix_len + n
+    checkpoint_kv_cache(r, tree)
+
+
+def decode(tree, r, steps):
+    for i in range(steps):
+        assert alloc_for_decode(tree.req_to_token_pool, tree.token_to_kv_pool_allocator, [r]) is not None
+        r.output_ids.append(900 + i)
+
+
+def serve(tree, prompt_len, decode_steps, rid="R"):
+    """A request that matches nothing: its prompt prefilled and checkpointed, its first output
+    sampled, ``decode_steps`` decode steps, then released as finished."""
+    r, prefix = admit(tree, rid, range(100, 100 + prompt_len))
+    extend(tree, r, prompt_len, prefix)
+    r.output_ids.append(899)
+    decode(tree, r, decode_steps)
+    release_kv_cache(r, tree, checkpoint=True)
+    return r
+
+
+def nodes(tree):
+    """(key length, slots, priority, lock_ref) of every node, parents first."""
+    out, stack = [], list(tree.root_node.children.values())
+    while stack:
+        n = stack.pop(0)
+        out.append((len(n.key), n.value.tolist(), n.priority, n.lock_ref))
+        stack.extend(n.children.values())
+    return out
+
+
+def test_finished_request_keeps_its_prompt_under_its_output_page_1():
+    # SGLang 0.5.23 on the same calls (engine_lifecycle notes 1.15 A): prompt 7, 6 outputs (5 decoded)
+    tree, alloc, _ = table_tree(64, 1)
+    r = serve(tree, 7, 5)
+    assert nodes(tree) == [(7, [1, 2, 3, 4, 5, 6, 7], 1, 0), (5, [8, 9, 10, 11, 12], 0, 0)]
+    assert (r.kv.cache_protected_len, r.kv.cache_inserted_len, r.kv.kv_committed_len) == (12, 12, 12)
+    assert r.lock is None and not r.kv.holds_kv
+    assert (alloc.available_size(), tree.evictable_size(), tree.protected_size()) == (52, 12, 0)
+    assert tree.evict(1).num_tokens_evicted == 5  # the output leaf goes; the prompt stays
+    assert nodes(tree) == [(7, [1, 2, 3, 4, 5, 6, 7], 1, 0)] and alloc.available_size() == 57
+    tree2, _, _ = table_tree(64, 1)
+    serve(tree2, 7, 6)  # 7 outputs, 13 committed: the issue's numbers
+    assert tree2.evict(1).num_tokens_evicted == 6 and tree2.evictable_size() == 7
+
+
+def test_finished_request_keeps_its_prompt_under_its_output_page_4():
+    # notes 1.15 B: prompt 9, 8 outputs (7 decoded): prompt pages 1, 2; output pages 3, 4
+    tree, alloc, _ = table_tree(64, 4)
+    serve(tree, 9, 7)
+    assert nodes(tree) == [(8, list(range(4, 12)), 1, 0), (8, list(range(12, 20)), 0, 0)]
+    assert (alloc.available_size(), tree.evictable_size()) == (48, 16)
+    assert tree.evict(1).num_tokens_evicted == 8 and alloc.available_size() == 56
+    tree, alloc, _ = table_tree(64, 4)
+    serve(tree, 9, 8)  # 17 committed: the key is still 16, the last page (position 16) goes back
+    assert (alloc.available_size(), tree.evict(1).num_tokens_evicted) == (48, 8)
+
+
+class OneInsertTree(RadixCache):
+    """The older shape: the finished request goes in as one insert, no split at the prompt."""
+
+    def _insert_cache(self, req, token_ids, *, key_limit=None, split_prompt=False):
+        return super()._insert_cache(req, token_ids, key_limit=key_limit, split_prompt=False)
+
+
+def test_without_the_prompt_split_eviction_takes_the_prompt_too():
+    tree, alloc, _ = table_tree(64, 1)
+    tree.__class__ = OneInsertTree
+    r, prefix = admit(tree, "R", range(7))
+    assert alloc_for_extend(tree.req_to_token_pool, alloc, [r], [7], [prefix]) is not None
+    r.output_ids = [9] * 6  # decoded without a checkpoint after the prefill
+    decode(tree, r, 5)
+    r.output_ids = r.output_ids[:6]
+    release_kv_cache(r, tree, checkpoint=True)
+    assert [n[0] for n in nodes(tree)] == [12] and tree.evict(1).num_tokens_evicted == 12
+
+
+def test_a_disabled_tree_checkpoints_nothing_and_release_frees_the_whole_row():
+    tree, alloc, pool = table_tree(64, 1, disable=True)
+    r, prefix = admit(tree, "R", range(7))
+    assert len(prefix) == 0 and r.lock is not None
+    extend(tree, r, 7, prefix)
+    assert r.kv.cache_protected_len == 0 and r.prefix_len == 7 and tree.total_size() == 0
+    release_kv_cache(r, tree, checkpoint=True)
+    assert alloc.available_size() == 64 and pool.available_size() == 4 and tree.evictable_size() == 0
+
+
+def test_chunks_enter_the_tree_between_chunks_and_duplicates_go_back():
+    # notes 1.12: A and B admitted with the same 12-token prompt before anything was cached
+    tree, alloc, pool = table_tree(64, 4)
+    a, pa = admit(tree, "A", range(10, 22))
+    b, pb = admit(tree, "B", range(10, 22))
+    extend(tree, a, 12, pa)
+    assert nodes(tree) == [(12, list(range(4, 16)), 0, 1)] and a.kv.cache_protected_len == 12
+    extend(tree, b, 4, pb)  # B's first chunk: the tree has it already
+    assert pool.req_to_token[b.kv.req_pool_idx, :4].tolist() == [4, 5, 6, 7]  # the row points at the tree
+    assert alloc.free_pages[0].item() == 4 and alloc.available_size() == 64 - 12  # its own page 4 went back
+    assert (b.kv.cache_protected_len, b.kv.cache_inserted_len, b.prefix_len) == (4, 4, 4)
+    assert b.lock.node.key == tuple(range(10, 14)) and b.last_node is b.lock.node
+    extend(tree, b, 4)  # second chunk: the same again, the lock moves down
+    assert pool.req_to_token[b.kv.req_pool_idx, :8].tolist() == list(range(4, 12))
+    assert [(k, lock) for k, _, _, lock in nodes(tree)] == [(4, 2), (4, 2), (4, 1)]
+    assert [n.hit_count for n in (b.lock.node.parent, b.lock.node)] == [2, 2]
+    assert alloc.available_size() == 64 - 12
+    extend(tree, b, 4)
+    release_kv_cache(a, tree, checkpoint=True)
+    release_kv_cache(b, tree, checkpoint=True)
     tree.check_idle(64)
+
+
+def test_a_node_counts_one_hit_per_request():
+    tree, alloc, _ = table_tree(64, 1)
+    r, prefix = admit(tree, "R", range(8))
+    extend(tree, r, 4, prefix)
+    extend(tree, r, 4)  # a second checkpoint of the same request
+    (top,) = tree.root_node.children.values()
+    assert top.hit_count == 1 and next(iter(top.children.values())).hit_count == 1
+    release_kv_cache(r, tree, checkpoint=True)
+    assert top.hit_count == 1
+    s_, prefix = admit(tree, "S", range(8))  # another request: hits 7, computes 1, inserts all 8
+    extend(tree, s_, 1, prefix)
+    assert top.hit_count == 2  # it counts again
+    release_kv_cache(s_, tree, checkpoint=True)
+
+
+def test_a_retracted_request_leaves_its_prompt_in_the_tree():
+    tree, alloc, pool = table_tree(64, 1)
+    r, prefix = admit(tree, "R", range(7))
+    extend(tree, r, 7, prefix)
+    r.output_ids.append(1)
+    decode(tree, r, 3)
+    release_kv_cache(r, tree, checkpoint=False)
+    r.reset_for_retract()
+    assert tree.total_size() == 7 and alloc.available_size() == 64 - 7  # its decode KV went back
+    assert r.kv.cache_protected_len == 0 and r.lock is None and not r.kv.holds_kv
+    again, prefix = admit(tree, "R", r.full_untruncated_fill_ids)
+    assert len(prefix) == 7  # the prompt hits
+    tree.unlock(again.lock)
+    tree.check_idle(64)
+
+
+def test_lock_and_unlock_hold_exactly_one_holder():
+    tree, alloc = tree_of()
+    insert_fresh(tree, alloc, [1, 2, 3])
+    node = tree.match_prefix([1, 2, 3]).last_device_node
+    first, second = tree.lock(node), tree.lock(node)
+    assert first.node is node and node.lock_ref == 2 and tree.protected_size() == 3
+    tree.unlock(first)
+    tree.unlock(None)  # nothing held: nothing to give back
+    assert node.lock_ref == 1
+    tree.unlock(second)
+    assert tree.evictable_size() == 3
+
+
+def test_touch_prefix_refreshes_without_returning():
+    tree, alloc = tree_of()
+    insert_fresh(tree, alloc, [1, 1])
+    insert_fresh(tree, alloc, [2, 2])
+    assert tree.touch_prefix([1, 1, 5]) is None  # (1, 1) is now the most recent
+    assert tree.evict(1).num_tokens_evicted == 2 and sorted(shape(tree)) == [(1, 1)]
+    tree.touch_prefix([1])  # a touch may split, as a match does
+    assert sorted(shape(tree)) == [(1,)]
+    tree_of(disable=True)[0].touch_prefix([1])
 
 
 def test_a_request_never_hits_its_last_prompt_token():
@@ -206,15 +375,15 @@ def check_owners(tree, alloc, running):
         stack.extend(node.children.values())
         own((node.value[::ps] // ps).tolist(), f"tree node {node.id}")
     for i, r in enumerate(running):
-        own(torch.unique(r.kv_indices[r.cache_protected_len:] // ps).tolist(), f"request {i}")
+        own(torch.unique(r.kv_indices[r.kv.cache_protected_len:] // ps).tolist(), f"request {i}")
     assert sorted(owners) == list(range(1, alloc.num_pages + 1)), "a page has no owner: it leaked"
 
 
 class LeakyPrefixCache(RadixCache):
-    """A classic bug: the finished request frees the prefix it borrowed from the tree too."""
+    """A classic bug: a released request frees the prefix it borrowed from the tree too."""
 
-    def cache_finished_req(self, token_ids, kv_indices, cache_protected_len, last_node):
-        return super().cache_finished_req(token_ids, kv_indices, 0, last_node)
+    def free_kv_row(self, kv, ranges):
+        super().free_kv_row(kv, [(0, end) for _, end in ranges])
 
 
 ops = st.lists(st.tuples(st.sampled_from(["admit", "admit", "finish", "evict"]), st.integers(0, 10 ** 6)),

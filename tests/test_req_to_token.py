@@ -56,13 +56,13 @@ def test_generation_bumps_per_allocation_and_survives_clear():
 def test_alloc_binds_new_requests_and_keeps_chunked_rows():
     pool = ReqToTokenPool(4, 16)
     a, b = Req("a"), Req("b")
-    assert pool.alloc([a]) == [a.req_pool_idx]
-    a.kv_allocated_len = 8  # its first chunk wrote KV
+    assert pool.alloc([a]) == [a.kv.req_pool_idx]
+    a.kv.kv_allocated_len = 8  # its first chunk wrote KV
     left = pool.available_size()
     rows = pool.alloc([a, b])
-    assert rows[0] == a.req_pool_idx and rows[1] == b.req_pool_idx != a.req_pool_idx
+    assert rows[0] == a.kv.req_pool_idx and rows[1] == b.kv.req_pool_idx != a.kv.req_pool_idx
     assert pool.available_size() == left - 1  # only b consumed a row
-    assert b.generation == int(pool.req_generation[b.req_pool_idx])
+    assert b.generation == int(pool.req_generation[b.kv.req_pool_idx])
 
 
 def test_a_kept_row_must_already_own_kv():
@@ -77,18 +77,18 @@ def test_alloc_refusal_leaves_requests_unbound():
     pool = ReqToTokenPool(1, 4)
     reqs = [Req(i) for i in range(2)]
     assert pool.alloc(reqs) is None
-    assert all(r.req_pool_idx is None for r in reqs) and pool.available_size() == 1
+    assert all(r.kv.req_pool_idx is None for r in reqs) and pool.available_size() == 1
 
 
 def test_free_req_clears_its_row_and_write_fills_it():
     pool = ReqToTokenPool(2, 4)
     r = Req("r")
     pool.alloc([r])
-    row = r.req_pool_idx
+    row = r.kv.req_pool_idx
     pool.write((row, slice(0, 3)), torch.tensor([7, 8, 9], dtype=torch.int32))
     assert pool.req_to_token[row, :3].tolist() == [7, 8, 9]
     pool.free(r)
-    assert r.req_pool_idx is None and row in pool.free_slots
+    assert r.kv.req_pool_idx is None and row in pool.free_slots
 
 
 @pytest.mark.parametrize("bad, err", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
@@ -189,4 +189,4 @@ def test_a_request_listed_twice_is_refused_before_taking_rows():
     r = Req("r")
     with pytest.raises(ValueError, match="Req\\('r'.*appears twice"):
         pool.alloc([r, r])
-    assert pool.available_size() == 4 and r.req_pool_idx is None
+    assert pool.available_size() == 4 and r.kv.req_pool_idx is None

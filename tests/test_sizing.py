@@ -158,3 +158,54 @@ def test_retraction_always_keeps_one_request():
     assert [r.rid for r in gone] == ["B"] and fits
     kept, gone, fits = retract_decode(reqs[:1], 0, 1)  # one request: kept, whatever happens
     assert gone == [] and not fits
+
+
+# ---- the KV budget (SGLang 0.5.23's _profile_available_bytes) -------------------------------
+
+def test_kv_budget_is_free_after_load_minus_the_non_static_share_of_free_before():
+    from memlab.common.models import MODELS
+
+    m = MODELS["Llama-3.1-8B"]
+    f, in_use = 0.85, 1 * GiB
+    gpu = GPUConfig(80 * GiB, "80", in_use_bytes=in_use)
+    z = pool_sizes(ServingConfig(m, gpu, ScheduleConfig(page_size=16, mem_fraction_static=f)))
+    free_before = 80 * GiB - in_use
+    free_after = free_before - z.weight_bytes  # the load adds exactly the weights
+    assert z.usable_bytes == int(free_after - (1 - f) * free_before)  # SGLang's formula
+    # mem_fraction_static is (weights + KV pools) / free memory before the load: activations live in 1 - f
+    kv = z.bytes_by_kind["full_attention"]
+    assert z.weight_bytes + kv <= f * free_before < z.weight_bytes + kv + 16 * m.kv_bytes_per_token("full_attention")
+    # memory in use before the load costs f of itself, not all of it (the older total * f - weights
+    # would not move at all)
+    z0 = pool_sizes(ServingConfig(m, GPUConfig(80 * GiB), ScheduleConfig(page_size=16, mem_fraction_static=f)))
+    assert z0.usable_bytes - z.usable_bytes == pytest.approx(f * in_use, abs=1)
+
+
+def test_a_gpu_cannot_have_more_in_use_than_it_holds():
+    with pytest.raises(ValueError, match="leaves nothing"):
+        GPUConfig(GiB, in_use_bytes=GiB)
+    with pytest.raises(ValueError, match="in_use_bytes must be an int >= 0"):
+        GPUConfig(GiB, in_use_bytes=-1)
+
+
+# ---- the decode check evicts inside it (ScheduleBatch.check_decode_mem, check_decode_capacity) ---
+
+def test_the_decode_check_evicts_the_shortfall_then_reads_the_free_slots():
+    books = {"free": 4, "cached": 12}
+    asked = []
+
+    def evict(n):  # evict_from_tree_cache: the shortfall, if the tree holds it
+        asked.append(n)
+        short = max(0, n - books["free"])
+        took = min(books["cached"], -(-short // 4) * 4)  # whole pages
+        books["cached"] -= took
+        books["free"] += took
+
+    # page size 4, committed lengths 16, 15, 8: only 16 and 8 sit on a boundary, 2 pages
+    reqs = [RunningReq("a", 10, 6), RunningReq("b", 10, 5), RunningReq("c", 4, 4)]
+    assert check_decode_mem(reqs, lambda: books["free"], 4, evict=evict)
+    assert asked == [8] and books == {"free": 8, "cached": 8}  # the check itself evicted one page
+    books.update(free=0, cached=4)
+    assert not check_decode_mem(reqs, lambda: books["free"], 4, evict=evict) and books["free"] == 4
+    # without speculative decoding no reserve is read: a request mid-page needs nothing
+    assert check_decode_mem([RunningReq("b", 10, 5)], 0, 4)

@@ -78,10 +78,10 @@ def test_read_books_reads_the_real_tables(orientation):
     sc = orientation
     books = sc.frames[-1]
     for rid, req in sc.reqs.items():
-        row = books.rows[req.req_pool_idx]
+        row = books.rows[req.kv.req_pool_idx]
         assert row.owner == rid
-        assert list(row.slots) == sc.req_pool.req_to_token[req.req_pool_idx, : req.kv_allocated_len].tolist()
-        assert row.generation == int(sc.req_pool.req_generation[req.req_pool_idx])
+        assert list(row.slots) == sc.req_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len].tolist()
+        assert row.generation == int(sc.req_pool.req_generation[req.kv.req_pool_idx])
     assert books.rows[0].owner is None and books.free_rows == tuple(sc.req_pool.free_slots)
     assert books.free_pages == tuple(sc.allocator.free_pages.tolist())
     assert [b.name for b in books.buffers] == ["k_buffer[0]", "v_buffer[0]", "k_buffer[1]", "v_buffer[1]"]
@@ -142,7 +142,7 @@ def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
     released = books.released_slots
     assert released == frozenset(sc.slots("C")[:8])
     fig = draw_books(books, ("table", "slots"))
-    row = sc.reqs["C"].req_pool_idx
+    row = sc.reqs["C"].kv.req_pool_idx
     cells = by_gid(fig, f"row:{row}:")
     assert all(cells[f"row:{row}:{p}"].get_alpha() == pytest.approx(0.3) for p in range(8))
     assert cells[f"row:{row}:8"].get_alpha() == pytest.approx(1.0)

@@ -61,12 +61,15 @@ def test_queue_append_prepend_keep_the_given_order():
 
 def test_queue_errors_on_empty_pop_and_unlinked_remove():
     blocks, q = make_queue(2)
-    with pytest.raises(ValueError, match=r"popleft_n\(3\).*2 free"):
+    with pytest.raises(AssertionError):  # vLLM's bare assert: its callers check the count first
         q.popleft_n(3)
     assert q.num_free_blocks == 2  # refused: nothing popped
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        q.popleft_n(-1)
     q.popleft_n(2)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="^No free blocks available$"):  # vLLM's words
         q.popleft()
+    assert q.popleft_n(0) == []
     with pytest.raises(ValueError, match="block 1.*not in the free queue"):
         q.remove(blocks[1])
     q.append(blocks[1])
@@ -103,7 +106,7 @@ def test_null_block_is_popped_at_start_never_handed_out_never_freed():
 
 def test_get_new_blocks_short_raises_and_changes_nothing():
     pool = BlockPool(4)
-    with pytest.raises(ValueError, match="Cannot get 4 free blocks.*3 are free"):
+    with pytest.raises(ValueError, match="^Cannot get 4 free blocks from the pool$"):
         pool.get_new_blocks(4)
     with pytest.raises(ValueError, match="-1"):
         pool.get_new_blocks(-1)

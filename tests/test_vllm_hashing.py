@@ -187,8 +187,8 @@ def test_multimodal_index_advances_past_finished_items():
 
 
 def test_request_rejects_bad_inputs_by_value():
-    with pytest.raises(ValueError, match="empty prompt"):
-        Request("r", [])
+    with pytest.raises(ValueError, match="Neither prompt_token_ids nor prompt_embeds"):
+        Request("r", None)
     with pytest.raises(ValueError, match=r"token ids must be ints >= 0, got \[-1\]"):
         Request("r", [1, -1])
     with pytest.raises(ValueError, match="sorted and disjoint"):
@@ -197,3 +197,12 @@ def test_request_rejects_bad_inputs_by_value():
         Request("r", list(range(10)), mm_features=[("a", 8, 3)])
     with pytest.raises(TypeError, match="cache_salt must be a str"):
         Request("r", [1], cache_salt=5)
+
+
+def test_request_accepts_an_empty_prompt_as_vllms_does():
+    from memlab.vllm.hashing import get_request_block_hasher, sha256
+
+    r = Request("r", [], block_hasher=get_request_block_hasher(2, sha256))
+    assert (r.num_tokens, r.block_hashes) == (0, [])
+    r.append_output_token_ids([5, 6, 7])
+    assert r.num_tokens == 3 and len(r.block_hashes) == 1  # the first block filled: hashed now

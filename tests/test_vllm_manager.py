@@ -1,11 +1,12 @@
-"""The slim KVCacheManager: cache lookup, allocate_slots, reverse free, sliding window; property
-tests over random request streams; bug-zoo variants of three classic mistakes."""
+"""vLLM's KVCacheManager for one group: cache lookup, allocate_slots and the single-type manager's
+steps under it, reverse free, sliding window; property tests over random request streams;
+bug-zoo variants of three classic mistakes."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.vllm.kv_cache_manager import KVCacheManager, SlidingWindowKVCacheManager, cdiv
+from memlab.vllm.kv_cache_manager import KVCacheManager, SlidingWindowManager, cdiv
 from memlab.vllm.request import Request
 
 
@@ -30,10 +31,17 @@ def decode(mgr, req, token=7):
     return new
 
 
+def group(mgr):
+    """The manager of the one KV cache group."""
+    (m,) = mgr.coordinator.single_type_managers
+    return m
+
+
 def snapshot(mgr):
     pool = mgr.block_pool
     return ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()], [b.ref_cnt for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], {k: list(v) for k, v in mgr.req_to_blocks.items()})
+            [b.block_hash for b in pool.blocks], {k: list(v) for k, v in group(mgr).req_to_blocks.items()},
+            dict(group(mgr).num_cached_block))
 
 
 # ---- bug zoo -------------------------------------------------------------------------------
@@ -42,9 +50,7 @@ class ForwardFreeManager(KVCacheManager):
     """Frees a request's blocks first to last: the prefix's START is then evicted first."""
 
     def free(self, request):
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_block.pop(request.request_id, None)
-        self.block_pool.free_blocks(blocks)
+        self.block_pool.free_blocks(group(self).pop_blocks_for_free(request.request_id))
 
 
 class AllocateBeforeTouchManager(KVCacheManager):
@@ -52,13 +58,13 @@ class AllocateBeforeTouchManager(KVCacheManager):
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0):
-        hits = new_computed_blocks or []
+        m, hits = group(self), new_computed_blocks or []
         need = cdiv(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, self.block_size)
-        new = self.block_pool.get_new_blocks(max(0, need - len(hits) - len(self.req_to_blocks.get(request.request_id, []))))
+        new = self.block_pool.get_new_blocks(max(0, need - len(hits) - len(m.req_to_blocks.get(request.request_id, []))))
         self.block_pool.touch(hits)
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks = m.req_to_blocks[request.request_id]
         blocks.extend(hits + new)
-        self.num_cached_block[request.request_id] = len(blocks)
+        m.num_cached_block[request.request_id] = len(blocks)
         return new
 
 
@@ -68,13 +74,13 @@ class IgnoreEvictableHitsManager(KVCacheManager):
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0):
-        hits = new_computed_blocks or []
+        m, hits = group(self), new_computed_blocks or []
         need = cdiv(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, self.block_size)
-        num_new = max(0, need - len(hits) - len(self.req_to_blocks.get(request.request_id, [])))
+        num_new = max(0, need - len(hits) - len(m.req_to_blocks.get(request.request_id, [])))
         if num_new > self.block_pool.get_num_free_blocks():
             return None
         self.block_pool.touch(hits)
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks = m.req_to_blocks[request.request_id]
         blocks.extend(hits)
         new = self.block_pool.get_new_blocks(num_new)
         blocks.extend(new)
@@ -202,9 +208,9 @@ def test_decode_hashes_each_block_when_it_fills():
     mgr = KVCacheManager(32, block_size=4)
     a = new_request(mgr, "a", [1, 2, 3, 4, 5, 6])
     admit(mgr, a)
-    assert mgr.num_cached_block["a"] == 1
-    assert decode(mgr, a) == [] and mgr.num_cached_block["a"] == 1  # 7 tokens
-    assert decode(mgr, a) == [] and mgr.num_cached_block["a"] == 2  # 8 tokens: block 2 full
+    assert group(mgr).num_cached_block["a"] == 1
+    assert decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 1  # 7 tokens
+    assert decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 2  # 8 tokens: block 2 full
     assert len(decode(mgr, a)) == 1  # 9th token opens block 3
     b = new_request(mgr, "b", a.all_token_ids[:8] + [0])
     assert mgr.get_computed_blocks(b)[1] == 8  # the decoded tokens' block is a hit
@@ -216,13 +222,58 @@ def test_bad_inputs_raise_naming_the_value():
     with pytest.raises(ValueError, match="watermark.*1.5"):
         KVCacheManager(8, watermark=1.5)
     with pytest.raises(ValueError, match="sliding_window must be a positive int, got 0"):
-        SlidingWindowKVCacheManager(8, sliding_window=0)
+        KVCacheManager(8, sliding_window=0)
     mgr = KVCacheManager(8, block_size=4)
     r = new_request(mgr, "r", [1, 2, 3])
     with pytest.raises(ValueError, match="num_new_tokens must be an int > 0, got 0"):
         mgr.allocate_slots(r, 0)
     with pytest.raises(ValueError, match="num_new_computed_tokens=8 does not fit 1 computed blocks"):
         mgr.allocate_slots(r, 1, 8, [mgr.block_pool.blocks[1]])
+
+
+# ---- the single-type manager's steps ------------------------------------------------------
+
+def test_allocate_slots_is_the_managers_steps_through_the_coordinator():
+    mgr = KVCacheManager(8, block_size=4, sliding_window=8)
+    m = group(mgr)
+    assert isinstance(m, SlidingWindowManager) and mgr.coordinator.block_pool is mgr.block_pool
+    a = new_request(mgr, "a", list(range(12)))
+    assert m.get_num_blocks_to_allocate("a", 12, [], 0) == 3 and mgr.block_pool.get_num_free_blocks() == 7  # pure
+    assert [b.block_id for b in m.allocate_new_blocks("a", 12)] == [1, 2, 3]
+    m.cache_blocks(a, 12)
+    assert m.num_cached_block["a"] == 3 and a.block_hashes[2] == mgr.block_pool.blocks[3].block_hash
+    a.num_computed_tokens = 12
+    a.append_output_token_ids(7)
+    m.remove_skipped_blocks("a", 12)  # the next token (12) reads back to 5: block 0 (tokens 0..3) goes
+    assert mgr.get_block_ids("a") == [0, 2, 3] and mgr.block_pool.blocks[1].ref_cnt == 0
+    assert m.get_num_blocks_to_allocate("a", 13, [], 12) == 1  # running: what its list lacks
+    assert mgr.allocate_slots(a, 1) is not None and mgr.get_block_ids("a") == [0, 2, 3, 4]
+
+
+def test_a_hit_after_the_window_moved_is_padded_with_nulls_and_counts_only_what_it_takes():
+    mgr = KVCacheManager(20, block_size=4, sliding_window=8)
+    m = group(mgr)
+    a = new_request(mgr, "a", list(range(16)))
+    admit(mgr, a)
+    mgr.free(a)  # blocks 1..4 cached, free (4 at the head: the tail went first)
+    b = new_request(mgr, "b", list(range(16)) + [0, 0])
+    hits, n = mgr.get_computed_blocks(b)  # [null, null, 3, 4]: the window's two blocks
+    assert n == 16 and [h.block_id for h in hits] == [0, 0, 3, 4]
+    # 18 tokens need 5 blocks; 16 computed skip 2 (the window for token 16 starts at 9): 1 new
+    # block, plus the 2 free hits it takes off the queue; the nulls cost nothing
+    assert m.get_num_blocks_to_allocate("b", 18, hits, 16) == 1 + 2
+    m.add_local_computed_blocks("b", hits, 16)
+    assert mgr.get_block_ids("b") == [0, 0, 3, 4] and m.num_cached_block["b"] == 4
+    assert [mgr.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [0, 0, 1, 1]  # only the window's are touched
+
+
+def test_a_refused_call_still_gives_back_out_of_window_blocks():
+    mgr = KVCacheManager(4, block_size=2, sliding_window=3)  # 3 usable blocks
+    c = new_request(mgr, "c", list(range(6)))
+    admit(mgr, c)  # blocks 1, 2, 3: the pool is full
+    c.append_output_token_ids([7, 7, 7, 7, 7])  # 11 tokens: 6 blocks, 2 of them skipped: 1 more than there are
+    assert mgr.allocate_slots(c, 5) is None  # refused ...
+    assert mgr.get_block_ids("c") == [0, 0, 3] and mgr.block_pool.get_num_free_blocks() == 2  # ... after the release
 
 
 # ---- free ----------------------------------------------------------------------------------
@@ -250,12 +301,12 @@ def test_the_reverse_free_check_catches_forward_free():
 # ---- sliding window ------------------------------------------------------------------------
 
 def test_out_of_window_blocks_become_null_blocks():
-    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
+    mgr = KVCacheManager(20, block_size=4, sliding_window=8)
     a = new_request(mgr, "a", list(range(12)))
     admit(mgr, a)
     assert mgr.get_block_ids("a") == [1, 2, 3]
     decode(mgr, a)  # next token at 12 reads back to position 5: block 0 (0..3) is out
-    assert mgr.get_block_ids("a") == [0, 2, 3, 4] and mgr.req_to_blocks["a"][0] is mgr.null_block
+    assert mgr.get_block_ids("a") == [0, 2, 3, 4] and group(mgr).req_to_blocks["a"][0] is mgr.block_pool.null_block
     pool = mgr.block_pool
     assert pool.blocks[1].ref_cnt == 0 and pool.free_block_queue.fake_free_list_tail.prev_free_block is pool.blocks[1]
     for _ in range(4):
@@ -272,7 +323,7 @@ def test_out_of_window_blocks_become_null_blocks():
 def test_vllm_window_convention_drops_position_num_computed_minus_window():
     # vLLM's sliding_window counts the query too: the query at position n reads n - window + 1 .. n,
     # so position n - window goes (SGLang's window leaves the query out and keeps it: test_swa.py).
-    mgr = SlidingWindowKVCacheManager(20, block_size=1, sliding_window=4)
+    mgr = KVCacheManager(20, block_size=1, sliding_window=4)
     a = new_request(mgr, "a", list(range(10)))
     admit(mgr, a)
     decode(mgr, a)  # 10 tokens computed; the query at 10 reads 7..10
@@ -281,7 +332,7 @@ def test_vllm_window_convention_drops_position_num_computed_minus_window():
 
 
 def test_computed_blocks_without_prefix_caching_are_refused_before_anything_changes():
-    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8, enable_caching=False)
+    mgr = KVCacheManager(20, block_size=4, sliding_window=8, enable_caching=False)
     a = new_request(mgr, "a", list(range(12)))
     admit(mgr, a)
     a.append_output_token_ids(7)
@@ -292,14 +343,14 @@ def test_computed_blocks_without_prefix_caching_are_refused_before_anything_chan
 
 
 def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
-    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
+    mgr = KVCacheManager(20, block_size=4, sliding_window=8)
     a = new_request(mgr, "a", list(range(16)))
     admit(mgr, a)
     mgr.free(a)
     b = new_request(mgr, "b", list(range(16)) + [0])
     hits, n = mgr.get_computed_blocks(b)
     # The scan from the right stops at the first run of cdiv(8 - 1, 4) = 2 cached blocks.
-    assert n == 16 and hits[:2] == [mgr.null_block] * 2 and [h.block_id for h in hits[2:]] == [3, 4]
+    assert n == 16 and hits[:2] == [mgr.block_pool.null_block] * 2 and [h.block_id for h in hits[2:]] == [3, 4]
     mgr.block_pool.get_new_blocks(mgr.block_pool.get_num_free_blocks() - 4)
     mgr.block_pool.get_new_blocks(2)  # evicts a's blocks 4 and 3 (the prefix's tail goes first)
     hits, n = mgr.get_computed_blocks(b)
@@ -309,7 +360,7 @@ def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
 
 
 def test_sliding_window_hit_fills_skipped_blocks_with_null():
-    mgr = SlidingWindowKVCacheManager(20, block_size=4, sliding_window=8)
+    mgr = KVCacheManager(20, block_size=4, sliding_window=8)
     a = new_request(mgr, "a", list(range(16)))
     admit(mgr, a)
     mgr.free(a)
@@ -319,7 +370,7 @@ def test_sliding_window_hit_fills_skipped_blocks_with_null():
     pool.free_blocks([pool.blocks[1]])
     hits, n = mgr.get_computed_blocks(new_request(mgr, "b", list(range(16)) + [1]))
     # Blocks 2 and 3 (tokens 8..15) form a run of cdiv(8 - 1, 4) = 2: enough for the window.
-    assert n == 16 and hits[0] is mgr.null_block and hits[1] is mgr.null_block
+    assert n == 16 and hits[0] is mgr.block_pool.null_block and hits[1] is mgr.block_pool.null_block
     assert [h.block_id for h in hits[2:]] == [3, 4]
     new, _ = admit(mgr, new_request(mgr, "c", list(range(16)) + [1]))
     assert mgr.get_block_ids("c")[:3] == [0, 0, 3]
@@ -346,7 +397,7 @@ def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block
     if window is None:
         mgr = KVCacheManager(num_blocks, block_size=block_size)
     else:
-        mgr = SlidingWindowKVCacheManager(num_blocks, block_size=block_size, sliding_window=window)
+        mgr = KVCacheManager(num_blocks, block_size=block_size, sliding_window=window)
     running, n = [], 0
     for kind, a, b, c in ops:
         if kind == "add":
@@ -368,7 +419,7 @@ def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block
         mgr.block_pool.check_invariants()
         holders = {}
         for req in running:
-            blocks = mgr.req_to_blocks[req.request_id]
+            blocks = group(mgr).req_to_blocks[req.request_id]
             assert len(blocks) == cdiv(req.num_computed_tokens, block_size)
             for blk in blocks:
                 if not blk.is_null:

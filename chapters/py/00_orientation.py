@@ -101,8 +101,8 @@ viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "slots",
 # %%
 req_pool, allocator, kv = scene.req_pool, scene.allocator, scene.kvcache
 a = scene.reqs["A"]
-row = a.req_pool_idx                                    # mapping 1: request -> row
-slots = req_pool.req_to_token[row, : a.kv_allocated_len]  # mapping 2: position -> slot
+row = a.kv.req_pool_idx                                       # mapping 1: request -> row
+slots = req_pool.req_to_token[row, : a.kv.kv_allocated_len]  # mapping 2: position -> slot
 print(f"A owns row {row} (handed out {int(req_pool.req_generation[row])} time(s) so far: the row's generation, "
       f"chapter 01); its slots: {slots.tolist()}")
 print(f"pages under those slots: {sorted(set((slots // PAGE_SIZE).tolist()))}")
@@ -149,7 +149,7 @@ from memlab.kernels import alloc_extend
 
 dev = kernel_device()
 batch = {"A": 6, "D": 3}
-prefix = [scene.reqs[r].kv_allocated_len for r in batch]
+prefix = [scene.reqs[r].kv.kv_allocated_len for r in batch]
 seq = [p + n for p, n in zip(prefix, batch.values())]
 last = [scene.last_loc(r) for r in batch]  # each request's last slot so far
 

@@ -126,11 +126,13 @@ assert again == row and now == seen[1] + 1
 # %%
 e = Req("E")
 pool.alloc([e])
-e.kv_allocated_len = 3  # its first chunk wrote 3 tokens of KV
+e.kv.kv_allocated_len = 3  # its first chunk wrote 3 tokens of KV
 before = pool.available_size()
 print("second chunk:", pool.alloc([e]), f"free rows before {before}, after {pool.available_size()}")
+x = Req("X")
+x.kv.req_pool_idx = 1  # claims a row but wrote no KV
 try:
-    pool.alloc([Req("X", req_pool_idx=1)])
+    pool.alloc([x])
 except ValueError as exc:
     print("ValueError:", exc)
 

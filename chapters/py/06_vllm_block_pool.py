@@ -242,7 +242,7 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 #
 # | | vLLM 0.33 | memlab |
 # |---|---|---|
-# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (`FullAttentionManager`, `SlidingWindowManager`, `MambaManager`, ...) | one group: `KVCacheManager` (full attention) or `SlidingWindowKVCacheManager` |
+# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (hybrid models) | one group: `KVCacheManager` over vLLM's `UnitaryKVCacheCoordinator` and one `FullAttentionManager` or `SlidingWindowManager` |
 # | hash map keys | the block hash plus a 4-byte KV cache group id | the block hash |
 # | partial blocks | in hybrid Mamba models (Mamba's `align` mode, Mamba blocks larger than the hash unit), a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
 # | `allocate_slots` | also KV-connector (external) tokens, EAGLE's dropped last hit, delayed caching, a full-sequence admission gate | new tokens, hits and lookahead only |

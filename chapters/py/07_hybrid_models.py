@@ -115,7 +115,7 @@ demo.extend_batch({"R": 5})
 for _ in range(5):
     demo.decode(["R"])
     released = demo.release("R")  # calls allocator.release_out_of_window(...)
-    print(f"seq_len {demo.reqs['R'].kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
+    print(f"seq_len {demo.reqs['R'].kv.kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
           f"SWA slots released now: {released}")
 
 t = lambda *xs: torch.tensor(xs)  # noqa: E731
@@ -243,9 +243,9 @@ for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, Fa
 # holds one request's state).
 
 # %%
-from memlab.vllm import KVCacheManager, Request, SlidingWindowKVCacheManager
+from memlab.vllm import KVCacheManager, Request
 
-sw = SlidingWindowKVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)
+sw = KVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)  # its group: a SlidingWindowManager
 r = Request("A", list(range(6)), block_hasher=sw.request_block_hasher)
 sw.allocate_slots(r, 6)
 r.num_computed_tokens = 6

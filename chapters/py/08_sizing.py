@@ -52,7 +52,7 @@ controls = dict(
     tp_size=W.Dropdown(options=[1, 2, 4, 8], value=1, description="TP size"),
     spec=W.Dropdown(options=list(SPECS), value="none", description="speculative"),
     mem_fraction=W.FloatSlider(value=0.88, min=0.5, max=0.95, step=0.01, description="mem fraction", continuous_update=False),
-    reserve_gib=W.FloatSlider(value=2.0, min=0.0, max=8.0, step=0.5, description="act. GiB", continuous_update=False),
+    in_use_gib=W.FloatSlider(value=0.5, min=0.0, max=8.0, step=0.5, description="in use GiB", continuous_update=False),
     seq_len=W.IntSlider(value=8192, min=1024, max=131072, step=1024, description="seq len", continuous_update=False),
 )
 viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
@@ -80,10 +80,16 @@ viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 # %%
 from memlab.common.sizing import GiB, ScheduleConfig, SpeculativeConfig, pool_sizes, report
 
-r = report(MODELS["Llama-3.1-8B"], 80, seq_len=8192, schedule=ScheduleConfig(page_size=16, activation_reserve_bytes=2 * GiB))
+from memlab.common.sizing import GPUConfig
+
+gpu = GPUConfig.gib(80, in_use=0.5)  # 0.5 GiB in use before the weights load (the CUDA context)
+r = report(MODELS["Llama-3.1-8B"], gpu, seq_len=8192, schedule=ScheduleConfig(page_size=16))
 print(r.format())
 z = r.sizes
-print(f"\ncheck: ({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,}) floored to 16 =",
+free_before, f = gpu.free_before_load_bytes, r.config.schedule.mem_fraction_static
+print(f"\ncheck: {free_before - z.weight_bytes:,} free after the load - {1 - f:.2f} * {free_before:,} free before "
+      f"= {z.usable_bytes:,}")
+print(f"({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,}) floored to 16 =",
       z.usable_bytes // r.bytes_per_token["full_attention"] // 16 * 16)
 
 # %% [markdown]
@@ -135,8 +141,12 @@ for name, spec in SPECS.items():
 from memlab.common.sizing import req_to_token_row_width, what_if_reserve_without_overlap_lag
 
 for name, spec in SPECS.items():
+    width = f"row width {req_to_token_row_width(8192, spec, 16):,}"
+    if spec.algorithm is None:  # SGLang reads the reserve on its speculative paths only
+        print(f"{name:<30} no reserve: 1 token a request, a new page only on a page boundary;  {width}")
+        continue
     print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, when speculative)  "
-          f"what if no lag: {what_if_reserve_without_overlap_lag(spec, 16):>3};  row width {req_to_token_row_width(8192, spec, 16):,}")
+          f"what if no lag: {what_if_reserve_without_overlap_lag(spec, 16):>3};  {width}")
 
 # %% [markdown]
 # ## When the next step does not fit

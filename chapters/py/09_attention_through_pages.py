@@ -112,8 +112,8 @@ dev = kernel_device()
 kv = scene.kvcache
 k_buf, v_buf = kv.get_key_buffer(0).to(dev), kv.get_value_buffer(0).to(dev)
 table = scene.req_pool.req_to_token.to(dev)
-rows = torch.tensor([scene.reqs[r].req_pool_idx for r in rids], device=dev)
-seq_lens = torch.tensor([scene.reqs[r].kv_allocated_len for r in rids], device=dev)
+rows = torch.tensor([scene.reqs[r].kv.req_pool_idx for r in rids], device=dev)
+seq_lens = torch.tensor([scene.reqs[r].kv.kv_allocated_len for r in rids], device=dev)
 qd = q.to(dev)
 
 sglang = attention.decode_attention_fwd(qd, k_buf, v_buf, table, rows, seq_lens)

@@ -90,7 +90,7 @@ from memlab.sglang.allocator import TokenToKVPoolAllocator
 from memlab.sglang.radix_cache import RadixCache
 
 alloc = TokenToKVPoolAllocator(32, debug_mode=True)
-tree = RadixCache(alloc, debug_mode=True)
+tree = RadixCache(alloc, debug_mode=True)  # 0.5.23's scheduler builds UnifiedRadixCache; RadixCache is its reference class
 
 
 def finished(tokens):
@@ -131,7 +131,7 @@ from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.capstone.prefix_compare import RadixDriver
 
 ptree = RadixCache(PagedTokenToKVPoolAllocator(64, 4, debug_mode=True), debug_mode=True)
-drv = RadixDriver(ptree)  # admit: match, lock, allocate; finish: insert, free the rest, unlock
+drv = RadixDriver(ptree)  # admit: match, lock, allocate, checkpoint; finish: release_kv_cache(checkpoint=True)
 a = drv.admit(list(range(10)))
 drv.finish(a)
 print("A: 10 tokens -> the tree keeps", ptree.total_size(), "(two pages); the page of tokens 8, 9 was freed")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
+from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_row
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.vllm.block_table import BlockTable
@@ -89,7 +89,7 @@ class _SGLangBooks:
             raise RuntimeError(f"{self.engine}: out of capacity in a decode step")
 
     def finish(self, r: StreamRequest) -> ComparisonRow:
-        slots = release_kv_cache(self.pool, self.allocator, self.reqs.pop(r.rid))
+        slots = release_kv_row(self.pool, self.allocator, self.reqs.pop(r.rid))
         n, ps = len(slots), self.allocator.page_size
         units = len(torch.unique(slots // ps))
         head = units if self.allocator.prepend_on_free else 0
@@ -141,7 +141,7 @@ class _VLLMBooks:
         n, bs = req.num_tokens, self.manager.block_size
         slots = self.table.compute_slot_mapping(torch.full((n,), row, dtype=torch.int32),
                                                 torch.arange(n), backend="torch").tolist()
-        blocks = self.manager.req_to_blocks[r.rid]
+        blocks = self.manager.get_blocks(r.rid)
         to_tail = sum(1 for b in blocks if b.ref_cnt == 1 and b.block_hash is not None)
         to_head = sum(1 for b in blocks if b.ref_cnt == 1 and b.block_hash is None)
         self.manager.free(req)

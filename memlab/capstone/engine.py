@@ -10,10 +10,16 @@ agree token for token; a request ends after ``max_new_tokens`` or on one of the 
 end-of-sequence tokens.
 
 What the chapters taught, reused: the rows and slots go through ``memlab.sglang.allocation`` (SGLang's
-``alloc_for_extend`` / ``alloc_for_decode``), retraction through ``sizing.retract_decode``
-(chapter 08). The prefix cache is one of three, driven the same way (SGLang's names: match,
-lock, evict, ``cache_finished_req``): vLLM's block hashes on SGLang's pages (``HashPrefixCache``,
-chapter 06's hashing), SGLang's ``RadixCache``, or ``HiRadixCache`` with a host tier (chapter 11).
+``alloc_for_extend`` / ``alloc_for_decode``), the decode check and retraction through
+``sizing.check_decode_mem`` / ``sizing.retract_decode`` (chapter 08). A request meets the prefix
+cache the way SGLang 0.5.23's scheduler has it meet the tree: matched and locked at admission
+(``match_and_lock``), checkpointed after every prefill chunk (``checkpoint_kv_cache``: the tree
+takes what it computed, the lock moves), released when it finishes
+(``release_kv_cache(req, tree, checkpoint=True)``) or is retracted (``checkpoint=False``: the tree
+keeps what was checkpointed). The prefix cache is one of four, driven the same way: SGLang's
+``RadixCache``, disabled (no prefix cache: 0.5.23 builds a disabled tree, it has no ``ChunkCache``)
+or not, ``HiRadixCache`` with a host tier (chapter 11), or vLLM's block hashes on SGLang's pages
+(``HashPrefixCache``, chapter 06's hashing).
 """
 
 from __future__ import annotations
@@ -24,14 +30,15 @@ from collections import Counter, OrderedDict, deque
 
 import torch
 
-from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, extend_positions, release_kv_cache
+from memlab.sglang.allocation import (alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, evict_from_tree_cache,
+                                      extend_positions, free_kv_row, release_kv_cache)
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.hicache import HiRadixCache, HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.page_copy import page_rows
-from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, match_and_lock
+from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeLock, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.common.sizing import RunningReq, check_decode_mem, retract_decode
+from memlab.common.sizing import RunningReq, check_decode_mem, new_tokens_required_next_decode, retract_decode
 # The model lives in its own module (memlab.capstone.checkpoint fills it); chapters import it from here too.
 from memlab.capstone.tiny_llama import TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: F401
 from memlab.common.utils import ceil_align
@@ -39,40 +46,8 @@ from memlab.vllm.hashing import get_hash_fn_by_name, hash_block_tokens, hash_req
 from memlab.sglang.write_loc import KVWriteLoc
 
 
-class ChunkCache:
-    """No prefix cache (SGLang's ``ChunkCache``, used when the radix cache is disabled): nothing
-    matches, nothing is kept, a finished request frees all its slots."""
-
-    def __init__(self, allocator):
-        self.token_to_kv_pool_allocator = allocator
-
-    def match_prefix(self, key) -> MatchResult:
-        return MatchResult(0, None, None)
-
-    def inc_lock_ref(self, node) -> None:
-        pass
-
-    def dec_lock_ref(self, node) -> None:
-        pass
-
-    def path_device_indices(self, node) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.int64, device=self.token_to_kv_pool_allocator.device)
-
-    def evictable_size(self) -> int:
-        return 0
-
-    def evict(self, num_tokens: int) -> EvictResult:
-        return EvictResult(0)
-
-    def cache_finished_req(self, token_ids, kv_indices: torch.Tensor, cache_protected_len: int, last_node) -> None:
-        self.token_to_kv_pool_allocator.free(kv_indices)
-
-    def device_pages(self) -> set:
-        return set()
-
-
 class HashPrefixCache:
-    """vLLM's prefix cache (chapter 06) on SGLang's books: each full page of a finished request is
+    """vLLM's prefix cache (chapter 06) on SGLang's books: each full page a request computed is
     indexed by its chained block hash (``memlab.vllm.hashing``: the hash of a page stands for the
     whole prefix up to it); a later request whose prompt starts with the same pages maps them.
 
@@ -81,14 +56,16 @@ class HashPrefixCache:
     must be the allocator. Here SGLang's allocators (chapters 03 to 05) own the free pages, so
     cached pages nobody maps wait in an LRU list outside the allocator and are evicted into it
     when the pool runs short, the way SGLang's radix cache does. It speaks the radix cache's
-    names (``match_prefix``, ``inc_lock_ref``, ``evict``, ``cache_finished_req``), so the engine
-    drives either one the same way; a match's "node" is the tuple of its pages.
+    names (``match_prefix``, ``lock``/``unlock``, ``checkpoint``, ``free_kv_row``, ``evict``), so
+    the engine drives either one the same way; a match's "node" is the tuple of its pages.
     """
 
-    __slots__ = ("token_to_kv_pool_allocator", "page_size", "hash_fn", "page_of", "hash_of", "ref", "lru")
+    __slots__ = ("token_to_kv_pool_allocator", "req_to_token_pool", "page_size", "hash_fn", "page_of", "hash_of",
+                 "ref", "lru")
 
-    def __init__(self, allocator, hash_fn: str = "fast"):
+    def __init__(self, allocator, req_to_token_pool=None, hash_fn: str = "fast"):
         self.token_to_kv_pool_allocator = allocator
+        self.req_to_token_pool = req_to_token_pool
         self.page_size = allocator.page_size
         self.hash_fn = get_hash_fn_by_name(hash_fn)
         self.page_of: dict = {}  # block hash -> page id
@@ -107,6 +84,14 @@ class HashPrefixCache:
             pages.append(page)
         node = tuple(pages)
         return MatchResult(len(pages) * ps, node, node)
+
+    def lock(self, node: tuple) -> TreeLock:
+        self.inc_lock_ref(node)
+        return TreeLock(node)
+
+    def unlock(self, lock: TreeLock | None) -> None:
+        if lock is not None:
+            self.dec_lock_ref(lock.node)
 
     def inc_lock_ref(self, node: tuple) -> None:
         for page in node:
@@ -127,6 +112,9 @@ class HashPrefixCache:
     def evictable_size(self) -> int:
         return len(self.lru) * self.page_size
 
+    def supports_prefix_sharing(self) -> bool:
+        return True
+
     def evict(self, num_tokens: int) -> EvictResult:
         """Drop the least recently used unmapped pages (at least ``num_tokens`` slots, when there
         are that many) and give them back to the allocator."""
@@ -140,56 +128,78 @@ class HashPrefixCache:
             alloc.free_page_ids(torch.tensor(pages, dtype=torch.int64, device=alloc.device))
         return EvictResult(len(pages) * self.page_size)
 
-    def cache_finished_req(self, token_ids, kv_indices: torch.Tensor, cache_protected_len: int, last_node: tuple) -> None:
-        """Index the finished request's full pages after its matched prefix; a page whose hash is
-        already cached (another request computed the same prefix) and the partial last page go
-        back to the allocator; then the prefix is unlocked."""
-        ps, alloc = self.page_size, self.token_to_kv_pool_allocator
-        full = len(kv_indices) // ps
-        pages = (kv_indices[: full * ps: ps] // ps).tolist()
-        hashes = hash_request_tokens(self.hash_fn, ps, token_ids[: full * ps])
-        new, dup = [], []
-        for page, h in list(zip(pages, hashes))[cache_protected_len // ps:]:
-            if h in self.page_of:
-                dup.append(page)
+    def checkpoint(self, req, *, up_to: int) -> None:
+        """The cache takes the request's full pages up to row position ``up_to``: each new page is
+        indexed by its hash; a page whose hash is cached already (another request computed the
+        same prefix) goes back to the allocator and the row maps the cached one. The request's
+        lock moves to the new prefix and ``req.kv.cache_protected_len`` to its end (a checkpoint
+        as the radix tree's: the partial last page stays the request's)."""
+        ps, kv = self.page_size, req.kv
+        full, start = up_to // ps, kv.cache_protected_len // ps
+        if full <= start:
+            return
+        alloc, row = self.token_to_kv_pool_allocator, self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+        pages = (row[: full * ps: ps].to(torch.int64) // ps).tolist()
+        hashes = hash_request_tokens(self.hash_fn, ps, req.full_untruncated_fill_ids[: full * ps])
+        dup = []
+        for i in range(start, full):
+            cached = self.page_of.get(hashes[i])
+            if cached is None:
+                self.page_of[hashes[i]], self.hash_of[pages[i]] = pages[i], hashes[i]
             else:
-                self.page_of[h], self.hash_of[page] = page, h
-                new.append(page)
-        for page in reversed(new):  # as vLLM frees a request's blocks: the tail first in line
-            self.lru[page] = None
+                dup.append((i, pages[i]))
+                pages[i] = cached
         if dup:
-            alloc.free_page_ids(torch.tensor(dup, dtype=torch.int64, device=alloc.device))
-        alloc.free(kv_indices[full * ps:])
-        self.dec_lock_ref(last_node)
+            alloc.free_page_ids(torch.tensor([p for _, p in dup], dtype=torch.int64, device=alloc.device))
+            at = torch.tensor([i for i, _ in dup])
+            slots = page_rows(torch.tensor([pages[i] for i, _ in dup], dtype=torch.int64), ps)
+            positions = (at[:, None] * ps + torch.arange(ps)).reshape(-1)
+            self.req_to_token_pool.write((kv.req_pool_idx, positions.to(row.device)), slots.to(row.device, torch.int32))
+        node = tuple(pages)
+        new_lock = self.lock(node)  # before the unlock: pages on both paths never pass through the LRU list
+        self.unlock(req.lock)
+        req.lock, req.last_node = new_lock, node
+        kv.cache_protected_len = full * ps
+
+    def free_kv_row(self, kv, ranges) -> None:
+        free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, kv, ranges)
 
     def device_pages(self) -> set:
         return set(self.hash_of)
 
 
-class EngineReq:
-    __slots__ = ("rid", "prompt", "max_new_tokens", "output", "req", "cached_len", "last_node", "prefix", "finished")
+class EngineReq(Req):
+    """A request the engine serves: SGLang's request books (``memlab.sglang.req_to_token.Req``,
+    with ``req.kv``) plus when it stops."""
+
+    __slots__ = ("max_new_tokens", "prefix_indices", "finished")
 
     def __init__(self, rid, prompt, max_new_tokens):
-        self.rid, self.prompt, self.max_new_tokens = rid, list(prompt), max_new_tokens
-        self.output: list[int] = []
-        self.req = Req(rid)  # its row in the request table; req.kv_allocated_len: tokens whose K/V sit in the pool
-        self.cached_len = 0  # leading tokens mapped from the prefix cache (the cache's, not ours to free)
-        self.last_node = None  # where that prefix ends in the cache: locked while the request runs
-        self.prefix = None  # admitted, not yet allocated: the matched slots its new row starts with
+        super().__init__(rid, prompt)
+        self.max_new_tokens = max_new_tokens
+        self.prefix_indices = None  # admitted, not yet allocated: the matched slots its new row starts with
         self.finished = False
 
     @property
-    def kv_len(self) -> int:
-        return self.req.kv_allocated_len
+    def prompt(self) -> list[int]:
+        return self.origin_input_ids
+
+    @property
+    def output(self) -> list[int]:
+        return self.output_ids
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt + self.output
+        return self.full_untruncated_fill_ids
+
+    @property
+    def kv_len(self) -> int:
+        return self.kv.kv_allocated_len
 
     @property
     def prefilling(self) -> bool:
         """Still computing its prompt (or, after a retraction, prompt and output again)."""
-        return not self.output or self.kv_len < len(self.prompt) + len(self.output) - 1
+        return not self.output_ids or self.kv.kv_committed_len < len(self.origin_input_ids) + len(self.output_ids) - 1
 
 
 PREFIX_CACHES = (None, "hash", "radix", "hicache")
@@ -201,7 +211,7 @@ class Engine:
     ``prefix_cache``: ``"hash"`` (or True) vLLM's block hashes on SGLang's pages (chapter 06);
     ``"radix"`` SGLang's radix tree (chapter 11); ``"hicache"`` the radix tree with a host tier of
     ``host_tokens`` slots (chapter 11: evicted pages move to the host, a later hit loads them
-    back); None (or False) no prefix cache.
+    back); None (or False) no prefix cache (a disabled radix tree, as SGLang 0.5.23 builds).
     """
 
     def __init__(self, model: TinyLlama, *, page_size: int = 1, num_tokens: int = 2048, max_running: int = 8,
@@ -237,16 +247,15 @@ class Engine:
         self.stats = Counter()
 
     def _make_tree_cache(self, kind, host_tokens, write_policy):
-        if kind is None:
-            return ChunkCache(self.allocator)
+        pool = self.req_to_token_pool
         if kind == "hash":
-            return HashPrefixCache(self.allocator)
-        if kind == "radix":
-            return RadixCache(self.allocator, debug_mode=self.debug_mode)
+            return HashPrefixCache(self.allocator, pool)
+        if kind in (None, "radix"):
+            return RadixCache(self.allocator, disable=kind is None, debug_mode=self.debug_mode, req_to_token_pool=pool)
         host_tokens = 2 * self.allocator.size if host_tokens is None else host_tokens
         host = HostKVCache(self.kv_pool.host_pool_decls()[0], host_tokens, self.page_size, debug_mode=self.debug_mode)
         return HiRadixCache(self.allocator, host, write_policy=write_policy, io_backend=self.attention,
-                            debug_mode=self.debug_mode)
+                            debug_mode=self.debug_mode, req_to_token_pool=pool)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt, max_new_tokens: int) -> EngineReq:
@@ -297,49 +306,55 @@ class Engine:
     def _schedule_prefill(self) -> list[tuple[EngineReq, int]]:
         """Chunks to compute this step as (request, tokens): unfinished chunked prefills first, then
         waiting requests in order while the pool can hold them (nobody overtakes). A new request
-        first looks its prompt up in the prefix cache and locks what it finds."""
+        first looks its tokens up in the prefix cache and locks what it finds; cut short, its
+        chunk ends on a page boundary (SGLang's ``PrefillAdder``; a continuing chunk is not cut
+        to a page, nor a chunk shorter than a page). Room is kept for the next decode step: a page for each decoding request
+        whose committed length sits on a page boundary (``new_tokens_required_next_decode``)."""
         ps, budget, batch, taken = self.page_size, self.chunk_size, [], 0
         rows_left = self.req_to_token_pool.available_size()
-        reserve = ps * sum(1 for r in self.running if not r.prefilling)  # the next decode step's pages
+        reserve = new_tokens_required_next_decode(self._decode_views([r for r in self.running if not r.prefilling]), ps)
         for r in [r for r in self.running if r.prefilling] + list(self.waiting):
             if budget <= 0:
                 break
-            new = r.req.req_pool_idx is None
+            new = not r.kv.holds_kv
             if new and rows_left == 0:
                 break
             if new:
-                prefix, node = self._match(r)
-                start = len(prefix)
-            else:
-                start = r.kv_len
+                r.prefix_indices, loaded = match_and_lock(self.tree_cache, r)
+            start = r.prefix_len
             n = min(len(r.tokens) - start, budget)
+            if new and start + n < len(r.tokens):
+                # unless that leaves nothing: no progress is worse than a partial page (SGLang's rule
+                # for its chunk grid, floor_chunked_tokens)
+                n = (start + n) // ps * ps - start or n
             need = ceil_align(start + n, ps) - ceil_align(start, ps)
-            if need > self.available() - reserve - taken:
+            if n <= 0 or need > self.available() - reserve - taken:
                 if new:
-                    self.tree_cache.dec_lock_ref(node)
+                    self._unmatch(r)
                 break
             if new:
-                self._admit(r, prefix, node)
+                self._admit(r, loaded)
                 rows_left -= 1
-            reserve += ps if start + n == len(r.tokens) else 0  # it decodes next step
+            r.extend_end = start + n
+            if r.extend_end == len(r.tokens) and r.extend_end % ps == 0:
+                reserve += ps  # it decodes next step, and its next token opens a page
             batch.append((r, n))
             budget -= n
             taken += need
         return batch
 
-    def _match(self, r: EngineReq):
-        """The cached prefix of ``r`` (at most all tokens but the last, which is computed for its
-        logits), its slots and its node, locked. HiCache first loads a host-only part back."""
-        prefix, node, loaded = match_and_lock(self.tree_cache, r.tokens[:-1])
-        self.stats["loaded_back_tokens"] += loaded
-        return prefix, node
+    def _unmatch(self, r: EngineReq) -> None:
+        """A matched request that is not admitted this step gives its lock back."""
+        self.tree_cache.unlock(r.lock)
+        r.lock = r.last_node = r.prefix_indices = None
+        r.prefix_len = r.kv.cache_protected_len = 0
 
-    def _admit(self, r: EngineReq, prefix: torch.Tensor, node) -> None:
+    def _admit(self, r: EngineReq, loaded: int) -> None:
         self.waiting.remove(r)
         self.running.append(r)
         self.stats["prompt_tokens"] += len(r.tokens)
-        self.stats["cached_tokens"] += len(prefix)
-        r.prefix, r.cached_len, r.last_node = prefix, len(prefix), node
+        self.stats["cached_tokens"] += r.prefix_len
+        self.stats["loaded_back_tokens"] += loaded
 
     # -- forward passes --------------------------------------------------------------------
     def _forward(self, ids, positions, rows, out_cache_loc, logits_rows=None, extend=None):
@@ -401,34 +416,37 @@ class Engine:
         ext = torch.tensor([n for _, n in batch])
         # Rows for the new requests, slots for every chunk, all written into the request table
         # (after evicting from the prefix cache if the pool is short).
-        out = alloc_for_extend(self.req_to_token_pool, self.allocator, [r.req for r, _ in batch], ext.tolist(),
-                               [r.prefix for r, _ in batch], self.tree_cache)
+        out = alloc_for_extend(self.req_to_token_pool, self.allocator, [r for r, _ in batch], ext.tolist(),
+                               [r.prefix_indices for r, _ in batch], self.tree_cache)
         if out is None:
             raise RuntimeError("alloc_for_extend refused a batch the scheduler admitted")
         for r, _ in batch:
-            r.prefix = None
-        pre = torch.tensor([r.kv_len - n for r, n in batch])  # where each chunk starts
-        rows = torch.tensor([r.req.req_pool_idx for r, _ in batch], device=dev)
+            r.prefix_indices = None
+        pre = torch.tensor([r.prefix_len for r, _ in batch])  # where each chunk starts
+        rows = torch.tensor([r.kv.req_pool_idx for r, _ in batch], device=dev)
         total = int(ext.sum())
         tok_req, starts, pos = extend_positions(pre, ext)
         pos = pos.to(dev)
         tok_rows = rows[tok_req.to(dev)]
         ids = torch.tensor([t for (r, n), p in zip(batch, pre.tolist()) for t in r.tokens[p:p + n]], device=dev)
         ends = (starts + ext - 1).to(dev)
-        extend = [(r.req.req_pool_idx, off, n, p) for (r, n), off, p in zip(batch, starts.tolist(), pre.tolist())]
+        extend = [(r.kv.req_pool_idx, off, n, p) for (r, n), off, p in zip(batch, starts.tolist(), pre.tolist())]
         picks = self._forward(ids, pos, tok_rows, out, logits_rows=ends, extend=extend).argmax(-1).tolist()
         self.stats["prefill_tokens"] += total
         for (r, n), nxt in zip(batch, picks):
-            if r.kv_len == len(r.tokens):  # the whole sequence is in: its last logits give the next token
-                self._append(r, nxt)
+            if r.extend_end == len(r.tokens):  # the whole sequence is in: its last logits give the next token
+                if not self._append(r, nxt):
+                    checkpoint_kv_cache(r, self.tree_cache)  # prefill done: the tree takes it, decoding goes on
+            else:  # a chunk of a longer prefill: the tree takes it before the next chunk
+                checkpoint_kv_cache(r, self.tree_cache)
 
     def _run_decode(self, decoding: list[EngineReq]) -> None:
         decoding = self._retract_for_decode(decoding)
         dev = self.model.device
-        out = alloc_for_decode(self.req_to_token_pool, self.allocator, [r.req for r in decoding], self.tree_cache)
+        out = alloc_for_decode(self.req_to_token_pool, self.allocator, decoding, self.tree_cache)
         if out is None:
             raise RuntimeError(f"the pool ({self.allocator.size} slots) cannot hold one more token of a single request")
-        rows = torch.tensor([r.req.req_pool_idx for r in decoding], device=dev)
+        rows = torch.tensor([r.kv.req_pool_idx for r in decoding], device=dev)
         positions = torch.tensor([r.kv_len - 1 for r in decoding], device=dev)
         ids = torch.tensor([r.tokens[-1] for r in decoding], device=dev)
         logits = self._forward(ids, positions, rows, out)
@@ -436,50 +454,60 @@ class Engine:
         for r, nxt in zip(decoding, logits.argmax(-1).tolist()):
             self._append(r, nxt)
 
+    @staticmethod
+    def _decode_views(decoding) -> list[RunningReq]:
+        # seq_len is the committed length: every token but the newest, whose KV this step computes
+        return [RunningReq(r.rid, len(r.prompt), len(r.output) - 1, r.kv_len) for r in decoding]
+
+    def _evict(self, num_tokens: int) -> None:
+        evict_from_tree_cache(self.tree_cache, num_tokens)
+
     def _retract_for_decode(self, decoding: list[EngineReq]) -> list[EngineReq]:
         """The requests that keep decoding when this step's pages are short (chapter 08).
 
-        First the requests still prefilling: they hold pages, take no part in this step, and
+        The check is SGLang's ``check_decode_mem``: a page for each request whose committed length
+        sits on a page boundary, evicting from the prefix cache inside the check. When it fails,
+        first the requests still prefilling go: they hold pages, take no part in this step, and
         retracting them loses least (memlab's order; SGLang's admission keeps a larger reserve
         for future decode tokens and rarely gets here). Then ``sizing.retract_decode`` over the
         decode batch, as SGLang: fewest decoded tokens first, releasing each victim at once and
-        reading the books again, always keeping one.
+        reading the books again, always keeping one. (SGLang also evicts 20 tokens per request
+        left from the tree after each victim; memlab does not.)
         """
-        ps = self.page_size
-        views = [RunningReq(r.rid, len(r.prompt), len(r.output) - 1, r.kv_len) for r in decoding]  # seq_len: KV held
-        if check_decode_mem(views, self.available(), ps):
+        ps, free = self.page_size, self.allocator.available_size
+        views = self._decode_views(decoding)
+        if check_decode_mem(views, free, ps, evict=self._evict):
             return decoding
         for r in [r for r in reversed(self.running) if r.prefilling]:
             self._retract(r)
-            if check_decode_mem(views, self.available(), ps):
+            if check_decode_mem(views, free, ps, evict=self._evict):
                 return decoding
         by_rid = {r.rid: r for r in decoding}
-        kept, _, fits = retract_decode(views, self.available, ps, release=lambda v: self._retract(by_rid[v.rid]))
+        kept, _, fits = retract_decode(views, free, ps, release=lambda v: self._retract(by_rid[v.rid]),
+                                       evict=self._evict)
         if not fits:
             raise RuntimeError(f"the pool ({self.allocator.size} slots) cannot hold one more token of a single request")
         return [by_rid[v.rid] for v in kept]
 
-    def _append(self, r: EngineReq, token: int) -> None:
-        r.output.append(token)
-        if len(r.output) == r.max_new_tokens or token in self.stop_token_ids:
-            r.finished = True
-            self.running.remove(r)
-            self.finished.append(r)
-            row = self.req_to_token_pool.req_to_token[r.req.req_pool_idx, :r.kv_len].to(torch.int64)
-            # The prefix cache keeps what it can (radix: the whole row in whole pages; hash: the
-            # full pages whose hash is new) and frees the rest; the prefix is unlocked.
-            self.tree_cache.cache_finished_req(r.tokens[:r.kv_len], row, r.cached_len, r.last_node)
-            self.req_to_token_pool.free(r.req)
-            r.req.kv_allocated_len = r.cached_len = 0
-            r.last_node = None
+    def _append(self, r: EngineReq, token: int) -> bool:
+        """The request's next token; True when it finished, and then its KV is released into the
+        prefix cache (``release_kv_cache(..., checkpoint=True)``: the tree keeps what it can key,
+        the rest goes back to the allocator, the row to the request table)."""
+        r.output_ids.append(token)
+        if len(r.output_ids) < r.max_new_tokens and token not in self.stop_token_ids:
+            return False
+        r.finished = True
+        self.running.remove(r)
+        self.finished.append(r)
+        release_kv_cache(r, self.tree_cache, checkpoint=True)
+        return True
 
     def _retract(self, r: EngineReq) -> None:
-        """Give back a running request's memory (its own slots; the cache keeps the prefix); it waits
-        at the front and recomputes later."""
+        """Give back a running request's memory; the prefix cache keeps what earlier checkpoints gave
+        it (its prompt, once prefilled). It waits at the front and recomputes the rest later."""
         self.running.remove(r)
-        release_kv_cache(self.req_to_token_pool, self.allocator, r.req, start=r.cached_len)
-        self.tree_cache.dec_lock_ref(r.last_node)
-        r.cached_len, r.last_node = 0, None
+        release_kv_cache(r, self.tree_cache, checkpoint=False)
+        r.reset_for_retract()
         self.waiting.appendleft(r)
         self.stats["retracted"] += 1
 
@@ -490,10 +518,13 @@ class Engine:
         ps, table = self.page_size, self.req_to_token_pool.req_to_token
         owned, shared = {}, Counter()
         for r in self.running:
-            row = table[r.req.req_pool_idx, :r.kv_len].tolist()
-            for s in row[r.cached_len:]:
+            if not r.kv.holds_kv:  # matched, not yet allocated: it holds only its lock
+                continue
+            row = table[r.kv.req_pool_idx, :r.kv_len].tolist()
+            cpl = r.kv.cache_protected_len  # the prefix cache owns the row up to here
+            for s in row[cpl:]:
                 assert owned.setdefault(s // ps, r.rid) == r.rid, f"page {s // ps} held by requests {owned[s // ps]} and {r.rid}"
-            shared.update({s // ps for s in row[:r.cached_len]})
+            shared.update({s // ps for s in row[:cpl]})
         return owned, self.tree_cache.device_pages(), dict(shared)
 
     def check_books(self) -> None:

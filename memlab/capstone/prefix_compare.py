@@ -7,8 +7,10 @@ stream, one request at a time, through
 
 - ``RadixDriver``: memlab's ``RadixCache`` (or ``HiRadixCache`` with a host tier) over a paged
   allocator, driven the way SGLang's scheduler does it: match the prompt (all but its last
-  token), lock the match, allocate the rest (evicting when short), and when the request ends hand
-  its prompt and answer to the tree (``cache_finished_req``);
+  token), lock the match, allocate the rest (evicting when short), checkpoint the prompt into the
+  tree once it is computed (``checkpoint_kv_cache``), and when the request ends hand its prompt
+  and answer to the tree (``release_kv_cache(req, tree, checkpoint=True)``: the answer becomes a
+  leaf under the prompt);
 - ``VllmDriver``: memlab's vLLM ``KVCacheManager`` (block pool, chained block hashes), driven the
   way vLLM's scheduler does it: ``get_computed_blocks``, ``allocate_slots`` for the prompt, then
   for the answer, ``free``;
@@ -29,8 +31,10 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from memlab.sglang.allocation import checkpoint_kv_cache, release_kv_cache
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
+from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.common.utils import ceil_align
 
 
@@ -65,46 +69,84 @@ def shared_prefix_conversations(num_conversations: int = 120, turns: int = 4, nu
     return stream
 
 
-class RadixReq:
-    __slots__ = ("tokens", "kv_indices", "cache_protected_len", "last_node", "hit_tokens", "host_hit_tokens")
+class RadixReq(Req):
+    """A request of the replay: SGLang's request books plus what it hit."""
+
+    __slots__ = ("hit_tokens", "host_hit_tokens", "row_pool")
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.full_untruncated_fill_ids
+
+    @property
+    def kv_indices(self):
+        """Its row: the slot of each token with KV (the tree's up to ``kv.cache_protected_len``)."""
+        return self.row_pool.req_to_token[self.kv.req_pool_idx, :self.kv.kv_allocated_len].to(torch.int64)
 
 
 class RadixDriver:
     """A radix tree driven like SGLang's scheduler. ``on_compute(slots, tokens, start)``, when
-    given, is called with the slots a request computes (positions ``start..``), e.g. to write KV."""
+    given, is called with the slots a request computes (positions ``start..``), e.g. to write KV.
 
-    def __init__(self, tree: RadixCache, on_compute=None):
+    The driver is the scheduler: when the tree has no request table yet it gives it one of
+    ``max_running`` rows, each ``max_context`` slots wide (by default the pool's size, at most
+    4096). A request's prompt and answer are allocated at admission, the prompt computed and
+    checkpointed into the tree; ``finish`` releases it as a finished request."""
+
+    def __init__(self, tree: RadixCache, on_compute=None, max_running: int = 8, max_context: int | None = None):
         self.tree, self.allocator, self.on_compute = tree, tree.token_to_kv_pool_allocator, on_compute
         self.page_size = tree.page_size
+        if tree.req_to_token_pool is None:
+            width = min(self.allocator.size, 4096) + self.page_size if max_context is None else max_context
+            tree.req_to_token_pool = ReqToTokenPool(max_running, width, device=self.allocator.device)
+        self.req_to_token_pool = tree.req_to_token_pool
         self.evict_requested = 0  # the tokens every evict call asked for (the tree may free more)
+        self._rids = 0
 
     def admit(self, tokens: Sequence[int], prompt_len: int | None = None) -> RadixReq | None:
-        """Match, lock, allocate: a request that will hold KV for ``tokens``; None when the pool
-        cannot hold it (then only the LRU order and the tree's shape may have changed). Only
-        ``tokens[:prompt_len - 1]`` may hit: the last prompt token is computed for its logits."""
+        """Match, lock, allocate, compute and checkpoint the prompt: a request that holds KV for
+        ``tokens`` (the prompt, ``tokens[:prompt_len]``, and the answer it decodes); None when the
+        pool or the request table cannot hold it (then only the LRU order and the tree's shape
+        may have changed). Only ``tokens[:prompt_len - 1]`` may hit: the last prompt token is
+        computed for its logits."""
         prompt_len = len(tokens) if prompt_len is None else prompt_len
+        if len(tokens) > self.allocator.size:
+            return None  # not even an empty pool could hold it
+        if len(tokens) > self.req_to_token_pool.max_context_len:
+            raise ValueError(f"a request of {len(tokens)} tokens is wider than the request table "
+                             f"({self.req_to_token_pool.max_context_len}): give RadixDriver a larger max_context")
         tree, ps = self.tree, self.page_size
-        prefix, last_node, host_hit = match_and_lock(tree, tokens[: prompt_len - 1])
+        self._rids += 1
+        req = RadixReq(self._rids, tokens[:prompt_len])
+        req.row_pool = self.req_to_token_pool
+        prefix, req.host_hit_tokens = match_and_lock(tree, req)
+        req.hit_tokens = len(prefix)
         need = len(tokens) - len(prefix)
-        whole_pages = ceil_align(need, ps)  # the prefix is whole pages: new tokens start a page
-        short = whole_pages - self.allocator.available_size()
+        short = ceil_align(need, ps) - self.allocator.available_size()  # the prefix is whole pages
         if short > 0:
             self.evict_requested += short
             tree.evict(short)
-        new = self.allocator.alloc(whole_pages)
-        if new is None:
-            tree.dec_lock_ref(last_node)
+        # The prefix is whole pages, so the new tokens start a page: alloc hands out the very
+        # slots alloc_for_extend's alloc_extend would, without the batch machinery.
+        new = self.allocator.alloc(ceil_align(need, ps))
+        if new is None or self.req_to_token_pool.alloc([req]) is None:
+            if new is not None:
+                self.allocator.free(new)
+            tree.unlock(req.lock)
             return None
-        req = RadixReq()
-        req.tokens, req.kv_indices = list(tokens), torch.cat((prefix, new[:need]))
-        req.cache_protected_len, req.last_node = len(prefix), last_node
-        req.hit_tokens, req.host_hit_tokens = len(prefix), host_hit
+        new = new[:need]
+        self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, len(tokens))),
+                                     torch.cat((prefix, new)).to(torch.int32))
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = len(tokens)
+        req.output_ids = list(tokens[prompt_len:])
         if self.on_compute is not None:
-            self.on_compute(new[:need], req.tokens, len(prefix))
+            self.on_compute(new, req.tokens, len(prefix))
+        req.extend_end = prompt_len  # the prefill's end: SGLang checkpoints there
+        checkpoint_kv_cache(req, tree)
         return req
 
     def finish(self, req: RadixReq) -> None:
-        self.tree.cache_finished_req(req.tokens, req.kv_indices, req.cache_protected_len, req.last_node)
+        release_kv_cache(req, self.tree, checkpoint=True)
 
     @property
     def evicted_tokens(self) -> int:

@@ -167,8 +167,8 @@ VLLM_BACKENDS = ("triton", "torch", "python")
 
 
 def vllm_request(request_id, prompt_token_ids, mm_features: list, cache_salt) -> None:
-    if len(prompt_token_ids) == 0:
-        raise ValueError(f"request {request_id!r} has an empty prompt")
+    if prompt_token_ids is None:  # vLLM's message; an empty prompt is a request, as in vLLM
+        raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
     bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
     if bad:
         raise ValueError(f"request {request_id!r}: token ids must be ints >= 0, got {bad[:3]!r}")

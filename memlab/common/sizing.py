@@ -3,8 +3,19 @@
 Every knob lives in a configuration object (model, GPU, schedule, speculative decoding,
 parallelism), never in a global: change one and every derived number moves with it.
 
-    usable = total * mem_fraction_static - weights - activation reserve
+As SGLang 0.5.23 (``KVCacheConfigurator._profile_available_bytes``): ``mem_fraction_static`` is
+the share of the GPU's free memory before the weights load that weights and KV pools may take;
+activations, CUDA graphs and the rest live in the other ``1 - f``. SGLang measures the free
+memory before and after the load:
+
+    usable = free after load - (1 - mem_fraction_static) * free before load
+           = mem_fraction_static * free before load - weights
     tokens = usable // bytes per token (summed over the layers of each kind), floored to pages
+
+memlab computes it: free before load is the GPU's memory less what is already in use
+(``GPUConfig.in_use_bytes``: the CUDA context, other processes), and the load adds exactly the
+weights. SGLang computes its default ``mem_fraction_static`` from the GPU's size and the
+scheduler's activation estimate; memlab's default is a fixed 0.88.
 
 Hybrid models split ``usable`` between ledgers first: sliding-window models keep
 ``swa_full_tokens_ratio`` SWA tokens per full token; linear-attention models give the state pool
@@ -43,20 +54,28 @@ def floor_ps(n: int, page_size: int) -> int:
 class GPUConfig:
     total_bytes: int
     name: str = "gpu"
+    in_use_bytes: int = 0  # already taken before the weights load (CUDA context, other processes)
 
     def __post_init__(self):
         _pos_int("total_bytes", self.total_bytes)
+        _nonneg_int("in_use_bytes", self.in_use_bytes)
+        if self.in_use_bytes >= self.total_bytes:
+            raise ValueError(f"in_use_bytes {self.in_use_bytes} leaves nothing of {self.total_bytes}")
+
+    @property
+    def free_before_load_bytes(self) -> int:
+        """SGLang's ``pre_model_load_memory``: the free memory it measures before loading weights."""
+        return self.total_bytes - self.in_use_bytes
 
     @classmethod
-    def gib(cls, n: float, name: str | None = None) -> "GPUConfig":
-        return cls(int(n * GiB), name or f"{n:g} GiB")
+    def gib(cls, n: float, name: str | None = None, in_use: float = 0.0) -> "GPUConfig":
+        return cls(int(n * GiB), name or f"{n:g} GiB", int(in_use * GiB))
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleConfig:
     page_size: int = 1
-    mem_fraction_static: float = 0.88
-    activation_reserve_bytes: int = 0
+    mem_fraction_static: float = 0.88  # (weights + KV pools) / free memory before the load
     kv_dtype_bytes: int = 2  # bf16/fp16 KV; 1 for fp8 KV
     weight_dtype_bytes: int | None = None  # None: the checkpoint's dtype
     context_len: int | None = None  # None: the model's max_position_embeddings
@@ -72,7 +91,6 @@ class ScheduleConfig:
         _pos_int("page_size", self.page_size)
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static!r}")
-        _nonneg_int("activation_reserve_bytes", self.activation_reserve_bytes)
         _pos_int("kv_dtype_bytes", self.kv_dtype_bytes)
         if self.context_len is not None:
             _pos_int("context_len", self.context_len)
@@ -201,9 +219,12 @@ class RunningReq:
 def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = None) -> int:
     """Free slots the next decode step needs (SGLang's ``new_tokens_required_next_decode``).
 
-    Without speculative decoding (``reserve`` None): a page for each request whose next token
-    opens one. With it: each request grows to its committed length plus ``reserve``
-    (``alloc_reserve_per_decode``), counted in whole pages past what it already holds.
+    Without speculative decoding (``reserve`` None) a step takes one token per request, so only a
+    request whose committed length sits on a page boundary needs a page (its next token opens
+    one): a page for each of those, nothing for the others. ``alloc_reserve_per_decode`` is read
+    only with speculative decoding (SGLang 0.5.23 reads it on no other decode path): then each
+    request grows to its committed length plus ``reserve``, counted in whole pages past what it
+    already holds.
     """
     if reserve is None:
         return sum(1 for r in reqs if r.seq_len % page_size == 0) * page_size
@@ -214,8 +235,19 @@ def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = 
     return total
 
 
-def check_decode_mem(reqs, available_tokens: int, page_size: int, reserve: int | None = None) -> bool:
-    return available_tokens >= new_tokens_required_next_decode(reqs, page_size, reserve)
+def check_decode_mem(reqs, available_tokens, page_size: int, reserve: int | None = None, evict=None) -> bool:
+    """Whether the next decode step fits (SGLang's ``ScheduleBatch.check_decode_mem``).
+
+    As SGLang's allocator (``check_decode_capacity``), the check itself evicts: ``evict(n)``, when
+    given, makes ``n`` slots free from the prefix cache if it can (the engine passes
+    ``evict_from_tree_cache``), and then the free slots are read. ``available_tokens``: a number,
+    or a function that reads the books (read after the eviction).
+    """
+    num_tokens = new_tokens_required_next_decode(reqs, page_size, reserve)
+    if evict is not None:
+        evict(num_tokens)
+    available = available_tokens() if callable(available_tokens) else available_tokens
+    return available >= num_tokens
 
 
 def retract_order(reqs) -> list[int]:
@@ -227,7 +259,7 @@ def retract_order(reqs) -> list[int]:
     return idx[::-1]
 
 
-def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None = None, release=None):
+def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None = None, release=None, evict=None):
     """Retract requests until the rest fit the next decode step; always keeps one.
 
     As SGLang's ``ScheduleBatch.retract_decode``, which the scheduler calls only after
@@ -239,7 +271,7 @@ def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None =
     back all its pages) or, for an engine, a function that reads the books; then ``release`` is
     called on each victim as it is chosen (the engine frees its KV there, as SGLang's
     ``release_req``) and the books are read again, so a victim whose pages stay (a cached prefix
-    another request maps) is counted as it really is.
+    another request maps) is counted as it really is. ``evict``: as for ``check_decode_mem``.
     """
     reqs = list(reqs)
     order = retract_order(reqs)[::-1]  # popped from the end, as SGLang's sorted_indices
@@ -247,7 +279,7 @@ def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None =
     read = available_tokens if callable(available_tokens) else (lambda: avail)
     retracted = []
     first_iter = True
-    while first_iter or not check_decode_mem([reqs[i] for i in order], read(), page_size, reserve):
+    while first_iter or not check_decode_mem([reqs[i] for i in order], read, page_size, reserve, evict):
         if len(order) == 1:
             break  # always keep at least one request
         first_iter = False
@@ -258,13 +290,13 @@ def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None =
         if not callable(available_tokens):
             avail += ceil_align(victim.allocated, page_size)
     kept = [reqs[i] for i in sorted(order)]
-    return kept, retracted, check_decode_mem(kept, read(), page_size, reserve)
+    return kept, retracted, check_decode_mem(kept, read, page_size, reserve, evict)
 
 
 # ---- pool sizes from a budget -------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class PoolSizes:
-    usable_bytes: int  # total * fraction - weights - reserve (may be negative: does not fit)
+    usable_bytes: int  # fraction * free before load - weights (may be negative: does not fit)
     weight_bytes: int
     page_size: int  # allocation page size
     full_tokens: int  # full-attention pool (every per-token layer of a non-hybrid model)
@@ -282,7 +314,9 @@ def pool_sizes(cfg: ServingConfig) -> PoolSizes:
     ps = alloc_page_size(s, p)
     kvb, tp = s.kv_dtype_bytes, p.tp_size
     weights = m.weight_bytes(s.weight_dtype_bytes, tp)
-    usable = int(cfg.gpu.total_bytes * s.mem_fraction_static) - weights - s.activation_reserve_bytes
+    free_before = cfg.gpu.free_before_load_bytes
+    # SGLang: free after the load minus the non-static slack, (1 - f) of the free memory before it
+    usable = int((free_before - weights) - free_before * (1 - s.mem_fraction_static))
     full_b = m.kv_bytes_per_token(FULL, kvb, tp)
     swa_b = m.kv_bytes_per_token(SLIDING, kvb, tp)
     state_b = m.state_bytes_per_request(s.mamba_conv_dtype_bytes, s.mamba_ssm_dtype_bytes, tp)

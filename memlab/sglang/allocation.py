@@ -7,6 +7,13 @@ last slot from its row (``get_last_loc``) and evicting from the prefix cache fir
 is short (``evict_from_tree_cache``). memlab's chapters, its tests, the side-by-side comparison
 and the capstone engine all drive the allocators through these functions.
 
+A request meets the prefix cache through ``sglang/srt/mem_cache/common.py``: after each prefill
+chunk ``checkpoint_kv_cache`` puts what it computed into the tree, and when it ends
+``release_kv_cache(req, tree_cache, checkpoint=...)`` checkpoints once more, frees what the tree
+did not take (``free_kv_row``: row ranges as page-aligned segments), unlocks, frees the row.
+Chapters 03 to 06 run before any tree exists; their requests end with ``release_kv_row``, what
+``release_kv_cache`` does under a disabled tree.
+
 Where memlab differs: SGLang passes a ``ScheduleBatch`` and raises when the pool is short (its
 admission already counted the pages); memlab passes the pieces and returns None, having checked
 the pool (whole pages) before taking anything, so a refused batch changes nothing, not even the
@@ -19,8 +26,9 @@ from typing import Sequence
 
 import torch
 
+from memlab.common.utils import ceil_align
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
-from memlab.sglang.req_to_token import Req
+from memlab.sglang.req_to_token import Req, ReqKvInfo
 
 
 def _lens(xs, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,10 +43,13 @@ def get_last_loc(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, pre
     return torch.where(prefix_lens > 0, last, -1)
 
 
-def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
-    """Make ``num_tokens`` slots free if the prefix cache holds enough it may evict."""
-    short = num_tokens - allocator.available_size()
-    if tree_cache is not None and short > 0:
+def evict_from_tree_cache(tree_cache, num_tokens: int) -> None:
+    """Make ``num_tokens`` slots free if the prefix cache holds enough it may evict: the shortfall
+    goes (SGLang's ``evict_from_tree_cache``, through the allocator's ``evict_to_free_tokens``)."""
+    if tree_cache is None or not tree_cache.supports_prefix_sharing():
+        return
+    short = num_tokens - tree_cache.token_to_kv_pool_allocator.available_size()
+    if short > 0:
         tree_cache.evict(short)
 
 
@@ -61,7 +72,7 @@ def alloc_paged_token_slots_decode(allocator, seq_lens: Sequence[int], last_loc:
     seq, seq_cpu = _lens(seq_lens, dev)
     if tree_cache is not None and tree_cache.evictable_size():
         ps = allocator.page_size
-        evict_from_tree_cache(tree_cache, allocator, num_new_pages_decode(seq_cpu, ps) * ps)
+        evict_from_tree_cache(tree_cache, num_new_pages_decode(seq_cpu, ps) * ps)
     return allocator.alloc_decode(seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64, device=dev))
 
 
@@ -91,33 +102,34 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     ``kv_allocated_len``; a new one takes a row and starts after ``prefix_indices[i]`` (the slots
     of a prefix-cache hit, written into its row first) or at 0. The pool is checked first (whole
     pages, after evicting from ``tree_cache``), then the rows: None when either is short, and
-    then nothing was taken. Returns the new slots in batch order (``out_cache_loc``).
+    then nothing was taken. Returns the new slots in batch order (``out_cache_loc``); each
+    request's ``kv_allocated_len`` and ``kv_committed_len`` move to its new length.
     """
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
-    fresh = [r.req_pool_idx is None for r in reqs]
-    prefix_lens = torch.tensor([len(p) if new and p is not None else (0 if new else r.kv_allocated_len)
+    fresh = [not r.kv.holds_kv for r in reqs]
+    prefix_lens = torch.tensor([len(p) if new and p is not None else (0 if new else r.kv.kv_allocated_len)
                                 for r, p, new in zip(reqs, prefix_indices, fresh)], dtype=torch.int64)
     extend = torch.as_tensor(extend_lens, dtype=torch.int64)
     seq_lens = prefix_lens + extend
     ps = allocator.page_size
     need = num_new_pages(prefix_lens, seq_lens, ps) * ps
     if tree_cache is not None and tree_cache.evictable_size():
-        evict_from_tree_cache(tree_cache, allocator, need)
+        evict_from_tree_cache(tree_cache, need)
     if need > allocator.available_size():
         return None
     if req_to_token_pool.alloc(reqs) is None:
         return None
-    rows = torch.tensor([r.req_pool_idx for r in reqs])
+    rows = torch.tensor([r.kv.req_pool_idx for r in reqs])
     for r, p, new in zip(reqs, prefix_indices, fresh):
         if new and p is not None and len(p):
-            req_to_token_pool.write((r.req_pool_idx, slice(0, len(p))), p.to(torch.int32))
+            req_to_token_pool.write((r.kv.req_pool_idx, slice(0, len(p))), p.to(torch.int32))
     dev = req_to_token_pool.device
     last = get_last_loc(req_to_token_pool.req_to_token, rows.to(dev), prefix_lens.to(dev))
     out = alloc_paged_token_slots_extend(allocator, prefix_lens, seq_lens, last)
     assert out is not None, "alloc_extend refused after the pool was checked"
     write_cache_indices(req_to_token_pool, rows, prefix_lens, extend, out)
     for r, s in zip(reqs, seq_lens.tolist()):
-        r.kv_allocated_len = s
+        r.kv.kv_allocated_len = r.kv.kv_committed_len = s
     return out
 
 
@@ -125,26 +137,117 @@ def alloc_for_decode(req_to_token_pool, allocator, reqs: Sequence[Req], tree_cac
     """A decode step: one new slot per request, written into its row; None when the pool is short
     even after evicting from ``tree_cache`` (nothing taken)."""
     dev = req_to_token_pool.device
-    rows = torch.tensor([r.req_pool_idx for r in reqs], device=dev)
-    seq = torch.tensor([r.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
+    rows = torch.tensor([r.kv.req_pool_idx for r in reqs], device=dev)
+    seq = torch.tensor([r.kv.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
     pos = (seq - 1).to(dev)  # the new token's position; a decoding request holds KV before it
     last = req_to_token_pool.req_to_token[rows, pos - 1].to(torch.int64)
     out = alloc_paged_token_slots_decode(allocator, seq, last, tree_cache)
     if out is None:
         return None
     req_to_token_pool.write((rows, pos), out.to(torch.int32))
-    for r in reqs:
-        r.kv_allocated_len += 1
+    for r in reqs:  # one token per request without speculative decoding: written this step
+        r.kv.kv_allocated_len += 1
+        r.kv.kv_committed_len += 1
     return out
 
 
-def release_kv_cache(req_to_token_pool, allocator, req: Req, start: int = 0) -> torch.Tensor:
-    """A request without a prefix cache ends: its slots from ``start`` on go back to the allocator
-    (the first ``start`` belong to someone else, e.g. a prefix cache), its row to the request
-    table. Returns the slots it held."""
-    slots = req_to_token_pool.req_to_token[req.req_pool_idx, :req.kv_allocated_len].to(torch.int64)
-    if len(slots) > start:
-        allocator.free(slots[start:].to(allocator.device))
+# -- the request and the prefix cache (sglang/srt/mem_cache/common.py) -------------------------
+
+def coalesce_ranges(ranges):
+    """Merge adjacent half-open ranges, so a page a seam falls inside is freed once."""
+    merged: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if merged and start == merged[-1][1]:
+            merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def free_kv_row_segments(allocator, segments, *, swa_evicted_seqlen: int = 0, swa_dead_lo: int = 0) -> None:
+    """Free ascending, page-disjoint ``(slots, start_pos)`` pieces of one request's row, each as a
+    segment: a whole page per page touched, no dedup (SGLang's ``free_kv_row_segments``).
+
+    With a sliding window, positions ``[swa_dead_lo, swa_evicted_seqlen)`` already gave their SWA
+    slots back (``release_out_of_window``): that part goes back on the full side only
+    (``free_full_segment``), the rest on both sides (``free_segment``). memlab's allocators have no
+    ``free_segments``; this loop is it."""
+    dead_lo, dead_hi = swa_dead_lo, max(swa_evicted_seqlen, swa_dead_lo)
+    dead, alive = [], []
+    for slots, start_pos in segments:
+        end_pos = start_pos + slots.numel()
+        lo, hi = min(max(dead_lo, start_pos), end_pos), min(max(dead_hi, start_pos), end_pos)
+        if hi <= lo:
+            alive.append((slots, start_pos))
+            continue
+        dead.append((slots[lo - start_pos: hi - start_pos], lo))
+        if lo > start_pos:
+            alive.append((slots[: lo - start_pos], start_pos))
+        if end_pos > hi:
+            alive.append((slots[hi - start_pos:], hi))
+    if dead and alive:  # two separate frees: a page split between them would be freed twice
+        assert swa_evicted_seqlen % allocator.page_size == 0, \
+            f"SWA eviction cursor {swa_evicted_seqlen} splits a page (page_size {allocator.page_size})"
+    for slots, start_pos in dead:
+        if slots.numel():
+            allocator.free_full_segment(slots, start_pos=start_pos)
+    for slots, start_pos in alive:
+        if slots.numel():
+            allocator.free_segment(slots, start_pos=start_pos)
+
+
+def free_kv_row(req_to_token_pool, allocator, kv: ReqKvInfo, ranges, swa_evicted_seqlen: int = 0) -> None:
+    """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row
+    (SGLang's ``BasePrefixCache.free_kv_row``; a tree calls it with its own pool and allocator).
+    ``swa_evicted_seqlen``: how far a sliding window already released (memlab keeps that cursor
+    beside the request, SGLang in ``kv``)."""
+    row = req_to_token_pool.req_to_token[kv.req_pool_idx]
+    dev = allocator.device
+    free_kv_row_segments(allocator, [(row[s:e].to(dev), s) for s, e in coalesce_ranges(ranges) if e > s],
+                         swa_evicted_seqlen=swa_evicted_seqlen, swa_dead_lo=kv.cache_protected_len)
+
+
+def checkpoint_kv_cache(req: Req, tree_cache) -> None:
+    """After a prefill chunk of a running request: the tree takes what it computed so far
+    (``tree_cache.checkpoint(req, up_to=req.extend_end)``); the next chunk starts there."""
+    tree_cache.checkpoint(req, up_to=req.extend_end)
+    req.prefix_len = req.extend_end
+
+
+def release_kv_cache(req: Req, tree_cache, *, checkpoint: bool) -> None:
+    """The request gives its KV back (SGLang's ``release_kv_cache``): with ``checkpoint`` (it
+    finished) the tree first keeps what it can key; then whatever the tree does not own,
+    ``[cache_protected_len, kv_committed_len)``, goes back, the lock is dropped, the slots
+    allocated past the committed length go back, and the row returns to the request table.
+
+    Without ``checkpoint`` (a retraction, an abort) the tree keeps only what earlier checkpoints
+    gave it. A disabled tree checkpoints nothing, so the whole row goes back. SGLang's owned
+    length is the committed one unless a stop ends the output inside it; memlab's outputs end on
+    a token, so it is ``kv_committed_len``.
+    """
+    kv = req.kv
+    owned_kv_len = kv.kv_committed_len
+    if checkpoint:
+        tree_cache.checkpoint(req, up_to=owned_kv_len)
+    tree_cache.free_kv_row(kv, [(kv.cache_protected_len, owned_kv_len)])  # the protected prefix is the tree's
+    tree_cache.unlock(req.lock)
+    req.lock = None
+    ps = tree_cache.token_to_kv_pool_allocator.page_size
+    start = ceil_align(owned_kv_len, ps)  # allocated past the commit: whole pages after the last one used
+    if start < kv.kv_allocated_len:
+        tree_cache.free_kv_row(kv, [(start, kv.kv_allocated_len)])
+    tree_cache.req_to_token_pool.free(req)
+    kv.mark_kv_released()
+
+
+def release_kv_row(req_to_token_pool, allocator, req: Req, swa_evicted_seqlen: int = 0) -> torch.Tensor:
+    """A request ends where no prefix cache exists yet (chapters 03 to 07): what
+    ``release_kv_cache`` does under a disabled tree (SGLang 0.5.23 always builds one): its slots
+    go back as segments, its row to the request table. Returns the slots it held."""
+    kv = req.kv
+    slots = req_to_token_pool.req_to_token[kv.req_pool_idx, :kv.kv_allocated_len].to(torch.int64)
+    free_kv_row(req_to_token_pool, allocator, kv, [(kv.cache_protected_len, kv.kv_allocated_len)], swa_evicted_seqlen)
     req_to_token_pool.free(req)
-    req.kv_allocated_len = 0
+    kv.mark_kv_released()
+    kv.kv_committed_len = 0
     return slots

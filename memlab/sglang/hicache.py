@@ -145,7 +145,7 @@ class HiRadixCache(RadixCache):
 
     def __init__(self, token_to_kv_pool_allocator, token_to_kv_pool_host: HostKVCache,
                  write_policy: str = "write_through", io_backend: str = "triton", load_back_threshold: int = 10,
-                 debug_mode: bool = False):
+                 debug_mode: bool = False, req_to_token_pool=None):
         self.token_to_kv_pool_host = token_to_kv_pool_host
         self.cache_controller = HiCacheController(token_to_kv_pool_allocator, token_to_kv_pool_host,
                                                   token_to_kv_pool_allocator.page_size, write_policy, io_backend)
@@ -154,7 +154,7 @@ class HiRadixCache(RadixCache):
         # second hit, so KV nobody reuses never crosses PCIe.
         self.write_through_threshold = 1 if write_policy == "write_through" else 2
         self.load_back_threshold = load_back_threshold  # fewer host tokens are recomputed instead
-        super().__init__(token_to_kv_pool_allocator, debug_mode=debug_mode)
+        super().__init__(token_to_kv_pool_allocator, debug_mode=debug_mode, req_to_token_pool=req_to_token_pool)
 
     def reset(self) -> None:
         super().reset()
@@ -180,9 +180,12 @@ class HiRadixCache(RadixCache):
 
     # -- insert: revive host-only nodes, back new nodes up ----------------------------------
 
-    def _insert_helper(self, node: TreeNode, key: tuple, value: torch.Tensor):
+    def _insert_helper(self, node: TreeNode, key: tuple, value: torch.Tensor, priority: int | None = 0,
+                       inserted_len: int = 0):
+        priority = priority or 0
         access_time = next(self._clock)
         node.last_access_time = access_time
+        node.priority = max(node.priority, priority)
         total_prefix_length = offset = 0
         while offset < len(key) and (child := node.children.get(self._child_key(key, offset))) is not None:
             node = child
@@ -190,6 +193,7 @@ class HiRadixCache(RadixCache):
             prefix_len = self._key_match(node.key, key, offset)
             if prefix_len < len(node.key):
                 node = self._split_node(node, prefix_len)
+            node.priority = max(node.priority, priority)
             if node.evicted:
                 # The request recomputed KV the tree only had on the host: the node adopts the
                 # request's device slots (they are not duplicates: prefix_len does not count them).
@@ -199,11 +203,13 @@ class HiRadixCache(RadixCache):
                 self._update_leaf_status(node.parent)
             else:
                 total_prefix_length += prefix_len
-                self._inc_hit_count(node)
+                if offset + prefix_len > inserted_len:  # counted once per request
+                    self._inc_hit_count(node)
             offset += prefix_len
         if offset < len(key):
-            node = self._add_leaf(node, key[offset:], value[offset:].clone())
-            self._inc_hit_count(node)
+            node = self._add_leaf(node, key[offset:], value[offset:].clone(), priority)
+            if len(key) > inserted_len:
+                self._inc_hit_count(node)
         return total_prefix_length, node
 
     def _inc_hit_count(self, node: TreeNode) -> None:

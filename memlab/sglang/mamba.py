@@ -2,9 +2,9 @@
 
 A linear layer keeps no KV per token; it keeps one fixed-size state per request (a conv state:
 the last ``kernel - 1`` inputs per channel, and a temporal state: the recurrence's matrix). So
-its ledger counts request slots (``MambaPool``), and the request table learns, per row, which
-slot holds the request's state and which extra "tracking" slots it may write snapshots to
-(``HybridReqToTokenPool``).
+its ledger counts request slots (``MambaSlotAllocator``, allocator/mamba.py) over the state's
+storage (``MambaPool``), and the request table learns, per row, which slot holds the request's
+state and which extra "tracking" slots it may write snapshots to (``HybridReqToTokenPool``).
 """
 
 from __future__ import annotations
@@ -67,15 +67,6 @@ class MambaSlotAllocator:
         self.free_slots = self.free_slots[need_size:]
         return out
 
-    def alloc_grouped(self, num_groups: int, group_size: int) -> torch.Tensor | None:
-        """``num_groups`` groups of ``group_size`` slots, all or nothing: a (groups, size) tensor."""
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0:
-            raise ValueError(f"group_size must be an int >= 0, got {group_size!r}")
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-            raise ValueError(f"num_groups must be an int >= 0, got {num_groups!r}")
-        out = self.alloc(num_groups * group_size)
-        return None if out is None else out.view(num_groups, group_size)
-
     def free(self, slots) -> None:
         slots = _slot_tensor(slots, self.device)
         if slots.numel() == 0:
@@ -100,15 +91,14 @@ class MambaPool:
     shape per component: most models have one, ``(channels, kernel - 1)``), each stacked over the
     layers, ``(num_mamba_layers, size + 1, *shape)``; ``temporal`` is one tensor
     ``(num_mamba_layers, size + 1, *temporal_state_shape)``. All mamba layers share the shapes, so
-    one tensor per component serves them all. Slots are zeroed when handed out: a recurrent state
-    left by the previous owner would be read as the new request's history.
+    one tensor per component serves them all. Storage only, as SGLang's: the free slots are the
+    request table's (``HybridReqToTokenPool.mamba_allocator``).
     """
 
     def __init__(self, size: int, num_mamba_layers: int, conv_state_shape: Sequence[Sequence[int]],
                  temporal_state_shape: Sequence[int], conv_dtype: torch.dtype = torch.bfloat16,
-                 ssm_dtype: torch.dtype = torch.float32, device="cpu", debug_mode: bool = False):
+                 ssm_dtype: torch.dtype = torch.float32, device="cpu"):
         _checks.mamba_layers(num_mamba_layers, conv_state_shape)
-        self.allocator = MambaSlotAllocator(size, device, debug_mode)
         self.size, self.device = size, resolve_device(device)
         self.num_mamba_layers = num_mamba_layers
         self.conv = [torch.zeros((num_mamba_layers, size + 1, *shape), dtype=conv_dtype, device=self.device)
@@ -119,45 +109,22 @@ class MambaPool:
 
     # -- states that share the slot's lifetime ---------------------------------------------
     def register_slot_state(self, state) -> None:
-        """Attach a state indexed by slot that must be cleared, copied, moved and freed with the slot.
+        """Attach a state indexed by slot that must be cleared, copied and moved with the slot.
 
         ``state``: a tensor whose first dim is ``size + 1``, or an object with
-        ``clear_slots(slots)``, ``copy_slots(src, dst)`` and ``free_slots(slots)``.
+        ``clear_slots(slots)`` and ``copy_slots(src, dst)``.
         """
         if isinstance(state, torch.Tensor):
             if state.shape[0] != self.size + 1:
                 raise ValueError(f"a slot state needs {self.size + 1} rows (slot 0 padding), got {state.shape[0]}")
             state = _TensorSlotState(state)
-        elif not all(callable(getattr(state, m, None)) for m in ("clear_slots", "copy_slots", "free_slots")):
-            raise TypeError(f"{state!r} is neither a tensor nor has clear_slots/copy_slots/free_slots")
+        elif not all(callable(getattr(state, m, None)) for m in ("clear_slots", "copy_slots")):
+            raise TypeError(f"{state!r} is neither a tensor nor has clear_slots/copy_slots")
         self._slot_siblings = [*self._slot_siblings, state]
 
-    # -- slots ------------------------------------------------------------------------------
-    def available_size(self) -> int:
-        return self.allocator.available_size()
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        slots = self.allocator.alloc(need_size)
-        if slots is not None:
-            self.clear_slots(slots)
-        return slots
-
-    def alloc_grouped(self, num_groups: int, group_size: int) -> torch.Tensor | None:
-        slots = self.allocator.alloc_grouped(num_groups, group_size)
-        if slots is not None:
-            self.clear_slots(slots.reshape(-1))
-        return slots
-
-    def free(self, slots) -> None:
-        slots = _slot_tensor(slots, self.device)
-        self.allocator.free(slots)  # validates first: a refused free touches no sibling
-        for s in self._slot_siblings:
-            s.free_slots(slots)
-
-    def clear(self) -> None:
-        self.allocator.clear()
-
+    # -- slot contents ------------------------------------------------------------------------
     def clear_slots(self, slots) -> None:
+        """Zero the state of ``slots`` (SGLang runs this on the forward stream, before the extend)."""
         slots = _slot_tensor(slots, self.device)
         for c in self.conv:
             c[:, slots] = 0
@@ -209,19 +176,26 @@ class _TensorSlotState:
     def copy_slots(self, src, dst):
         self.t[dst] = self.t[src]
 
-    def free_slots(self, slots):
-        pass  # zeroed when the slot is handed out again
-
 
 class HybridReqToTokenPool(ReqToTokenPool):
-    """The request table of a hybrid model: every row also owns a mamba state slot.
+    """The request table of a hybrid model: each request also holds a mamba state slot.
 
-    Per row: ``req_index_to_mamba_index_mapping`` (the state slot; 0 = none), the ping-pong
-    tracking slots ``req_index_to_mamba_ping_pong_track_buffer_mapping`` (-1 = not taken yet, in
-    lazy mode, as SGLang's; 0 on a free row), which of
-    them the next snapshot goes to (``mamba_next_track_idx``) and the length the last snapshot
-    was taken at (``mamba_last_track_seqlen``, -1 = none). A freed row gets all of them back
-    to those values, so a reused row never sees a stale slot.
+    As SGLang 0.5.23's: the slots come from ``mamba_allocator``; ``alloc(reqs)`` gives each
+    request a row and, unless it still holds one (a continuing chunk, a state it kept), a state
+    slot, marked ``req.kv.mamba_needs_clear``: it is zeroed before the request's first extend,
+    unless a cached state is copied in (``req.kv.mamba_cow_src_index``). SGLang zeroes it on the
+    forward stream (``ModelRunner``, before the mamba layers run); memlab has no forward stream and
+    zeroes it in ``execute_deferred_mamba_cow_and_clear(reqs)``, which whoever prepares the extend
+    calls after ``alloc``. ``free(req)`` gives back the row only; the state and the tracking slots
+    go with ``free_mamba_cache(req)`` (a tree that adopts a state keeps it).
+
+    Per row, on the device: ``req_index_to_mamba_index_mapping`` (the state slot; 0 = none), the
+    ping-pong tracking slots ``req_index_to_mamba_ping_pong_track_buffer_mapping`` (-1 = not taken
+    yet, in lazy mode, as SGLang's; 0 on a free row), which of them the next snapshot goes to
+    (``mamba_next_track_idx``) and the length the last snapshot was taken at
+    (``mamba_last_track_seqlen``, -1 = none). SGLang keeps the two cursors on the request; memlab
+    keeps them per row and resets them with a fresh row. A freed row gets all of them back to
+    those values, so a reused row never sees a stale slot (SGLang leaves them until reuse).
     """
 
     def __init__(self, size: int, max_context_len: int, mamba_size: int,
@@ -233,7 +207,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if len(set(mamba_layer_ids)) != len(mamba_layer_ids):
             raise ValueError(f"repeated mamba layer ids: {list(mamba_layer_ids)}")
         self.mamba_pool = MambaPool(mamba_size, len(mamba_layer_ids), conv_state_shape, temporal_state_shape,
-                                    conv_dtype, ssm_dtype, device, debug_mode)
+                                    conv_dtype, ssm_dtype, device)
+        self.mamba_allocator = MambaSlotAllocator(mamba_size, device, debug_mode)
         # Mamba layers sit sparsely among the model's layers; the pool stores only them.
         self.mamba_map = {layer_id: i for i, layer_id in enumerate(mamba_layer_ids)}
         self.enable_mamba_extra_buffer = enable_mamba_extra_buffer
@@ -261,10 +236,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def mamba2_layer_cache(self, layer_id: int):
         return self.mamba_pool.get_state(self.mamba_layer_index(layer_id))
 
-    # -- rows -------------------------------------------------------------------------------
+    # -- rows and state slots ---------------------------------------------------------------
     def clear(self) -> None:
         super().clear()
-        self.mamba_pool.clear()
+        self.mamba_allocator.clear()
         self._reset_rows(slice(None))
 
     def _reset_rows(self, rows) -> None:
@@ -273,52 +248,103 @@ class HybridReqToTokenPool(ReqToTokenPool):
         self.mamba_next_track_idx[rows] = 0
         self.mamba_last_track_seqlen[rows] = -1
 
-    def alloc_rows(self, n: int) -> list[int] | None:
-        """Rows plus, per row, a state slot and its initial tracking slots; all or nothing."""
-        per_row = 1 + self.mamba_initial_tracking_slots
-        # decided before any row or slot is taken (memlab's choice: SGLang takes the rows, then
-        # asserts when state slots are short; its scheduler checks them first)
-        if isinstance(n, int) and not isinstance(n, bool) and n * per_row > self.mamba_pool.available_size():
+    def alloc(self, reqs) -> list[int] | None:
+        """A row for each new request, then a state slot for each request that holds none (marked
+        to be zeroed) and its initial tracking slots (extra buffer); a request that still holds
+        its state keeps it. None when rows or slots are short, and then nothing was taken
+        (memlab's choice: SGLang takes the rows, then asserts when state slots are short; its
+        scheduler checks them first, ``ensure_mamba_capacity``)."""
+        reqs = list(reqs)
+        need = sum(1 for r in reqs if not r.kv.holds_mamba)
+        if self.enable_mamba_extra_buffer:
+            need += self.mamba_initial_tracking_slots * sum(1 for r in reqs if r.kv.mamba_ping_pong_track_buffer is None)
+        if need > self.mamba_allocator.available_size():
             return None
-        rows = super().alloc_rows(n)
-        if not rows:
-            return rows
-        slots = self.mamba_pool.alloc_grouped(len(rows), per_row)
-        r = torch.tensor(rows, dtype=torch.int64, device=self.req_index_to_mamba_index_mapping.device)
-        self._reset_rows(r)
-        self.req_index_to_mamba_ping_pong_track_buffer_mapping[r] = -1
-        self.req_index_to_mamba_index_mapping[r] = slots[:, 0]
-        self.req_index_to_mamba_ping_pong_track_buffer_mapping[r, : per_row - 1] = slots[:, 1:]
-        return rows
+        fresh = [r for r in reqs if not r.kv.holds_kv]
+        select_index = super().alloc(reqs)
+        if not select_index:  # None (rows short) or no request at all
+            return select_index
+        for r in reqs:
+            if not r.kv.holds_mamba:  # a state kept across rows (a chunk going on, a tree's) is reused
+                r.kv.mamba_pool_idx = self.mamba_allocator.alloc(1)[0]
+                r.kv.mamba_needs_clear = True
+            if self.enable_mamba_extra_buffer and r.kv.mamba_ping_pong_track_buffer is None:
+                self._alloc_ping_pong_buffer(r)
+        rows = torch.tensor(select_index, dtype=torch.int64, device=self.req_index_to_mamba_index_mapping.device)
+        if fresh:
+            self._reset_rows(torch.tensor([r.kv.req_pool_idx for r in fresh], dtype=torch.int64, device=rows.device))
+        self.req_index_to_mamba_index_mapping[rows] = torch.stack([r.kv.mamba_pool_idx for r in reqs]).to(rows.device)
+        if self.enable_mamba_extra_buffer:
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping[rows] = torch.stack(
+                [r.kv.mamba_ping_pong_track_buffer for r in reqs]).to(rows.device)
+        return select_index
 
-    def ensure_tracking_slots(self, rows) -> bool:
-        """Lazy mode: give each row its missing ping-pong slots now; False (nothing taken) when short."""
-        pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
-        r = torch.unique(_slot_tensor(rows, pp.device))  # a row listed twice would get two sets and leak one
-        missing = (pp[r] < 0).nonzero()
-        if missing.numel() == 0:
+    def _alloc_ping_pong_buffer(self, req) -> None:
+        """The tracking slots: all of them, or one in lazy mode (the other -1 until needed)."""
+        n = self.mamba_initial_tracking_slots
+        buf = torch.full((self.mamba_ping_pong_track_buffer_size,), -1, dtype=torch.int64,
+                         device=self.mamba_allocator.device)
+        buf[:n] = self.mamba_allocator.alloc(n)
+        req.kv.mamba_ping_pong_track_buffer = buf
+
+    def ensure_tracking_slots(self, reqs) -> bool:
+        """Lazy mode: give each request its missing tracking slots now (in its buffer and in its
+        row); False (nothing taken) when short."""
+        reqs = list({id(r): r for r in reqs}.values())  # a request listed twice would take two sets
+        missing = [(r, int(i)) for r in reqs for i in (r.kv.mamba_ping_pong_track_buffer < 0).nonzero()[:, 0]]
+        if not missing:
             return True
-        slots = self.mamba_pool.alloc(missing.shape[0])
+        slots = self.mamba_allocator.alloc(len(missing))
         if slots is None:
             return False
-        pp[r[missing[:, 0]], missing[:, 1]] = slots
+        pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
+        for (r, i), slot in zip(missing, slots):
+            r.kv.mamba_ping_pong_track_buffer[i] = slot
+            pp[r.kv.req_pool_idx, i] = slot
         return True
 
     def free(self, row_or_req) -> None:
-        """Free the row and every mamba slot it owns, and reset all its tracking fields."""
-        row = row_or_req.req_pool_idx if isinstance(row_or_req, Req) else row_or_req
-        held = isinstance(row, int) and not isinstance(row, bool) and 1 <= row <= self.size \
-            and not self._row_free[row]
-        if held:
-            # Slots first: the pool may refuse (debug double free) while the row is still held,
-            # so a refused free changes nothing.
-            owned = torch.cat((self.req_index_to_mamba_index_mapping[row:row + 1],
-                               self.req_index_to_mamba_ping_pong_track_buffer_mapping[row]))
-            owned = owned[owned > 0]  # 0 = no slot; never hand the padding slot to the free list
-            if owned.numel():
-                self.mamba_pool.free(owned)
+        """Give back the row only (SGLang's ``ReqToTokenPool.free``): the request keeps its state
+        slot and tracking slots until ``free_mamba_cache``. The row's entries are reset."""
+        row = row_or_req.kv.req_pool_idx if isinstance(row_or_req, Req) else row_or_req
         super().free(row_or_req)  # a bad or free row is refused here, before anything changed
-        self._reset_rows(row)  # SGLang leaves a freed row's entries until reuse; memlab clears them
+        self._reset_rows(int(row))
+
+    def free_mamba_cache(self, req: Req, mamba_ping_pong_track_buffer_to_keep: int | None = None) -> None:
+        """Give back the request's state slot and its tracking slots (but the one at position
+        ``mamba_ping_pong_track_buffer_to_keep``, which a tree adopted), state first."""
+        _validate_free_mamba_cache(req, mamba_ping_pong_track_buffer_to_keep, self.mamba_ping_pong_track_buffer_size)
+        kv = req.kv
+        self.mamba_allocator.free(kv.mamba_pool_idx.reshape(1))
+        kv.mamba_pool_idx = None
+        if self.enable_mamba_extra_buffer:
+            buf = kv.mamba_ping_pong_track_buffer
+            keep = [p != mamba_ping_pong_track_buffer_to_keep for p in range(len(buf))]
+            self.mamba_allocator.free(buf[torch.tensor(keep, device=buf.device) & (buf > 0)])
+            kv.mamba_ping_pong_track_buffer = kv.mamba_cow_src_index = None
+            kv.mamba_needs_clear = False
+        if kv.holds_kv:  # the row stays the request's, its state entries go
+            self.req_index_to_mamba_index_mapping[kv.req_pool_idx] = 0
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping[kv.req_pool_idx] = 0
+
+    def execute_deferred_mamba_cow_and_clear(self, reqs) -> None:
+        """Before the requests' first extend: a cached state copied into a new slot wins over the
+        clear; any other new slot is zeroed (SGLang's ``_collect_deferred_mamba_cow_and_clear``
+        in ``prepare_for_extend`` and ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``
+        on the forward stream, in one step here)."""
+        clear, src, dst = [], [], []
+        for r in reqs:
+            kv = r.kv
+            if kv.mamba_cow_src_index is not None:
+                src.append(kv.mamba_cow_src_index.reshape(1))
+                dst.append(kv.mamba_pool_idx.reshape(1))
+            elif kv.mamba_needs_clear:
+                clear.append(kv.mamba_pool_idx.reshape(1))
+            kv.mamba_cow_src_index, kv.mamba_needs_clear = None, False
+        if clear:
+            self.mamba_pool.clear_slots(torch.cat(clear))
+        if src:
+            self.mamba_pool.copy_slots(torch.cat(src), torch.cat(dst))
 
     # -- state slots of running requests ----------------------------------------------------
     def get_mamba_indices(self, rows) -> torch.Tensor:
@@ -347,7 +373,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return dst
 
     def held_mamba_slots(self) -> torch.Tensor:
-        """Every slot some row owns (for ledgers and tests)."""
+        """Every slot some row maps (for ledgers and tests; a request that kept its state without
+        a row is not in the table)."""
         both = torch.cat((self.req_index_to_mamba_index_mapping[1:],
                           self.req_index_to_mamba_ping_pong_track_buffer_mapping[1:].reshape(-1)))
         return both[both > 0]
+
+
+# -- argument checks at the boundary ----------------------------------------------------------
+
+def _validate_free_mamba_cache(req, keep, size) -> None:
+    if not req.kv.holds_mamba:
+        raise ValueError(f"{req!r} holds no mamba state: freed twice?")
+    if keep not in (None, 0, 1) or (keep == 1 and size != 2):
+        raise ValueError(f"cannot keep ping-pong entry {keep!r} of {size}")

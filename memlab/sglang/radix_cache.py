@@ -2,10 +2,19 @@
 
 A radix tree over token ids. Each node holds the edge's tokens (``key``) and the KV slots of
 those tokens (``value``, slot indices handed out by the allocator). A new request walks the tree
-with its prompt (``match_prefix``) and reuses the slots of the longest match; a finished request
-``insert``s its tokens and slots, and the tree keeps the part it did not have. Nodes that running
-requests use are locked (``inc_lock_ref``/``dec_lock_ref``: the whole path to the root); the tree
-``evict``s unlocked leaves, least recently used first, and gives their slots back to the allocator.
+with its prompt (``match_prefix``) and reuses the slots of the longest match. Nodes that running
+requests use are locked (``lock``/``unlock``, over ``inc_lock_ref``/``dec_lock_ref``: the whole
+path to the root); the tree ``evict``s unlocked leaves, least recently used first, and gives their
+slots back to the allocator.
+
+A request meets the tree through ``checkpoint(req, up_to=...)``: after each prefill chunk
+(``allocation.checkpoint_kv_cache``) and once more when it finishes
+(``allocation.release_kv_cache(req, tree, checkpoint=True)``). A checkpoint inserts the request's
+page-aligned tokens with their slots (the tree keeps the part it did not have), frees the
+request's copies of what the tree already held and points its row at the tree's, moves the
+request's lock to the new last node and advances ``req.kv.cache_protected_len`` (the tree owns the
+row up to there). The insert splits the leaf at the page-aligned prompt (the prompt gets
+priority + 1), so a finished request's output can be evicted without its prompt.
 
 With ``page_size > 1`` keys are cut to whole pages (``page_aligned``) and compared page by page:
 the tree only ever holds whole pages, so every value is a run of page-aligned slots.
@@ -15,19 +24,30 @@ Three counters keep the books: ``evictable_size`` (tokens the tree holds and cou
 ``available_size``. With no request running, SGLang's scheduler checks that they add up to the
 pool (``check_idle``).
 
+0.5.23's scheduler builds ``UnifiedRadixCache`` by default (a disabled cache included);
+``RadixCache``, the class memlab mirrors, is its reference class (what ``PureSWARadixCache`` and
+SGLang's tests build), with the same checkpoint protocol.
+
 Where memlab differs from SGLang 0.5.23: keys are plain sequences of token ids (SGLang wraps them
 in a ``RadixKey`` that also carries a LoRA/salt namespace and a bigram view for EAGLE); the LRU
 clock is a counter (SGLang reads ``time.monotonic()``: the same order, but reproducible); only the
-LRU policy; no KV events or metrics.
+LRU policy, so a node's ``priority`` is kept but never read (SGLang's ``priority`` policy reads
+it); ties in access time go to the older node (SGLang's heap breaks them by its set's order); no
+KV events or metrics.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from typing import NamedTuple, Sequence
 
 import torch
+
+from memlab.sglang.allocation import free_kv_row
+
+_INT64_MAX = torch.iinfo(torch.int64).max
 
 
 class TreeNode:
@@ -35,9 +55,9 @@ class TreeNode:
     from the device (only HiCache keeps such nodes, with their KV in ``host_value``)."""
 
     __slots__ = ("id", "children", "parent", "key", "value", "host_value", "lock_ref", "host_lock_ref",
-                 "last_access_time", "hit_count")
+                 "last_access_time", "hit_count", "priority")
 
-    def __init__(self, id: int, last_access_time: int):
+    def __init__(self, id: int, last_access_time: int, priority: int = 0):
         self.id = id
         self.children: dict = {}  # child_key (first token, or first page as a tuple) -> TreeNode
         self.parent: TreeNode | None = None
@@ -47,7 +67,8 @@ class TreeNode:
         self.lock_ref = 0  # running requests whose prefix runs through this node
         self.host_lock_ref = 0  # HiCache: load-backs reading host_value right now
         self.last_access_time = last_access_time
-        self.hit_count = 0
+        self.hit_count = 0  # inserts that reached it, once per request (HiCache's write-through reads it)
+        self.priority = priority  # the highest priority of the requests that inserted it
 
     @property
     def evicted(self) -> bool:
@@ -73,17 +94,29 @@ class MatchResult(NamedTuple):
     host_hit_length: int = 0  # HiCache: matched tokens whose KV lives only on the host
 
 
-def match_and_lock(tree_cache, key) -> tuple:
-    """What a scheduler does with a new request's prompt: match it, load a host-only part back to
-    the device first (HiCache), lock the node the device part ends at. Returns (the matched slots,
-    that node, how many tokens came back from the host). Any of the course's prefix caches."""
-    m = tree_cache.match_prefix(key)
+class TreeLock(NamedTuple):
+    """One holder's lock on the path root -> ``node`` (SGLang's ``TreeLock``): ``unlock`` gives back
+    exactly this one. A request keeps its own in ``req.lock``."""
+    node: TreeNode
+
+
+def match_and_lock(tree_cache, req) -> tuple:
+    """What the scheduler does with a new request: match its tokens but the last (computed again
+    for its logits), load a host-only part back to the device first (HiCache), lock the node the
+    device part ends at. Sets ``req.prefix_len``, ``req.last_node``, ``req.lock`` and
+    ``req.kv.cache_protected_len`` (SGLang's ``match_kv_cache`` in ``init_next_round_input``, then
+    ``init_load_back`` and ``_commit_prefill_admission``'s lock). Returns (the matched slots, how
+    many tokens came back from the host). Any of the course's prefix caches."""
+    fill = req.full_untruncated_fill_ids
+    m = tree_cache.match_prefix(fill[: len(fill) - 1])
     node, loaded = m.last_device_node, 0
     if m.host_hit_length:  # the load-back locks what it needs meanwhile
         indices, node = tree_cache.init_load_back(m.last_host_node, m.host_hit_length)
         loaded = len(indices)
-    tree_cache.inc_lock_ref(node)
-    return tree_cache.path_device_indices(node), node, loaded
+    prefix = tree_cache.path_device_indices(node)
+    req.prefix_len = req.kv.cache_protected_len = len(prefix)
+    req.last_node, req.lock = node, tree_cache.lock(node)
+    return prefix, loaded
 
 
 class InsertResult(NamedTuple):
@@ -108,8 +141,9 @@ class RadixCache:
     ``page_size``, ``device``): a node's slots are whole pages, so they go back as segments."""
 
     def __init__(self, token_to_kv_pool_allocator, page_size: int | None = None, disable: bool = False,
-                 debug_mode: bool = False):
+                 debug_mode: bool = False, req_to_token_pool=None):
         _validate_init(token_to_kv_pool_allocator, page_size)
+        self.req_to_token_pool = req_to_token_pool  # the request table checkpoints read and rewrite
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = token_to_kv_pool_allocator.page_size if page_size is None else page_size
         self.device = token_to_kv_pool_allocator.device
@@ -128,14 +162,15 @@ class RadixCache:
         self.root_node = self._new_node()
         self.root_node.value = torch.empty(0, dtype=torch.int64, device=self.device)
         self.root_node.lock_ref = 1
+        self.root_node.priority = -sys.maxsize
         self.evictable_size_ = 0
         self.protected_size_ = 0
         self.evictable_leaves.clear()
 
     def page_aligned(self, key: Sequence[int]) -> tuple:
         """The key cut to whole pages: a partial last page is never cached or matched."""
-        key = tuple(key)
-        return key[: len(key) // self.page_size * self.page_size] if self.page_size > 1 else key
+        key = key if type(key) is tuple else tuple(key)
+        return key[: len(key) // self.page_size * self.page_size] if len(key) % self.page_size else key
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         """The longest cached prefix of ``key``. A match that ends inside a node splits it, so the
@@ -148,12 +183,24 @@ class RadixCache:
             self._check_tree()
         return MatchResult(sum(len(v) for v in value), last_node, last_node)
 
-    def insert(self, key: Sequence[int], value: torch.Tensor | None = None) -> InsertResult:
+    def touch_prefix(self, key: Sequence[int]) -> None:
+        """Refresh the access time of ``key``'s cached prefix, as a match does (it may split a
+        node too), returning nothing. SGLang's scheduler touches the waiting requests' prompts
+        every 32nd scheduling round, so queued prompts are evicted last."""
+        key = self.page_aligned(key)
+        if self.disable or len(key) == 0:
+            return
+        self._match_prefix_helper(self.root_node, key)
+
+    def insert(self, key: Sequence[int], value: torch.Tensor | None = None, *, priority: int | None = 0,
+               inserted_len: int = 0) -> InsertResult:
         """Add ``key`` with its slots ``value``; the tree keeps the part it did not have.
 
         Returns ``prefix_len``: how many leading tokens the tree already held. The caller's slots
-        for them are duplicates, and freeing them is the caller's job (SGLang frees
-        ``kv_indices[cache_protected_len:prefix_len]`` right after the insert).
+        for them are duplicates, and freeing them is the caller's job (a checkpoint frees
+        ``kv_indices[cache_protected_len:prefix_len]`` right after the insert). Every node on the
+        path takes at least ``priority``; a node ending past ``inserted_len`` (what this request
+        inserted before) counts a hit.
         """
         if self.disable:
             return InsertResult(0, self.root_node)
@@ -161,10 +208,70 @@ class RadixCache:
         _validate_insert(key, value)
         if value is None:  # SGLang's test fallback: the token ids stand in for slots
             value = torch.tensor(key, dtype=torch.int64, device=self.device)
-        prefix_len, last_node = self._insert_helper(self.root_node, key, value[: len(key)])
+        prefix_len, last_node = self._insert_helper(self.root_node, key, value[: len(key)], priority, inserted_len)
         if self.debug_mode:
             self._check_tree()
         return InsertResult(prefix_len, last_node)
+
+    def _insert_cache(self, req, token_ids: Sequence[int], *, key_limit: int | None = None,
+                      split_prompt: bool = False):
+        """Insert the page-aligned key of ``token_ids`` (cut at ``key_limit``) with the request's
+        slots, and free the request's copies of what the tree already held. Returns (the key,
+        the row's slots, the prefix the tree held)."""
+        kv = req.kv
+        kv_indices = self.req_to_token_pool.req_to_token[kv.req_pool_idx, :len(token_ids)]
+        radix_key = self.page_aligned(token_ids)
+        if key_limit is not None:
+            radix_key = radix_key[:key_limit]
+        key_len = len(radix_key)
+        values = kv_indices[:key_len].to(self.device, torch.int64)
+        priority = req.priority or 0
+        result = self.insert(radix_key, values, priority=priority, inserted_len=kv.cache_inserted_len)
+        kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
+        if split_prompt:
+            # Split the leaf at the prompt's last whole page, so eviction can drop the output
+            # without the prompt; re-inserting a prefix only changes the tree's shape.
+            prompt_key = self.page_aligned(token_ids[: len(req.origin_input_ids)])
+            if 0 < len(prompt_key) < key_len:
+                self.insert(prompt_key, values[: len(prompt_key)], priority=min(priority + 1, _INT64_MAX),
+                            inserted_len=len(prompt_key))
+        cpl = kv.cache_protected_len
+        if result.prefix_len > cpl:  # the request computed what the tree held already: its copies go
+            self.token_to_kv_pool_allocator.free_segment(values[cpl:result.prefix_len], start_pos=cpl)
+        return radix_key, kv_indices, result.prefix_len
+
+    def checkpoint(self, req, *, up_to: int) -> None:
+        """The tree takes the request's KV up to row position ``up_to``: insert (freeing the
+        request's duplicates), point the row at the tree's slots, move the request's lock to the
+        new last node and advance ``req.kv.cache_protected_len`` to the inserted, page-aligned
+        length. Frees nothing of the request's own tail: ``release_kv_cache`` does."""
+        if self.disable:
+            return
+        radix_key, _, prefix_len = self._insert_cache(req, req.full_untruncated_fill_ids[:up_to], split_prompt=True)
+        new_last_node = self.match_prefix(radix_key).last_device_node  # its slots may be the tree's now
+        new_indices = self.path_device_indices(new_last_node)
+        assert len(new_indices) == len(radix_key), f"{len(new_indices)=}, {len(radix_key)=}"
+        kv = req.kv
+        cpl = kv.cache_protected_len
+        if prefix_len > cpl:
+            # The row points at the tree's slots from here on. SGLang writes [cpl, len(new_indices));
+            # past the old prefix the tree took the row's own slots, so only this part changes.
+            self.req_to_token_pool.write((kv.req_pool_idx, slice(cpl, prefix_len)),
+                                         new_indices[cpl:prefix_len].to(torch.int32))
+        # With page_size > 1 the partial last page stays in the row, not in the tree: the
+        # request still owns it, and the next checkpoint or release_kv_cache frees it.
+        kv.cache_protected_len = len(new_indices)
+        if req.lock is None or req.lock.node is not new_last_node:  # the same node: the lock stays as it is
+            self.unlock(req.lock)
+            req.lock = self.lock(new_last_node)
+        req.last_node = new_last_node
+
+    def free_kv_row(self, kv, ranges) -> None:
+        """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row."""
+        free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, kv, ranges)
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
 
     def evict(self, num_tokens: int) -> EvictResult:
         """Free at least ``num_tokens`` (when the tree holds that many unlocked), least recently
@@ -186,6 +293,15 @@ class RadixCache:
         if self.debug_mode:
             self._check_tree()
         return EvictResult(num_evicted)
+
+    def lock(self, node: TreeNode) -> TreeLock:
+        """Take one lock on the path root -> ``node`` for one holder."""
+        self.inc_lock_ref(node)
+        return TreeLock(node)
+
+    def unlock(self, lock: TreeLock | None) -> None:
+        if lock is not None:
+            self.dec_lock_ref(lock.node)
 
     def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
         """Lock the path from ``node`` to the root: its tokens move from evictable to protected."""
@@ -254,24 +370,6 @@ class RadixCache:
             return self.root_node.value
         return torch.cat(values[::-1])
 
-    def cache_finished_req(self, token_ids: Sequence[int], kv_indices: torch.Tensor, cache_protected_len: int,
-                           last_node: TreeNode) -> InsertResult:
-        """A finished request hands its KV to the tree; what the tree does not keep goes back.
-
-        ``kv_indices``: the request's row (a slot per token with KV); ``cache_protected_len``:
-        the prefix it matched and locked at ``last_node`` (those slots are the tree's). SGLang
-        0.5.23 spells this ``release_kv_cache(req, tree, checkpoint=True)``: ``checkpoint``
-        inserts and frees the duplicates, then the rest of the row (the partial last page) is
-        freed and the lock dropped.
-        """
-        key = self.page_aligned(token_ids[: len(kv_indices)])
-        result = self.insert(key, kv_indices[: len(key)].to(torch.int64))
-        self.token_to_kv_pool_allocator.free_segment(kv_indices[cache_protected_len:result.prefix_len],
-                                                     start_pos=cache_protected_len)
-        self.token_to_kv_pool_allocator.free(kv_indices[len(key):])  # the partial last page
-        self.dec_lock_ref(last_node)
-        return result
-
     def check_idle(self, total: int) -> None:
         """SGLang's idle check, valid when no request runs: every slot of the pool (``total``) is
         free, or held by the tree (evictable), or locked (protected). A leak shows up here."""
@@ -320,6 +418,7 @@ class RadixCache:
         """Cut ``child`` after ``split_len`` tokens: a new node takes the first part and becomes
         ``child``'s parent. It inherits the locks (the same requests run through both parts)."""
         new_node = self._new_node()
+        new_node.priority = child.priority  # the shared prefix
         new_node.hit_count = child.hit_count
         new_node.parent = child.parent
         new_node.lock_ref = child.lock_ref
@@ -334,9 +433,12 @@ class RadixCache:
         new_node.parent.children[self._child_key(new_node.key)] = new_node
         return new_node
 
-    def _insert_helper(self, node: TreeNode, key: tuple, value: torch.Tensor):
+    def _insert_helper(self, node: TreeNode, key: tuple, value: torch.Tensor, priority: int | None = 0,
+                       inserted_len: int = 0):
+        priority = priority or 0
         access_time = next(self._clock)
         node.last_access_time = access_time
+        node.priority = max(node.priority, priority)
         total_prefix_length = 0
         while total_prefix_length < len(key) and \
                 (child := node.children.get(self._child_key(key, total_prefix_length))) is not None:
@@ -346,14 +448,18 @@ class RadixCache:
             total_prefix_length += prefix_len
             if prefix_len < len(node.key):
                 node = self._split_node(node, prefix_len)
-            self._inc_hit_count(node)
+            node.priority = max(node.priority, priority)
+            if total_prefix_length > inserted_len:  # nodes this request inserted were counted then
+                self._inc_hit_count(node)
         if total_prefix_length < len(key):
-            node = self._add_leaf(node, key[total_prefix_length:], value[total_prefix_length:].clone())
-            self._inc_hit_count(node)
+            node = self._add_leaf(node, key[total_prefix_length:], value[total_prefix_length:].clone(), priority)
+            if len(key) > inserted_len:
+                self._inc_hit_count(node)
         return total_prefix_length, node
 
-    def _add_leaf(self, parent: TreeNode, key: tuple, value: torch.Tensor) -> TreeNode:
+    def _add_leaf(self, parent: TreeNode, key: tuple, value: torch.Tensor, priority: int = 0) -> TreeNode:
         new_node = self._new_node()
+        new_node.priority = priority
         new_node.parent, new_node.key, new_node.value = parent, key, value
         parent.children[self._child_key(key)] = new_node
         self.evictable_size_ += len(key)

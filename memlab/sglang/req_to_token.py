@@ -2,6 +2,8 @@
 
 Each running request owns one row; ``req_to_token[row, i]`` is the physical KV slot of the
 request's i-th token. Row 0 is padding: padded batch entries point at it and may write it freely.
+The request itself is the slice of SGLang's ``Req`` and ``ReqKvInfo`` (managers/schedule_batch.py)
+that these books read.
 """
 
 from __future__ import annotations
@@ -14,19 +16,100 @@ from memlab.common import _checks
 from memlab.common.env import resolve_device
 
 
-class Req:
-    """The slice of a request the memory books care about."""
+class ReqKvInfo:
+    """A request's KV books (SGLang's ``ReqKvInfo``, managers/schedule_batch.py), kept on the request
+    as ``req.kv``. The request owns the KV slots at positions ``[cache_protected_len,
+    kv_allocated_len)`` of its row; the prefix cache owns ``[0, cache_protected_len)`` (matched or
+    inserted), so that part is never the request's to free.
 
-    __slots__ = ("rid", "req_pool_idx", "kv_allocated_len", "generation")
+    SGLang's record also carries the sliding-window cursors, a retraction backup and the Mamba
+    tracking cursors; memlab keeps the Mamba state slot, its tracking slots and the deferred
+    clear/copy (chapter 07), and keeps the tracking cursors per row on ``HybridReqToTokenPool``.
+    """
 
-    def __init__(self, rid, req_pool_idx: int | None = None, kv_allocated_len: int = 0):
-        self.rid = rid
-        self.req_pool_idx = req_pool_idx
-        self.kv_allocated_len = kv_allocated_len  # tokens of this request that already hold KV slots
-        self.generation = -1  # row generation seen when the row was taken
+    __slots__ = ("req_pool_idx", "cache_protected_len", "cache_inserted_len", "kv_committed_len",
+                 "kv_allocated_len", "mamba_pool_idx", "mamba_ping_pong_track_buffer", "mamba_cow_src_index",
+                 "mamba_needs_clear")
+
+    def __init__(self):
+        self.req_pool_idx: int | None = None  # its row in the request table
+        self.cache_protected_len = 0  # the tree owns [0, here)
+        # The request already inserted [0, here) into the tree: a later insert counts a hit only on
+        # the nodes past it, so the request counts each node once.
+        self.cache_inserted_len = 0
+        self.kv_committed_len = 0  # KV written up to here (<= kv_allocated_len)
+        self.kv_allocated_len = 0  # slots held up to here
+        self.mamba_pool_idx: torch.Tensor | None = None  # its state slot (hybrid models), shape ()
+        self.mamba_ping_pong_track_buffer: torch.Tensor | None = None  # its tracking slots, -1 = not taken yet
+        self.mamba_cow_src_index: torch.Tensor | None = None  # a cached state to copy in before the first extend
+        self.mamba_needs_clear = False  # a new state slot: zero it before the first extend
+
+    @property
+    def holds_kv(self) -> bool:
+        return self.req_pool_idx is not None
+
+    @property
+    def holds_mamba(self) -> bool:
+        return self.mamba_pool_idx is not None
+
+    @property
+    def is_kv_released(self) -> bool:
+        return self.kv_allocated_len == 0
+
+    def mark_kv_released(self) -> None:
+        self.kv_allocated_len = 0
 
     def __repr__(self):
-        return f"Req({self.rid!r}, row={self.req_pool_idx}, kv={self.kv_allocated_len})"
+        return (f"ReqKvInfo(row={self.req_pool_idx}, protected={self.cache_protected_len}, "
+                f"inserted={self.cache_inserted_len}, committed={self.kv_committed_len}, "
+                f"allocated={self.kv_allocated_len})")
+
+
+class Req:
+    """The slice of SGLang's ``Req`` (managers/schedule_batch.py) the memory books read: its token
+    ids, its KV books (``kv``) and where it meets the prefix cache.
+
+    ``prefix_len``: tokens whose KV the request already has (a match, or the chunks done);
+    ``extend_end``: where the chunk being computed ends; ``last_node`` / ``lock``: the tree node
+    its prefix ends at and the lock it holds there (``RadixCache.lock``). SGLang keeps
+    ``full_untruncated_fill_ids`` as an array it refreshes; memlab computes it.
+    """
+
+    __slots__ = ("rid", "origin_input_ids", "output_ids", "kv", "generation", "priority", "prefix_len",
+                 "extend_end", "last_node", "lock")
+
+    def __init__(self, rid, origin_input_ids=(), priority: int | None = None):
+        self.rid = rid
+        self.origin_input_ids = list(origin_input_ids)
+        self.output_ids: list[int] = []
+        self.kv = ReqKvInfo()
+        self.generation = -1  # row generation seen when the row was taken (memlab's, for chapter 01)
+        self.priority = priority
+        self.prefix_len = 0
+        self.extend_end: int | None = None
+        self.last_node = None
+        self.lock = None
+
+    @property
+    def full_untruncated_fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def extend_len(self) -> int:
+        return self.extend_end - self.prefix_len
+
+    def reset_for_retract(self) -> None:
+        """After its KV went back (``release_kv_cache(..., checkpoint=False)``): it starts over,
+        with its output so far, as a new request would (SGLang's ``Req.reset_for_retract``)."""
+        self.prefix_len = 0
+        self.last_node = self.lock = self.extend_end = None
+        self.kv.cache_protected_len = self.kv.cache_inserted_len = self.kv.kv_committed_len = 0
+        kv = self.kv
+        kv.mamba_pool_idx = kv.mamba_ping_pong_track_buffer = kv.mamba_cow_src_index = None
+        kv.mamba_needs_clear = False
+
+    def __repr__(self):
+        return f"Req({self.rid!r}, row={self.kv.req_pool_idx}, kv={self.kv.kv_allocated_len})"
 
 
 class ReqToTokenPool:
@@ -66,27 +149,41 @@ class ReqToTokenPool:
     def alloc(self, reqs: Iterable[Req]) -> list[int] | None:
         """Give each new request a row; a request continuing a chunked prefill keeps its row."""
         reqs = list(reqs)
-        _checks.alloc_reqs(reqs)
-        new = [r for r in reqs if r.req_pool_idx is None]
+        _validate_alloc(reqs)
+        new = [r for r in reqs if not r.kv.holds_kv]
         rows = self.alloc_rows(len(new))
         if rows is None:
             return None
         gens = self.req_generation[rows].tolist()
         for r, row, gen in zip(new, rows, gens):
-            r.req_pool_idx, r.generation = row, gen
-        return [r.req_pool_idx for r in reqs]
+            r.kv.req_pool_idx, r.generation = row, gen
+        return [r.kv.req_pool_idx for r in reqs]
 
     def free(self, row_or_req) -> None:
         """Return a row (an int or a Req, whose ``req_pool_idx`` is then cleared)."""
         req = row_or_req if isinstance(row_or_req, Req) else None
-        row = req.req_pool_idx if req is not None else row_or_req
+        row = req.kv.req_pool_idx if req is not None else row_or_req
         _checks.free_row(self, row)
         row = int(row)
         self._row_free[row] = 1
         self.free_slots.append(row)
         if req is not None:
-            req.req_pool_idx = None
+            req.kv.req_pool_idx = None
 
     def write(self, indices, values) -> None:
         """``req_to_token[indices] = values``; indices as for tensor indexing, e.g. (row, slice)."""
         self.req_to_token[indices] = values
+
+
+# -- argument checks at the boundary ----------------------------------------------------------
+
+def _validate_alloc(reqs: list) -> None:
+    """Each request once; a request that keeps its row (a chunked prefill) must already own KV
+    (SGLang asserts the second)."""
+    if len({id(r) for r in reqs}) != len(reqs):
+        dup = next(r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i]))
+        raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
+    for r in reqs:
+        if r.kv.holds_kv and r.kv.kv_allocated_len <= 0:
+            raise ValueError(f"{r!r} holds row {r.kv.req_pool_idx} but owns no KV yet: "
+                             "only a chunked prefill that already wrote KV may keep its row")

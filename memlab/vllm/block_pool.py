@@ -80,7 +80,8 @@ class FreeKVCacheBlockQueue:
         head = self.fake_free_list_head
         block = head.next_free_block
         if block is self.fake_free_list_tail:
-            raise ValueError("popleft() on an empty free block queue: no free blocks available")
+            assert self.num_free_blocks == 0, f"num_free_blocks ({self.num_free_blocks}) is out of sync with the free list."
+            raise ValueError("No free blocks available")
         head.next_free_block = block.next_free_block
         block.next_free_block.prev_free_block = head
         block.prev_free_block = block.next_free_block = None
@@ -88,8 +89,11 @@ class FreeKVCacheBlockQueue:
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        if n < 0 or n > self.num_free_blocks:
-            raise ValueError(f"popleft_n({n}) on a queue of {self.num_free_blocks} free blocks")
+        if n < 0:  # memlab's boundary check; vLLM's count would grow
+            raise ValueError(f"popleft_n({n}): n must be >= 0")
+        if n == 0:
+            return []
+        assert self.num_free_blocks >= n  # vLLM's bare assert: callers check first (get_new_blocks)
         ret = []
         block = self.fake_free_list_head.next_free_block
         for _ in range(n):
@@ -259,8 +263,7 @@ class BlockPool:
         evicted now (lazy eviction: a freed block stays hittable until its space is needed)."""
         num_blocks = _checks.integer("num_blocks", num_blocks, 0)
         if num_blocks > self.free_block_queue.num_free_blocks:
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool: "
-                             f"{self.free_block_queue.num_free_blocks} are free")
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
         if self.enable_caching:
             for block in ret:

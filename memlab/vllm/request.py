@@ -1,4 +1,9 @@
-"""The slice of vLLM's Request (vllm/v1/request.py) that the KV cache books read."""
+"""The slice of vLLM's Request (vllm/v1/request.py) that the KV cache books read.
+
+As vLLM's, it accepts an empty prompt (vLLM refuses one upstream, in its input processor: "The
+decoder prompt cannot be empty"); the checks memlab adds (token ids, multimodal ranges, the salt's
+type) are the boundary's, not vLLM's.
+"""
 
 from __future__ import annotations
 
@@ -50,3 +55,4 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
                 f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})")
+

@@ -3,20 +3,26 @@
 Only what the tests drive is executed, each line from the wheel's own files:
 
 - whole modules: the allocators (``mem_cache/allocator/{base,token,paged,swa,mamba}.py``), their
-  Triton kernels (``kernels/ops/memory/allocator.py``), the env-var registry (``environ.py``) and
-  small modules those import (``constants.py``, ``utils/invariants.py``,
+  Triton kernels (``kernels/ops/memory/allocator.py``), the radix tree
+  (``mem_cache/{radix_cache,base_prefix_cache,evict_policy,cache_init_params}.py``), the env-var
+  registry (``environ.py``) and small modules those import (``constants.py``, ``utils/invariants.py``,
   ``utils/torch_memory_saver_adapter.py``, ``configs/mamba_utils.py``,
   ``mem_cache/{base_swa_memory_pool,ple_state_pool,mamba_checkpoint_pool}.py``,
   ``mem_cache/unified_cache/component_type.py``);
 - named definitions only, from files too heavy to import whole (``memory_pool.py``: 6,000 lines
   that import CUDA kernels and model layers; ``utils/common.py``: a web stack; the scheduler's
   ``schedule_batch.py``...): ``ReqToTokenPool``, ``MambaPool``, ``HybridReqToTokenPool``,
-  ``KVWriteLoc``, ``SWAKVPool``, ``free_swa_out_of_window_slots``, ``get_num_new_pages``, the
-  decode sizing rules, ``ScheduleBatch``'s decode demand and retraction order (as functions)...
+  ``KVWriteLoc``, ``SWAKVPool``, ``free_swa_out_of_window_slots``, the request's lifecycle around
+  the tree (``common.checkpoint_kv_cache``, ``release_kv_cache``, ``free_kv_row_segments``...),
+  ``get_num_new_pages``, the decode sizing rules, ``ScheduleBatch``'s decode demand, retraction
+  order and deferred Mamba clears (as functions)...
   Each is compiled from the wheel's source; nothing is retyped here.
 
 The rest are a few stubs, each standing for one thing the tests do not exercise (the platform
-registry, the server's configuration bags, placeholders for KV buffer classes never built).
+registry, the server's configuration bags, placeholders for KV buffer classes never built, the
+tree's KV-event recorder and metrics, both off). ``RadixCache`` reads ``time.monotonic()`` for
+its LRU order; the loader gives its module a clock that ticks once per call, so both trees see
+the same order of events (memlab's tree keeps a counter for the same reason).
 Packages get an empty ``__path__``: a module this file does not load cannot be imported by
 accident; the wheel code would fail with ModuleNotFoundError naming it, which is the message to
 extend this file by.
@@ -27,7 +33,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import itertools
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -58,6 +66,20 @@ class _Platform:
     @staticmethod
     def synchronize() -> None:
         pass
+
+
+class TickClock:
+    """time.monotonic that advances by one per call; perf_counter stays real."""
+
+    def __init__(self):
+        self._t = itertools.count(1)
+
+    def monotonic(self) -> float:
+        return float(next(self._t))
+
+    @staticmethod
+    def perf_counter() -> float:
+        return time.perf_counter()
 
 
 def _no_server_context():
@@ -168,7 +190,8 @@ def load() -> types.SimpleNamespace:
         parallel=types.SimpleNamespace(attn_dcp_size=1))
     L.pick("sglang.srt.runtime_context", ["max_speculative_num_draft_tokens"], get_exec=_no_server_context,
            get_spec=lambda: serving.spec, get_schedule=lambda: serving.schedule,
-           get_parallel=lambda: serving.parallel)
+           get_parallel=lambda: serving.parallel, get_observability=lambda: None,
+           get_serving=lambda: types.SimpleNamespace(strip_thinking_cache=False))
     L.module("sglang.srt.environ")
     L.module("sglang.srt.constants")
     common = L.pick("sglang.srt.utils.common", [
@@ -183,7 +206,10 @@ def load() -> types.SimpleNamespace:
     L.module("sglang.srt.utils.torch_memory_saver_adapter")
     L.pick("sglang.srt.distributed.utils", ["ensure_divisibility", "divide"])
     L.module("sglang.srt.configs.mamba_utils")
-    L.pick("sglang.srt.mem_cache.utils", ["maybe_init_custom_mem_pool"], envs=common.envs)
+    policy = L.module("sglang.srt.mem_cache.evict_policy")
+    L.pick("sglang.srt.mem_cache.utils", ["maybe_init_custom_mem_pool", "_EVICTION_POLICY_FACTORIES",
+                                          "get_eviction_strategy", "split_node_hash_value"], envs=common.envs,
+           **{n: getattr(policy, n) for n in dir(policy) if n.endswith("Strategy")})
     L.package("sglang.srt.speculative")
     L.pick("sglang.srt.speculative.spec_info", ["SpeculativeAlgorithm"],
            CustomSpecAlgo=type("CustomSpecAlgo", (), {}))  # plugin algorithms: none registered here
@@ -229,15 +255,43 @@ def load() -> types.SimpleNamespace:
     L.module("sglang.srt.mem_cache.allocator.swa")
     sb = L.pick("sglang.srt.managers.schedule_batch", [
         "ReqKvInfo", "ScheduleBatch.new_tokens_required_next_decode",
-        "ScheduleBatch._new_tokens_required_next_decode_spec_v2", "ScheduleBatch._get_decode_retraction_order"],
-        ceil_align=common.ceil_align, get_schedule=rc.get_schedule,
+        "ScheduleBatch._new_tokens_required_next_decode_spec_v2", "ScheduleBatch._get_decode_retraction_order",
+        "ScheduleBatch._collect_deferred_mamba_cow_and_clear", "Req.finished", "Req.refresh_fill_ids",
+        "Req.owned_kv_len", "Req.reset_for_retract", "ScheduleBatch.check_decode_mem"],
+        ceil_align=common.ceil_align, get_schedule=rc.get_schedule, get_serving=rc.get_serving,
         get_alloc_reserve_per_decode=sizing.get_alloc_reserve_per_decode,
         num_beam_member_rows=lambda reqs: 0)  # beam search is not modelled
 
     L.package("sglang.srt.mem_cache.unified_cache")
     ct = L.module("sglang.srt.mem_cache.unified_cache.component_type")
-    mc = L.pick("sglang.srt.mem_cache.common", ["logger", "free_swa_out_of_window_slots"],
-                ceil_align=common.ceil_align, ComponentType=ct.ComponentType)
+
+    # The radix tree, with KV events and metrics stubbed (off in SGLang by default too).
+    sys.modules["sglang.srt.mem_cache.allocator"].BaseTokenToKVPoolAllocator = (
+        sys.modules["sglang.srt.mem_cache.allocator.base"].BaseTokenToKVPoolAllocator)
+
+    class _Recorder:  # events disabled: every record_* is a no-op
+        def __init__(self, **kw):
+            pass
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    L.stub("sglang.srt.mem_cache.events", KVCacheEventRecorder=_Recorder, LoRANameTable=type("LoRANameTable", (), {}),
+           KvEventLoraNames=type("KvEventLoraNames", (), {}))
+    L.package("sglang.srt.observability")
+    L.stub("sglang.srt.observability.metrics_collector", STAT_LOGGER_ROLE_RADIX_CACHE="radix_cache",
+           RadixCacheMetricsCollector=type("RadixCacheMetricsCollector", (), {}),
+           radix_cache_metric_labels=lambda *a, **k: {}, resolve_collector_class=lambda *a, **k: None)
+    cip = L.module("sglang.srt.mem_cache.cache_init_params")
+    bpc = L.module("sglang.srt.mem_cache.base_prefix_cache")
+    radix = L.module("sglang.srt.mem_cache.radix_cache")
+    radix.time = TickClock()
+    mc = L.pick("sglang.srt.mem_cache.common", [
+        "logger", "free_swa_out_of_window_slots", "coalesce_ranges", "free_kv_row_segments", "checkpoint_kv_cache",
+        "evict_from_tree_cache", "release_kv_cache", "_release_overallocated_kv_indices", "_evict_until_allocatable"],
+        ceil_align=common.ceil_align, ComponentType=ct.ComponentType, get_spec=rc.get_spec,
+        get_serving=rc.get_serving, EvictParams=bpc.EvictParams, EvictResult=bpc.EvictResult,
+        page_interleave_shard_size=lambda allocator: 1)  # page sharding (DCP) is not modelled
 
     from sglang.kernels.ops.memory import allocator as kernels
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
@@ -254,5 +308,6 @@ def load() -> types.SimpleNamespace:
         Mamba2StateShape=Mamba2StateShape, get_mamba_tracking_slots=get_mamba_tracking_slots,
         get_num_new_pages=common.get_num_new_pages, kernels=kernels,
         free_swa_out_of_window_slots=mc.free_swa_out_of_window_slots, ComponentType=ct.ComponentType,
-        serving=serving, sizing=sizing, schedule_batch=sb,
+        serving=serving, sizing=sizing, schedule_batch=sb, RadixCache=radix.RadixCache, radix_cache=radix,
+        base_prefix_cache=bpc, CacheInitParams=cip.CacheInitParams, common=mc,
     )

@@ -36,7 +36,7 @@ class Side:
 
     def row(self, rid):
         r = self.reqs[rid]
-        return r.kv.req_pool_idx if hasattr(r, "kv") else r.req_pool_idx
+        return r.kv.req_pool_idx
 
     def state(self):
         a = self.alloc
@@ -106,7 +106,7 @@ def apply(side: Side, stream: SwaStream, op, sglang: bool, sg):
             side.reqs[rid] = side.make_req(rid)
         reqs = [side.reqs[rid] for rid, _ in op[1]]
         for r, (rid, _) in zip(reqs, op[1]):  # a continuing chunk already owns KV
-            (r.kv if sglang else r).kv_allocated_len = len(held.get(rid, ()))
+            r.kv.kv_allocated_len = len(held.get(rid, ()))
         rows = rt.alloc(reqs)
         if rows is None:
             for rid in new:
@@ -307,7 +307,7 @@ def test_request_table_matches_sglang(tally):
         if r < 0.5:
             keep = [rid for rid in live if rng.random() < 0.3]
             for rid in keep:
-                live[rid][0].kv.kv_allocated_len = live[rid][1].kv_allocated_len = 3
+                live[rid][0].kv.kv_allocated_len = live[rid][1].kv.kv_allocated_len = 3
             fresh = [(SimpleNamespace(kv=sg.ReqKvInfo()), Req(step * 10 + i)) for i in range(rng.randint(0, 3))]
             got = (theirs.alloc([live[rid][0] for rid in keep] + [a for a, _ in fresh]),
                    ours.alloc([live[rid][1] for rid in keep] + [b for _, b in fresh]))
@@ -325,7 +325,7 @@ def test_request_table_matches_sglang(tally):
             theirs.clear()
             ours.clear()
             for a, b in live.values():
-                a.kv.req_pool_idx = b.req_pool_idx = None
+                a.kv.req_pool_idx = b.kv.req_pool_idx = None
             live.clear()
         assert theirs.free_slots == ours.free_slots and theirs.available_size() == ours.available_size()
         assert torch.equal(theirs.req_generation, ours.req_generation), f"step {step}: generations"

@@ -135,10 +135,11 @@ class Lockstep:
 
     def over_ask(self) -> None:
         n = self.ours.get_num_free_blocks() + 1
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as ours:
             self.ours.get_new_blocks(n)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as theirs:
             self.theirs.get_new_blocks(n)
+        assert str(ours.value) == str(theirs.value)  # vLLM's words
 
     def reset(self) -> None:
         if self.held and self.rng.random() < 0.5:  # also the accepted case: everything freed
@@ -213,3 +214,39 @@ def test_the_comparison_catches_a_lookup_of_the_newest_copy(monkeypatch):
     with pytest.raises(AssertionError, match="hit blocks differ|differs"):
         for seed in range(8):
             run_stream(seed)
+
+
+def outcome(call):
+    """What a call does: its value, or the type and message of what it raised."""
+    try:
+        return "ok", call()
+    except Exception as exc:  # noqa: BLE001 (the comparison is the point)
+        return type(exc).__name__, str(exc)
+
+
+def test_an_empty_free_queue_refuses_as_vllms_does(tally):
+    """``popleft`` on an empty queue: ValueError "No free blocks available"; ``popleft_n`` past the
+    free count: a bare AssertionError, the count untouched; ``popleft_n(0)``: nothing, even empty;
+    ``BlockPool.get_new_blocks`` says it first ("Cannot get N free blocks from the pool")."""
+    V = load()
+    steps = 0
+    for size in (2, 3):
+        ours, theirs = BlockPool(size), V.block_pool.BlockPool(size, enable_caching=True, hash_block_size=1)
+        qo, qt = ours.free_block_queue, theirs.free_block_queue
+        for call in ("popleft_n(2)", "popleft_n(size)", "popleft()", "popleft_n(0)", "popleft()", "popleft()",
+                     "popleft_n(1)", "popleft_n(0)", "popleft_n(2)"):
+            a, b = outcome(lambda: _call(qo, call, size)), outcome(lambda: _call(qt, call, size))
+            norm = lambda r: (r[0], [blk.block_id for blk in r[1]] if r[0] == "ok" and isinstance(r[1], list)  # noqa: E731
+                              else r[1].block_id if r[0] == "ok" else r[1])
+            assert norm(a) == norm(b), f"{call} on {size} blocks: memlab {a}, vLLM {b}"
+            assert qo.num_free_blocks == qt.num_free_blocks
+            steps += 1
+        for n in (1, 5):
+            assert outcome(lambda: ours.get_new_blocks(n)) == outcome(lambda: theirs.get_new_blocks(n))
+            steps += 1
+    tally("FreeKVCacheBlockQueue / BlockPool on an empty queue (errors)", 2, steps)
+
+
+def _call(q, call: str, size: int):
+    name, arg = call.rstrip(")").split("(")
+    return getattr(q, name)(*([] if not arg else [size if arg == "size" else int(arg)]))

@@ -1,12 +1,16 @@
-"""memlab's KVCacheManager and SlidingWindowKVCacheManager against vLLM 0.33's KVCacheManager
-(with its coordinator, FullAttentionManager or SlidingWindowManager, and BlockPool), in lockstep.
+"""memlab's KVCacheManager (its UnitaryKVCacheCoordinator, FullAttentionManager or
+SlidingWindowManager) against vLLM 0.33's KVCacheManager (the same three layers, and BlockPool), in
+lockstep.
 
 Random streams of scheduler calls on both managers: admissions (get_computed_blocks, the
 longest-hit rule, then allocate_slots, refused with None when the pool is short; with and
 without a watermark), chunked prefill, decode growth by one token, twins admitted together,
 preempted requests readmitted, frees, reset_prefix_cache. Both sides hash with their own code
-(memlab's hashes must equal vLLM's). After every step: the hit blocks and hit length, the new
-block ids or the refusal, each request's blocks, and the pool's books must be equal.
+(memlab's hashes must equal vLLM's). Before each allocate_slots the single-type manager's steps
+run on both sides one by one (remove_skipped_blocks, then get_num_blocks_to_allocate, whose
+counts must agree), and after it their books (num_cached_block, req_to_blocks, empty entries
+included). After every step: the hit blocks and hit length, the new block ids or the refusal,
+each request's blocks, and the pool's books must be equal.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import pytest
 import torch
 from vllm_loader import EngineRequest, assert_same_books, load, pool_books
 
-from memlab.vllm.kv_cache_manager import KVCacheManager, SlidingWindowKVCacheManager
+from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
 
@@ -46,8 +50,7 @@ class Lockstep:
         V.kv_cache_utils.init_none_hash(V.hashing.sha256)
         self.engine_hasher = V.kv_cache_utils.get_request_block_hasher(block_size, V.hashing.sha256)
         kw = dict(block_size=block_size, watermark=watermark, max_model_len=MAX_MODEL_LEN)
-        self.ours = (KVCacheManager(num_blocks, **kw) if sliding_window is None
-                     else SlidingWindowKVCacheManager(num_blocks, sliding_window=sliding_window, **kw))
+        self.ours = KVCacheManager(num_blocks, sliding_window=sliding_window, **kw)
         self.theirs = engine_manager(V, num_blocks, block_size, watermark, sliding_window)
         self.block_size = block_size
         self.rng = rng
@@ -93,13 +96,36 @@ class Lockstep:
         assert [b.block_id for b in hit_ours] == hit_theirs.get_block_ids()[0], f"{self.where('lookup')}: hit blocks"
         return hit_ours, hit_theirs, n_ours
 
+    def manager_steps(self, pair, num_new_tokens: int, hit_ours, hit_theirs, n: int) -> None:
+        """allocate_slots' first steps, one by one on both single-type managers: out-of-window
+        blocks go back (a second call inside allocate_slots finds nothing more), then the count."""
+        ours, theirs = pair
+        (mo,), (mt,) = self.ours.coordinator.single_type_managers, self.theirs.coordinator.single_type_managers
+        total = min(ours.num_computed_tokens + n, MAX_MODEL_LEN)
+        need = min(total + num_new_tokens, MAX_MODEL_LEN)
+        mo.remove_skipped_blocks(ours.request_id, total)
+        mt.remove_skipped_blocks(theirs.request_id, total)
+        hits_t = hit_theirs.blocks[0] if hit_theirs is not None else []
+        a = mo.get_num_blocks_to_allocate(ours.request_id, need, hit_ours, ours.num_computed_tokens + n)
+        b = mt.get_num_blocks_to_allocate(theirs.request_id, need, hits_t, theirs.num_computed_tokens + n,
+                                          theirs.num_computed_tokens + n, need)
+        assert a == b, f"{self.where('get_num_blocks_to_allocate')}: {a} vs {b}"
+
+    def manager_books(self, what: str) -> None:
+        (mo,), (mt,) = self.ours.coordinator.single_type_managers, self.theirs.coordinator.single_type_managers
+        assert mo.num_cached_block == mt.num_cached_block, f"{self.where(what)}: num_cached_block"
+        ids = lambda m: {rid: [b.block_id for b in bs] for rid, bs in m.req_to_blocks.items()}  # noqa: E731
+        assert ids(mo) == ids(mt), f"{self.where(what)}: req_to_blocks"
+
     def allocate(self, pair, num_new_tokens: int, hit=None) -> bool:
         ours, theirs = pair
         hit_ours, hit_theirs, n = hit if hit is not None else ([], None, 0)
+        self.manager_steps(pair, num_new_tokens, hit_ours, hit_theirs, n)
         new_ours = self.ours.allocate_slots(ours, num_new_tokens, n, hit_ours)
         new_theirs = self.theirs.allocate_slots(theirs, num_new_tokens, n, hit_theirs)
         assert (new_ours is None) == (new_theirs is None), \
             f"{self.where('allocate_slots')}: refused on one side only (memlab {new_ours is None})"
+        self.manager_books("allocate_slots")
         if new_ours is None:
             return False
         assert [b.block_id for b in new_ours] == new_theirs.get_block_ids()[0], f"{self.where('allocate_slots')}"
@@ -135,6 +161,7 @@ class Lockstep:
         self.running.remove(pair)
         self.ours.free(pair[0])
         self.theirs.free(pair[1])
+        self.manager_books("free")
 
     def preempt(self, pair) -> None:
         """Freed and later admitted again with its tokens so far."""
@@ -214,7 +241,37 @@ def test_the_comparison_catches_a_forward_order_free(monkeypatch):
     """Bug zoo: a manager that frees a request's blocks first block first. The streams must
     notice (the free queue's order differs from vLLM's)."""
     monkeypatch.setattr(KVCacheManager, "free", lambda self, request: self.block_pool.free_blocks(
-        (self.num_cached_block.pop(request.request_id, None), self.req_to_blocks.pop(request.request_id, []))[1]))
+        self.coordinator.single_type_managers[0].pop_blocks_for_free(request.request_id)))
     with pytest.raises(AssertionError, match="free queue differs"):
         for seed in range(4):
             run_stream(seed, monkeypatch)
+
+
+def test_an_empty_prompt_is_a_request_as_in_vllm(monkeypatch, tally):
+    """vLLM's Request (its real class) accepts an empty prompt; memlab's does too, and both hash
+    the blocks its output fills the same way (vLLM refuses an empty prompt in its input
+    processor, not in Request). A missing prompt is refused with vLLM's message."""
+    from types import SimpleNamespace
+
+    V = load()
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    V.kv_cache_utils.init_none_hash(V.hashing.sha256)
+    sampling = SimpleNamespace(max_tokens=8, extra_args=None, skip_reading_prefix_cache=None)
+    mgr = KVCacheManager(8, block_size=2)
+    ours = Request("e", [], block_hasher=mgr.request_block_hasher)
+    theirs = V.request.Request("e", [], sampling, None,
+                               block_hasher=V.kv_cache_utils.get_request_block_hasher(2, V.hashing.sha256))
+    steps = 0
+    for token in (4, 5, 6, 7, 8):
+        assert (ours.num_tokens, ours.block_hashes) == (theirs.num_tokens, theirs.block_hashes)
+        ours.append_output_token_ids(token)
+        theirs.append_output_token_ids(token)
+        steps += 1
+    assert ours.block_hashes == theirs.block_hashes and len(ours.block_hashes) == 2
+    for prompt in (None,):
+        with pytest.raises(ValueError) as a:
+            Request("x", prompt)
+        with pytest.raises(ValueError) as b:
+            V.request.Request("x", prompt, sampling, None)
+        assert str(a.value) == str(b.value)
+    tally("Request with an empty prompt (vLLM's Request)", 1, steps)

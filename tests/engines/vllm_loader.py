@@ -2,7 +2,8 @@
 
 Only the pure-Python modules the differential tests drive are extracted from the wheel and run
 (``REAL``): the block pool, the free queue and the hashing helpers, the single-type managers,
-the coordinator and the KV cache manager, plus the small modules they need for their types. Any
+the coordinator and the KV cache manager, the request, plus the small modules they need for
+their types. Any
 other ``vllm.*`` module they import (configs, logging, events, metrics, multimodal, platforms:
 each pulls in much of vLLM and its dependencies) is a stub: a module whose attributes are inert
 placeholder classes, so ``from vllm.x import Y`` succeeds and ``Y`` is never used on the paths
@@ -28,6 +29,7 @@ import pytest
 from wheels import extracted
 
 REAL = (
+    "vllm.utils",
     "vllm.utils.hashing",
     "vllm.utils.math_utils",
     "vllm.v1.kv_cache_layout",
@@ -38,8 +40,16 @@ REAL = (
     "vllm.v1.core.single_type_kv_cache_manager",
     "vllm.v1.core.kv_cache_coordinator",
     "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.request",
 )
-FILES = [name.replace(".", "/") + ".py" for name in REAL]
+PACKAGES = ("vllm.utils",)  # real modules that are packages: their file is <name>/__init__.py
+
+
+def _file(name: str) -> str:
+    return name.replace(".", "/") + ("/__init__.py" if name in PACKAGES else ".py")
+
+
+FILES = [_file(name) for name in REAL]
 THIRD_PARTY = ("cbor2",)  # imported at the top of vllm.utils.hashing; only its cbor hashes use it
 
 
@@ -84,6 +94,8 @@ STUBS = {
     # Used by the request block hasher only when a request with multimodal items GROWS;
     # the tests hash such requests from scratch.
     "vllm.multimodal.utils": {"get_mm_features_in_window": _not_loaded("get_mm_features_in_window")},
+    # vLLM's Request keeps read-only views of its token lists; the view itself is enough here.
+    "vllm.v1.utils": {"ConstantList": lambda tokens: tokens},
     "cbor2": {"dumps": _not_loaded("cbor2.dumps")},
 }
 
@@ -121,7 +133,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path=None, target=None):
         if name in REAL:
-            return importlib.util.spec_from_file_location(name, self.root / (name.replace(".", "/") + ".py"))
+            return importlib.util.spec_from_file_location(
+                name, self.root / _file(name), submodule_search_locations=[] if name in PACKAGES else None)
         if name == "vllm" or name.startswith("vllm.") or name in THIRD_PARTY:
             return importlib.machinery.ModuleSpec(name, _StubLoader(), is_package=True)
         return None
@@ -161,7 +174,7 @@ def _load() -> types.SimpleNamespace:
         for n in [n for n in sys.modules if ours(n)]:
             del sys.modules[n]
         sys.modules.update(saved)
-    mods["RequestStatus"] = mods["kv_cache_manager"].RequestStatus
+    mods["RequestStatus"] = mods["request"].RequestStatus
     logging.getLogger(__name__).debug("loaded vLLM modules from %s", root)
     return types.SimpleNamespace(**mods)
 

@@ -41,7 +41,7 @@ def attention_frames(scene, q, layer: int = 0, head: int = 0, block: int | None 
             pos = tuple(range(start, min(start + block, len(slots))))
             read = [slots[p] for p in pos]
             books = dataclasses.replace(scene.books(), new_slots=frozenset(read))
-            frames.append(AttnFrame(f"{rid} (row {req.req_pool_idx}): positions {pos[0]}..{pos[-1]} -> "
+            frames.append(AttnFrame(f"{rid} (row {req.kv.req_pool_idx}): positions {pos[0]}..{pos[-1]} -> "
                                     f"req_to_token gives slots {read}", books, rid, pos, weights))
         stories[f"request {rid}"] = frames
     return stories

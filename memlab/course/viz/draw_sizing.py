@@ -1,5 +1,6 @@
-"""Chapter 08's picture: a GPU's memory split into weights, reserve and the KV pools, and how many
-requests of each length fit. Every number comes from ``memlab.common.sizing``."""
+"""Chapter 08's picture: a GPU's memory split into what was in use before the weights loaded, the
+weights, the KV pools and the share left to activations, and how many requests of each length fit.
+Every number comes from ``memlab.common.sizing``."""
 
 from __future__ import annotations
 
@@ -14,27 +15,30 @@ SPECS = {
     "EAGLE chain, 3 steps": SpeculativeConfig("EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4),
     "EAGLE tree, 3 steps x topk 4": SpeculativeConfig("EAGLE", num_steps=3, eagle_topk=4, num_draft_tokens=8),
 }
-COLORS = {"weights": "#9c755f", "activation reserve": "#bab0ac", FULL: PALETTE[0], SLIDING: PALETTE[2],
-          LINEAR: PALETTE[4], "rounding": "#dddddd", "not for static use": "#f4f4f4"}
+COLORS = {"in use before load": "#bab0ac", "weights": "#9c755f", FULL: PALETTE[0], SLIDING: PALETTE[2],
+          LINEAR: PALETTE[4], "rounding": "#dddddd", "activations, not static": "#f4f4f4"}
 
 
 def serving_config(model="Llama-3.1-8B", gpu="A100 / H100 80GB", page_size=16, kv_dtype_bytes=2, tp_size=1,
-                   spec="none", mem_fraction=0.88, reserve_gib=2.0) -> ServingConfig:
-    schedule = ScheduleConfig(page_size=page_size, mem_fraction_static=mem_fraction,
-                              activation_reserve_bytes=int(reserve_gib * GiB), kv_dtype_bytes=kv_dtype_bytes)
-    return ServingConfig(MODELS[model], GPUConfig.gib(GPUS[gpu], gpu), schedule, SPECS[spec], ParallelConfig(tp_size))
+                   spec="none", mem_fraction=0.88, in_use_gib=0.5) -> ServingConfig:
+    schedule = ScheduleConfig(page_size=page_size, mem_fraction_static=mem_fraction, kv_dtype_bytes=kv_dtype_bytes)
+    return ServingConfig(MODELS[model], GPUConfig.gib(GPUS[gpu], gpu, in_use_gib), schedule, SPECS[spec],
+                         ParallelConfig(tp_size))
 
 
 def sizing_text(seq_len=8192, **kw) -> str:
     cfg = serving_config(**kw)
     r = report(cfg.model, cfg.gpu, seq_len, cfg.schedule, cfg.spec, cfg.parallel)
     ps = alloc_page_size(cfg.schedule, cfg.parallel)
-    reserve = alloc_reserve_per_decode(cfg.spec, ps)
     if not r.sizes.fits:
         return f"<b>{cfg.model.name} does not fit on {cfg.gpu.name}</b> (per rank, TP {cfg.parallel.tp_size})"
+    if cfg.spec.algorithm is None:  # SGLang reads the decode reserve on its speculative paths only
+        step = f"a decode step takes <b>1</b> token a request (a new page only on a page boundary)"
+    else:
+        step = f"reserve per decode step <b>{alloc_reserve_per_decode(cfg.spec, ps)}</b> slots a request"
     return (f"<b>{r.sizes.full_tokens + r.sizes.swa_tokens:,} tokens</b> of KV ({r.pages:,} pages of {ps}); "
-            f"<b>{r.requests:,} requests</b> of {seq_len:,} tokens at once; reserve per decode step "
-            f"<b>{reserve}</b> slots a request; request-table row {r.row_width:,} wide")
+            f"<b>{r.requests:,} requests</b> of {seq_len:,} tokens at once; {step}; "
+            f"request-table row {r.row_width:,} wide")
 
 
 def draw_sizing(seq_len=8192, **kw):
@@ -42,12 +46,13 @@ def draw_sizing(seq_len=8192, **kw):
     cfg = serving_config(**kw)
     r = report(cfg.model, cfg.gpu, seq_len, cfg.schedule, cfg.spec, cfg.parallel)
     z = r.sizes
-    total = cfg.gpu.total_bytes
-    static = int(total * cfg.schedule.mem_fraction_static)
-    parts = [("weights", min(z.weight_bytes, total)), ("activation reserve", cfg.schedule.activation_reserve_bytes)]
+    total, in_use = cfg.gpu.total_bytes, cfg.gpu.in_use_bytes
+    # SGLang: weights and KV pools take mem_fraction_static of the memory free before the load
+    static = in_use + int(cfg.gpu.free_before_load_bytes * cfg.schedule.mem_fraction_static)
+    parts = [("in use before load", in_use), ("weights", min(z.weight_bytes, total))]
     parts += [(k, b) for k, b in z.bytes_by_kind.items()]
     used = sum(b for _, b in parts)
-    parts += [("rounding", max(0, static - used)), ("not for static use", max(0, total - max(static, used)))]
+    parts += [("rounding", max(0, static - used)), ("activations, not static", max(0, total - max(static, used)))]
     fig, (left, right) = new_figure(11, 3.3, ncols=2, width_ratios=[1.1, 1])
     x = 0.0
     for name, b in parts:

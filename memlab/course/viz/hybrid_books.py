@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.sglang.allocation import release_kv_row
 from memlab.sglang.mamba import HybridReqToTokenPool
 from memlab.sglang.swa import SWATokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -56,12 +57,12 @@ class MambaFrame:
 
 
 def read_mamba(caption: str, pool, reqs, note: str = "") -> MambaFrame:
-    owners = {r.req_pool_idx: str(r.rid) for r in reqs if r.req_pool_idx is not None}
+    owners = {r.kv.req_pool_idx: str(r.rid) for r in reqs if r.kv.req_pool_idx is not None}
     pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
     rows = tuple((row, owners.get(row), int(pool.req_index_to_mamba_index_mapping[row]),
                   tuple(pp[row].tolist()), int(pool.mamba_next_track_idx[row]),
                   int(pool.mamba_last_track_seqlen[row])) for row in range(1, pool.size + 1))
-    return MambaFrame(caption, pool.mamba_pool.size, tuple(pool.mamba_pool.allocator.free_slots.tolist()), rows, note)
+    return MambaFrame(caption, pool.mamba_pool.size, tuple(pool.mamba_allocator.free_slots.tolist()), rows, note)
 
 
 # -- 2. the scene -----------------------------------------------------------------------------
@@ -98,14 +99,15 @@ class SwaScene(Scene):
         r = self.reqs[rid]
         before = self.swa_evicted_len.get(rid, 0)
         swa = self.allocator.full_to_swa_index_mapping[torch.tensor(self.slots(rid))].tolist()  # before it is cleared
-        after = self.allocator.release_out_of_window(self.req_pool.req_to_token, r.req_pool_idx, r.kv_allocated_len,
+        after = self.allocator.release_out_of_window(self.req_pool.req_to_token, r.kv.req_pool_idx, r.kv.kv_allocated_len,
                                                      before, self.window)
         self.swa_evicted_len[rid] = after
         return swa[before:after]
 
     def finish(self, rid) -> list[int]:
-        self.swa_evicted_len.pop(rid, None)
-        return super().finish(rid)
+        """The request ends: the part the window released goes back on the full side only."""
+        evicted = self.swa_evicted_len.pop(rid, 0)
+        return release_kv_row(self.req_pool, self.allocator, self.reqs.pop(rid), evicted).tolist()
 
 
 # -- 3. the chapter's stories -----------------------------------------------------------------
@@ -152,26 +154,28 @@ def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3,
         r = Req(rid)
         pool.alloc([r])
         reqs[rid] = r
-        snap(f"{rid} arrives: row {r.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.req_pool_idx])[0])} "
-             "(zeroed: no stale recurrent state)")
+        pool.execute_deferred_mamba_cow_and_clear([r])  # before its first extend
+        snap(f"{rid} arrives: row {r.kv.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} "
+             "(marked new, zeroed before its first extend: no stale recurrent state)")
     if extra_buffer:
-        row = reqs["A"].req_pool_idx
+        row = reqs["A"].kv.req_pool_idx
         for seq in (16, 32, 48):
             dst = int(pool.track_state([row], [seq])[0])
             snap(f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * moves to the other "
                  "slot (ping-pong: the next write never hits the one still being read)")
     a = reqs.pop("A")
-    row = a.req_pool_idx
+    row = a.kv.req_pool_idx
+    pool.free_mamba_cache(a)  # the state and tracking slots (the row is freed apart)
     pool.free(a)
-    snap(f"A finishes: row {row} and all its slots go back (to the tail), every tracking field reset")
+    snap(f"A finishes: its slots go back (to the tail), then row {row}; every tracking field reset")
     c = Req("C")
     if pool.alloc([c]) is None:
         snap("C arrives but the state slots are short: no row is taken")
     else:
         reqs["C"] = c
-        pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[c.req_pool_idx].tolist()
-        state = int(pool.get_mamba_indices([c.req_pool_idx])[0])
-        snap(f"C arrives: row {c.req_pool_idx} again, but slots {[state] + pp} "
+        pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[c.kv.req_pool_idx].tolist()
+        state = int(pool.get_mamba_indices([c.kv.req_pool_idx])[0])
+        snap(f"C arrives: row {c.kv.req_pool_idx} again, but slots {[state] + pp} "
              "from the head of the free list (A's went to the tail)")
     return frames
 

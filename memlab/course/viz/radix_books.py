@@ -121,7 +121,7 @@ def read_radix_books(tree, caption: str, requests=None, highlight=(), words=(), 
     if host is not None:
         ha = host.allocator
         free_host, host_pages = frozenset(torch.cat((ha.free_pages, ha.release_pages)).tolist()), ha.num_pages
-    own = {rid: frozenset(_pages(r.kv_indices[r.cache_protected_len:].tolist(), ps)) for rid, r in (requests or {}).items()}
+    own = {rid: frozenset(_pages(r.kv_indices[r.kv.cache_protected_len:].tolist(), ps)) for rid, r in (requests or {}).items()}
     sizes = dict(evictable=tree.evictable_size(), protected=tree.protected_size(), available=alloc.available_size(),
                  host_available=host.available_size() if host is not None else 0)
     return RadixBooks(caption, ps, tuple(nodes), alloc.num_pages, frozenset(torch.cat((alloc.free_pages,
@@ -221,19 +221,23 @@ def story(page_size: int = 1) -> list[RadixBooks]:
     sc = RadixScene(device_tokens=device, host_tokens=host, page_size=page_size)
     a, b, c = "<s> You are brief . What is KV ?", "<s> You are brief . What is HiCache ?", "<s> You are terse . Why a radix tree ?"
     sc.snap(f"An empty tree over an empty device pool ({device} slots) and host pool ({host} slots).")
-    sc.arrive("A", a, "A arrives: nothing cached, it computes every token "
-              "into slots of its own (request-owned pages).")
-    sc.finish("A", "A finishes: the tree inserts its tokens as one node and keeps A's slots; write-through "
-              "also copies them to the host at once.")
+    tail = "" if page_size == 1 else " (its partial last page stays its own)"
+    sc.arrive("A", a, "A arrives: nothing cached, it computes every token into slots of its own; its prefill "
+              f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; write-through also "
+              "copies them to the host at once.")
+    sc.finish("A", "A finishes: the tree already holds its tokens, A's lock is dropped"
+              + ("" if page_size == 1 else " and its partial last page goes back") + ".")
     shared_b, shared_c = _shared_pages(a, b, page_size), _shared_pages(a, c, page_size)
     sc.arrive("B", b, f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, so "
-              "the match SPLITS the node there; B maps the shared slots and locks that path.")
-    sc.finish("B", "B finishes: its own tail becomes a second leaf under the split node; the lock is gone.")
-    sc.arrive("C", c, f"C arrives: shares '{shared_c}'{_aligned(a, c, page_size)} - another split; C locks the "
-              "path it uses (lock counts along it).")
+              "the match SPLITS the node there; B maps the shared slots, and its checkpoint adds its own tail "
+              "as a second leaf under the split node; B locks the path to it.")
+    sc.finish("B", "B finishes: its lock is gone; its tail stays a leaf under the split node.")
+    sc.arrive("C", c, f"C arrives: shares '{shared_c}'{_aligned(a, c, page_size)} - another split; its tail "
+              "becomes a leaf too, and C locks the path it uses (lock counts along it).")
     sc.evict(16, "Pool pressure: evict(16) takes unlocked leaves, least recently used first. Their KV has a "
              "host copy, so they are DEMOTED: device slots freed, the node stays, host-only (grey).")
-    sc.finish("C", "C finishes and unlocks; its tail is a new leaf (write-through copies it too).")
+    sc.finish("C", "C finishes and unlocks; its tail (checkpointed when it arrived, and copied to the host "
+              "then) is evictable now.")
     sc.arrive("D", a + " a", "D asks A's question again: the match runs through "
               "host-only nodes; load-back takes device slots FIRST, copies the KV back into them, and "
               "re-points the nodes.")

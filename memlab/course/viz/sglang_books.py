@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import ipywidgets as W
 import torch
 
-from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_cache
+from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_row
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.allocator.reference import num_new_pages
 from memlab.sglang.kv_pool import MHATokenToKVPool
@@ -122,8 +122,8 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
     """Snapshot the books: each Req's row holds its first ``kv_allocated_len`` slots."""
     owners = {}
     for r in reqs:
-        if r.req_pool_idx is not None:
-            owners[r.req_pool_idx] = (str(r.rid), r.kv_allocated_len)
+        if r.kv.req_pool_idx is not None:
+            owners[r.kv.req_pool_idx] = (str(r.rid), r.kv.kv_allocated_len)
     table = req_pool.req_to_token
     gens = req_pool.req_generation.tolist()
     rows = []
@@ -164,7 +164,7 @@ class Scene:
 
     def slots(self, rid) -> list[int]:
         r = self.reqs[rid]
-        return self.req_pool.req_to_token[r.req_pool_idx, : r.kv_allocated_len].tolist()
+        return self.req_pool.req_to_token[r.kv.req_pool_idx, : r.kv.kv_allocated_len].tolist()
 
     def last_loc(self, rid) -> int:
         s = self.slots(rid)
@@ -189,14 +189,14 @@ class Scene:
     def clear(self) -> None:
         """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets them)."""
         for r in self.reqs.values():
-            r.req_pool_idx, r.kv_allocated_len = None, 0
+            r.kv.req_pool_idx, r.kv.kv_allocated_len = None, 0
         self.reqs.clear()
         self.req_pool.clear()
         self.allocator.clear()
 
     def finish(self, rid) -> list[int]:
         """The request ends: its slots go back to the allocator, its row to the request table."""
-        return release_kv_cache(self.req_pool, self.allocator, self.reqs.pop(rid)).tolist()
+        return release_kv_row(self.req_pool, self.allocator, self.reqs.pop(rid)).tolist()
 
 
 # -- 3. the chapters' stories -----------------------------------------------------------------
@@ -227,9 +227,9 @@ def orientation(page_size: int = 4, size: int = 32, rows: int = 4, width: int = 
     for rid, n in (("A", 5), ("B", 3), ("C", 8)):
         out = sc.extend_batch({rid: n})
         r = sc.reqs[rid]
-        sc.snap(f"{rid} arrives with {n} tokens: row {r.req_pool_idx} (taken from the tail of the free rows), "
+        sc.snap(f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the free rows), "
                 f"slots {out.tolist()}", new_slots=out.tolist())
-    lens = [sc.reqs[r].kv_allocated_len + 1 for r in "ABC"]
+    lens = [sc.reqs[r].kv.kv_allocated_len + 1 for r in "ABC"]
     out = sc.decode(["A", "B", "C"])
     opened = [r for r, n in zip("ABC", lens) if (n - 1) % page_size == 0]
     sc.snap(f"One decode step: A, B, C each add a token, in slots {out.tolist()}"
@@ -240,7 +240,7 @@ def orientation(page_size: int = 4, size: int = 32, rows: int = 4, width: int = 
     out = sc.extend_batch({"D": 4})
     again = (f"B's row and B's {_pages_word(b_pages)} again" if {s // page_size for s in out.tolist()} == b_pages
              else "B's row again")
-    sc.snap(f"D arrives with 4 tokens: row {sc.reqs['D'].req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
+    sc.snap(f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
             "and pages are the next handed out)", new_slots=out.tolist())
     return sc
 
@@ -255,18 +255,18 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     sc.snap(f"{rows} free rows; alloc_rows takes from the tail of free_slots, so row {rows} goes first")
     sc.extend_batch({"A": 3, "B": 2})
     sc.snap(f"A and B arrive together: alloc_rows(2) takes the last two free rows, "
-            f"A -> row {sc.reqs['A'].req_pool_idx}, B -> row {sc.reqs['B'].req_pool_idx}; each generation is now 1")
+            f"A -> row {sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each generation is now 1")
     sc.extend_batch({"C": 4})
-    sc.snap(f"C arrives: row {sc.reqs['C'].req_pool_idx}")
-    b_row = sc.reqs["B"].req_pool_idx
+    sc.snap(f"C arrives: row {sc.reqs['C'].kv.req_pool_idx}")
+    b_row = sc.reqs["B"].kv.req_pool_idx
     sc.finish("B")
     sc.snap(f"B finishes: row {b_row} is appended to free_slots, so it is the next one handed out")
     sc.extend_batch({"D": 2})
     d = sc.reqs["D"]
-    sc.snap(f"D arrives and gets row {d.req_pool_idx} again, generation {d.generation}: a reader that stored "
-            f"(row {d.req_pool_idx}, generation 1) for B now sees the row was reused")
+    sc.snap(f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader that stored "
+            f"(row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused")
     sc.extend_batch({"E": 3})
-    e_row = sc.reqs["E"].req_pool_idx
+    e_row = sc.reqs["E"].kv.req_pool_idx
     sc.snap(f"E's long prompt is prefilled in chunks; the first chunk (3 tokens) takes row {e_row}")
     before = sc.req_pool.available_size()
     sc.extend_batch({"E": 3})
@@ -348,7 +348,7 @@ def paged_extend(page_size: int = 4, size: int = 48, backend: str = "torch", dev
     sc.snap(f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
             "page, 2 = whole new pages, 3 = a new partial page")
     for batch in EXTEND_BATCHES:
-        pre = {r: sc.reqs[r].kv_allocated_len if r in sc.reqs else 0 for r in batch}
+        pre = {r: sc.reqs[r].kv.kv_allocated_len if r in sc.reqs else 0 for r in batch}
         out = sc.extend_batch(batch)
         part_of, desc = extend_marks(pre, batch, out, page_size)
         sc.snap("alloc_extend: " + ", ".join(desc), new_slots=_slots(out), part_of=part_of,
@@ -363,7 +363,7 @@ def decode_steps(page_size: int = 4, steps: int = 6, prompts=(("A", 3), ("B", 4)
     sc.snap("Prefill: " + ", ".join(f"{r} has {n} tokens" for r, n in prompts), new_slots=_slots(out))
     rids = [r for r, _ in prompts]
     for step in range(1, steps + 1):
-        lens = {r: sc.reqs[r].kv_allocated_len + 1 for r in rids}
+        lens = {r: sc.reqs[r].kv.kv_allocated_len + 1 for r in rids}
         out = sc.decode(rids)
         opened = [r for r in rids if (lens[r] - 1) % page_size == 0]
         rule = f"seq_len % {page_size} == 1" if page_size > 1 else "page_size 1: every token is a page"
@@ -424,7 +424,7 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         al.free(torch.tensor(c[cut:]))  # as a scheduler frees a request and its over-allocated tail apart
         r = sc.reqs.pop("C")
         sc.req_pool.free(r)
-        r.kv_allocated_len = 0
+        r.kv.kv_allocated_len = 0
         both = sorted({s // page_size for s in c[:cut]} & {s // page_size for s in c[cut:]})
         sc.snap(f"C finishes, freed in two pieces ({c[:cut]} and {c[cut:]}): "
                 + (f"page {both[0]} is under both" if both else "no page is under both"))
@@ -774,7 +774,7 @@ def _batch_fields(requests: str, prefix: str, seq: str) -> list:
 
 
 def _held(sc: Scene, rid) -> int:
-    return sc.reqs[rid].kv_allocated_len if rid in sc.reqs else 0
+    return sc.reqs[rid].kv.kv_allocated_len if rid in sc.reqs else 0
 
 
 def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
@@ -907,7 +907,7 @@ def extend_books(sc: Scene) -> dict:
            "free rows": list(sc.req_pool.free_slots)}
     for rid, r in sc.reqs.items():
         slots = sc.slots(rid)
-        out[f"request {rid}"] = dict(row=r.req_pool_idx, tokens=r.kv_allocated_len,
+        out[f"request {rid}"] = dict(row=r.kv.req_pool_idx, tokens=r.kv.kv_allocated_len,
                                      pages=list(dict.fromkeys(s // ps for s in slots)),
                                      last_loc=slots[-1] if slots else -1)
     return out

@@ -163,7 +163,7 @@ def unified_story(page_size: int = 2, window: int = 4, backend: str = "torch") -
     out = sc.extend_batch({"B": 5})
     sc.snap(f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap between them "
             f"shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page")
-    lens = {r: sc.reqs[r].kv_allocated_len + 1 for r in ("A", "B")}
+    lens = {r: sc.reqs[r].kv.kv_allocated_len + 1 for r in ("A", "B")}
     out = sc.decode(["A", "B"])
     opened = [r for r, n in lens.items() if (n - 1) % page_size == 0]
     sc.snap(f"A decode step: virtual ids {out.tolist()} (chapter 05's alloc_decode); "
