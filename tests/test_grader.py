@@ -405,7 +405,9 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
             "    if not extra_buffer:\n        return 0\n", "    import os\n    os._exit(3)\n")),
         "ch01_alloc_rows": broken("ch01_alloc_rows", (
             "        if need_size > len(self.free_slots):\n",
-            '        if need_size == 3:\n            print("x" * 3_000_000)  # in tests that pass\n'
+            '        if need_size == 3 and not __import__("os").environ.get("FLOODED"):\n'
+            '            __import__("os").environ["FLOODED"] = "1"  # once per process: a random stream calls it often\n'
+            '            print("x" * 3_000_000)  # in tests that pass\n'
             "        if need_size > len(self.free_slots):\n")),
         "ch10_admission": broken("ch10_admission", (
             "    return admitted, rejected",
@@ -413,7 +415,7 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     })
     results = tmp_path / "results.json"
     chapters = ["01", "02", "07", "08", "10"]
-    proc = subprocess.run([sys.executable, "-m", "memlab.grade", *chapters, "--from", str(learner), "--timeout", "2.5",
+    proc = subprocess.run([sys.executable, "-m", "memlab.grade", *chapters, "--from", str(learner), "--timeout", "10",
                            "--results", str(results), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert len(proc.stdout) < 20_000, "the learner's megabytes must not reach the table"
@@ -421,7 +423,7 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     assert len(results.read_text()) < 200_000
     tests = {t["extra_data"]["nodeid"].split("::")[-1]: t for t in data["tests"]}
     # After a timeout the exercise's other tests are skipped (each would wait for the same loop).
-    assert "timed out after 2.5 s (an endless loop?)" in tests["test_mla_deepseek_v3"]["output"]
+    assert "timed out after 10 s (an endless loop?)" in tests["test_mla_deepseek_v3"]["output"]
     for name in ("test_matches_real_buffers", "test_bad_input"):
         assert tests[name]["score"] == 0 and tests[name]["status"] == "failed"
         assert tests[name]["output"].startswith("not run: test_mla_deepseek_v3 of this exercise timed out")
@@ -429,7 +431,7 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     # A loop that swallows the alarm runs in the learner's process: the alarm goes off here all the
     # same, and the learner's process is stopped; where it was comes from its traceback.
     swallowed = tests["test_max_new_tokens_formula"]["output"]
-    assert swallowed.startswith("timed out after 2.5 s (an endless loop?), at ch08_sizing.py:"), swallowed
+    assert swallowed.startswith("timed out after 10 s (an endless loop?), at ch08_sizing.py:"), swallowed
     assert "Current thread" not in swallowed and "wire.py" not in swallowed, swallowed
     for name in ("test_max_new_tokens_never_negative", "test_decode_len_tree_on_pages", "test_reserve_doubled"):
         assert tests[name]["score"] == 0
@@ -437,8 +439,9 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     assert "died (signal SIGSEGV)" in tests["test_pool_size_floored_to_pages"]["output"]
     assert "died (exit code 3)" in tests["test_tracking_slot_counts"]["output"]
     # Everything else was graded normally around them.
-    assert all(tests[n]["status"] == "passed" for n in tests
-               if tests[n]["extra_data"]["exercise"] in ("ch01.alloc_rows", "ch07.swa_release"))
+    others = {n: tests[n]["output"][:300] for n in tests if tests[n]["status"] != "passed"
+              and tests[n]["extra_data"]["exercise"] in ("ch01.alloc_rows", "ch07.swa_release")}
+    assert not others, others
     assert tests["test_next_track_slot_ping_pong"]["status"] == "passed"
     flooded = tests["test_admits_in_order_until_budget"]
     assert flooded["status"] == "failed" and "characters cut" in flooded["output"]

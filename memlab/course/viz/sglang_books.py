@@ -886,15 +886,17 @@ def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
 
 
 def _op_release(sc: Scene, step, request) -> None:
-    """A request ends: ``release_kv_cache`` frees its slots (``allocator.free``) and its row."""
+    """A request ends: ``release_kv_cache`` frees its slots (``free_kv_row`` hands each piece of the
+    row to ``allocator.free_segment``) and its row."""
     if request not in sc.reqs:
         raise InputError(f"{request!r} holds no row: nothing to release")
     step.call = f"release_kv_cache(req_to_token_pool, allocator, {request})"
-    with recording(sc.allocator, "free") as calls:
+    with recording(sc.allocator, "free_segment") as calls:
         slots = sc.finish(request)
     ps = sc.allocator.page_size
     pages = list(dict.fromkeys(s // ps for s in slots))
-    step.call += "".join(f"\n# called {spell('allocator.free', **c['args'])}" for c in calls)
+    for c in calls:  # each line commented: the call itself stays the one to paste
+        step.call += "\n# called " + spell("allocator.free_segment", **c["args"]).replace("\n", "\n#   ")
     step.result = f"pages {pages} back at the head of free_pages; its row is free"
     step.marks = dict(new_slots=slots)
     step.caption = f"{request} finishes: its pages {pages} go back"
