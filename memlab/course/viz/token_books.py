@@ -42,6 +42,13 @@ def _who(label: str = "request") -> W.Dropdown:
     return W.Dropdown(description=label, layout=W.Layout(width="150px"))
 
 
+def fit_buttons(inst: Instrument) -> Instrument:
+    """Buttons as wide as their words: an engine's name is never cut to an ellipsis."""
+    for b in inst.buttons.values():
+        b.layout.width = "auto"
+    return inst
+
+
 def _held_reqs(sc: Scene) -> list[str]:
     return list(sc.reqs)
 
@@ -190,8 +197,8 @@ def request_instrument(rows: int = 5, width: int = 8, opening=REQUEST_STORY) -> 
                      [Field("free_request", _who(), str, options=_held_reqs)],
                      label="free row", help="the request finishes: its row goes to the tail of free_slots")
     clear = Operation("clear", _op_clear, label="clear()", help="every row free; generations survive")
-    return Instrument(lambda: request_scene(rows, width), [alloc, chunk, free, clear], _draw(("table",)),
-                      request_books, opening=opening, title="the request table: your own requests")
+    return fit_buttons(Instrument(lambda: request_scene(rows, width), [alloc, chunk, free, clear], _draw(("table",)),
+                                  request_books, opening=opening, title="the request table: your own requests"))
 
 
 # -- chapter 03: the token allocator ------------------------------------------------------------------
@@ -232,8 +239,8 @@ def _op_merge(sc: Scene, step) -> None:
 def token_books(sc: Scene) -> dict:
     al = sc.allocator
     free = al.free_pages.tolist()
-    out = {"need_sort": al.need_sort, "free_pages": free, "release_pages (staged)": staged_pages(al),
-           "available_size()": al.available_size(), "contiguity of free_pages": _runs_text(free)}
+    out = {"need_sort": al.need_sort, "free_pages": free, "staged (need_sort)": staged_pages(al),
+           "available_size()": al.available_size(), "free_pages runs": _runs_text(free)}
     for rid in sc.reqs:
         out[f"request {rid}"] = dict(row=sc.reqs[rid].kv.req_pool_idx, slots=sc.slots(rid))
     return out
@@ -258,9 +265,9 @@ def token_instrument(need_sort: bool = True, size: int = 16, opening=TOKEN_STORY
                      label="free request", help="release_kv_cache: its slots go back (staged under need_sort)")
     merge = Operation("merge", _op_merge, label="merge_and_sort_free()", help="fold the staged slots in, sorted")
     sort = W.ToggleButtons(options=[False, True], value=need_sort, description="need_sort", style={"button_width": "60px"})
-    return Instrument(lambda need_sort: token_scene(need_sort, size), [alloc, free, merge],
-                      _draw(("table", "slots", "free")), token_books, settings={"need_sort": sort},
-                      opening=opening, title="the token allocator: your own allocs and frees")
+    return fit_buttons(Instrument(lambda need_sort: token_scene(need_sort, size), [alloc, free, merge],
+                                  _draw(("table", "slots", "free")), token_books, settings={"need_sort": sort},
+                                  opening=opening, title="the token allocator: your own allocs and frees"))
 
 
 # -- chapter 05: decode and free on the paged allocator ----------------------------------------------
@@ -406,6 +413,6 @@ def paged_free_instrument(page_size: int = 4, page_sizes=(1, 2, 4, 8), opening=D
     again.run = lambda sc, step, stale: _op_double_free(sc, step, stale)
     ps = W.ToggleButtons(options=list(page_sizes), value=page_size, description="page_size",
                          style={"button_width": "42px"})
-    return Instrument(lambda page_size: paged_scene(page_size), [decode, prefill, free, begin, end, seg, again],
-                      _draw(("table", "slots", "free")), paged_books, settings={"page_size": ps},
-                      opening=opening, title="decode and free: your own steps, debug mode on")
+    return fit_buttons(Instrument(lambda page_size: paged_scene(page_size), [decode, prefill, free, begin, end, seg, again],
+                                  _draw(("table", "slots", "free")), paged_books, settings={"page_size": ps},
+                                  opening=opening, title="decode and free: your own steps, debug mode on"))

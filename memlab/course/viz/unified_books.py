@@ -489,6 +489,8 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
     def build():
         return unified_scene(page_size)
 
-    return Instrument(build, ops, draw, unified_books_dict,
-                      opening=unified_opening(page_size, window) if opening is None else opening,
-                      title="the unified pool: your own requests in one buffer")
+    from memlab.course.viz.token_books import fit_buttons
+
+    return fit_buttons(Instrument(build, ops, draw, unified_books_dict,
+                                  opening=unified_opening(page_size, window) if opening is None else opening,
+                                  title="the unified pool: your own requests in one buffer"))
