@@ -60,6 +60,8 @@ def test_01_rows_chunks_and_frees_match_the_library():
     assert s.ok and "req_to_token_pool.free(G)" in s.call
     assert state(inst.world) == state(sc)
     assert inst.books()["free_slots"] == list(sc.req_pool.free_slots) == [1, 2, 3, 5]
+    tips = cells(inst.picture)
+    assert tips["freerow:3"] == "free_slots[3] = row 5 (generation 3) · the tail: taken next"
     assert out is not None
 
 

@@ -116,6 +116,35 @@ def _release(sc: Scene, step, request) -> list[int]:
 
 # -- chapter 01: the request table ---------------------------------------------------------------------
 
+def draw_rows(sc: Scene, step) -> str:
+    """The request table, then ``free_slots`` in list order (the tail is taken next)."""
+    from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING
+    from memlab.course.viz.svg import CELL, Canvas, Swatch
+    from memlab.course.viz.sglang_books import svg_request_table
+
+    marks = step.marks if step is not None else {}
+    books = sc.books(new_slots=marks.get("new_slots", ()))
+    c = Canvas("hover a cell: its row, generation, position, slot")
+    y = svg_request_table(c, books, 4, 4) + 8
+    free = books.free_rows
+    c.text(4, y + 13, f"free_slots: {len(free)} free rows, in list order; alloc_rows takes from the tail",
+           size=12.5, weight="bold", color="#222")
+    gens = {r.row: r.generation for r in books.rows}
+    for i, row in enumerate(free):
+        nxt = " · the tail: taken next" if i == len(free) - 1 else ""
+        c.cell(4 + i * (CELL + 4), y + 20, FREE, row, tip=f"free_slots[{i}] = row {row} (generation {gens[row]}){nxt}",
+               gid=f"freerow:{i}", stroke="#999")
+    if free:
+        c.text(4 + (len(free) - 1) * (CELL + 4) + CELL / 2, y + 20 + CELL + 12, "tail: next", size=9.5,
+               anchor="middle", color="#444")
+    if not free:
+        c.text(4, y + 35, "(empty: every row is taken)", size=11, color="#777")
+    y += 20 + CELL + 20
+    c.legend(4, y, [Swatch("handed out by the last call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2),
+                    Swatch("free", FREE), Swatch("row 0: padding, never handed out", PADDING)])
+    return c.html()
+
+
 def _op_rows(sc: Scene, step, requests, tokens) -> None:
     """New requests arrive: each takes a row (``req_to_token_pool.alloc``) and its first tokens."""
     old = [r for r in requests if r in sc.reqs]
@@ -197,7 +226,7 @@ def request_instrument(rows: int = 5, width: int = 8, opening=REQUEST_STORY) -> 
                      [Field("free_request", _who(), str, options=_held_reqs)],
                      label="free row", help="the request finishes: its row goes to the tail of free_slots")
     clear = Operation("clear", _op_clear, label="clear()", help="every row free; generations survive")
-    return fit_buttons(Instrument(lambda: request_scene(rows, width), [alloc, chunk, free, clear], _draw(("table",)),
+    return fit_buttons(Instrument(lambda: request_scene(rows, width), [alloc, chunk, free, clear], draw_rows,
                                   request_books, opening=opening, title="the request table: your own requests"))
 
 
