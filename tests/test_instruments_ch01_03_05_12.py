@@ -280,3 +280,13 @@ def test_tooltips_say_what_a_cell_is():
     assert inst.do("alloc", requests=["<s>"], tokens=[2]).ok
     svg = inst.picture
     assert "<s>" not in svg and cells(svg)["row:5:0"].startswith("row 5 · <s> (generation 3")
+
+
+def test_replay_as_a_story_tells_the_learners_steps():
+    inst = unified_books.unified_instrument()
+    inst.do("free", free_request="B")
+    inst.do("extend", request="D", tokens=3)
+    stepper = inst.story()
+    assert len(stepper.states) == 3 and stepper.view.value.startswith("<svg")
+    stepper.slider.value = 2
+    assert "D +3" in stepper.caption.value and stepper.view.value == inst.picture
