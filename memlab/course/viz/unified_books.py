@@ -308,8 +308,10 @@ def svg_unified(frame: UnifiedFrame, readout: str = "hover a page: its side, byt
                gid="byte:gap", w=frame.gap_bytes * scale, h=30, stroke="#999",
                tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where both sides grow; "
                    f"{frame.joint_available} tokens fit with a full AND an SWA slot each")
-    c.text(4 + lo * scale, y + 44, f"{frame.swa.name} grows up ->", size=10, color="#444")
-    c.text(4 + (lo + frame.gap_bytes) * scale, y + 44, f"<- {frame.full.name} grows down", size=10, anchor="end",
+    # each label outside the gap, at its side's frontier: they cannot overlap however narrow the gap
+    up, down = f"{frame.swa.name} grows up ->", f"<- {frame.full.name} grows down"
+    c.text(max(4 + lo * scale, 4 + 6.2 * len(up)), y + 44, up, size=10, anchor="end", color="#444")
+    c.text(min(4 + (lo + frame.gap_bytes) * scale, 4 + lane_w - 6.2 * len(down)), y + 44, down, size=10,
            color="#444")
     y += 62
     c.text(4, y + 13, "request table: virtual ids, one cell per virtual page (pale: its SWA page is gone)",
