@@ -31,6 +31,13 @@ def staged_pages(allocator) -> list[int]:
     return allocator.release_pages.tolist()
 
 
+def group_state(allocator) -> str:
+    """What an open free group holds, in words: the only read of the group's queues."""
+    if allocator.free_group is None:
+        return "closed"
+    return f"open: {len(allocator.free_group)} free() and {len(allocator.free_page_ids_group)} page-id call(s) queued"
+
+
 # -- shared pieces ------------------------------------------------------------------------------------
 
 def _box(name: str, value: str, width: str = "170px") -> W.Text:
@@ -250,7 +257,7 @@ def _op_token_alloc(sc: Scene, step, request, n) -> None:
 
 def _op_token_free(sc: Scene, step, request) -> None:
     slots = _release(sc, step, request)
-    where = "staged in release_pages" if sc.allocator.need_sort else "at the TAIL of free_pages (FIFO)"
+    where = "staged (not yet on free_pages)" if sc.allocator.need_sort else "at the TAIL of free_pages (FIFO)"
     step.result = f"slots {slots} {where}"
     step.marks = dict(new_slots=slots)
     step.caption = f"{request} finishes: its slots {slots} are {where}"
@@ -333,7 +340,7 @@ def _op_paged_free(sc: Scene, step, request) -> None:
     sc.finished[request] = slots
     ps = sc.allocator.page_size
     pages = list(dict.fromkeys(s // ps for s in slots))
-    queued = sc.allocator.free_group is not None
+    queued = group_state(sc.allocator) != "closed"
     step.result = (f"pages {pages} queued in the open free group" if queued
                    else f"pages {pages} back at the head of free_pages")
     step.marks = dict(new_slots=slots)
@@ -385,8 +392,7 @@ def _op_double_free(sc: Scene, step, request) -> None:
 def paged_books(sc: Scene) -> dict:
     al = sc.allocator
     out = {"free_pages": al.free_pages.tolist(), "available_size()": al.available_size(),
-           "free group": "closed" if al.free_group is None else
-           f"open: {len(al.free_group)} free() and {len(al.free_page_ids_group)} page-id call(s) queued",
+           "free group": group_state(al),
            "debug_mode": al.debug_mode}
     ps = al.page_size
     for rid in sc.reqs:
