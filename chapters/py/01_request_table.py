@@ -42,6 +42,25 @@ scene = viz.sglang_books.request_table(rows=5, width=8)
 viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "rows")))
 
 # %% [markdown]
+# ### Your own requests
+#
+# The instrument below starts where the story ends: after `clear()` every row is free, but the
+# generations stay. Type new requests and their first tokens and press `alloc (new rows)`: it
+# runs the scheduler's path on the real `ReqToTokenPool`, and shows the `req_to_token_pool.alloc`
+# call it made and the rows that came back. `continue chunk` feeds a request its next prefill
+# chunk (it keeps its row), `free row` ends a request (its row goes to the tail of `free_slots`,
+# so it is the next handed out), `clear()` empties the table. Ask for more rows than are free,
+# or name a request twice: the library's own answer shows, and nothing changes. Hover a cell to
+# read its row, generation, position and slot; `undo` and `reset` replay your steps on fresh
+# objects.
+
+# %%
+from memlab.course.viz.token_books import request_instrument
+
+inst = request_instrument()
+inst
+
+# %% [markdown]
 # ## The table itself
 #
 # `ReqToTokenPool(size, max_context_len)` holds an int32 tensor of `size + 1` rows and

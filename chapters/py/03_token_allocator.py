@@ -46,6 +46,24 @@ stories = {"FIFO (need_sort=False)": viz.sglang_books.token_allocator(need_sort=
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
 
 # %% [markdown]
+# ### Your own allocs and frees
+#
+# The instrument below starts where the second story ends (`need_sort=True`: D and E have their
+# slots, C still holds its six). `alloc(n)` gives a request `n` slots from the head of
+# `free_pages` (a new request takes a row first); `free request` gives them back (staged, in
+# yellow, while `need_sort` is on; at the tail of `free_pages` when it is off);
+# `merge_and_sort_free()` folds the staged slots in and sorts the list. The books list the free
+# list's contiguity (its runs of consecutive slots) before and after the merge. Switch
+# `need_sort` to replay your steps under the other rule. A negative `n` gets the library's
+# message; more than `available_size()` is refused with nothing taken.
+
+# %%
+from memlab.course.viz.token_books import token_instrument
+
+inst = token_instrument(need_sort=True)
+inst
+
+# %% [markdown]
 # ## Allocation takes the head
 #
 # The free list `free_pages` is an int64 tensor (with page size 1, a "page" is a slot). `alloc(n)`

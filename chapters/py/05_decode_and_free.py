@@ -44,6 +44,24 @@ stories.update({story: viz.sglang_books.paged_free(story).frames for story in ("
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
 
 # %% [markdown]
+# ### Your own decode steps and frees
+#
+# The instrument below starts where the decode story ends (A, B and C hold 9, 10 and 12 tokens,
+# page size 4), with the allocator in debug mode. `alloc_decode` runs one decode step for the
+# requests you name and shows the `alloc_decode` call and the slots it returned; `free request`
+# ends a request; `free_group_begin()` and `free_group_end()` bracket frees that are queued
+# (yellow) and released at once; `free_segment` gives back a run of a request's positions (an
+# unaligned start is refused with the library's message); `free again (stale copy)` frees a
+# finished request's old slots a second time, and debug mode raises. Each refusal leaves the
+# books as they were; `undo`, `reset` and another page size replay your steps.
+
+# %%
+from memlab.course.viz.token_books import paged_free_instrument
+
+inst = paged_free_instrument(page_size=4)
+inst
+
+# %% [markdown]
 # ## One token per step
 #
 # `alloc_decode(seq_lens, seq_lens_cpu, last_loc)` gets each request's length **after** the new

@@ -59,6 +59,24 @@ story = unified_story(page_size=2, window=4)
 viz.Stepper({"page size 2": story.frames}, draw_unified, interval_ms=2500)
 
 # %% [markdown]
+# ### Your own requests in one buffer
+#
+# The instrument below starts where the story ends: C took all that fit, and the 128-byte gap
+# holds one page, not the full-and-SWA pair a token needs, so `alloc_extend` is refused. Free a request and watch
+# the pages left in the band move into the freed ones (black edges) while the request table's
+# virtual ids stay; then `alloc_extend` a new request (or a chunk more), `alloc_decode` a step,
+# or let a window go with `free_swa`. Each call is shown as the engine spells it, with the books
+# read from the real allocator: the joint `available_size()`, each side's room alone, the gap,
+# and each request's virtual pages with the full and SWA pages they map to. Hover a page to read
+# its side, its bytes and the virtual page it holds.
+
+# %%
+from memlab.course.viz.unified_books import unified_instrument
+
+inst = unified_instrument(page_size=2, window=4)
+inst
+
+# %% [markdown]
 # ## One buffer, two ends
 #
 # `memlab/sglang/unified/pool.py` follows SGLang's `unified_memory_pool.py`. A sub-pool is a

@@ -22,6 +22,7 @@ import torch
 
 from memlab.sglang.req_to_token import ReqToTokenPool
 from memlab.sglang.unified import MHASubPoolSpec, UnifiedKVPool, UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
+from memlab.course.viz.instrument import InputError, Verbatim, recording, spell, spell_value
 from memlab.course.viz.sglang_books import Scene
 from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
 
@@ -262,3 +263,236 @@ def draw_unified(frame: UnifiedFrame, width: float = 11.5):
         ax.set_aspect("auto")  # lanes of cells: fill the figure's width
     fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
+
+
+# -- 5. the instrument: the learner's own calls on the real unified allocator ------------------------
+
+def svg_unified(frame: UnifiedFrame, readout: str = "hover a page: its side, bytes, virtual page, owner") -> str:
+    """The frame as inline SVG, every page saying what it is: the byte buffer (both sides and the
+    gap), the request table in virtual pages, and each side's page table (virtual -> physical)."""
+    from memlab.course.viz.svg import Canvas, Swatch
+
+    c, ps = Canvas(readout), frame.page_size
+    owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
+    moved_v = {(m[0], m[1]): m for m in frame.moves}
+    rows = {v: (o, ids) for o, ids in frame.rows for v in _pages(ids, ps)}
+    swa_of, full_of = dict(frame.swa.bound), dict(frame.full.bound)
+    lane_w = 760.0
+    scale = lane_w / frame.total_bytes
+    c.text(4, 14, f"the byte buffer ({frame.total_bytes} B): SWA pages from byte {frame.reserved_floor} up, full pages "
+                  f"from the top down; gap {frame.gap_bytes} B", size=12.5, weight="bold", color="#222")
+    y = 40.0
+    c.cell(4, y, PADDING, "", tip=f"bytes 0-{frame.reserved_floor - 1}: the padding sink (slot 0 of every view)",
+           gid="byte:floor", w=max(frame.reserved_floor * scale, 3), h=30)
+
+    def vwords(v):
+        if v not in rows:
+            return f"virtual page {v}"
+        o, ids = rows[v]
+        mine = [t for t in ids if t // ps == v]
+        return f"virtual page {v} of {o} (virtual ids {mine[0]}-{mine[-1]})" if len(mine) > 1 else \
+            f"virtual page {v} of {o} (virtual id {mine[0]})"
+
+    for side in (frame.swa, frame.full):
+        for v, p in side.bound:
+            lo = p * side.page_bytes
+            edge = dict(stroke=HIGHLIGHT, stroke_width=2.0) if (side.name, p) in moved or v in frame.new_pages else {}
+            how = (" · moved here from page %d by this step" % moved_v[(side.name, v)][2]
+                   if (side.name, v) in moved_v else " · bound by this step" if v in frame.new_pages else "")
+            c.cell(4 + lo * scale, y, owner_color(owner.get(v)), p, gid=f"byte:{side.name}:{p}",
+                   tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- {vwords(v)}{how}",
+                   w=side.page_bytes * scale, h=30, opacity=1.0 if side.name == "full" else 0.75, size=9, **edge)
+    lo = frame.swa.used[1] * frame.swa.page_bytes if frame.swa.grow == "up" else frame.full.used[1] * frame.full.page_bytes
+    if frame.gap_bytes:
+        c.cell(4 + lo * scale, y, FREE, f"gap {frame.gap_bytes} B" if frame.gap_bytes * scale > 70 else "",
+               gid="byte:gap", w=frame.gap_bytes * scale, h=30, stroke="#999",
+               tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where both sides grow; "
+                   f"{frame.joint_available} tokens fit with a full AND an SWA slot each")
+    # each label outside the gap, at its side's frontier: they cannot overlap however narrow the gap
+    up, down = f"{frame.swa.name} grows up ->", f"<- {frame.full.name} grows down"
+    c.text(max(4 + lo * scale, 4 + 6.2 * len(up)), y + 44, up, size=10, anchor="end", color="#444")
+    c.text(min(4 + (lo + frame.gap_bytes) * scale, 4 + lane_w - 6.2 * len(down)), y + 44, down, size=10,
+           color="#444")
+    y += 62
+    c.text(4, y + 13, "request table: virtual ids, one cell per virtual page (pale: its SWA page is gone)",
+           size=12.5, weight="bold", color="#222")
+    y += 22
+    for o, ids in frame.rows:
+        c.text(30, y + 15, o, size=11, anchor="end", color="#444")
+        for i, v in enumerate(_pages(ids, ps)):
+            mine = [t for t in ids if t // ps == v]
+            label = f"{mine[0]}" if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
+            swa = swa_of.get(v, -1)
+            tip = (f"{o} · {vwords(v)} -> full page {full_of.get(v)}, "
+                   + (f"SWA page {swa}" if swa > 0 else "SWA page gone (out of the window; v2p = -1)"))
+            edge = dict(stroke=HIGHLIGHT, stroke_width=2.0) if v in frame.new_pages else {}
+            c.cell(36 + i * 46, y, owner_color(o), label, tip=tip, gid=f"vpage:{o}:{i}", w=44,
+                   opacity=1.0 if swa > 0 else 0.4, size=9, **edge)
+        y += CELL_H
+    if not frame.rows:
+        c.text(36, y + 14, "(no request)", size=11, color="#777")
+        y += CELL_H
+    for side in (frame.full, frame.swa):
+        y += 8
+        c.text(4, y + 13, f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
+               size=12.5, weight="bold", color="#222")
+        y += 20
+        for i, (v, p) in enumerate(side.bound):
+            line, col = divmod(i, 16)
+            edge = dict(stroke=HIGHLIGHT, stroke_width=2.0) if (side.name, v) in moved_v else {}
+            c.cell(4 + col * 46, y + line * CELL_H, owner_color(owner.get(v)), f"{v}→{p}", gid=f"v2p:{side.name}:{v}",
+                   tip=f"{side.name} v2p[{v}] = {p}: {vwords(v)} lives in {side.name} page {p}", w=44, size=9, **edge)
+        if not side.bound:
+            c.text(4, y + 14, "(nothing bound)", size=11, color="#777")
+        y += max(1, -(-len(side.bound) // 16)) * CELL_H
+    c.legend(4, y + 6, [Swatch("bound or moved by the last call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2),
+                        Swatch("gap", FREE), Swatch("padding sink", PADDING),
+                        Swatch("SWA page gone", "#4e79a7", opacity=0.4)])
+    return c.html()
+
+
+CELL_H = 26
+
+
+def _ureq(sc, request):
+    if request not in sc.reqs:
+        raise InputError(f"{request!r} holds no row")
+    return sc.reqs[request]
+
+
+def _mark(step, before: UnifiedFrame, sc) -> None:
+    after = read_unified("", sc.allocator, {r: sc.slots(r) for r in sc.reqs}, before)
+    step.marks = dict(moves=after.moves, new_pages=after.new_pages)
+
+
+def _op_u_extend(sc, step, request, tokens) -> None:
+    """A prefill (or the next chunk) through ``alloc_for_extend``: the recorded ``alloc_extend``."""
+    before = sc.books()
+    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
+                      reqs=Verbatim(f"[{request}]"), extend_lens=[tokens])
+    with recording(sc.allocator, "alloc_extend") as calls:
+        out = sc.extend_batch({request: tokens})
+    if calls:
+        step.call = f"# {step.call} called:\n" + spell("allocator.alloc_extend", **calls[0]["args"])
+    step.result = spell_value(out)
+    if out is None:
+        step.refuse(f"refused (the library returns None): {tokens} tokens asked, available_size() = "
+                    f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the shared gap); "
+                    "nothing was taken")
+        return
+    _mark(step, before, sc)
+    step.caption = f"{request} +{tokens}: virtual ids {out.tolist()}"
+
+
+def _op_u_decode(sc, step, requests) -> None:
+    for r in requests:
+        _ureq(sc, r)
+    if not requests or len(set(requests)) != len(requests):
+        raise InputError("name each decoding request once")
+    before = sc.books()
+    with recording(sc.allocator, "alloc_decode") as calls:
+        out = sc.decode(requests)
+    step.call = (f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) called:\n"
+                 + spell("allocator.alloc_decode", **calls[0]["args"])) if calls else "alloc_for_decode(...)"
+    step.result = spell_value(out)
+    if out is None:
+        step.refuse(f"refused (the library returns None): available_size() = {sc.allocator.available_size()}")
+        return
+    _mark(step, before, sc)
+    step.caption = f"decode {', '.join(requests)}: virtual ids {out.tolist()}"
+
+
+def _op_u_window(sc, step, request, window) -> None:
+    _ureq(sc, request)
+    if window < 0:
+        raise InputError(f"window {window}: a window holds 0 or more tokens")
+    before = sc.books()
+    with recording(sc.allocator, "free_swa") as calls:
+        gone = sc.release_window(request, window)
+    step.call = (spell("allocator.free_swa", calls[0]["args"]["free_index"]) if calls
+                 else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)")
+    step.result = f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay" if gone else "no call"
+    _mark(step, before, sc)
+    step.caption = f"{request}'s window of {window}: " + (f"{gone} leave the SWA side" if gone else "nothing leaves")
+
+
+def _op_u_free(sc, step, request) -> None:
+    _ureq(sc, request)
+    before = sc.books()
+    pages = _pages(sc.slots(request), sc.allocator.page_size)
+    step.call = f"release_kv_cache(req_to_token_pool, allocator, {request})"
+    with recording(sc.allocator, "free_segment") as calls:
+        sc.finish(request)
+    for c in calls:
+        step.call += "\n# called " + spell("allocator.free_segment", **c["args"]).replace("\n", "\n#   ")
+    _mark(step, before, sc)
+    moves = [m for m in step.marks["moves"]]
+    step.result = (f"virtual pages {pages} back; " + (", ".join(f"{s} page {a} -> {b} (virtual page {v})"
+                                                              for s, v, a, b in moves) if moves else "nothing moved"))
+    step.caption = f"{request} finishes: virtual pages {pages} back" + (f"; {len(moves)} page(s) moved" if moves else "")
+
+
+def unified_books_dict(sc) -> dict:
+    al = sc.allocator
+    fa, sa = al.full_attn_allocator, al.swa_attn_allocator
+    out = {"available_size()": al.available_size(), "full_available_size()": al.full_available_size(),
+           "swa_available_size()": al.swa_available_size(), "gap bytes": fa._current_gap_bytes(),
+           "full used pages": list(fa.used_page_range()), "swa used pages": list(sa.used_page_range())}
+    ps = al.page_size
+    full_v2p, swa_v2p = fa.virtual_to_physical.tolist(), sa.virtual_to_physical.tolist()
+    for rid in sc.reqs:
+        vp = _pages(sc.slots(rid), ps)
+        out[f"request {rid}"] = dict(tokens=len(sc.slots(rid)), virtual_pages=vp, full=[full_v2p[v] for v in vp],
+                                     swa=[swa_v2p[v] for v in vp])
+    return out
+
+
+def unified_opening(page_size: int = 2, window: int = 4) -> list:
+    """``unified_story``'s steps as the instrument's operations (C takes what fits at the end)."""
+    c = unified_story(page_size, window).reqs["C"].kv.kv_allocated_len
+    return [("extend", dict(request="A", tokens=7)), ("extend", dict(request="B", tokens=5)),
+            ("decode", dict(requests=["A", "B"])), ("window", dict(win_request="A", window=window)),
+            ("free", dict(free_request="A")), ("extend", dict(request="C", tokens=c))]
+
+
+def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
+    """Chapter 12: prefill or extend a request, decode, let a window go (``free_swa``), free a request
+    (its pages compacted at once): on the real unified allocator, opening on the story's last state."""
+    import ipywidgets as W
+    from memlab.course.viz.instrument import Field, Instrument, Operation, integer, names
+
+    def box(name, value, width="150px"):
+        return W.Text(value=value, description=name, layout=W.Layout(width=width),
+                      style={"description_width": "initial"}, continuous_update=False)
+
+    def who(label):
+        return W.Dropdown(description=label, layout=W.Layout(width="150px"))
+
+    held = lambda sc: list(sc.reqs)  # noqa: E731
+    ops = [Operation("extend", _op_u_extend, [Field("request", box("request", "D", "120px"), str),
+                                              Field("tokens", box("tokens", "3", "100px"), integer)],
+                     label="alloc_extend", help="alloc_for_extend: a new request's prompt, or a chunk more"),
+           Operation("decode", _op_u_decode, [Field("requests", box("decode", "B, C"), names)],
+                     label="alloc_decode", help="one decode step for these requests"),
+           Operation("window", lambda sc, step, win_request, window: _op_u_window(sc, step, win_request, window),
+                     [Field("win_request", who("window of"), str, options=held),
+                      Field("window", box("window", str(window), "100px"), integer)],
+                     label="free_swa (window)", help="the tokens before the last `window` leave the SWA side"),
+           Operation("free", lambda sc, step, free_request: _op_u_free(sc, step, free_request),
+                     [Field("free_request", who("free"), str, options=held)],
+                     label="free request", help="release_kv_cache: both sides' pages back, compacted at once")]
+
+    def draw(sc, step):
+        f = sc.books()
+        marks = step.marks if step is not None else {}
+        return svg_unified(UnifiedFrame(**{**f.__dict__, "moves": tuple(marks.get("moves", ())),
+                                           "new_pages": frozenset(marks.get("new_pages", ()))}))
+
+    def build():
+        return unified_scene(page_size)
+
+    from memlab.course.viz.token_books import fit_buttons
+
+    return fit_buttons(Instrument(build, ops, draw, unified_books_dict,
+                                  opening=unified_opening(page_size, window) if opening is None else opening,
+                                  title="the unified pool: your own requests in one buffer"))
