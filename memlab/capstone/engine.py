@@ -38,7 +38,8 @@ from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.page_copy import page_rows
 from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeLock, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.common.sizing import RunningReq, check_decode_mem, new_tokens_required_next_decode, retract_decode
+from memlab.common.sizing import (RunningReq, check_decode_mem, estimate_swa_kv_tokens, new_tokens_required_next_decode,
+                                  retract_decode)
 # The model lives in its own module (memlab.capstone.checkpoint fills it); chapters import it from here too.
 from memlab.capstone.tiny_llama import TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: F401
 from memlab.common.utils import ceil_align
@@ -235,6 +236,7 @@ class Engine:
         self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev, kvcache=self.kv_pool,
                                         debug_mode=debug_mode, backend=alloc_backend)
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
+        self.sliding_window_size = None  # the model's window, for the allocator's questions (full attention: none)
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
         self.waiting: deque[EngineReq] = deque()
@@ -266,12 +268,30 @@ class Engine:
         total = len(prompt) + max_new_tokens
         if total > self.req_to_token_pool.max_context_len:
             raise ValueError(f"a request of {total} tokens exceeds max_context {self.req_to_token_pool.max_context_len}")
-        if ceil_align(total, self.page_size) + self.page_size > self.allocator.num_pages * self.page_size:
-            raise ValueError(f"a request of {total} tokens can never fit a pool of {self.allocator.size} slots")
+        # Two of the allocator's questions about an empty pool. SGLang's scheduler clips
+        # max_new_tokens to max_new_tokens_for_memory and aborts a prompt it answers None for;
+        # memlab never clips (an output must not depend on the pool's size), so it refuses the
+        # None, then asks whether the whole request could ever be held: prealloc_ceiling_fits,
+        # where None means the pool has no ceiling of its own and its token count is the bound.
+        alloc, ps = self.allocator, self.page_size
+        demand = ceil_align(total, ps) + ps  # a page spare: the next token may open one
+        fits = alloc.max_new_tokens_for_memory(len(prompt), max_new_tokens, token_capacity=alloc.size,
+                                               sliding_window_size=self.sliding_window_size,
+                                               chunk_size=self.chunk_size) is not None
+        if fits:
+            ceiling = alloc.prealloc_ceiling_fits(demand, self._swa_demand(len(prompt), max_new_tokens))
+            fits = demand <= alloc.size if ceiling is None else ceiling
+        if not fits:
+            raise ValueError(f"a request of {total} tokens can never fit a pool of {alloc.size} slots")
         r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
         self.stats["requests"] += 1
         self.waiting.append(r)
         return r
+
+    def _swa_demand(self, input_tokens: int, max_new_tokens: int) -> int:
+        """The most sliding-window slots a request holds at once (all of its slots without a window)."""
+        return estimate_swa_kv_tokens(input_tokens, max_new_tokens, sliding_window_size=self.sliding_window_size,
+                                      page_size=self.page_size, allocation_limit=self.chunk_size)
 
     def generate(self, prompts, max_new_tokens: int) -> list[list[int]]:
         reqs = [self.add_request(p, max_new_tokens) for p in prompts]
@@ -328,7 +348,8 @@ class Engine:
                 # for its chunk grid, floor_chunked_tokens)
                 n = (start + n) // ps * ps - start or n
             need = ceil_align(start + n, ps) - ceil_align(start, ps)
-            if n <= 0 or need > self.available() - reserve - taken:
+            need += self.allocator.request_slot_reserve(has_req_pool_slot=not new, prefill_tokens=start + n)
+            if n <= 0 or not self._fits(need, self.available() - reserve - taken):
                 if new:
                     self._unmatch(r)
                 break
@@ -342,6 +363,13 @@ class Engine:
             budget -= n
             taken += need
         return batch
+
+    def _fits(self, need: int, budget: int) -> bool:
+        """The allocator's answer: does a chunk of ``need`` slots fit what the step has left (free and
+        evictable slots, less the decode reserve and this step's earlier chunks)? A single pool
+        compares the two; a composite prices both of its sides at once. (SGLang's decode side asks
+        ``prealloc_fits`` this way; its prefill adder keeps per-side budgets.)"""
+        return self.allocator.prealloc_fits(self.tree_cache, need, need, full_budget_tokens=budget)
 
     def _unmatch(self, r: EngineReq) -> None:
         """A matched request that is not admitted this step gives its lock back."""
