@@ -367,7 +367,21 @@ class UnifiedSWATokenToKVPoolAllocator:
                                  swa_evictable_tokens=evictable)
         if plan is None:
             return None
-        if plan[0] or plan[1]:
-            tree_cache.evict(max(plan))
+        if plan != (0, 0):
+            # The wheel's tree takes each side's share; a memlab tree frees a node on both sides,
+            # so it is asked for the fewest tokens that, freed on both sides, make the demand fit.
+            tree_cache.evict(self._both_sides_reclaim(num_tokens, required_swa, evictable))
         return self.ensure_capacity(num_tokens, required_swa)
+
+    def _both_sides_reclaim(self, full_tokens: int, swa_tokens: int, evictable: int) -> int:
+        ps = self.page_size
+        full_pages, swa_pages = ceil_div(full_tokens, ps), ceil_div(swa_tokens, ps)
+        low, high = 0, evictable // ps  # fits at high: reclaim_plan said so
+        while low < high:
+            mid = (low + high) // 2
+            if self._fits_pages_after(full_pages, swa_pages, full_reclaim_pages=mid, swa_reclaim_pages=mid):
+                high = mid
+            else:
+                low = mid + 1
+        return low * ps
 
