@@ -204,6 +204,23 @@ class EngineReq(Req):
 
 
 PREFIX_CACHES = (None, "hash", "radix", "hicache")
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+# SGLang 0.5.23's schedule_policy.py: past this many waiting requests LPM falls back to FCFS (the
+# matching is too expensive); a request whose cached prefix is at most CHECK tokens and that shares
+# at least DEPRIORITIZE tokens with an earlier waiting request goes last this round (in-batch
+# prefix caching: the earlier one computes the shared part, the later one then finds it cached).
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+
+
+def _common_prefix_len(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Engine:
@@ -219,8 +236,10 @@ class Engine:
                  max_context: int = 512, chunk_size: int = 64, attention: str = "triton",
                  alloc_backend: str = "torch", prefix_cache: bool | str | None = True, host_tokens: int | None = None,
                  write_policy: str = "write_through", ignore_eos: bool = False, all_logits: bool = False,
-                 debug_mode: bool = False):
+                 schedule_policy: str = "fcfs", debug_mode: bool = False):
         kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache)
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}")
         if attention not in ("triton", "torch"):
             raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
         if chunk_size < 1:
@@ -236,6 +255,8 @@ class Engine:
         self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev, kvcache=self.kv_pool,
                                         debug_mode=debug_mode, backend=alloc_backend)
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
+        # SGLang turns a cache-aware policy into FCFS when there is no prefix cache to be aware of
+        self.schedule_policy = schedule_policy if self.tree_cache.supports_prefix_sharing() else "fcfs"
         self.sliding_window_size = None  # the model's window, for the allocator's questions (full attention: none)
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
@@ -330,6 +351,7 @@ class Engine:
         chunk ends on a page boundary (SGLang's ``PrefillAdder``; a continuing chunk is not cut
         to a page, nor a chunk shorter than a page). Room is kept for the next decode step: a page for each decoding request
         whose committed length sits on a page boundary (``new_tokens_required_next_decode``)."""
+        self._calc_priority()
         ps, budget, batch, taken = self.page_size, self.chunk_size, [], 0
         rows_left = self.req_to_token_pool.available_size()
         reserve = new_tokens_required_next_decode(self._decode_views([r for r in self.running if not r.prefilling]), ps)
@@ -363,6 +385,27 @@ class Engine:
             budget -= n
             taken += need
         return batch
+
+    def _calc_priority(self) -> None:
+        """Order the waiting queue (SGLang's ``SchedulePolicy.calc_priority``). FCFS: as they came
+        (a retracted request is at the front). LPM: longest cached prefix first, each request
+        matched against the prefix cache without a lock (the match refreshes the path's LRU time,
+        as SGLang's does); a request that would only recompute what an earlier waiting one is
+        about to compute goes last (in-batch prefix caching). The sort is stable: ties stay FCFS."""
+        if self.schedule_policy != "lpm" or len(self.waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX:
+            return
+        matched, deprioritized, waiting_prefixes = {}, set(), []
+        for r in self.waiting:
+            fill = r.full_untruncated_fill_ids
+            m = self.tree_cache.match_prefix(fill[: len(fill) - 1])
+            matched[r.rid] = m.device_prefix_len + m.host_hit_length
+            if matched[r.rid] <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+                shared = max((_common_prefix_len(fill, p) for p in waiting_prefixes), default=0)
+                if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+                    deprioritized.add(r.rid)
+                else:
+                    waiting_prefixes.append(fill)
+        self.waiting = deque(sorted(self.waiting, key=lambda r: math.inf if r.rid in deprioritized else -matched[r.rid]))
 
     def _fits(self, need: int, budget: int) -> bool:
         """The allocator's answer: does a chunk of ``need`` slots fit what the step has left (free and
