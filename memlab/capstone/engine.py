@@ -36,6 +36,7 @@ from memlab.sglang.allocator import make_allocator
 from memlab.sglang.hicache import HiRadixCache, HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.page_copy import page_rows
+from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
 from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeLock, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.common.sizing import (RunningReq, check_decode_mem, estimate_swa_kv_tokens, new_tokens_required_next_decode,
@@ -236,7 +237,8 @@ class Engine:
                  max_context: int = 512, chunk_size: int = 64, attention: str = "triton",
                  alloc_backend: str = "torch", prefix_cache: bool | str | None = True, host_tokens: int | None = None,
                  write_policy: str = "write_through", ignore_eos: bool = False, all_logits: bool = False,
-                 schedule_policy: str = "fcfs", debug_mode: bool = False):
+                 schedule_policy: str = "fcfs", size_swa: int | None = None, memory: tuple | None = None,
+                 debug_mode: bool = False):
         kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache)
         if schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}")
@@ -250,14 +252,28 @@ class Engine:
         self.model, self.page_size, self.chunk_size, self.attention = model, page_size, chunk_size, attention
         self.debug_mode = debug_mode
         self.req_to_token_pool = ReqToTokenPool(max_running, max_context, device=dev)
-        self.kv_pool = MHATokenToKVPool(num_tokens, page_size, model.dtype, c.num_kv_heads, c.head_dim, c.num_layers,
-                                        device=dev)
-        self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev, kvcache=self.kv_pool,
-                                        debug_mode=debug_mode, backend=alloc_backend)
+        self.swa_layers = [i for i in range(c.num_layers) if c.is_sliding(i)]
+        if self.swa_layers and attention != "torch":
+            raise ValueError("a model with sliding-window layers is served with attention='torch'")
+        if memory is not None:  # a KV pool and its allocator built by the caller (the unified pool, chapter 12)
+            self.kv_pool, self.allocator = memory
+        elif self.swa_layers:  # chapter 07's two pools: full layers and sliding-window layers
+            full = [i for i in range(c.num_layers) if not c.is_sliding(i)]
+            size_swa = num_tokens if size_swa is None else size_swa
+            self.kv_pool = SWAKVPool(num_tokens, size_swa, page_size, model.dtype, c.num_kv_heads, c.head_dim, full,
+                                     self.swa_layers, device=dev)
+            self.allocator = SWATokenToKVPoolAllocator(num_tokens, size_swa, page_size, model.dtype, dev,
+                                                       kvcache=self.kv_pool, debug_mode=debug_mode,
+                                                       backend=alloc_backend)
+        else:
+            self.kv_pool = MHATokenToKVPool(num_tokens, page_size, model.dtype, c.num_kv_heads, c.head_dim,
+                                            c.num_layers, device=dev)
+            self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev,
+                                            kvcache=self.kv_pool, debug_mode=debug_mode, backend=alloc_backend)
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
         # SGLang turns a cache-aware policy into FCFS when there is no prefix cache to be aware of
         self.schedule_policy = schedule_policy if self.tree_cache.supports_prefix_sharing() else "fcfs"
-        self.sliding_window_size = None  # the model's window, for the allocator's questions (full attention: none)
+        self.sliding_window_size = c.sliding_window  # for the allocator's questions (None: full attention only)
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
         self.waiting: deque[EngineReq] = deque()
@@ -439,6 +455,8 @@ class Engine:
         """
         from memlab.common import attention
 
+        if self.swa_layers:
+            return self._forward_swa(ids, positions, rows, out_cache_loc, logits_rows, extend)
         loc = KVWriteLoc(out_cache_loc, physical=True)
         seq_lens = (positions + 1).to(torch.int32)
         table = self.req_to_token_pool.req_to_token
@@ -455,6 +473,35 @@ class Engine:
             if extend is None:
                 return attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1]))
             return self._extend_attention(q, k_buf, v_buf, segments)
+
+        logits = self.last_logits = self.model.forward(ids, positions, attend,
+                                                       None if self.all_logits else logits_rows)
+        return logits[logits_rows] if self.all_logits and logits_rows is not None else logits
+
+    def _forward_swa(self, ids, positions, rows, out_cache_loc, logits_rows, extend):
+        """A model with sliding-window layers: the allocator's write location carries both sides' ids
+        (translated once per batch, marked physical by the unified pool); each layer reads its own
+        side (a full layer its slots, translated to physical ones by a unified pool; a sliding layer
+        the SWA slots mapped from them) and a sliding layer masks what left its window. Every request
+        goes through the extend path (a decode is an extend of one token)."""
+        loc = self.allocator.write_loc(out_cache_loc)
+        if extend is None:
+            extend = [(row, i, 1, p) for i, (row, p) in enumerate(zip(rows.tolist(), positions.tolist()))]
+        alloc, window = self.allocator, self.model.cfg.sliding_window
+        full_ids = getattr(alloc, "translate_kv_loc", lambda s: s)  # only virtual ids need translating
+        segments, swa_segments = [], []
+        for e in extend:
+            off, n, slots, future = self._extend_segment(*e)
+            segments.append((off, n, full_ids(slots), future))
+            pre = e[3]
+            q_pos = pre + torch.arange(n, device=slots.device)[:, None]
+            gone = q_pos - torch.arange(pre + n, device=slots.device)[None, :] >= window
+            swa_segments.append((off, n, alloc.translate_loc_from_full_to_swa(slots), future | gone))
+
+        def attend(layer, q, k, v):
+            self.kv_pool.set_kv_buffer(layer, loc, k, v)
+            k_buf, v_buf = self.kv_pool.get_kv_buffer(layer)
+            return self._extend_attention(q, k_buf, v_buf, swa_segments if layer in self.swa_layers else segments)
 
         logits = self.last_logits = self.model.forward(ids, positions, attend,
                                                        None if self.all_logits else logits_rows)
@@ -602,6 +649,9 @@ class Engine:
         """Every page is exactly one of: free, owned by a running request, or held by the prefix
         cache; running requests map only cached pages in their prefixes; idle, the cache and the
         free list hold the whole pool."""
+        if not hasattr(self.allocator, "free_pages"):  # a composite keeps books per side: it checks them
+            self.allocator.check_books()
+            return
         owned, cached, shared = self.page_books()
         free = torch.cat((self.allocator.free_pages, self.allocator.release_pages)).tolist()
         both = cached & set(owned)
