@@ -231,6 +231,13 @@ class Engine:
     ``"radix"`` SGLang's radix tree (chapter 11); ``"hicache"`` the radix tree with a host tier of
     ``host_tokens`` slots (chapter 11: evicted pages move to the host, a later hit loads them
     back); None (or False) no prefix cache (a disabled radix tree, as SGLang 0.5.23 builds).
+    ``schedule_policy``: ``"fcfs"`` (the default) or ``"lpm"``, SGLang's longest prefix match first.
+    A model with sliding-window layers is served through chapter 07's two pools (``size_swa`` SWA
+    slots, ``num_tokens`` by default), or through ``memory``: a (KV pool, allocator) pair built by
+    the caller, such as chapter 12's unified pool. Whatever the allocator, the scheduler asks it
+    only its capacity questions (``available_size``, ``request_slot_reserve``,
+    ``max_new_tokens_for_memory``, ``prealloc_ceiling_fits``, ``prealloc_fits``,
+    ``evict_to_free_tokens``).
     """
 
     def __init__(self, model: TinyLlama, *, page_size: int = 1, num_tokens: int = 2048, max_running: int = 8,
@@ -421,7 +428,8 @@ class Engine:
                     deprioritized.add(r.rid)
                 else:
                     waiting_prefixes.append(fill)
-        self.waiting = deque(sorted(self.waiting, key=lambda r: math.inf if r.rid in deprioritized else -matched[r.rid]))
+        self.waiting = deque(sorted(self.waiting,
+                                    key=lambda r: math.inf if r.rid in deprioritized else -matched[r.rid]))
 
     def _fits(self, need: int, budget: int) -> bool:
         """The allocator's answer: does a chunk of ``need`` slots fit what the step has left (free and

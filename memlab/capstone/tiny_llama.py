@@ -155,7 +155,8 @@ def generate_reference(model: TinyLlama, prompts, max_new_tokens: int) -> list[l
             kk, vv = ks[i].repeat_interleave(group, 1), vs[i].repeat_interleave(group, 1)
             s = torch.einsum("thd,shd->hts", q.float(), kk.float()) / math.sqrt(c.head_dim)
             past = len(kk) - len(q)  # query t sees keys 0..past+t
-            key_pos, q_pos = torch.arange(len(kk), device=q.device)[None, :], past + torch.arange(len(q), device=q.device)[:, None]
+            key_pos = torch.arange(len(kk), device=q.device)[None, :]
+            q_pos = past + torch.arange(len(q), device=q.device)[:, None]
             visible = key_pos <= q_pos
             if c.is_sliding(i):  # only the last sliding_window positions, the query's own included
                 visible &= q_pos - key_pos < c.sliding_window

@@ -435,4 +435,5 @@ def estimate_swa_kv_tokens(extend_input_len: int, max_new_tokens: int, *, slidin
     if sliding_window_size is None or sliding_window_size <= 0:
         return extend_input_len + max_new_tokens + page_size
     allocated = extend_input_len if allocation_limit is None else min(extend_input_len, allocation_limit)
-    return max(allocated - sliding_window_size, 0) + min(extend_input_len + max_new_tokens, sliding_window_size) + page_size
+    tail = max(allocated - sliding_window_size, 0)
+    return tail + min(extend_input_len + max_new_tokens, sliding_window_size) + page_size

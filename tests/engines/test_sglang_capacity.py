@@ -64,7 +64,8 @@ def questions(a, rng, ps, windows=(None,)):
     mnt = []
     for window in windows:
         for _ in range(3):
-            inp, new, cap, chunk = rng.randint(1, 400), rng.randint(0, 400), rng.randint(16, 512), rng.choice([None, 16, 64])
+            inp, new, cap = rng.randint(1, 400), rng.randint(0, 400), rng.randint(16, 512)
+            chunk = rng.choice([None, 16, 64])
             mnt.append(a.max_new_tokens_for_memory(inp, new, token_capacity=cap, sliding_window_size=window,
                                                    chunk_size=chunk))
     out["max_new"] = mnt
