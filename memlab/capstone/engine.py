@@ -36,9 +36,11 @@ from memlab.sglang.allocator import make_allocator
 from memlab.sglang.hicache import HiRadixCache, HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.page_copy import page_rows
+from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
 from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeLock, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.common.sizing import RunningReq, check_decode_mem, new_tokens_required_next_decode, retract_decode
+from memlab.common.sizing import (RunningReq, check_decode_mem, estimate_swa_kv_tokens, new_tokens_required_next_decode,
+                                  retract_decode)
 # The model lives in its own module (memlab.capstone.checkpoint fills it); chapters import it from here too.
 from memlab.capstone.tiny_llama import TinyConfig, TinyLlama, generate_reference, rope_inv_freq  # noqa: F401
 from memlab.common.utils import ceil_align
@@ -203,6 +205,23 @@ class EngineReq(Req):
 
 
 PREFIX_CACHES = (None, "hash", "radix", "hicache")
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+# SGLang 0.5.23's schedule_policy.py: past this many waiting requests LPM falls back to FCFS (the
+# matching is too expensive); a request whose cached prefix is at most CHECK tokens and that shares
+# at least DEPRIORITIZE tokens with an earlier waiting request goes last this round (in-batch
+# prefix caching: the earlier one computes the shared part, the later one then finds it cached).
+WAITING_QUEUE_PREFIX_MATCH_MAX = 128
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+
+
+def _common_prefix_len(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Engine:
@@ -212,14 +231,24 @@ class Engine:
     ``"radix"`` SGLang's radix tree (chapter 11); ``"hicache"`` the radix tree with a host tier of
     ``host_tokens`` slots (chapter 11: evicted pages move to the host, a later hit loads them
     back); None (or False) no prefix cache (a disabled radix tree, as SGLang 0.5.23 builds).
+    ``schedule_policy``: ``"fcfs"`` (the default) or ``"lpm"``, SGLang's longest prefix match first.
+    A model with sliding-window layers is served through chapter 07's two pools (``size_swa`` SWA
+    slots, ``num_tokens`` by default), or through ``memory``: a (KV pool, allocator) pair built by
+    the caller, such as chapter 12's unified pool. Whatever the allocator, the scheduler asks it
+    only its capacity questions (``available_size``, ``request_slot_reserve``,
+    ``max_new_tokens_for_memory``, ``prealloc_ceiling_fits``, ``prealloc_fits``,
+    ``evict_to_free_tokens``).
     """
 
     def __init__(self, model: TinyLlama, *, page_size: int = 1, num_tokens: int = 2048, max_running: int = 8,
                  max_context: int = 512, chunk_size: int = 64, attention: str = "triton",
                  alloc_backend: str = "torch", prefix_cache: bool | str | None = True, host_tokens: int | None = None,
                  write_policy: str = "write_through", ignore_eos: bool = False, all_logits: bool = False,
+                 schedule_policy: str = "fcfs", size_swa: int | None = None, memory: tuple | None = None,
                  debug_mode: bool = False):
         kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache)
+        if schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}")
         if attention not in ("triton", "torch"):
             raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
         if chunk_size < 1:
@@ -230,11 +259,28 @@ class Engine:
         self.model, self.page_size, self.chunk_size, self.attention = model, page_size, chunk_size, attention
         self.debug_mode = debug_mode
         self.req_to_token_pool = ReqToTokenPool(max_running, max_context, device=dev)
-        self.kv_pool = MHATokenToKVPool(num_tokens, page_size, model.dtype, c.num_kv_heads, c.head_dim, c.num_layers,
-                                        device=dev)
-        self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev, kvcache=self.kv_pool,
-                                        debug_mode=debug_mode, backend=alloc_backend)
+        self.swa_layers = [i for i in range(c.num_layers) if c.is_sliding(i)]
+        if self.swa_layers and attention != "torch":
+            raise ValueError("a model with sliding-window layers is served with attention='torch'")
+        if memory is not None:  # a KV pool and its allocator built by the caller (the unified pool, chapter 12)
+            self.kv_pool, self.allocator = memory
+        elif self.swa_layers:  # chapter 07's two pools: full layers and sliding-window layers
+            full = [i for i in range(c.num_layers) if not c.is_sliding(i)]
+            size_swa = num_tokens if size_swa is None else size_swa
+            self.kv_pool = SWAKVPool(num_tokens, size_swa, page_size, model.dtype, c.num_kv_heads, c.head_dim, full,
+                                     self.swa_layers, device=dev)
+            self.allocator = SWATokenToKVPoolAllocator(num_tokens, size_swa, page_size, model.dtype, dev,
+                                                       kvcache=self.kv_pool, debug_mode=debug_mode,
+                                                       backend=alloc_backend)
+        else:
+            self.kv_pool = MHATokenToKVPool(num_tokens, page_size, model.dtype, c.num_kv_heads, c.head_dim,
+                                            c.num_layers, device=dev)
+            self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev,
+                                            kvcache=self.kv_pool, debug_mode=debug_mode, backend=alloc_backend)
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
+        # SGLang turns a cache-aware policy into FCFS when there is no prefix cache to be aware of
+        self.schedule_policy = schedule_policy if self.tree_cache.supports_prefix_sharing() else "fcfs"
+        self.sliding_window_size = c.sliding_window  # for the allocator's questions (None: full attention only)
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
         self.waiting: deque[EngineReq] = deque()
@@ -266,12 +312,30 @@ class Engine:
         total = len(prompt) + max_new_tokens
         if total > self.req_to_token_pool.max_context_len:
             raise ValueError(f"a request of {total} tokens exceeds max_context {self.req_to_token_pool.max_context_len}")
-        if ceil_align(total, self.page_size) + self.page_size > self.allocator.num_pages * self.page_size:
-            raise ValueError(f"a request of {total} tokens can never fit a pool of {self.allocator.size} slots")
+        # Two of the allocator's questions about an empty pool. SGLang's scheduler clips
+        # max_new_tokens to max_new_tokens_for_memory and aborts a prompt it answers None for;
+        # memlab never clips (an output must not depend on the pool's size), so it refuses the
+        # None, then asks whether the whole request could ever be held: prealloc_ceiling_fits,
+        # where None means the pool has no ceiling of its own and its token count is the bound.
+        alloc, ps = self.allocator, self.page_size
+        demand = ceil_align(total, ps) + ps  # a page spare: the next token may open one
+        fits = alloc.max_new_tokens_for_memory(len(prompt), max_new_tokens, token_capacity=alloc.size,
+                                               sliding_window_size=self.sliding_window_size,
+                                               chunk_size=self.chunk_size) is not None
+        if fits:
+            ceiling = alloc.prealloc_ceiling_fits(demand, self._swa_demand(len(prompt), max_new_tokens))
+            fits = demand <= alloc.size if ceiling is None else ceiling
+        if not fits:
+            raise ValueError(f"a request of {total} tokens can never fit a pool of {alloc.size} slots")
         r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
         self.stats["requests"] += 1
         self.waiting.append(r)
         return r
+
+    def _swa_demand(self, input_tokens: int, max_new_tokens: int) -> int:
+        """The most sliding-window slots a request holds at once (all of its slots without a window)."""
+        return estimate_swa_kv_tokens(input_tokens, max_new_tokens, sliding_window_size=self.sliding_window_size,
+                                      page_size=self.page_size, allocation_limit=self.chunk_size)
 
     def generate(self, prompts, max_new_tokens: int) -> list[list[int]]:
         reqs = [self.add_request(p, max_new_tokens) for p in prompts]
@@ -310,6 +374,7 @@ class Engine:
         chunk ends on a page boundary (SGLang's ``PrefillAdder``; a continuing chunk is not cut
         to a page, nor a chunk shorter than a page). Room is kept for the next decode step: a page for each decoding request
         whose committed length sits on a page boundary (``new_tokens_required_next_decode``)."""
+        self._calc_priority()
         ps, budget, batch, taken = self.page_size, self.chunk_size, [], 0
         rows_left = self.req_to_token_pool.available_size()
         reserve = new_tokens_required_next_decode(self._decode_views([r for r in self.running if not r.prefilling]), ps)
@@ -328,7 +393,8 @@ class Engine:
                 # for its chunk grid, floor_chunked_tokens)
                 n = (start + n) // ps * ps - start or n
             need = ceil_align(start + n, ps) - ceil_align(start, ps)
-            if n <= 0 or need > self.available() - reserve - taken:
+            need += self.allocator.request_slot_reserve(has_req_pool_slot=not new, prefill_tokens=start + n)
+            if n <= 0 or not self._fits(need, self.available() - reserve - taken):
                 if new:
                     self._unmatch(r)
                 break
@@ -342,6 +408,35 @@ class Engine:
             budget -= n
             taken += need
         return batch
+
+    def _calc_priority(self) -> None:
+        """Order the waiting queue (SGLang's ``SchedulePolicy.calc_priority``). FCFS: as they came
+        (a retracted request is at the front). LPM: longest cached prefix first, each request
+        matched against the prefix cache without a lock (the match refreshes the path's LRU time,
+        as SGLang's does); a request that would only recompute what an earlier waiting one is
+        about to compute goes last (in-batch prefix caching). The sort is stable: ties stay FCFS."""
+        if self.schedule_policy != "lpm" or len(self.waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX:
+            return
+        matched, deprioritized, waiting_prefixes = {}, set(), []
+        for r in self.waiting:
+            fill = r.full_untruncated_fill_ids
+            m = self.tree_cache.match_prefix(fill[: len(fill) - 1])
+            matched[r.rid] = m.device_prefix_len + m.host_hit_length
+            if matched[r.rid] <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
+                shared = max((_common_prefix_len(fill, p) for p in waiting_prefixes), default=0)
+                if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
+                    deprioritized.add(r.rid)
+                else:
+                    waiting_prefixes.append(fill)
+        self.waiting = deque(sorted(self.waiting,
+                                    key=lambda r: math.inf if r.rid in deprioritized else -matched[r.rid]))
+
+    def _fits(self, need: int, budget: int) -> bool:
+        """The allocator's answer: does a chunk of ``need`` slots fit what the step has left (free and
+        evictable slots, less the decode reserve and this step's earlier chunks)? A single pool
+        compares the two; a composite prices both of its sides at once. (SGLang's decode side asks
+        ``prealloc_fits`` this way; its prefill adder keeps per-side budgets.)"""
+        return self.allocator.prealloc_fits(self.tree_cache, need, need, full_budget_tokens=budget)
 
     def _unmatch(self, r: EngineReq) -> None:
         """A matched request that is not admitted this step gives its lock back."""
@@ -368,6 +463,8 @@ class Engine:
         """
         from memlab.common import attention
 
+        if self.swa_layers:
+            return self._forward_swa(ids, positions, rows, out_cache_loc, logits_rows, extend)
         loc = KVWriteLoc(out_cache_loc, physical=True)
         seq_lens = (positions + 1).to(torch.int32)
         table = self.req_to_token_pool.req_to_token
@@ -384,6 +481,35 @@ class Engine:
             if extend is None:
                 return attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1]))
             return self._extend_attention(q, k_buf, v_buf, segments)
+
+        logits = self.last_logits = self.model.forward(ids, positions, attend,
+                                                       None if self.all_logits else logits_rows)
+        return logits[logits_rows] if self.all_logits and logits_rows is not None else logits
+
+    def _forward_swa(self, ids, positions, rows, out_cache_loc, logits_rows, extend):
+        """A model with sliding-window layers: the allocator's write location carries both sides' ids
+        (translated once per batch, marked physical by the unified pool); each layer reads its own
+        side (a full layer its slots, translated to physical ones by a unified pool; a sliding layer
+        the SWA slots mapped from them) and a sliding layer masks what left its window. Every request
+        goes through the extend path (a decode is an extend of one token)."""
+        loc = self.allocator.write_loc(out_cache_loc)
+        if extend is None:
+            extend = [(row, i, 1, p) for i, (row, p) in enumerate(zip(rows.tolist(), positions.tolist()))]
+        alloc, window = self.allocator, self.model.cfg.sliding_window
+        full_ids = getattr(alloc, "translate_kv_loc", lambda s: s)  # only virtual ids need translating
+        segments, swa_segments = [], []
+        for e in extend:
+            off, n, slots, future = self._extend_segment(*e)
+            segments.append((off, n, full_ids(slots), future))
+            pre = e[3]
+            q_pos = pre + torch.arange(n, device=slots.device)[:, None]
+            gone = q_pos - torch.arange(pre + n, device=slots.device)[None, :] >= window
+            swa_segments.append((off, n, alloc.translate_loc_from_full_to_swa(slots), future | gone))
+
+        def attend(layer, q, k, v):
+            self.kv_pool.set_kv_buffer(layer, loc, k, v)
+            k_buf, v_buf = self.kv_pool.get_kv_buffer(layer)
+            return self._extend_attention(q, k_buf, v_buf, swa_segments if layer in self.swa_layers else segments)
 
         logits = self.last_logits = self.model.forward(ids, positions, attend,
                                                        None if self.all_logits else logits_rows)
@@ -531,6 +657,9 @@ class Engine:
         """Every page is exactly one of: free, owned by a running request, or held by the prefix
         cache; running requests map only cached pages in their prefixes; idle, the cache and the
         free list hold the whole pool."""
+        if not hasattr(self.allocator, "free_pages"):  # a composite keeps books per side: it checks them
+            self.allocator.check_books()
+            return
         owned, cached, shared = self.page_books()
         free = torch.cat((self.allocator.free_pages, self.allocator.release_pages)).tolist()
         both = cached & set(owned)

@@ -30,6 +30,13 @@ class TinyConfig:
     tie_word_embeddings: bool = False  # the output head is the embedding matrix itself
     rope_scaling: dict | None = None  # None, {"rope_type": "linear", ...} or {"rope_type": "llama3", ...}
     eos_token_ids: tuple[int, ...] = ()  # a request stops after emitting one of these
+    # Sliding-window layers (Gemma-style hybrids): with a window, every ``sliding_window_pattern``-th
+    # layer from layer 0 attends only to the last ``sliding_window`` positions (itself included).
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 2
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and layer % self.sliding_window_pattern == 0
 
 
 def rope_inv_freq(cfg: TinyConfig) -> torch.Tensor:
@@ -148,8 +155,12 @@ def generate_reference(model: TinyLlama, prompts, max_new_tokens: int) -> list[l
             kk, vv = ks[i].repeat_interleave(group, 1), vs[i].repeat_interleave(group, 1)
             s = torch.einsum("thd,shd->hts", q.float(), kk.float()) / math.sqrt(c.head_dim)
             past = len(kk) - len(q)  # query t sees keys 0..past+t
-            causal = torch.arange(len(kk), device=q.device)[None, :] <= past + torch.arange(len(q), device=q.device)[:, None]
-            s = s.masked_fill(~causal, float("-inf"))
+            key_pos = torch.arange(len(kk), device=q.device)[None, :]
+            q_pos = past + torch.arange(len(q), device=q.device)[:, None]
+            visible = key_pos <= q_pos
+            if c.is_sliding(i):  # only the last sliding_window positions, the query's own included
+                visible &= q_pos - key_pos < c.sliding_window
+            s = s.masked_fill(~visible, float("-inf"))
             return torch.einsum("hts,shd->thd", s.softmax(-1), vv.float()).to(q.dtype)
 
         tokens, out = list(prompt), []

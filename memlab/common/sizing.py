@@ -425,3 +425,15 @@ def report(model: ModelConfig, gpu_mem, seq_len: int = 4096, schedule: ScheduleC
     ctx = schedule.context_len or model.max_position_embeddings
     width = req_to_token_row_width(ctx, spec, alloc_page_size(schedule, parallel))
     return SizingReport(cfg, sizes, seq_len, reqs, per_tok, state, width)
+
+
+def estimate_swa_kv_tokens(extend_input_len: int, max_new_tokens: int, *, sliding_window_size: int | None,
+                           page_size: int, allocation_limit: int | None = None) -> int:
+    """The most SWA slots one request holds at once (SGLang's ``prefill_budget.estimate_swa_kv_tokens``,
+    without the host tier): with no window, all its tokens and a page; with one, the part of the
+    first chunk beyond the window plus at most a window of its tokens, and a page."""
+    if sliding_window_size is None or sliding_window_size <= 0:
+        return extend_input_len + max_new_tokens + page_size
+    allocated = extend_input_len if allocation_limit is None else min(extend_input_len, allocation_limit)
+    tail = max(allocated - sliding_window_size, 0)
+    return tail + min(extend_input_len + max_new_tokens, sliding_window_size) + page_size

@@ -46,11 +46,9 @@ def get_last_loc(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, pre
 def evict_from_tree_cache(tree_cache, num_tokens: int) -> None:
     """Make ``num_tokens`` slots free if the prefix cache holds enough it may evict: the shortfall
     goes (SGLang's ``evict_from_tree_cache``, through the allocator's ``evict_to_free_tokens``)."""
-    if tree_cache is None or not tree_cache.supports_prefix_sharing():
-        return
-    short = num_tokens - tree_cache.token_to_kv_pool_allocator.available_size()
-    if short > 0:
-        tree_cache.evict(short)
+    if tree_cache is not None and tree_cache.supports_prefix_sharing():
+        # the allocator knows what it is short of (one pool, or each side of a composite)
+        tree_cache.token_to_kv_pool_allocator.evict_to_free_tokens(tree_cache, num_tokens)
 
 
 def alloc_paged_token_slots_extend(allocator, prefix_lens: Sequence[int], seq_lens: Sequence[int],

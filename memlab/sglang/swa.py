@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from memlab.common import _checks
-from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator import BaseTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.common.env import resolve_device
 from memlab.sglang.kv_pool import MHATokenToKVPool
@@ -367,3 +367,24 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.check_books()
         if self.swa_attn_allocator is not None:
             self.swa_attn_allocator.check_books()
+
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py and swa.py) --------------------
+    # SGLang's SWA allocator inherits the base allocator's answers and overrides only eviction:
+    # each side is its own buffer, so the scheduler's per-side budgets already price it.
+    request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
+    max_new_tokens_for_memory = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory
+    prealloc_fits_assumes_reclaim = BaseTokenToKVPoolAllocator.prealloc_fits_assumes_reclaim
+    prealloc_ceiling_fits = BaseTokenToKVPoolAllocator.prealloc_ceiling_fits
+    prealloc_fits = BaseTokenToKVPoolAllocator.prealloc_fits
+
+    def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> None:
+        """Evict until both sides can serve ``num_tokens``. SGLang asks its SWA tree for each side's
+        shortfall (``EvictParams(num_tokens=full, swa_num_tokens=swa)``); memlab's trees free a
+        node's slots on both sides at once, so they are asked for the larger shortfall."""
+        if tree_cache is None or not tree_cache.supports_prefix_sharing():
+            return None
+        full_shortfall = max(0, num_tokens - self.full_available_size())
+        swa_shortfall = max(0, num_tokens - self.swa_available_size())
+        if full_shortfall or swa_shortfall:
+            tree_cache.evict(max(full_shortfall, swa_shortfall))
+        return None

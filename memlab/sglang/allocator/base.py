@@ -12,6 +12,7 @@ import torch
 
 from memlab.common import _checks
 from memlab.common.env import resolve_device
+from memlab.common.utils import ceil_div
 
 
 class BaseTokenToKVPoolAllocator:
@@ -146,3 +147,47 @@ class BaseTokenToKVPoolAllocator:
     def check_books(self) -> None:
         """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
         _checks.allocator_books(self)
+
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py) ------------------------------
+    # The scheduler asks these of any allocator, without branching on its type; composites (the
+    # two-pool SWA allocator, the unified pool) answer them for all their pools at once. A single
+    # pool of token slots answers in token counts.
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        """Slots a request needs beyond its prefill (request-owned workspace): none for a KV pool."""
+        return 0
+
+    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
+                                  sliding_window_size: int | None, chunk_size: int | None) -> int | None:
+        """``max_new_tokens`` clipped to what an empty pool of ``token_capacity`` slots could hold
+        after the prompt (in whole pages, one page and one slot kept spare); None would mean the
+        prompt alone cannot fit, which a single pool never says (it clips to 0)."""
+        paged_input = ceil_div(input_tokens, self.page_size) * self.page_size
+        return max(0, min(max_new_tokens, token_capacity - paged_input - self.page_size - 1))
+
+    def prealloc_fits_assumes_reclaim(self) -> bool:
+        """False: ``prealloc_fits`` answers about the pool as it stands."""
+        return False
+
+    def prealloc_ceiling_fits(self, full_tokens: int, swa_tokens: int) -> bool | None:
+        """None: this pool has no ceiling of its own; the caller's token capacity is the bound."""
+        return None
+
+    def prealloc_fits(self, tree_cache, full_tokens: int, swa_tokens: int, *, full_budget_tokens: int,
+                      swa_budget_tokens: int | None = None) -> bool:
+        """Whether a demand this size fits the scheduler's budgets (what each side has left after its
+        reserves, evictable cache included). Separate sides are checked each against its own
+        budget; ``tree_cache`` is not read: what it could give back is inside the budget."""
+        return full_tokens <= full_budget_tokens and (swa_budget_tokens is None or swa_tokens <= swa_budget_tokens)
+
+    def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> bool | None:
+        """Evict unlocked prefix-cache entries until ``num_tokens`` slots are free or nothing
+        evictable is left. Returns None: whether it fits is the caller's next question
+        (``available_size``). (SGLang passes ``EvictParams(num_tokens=shortfall)`` to
+        ``evict_for_alloc``; memlab's trees take the shortfall as ``evict(num_tokens)``.)"""
+        if tree_cache is None or not tree_cache.supports_prefix_sharing():
+            return None
+        shortfall = num_tokens - self.available_size()
+        if shortfall > 0:
+            tree_cache.evict(shortfall)
+        return None

@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 
 from memlab.common import _checks
+from memlab.common.sizing import estimate_swa_kv_tokens
 from memlab.common.utils import ceil_div
+from memlab.sglang.allocator import BaseTokenToKVPoolAllocator
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.sglang.unified.pool import UnifiedKVPool
 from memlab.sglang.unified.sub_pool import MultiEndedAllocator
@@ -230,3 +232,156 @@ class UnifiedSWATokenToKVPoolAllocator:
         fa.check_books()
         sa.check_books()
         _checks.unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
+
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) -------------------
+    # Both sides are cut from one buffer, so no per-side token budget can say what fits: each
+    # question is priced in bytes against the shared gap, both sides together.
+    request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
+
+    def _fits_pages_after(self, num_full_pages: int, num_swa_pages: int, *, full_reclaim_pages: int = 0,
+                          swa_reclaim_pages: int = 0, empty_pool: bool = False) -> bool:
+        """Whether new pages fit once ``*_reclaim_pages`` live pages are given back (or from an empty
+        pool): the wheel's ``_fits_page_demand`` on a compacted snapshot, which is what memlab's
+        eager pool always is (live pages sit at each end; the rest of the buffer is gap)."""
+        if min(num_full_pages, num_swa_pages) < 0:
+            return False
+        fa, sa, ps = self.full_attn_allocator, self.swa_attn_allocator, self.page_size
+        full_live = swa_live = 0
+        if not empty_pool:
+            full_live, swa_live = fa.allocated_count() // ps, sa.allocated_count() // ps
+            full_live -= min(full_live, max(0, int(full_reclaim_pages)))
+            swa_live -= min(swa_live, max(0, int(swa_reclaim_pages)))
+        virtual_page_capacity = fa.num_virtual_ids - fa.min_page_index
+        full_page_capacity = min(virtual_page_capacity, fa.num_pages - fa.min_page_index)
+        swa_page_capacity = min(virtual_page_capacity, sa.num_pages - sa.min_page_index)
+        if full_live + num_full_pages > full_page_capacity or swa_live + num_swa_pages > swa_page_capacity:
+            return False
+        gap_bytes = (self._empty_shared_gap_bytes - full_live * fa.entry_bytes_per_page
+                     - swa_live * sa.entry_bytes_per_page)
+        return num_full_pages * fa.entry_bytes_per_page + num_swa_pages * sa.entry_bytes_per_page <= max(0, gap_bytes)
+
+    def reclaim_plan(self, full_tokens: int, swa_tokens: int, *, full_evictable_tokens: int = 0,
+                     swa_evictable_tokens: int = 0, empty_pool: bool = False) -> tuple[int, int] | None:
+        """How many tokens each side must evict for the demand to fit, or None if even evicting all
+        that is evictable is not enough. Least SWA reclaim first (with all evictable full pages
+        given), then the least full reclaim with that SWA reclaim, as the wheel's default."""
+        if full_tokens < 0 or swa_tokens < 0:
+            return None
+        ps = self.page_size
+        full_pages, swa_pages = ceil_div(int(full_tokens), ps), ceil_div(int(swa_tokens), ps)
+
+        def fits(full_reclaim: int, swa_reclaim: int) -> bool:
+            return self._fits_pages_after(full_pages, swa_pages, full_reclaim_pages=full_reclaim,
+                                          swa_reclaim_pages=swa_reclaim, empty_pool=empty_pool)
+
+        if fits(0, 0):
+            return (0, 0)
+        if empty_pool:
+            return None
+        max_full = min(self.full_attn_allocator.allocated_count() // ps, max(0, int(full_evictable_tokens)) // ps)
+        max_swa = min(self.swa_attn_allocator.allocated_count() // ps, max(0, int(swa_evictable_tokens)) // ps)
+        if not fits(max_full, max_swa):
+            return None
+
+        def first_fit(high: int, ok) -> int:  # the least value in [0, high] that ok accepts (ok(high) holds)
+            low = 0
+            while low < high:
+                mid = (low + high) // 2
+                if ok(mid):
+                    high = mid
+                else:
+                    low = mid + 1
+            return low
+
+        swa_reclaim = first_fit(max_swa, lambda v: fits(max_full, v))
+        full_reclaim = first_fit(max_full, lambda v: fits(v, swa_reclaim))
+        return (full_reclaim * ps, swa_reclaim * ps)
+
+    def can_reserve(self, full_tokens: int, swa_tokens: int, *, full_evictable_tokens: int = 0,
+                    swa_evictable_tokens: int = 0, empty_pool: bool = False,
+                    require_token_slack: bool = False) -> bool:
+        """Whether a full/SWA demand fits the shared byte envelope, after reclaiming what is
+        evictable; ``require_token_slack``: the scheduler's one-token strict slack at an empty pool."""
+        if full_tokens < 0 or swa_tokens < 0:
+            return False
+        if require_token_slack and (full_tokens >= self.size_full or swa_tokens >= self.size_swa):
+            return False
+        return self.reclaim_plan(full_tokens, swa_tokens, full_evictable_tokens=full_evictable_tokens,
+                                 swa_evictable_tokens=swa_evictable_tokens, empty_pool=empty_pool) is not None
+
+    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
+                                  sliding_window_size: int | None, chunk_size: int | None) -> int | None:
+        """The most new tokens (up to ``max_new_tokens``) an empty pool could hold with the prompt,
+        both sides priced in bytes (the SWA side keeps about a window); None: the prompt alone does
+        not fit. ``token_capacity`` is not read: the buffer's bytes are the bound."""
+        def fits(candidate: int) -> bool:
+            swa = estimate_swa_kv_tokens(input_tokens, candidate, sliding_window_size=sliding_window_size,
+                                         page_size=self.page_size, allocation_limit=chunk_size)
+            return self.can_reserve(input_tokens + candidate + self.page_size, swa, empty_pool=True,
+                                    require_token_slack=True)
+
+        if not fits(0):
+            return None
+        if fits(max_new_tokens):
+            return max_new_tokens
+        lo, hi = 0, max_new_tokens  # fits(lo) holds, fits(hi) does not: the largest that fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def prealloc_fits_assumes_reclaim(self) -> bool:
+        """True: ``prealloc_fits`` answers about the pool after the evictable pages are reclaimed,
+        so admitting on it still owes that reclaim (``evict_to_free_tokens``)."""
+        return True
+
+    def prealloc_ceiling_fits(self, full_tokens: int, swa_tokens: int) -> bool | None:
+        """Whether a demand this size could ever fit: priced against the empty buffer."""
+        return self.can_reserve(full_tokens, swa_tokens, empty_pool=True)
+
+    def prealloc_fits(self, tree_cache, full_tokens: int, swa_tokens: int, *, full_budget_tokens: int,
+                      swa_budget_tokens: int | None = None) -> bool:
+        """Both sides against the shared envelope: what each side's budget holds back from what it
+        could hand out now (evictable included) is added to the demand, then the whole is priced.
+        (SGLang reads ``full_evictable_size`` / ``swa_evictable_size``; memlab's trees free a node on
+        both sides, so ``evictable_size`` stands for both.)"""
+        evictable = tree_cache.evictable_size()
+        full_tokens += self.full_available_size() + evictable - full_budget_tokens
+        if swa_budget_tokens is not None:
+            swa_tokens += self.swa_available_size() + evictable - swa_budget_tokens
+        return self.can_reserve(full_tokens, swa_tokens, full_evictable_tokens=evictable,
+                                swa_evictable_tokens=evictable)
+
+    def evict_to_free_tokens(self, tree_cache, num_tokens: int, *, swa_num_tokens: int | None = None) -> bool | None:
+        """Evict what the reclaim plan says both sides need, then answer whether the demand fits
+        (None: no prefix sharing, or even evicting everything is not enough). memlab's trees free a
+        node on both sides, so they are asked for the larger of the two reclaims."""
+        if tree_cache is None or not tree_cache.supports_prefix_sharing():
+            return None
+        required_swa = num_tokens if swa_num_tokens is None else swa_num_tokens
+        evictable = tree_cache.evictable_size()
+        plan = self.reclaim_plan(num_tokens, required_swa, full_evictable_tokens=evictable,
+                                 swa_evictable_tokens=evictable)
+        if plan is None:
+            return None
+        if plan != (0, 0):
+            # The wheel's tree takes each side's share; a memlab tree frees a node on both sides,
+            # so it is asked for the fewest tokens that, freed on both sides, make the demand fit.
+            tree_cache.evict(self._both_sides_reclaim(num_tokens, required_swa, evictable))
+        return self.ensure_capacity(num_tokens, required_swa)
+
+    def _both_sides_reclaim(self, full_tokens: int, swa_tokens: int, evictable: int) -> int:
+        ps = self.page_size
+        full_pages, swa_pages = ceil_div(full_tokens, ps), ceil_div(swa_tokens, ps)
+        low, high = 0, evictable // ps  # fits at high: reclaim_plan said so
+        while low < high:
+            mid = (low + high) // 2
+            if self._fits_pages_after(full_pages, swa_pages, full_reclaim_pages=mid, swa_reclaim_pages=mid):
+                high = mid
+            else:
+                low = mid + 1
+        return low * ps
+
