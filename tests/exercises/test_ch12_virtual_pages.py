@@ -6,7 +6,6 @@ ends of a pair, and every eager compaction, at page sizes 1 to 6, with ids freed
 A failing random case names its seed, its step and its inputs.
 """
 
-import random
 
 import pytest
 import torch
@@ -77,20 +76,31 @@ def as_ints(t):
     return t.tolist() if isinstance(t, torch.Tensor) else list(t)
 
 
+def random_tables(d):
+    """Random page tables, bound and unbound between translations, and ids in and out of range."""
+    from memlab.course.grading.fuzz import tensor_code
+
+    ps, n = d.pick(PAGE_SIZES), d.int(2, 24)
+    v2p = torch.full((n + 1,), -1, dtype=torch.int64)
+    v2p[0] = 0
+    d.given(page_size=ps)
+    for step in d.count(1, 3):
+        for v, p in zip(range(1, n), d.sample(range(1, 3 * n), n - 1)):
+            v2p[v] = p if d.chance(0.7) else -1
+        dtype = d.pick([torch.int64, torch.int32])
+        loc = torch.tensor([d.int(-2 * ps, (n + 3) * ps) for _ in d.count(0, 30, 0.9)], dtype=dtype)
+        d.step(f"translate({loc.tolist()}, v2p={v2p.tolist()}, page_size={ps}) with {dtype}")
+        d.code(f"print(ex.translate({tensor_code(loc.tolist(), str(dtype).split('.')[-1])}, "
+               f"{tensor_code(v2p.tolist())}, {ps}))")
+        got = d.call("translate", ex().translate, loc, v2p, ps)
+        d.returns("translate", got, translate_token_ids(loc, v2p, ps))
+
+
 @points(1)
 def test_translate_random_tables():
-    for seed in range(40):
-        rng = random.Random(seed)
-        ps, n = rng.choice(PAGE_SIZES), rng.randint(2, 24)
-        v2p = torch.full((n + 1,), -1, dtype=torch.int64)
-        v2p[0] = 0
-        for step in range(3):  # bind and unbind pages between translations
-            pages = rng.sample(range(1, 3 * n), n - 1)
-            for v, p in zip(range(1, n), pages):
-                v2p[v] = p if rng.random() < 0.7 else -1
-            loc = torch.tensor([rng.randint(-2 * ps, (n + 3) * ps) for _ in range(rng.randint(0, 30))],
-                               dtype=rng.choice([torch.int64, torch.int32]))
-            check_translation(loc, v2p, ps, f"seed {seed}, step {step}: translate({loc.tolist()}, page size {ps})")
+    from memlab.course.grading.fuzz import check
+
+    check(random_tables, seed=1201, trials=60, name="ch12_virtual_pages")
 
 
 # -- available_tokens --------------------------------------------------------------------------
@@ -178,13 +188,13 @@ class Recording:
         self.moves.append((src.tolist(), tgt.tolist()))
 
 
-def end_pair(rng, ps):
+def end_pair(d, ps):
     def spec(name, grow):
-        return MHASubPoolSpec(name=name, layer_num=1, head_num=1, head_dim=rng.choice([8, 16, 24]),
+        return MHASubPoolSpec(name=name, layer_num=1, head_num=1, head_dim=d.pick([8, 16, 24]),
                               store_dtype=torch.float16, grow_direction=grow)
 
-    pool = UnifiedKVPool(total_bytes=rng.randint(24, 60) * 64 * ps, sub_pool_specs=[spec("full", "down"),
-                                                                                  spec("swa", "up")], page_size=ps)
+    pool = UnifiedKVPool(total_bytes=d.int(24, 60) * 64 * ps, sub_pool_specs=[spec("full", "down"),
+                                                                            spec("swa", "up")], page_size=ps)
     mk = lambda name: MultiEndedAllocator(kvcache=Recording(), unified_buffer=pool, sub_pool_name=name,  # noqa: E731
                                           is_id_owner=True, page_size=ps)
     down, up = mk("full"), mk("swa")
@@ -197,53 +207,72 @@ def frontier_of(peer, grow):
     return peer._byte_low_frontier() if grow == "up" else peer._byte_high_frontier()
 
 
-def streams(n_streams, steps):
-    """(where, side, its peer, the tokens about to be freed or None) for every step of the streams."""
-    for seed in range(n_streams):
-        rng = random.Random(1200 + seed)
-        ps = PAGE_SIZES[seed % len(PAGE_SIZES)]
-        pair, live = end_pair(rng, ps), [[], []]
-        for step in range(steps):
-            i = rng.randrange(2)
-            a, peer = pair[i], pair[1 - i]
-            where = f"seed {seed}, step {step}, page size {ps}, the {'down' if i == 0 else 'up'} side"
-            if rng.random() < 0.55 or not live[i]:
-                got = a.alloc(rng.randint(1, 5) * ps)
-                if got is not None:
-                    live[i].append(got.tolist())
-                yield where, a, peer, None
-            else:
-                ids = live[i].pop(rng.randrange(len(live[i])))
-                yield where, a, peer, rng.sample(ids, len(ids))
+def stream(d):
+    """(side, its peer, the tokens about to be freed or None) for every step of a random stream of
+    allocations and frees on both ends of a pair, ids freed in random order."""
+    ps = d.pick(PAGE_SIZES)
+    pair, live = end_pair(d, ps), [[], []]
+    d.given(page_size=ps, total_bytes=pair[0].unified_buffer.total_bytes)
+    d.code(f"# a pair of end sub-pools over one {pair[0].unified_buffer.total_bytes}-byte buffer at page size {ps}")
+    for _ in d.count(1, 40, 0.95):
+        i = d.int(0, 1)
+        a, peer = pair[i], pair[1 - i]
+        side = "down" if i == 0 else "up"
+        if not live[i] or d.chance(0.55):
+            n = d.int(1, 5) * ps
+            got = a.alloc(n)
+            d.step(f"the {side} side allocates {n} tokens" + ("" if got is not None else " (refused: full)"))
+            if got is not None:
+                live[i].append(got.tolist())
+            yield a, peer, None
+        else:
+            ids = live[i].pop(d.int(0, len(live[i]) - 1))
+            d.step(f"the {side} side frees {len(ids)} tokens")
+            yield a, peer, d.shuffled(ids)
+
+
+def available_case(d):
+    f = ex().available_tokens
+    for a, peer, _ in stream(d):
+        for side, other in ((a, peer), (peer, a)):
+            args = (side.grow_direction, side.watermark_physical, side.num_pages, side.min_page_index,
+                    side.entry_bytes_per_page, side.page_size, frontier_of(other, side.grow_direction))
+            d.code(f"print(ex.available_tokens{args})")
+            d.returns(f"available_tokens{args}", d.call("available_tokens", f, *args), side.available_size())
 
 
 @points(1)
 def test_available_tokens_random_streams():
-    f = ex().available_tokens
-    for where, a, peer, _ in streams(6, 40):
-        for side, other in ((a, peer), (peer, a)):
-            args = (side.grow_direction, side.watermark_physical, side.num_pages, side.min_page_index,
-                    side.entry_bytes_per_page, side.page_size, frontier_of(other, side.grow_direction))
-            expect_equal(f(*args), side.available_size(), f"{where}: available_tokens{args}")
+    from memlab.course.grading.fuzz import check
+
+    check(available_case, seed=1202, trials=12, name="ch12_virtual_pages")
 
 
-@points(1)
-def test_compact_random_streams():
-    for where, a, peer, freeing in streams(6, 40):
+def compact_case(d):
+    for a, peer, freeing in stream(d):
         if freeing is None:
             continue
         ps = a.page_size
         pages = sorted({t // ps for t in freeing})
         freed = a.virtual_to_physical[pages].tolist()
-        order = random.Random(where).sample(freed, len(freed))  # the freed pages in any order
+        order = d.shuffled(freed)  # the freed pages in any order
         v2p, p2v = a.virtual_to_physical.clone(), a.physical_to_virtual.clone()
         v2p[pages] = -1
         wm, kv = a.watermark_physical, a._kvcache
         kv.moves.clear()
-        got = compact(a.grow_direction, wm, order, v2p, p2v)
+        what = f"compact_after_free({a.grow_direction!r}, {wm}, {order}, v2p, p2v)"
+        given = list(order)
+        got = d.call("compact_after_free", ex().compact_after_free, a.grow_direction, wm, order, v2p, p2v, keep=False)
+        d.same("freed_pages after your compact_after_free (it may not change them)", order, given)
         a.free(torch.tensor(freeing))
         src, dst = kv.moves[0] if kv.moves else ([], [])
-        what = f"{where}: compact_after_free({a.grow_direction!r}, {wm}, {order}, ...)"
-        expect_equal(got, (a.watermark_physical, src, dst), what)
-        expect_equal(v2p, a.virtual_to_physical, what + ": v2p afterwards")
-        expect_equal(p2v, a.physical_to_virtual, what + ": p2v afterwards")
+        d.returns(what, got, (a.watermark_physical, src, dst))
+        d.books(what, "v2p", v2p, a.virtual_to_physical)
+        d.books(what, "p2v", p2v, a.physical_to_virtual)
+
+
+@points(1)
+def test_compact_random_streams():
+    from memlab.course.grading.fuzz import check
+
+    check(compact_case, seed=1203, trials=12, name="ch12_virtual_pages")
