@@ -5,6 +5,7 @@ from alloc_helpers import check_books, decode, extend, same, snapshot
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+staged = lambda a: a.get_all_free_pages()[len(a.free_pages):].tolist()  # noqa: E731
 
 
 def test_padding_slot_and_page_are_never_handed_out():
@@ -33,10 +34,10 @@ def test_need_sort_stages_frees_until_an_allocation_runs_short():
     got = pag.alloc(32)
     pag.free(got[16:20])  # page 5
     pag.free(got[4:8])  # page 2
-    assert pag.free_pages.numel() == 0 and pag.release_pages.tolist() == [5, 2]
+    assert pag.free_pages.numel() == 0 and staged(pag) == [5, 2]
     assert pag.available_size() == 8  # staged pages count as free
     assert pag.alloc(4).tolist() == [8, 9, 10, 11]  # ran short: merged and sorted, page 2 first
-    assert pag.release_pages.numel() == 0 and pag.free_pages.tolist() == [5]
+    assert pag.num_staged_pages == 0 and pag.free_pages.tolist() == [5]
 
 
 def test_need_sort_does_not_merge_when_the_free_list_suffices():
@@ -44,7 +45,7 @@ def test_need_sort_does_not_merge_when_the_free_list_suffices():
     a = pag.alloc(4)
     pag.free(a)
     pag.alloc(4)
-    assert pag.release_pages.tolist() == [1]
+    assert staged(pag) == [1]
 
 
 def test_alloc_extend_three_parts_by_hand():
@@ -124,8 +125,8 @@ def test_free_dedups_pages_and_a_free_without_dedup_is_caught():
     check_books(pag, held)
 
     class NoDedup(PagedTokenToKVPoolAllocator):
-        def _pages_of(self, free_index):
-            return free_index // self.page_size
+        def free(self, free_index):  # the free path without its unique
+            self._release_page_ids(free_index // self.page_size)
 
     bad = NoDedup(16, 4)
     held = {}
@@ -218,7 +219,7 @@ def test_debug_books_balance_and_clear_restores():
     pag.free(got[2:4])
     pag.check_books()
     pag.clear()
-    assert pag.available_size() == 16 and pag.release_pages.numel() == 0
+    assert pag.available_size() == 16 and pag.num_staged_pages == 0
     pag.check_books()
 
 
@@ -302,10 +303,10 @@ def test_the_bound_spares_the_merge_and_the_exact_count_decides_when_it_cannot()
     pag.free(got[:8])  # pages 1, 2 staged
     # bound 4 // 4 + 1 + 1 = 3 <= 6: no count, no merge
     assert pag.alloc_extend(T(0), T(0), T(4), T(4), T(-1), 4) is not None
-    assert pag.release_pages.tolist() == [1, 2]
+    assert staged(pag) == [1, 2]
     # bound 20 // 4 + 2 + 1 = 8 > 5 free: merged first (as SGLang), then the exact count (5 pages) fits
     assert pag.alloc_extend(T(0, 0), T(0, 0), T(8, 12), T(8, 12), T(-1, -1), 20).tolist()[:4] == [4, 5, 6, 7]
-    assert pag.release_pages.numel() == 0 and pag.free_pages.tolist() == [15, 16]
+    assert pag.num_staged_pages == 0 and pag.free_pages.tolist() == [15, 16]
 
 
 def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
@@ -313,7 +314,7 @@ def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
     got = pag.alloc(24)  # pages 1..6 held, 7 and 8 free
     pag.free(got[4:8])  # page 2 staged
     assert pag.alloc_extend(T(0), T(0), T(16), T(16), T(-1), 16) is None  # needs 4 pages, 3 free
-    assert pag.free_pages.tolist() == [2, 7, 8] and pag.release_pages.numel() == 0  # merged all the same
+    assert pag.free_pages.tolist() == [2, 7, 8] and pag.num_staged_pages == 0  # merged all the same
     pag.free(got[:4])  # page 1 staged
     seq = T(5, 9, 13, 17, 21)  # five new tokens, each opening a page; 4 pages free in all
     assert pag.alloc_decode(seq, seq, T(7, 11, 15, 19, 23)) is None

@@ -532,7 +532,7 @@ class Engine:
         cache; running requests map only cached pages in their prefixes; idle, the cache and the
         free list hold the whole pool."""
         owned, cached, shared = self.page_books()
-        free = torch.cat((self.allocator.free_pages, self.allocator.release_pages)).tolist()
+        free = self.allocator.get_all_free_pages().tolist()
         both = cached & set(owned)
         assert not both, f"pages {sorted(both)} are cached and owned"
         used = set(free) & (cached | set(owned))

@@ -365,7 +365,7 @@ def swa_free(alloc, free_index) -> None:
     if alloc.debug_mode and free_index.numel():
         full = alloc.full_attn_allocator
         pages = free_index.to(torch.int64) // ps
-        already = torch.isin(pages, torch.cat((full.free_pages, full.release_pages)))
+        already = torch.isin(pages, full.get_all_free_pages())
         if already.any():
             raise ValueError(f"double free: full-side slot {int(free_index[already][0])} (page "
                              f"{int(pages[already][0])}) is already free")
@@ -434,7 +434,7 @@ def plain_loc(loc, where: str) -> None:
 
 # ---- layer 3: the allocators -------------------------------------------------------------------
 
-def _unit(alloc) -> str:
+def unit(alloc) -> str:
     """What an allocator's ids are called: chapter 03 speaks of slots (page size 1), 04 of pages."""
     return "slot" if alloc.page_size == 1 else "page"
 
@@ -461,7 +461,7 @@ def alloc(alloc, need_size) -> int:
 def _page_range(alloc, lo: int, hi: int) -> None:
     first, last = alloc.page_id_range()
     if lo < first or hi > last:
-        u = _unit(alloc)
+        u = unit(alloc)
         raise ValueError(f"cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
                          f"({u} 0 is padding)")
 
@@ -557,44 +557,6 @@ def alloc_decode(alloc, seq_lens, seq_lens_cpu, last_loc) -> None:
     if (seq_lens_cpu < 1).any():
         raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
     _last_loc(alloc, last_loc, seq_lens_cpu - 1)
-
-
-# The allocator's debug-mode books: a ledger of held pages (memlab's; SGLang's debug mode asserts
-# that the free list holds no page twice). Called from the algorithm under ``if debug_mode``.
-
-def debug_taken(alloc, pages: torch.Tensor) -> None:
-    p = pages.cpu()
-    bad = p[alloc._held[p] | (p == 0)]
-    if len(bad):
-        raise AssertionError(f"{_unit(alloc)} {bad[0].item()} handed out while held (or padding): "
-                             "the free list is corrupt")
-    alloc._held[p] = True
-
-
-def debug_released(alloc, page_ids: torch.Tensor) -> None:
-    p = page_ids.cpu()
-    uniq, counts = torch.unique(p, return_counts=True)
-    if (counts > 1).any():
-        raise ValueError(f"double free: {_unit(alloc)} {uniq[counts > 1][0].item()} is freed twice in one release")
-    not_held = p[~alloc._held[p]]
-    if len(not_held):
-        raise ValueError(f"double free: {_unit(alloc)} {not_held[0].item()} is already free")
-    alloc._held[p] = False
-
-
-def allocator_books(alloc) -> None:
-    """Free + staged + held == capacity, nothing listed twice, padding never free."""
-    if not alloc.debug_mode:
-        raise RuntimeError("check_books needs debug_mode=True")
-    u = _unit(alloc)
-    free = torch.cat((alloc.free_pages, alloc.release_pages)).cpu()
-    if (free == 0).any():
-        raise AssertionError(f"padding {u} 0 is on the free list")
-    if len(torch.unique(free)) != len(free):
-        raise AssertionError(f"a {u} is on the free list twice")
-    held = int(alloc._held.sum())
-    if len(free) + held != alloc.num_pages:
-        raise AssertionError(f"books do not balance: {len(free)} free + {held} held != {alloc.num_pages} {u}s")
 
 
 # ---- the unified pool (chapter 12) -----------------------------------------------------------------

@@ -131,7 +131,7 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
         owner, n = owners.get(row, (None, 0))
         slots = tuple(table[row, :n].tolist()) if n else ()
         rows.append(RowView(row, owner, slots, gens[row]))
-    staged = allocator.release_pages.tolist()
+    staged = allocator.get_all_free_pages()[len(allocator.free_pages):].tolist()
     if getattr(allocator, "free_group", None) is not None:  # an open group queues slots and page ids
         ps = allocator.page_size
         queued = {s // ps for t in allocator.free_group for s in t.tolist()}

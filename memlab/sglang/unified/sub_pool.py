@@ -82,15 +82,21 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         self.virtual_to_physical[0] = self.physical_to_virtual[0] = 0
         first = self.min_page_index if self.is_id_owner else self.num_pages  # a non-owner mints no ids
         self.free_pages = torch.arange(first, self.num_pages, dtype=torch.int64, device=self.device)
-        self.release_pages = self.free_pages[:0]
+        self.staged_pages, self.num_staged_pages = [], 0  # eager compaction stages nothing
         self.free_group, self.free_page_ids_group = None, []
-        if self.debug_mode:
-            self._held = torch.zeros(self.num_virtual_ids + 1, dtype=torch.bool)  # debug-only ledger
+        self._held = None
 
     @property
     def free_virtual_ids(self) -> torch.Tensor:
         """SGLang's name for this allocator's free list: virtual page ids, taken from the head."""
         return self.free_pages
+
+    def _ledger(self) -> torch.Tensor:
+        """Debug mode's held virtual pages: the bound ones (a non-owner's free list is the owner's)."""
+        if self._held is None:
+            self._held = torch.zeros(self.num_virtual_ids + 1, dtype=torch.bool)
+            self._held[:-1] = self.virtual_to_physical[:-1].cpu() > 0
+        return self._held
 
     def page_id_range(self) -> tuple[int, int]:
         # A non-owner frees the owner's ids, whose sink floor may end below its own.
@@ -175,7 +181,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Bind physical pages to virtual PAGE ids the owner just handed out (a non-owner: the
         SWA side of the composite). The composite has checked both sides' bytes."""
         if self.debug_mode:
-            _checks.debug_taken(self, virtual_pages.cpu())
+            self._debug_take(virtual_pages)
         self._alloc_bind(virtual_pages)
 
     def _alloc_bind(self, v_pages: torch.Tensor) -> torch.Tensor:
@@ -213,7 +219,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             raise AssertionError(f"[{self.sub_pool_name}] free of unbound virtual pages "
                                  f"{page_ids[freed_p_pages < 0].tolist()}: a double free")
         if self.debug_mode:
-            _checks.debug_released(self, page_ids.cpu())
+            self._debug_release(page_ids)
         self.virtual_to_physical[page_ids] = -1
         if self.is_id_owner:  # to the back (FIFO): where a page sits is the watermark's business, not the id's
             self.free_pages = torch.cat((self.free_pages, page_ids))
