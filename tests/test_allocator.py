@@ -257,7 +257,7 @@ def test_bad_batches_are_named():
         pag.alloc_extend(T(0), T(0), torch.tensor([3.0]), T(3), T(-1), 3)
     with pytest.raises(ValueError, match="meta"):
         pag.free(torch.tensor([4], device="meta"))
-    with pytest.raises(ValueError, match="CPU tensor"):
+    with pytest.raises(TypeError, match="seq_lens_cpu must be a torch.Tensor"):  # a wrong type: TypeError
         pag.alloc_decode(T(3), [3], T(5))
     with pytest.raises(ValueError, match=r"must be >= 1: \[0\]"):
         pag.alloc_decode(T(0), T(0), T(-1))

@@ -505,26 +505,28 @@ def free_group_end(alloc) -> None:
 
 
 def _batch(alloc, lens: dict, cpu: dict) -> int:
-    bs = None
+    """1-D id tensors of one batch size on the allocator's device, their host copies on the CPU; in
+    debug mode each device tensor must equal its copy (the engine counts pages on the copies)."""
+    bs = len(next(iter(lens.values()))) if isinstance(next(iter(lens.values())), torch.Tensor) else None
     for name, t in lens.items():
-        index_tensor(name, t, alloc.device)
-        if t.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-        bs = len(t) if bs is None else bs
+        index_tensor(name, t, alloc.device, ndim=1)
         if len(t) != bs:
             raise ValueError(f"{name} has {len(t)} entries, the batch has {bs}")
-    for name, t in cpu.items():
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or len(t) != bs:
-            got = (f"a {t.device} tensor of {len(t)}" if isinstance(t, torch.Tensor) else type(t).__name__)
-            raise ValueError(f"{name} must be a CPU tensor of {bs} lengths (a host copy: no sync), got {got}")
+    for (name, t), dev in zip(cpu.items(), lens.values()):
+        index_tensor(name, t, torch.device("cpu"), ndim=1, owner="host copy (no sync)")
+        if len(t) != bs:
+            raise ValueError(f"{name} must hold {bs} lengths, got {len(t)}")
+        if alloc.debug_mode and not torch.equal(dev.cpu().to(torch.int64), t.to(torch.int64)):
+            raise ValueError(f"{name} disagrees with its device tensor: {t.tolist()} vs {dev.tolist()}")
     if bs == 0:
         raise ValueError("empty batch")
     return bs
 
 
 def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
-    """Where it costs no sync (CPU, or debug mode): each last_loc must sit where its prefix ends
-    (SGLang asserts ``(last_loc + 1) % ps == prefix_lens % ps`` in debug mode)."""
+    """The caller's contract, checked where it costs no sync (CPU, or debug mode): each last_loc
+    ends its prefix (SGLang asserts ``(last_loc + 1) % ps == prefix_lens % ps`` in debug mode); in
+    debug mode the books tell too whether its page is held (a free or foreign-pool page is not)."""
     if not can_read_values(alloc.debug_mode, last_loc):
         return
     ps, last = alloc.page_size, last_loc.cpu().to(torch.int64)
@@ -534,6 +536,12 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
         i = bad[0].item()
         raise ValueError(f"request {i}: last_loc {last[i].item()} cannot end a prefix of {prefix_cpu[i].item()} "
                          f"tokens with page_size {ps} (an empty prefix has last_loc -1)")
+    if alloc.debug_mode and (~empty).any():
+        pages, held = last[~empty] // ps, alloc._ledger()
+        free = (pages >= len(held)) | ~held[pages.clamp(max=len(held) - 1)]
+        if free.any():
+            raise ValueError(f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which no "
+                             "request holds: last_loc must be a slot of the request's own last page")
 
 
 def alloc_extend(alloc, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens) -> None:

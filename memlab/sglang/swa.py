@@ -16,6 +16,7 @@ import torch
 
 from memlab.common import _checks
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.common.env import resolve_device
 from memlab.sglang.kv_pool import MHATokenToKVPool
@@ -317,6 +318,15 @@ class SWATokenToKVPoolAllocator:
         """``free_full`` for a page-aligned run: how a finished request's out-of-window part goes back."""
         _checks.swa_free(self, free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos)
+
+    def free_segments(self, segments) -> None:
+        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments) -> None:
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_full_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:
         """The full side queues in its own group; the SWA side's frees queue here, as SGLang's do."""

@@ -21,6 +21,7 @@ import torch
 
 from memlab.common import _checks
 from memlab.common.utils import ceil_div
+from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.sglang.unified.pool import UnifiedKVPool
 from memlab.sglang.unified.sub_pool import MultiEndedAllocator
@@ -213,6 +214,15 @@ class UnifiedSWATokenToKVPoolAllocator:
     def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
         self.free_full(free_index)
+
+    def free_segments(self, segments) -> None:
+        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments) -> None:
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_full_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:
         _checks.free_group_begin(self)
