@@ -357,3 +357,55 @@ def test_make_allocator_picks_the_class_sglang_picks():
     assert type(a) is TokenToKVPoolAllocator and a.debug_mode and a.page_size == 1
     b = make_allocator(16, 4, backend="python", need_sort=True)
     assert type(b) is PagedTokenToKVPoolAllocator and (b.page_size, b.backend, b.need_sort) == (4, "python", True)
+
+
+# -- debug mode read per call, SGLang's asserts, free_segments ---------------------------------------
+
+
+def test_debug_mode_turned_on_later_catches_a_double_free():
+    for alloc in (TokenToKVPoolAllocator(8), PagedTokenToKVPoolAllocator(16, 4)):
+        a, b = alloc.alloc(alloc.page_size), alloc.alloc(alloc.page_size)
+        alloc.free(a)
+        alloc.debug_mode = True  # the ledger is built now, from the free list: a is free, b held
+        before = snapshot(alloc)
+        with pytest.raises(ValueError, match="double free"):
+            alloc.free(a)
+        assert same(before, snapshot(alloc))
+        alloc.free(b)
+        alloc.check_books()
+
+
+def test_debug_mode_asserts_the_handed_out_slots_are_unique(monkeypatch):
+    from memlab.sglang.allocator import reference as ref
+
+    pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
+    monkeypatch.setattr(ref, "alloc_extend_torch", lambda *a: T(4, 4))  # a broken kernel: one slot twice
+    with pytest.raises(AssertionError, match="twice"):
+        pag.alloc_extend(T(0), T(0), T(2), T(2), T(-1), 2)
+    monkeypatch.setattr(ref, "alloc_decode_torch", lambda *a: T(8, 8))
+    with pytest.raises(AssertionError, match="twice"):
+        pag.alloc_decode(T(1, 1), T(1, 1), T(-1, -1))
+
+
+def test_debug_mode_refuses_a_last_loc_in_a_page_nobody_holds_and_lengths_that_disagree():
+    pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
+    mine = pag.alloc_extend(T(0), T(0), T(3), T(3), T(-1), 3)  # one page, 3 slots used
+    before = snapshot(pag)
+    free_page_slot = int(pag.free_pages[0]) * 4 + 2  # ends a 3-token prefix, but in a free page
+    with pytest.raises(ValueError, match="which no request holds"):
+        pag.alloc_extend(T(3), T(3), T(5), T(5), T(free_page_slot), 2)
+    with pytest.raises(ValueError, match="which no request holds"):
+        pag.alloc_decode(T(4), T(4), T(free_page_slot))
+    with pytest.raises(ValueError, match="disagrees with its device tensor"):
+        pag.alloc_extend(T(3), T(3), T(9), T(5), T(int(mine[-1])), 2)
+    assert same(before, snapshot(pag))
+    assert pag.alloc_decode(T(4), T(4), T(int(mine[-1]))).tolist() == [int(mine[-1]) + 1]  # the real last_loc
+
+
+def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page():
+    pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
+    row = pag.alloc(16)  # pages of positions 0-3, 4-7, 8-11, 12-15
+    pag.free_segments([(row[0:6], 0), (T(), 6), (row[8:16], 8)])  # the end of a segment may fall mid-page
+    assert pag.available_size() == 64 and pag.free_pages.tolist()[:4] == [3, 4, 1, 2]  # row[4:6] freed page 2 whole
+    with pytest.raises(AssertionError, match="shares a page"):
+        PagedTokenToKVPoolAllocator(64, 4).free_segments([(T(4, 5, 6), 0), (T(8), 3)])
