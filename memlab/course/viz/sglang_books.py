@@ -706,7 +706,8 @@ def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> fl
            size=12.5, weight="bold", color="#222")
     per_line = max(1, int(width // CELL))
     items = [(p, FREE, f"free_pages[{i}]") for i, p in enumerate(books.free_pages)]
-    items += [(p, STAGED, f"release_pages[{i}] (staged)") for i, p in enumerate(books.staged_pages)]
+    staged = "release_pages" if books.page_size == 1 else "staged_pages"  # the token and the paged allocator's names
+    items += [(p, STAGED, f"{staged}: {i} (staged)") for i, p in enumerate(books.staged_pages)]
     y0 = y + 20
     ps = books.page_size
     for i, (p, fill, name) in enumerate(items):
