@@ -75,34 +75,6 @@ def can_read_values(debug_mode: bool, t: torch.Tensor) -> bool:
     return t.numel() > 0 and (debug_mode or t.device.type == "cpu")
 
 
-# ---- layer 1: the request table ---------------------------------------------------------------
-
-def req_to_token_pool(size, max_context_len) -> tuple[int, int]:
-    return integer("size", size, 1), integer("max_context_len", max_context_len, 1)
-
-
-def alloc_rows(n) -> int:
-    return integer("n (rows to allocate)", n, 0)
-
-
-def alloc_reqs(reqs: list) -> None:
-    """Each request once; a request that keeps its row (a chunked prefill) must already own KV."""
-    if len({id(r) for r in reqs}) != len(reqs):
-        dup = next(r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i]))
-        raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
-    for r in reqs:
-        if r.req_pool_idx is not None and r.kv_allocated_len <= 0:
-            raise ValueError(f"{r!r} holds row {r.req_pool_idx} but owns no KV yet: "
-                             "only a chunked prefill that already wrote KV may keep its row")
-
-
-def free_row(pool, row) -> None:
-    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not 1 <= row <= pool.size:
-        raise ValueError(f"cannot free row {row!r}: rows are 1..{pool.size} (row 0 is padding)")
-    if pool._row_free[row]:
-        raise ValueError(f"double free: row {row} is already free")
-
-
 # ---- layer 2: the KV pools --------------------------------------------------------------------
 
 def kv_cache(size, page_size, dtype, layer_num, start_layer: int, end_layer: int) -> None:
@@ -381,15 +353,6 @@ def swa_release(alloc, swa_evicted_len, cache_protected_len) -> None:
     for name, v in (("swa_evicted_len", swa_evicted_len), ("cache_protected_len", cache_protected_len)):
         if v % alloc.page_size:
             raise ValueError(f"{name} {v} is not page-aligned (page_size {alloc.page_size})")
-
-
-# ---- hybrid pools: Mamba state (chapter 07) -----------------------------------------------------
-
-def mamba_layers(num_mamba_layers, conv_state_shape) -> None:
-    if isinstance(num_mamba_layers, bool) or not isinstance(num_mamba_layers, int) or num_mamba_layers <= 0:
-        raise ValueError(f"a MambaPool needs at least one mamba layer, got num_mamba_layers={num_mamba_layers!r}")
-    if len(conv_state_shape) == 0:
-        raise ValueError("conv_state_shape lists the conv-state components: at least one shape")
 
 
 # ---- write locations (chapters 07 to 09) --------------------------------------------------------
