@@ -100,18 +100,11 @@ def layer_id(pool, layer_id) -> None:
         raise IndexError(f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})")
 
 
-def kv_write(pool, loc, **rows) -> torch.Tensor:
-    """A pool's write door: ``loc`` (slot ids, or a KVWriteLoc whose generic ids are used) and the
-    rows to write, each given as ``name=(tensor, row shape the pool stores, names of its dims)``.
-    Returns the slot ids."""
+def kv_write(pool, loc, **rows) -> None:
+    """A pool's write door: slot ids ``loc`` and the rows to write, each given as
+    ``name=(tensor, row shape the pool stores, names of its dims)``."""
     where = f"{type(pool).__name__}.set_kv_buffer"
-    if pool.requires_physical_write_loc:
-        physical_write_loc(loc, where)
-    if not isinstance(loc, torch.Tensor):
-        # A KVWriteLoc (chapters 07 to 09) is read by its fields, so this module imports no later
-        # chapter: a plain pool writes its generic ids ``loc``.
-        loc = getattr(loc, "loc", loc)
-        plain_loc(loc, where)
+    plain_loc(loc, where)
     if loc.dtype not in INDEX_DTYPES:
         raise TypeError(f"loc must be an int32/int64 tensor of slot ids, got {loc.dtype}")
     if loc.device != pool.device:
@@ -130,7 +123,6 @@ def kv_write(pool, loc, **rows) -> torch.Tensor:
         if len(bad):
             i = bad[0].item()
             raise ValueError(f"token {i} has slot {loc[i].item()}, outside 0..{pool.size + pool.page_size - 1}")
-    return loc
 
 
 # ---- the vLLM side (chapter 06) --------------------------------------------------------------------

@@ -79,6 +79,14 @@ class KVCache:
         self.store_dtype = torch.uint8 if dtype in FP8_DTYPES else dtype
         self.start_layer, self.end_layer = start_layer, end_layer
 
+    def _write_ids(self, loc) -> torch.Tensor:
+        """The slots a write goes to. A KVWriteLoc (chapters 07 to 09) is read by its generic ids
+        ``loc`` (read by its field, so this chapter-02 module imports no later one); a pool with
+        virtual ids takes only one marked physical."""
+        if self.requires_physical_write_loc:
+            _checks.physical_write_loc(loc, f"{type(self).__name__}.set_kv_buffer")
+        return loc if isinstance(loc, torch.Tensor) else getattr(loc, "loc", loc)
+
     def _local(self, layer_id: int) -> int:
         _checks.layer_id(self, layer_id)
         return layer_id - self.start_layer
@@ -149,7 +157,8 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
         """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
+        loc = self._write_ids(loc)
+        _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
                                cache_v=(cache_v, (self.head_num, self.v_head_dim), "head_num, v_head_dim"))
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
         self.v_buffer[i][loc] = self._store(cache_v, v_scale)
@@ -186,7 +195,8 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None) -> None:
         """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
+        loc = self._write_ids(loc)
+        _checks.kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
         self.kv_buffer[i][loc] = self._store(cache_k, k_scale)
 
 
@@ -214,7 +224,8 @@ class MHATokenToKOnlyPool(KVCache):
 
     def set_k_buffer(self, layer_id, loc, cache_k, k_scale=None) -> None:
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"))
+        loc = self._write_ids(loc)
+        _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"))
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
 
     def get_value_buffer(self, layer_id: int):
