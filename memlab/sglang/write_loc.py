@@ -34,7 +34,7 @@ class KVWriteLoc:
     physical: bool = False
 
     def __post_init__(self):
-        _checks.kv_write_loc(self)
+        _check_kv_write_loc(self)
         # The side ids are resolved once from the padded batch; later paths may narrow ``loc``,
         # so cut them to match (same per-token order).
         n = self.loc.shape[0]
@@ -82,3 +82,18 @@ def plain_loc(loc, where: str) -> torch.Tensor:
     loc = unwrap_write_loc(loc)[0]
     _checks.plain_loc(loc, where)
     return loc
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_kv_write_loc(w) -> None:
+    """1-D id tensors (side ids at least as many as ``loc``: they are cut to it) and a bool mark."""
+    for name, t in (("loc", w.loc), ("swa_loc", w.swa_loc), ("full_loc", w.full_loc)):
+        if name != "loc" and t is None:
+            continue
+        if not (isinstance(t, torch.Tensor) and t.dtype in _checks.INDEX_DTYPES and t.dim() == 1):
+            raise TypeError(f"{name} must be a tensor of slot ids (1-D, int32/int64), got {t!r:.60}")
+        if t.shape[0] < w.loc.shape[0]:
+            raise ValueError(f"{name} has {t.shape[0]} ids for {w.loc.shape[0]} tokens")
+    if not isinstance(w.physical, bool):
+        raise TypeError(f"physical must be a bool, got {w.physical!r}")

@@ -23,7 +23,7 @@ from memlab.common.env import resolve_device
 class BaseTokenToKVPoolAllocator:
     def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
                  need_sort: bool = False, debug_mode: bool = False):
-        self.size, self.page_size = _checks.allocator(size, page_size)
+        self.size, self.page_size = _check_allocator(size, page_size)
         self.num_pages = self.size // self.page_size
         self.dtype, self.device = dtype, resolve_device(device)
         self._kvcache, self.need_sort, self.debug_mode = kvcache, need_sort, debug_mode
@@ -115,9 +115,8 @@ class BaseTokenToKVPoolAllocator:
     def check_books(self) -> None:
         """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
         free, held = self.get_all_free_pages().cpu(), int(self._ledger().sum())
-        assert not (free == 0).any(), f"padding {_checks.unit(self)} 0 is on the free list"
-        assert len(torch.unique(free)) == len(free), f"a {_checks.unit(self)} is on the free list twice"
-        assert len(free) + held == self.num_pages, f"books do not balance: {len(free)} free + {held} held != {self.num_pages}"
+        assert not (free == 0).any() and len(torch.unique(free)) == len(free) and len(free) + held == self.num_pages, \
+            f"books: padding on the free list, a {_checks.unit(self)} on it twice, or {len(free)} free + {held} held != {self.num_pages}"
 
 
 def page_disjoint(segments, page_size: int):
@@ -130,3 +129,12 @@ def page_disjoint(segments, page_size: int):
             f"segment at {start_pos} shares a page with the one ending at {prev_end}"
         prev_end = start_pos + free_index.numel()
         yield free_index, start_pos
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_allocator(size, page_size) -> tuple[int, int]:
+    size, page_size = _checks.integer("size", size, 1), _checks.integer("page_size", page_size, 1)
+    if size // page_size < 1:
+        raise ValueError(f"size {size} holds no whole page of {page_size} slots")
+    return size, page_size

@@ -28,7 +28,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
                  need_sort: bool = False, debug_mode: bool = False, backend: str = "torch"):
-        _checks.backend(backend, BACKENDS)
+        _check_backend(backend, BACKENDS)
         self.backend = backend
         super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
         self.clear()
@@ -156,7 +156,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Free exactly these pages: no page twice, no dedup; queued inside a group."""
-        _checks.free_page_ids(self, page_ids)
+        _check_free_page_ids(self, page_ids)
         if page_ids.numel() == 0:
             return
         if self.free_group is None:
@@ -197,3 +197,16 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.staged_pages: list[torch.Tensor] = []  # need_sort only: freed pages wait here, unsorted
         self.num_staged_pages = 0
         self._held = None
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_backend(backend: str, choices) -> None:
+    if backend not in choices:
+        raise ValueError(f"backend must be one of {choices}, got {backend!r}")
+
+
+def _check_free_page_ids(alloc, page_ids) -> None:
+    _checks.index_tensor("page_ids", page_ids, alloc.device)
+    if _checks.can_read_values(alloc.debug_mode, page_ids):
+        _checks._page_range(alloc, int(page_ids.min()), int(page_ids.max()))

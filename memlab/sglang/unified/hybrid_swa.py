@@ -17,6 +17,8 @@ pages for a page-aligned run).
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from memlab.common import _checks
@@ -239,4 +241,12 @@ class UnifiedSWATokenToKVPoolAllocator:
         fa, sa = self.full_attn_allocator, self.swa_attn_allocator
         fa.check_books()
         sa.check_books()
-        _checks.unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
+        _check_unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_unified_swa_books(full_v2p: torch.Tensor, swa_v2p: torch.Tensor) -> None:
+    orphan = torch.nonzero((swa_v2p[:-1] > 0) & (full_v2p[:-1] <= 0)).flatten()
+    if len(orphan):
+        raise AssertionError(f"virtual page {orphan[0].item()} holds an SWA page but no full page")

@@ -27,6 +27,8 @@ of overlap scheduling, PD disaggregation and HiCache, and the capacity memos (it
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from memlab.common import _checks
@@ -50,7 +52,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     def __init__(self, *, kvcache, unified_buffer: UnifiedKVPool, sub_pool_name: str, device="cpu",
                  is_id_owner: bool, virtual_num_pages: int | None = None, page_size: int = 1,
                  debug_mode: bool = False, backend: str = "torch"):
-        _checks.multi_ended_allocator(unified_buffer, sub_pool_name, is_id_owner, virtual_num_pages, page_size)
+        _check_multi_ended_allocator(unified_buffer, sub_pool_name, is_id_owner, virtual_num_pages, page_size)
         spec = unified_buffer.spec(sub_pool_name)
         self.unified_buffer, self.sub_pool_name, self.spec = unified_buffer, sub_pool_name, spec
         self.max_slots = unified_buffer.max_slots(sub_pool_name)
@@ -257,4 +259,40 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     def check_books(self) -> None:
         """Debug mode: v2p and p2v agree, the pages in use are one dense run at this end, and
         (an owner) every virtual page is free or bound, once."""
-        _checks.multi_ended_books(self)
+        _check_multi_ended_books(self)
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_multi_ended_allocator(buffer, name, is_id_owner, virtual_num_pages, page_size) -> None:
+    if name not in buffer._specs_by_name:
+        raise ValueError(f"no sub-pool {name!r} in this buffer (it has {sorted(buffer._specs_by_name)})")
+    _checks.integer("page_size", page_size, 1)
+    if virtual_num_pages is not None and is_id_owner:
+        raise ValueError("only a non-owner allocator may use another pool's virtual-id space")
+    if virtual_num_pages is not None:
+        _checks.integer("virtual_num_pages", virtual_num_pages, 1)
+
+
+def _check_multi_ended_books(alloc) -> None:
+    """Debug mode: the two page tables are inverse, the bound pages are exactly the dense run at
+    this sub-pool's end, and (an owner) every virtual page is free or bound, once."""
+    if not alloc.debug_mode:
+        raise RuntimeError("check_books needs debug_mode=True")
+    v2p, p2v = alloc.virtual_to_physical[:-1].cpu(), alloc.physical_to_virtual[:-1].cpu()
+    v = torch.nonzero(v2p > 0).flatten()  # page 0 <-> 0 is the sink
+    name = alloc.sub_pool_name
+    if not torch.equal(p2v[v2p[v]], v):
+        raise AssertionError(f"[{name}] v2p and p2v disagree")
+    lo, hi = alloc.used_page_range()
+    if not torch.equal(torch.sort(v2p[v]).values, torch.arange(lo, hi)):
+        raise AssertionError(f"[{name}] bound pages {sorted(v2p[v].tolist())} are not the run {lo}..{hi - 1}")
+    if int((p2v[1:] >= 0).sum()) != hi - lo:
+        raise AssertionError(f"[{name}] p2v marks {int((p2v[1:] >= 0).sum())} pages used, the run holds {hi - lo}")
+    if alloc.is_id_owner:
+        free = alloc.free_pages.cpu()
+        if len(torch.unique(free)) != len(free) or bool(torch.isin(free, v).any()):
+            raise AssertionError(f"[{name}] a virtual page is free twice, or free and bound")
+        if len(free) + len(v) != alloc.num_virtual_ids - alloc.min_page_index:
+            raise AssertionError(f"[{name}] {len(free)} free + {len(v)} bound virtual pages != "
+                                 f"{alloc.num_virtual_ids - alloc.min_page_index}")
