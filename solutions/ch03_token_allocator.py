@@ -68,5 +68,5 @@ class TokenToKVPoolAllocator:
         """
         if len(self.release_pages) == 0:
             return
-        self.free_pages = torch.sort(self.get_all_free_pages()).values
+        self.free_pages = torch.sort(torch.cat((self.free_pages, self.release_pages))).values
         self.release_pages = torch.empty(0, dtype=torch.int64)

@@ -135,7 +135,7 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
     if getattr(allocator, "free_group", None) is not None:  # an open group queues slots and page ids
         ps = allocator.page_size
         queued = {s // ps for t in allocator.free_group for s in t.tolist()}
-        queued |= {p for t in allocator.free_page_ids_group for p in t.tolist()}
+        queued |= {p for t in getattr(allocator, "free_page_ids_group", ()) for p in t.tolist()}  # paged only
         staged += sorted(queued)
     return Books(caption=caption, page_size=allocator.page_size, num_pages=allocator.num_pages,
                  row_width=table.shape[1], rows=tuple(rows), free_rows=tuple(req_pool.free_slots),
