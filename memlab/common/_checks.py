@@ -223,11 +223,11 @@ def swa_write(layer_id, swa_loc) -> None:
 # ---- write locations (chapters 07 to 09) --------------------------------------------------------
 
 
-def physical_write_loc(loc, where: str) -> None:
+def physical_write_loc(loc, where: str):
     """The write door of a pool with virtual ids (``requires_physical_write_loc``): only a
     KVWriteLoc marked physical passes; the message says what to pass. A flag read, no sync."""
     if getattr(loc, "physical", False) is True:
-        return
+        return loc
     got = "a bare tensor" if isinstance(loc, torch.Tensor) else (
         "a KVWriteLoc not marked physical" if hasattr(loc, "physical") else repr(type(loc).__name__))
     raise ValueError(

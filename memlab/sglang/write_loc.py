@@ -69,11 +69,10 @@ def unwrap_write_loc(loc) -> tuple:
     return loc, None, None
 
 
-def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
-    """The write door of a pool with virtual ids (``requires_physical_write_loc``): refuse anything
-    but a physically marked KVWriteLoc; the message says what to pass. A flag read, no device sync."""
-    _checks.physical_write_loc(loc, where)
-    return loc
+# The write door of a pool with virtual ids (``requires_physical_write_loc``): anything but a
+# physically marked KVWriteLoc is refused, and the message says what to pass (a flag read, no
+# device sync). It lives in the boundary, shared with the pools' write doors; it returns ``loc``.
+check_physical_write_loc = _checks.physical_write_loc
 
 
 def plain_loc(loc, where: str) -> torch.Tensor:
@@ -88,11 +87,9 @@ def plain_loc(loc, where: str) -> torch.Tensor:
 
 def _check_kv_write_loc(w) -> None:
     """1-D id tensors (side ids at least as many as ``loc``: they are cut to it) and a bool mark."""
-    for name, t in (("loc", w.loc), ("swa_loc", w.swa_loc), ("full_loc", w.full_loc)):
-        if name != "loc" and t is None:
-            continue
-        if not (isinstance(t, torch.Tensor) and t.dtype in _checks.INDEX_DTYPES and t.dim() == 1):
-            raise TypeError(f"{name} must be a tensor of slot ids (1-D, int32/int64), got {t!r:.60}")
+    sides = [(name, t) for name, t in (("swa_loc", w.swa_loc), ("full_loc", w.full_loc)) if t is not None]
+    for name, t in [("loc", w.loc)] + sides:
+        _checks.index_tensor(name, t, ndim=1)  # a tensor of int32/int64 ids, 1-D
         if t.shape[0] < w.loc.shape[0]:
             raise ValueError(f"{name} has {t.shape[0]} ids for {w.loc.shape[0]} tokens")
     if not isinstance(w.physical, bool):
