@@ -37,7 +37,7 @@ def check_books(alloc, held: dict):
     page_owner = {}
     for s, rid in owner.items():
         assert page_owner.setdefault(s // ps, rid) == rid, f"page {s // ps} was handed to requests {page_owner[s // ps]} and {rid}"
-    free = torch.cat((alloc.free_pages, alloc.release_pages)).tolist()
+    free = alloc.get_all_free_pages().tolist()
     assert 0 not in free, "padding page 0 is on the free list"
     assert len(set(free)) == len(free), f"a page is on the free list twice: {sorted(free)}"
     assert not set(free) & set(page_owner), f"pages {sorted(set(free) & set(page_owner))} are both free and held"
@@ -46,7 +46,7 @@ def check_books(alloc, held: dict):
 
 
 def snapshot(alloc):
-    return alloc.free_pages.clone(), alloc.release_pages.clone()
+    return alloc.free_pages.clone(), alloc.get_all_free_pages()[len(alloc.free_pages):].clone()
 
 
 def same(a, b):

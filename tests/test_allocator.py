@@ -5,6 +5,7 @@ from alloc_helpers import check_books, decode, extend, same, snapshot
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+staged = lambda a: a.get_all_free_pages()[len(a.free_pages):].tolist()  # noqa: E731
 
 
 def test_padding_slot_and_page_are_never_handed_out():
@@ -33,10 +34,10 @@ def test_need_sort_stages_frees_until_an_allocation_runs_short():
     got = pag.alloc(32)
     pag.free(got[16:20])  # page 5
     pag.free(got[4:8])  # page 2
-    assert pag.free_pages.numel() == 0 and pag.release_pages.tolist() == [5, 2]
+    assert pag.free_pages.numel() == 0 and staged(pag) == [5, 2]
     assert pag.available_size() == 8  # staged pages count as free
     assert pag.alloc(4).tolist() == [8, 9, 10, 11]  # ran short: merged and sorted, page 2 first
-    assert pag.release_pages.numel() == 0 and pag.free_pages.tolist() == [5]
+    assert pag.num_staged_pages == 0 and pag.free_pages.tolist() == [5]
 
 
 def test_need_sort_does_not_merge_when_the_free_list_suffices():
@@ -44,7 +45,7 @@ def test_need_sort_does_not_merge_when_the_free_list_suffices():
     a = pag.alloc(4)
     pag.free(a)
     pag.alloc(4)
-    assert pag.release_pages.tolist() == [1]
+    assert staged(pag) == [1]
 
 
 def test_alloc_extend_three_parts_by_hand():
@@ -124,8 +125,8 @@ def test_free_dedups_pages_and_a_free_without_dedup_is_caught():
     check_books(pag, held)
 
     class NoDedup(PagedTokenToKVPoolAllocator):
-        def _pages_of(self, free_index):
-            return free_index // self.page_size
+        def free(self, free_index):  # the free path without its unique
+            self._release_page_ids(free_index // self.page_size)
 
     bad = NoDedup(16, 4)
     held = {}
@@ -218,7 +219,7 @@ def test_debug_books_balance_and_clear_restores():
     pag.free(got[2:4])
     pag.check_books()
     pag.clear()
-    assert pag.available_size() == 16 and pag.release_pages.numel() == 0
+    assert pag.available_size() == 16 and pag.num_staged_pages == 0
     pag.check_books()
 
 
@@ -256,7 +257,7 @@ def test_bad_batches_are_named():
         pag.alloc_extend(T(0), T(0), torch.tensor([3.0]), T(3), T(-1), 3)
     with pytest.raises(ValueError, match="meta"):
         pag.free(torch.tensor([4], device="meta"))
-    with pytest.raises(ValueError, match="CPU tensor"):
+    with pytest.raises(TypeError, match="seq_lens_cpu must be a torch.Tensor"):  # a wrong type: TypeError
         pag.alloc_decode(T(3), [3], T(5))
     with pytest.raises(ValueError, match=r"must be >= 1: \[0\]"):
         pag.alloc_decode(T(0), T(0), T(-1))
@@ -302,10 +303,10 @@ def test_the_bound_spares_the_merge_and_the_exact_count_decides_when_it_cannot()
     pag.free(got[:8])  # pages 1, 2 staged
     # bound 4 // 4 + 1 + 1 = 3 <= 6: no count, no merge
     assert pag.alloc_extend(T(0), T(0), T(4), T(4), T(-1), 4) is not None
-    assert pag.release_pages.tolist() == [1, 2]
+    assert staged(pag) == [1, 2]
     # bound 20 // 4 + 2 + 1 = 8 > 5 free: merged first (as SGLang), then the exact count (5 pages) fits
     assert pag.alloc_extend(T(0, 0), T(0, 0), T(8, 12), T(8, 12), T(-1, -1), 20).tolist()[:4] == [4, 5, 6, 7]
-    assert pag.release_pages.numel() == 0 and pag.free_pages.tolist() == [15, 16]
+    assert pag.num_staged_pages == 0 and pag.free_pages.tolist() == [15, 16]
 
 
 def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
@@ -313,7 +314,7 @@ def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
     got = pag.alloc(24)  # pages 1..6 held, 7 and 8 free
     pag.free(got[4:8])  # page 2 staged
     assert pag.alloc_extend(T(0), T(0), T(16), T(16), T(-1), 16) is None  # needs 4 pages, 3 free
-    assert pag.free_pages.tolist() == [2, 7, 8] and pag.release_pages.numel() == 0  # merged all the same
+    assert pag.free_pages.tolist() == [2, 7, 8] and pag.num_staged_pages == 0  # merged all the same
     pag.free(got[:4])  # page 1 staged
     seq = T(5, 9, 13, 17, 21)  # five new tokens, each opening a page; 4 pages free in all
     assert pag.alloc_decode(seq, seq, T(7, 11, 15, 19, 23)) is None
@@ -356,3 +357,55 @@ def test_make_allocator_picks_the_class_sglang_picks():
     assert type(a) is TokenToKVPoolAllocator and a.debug_mode and a.page_size == 1
     b = make_allocator(16, 4, backend="python", need_sort=True)
     assert type(b) is PagedTokenToKVPoolAllocator and (b.page_size, b.backend, b.need_sort) == (4, "python", True)
+
+
+# -- debug mode read per call, SGLang's asserts, free_segments ---------------------------------------
+
+
+def test_debug_mode_turned_on_later_catches_a_double_free():
+    for alloc in (TokenToKVPoolAllocator(8), PagedTokenToKVPoolAllocator(16, 4)):
+        a, b = alloc.alloc(alloc.page_size), alloc.alloc(alloc.page_size)
+        alloc.free(a)
+        alloc.debug_mode = True  # the ledger is built now, from the free list: a is free, b held
+        before = snapshot(alloc)
+        with pytest.raises(ValueError, match="double free"):
+            alloc.free(a)
+        assert same(before, snapshot(alloc))
+        alloc.free(b)
+        alloc.check_books()
+
+
+def test_debug_mode_asserts_the_handed_out_slots_are_unique(monkeypatch):
+    from memlab.sglang.allocator import reference as ref
+
+    pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
+    monkeypatch.setattr(ref, "alloc_extend_torch", lambda *a: T(4, 4))  # a broken kernel: one slot twice
+    with pytest.raises(AssertionError, match="twice"):
+        pag.alloc_extend(T(0), T(0), T(2), T(2), T(-1), 2)
+    monkeypatch.setattr(ref, "alloc_decode_torch", lambda *a: T(8, 8))
+    with pytest.raises(AssertionError, match="twice"):
+        pag.alloc_decode(T(1, 1), T(1, 1), T(-1, -1))
+
+
+def test_debug_mode_refuses_a_last_loc_in_a_page_nobody_holds_and_lengths_that_disagree():
+    pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
+    mine = pag.alloc_extend(T(0), T(0), T(3), T(3), T(-1), 3)  # one page, 3 slots used
+    before = snapshot(pag)
+    free_page_slot = int(pag.free_pages[0]) * 4 + 2  # ends a 3-token prefix, but in a free page
+    with pytest.raises(ValueError, match="which no request holds"):
+        pag.alloc_extend(T(3), T(3), T(5), T(5), T(free_page_slot), 2)
+    with pytest.raises(ValueError, match="which no request holds"):
+        pag.alloc_decode(T(4), T(4), T(free_page_slot))
+    with pytest.raises(ValueError, match="disagrees with its device tensor"):
+        pag.alloc_extend(T(3), T(3), T(9), T(5), T(int(mine[-1])), 2)
+    assert same(before, snapshot(pag))
+    assert pag.alloc_decode(T(4), T(4), T(int(mine[-1]))).tolist() == [int(mine[-1]) + 1]  # the real last_loc
+
+
+def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page():
+    pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
+    row = pag.alloc(16)  # pages of positions 0-3, 4-7, 8-11, 12-15
+    pag.free_segments([(row[0:6], 0), (T(), 6), (row[8:16], 8)])  # the end of a segment may fall mid-page
+    assert pag.available_size() == 64 and pag.free_pages.tolist()[:4] == [3, 4, 1, 2]  # row[4:6] freed page 2 whole
+    with pytest.raises(AssertionError, match="shares a page"):
+        PagedTokenToKVPoolAllocator(64, 4).free_segments([(T(4, 5, 6), 0), (T(8), 3)])

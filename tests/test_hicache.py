@@ -288,10 +288,10 @@ def check_owners(tree, alloc, host, running):
     dev = [(f"node {n.id}", (n.value[::ps] // ps).tolist()) for n in nodes if not n.evicted]
     dev += [(f"request {i}", torch.unique(r.kv_indices[r.kv.cache_protected_len:] // ps).tolist())
             for i, r in enumerate(running)]
-    ledger(torch.cat((alloc.free_pages, alloc.release_pages)).tolist(), dev, alloc.num_pages, "device")
+    ledger(alloc.get_all_free_pages().tolist(), dev, alloc.num_pages, "device")
     hst = [(f"node {n.id}", (n.host_value[::ps] // ps).tolist()) for n in nodes if n.backuped]
     ha = host.allocator
-    ledger(torch.cat((ha.free_pages, ha.release_pages)).tolist(), hst, ha.num_pages, "host")
+    ledger(ha.get_all_free_pages().tolist(), hst, ha.num_pages, "host")
 
 
 class HostEvictKeepsNode(HiRadixCache):

@@ -26,7 +26,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 def state(sc):
     """Everything a call could change in a Scene's real objects, as plain values."""
     al, rp = sc.allocator, sc.req_pool
-    return dict(free_pages=al.free_pages.tolist(), release_pages=al.release_pages.tolist(),
+    return dict(free_pages=al.free_pages.tolist(), staged_pages=al.get_all_free_pages()[len(al.free_pages):].tolist(),
                 table=rp.req_to_token.tolist(), generations=rp.req_generation.tolist(),
                 free_rows=list(rp.free_slots), row_free=bytes(rp._row_free),
                 reqs={r: (q.kv.req_pool_idx, q.kv.kv_allocated_len) for r, q in sc.reqs.items()})

@@ -368,7 +368,7 @@ def check_owners(tree, alloc, running):
             assert p not in owners, f"page {p} is held by {owners[p]} and by {who}"
             owners[p] = who
 
-    own(torch.cat((alloc.free_pages, alloc.release_pages)).tolist(), "the free list")
+    own(alloc.get_all_free_pages().tolist(), "the free list")
     stack = list(tree.root_node.children.values())
     while stack:
         node = stack.pop()

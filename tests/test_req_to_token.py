@@ -110,10 +110,11 @@ def test_integral_numbers_of_any_kind_are_counts():
         pool.alloc_rows(2.0)
 
 
-@pytest.mark.parametrize("row", [0, 5, -1, "x"])
-def test_freeing_padding_or_unknown_rows_is_refused(row):
+@pytest.mark.parametrize("row, err", [(0, ValueError), (5, ValueError), (-1, ValueError), ("x", TypeError),
+                                      (True, TypeError)])
+def test_freeing_padding_or_unknown_rows_is_refused(row, err):
     pool = ReqToTokenPool(4, 4)
-    with pytest.raises(ValueError, match=f"row {row!r}"):
+    with pytest.raises(err, match=f"row {row!r}"):
         pool.free(row)
 
 
@@ -190,3 +191,22 @@ def test_a_request_listed_twice_is_refused_before_taking_rows():
     with pytest.raises(ValueError, match="Req\\('r'.*appears twice"):
         pool.alloc([r, r])
     assert pool.available_size() == 4 and r.kv.req_pool_idx is None
+
+
+def test_a_request_claiming_a_free_or_foreign_row_is_refused_and_write_needs_rows():
+    pool = ReqToTokenPool(4, 4)
+    a, b = Req("a"), Req("b")
+    pool.alloc([a])
+    a.kv.kv_allocated_len = 2  # a chunked prefill that wrote KV keeps its row
+    assert pool.alloc([a]) == [a.kv.req_pool_idx]
+    free_row = pool.free_slots[-1]
+    for claim in (free_row, a.kv.req_pool_idx, 0, 9):  # a free row, another request's, padding, past the pool
+        b.kv.req_pool_idx, b.kv.kv_allocated_len = claim, 2
+        before = (list(pool.free_slots), bytes(pool._row_free))
+        with pytest.raises(ValueError, match=f"claims row {claim}"):
+            pool.alloc([b])
+        assert (list(pool.free_slots), bytes(pool._row_free)) == before
+    table = pool.req_to_token.clone()
+    with pytest.raises(TypeError, match="every row"):
+        pool.write(None, 7)
+    assert torch.equal(pool.req_to_token, table)

@@ -16,8 +16,8 @@ T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 def books(a):
     """Both sides' free lists and the map, to show a refusal changed nothing."""
     s = a.swa_attn_allocator
-    return [t.clone() for t in (a.full_attn_allocator.free_pages, a.full_attn_allocator.release_pages,
-                                s.free_pages, s.release_pages, a.full_to_swa_index_mapping)]
+    return [t.clone() for t in (a.full_attn_allocator.free_pages, a.full_attn_allocator.get_all_free_pages(),
+                                s.free_pages, s.get_all_free_pages(), a.full_to_swa_index_mapping)]
 
 
 def unchanged(a, before):
@@ -371,7 +371,7 @@ def check_ledgers(a, held, evicted):
     swa_held = {s // ps for s in swa_ids}
     for side, held_pages, n in ((a.full_attn_allocator, full_held, a.size_full // ps),
                                 (a.swa_attn_allocator, swa_held, a.size_swa // ps)):
-        free = torch.cat((side.free_pages, side.release_pages)).tolist()
+        free = side.get_all_free_pages().tolist()
         assert 0 not in free and len(set(free)) == len(free) and not set(free) & held_pages
         assert len(free) + len(held_pages) == n, "free + held != capacity"
     for rid, slots in held.items():  # released positions map to nothing, the rest to an SWA slot

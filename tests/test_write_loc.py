@@ -30,7 +30,8 @@ def test_for_batch_carries_the_batch_mark_to_every_id():
 
 
 @pytest.mark.parametrize("make, err, match", [
-    (lambda: KVWriteLoc([1, 2]), TypeError, "loc must be a tensor"),
+    (lambda: KVWriteLoc([1, 2]), TypeError, "loc must be a torch.Tensor"),
+    (lambda: KVWriteLoc(T(1, 2).view(1, 2)), ValueError, "loc must have 1 dimension"),
     (lambda: KVWriteLoc(torch.tensor([1.0])), TypeError, "int32/int64"),
     (lambda: KVWriteLoc(T(1, 2), swa_loc=T(1)), ValueError, "swa_loc has 1 ids for 2 tokens"),
     (lambda: KVWriteLoc(T(1, 2), full_loc=T(1)), ValueError, "full_loc has 1 ids for 2 tokens"),

@@ -209,9 +209,9 @@ ns = PagedTokenToKVPoolAllocator(32, P, need_sort=True)  # 8 pages
 held = ns.alloc(24)  # pages 1..6 held, 7 and 8 free
 ns.free(held[4:8])  # page 2 staged
 t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-print("free", ns.free_pages.tolist(), "staged", ns.release_pages.tolist())
+print("free", ns.free_pages.tolist(), "staged", [s.tolist() for s in ns.staged_pages], ns.num_staged_pages)
 print("a 16-token prefill (4 pages) ->", ns.alloc_extend(t([0]), t([0]), t([16]), t([16]), t([-1]), 16))
-print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.release_pages.tolist())
+print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.staged_pages, ns.num_staged_pages)
 
 # %% [markdown]
 # ## memlab and SGLang, stream by stream
@@ -247,7 +247,6 @@ print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.re
 # | bad ids | `free` refuses page 0 and ids past the pool at once (ids on the CPU, or debug mode) | no check | a learner's bug gets a message, not a corrupt list |
 # | double free | debug mode keeps a ledger of held pages and names the page freed twice | debug mode asserts that no page is on the free list twice | the same bug, caught with its page number |
 # | `free_segment` in debug mode | checks that every `P`-th slot starts a page | compares the page set with `unique(slot // P)` | same guarantee |
-# | staged pages (`need_sort`) | one tensor, `release_pages` (the name SGLang's token allocator uses) | a list of tensors, `staged_pages`, and their count, `num_staged_pages` | one staging area for both allocators |
 # | decode page count at `P = 1` | counts every token (each opens a page) | the paged class counts none (`seq_len % 1 == 1` never holds); SGLang uses the token allocator there | memlab's paged class stays correct at every page size |
 #
 # Everything else on this page (which page goes where, when, in which order) is SGLang's.

@@ -92,7 +92,7 @@ class _SGLangBooks:
         slots = release_kv_row(self.pool, self.allocator, self.reqs.pop(r.rid))
         n, ps = len(slots), self.allocator.page_size
         units = len(torch.unique(slots // ps))
-        head = units if self.allocator.prepend_on_free else 0
+        head = units if ps > 1 else 0  # the paged allocator frees to the head (LIFO), the token one to the tail
         return ComparisonRow(self.engine, r.rid, n, slots.tolist(), units * ps, units * ps - n,
                              "slot" if ps == 1 else "page", head, units - head)
 

@@ -661,7 +661,7 @@ class Engine:
             self.allocator.check_books()
             return
         owned, cached, shared = self.page_books()
-        free = torch.cat((self.allocator.free_pages, self.allocator.release_pages)).tolist()
+        free = self.allocator.get_all_free_pages().tolist()
         both = cached & set(owned)
         assert not both, f"pages {sorted(both)} are cached and owned"
         used = set(free) & (cached | set(owned))

@@ -168,8 +168,7 @@ def free_kv_row_segments(allocator, segments, *, swa_evicted_seqlen: int = 0, sw
 
     With a sliding window, positions ``[swa_dead_lo, swa_evicted_seqlen)`` already gave their SWA
     slots back (``release_out_of_window``): that part goes back on the full side only
-    (``free_full_segment``), the rest on both sides (``free_segment``). memlab's allocators have no
-    ``free_segments``; this loop is it."""
+    (``free_full_segments``), the rest on both sides (``free_segments``)."""
     dead_lo, dead_hi = swa_dead_lo, max(swa_evicted_seqlen, swa_dead_lo)
     dead, alive = [], []
     for slots, start_pos in segments:
@@ -186,12 +185,10 @@ def free_kv_row_segments(allocator, segments, *, swa_evicted_seqlen: int = 0, sw
     if dead and alive:  # two separate frees: a page split between them would be freed twice
         assert swa_evicted_seqlen % allocator.page_size == 0, \
             f"SWA eviction cursor {swa_evicted_seqlen} splits a page (page_size {allocator.page_size})"
-    for slots, start_pos in dead:
-        if slots.numel():
-            allocator.free_full_segment(slots, start_pos=start_pos)
-    for slots, start_pos in alive:
-        if slots.numel():
-            allocator.free_segment(slots, start_pos=start_pos)
+    if dead:
+        allocator.free_full_segments(dead)
+    if alive:
+        allocator.free_segments(alive)
 
 
 def free_kv_row(req_to_token_pool, allocator, kv: ReqKvInfo, ranges, swa_evicted_seqlen: int = 0) -> None:

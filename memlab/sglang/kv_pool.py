@@ -71,7 +71,7 @@ class KVCache:
                  start_layer: int | None = None, end_layer: int | None = None):
         start_layer = 0 if start_layer is None else start_layer
         end_layer = start_layer + layer_num - 1 if end_layer is None else end_layer
-        _checks.kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
+        _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
         self.size, self.page_size, self.layer_num = size, page_size, layer_num
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -79,8 +79,16 @@ class KVCache:
         self.store_dtype = torch.uint8 if dtype in FP8_DTYPES else dtype
         self.start_layer, self.end_layer = start_layer, end_layer
 
+    def _write_ids(self, loc) -> torch.Tensor:
+        """The slots a write goes to. A KVWriteLoc (chapters 07 to 09) is read by its generic ids
+        ``loc`` (read by its field, so this chapter-02 module imports no later one); a pool with
+        virtual ids takes only one marked physical."""
+        if self.requires_physical_write_loc:
+            _checks.physical_write_loc(loc, f"{type(self).__name__}.set_kv_buffer")
+        return loc if isinstance(loc, torch.Tensor) else getattr(loc, "loc", loc)
+
     def _local(self, layer_id: int) -> int:
-        _checks.layer_id(self, layer_id)
+        _check_layer_id(self, layer_id)
         return layer_id - self.start_layer
 
     def _view(self, t: torch.Tensor) -> torch.Tensor:
@@ -149,7 +157,8 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
         """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
+        loc = self._write_ids(loc)
+        _check_kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
                                cache_v=(cache_v, (self.head_num, self.v_head_dim), "head_num, v_head_dim"))
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
         self.v_buffer[i][loc] = self._store(cache_v, v_scale)
@@ -186,7 +195,8 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None) -> None:
         """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
+        loc = self._write_ids(loc)
+        _check_kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
         self.kv_buffer[i][loc] = self._store(cache_k, k_scale)
 
 
@@ -214,7 +224,8 @@ class MHATokenToKOnlyPool(KVCache):
 
     def set_k_buffer(self, layer_id, loc, cache_k, k_scale=None) -> None:
         i = self._local(getattr(layer_id, "layer_id", layer_id))
-        loc = _checks.kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"))
+        loc = self._write_ids(loc)
+        _check_kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"))
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
 
     def get_value_buffer(self, layer_id: int):
@@ -242,7 +253,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
                  index_head_dim: int = 128, start_layer=None, end_layer=None):
         super().__init__(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device,
                          start_layer, end_layer)
-        _checks.dsa_index_head_dim(index_head_dim)
+        _check_dsa_index_head_dim(index_head_dim)
         self.index_head_dim = index_head_dim
         num_pages = (size + page_size + 1) // page_size  # SGLang's IndexKeyCache: the padding page, rounded
         row = page_size * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
@@ -262,3 +273,48 @@ class DSATokenToKVPool(MLATokenToKVPool):
     def host_pool_decls(self) -> tuple:
         raise NotImplementedError("memlab's HiCache (chapter 11) mirrors MHA and MLA pools; SGLang declares the "
                                   "indexer keys as a pool of their own (pool_host/dsa.py), memlab does not")
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_kv_cache(size, page_size, dtype, layer_num, start_layer: int, end_layer: int) -> None:
+    _checks.positive_ints(size=size, page_size=page_size, layer_num=layer_num)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"a KV pool stores floating-point K/V: dtype {dtype} is not one (float16, bfloat16, float32, fp8)")
+    if end_layer - start_layer + 1 != layer_num or start_layer < 0:
+        raise ValueError(f"layers {start_layer}..{end_layer} do not make {layer_num} layers")
+
+
+def _check_dsa_index_head_dim(index_head_dim) -> None:
+    _checks.positive_ints(index_head_dim=index_head_dim)
+    if index_head_dim != 128:  # SGLang's DSATokenToKVPool asserts it: one head of 128 for DeepSeek's indexer
+        raise ValueError(f"the DSA indexer keeps one key of 128 values per token and layer, got {index_head_dim}")
+
+
+def _check_layer_id(pool, layer_id) -> None:
+    if not pool.start_layer <= layer_id <= pool.end_layer:
+        raise IndexError(f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})")
+
+
+def _check_kv_write(pool, loc, **rows) -> None:
+    """A pool's write door: slot ids ``loc`` and the rows to write, each given as
+    ``name=(tensor, row shape the pool stores, names of its dims)``."""
+    where = f"{type(pool).__name__}.set_kv_buffer"
+    _checks.plain_loc(loc, where)
+    _checks.index_tensor("loc", loc, pool.device, owner="pool")
+    n = loc.numel()
+    for name, (x, row_shape, dims) in rows.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a tensor, got {type(x).__name__}")
+        if tuple(x.shape[1:]) != tuple(row_shape):
+            raise ValueError(f"{where}: {name} has shape {tuple(x.shape)}; this pool stores rows of "
+                             f"(tokens, {dims}) = (tokens, {', '.join(map(str, row_shape))})")
+        if x.shape[0] != n:
+            raise ValueError(f"{n} slots for {x.shape[0]} tokens")
+    if loc.device.type == "cpu" and n:  # on a GPU this check would cost a sync per write
+        bad = ((loc < 0) | (loc >= pool.size + pool.page_size)).nonzero()
+        if len(bad):
+            i = bad[0].item()
+            raise ValueError(f"token {i} has slot {loc[i].item()}, outside 0..{pool.size + pool.page_size - 1}")

@@ -46,9 +46,7 @@ class MambaSlotAllocator:
     __slots__ = ("size", "device", "debug_mode", "free_slots")
 
     def __init__(self, size: int, device="cpu", debug_mode: bool = False):
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"size must be a positive int, got {size!r}")
-        self.size, self.device, self.debug_mode = size, resolve_device(device), debug_mode
+        self.size, self.device, self.debug_mode = _checks.integer("size", size, 1), resolve_device(device), debug_mode
         self.clear()
 
     def clear(self) -> None:
@@ -59,8 +57,7 @@ class MambaSlotAllocator:
         return self.free_slots.numel()
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
-            raise ValueError(f"need_size must be an int >= 0, got {need_size!r}")
+        need_size = _checks.integer("need_size", need_size, 0)
         if need_size > self.free_slots.numel():
             return None
         out = self.free_slots[:need_size]
@@ -98,7 +95,9 @@ class MambaPool:
     def __init__(self, size: int, num_mamba_layers: int, conv_state_shape: Sequence[Sequence[int]],
                  temporal_state_shape: Sequence[int], conv_dtype: torch.dtype = torch.bfloat16,
                  ssm_dtype: torch.dtype = torch.float32, device="cpu"):
-        _checks.mamba_layers(num_mamba_layers, conv_state_shape)
+        _checks.integer("num_mamba_layers (at least one mamba layer)", num_mamba_layers, 1)
+        if len(conv_state_shape) == 0:
+            raise ValueError("conv_state_shape lists the conv-state components: at least one shape")
         self.size, self.device = size, resolve_device(device)
         self.num_mamba_layers = num_mamba_layers
         self.conv = [torch.zeros((num_mamba_layers, size + 1, *shape), dtype=conv_dtype, device=self.device)

@@ -8,6 +8,7 @@ that these books read.
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable
 
 import torch
@@ -116,7 +117,7 @@ class ReqToTokenPool:
     """``size`` usable rows (1..size) plus padding row 0, each ``max_context_len`` slots wide."""
 
     def __init__(self, size: int, max_context_len: int, device="cpu"):
-        self.size, self.max_context_len = _checks.req_to_token_pool(size, max_context_len)
+        self.size, self.max_context_len = _checks.integer("size", size, 1), _checks.integer("max_context_len", max_context_len, 1)
         self.device = resolve_device(device)
         self.req_to_token = torch.zeros((self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device)
         # Bumped on every allocation and never reset (not even by clear): an asynchronous reader
@@ -128,13 +129,14 @@ class ReqToTokenPool:
         # Allocation takes from the tail (O(k)); which row a request gets does not matter.
         self.free_slots = list(range(1, self.size + 1))
         self._row_free = bytearray([0]) + bytearray([1]) * self.size  # O(1) double-free check
+        self._row_owner: list = [None] * (self.size + 1)  # the Req given each row by alloc (memlab's check)
 
     def available_size(self) -> int:
         return len(self.free_slots)
 
     def alloc_rows(self, n: int) -> list[int] | None:
         """Take ``n`` rows, all or nothing (``None`` when short); bump their generations."""
-        n = _checks.alloc_rows(n)
+        n = _checks.integer("n (rows to allocate)", n, 0)
         if n > len(self.free_slots):
             return None
         if n == 0:
@@ -149,7 +151,7 @@ class ReqToTokenPool:
     def alloc(self, reqs: Iterable[Req]) -> list[int] | None:
         """Give each new request a row; a request continuing a chunked prefill keeps its row."""
         reqs = list(reqs)
-        _validate_alloc(reqs)
+        self._check_alloc(reqs)
         new = [r for r in reqs if not r.kv.holds_kv]
         rows = self.alloc_rows(len(new))
         if rows is None:
@@ -157,33 +159,44 @@ class ReqToTokenPool:
         gens = self.req_generation[rows].tolist()
         for r, row, gen in zip(new, rows, gens):
             r.kv.req_pool_idx, r.generation = row, gen
+            self._row_owner[row] = r
         return [r.kv.req_pool_idx for r in reqs]
 
     def free(self, row_or_req) -> None:
         """Return a row (an int or a Req, whose ``req_pool_idx`` is then cleared)."""
         req = row_or_req if isinstance(row_or_req, Req) else None
         row = req.kv.req_pool_idx if req is not None else row_or_req
-        _checks.free_row(self, row)
+        self._check_free(row)
         row = int(row)
-        self._row_free[row] = 1
+        self._row_free[row], self._row_owner[row] = 1, None
         self.free_slots.append(row)
         if req is not None:
             req.kv.req_pool_idx = None
 
     def write(self, indices, values) -> None:
         """``req_to_token[indices] = values``; indices as for tensor indexing, e.g. (row, slice)."""
+        if indices is None:  # req_to_token[None] is the whole table
+            raise TypeError("write needs row indices, got None (it would overwrite every row)")
         self.req_to_token[indices] = values
 
+    # -- argument checks (memlab's; SGLang asserts only that a kept row already holds KV) ----------
+    def _check_alloc(self, reqs: list) -> None:
+        """Each request once; a request that keeps its row (a chunked prefill) must already own KV
+        and hold the row this pool gave it (not a free row, nor another request's)."""
+        dup = next((r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i])), None)
+        if dup is not None:
+            raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
+        for r in reqs:
+            row = r.kv.req_pool_idx
+            if r.kv.holds_kv and (r.kv.kv_allocated_len <= 0 or not isinstance(row, int)
+                                  or not 0 < row <= self.size or self._row_owner[row] is not r):
+                raise ValueError(f"{r!r} claims row {row!r}, which this pool did not give it, or owns no KV yet: "
+                                 "only a chunked prefill that already wrote KV keeps its row")
 
-# -- argument checks at the boundary ----------------------------------------------------------
-
-def _validate_alloc(reqs: list) -> None:
-    """Each request once; a request that keeps its row (a chunked prefill) must already own KV
-    (SGLang asserts the second)."""
-    if len({id(r) for r in reqs}) != len(reqs):
-        dup = next(r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i]))
-        raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
-    for r in reqs:
-        if r.kv.holds_kv and r.kv.kv_allocated_len <= 0:
-            raise ValueError(f"{r!r} holds row {r.kv.req_pool_idx} but owns no KV yet: "
-                             "only a chunked prefill that already wrote KV may keep its row")
+    def _check_free(self, row) -> None:
+        if isinstance(row, bool) or not isinstance(row, numbers.Integral):
+            raise TypeError(f"cannot free row {row!r}: a row is an int")
+        if not 1 <= row <= self.size:
+            raise ValueError(f"cannot free row {row}: rows are 1..{self.size} (row 0 is padding)")
+        if self._row_free[row]:
+            raise ValueError(f"double free: row {row} is already free")

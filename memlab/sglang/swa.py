@@ -16,6 +16,7 @@ import torch
 
 from memlab.common import _checks
 from memlab.sglang.allocator import BaseTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.common.env import resolve_device
 from memlab.sglang.kv_pool import MHATokenToKVPool
@@ -56,7 +57,7 @@ class SWAKVPool:
         self.dtype, self.device = dtype, self.full_kv_pool.device
 
     def _layer(self, layer_id: int):
-        _checks.swa_layer(self, layer_id)
+        _check_swa_layer(self, layer_id)
         i, is_swa = self.layers_mapping[layer_id]
         return (self.swa_kv_pool if is_swa else self.full_kv_pool), i, is_swa
 
@@ -99,7 +100,7 @@ class SWATokenToKVPoolAllocator:
     def __init__(self, size: int, size_swa: int | None, page_size: int, dtype=torch.float16, device="cpu",
                  kvcache: SWAKVPool | None = None, need_sort: bool = False, debug_mode: bool = False,
                  req_to_token_pool=None, swa_req_ring_size: int | None = None, backend: str = "torch"):
-        _checks.swa_allocator(kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool)
+        _check_swa_allocator(kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool)
         if kvcache is not None and swa_req_ring_size is None:
             swa_req_ring_size = kvcache.swa_req_ring_size  # the pool's ring, unless one is asked for
         self.page_size, self.device = page_size, resolve_device(device)
@@ -125,7 +126,7 @@ class SWATokenToKVPoolAllocator:
             self.swa_attn_allocator = make(size_swa, swa_pool)
             self._size_swa = size_swa
         if kvcache is not None:
-            _checks.swa_kvcache_sizes(self, kvcache)
+            _check_swa_kvcache_sizes(self, kvcache)
         # size + page_size rows (as in the KV buffers) and a trailing -1: a request with no prefix
         # has last_loc = -1, and mapping[-1] = -1 hands the SWA side the same "no prefix" mark.
         self.full_to_swa_index_mapping = torch.cat((
@@ -217,13 +218,15 @@ class SWATokenToKVPoolAllocator:
 
     # -- ids for the pools ------------------------------------------------------------------
     def translate_loc_from_full_to_swa(self, full_loc: torch.Tensor) -> torch.Tensor:
-        _checks.swa_not_ring(self, "translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()")
+        if self._swa_req_ring:
+            raise ValueError("ring mode: translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()")
         return self.full_to_swa_index_mapping[full_loc]
 
     def ring_loc(self, req_pool_indices: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Ring mode: the SWA slot of each (row, position); the first page is padding, and padded
         batch entries (row 0) land there, not in another row's ring."""
-        _checks.swa_ring(self, "ring_loc needs the per-request ring mode")
+        if not self._swa_req_ring:
+            raise ValueError("ring_loc needs the per-request ring mode")
         c, ps = self.swa_ring_cost, self.page_size
         row, pos = req_pool_indices.to(torch.int64), positions.to(torch.int64)
         return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
@@ -232,7 +235,7 @@ class SWATokenToKVPoolAllocator:
         """The batch's write location with its SWA-side ids (SGLang's attention backend builds it
         once per batch: ``KVWriteLoc.for_batch(forward_batch, swa_loc=...)``)."""
         if self._swa_req_ring:
-            _checks.swa_ring_write_loc(req_pool_indices, positions)
+            _check_swa_ring_write_loc(req_pool_indices, positions)
             swa = self.ring_loc(req_pool_indices, positions)
         else:
             swa = self.translate_loc_from_full_to_swa(out_cache_loc)
@@ -278,7 +281,7 @@ class SWATokenToKVPoolAllocator:
     def free_swa_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free_swa`` for a page-aligned run of one request's slots (positions from ``start_pos``):
         one slot per page names the SWA page, no dedup."""
-        _checks.swa_segment(self, start_pos)
+        _check_swa_segment(self, start_pos)
         if self._swa_req_ring or free_index.numel() == 0:
             return
         ps = self.page_size
@@ -295,7 +298,7 @@ class SWATokenToKVPoolAllocator:
 
     def free(self, free_index: torch.Tensor) -> None:
         """Free both sides: SWA first (it reads the map), then full."""
-        _checks.swa_free(self, free_index)
+        _check_swa_free(self, free_index)
         if free_index.numel() == 0:
             return
         self.free_swa(free_index)
@@ -303,20 +306,29 @@ class SWATokenToKVPoolAllocator:
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free`` for a page-aligned run of one request's slots: both sides without a dedup."""
-        _checks.swa_free(self, free_index)
+        _check_swa_free(self, free_index)
         _checks.free_segment(self.full_attn_allocator, free_index, start_pos)  # before either side changes
         self.free_swa_segment(free_index, start_pos)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         """Free full-side slots whose SWA peers are already gone (released out of window)."""
-        _checks.swa_free(self, free_index)
+        _check_swa_free(self, free_index)
         self.full_attn_allocator.free(free_index)
 
     def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free_full`` for a page-aligned run: how a finished request's out-of-window part goes back."""
-        _checks.swa_free(self, free_index)
+        _check_swa_free(self, free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos)
+
+    def free_segments(self, segments) -> None:
+        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments) -> None:
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_full_segment(free_index, start_pos=start_pos)
 
     def free_group_begin(self) -> None:
         """The full side queues in its own group; the SWA side's frees queue here, as SGLang's do."""
@@ -348,7 +360,7 @@ class SWATokenToKVPoolAllocator:
         so that a cached key ending at the last page boundary still has a whole window of live
         SWA. The released run ends on a page boundary.
         """
-        _checks.swa_release(self, swa_evicted_len, cache_protected_len)
+        _check_swa_release(self, swa_evicted_len, cache_protected_len)
         ps = self.page_size
         if pre_len - sliding_window < swa_evicted_len + 1:
             return swa_evicted_len  # nothing new is out of the window
@@ -388,3 +400,75 @@ class SWATokenToKVPoolAllocator:
         if full_shortfall or swa_shortfall:
             tree_cache.evict(max(full_shortfall, swa_shortfall))
         return None
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_swa_layer(pool, layer_id) -> None:
+    if layer_id not in pool.layers_mapping:
+        raise IndexError(f"layer {layer_id} is in neither sub-pool (layers: {sorted(pool.layers_mapping)})")
+
+
+def _check_swa_allocator(kvcache, pool_type, size_swa, swa_req_ring_size, req_to_token_pool) -> None:
+    if kvcache is not None and not isinstance(kvcache, pool_type):
+        raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
+    if kvcache is not None and swa_req_ring_size is None:
+        swa_req_ring_size = kvcache.swa_req_ring_size
+    if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
+        raise ValueError(f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
+                         f"with ring size {kvcache.swa_req_ring_size}")
+    if swa_req_ring_size is not None and req_to_token_pool is None:
+        raise ValueError("per-request SWA ring: capacity is counted in request rows, "
+                         "so req_to_token_pool is required")
+    if swa_req_ring_size is None and size_swa is None:
+        raise ValueError("size_swa is required unless a per-request ring is used")
+
+
+def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
+    """The pool sizes its buffers on its own (ring mode: from num_req_rows); an allocator that
+    counts more slots than the buffers hold would hand out ids past their end."""
+    if kvcache.page_size != alloc.page_size:
+        raise ValueError(f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {alloc.page_size}")
+    for side, pool_n, own_n in (("full", kvcache.size, alloc.size_full), ("SWA", kvcache.size_swa, alloc.size_swa)):
+        if pool_n != own_n:
+            raise ValueError(f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}")
+
+
+def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
+    if req_pool_indices is None or positions is None:
+        raise ValueError("ring mode: write_loc needs req_pool_indices and positions for the SWA ids")
+
+
+def _check_swa_free(alloc, free_index) -> None:
+    """Full-side slots to free. In debug mode the full side's double-free check runs here, before
+    the SWA side gives anything back: a refused free must change neither side."""
+    mapping = alloc.full_to_swa_index_mapping
+    if not isinstance(free_index, torch.Tensor) or free_index.dtype not in _checks.INDEX_DTYPES:
+        raise TypeError(f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}")
+    if free_index.device != mapping.device:  # a concrete device: cuda:0, not cuda
+        raise ValueError(f"free_index is on {free_index.device}, the allocator on {mapping.device}")
+    ps = alloc.page_size
+    if _checks.can_read_values(alloc.debug_mode, free_index):
+        lo, hi = int(free_index.min()), int(free_index.max())
+        if lo < ps or hi >= alloc.size + ps:
+            raise ValueError(f"cannot free slot {lo if lo < ps else hi}: slots are {ps}..{alloc.size + ps - 1} "
+                             "(the first page is padding)")
+    if alloc.debug_mode and free_index.numel():
+        full = alloc.full_attn_allocator
+        pages = free_index.to(torch.int64) // ps
+        already = torch.isin(pages, full.get_all_free_pages())
+        if already.any():
+            raise ValueError(f"double free: full-side slot {int(free_index[already][0])} (page "
+                             f"{int(pages[already][0])}) is already free")
+
+
+def _check_swa_segment(alloc, start_pos) -> None:
+    if start_pos % alloc.page_size:
+        raise ValueError(f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
+                         f"multiple of page_size {alloc.page_size}")
+
+
+def _check_swa_release(alloc, swa_evicted_len, cache_protected_len) -> None:
+    for name, v in (("swa_evicted_len", swa_evicted_len), ("cache_protected_len", cache_protected_len)):
+        if v % alloc.page_size:
+            raise ValueError(f"{name} {v} is not page-aligned (page_size {alloc.page_size})")

@@ -34,7 +34,7 @@ class KVWriteLoc:
     physical: bool = False
 
     def __post_init__(self):
-        _checks.kv_write_loc(self)
+        _check_kv_write_loc(self)
         # The side ids are resolved once from the padded batch; later paths may narrow ``loc``,
         # so cut them to match (same per-token order).
         n = self.loc.shape[0]
@@ -69,11 +69,10 @@ def unwrap_write_loc(loc) -> tuple:
     return loc, None, None
 
 
-def check_physical_write_loc(loc, where: str) -> KVWriteLoc:
-    """The write door of a pool with virtual ids (``requires_physical_write_loc``): refuse anything
-    but a physically marked KVWriteLoc; the message says what to pass. A flag read, no device sync."""
-    _checks.physical_write_loc(loc, where)
-    return loc
+# The write door of a pool with virtual ids (``requires_physical_write_loc``): anything but a
+# physically marked KVWriteLoc is refused, and the message says what to pass (a flag read, no
+# device sync). It lives in the boundary, shared with the pools' write doors; it returns ``loc``.
+check_physical_write_loc = _checks.physical_write_loc
 
 
 def plain_loc(loc, where: str) -> torch.Tensor:
@@ -82,3 +81,16 @@ def plain_loc(loc, where: str) -> torch.Tensor:
     loc = unwrap_write_loc(loc)[0]
     _checks.plain_loc(loc, where)
     return loc
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_kv_write_loc(w) -> None:
+    """1-D id tensors (side ids at least as many as ``loc``: they are cut to it) and a bool mark."""
+    sides = [(name, t) for name, t in (("swa_loc", w.swa_loc), ("full_loc", w.full_loc)) if t is not None]
+    for name, t in [("loc", w.loc)] + sides:
+        _checks.index_tensor(name, t, ndim=1)  # a tensor of int32/int64 ids, 1-D
+        if t.shape[0] < w.loc.shape[0]:
+            raise ValueError(f"{name} has {t.shape[0]} ids for {w.loc.shape[0]} tokens")
+    if not isinstance(w.physical, bool):
+        raise TypeError(f"physical must be a bool, got {w.physical!r}")

@@ -162,10 +162,7 @@ class Side:
 
     # -- the books ------------------------------------------------------------------------------
     def free_list(self) -> list[int]:
-        a = self.alloc
-        if not self.theirs:
-            return torch.cat((a.free_pages, a.release_pages)).tolist()
-        return (a.get_all_free_pages() if self.ps > 1 else torch.cat((a.free_pages, a.release_pages))).tolist()
+        return self.alloc.get_all_free_pages().tolist()  # both engines' allocators have it
 
     def nodes(self) -> list:
         key = (lambda n: tuple(n.key.token_ids)) if self.theirs else (lambda n: tuple(n.key))

@@ -30,7 +30,7 @@ def read_engine(engine, caption: str, step: int, history: list) -> EngineFrame:
     """The engine's pages now; appends this step's (running, waiting, owned, cached, free) pages
     to ``history``."""
     owned, cached, shared = engine.page_books()  # the books engine.check_books audits
-    free = len(engine.allocator.free_pages) + len(engine.allocator.release_pages)
+    free = len(engine.allocator.get_all_free_pages())
     num_pages = engine.allocator.num_pages
     history.append((len(engine.running), len(engine.waiting), num_pages - free - len(cached), len(cached), free))
     owner = {page: rid_name(rid) for page, rid in owned.items()}

@@ -90,7 +90,7 @@ class SwaScene(Scene):
         sw = al.swa_attn_allocator
         new_swa = {int(mapping[s]) for s in new_slots if int(mapping[s]) > 0}
         swa = Books(caption, sw.page_size, sw.num_pages, full.row_width, tuple(rows),
-                    free_pages=tuple(sw.free_pages.tolist()), staged_pages=tuple(sw.release_pages.tolist()),
+                    free_pages=tuple(sw.free_pages.tolist()), staged_pages=tuple(sw.get_all_free_pages()[len(sw.free_pages):].tolist()),
                     new_slots=frozenset(new_swa))
         return SwaFrame(caption, full, swa, tuple(pairs), self.window, note)
 

@@ -120,12 +120,11 @@ def read_radix_books(tree, caption: str, requests=None, highlight=(), words=(), 
     free_host, host_pages = frozenset(), 0
     if host is not None:
         ha = host.allocator
-        free_host, host_pages = frozenset(torch.cat((ha.free_pages, ha.release_pages)).tolist()), ha.num_pages
+        free_host, host_pages = frozenset(ha.get_all_free_pages().tolist()), ha.num_pages
     own = {rid: frozenset(_pages(r.kv_indices[r.kv.cache_protected_len:].tolist(), ps)) for rid, r in (requests or {}).items()}
     sizes = dict(evictable=tree.evictable_size(), protected=tree.protected_size(), available=alloc.available_size(),
                  host_available=host.available_size() if host is not None else 0)
-    return RadixBooks(caption, ps, tuple(nodes), alloc.num_pages, frozenset(torch.cat((alloc.free_pages,
-                      alloc.release_pages)).tolist()), host_pages, free_host, own, frozenset(highlight), sizes,
+    return RadixBooks(caption, ps, tuple(nodes), alloc.num_pages, frozenset(alloc.get_all_free_pages().tolist()), host_pages, free_host, own, frozenset(highlight), sizes,
                       tuple(words), note)
 
 

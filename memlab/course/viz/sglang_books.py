@@ -131,11 +131,11 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
         owner, n = owners.get(row, (None, 0))
         slots = tuple(table[row, :n].tolist()) if n else ()
         rows.append(RowView(row, owner, slots, gens[row]))
-    staged = allocator.release_pages.tolist()
+    staged = allocator.get_all_free_pages()[len(allocator.free_pages):].tolist()
     if getattr(allocator, "free_group", None) is not None:  # an open group queues slots and page ids
         ps = allocator.page_size
         queued = {s // ps for t in allocator.free_group for s in t.tolist()}
-        queued |= {p for t in allocator.free_page_ids_group for p in t.tolist()}
+        queued |= {p for t in getattr(allocator, "free_page_ids_group", ()) for p in t.tolist()}  # paged only
         staged += sorted(queued)
     return Books(caption=caption, page_size=allocator.page_size, num_pages=allocator.num_pages,
                  row_width=table.shape[1], rows=tuple(rows), free_rows=tuple(req_pool.free_slots),
@@ -706,7 +706,8 @@ def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> fl
            size=12.5, weight="bold", color="#222")
     per_line = max(1, int(width // CELL))
     items = [(p, FREE, f"free_pages[{i}]") for i, p in enumerate(books.free_pages)]
-    items += [(p, STAGED, f"release_pages[{i}] (staged)") for i, p in enumerate(books.staged_pages)]
+    staged = "release_pages" if books.page_size == 1 else "staged_pages"  # the token and the paged allocator's names
+    items += [(p, STAGED, f"{staged}: {i} (staged)") for i, p in enumerate(books.staged_pages)]
     y0 = y + 20
     ps = books.page_size
     for i, (p, fill, name) in enumerate(items):

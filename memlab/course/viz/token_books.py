@@ -27,7 +27,10 @@ from memlab.course.viz.sglang_books import Scene, svg_books
 
 
 def staged_pages(allocator) -> list[int]:
-    """The pages freed but not yet on ``free_pages`` (``need_sort``): the only read of that state."""
+    """The slots (token allocator: ``release_pages``) or pages (paged: ``staged_pages``, a list of
+    tensors) freed but not yet on ``free_pages``: the only read of that state."""
+    if isinstance(allocator, PagedTokenToKVPoolAllocator):
+        return torch.cat(allocator.staged_pages).tolist() if allocator.staged_pages else []
     return allocator.release_pages.tolist()
 
 

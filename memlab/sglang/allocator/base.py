@@ -1,9 +1,15 @@
-"""What the allocators share (sglang/srt/mem_cache/allocator/base.py): free pages, staged frees, groups.
+"""What the allocators share (sglang/srt/mem_cache/allocator/base.py): the books, free groups, segments.
 
-Ids are page ids; with page_size 1 a page is a slot. Page 0 is padding and never free.
-Each public method hands its arguments to its validator in ``memlab.common._checks`` (the boundary),
-then runs the algorithm as SGLang 0.5.23 does. In ``debug_mode`` a ledger of held pages catches
-a page handed out twice or freed twice (SGLang's debug mode asserts that no page is free twice).
+Ids are page ids; with page_size 1 a page is a slot. Page 0 is padding and never free. As in
+SGLang, each subclass owns its free path (``token.py``, ``paged.py``); the base holds what both
+use: capacity, free groups, segment frees and the debug-mode ledger.
+
+``debug_mode`` is read on every call, as SGLang reads it: turning it on later works. memlab's
+debug mode keeps a ledger of held pages (SGLang's asserts that no page is free twice and that
+handed-out slots are unique; the ledger also names the page handed out twice or freed twice). It
+is built from the free list the first time it is needed, so it costs nothing while debug mode is
+off, and is dropped whenever debug mode is switched (a ledger kept across an off spell would be
+stale).
 """
 
 from __future__ import annotations
@@ -16,137 +22,102 @@ from memlab.common.utils import ceil_div
 
 
 class BaseTokenToKVPoolAllocator:
-    prepend_on_free = False  # where released pages go: see the subclasses for why
-
     def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
                  need_sort: bool = False, debug_mode: bool = False):
-        self.size, self.page_size = _checks.allocator(size, page_size)
+        self.size, self.page_size = _check_allocator(size, page_size)
         self.num_pages = self.size // self.page_size
         self.dtype, self.device = dtype, resolve_device(device)
         self._kvcache, self.need_sort, self.debug_mode = kvcache, need_sort, debug_mode
-        self.clear()
+        self.free_group = None  # None: free at once; a list: hold the frees until free_group_end()
 
-    # -- the books -------------------------------------------------------------------------
-    def clear(self) -> None:
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.free_group = None  # while a group is open: the raw slot tensors of its free() calls
-        self.free_page_ids_group = []  # ... and the page ids of its free_page_ids()/free_segment() calls
-        if self.debug_mode:
-            self._held = torch.zeros(self.num_pages + 1, dtype=torch.bool)  # debug-only ledger
+    @property
+    def debug_mode(self) -> bool:
+        return self._debug_mode
 
-    def available_size(self) -> int:
-        # Staged pages are free too; leaving them out would trigger needless merges.
-        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+    @debug_mode.setter
+    def debug_mode(self, on: bool) -> None:
+        self._debug_mode, self._held = bool(on), None  # the ledger is rebuilt on first use
+
+    @property
+    def size_full(self) -> int:
+        return self.size
 
     def get_kvcache(self):
         return self._kvcache
+
+    def get_all_free_pages(self) -> torch.Tensor:
+        """The free list and the staged frees together (the debug census)."""
+        return torch.cat((self.free_pages, self.release_pages)) if len(self.release_pages) else self.free_pages
 
     def page_id_range(self) -> tuple[int, int]:
         """The first and last page id this allocator hands out (page 0 is padding)."""
         return 1, self.num_pages
 
-    def merge_and_sort_free(self) -> None:
-        """Fold staged frees into the free list and sort it, so later runs of pages are contiguous."""
-        if len(self.release_pages):
-            self.free_pages = torch.sort(torch.cat((self.free_pages, self.release_pages))).values
-            self.release_pages = self.release_pages[:0]
-
-    # -- taking pages ----------------------------------------------------------------------
-    def _take(self, num_pages: int) -> torch.Tensor:
-        pages, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]
-        if self.debug_mode:
-            _checks.debug_taken(self, pages)
-        return pages
-
-    def alloc(self, need_size: int) -> torch.Tensor | None:
-        """``need_size`` slots in whole pages from the head of the free list, or None when short."""
-        need_size = _checks.alloc(self, need_size)
-        num_pages = need_size // self.page_size
-        if num_pages > len(self.free_pages):
-            self.merge_and_sort_free()  # staged pages may cover it (a no-op without need_sort)
-        if num_pages > len(self.free_pages):
-            return None
-        pages = self._take(num_pages)
-        if self.page_size == 1:
-            return pages
-        offs = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
-        return (pages[:, None] * self.page_size + offs).reshape(-1)
-
-    # -- giving pages back -----------------------------------------------------------------
-    def free(self, free_index: torch.Tensor) -> None:
-        """Give back the pages under these slots; inside a free group, only queue the slots.
-
-        A group queues the raw slots and removes duplicate pages once, at ``free_group_end``:
-        two frees of one group that touch the same page (a request freed in two pieces) must
-        release it once.
-        """
-        _checks.free(self, free_index)
-        if free_index.numel() == 0:
-            return
-        if self.free_group is None:
-            self._release_page_ids(self._pages_of(free_index))
-        else:
-            self.free_group.append(free_index.clone())  # the caller may reuse its buffer before the end
-
-    def _pages_of(self, free_index: torch.Tensor) -> torch.Tensor:
-        """The distinct pages under these slots."""
-        raise NotImplementedError
-
-    def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Release distinct page ids (the caller guarantees no duplicates); queued inside a group."""
-        _checks.free_page_ids(self, page_ids)
-        if page_ids.numel() == 0:
-            return
-        if self.free_group is None:
-            self._release_page_ids(page_ids.to(torch.int64))
-        else:
-            self.free_page_ids_group.append(page_ids.to(torch.int64).clone())
-
-    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        """Free a contiguous run of a request's slots that starts on a page boundary, without the dedup.
-
-        ``start_pos`` is the run's first token position in the request. Aligned and contiguous,
-        every page_size-th slot is the first slot of a distinct page.
-        """
-        _checks.free_segment(self, free_index, start_pos)
-        if free_index.numel() == 0:
-            return
-        self.free_page_ids(free_index[:: self.page_size].to(torch.int64) // self.page_size)
-
-    def _release_page_ids(self, page_ids: torch.Tensor) -> None:
-        if self.debug_mode:
-            _checks.debug_released(self, page_ids)
-        if self.need_sort:
-            self.release_pages = torch.cat((self.release_pages, page_ids))
-        elif self.prepend_on_free:
-            self.free_pages = torch.cat((page_ids, self.free_pages))
-        else:
-            self.free_pages = torch.cat((self.free_pages, page_ids))
-        if self.debug_mode:
-            self.check_books()
-
+    # -- free groups: hold the frees, release them at once -------------------------------------
     def free_group_begin(self) -> None:
-        """Queue frees until free_group_end, then release them in one concatenation."""
         _checks.free_group_begin(self)
-        self.free_group, self.free_page_ids_group = [], []
+        self.free_group = []
 
     def free_group_end(self) -> None:
-        """Release the group: its slots' pages, deduplicated once over the whole group, then the
-        page ids queued by ``free_page_ids``/``free_segment``. In debug mode a page freed twice
-        within the group is caught here; the group is then closed with its pages not released
-        (SGLang's debug assert fires at the same point: the books are suspect either way)."""
         _checks.free_group_end(self)
-        group, page_ids = self.free_group, self.free_page_ids_group
-        self.free_group, self.free_page_ids_group = None, []
-        if group:
-            self._release_page_ids(self._pages_of(torch.cat(group)))
-        if page_ids:
-            self._release_page_ids(torch.cat(page_ids))
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.free(torch.cat(pending))
+
+    # -- segments of a request's row ---------------------------------------------------------
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Full-attention slots whose SWA partners are already back: one pool has no SWA side."""
+        self.free(free_index)
+
+    def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        """Free ``row[start_pos : start_pos + n]`` of one request; ``start_pos`` is page-aligned."""
+        _checks.free_segment(self, free_index, start_pos)
+        self.free(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
+        _checks.free_segment(self, free_index, start_pos)
+        self.free_full(free_index)
+
+    def free_segments(self, segments) -> None:
+        """Free several ``(slots, start_pos)`` segments of one request's row: ascending, each
+        starting on a page boundary, no two sharing a page, so every page is released once."""
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments) -> None:
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_full_segment(free_index, start_pos=start_pos)
+
+    # -- debug mode: the ledger of held pages --------------------------------------------------
+    def _ledger(self) -> torch.Tensor:
+        """Which page ids are held: everything that is neither free nor padding."""
+        if self._held is None:
+            self._held = torch.ones(self.page_id_range()[1] + 1, dtype=torch.bool)
+            self._held[0] = False
+            self._held[self.get_all_free_pages().cpu()] = False
+        return self._held
+
+    def _debug_take(self, pages: torch.Tensor) -> None:
+        held, p = self._ledger(), pages.cpu()
+        assert not (held[p] | (p == 0)).any(), \
+            f"{_checks.unit(self)} {p[held[p] | (p == 0)][0].item()} handed out while held (or padding): corrupt free list"
+        held[p] = True
+
+    def _debug_release(self, page_ids: torch.Tensor) -> None:
+        """Refuse a double free before anything changes, then mark the pages free."""
+        held, p = self._ledger(), page_ids.cpu()
+        uniq, counts = torch.unique(p, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"double free: {_checks.unit(self)} {uniq[counts > 1][0].item()} is freed twice in one release")
+        if not held[p].all():
+            raise ValueError(f"double free: {_checks.unit(self)} {p[~held[p]][0].item()} is already free")
+        held[p] = False
 
     def check_books(self) -> None:
         """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
-        _checks.allocator_books(self)
+        free, held = self.get_all_free_pages().cpu(), int(self._ledger().sum())
+        assert not (free == 0).any() and len(torch.unique(free)) == len(free) and len(free) + held == self.num_pages, \
+            f"books: padding on the free list, a {_checks.unit(self)} on it twice, or {len(free)} free + {held} held != {self.num_pages}"
 
     # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py) ------------------------------
     # The scheduler asks these of any allocator, without branching on its type; composites (the
@@ -191,3 +162,24 @@ class BaseTokenToKVPoolAllocator:
         if shortfall > 0:
             tree_cache.evict(shortfall)
         return None
+
+
+def page_disjoint(segments, page_size: int):
+    """The non-empty segments, each checked to start on a page past the previous one's last."""
+    prev_end = None
+    for free_index, start_pos in segments:
+        if free_index.numel() == 0:
+            continue
+        assert prev_end is None or start_pos // page_size > (prev_end - 1) // page_size, \
+            f"segment at {start_pos} shares a page with the one ending at {prev_end}"
+        prev_end = start_pos + free_index.numel()
+        yield free_index, start_pos
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_allocator(size, page_size) -> tuple[int, int]:
+    size, page_size = _checks.integer("size", size, 1), _checks.integer("page_size", page_size, 1)
+    if size // page_size < 1:
+        raise ValueError(f"size {size} holds no whole page of {page_size} slots")
+    return size, page_size

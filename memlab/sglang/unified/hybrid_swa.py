@@ -17,12 +17,15 @@ pages for a page-aligned run).
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from memlab.common import _checks
 from memlab.common.sizing import estimate_swa_kv_tokens
 from memlab.common.utils import ceil_div
 from memlab.sglang.allocator import BaseTokenToKVPoolAllocator
+from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.sglang.unified.pool import UnifiedKVPool
 from memlab.sglang.unified.sub_pool import MultiEndedAllocator
@@ -216,6 +219,15 @@ class UnifiedSWATokenToKVPoolAllocator:
         _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
         self.free_full(free_index)
 
+    def free_segments(self, segments) -> None:
+        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segments(self, segments) -> None:
+        for free_index, start_pos in page_disjoint(segments, self.page_size):
+            self.free_full_segment(free_index, start_pos=start_pos)
+
     def free_group_begin(self) -> None:
         _checks.free_group_begin(self)
         self.free_group = []
@@ -231,7 +243,7 @@ class UnifiedSWATokenToKVPoolAllocator:
         fa, sa = self.full_attn_allocator, self.swa_attn_allocator
         fa.check_books()
         sa.check_books()
-        _checks.unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
+        _check_unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
 
     # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) -------------------
     # Both sides are cut from one buffer, so no per-side token budget can say what fits: each
@@ -385,3 +397,10 @@ class UnifiedSWATokenToKVPoolAllocator:
                 low = mid + 1
         return low * ps
 
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_unified_swa_books(full_v2p: torch.Tensor, swa_v2p: torch.Tensor) -> None:
+    orphan = torch.nonzero((swa_v2p[:-1] > 0) & (full_v2p[:-1] <= 0)).flatten()
+    if len(orphan):
+        raise AssertionError(f"virtual page {orphan[0].item()} holds an SWA page but no full page")

@@ -28,7 +28,7 @@ import torch
 
 from memlab.common import _checks
 from memlab.common.utils import ceil_align, ceil_div
-from memlab.sglang.kv_pool import MHATokenToKVPool
+from memlab.sglang.kv_pool import FP8_DTYPES, MHATokenToKVPool
 from memlab.sglang.page_copy import copy_pages
 from memlab.sglang.swa import SWAKVPool
 from memlab.sglang.write_loc import KVWriteLoc, unwrap_write_loc, write_loc_is_physical
@@ -50,7 +50,7 @@ class SubPoolSpec:
     grow_direction: str  # "up" (from byte 0) or "down" (from the top)
 
     def __post_init__(self):
-        _checks.sub_pool_spec(self)
+        _check_sub_pool_spec(self)
 
     def entry_bytes(self) -> int:
         """Bytes of one slot over all ``layer_num`` layers."""
@@ -74,7 +74,7 @@ class MHASubPoolSpec(SubPoolSpec):
             object.__setattr__(self, "kv_cache_dtype", self.store_dtype)
         if self.v_head_dim is None:
             object.__setattr__(self, "v_head_dim", self.head_dim)
-        _checks.mha_sub_pool_spec(self)
+        _check_mha_sub_pool_spec(self)
 
     def k_row_bytes(self) -> int:
         return self.head_num * self.head_dim * self.store_dtype.itemsize
@@ -134,7 +134,7 @@ class UnifiedKVPool:
 
     def __init__(self, *, total_bytes: int, sub_pool_specs, device="cpu", page_size: int = 1):
         specs = list(sub_pool_specs)
-        _checks.unified_kv_pool(total_bytes, specs, page_size)
+        _check_unified_kv_pool(total_bytes, specs, page_size)
         self.total_bytes, self.page_size, self.device = total_bytes, page_size, device
         # Chain order, low byte to high: the grow-up end, then the grow-down end.
         self.sub_pool_specs = sorted(specs, key=lambda s: s.grow_direction != "up")
@@ -172,7 +172,7 @@ class UnifiedKVPool:
         ``entry_bytes``: physical slot ``t``, layer ``l`` starts at byte
         ``t * entry_bytes + l * (K row + V row)`` (K), plus one K row (V)."""
         spec = self.spec(name)
-        _checks.unified_row_alignment(spec, ROW_ALIGN_BYTES)
+        _check_unified_row_alignment(spec, ROW_ALIGN_BYTES)
         size, typed = spec.store_dtype.itemsize, self._raw.view(spec.store_dtype)
         slots, stride = self._max_slots[name] // self.page_size * self.page_size, spec.entry_bytes() // size
         layer, k_row = spec.k_row_bytes() + spec.v_row_bytes(), spec.k_row_bytes()
@@ -235,7 +235,7 @@ class UnifiedSWAKVPool(SWAKVPool):
     def __init__(self, *, unified_buffer: UnifiedKVPool, full_attention_layer_ids, swa_attention_layer_ids,
                  page_size: int = 1, backend: str = "torch"):
         full_ids, swa_ids = list(full_attention_layer_ids), list(swa_attention_layer_ids)
-        _checks.unified_swa_kv_pool(unified_buffer, full_ids, swa_ids)
+        _check_unified_swa_kv_pool(unified_buffer, full_ids, swa_ids)
         self.page_size, self.swa_req_ring_size, self.unified_buffer = page_size, None, unified_buffer
         make = lambda name: UnifiedMHATokenToKVPool(unified_buffer=unified_buffer, sub_pool_name=name,  # noqa: E731
                                                     page_size=page_size, backend=backend)
@@ -260,3 +260,46 @@ class UnifiedSWAKVPool(SWAKVPool):
 
     def kv_size_bytes(self) -> int:
         return self.unified_buffer.total_bytes
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_sub_pool_spec(spec) -> None:
+    if not isinstance(spec.name, str) or not spec.name:
+        raise ValueError(f"a sub-pool needs a name, got {spec.name!r}")
+    _checks.positive_ints(layer_num=spec.layer_num)
+    if spec.grow_direction not in ("up", "down"):
+        raise ValueError(f"sub-pool {spec.name!r}: grow_direction {spec.grow_direction!r} is not 'up' or 'down' ('float' middle pool: not in memlab)")
+
+
+def _check_mha_sub_pool_spec(spec) -> None:
+    _checks.positive_ints(head_num=spec.head_num, head_dim=spec.head_dim, v_head_dim=spec.v_head_dim)
+    want = torch.uint8 if spec.kv_cache_dtype in FP8_DTYPES else spec.kv_cache_dtype
+    if spec.store_dtype != want:
+        raise ValueError(f"sub-pool {spec.name!r}: a {spec.kv_cache_dtype} cache is stored as {want}, not {spec.store_dtype}")
+
+
+def _check_unified_kv_pool(total_bytes, specs: list, page_size) -> None:
+    _checks.integer("total_bytes", total_bytes, 1), _checks.integer("page_size", page_size, 1)
+    if len({getattr(s, "name", None) for s in specs}) != len(specs):
+        raise ValueError(f"sub-pool names must be unique, got {[getattr(s, 'name', None) for s in specs]}")
+    directions = sorted(getattr(s, "grow_direction", None) for s in specs)
+    if directions != ["down", "up"]:
+        raise ValueError(f"a UnifiedKVPool needs exactly one 'up' and one 'down' sub-pool, got {directions}")
+
+
+def _check_unified_row_alignment(spec, align: int) -> None:
+    for part, nbytes in (("K", spec.k_row_bytes()), ("V", spec.v_row_bytes())):
+        if nbytes % align:
+            raise ValueError(f"the unified pool needs per-layer rows in multiples of {align} bytes; sub-pool {spec.name!r} "
+                             f"has a {nbytes}-byte {part} row. Run this model without --enable-unified-memory.")
+
+
+def _check_unified_swa_kv_pool(buffer, full_ids: list, swa_ids: list) -> None:
+    _checks.swa_kv_pool(full_ids, swa_ids, 0, None, None)
+    for name, ids in (("full", full_ids), ("swa", swa_ids)):
+        spec = buffer._specs_by_name.get(name)
+        if spec is None or not hasattr(spec, "head_num"):
+            raise ValueError(f"a UnifiedSWAKVPool needs an MHA sub-pool named {name!r}; the buffer has {sorted(buffer._specs_by_name)}")
+        if spec.layer_num != len(ids):
+            raise ValueError(f"sub-pool {name!r} holds {spec.layer_num} layers, {len(ids)} layer ids given")

@@ -27,6 +27,8 @@ of overlap scheduling, PD disaggregation and HiCache, and the capacity memos (it
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from memlab.common import _checks
@@ -50,7 +52,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     def __init__(self, *, kvcache, unified_buffer: UnifiedKVPool, sub_pool_name: str, device="cpu",
                  is_id_owner: bool, virtual_num_pages: int | None = None, page_size: int = 1,
                  debug_mode: bool = False, backend: str = "torch"):
-        _checks.multi_ended_allocator(unified_buffer, sub_pool_name, is_id_owner, virtual_num_pages, page_size)
+        _check_multi_ended_allocator(unified_buffer, sub_pool_name, is_id_owner, virtual_num_pages, page_size)
         spec = unified_buffer.spec(sub_pool_name)
         self.unified_buffer, self.sub_pool_name, self.spec = unified_buffer, sub_pool_name, spec
         self.max_slots = unified_buffer.max_slots(sub_pool_name)
@@ -82,15 +84,21 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         self.virtual_to_physical[0] = self.physical_to_virtual[0] = 0
         first = self.min_page_index if self.is_id_owner else self.num_pages  # a non-owner mints no ids
         self.free_pages = torch.arange(first, self.num_pages, dtype=torch.int64, device=self.device)
-        self.release_pages = self.free_pages[:0]
+        self.staged_pages, self.num_staged_pages = [], 0  # eager compaction stages nothing
         self.free_group, self.free_page_ids_group = None, []
-        if self.debug_mode:
-            self._held = torch.zeros(self.num_virtual_ids + 1, dtype=torch.bool)  # debug-only ledger
+        self._held = None
 
     @property
     def free_virtual_ids(self) -> torch.Tensor:
         """SGLang's name for this allocator's free list: virtual page ids, taken from the head."""
         return self.free_pages
+
+    def _ledger(self) -> torch.Tensor:
+        """Debug mode's held virtual pages: the bound ones (a non-owner's free list is the owner's)."""
+        if self._held is None:
+            self._held = torch.zeros(self.num_virtual_ids + 1, dtype=torch.bool)
+            self._held[:-1] = self.virtual_to_physical[:-1].cpu() > 0
+        return self._held
 
     def page_id_range(self) -> tuple[int, int]:
         # A non-owner frees the owner's ids, whose sink floor may end below its own.
@@ -175,7 +183,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Bind physical pages to virtual PAGE ids the owner just handed out (a non-owner: the
         SWA side of the composite). The composite has checked both sides' bytes."""
         if self.debug_mode:
-            _checks.debug_taken(self, virtual_pages.cpu())
+            self._debug_take(virtual_pages)
         self._alloc_bind(virtual_pages)
 
     def _alloc_bind(self, v_pages: torch.Tensor) -> torch.Tensor:
@@ -213,7 +221,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             raise AssertionError(f"[{self.sub_pool_name}] free of unbound virtual pages "
                                  f"{page_ids[freed_p_pages < 0].tolist()}: a double free")
         if self.debug_mode:
-            _checks.debug_released(self, page_ids.cpu())
+            self._debug_release(page_ids)
         self.virtual_to_physical[page_ids] = -1
         if self.is_id_owner:  # to the back (FIFO): where a page sits is the watermark's business, not the id's
             self.free_pages = torch.cat((self.free_pages, page_ids))
@@ -251,4 +259,40 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     def check_books(self) -> None:
         """Debug mode: v2p and p2v agree, the pages in use are one dense run at this end, and
         (an owner) every virtual page is free or bound, once."""
-        _checks.multi_ended_books(self)
+        _check_multi_ended_books(self)
+
+
+# -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
+def _check_multi_ended_allocator(buffer, name, is_id_owner, virtual_num_pages, page_size) -> None:
+    if name not in buffer._specs_by_name:
+        raise ValueError(f"no sub-pool {name!r} in this buffer (it has {sorted(buffer._specs_by_name)})")
+    _checks.integer("page_size", page_size, 1)
+    if virtual_num_pages is not None and is_id_owner:
+        raise ValueError("only a non-owner allocator may use another pool's virtual-id space")
+    if virtual_num_pages is not None:
+        _checks.integer("virtual_num_pages", virtual_num_pages, 1)
+
+
+def _check_multi_ended_books(alloc) -> None:
+    """Debug mode: the two page tables are inverse, the bound pages are exactly the dense run at
+    this sub-pool's end, and (an owner) every virtual page is free or bound, once."""
+    if not alloc.debug_mode:
+        raise RuntimeError("check_books needs debug_mode=True")
+    v2p, p2v = alloc.virtual_to_physical[:-1].cpu(), alloc.physical_to_virtual[:-1].cpu()
+    v = torch.nonzero(v2p > 0).flatten()  # page 0 <-> 0 is the sink
+    name = alloc.sub_pool_name
+    if not torch.equal(p2v[v2p[v]], v):
+        raise AssertionError(f"[{name}] v2p and p2v disagree")
+    lo, hi = alloc.used_page_range()
+    if not torch.equal(torch.sort(v2p[v]).values, torch.arange(lo, hi)):
+        raise AssertionError(f"[{name}] bound pages {sorted(v2p[v].tolist())} are not the run {lo}..{hi - 1}")
+    if int((p2v[1:] >= 0).sum()) != hi - lo:
+        raise AssertionError(f"[{name}] p2v marks {int((p2v[1:] >= 0).sum())} pages used, the run holds {hi - lo}")
+    if alloc.is_id_owner:
+        free = alloc.free_pages.cpu()
+        if len(torch.unique(free)) != len(free) or bool(torch.isin(free, v).any()):
+            raise AssertionError(f"[{name}] a virtual page is free twice, or free and bound")
+        if len(free) + len(v) != alloc.num_virtual_ids - alloc.min_page_index:
+            raise AssertionError(f"[{name}] {len(free)} free + {len(v)} bound virtual pages != "
+                                 f"{alloc.num_virtual_ids - alloc.min_page_index}")
