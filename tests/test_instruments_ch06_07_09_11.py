@@ -183,3 +183,136 @@ def test_06_words_share_ids_and_every_block_says_what_it_is():
     head = next(t for g, t in tips.items() if g.startswith("queue:0:"))
     assert "free queue #0 (head: reused first; prev fake head, next " in head
     assert all(t for t in tips.values()), "a cell without a tooltip"
+
+
+# -- chapter 11: the radix tree and HiCache ---------------------------------------------------------
+
+from memlab.course.viz import radix_books  # noqa: E402
+from memlab.course.viz.radix_books import RadixScene, encode, radix_instrument  # noqa: E402
+
+
+def radix_state(sc: RadixScene) -> dict:
+    """Everything a call could change in the tree and its two allocators, as plain values."""
+    tree = sc.tree
+    al, host = tree.token_to_kv_pool_allocator, tree.token_to_kv_pool_host.allocator
+    nodes = {n.id: (n.key, None if n.value is None else n.value.tolist(),
+                    None if n.host_value is None else n.host_value.tolist(), n.lock_ref,
+                    n.parent.id if n.parent is not tree.root_node else None) for n in tree._all_nodes()}
+    return dict(nodes=nodes, free=sorted(al.free_pages.tolist() + al.release_pages.tolist()),
+                host_free=sorted(host.free_pages.tolist() + host.release_pages.tolist()),
+                sizes=(tree.evictable_size(), tree.protected_size()), running=sorted(sc.running))
+
+
+def radix_story_scene(page_size=1) -> RadixScene:
+    """story()'s steps on a RadixScene driven directly."""
+    sc = RadixScene(24, 32, page_size)
+    a, b, c = "<s> You are brief . What is KV ?", "<s> You are brief . What is HiCache ?", "<s> You are terse . Why a radix tree ?"
+    sc.arrive("A", a, ""); sc.finish("A", ""); sc.arrive("B", b, ""); sc.finish("B", "")
+    sc.arrive("C", c, ""); sc.evict(16, ""); sc.finish("C", ""); sc.arrive("D", a + " a", ""); sc.finish("D", "")
+    sc.evict(100, ""); sc.evict_host(8, "")
+    return sc
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_11_opens_on_the_storys_last_state(page_size):
+    inst = radix_instrument(page_size=page_size)
+    assert radix_state(inst.world) == radix_state(radix_story_scene(page_size))
+    last = radix_books.story(page_size)[-1]
+    assert {n.id for n in last.nodes} == {int(k.split()[1]) for k in inst.books() if k.startswith("node ")}
+
+
+def test_11_operations_match_the_tree_driven_directly():
+    inst = radix_instrument()
+    key = "<s> You are brief . What is KV ?"
+    steps = [("match", dict(match_text=key)), ("load_back", dict(load_text=key)), ("lock", dict(lock_text="<s> You are")),
+             ("insert", dict(insert_text="<s> You are brief . Why ?")), ("evict", dict(num_tokens="5")),
+             ("unlock", dict(unlock_node="4")), ("arrive", dict(request="E", text="<s> You are kind")),
+             ("evict_host", dict(host_tokens="2"))]
+    for op, args in steps:
+        step = inst.do(op, **args)
+        assert step.ok, (op, step.error)
+    sc = radix_story_scene()
+    tree = sc.tree
+    ids = encode(key)
+    r = tree.match_prefix(ids)
+    assert r.host_hit_length == 9 and r.device_prefix_len == 0
+    tree.load_back(tree.match_prefix(ids).last_host_node)
+    node = tree.match_prefix(encode("<s> You are")).last_device_node
+    tree.inc_lock_ref(node)
+    k = tree.page_aligned(encode("<s> You are brief . Why ?"))
+    value = tree.token_to_kv_pool_allocator.alloc(len(k))
+    sc._compute(value, list(k), 0)
+    res = tree.insert(k, value)
+    tree.token_to_kv_pool_allocator.free_segment(value[:res.prefix_len], start_pos=0)
+    tree.evict(5)
+    tree.dec_lock_ref(node)
+    sc.words = list(radix_books.WORDS) + ["kind"]
+    sc.running["E"] = sc.driver.admit([0, 1, 2, len(radix_books.WORDS)])
+    tree.evict_host(2)
+    assert radix_state(inst.world) == radix_state(sc)
+    books = inst.books()
+    assert books["evictable_size()"] == tree.evictable_size() and books["protected_size()"] == tree.protected_size()
+    assert books["device available_size()"] == tree.token_to_kv_pool_allocator.available_size()
+    assert books["host available_size()"] == tree.token_to_kv_pool_host.available_size()
+
+
+def test_11_a_match_that_ends_inside_a_node_splits_it_and_says_so():
+    inst = radix_instrument()
+    before = set(k for k in inst.books() if k.startswith("node "))
+    step = inst.do("match", match_text="<s> You")
+    assert step.ok and "host_hit_length=2" in step.result
+    after = set(k for k in inst.books() if k.startswith("node "))
+    assert len(after) == len(before) + 1 and step.marks["changed"]
+    assert inst.books()["node 4"]["key"] == "You are" or any(inst.books()[k]["key"] == "<s> You" for k in after)
+
+
+@pytest.mark.parametrize("op, args, says", [
+    ("unlock", dict(unlock_node="1"), "AssertionError: dec_lock_ref on TreeNode(id=1"),  # the debug-mode check
+    ("insert", dict(insert_text=" ".join(f"w{i}" for i in range(30))), "allocator.alloc returns None"),
+    ("evict", dict(num_tokens="-3"), "num_tokens -3"),
+    ("lock", dict(lock_text="<s> You are"), "no node to lock"),
+    ("arrive", dict(request="E", text=" ".join(f"w{i}" for i in range(30))), "admit returns None"),
+    ("backup", dict(backup_node="1"), "not on the device"),
+    ("match", dict(match_text="   "), "type some words"),
+])
+def test_11_bad_input_gets_the_librarys_message_and_changes_nothing(op, args, says):
+    inst = radix_instrument()
+    before, picture, books = radix_state(inst.world), inst.picture, inst.books()
+    step = inst.do(op, **args)
+    assert not step.ok and says in step.error, step.error
+    assert radix_state(inst.world) == before and inst.books() == books and inst.picture == picture
+
+
+def test_11_write_back_backup_undo_and_reset():
+    inst = radix_instrument()
+    opening = radix_state(inst.world)
+    inst.reset(empty=True)
+    assert inst.books()["device available_size()"] == 24 and not [k for k in inst.books() if k.startswith("node ")]
+    step = inst.do("insert", insert_text="a radix tree")
+    assert step.ok and "InsertResult(prefix_len=0" in step.result
+    nid = next(k for k in inst.books() if k.startswith("node ")).split()[1]
+    assert inst.books()[f"node {nid}"]["host"] is not None  # write-through backed it up on insert
+    step = inst.do("backup", backup_node=nid)
+    assert not step.ok and "has a host copy already" in step.error
+    assert inst.undo() and not [k for k in inst.books() if k.startswith("node ")]
+    inst.reset()
+    assert radix_state(inst.world) == opening
+    inst.set(page_size=2)
+    assert radix_state(inst.world) == radix_state(radix_story_scene(2))
+
+
+def test_11_node_labels_are_never_cut_and_every_cell_says_what_it_is():
+    inst = radix_instrument()
+    long = "<s> You are brief . What is KV ? and then a very long question about pages and trees"
+    assert inst.do("arrive", request="E", text=long).ok
+    svg = inst.picture
+    tips = cells(svg)
+    node = next(t for g, t in tips.items() if g.startswith("node:") and "question" in t)
+    assert "and then a very long question about pages and trees" in node and "lock_ref 1" in node
+    root = ET.fromstring(svg)
+    shown = " ".join(t.text or "" for t in root.iter(f"{SVG}text"))
+    for word in long.split():
+        assert word in shown, f"{word!r} is not in the picture: a label was cut"
+    assert tips["dpage:0"].endswith("padding: never handed out")
+    assert all(t for t in tips.values())
+    assert "&lt;s&gt;" in svg and "<s>" not in svg.replace("<svg", "").replace("<style", "").replace("<stop", "")
