@@ -316,3 +316,143 @@ def test_11_node_labels_are_never_cut_and_every_cell_says_what_it_is():
     assert tips["dpage:0"].endswith("padding: never handed out")
     assert all(t for t in tips.values())
     assert "&lt;s&gt;" in svg and "<s>" not in svg.replace("<svg", "").replace("<style", "").replace("<stop", "")
+
+
+# -- chapter 07: the sliding window and the Mamba slots -------------------------------------------
+
+from memlab.course.viz import hybrid_books  # noqa: E402
+from memlab.course.viz.hybrid_books import (MAMBA_STORY, MambaWorld, SwaScene, mamba_instrument,  # noqa: E402
+                                            swa_instrument)
+from memlab.sglang.req_to_token import Req as SgReq, ReqToTokenPool  # noqa: E402
+from memlab.sglang.swa import SWATokenToKVPoolAllocator  # noqa: E402
+
+
+def swa_state(sc: SwaScene) -> dict:
+    al = sc.allocator
+    return dict(full=al.full_attn_allocator.free_pages.tolist(), swa=al.swa_attn_allocator.free_pages.tolist(),
+                map=al.full_to_swa_index_mapping.tolist(), table=sc.req_pool.req_to_token.tolist(),
+                ev=dict(sc.swa_evicted_len), reqs={r: sc.slots(r) for r in sc.reqs})
+
+
+def swa_direct(window=4, extra=()):
+    sc = SwaScene(ReqToTokenPool(4, 16), SWATokenToKVPoolAllocator(32, max(12, 3 * window), 2, debug_mode=True), window)
+    for op, args in (*hybrid_books.SWA_STORY, *extra):
+        if op == "extend":
+            rids = [r.strip() for r in args["requests"].split(",")]
+            assert sc.extend_batch(dict(zip(rids, map(int, args["extend_lens"].split(","))))) is not None
+            for r in rids:
+                sc.release(r)
+        elif op == "decode":
+            rids = [r.strip() for r in args["decoding"].split(",")]
+            assert sc.decode(rids) is not None
+            for r in rids:
+                sc.release(r)
+        else:
+            sc.finish(args["finishing"])
+    return sc
+
+
+def test_07_swa_opens_on_the_storys_last_state():
+    inst = swa_instrument()
+    assert swa_state(inst.world) == swa_state(hybrid_books.sliding_window()) == swa_state(swa_direct())
+
+
+@pytest.mark.parametrize("window, extra", [
+    (4, [("extend", dict(requests="C", extend_lens="3")), ("decode", dict(decoding="A, C"))]),
+    (2, [("decode", dict(decoding="A")), ("extend", dict(requests="A, C", extend_lens="2, 5"))]),
+    (8, [("finish", dict(finishing="A")), ("extend", dict(requests="D", extend_lens="9"))]),
+])
+def test_07_swa_books_are_the_allocators(window, extra):
+    inst = swa_instrument(window=window)
+    for op, args in extra:
+        step = inst.do(op, **args)
+        assert step.ok, step.error
+        if op != "finish":
+            assert "allocator.release_out_of_window(req_to_token, " in step.call
+    sc = swa_direct(window, extra)
+    assert swa_state(inst.world) == swa_state(sc)
+    books = inst.books()
+    al = sc.allocator
+    assert books["SWA available_size()"] == al.swa_attn_allocator.available_size()
+    assert books["full available_size()"] == al.full_attn_allocator.available_size()
+
+
+@pytest.mark.parametrize("op, args, says", [
+    ("extend", dict(requests="E", extend_lens="-2"), "ValueError: request 0: seq_len -2 is shorter than its prefix 0"),
+    ("extend", dict(requests="E", extend_lens="30"), "alloc_for_extend returns None"),
+    ("decode", dict(decoding="Z"), "not running"),
+])
+def test_07_swa_bad_input_changes_nothing(op, args, says):
+    inst = swa_instrument()
+    before, picture = swa_state(inst.world), inst.picture
+    step = inst.do(op, **args)
+    assert not step.ok and says in step.error, step.error
+    assert swa_state(inst.world) == before and inst.picture == picture
+
+
+def test_07_swa_undo_window_and_tooltips():
+    inst = swa_instrument()
+    opening = swa_state(inst.world)
+    inst.do("decode", decoding="A")
+    tips = cells(inst.picture)
+    assert tips["swa:A:0"].startswith("A, position 0 · full slot 2 (page 1) · SWA slot none: released")
+    assert "in the window of the next token" in tips["full:A:9"]
+    assert inst.undo() and swa_state(inst.world) == opening
+    inst.set(window=2)
+    assert swa_state(inst.world) == swa_state(swa_direct(2))
+    assert inst.books()["request A"]["swa_evicted_len"] == 6  # 9 tokens, window 2: positions < 7, whole pages of 2
+
+
+def mamba_state(w: MambaWorld) -> dict:
+    p = w.pool
+    return dict(free=p.mamba_allocator.free_slots.tolist(), state=p.req_index_to_mamba_index_mapping.tolist(),
+                pp=p.req_index_to_mamba_ping_pong_track_buffer_mapping.tolist(), nxt=p.mamba_next_track_idx.tolist(),
+                last=p.mamba_last_track_seqlen.tolist(), rows=p.available_size(),
+                reqs={r: q.kv.req_pool_idx for r, q in w.reqs.items()})
+
+
+def mamba_direct(overlap=True, extra=()):
+    w = MambaWorld(overlap)
+    for op, args in (*MAMBA_STORY, *extra):
+        if op == "arrive":
+            r = SgReq(args["request"])
+            assert w.pool.alloc([r]) is not None
+            w.pool.execute_deferred_mamba_cow_and_clear([r])
+            w.reqs[args["request"]] = r
+        elif op == "track":
+            w.pool.track_state([w.reqs[args["tracking"]].kv.req_pool_idx], [int(args["seq_len"])])
+        else:
+            r = w.reqs.pop(args["freeing"])
+            w.pool.free_mamba_cache(r)
+            w.pool.free(r)
+    return w
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_07_mamba_opens_on_the_story_and_follows_the_pool(overlap):
+    inst = mamba_instrument(overlap=overlap)
+    assert mamba_state(inst.world) == mamba_state(mamba_direct(overlap))
+    last = hybrid_books.mamba_slots(True, overlap)[-1]
+    assert tuple(inst.books()["free state slots"]) == last.free_slots
+    extra = [("track", dict(tracking="C", seq_len="16")), ("track", dict(tracking="C", seq_len="32")),
+             ("free", dict(freeing="B")), ("arrive", dict(request="D"))]
+    for op, args in extra:
+        assert inst.do(op, **args).ok
+    assert mamba_state(inst.world) == mamba_state(mamba_direct(overlap, extra))
+    assert inst.books()["ping-pong slots per request"] == (2 if overlap else 1)
+
+
+def test_07_mamba_refusal_undo_and_overlap_switch():
+    inst = mamba_instrument()
+    inst.do("arrive", request="D")
+    before, picture = mamba_state(inst.world), inst.picture
+    step = inst.do("arrive", request="E")
+    assert not step.ok and "alloc returns None" in step.error
+    assert mamba_state(inst.world) == before and inst.picture == picture
+    step = inst.do("track", tracking="C", seq_len="x")
+    assert not step.ok and "not one whole number" in step.error
+    assert inst.undo() and mamba_state(inst.world) == mamba_state(mamba_direct(True))
+    inst.set(overlap="off")
+    assert mamba_state(inst.world) == mamba_state(mamba_direct(False))
+    tips = cells(inst.picture)
+    assert tips["mslot:0"] == "slot 0: padding, never handed out" and all(tips.values())
