@@ -450,7 +450,7 @@ def test_07_mamba_refusal_undo_and_overlap_switch():
     assert not step.ok and "alloc returns None" in step.error
     assert mamba_state(inst.world) == before and inst.picture == picture
     step = inst.do("track", tracking="C", seq_len="x")
-    assert not step.ok and "not one whole number" in step.error
+    assert not step.ok and "is not a whole number" in step.error
     assert inst.undo() and mamba_state(inst.world) == mamba_state(mamba_direct(True))
     inst.set(overlap="off")
     assert mamba_state(inst.world) == mamba_state(mamba_direct(False))
