@@ -456,3 +456,92 @@ def test_07_mamba_refusal_undo_and_overlap_switch():
     assert mamba_state(inst.world) == mamba_state(mamba_direct(False))
     tips = cells(inst.picture)
     assert tips["mslot:0"] == "slot 0: padding, never handed out" and all(tips.values())
+
+
+# -- chapter 09: attention through the pages -------------------------------------------------------
+
+import math  # noqa: E402
+
+import torch  # noqa: E402
+
+from memlab.course.viz.draw_attention import AttnWorld, attention_instrument, dense_attention  # noqa: E402
+
+
+def attn_state(w: AttnWorld) -> dict:
+    sc, kv = w.scene, w.scene.kvcache
+    return dict(free=sc.allocator.free_pages.tolist(), table=sc.req_pool.req_to_token.tolist(),
+                reqs={r: sc.slots(r) for r in sc.reqs},
+                k=[kv.get_key_buffer(i).clone() for i in range(kv.layer_num)])
+
+
+def same_attn(a, b) -> bool:
+    return ({k: v for k, v in a.items() if k != "k"} == {k: v for k, v in b.items() if k != "k"}
+            and all(torch.equal(x, y) for x, y in zip(a["k"], b["k"])))
+
+
+@pytest.fixture(scope="module")
+def attn():
+    return attention_instrument()
+
+
+def test_09_opens_on_the_storys_books_reading_a_with_the_kernel(attn):
+    from memlab.course.viz import sglang_books
+    from memlab.course.viz.draw_attention import fill_kv
+
+    sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
+    sc.extend_batch({"A": 6, "D": 3})
+    fill_kv(sc)
+    w = AttnWorld()
+    assert attn.history[0].op == "read" and attn.history[0].args["request"] == "A"
+    assert sc.req_pool.req_to_token.tolist() == attn.world.scene.req_pool.req_to_token.tolist()
+    assert torch.equal(sc.kvcache.get_key_buffer(0), attn.world.scene.kvcache.get_key_buffer(0))
+    assert same_attn(attn_state(w), attn_state(attn.world))
+    assert "paged and dense agree" in attn.details.value and "reads pages [1, 2, 7]" in attn.history[0].result
+
+
+@pytest.mark.parametrize("request_, layer, head", [("A", 0, 0), ("D", 1, 3), ("C", 0, 2)])
+def test_09_read_is_the_kernels_and_the_dense_references(attn, request_, layer, head):
+    from memlab.common import attention
+
+    attn.reset(empty=True)
+    step = attn.do("read", request=request_, layer=layer, head=head)
+    assert step.ok, step.error
+    sc = attn.world.scene
+    kv = sc.kvcache
+    slots = sc.slots(request_)
+    assert step.marks["slots"] == slots and f"pages {list(dict.fromkeys(s // 4 for s in slots))}" in step.result
+    rids = list(sc.reqs)
+    q = torch.stack([attn.world.q[r] for r in rids])
+    b = rids.index(request_)
+    k = kv.get_key_buffer(layer)[slots, head // 2]
+    scores = torch.softmax(k @ q[b, head] / math.sqrt(16), 0)
+    assert torch.allclose(torch.tensor(step.marks["weights"]), scores, atol=1e-6)
+    o = attention.attention_over_slots(q, kv.get_key_buffer(layer), kv.get_value_buffer(layer),
+                                       torch.tensor([[*sc.slots(r), *[0] * (12 - len(sc.slots(r)))] for r in rids]),
+                                       torch.tensor([[i < len(sc.slots(r)) for i in range(12)] for r in rids]),
+                                       1 / math.sqrt(16))
+    _, dense = dense_attention(q[b, head], k, kv.get_value_buffer(layer)[slots, head // 2])
+    assert torch.allclose(o[b, head], dense, atol=1e-5)
+    assert step.marks["diff"] < 1e-4 and "paged and dense agree" in step.details
+    assert attn.picture.count("<svg") == 2  # the pool, then the weights
+    tips = cells(attn.picture.split("</svg>", 1)[1])
+    assert tips["weight:0"].startswith(f"{request_} position 0 · slot {slots[0]} = page {slots[0] // 4} × 4 + offset")
+
+
+def test_09_extend_finish_refusal_and_undo(attn):
+    attn.reset(empty=True)
+    opening = attn_state(attn.world)
+    picture = attn.picture
+    step = attn.do("extend", requests="B", extend_lens="5")
+    assert not step.ok and "alloc_for_extend returns None" in step.error  # the pool is full
+    step = attn.do("extend", requests="B", extend_lens="-1")
+    assert not step.ok and step.error == "ValueError: request 0: seq_len -1 is shorter than its prefix 0"
+    assert same_attn(attn_state(attn.world), opening) and attn.picture == picture
+    assert attn.do("finish", finishing="C").ok
+    step = attn.do("extend", requests="B, D", extend_lens="5, 2")
+    assert step.ok and step.result == "tensor([16, 17, 18, 19, 20, 35, 24])"
+    assert attn.books()["request B"]["pages"] == [4, 5]
+    step = attn.do("read", request="B", layer=0, head=1)
+    assert step.ok and step.marks["diff"] < 1e-4
+    assert attn.undo() and attn.undo() and attn.undo()
+    assert same_attn(attn_state(attn.world), opening)
