@@ -217,7 +217,7 @@ def test_chapter_06_block_pool_instrument(browser, lab):
     inst.wait_call("manager.free(req)  # req = the Request 'C'")
     after = inst.wait_view_changed(after)
     freed = inst.shown()
-    assert freed == inst.real() and freed["free queue (head -> tail)"] == "[5, 6, 7, 8, 9, 10]"
+    assert freed == inst.real() and freed["free queue (head -> tail)"] == "[10, 9, 8, 7, 6, 5]"  # reversed: the tail of C first
 
     inst.type("submit", "F", "-1 2")
     inst.click("submit")
