@@ -226,7 +226,7 @@ def test_chapter_06_block_pool_instrument(browser, lab):
     assert inst.shown() == freed == inst.real() and inst.view() == after
     inst.shot("06_instrument_refused.png")
 
-    inst.loc.get_by_role("button", name="undo", exact=True).click()
+    inst.loc.locator("button", has_text="undo").click()
     inst.wait_call("blocks [1, 2], 8 tokens")
     inst.wait_view_changed(after)
     assert inst.shown() == shown == inst.real()
@@ -262,7 +262,7 @@ def test_chapter_07_window_and_mamba_instruments(browser, lab):
     assert swa.shown() == shown == swa.real() and swa.view() == after
     swa.shot("07_instrument_refused.png")
 
-    swa.loc.get_by_role("button", name="undo", exact=True).click()
+    swa.loc.locator("button", has_text="undo").click()
     swa.wait_call("the story's last step")
     swa.wait_view_changed(after)
     assert swa.view() == opening and swa.shown() == books == swa.real()
@@ -324,7 +324,7 @@ def test_chapter_09_attention_instrument(browser, lab):
     inst.wait_call("release_kv_row(req_to_token_pool, allocator, C)")
     freed = inst.wait_view_changed(after)
     assert inst.shown() == inst.real() and "request C" not in inst.shown()
-    inst.loc.get_by_role("button", name="undo", exact=True).click()
+    inst.loc.locator("button", has_text="undo").click()
     inst.wait_view_changed(freed)
     assert inst.shown() == books == inst.real()
     tip = hover(inst, "weight:0")
@@ -368,7 +368,7 @@ def test_chapter_11_radix_instrument(browser, lab):
         assert f">{word}" in long or f" {word}" in long, f"{word!r} was cut from the node labels"
     inst.shot("11_instrument_after_arrive.png")
 
-    inst.loc.get_by_role("button", name="undo", exact=True).click()
+    inst.loc.locator("button", has_text="undo").click()
     inst.wait_view_changed(long)
     assert inst.shown() == shown == inst.real()
     tip = hover(inst, "node:1")

@@ -262,7 +262,7 @@ def attention_instrument(request: str = "A", layer: int = 0, head: int = 0):
                      [Field("request", dd("request"), str, options=lambda w: list(w.scene.reqs)),
                       Field("layer", dd("layer", options=[0, 1], value=layer), int),
                       Field("head", dd("head", options=[0, 1, 2, 3], value=head), int)],
-                     label="read (decode_attention_fwd)", help="the kernel and dense attention on this request"),
+                     label="read", help="decode_attention_fwd (the kernel) and dense attention on this request"),
            Operation("extend", lambda w, step, requests, extend_lens: _op_extend(w, step, requests, extend_lens),
                      [Field("requests", box("requests", "B")), Field("extend_lens", box("extend_lens", "5"))],
                      label="extend"),

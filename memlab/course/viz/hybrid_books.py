@@ -548,7 +548,7 @@ def mamba_instrument(overlap: bool = True, opening=MAMBA_STORY):
                       Field("seq_len", W.Text(value="64", description="seq_len", layout=W.Layout(width="150px"),
                                               continuous_update=False))], label="track_state"),
            Operation("free", lambda w, step, freeing: _op_mamba_free(w, step, freeing),
-                     [Field("freeing", dd(), str, options=running)], label="free_mamba_cache + free")]
+                     [Field("freeing", dd(), str, options=running)], label="free", help="free_mamba_cache, then free (the row)")]
     ov = W.ToggleButtons(options=["on", "off"], value="on" if overlap else "off", description="overlap",
                          style={"button_width": "42px"})
     return Instrument(lambda overlap: MambaWorld(overlap == "on"), ops, draw_mamba_svg, mamba_books,

@@ -476,7 +476,7 @@ def block_pool_instrument(enable_caching: bool = True, num_blocks: int = 12, blo
                        label="decode", help="append each token, allocate_slots(req, 1)")
     who2 = W.Dropdown(description="request", layout=W.Layout(width="160px"))
     finish = Operation("finish", lambda sc, step, finishing: _op_finish(sc, step, finishing), [Field("finishing", who2, str, options=running)],
-                       label="finish (manager.free)", help="the request's blocks go back, in reverse order")
+                       label="finish", help="manager.free(req): the request's blocks go back, in reverse order")
     caching = W.ToggleButtons(options=["on", "off"], value="on" if enable_caching else "off",
                               description="prefix caching", style={"button_width": "42px"})
     steps = [(op, dict(args)) for op, args in opening]
