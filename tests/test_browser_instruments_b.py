@@ -230,8 +230,8 @@ def test_chapter_06_block_pool_instrument(browser, lab):
     inst.wait_call("blocks [1, 2], 8 tokens")
     inst.wait_view_changed(after)
     assert inst.shown() == shown == inst.real()
-    tip = hover(inst, "queue:0:10")
-    assert tip.startswith("block 10 · ref_cnt 0 · hash h9") and "free queue #0 (head: reused first" in tip, tip
+    tip = hover(inst, "block:1")  # back after E's submit: A's first block, hit by E
+    assert tip.startswith("block 1 · ref_cnt 1 · hash h1 = ") and "E's block 0 (tokens 0-3)" in tip, tip
     inst.shot("06_instrument_hover.png")
     no_error_output(page, CHAPTERS[0])
     page.close()

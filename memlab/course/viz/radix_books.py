@@ -627,7 +627,7 @@ def draw_radix_svg(sc: RadixScene, step=None) -> str:
     """The tree (every node's whole key, wrapped; its slots and lock), the device and host pools."""
     import textwrap
 
-    from memlab.course.viz.svg import CELL, Canvas, Swatch
+    from memlab.course.viz.svg import CELL, Canvas, Swatch, esc
 
     changed = set((step.marks if step is not None else {}).get("changed", ()))
     books = read_radix_books(sc.tree, "", sc.running, changed, tuple(scene_words(sc)))
@@ -668,8 +668,9 @@ def draw_radix_svg(sc: RadixScene, step=None) -> str:
                stroke=HIGHLIGHT if new else "#333" if n.host_value is not None else "#fff",
                stroke_width=2.5 if new else 1, pattern="url(#memlab-part1)" if n.state == "host" else None)
         ink = "#fff" if n.state == "locked" else "#000"
-        for k, line in enumerate(labels[n.id]):
-            c.text(cx - w / 2 + 5, top + 14 + k * line_h, line, size=10.5, color=ink)
+        for k, line in enumerate(labels[n.id]):  # over the node's box: the pointer goes through to it
+            c.parts.append(f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" font-size="10.5" '
+                           f'fill="{ink}" pointer-events="none">{esc(line)}</text>')
         c.text(cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555")
     depth = max([d for _, d in pos.values()] + [1])
     y = top0 + (depth - 1) * dy + h + 16
