@@ -154,8 +154,10 @@ def open_chapter(browser, lab, name: str, marker: str):
     """Open chapter ``name`` and run it down to (and including) the cell whose source has ``marker``."""
     page = browser.new_page()
     page.goto(lab["url"].format(name), wait_until="domcontentloaded", timeout=WAIT)
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=WAIT)
+    # the workspace may restore the chapter opened before: wait for this one to be the current widget
+    page.wait_for_function("(n) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                           " return w && w.sessionContext && w.context && w.context.path.endsWith(n); }",
+                           arg=name, timeout=WAIT)
     page.evaluate("""async () => { const p = window.jupyterapp.shell.currentWidget;
         await p.context.ready; await p.sessionContext.ready; }""")
     page.add_style_tag(content=".Toastify { display: none !important; }")
