@@ -50,6 +50,23 @@ stories = {"prefix caching on": viz.vllm_books.prefix_cache(True).frames,
 viz.Stepper(stories, draw_vllm)
 
 # %% [markdown]
+# ### Your own prompts
+#
+# The instrument below starts where the story ends: C and D run, blocks 4, 2 and 1 are free, 1 and
+# 2 still carry A's hashes. Type a request name and a prompt (token ids, or words: the same word
+# gets the same id) and press `submit`: it runs the scheduler's lookup, `get_computed_blocks`, then
+# `allocate_slots` after the hits on a real `KVCacheManager`, and shows both calls. The prompt
+# typed first shares A's first 8 tokens: its hits come out of the middle and the tail of the free
+# queue, its new block from the head. `decode` appends tokens, `finish` calls `manager.free`. A
+# block reused while it still carries a hash is evicted (red edge). A prompt the pool cannot hold
+# is refused, with nothing taken. Hover a block to read its ref count, hash, owner and neighbours
+# in the queue; `undo`, `reset` and prefix caching off replay your steps on fresh objects.
+
+# %%
+inst = viz.vllm_books.block_pool_instrument()
+inst
+
+# %% [markdown]
 # ## The free queue
 #
 # `FreeKVCacheBlockQueue` is a doubly linked list threaded through the blocks themselves, between

@@ -48,6 +48,20 @@ swa_scene = viz.hybrid_books.sliding_window()
 viz.Stepper(swa_scene.frames, draw_swa)
 
 # %% [markdown]
+# ### Your own steps
+#
+# The instrument below starts where the story ends: A holds 10 tokens, its first 6 SWA slots
+# released. `extend` a request (a new one gets a row), run a `decode step` for the requests you
+# name, `finish` one; after each extend and decode the scheduler calls `release_out_of_window`,
+# and the instrument shows every call it made. Each position shows its full slot on top and its
+# SWA slot below (a dot: released); pick another window and your steps are replayed under it. A
+# batch either ledger cannot hold is refused, with nothing taken. Hover a cell to read it.
+
+# %%
+swa = viz.hybrid_books.swa_instrument(window=4)
+swa
+
+# %% [markdown]
 # ## Two ledgers
 #
 # `SWATokenToKVPoolAllocator` holds a full allocator and an SWA allocator with independent id
@@ -168,6 +182,18 @@ options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.hybrid_book
            "extra buffer, no overlap (1 tracking slot)": viz.hybrid_books.mamba_slots(True, False),
            "no extra buffer": viz.hybrid_books.mamba_slots(False, True)}
 viz.Stepper(options, draw_mamba)
+
+# %% [markdown]
+# ### Your own requests
+#
+# Starting where the first story ends (B and C hold their slots, A's went to the tail of the free
+# list): `alloc` a request, `track_state` a running one at a sequence length of your choice (watch
+# the * move between the two tracking slots), free one. Switch overlap off and your steps are
+# replayed with one tracking slot per request: a snapshot always overwrites the same slot.
+
+# %%
+mamba = viz.hybrid_books.mamba_instrument(overlap=True)
+mamba
 
 # %% [markdown]
 # ## State per request

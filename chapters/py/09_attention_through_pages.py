@@ -50,6 +50,21 @@ q = torch.randn(len(rids), 4, 16, generator=torch.Generator().manual_seed(1))  #
 viz.Stepper(attention_frames(scene, q), draw_attention)
 
 # %% [markdown]
+# ### Your own request, layer and head
+#
+# The instrument below holds the same books and queries. Pick a request, a layer and a head and
+# press `read`: it runs the Triton kernel `decode_attention_fwd` on the whole batch and shows,
+# for the request and head you picked, the slots and pages its query reads (black edges), each
+# position's weight (hover a bar: position, slot, page, weight), and the kernel's output next to
+# dense attention over the same K and V copied out into a contiguous tensor. `finish` a request,
+# `extend` another (its new slots get random K and V) and read again: the pages move, the output
+# still agrees. The pool starts full, so an extend before a finish is refused, with nothing taken.
+
+# %%
+inst = viz.draw_attention.attention_instrument(request="A", layer=0, head=0)
+inst
+
+# %% [markdown]
 # ## Writing: the write location
 #
 # The allocator's output for a batch, `out_cache_loc`, holds one slot per new token. Each layer's

@@ -64,6 +64,25 @@ from memlab.course.viz.radix_books import draw_radix, story
 viz.Stepper({"page size 1": story(), "page size 2": story(page_size=2)}, draw_radix, interval_ms=2000)
 
 # %% [markdown]
+# ### Your own words
+#
+# The instrument below starts where the story ends: every node lives on the host only, and the
+# host eviction dropped the least recently used leaves. Type words of your own (a new word gets
+# the next token id) and call the tree's operations on the real `HiRadixCache`: `arrive` admits a
+# request as the scheduler does (match, load back, lock, allocate, compute, checkpoint) and
+# `finish` releases it; `insert`, `match_prefix` (a match that ends inside a node splits it),
+# `inc_lock_ref` on the node a match ends at and `dec_lock_ref` on a node; `evict` demotes
+# unlocked leaves to the host, `write_backup` copies a device node to the host, `load_back`
+# brings a host-only match back into new device slots and `evict_host` drops host-only leaves.
+# Each call is shown as made, with what it returned; a call the library refuses (unlocking a
+# node nobody locks, a key the pool cannot hold) shows its message and changes nothing. Every
+# node shows its whole key, wrapped; hover a node or a slot for its ids, slots and lock count.
+
+# %%
+inst = viz.radix_books.radix_instrument(page_size=1)
+inst
+
+# %% [markdown]
 # ## The radix tree
 #
 # `memlab/sglang/radix_cache.py` follows SGLang's `sglang/srt/mem_cache/radix_cache.py` name for name:

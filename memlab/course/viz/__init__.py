@@ -13,7 +13,9 @@ stories, drawings): ``sglang_books`` (chapters 00-05), ``vllm_books`` (06), ``hy
 Instruments (``instrument``): the learner calls the engine's operations on the real objects and
 sees the books redrawn after each call, as inline SVG (``svg``) whose every cell says what it is
 when hovered. A books module defines its chapter's instrument (its operations, its drawing, its
-books) next to its stories: ``sglang_books.extend_instrument`` (04).
+books) next to its stories: ``sglang_books.extend_instrument`` (04), ``vllm_books.block_pool_instrument``
+(06), ``hybrid_books.swa_instrument`` and ``mamba_instrument`` (07), ``draw_attention.attention_instrument``
+(09), ``radix_books.radix_instrument`` (11).
 """
 
 from memlab.course.viz import hybrid_books, radix_books, sglang_books, unified_books, vllm_books

@@ -20,6 +20,7 @@ from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.course.viz.sglang_books import (Books, RowView, Scene, _slots, draw_request_table, draw_slot_grid,
                                      read_books)
 from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
+from memlab.course.viz.instrument import Verbatim
 
 
 # -- 1. the snapshots -------------------------------------------------------------------------
@@ -234,3 +235,321 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
     tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=7, va="top")
     fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
+
+
+# -- 5. the instruments: the learner's own steps on the real allocators --------------------------
+
+SWA_STORY = (("extend", dict(requests="A, B", extend_lens="6, 4")), ("decode", dict(decoding="A, B")),
+             ("decode", dict(decoding="A, B")), ("decode", dict(decoding="A, B")), ("finish", dict(finishing="B")))
+
+
+def _release_all(sc: SwaScene, rids, step_lines: list) -> dict:
+    """The scheduler's out-of-window release for each request, recorded: rid -> SWA slots freed."""
+    from memlab.course.viz.instrument import recording
+
+    freed = {}
+    with recording(sc.allocator, "release_out_of_window") as calls:
+        for rid in rids:
+            freed[rid] = sc.release(rid)
+    for rid, c in zip(rids, calls):
+        a = c["args"]
+        step_lines.append(f"allocator.release_out_of_window(req_to_token, {a['req_pool_idx']}, {a['pre_len']}, "
+                          f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len {c['result']}")
+    return freed
+
+
+def _op_swa_extend(sc: SwaScene, step, requests, extend_lens) -> None:
+    from memlab.course.viz.instrument import InputError, ints, names, spell, spell_value
+
+    rids, lens = names(requests), ints(extend_lens)
+    if not rids or len(rids) != len(lens):
+        raise InputError(f"{len(rids)} requests, {len(lens)} extend_lens: give one of each per request")
+    if len(set(rids)) != len(rids):
+        raise InputError("a request appears twice in one batch")
+    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
+                      reqs=Verbatim(f"[{', '.join(rids)}]"), extend_lens=lens)
+    out = sc.extend_batch(dict(zip(rids, lens)))
+    if out is None:
+        step.result = "None"
+        al = sc.allocator
+        step.refuse(f"refused (alloc_for_extend returns None): full side {al.full_attn_allocator.available_size()} "
+                    f"slots free, SWA side {al.swa_attn_allocator.available_size()}, "
+                    f"{sc.req_pool.available_size()} row(s); nothing was taken")
+        return
+    lines = [step.call + f"  # -> {spell_value(out)}"]
+    freed = _release_all(sc, rids, lines)
+    step.call = "\n".join(lines)
+    step.result = f"full slots {out.tolist()}; SWA slots released {sum(freed.values(), [])}"
+    step.marks = dict(new_slots=set(out.tolist()))
+    step.caption = f"extend {dict(zip(rids, lens))}: out of window, SWA slots {sum(freed.values(), [])} released"
+
+
+def _op_swa_decode(sc: SwaScene, step, decoding) -> None:
+    from memlab.course.viz.instrument import InputError, names, spell_value
+
+    rids = names(decoding)
+    missing = [r for r in rids if r not in sc.reqs]
+    if not rids or missing:
+        raise InputError(f"not running: {missing or 'no request'}; running: {list(sc.reqs)}")
+    step.call = f"alloc_for_decode(req_to_token_pool, allocator, [{', '.join(rids)}])"
+    out = sc.decode(rids)
+    if out is None:
+        step.result = "None"
+        step.refuse("refused (alloc_for_decode returns None): no free slot on one side; nothing was taken")
+        return
+    lines = [step.call + f"  # -> {spell_value(out)}"]
+    freed = _release_all(sc, rids, lines)
+    step.call = "\n".join(lines)
+    step.result = f"full slots {out.tolist()}; SWA slots released {sum(freed.values(), [])}"
+    step.marks = dict(new_slots=set(out.tolist()))
+    step.caption = f"decode {rids}: out of window, SWA slots {sum(freed.values(), [])} released"
+
+
+def _op_swa_finish(sc: SwaScene, step, finishing) -> None:
+    from memlab.course.viz.instrument import InputError
+
+    if finishing not in sc.reqs:
+        raise InputError(f"{finishing!r} is not running")
+    ev = sc.swa_evicted_len.get(finishing, 0)
+    step.call = f"release_kv_row(req_to_token_pool, allocator, {finishing}, swa_evicted_len={ev})"
+    slots = sc.finish(finishing)
+    step.result = f"full slots {slots} back; the SWA side frees what the window still held"
+    step.caption = f"{finishing} finishes"
+
+
+def swa_books(sc: SwaScene) -> dict:
+    al = sc.allocator
+    m = al.full_to_swa_index_mapping
+    out = {"full available_size()": al.full_attn_allocator.available_size(),
+           "SWA available_size()": al.swa_attn_allocator.available_size(),
+           "full free_pages": al.full_attn_allocator.free_pages.tolist(),
+           "SWA free_pages": al.swa_attn_allocator.free_pages.tolist()}
+    for rid in sc.reqs:
+        slots = sc.slots(rid)
+        out[f"request {rid}"] = dict(tokens=len(slots), swa_evicted_len=sc.swa_evicted_len.get(rid, 0),
+                                     full=slots, swa=[int(m[s]) for s in slots])
+    return out
+
+
+def draw_swa_svg(sc: SwaScene, step=None) -> str:
+    """Each request's positions with their full slot and SWA slot (0: released), then both free lists."""
+    from memlab.course.viz.svg import CELL, Canvas, Swatch
+
+    new = set((step.marks if step is not None else {}).get("new_slots", ()))
+    al, m = sc.allocator, sc.allocator.full_to_swa_index_mapping
+    c = Canvas("hover a cell: request, position, full slot, SWA slot")
+    c.text(4, 17, f"window {sc.window} tokens · page size {al.page_size} · {al.swa_attn_allocator.size} SWA slots · each position: full slot (top), SWA slot "
+           "(bottom)", size=12.5, weight="bold")
+    y = 28.0
+    if not sc.reqs:
+        c.text(4, y + 14, "(no running request)", size=11, color="#777")
+        y += 24
+    for rid, r in sc.reqs.items():
+        slots = sc.slots(rid)
+        ev = sc.swa_evicted_len.get(rid, 0)
+        c.text(4, y + 15, rid, size=12, weight="bold")
+        c.text(4, y + 15 + CELL + 2, "swa", size=9, color="#555")
+        n = len(slots)
+        for pos, s in enumerate(slots):
+            x = 34 + pos * CELL
+            w_ = int(m[s])
+            in_window = pos >= n - sc.window
+            tip = (f"{rid}, position {pos} · full slot {s} (page {s // al.page_size}) · SWA slot "
+                   + (f"{w_} (page {w_ // al.page_size})" if w_ else f"none: released (position < swa_evicted_len {ev})")
+                   + (" · in the window of the next token" if in_window else " · out of the window"))
+            c.cell(x, y, owner_color(rid), s, tip=tip, gid=f"full:{rid}:{pos}",
+                   stroke=HIGHLIGHT if s in new else "#fff", stroke_width=2 if s in new else 1)
+            c.cell(x, y + CELL + 2, owner_color(rid) if w_ else FREE, w_ if w_ else "·", tip=tip, gid=f"swa:{rid}:{pos}",
+                   stroke="#999" if not in_window else "#000")
+        c.text(38 + n * CELL, y + 15, f"{n} tokens, swa_evicted_len {ev}", size=10.5, color="#555")
+        y += 2 * CELL + 12
+    for name, sub in (("full", al.full_attn_allocator), ("SWA", al.swa_attn_allocator)):
+        free = sub.free_pages.tolist()
+        c.text(4, y + 13, f"{name} free_pages: {len(free)} of {sub.num_pages} pages free "
+               f"(available_size() = {sub.available_size()})", size=12, weight="bold")
+        y += 18
+        for i, p in enumerate(free):
+            c.cell(4 + i * CELL, y, FREE, p, tip=f"{name} free_pages[{i}] = page {p} (slots {p * sub.page_size}-"
+                   f"{p * sub.page_size + sub.page_size - 1})", gid=f"{name.lower()}free:{i}", stroke="#999")
+        if not free:
+            c.text(4, y + 15, "(empty)", size=11, color="#777")
+        y += CELL + 8
+    c.legend(4, y, [Swatch("a request's slot", owner_color("A")), Swatch("SWA slot released", FREE),
+                    Swatch("in the next token's window", "#fff", stroke="#000"),
+                    Swatch("handed out by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2)])
+    return c.html()
+
+
+def swa_instrument(window: int = 4, page_size: int = 2, size: int = 32, size_swa: int = 12, opening=SWA_STORY):
+    """Chapter 07's sliding-window instrument: extend, decode, finish on a real
+    SWATokenToKVPoolAllocator; pick the window. Opens on the story's last state."""
+    import ipywidgets as W
+
+    from memlab.course.viz.instrument import Field, Instrument, Operation
+
+    def build(window):
+        # the story's pool (12 SWA slots) cannot hold its own steps under a wider window: 3 windows' worth
+        al = SWATokenToKVPoolAllocator(size, max(size_swa, 3 * window), page_size, debug_mode=True)
+        return SwaScene(ReqToTokenPool(4, 16), al, window)
+
+    def box(name, value, width="190px"):
+        return W.Text(value=value, description=name, layout=W.Layout(width=width),
+                      style={"description_width": "initial"}, continuous_update=False)
+
+    ops = [Operation("extend", lambda sc, step, requests, extend_lens: _op_swa_extend(sc, step, requests, extend_lens),
+                     [Field("requests", box("requests", "C")), Field("extend_lens", box("extend_lens", "3"))],
+                     label="extend", help="alloc_for_extend, then release_out_of_window"),
+           Operation("decode", lambda sc, step, decoding: _op_swa_decode(sc, step, decoding),
+                     [Field("decoding", box("requests", "A"))], label="decode step",
+                     help="alloc_for_decode, then release_out_of_window"),
+           Operation("finish", lambda sc, step, finishing: _op_swa_finish(sc, step, finishing),
+                     [Field("finishing", W.Dropdown(description="request", layout=W.Layout(width="160px")), str,
+                            options=lambda sc: list(sc.reqs))], label="finish")]
+    win = W.ToggleButtons(options=[1, 2, 3, 4, 6, 8], value=window, description="window", style={"button_width": "42px"})
+    return Instrument(build, ops, draw_swa_svg, swa_books, settings={"window": win}, opening=opening,
+                      title="sliding window: your own steps on both ledgers")
+
+
+MAMBA_STORY = (("arrive", dict(request="A")), ("arrive", dict(request="B")),
+               ("track", dict(tracking="A", seq_len="16")), ("track", dict(tracking="A", seq_len="32")),
+               ("track", dict(tracking="A", seq_len="48")), ("free", dict(freeing="A")), ("arrive", dict(request="C")))
+
+
+class MambaWorld:
+    def __init__(self, overlap: bool, rows: int = 3, mamba_size: int = 9):
+        self.pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)],
+                                         temporal_state_shape=(2, 4, 4), mamba_layer_ids=[0],
+                                         enable_mamba_extra_buffer=True, enable_overlap_schedule=overlap,
+                                         debug_mode=True)
+        self.reqs: dict = {}
+
+
+def _op_mamba_arrive(w: MambaWorld, step, request) -> None:
+    from memlab.course.viz.instrument import InputError
+
+    if not request or not str(request).isidentifier():
+        raise InputError(f"request id {request!r}: type a short name such as D")
+    if request in w.reqs:
+        raise InputError(f"{request!r} is running")
+    r = Req(request)
+    step.call = f"req_to_token_pool.alloc([{request}])"
+    got = w.pool.alloc([r])
+    if got is None:
+        step.result = "None"
+        step.refuse(f"refused (alloc returns None): {w.pool.available_size()} row(s), "
+                    f"{w.pool.mamba_allocator.available_size()} state slot(s) free, each request takes "
+                    f"{1 + w.pool.mamba_initial_tracking_slots}; nothing was taken")
+        return
+    w.reqs[request] = r
+    w.pool.execute_deferred_mamba_cow_and_clear([r])
+    step.call += f"\nreq_to_token_pool.execute_deferred_mamba_cow_and_clear([{request}])"
+    row = r.kv.req_pool_idx
+    pp = w.pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
+    step.result = f"row {got[0]}; state slot {int(w.pool.get_mamba_indices([row])[0])}, tracking slots {pp}"
+    step.caption = f"{request} arrives: " + step.result
+
+
+def _op_mamba_track(w: MambaWorld, step, tracking, seq_len) -> None:
+    from memlab.course.viz.instrument import InputError, integer
+
+    if tracking not in w.reqs:
+        raise InputError(f"{tracking!r} is not running")
+    n = integer(seq_len)
+    row = w.reqs[tracking].kv.req_pool_idx
+    step.call = f"req_to_token_pool.track_state([{row}], [{n}])"
+    dst = w.pool.track_state([row], [n])
+    step.result = f"tensor({dst.tolist()}); next_track_idx now {int(w.pool.mamba_next_track_idx[row])}"
+    step.marks = dict(slots={int(dst[0])})
+    step.caption = f"{tracking} snapshots its state at {n} tokens into slot {int(dst[0])}"
+
+
+def _op_mamba_free(w: MambaWorld, step, freeing) -> None:
+    from memlab.course.viz.instrument import InputError
+
+    if freeing not in w.reqs:
+        raise InputError(f"{freeing!r} is not running")
+    r = w.reqs.pop(freeing)
+    row = r.kv.req_pool_idx
+    step.call = f"req_to_token_pool.free_mamba_cache({freeing})\nreq_to_token_pool.free({freeing})"
+    w.pool.free_mamba_cache(r)
+    w.pool.free(r)
+    step.result = f"its slots to the tail of the free list, then row {row}"
+    step.caption = f"{freeing} finishes"
+
+
+def mamba_books(w: MambaWorld) -> dict:
+    p = w.pool
+    out = {"free state slots": p.mamba_allocator.free_slots.tolist(), "free rows": p.available_size(),
+           "ping-pong slots per request": p.mamba_ping_pong_track_buffer_size}
+    for rid, r in w.reqs.items():
+        row = r.kv.req_pool_idx
+        out[f"request {rid}"] = dict(row=row, state=int(p.req_index_to_mamba_index_mapping[row]),
+                                     tracks=p.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist(),
+                                     next_track_idx=int(p.mamba_next_track_idx[row]),
+                                     last_track_seqlen=int(p.mamba_last_track_seqlen[row]))
+    return out
+
+
+def draw_mamba_svg(w: MambaWorld, step=None) -> str:
+    from memlab.course.viz.svg import CELL, Canvas, Swatch
+
+    hot = set((step.marks if step is not None else {}).get("slots", ()))
+    f = read_mamba("", w.pool, w.reqs.values())
+    roles = f.slot_roles()
+    c = Canvas("hover a slot: its owner and role")
+    c.text(4, 17, f"Mamba state slots (0 is padding): {len(f.free_slots)} free · "
+           f"{w.pool.mamba_ping_pong_track_buffer_size} tracking slot(s) per request", size=12.5, weight="bold")
+    for s in range(f.size + 1):
+        x = 4 + s * (CELL + 12)
+        if s == 0:
+            fill, tip, lab = PADDING, "slot 0: padding, never handed out", ""
+        elif s in roles:
+            owner, role = roles[s]
+            fill, lab = owner_color(owner), role.replace("track ", "t").replace("state", "S")
+            tip = f"slot {s} · {owner}'s {role.rstrip('*')}" + (" · the next snapshot's target (*)" if role.endswith("*") else "")
+        else:
+            fill, lab = FREE, ""
+            tip = f"slot {s} · free (free list position {f.free_slots.index(s)})" if s in f.free_slots else f"slot {s}"
+        c.cell(x, 26, fill, s, tip=tip, gid=f"mslot:{s}", w=CELL + 8, stroke=HIGHLIGHT if s in hot else "#999",
+               stroke_width=2.5 if s in hot else 1)
+        c.text(x + (CELL + 8) / 2, 26 + CELL + 12, lab, size=10, anchor="middle", color="#333")
+    y = 26 + CELL + 24
+    c.text(4, y + 13, "rows: state slot, tracking slots (* = next), last_track_seqlen", size=12, weight="bold")
+    y += 18
+    for row, owner, state, tracks, nxt, last in f.rows:
+        text = (f"row {row}: " + ("free" if owner is None else
+                f"{owner} · state {state} · tracks [{', '.join(f'{t}*' if i == nxt else str(t) for i, t in enumerate(tracks))}] · "
+                f"last_track_seqlen {last}"))
+        c.text(4, y + 13, text, size=11)
+        y += 17
+    c.legend(4, y + 4, [Swatch("free", FREE), Swatch("padding", PADDING), Swatch("a request's", owner_color("A")),
+                        Swatch("written by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2)])
+    return c.html()
+
+
+def mamba_instrument(overlap: bool = True, opening=MAMBA_STORY):
+    """Chapter 07's Mamba instrument: arrive, track_state, free on a real HybridReqToTokenPool
+    with the extra buffer; the overlap scheduler on (2 ping-pong slots) or off (1)."""
+    import ipywidgets as W
+
+    from memlab.course.viz.instrument import Field, Instrument, Operation
+
+    def running(w):
+        return list(w.reqs)
+
+    def dd():
+        return W.Dropdown(description="request", layout=W.Layout(width="160px"))
+
+    ops = [Operation("arrive", lambda w, step, request: _op_mamba_arrive(w, step, request),
+                     [Field("request", W.Text(value="D", description="request", layout=W.Layout(width="150px"),
+                                              continuous_update=False))], label="alloc"),
+           Operation("track", lambda w, step, tracking, seq_len: _op_mamba_track(w, step, tracking, seq_len),
+                     [Field("tracking", dd(), str, options=running),
+                      Field("seq_len", W.Text(value="64", description="seq_len", layout=W.Layout(width="150px"),
+                                              continuous_update=False))], label="track_state"),
+           Operation("free", lambda w, step, freeing: _op_mamba_free(w, step, freeing),
+                     [Field("freeing", dd(), str, options=running)], label="free", help="free_mamba_cache, then free (the row)")]
+    ov = W.ToggleButtons(options=["on", "off"], value="on" if overlap else "off", description="overlap",
+                         style={"button_width": "42px"})
+    return Instrument(lambda overlap: MambaWorld(overlap == "on"), ops, draw_mamba_svg, mamba_books,
+                      settings={"overlap": ov}, opening=opening, title="Mamba slots: your own requests")

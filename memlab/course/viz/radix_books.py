@@ -364,3 +364,423 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
         ax.set_ylim((pages // per_line + 1) * 1.05 + 0.1, -0.4)
     fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
+
+
+# -- 5. the instrument: the learner's own token strings on a real HiRadixCache --------------------
+
+STORY_STEPS = (("arrive", dict(request="A", text="<s> You are brief . What is KV ?")), ("finish", dict(request="A")),
+               ("arrive", dict(request="B", text="<s> You are brief . What is HiCache ?")), ("finish", dict(request="B")),
+               ("arrive", dict(request="C", text="<s> You are terse . Why a radix tree ?")),
+               ("evict", dict(num_tokens=16)), ("finish", dict(request="C")),
+               ("arrive", dict(request="D", text="<s> You are brief . What is KV ? a")), ("finish", dict(request="D")),
+               ("evict", dict(num_tokens=100)), ("evict_host", dict(num_tokens=8)))  # story()'s steps
+
+
+def scene_words(sc: RadixScene) -> list:
+    return sc.__dict__.setdefault("words", list(WORDS))
+
+
+def tokens_of(sc: RadixScene, text) -> list[int]:
+    """The learner's words as token ids: the story's words keep theirs, a new word gets the next id."""
+    from memlab.course.viz.instrument import InputError
+
+    words = scene_words(sc)
+    out = []
+    for w in str(text).split():
+        if not w.isprintable():
+            raise InputError(f"{w!r} is not a word")
+        if w not in words:
+            words.append(w)
+        out.append(words.index(w))
+    if not out:
+        raise InputError("type some words (tokens are separated by spaces)")
+    return out
+
+
+def _words(sc: RadixScene, key) -> str:
+    words = scene_words(sc)
+    return " ".join(words[t] if t < len(words) else str(t) for t in key)
+
+
+def _node(sc: RadixScene, node_id):
+    from memlab.course.viz.instrument import InputError, integer
+
+    nid = integer(node_id)
+    for n in sc.tree._all_nodes():
+        if n.id == nid:
+            return n
+    raise InputError(f"no node {nid} in the tree (the picture names every node)")
+
+
+def _node_name(sc, n) -> str:
+    return "root" if n is sc.tree.root_node else f"node {n.id} ('{_words(sc, n.key)}')"
+
+
+def _snapshot_ids(sc) -> dict:
+    return {n.id: (n.key, n.value is None, n.lock_ref, None if n.value is None else n.value.tolist(),
+                   None if n.host_value is None else n.host_value.tolist()) for n in sc.tree._all_nodes()}
+
+
+def _changed(sc, before) -> set:
+    return {i for i, v in _snapshot_ids(sc).items() if before.get(i) != v}
+
+
+def _op_arrive(sc: RadixScene, step, request, text) -> None:
+    """A request arrives, as SGLang's scheduler admits it: match (loading a host part back), lock,
+    allocate, compute, checkpoint its prompt into the tree."""
+    from memlab.course.viz.instrument import InputError, recording, spell_value
+
+    if not request or not str(request).isidentifier():
+        raise InputError(f"request id {request!r}: type a short name such as E")
+    if request in sc.running:
+        raise InputError(f"request {request!r} is running: finish it first")
+    ids, before = tokens_of(sc, text), _snapshot_ids(sc)
+    step.call = f"req = driver.admit({spell_value(ids)})  # '{text}'"
+    with recording(sc.tree, "match_prefix") as m:
+        req = sc.driver.admit(ids)
+    if m:
+        r = m[0]["result"]
+        step.call += (f"\n# called tree.match_prefix(...) -> device_prefix_len={r.device_prefix_len}, "
+                      f"host_hit_length={r.host_hit_length}")
+    if req is None:
+        step.result = "None"
+        step.refuse(f"refused (admit returns None): {len(ids)} tokens do not fit even after evicting "
+                    f"(available_size() = {sc.tree.token_to_kv_pool_allocator.available_size()})")
+        return
+    sc.running[request] = req
+    step.result = (f"hit {req.hit_tokens} tokens ({req.host_hit_tokens} loaded back from the host), "
+                   f"computed {len(ids) - req.hit_tokens}; locked {_node_name(sc, req.last_node)}")
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"{request} arrives: '{text}': " + step.result
+
+
+def _op_finish(sc: RadixScene, step, request) -> None:
+    from memlab.course.viz.instrument import InputError
+
+    if request not in sc.running:
+        raise InputError(f"{request!r} is not running")
+    before = _snapshot_ids(sc)
+    step.call = f"release_kv_cache(req, tree, checkpoint=True)  # req = {request}"
+    sc.driver.finish(sc.running.pop(request))
+    step.result = f"{request}'s lock dropped; its tokens stay in the tree"
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"{request} finishes"
+
+
+def _match_text(r, sc) -> str:
+    return (f"MatchResult(device_prefix_len={r.device_prefix_len}, last_device_node={_node_name(sc, r.last_device_node)}, "
+            f"last_host_node={_node_name(sc, r.last_host_node)}, host_hit_length={r.host_hit_length})")
+
+
+def _op_insert(sc: RadixScene, step, text) -> None:
+    """``tree.insert(key, value)`` with slots of the learner's own: the caller allocates them,
+    writes the KV, inserts, and frees its copies of what the tree held already (the caller's job)."""
+    from memlab.course.viz.instrument import spell_value
+
+    ids, before = tokens_of(sc, text), _snapshot_ids(sc)
+    tree, al = sc.tree, sc.tree.token_to_kv_pool_allocator
+    key = tree.page_aligned(ids)
+    step.call = f"key = {spell_value(list(key))}  # '{_words(sc, key)}', cut to whole pages\nvalue = allocator.alloc({len(key)})"
+    if not key:
+        step.refuse(f"nothing to insert: {len(ids)} token(s) is less than one page of {tree.page_size}")
+        return
+    value = al.alloc(len(key))
+    if value is None:
+        step.result = "None"
+        step.refuse(f"refused (allocator.alloc returns None): {len(key)} slots wanted, available_size() = "
+                    f"{al.available_size()}; evict first")
+        return
+    sc._compute(value, list(key), 0)
+    result = tree.insert(key, value)
+    step.call += "\nresult = tree.insert(key, value)"
+    if result.prefix_len:
+        al.free_segment(value[:result.prefix_len], start_pos=0)
+        step.call += f"\nallocator.free_segment(value[:{result.prefix_len}], start_pos=0)  # duplicates of the tree's"
+    step.result = (f"value {spell_value(value)}; InsertResult(prefix_len={result.prefix_len}, "
+                   f"last_device_node={_node_name(sc, result.last_device_node)})")
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"insert '{_words(sc, key)}': the tree held {result.prefix_len} of its tokens"
+
+
+def _op_match(sc: RadixScene, step, text) -> None:
+    from memlab.course.viz.instrument import spell_value
+
+    ids, before = tokens_of(sc, text), _snapshot_ids(sc)
+    step.call = f"tree.match_prefix({spell_value(ids)})  # '{text}'"
+    r = sc.tree.match_prefix(ids)
+    step.result = _match_text(r, sc)
+    ch = _changed(sc, before)
+    step.marks = dict(changed=ch, path={r.last_host_node.id})
+    step.caption = (f"match '{text}': {r.device_prefix_len} on the device, {r.host_hit_length} on the host only"
+                    + (" (a node was split)" if ch else ""))
+
+
+def _op_lock(sc: RadixScene, step, text) -> None:
+    """What admission does: match, then ``inc_lock_ref`` on the node the device part ends at."""
+    from memlab.course.viz.instrument import spell_value
+
+    ids = tokens_of(sc, text)
+    r = sc.tree.match_prefix(ids)
+    node = r.last_device_node
+    step.call = (f"node = tree.match_prefix({spell_value(ids)}).last_device_node  # {_node_name(sc, node)}\n"
+                 "tree.inc_lock_ref(node)")
+    if node is sc.tree.root_node:
+        step.refuse("nothing of it is on the device: the match ends at the root, there is no node to lock")
+        return
+    d = sc.tree.inc_lock_ref(node)
+    step.result = f"IncLockRefResult(delta={d.delta})"
+    step.marks = dict(changed={node.id})
+    step.caption = f"lock the path to node {node.id}: evictable_size changes by {d.delta}"
+
+
+def _op_unlock(sc: RadixScene, step, node) -> None:
+    n = _node(sc, node)
+    step.call = f"tree.dec_lock_ref(node)  # node = {_node_name(sc, n)}, lock_ref {n.lock_ref}"
+    d = sc.tree.dec_lock_ref(n)
+    step.result = f"DecLockRefResult(delta={d.delta})"
+    step.marks = dict(changed={n.id})
+    step.caption = f"unlock the path to node {n.id}: evictable_size changes by +{d.delta}"
+
+
+def _op_evict(sc: RadixScene, step, num_tokens) -> None:
+    from memlab.course.viz.instrument import InputError, integer
+
+    n = integer(num_tokens)
+    if n < 0:
+        raise InputError(f"num_tokens {n}: a number of tokens is >= 0")
+    before = _snapshot_ids(sc)
+    step.call = f"tree.evict({n})"
+    r = sc.tree.evict(n)
+    step.result = f"EvictResult(num_tokens_evicted={r.num_tokens_evicted})"
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"evict({n}): {r.num_tokens_evicted} device slots freed (demoted to the host where backed up)"
+
+
+def _op_evict_host(sc: RadixScene, step, host_tokens) -> None:
+    from memlab.course.viz.instrument import InputError, integer
+
+    n = integer(host_tokens)
+    if n < 0:
+        raise InputError(f"num_tokens {n}: a number of tokens is >= 0")
+    before = _snapshot_ids(sc)
+    step.call = f"tree.evict_host({n})"
+    got = sc.tree.evict_host(n)
+    step.result = f"{got} host slots freed"
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"evict_host({n}): {got} host slots freed"
+
+
+def _op_backup(sc: RadixScene, step, node) -> None:
+    """``write_backup(node)``: copy a device node (and, write-through, its unbacked ancestors) to the host."""
+    from memlab.course.viz.instrument import InputError
+
+    n = _node(sc, node)
+    if n.value is None:
+        raise InputError(f"node {n.id} is not on the device: only a device node can be backed up")
+    if n.host_value is not None:
+        raise InputError(f"node {n.id} has a host copy already (host slots {n.host_value.tolist()})")
+    before = _snapshot_ids(sc)
+    step.call = f"tree.write_backup(node)  # node = {_node_name(sc, n)}"
+    got = sc.tree.write_backup(n)
+    step.result = f"{got} tokens backed up" + ("" if got else " (0: the host is full)")
+    if not got:
+        step.refuse("write_backup returns 0: the host pool has no room even after evict_host")
+        return
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"back up node {n.id} to the host: {got} tokens"
+
+
+def _op_load_back(sc: RadixScene, step, text) -> None:
+    """Match, then ``load_back`` the host-only part of the match onto the device."""
+    from memlab.course.viz.instrument import spell_value
+
+    ids, before = tokens_of(sc, text), _snapshot_ids(sc)
+    r = sc.tree.match_prefix(ids)
+    step.call = (f"m = tree.match_prefix({spell_value(ids)})  # host_hit_length={r.host_hit_length}\n"
+                 "tree.load_back(m.last_host_node)")
+    if not r.host_hit_length:
+        step.refuse(f"nothing to load back: the match ({r.device_prefix_len} tokens) is all on the device")
+        return
+    got = sc.tree.load_back(r.last_host_node)
+    if got is None:
+        step.result = "None"
+        step.refuse(f"load_back returns None: {r.host_hit_length} host tokens, load_back_threshold "
+                    f"{sc.tree.load_back_threshold}, available_size() "
+                    f"{sc.tree.token_to_kv_pool_allocator.available_size()} even after evicting")
+        return
+    step.result = f"device slots {spell_value(got)}"
+    step.marks = dict(changed=_changed(sc, before))
+    step.caption = f"load back '{text}': {len(got)} tokens copied host -> device"
+
+
+def node_tip(sc: RadixScene, n: NodeView, books: RadixBooks) -> str:
+    state = {"locked": "locked (on the device)", "evictable": "an evictable leaf (on the device)",
+             "device": "on the device, a child on the device", "host": "host only (evicted from the device)"}[n.state]
+    return (f"node {n.id} · key '{_words(sc, n.key)}' ({len(n.key)} tokens: ids {list(n.key)}) · "
+            f"device slots {list(n.value) if n.value is not None else 'none'} · host slots "
+            f"{list(n.host_value) if n.host_value is not None else 'none'} · lock_ref {n.lock_ref} · {state} · "
+            f"last access {n.last_access_time}")
+
+
+def draw_radix_svg(sc: RadixScene, step=None) -> str:
+    """The tree (every node's whole key, wrapped; its slots and lock), the device and host pools."""
+    import textwrap
+
+    from memlab.course.viz.svg import CELL, Canvas, Swatch, esc
+
+    changed = set((step.marks if step is not None else {}).get("changed", ()))
+    books = read_radix_books(sc.tree, "", sc.running, changed, tuple(scene_words(sc)))
+    c = Canvas("hover a node or a slot: its key, slots, lock count, owner")
+    s = books.sizes
+    c.text(4, 17, f"radix tree: evictable_size() {s['evictable']}, protected_size() {s['protected']} tokens",
+           size=12.5, weight="bold")
+    pos = _layout(books)
+    w, line_h, chars = 170, 13, 24
+    labels = {}
+    for n in books.nodes:
+        lines = textwrap.wrap(_words(sc, n.key), chars, break_long_words=True) or ["(empty)"]
+        where = []
+        if n.value is not None:
+            where.append(f"dev {_span(n.value)}")
+        if n.host_value is not None:
+            where.append(f"host {_span(n.host_value)}")
+        lines.append(" | ".join(where))
+        if n.lock_ref:
+            lines.append(f"lock_ref {n.lock_ref}")
+        labels[n.id] = lines
+    h = max([len(v) for v in labels.values()] + [2]) * line_h + 8
+    dx, dy, top0 = w + 14, h + 30, 60
+    tops = [pos[n.id][0] for n in books.nodes if n.parent is None]
+    root_x = 4 + w / 2 + dx * (sum(tops) / len(tops) if tops else 0)
+    c.parts.append(f'<circle cx="{root_x:.1f}" cy="38" r="12" fill="{PADDING}"/>')
+    c.text(root_x, 42, "root", size=9, anchor="middle", color="#fff")
+    for n in books.nodes:
+        x, d = pos[n.id]
+        cx, top = 4 + w / 2 + x * dx, top0 + (d - 1) * dy
+        if n.parent is None:
+            px, py = root_x, 50
+        else:
+            px, py = 4 + w / 2 + pos[n.parent][0] * dx, top0 + (pos[n.parent][1] - 1) * dy + h
+        c.parts.append(f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{top:.1f}" stroke="#888"/>')
+        new = n.id in changed
+        c.cell(cx - w / 2, top, STATE_FILL[n.state], "", tip=node_tip(sc, n, books), gid=f"node:{n.id}", w=w, h=h,
+               stroke=HIGHLIGHT if new else "#333" if n.host_value is not None else "#fff",
+               stroke_width=2.5 if new else 1, pattern="url(#memlab-part1)" if n.state == "host" else None)
+        ink = "#fff" if n.state == "locked" else "#000"
+        for k, line in enumerate(labels[n.id]):  # over the node's box: the pointer goes through to it
+            c.parts.append(f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" font-size="10.5" '
+                           f'fill="{ink}" pointer-events="none">{esc(line)}</text>')
+        c.text(cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555")
+    depth = max([d for _, d in pos.values()] + [1])
+    y = top0 + (depth - 1) * dy + h + 16
+    if not books.nodes:
+        c.text(4, 70, "(an empty tree)", size=11, color="#777")
+        y = 84
+    for name, pages, owner_of, prefix, free in (
+            ("device pool", books.device_pages, books.device_owner, "dpage", s["available"]),
+            ("host pool", books.host_pages, books.host_owner, "hpage", s["host_available"])):
+        unit = f"pages of {books.page_size}" if books.page_size > 1 else "slots"
+        c.text(4, y + 13, f"{name}: {pages} {unit}, {free} tokens free", size=12.5, weight="bold")
+        y += 20
+        per_line = 25
+        for p in range(pages + 1):
+            line, col = divmod(p, per_line)
+            owner = owner_of(p)
+            pattern = None
+            if owner == "padding":
+                what = "padding: never handed out"
+            elif owner == "free" or owner is None:
+                what = "free"
+            elif owner[0] == "request":
+                what, pattern = f"request {owner[1]}'s own (not in the tree yet)", "url(#memlab-part3)"
+            else:
+                nv = books.node(owner[1])
+                slots = nv.value if prefix == "dpage" else nv.host_value
+                offs = [i for i, x in enumerate(slots) if x // books.page_size == p]
+                what = f"node {nv.id}'s tokens {offs}: '{_words(sc, [nv.key[i] for i in offs])}'"
+                pattern = "url(#memlab-part1)" if nv.state == "host" and prefix == "dpage" else None
+            span = f"slot {p}" if books.page_size == 1 else f"slots {p * books.page_size}-{p * books.page_size + books.page_size - 1}"
+            c.cell(4 + col * CELL, y + line * (CELL + 4), _page_fill(owner, books), p, tip=f"{name} page {p} ({span}) · {what}",
+                   gid=f"{prefix}:{p}", stroke="#999", pattern=pattern)
+        y += ((pages // per_line) + 1) * (CELL + 4) + 8
+    c.legend(4, y, [Swatch("locked", LOCKED), Swatch("evictable leaf", EVICTABLE), Swatch("on device", DEVICE),
+                    Swatch("host only", HOST_ONLY, "url(#memlab-part1)"), Swatch("a request's own", "#c8c8c8",
+                    "url(#memlab-part3)"), Swatch("changed by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2)])
+    return c.html()
+
+
+def radix_books_of(sc: RadixScene) -> dict:
+    """The numbers chapter 11's instrument lists, read from the real tree and its allocators."""
+    tree = sc.tree
+    out = {"evictable_size()": tree.evictable_size(), "protected_size()": tree.protected_size(),
+           "device available_size()": tree.token_to_kv_pool_allocator.available_size(),
+           "host available_size()": tree.token_to_kv_pool_host.available_size(),
+           "running": list(sc.running)}
+    for n in sorted(tree._all_nodes(), key=lambda n: n.id):
+        out[f"node {n.id}"] = dict(key=_words(sc, n.key), lock_ref=n.lock_ref,
+                                   device=None if n.value is None else _span(n.value.tolist()),
+                                   host=None if n.host_value is None else _span(n.host_value.tolist()))
+    return out
+
+
+def radix_instrument(page_size: int = 1, opening=STORY_STEPS, text="<s> You are brief . What is KV ?"):
+    """Chapter 11's instrument: arrive/finish requests, insert, match_prefix, lock, unlock, evict,
+    write_backup, load_back, evict_host with the learner's own words; page size 1 or 2. Opens on
+    the story's last state (everything on the host, a host eviction done)."""
+    import ipywidgets as W
+
+    from memlab.course.viz.instrument import Field, Instrument, Operation
+
+    def build(page_size):
+        sc = RadixScene(24, 32, page_size)
+        sc.words = list(WORDS)
+        return sc
+
+    def box(name, value, width="170px"):
+        return W.Text(value=value, description=name, layout=W.Layout(width=width),
+                      style={"description_width": "initial"}, continuous_update=False)
+
+    def running(sc):
+        return list(sc.running)
+
+    def nodes(sc):
+        return [str(n.id) for n in sorted(sc.tree._all_nodes(), key=lambda n: n.id)]
+
+    def node_box(name):
+        return W.Dropdown(description=name, layout=W.Layout(width="150px"))
+
+    ops = [
+        Operation("arrive", lambda sc, step, request, text: _op_arrive(sc, step, request, text),
+                  [Field("request", box("request", "E", "120px")), Field("text", box("tokens", text, "380px"))],
+                  label="arrive (admit)", help="match, lock, allocate, compute, checkpoint"),
+        Operation("finish", lambda sc, step, finishing: _op_finish(sc, step, finishing),
+                  [Field("finishing", node_box("request"), str, options=running)], label="finish",
+                  help="release_kv_cache: unlock, its tail stays in the tree"),
+        Operation("insert", lambda sc, step, insert_text: _op_insert(sc, step, insert_text),
+                  [Field("insert_text", box("key", "<s> You are brief . Why ?", "380px"))], label="insert"),
+        Operation("match", lambda sc, step, match_text: _op_match(sc, step, match_text),
+                  [Field("match_text", box("key", text, "380px"))], label="match_prefix"),
+        Operation("lock", lambda sc, step, lock_text: _op_lock(sc, step, lock_text),
+                  [Field("lock_text", box("key", "<s> You are", "380px"))], label="inc_lock_ref"),
+        Operation("unlock", lambda sc, step, unlock_node: _op_unlock(sc, step, unlock_node),
+                  [Field("unlock_node", node_box("node"), str, options=nodes)], label="dec_lock_ref"),
+        Operation("evict", lambda sc, step, num_tokens: _op_evict(sc, step, num_tokens),
+                  [Field("num_tokens", box("num_tokens", "4", "150px"))], label="evict"),
+        Operation("backup", lambda sc, step, backup_node: _op_backup(sc, step, backup_node),
+                  [Field("backup_node", node_box("node"), str, options=nodes)], label="write_backup"),
+        Operation("load_back", lambda sc, step, load_text: _op_load_back(sc, step, load_text),
+                  [Field("load_text", box("key", text, "380px"))], label="load_back"),
+        Operation("evict_host", lambda sc, step, host_tokens: _op_evict_host(sc, step, host_tokens),
+                  [Field("host_tokens", box("num_tokens", "4", "150px"))], label="evict_host"),
+    ]
+    steps = []
+    for op, args in opening:
+        args = dict(args)
+        if op == "finish":
+            args["finishing"] = args.pop("request")
+        elif op == "evict_host":
+            args["host_tokens"] = args.pop("num_tokens")
+        steps.append((op, args))
+    ps = W.ToggleButtons(options=[1, 2], value=page_size, description="page_size", style={"button_width": "42px"})
+    return Instrument(build, ops, draw_radix_svg, radix_books_of, settings={"page_size": ps}, opening=steps,
+                      title="the radix tree and HiCache: your own words")

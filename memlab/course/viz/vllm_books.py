@@ -206,3 +206,285 @@ def draw_vllm(books: VllmBooks, width: float = 11.0):
     queue_ax.set_ylim(1.3, -0.4)
     fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
     return fig
+
+
+# -- 5. the instrument: the learner's own prompts on a real KVCacheManager --------------------
+
+STORY_STEPS = (("submit", dict(request="A", prompt="0 1 2 3 4 5 6 7 8 9")),
+               ("decode", dict(request="A", tokens="100")), ("decode", dict(request="A", tokens="101")),
+               ("finish", dict(request="A")),
+               ("submit", dict(request="B", prompt="0 1 2 3 4 5 6 7 50 51 52")),
+               ("submit", dict(request="C", prompt=" ".join(map(str, range(200, 224))))),
+               ("submit", dict(request="D", prompt=" ".join(map(str, range(300, 308))))),
+               ("finish", dict(request="B")))  # prefix_cache(True)'s steps, in the instrument's words
+
+
+def prompt_ids(sc: VllmScene, text) -> list[int]:
+    """Token ids from what the learner typed: whole numbers as they are; words get ids 1000, 1001,
+    ... in order of first appearance (the same word, the same id, so words can share a prefix)."""
+    from memlab.course.viz.instrument import InputError
+
+    if isinstance(text, (list, tuple)):
+        return [int(t) for t in text]
+    vocab = sc.__dict__.setdefault("vocab", {})
+    out = []
+    for w in str(text).replace(",", " ").split():
+        try:
+            out.append(int(w))
+        except ValueError:
+            if not w.isprintable():
+                raise InputError(f"{w!r} is not a word") from None
+            out.append(vocab.setdefault(w, 1000 + len(vocab)))
+    return out
+
+
+def _hash_hex(h) -> str:
+    return h.hex()[:16] if isinstance(h, bytes) else f"{h:016x}"[:16]
+
+
+def _ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def _op_submit(sc: VllmScene, step, request, prompt) -> None:
+    """A prompt arrives: the scheduler looks it up (``get_computed_blocks``), then allocates the
+    rest after the hits (``allocate_slots``); the calls shown are the recorded ones."""
+    from memlab.course.viz.instrument import InputError, recording, spell_value
+
+    if not request or not str(request).isidentifier():
+        raise InputError(f"request id {request!r}: type a short name such as E")
+    if request in sc.requests:
+        raise InputError(f"request {request!r} is running: finish it first (a request id is unique)")
+    tokens = prompt_ids(sc, prompt)
+    step.call = f"req = Request({request!r}, {spell_value(tokens)}, block_hasher=manager.request_block_hasher)"
+    m = sc.manager
+    with recording(m, "get_computed_blocks") as looked, recording(m, "allocate_slots") as alloc:
+        got = sc.arrive(request, tokens)
+    if looked:
+        hits, n = looked[0]["result"]
+        step.call += (f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, {n} tokens")
+    if alloc:
+        a = alloc[0]["args"]
+        step.call += (f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, {a.get('num_new_computed_tokens', 0)}"
+                      + (", hits)" if a.get("new_computed_blocks") else ")"))
+        new = alloc[0]["result"]
+        step.result = "None" if new is None else f"blocks {_ids(new)}"
+    if got is None:
+        pool = m.block_pool
+        step.refuse(f"refused (allocate_slots returns None): the prompt needs more blocks than the "
+                    f"{pool.get_num_free_blocks()} free (get_num_free_blocks()); nothing was taken")
+        return
+    sc.books("")  # names the new hashes h1, h2, ... in the order they appear, as the story does
+    step.marks = dict(new=set(got["new"]), hit=got["hit"], evicted=got["evicted"])
+    ev = f"; block {sorted(got['evicted'])} carried a hash: evicted" if got["evicted"] else ""
+    step.caption = (f"{request} arrives with {len(tokens)} tokens: {got['hit_tokens']} hit (blocks "
+                    f"{sorted(got['hit'])}), new blocks {got['new']}{ev}")
+
+
+def _op_decode(sc: VllmScene, step, request, tokens) -> None:
+    """The request decodes: each token is appended and ``allocate_slots(req, 1)`` makes room."""
+    from memlab.course.viz.instrument import InputError, recording
+
+    if request not in sc.requests:
+        raise InputError(f"{request!r} is not running")
+    ids = prompt_ids(sc, tokens)
+    if not ids:
+        raise InputError("type at least one token to decode")
+    req = sc.requests[request]
+    hashed_before = {b.block_id for b in sc.manager.block_pool.blocks if b.block_hash is not None}
+    lines, new_all, done = [], [], 0
+    with recording(sc.manager, "allocate_slots") as calls:
+        for t in ids:
+            got = sc.decode(request, t)
+            if got is None:
+                # vLLM's scheduler would preempt; here the token that found no block is taken back
+                req.all_token_ids.pop()
+                break
+            done += 1
+            new_all += sorted(got)
+    for t, c in zip(ids, calls):
+        res = c["result"]
+        lines.append(f"req.append_output_token_ids({t}); manager.allocate_slots(req, 1)  # -> "
+                     + ("None" if res is None else f"blocks {_ids(res)}"))
+    step.call = "\n".join(lines)
+    if done < len(ids):
+        step.refuse(f"refused (allocate_slots returns None) at token {ids[done]}: no free block for it "
+                    f"(get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}); vLLM would "
+                    "preempt a request")
+        return
+    sc.books("")
+    step.result = f"new blocks {new_all}; {request} holds {req.num_tokens} tokens"
+    step.marks = dict(new=set(new_all), evicted={b for b in new_all if b in hashed_before})
+    step.caption = f"{request} decodes {len(ids)} token(s): new blocks {new_all}"
+
+
+def _op_finish(sc: VllmScene, step, request) -> None:
+    """The request finishes: ``manager.free(req)`` frees its blocks in reverse order."""
+    from memlab.course.viz.instrument import InputError
+
+    if request not in sc.requests:
+        raise InputError(f"{request!r} is not running")
+    step.call = f"manager.free(req)  # req = the Request {request!r}"
+    freed = sc.finish(request)
+    q = [b.block_id for b in sc.manager.block_pool.free_block_queue.get_all_free_blocks()]
+    step.result = f"blocks {freed[::-1]} freed, in that order; free queue {q}"
+    step.marks = dict(new=set(freed))
+    step.caption = f"{request} finishes: blocks {freed[::-1]} go back (hashed ones to the tail)"
+
+
+def block_tip(books: VllmBooks, sc: VllmScene, b: int) -> str:
+    """What block ``b`` is: its id, ref count, hash, who holds it and where, its place in the queue."""
+    if b == books.null_block:
+        return f"block {b}: the null block (popped at start, never freed)"
+    pool = sc.manager.block_pool
+    blk = pool.blocks[b]
+    words = [f"block {b}", f"ref_cnt {books.ref_cnt[b]}"]
+    words.append(f"hash {books.hashes[b]} = {_hash_hex(blk.block_hash)}…" if b in books.hashes else "no hash")
+    bs = books.block_size
+    for rid, ids in books.req_blocks.items():
+        for j, x in enumerate(ids):
+            if x == b:
+                words.append(f"{rid}'s block {j} (tokens {j * bs}-{j * bs + bs - 1})")
+    if b in books.queue:
+        i = books.queue.index(b)
+        prev = blk.prev_free_block.block_id if blk.prev_free_block is not None and blk.prev_free_block.block_id >= 0 else None
+        nxt = blk.next_free_block.block_id if blk.next_free_block is not None and blk.next_free_block.block_id >= 0 else None
+        where = "head: reused first" if i == 0 else "tail" if i == len(books.queue) - 1 else "middle"
+        words.append(f"free queue #{i} ({where}; prev {prev if prev is not None else 'fake head'}, "
+                     f"next {nxt if nxt is not None else 'fake tail'})")
+        if b in books.hashes:
+            words.append("cached: a hit revives it, a reuse evicts its hash")
+    return " · ".join(words)
+
+
+def draw_vllm_svg(sc: VllmScene, step=None) -> str:
+    """The pool, each request's block table and the free queue as a linked list, as inline SVG."""
+    from memlab.course.viz.svg import CELL, Canvas, Swatch
+
+    marks = step.marks if step is not None else {}
+    new, hit, evicted = set(marks.get("new", ())), set(marks.get("hit", ())), set(marks.get("evicted", ()))
+    books = sc.books("")
+    c = Canvas("hover a block: its id, ref_cnt, hash, owner and place in the free queue")
+    w = 34
+
+    def block_cell(x, y, b, gid, label=None):
+        fill, _ = _block_fill(books, b)
+        edge = EVICTED if b in evicted else HIGHLIGHT if b in new | hit else "#999"
+        c.cell(x, y, fill, "null" if b == books.null_block and label is None else (b if label is None else label),
+               tip=block_tip(books, sc, b), gid=gid, w=w, h=w, stroke=edge,
+               stroke_width=2.5 if edge != "#999" else 1, pattern="url(#memlab-part1)" if b in hit else None)
+
+    y = 4.0
+    c.text(4, y + 13, f"block pool: {books.num_blocks} blocks of {books.block_size} tokens · "
+           f"get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}", size=12.5, weight="bold")
+    y += 22
+    for b in range(books.num_blocks):
+        x = 4 + b * (w + 6)
+        block_cell(x, y, b, f"block:{b}")
+        c.text(x + w / 2, y + w + 12, books.hashes.get(b, ""), size=10, anchor="middle", color="#00695c")
+        if b != books.null_block:
+            c.text(x + w / 2, y + w + 24, f"rc {books.ref_cnt[b]}", size=9.5, anchor="middle", color="#555")
+    y += w + 36
+    c.text(4, y + 13, "requests' blocks (block-table rows)", size=12.5, weight="bold")
+    y += 20
+    if not books.req_blocks:
+        c.text(4, y + 14, "(no running request)", size=11, color="#777")
+        y += 24
+    for rid, ids in books.req_blocks.items():
+        c.text(4, y + 22, rid, size=12, weight="bold")
+        for j, b in enumerate(ids):
+            block_cell(40 + j * (w + 2), y, b, f"table:{rid}:{j}")
+        req = sc.requests[rid]
+        c.text(44 + len(ids) * (w + 2), y + 22, f"{req.num_tokens} tokens, {len(req.block_hashes)} hashed", size=10.5,
+               color="#555")
+        y += w + 6
+    y += 8
+    c.text(4, y + 13, "free queue: a doubly linked list, head (taken first) <-> ... <-> tail", size=12.5,
+           weight="bold")
+    y += 20
+    step_x = w + 22
+    per_line = max(1, int((max(c.width, 560) - 80) // step_x))
+    if not books.queue:
+        c.text(4, y + 22, "head <-> tail: empty, every block but the null one is held", size=11, color="#777")
+    else:
+        c.text(4, y + 22, "head", size=11, color="#555")
+    for i, b in enumerate(books.queue):
+        line, col = divmod(i, per_line)
+        x, yy = 44 + col * step_x, y + line * (w + 10)
+        if col:
+            c.text(x - 11, yy + 21, "⇄", size=13, anchor="middle", color="#666")
+        block_cell(x, yy, b, f"queue:{i}:{b}")
+    last_line = max(0, (len(books.queue) - 1) // per_line)
+    end_x = 44 + ((len(books.queue) - 1) % per_line + 1) * step_x if books.queue else 44
+    if books.queue:
+        c.text(end_x - 14, y + last_line * (w + 10) + 22, "tail", size=11, color="#555")
+    y += (last_line + 1) * (w + 10) + 6
+    sw = [Swatch("free", FREE), Swatch("free, cached (a hash)", CACHED), Swatch("null block", NULL),
+          Swatch("held (owner's colour)", owner_color("A"))]
+    if hit:
+        sw.append(Swatch("taken by a cache hit", owner_color("A"), "url(#memlab-part1)"))
+    if new:
+        sw.append(Swatch("taken or freed by this call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2))
+    if evicted:
+        sw.append(Swatch("its hash evicted now", "#ffffff", stroke=EVICTED, stroke_width=2.5))
+    c.legend(4, y, sw)
+    return c.html()
+
+
+def vllm_books(sc: VllmScene) -> dict:
+    """The numbers chapter 06's instrument lists, read from the real KVCacheManager."""
+    pool = sc.manager.block_pool
+    books = sc.books("")
+    out = {"get_num_free_blocks()": pool.get_num_free_blocks(),
+           "free queue (head -> tail)": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+           "ref_cnt": {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt},
+           "hashed blocks": dict(sorted(books.hashes.items())),
+           "num_evictions": pool.num_evictions}
+    for rid, req in sc.requests.items():
+        out[f"request {rid}"] = dict(blocks=sc.manager.get_block_ids(rid), tokens=req.num_tokens,
+                                     num_computed_tokens=req.num_computed_tokens, hashes=len(req.block_hashes))
+    return out
+
+
+def block_pool_instrument(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4,
+                          opening=STORY_STEPS, prompt="0 1 2 3 4 5 6 7 60 61"):
+    """Chapter 06's instrument: submit a prompt (token ids or words), decode, finish, on a real
+    KVCacheManager; prefix caching on or off. Opens on the story's last state."""
+    import ipywidgets as W
+
+    from memlab.course.viz.instrument import Field, Instrument, Operation
+
+    def build(prefix_caching):
+        sc = VllmScene(num_blocks, block_size, prefix_caching == "on")
+        sc.vocab = {}
+        return sc
+
+    def box(name, value, width="170px"):
+        return W.Text(value=value, description=name, layout=W.Layout(width=width),
+                      style={"description_width": "initial"}, continuous_update=False)
+
+    def running(sc):
+        return list(sc.requests)
+
+    submit = Operation("submit", _op_submit, [Field("request", box("request", "E", "130px"), str),
+                                              Field("prompt", box("prompt", prompt, "330px"), str)],
+                       label="submit", help="get_computed_blocks, then allocate_slots")
+    who = W.Dropdown(description="request", layout=W.Layout(width="160px"))
+    # field names are the instrument's (one widget each), so the two dropdowns have their own
+    decode = Operation("decode", lambda sc, step, running, tokens: _op_decode(sc, step, running, tokens), [Field("running", who, str, options=running),
+                                              Field("tokens", box("tokens", "70", "150px"), str)],
+                       label="decode", help="append each token, allocate_slots(req, 1)")
+    who2 = W.Dropdown(description="request", layout=W.Layout(width="160px"))
+    finish = Operation("finish", lambda sc, step, finishing: _op_finish(sc, step, finishing), [Field("finishing", who2, str, options=running)],
+                       label="finish", help="manager.free(req): the request's blocks go back, in reverse order")
+    caching = W.ToggleButtons(options=["on", "off"], value="on" if enable_caching else "off",
+                              description="prefix caching", style={"button_width": "42px"})
+    steps = [(op, dict(args)) for op, args in opening]
+    for op, args in steps:  # the operations' own argument names
+        if op == "decode":
+            args["running"] = args.pop("request")
+        elif op == "finish":
+            args["finishing"] = args.pop("request")
+    return Instrument(build, [submit, decode, finish], draw_vllm_svg, vllm_books,
+                      settings={"prefix_caching": caching}, opening=steps,
+                      title="vLLM's block pool: your own prompts")
