@@ -198,8 +198,8 @@ def radix_state(sc: RadixScene) -> dict:
     nodes = {n.id: (n.key, None if n.value is None else n.value.tolist(),
                     None if n.host_value is None else n.host_value.tolist(), n.lock_ref,
                     n.parent.id if n.parent is not tree.root_node else None) for n in tree._all_nodes()}
-    return dict(nodes=nodes, free=sorted(al.free_pages.tolist() + al.release_pages.tolist()),
-                host_free=sorted(host.free_pages.tolist() + host.release_pages.tolist()),
+    return dict(nodes=nodes, free=sorted(al.get_all_free_pages().tolist()),
+                host_free=sorted(host.get_all_free_pages().tolist()),
                 sizes=(tree.evictable_size(), tree.protected_size()), running=sorted(sc.running))
 
 
