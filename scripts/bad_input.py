@@ -36,11 +36,15 @@ import sys
 from collections import Counter, defaultdict, deque
 from types import SimpleNamespace
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from memlab.common.env import ensure_kernel_mode  # noqa: E402  (before torch can import triton)
+
+ensure_kernel_mode()
+
+import torch  # noqa: E402
 
 MEMLAB_DIRS = tuple(os.path.realpath(os.path.join(ROOT, d)) + os.sep for d in ("memlab", "kernels"))
 CLASSES = ("clean", "wrong_kind", "unnamed", "raw", "changed", "silent", "corrupt")
@@ -618,7 +622,8 @@ def _vllm_cases():
 
     each("FreeKVCacheBlockQueue.popleft_n", bad_counts(huge=False), ["n"], q_env,
          lambda env, v: env.q.popleft_n(v), books=q_books)
-    case("FreeKVCacheBlockQueue.popleft_n", "more than are free", ValueError, ["n", "free"], q_env,
+    # vLLM's own check is a bare assert (its callers count first): memlab keeps it, with a message
+    case("FreeKVCacheBlockQueue.popleft_n", "more than are free", (ValueError, AssertionError), ["n", "free"], q_env,
          lambda env: env.q.popleft_n(5), books=q_books)
     case("FreeKVCacheBlockQueue.prepend_n", "a block already queued (a cycle)", ValueError, ["block"], q_env,
          lambda env: env.q.prepend_n([env.blocks[1]]), books=q_books)
@@ -640,8 +645,8 @@ def _vllm_cases():
         env.m.block_pool.check_invariants()
 
     for arg, bads in (("num_gpu_blocks", bad_counts(zero_ok=False)), ("block_size", bad_counts(zero_ok=False)),
-                      ("sliding_window", [b for b in bad_counts(zero_ok=False) if b[1] is not None]),
-                      ("max_model_len", [b for b in bad_counts(zero_ok=False) if b[1] is not None])):
+                      ("sliding_window", [b for b in bad_counts(zero_ok=False, huge=False) if b[1] is not None]),
+                      ("max_model_len", [b for b in bad_counts(zero_ok=False, huge=False) if b[1] is not None])):
         each("KVCacheManager()", [(f"{arg} {l}", v, w) for l, v, w in bads], [arg], lambda: SimpleNamespace(),
              (lambda a: lambda env, v: KVCacheManager(**{"num_gpu_blocks": 8, "block_size": 4, a: v}))(arg))
     each("KVCacheManager()", [("watermark None", None, TypeError), ("watermark 1.5", 1.5, ValueError),
@@ -713,7 +718,7 @@ def _vllm_cases():
          bt_env, lambda env, v: env.t.compute_slot_mapping(req, v, backend="torch"))
     each("BlockTable.compute_slot_mapping", bad_id_tensors(n=3, oor=5, dtype=torch.int64),
          ["req_indices", "request row"], bt_env, lambda env, v: env.t.compute_slot_mapping(v, pos, backend="torch"))
-    each("BlockTable.compute_slot_mapping", [(f"num_padded {l}", v, w) for l, v, w in bad_counts()],
+    each("BlockTable.compute_slot_mapping", [(f"num_padded {l}", v, w) for l, v, w in bad_counts() if v is not None],
          ["num_padded"], bt_env, lambda env, v: env.t.compute_slot_mapping(req, pos, v, backend="torch"))
     case("BlockTable.compute_slot_mapping", "backend 'cuda'", ValueError, ["backend"], bt_env,
          lambda env: env.t.compute_slot_mapping(req, pos, backend="cuda"))
@@ -728,7 +733,8 @@ def _vllm_cases():
                                   ("block_table 1-D", torch.tensor([1, 2], dtype=torch.int32), ValueError),
                                   ("block_table float", torch.ones(2, 2), TypeError)],
          ["block_table"], sm_env, lambda env, v: compute_slot_mapping(v, req, pos, 4, backend="torch"))
-    each("compute_slot_mapping", [(f"num_tokens {l}", v, w) for l, v, w in bad_counts()], ["num_tokens"], sm_env,
+    each("compute_slot_mapping", [(f"num_tokens {l}", v, w) for l, v, w in bad_counts() if v is not None],
+         ["num_tokens"], sm_env,
          lambda env, v: compute_slot_mapping(env.bt, req, pos, 4, v, backend="torch"))
     case("compute_slot_mapping", "positions None", TypeError, ["positions"], sm_env,
          lambda env: compute_slot_mapping(env.bt, req, None, 4, backend="torch"))
@@ -740,7 +746,8 @@ def _vllm_cases():
 
     key = torch.ones(2, 2, 2)
     slots = torch.tensor([1, 5])
-    each("store_kv", bad_id_tensors(n=2, oor=12), ["slot_mapping", "slot"], kv_env,
+    each("store_kv", bad_id_tensors(n=2, oor=12, neg=False) + [("slot -2", torch.tensor([-2, 1]), ValueError)],
+         ["slot_mapping", "slot"], kv_env,
          lambda env, v: store_kv(key, key, env.kc, env.vc, v, backend="torch"))
     each("store_kv", [("key None", None, TypeError), ("key a list", [[1.0]], TypeError),
                       ("key 2-D", torch.ones(2, 4), ValueError), ("key float64", key.double(), TypeError)],
@@ -873,7 +880,8 @@ def _common_cases():
          ["key_cache"], att_env, lambda env, v: attention.paged_attention(q, v, kc, bt, sl))
     each("paged_attention", [("block_table None", None, TypeError), ("block_table 1-D", bt[0], ValueError),
                              ("block id past the cache", torch.tensor([[0, 7]], dtype=torch.int32), ValueError)],
-         ["block_table", "block"], att_env, lambda env, v: attention.paged_attention(q, kc, kc, v, sl))
+         ["block_table", "block"], att_env,
+         lambda env, v: attention.paged_attention(q, kc, kc, v, torch.tensor([6], dtype=torch.int32)))
     each("mla_decode_attention_fwd", [("q_rope None", None, TypeError),
                                       ("q_rope of other heads", torch.ones(1, 3, 2), ValueError)],
          ["q_rope"], att_env,

@@ -14,6 +14,7 @@ from typing import Hashable, Iterable, Sequence
 from memlab.common import _checks
 
 BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
+MAX_BLOCKS = 2 ** 31 - 1  # block ids are int32 in the worker's block table
 
 
 class KVCacheBlock:
@@ -89,11 +90,11 @@ class FreeKVCacheBlockQueue:
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        if n < 0:  # memlab's boundary check; vLLM's count would grow
-            raise ValueError(f"popleft_n({n}): n must be >= 0")
+        n = _checks.integer("n", n, 0)  # memlab's boundary check; vLLM's count would grow
         if n == 0:
             return []
-        assert self.num_free_blocks >= n  # vLLM's bare assert: callers check first (get_new_blocks)
+        # vLLM's bare assert: callers check first (get_new_blocks)
+        assert self.num_free_blocks >= n, f"popleft_n({n}) with {self.num_free_blocks} free blocks"
         ret = []
         block = self.fake_free_list_head.next_free_block
         for _ in range(n):
@@ -109,6 +110,7 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block)."""
+        _check_block("block", block)
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
             raise ValueError(f"remove() of block {block.block_id}, which is not in the free queue")
@@ -118,21 +120,24 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
-        if block.prev_free_block is not None or block.next_free_block is not None:
-            raise ValueError(f"append() of block {block.block_id}, which is already in the free queue")
+        _check_unqueued("append", (block,))
         self._link_between(self.fake_free_list_tail.prev_free_block, self.fake_free_list_tail, (block,))
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks, in order, before the fake tail (they are evicted last).
 
-        The blocks must be out of the queue; BlockPool guarantees it (only a block whose ref_cnt
-        just reached 0 comes back), so the batch path does nothing but link.
+        The blocks must be out of the queue (vLLM trusts BlockPool for it: only a block whose
+        ref_cnt just reached 0 comes back); memlab checks it first, one attribute read per block,
+        because a queued block linked again makes a cycle.
         """
+        _check_unqueued("append_n", blocks)
         tail = self.fake_free_list_tail
         self._link_between(tail.prev_free_block, tail, blocks)
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Link blocks, in order, right after the fake head (they are reused first)."""
+        """Link blocks, in order, right after the fake head (they are reused first); as ``append_n``,
+        each must be out of the queue."""
+        _check_unqueued("prepend_n", blocks)
         head = self.fake_free_list_head
         self._link_between(head, head.next_free_block, blocks)
 
@@ -230,7 +235,8 @@ class BlockPool:
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True):
-        num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2)
+        # block ids are int32 in the worker's block table
+        num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2, MAX_BLOCKS)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
@@ -246,13 +252,13 @@ class BlockPool:
     def cache_full_blocks(self, request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int,
                           num_full_blocks: int) -> None:
         """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them."""
+        _check_cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks)
         if num_cached_blocks >= num_full_blocks:
             return
-        _checks.cache_full_blocks(request, blocks, num_full_blocks)
         hashes = request.block_hashes
         todo = [(blocks[i], hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
                 if not blocks[i].is_null]  # a null block: a sliding window already dropped it
-        _checks.blocks_to_cache(todo)  # every block before any is hashed: a refusal changes nothing
+        _check_blocks_to_cache(todo)  # every block before any is hashed: a refusal changes nothing
         insert = self.cached_block_hash_to_block.insert
         for block, block_hash in todo:
             block._block_hash = block_hash
@@ -286,7 +292,12 @@ class BlockPool:
         return True
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """A prefix hit: take a reference; a hit block that was free leaves the queue's middle."""
+        """A prefix hit: take a reference; a hit block that was free leaves the queue's middle.
+        Every block is checked (this pool's, and a free one really queued) before any is touched."""
+        blocks = _check_own_blocks(self, "blocks", blocks)
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is None:
+                raise ValueError(f"touch of block {block.block_id}: ref_cnt 0 but not in the free queue")
         for block in blocks:
             if block.is_null:
                 continue
@@ -298,18 +309,12 @@ class BlockPool:
         """Drop one reference from each block, in the given order (callers pass a request's
         blocks reversed). A block reaching 0 goes to the queue's tail if it is cached (kept for
         hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first)."""
-        blocks = ordered_blocks if isinstance(ordered_blocks, (list, tuple)) else list(ordered_blocks)
+        blocks = _check_own_blocks(self, "ordered_blocks", ordered_blocks)
+        _check_freeable(blocks)
         to_evict_first, to_evict_last = [], []
-        for i, block in enumerate(blocks):
+        for block in blocks:
             if block.is_null:
                 continue
-            if block.ref_cnt <= 0:
-                # memlab's boundary check; vLLM 0.33 does not check (its count would go negative).
-                for done in blocks[:i]:  # a refused free changes nothing
-                    if not done.is_null:
-                        done.ref_cnt += 1
-                raise ValueError(f"free of block {block.block_id} with ref_cnt {block.ref_cnt}: "
-                                 "freed more often than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if block._block_hash is None or not self.enable_caching:
@@ -369,3 +374,70 @@ class BlockPool:
             mapped.add(b.block_id)
         hashed = {b.block_id for b in self.blocks if b.block_hash is not None}
         assert hashed == mapped, f"hashed but not mapped: {sorted(hashed - mapped)[:5]}"
+
+
+# -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
+
+def _check_block(name: str, block) -> None:
+    if not isinstance(block, KVCacheBlock):
+        raise TypeError(f"{name} must be a KVCacheBlock, got {type(block).__name__} {block!r}")
+
+
+def _check_unqueued(where: str, blocks) -> None:
+    if not isinstance(blocks, (list, tuple)):
+        raise TypeError(f"{where}: blocks must be a list of KVCacheBlocks, got {type(blocks).__name__}")
+    for block in blocks:
+        _check_block("block", block)
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise ValueError(f"{where}() of block {block.block_id}, which is already in the free queue")
+    if len({id(b) for b in blocks}) != len(blocks):
+        raise ValueError(f"{where}(): a block appears twice among the blocks to link")
+
+
+def _check_own_blocks(pool: BlockPool, name: str, blocks) -> list:
+    """The blocks as a list, each one of this pool's (a block of another pool has the same ids)."""
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Iterable):
+        raise TypeError(f"{name} must be a sequence of KVCacheBlocks, got {type(blocks).__name__}")
+    blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+    own = pool.blocks
+    for block in blocks:
+        _check_block("block", block)
+        if not 0 <= block.block_id < len(own) or own[block.block_id] is not block:
+            raise ValueError(f"block {block.block_id} is not a block of this pool")
+    return blocks
+
+
+def _check_freeable(blocks: list) -> None:
+    """No block freed more often than it was taken (a block listed twice counts twice): memlab's
+    check, vLLM 0.33's count would go negative."""
+    seen: dict[int, int] = {}
+    for block in blocks:
+        if block.is_null:
+            continue
+        seen[block.block_id] = seen.get(block.block_id, 0) + 1
+        if seen[block.block_id] > block.ref_cnt:
+            raise ValueError(f"free of block {block.block_id} with ref_cnt {block.ref_cnt}: "
+                             "freed more often than it was taken")
+
+
+def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
+    if not isinstance(blocks, (list, tuple)):
+        raise TypeError(f"blocks must be a list of KVCacheBlocks, got {type(blocks).__name__}")
+    num_cached_blocks = _checks.integer("num_cached_blocks", num_cached_blocks, 0)
+    num_full_blocks = _checks.integer("num_full_blocks", num_full_blocks, 0)
+    if num_cached_blocks < num_full_blocks and (num_full_blocks > len(blocks)
+                                                or num_full_blocks > len(request.block_hashes)):
+        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
+                         f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
+    _check_own_blocks(pool, "blocks", blocks[num_cached_blocks:num_full_blocks])
+
+
+def _check_blocks_to_cache(todo: list) -> None:
+    """(block, hash) pairs about to be cached: none hashed already, none twice."""
+    for block, _ in todo:
+        block.check_unhashed()
+    if len(todo) > 1:
+        ids = [block.block_id for block, _ in todo]
+        if len(set(ids)) != len(ids):
+            dup = next(b for k, b in enumerate(ids) if b in ids[:k])
+            raise ValueError(f"block {dup} appears twice among the blocks to cache")

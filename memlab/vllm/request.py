@@ -23,8 +23,7 @@ class Request:
                  block_hasher: Callable[["Request"], list[BlockHash]] | None = None,
                  lora_name: str | None = None, lora_path: str | None = None,
                  mm_features: Sequence[MultiModalFeature] = (), cache_salt: str | None = None):
-        mm_features = [MultiModalFeature(*f) for f in mm_features]
-        _checks.vllm_request(request_id, prompt_token_ids, mm_features, cache_salt)
+        mm_features = _validate_request(request_id, prompt_token_ids, mm_features, cache_salt)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
@@ -45,7 +44,8 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Grow the request (decode); blocks that became full get their hash now."""
-        self.all_token_ids.extend([token_ids] if isinstance(token_ids, int) else token_ids)
+        token_ids = _checks.int_list("token_ids", [token_ids] if type(token_ids) is int else token_ids)
+        self.all_token_ids.extend(token_ids)
         self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
@@ -56,3 +56,22 @@ class Request:
         return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
                 f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})")
 
+
+# -- argument checks at the boundary (memlab's, not vLLM's) --------------------------------------
+
+def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> list[MultiModalFeature]:
+    if prompt_token_ids is None:  # vLLM's message; an empty prompt is a request, as in vLLM
+        raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
+    _checks.int_list(f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids)
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
+    mm_features = [MultiModalFeature(*f) for f in mm_features]
+    for prev, item in zip(mm_features, mm_features[1:]):
+        if item.offset < prev.offset + prev.length:
+            raise ValueError(f"request {request_id!r}: multimodal items must be sorted and disjoint, "
+                             f"got {prev} then {item}")
+    for item in mm_features:
+        if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt_token_ids):
+            raise ValueError(f"request {request_id!r}: multimodal item {item} lies outside the "
+                             f"{len(prompt_token_ids)}-token prompt")
+    return mm_features
