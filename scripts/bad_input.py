@@ -204,8 +204,11 @@ def bad_id_tensors(dtype=torch.int64, n=2, oor=None, neg=True, foreign=None):
 
 
 def each(entry, bads, names, make, call, **kw):
+    """One case per bad value; each keeps ``value`` and ``call_with`` so the property test can
+    draw other values of the same sort."""
     for label, value, want in bads:
         case(entry, label, want, names, make, (lambda v: lambda env: call(env, v))(value), **kw)
+        CASES[-1].value, CASES[-1].call_with = value, call
 
 
 def dev_cuda(entry, names, build):
@@ -580,7 +583,8 @@ def _vllm_cases():
     each("BlockPool()", [(f"num_gpu_blocks {l}", v, w) for l, v, w in bad_counts(zero_ok=False)] +
          [("num_gpu_blocks 1 (only the null block)", 1, ValueError)], ["num_gpu_blocks"],
          lambda: SimpleNamespace(), lambda env, v: BlockPool(v))
-    each("BlockPool.get_new_blocks", bad_counts(), ["num_blocks"], bp_env, lambda env, v: env.bp.get_new_blocks(v),
+    each("BlockPool.get_new_blocks", bad_counts(), ["num_blocks", "free blocks"], bp_env,  # vLLM's refusal words
+         lambda env, v: env.bp.get_new_blocks(v),
          books=bp_books)
     each("BlockPool.touch", [("None", None, TypeError), ("a block id, not a block", [1], TypeError),
                              ("blocks None in a list", [None], TypeError)],
