@@ -68,6 +68,35 @@ def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]
     return list(values)
 
 
+def one_of(name: str, v, choices) -> None:
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {v!r}")
+
+
+def tensor(name: str, t, dtypes=None, ndim: int | None = None, device=None) -> None:
+    """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError), ``ndim`` dims
+    and on ``device`` (when given; ValueError)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+
+
+def values_in(name: str, t: torch.Tensor, lo: int, hi) -> None:
+    """Every value of ``t`` (read on the CPU: callers skip device tensors) in ``lo..hi``; ``hi`` a
+    number or a tensor of bounds, one per value. The message names the first value outside."""
+    v = t.reshape(-1).long()
+    hi = torch.as_tensor(hi, dtype=torch.long).expand_as(t).reshape(-1) if hi is not None else None
+    bad = (v < lo) if hi is None else (v < lo) | (v > hi)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name}[{i}] = {int(v[i])} is outside {lo}.." + ("" if hi is None else f"{int(hi[i])}"))
+
+
 def positive_ints(**values) -> None:
     """Each value a positive integer; the message names the first that is not (a TypeError when
     it is no integer at all)."""

@@ -9,6 +9,7 @@ queue is at the same time the prefix cache's eviction order.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Hashable, Iterable, Sequence
 
 from memlab.common import _checks
@@ -252,13 +253,13 @@ class BlockPool:
     def cache_full_blocks(self, request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int,
                           num_full_blocks: int) -> None:
         """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them."""
+        # every block checked before any is hashed: a refusal changes nothing
         _check_cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks)
         if num_cached_blocks >= num_full_blocks:
             return
         hashes = request.block_hashes
         todo = [(blocks[i], hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
                 if not blocks[i].is_null]  # a null block: a sliding window already dropped it
-        _check_blocks_to_cache(todo)  # every block before any is hashed: a refusal changes nothing
         insert = self.cached_block_hash_to_block.insert
         for block, block_hash in todo:
             block._block_hash = block_hash
@@ -378,9 +379,12 @@ class BlockPool:
 
 # -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
 
-def _check_block(name: str, block) -> None:
+def _check_block(name: str, block, pool: BlockPool | None = None) -> None:
+    """A KVCacheBlock, and (given ``pool``) one of that pool's: a block of another pool has the same ids."""
     if not isinstance(block, KVCacheBlock):
         raise TypeError(f"{name} must be a KVCacheBlock, got {type(block).__name__} {block!r}")
+    if pool is not None and not (0 <= block.block_id < len(pool.blocks) and pool.blocks[block.block_id] is block):
+        raise ValueError(f"block {block.block_id} is not a block of this pool")
 
 
 def _check_unqueued(where: str, blocks) -> None:
@@ -390,54 +394,40 @@ def _check_unqueued(where: str, blocks) -> None:
         _check_block("block", block)
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise ValueError(f"{where}() of block {block.block_id}, which is already in the free queue")
-    if len({id(b) for b in blocks}) != len(blocks):
+    if len({id(b) for b in blocks}) < len(blocks):
         raise ValueError(f"{where}(): a block appears twice among the blocks to link")
 
 
 def _check_own_blocks(pool: BlockPool, name: str, blocks) -> list:
-    """The blocks as a list, each one of this pool's (a block of another pool has the same ids)."""
+    """The blocks as a list, each one of this pool's."""
     if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Iterable):
         raise TypeError(f"{name} must be a sequence of KVCacheBlocks, got {type(blocks).__name__}")
     blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-    own = pool.blocks
     for block in blocks:
-        _check_block("block", block)
-        if not 0 <= block.block_id < len(own) or own[block.block_id] is not block:
-            raise ValueError(f"block {block.block_id} is not a block of this pool")
+        _check_block("block", block, pool)
     return blocks
 
 
 def _check_freeable(blocks: list) -> None:
-    """No block freed more often than it was taken (a block listed twice counts twice): memlab's
-    check, vLLM 0.33's count would go negative."""
-    seen: dict[int, int] = {}
-    for block in blocks:
-        if block.is_null:
-            continue
-        seen[block.block_id] = seen.get(block.block_id, 0) + 1
-        if seen[block.block_id] > block.ref_cnt:
-            raise ValueError(f"free of block {block.block_id} with ref_cnt {block.ref_cnt}: "
-                             "freed more often than it was taken")
+    """No block freed more often than it was taken (listed twice counts twice): vLLM's count would go
+    negative."""
+    times = Counter(b.block_id for b in blocks if not b.is_null)
+    bad = next((b for b in blocks if not b.is_null and times[b.block_id] > b.ref_cnt), None)
+    if bad is not None:
+        raise ValueError(f"free of block {bad.block_id} with ref_cnt {bad.ref_cnt}: freed more often than taken")
 
 
 def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
     if not isinstance(blocks, (list, tuple)):
         raise TypeError(f"blocks must be a list of KVCacheBlocks, got {type(blocks).__name__}")
-    num_cached_blocks = _checks.integer("num_cached_blocks", num_cached_blocks, 0)
-    num_full_blocks = _checks.integer("num_full_blocks", num_full_blocks, 0)
-    if num_cached_blocks < num_full_blocks and (num_full_blocks > len(blocks)
-                                                or num_full_blocks > len(request.block_hashes)):
+    _checks.integer("num_cached_blocks", num_cached_blocks, 0)
+    _checks.integer("num_full_blocks", num_full_blocks, 0)
+    if num_cached_blocks < num_full_blocks > min(len(blocks), len(request.block_hashes)):
         raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
                          f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
-    _check_own_blocks(pool, "blocks", blocks[num_cached_blocks:num_full_blocks])
-
-
-def _check_blocks_to_cache(todo: list) -> None:
-    """(block, hash) pairs about to be cached: none hashed already, none twice."""
-    for block, _ in todo:
+    seen = set()
+    for block in _check_own_blocks(pool, "blocks", blocks[num_cached_blocks:num_full_blocks]):
         block.check_unhashed()
-    if len(todo) > 1:
-        ids = [block.block_id for block, _ in todo]
-        if len(set(ids)) != len(ids):
-            dup = next(b for k, b in enumerate(ids) if b in ids[:k])
-            raise ValueError(f"block {dup} appears twice among the blocks to cache")
+        if not block.is_null and id(block) in seen:
+            raise ValueError(f"block {block.block_id} appears twice among the blocks to cache")
+        seen.add(id(block))

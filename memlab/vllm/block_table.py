@@ -128,9 +128,10 @@ class BlockTable:
 
     def append_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """Append a request's new block ids to its row (all or nothing)."""
-        _check_row(self, "row_idx", row_idx)
+        _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         start = int(self.num_blocks_per_row[row_idx])
-        _check_append(self, block_ids, row_idx, start)
+        _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
+        _checks.integer(f"row {row_idx}'s blocks + len(block_ids)", start + len(block_ids), 0, self.max_num_blocks_per_req)
         if not block_ids:
             return
         end = start + len(block_ids)
@@ -140,28 +141,33 @@ class BlockTable:
     def add_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """A request newly placed in this row: forget what the row held, then append. Checked
         before the row is touched: a refused add changes nothing."""
-        _check_row(self, "row_idx", row_idx)
-        _check_append(self, block_ids, row_idx, 0)
+        _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
+        _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
+        _checks.integer("len(block_ids)", len(block_ids), 0, self.max_num_blocks_per_req)
         self.num_blocks_per_row[row_idx] = 0
         self.append_row(block_ids, row_idx)
 
     def move_row(self, src: int, tgt: int) -> None:
         """Condense the batch: a request moves from row src to row tgt."""
-        _check_row(self, "src", src)
-        _check_row(self, "tgt", tgt)
+        _checks.integer("src", src, 0, self.max_num_reqs - 1)
+        _checks.integer("tgt", tgt, 0, self.max_num_reqs - 1)
         n = int(self.num_blocks_per_row[src])
         self.block_table[tgt, :n] = self.block_table[src, :n]
         self.num_blocks_per_row[tgt] = n
 
     def get_row(self, row_idx: int) -> list[int]:
-        _check_row(self, "row_idx", row_idx)
+        _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         return self.block_table[row_idx, :int(self.num_blocks_per_row[row_idx])].tolist()
 
     def compute_slot_mapping(self, req_indices: torch.Tensor, positions: torch.Tensor,
                              num_padded: int | None = None, backend: str = "triton") -> torch.Tensor:
         """slot_mapping for these tokens, -1 up to num_padded entries; a view of the buffer."""
-        num_padded = _check_table_slot_mapping(self, req_indices, positions, num_padded, backend)
+        _checks.index_tensor("positions", positions, ndim=1)
         num_tokens = positions.numel()
+        num_padded = _checks.integer("num_padded", num_tokens if num_padded is None else num_padded, num_tokens,
+                                     self.slot_mapping.numel())
+        _check_slot_mapping(self.block_table, req_indices, positions, self.block_size, num_tokens, backend,
+                            self.num_blocks_per_row)
         out = self.slot_mapping[:num_padded]
         if backend == "triton":
             from memlab.kernels import slot_mapping
@@ -185,95 +191,35 @@ class BlockTable:
 
 # -- argument checks at the boundary: shapes and dtypes, values only on the CPU (no device sync) ----
 
-def _backend(backend) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-
-
-def _check_slot_mapping(block_table, req_indices, positions, block_size, num_tokens, backend,
-                        num_blocks_per_row=None) -> int:
-    """Returns num_tokens (None: every position). Errors name the first bad token."""
-    _backend(backend)
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-        raise TypeError(f"block_table must be an int32 tensor, got {getattr(block_table, 'dtype', type(block_table).__name__)}")
-    if block_table.dim() != 2:
-        raise ValueError(f"block_table must be 2-D, got shape {tuple(block_table.shape)}")
-    _checks.index_tensor("positions", positions, block_table.device, ndim=1, owner="block table")
-    _checks.index_tensor("req_indices", req_indices, block_table.device, ndim=1, owner="block table")
-    if req_indices.shape != positions.shape:
-        raise ValueError(f"req_indices {tuple(req_indices.shape)} and positions {tuple(positions.shape)} "
-                         "must be of one length")
-    num_tokens = positions.numel() if num_tokens is None else _checks.integer("num_tokens", num_tokens, 0,
-                                                                               positions.numel())
+def _check_slot_mapping(block_table, req_indices, positions, block_size, num_tokens, backend, per_row=None) -> int:
+    """Returns num_tokens (None: every position)."""
+    _checks.one_of("backend", backend, BACKENDS)
+    _checks.tensor("block_table", block_table, (torch.int32,), ndim=2)
+    for name, t in (("positions", positions), ("req_indices", req_indices)):
+        _checks.index_tensor(name, t, block_table.device, ndim=1, owner="block table")
     _checks.integer("block_size", block_size, 1, MAX_SIZE)
-    if positions.device.type != "cpu" or num_tokens == 0:
-        return num_tokens
-    req = req_indices[:num_tokens].long()
-    pos = positions[:num_tokens].long()
-    bad = (req < 0) | (req >= block_table.shape[0]) | (pos < 0)
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"token {i}: request row {int(req[i])} (req_indices) or position {int(pos[i])} (positions) "
-                         f"is out of range (rows 0..{block_table.shape[0] - 1}, positions >= 0)")
-    limit = (torch.as_tensor(num_blocks_per_row, dtype=torch.long)[req] if num_blocks_per_row is not None
-             else torch.full_like(req, block_table.shape[1]))
-    bad = pos // block_size >= limit
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"token {i}: position {int(pos[i])} (positions) needs block {int(pos[i]) // block_size} "
-                         f"of row {int(req[i])}, which holds {int(limit[i])} blocks")
-    return num_tokens
-
-
-def _float_tensor(name, t, ndim) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if req_indices.shape != positions.shape:
+        raise ValueError(f"req_indices {tuple(req_indices.shape)} and positions {tuple(positions.shape)}")
+    n = positions.numel() if num_tokens is None else _checks.integer("num_tokens", num_tokens, 0, positions.numel())
+    if positions.device.type == "cpu" and n:
+        req = req_indices[:n].long()
+        _checks.values_in("req_indices", req, 0, block_table.shape[0] - 1)
+        blocks = block_table.shape[1] if per_row is None else torch.as_tensor(per_row, dtype=torch.long)[req]
+        _checks.values_in("positions // block_size (the block a position needs)", positions[:n] // block_size, 0,
+                          torch.as_tensor(blocks) - 1)
+    return n
 
 
 def _check_store_kv(key, value, key_cache, value_cache, slot_mapping, backend) -> None:
-    _backend(backend)
-    for name, t, ndim in (("key", key, 3), ("value", value, 3), ("key_cache", key_cache, 4),
-                          ("value_cache", value_cache, 4)):
-        _float_tensor(name, t, ndim)
-    if key_cache.shape[:2] != value_cache.shape[:2] or key.shape[1:] != key_cache.shape[2:] \
-            or value.shape[1:] != value_cache.shape[2:]:
-        raise ValueError(f"shapes disagree: key {tuple(key.shape)} vs key_cache {tuple(key_cache.shape)}, "
-                         f"value {tuple(value.shape)} vs value_cache {tuple(value_cache.shape)}")
+    _checks.one_of("backend", backend, BACKENDS)
+    kv = (key, value, slot_mapping, key_cache, value_cache)
+    for name, t, ndim in zip(("key", "value", "slot_mapping", "key_cache", "value_cache"), kv, (3, 3, 1, 4, 4)):
+        _checks.tensor(name, t, ndim=ndim)
     _checks.index_tensor("slot_mapping", slot_mapping, key_cache.device, ndim=1, owner="cache")
-    if slot_mapping.numel() > key.shape[0] or key.shape[0] != value.shape[0]:
-        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} must hold at most one slot per token "
-                         f"(key has {key.shape[0]}, value {value.shape[0]})")
+    if key_cache.shape[:2] != value_cache.shape[:2] or key.shape[1:] != key_cache.shape[2:] \
+            or value.shape[1:] != value_cache.shape[2:] or not slot_mapping.numel() <= key.shape[0] == value.shape[0]:
+        raise ValueError(f"shapes disagree: key, value, slot_mapping, caches {[tuple(t.shape) for t in kv]}")
     if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
-        raise TypeError(f"dtypes differ: key {key.dtype} -> cache {key_cache.dtype}, "
-                        f"value {value.dtype} -> cache {value_cache.dtype}")
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
-        num_slots = key_cache.shape[0] * key_cache.shape[1]
-        bad = (slot_mapping >= num_slots) | (slot_mapping < PAD_SLOT_ID)
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise ValueError(f"token {i}: slot {int(slot_mapping[i])} (slot_mapping) is outside the cache's "
-                             f"{num_slots} slots (-1 is padding)")
-
-
-def _check_row(table, name, row_idx) -> None:
-    _checks.integer(name, row_idx, 0, table.max_num_reqs - 1)
-
-
-def _check_append(table, block_ids, row_idx, start: int) -> None:
-    """New block ids for a row that holds ``start`` blocks: they must be ids and fit."""
-    _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
-    if start + len(block_ids) > table.max_num_blocks_per_req:
-        raise ValueError(f"row {row_idx} holds {start} blocks; {len(block_ids)} more block_ids exceed "
-                         f"max_num_blocks_per_req={table.max_num_blocks_per_req}")
-
-
-def _check_table_slot_mapping(table, req_indices, positions, num_padded, backend) -> int:
-    _checks.index_tensor("positions", positions, ndim=1)
-    num_tokens = positions.numel()
-    num_padded = num_tokens if num_padded is None else num_padded
-    _checks.integer("num_padded", num_padded, num_tokens, table.slot_mapping.numel())
-    _check_slot_mapping(table.block_table, req_indices, positions, table.block_size, num_tokens, backend,
-                        table.num_blocks_per_row)
-    return num_padded
+        raise TypeError(f"dtypes differ: key {key.dtype}, value {value.dtype}, caches {key_cache.dtype}")
+    if slot_mapping.device.type == "cpu":  # -1 is padding
+        _checks.values_in("slot_mapping", slot_mapping, PAD_SLOT_ID, key_cache.shape[0] * key_cache.shape[1] - 1)

@@ -23,7 +23,8 @@ class Request:
                  block_hasher: Callable[["Request"], list[BlockHash]] | None = None,
                  lora_name: str | None = None, lora_path: str | None = None,
                  mm_features: Sequence[MultiModalFeature] = (), cache_salt: str | None = None):
-        mm_features = _validate_request(request_id, prompt_token_ids, mm_features, cache_salt)
+        mm_features = [MultiModalFeature(*f) for f in mm_features]
+        _validate_request(request_id, prompt_token_ids, mm_features, cache_salt)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
@@ -59,19 +60,13 @@ class Request:
 
 # -- argument checks at the boundary (memlab's, not vLLM's) --------------------------------------
 
-def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> list[MultiModalFeature]:
+def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> None:
     if prompt_token_ids is None:  # vLLM's message; an empty prompt is a request, as in vLLM
         raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
     _checks.int_list(f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids)
-    if cache_salt is not None and not isinstance(cache_salt, str):
+    if not isinstance(cache_salt, (str, type(None))):
         raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
-    mm_features = [MultiModalFeature(*f) for f in mm_features]
-    for prev, item in zip(mm_features, mm_features[1:]):
-        if item.offset < prev.offset + prev.length:
-            raise ValueError(f"request {request_id!r}: multimodal items must be sorted and disjoint, "
-                             f"got {prev} then {item}")
-    for item in mm_features:
-        if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt_token_ids):
-            raise ValueError(f"request {request_id!r}: multimodal item {item} lies outside the "
-                             f"{len(prompt_token_ids)}-token prompt")
-    return mm_features
+    ends = [0] + [f.offset + f.length for f in mm_features]  # sorted, disjoint, inside the prompt
+    if any(f.offset < end or f.length <= 0 for f, end in zip(mm_features, ends)) or ends[-1] > len(prompt_token_ids):
+        raise ValueError(f"mm items not sorted and disjoint, or outside the {len(prompt_token_ids)}-token "
+                         f"prompt: {mm_features}")
