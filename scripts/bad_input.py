@@ -631,8 +631,8 @@ def _vllm_cases():
 
     each("FreeKVCacheBlockQueue.popleft_n", bad_counts(huge=False), ["n"], q_env,
          lambda env, v: env.q.popleft_n(v), books=q_books)
-    # vLLM's own check is a bare assert (its callers count first): memlab keeps it, with a message
-    case("FreeKVCacheBlockQueue.popleft_n", "more than are free", (ValueError, AssertionError), ["n", "free"], q_env,
+    # vLLM's own check is a bare assert (its callers count first): memlab keeps it, word for word (none)
+    case("FreeKVCacheBlockQueue.popleft_n", "more than are free", (ValueError, AssertionError), [], q_env,
          lambda env: env.q.popleft_n(5), books=q_books)
     case("FreeKVCacheBlockQueue.prepend_n", "a block already queued (a cycle)", ValueError, ["block"], q_env,
          lambda env: env.q.prepend_n([env.blocks[1]]), books=q_books)

@@ -79,7 +79,7 @@ def tensor(name: str, t, dtypes=None, ndim: int | None = None, device=None) -> N
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+        raise TypeError(f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}, got {t.dtype}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
     if device is not None and t.device != device:

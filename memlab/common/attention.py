@@ -210,26 +210,13 @@ def _scale_arg(name, v) -> None:
 
 
 def _float(name, t, like=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if like is None and t.dtype not in ATTN_DTYPES:
-        raise TypeError(f"{name} must be float16 or float32 (portable kernels), got {t.dtype}")
+    _checks.tensor(name, t, ATTN_DTYPES if like is None else None)  # float16/32: portable kernels
     if like is not None and t.dtype != like:
         raise TypeError(f"{name} must be {like} like q, got {t.dtype}")
 
 
-def _attn_ids(name, t, ndim) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _checks.INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
-
-
 def _heads(q, num_kv_heads) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be (batch, q_heads, head_dim), got shape {tuple(q.shape)}")
+    _checks.tensor("q", q, ndim=3)
     if num_kv_heads < 1 or q.shape[1] % num_kv_heads:
         raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({num_kv_heads})")
 
@@ -237,41 +224,31 @@ def _heads(q, num_kv_heads) -> None:
 _NO_ROWS = object()  # the block-table spelling has no row indices (None is a bad argument)
 
 
-def _attn_batch(q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_size=None) -> None:
+def _attn_batch(q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_size=1) -> None:
     """The batch's ids: one row and one length per query; on the CPU, every row, length and slot
     (block) the kernel will read inside its table and the cache."""
-    if rows is _NO_ROWS:
-        rows = None
-    else:
-        _attn_ids("req_pool_indices", rows, 1)
-    _attn_ids("seq_lens", seq_lens, 1)
-    _attn_ids(table_name, table, 2)
-    if table.dtype != torch.int32:
-        raise TypeError(f"{table_name} must be int32 (as the engines keep it), got {table.dtype}")
+    for name, t in ((("req_pool_indices", rows),) if rows is not _NO_ROWS else ()) + (("seq_lens", seq_lens),):
+        _checks.tensor(name, t, _checks.INDEX_DTYPES, 1)
+    _checks.tensor(table_name, table, (torch.int32,), 2)  # int32, as the engines keep it
+    rows = None if rows is _NO_ROWS else rows
     if seq_lens.shape[0] != q.shape[0] or (rows is not None and rows.shape[0] != q.shape[0]):
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}"
-                         + ("" if rows is None else f", req_pool_indices {rows.shape[0]}"))
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices "
+                         f"{None if rows is None else rows.shape[0]}")
     if seq_lens.device.type != "cpu" or table.device.type != "cpu" or not seq_lens.numel():
         return
-    width = table.shape[1] * (block_size or 1)
-    if bool(((seq_lens < 0) | (seq_lens > width)).any()):
-        raise ValueError(f"seq_lens {seq_lens.tolist()} must lie in 0..{width} ({table_name} is {tuple(table.shape)})")
-    if rows is not None and bool(((rows < 0) | (rows >= table.shape[0])).any()):
-        raise ValueError(f"req_pool_indices {rows.tolist()} must be rows 0..{table.shape[0] - 1} of {table_name}")
+    _checks.values_in("seq_lens", seq_lens, 0, table.shape[1] * block_size)
+    if rows is not None:
+        _checks.values_in("req_pool_indices", rows, 0, table.shape[0] - 1)
     picked = table if rows is None else table[rows.long()]
-    used = torch.arange(table.shape[1])[None, :] * (block_size or 1) < seq_lens[:, None].long()
-    ids = picked[used].long()
-    limit = num_slots // (block_size or 1)
-    if ids.numel() and bool(((ids < 0) | (ids >= limit)).any()):
-        what = "block" if block_size else "slot"
-        raise ValueError(f"{table_name} maps a token to {what} {int(ids[(ids < 0) | (ids >= limit)][0])}, "
-                         f"outside the cache's {limit} {what}s")
+    used = torch.arange(table.shape[1])[None, :] * block_size < seq_lens[:, None].long()
+    _checks.values_in(f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)", picked[used], 0,
+                      num_slots // block_size - 1)
 
 
 def _attn_out(o, q, d_v) -> None:
     if o is None:
         return
-    _float("o", o, q.dtype)
+    _checks.tensor("o", o, (q.dtype,))
     shape = (q.shape[0], q.shape[1], d_v)
     if tuple(o.shape) != shape:
         raise ValueError(f"o must have shape {shape}, got {tuple(o.shape)}")

@@ -95,7 +95,7 @@ class FreeKVCacheBlockQueue:
         if n == 0:
             return []
         # vLLM's bare assert: callers check first (get_new_blocks)
-        assert self.num_free_blocks >= n, f"popleft_n({n}) with {self.num_free_blocks} free blocks"
+        assert self.num_free_blocks >= n
         ret = []
         block = self.fake_free_list_head.next_free_block
         for _ in range(n):
