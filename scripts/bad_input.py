@@ -46,6 +46,16 @@ ensure_kernel_mode()
 
 import torch  # noqa: E402
 
+# What torch imports lazily on the first meta-device or shape-symbolic call (sympy among it) is
+# imported here, before any case runs under a timer: an alarm inside an import would leave a
+# half-initialised module behind for the rest of the process.
+try:
+    import sympy  # noqa: F401
+    torch.ones(2, dtype=torch.int64, device="meta") + 1
+    torch.ones(2, dtype=torch.int64, device="meta").nonzero()
+except Exception:  # noqa: BLE001  (nonzero has no meta kernel; the imports happened)
+    pass
+
 MEMLAB_DIRS = tuple(os.path.realpath(os.path.join(ROOT, d)) + os.sep for d in ("memlab", "kernels"))
 CLASSES = ("clean", "wrong_kind", "unnamed", "raw", "changed", "silent", "corrupt")
 HUGE = 2 ** 62
