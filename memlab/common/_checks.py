@@ -68,20 +68,35 @@ def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]
     return list(values)
 
 
+def nonneg_ints(**values) -> None:
+    """Each value an int >= 0 (as ``integer``); the message names the first that is not."""
+    for name, v in values.items():
+        integer(name, v, 0)
+
+
 def one_of(name: str, v, choices) -> None:
     if v not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {v!r}")
 
 
-def tensor(name: str, t, dtypes=None, ndim: int | None = None, device=None) -> None:
-    """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError), ``ndim`` dims
-    and on ``device`` (when given; ValueError)."""
+def instance(name: str, v, types, what: str | None = None) -> None:
+    """``v`` an instance of ``types`` (a TypeError naming ``what`` it must be, else the types)."""
+    if not isinstance(v, types):
+        what = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"{name} must be {what}, got {type(v).__name__} {v!r}")
+
+
+def tensor(name: str, t, dtypes=None, ndim: int | None = None, device=None, shape=None, like: str = "") -> None:
+    """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError, ``like`` says
+    whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given; ValueError)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}, got {t.dtype}")
+        raise TypeError(f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, got {t.dtype}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device}")
 

@@ -210,15 +210,8 @@ def _scale_arg(name, v) -> None:
 
 
 def _float(name, t, like=None) -> None:
-    _checks.tensor(name, t, ATTN_DTYPES if like is None else None)  # float16/32: portable kernels
-    if like is not None and t.dtype != like:
-        raise TypeError(f"{name} must be {like} like q, got {t.dtype}")
-
-
-def _heads(q, num_kv_heads) -> None:
-    _checks.tensor("q", q, ndim=3)
-    if num_kv_heads < 1 or q.shape[1] % num_kv_heads:
-        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({num_kv_heads})")
+    # float16/32: the portable kernels' dtypes; every other tensor shares q's
+    _checks.tensor(name, t, ATTN_DTYPES if like is None else (like,), like="" if like is None else " like q")
 
 
 _NO_ROWS = object()  # the block-table spelling has no row indices (None is a bad argument)
@@ -231,10 +224,11 @@ def _attn_batch(q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_
         _checks.tensor(name, t, _checks.INDEX_DTYPES, 1)
     _checks.tensor(table_name, table, (torch.int32,), 2)  # int32, as the engines keep it
     rows = None if rows is _NO_ROWS else rows
-    if seq_lens.shape[0] != q.shape[0] or (rows is not None and rows.shape[0] != q.shape[0]):
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices "
-                         f"{None if rows is None else rows.shape[0]}")
-    if seq_lens.device.type != "cpu" or table.device.type != "cpu" or not seq_lens.numel():
+    n_rows = q.shape[0] if rows is None else rows.shape[0]
+    if seq_lens.shape[0] != q.shape[0] or n_rows != q.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices {n_rows}")
+    # ids are read only where that costs no host-device sync: every one of them on the CPU
+    if not seq_lens.numel() or any(t.device.type != "cpu" for t in (seq_lens, table, rows) if t is not None):
         return
     _checks.values_in("seq_lens", seq_lens, 0, table.shape[1] * block_size)
     if rows is not None:
@@ -246,33 +240,31 @@ def _attn_batch(q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_
 
 
 def _attn_out(o, q, d_v) -> None:
-    if o is None:
-        return
-    _checks.tensor("o", o, (q.dtype,))
-    shape = (q.shape[0], q.shape[1], d_v)
-    if tuple(o.shape) != shape:
-        raise ValueError(f"o must have shape {shape}, got {tuple(o.shape)}")
+    if o is not None:
+        _checks.tensor("o", o, (q.dtype,), shape=(q.shape[0], q.shape[1], d_v))
 
 
-def _paged_cache(name, cache, heads_axis: bool = True) -> torch.Tensor:
+def _paged_cache(name, cache, like=None, heads_axis: bool = True) -> torch.Tensor:
     """A paged cache (num_blocks, block_size, kv_heads, dim) (MLA: the head axis may be missing)
-    that views flat as (slots, kv_heads, dim); returns that view for the shape checks."""
+    of a float dtype (``like`` q's) that views flat as (slots, kv_heads, dim); returns that view."""
+    _float(name, cache, like)
     if cache.dim() == 3 and not heads_axis:
         cache = cache.unsqueeze(2)
     if cache.dim() != 4:
         raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}")
     try:
         return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3])
-    except RuntimeError as exc:
-        raise ValueError(f"{name}'s blocks must be laid out contiguously (slot = block * block_size "
-                         f"+ offset), got strides {cache.stride()}") from exc
+    except RuntimeError as exc:  # slot = block * block_size + offset needs it
+        raise ValueError(f"{name}'s blocks must be laid out contiguously, got strides {cache.stride()}") from exc
 
 
 def _mha(q, k, v, k_name, v_name, full_k_shape, full_v_shape) -> None:
-    if k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"{k_name} and {v_name} must be (slots, kv_heads, head_dim), got {full_k_shape}, {full_v_shape}")
-    if k.shape[-1] != q.shape[-1] or v.shape[:2] != k.shape[:2]:
+    """q (bs, H, D), k and v (slots, kv_heads, D / Dv), H a multiple of kv_heads (GQA)."""
+    _checks.tensor("q", q, ndim=3)
+    if k.dim() != 3 or v.dim() != 3 or k.shape[-1] != q.shape[-1] or v.shape[:2] != k.shape[:2]:
         raise ValueError(f"shapes disagree: q {tuple(q.shape)}, {k_name} {full_k_shape}, {v_name} {full_v_shape}")
+    if not k.shape[1] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})")
 
 
 def _check_decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
@@ -280,18 +272,14 @@ def _check_decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indice
     _float("k_buffer", k_buffer, q.dtype)
     _float("v_buffer", v_buffer, q.dtype)
     _mha(q, k_buffer, v_buffer, "k_buffer", "v_buffer", tuple(k_buffer.shape), tuple(v_buffer.shape))
-    _heads(q, k_buffer.shape[1])
     _attn_batch(q, seq_lens, req_to_token, "req_to_token", k_buffer.shape[0], req_pool_indices)
     _attn_out(o, q, v_buffer.shape[-1])
 
 
 def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, out) -> None:
     _float("query", query)
-    _float("key_cache", key_cache, query.dtype)
-    _float("value_cache", value_cache, query.dtype)
-    k = _paged_cache("key_cache", key_cache)
-    v = _paged_cache("value_cache", value_cache)
-    _heads(query, k.shape[1])
+    k = _paged_cache("key_cache", key_cache, query.dtype)
+    v = _paged_cache("value_cache", value_cache, query.dtype)
     _mha(query, k, v, "key_cache", "value_cache", tuple(key_cache.shape), tuple(value_cache.shape))
     _attn_batch(query, seq_lens, block_table, "block_table", k.shape[0], block_size=key_cache.shape[1])
     _attn_out(out, query, v.shape[-1])
@@ -301,12 +289,13 @@ def _mla(q_nope, q_rope, kv) -> None:
     _float("q_nope", q_nope)
     _float("q_rope", q_rope, q_nope.dtype)
     _float("kv_buffer", kv, q_nope.dtype)
-    if q_nope.dim() != 3 or q_rope.dim() != 3 or q_rope.shape[:2] != q_nope.shape[:2]:
-        raise ValueError(f"q_nope (bs, H, kv_lora_rank) and q_rope (bs, H, qk_rope_head_dim) disagree: "
-                         f"{tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
-    if kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != q_nope.shape[2] + q_rope.shape[2]:
-        raise ValueError(f"the latent buffer must be (slots, 1, kv_lora_rank + qk_rope_head_dim) = "
-                         f"(slots, 1, {q_nope.shape[2] + q_rope.shape[2]}), got {tuple(kv.shape)}")
+    _checks.tensor("q_nope", q_nope, ndim=3)  # (bs, H, kv_lora_rank)
+    _checks.tensor("q_rope", q_rope, ndim=3)  # (bs, H, qk_rope_head_dim)
+    if q_rope.shape[:2] != q_nope.shape[:2]:
+        raise ValueError(f"q_nope and q_rope disagree: {tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
+    latent = (*kv.shape[:1], 1, q_nope.shape[2] + q_rope.shape[2])  # (slots, 1, kv_lora_rank + qk_rope_head_dim)
+    if tuple(kv.shape) != latent:
+        raise ValueError(f"the latent buffer must be {latent}, got {tuple(kv.shape)}")
 
 
 def _check_mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
@@ -316,8 +305,6 @@ def _check_mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_poo
 
 
 def _check_mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out) -> None:
-    if not isinstance(kv_c_and_k_pe_cache, torch.Tensor):
-        raise TypeError(f"kv_c_and_k_pe_cache must be a torch.Tensor, got {type(kv_c_and_k_pe_cache).__name__}")
     kv = _paged_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, heads_axis=False)
     _mla(q_nope, q_rope, kv)
     _attn_batch(q_nope, seq_lens, block_table, "block_table", kv.shape[0], block_size=kv_c_and_k_pe_cache.shape[1])

@@ -46,9 +46,8 @@ class KVCacheBlock:
         self._block_hash = block_hash
 
     def check_unhashed(self) -> None:
-        if self._block_hash is not None:
-            raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}; "
-                             "a cached block's content must not change")
+        if self._block_hash is not None:  # a cached block's content must not change
+            raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}")
 
     def reset_hash(self) -> None:
         self._block_hash = None
@@ -111,7 +110,7 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block)."""
-        _check_block("block", block)
+        _checks.instance("block", block, KVCacheBlock)
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
             raise ValueError(f"remove() of block {block.block_id}, which is not in the free queue")
@@ -295,7 +294,7 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A prefix hit: take a reference; a hit block that was free leaves the queue's middle.
         Every block is checked (this pool's, and a free one really queued) before any is touched."""
-        blocks = _check_own_blocks(self, "blocks", blocks)
+        blocks = _check_blocks("blocks", blocks, self, any_iterable=True)
         for block in blocks:
             if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is None:
                 raise ValueError(f"touch of block {block.block_id}: ref_cnt 0 but not in the free queue")
@@ -310,7 +309,7 @@ class BlockPool:
         """Drop one reference from each block, in the given order (callers pass a request's
         blocks reversed). A block reaching 0 goes to the queue's tail if it is cached (kept for
         hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first)."""
-        blocks = _check_own_blocks(self, "ordered_blocks", ordered_blocks)
+        blocks = _check_blocks("ordered_blocks", ordered_blocks, self, any_iterable=True)
         _check_freeable(blocks)
         to_evict_first, to_evict_last = [], []
         for block in blocks:
@@ -348,64 +347,40 @@ class BlockPool:
         the first broken rule: every block is either in the free queue with ref_cnt 0, or out of
         it with ref_cnt > 0 (the null block: out, never counted); a block has a hash exactly
         when the map holds it under that hash."""
-        queue = self.free_block_queue
-        forward = queue.get_all_free_blocks()
-        backward, block = [], queue.fake_free_list_tail.prev_free_block
-        while block is not queue.fake_free_list_head:
-            backward.append(block)
-            block = block.prev_free_block
-        assert forward == backward[::-1], "free queue links disagree forwards and backwards"
-        assert len(forward) == queue.num_free_blocks, \
-            f"num_free_blocks={queue.num_free_blocks} but {len(forward)} blocks are linked"
-        in_queue = {b.block_id for b in forward}
-        assert len(in_queue) == len(forward), "a block is linked twice"
-        assert self.null_block.block_id not in in_queue, "the null block is in the free queue"
-        for b in self.blocks:
-            if b.is_null:
-                continue
-            if b.block_id in in_queue:
-                assert b.ref_cnt == 0, f"block {b.block_id} is free with ref_cnt {b.ref_cnt}"
-            else:
-                assert b.ref_cnt > 0, f"block {b.block_id} is out of the queue with ref_cnt {b.ref_cnt}"
-                assert b.prev_free_block is None and b.next_free_block is None, \
-                    f"block {b.block_id} is out of the queue but still linked"
-        mapped = set()
-        for key, b in self.cached_block_hash_to_block.items():
-            assert b.block_hash == key, f"map holds block {b.block_id} under {key!r}, its hash is {b.block_hash!r}"
-            mapped.add(b.block_id)
-        hashed = {b.block_id for b in self.blocks if b.block_hash is not None}
-        assert hashed == mapped, f"hashed but not mapped: {sorted(hashed - mapped)[:5]}"
+        queue, free = self.free_block_queue, self.free_block_queue.get_all_free_blocks()
+        chain = [queue.fake_free_list_head, *free, queue.fake_free_list_tail]  # the links agree both ways
+        assert all(r.prev_free_block is l for l, r in zip(chain, chain[1:])), "free queue links disagree"
+        in_queue = {b.block_id for b in free}
+        assert len(in_queue) == len(free) == queue.num_free_blocks, f"num_free_blocks {queue.num_free_blocks}"
+        for b in self.blocks:  # the null block is never free
+            where = "free" if b.block_id in in_queue else "out of the queue"
+            ok = b.ref_cnt == 0 if where == "free" else b.ref_cnt > 0 and b.prev_free_block is b.next_free_block is None
+            assert where != "free" if b.is_null else ok, f"block {b.block_id} is {where} with ref_cnt {b.ref_cnt}"
+        pairs = [(b.block_id, key == b.block_hash) for key, b in self.cached_block_hash_to_block.items()]
+        hashed = {(b.block_id, True) for b in self.blocks if b.block_hash is not None}
+        assert hashed == set(pairs), f"hashed but not mapped (or under another hash): {sorted(hashed ^ set(pairs))[:5]}"
 
 
 # -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
 
-def _check_block(name: str, block, pool: BlockPool | None = None) -> None:
-    """A KVCacheBlock, and (given ``pool``) one of that pool's: a block of another pool has the same ids."""
-    if not isinstance(block, KVCacheBlock):
-        raise TypeError(f"{name} must be a KVCacheBlock, got {type(block).__name__} {block!r}")
-    if pool is not None and not (0 <= block.block_id < len(pool.blocks) and pool.blocks[block.block_id] is block):
-        raise ValueError(f"block {block.block_id} is not a block of this pool")
+def _check_blocks(name: str, blocks, pool: BlockPool | None = None, any_iterable: bool = False) -> list:
+    """The blocks as a list of KVCacheBlocks, each (given ``pool``) one of that pool's: a block of another
+    pool has the same ids. A list or tuple; ``any_iterable``: any iterable but a str."""
+    _checks.instance(name, blocks, Iterable if any_iterable else (list, tuple), "a list of KVCacheBlocks")
+    blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+    for i, b in enumerate(blocks):
+        _checks.instance(f"{name}[{i}]", b, KVCacheBlock)  # a str is iterable: this names it
+        if pool is not None and (b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b):
+            raise ValueError(f"block {b.block_id} is not a block of this pool")
+    return blocks
 
 
 def _check_unqueued(where: str, blocks) -> None:
-    if not isinstance(blocks, (list, tuple)):
-        raise TypeError(f"{where}: blocks must be a list of KVCacheBlocks, got {type(blocks).__name__}")
-    for block in blocks:
-        _check_block("block", block)
+    for block in _check_blocks(f"{where}: blocks", blocks):
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise ValueError(f"{where}() of block {block.block_id}, which is already in the free queue")
     if len({id(b) for b in blocks}) < len(blocks):
         raise ValueError(f"{where}(): a block appears twice among the blocks to link")
-
-
-def _check_own_blocks(pool: BlockPool, name: str, blocks) -> list:
-    """The blocks as a list, each one of this pool's."""
-    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Iterable):
-        raise TypeError(f"{name} must be a sequence of KVCacheBlocks, got {type(blocks).__name__}")
-    blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-    for block in blocks:
-        _check_block("block", block, pool)
-    return blocks
 
 
 def _check_freeable(blocks: list) -> None:
@@ -418,16 +393,13 @@ def _check_freeable(blocks: list) -> None:
 
 
 def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
-    if not isinstance(blocks, (list, tuple)):
-        raise TypeError(f"blocks must be a list of KVCacheBlocks, got {type(blocks).__name__}")
-    _checks.integer("num_cached_blocks", num_cached_blocks, 0)
-    _checks.integer("num_full_blocks", num_full_blocks, 0)
+    _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+    _checks.nonneg_ints(num_cached_blocks=num_cached_blocks, num_full_blocks=num_full_blocks)
+    held = f"the request holds {len(blocks)} blocks and {len(request.block_hashes)} block hashes"
     if num_cached_blocks < num_full_blocks > min(len(blocks), len(request.block_hashes)):
-        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
-                         f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
-    seen = set()
-    for block in _check_own_blocks(pool, "blocks", blocks[num_cached_blocks:num_full_blocks]):
+        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): {held}")
+    todo = [b for b in _check_blocks("blocks", blocks[num_cached_blocks:num_full_blocks], pool) if not b.is_null]
+    for block, times in Counter(todo).items():  # a block is hashed by identity
         block.check_unhashed()
-        if not block.is_null and id(block) in seen:
+        if times > 1:
             raise ValueError(f"block {block.block_id} appears twice among the blocks to cache")
-        seen.add(id(block))

@@ -131,7 +131,9 @@ class BlockTable:
         _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         start = int(self.num_blocks_per_row[row_idx])
         _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
-        _checks.integer(f"row {row_idx}'s blocks + len(block_ids)", start + len(block_ids), 0, self.max_num_blocks_per_req)
+        cap = self.max_num_blocks_per_req  # a refusal only ever reports a total above it
+        _checks.integer(f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed max_num_blocks_per_req={cap}: "
+                        "the total", start + len(block_ids), 0, cap)
         if not block_ids:
             return
         end = start + len(block_ids)
@@ -143,7 +145,8 @@ class BlockTable:
         before the row is touched: a refused add changes nothing."""
         _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
-        _checks.integer("len(block_ids)", len(block_ids), 0, self.max_num_blocks_per_req)
+        _checks.integer("len(block_ids) (it may not exceed max_num_blocks_per_req)", len(block_ids), 0,
+                        self.max_num_blocks_per_req)
         self.num_blocks_per_row[row_idx] = 0
         self.append_row(block_ids, row_idx)
 

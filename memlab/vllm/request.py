@@ -64,8 +64,7 @@ def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> 
     if prompt_token_ids is None:  # vLLM's message; an empty prompt is a request, as in vLLM
         raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
     _checks.int_list(f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids)
-    if not isinstance(cache_salt, (str, type(None))):
-        raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
+    _checks.instance("cache_salt", cache_salt, (str, type(None)), "a str or None")
     ends = [0] + [f.offset + f.length for f in mm_features]  # sorted, disjoint, inside the prompt
     if any(f.offset < end or f.length <= 0 for f, end in zip(mm_features, ends)) or ends[-1] > len(prompt_token_ids):
         raise ValueError(f"mm items not sorted and disjoint, or outside the {len(prompt_token_ids)}-token "
