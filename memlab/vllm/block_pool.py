@@ -322,8 +322,12 @@ class BlockPool:
                 else:
                     to_evict_last.append(block)
         # prepend_n keeps the list's order at the head: the first block freed is reused first.
-        self.free_block_queue.prepend_n(to_evict_first)
-        self.free_block_queue.append_n(to_evict_last)
+        # Linked directly: a block whose ref_cnt just reached 0 was out of the queue (the checks
+        # of the public prepend_n/append_n would scan every block again).
+        queue = self.free_block_queue
+        head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+        queue._link_between(head, head.next_free_block, to_evict_first)
+        queue._link_between(tail.prev_free_block, tail, to_evict_last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False, nothing changed) while any block is in use."""
@@ -347,11 +351,11 @@ class BlockPool:
         the first broken rule: every block is either in the free queue with ref_cnt 0, or out of
         it with ref_cnt > 0 (the null block: out, never counted); a block has a hash exactly
         when the map holds it under that hash."""
-        queue, free = self.free_block_queue, self.free_block_queue.get_all_free_blocks()
-        chain = [queue.fake_free_list_head, *free, queue.fake_free_list_tail]  # the links agree both ways
+        queue = self.free_block_queue
+        chain = [queue.fake_free_list_head, *queue.get_all_free_blocks(), queue.fake_free_list_tail]
         assert all(r.prev_free_block is l for l, r in zip(chain, chain[1:])), "free queue links disagree"
-        in_queue = {b.block_id for b in free}
-        assert len(in_queue) == len(free) == queue.num_free_blocks, f"num_free_blocks {queue.num_free_blocks}"
+        in_queue = {b.block_id for b in chain[1:-1]}  # each linked once, as many as counted
+        assert len(in_queue) == len(chain) - 2 == queue.num_free_blocks, f"num_free_blocks {queue.num_free_blocks}"
         for b in self.blocks:  # the null block is never free
             where = "free" if b.block_id in in_queue else "out of the queue"
             ok = b.ref_cnt == 0 if where == "free" else b.ref_cnt > 0 and b.prev_free_block is b.next_free_block is None
@@ -369,7 +373,8 @@ def _check_blocks(name: str, blocks, pool: BlockPool | None = None, any_iterable
     _checks.instance(name, blocks, Iterable if any_iterable else (list, tuple), "a list of KVCacheBlocks")
     blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
     for i, b in enumerate(blocks):
-        _checks.instance(f"{name}[{i}]", b, KVCacheBlock)  # a str is iterable: this names it
+        if type(b) is not KVCacheBlock:  # the message is built only for a bad block; a str is iterable: this names it
+            _checks.instance(f"{name}[{i}]", b, KVCacheBlock)
         if pool is not None and (b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b):
             raise ValueError(f"block {b.block_id} is not a block of this pool")
     return blocks
@@ -395,9 +400,9 @@ def _check_freeable(blocks: list) -> None:
 def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
     _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
     _checks.nonneg_ints(num_cached_blocks=num_cached_blocks, num_full_blocks=num_full_blocks)
-    held = f"the request holds {len(blocks)} blocks and {len(request.block_hashes)} block hashes"
     if num_cached_blocks < num_full_blocks > min(len(blocks), len(request.block_hashes)):
-        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): {held}")
+        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
+                         f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
     todo = [b for b in _check_blocks("blocks", blocks[num_cached_blocks:num_full_blocks], pool) if not b.is_null]
     for block, times in Counter(todo).items():  # a block is hashed by identity
         block.check_unhashed()
