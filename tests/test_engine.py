@@ -188,9 +188,9 @@ def test_bad_requests_are_named():
     e = Engine(MODEL, page_size=4, num_tokens=64, max_context=128, attention="torch")
     with pytest.raises(ValueError, match="empty prompt"):
         e.add_request([], 3)
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got 0"):
         e.add_request([1], 0)
-    with pytest.raises(ValueError, match="130 tokens exceeds max_context 128"):
+    with pytest.raises(ValueError, match="130 tokens .*exceeds max_context 128"):
         e.add_request([1] * 100, 30)
     with pytest.raises(ValueError, match="can never fit a pool of 64 slots"):
         e.add_request([1] * 60, 10)

@@ -64,7 +64,7 @@ def test_queue_errors_on_empty_pop_and_unlinked_remove():
     with pytest.raises(AssertionError):  # vLLM's bare assert: its callers check the count first
         q.popleft_n(3)
     assert q.num_free_blocks == 2  # refused: nothing popped
-    with pytest.raises(ValueError, match="n must be >= 0"):
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
         q.popleft_n(-1)
     q.popleft_n(2)
     with pytest.raises(ValueError, match="^No free blocks available$"):  # vLLM's words

@@ -217,15 +217,15 @@ def test_decode_hashes_each_block_when_it_fills():
 
 
 def test_bad_inputs_raise_naming_the_value():
-    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="block_size must be an int >= 1.*, got 0"):
         KVCacheManager(8, block_size=0)
     with pytest.raises(ValueError, match="watermark.*1.5"):
         KVCacheManager(8, watermark=1.5)
-    with pytest.raises(ValueError, match="sliding_window must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="sliding_window must be an int >= 1, got 0"):
         KVCacheManager(8, sliding_window=0)
     mgr = KVCacheManager(8, block_size=4)
     r = new_request(mgr, "r", [1, 2, 3])
-    with pytest.raises(ValueError, match="num_new_tokens must be an int > 0, got 0"):
+    with pytest.raises(ValueError, match="num_new_tokens must be an int >= 1, got 0"):
         mgr.allocate_slots(r, 0)
     with pytest.raises(ValueError, match="num_new_computed_tokens=8 does not fit 1 computed blocks"):
         mgr.allocate_slots(r, 1, 8, [mgr.block_pool.blocks[1]])

@@ -30,6 +30,7 @@ from collections import Counter, OrderedDict, deque
 
 import torch
 
+from memlab.common import _checks
 from memlab.sglang.allocation import (alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, evict_from_tree_cache,
                                       extend_positions, free_kv_row, release_kv_cache)
 from memlab.sglang.allocator import make_allocator
@@ -246,15 +247,8 @@ class Engine:
                  write_policy: str = "write_through", ignore_eos: bool = False, all_logits: bool = False,
                  schedule_policy: str = "fcfs", size_swa: int | None = None, memory: tuple | None = None,
                  debug_mode: bool = False):
-        kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache)
-        if schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}")
-        if attention not in ("triton", "torch"):
-            raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        if kind not in PREFIX_CACHES:
-            raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES} (or True/False), got {prefix_cache!r}")
+        kind = _validate_engine(model, page_size, num_tokens, max_running, max_context, chunk_size, attention,
+                                prefix_cache, schedule_policy)
         c, dev = model.cfg, model.device
         self.model, self.page_size, self.chunk_size, self.attention = model, page_size, chunk_size, attention
         self.debug_mode = debug_mode
@@ -305,28 +299,7 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt, max_new_tokens: int) -> EngineReq:
-        if len(prompt) == 0:
-            raise ValueError("empty prompt")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        total = len(prompt) + max_new_tokens
-        if total > self.req_to_token_pool.max_context_len:
-            raise ValueError(f"a request of {total} tokens exceeds max_context {self.req_to_token_pool.max_context_len}")
-        # Two of the allocator's questions about an empty pool. SGLang's scheduler clips
-        # max_new_tokens to max_new_tokens_for_memory and aborts a prompt it answers None for;
-        # memlab never clips (an output must not depend on the pool's size), so it refuses the
-        # None, then asks whether the whole request could ever be held: prealloc_ceiling_fits,
-        # where None means the pool has no ceiling of its own and its token count is the bound.
-        alloc, ps = self.allocator, self.page_size
-        demand = ceil_align(total, ps) + ps  # a page spare: the next token may open one
-        fits = alloc.max_new_tokens_for_memory(len(prompt), max_new_tokens, token_capacity=alloc.size,
-                                               sliding_window_size=self.sliding_window_size,
-                                               chunk_size=self.chunk_size) is not None
-        if fits:
-            ceiling = alloc.prealloc_ceiling_fits(demand, self._swa_demand(len(prompt), max_new_tokens))
-            fits = demand <= alloc.size if ceiling is None else ceiling
-        if not fits:
-            raise ValueError(f"a request of {total} tokens can never fit a pool of {alloc.size} slots")
+        prompt = self._validate_request(prompt, max_new_tokens)
         r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
         self.stats["requests"] += 1
         self.waiting.append(r)
@@ -338,10 +311,53 @@ class Engine:
                                       page_size=self.page_size, allocation_limit=self.chunk_size)
 
     def generate(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        """Serve the prompts to completion; every prompt is checked before any is queued."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        for i, p in enumerate(prompts):
+            try:
+                self._validate_request(p, max_new_tokens)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"prompt {i}: {exc}") from None
         reqs = [self.add_request(p, max_new_tokens) for p in prompts]
         while self.step():
             pass
         return [r.output for r in reqs]
+
+    def _validate_request(self, prompt, max_new_tokens) -> list[int]:
+        """The prompt as a list of token ids in the vocabulary; the request must fit a row and the
+        pool (else it could never be scheduled)."""
+        if isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1:
+                raise ValueError(f"prompt must be 1-D token ids, got shape {tuple(prompt.shape)}")
+            prompt = prompt.tolist()
+        prompt = _checks.int_list("prompt (token ids)", prompt, 0, self.model.cfg.vocab_size - 1)
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        max_new_tokens = _checks.integer("max_new_tokens", max_new_tokens, 1)
+        total = len(prompt) + max_new_tokens
+        if total > self.req_to_token_pool.max_context_len:
+            raise ValueError(f"a request of {total} tokens (prompt + max_new_tokens) exceeds max_context "
+                             f"{self.req_to_token_pool.max_context_len}")
+        if not self._can_ever_fit(len(prompt), max_new_tokens):
+            raise ValueError(f"a request of {total} tokens (prompt + max_new_tokens) can never fit a pool of "
+                             f"{self.allocator.size} slots")
+        return prompt
+
+    def _can_ever_fit(self, input_tokens: int, max_new_tokens: int) -> bool:
+        """Two of the allocator's questions about an empty pool. SGLang's scheduler clips
+        max_new_tokens to max_new_tokens_for_memory and aborts a prompt it answers None for;
+        memlab never clips (an output must not depend on the pool's size), so it refuses the
+        None, then asks whether the whole request could ever be held: prealloc_ceiling_fits,
+        where None means the pool has no ceiling of its own and its token count is the bound."""
+        alloc, ps = self.allocator, self.page_size
+        demand = ceil_align(input_tokens + max_new_tokens, ps) + ps  # a page spare: the next token may open one
+        if alloc.max_new_tokens_for_memory(input_tokens, max_new_tokens, token_capacity=alloc.size,
+                                           sliding_window_size=self.sliding_window_size,
+                                           chunk_size=self.chunk_size) is None:
+            return False
+        ceiling = alloc.prealloc_ceiling_fits(demand, self._swa_demand(input_tokens, max_new_tokens))
+        return demand <= alloc.size if ceiling is None else ceiling
 
     def available(self) -> int:
         """Slots a request could get now: free ones plus cached ones nobody maps (evictable)."""
@@ -672,6 +688,27 @@ class Engine:
         if not self.running:
             total = self.allocator.num_pages * self.page_size
             assert self.available() == total, f"idle: {self.available()} available + evictable != {total} slots"
+
+
+def _validate_engine(model, page_size, num_tokens, max_running, max_context, chunk_size, attention,
+                     prefix_cache, schedule_policy):
+    """The engine's own arguments, before any pool is built; returns the prefix cache's kind. The
+    pools check the rest (dtype, device) under their own names."""
+    if not isinstance(model, TinyLlama):
+        raise TypeError(f"model must be a TinyLlama, got {type(model).__name__}")
+    limit = 2 ** 31 - 1  # slots and rows are int32 in the request table
+    for name, v in (("page_size", page_size), ("num_tokens", num_tokens), ("max_running", max_running),
+                    ("max_context", max_context), ("chunk_size", chunk_size)):
+        _checks.integer(name, v, 1, limit)
+    if attention not in ("triton", "torch"):
+        raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
+    if schedule_policy not in SCHEDULE_POLICIES:
+        raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}")
+    kind = {True: "hash", False: None}.get(prefix_cache, prefix_cache) if isinstance(prefix_cache, (bool, str)) \
+        or prefix_cache is None else prefix_cache
+    if kind not in PREFIX_CACHES:
+        raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES} (or True/False), got {prefix_cache!r}")
+    return kind
 
 
 def throughput(engine: Engine, prompts, max_new_tokens: int) -> dict:

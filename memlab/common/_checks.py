@@ -1,20 +1,18 @@
-"""The boundary: argument checks for the core layers, written once, one validator per entry point.
+"""The boundary: the argument checks several core modules share, written once.
 
-A core method calls its validator first and then runs the algorithm the way the engine does, so
-the algorithm reads top to bottom without the checks interleaved. What lives here gives a
-learner a clear error for a bad argument (types, ranges, devices, lengths), naming the bad
-value. What does NOT live here: the checks the engines make themselves (SGLang's ``debug_mode``
-asserts, the capacity refusal before anything is taken, vLLM's free-queue errors); those stay in
-the algorithm, where the engine has them.
+A validator that one module uses lives in that module, after the algorithm (``_check_*``); what
+is here is shared: counts, lists of ids, tensors, and the allocators' batch and free checks that
+the token, paged, sliding-window and unified allocators all run. A core method calls its checks
+first and then runs the algorithm the way the engine does, so the algorithm reads top to bottom.
+The checks the engines make themselves (SGLang's ``debug_mode`` asserts, the capacity refusal
+before anything is taken, vLLM's free-queue errors) stay in the algorithm, where the engine has
+them. One rule for errors: a wrong type is a TypeError (a bool is no count), a wrong value a
+ValueError.
 
 Cost: these checks read shapes, dtypes and devices, which costs nothing. Checks that must read
 id VALUES (ranges, alignment) run only where that costs no host-device sync: when the ids live
-on the CPU, or in ``debug_mode`` (which the tests turn on). Scans of whole books run only in
-``debug_mode``.
-
-Sections follow the teaching order: request table, KV pools, allocators, the vLLM side, hybrid
-pools, write locations, attention. This module imports nothing of memlab at module level, so
-every layer can use it without raising its import floor.
+on the CPU, or in ``debug_mode`` (which the tests turn on). This module imports nothing of
+memlab at module level, so every layer can use it without raising its import floor.
 """
 
 from __future__ import annotations
@@ -28,8 +26,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 # ---- shared validators ------------------------------------------------------------------------
 
-def integer(name: str, v, lo: int = 0) -> int:
-    """``v`` as a Python int >= ``lo``. Any integral number is accepted: int, NumPy integers, a
+def integer(name: str, v, lo: int = 0, hi: int | None = None) -> int:
+    """``v`` as a Python int in ``lo..hi``. Any integral number is accepted: int, NumPy integers, a
     0-d integer tensor. A bool is not a count, and neither is a float (even 3.0)."""
     if type(v) is int:  # the common case: one type check
         pass
@@ -41,9 +39,69 @@ def integer(name: str, v, lo: int = 0) -> int:
     else:
         raise TypeError(f"{name} must be an int (or a NumPy integer, or a 0-d integer tensor), "
                         f"got {type(v).__name__} {v!r}")
-    if v < lo:
-        raise ValueError(f"{name} must be an int >= {lo}, got {v}")
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be an int >= {lo}" + ("" if hi is None else f" and <= {hi}") + f", got {v}")
     return v
+
+
+def real(name: str, v, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
+    """``v`` a real number (int or float, not a bool) in the interval from ``lo`` to ``hi``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
+    if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
+        raise ValueError(f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
+    return v
+
+
+def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]:
+    """A sequence of ints (a list, a tuple, a range; not a str, not a tensor), each in ``lo..hi``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
+        raise TypeError(f"{name} must be a list of ints, got {type(values).__name__}")
+    for v in values:
+        if type(v) is not int:  # a bool or a float is no token id, no block id
+            raise TypeError(f"{name} must hold ints, got {type(v).__name__} {v!r}")
+    out = [v for v in values if v < lo or (hi is not None and v > hi)]
+    if out:
+        raise ValueError(f"{name} must hold ints >= {lo}" + ("" if hi is None else f" and <= {hi}") + f", got {out[0]}")
+    return list(values)
+
+
+def one_of(name: str, v, choices) -> None:
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {v!r}")
+
+
+def instance(name: str, v, types, what: str | None = None) -> None:
+    """``v`` an instance of ``types`` (a TypeError naming ``what`` it must be, else the types)."""
+    if not isinstance(v, types):
+        what = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"{name} must be {what}, got {type(v).__name__} {v!r}")
+
+
+def tensor(name: str, t, dtypes=None, ndim: int | None = None, device=None, shape=None, like: str = "") -> None:
+    """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError, ``like`` says
+    whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given; ValueError)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+
+
+def values_in(name: str, t: torch.Tensor, lo: int, hi) -> None:
+    """Every value of ``t`` (read on the CPU: callers skip device tensors) in ``lo..hi``; ``hi`` a
+    number or a tensor of bounds, one per value. The message names the first value outside."""
+    v = t.reshape(-1).long()
+    hi = torch.as_tensor(hi, dtype=torch.long).expand_as(t).reshape(-1) if hi is not None else None
+    bad = (v < lo) if hi is None else (v < lo) | (v > hi)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"{name}[{i}] = {int(v[i])} is outside {lo}.." + ("" if hi is None else f"{int(hi[i])}"))
 
 
 def positive_ints(**values) -> None:
@@ -76,128 +134,6 @@ def can_read_values(debug_mode: bool, t: torch.Tensor) -> bool:
 
 
 # ---- layer 2: the KV pools --------------------------------------------------------------------
-
-
-# ---- the vLLM side (chapter 06) --------------------------------------------------------------------
-
-VLLM_BACKENDS = ("triton", "torch", "python")
-
-
-def vllm_request(request_id, prompt_token_ids, mm_features: list, cache_salt) -> None:
-    if prompt_token_ids is None:  # vLLM's message; an empty prompt is a request, as in vLLM
-        raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
-    bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or t < 0]
-    if bad:
-        raise ValueError(f"request {request_id!r}: token ids must be ints >= 0, got {bad[:3]!r}")
-    for prev, item in zip(mm_features, mm_features[1:]):
-        if item.offset < prev.offset + prev.length:
-            raise ValueError(f"request {request_id!r}: multimodal items must be sorted and disjoint, "
-                             f"got {prev} then {item}")
-    for item in mm_features:
-        if item.offset < 0 or item.length <= 0 or item.offset + item.length > len(prompt_token_ids):
-            raise ValueError(f"request {request_id!r}: multimodal item {item} lies outside the "
-                             f"{len(prompt_token_ids)}-token prompt")
-    if cache_salt is not None and not isinstance(cache_salt, str):
-        raise TypeError(f"cache_salt must be a str or None, got {cache_salt!r}")
-
-
-def cache_full_blocks(request, blocks, num_full_blocks: int) -> None:
-    if num_full_blocks > len(blocks) or num_full_blocks > len(request.block_hashes):
-        raise ValueError(f"cannot cache {num_full_blocks} full blocks: the request holds {len(blocks)} "
-                         f"blocks and {len(request.block_hashes)} block hashes")
-
-
-def blocks_to_cache(todo: list) -> None:
-    """(block, hash) pairs about to be cached: none hashed already, none twice."""
-    for block, _ in todo:
-        block.check_unhashed()
-    if len(todo) > 1:
-        ids = [block.block_id for block, _ in todo]
-        if len(set(ids)) != len(ids):
-            dup = next(b for k, b in enumerate(ids) if b in ids[:k])
-            raise ValueError(f"block {dup} appears twice among the blocks to cache")
-
-
-def compute_slot_mapping(block_table, req_indices, positions, block_size, num_tokens: int, backend: str,
-                         num_blocks_per_row=None) -> None:
-    """Host-side validation (CPU tensors: no device sync). Errors name the first bad token."""
-    if backend not in VLLM_BACKENDS:
-        raise ValueError(f"backend must be one of {VLLM_BACKENDS}, got {backend!r}")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(f"block_table must be a 2-D int32 tensor, got {block_table.dtype} {tuple(block_table.shape)}")
-    if req_indices.shape != positions.shape or positions.dim() != 1:
-        raise ValueError(f"req_indices {tuple(req_indices.shape)} and positions {tuple(positions.shape)} "
-                         "must be 1-D and of one length")
-    if not 0 <= num_tokens <= positions.numel():
-        raise ValueError(f"num_tokens={num_tokens} outside 0..{positions.numel()}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if positions.device.type != "cpu" or num_tokens == 0:
-        return
-    req = req_indices[:num_tokens].long()
-    pos = positions[:num_tokens].long()
-    bad = (req < 0) | (req >= block_table.shape[0]) | (pos < 0)
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"token {i}: request row {int(req[i])} or position {int(pos[i])} is out of range "
-                         f"(rows 0..{block_table.shape[0] - 1}, positions >= 0)")
-    limit = (torch.as_tensor(num_blocks_per_row, dtype=torch.long)[req] if num_blocks_per_row is not None
-             else torch.full_like(req, block_table.shape[1]))
-    bad = pos // block_size >= limit
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"token {i}: position {int(pos[i])} needs block {int(pos[i]) // block_size} of row "
-                         f"{int(req[i])}, which holds {int(limit[i])} blocks")
-
-
-def store_kv(key, value, key_cache, value_cache, slot_mapping, backend: str) -> None:
-    if backend not in VLLM_BACKENDS:
-        raise ValueError(f"backend must be one of {VLLM_BACKENDS}, got {backend!r}")
-    if key.dim() != 3 or value.dim() != 3 or key_cache.dim() != 4 or value_cache.dim() != 4:
-        raise ValueError(f"want key/value (T, H, D) and caches (N, block_size, H, D); got "
-                         f"{tuple(key.shape)}, {tuple(value.shape)}, {tuple(key_cache.shape)}, {tuple(value_cache.shape)}")
-    if key_cache.shape[:2] != value_cache.shape[:2] or key.shape[1:] != key_cache.shape[2:] \
-            or value.shape[1:] != value_cache.shape[2:]:
-        raise ValueError(f"shapes disagree: key {tuple(key.shape)} vs key_cache {tuple(key_cache.shape)}, "
-                         f"value {tuple(value.shape)} vs value_cache {tuple(value_cache.shape)}")
-    if slot_mapping.dim() != 1 or slot_mapping.numel() > key.shape[0] or key.shape[0] != value.shape[0]:
-        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} must be 1-D with at most one slot per "
-                         f"token (key has {key.shape[0]}, value {value.shape[0]})")
-    if slot_mapping.dtype not in INDEX_DTYPES:
-        raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
-    if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
-        raise TypeError(f"dtypes differ: key {key.dtype} -> cache {key_cache.dtype}, "
-                        f"value {value.dtype} -> cache {value_cache.dtype}")
-    if slot_mapping.device.type == "cpu" and slot_mapping.numel():
-        num_slots = key_cache.shape[0] * key_cache.shape[1]
-        bad = slot_mapping >= num_slots
-        if bad.any():
-            i = int(bad.nonzero()[0])
-            raise ValueError(f"token {i}: slot {int(slot_mapping[i])} is past the cache's {num_slots} slots")
-
-
-def block_row(table, row_idx) -> None:
-    if isinstance(row_idx, bool) or not isinstance(row_idx, numbers.Integral) or not 0 <= row_idx < table.max_num_reqs:
-        raise ValueError(f"row_idx {row_idx!r} outside 0..{table.max_num_reqs - 1}")
-
-
-def append_row(table, block_ids, row_idx, start: int) -> None:
-    """New block ids for a row that holds ``start`` blocks: they must fit and be ids."""
-    if not block_ids:
-        return
-    if start + len(block_ids) > table.max_num_blocks_per_req:
-        raise ValueError(f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed "
-                         f"max_num_blocks_per_req={table.max_num_blocks_per_req}")
-    if min(block_ids) < 0:
-        raise ValueError(f"block ids must be >= 0, got {list(block_ids)}")
-
-
-def block_table_slot_mapping(table, req_indices, positions, num_padded: int, backend: str) -> None:
-    num_tokens = positions.numel()
-    if not num_tokens <= num_padded <= table.slot_mapping.numel():
-        raise ValueError(f"num_padded={num_padded} must lie in {num_tokens}..{table.slot_mapping.numel()}")
-    compute_slot_mapping(table.block_table, req_indices, positions, table.block_size, num_tokens, backend,
-                         table.num_blocks_per_row)
 
 
 # ---- hybrid pools: sliding window (chapter 07) ---------------------------------------------------
@@ -355,123 +291,3 @@ def alloc_decode(alloc, seq_lens, seq_lens_cpu, last_loc) -> None:
     if (seq_lens_cpu < 1).any():
         raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
     _last_loc(alloc, last_loc, seq_lens_cpu - 1)
-
-
-# ---- the unified pool (chapter 12) -----------------------------------------------------------------
-
-
-# ---- attention through the mappings (chapter 09): shapes and dtypes only, no device sync ----------
-
-ATTN_DTYPES = (torch.float16, torch.float32)
-
-
-def _float(name, t, like=None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if like is None and t.dtype not in ATTN_DTYPES:
-        raise TypeError(f"{name} must be float16 or float32 (portable kernels), got {t.dtype}")
-    if like is not None and t.dtype != like:
-        raise TypeError(f"{name} must be {like} like q, got {t.dtype}")
-
-
-def _attn_ids(name, t, ndim) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
-
-
-def _heads(q, num_kv_heads) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be (batch, q_heads, head_dim), got shape {tuple(q.shape)}")
-    if num_kv_heads < 1 or q.shape[1] % num_kv_heads:
-        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({num_kv_heads})")
-
-
-def _attn_batch(q, seq_lens, table, table_name, rows=None) -> None:
-    if rows is not None:
-        _attn_ids("req_pool_indices", rows, 1)
-    _attn_ids("seq_lens", seq_lens, 1)
-    _attn_ids(table_name, table, 2)
-    if table.dtype != torch.int32:
-        raise TypeError(f"{table_name} must be int32 (as the engines keep it), got {table.dtype}")
-    if seq_lens.shape[0] != q.shape[0] or (rows is not None and rows.shape[0] != q.shape[0]):
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}"
-                         + ("" if rows is None else f", req_pool_indices {rows.shape[0]}"))
-
-
-def _attn_out(o, q, d_v) -> None:
-    if o is None:
-        return
-    _float("o", o, q.dtype)
-    shape = (q.shape[0], q.shape[1], d_v)
-    if tuple(o.shape) != shape:
-        raise ValueError(f"o must have shape {shape}, got {tuple(o.shape)}")
-
-
-def _paged_cache(name, cache, heads_axis: bool = True) -> torch.Tensor:
-    """A paged cache (num_blocks, block_size, kv_heads, dim) (MLA: the head axis may be missing)
-    that views flat as (slots, kv_heads, dim); returns that view for the shape checks."""
-    if cache.dim() == 3 and not heads_axis:
-        cache = cache.unsqueeze(2)
-    if cache.dim() != 4:
-        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}")
-    try:
-        return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3])
-    except RuntimeError as exc:
-        raise ValueError(f"{name}'s blocks must be laid out contiguously (slot = block * block_size "
-                         f"+ offset), got strides {cache.stride()}") from exc
-
-
-def _mha(q, k, v, k_name, v_name, full_k_shape, full_v_shape) -> None:
-    if k.shape[-1] != q.shape[-1] or v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, {k_name} {full_k_shape}, {v_name} {full_v_shape}")
-
-
-def decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
-    _float("q", q)
-    _float("k_buffer", k_buffer, q.dtype)
-    _float("v_buffer", v_buffer, q.dtype)
-    _heads(q, k_buffer.shape[1])
-    _attn_batch(q, seq_lens, req_to_token, "req_to_token", req_pool_indices)
-    _mha(q, k_buffer, v_buffer, "k_buffer", "v_buffer", tuple(k_buffer.shape), tuple(v_buffer.shape))
-    _attn_out(o, q, v_buffer.shape[-1])
-
-
-def paged_attention(query, key_cache, value_cache, block_table, seq_lens, out) -> None:
-    _float("query", query)
-    _float("key_cache", key_cache, query.dtype)
-    _float("value_cache", value_cache, query.dtype)
-    k = _paged_cache("key_cache", key_cache)
-    v = _paged_cache("value_cache", value_cache)
-    _heads(query, k.shape[1])
-    _attn_batch(query, seq_lens, block_table, "block_table")
-    _mha(query, k, v, "key_cache", "value_cache", tuple(key_cache.shape), tuple(value_cache.shape))
-    _attn_out(out, query, v.shape[-1])
-
-
-def _mla(q_nope, q_rope, kv) -> None:
-    _float("q_nope", q_nope)
-    _float("q_rope", q_rope, q_nope.dtype)
-    _float("kv_buffer", kv, q_nope.dtype)
-    if q_nope.dim() != 3 or q_rope.shape[:2] != q_nope.shape[:2]:
-        raise ValueError(f"q_nope (bs, H, kv_lora_rank) and q_rope (bs, H, qk_rope_head_dim) disagree: "
-                         f"{tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
-    if kv.shape[1] != 1 or kv.shape[2] != q_nope.shape[2] + q_rope.shape[2]:
-        raise ValueError(f"the latent buffer must be (slots, 1, kv_lora_rank + qk_rope_head_dim) = "
-                         f"(slots, 1, {q_nope.shape[2] + q_rope.shape[2]}), got {tuple(kv.shape)}")
-
-
-def mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
-    _mla(q_nope, q_rope, kv_buffer)
-    _attn_batch(q_nope, seq_lens, req_to_token, "req_to_token", req_pool_indices)
-    _attn_out(o, q_nope, q_nope.shape[-1])
-
-
-def mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out) -> None:
-    kv = _paged_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, heads_axis=False)
-    _mla(q_nope, q_rope, kv)
-    _attn_batch(q_nope, seq_lens, block_table, "block_table")
-    _attn_out(out, q_nope, q_nope.shape[-1])

@@ -109,7 +109,7 @@ def python_attention_over_slots(q, k_buffer, v_buffer, slot_lists, sm_scale):
 
 
 # ---------------------------------------------------------------------------------------------
-# What the kernel wrappers share (their argument checks live in memlab.common._checks).
+# What the kernel wrappers share (their argument checks close this module).
 # ---------------------------------------------------------------------------------------------
 def _out(o, q, d_v):
     return torch.empty((q.shape[0], q.shape[1], d_v), dtype=q.dtype, device=q.device) if o is None else o
@@ -142,7 +142,9 @@ def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, 
     Request b's token t is in slot ``req_to_token[req_pool_indices[b], t]``, t < seq_lens[b].
     ``sm_scale`` defaults to 1/sqrt(D). Returns o (bs, H, Dv), written in place when given.
     """
-    _checks.decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o)
+    _check_decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o)
+    if sm_scale is not None:
+        _scale_arg("sm_scale", sm_scale)
     o = _out(o, q, v_buffer.shape[-1])
     return _launch(q=q, q_pe=q, k=k_buffer, v=v_buffer, o=o, table=req_to_token,
                    req_pool_indices=req_pool_indices, seq_lens=seq_lens,
@@ -155,7 +157,9 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale=
 
     Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t % block_size``.
     """
-    _checks.paged_attention(query, key_cache, value_cache, block_table, seq_lens, out)
+    _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, out)
+    if scale is not None:
+        _scale_arg("scale", scale)
     k, block_size = _flat_cache(key_cache)
     v, _ = _flat_cache(value_cache)
     out = _out(out, query, v.shape[-1])
@@ -172,7 +176,8 @@ def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_i
     ``sm_scale`` is required: models scale by the original head dim (DeepSeek-V3: 1/sqrt(192)),
     not by r + d_r. Returns o (bs, H, r), the latent output (the caller applies W_UV).
     """
-    _checks.mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o)
+    _check_mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o)
+    _scale_arg("sm_scale", sm_scale)
     r = q_nope.shape[-1]
     o = _out(o, q_nope, r)
     return _launch(q=q_nope, q_pe=q_rope, k=kv_buffer, v=kv_buffer, o=o, table=req_to_token,
@@ -184,10 +189,123 @@ def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_i
 def mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, scale, out=None):
     """vLLM spelling, MLA: kv_c_and_k_pe_cache (num_blocks, block_size, r + d_r) (vLLM's layout, no
     head axis; (num_blocks, block_size, 1, r + d_r) is accepted too)."""
-    _checks.mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out)
+    _check_mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out)
+    _scale_arg("scale", scale)
     kv, block_size = _flat_cache(kv_c_and_k_pe_cache)
     r = q_nope.shape[-1]
     out = _out(out, q_nope, r)
     return _launch(q=q_nope, q_pe=q_rope, k=kv, v=kv, o=out, table=block_table, req_pool_indices=seq_lens,
                    seq_lens=seq_lens, sm_scale=float(scale), page_size=block_size, d_main=r,
                    d_pe=q_rope.shape[-1], d_v=r, use_block_table=True, v_from_k=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: shapes and dtypes; ids are read only on the CPU (on a GPU it would be a sync).
+# ---------------------------------------------------------------------------------------------
+ATTN_DTYPES = (torch.float16, torch.float32)
+
+
+def _scale_arg(name, v) -> None:
+    _checks.real(name, v, 0.0, float("inf"), lo_open=True)
+
+
+def _float(name, t, like=None) -> None:
+    # float16/32: the portable kernels' dtypes; every other tensor shares q's
+    _checks.tensor(name, t, ATTN_DTYPES if like is None else (like,), like="" if like is None else " like q")
+
+
+_NO_ROWS = object()  # the block-table spelling has no row indices (None is a bad argument)
+
+
+def _attn_batch(q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_size=1) -> None:
+    """The batch's ids: one row and one length per query; on the CPU, every row, length and slot
+    (block) the kernel will read inside its table and the cache."""
+    for name, t in ((("req_pool_indices", rows),) if rows is not _NO_ROWS else ()) + (("seq_lens", seq_lens),):
+        _checks.tensor(name, t, _checks.INDEX_DTYPES, 1)
+    _checks.tensor(table_name, table, (torch.int32,), 2)  # int32, as the engines keep it
+    rows = None if rows is _NO_ROWS else rows
+    n_rows = q.shape[0] if rows is None else rows.shape[0]
+    if seq_lens.shape[0] != q.shape[0] or n_rows != q.shape[0]:
+        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices {n_rows}")
+    # ids are read only where that costs no host-device sync: every one of them on the CPU
+    if not seq_lens.numel() or any(t.device.type != "cpu" for t in (seq_lens, table, rows) if t is not None):
+        return
+    _checks.values_in("seq_lens", seq_lens, 0, table.shape[1] * block_size)
+    if rows is not None:
+        _checks.values_in("req_pool_indices", rows, 0, table.shape[0] - 1)
+    picked = table if rows is None else table[rows.long()]
+    used = torch.arange(table.shape[1])[None, :] * block_size < seq_lens[:, None].long()
+    _checks.values_in(f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)", picked[used], 0,
+                      num_slots // block_size - 1)
+
+
+def _attn_out(o, q, d_v) -> None:
+    if o is not None:
+        _checks.tensor("o", o, (q.dtype,), shape=(q.shape[0], q.shape[1], d_v))
+
+
+def _paged_cache(name, cache, like=None, heads_axis: bool = True) -> torch.Tensor:
+    """A paged cache (num_blocks, block_size, kv_heads, dim) (MLA: the head axis may be missing)
+    of a float dtype (``like`` q's) that views flat as (slots, kv_heads, dim); returns that view."""
+    _float(name, cache, like)
+    if cache.dim() == 3 and not heads_axis:
+        cache = cache.unsqueeze(2)
+    if cache.dim() != 4:
+        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}")
+    try:
+        return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3])
+    except RuntimeError as exc:  # slot = block * block_size + offset needs it
+        raise ValueError(f"{name}'s blocks must be laid out contiguously, got strides {cache.stride()}") from exc
+
+
+def _mha(q, k, v, k_name, v_name, full_k_shape, full_v_shape) -> None:
+    """q (bs, H, D), k and v (slots, kv_heads, D / Dv), H a multiple of kv_heads (GQA)."""
+    _checks.tensor("q", q, ndim=3)
+    if k.dim() != 3 or v.dim() != 3 or k.shape[-1] != q.shape[-1] or v.shape[:2] != k.shape[:2]:
+        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, {k_name} {full_k_shape}, {v_name} {full_v_shape}")
+    if not k.shape[1] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})")
+
+
+def _check_decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
+    _float("q", q)
+    _float("k_buffer", k_buffer, q.dtype)
+    _float("v_buffer", v_buffer, q.dtype)
+    _mha(q, k_buffer, v_buffer, "k_buffer", "v_buffer", tuple(k_buffer.shape), tuple(v_buffer.shape))
+    _attn_batch(q, seq_lens, req_to_token, "req_to_token", k_buffer.shape[0], req_pool_indices)
+    _attn_out(o, q, v_buffer.shape[-1])
+
+
+def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, out) -> None:
+    _float("query", query)
+    k = _paged_cache("key_cache", key_cache, query.dtype)
+    v = _paged_cache("value_cache", value_cache, query.dtype)
+    _mha(query, k, v, "key_cache", "value_cache", tuple(key_cache.shape), tuple(value_cache.shape))
+    _attn_batch(query, seq_lens, block_table, "block_table", k.shape[0], block_size=key_cache.shape[1])
+    _attn_out(out, query, v.shape[-1])
+
+
+def _mla(q_nope, q_rope, kv) -> None:
+    _float("q_nope", q_nope)
+    _float("q_rope", q_rope, q_nope.dtype)
+    _float("kv_buffer", kv, q_nope.dtype)
+    _checks.tensor("q_nope", q_nope, ndim=3)  # (bs, H, kv_lora_rank)
+    _checks.tensor("q_rope", q_rope, ndim=3)  # (bs, H, qk_rope_head_dim)
+    if q_rope.shape[:2] != q_nope.shape[:2]:
+        raise ValueError(f"q_nope and q_rope disagree: {tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
+    latent = (*kv.shape[:1], 1, q_nope.shape[2] + q_rope.shape[2])  # (slots, 1, kv_lora_rank + qk_rope_head_dim)
+    if tuple(kv.shape) != latent:
+        raise ValueError(f"the latent buffer must be {latent}, got {tuple(kv.shape)}")
+
+
+def _check_mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
+    _mla(q_nope, q_rope, kv_buffer)
+    _attn_batch(q_nope, seq_lens, req_to_token, "req_to_token", kv_buffer.shape[0], req_pool_indices)
+    _attn_out(o, q_nope, q_nope.shape[-1])
+
+
+def _check_mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out) -> None:
+    kv = _paged_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, heads_axis=False)
+    _mla(q_nope, q_rope, kv)
+    _attn_batch(q_nope, seq_lens, block_table, "block_table", kv.shape[0], block_size=kv_c_and_k_pe_cache.shape[1])
+    _attn_out(out, q_nope, q_nope.shape[-1])

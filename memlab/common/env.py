@@ -28,7 +28,14 @@ def resolve_device(device):
     torch.device('cuda') != torch.device('cuda:0'), so books keep the resolved form."""
     import torch
 
-    d = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__} {device!r}")
+    try:
+        d = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is no torch device: {exc}") from None
+    if d.type == "cuda" and not torch.cuda.is_available():  # torch's own error would come later, mid-build
+        raise ValueError(f"device {device!r}: this machine has no CUDA device; use device='cpu'")
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d

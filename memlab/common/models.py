@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memlab.common._checks import integer
 from memlab.sglang.kv_pool import dsa_index_bytes_per_token, mha_bytes_per_token, mla_bytes_per_token
 
 FULL = "full_attention"
@@ -57,6 +58,7 @@ class ModelConfig:
     notes: str = ""
 
     def __post_init__(self):
+        _validate(self)
         if self.attention not in ("mha", "mla"):
             raise ValueError(f"{self.name}: attention must be 'mha' or 'mla', got {self.attention!r}")
         if self.attention == "mla" and (self.kv_lora_rank is None or self.qk_rope_head_dim is None):
@@ -68,7 +70,7 @@ class ModelConfig:
             bad = sorted(set(self.layer_types) - set(LAYER_KINDS))
             if bad:
                 raise ValueError(f"{self.name}: unknown layer kinds {bad}; known: {LAYER_KINDS}")
-            if SLIDING in self.layer_types and not self.sliding_window:
+            if SLIDING in self.layer_types and self.sliding_window is None:
                 raise ValueError(f"{self.name}: sliding_attention layers need sliding_window")
             if LINEAR in self.layer_types and self.linear_conv_kernel_dim is None:
                 raise ValueError(f"{self.name}: linear_attention layers need the linear_* fields")
@@ -79,6 +81,8 @@ class ModelConfig:
 
     def layer_ids(self, kind: str) -> tuple[int, ...]:
         """Model layer ids of one kind, in order."""
+        if not isinstance(kind, str):
+            raise TypeError(f"kind must be a str, one of {LAYER_KINDS}, got {type(kind).__name__} {kind!r}")
         if kind not in LAYER_KINDS:
             raise ValueError(f"unknown layer kind {kind!r}; known: {LAYER_KINDS}")
         return tuple(i for i in range(self.num_hidden_layers) if self.layer_kind(i) == kind)
@@ -95,6 +99,8 @@ class ModelConfig:
     def kv_bytes_per_token_per_layer(self, dtype_bytes: int = 2, tp_size: int = 1) -> int:
         """KV bytes one token occupies in ONE attention layer (full or sliding) on one rank. A DSA
         model adds its indexer's key, stored in fp8 with fp32 scales whatever ``dtype_bytes`` is."""
+        integer("dtype_bytes", dtype_bytes, 1)
+        integer("tp_size", tp_size, 1)
         if self.attention == "mla":  # the latent is not split across ranks
             index = 0 if self.index_head_dim is None else dsa_index_bytes_per_token(1, self.index_head_dim)
             return mla_bytes_per_token(1, self.kv_lora_rank, self.qk_rope_head_dim, dtype_bytes) + index
@@ -135,8 +141,25 @@ class ModelConfig:
         Tensor parallelism is taken as an even split: the few replicated tensors (norms) are
         too small to matter here.
         """
-        b = self.weight_dtype_bytes if dtype_bytes is None else dtype_bytes
+        b = self.weight_dtype_bytes if dtype_bytes is None else integer("dtype_bytes", dtype_bytes, 1)
+        integer("tp_size", tp_size, 1)
         return self.num_params * b // tp_size
+
+
+_COUNTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+           "head_dim", "vocab_size", "max_position_embeddings", "num_params", "weight_dtype_bytes")
+_OPTIONAL_COUNTS = ("v_head_dim", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "sliding_window",
+                    "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
+                    "linear_key_head_dim", "linear_value_head_dim")
+
+
+def _validate(m: ModelConfig) -> None:
+    """Every count a positive int (None where the field is optional)."""
+    for name in _COUNTS:
+        integer(f"{m.name}: {name}", getattr(m, name), 1)
+    for name in _OPTIONAL_COUNTS:
+        if getattr(m, name) is not None:
+            integer(f"{m.name}: {name}", getattr(m, name), 1)
 
 
 def _every_nth_full(n_layers: int, period: int, other: str) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memlab.common._checks import integer, real
 from memlab.sglang.mamba import mamba_tracking_slots
 from memlab.common.models import FULL, LINEAR, SLIDING, ModelConfig
 from memlab.common.utils import ceil_align, ceil_div
@@ -34,15 +35,11 @@ GiB = 1 << 30
 
 
 def _pos_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return v
+    return integer(name, v, 1)
 
 
 def _nonneg_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-    return v
+    return integer(name, v, 0)
 
 
 def floor_ps(n: int, page_size: int) -> int:
@@ -88,15 +85,14 @@ class ScheduleConfig:
     mamba_extra_buffer_lazy: bool = False
 
     def __post_init__(self):
-        _pos_int("page_size", self.page_size)
-        if not 0.0 < self.mem_fraction_static <= 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static!r}")
-        _pos_int("kv_dtype_bytes", self.kv_dtype_bytes)
-        if self.context_len is not None:
-            _pos_int("context_len", self.context_len)
+        for name in ("page_size", "kv_dtype_bytes", "mamba_conv_dtype_bytes", "mamba_ssm_dtype_bytes"):
+            _pos_int(name, getattr(self, name))
+        real("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0, lo_open=True)
+        for name in ("weight_dtype_bytes", "context_len"):
+            if getattr(self, name) is not None:
+                _pos_int(name, getattr(self, name))
         for name in ("swa_full_tokens_ratio", "mamba_full_memory_ratio"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            real(name, getattr(self, name), 0.0, float("inf"), lo_open=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +125,12 @@ class ServingConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        for name, cls in (("model", ModelConfig), ("gpu", GPUConfig), ("schedule", ScheduleConfig),
+                          ("spec", SpeculativeConfig), ("parallel", ParallelConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
 
 
 # ---- per-step rules -----------------------------------------------------------------------
@@ -194,6 +196,7 @@ def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capa
     """
     _nonneg_int("input_tokens", input_tokens)
     _nonneg_int("max_new_tokens", max_new_tokens)
+    _nonneg_int("token_capacity", token_capacity)
     _pos_int("page_size", page_size)
     return max(0, min(max_new_tokens, token_capacity - ceil_align(input_tokens, page_size) - page_size - 1))
 
@@ -226,6 +229,10 @@ def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = 
     request grows to its committed length plus ``reserve``, counted in whole pages past what it
     already holds.
     """
+    _pos_int("page_size", page_size)
+    if reserve is not None:
+        _nonneg_int("reserve", reserve)
+    reqs = _running_reqs(reqs)
     if reserve is None:
         return sum(1 for r in reqs if r.seq_len % page_size == 0) * page_size
     total = 0
@@ -243,6 +250,8 @@ def check_decode_mem(reqs, available_tokens, page_size: int, reserve: int | None
     ``evict_from_tree_cache``), and then the free slots are read. ``available_tokens``: a number,
     or a function that reads the books (read after the eviction).
     """
+    if not callable(available_tokens):
+        _nonneg_int("available_tokens", available_tokens)
     num_tokens = new_tokens_required_next_decode(reqs, page_size, reserve)
     if evict is not None:
         evict(num_tokens)
@@ -273,7 +282,10 @@ def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None =
     ``release_req``) and the books are read again, so a victim whose pages stay (a cached prefix
     another request maps) is counted as it really is. ``evict``: as for ``check_decode_mem``.
     """
-    reqs = list(reqs)
+    reqs = _running_reqs(reqs)
+    _pos_int("page_size", page_size)
+    if not callable(available_tokens):
+        _nonneg_int("available_tokens", available_tokens)
     order = retract_order(reqs)[::-1]  # popped from the end, as SGLang's sorted_indices
     avail = available_tokens
     read = available_tokens if callable(available_tokens) else (lambda: avail)
@@ -415,7 +427,8 @@ def report(model: ModelConfig, gpu_mem, seq_len: int = 4096, schedule: ScheduleC
 
     ``gpu_mem``: a GPUConfig, or a size in GiB.
     """
-    gpu = gpu_mem if isinstance(gpu_mem, GPUConfig) else GPUConfig.gib(gpu_mem)
+    gpu = gpu_mem if isinstance(gpu_mem, GPUConfig) else GPUConfig.gib(real("gpu_mem (GiB)", gpu_mem, 0.0, 1 << 20,
+                                                                            lo_open=True))
     cfg = ServingConfig(model, gpu, schedule, spec, parallel)
     sizes = pool_sizes(cfg)
     kvb, tp = schedule.kv_dtype_bytes, parallel.tp_size
@@ -437,3 +450,15 @@ def estimate_swa_kv_tokens(extend_input_len: int, max_new_tokens: int, *, slidin
     allocated = extend_input_len if allocation_limit is None else min(extend_input_len, allocation_limit)
     tail = max(allocated - sliding_window_size, 0)
     return tail + min(extend_input_len + max_new_tokens, sliding_window_size) + page_size
+
+
+# -- argument checks --------------------------------------------------------------------------
+
+def _running_reqs(reqs) -> list:
+    if isinstance(reqs, (str, bytes)) or not hasattr(reqs, "__iter__"):
+        raise TypeError(f"reqs must be a list of RunningReq, got {type(reqs).__name__}")
+    reqs = list(reqs)
+    for r in reqs:
+        if not all(hasattr(r, a) for a in ("input_len", "output_len", "seq_len", "allocated")):
+            raise TypeError(f"reqs must hold RunningReq (input_len, output_len, kv_allocated_len), got {r!r}")
+    return reqs

@@ -9,11 +9,13 @@ queue is at the same time the prefix cache's eviction order.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Hashable, Iterable, Sequence
 
 from memlab.common import _checks
 
 BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
+MAX_BLOCKS = 2 ** 31 - 1  # block ids are int32 in the worker's block table
 
 
 class KVCacheBlock:
@@ -44,9 +46,8 @@ class KVCacheBlock:
         self._block_hash = block_hash
 
     def check_unhashed(self) -> None:
-        if self._block_hash is not None:
-            raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}; "
-                             "a cached block's content must not change")
+        if self._block_hash is not None:  # a cached block's content must not change
+            raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}")
 
     def reset_hash(self) -> None:
         self._block_hash = None
@@ -89,11 +90,11 @@ class FreeKVCacheBlockQueue:
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        if n < 0:  # memlab's boundary check; vLLM's count would grow
-            raise ValueError(f"popleft_n({n}): n must be >= 0")
+        n = _checks.integer("n", n, 0)  # memlab's boundary check; vLLM's count would grow
         if n == 0:
             return []
-        assert self.num_free_blocks >= n  # vLLM's bare assert: callers check first (get_new_blocks)
+        # vLLM's bare assert: callers check first (get_new_blocks)
+        assert self.num_free_blocks >= n
         ret = []
         block = self.fake_free_list_head.next_free_block
         for _ in range(n):
@@ -109,6 +110,7 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block)."""
+        _checks.instance("block", block, KVCacheBlock)
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
             raise ValueError(f"remove() of block {block.block_id}, which is not in the free queue")
@@ -118,21 +120,24 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
-        if block.prev_free_block is not None or block.next_free_block is not None:
-            raise ValueError(f"append() of block {block.block_id}, which is already in the free queue")
+        _check_unqueued("append", (block,))
         self._link_between(self.fake_free_list_tail.prev_free_block, self.fake_free_list_tail, (block,))
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks, in order, before the fake tail (they are evicted last).
 
-        The blocks must be out of the queue; BlockPool guarantees it (only a block whose ref_cnt
-        just reached 0 comes back), so the batch path does nothing but link.
+        The blocks must be out of the queue (vLLM trusts BlockPool for it: only a block whose
+        ref_cnt just reached 0 comes back); memlab checks it first, one attribute read per block,
+        because a queued block linked again makes a cycle.
         """
+        _check_unqueued("append_n", blocks)
         tail = self.fake_free_list_tail
         self._link_between(tail.prev_free_block, tail, blocks)
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Link blocks, in order, right after the fake head (they are reused first)."""
+        """Link blocks, in order, right after the fake head (they are reused first); as ``append_n``,
+        each must be out of the queue."""
+        _check_unqueued("prepend_n", blocks)
         head = self.fake_free_list_head
         self._link_between(head, head.next_free_block, blocks)
 
@@ -230,7 +235,8 @@ class BlockPool:
     """
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True):
-        num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2)
+        # block ids are int32 in the worker's block table
+        num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2, MAX_BLOCKS)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
@@ -246,13 +252,13 @@ class BlockPool:
     def cache_full_blocks(self, request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int,
                           num_full_blocks: int) -> None:
         """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them."""
+        # every block checked before any is hashed: a refusal changes nothing
+        _check_cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks)
         if num_cached_blocks >= num_full_blocks:
             return
-        _checks.cache_full_blocks(request, blocks, num_full_blocks)
         hashes = request.block_hashes
         todo = [(blocks[i], hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
                 if not blocks[i].is_null]  # a null block: a sliding window already dropped it
-        _checks.blocks_to_cache(todo)  # every block before any is hashed: a refusal changes nothing
         insert = self.cached_block_hash_to_block.insert
         for block, block_hash in todo:
             block._block_hash = block_hash
@@ -286,7 +292,12 @@ class BlockPool:
         return True
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """A prefix hit: take a reference; a hit block that was free leaves the queue's middle."""
+        """A prefix hit: take a reference; a hit block that was free leaves the queue's middle.
+        Every block is checked (this pool's, and a free one really queued) before any is touched."""
+        blocks = _check_blocks("blocks", blocks, self, any_iterable=True)
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is None:
+                raise ValueError(f"touch of block {block.block_id}: ref_cnt 0 but not in the free queue")
         for block in blocks:
             if block.is_null:
                 continue
@@ -298,18 +309,12 @@ class BlockPool:
         """Drop one reference from each block, in the given order (callers pass a request's
         blocks reversed). A block reaching 0 goes to the queue's tail if it is cached (kept for
         hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first)."""
-        blocks = ordered_blocks if isinstance(ordered_blocks, (list, tuple)) else list(ordered_blocks)
+        blocks = _check_blocks("ordered_blocks", ordered_blocks, self, any_iterable=True)
+        _check_freeable(blocks)
         to_evict_first, to_evict_last = [], []
-        for i, block in enumerate(blocks):
+        for block in blocks:
             if block.is_null:
                 continue
-            if block.ref_cnt <= 0:
-                # memlab's boundary check; vLLM 0.33 does not check (its count would go negative).
-                for done in blocks[:i]:  # a refused free changes nothing
-                    if not done.is_null:
-                        done.ref_cnt += 1
-                raise ValueError(f"free of block {block.block_id} with ref_cnt {block.ref_cnt}: "
-                                 "freed more often than it was taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if block._block_hash is None or not self.enable_caching:
@@ -317,8 +322,12 @@ class BlockPool:
                 else:
                     to_evict_last.append(block)
         # prepend_n keeps the list's order at the head: the first block freed is reused first.
-        self.free_block_queue.prepend_n(to_evict_first)
-        self.free_block_queue.append_n(to_evict_last)
+        # Linked directly: a block whose ref_cnt just reached 0 was out of the queue (the checks
+        # of the public prepend_n/append_n would scan every block again).
+        queue = self.free_block_queue
+        head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+        queue._link_between(head, head.next_free_block, to_evict_first)
+        queue._link_between(tail.prev_free_block, tail, to_evict_last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False, nothing changed) while any block is in use."""
@@ -343,29 +352,59 @@ class BlockPool:
         it with ref_cnt > 0 (the null block: out, never counted); a block has a hash exactly
         when the map holds it under that hash."""
         queue = self.free_block_queue
-        forward = queue.get_all_free_blocks()
-        backward, block = [], queue.fake_free_list_tail.prev_free_block
-        while block is not queue.fake_free_list_head:
-            backward.append(block)
-            block = block.prev_free_block
-        assert forward == backward[::-1], "free queue links disagree forwards and backwards"
-        assert len(forward) == queue.num_free_blocks, \
-            f"num_free_blocks={queue.num_free_blocks} but {len(forward)} blocks are linked"
-        in_queue = {b.block_id for b in forward}
-        assert len(in_queue) == len(forward), "a block is linked twice"
-        assert self.null_block.block_id not in in_queue, "the null block is in the free queue"
-        for b in self.blocks:
-            if b.is_null:
-                continue
-            if b.block_id in in_queue:
-                assert b.ref_cnt == 0, f"block {b.block_id} is free with ref_cnt {b.ref_cnt}"
-            else:
-                assert b.ref_cnt > 0, f"block {b.block_id} is out of the queue with ref_cnt {b.ref_cnt}"
-                assert b.prev_free_block is None and b.next_free_block is None, \
-                    f"block {b.block_id} is out of the queue but still linked"
-        mapped = set()
-        for key, b in self.cached_block_hash_to_block.items():
-            assert b.block_hash == key, f"map holds block {b.block_id} under {key!r}, its hash is {b.block_hash!r}"
-            mapped.add(b.block_id)
-        hashed = {b.block_id for b in self.blocks if b.block_hash is not None}
-        assert hashed == mapped, f"hashed but not mapped: {sorted(hashed - mapped)[:5]}"
+        chain = [queue.fake_free_list_head, *queue.get_all_free_blocks(), queue.fake_free_list_tail]
+        assert all(r.prev_free_block is l for l, r in zip(chain, chain[1:])), "free queue links disagree"
+        in_queue = {b.block_id for b in chain[1:-1]}  # each linked once, as many as counted
+        assert len(in_queue) == len(chain) - 2 == queue.num_free_blocks, f"num_free_blocks {queue.num_free_blocks}"
+        for b in self.blocks:  # the null block is never free
+            where = "free" if b.block_id in in_queue else "out of the queue"
+            ok = b.ref_cnt == 0 if where == "free" else b.ref_cnt > 0 and b.prev_free_block is b.next_free_block is None
+            assert where != "free" if b.is_null else ok, f"block {b.block_id} is {where} with ref_cnt {b.ref_cnt}"
+        pairs = [(b.block_id, key == b.block_hash) for key, b in self.cached_block_hash_to_block.items()]
+        hashed = {(b.block_id, True) for b in self.blocks if b.block_hash is not None}
+        assert hashed == set(pairs), f"hashed but not mapped (or under another hash): {sorted(hashed ^ set(pairs))[:5]}"
+
+
+# -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
+
+def _check_blocks(name: str, blocks, pool: BlockPool | None = None, any_iterable: bool = False) -> list:
+    """The blocks as a list of KVCacheBlocks, each (given ``pool``) one of that pool's: a block of another
+    pool has the same ids. A list or tuple; ``any_iterable``: any iterable but a str."""
+    _checks.instance(name, blocks, Iterable if any_iterable else (list, tuple), "a list of KVCacheBlocks")
+    blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+    for i, b in enumerate(blocks):
+        if type(b) is not KVCacheBlock:  # the message is built only for a bad block; a str is iterable: this names it
+            _checks.instance(f"{name}[{i}]", b, KVCacheBlock)
+        if pool is not None and (b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b):
+            raise ValueError(f"block {b.block_id} is not a block of this pool")
+    return blocks
+
+
+def _check_unqueued(where: str, blocks) -> None:
+    for block in _check_blocks(f"{where}: blocks", blocks):
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise ValueError(f"{where}() of block {block.block_id}, which is already in the free queue")
+    if len({id(b) for b in blocks}) < len(blocks):
+        raise ValueError(f"{where}(): a block appears twice among the blocks to link")
+
+
+def _check_freeable(blocks: list) -> None:
+    """No block freed more often than it was taken (listed twice counts twice): vLLM's count would go
+    negative."""
+    times = Counter(b.block_id for b in blocks if not b.is_null)
+    bad = next((b for b in blocks if not b.is_null and times[b.block_id] > b.ref_cnt), None)
+    if bad is not None:
+        raise ValueError(f"free of block {bad.block_id} with ref_cnt {bad.ref_cnt}: freed more often than taken")
+
+
+def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
+    _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+    _checks.integer("num_cached_blocks", num_cached_blocks), _checks.integer("num_full_blocks", num_full_blocks)
+    if num_cached_blocks < num_full_blocks > min(len(blocks), len(request.block_hashes)):
+        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
+                         f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
+    todo = [b for b in _check_blocks("blocks", blocks[num_cached_blocks:num_full_blocks], pool) if not b.is_null]
+    for block, times in Counter(todo).items():  # a block is hashed by identity
+        block.check_unhashed()
+        if times > 1:
+            raise ValueError(f"block {block.block_id} appears twice among the blocks to cache")

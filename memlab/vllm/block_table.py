@@ -24,6 +24,7 @@ from memlab.common.env import resolve_device
 
 PAD_SLOT_ID = -1
 BACKENDS = ("triton", "torch", "python")
+MAX_SIZE = 2 ** 31 - 1  # block ids and rows are int32
 
 
 # ---- slot_mapping ---------------------------------------------------------------------------
@@ -53,8 +54,7 @@ def slot_mapping_torch(block_table: torch.Tensor, req_indices: torch.Tensor, pos
 def compute_slot_mapping(block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor,
                          block_size: int, num_tokens: int | None = None, backend: str = "triton") -> torch.Tensor:
     """slot_mapping for len(positions) entries, of which the first num_tokens are real tokens."""
-    num_tokens = positions.numel() if num_tokens is None else num_tokens
-    _checks.compute_slot_mapping(block_table, req_indices, positions, block_size, num_tokens, backend)
+    num_tokens = _check_slot_mapping(block_table, req_indices, positions, block_size, num_tokens, backend)
     if backend == "triton":
         from memlab.kernels import slot_mapping
 
@@ -90,7 +90,7 @@ def store_kv_torch(key, value, key_cache, value_cache, slot_mapping) -> None:
 
 def store_kv(key, value, key_cache, value_cache, slot_mapping, backend: str = "triton") -> None:
     """Write token t's K and V into the paged caches at slot_mapping[t] (skipping -1)."""
-    _checks.store_kv(key, value, key_cache, value_cache, slot_mapping, backend)
+    _check_store_kv(key, value, key_cache, value_cache, slot_mapping, backend)
     if backend == "triton":
         from memlab.kernels import store_kv as kernel
 
@@ -112,9 +112,10 @@ class BlockTable:
 
     def __init__(self, block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
                  max_num_batched_tokens: int, device: str | torch.device = "cpu"):
-        _checks.positive_ints(block_size=block_size, max_num_reqs=max_num_reqs,
-                              max_num_blocks_per_req=max_num_blocks_per_req,
-                              max_num_batched_tokens=max_num_batched_tokens)
+        for name, v in (("block_size", block_size), ("max_num_reqs", max_num_reqs),
+                        ("max_num_blocks_per_req", max_num_blocks_per_req),
+                        ("max_num_batched_tokens", max_num_batched_tokens)):
+            _checks.integer(name, v, 1, MAX_SIZE)
         device = resolve_device(device)
         self.block_size = block_size
         self.max_num_reqs = max_num_reqs
@@ -127,9 +128,12 @@ class BlockTable:
 
     def append_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """Append a request's new block ids to its row (all or nothing)."""
-        _checks.block_row(self, row_idx)
+        _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         start = int(self.num_blocks_per_row[row_idx])
-        _checks.append_row(self, block_ids, row_idx, start)
+        _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
+        cap = self.max_num_blocks_per_req  # a refusal only ever reports a total above it
+        _checks.integer(f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed max_num_blocks_per_req={cap}: "
+                        "the total", start + len(block_ids), 0, cap)
         if not block_ids:
             return
         end = start + len(block_ids)
@@ -139,29 +143,34 @@ class BlockTable:
     def add_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """A request newly placed in this row: forget what the row held, then append. Checked
         before the row is touched: a refused add changes nothing."""
-        _checks.block_row(self, row_idx)
-        _checks.append_row(self, block_ids, row_idx, 0)
+        _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
+        _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
+        _checks.integer("len(block_ids) (it may not exceed max_num_blocks_per_req)", len(block_ids), 0,
+                        self.max_num_blocks_per_req)
         self.num_blocks_per_row[row_idx] = 0
         self.append_row(block_ids, row_idx)
 
     def move_row(self, src: int, tgt: int) -> None:
         """Condense the batch: a request moves from row src to row tgt."""
-        _checks.block_row(self, src)
-        _checks.block_row(self, tgt)
+        _checks.integer("src", src, 0, self.max_num_reqs - 1)
+        _checks.integer("tgt", tgt, 0, self.max_num_reqs - 1)
         n = int(self.num_blocks_per_row[src])
         self.block_table[tgt, :n] = self.block_table[src, :n]
         self.num_blocks_per_row[tgt] = n
 
     def get_row(self, row_idx: int) -> list[int]:
-        _checks.block_row(self, row_idx)
+        _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         return self.block_table[row_idx, :int(self.num_blocks_per_row[row_idx])].tolist()
 
     def compute_slot_mapping(self, req_indices: torch.Tensor, positions: torch.Tensor,
                              num_padded: int | None = None, backend: str = "triton") -> torch.Tensor:
         """slot_mapping for these tokens, -1 up to num_padded entries; a view of the buffer."""
+        _checks.index_tensor("positions", positions, ndim=1)
         num_tokens = positions.numel()
-        num_padded = num_tokens if num_padded is None else num_padded
-        _checks.block_table_slot_mapping(self, req_indices, positions, num_padded, backend)
+        num_padded = _checks.integer("num_padded", num_tokens if num_padded is None else num_padded, num_tokens,
+                                     self.slot_mapping.numel())
+        _check_slot_mapping(self.block_table, req_indices, positions, self.block_size, num_tokens, backend,
+                            self.num_blocks_per_row)
         out = self.slot_mapping[:num_padded]
         if backend == "triton":
             from memlab.kernels import slot_mapping
@@ -181,3 +190,38 @@ class BlockTable:
         self.block_table.zero_()
         self.num_blocks_per_row.zero_()
         self.slot_mapping.fill_(PAD_SLOT_ID)
+
+
+# -- argument checks at the boundary: shapes and dtypes, values only on the CPU (no device sync) ----
+
+def _check_slot_mapping(block_table, req_indices, positions, block_size, num_tokens, backend, per_row=None) -> int:
+    """Returns num_tokens (None: every position)."""
+    _checks.one_of("backend", backend, BACKENDS)
+    _checks.tensor("block_table", block_table, (torch.int32,), ndim=2)
+    for name, t in (("positions", positions), ("req_indices", req_indices)):
+        _checks.index_tensor(name, t, block_table.device, ndim=1, owner="block table")
+    _checks.integer("block_size", block_size, 1, MAX_SIZE)
+    _checks.tensor("req_indices (one per position)", req_indices, shape=positions.shape)
+    n = positions.numel() if num_tokens is None else _checks.integer("num_tokens", num_tokens, 0, positions.numel())
+    if positions.device.type == "cpu" and n:
+        req = req_indices[:n].long()
+        _checks.values_in("req_indices", req, 0, block_table.shape[0] - 1)
+        blocks = block_table.shape[1] if per_row is None else torch.as_tensor(per_row, dtype=torch.long)[req]
+        _checks.values_in("positions // block_size (the block a position needs)", positions[:n] // block_size, 0,
+                          torch.as_tensor(blocks) - 1)
+    return n
+
+
+def _check_store_kv(key, value, key_cache, value_cache, slot_mapping, backend) -> None:
+    _checks.one_of("backend", backend, BACKENDS)
+    kv = (key, value, slot_mapping, key_cache, value_cache)
+    for name, t, ndim in zip(("key", "value", "slot_mapping", "key_cache", "value_cache"), kv, (3, 3, 1, 4, 4)):
+        _checks.tensor(name, t, ndim=ndim)
+    _checks.index_tensor("slot_mapping", slot_mapping, key_cache.device, ndim=1, owner="cache")
+    if key_cache.shape[:2] != value_cache.shape[:2] or key.shape[1:] != key_cache.shape[2:] \
+            or value.shape[1:] != value_cache.shape[2:] or not slot_mapping.numel() <= key.shape[0] == value.shape[0]:
+        raise ValueError(f"shapes disagree: key, value, slot_mapping, caches {[tuple(t.shape) for t in kv]}")
+    if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
+        raise TypeError(f"dtypes differ: key {key.dtype}, value {value.dtype}, caches {key_cache.dtype}")
+    if slot_mapping.device.type == "cpu":  # -1 is padding
+        _checks.values_in("slot_mapping", slot_mapping, PAD_SLOT_ID, key_cache.shape[0] * key_cache.shape[1] - 1)

@@ -27,6 +27,10 @@ import pickle
 from functools import lru_cache
 from typing import Any, Callable, NamedTuple, Sequence
 
+from memlab.common import _checks
+
+MAX_BLOCKS = 2 ** 31 - 1  # as memlab.vllm.block_pool (which imports this module)
+
 BlockHash = bytes | int
 HashFn = Callable[[Any], BlockHash]
 
@@ -90,9 +94,10 @@ def init_none_hash(hash_fn: HashFn, seed: str = NONE_HASH_SEED) -> BlockHash:
 def hash_block_tokens(hash_fn: HashFn, parent_block_hash: BlockHash | None,
                       curr_block_token_ids: Sequence[int], extra_keys: tuple | None = None) -> BlockHash:
     """hash(parent, token ids, extra keys); a None parent means this is a request's first block."""
+    token_ids = tuple(_checks.int_list("curr_block_token_ids (token ids)", curr_block_token_ids))
     if parent_block_hash is None:
         parent_block_hash = init_none_hash(hash_fn)
-    return hash_fn((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
+    return hash_fn((parent_block_hash, token_ids, extra_keys))
 
 
 # ---- extra keys: what besides the token ids decides a block's KV ------------------------------
@@ -151,8 +156,7 @@ def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Any]
     Incremental: it starts after ``len(request.block_hashes)`` blocks, so a request growing by
     one token per decode step hashes each block once, when it fills.
     """
-    if not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    _checks.integer("block_size", block_size, 1, MAX_BLOCKS)
     none_hash = init_none_hash(hash_fn)
 
     def request_block_hasher(request) -> list[BlockHash]:

@@ -27,8 +27,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
+from memlab.common import _checks
 from memlab.common.utils import ceil_div as cdiv  # vLLM's name for it
-from memlab.vllm.block_pool import BlockPool, KVCacheBlock
+from memlab.vllm.block_pool import MAX_BLOCKS, BlockPool, KVCacheBlock
 from memlab.vllm.hashing import BlockHash, get_hash_fn_by_name, get_request_block_hasher
 
 
@@ -242,7 +243,7 @@ class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int = 16, enable_caching: bool = True,
                  watermark: float = 0.0, hash_fn: str = "sha256", max_model_len: int | None = None,
                  sliding_window: int | None = None):
-        _validate_init(block_size, watermark, sliding_window)
+        _validate_init(num_gpu_blocks, block_size, watermark, hash_fn, max_model_len, sliding_window)
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
@@ -266,6 +267,7 @@ class KVCacheManager:
         At most num_tokens - 1 tokens can hit: the last token must be computed again to get the
         logits of the next one. Nothing is touched yet: the scheduler may still not admit it.
         """
+        _validate_request(request)
         if not self.enable_caching:
             return [], 0
         blocks, num_new_computed_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes,
@@ -285,7 +287,7 @@ class KVCacheManager:
         the out-of-window blocks that went back (the scheduler preempts or waits). Hit blocks
         with ref_cnt 0 count as taken, because touching them takes them out of the free queue.
         """
-        _validate_allocate_slots(self, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+        _validate_allocate_slots(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                                  num_lookahead_tokens)
         request_id = request.request_id
         num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
@@ -318,6 +320,7 @@ class KVCacheManager:
 
     def free(self, request) -> None:
         """A finished (or preempted) request's blocks go back, tail first."""
+        _validate_request(request)
         self.coordinator.free(request.request_id)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
@@ -345,25 +348,37 @@ class KVCacheManager:
 
 # -- argument checks at the boundary ------------------------------------------------------------
 
-def _validate_init(block_size, watermark, sliding_window) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    if not 0.0 <= watermark < 1.0:
-        raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
-    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
-                                       or sliding_window <= 0):
-        raise ValueError(f"sliding_window must be a positive int, got {sliding_window!r}")
+def _validate_init(num_gpu_blocks, block_size, watermark, hash_fn, max_model_len, sliding_window) -> None:
+    """Everything the constructor reads, before any of it is built (the pool checks num_gpu_blocks
+    again, with its own name for it)."""
+    _checks.integer("num_gpu_blocks", num_gpu_blocks, 2, MAX_BLOCKS)
+    _checks.integer("block_size", block_size, 1, MAX_BLOCKS)
+    _checks.real("watermark", watermark, 0.0, 1.0, hi_open=True)
+    get_hash_fn_by_name(hash_fn)
+    if max_model_len is not None:
+        _checks.integer("max_model_len", max_model_len, 1)
+    if sliding_window is not None:
+        _checks.integer("sliding_window", sliding_window, 1)
 
 
-def _validate_allocate_slots(mgr, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+def _validate_request(request) -> None:
+    if not isinstance(getattr(request, "request_id", None), str) or not hasattr(request, "block_hashes"):
+        raise TypeError(f"request must be a memlab.vllm.Request, got {type(request).__name__}")
+
+
+def _validate_allocate_slots(mgr, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                              num_lookahead_tokens) -> None:
-    if not isinstance(num_new_tokens, int) or num_new_tokens <= 0:
-        raise ValueError(f"num_new_tokens must be an int > 0, got {num_new_tokens!r}")
-    if num_lookahead_tokens < 0:
-        raise ValueError(f"num_lookahead_tokens must be >= 0, got {num_lookahead_tokens!r}")
+    _validate_request(request)
+    _checks.integer("num_new_tokens", num_new_tokens, 1)  # vLLM: "num_new_tokens must be greater than 0"
+    _checks.integer("num_lookahead_tokens", num_lookahead_tokens, 0)
+    _checks.integer("num_new_computed_tokens", num_new_computed_tokens, 0)
     blocks = new_computed_blocks or []
     if blocks and not mgr.enable_caching:
         raise ValueError("computed blocks given while prefix caching is disabled")
-    if num_new_computed_tokens > len(blocks) * mgr.block_size or num_new_computed_tokens < 0:
+    if num_new_computed_tokens > len(blocks) * mgr.block_size:
         raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not fit "
                          f"{len(blocks)} computed blocks of {mgr.block_size} tokens")
+    own = mgr.block_pool.blocks
+    for block in blocks:
+        if not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(own) or own[block.block_id] is not block:
+            raise ValueError(f"new_computed_blocks holds {block!r}, which is not a block of this pool")

@@ -24,7 +24,7 @@ class Request:
                  lora_name: str | None = None, lora_path: str | None = None,
                  mm_features: Sequence[MultiModalFeature] = (), cache_salt: str | None = None):
         mm_features = [MultiModalFeature(*f) for f in mm_features]
-        _checks.vllm_request(request_id, prompt_token_ids, mm_features, cache_salt)
+        _validate_request(request_id, prompt_token_ids, mm_features, cache_salt)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
@@ -45,7 +45,8 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Grow the request (decode); blocks that became full get their hash now."""
-        self.all_token_ids.extend([token_ids] if isinstance(token_ids, int) else token_ids)
+        token_ids = _checks.int_list("token_ids", [token_ids] if type(token_ids) is int else token_ids)
+        self.all_token_ids.extend(token_ids)
         self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
@@ -56,3 +57,15 @@ class Request:
         return (f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
                 f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})")
 
+
+# -- argument checks at the boundary (memlab's, not vLLM's) --------------------------------------
+
+def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> None:
+    if prompt_token_ids is None:  # vLLM's message; an empty prompt is a request, as in vLLM
+        raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
+    _checks.int_list(f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids)
+    _checks.instance("cache_salt", cache_salt, (str, type(None)), "a str or None")
+    ends = [0] + [f.offset + f.length for f in mm_features]  # sorted, disjoint, inside the prompt
+    if any(f.offset < end or f.length <= 0 for f, end in zip(mm_features, ends)) or ends[-1] > len(prompt_token_ids):
+        raise ValueError(f"mm items not sorted and disjoint, or outside the {len(prompt_token_ids)}-token "
+                         f"prompt: {mm_features}")
