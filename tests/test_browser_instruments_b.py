@@ -223,8 +223,8 @@ def test_chapter_06_block_pool_instrument(browser, lab):
 
     inst.type("submit", "F", "-1 2")
     inst.click("submit")
-    error = inst.wait_error("token ids must be ints")
-    assert error == "ValueError: request 'F': token ids must be ints >= 0, got [-1]", error
+    error = inst.wait_error("must hold ints >= 0")
+    assert error == "ValueError: request 'F': prompt_token_ids (token ids) must hold ints >= 0, got -1", error
     assert inst.shown() == freed == inst.real() and inst.view() == after
     inst.shot("06_instrument_refused.png")
 

@@ -135,7 +135,7 @@ def test_06_a_reused_hashed_block_is_evicted():
 
 
 @pytest.mark.parametrize("op, args, says", [
-    ("submit", dict(request="E", prompt="-1 2"), "ValueError: request 'E': token ids must be ints >= 0, got [-1]"),
+    ("submit", dict(request="E", prompt="-1 2"), "ValueError: request 'E': prompt_token_ids (token ids) must hold ints >= 0, got -1"),
     ("submit", dict(request="E", prompt=" ".join(map(str, range(500, 520)))), "allocate_slots returns None"),
     ("submit", dict(request="C", prompt="1 2"), "is running"),
     ("decode", dict(running="C", tokens="1 2 3 4 5 6 7 8 9 10 11 12 13 14"), "allocate_slots returns None"),
