@@ -11,6 +11,7 @@ own JupyterLab in its own folder (tests/test_browser.py's may run at the same ti
 pytest-xdist worker).
 """
 
+import contextlib
 import json
 import os
 import secrets
@@ -62,18 +63,21 @@ def wait_for_server(url: str, proc, timeout: float = 120) -> None:
     raise TimeoutError(f"JupyterLab did not answer {url} within {timeout:.0f} s")
 
 
-@pytest.fixture(scope="module")
-def lab():
+@contextlib.contextmanager
+def serve_lab(folder: str, chapters):
+    """One JupyterLab over copies of ``chapters`` (and their pictures) in artifacts/browser/``folder``;
+    yields the Chromium to drive and ``url(chapter, workspace)``. Skips without a browser or lab."""
     chromium = find_chromium()
     if chromium is None:
         pytest.skip("no Chromium here: apt-get install -y chromium (or set MEMLAB_CHROMIUM)")
     pytest.importorskip("playwright.sync_api",
                         reason="no Playwright: pip install playwright (no browser download needed)")
     pytest.importorskip("jupyterlab", reason="no JupyterLab: pip install jupyterlab")
-    work = ARTIFACTS / "lab-instruments"
+    work = ARTIFACTS / folder
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    shutil.copy(ROOT / "chapters" / CHAPTER, work / CHAPTER)
+    for name in chapters:
+        shutil.copy(ROOT / "chapters" / name, work / name)
     shutil.copytree(ROOT / "chapters" / "img", work / "img")
     state = Path(tempfile.mkdtemp(prefix="memlab-lab-"))
     port, token = free_port(), secrets.token_hex(16)
@@ -93,7 +97,7 @@ def lab():
         except (RuntimeError, TimeoutError) as exc:
             log.flush()
             raise RuntimeError(f"{exc}; its log ends:\n{(state / 'lab.log').read_text()[-3000:]}") from None
-        yield dict(url=f"http://127.0.0.1:{port}/lab/workspaces/instruments/tree/{CHAPTER}?token={token}",
+        yield dict(url=lambda chapter, ws: f"http://127.0.0.1:{port}/lab/workspaces/{ws}/tree/{chapter}?token={token}",
                    chromium=chromium, state=state)
     finally:
         proc.terminate()
@@ -103,6 +107,12 @@ def lab():
             proc.kill()
         log.close()
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with serve_lab("lab-instruments", [CHAPTER]) as served:
+        yield dict(served, url=served["url"](CHAPTER, "instruments"))
 
 
 # -- talking to the page and its kernel -----------------------------------------------------------

@@ -5,19 +5,12 @@ a bad input refused with the library's message, undo, a cell hovered. After each
 and the books shown are checked, the books against the live objects read in the kernel.
 Screenshots go to artifacts/browser/ (git-ignored). Every wait is for a condition."""
 
-import os
 import re
-import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import pytest
 
-from test_browser_instruments import (ARTIFACTS, CHROMIUM_FLAGS, INST, ROOT, WAIT, books_shown, find_chromium,
-                                      free_port, kernel_eval, svg_of, wait_changed, wait_for_server, wait_idle,
-                                      wait_text)
+from test_browser_instruments import (ARTIFACTS, CHROMIUM_FLAGS, INST, WAIT, books_shown, kernel_eval, serve_lab,
+                                      svg_of, wait_changed, wait_idle, wait_text)
 
 CHAPTERS = {"01": "01_request_table.ipynb", "03": "03_token_allocator.ipynb", "05": "05_decode_and_free.ipynb",
             "12": "12_unified_pool.ipynb"}
@@ -27,42 +20,8 @@ REAL_BOOKS = ("import json; from memlab.course.viz.instrument import books_value
 
 @pytest.fixture(scope="module")
 def lab():
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("no Chromium here: apt-get install -y chromium (or set MEMLAB_CHROMIUM)")
-    pytest.importorskip("playwright.sync_api",
-                        reason="no Playwright: pip install playwright (no browser download needed)")
-    pytest.importorskip("jupyterlab", reason="no JupyterLab: pip install jupyterlab")
-    work = ARTIFACTS / "lab-instruments-a"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    for name in CHAPTERS.values():
-        shutil.copy(ROOT / "chapters" / name, work / name)
-    shutil.copytree(ROOT / "chapters" / "img", work / "img")
-    state = tempfile.mkdtemp(prefix="memlab-lab-a-")
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, MEMLAB_FAST="1", JUPYTER_CONFIG_DIR=f"{state}/config",
-               JUPYTERLAB_WORKSPACES_DIR=f"{state}/workspaces", JUPYTERLAB_SETTINGS_DIR=f"{state}/settings")
-    env.pop("TRITON_INTERPRET", None)
-    log = open(f"{state}/lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--ServerApp.port_retries=0", *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
-        cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for_server(f"http://127.0.0.1:{port}/api/status?token={token}", proc)
-        yield dict(url=lambda name, ws: f"http://127.0.0.1:{port}/lab/workspaces/{ws}/tree/{name}?token={token}",
-                   chromium=chromium, state=state)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        shutil.rmtree(state, ignore_errors=True)
+    with serve_lab("lab-instruments-a", CHAPTERS.values()) as served:
+        yield served
 
 
 def type_into(inst, label: str, value: str) -> None:

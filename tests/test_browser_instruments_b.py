@@ -8,18 +8,9 @@ Chromium and Playwright (skips, naming what is missing), as tests/test_browser_i
 whose helpers it uses.
 """
 
-import os
-import secrets
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from test_browser_instruments import (ARTIFACTS, CHROMIUM_FLAGS, ROOT, WAIT, find_chromium, free_port,
-                                      kernel_eval, wait_for_server, wait_idle)
+from test_browser_instruments import ARTIFACTS, CHROMIUM_FLAGS, WAIT, kernel_eval, serve_lab, wait_idle
 
 CHAPTERS = ("06_vllm_block_pool.ipynb", "07_hybrid_models.ipynb", "09_attention_through_pages.ipynb",
             "11_radix_and_hicache.ipynb")
@@ -27,45 +18,8 @@ CHAPTERS = ("06_vllm_block_pool.ipynb", "07_hybrid_models.ipynb", "09_attention_
 
 @pytest.fixture(scope="module")
 def lab():
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("no Chromium here: apt-get install -y chromium (or set MEMLAB_CHROMIUM)")
-    pytest.importorskip("playwright.sync_api", reason="no Playwright: pip install playwright (no browser download needed)")
-    pytest.importorskip("jupyterlab", reason="no JupyterLab: pip install jupyterlab")
-    work = ARTIFACTS / "lab-instruments-b"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    for name in CHAPTERS:
-        shutil.copy(ROOT / "chapters" / name, work / name)
-    shutil.copytree(ROOT / "chapters" / "img", work / "img")
-    state = Path(tempfile.mkdtemp(prefix="memlab-lab-b-"))
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, MEMLAB_FAST="1", JUPYTER_CONFIG_DIR=str(state / "config"),
-               JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(state / "settings"))
-    env.pop("TRITON_INTERPRET", None)  # the kernel picks its own mode, as a learner's would
-    log = open(state / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--ServerApp.port_retries=0", *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
-        cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        try:
-            wait_for_server(f"http://127.0.0.1:{port}/api/status?token={token}", proc)
-        except (RuntimeError, TimeoutError) as exc:
-            log.flush()
-            raise RuntimeError(f"{exc}; its log ends:\n{(state / 'lab.log').read_text()[-3000:]}") from None
-        yield dict(url=f"http://127.0.0.1:{port}/lab/workspaces/instruments-b/tree/{{}}?token={token}",
-                   chromium=chromium, state=state)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        shutil.rmtree(state, ignore_errors=True)
+    with serve_lab("lab-instruments-b", CHAPTERS) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +107,7 @@ class Inst:
 def open_chapter(browser, lab, name: str, marker: str):
     """Open chapter ``name`` and run it down to (and including) the cell whose source has ``marker``."""
     page = browser.new_page()
-    page.goto(lab["url"].format(name), wait_until="domcontentloaded", timeout=WAIT)
+    page.goto(lab["url"](name, "instruments-b"), wait_until="domcontentloaded", timeout=WAIT)
     # the workspace may restore the chapter opened before: wait for this one to be the current widget
     page.wait_for_function("(n) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
                            " return w && w.sessionContext && w.context && w.context.path.endsWith(n); }",
