@@ -259,7 +259,7 @@ def _release_all(sc: SwaScene, rids, step_lines: list) -> dict:
 
 
 def _op_swa_extend(sc: SwaScene, step, requests, extend_lens) -> None:
-    from memlab.course.viz.instrument import InputError, ints, names, spell, spell_value
+    from memlab.course.viz.instrument import InputError, ints, names, spell
 
     rids, lens = names(requests), ints(extend_lens)
     if not rids or len(rids) != len(lens):
@@ -276,16 +276,11 @@ def _op_swa_extend(sc: SwaScene, step, requests, extend_lens) -> None:
                     f"slots free, SWA side {al.swa_attn_allocator.available_size()}, "
                     f"{sc.req_pool.available_size()} row(s); nothing was taken")
         return
-    lines = [step.call + f"  # -> {spell_value(out)}"]
-    freed = _release_all(sc, rids, lines)
-    step.call = "\n".join(lines)
-    step.result = f"full slots {out.tolist()}; SWA slots released {sum(freed.values(), [])}"
-    step.marks = dict(new_slots=set(out.tolist()))
-    step.caption = f"extend {dict(zip(rids, lens))}: out of window, SWA slots {sum(freed.values(), [])} released"
+    _release_after(sc, step, rids, out, f"extend {dict(zip(rids, lens))}")
 
 
 def _op_swa_decode(sc: SwaScene, step, decoding) -> None:
-    from memlab.course.viz.instrument import InputError, names, spell_value
+    from memlab.course.viz.instrument import InputError, names
 
     rids = names(decoding)
     missing = [r for r in rids if r not in sc.reqs]
@@ -297,12 +292,19 @@ def _op_swa_decode(sc: SwaScene, step, decoding) -> None:
         step.result = "None"
         step.refuse("refused (alloc_for_decode returns None): no free slot on one side; nothing was taken")
         return
+    _release_after(sc, step, rids, out, f"decode {rids}")
+
+
+def _release_after(sc: SwaScene, step, rids, out, what: str) -> None:
+    """After an allocation: release what fell out of the window, and show both calls."""
+    from memlab.course.viz.instrument import spell_value
+
     lines = [step.call + f"  # -> {spell_value(out)}"]
-    freed = _release_all(sc, rids, lines)
+    released = sum(_release_all(sc, rids, lines).values(), [])
     step.call = "\n".join(lines)
-    step.result = f"full slots {out.tolist()}; SWA slots released {sum(freed.values(), [])}"
+    step.result = f"full slots {out.tolist()}; SWA slots released {released}"
     step.marks = dict(new_slots=set(out.tolist()))
-    step.caption = f"decode {rids}: out of window, SWA slots {sum(freed.values(), [])} released"
+    step.caption = f"{what}: out of window, SWA slots {released} released"
 
 
 def _op_swa_finish(sc: SwaScene, step, finishing) -> None:

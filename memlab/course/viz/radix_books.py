@@ -542,12 +542,18 @@ def _op_unlock(sc: RadixScene, step, node) -> None:
     step.caption = f"unlock the path to node {n.id}: evictable_size changes by +{d.delta}"
 
 
-def _op_evict(sc: RadixScene, step, num_tokens) -> None:
+def _num_tokens(value) -> int:
+    """A count typed into the evict boxes (memlab's tree would take a negative count as zero)."""
     from memlab.course.viz.instrument import InputError, integer
 
-    n = integer(num_tokens)
+    n = integer(value)
     if n < 0:
         raise InputError(f"num_tokens {n}: a number of tokens is >= 0")
+    return n
+
+
+def _op_evict(sc: RadixScene, step, num_tokens) -> None:
+    n = _num_tokens(num_tokens)
     before = _snapshot_ids(sc)
     step.call = f"tree.evict({n})"
     r = sc.tree.evict(n)
@@ -557,11 +563,7 @@ def _op_evict(sc: RadixScene, step, num_tokens) -> None:
 
 
 def _op_evict_host(sc: RadixScene, step, host_tokens) -> None:
-    from memlab.course.viz.instrument import InputError, integer
-
-    n = integer(host_tokens)
-    if n < 0:
-        raise InputError(f"num_tokens {n}: a number of tokens is >= 0")
+    n = _num_tokens(host_tokens)
     before = _snapshot_ids(sc)
     step.call = f"tree.evict_host({n})"
     got = sc.tree.evict_host(n)
