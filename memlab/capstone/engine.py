@@ -299,7 +299,9 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, prompt, max_new_tokens: int) -> EngineReq:
-        prompt = self._validate_request(prompt, max_new_tokens)
+        return self._enqueue(self._validate_request(prompt, max_new_tokens), max_new_tokens)
+
+    def _enqueue(self, prompt: list[int], max_new_tokens: int) -> EngineReq:
         r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
         self.stats["requests"] += 1
         self.waiting.append(r)
@@ -314,12 +316,13 @@ class Engine:
         """Serve the prompts to completion; every prompt is checked before any is queued."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
             raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        checked = []
         for i, p in enumerate(prompts):
             try:
-                self._validate_request(p, max_new_tokens)
+                checked.append(self._validate_request(p, max_new_tokens))
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"prompt {i}: {exc}") from None
-        reqs = [self.add_request(p, max_new_tokens) for p in prompts]
+        reqs = [self._enqueue(p, max_new_tokens) for p in checked]
         while self.step():
             pass
         return [r.output for r in reqs]
