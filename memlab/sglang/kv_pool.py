@@ -69,9 +69,9 @@ class KVCache:
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, layer_num: int, device="cpu",
                  start_layer: int | None = None, end_layer: int | None = None):
+        _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
         start_layer = 0 if start_layer is None else start_layer
         end_layer = start_layer + layer_num - 1 if end_layer is None else end_layer
-        _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
         self.size, self.page_size, self.layer_num = size, page_size, layer_num
         self.device = resolve_device(device)
         self.dtype = dtype
@@ -277,13 +277,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
-def _check_kv_cache(size, page_size, dtype, layer_num, start_layer: int, end_layer: int) -> None:
-    _checks.positive_ints(size=size, page_size=page_size, layer_num=layer_num)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    if not dtype.is_floating_point:
-        raise TypeError(f"a KV pool stores floating-point K/V: dtype {dtype} is not one (float16, bfloat16, float32, fp8)")
-    if end_layer - start_layer + 1 != layer_num or start_layer < 0:
+MAX_LAYERS = 4096  # a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
+
+
+def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -> None:
+    _checks.positive_ints(size=size, page_size=page_size)
+    _checks.integer("layer_num", layer_num, 1, MAX_LAYERS)
+    start_layer = 0 if start_layer is None else _checks.integer("start_layer", start_layer)
+    end_layer = start_layer + layer_num - 1 if end_layer is None else _checks.integer("end_layer", end_layer)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one (torch.float16, bfloat16, float32, fp8)")
+    if end_layer - start_layer + 1 != layer_num:
         raise ValueError(f"layers {start_layer}..{end_layer} do not make {layer_num} layers")
 
 
