@@ -293,6 +293,7 @@ print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 =
 # | a Mamba row short of state slots | `alloc` returns `None` before taking a row | takes the rows, then asserts (the scheduler checks state slots first) | all or nothing, as for rows |
 # | a freed row | its map entries are reset to 0 | left as they were until the row is reused | a stale slot never shows in a picture |
 # | lazy second tracking slot | `ensure_tracking_slots(rows)` | taken by the scheduler's tracking code when needed | the chapter's one entry point |
+# | the window under a prefix cache | the capstone engine slides windows only without one (`maybe_evict_swa` before each decode step and each later chunk); a cached node keeps its SWA slots until the tree evicts it | a hybrid model's tree (`UnifiedRadixCache` with an SWA component) always slides, and tombstones the SWA side of the nodes it shares | memlab's radix tree (chapter 11) has one component: a node is all there or gone |
 # | ring mode (`swa_req_ring_size`) | `ring_loc(row, position)` gives each token's ring slot | the ring lives in its DeepSeek-V4 pool and backend | shown, not compared stream by stream |
 #
 # ## Exercises

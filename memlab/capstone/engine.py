@@ -118,6 +118,9 @@ class HashPrefixCache:
     def supports_prefix_sharing(self) -> bool:
         return True
 
+    def supports_swa(self) -> bool:
+        return False  # shared pages keep their SWA slots (see RadixCache.supports_swa)
+
     def evict(self, num_tokens: int) -> EvictResult:
         """Drop the least recently used unmapped pages (at least ``num_tokens`` slots, when there
         are that many) and give them back to the allocator."""
@@ -235,7 +238,11 @@ class Engine:
     ``schedule_policy``: ``"fcfs"`` (the default) or ``"lpm"``, SGLang's longest prefix match first.
     A model with sliding-window layers is served through chapter 07's two pools (``size_swa`` SWA
     slots, ``num_tokens`` by default), or through ``memory``: a (KV pool, allocator) pair built by
-    the caller, such as chapter 12's unified pool. Whatever the allocator, the scheduler asks it
+    the caller, such as chapter 12's unified pool. Without a prefix cache each running request's
+    window slides: before every decode step (and before a chunk of a chunked prefill) the SWA
+    slots it no longer reads go back (``maybe_evict_swa``). With one, they stay until the tree
+    evicts them: SGLang's hybrid tree tombstones the SWA side of shared nodes, memlab's tree does
+    not (see ``RadixCache.supports_swa``). Whatever the allocator, the scheduler asks it
     only its capacity questions (``available_size``, ``request_slot_reserve``,
     ``max_new_tokens_for_memory``, ``prealloc_ceiling_fits``, ``prealloc_fits``,
     ``evict_to_free_tokens``).
@@ -271,10 +278,13 @@ class Engine:
                                             c.num_layers, device=dev)
             self.allocator = make_allocator(num_tokens, page_size, dtype=model.dtype, device=dev,
                                             kvcache=self.kv_pool, debug_mode=debug_mode, backend=alloc_backend)
-        self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy)
+        # SGLang's window size: the positions a query reads before its own (config.sliding_window - 1)
+        window = c.sliding_window - 1 if self.swa_layers else None
+        self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy, window)
         # SGLang turns a cache-aware policy into FCFS when there is no prefix cache to be aware of
         self.schedule_policy = schedule_policy if self.tree_cache.supports_prefix_sharing() else "fcfs"
-        self.sliding_window_size = c.sliding_window  # for the allocator's questions (None: full attention only)
+        # The allocator's questions count on the window only where the tree slides it (supports_swa)
+        self.sliding_window_size = window if self.tree_cache.supports_swa() else None
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
         self.waiting: deque[EngineReq] = deque()
@@ -286,12 +296,13 @@ class Engine:
         self.last_logits: torch.Tensor | None = None
         self.stats = Counter()
 
-    def _make_tree_cache(self, kind, host_tokens, write_policy):
+    def _make_tree_cache(self, kind, host_tokens, write_policy, window):
         pool = self.req_to_token_pool
         if kind == "hash":
             return HashPrefixCache(self.allocator, pool)
         if kind in (None, "radix"):
-            return RadixCache(self.allocator, disable=kind is None, debug_mode=self.debug_mode, req_to_token_pool=pool)
+            return RadixCache(self.allocator, disable=kind is None, debug_mode=self.debug_mode, req_to_token_pool=pool,
+                              sliding_window_size=window)
         host_tokens = 2 * self.allocator.size if host_tokens is None else host_tokens
         host = HostKVCache(self.kv_pool.host_pool_decls()[0], host_tokens, self.page_size, debug_mode=self.debug_mode)
         return HiRadixCache(self.allocator, host, write_policy=write_policy, io_backend=self.attention,

@@ -104,6 +104,8 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     request's ``kv_allocated_len`` and ``kv_committed_len`` move to its new length.
     """
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
+    if tree_cache is not None:  # a continuing chunk's window has moved on since its last chunk
+        maybe_evict_swa(tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=False)
     fresh = [not r.kv.holds_kv for r in reqs]
     prefix_lens = torch.tensor([len(p) if new and p is not None else (0 if new else r.kv.kv_allocated_len)
                                 for r, p, new in zip(reqs, prefix_indices, fresh)], dtype=torch.int64)
@@ -133,7 +135,10 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
 
 def alloc_for_decode(req_to_token_pool, allocator, reqs: Sequence[Req], tree_cache=None) -> torch.Tensor | None:
     """A decode step: one new slot per request, written into its row; None when the pool is short
-    even after evicting from ``tree_cache`` (nothing taken)."""
+    even after evicting from ``tree_cache`` (nothing taken). The new token's position is each
+    request's ``kv_allocated_len``: what its window no longer reads goes back first."""
+    if tree_cache is not None:
+        maybe_evict_swa(tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True)
     dev = req_to_token_pool.device
     rows = torch.tensor([r.kv.req_pool_idx for r in reqs], device=dev)
     seq = torch.tensor([r.kv.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
@@ -147,6 +152,28 @@ def alloc_for_decode(req_to_token_pool, allocator, reqs: Sequence[Req], tree_cac
         r.kv.kv_allocated_len += 1
         r.kv.kv_committed_len += 1
     return out
+
+
+def maybe_evict_swa(tree_cache, reqs: Sequence[Req], pre_lens: Sequence[int], *, decode: bool) -> None:
+    """Before a batch's allocation, free the SWA slots each request's window left behind (SGLang's
+    ``ScheduleBatch.maybe_evict_swa``, then ``free_swa_out_of_window_slots`` per request):
+    ``pre_lens[i]`` is the first position the batch computes for ``reqs[i]``, whose query reads
+    back ``tree_cache.sliding_window_size`` positions. A decode batch always slides; a prefill
+    batch only where nothing is shared (a new request holds no slots yet and is skipped). The
+    frees go in one group. SGLang's overlap scheduler skips a request's first decode step (its
+    prefill may still be running); memlab runs one batch at a time and has no such step."""
+    if not tree_cache.supports_swa() or not (decode or not tree_cache.supports_prefix_sharing()):
+        return
+    allocator = tree_cache.token_to_kv_pool_allocator
+    req_to_token = tree_cache.req_to_token_pool.req_to_token
+    allocator.free_group_begin()
+    for req, pre_len in zip(reqs, pre_lens):
+        kv = req.kv
+        if kv.holds_kv:
+            kv.swa_evicted_seqlen = allocator.release_out_of_window(
+                req_to_token, kv.req_pool_idx, pre_len, kv.swa_evicted_seqlen, tree_cache.sliding_window_size,
+                kv.cache_protected_len, tree_cache.supports_prefix_sharing())
+    allocator.free_group_end()
 
 
 # -- the request and the prefix cache (sglang/srt/mem_cache/common.py) -------------------------

@@ -45,6 +45,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
+from memlab.common import _checks
 from memlab.sglang.allocation import free_kv_row
 
 _INT64_MAX = torch.iinfo(torch.int64).max
@@ -141,9 +142,11 @@ class RadixCache:
     ``page_size``, ``device``): a node's slots are whole pages, so they go back as segments."""
 
     def __init__(self, token_to_kv_pool_allocator, page_size: int | None = None, disable: bool = False,
-                 debug_mode: bool = False, req_to_token_pool=None):
-        _validate_init(token_to_kv_pool_allocator, page_size)
+                 debug_mode: bool = False, req_to_token_pool=None, sliding_window_size: int | None = None):
+        _validate_init(token_to_kv_pool_allocator, page_size, sliding_window_size)
         self.req_to_token_pool = req_to_token_pool  # the request table checkpoints read and rewrite
+        # SGLang's convention: the positions a query reads before its own (config.sliding_window - 1)
+        self.sliding_window_size = sliding_window_size
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = token_to_kv_pool_allocator.page_size if page_size is None else page_size
         self.device = token_to_kv_pool_allocator.device
@@ -267,11 +270,20 @@ class RadixCache:
         req.last_node = new_last_node
 
     def free_kv_row(self, kv, ranges) -> None:
-        """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row."""
-        free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, kv, ranges)
+        """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row; the
+        part the sliding window already released (``kv.swa_evicted_seqlen``) on the full side only."""
+        free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, kv, ranges, kv.swa_evicted_seqlen)
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
+
+    def supports_swa(self) -> bool:
+        """Does the scheduler slide running requests' windows (``maybe_evict_swa``)? In SGLang
+        0.5.23 a hybrid model's tree (``UnifiedRadixCache`` with an SWA component) always does, and
+        tombstones the SWA side of shared nodes. memlab's tree has no SWA component: a node it
+        shares keeps its SWA slots until it is evicted, so only a disabled tree, which shares
+        nothing, releases out-of-window slots."""
+        return self.disable and self.sliding_window_size is not None
 
     def evict(self, num_tokens: int) -> EvictResult:
         """Free at least ``num_tokens`` (when the tree holds that many unlocked), least recently
@@ -530,7 +542,9 @@ class RadixCache:
 
 # -- argument checks at the boundary (the algorithm above trusts its inputs, as SGLang's does) ----
 
-def _validate_init(allocator, page_size) -> None:
+def _validate_init(allocator, page_size, sliding_window_size) -> None:
+    if sliding_window_size is not None:
+        _checks.integer("sliding_window_size", sliding_window_size, 1)
     if page_size is not None and page_size != getattr(allocator, "page_size", page_size):
         raise ValueError(f"page_size {page_size} differs from the allocator's {allocator.page_size}: the tree "
                          "would cut keys to pages the allocator does not hand out")

@@ -23,14 +23,15 @@ class ReqKvInfo:
     kv_allocated_len)`` of its row; the prefix cache owns ``[0, cache_protected_len)`` (matched or
     inserted), so that part is never the request's to free.
 
-    SGLang's record also carries the sliding-window cursors, a retraction backup and the Mamba
-    tracking cursors; memlab keeps the Mamba state slot, its tracking slots and the deferred
-    clear/copy (chapter 07), and keeps the tracking cursors per row on ``HybridReqToTokenPool``.
+    SGLang's record also carries a cursor per sliding-window component, a retraction backup and
+    the Mamba tracking cursors; memlab keeps the one SWA cursor (``swa_evicted_seqlen``), the Mamba
+    state slot, its tracking slots and the deferred clear/copy (chapter 07), and keeps the
+    tracking cursors per row on ``HybridReqToTokenPool``.
     """
 
     __slots__ = ("req_pool_idx", "cache_protected_len", "cache_inserted_len", "kv_committed_len",
-                 "kv_allocated_len", "mamba_pool_idx", "mamba_ping_pong_track_buffer", "mamba_cow_src_index",
-                 "mamba_needs_clear")
+                 "kv_allocated_len", "swa_evicted_seqlen", "mamba_pool_idx", "mamba_ping_pong_track_buffer",
+                 "mamba_cow_src_index", "mamba_needs_clear")
 
     def __init__(self):
         self.req_pool_idx: int | None = None  # its row in the request table
@@ -40,6 +41,9 @@ class ReqKvInfo:
         self.cache_inserted_len = 0
         self.kv_committed_len = 0  # KV written up to here (<= kv_allocated_len)
         self.kv_allocated_len = 0  # slots held up to here
+        # Positions before here gave their SWA slots back as the window moved on (the full side
+        # still holds them): SGLang's ``get_evicted_seqlen(ComponentType.SWA)``.
+        self.swa_evicted_seqlen = 0
         self.mamba_pool_idx: torch.Tensor | None = None  # its state slot (hybrid models), shape ()
         self.mamba_ping_pong_track_buffer: torch.Tensor | None = None  # its tracking slots, -1 = not taken yet
         self.mamba_cow_src_index: torch.Tensor | None = None  # a cached state to copy in before the first extend
@@ -59,6 +63,7 @@ class ReqKvInfo:
 
     def mark_kv_released(self) -> None:
         self.kv_allocated_len = 0
+        self.swa_evicted_seqlen = 0  # the window's cursor goes with the slots
 
     def __repr__(self):
         return (f"ReqKvInfo(row={self.req_pool_idx}, protected={self.cache_protected_len}, "

@@ -27,6 +27,7 @@ from memlab.common.utils import ceil_div
 from memlab.sglang.allocator import BaseTokenToKVPoolAllocator
 from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
+from memlab.sglang.swa import SWATokenToKVPoolAllocator
 from memlab.sglang.unified.pool import UnifiedKVPool
 from memlab.sglang.unified.sub_pool import MultiEndedAllocator
 from memlab.sglang.write_loc import KVWriteLoc
@@ -237,6 +238,10 @@ class UnifiedSWATokenToKVPoolAllocator:
         group, self.free_group = self.free_group, None
         if group:
             self.free(torch.cat(group))
+
+    # The window's release is chapter 07's, through this class's free_swa_segment: the SWA v2p
+    # entries of the released pages become -1, the full side keeps them.
+    release_out_of_window = SWATokenToKVPoolAllocator.release_out_of_window
 
     def check_books(self) -> None:
         """Debug mode: each side's books; and no SWA page without a full page under the same id."""
