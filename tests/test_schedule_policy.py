@@ -68,3 +68,45 @@ def test_the_bench_claims_hold_on_a_cut_of_the_trace():
     assert f["order"] == sorted(f["order"]) and lpm["order"] != f["order"]
     assert lpm["cached"] >= f["cached"] and lpm["computed"] <= f["computed"]
     assert lpm["displacement"] > f["displacement"] == 0
+
+
+def test_chapter_12_families_lpm_keeps_each_system_prompt_while_its_family_is_served():
+    """Chapter 12's example: 4 system prompts of 64 tokens, 16 requests interleaved, a pool with
+    room for two prefixes. FCFS evicts each prompt before its family returns; LPM serves a family
+    while its prompt is cached. The chapter's text quotes these figures."""
+    import random
+
+    rng = random.Random(0)
+    system_prompts = [[rng.randrange(1, 128) for _ in range(64)] for _ in range(4)]
+    prompts = [system_prompts[i % 4] + [rng.randrange(1, 128) for _ in range(8)] for i in range(16)]
+    got = {}
+    for policy in ("fcfs", "lpm"):
+        e = engine(policy, num_tokens=160, max_running=2, max_context=128, chunk_size=64)
+        reqs = [e.add_request(p, 4) for p in prompts]
+        while e.step():
+            pass
+        got[policy] = (e.stats["cached_tokens"], e.stats["prefill_tokens"], [r.rid for r in e.finished],
+                       [r.output for r in reqs])
+    assert got["fcfs"][:3] == (0, 1152, list(range(16)))
+    assert got["lpm"][:3] == (769, 383, [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
+    assert got["fcfs"][3] == got["lpm"][3]
+    text = (ROOT / "chapters" / "py" / "12_unified_pool.py").read_text()
+    assert "0 of 1,152 prompt tokens" in text and "finds 769 and prefills 383" in text
+
+
+@pytest.mark.slow
+def test_chapter_12_quotes_the_bench_as_measured():
+    """The table of chapter 12 is what ``python bench/bench_schedule.py`` prints (96 requests)."""
+    r = bench().measure()
+    f, lpm = r["fcfs"], r["lpm"]
+    text = (ROOT / "chapters" / "py" / "12_unified_pool.py").read_text()
+    rows = {
+        "prefix hit rate": (f"{f['hit_rate']:.1%}".replace("%", " %"), f"{lpm['hit_rate']:.1%}".replace("%", " %")),
+        "cached prompt tokens": (f"{f['cached']:,}", f"{lpm['cached']:,}"),
+        "tokens computed (prefill + decode)": (f"{f['computed']:,}", f"{lpm['computed']:,}"),
+        "mean displacement in the finishing order": (f"{f['displacement']:.1f}", f"{lpm['displacement']:.1f} places"),
+    }
+    for label, (a, b) in rows.items():
+        assert f"# | {label} | {a} | {b} |" in text, (label, a, b)
+    assert f["outputs"] == lpm["outputs"] and "| outputs | the same | the same |" in text
+    assert f"{f['computed'] - lpm['computed']:,}" == "18" and "Eighteen fewer tokens computed" in text
