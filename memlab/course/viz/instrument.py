@@ -457,7 +457,7 @@ def books_value(v) -> str:
 def books_html(books: dict) -> str:
     """The books, one line each: the name, then the value read from the objects (escaped)."""
     lines = "".join(f'<div class="memlab-book"><span class="memlab-book-key" style="display:inline-block;'
-                    f'min-width:140px;color:#555">{esc(k)}</span><code class="memlab-book-value">'
+                    f'min-width:140px;margin-right:1ch;color:#555">{esc(k)}</span><code class="memlab-book-value">'
                     f'{esc(books_value(v))}</code></div>' for k, v in books.items())
     return (f'<div class="memlab-books" style="{BOX}"><div style="color:#555"><b>the books now</b> '
             f'(read from the objects)</div>{lines}</div>')
