@@ -412,7 +412,7 @@ for policy in ("fcfs", "lpm"):
         pass
     served[policy] = e
     print(f"{policy}: cached {e.stats['cached_tokens']:>4} of {e.stats['prompt_tokens']} prompt tokens, "
-          f"prefill computed {e.stats['prefill_tokens']:>5}, finishing order {[r.rid for r in e.finished]}")
+          f"prefill computed {e.stats['prefill_tokens']:>4}\n      finishing order {[r.rid for r in e.finished]}")
 print("same output for every request:",
       [r.output for r in sorted(served["fcfs"].finished, key=lambda r: r.rid)]
       == [r.output for r in sorted(served["lpm"].finished, key=lambda r: r.rid)])
