@@ -59,6 +59,7 @@ except Exception:  # noqa: BLE001  (nonzero has no meta kernel; the imports happ
 MEMLAB_DIRS = tuple(os.path.realpath(os.path.join(ROOT, d)) + os.sep for d in ("memlab", "kernels"))
 CLASSES = ("clean", "wrong_kind", "unnamed", "raw", "changed", "silent", "corrupt")
 HUGE = 2 ** 62
+DEFAULT = object()  # an argument a case leaves at its good value
 
 
 class Hang(Exception):
@@ -310,8 +311,9 @@ def _sglang_cases():
          pool_env, lambda env: env.pool.set_kv_buffer(0, loc, torch.ones(3, 2, 4), torch.ones(3, 2, 4)))
     case("MHATokenToKVPool.set_kv_buffer", "k of the wrong head_dim", ValueError, ["cache_k"], pool_env,
          lambda env: env.pool.set_kv_buffer(0, loc, torch.ones(2, 2, 5), k))
-    case("MHATokenToKVPool.set_kv_buffer", "k float64", TypeError, ["cache_k", "dtype"], pool_env,
-         lambda env: env.pool.set_kv_buffer(0, loc, k.double(), k))
+    # (a float K of another precision is cast to the pool's dtype, as SGLang does: an fp8 pool is written so)
+    case("MHATokenToKVPool.set_kv_buffer", "k int64", TypeError, ["cache_k", "dtype"], pool_env,
+         lambda env: env.pool.set_kv_buffer(0, loc, k.long(), k))
     case("MLATokenToKVPool()", "kv_lora_rank None", TypeError, ["kv_lora_rank"], lambda: SimpleNamespace(),
          lambda env: MLATokenToKVPool(16, 4, torch.float32, None, 4, 2))
     case("MLATokenToKVPool()", "qk_rope_head_dim 0", ValueError, ["qk_rope_head_dim"], lambda: SimpleNamespace(),
@@ -357,8 +359,9 @@ def _sglang_cases():
              lambda env, v: env.alloc.free(v), books=books)
         case(f"{name}.free", "a free slot (double free)", ValueError, ["free", "slot", "page"], held(ps),
              lambda env: env.alloc.free(torch.tensor([5 * ps])), books=books)
-        case(f"{name}.free", "the same slots twice in one call", ValueError, ["free", "slot", "page"], held(ps),
-             lambda env: env.alloc.free(torch.cat((env.held[:1], env.held[:1]))), books=books)
+        if ps == 1:  # SGLang's paged free takes the unique pages of its slots: a repeat there is harmless
+            case(f"{name}.free", "the same slots twice in one call", ValueError, ["free", "slot", "page"], held(ps),
+                 lambda env: env.alloc.free(torch.cat((env.held[:1], env.held[:1]))), books=books)
         each(f"{name}.free_page_ids", bad_id_tensors(oor=32 // ps + 1), ["page_ids", "page", "slot"], held(ps),
              lambda env, v: env.alloc.free_page_ids(v), books=books)
         case(f"{name}.free_page_ids", "a free page", ValueError, ["free", "page", "slot"], held(ps),
@@ -377,15 +380,16 @@ def _sglang_cases():
                 return env
             return make
 
-        def extend(env, prefix=None, seq=None, last=None, n=None, pcpu=None, scpu=None):
+        # DEFAULT, not None, marks an argument left at its good value: None is itself a bad value
+        def extend(env, prefix=DEFAULT, seq=DEFAULT, last=DEFAULT, n=DEFAULT, pcpu=DEFAULT, scpu=DEFAULT):
             p = env.alloc.page_size
-            prefix = torch.tensor([p - 1]) if prefix is None else prefix
-            seq = torch.tensor([p + 2]) if seq is None else seq
-            if last is None:  # where the prefix ends (page size 1: an empty prefix, last_loc -1)
+            prefix = torch.tensor([p - 1]) if prefix is DEFAULT else prefix
+            seq = torch.tensor([p + 2]) if seq is DEFAULT else seq
+            if last is DEFAULT:  # where the prefix ends (page size 1: an empty prefix, last_loc -1)
                 last = env.held[p - 2: p - 1] if p > 1 else torch.tensor([-1])
-            pcpu = prefix if pcpu is None else pcpu
-            scpu = seq if scpu is None else scpu
-            n = 3 if n is None else n
+            pcpu = prefix if pcpu is DEFAULT else pcpu
+            scpu = seq if scpu is DEFAULT else scpu
+            n = 3 if n is DEFAULT else n
             return env.alloc.alloc_extend(prefix, pcpu, seq, scpu, last, n)
 
         E = f"{name}.alloc_extend"
@@ -398,18 +402,16 @@ def _sglang_cases():
         each(E, [(f"extend_num_tokens {l}", v, w) for l, v, w in bad_counts(huge=False)] +
              [("extend_num_tokens 2 (lengths add to 3)", 2, ValueError)], ["extend_num_tokens"], mkx,
              lambda env, v: extend(env, n=v), books=books)
-        case(E, "seq_len < prefix_len", ValueError, ["seq_len", "prefix"], mkx,
-             lambda env: extend(env, seq=torch.tensor([1]), n=-2 + ps), books=books)
+        case(E, "seq_len < prefix_len", ValueError, ["seq_len", "prefix"], mkx,  # page size 1: prefix 2
+             lambda env: extend(env, prefix=torch.tensor([max(ps - 1, 2)]), seq=torch.tensor([1]), n=0), books=books)
         case(E, "negative prefix_len", ValueError, ["prefix"], mkx,
              lambda env: extend(env, prefix=torch.tensor([-1]), n=ps + 3), books=books)
         case(E, "prefix_lens of 2, seq_lens of 1", ValueError, ["prefix_lens", "seq_lens", "batch"], mkx,
              lambda env: extend(env, prefix=torch.tensor([ps - 1, 0])), books=books)
         case(E, "device lengths disagree with the CPU copies", ValueError, ["seq_lens", "cpu"], mkx,
-             lambda env: extend(env, seq=torch.tensor([ps + 30])), books=books)
-        case(E, "cpu lengths None", TypeError, ["seq_lens_cpu"], mkx,
-             lambda env: env.alloc.alloc_extend(torch.tensor([ps - 1]), None, torch.tensor([ps + 2]), None,
-                                                env.held[ps - 2: ps - 1] if ps > 1 else torch.tensor([-1]), 3),
-             books=books)
+             lambda env: extend(env, seq=torch.tensor([ps + 30]), scpu=torch.tensor([ps + 2])), books=books)
+        case(E, "cpu lengths None", TypeError, ["prefix_lens_cpu", "seq_lens_cpu"], mkx,
+             lambda env: extend(env, pcpu=None, scpu=None), books=books)  # (ps here would be the loop's last)
         case(E, "last_loc past the pool", ValueError, ["last_loc"], mkx,
              lambda env: extend(env, last=torch.tensor([1000 * ps + ps - 2])), books=books)
         case(E, "last_loc in a free page", ValueError, ["last_loc"], mkx,
@@ -419,12 +421,12 @@ def _sglang_cases():
                                 last=torch.zeros(0, dtype=torch.int64), n=0), books=books)
         D = f"{name}.alloc_decode"
 
-        def decode(env, seq=None, last=None, scpu=None):
+        def decode(env, seq=DEFAULT, last=DEFAULT, scpu=DEFAULT):
             p = env.alloc.page_size
-            seq = torch.tensor([p if p > 1 else 2]) if seq is None else seq
-            if last is None:
+            seq = torch.tensor([p if p > 1 else 2]) if seq is DEFAULT else seq
+            if last is DEFAULT:
                 last = env.held[p - 2: p - 1] if p > 1 else env.held[-1:]
-            return env.alloc.alloc_decode(seq, seq if scpu is None else scpu, last)
+            return env.alloc.alloc_decode(seq, seq if scpu is DEFAULT else scpu, last)
 
         each(D, bad_id_tensors(n=1, neg=False), ["seq_lens"], mkx, lambda env, v: decode(env, seq=v, scpu=v),
              books=books)
@@ -459,8 +461,13 @@ def _sglang_cases():
          ["key"], tree_env, lambda env, v: env.tree.match_prefix(v))
     each("RadixCache.insert", [("key None", None, TypeError), ("key int", 3, TypeError)], ["key"], tree_env,
          lambda env, v: env.tree.insert(v, env.slots))
-    case("RadixCache.insert", "value shorter than the key", ValueError, ["value", "key"], tree_env,
-         lambda env: env.tree.insert([5, 6, 7], env.alloc.alloc(2)), books=tree_books)
+    def tree_env_extra():  # two more slots, taken before the call (a call that allocates changes the books itself)
+        env = tree_env()
+        env.extra = env.alloc.alloc(2)
+        return env
+
+    case("RadixCache.insert", "value shorter than the key", ValueError, ["value", "key"], tree_env_extra,
+         lambda env: env.tree.insert([5, 6, 7], env.extra), books=tree_books)
     case("RadixCache.insert", "value a list", TypeError, ["value"], tree_env,
          lambda env: env.tree.insert([5, 6], [9, 10]), books=tree_books)
     case("RadixCache.insert", "value of free slots", ValueError, ["value", "slot"], tree_env,
@@ -468,8 +475,13 @@ def _sglang_cases():
     each("RadixCache.evict", bad_counts(huge=False), ["num_tokens"], tree_env, lambda env, v: env.tree.evict(v),
          books=tree_books)
     case("RadixCache.lock", "node None", TypeError, ["node"], tree_env, lambda env: env.tree.lock(None))
-    case("RadixCache.unlock", "a lock twice", ValueError, ["lock"], tree_env,
-         lambda env: [env.tree.unlock(lk) for lk in [env.tree.lock(env.tree.match_prefix([1, 2, 3, 4]).last_device_node)] * 2])
+    def released_env():  # a lock taken and released before the call (a match in the call would tick the clock)
+        env = tree_env()
+        env.lock = env.tree.lock(env.tree.match_prefix([1, 2, 3, 4]).last_device_node)
+        env.tree.unlock(env.lock)
+        return env
+
+    case("RadixCache.unlock", "a lock twice", ValueError, ["lock"], released_env, lambda env: env.tree.unlock(env.lock))
 
     # -- allocation (SGLang's alloc_for_extend / alloc_for_decode) --------------------------------
     from memlab.sglang import allocation
@@ -547,7 +559,7 @@ def _sglang_cases():
 
     each("KVWriteLoc()", [("loc None", None, TypeError), ("loc a list", [1, 2], TypeError),
                           ("loc float", torch.ones(2), TypeError), ("loc 2-D", torch.ones((1, 2), dtype=torch.int64),
-                                                                    TypeError)],
+                                                                    ValueError)],  # a shape: as bad_id_tensors
          ["loc"], lambda: SimpleNamespace(), lambda env, v: KVWriteLoc(v))
     case("KVWriteLoc()", "swa_loc shorter than loc", ValueError, ["swa_loc"], lambda: SimpleNamespace(),
          lambda env: KVWriteLoc(torch.tensor([1, 2]), swa_loc=torch.tensor([1])))
@@ -588,7 +600,7 @@ def _vllm_cases():
     from memlab.vllm.request import Request
 
     def bp_env():
-        env = SimpleNamespace(bp=BlockPool(8))
+        env = SimpleNamespace(bp=BlockPool(8, debug_mode=True))
         env.held = env.bp.get_new_blocks(2)
         return env
 
@@ -632,7 +644,7 @@ def _vllm_cases():
 
     def q_env():
         blocks = [KVCacheBlock(i) for i in range(4)]
-        return SimpleNamespace(blocks=blocks, q=FreeKVCacheBlockQueue(blocks[:3]))
+        return SimpleNamespace(blocks=blocks, q=FreeKVCacheBlockQueue(blocks[:3], debug_mode=True))
 
     def q_books(env):
         q = env.q
@@ -657,6 +669,7 @@ def _vllm_cases():
 
     def mgr_env(**kw):
         env = SimpleNamespace(m=KVCacheManager(8, 4, **kw))
+        env.m.block_pool.debug_mode = True  # the manager's scans ride on its pool's debug mode
         env.req = Request("r", list(range(6)), block_hasher=env.m.request_block_hasher)
         return env
 

@@ -234,13 +234,13 @@ def test_token_allocator_speaks_the_same_interface():
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: PagedTokenToKVPoolAllocator(0, 4), "size must be an int >= 1, got 0"),
+    (lambda: PagedTokenToKVPoolAllocator(0, 4), "size must be an int >= 1 and <= 2147483647, got 0"),
     (lambda: PagedTokenToKVPoolAllocator(-8, 4), "-8"),
-    (lambda: PagedTokenToKVPoolAllocator(8, 0), "page_size must be an int >= 1, got 0"),
+    (lambda: PagedTokenToKVPoolAllocator(8, 0), r"page_size \(.*\) must be an int >= 1 and <= 8, got 0"),
     (lambda: PagedTokenToKVPoolAllocator(3, 4), "no whole page"),
     (lambda: PagedTokenToKVPoolAllocator(8, 4, backend="cuda"), "'cuda'"),
     (lambda: TokenToKVPoolAllocator(8).alloc(-1), "-1"),
-    (lambda: PagedTokenToKVPoolAllocator(8, 4).alloc(6), "6 is not a multiple of 4"),
+    (lambda: PagedTokenToKVPoolAllocator(8, 4).alloc(6), "need_size must be whole pages: 6 is not a multiple of page_size 4"),
 ])
 def test_bad_sizes_are_named(make, match):
     with pytest.raises(ValueError, match=match):

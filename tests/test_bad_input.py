@@ -9,8 +9,8 @@ entry point:
 - a property test draws other bad values of the same sort as each listed one (any non-number
   where a count or a tensor is meant, any negative count) and asserts the same.
 
-The entry points still listed in ``NOT_YET`` (31, all on the SGLang side) have bad calls that are
-not refused cleanly yet; they are expected to fail here (strict: the xfail goes once they pass).
+``NOT_YET`` lists entry points whose bad calls are not refused cleanly yet (none today): each is
+a strict xfail, so it fails here until it is removed from the list once it passes.
 """
 
 from __future__ import annotations
@@ -36,20 +36,9 @@ BY_ENTRY: dict[str, list] = defaultdict(list)
 for _c in CASES:
     BY_ENTRY[_c.entry].append(_c)
 
-# Entry points (all on the SGLang side) with bad calls that still end in a raw error, a
-# silent acceptance or the wrong kind of error; strict, so each leaves this list when it is clean.
-NOT_YET = {
-    "ReqToTokenPool()", "ReqToTokenPool.alloc", "ReqToTokenPool.write", "MHATokenToKVPool()",
-    "MHATokenToKVPool.get_kv_buffer", "MHATokenToKVPool.set_kv_buffer", "TokenToKVPoolAllocator()",
-    "TokenToKVPoolAllocator.free_page_ids", "TokenToKVPoolAllocator.free_segment",
-    "TokenToKVPoolAllocator.alloc_extend", "TokenToKVPoolAllocator.alloc_decode",
-    "PagedTokenToKVPoolAllocator()", "PagedTokenToKVPoolAllocator.alloc", "PagedTokenToKVPoolAllocator.free",
-    "PagedTokenToKVPoolAllocator.free_segment", "PagedTokenToKVPoolAllocator.alloc_extend",
-    "PagedTokenToKVPoolAllocator.alloc_decode", "RadixCache()", "RadixCache.match_prefix", "RadixCache.insert",
-    "RadixCache.evict", "RadixCache.lock", "RadixCache.unlock", "alloc_for_extend", "alloc_for_decode",
-    "MambaSlotAllocator()", "MambaSlotAllocator.free", "SWATokenToKVPoolAllocator.alloc",
-    "SWAKVPool.get_kv_buffer", "KVWriteLoc()", "copy_pages",
-}
+# Entry points with bad calls that still end in a raw error, a silent acceptance or the wrong kind
+# of error: none left. An entry put here is a strict xfail, so it leaves once it is clean.
+NOT_YET: set[str] = set()
 
 
 def _param(entry, pending=NOT_YET):

@@ -240,7 +240,7 @@ def drive_the_instrument(page):
     wait_text(page, f"{INST} .memlab-error", "shorter than its prefix")
     wait_idle(page)
     error = inst.locator(".memlab-error").text_content()
-    assert error == "ValueError: request 1: seq_len -2 is shorter than its prefix 6", error
+    assert error == "ValueError: request 1: seq_len -2 is shorter than its prefix 6 (extend_lens[1] = -8)", error
     assert books_shown(page) == shown == kernel_eval(page, REAL_BOOKS)
     assert svg_of(page) == after_svg
     inst.screenshot(path=str(ARTIFACTS / "04_instrument_refused.png"))

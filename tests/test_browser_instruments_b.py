@@ -214,7 +214,7 @@ def test_chapter_07_window_and_mamba_instruments(browser, lab):
     swa.type("extend", "E", "-2")
     swa.click("extend")
     error = swa.wait_error("shorter than its prefix")
-    assert error == "ValueError: request 0: seq_len -2 is shorter than its prefix 0", error
+    assert error == "ValueError: request 0: seq_len -2 is shorter than its prefix 0 (extend_lens[0] = -2)", error
     assert swa.shown() == shown == swa.real() and swa.view() == after
     swa.shot("07_instrument_refused.png")
 
@@ -271,7 +271,7 @@ def test_chapter_09_attention_instrument(browser, lab):
     inst.type("extend", "B", "-1")
     inst.click("extend")
     error = inst.wait_error("shorter than its prefix")
-    assert error == "ValueError: request 0: seq_len -1 is shorter than its prefix 0", error
+    assert error == "ValueError: request 0: seq_len -1 is shorter than its prefix 0 (extend_lens[0] = -1)", error
     assert inst.view() == after and inst.shown() == books == inst.real()
     inst.shot("09_instrument_refused.png")
 
@@ -311,7 +311,7 @@ def test_chapter_11_radix_instrument(browser, lab):
     inst.pick("unlock", 0, "1")
     inst.click("unlock")
     error = inst.wait_error("which nobody locks")
-    assert error.startswith("AssertionError: dec_lock_ref on TreeNode(id=1"), error
+    assert error.startswith("ValueError: dec_lock_ref on TreeNode(id=1"), error
     assert inst.shown() == shown == inst.real() and inst.view() == after
     inst.shot("11_instrument_refused.png")
 

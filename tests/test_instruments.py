@@ -159,15 +159,29 @@ def test_bad_lengths_show_the_librarys_message_and_change_nothing(inst, args, ex
     assert "nothing changed" in inst.call_box.value and "shorter than its prefix" in inst.call_box.value
 
 
-def test_a_raising_call_leaves_the_library_changed_so_the_instrument_replays(inst, monkeypatch):
-    """The library itself takes D's row before alloc_extend refuses the negative length: without
-    the replay the instrument's objects would keep that row (the check above would fail)."""
-    _, sc = library_error(["A", "D"], [3, -2])
-    opening, _ = direct(4, [])
-    assert state(sc)["free_rows"] != state(opening)["free_rows"], "the library no longer leaves a trace"
-    monkeypatch.setattr(Instrument, "_rebuild", lambda self: None)  # the buggy variant: trust the library
+def test_a_raising_call_that_changed_the_books_is_replayed_away(inst, monkeypatch):
+    """A library call that takes pages and then raises (memlab's own refuse before they change
+    anything, so this one is injected, once): the instrument replays its steps and its objects
+    are as before. The buggy variant trusts the library and keeps what the call took."""
+    from memlab.sglang.allocator.paged import PagedTokenToKVPoolAllocator
+
+    real, armed = PagedTokenToKVPoolAllocator.alloc_extend, [True]
+
+    def takes_then_raises(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if armed[0]:
+            armed[0] = False
+            raise ValueError("injected: raised after taking pages")
+        return out
+
+    monkeypatch.setattr(PagedTokenToKVPoolAllocator, "alloc_extend", takes_then_raises)
     before = state(inst.world)
-    inst.do("alloc_extend", requests=["A", "D"], prefix_lens=[11, 0], seq_lens=[14, -2])
+    step = inst.do("alloc_extend", requests=["A"], prefix_lens=[11], seq_lens=[14])
+    assert not step.ok and step.error == "ValueError: injected: raised after taking pages", step.error
+    assert state(inst.world) == before
+    monkeypatch.setattr(Instrument, "_rebuild", lambda self: None)  # the buggy variant: trust the library
+    armed[0] = True
+    inst.do("alloc_extend", requests=["A"], prefix_lens=[11], seq_lens=[14])
     assert state(inst.world) != before
 
 

@@ -67,7 +67,7 @@ def test_01_rows_chunks_and_frees_match_the_library():
 
 @pytest.mark.parametrize("args, words", [
     (dict(requests=["X", "X"], tokens=[1, 1]), "appears twice in one alloc"),  # the library's own check
-    (dict(requests=["F"], tokens=[-1]), "need_size must be"),
+    (dict(requests=["F"], tokens=[-1]), "seq_len -1 is shorter than its prefix 0"),  # refused before a row is taken
 ])
 def test_01_bad_input_shows_the_librarys_message_and_changes_nothing(args, words):
     inst = token_books.request_instrument()
@@ -250,7 +250,7 @@ def test_12_refusals_and_undo():
     s = inst.do("extend", request="D", tokens=3)
     assert not s.ok and s.result == "None" and "available_size() = 0" in s.error
     s = inst.do("extend", request="D", tokens=-1)
-    assert not s.ok and s.error == "ValueError: request 0: seq_len -1 is shorter than its prefix 0"
+    assert not s.ok and s.error == "ValueError: request 0: seq_len -1 is shorter than its prefix 0 (extend_lens[0] = -1)"
     assert state(inst.world) == before
     inst.do("free", free_request="B")
     assert inst.undo() and state(inst.world) == before

@@ -126,6 +126,6 @@ def test_set_kv_buffer_takes_a_write_loc():
 def test_slots_outside_the_buffer_are_named(bad):
     pool = MHATokenToKVPool(8, 1, torch.float32, 1, 2, 1)  # rows 0..8
     k = torch.ones(2, 1, 2)
-    with pytest.raises(ValueError, match=f"token 1 has slot {bad}, outside 0..8"):
+    with pytest.raises(ValueError, match=rf"loc\[1\] = {bad} is outside 0..8"):
         pool.set_kv_buffer(0, torch.tensor([3, bad]), k, k)
     assert not pool.k_buffer[0].any()  # refused before writing

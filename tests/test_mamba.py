@@ -80,8 +80,10 @@ def test_bad_arguments():
         MambaSlotAllocator(0)
     with pytest.raises(ValueError, match="need_size"):
         MambaSlotAllocator(3).alloc(-1)
-    with pytest.raises(TypeError, match="integer"):
+    with pytest.raises(TypeError, match="slots must hold int32/int64 ids"):
         MambaSlotAllocator(3).free(torch.tensor([1.0]))
+    with pytest.raises(TypeError, match="slots must be a torch.Tensor"):
+        MambaSlotAllocator(3).free([1])
 
 
 # ---- the state pool -----------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, duplicates."""
+"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, duplicates, debug mode.
+
+Pools and queues are built with ``debug_mode=True`` (memlab's per-block scans), but where a test
+says otherwise: debug mode off is vLLM's trusting hot path.
+"""
 
 from types import SimpleNamespace
 
@@ -24,7 +28,7 @@ def cache(pool, blocks, hashes):
 
 def make_queue(n):
     blocks = [KVCacheBlock(i) for i in range(n)]
-    return blocks, FreeKVCacheBlockQueue(blocks)
+    return blocks, FreeKVCacheBlockQueue(blocks, debug_mode=True)
 
 
 def test_queue_starts_in_block_id_order_and_pops_from_the_head():
@@ -91,7 +95,7 @@ def test_block_is_slotted_and_its_hash_is_set_once():
 # ---- the pool ------------------------------------------------------------------------------
 
 def test_null_block_is_popped_at_start_never_handed_out_never_freed():
-    pool = BlockPool(8)
+    pool = BlockPool(8, debug_mode=True)
     assert pool.null_block.block_id == 0 and pool.null_block.is_null
     assert queue_ids(pool) == [1, 2, 3, 4, 5, 6, 7]
     assert pool.get_usage() == 0.0  # the null block is not "used"
@@ -105,7 +109,7 @@ def test_null_block_is_popped_at_start_never_handed_out_never_freed():
 
 
 def test_get_new_blocks_short_raises_and_changes_nothing():
-    pool = BlockPool(4)
+    pool = BlockPool(4, debug_mode=True)
     with pytest.raises(ValueError, match="^Cannot get 4 free blocks from the pool$"):
         pool.get_new_blocks(4)
     with pytest.raises(ValueError, match="-1"):
@@ -127,7 +131,7 @@ def expected_order_after_free(pool):
 
 
 def test_exact_free_queue_order_after_freeing_mixed_hashed_and_unhashed_blocks():
-    assert expected_order_after_free(BlockPool(10)) == [5, 4, 6, 7, 8, 9, 3, 2, 1]
+    assert expected_order_after_free(BlockPool(10, debug_mode=True)) == [5, 4, 6, 7, 8, 9, 3, 2, 1]
 
 
 class BuggyTailPool(BlockPool):
@@ -142,11 +146,11 @@ class BuggyTailPool(BlockPool):
 
 def test_the_order_check_catches_unhashed_blocks_appended_to_the_tail():
     # Unhashed blocks at the tail are reused LAST, so hittable blocks get evicted before them.
-    assert expected_order_after_free(BuggyTailPool(10)) != [5, 4, 6, 7, 8, 9, 3, 2, 1]
+    assert expected_order_after_free(BuggyTailPool(10, debug_mode=True)) != [5, 4, 6, 7, 8, 9, 3, 2, 1]
 
 
 def test_hit_on_a_free_block_takes_it_out_of_the_middle():
-    pool = BlockPool(10)
+    pool = BlockPool(10, debug_mode=True)
     expected_order_after_free(pool)
     hit = pool.get_cached_block("h2")
     assert hit.block_id == 2 and hit.ref_cnt == 0
@@ -162,7 +166,7 @@ def test_hit_on_a_free_block_takes_it_out_of_the_middle():
 
 
 def test_eviction_happens_when_a_block_is_reused_not_when_it_is_freed():
-    pool = BlockPool(10)
+    pool = BlockPool(10, debug_mode=True)
     expected_order_after_free(pool)
     assert pool.get_cached_block("h3").block_id == 3  # freed, still hittable
     assert pool.num_evictions == 0
@@ -176,7 +180,7 @@ def test_eviction_happens_when_a_block_is_reused_not_when_it_is_freed():
 
 
 def test_duplicate_blocks_for_one_hash():
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     a, b = pool.get_new_blocks(1), pool.get_new_blocks(1)
     cache(pool, a, ["same"])
     cache(pool, b, ["same"])  # a second request computed the same prefix meanwhile
@@ -203,7 +207,7 @@ def test_hash_map_pop_removes_only_the_named_copy():
 
 
 def test_reset_prefix_cache_refused_while_blocks_are_in_use():
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     blocks = pool.get_new_blocks(2)
     cache(pool, blocks, ["a", "b"])
     assert pool.reset_prefix_cache() is False
@@ -215,7 +219,7 @@ def test_reset_prefix_cache_refused_while_blocks_are_in_use():
 
 
 def test_double_free_raises_and_changes_nothing():
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     a, b = pool.get_new_blocks(2)
     pool.free_blocks([a])
     with pytest.raises(ValueError, match=f"block {a.block_id} with ref_cnt 0"):
@@ -225,14 +229,14 @@ def test_double_free_raises_and_changes_nothing():
 
 
 def test_caching_disabled_sends_every_freed_block_to_the_head():
-    pool = BlockPool(6, enable_caching=False)
+    pool = BlockPool(6, enable_caching=False, debug_mode=True)
     blocks = pool.get_new_blocks(3)
     pool.free_blocks(blocks[::-1])
     assert queue_ids(pool) == [3, 2, 1, 4, 5]
 
 
 def test_cache_full_blocks_checks_it_has_the_hashes():
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     blocks = pool.get_new_blocks(2)
     with pytest.raises(ValueError, match="cannot cache 2 full blocks.*1 block hashes"):
         pool.cache_full_blocks(SimpleNamespace(block_hashes=["x"]), blocks, 0, 2)
@@ -240,7 +244,7 @@ def test_cache_full_blocks_checks_it_has_the_hashes():
 
 
 def test_a_refused_cache_full_blocks_changes_nothing():
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     blocks = pool.get_new_blocks(3)
     cache(pool, blocks[2:], ["c"])  # the third block is hashed already
     with pytest.raises(ValueError, match=f"block {blocks[2].block_id} already has hash 'c'"):
@@ -255,12 +259,12 @@ def test_a_refused_cache_full_blocks_changes_nothing():
 
 
 def test_check_invariants_catches_a_corrupted_pool():
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     (b,) = pool.get_new_blocks(1)
     b.ref_cnt = 0  # out of the queue but unreferenced: a leak
     with pytest.raises(AssertionError, match=f"block {b.block_id} is out of the queue with ref_cnt 0"):
         pool.check_invariants()
-    pool = BlockPool(6)
+    pool = BlockPool(6, debug_mode=True)
     pool.blocks[2]._block_hash = "ghost"  # hashed but not in the map
     with pytest.raises(AssertionError, match="hashed but not mapped"):
         pool.check_invariants()
@@ -272,3 +276,102 @@ def test_a_hundred_thousand_blocks_are_cheap():
     got = pool.get_new_blocks(50_000)
     pool.free_blocks(got[::-1])
     assert pool.get_num_free_blocks() == 99_999
+
+
+# ---- debug mode: the per-block scans run there only -------------------------------------------
+
+SCANS = ("_check_blocks", "_check_freeable", "_check_unqueued", "_check_unhashed")
+
+
+def count_scans(monkeypatch):
+    """Wrap each per-block validator of the module so that every call to it is counted."""
+    import memlab.vllm.block_pool as bp
+
+    calls = dict.fromkeys(SCANS, 0)
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name in SCANS:
+        monkeypatch.setattr(bp, name, counted(name, getattr(bp, name)))
+    return calls
+
+
+def hot_calls(pool):
+    """A request's life on the pool, one call at a time (allocate, cache, free: hashed, so to the
+    tail; hit, free again), then the queue's own batch links; the name of each call that scans."""
+    blocks = pool.get_new_blocks(3)  # O(1) checks only: its count
+    cache(pool, blocks, ["a", "b", "c"])
+    yield "cache_full_blocks"
+    pool.free_blocks(blocks[::-1])
+    yield "free_blocks"
+    hits = [pool.get_cached_block(h) for h in ("a", "b")]
+    pool.touch(hits)
+    yield "touch"
+    pool.free_blocks(hits[::-1])
+    yield "free_blocks"
+    queue = pool.free_block_queue
+    taken = queue.popleft_n(2)
+    queue.prepend_n(taken[:1])
+    yield "prepend_n"
+    queue.append_n(taken[1:])
+    yield "append_n"
+
+
+def scans_per_call(pool, calls):
+    before, out = 0, []
+    for name in hot_calls(pool):
+        out.append((name, sum(calls.values()) - before))
+        before = sum(calls.values())
+    return out
+
+
+def test_the_scans_run_in_debug_mode_only_and_the_mode_is_read_per_call(monkeypatch):
+    calls = count_scans(monkeypatch)
+    pool = BlockPool(8)  # debug mode off: vLLM's hot path, which trusts its caller
+    off = scans_per_call(pool, calls)
+    assert all(n == 0 for _, n in off), f"a per-block scan ran outside debug mode: {off}"
+    pool.debug_mode = True  # read on every call: switching it on later works, the queue's too
+    assert pool.free_block_queue.debug_mode is True
+    on = scans_per_call(pool, calls)
+    assert all(n > 0 for _, n in on), f"a call skipped its scan in debug mode: {on}"
+    pool.check_invariants()
+
+
+def bad_calls():
+    """(what, the bad call on a pool holding ``held``): refused in debug mode, trusted outside it."""
+    return [
+        ("free of a block of another pool", lambda pool, held: pool.free_blocks([BlockPool(8).get_new_blocks(1)[0]])),
+        ("touch of a block of another pool", lambda pool, held: pool.touch([held[0], BlockPool(8).blocks[5]])),
+        ("double free", lambda pool, held: pool.free_blocks([held[0], held[0]])),
+        ("a queued block linked again (a cycle)",
+         lambda pool, held: pool.free_block_queue.append_n([pool.blocks[-1]])),  # the queue's last block
+    ]
+
+
+@pytest.mark.parametrize("what,call", bad_calls(), ids=[w for w, _ in bad_calls()])
+def test_debug_mode_refuses_what_vllm_trusts_its_caller_with(what, call):
+    pool = BlockPool(8, debug_mode=True)
+    held = pool.get_new_blocks(2)
+    with pytest.raises(ValueError, match="block"):
+        call(pool, held)
+    pool.check_invariants()  # refused before anything changed
+    # Debug mode off: no scan, the call goes through as in vLLM, and the books break.
+    pool = BlockPool(8)
+    held = pool.get_new_blocks(2)
+    call(pool, held)
+    with pytest.raises(AssertionError):
+        pool.check_invariants()
+
+
+def test_remove_checks_the_type_of_its_block_in_debug_mode_only():
+    _, q = make_queue(2)  # debug mode on
+    with pytest.raises(TypeError, match="block must be KVCacheBlock, got NoneType"):
+        q.remove(None)
+    q.debug_mode = False  # vLLM's remove: the free-queue check only (a touch calls it per hit block)
+    with pytest.raises(AttributeError):
+        q.remove(None)
+    assert q.num_free_blocks == 2

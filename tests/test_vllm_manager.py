@@ -430,3 +430,18 @@ def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block
         mgr.free(req)
     assert mgr.block_pool.get_num_free_blocks() == num_blocks - 1
     mgr.block_pool.check_invariants()
+
+
+def test_a_foreign_computed_block_is_refused_in_debug_mode_only():
+    """allocate_slots scans the computed blocks it is handed only when the pool's debug mode is on
+    (vLLM trusts its scheduler): a block of another pool is refused before anything is taken."""
+    mgr, other = KVCacheManager(8, 4), KVCacheManager(8, 4)
+    req = new_request(mgr, "r", list(range(6)))
+    foreign = other.block_pool.get_new_blocks(1)
+    mgr.block_pool.debug_mode = True
+    before = snapshot(mgr)
+    with pytest.raises(ValueError, match="not a block of this pool"):
+        mgr.allocate_slots(req, 2, 4, foreign)
+    assert snapshot(mgr) == before
+    mgr.block_pool.debug_mode = False  # off: no scan, the foreign block goes through as in vLLM
+    assert mgr.allocate_slots(req, 2, 4, foreign) is not None

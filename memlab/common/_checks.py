@@ -22,9 +22,15 @@ import numbers
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2 ** 31 - 1  # slot ids and rows live in SGLang's int32 request table: no pool or table is larger
 
 
 # ---- shared validators ------------------------------------------------------------------------
+
+class RangeError(ValueError, IndexError):
+    """An index outside its range: a ValueError by the rule above, and an IndexError as indexing
+    itself would say (numpy's AxisError is both too), so code that catches either sees it."""
+
 
 def integer(name: str, v, lo: int = 0, hi: int | None = None) -> int:
     """``v`` as a Python int in ``lo..hi``. Any integral number is accepted: int, NumPy integers, a
@@ -110,8 +116,8 @@ def positive_ints(**values) -> None:
     for name, v in values.items():
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise TypeError(f"{name} must be a positive int, got {type(v).__name__} {v!r}")
-        if v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not 0 < v <= INT32_MAX:  # a buffer dimension: anything larger could never be allocated
+            raise ValueError(f"{name} must be a positive int <= {INT32_MAX}, got {v!r}")
 
 
 def index_tensor(name: str, t, device=None, ndim: int | None = None, owner: str = "allocator") -> None:
@@ -186,7 +192,7 @@ def unit(alloc) -> str:
 def alloc(alloc, need_size) -> int:
     need_size = integer("need_size", need_size, 0)
     if need_size % alloc.page_size:
-        raise ValueError(f"alloc needs whole pages: {need_size} is not a multiple of {alloc.page_size}")
+        raise ValueError(f"need_size must be whole pages: {need_size} is not a multiple of page_size {alloc.page_size}")
     return need_size
 
 
@@ -210,7 +216,7 @@ def free(alloc, free_index, name: str = "free_index") -> None:
 def free_segment(alloc, free_index, start_pos) -> None:
     free(alloc, free_index)
     ps = alloc.page_size
-    if start_pos % ps:
+    if integer("start_pos", start_pos) % ps:
         raise ValueError(f"free_segment needs a page-aligned start: position {start_pos} is not a "
                          f"multiple of page_size {ps}; use free() for unaligned runs")
     firsts = free_index[::ps]
@@ -268,6 +274,16 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
         if free.any():
             raise ValueError(f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which no "
                              "request holds: last_loc must be a slot of the request's own last page")
+
+
+def held_slots(alloc, name: str, slots: torch.Tensor) -> None:
+    """Debug mode: every slot lies in a page the allocator's ledger holds (a free page, padding or a
+    page past the pool is no request's)."""
+    pages, held = slots.cpu().to(torch.int64) // alloc.page_size, alloc._ledger()
+    free = (pages < 0) | (pages >= len(held)) | ~held[pages.clamp(0, len(held) - 1)]
+    if free.any():
+        raise ValueError(f"{name}: slot {int(slots.cpu()[free][0])} lies in page {int(pages[free][0])}, "
+                         "which no request holds (free, padding or past the pool)")
 
 
 def alloc_extend(alloc, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens) -> None:

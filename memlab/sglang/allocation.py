@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from memlab.common import _checks
 from memlab.common.utils import ceil_align
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.sglang.req_to_token import Req, ReqKvInfo
@@ -103,6 +104,7 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     then nothing was taken. Returns the new slots in batch order (``out_cache_loc``); each
     request's ``kv_allocated_len`` and ``kv_committed_len`` move to its new length.
     """
+    _check_extend(reqs, extend_lens, prefix_indices)
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
     if tree_cache is not None:  # a continuing chunk's window has moved on since its last chunk
         maybe_evict_swa(tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=False)
@@ -137,6 +139,7 @@ def alloc_for_decode(req_to_token_pool, allocator, reqs: Sequence[Req], tree_cac
     """A decode step: one new slot per request, written into its row; None when the pool is short
     even after evicting from ``tree_cache`` (nothing taken). The new token's position is each
     request's ``kv_allocated_len``: what its window no longer reads goes back first."""
+    _check_decode(reqs)
     if tree_cache is not None:
         maybe_evict_swa(tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True)
     dev = req_to_token_pool.device
@@ -273,3 +276,23 @@ def release_kv_row(req_to_token_pool, allocator, req: Req, swa_evicted_seqlen: i
     kv.mark_kv_released()
     kv.kv_committed_len = 0
     return slots
+
+
+# -- argument checks (memlab's, at the boundary: SGLang's scheduler builds these batches itself) --
+
+def _check_extend(reqs, extend_lens, prefix_indices) -> None:
+    # before any row is taken: a negative length refused by the allocator would leave its row taken
+    _checks.int_list("extend_lens", extend_lens, -_checks.INT32_MAX)
+    if len(extend_lens) != len(reqs):
+        raise ValueError(f"extend_lens has {len(extend_lens)} entries for {len(reqs)} requests: one each")
+    for i, (r, n) in enumerate(zip(reqs, extend_lens)):
+        if n < 0:
+            hit = prefix_indices[i] if prefix_indices is not None else None
+            p = r.kv.kv_allocated_len if r.kv.holds_kv else 0 if hit is None else len(hit)
+            raise ValueError(f"request {i}: seq_len {p + n} is shorter than its prefix {p} (extend_lens[{i}] = {n})")
+
+
+def _check_decode(reqs) -> None:
+    rowless = next((r for r in reqs if not r.kv.holds_kv), None)
+    if rowless is not None:
+        raise ValueError(f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend began")

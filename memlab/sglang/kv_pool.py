@@ -277,11 +277,13 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
+# What set_kv_buffer casts to the pool's dtype, as SGLang does (an fp8 pool is written from bf16/fp32 K/V)
+KV_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64) + FP8_DTYPES
 MAX_LAYERS = 4096  # a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
 
 
 def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -> None:
-    _checks.positive_ints(size=size, page_size=page_size)
+    _checks.integer("size", size, 1, _checks.INT32_MAX), _checks.integer("page_size", page_size, 1, _checks.INT32_MAX)
     _checks.integer("layer_num", layer_num, 1, MAX_LAYERS)
     start_layer = 0 if start_layer is None else _checks.integer("start_layer", start_layer)
     end_layer = start_layer + layer_num - 1 if end_layer is None else _checks.integer("end_layer", end_layer)
@@ -298,8 +300,8 @@ def _check_dsa_index_head_dim(index_head_dim) -> None:
 
 
 def _check_layer_id(pool, layer_id) -> None:
-    if not pool.start_layer <= layer_id <= pool.end_layer:
-        raise IndexError(f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})")
+    if not pool.start_layer <= _checks.integer("layer_id", layer_id) <= pool.end_layer:
+        raise _checks.RangeError(f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})")
 
 
 def _check_kv_write(pool, loc, **rows) -> None:
@@ -307,18 +309,14 @@ def _check_kv_write(pool, loc, **rows) -> None:
     ``name=(tensor, row shape the pool stores, names of its dims)``."""
     where = f"{type(pool).__name__}.set_kv_buffer"
     _checks.plain_loc(loc, where)
-    _checks.index_tensor("loc", loc, pool.device, owner="pool")
+    _checks.index_tensor("loc", loc, pool.device, ndim=1, owner="pool")
     n = loc.numel()
     for name, (x, row_shape, dims) in rows.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{where}: {name} must be a tensor, got {type(x).__name__}")
+        _checks.tensor(f"{where}: {name}", x, KV_INPUT_DTYPES, like=" (it is cast to the pool's dtype)")
         if tuple(x.shape[1:]) != tuple(row_shape):
             raise ValueError(f"{where}: {name} has shape {tuple(x.shape)}; this pool stores rows of "
                              f"(tokens, {dims}) = (tokens, {', '.join(map(str, row_shape))})")
         if x.shape[0] != n:
             raise ValueError(f"{n} slots for {x.shape[0]} tokens")
-    if loc.device.type == "cpu" and n:  # on a GPU this check would cost a sync per write
-        bad = ((loc < 0) | (loc >= pool.size + pool.page_size)).nonzero()
-        if len(bad):
-            i = bad[0].item()
-            raise ValueError(f"token {i} has slot {loc[i].item()}, outside 0..{pool.size + pool.page_size - 1}")
+    if loc.device.type == "cpu":  # on a GPU this check would cost a sync per write
+        _checks.values_in("loc", loc, 0, pool.size + pool.page_size - 1)

@@ -46,7 +46,8 @@ class MambaSlotAllocator:
     __slots__ = ("size", "device", "debug_mode", "free_slots")
 
     def __init__(self, size: int, device="cpu", debug_mode: bool = False):
-        self.size, self.device, self.debug_mode = _checks.integer("size", size, 1), resolve_device(device), debug_mode
+        self.size, self.device = _checks.integer("size", size, 1, _checks.INT32_MAX), resolve_device(device)
+        self.debug_mode = debug_mode
         self.clear()
 
     def clear(self) -> None:
@@ -64,8 +65,9 @@ class MambaSlotAllocator:
         self.free_slots = self.free_slots[need_size:]
         return out
 
-    def free(self, slots) -> None:
-        slots = _slot_tensor(slots, self.device)
+    def free(self, slots: torch.Tensor) -> None:
+        _checks.index_tensor("slots", slots, self.device, ndim=1)  # a tensor, as SGLang's MambaPool.free takes
+        slots = slots.to(torch.int64)
         if slots.numel() == 0:
             return
         if self.debug_mode or slots.device.type == "cpu":  # on a GPU the range check would sync

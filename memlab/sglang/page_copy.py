@@ -6,6 +6,8 @@ pool built on them.
 ``copy_pages_*(src, dst, src_pages, dst_pages, page_size)`` copy page ``src_pages[i]`` of
 ``src`` to page ``dst_pages[i]`` of ``dst`` (a page is ``page_size`` consecutive rows); page ids
 outside a buffer copy nothing (the kernel masks them; the references skip them the same way).
+``copy_pages``, the entry point, refuses them where reading the ids costs no sync (CPU ids); on a
+GPU it trusts its caller, as SGLang's transfers do, and the kernel's mask keeps memory safe.
 
 ``transfer_pages`` is what a HiCache transfer does with one layer's buffer:
 - both buffers on one device (the Triton interpreter: everything is on the CPU): one
@@ -22,6 +24,8 @@ outside a buffer copy nothing (the kernel masks them; the references skip them t
 from __future__ import annotations
 
 import torch
+
+from memlab.common import _checks
 
 BACKENDS = ("triton", "torch", "python")
 
@@ -54,6 +58,7 @@ def copy_pages_python(src, dst, src_pages, dst_pages, page_size: int) -> None:
 
 def copy_pages(src, dst, src_pages, dst_pages, page_size: int, backend: str = "triton") -> None:
     """One gather-scatter between two buffers on the same device."""
+    _check_copy(src, dst, src_pages, dst_pages, page_size, backend)
     if backend == "triton":
         from memlab.kernels import page_copy
 
@@ -88,3 +93,18 @@ def transfer_pages(src, dst, src_pages, dst_pages, page_size: int, backend: str 
         copy_pages_torch(src, stage, src_pages.cpu(), torch.arange(n), page_size)
         stage = stage.to(dst.device, non_blocking=True)
         copy_pages(stage, dst, torch.arange(n, device=dst.device), dst_pages.to(dst.device), page_size, backend)
+
+
+# -- argument checks (memlab's, at the boundary: SGLang's transfers trust their caller) ----------
+
+def _check_copy(src, dst, src_pages, dst_pages, page_size, backend) -> None:
+    _checks.one_of("backend", backend, BACKENDS)
+    page_size = _checks.integer("page_size", page_size, 1)
+    _checks.tensor("src", src), _checks.tensor("dst", dst)
+    for name, pages, buf in (("src_pages", src_pages, src), ("dst_pages", dst_pages, dst)):
+        _checks.index_tensor(name, pages, buf.device, ndim=1, owner=f"{name[:3]} buffer")
+        if pages.device.type == "cpu":  # on a GPU reading the ids would sync: there the kernel masks them
+            _checks.values_in(f"{name} (page ids of a buffer of {buf.shape[0] // page_size} pages)", pages, 0,
+                              buf.shape[0] // page_size - 1)
+    if len(src_pages) != len(dst_pages):
+        raise ValueError(f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way per copy")

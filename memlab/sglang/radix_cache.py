@@ -172,7 +172,7 @@ class RadixCache:
 
     def page_aligned(self, key: Sequence[int]) -> tuple:
         """The key cut to whole pages: a partial last page is never cached or matched."""
-        key = key if type(key) is tuple else tuple(key)
+        key = key if type(key) is tuple else tuple(_validate_key(key))
         return key[: len(key) // self.page_size * self.page_size] if len(key) % self.page_size else key
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
@@ -208,7 +208,7 @@ class RadixCache:
         if self.disable:
             return InsertResult(0, self.root_node)
         key = self.page_aligned(key)
-        _validate_insert(key, value)
+        _validate_insert(self, key, value)
         if value is None:  # SGLang's test fallback: the token ids stand in for slots
             value = torch.tensor(key, dtype=torch.int64, device=self.device)
         prefix_len, last_node = self._insert_helper(self.root_node, key, value[: len(key)], priority, inserted_len)
@@ -288,6 +288,7 @@ class RadixCache:
     def evict(self, num_tokens: int) -> EvictResult:
         """Free at least ``num_tokens`` (when the tree holds that many unlocked), least recently
         used leaves first; a parent whose last child went becomes a leaf and may go next."""
+        num_tokens = _checks.integer("num_tokens", num_tokens)
         if self.disable:
             return EvictResult(0)
         eviction_heap = [(node.last_access_time, node.id, node) for node in self.evictable_leaves]
@@ -308,6 +309,7 @@ class RadixCache:
 
     def lock(self, node: TreeNode) -> TreeLock:
         """Take one lock on the path root -> ``node`` for one holder."""
+        _checks.instance("node", node, TreeNode, "a TreeNode (match_prefix(...).last_device_node)")
         self.inc_lock_ref(node)
         return TreeLock(node)
 
@@ -500,7 +502,8 @@ class RadixCache:
     def _check_unlock(self, node: TreeNode) -> None:
         n = node
         while n is not self.root_node:
-            assert n.lock_ref > 0, f"dec_lock_ref on {n} which nobody locks: a lock released twice"
+            if n.lock_ref <= 0:
+                raise ValueError(f"dec_lock_ref on {n} which nobody locks: a lock released twice")
             n = n.parent
 
     def _check_tree(self) -> None:
@@ -543,6 +546,8 @@ class RadixCache:
 # -- argument checks at the boundary (the algorithm above trusts its inputs, as SGLang's does) ----
 
 def _validate_init(allocator, page_size, sliding_window_size) -> None:
+    if not all(hasattr(allocator, a) for a in ("free_segment", "available_size", "page_size", "device")):
+        raise TypeError(f"token_to_kv_pool_allocator must be an allocator, got {type(allocator).__name__}")
     if sliding_window_size is not None:
         _checks.integer("sliding_window_size", sliding_window_size, 1)
     if page_size is not None and page_size != getattr(allocator, "page_size", page_size):
@@ -550,6 +555,23 @@ def _validate_init(allocator, page_size, sliding_window_size) -> None:
                          "would cut keys to pages the allocator does not hand out")
 
 
-def _validate_insert(key: tuple, value) -> None:
-    if value is not None and len(value) < len(key):
-        raise ValueError(f"insert of {len(key)} tokens (after cutting to whole pages) with only {len(value)} slots")
+def _validate_key(key):
+    """A key is token ids: a list, tuple or range of them, or a 1-D tensor (the ids themselves are
+    trusted, as SGLang trusts them: reading each one would cost a Python step per token)."""
+    if isinstance(key, torch.Tensor):
+        _checks.index_tensor("key", key, ndim=1)
+    elif not isinstance(key, (list, tuple, range)):
+        raise TypeError(f"key must be a sequence of token ids, got {type(key).__name__}")
+    return key
+
+
+def _validate_insert(tree, key: tuple, value) -> None:
+    """Slots for every token of the key (debug mode: slots the allocator holds, not free ones)."""
+    if value is None:
+        return
+    _checks.index_tensor("value", value, tree.device, ndim=1, owner="tree")
+    alloc = tree.token_to_kv_pool_allocator
+    if tree.debug_mode and getattr(alloc, "debug_mode", False) and hasattr(alloc, "_ledger") and len(key):
+        _checks.held_slots(alloc, "value", value[: len(key)])
+    if len(value) < len(key):
+        raise ValueError(f"insert of {len(key)} key tokens (after cutting to whole pages) with a value of only {len(value)} slots")

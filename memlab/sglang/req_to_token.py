@@ -122,7 +122,8 @@ class ReqToTokenPool:
     """``size`` usable rows (1..size) plus padding row 0, each ``max_context_len`` slots wide."""
 
     def __init__(self, size: int, max_context_len: int, device="cpu"):
-        self.size, self.max_context_len = _checks.integer("size", size, 1), _checks.integer("max_context_len", max_context_len, 1)
+        self.size = _checks.integer("size", size, 1, _checks.INT32_MAX)
+        self.max_context_len = _checks.integer("max_context_len", max_context_len, 1, _checks.INT32_MAX)
         self.device = resolve_device(device)
         self.req_to_token = torch.zeros((self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device)
         # Bumped on every allocation and never reset (not even by clear): an asynchronous reader
@@ -155,6 +156,7 @@ class ReqToTokenPool:
 
     def alloc(self, reqs: Iterable[Req]) -> list[int] | None:
         """Give each new request a row; a request continuing a chunked prefill keeps its row."""
+        _checks.instance("reqs", reqs, (list, tuple), "a list of Req")
         reqs = list(reqs)
         self._check_alloc(reqs)
         new = [r for r in reqs if not r.kv.holds_kv]
@@ -179,10 +181,14 @@ class ReqToTokenPool:
             req.kv.req_pool_idx = None
 
     def write(self, indices, values) -> None:
-        """``req_to_token[indices] = values``; indices as for tensor indexing, e.g. (row, slice)."""
-        if indices is None:  # req_to_token[None] is the whole table
-            raise TypeError("write needs row indices, got None (it would overwrite every row)")
-        self.req_to_token[indices] = values
+        """``req_to_token[indices] = values``; indices as for tensor indexing, e.g. (row, slice).
+        Rows and positions in range are the caller's contract, as in SGLang: memlab checks them
+        where that costs no sync (ints, CPU tensors)."""
+        self._check_write(indices, values)
+        try:
+            self.req_to_token[indices] = values
+        except RuntimeError as exc:  # torch compares the shapes before it writes anything
+            raise ValueError(f"values of shape {tuple(values.shape)} do not fit req_to_token[indices]: {exc}") from None
 
     # -- argument checks (memlab's; SGLang asserts only that a kept row already holds KV) ----------
     def _check_alloc(self, reqs: list) -> None:
@@ -192,6 +198,7 @@ class ReqToTokenPool:
         if dup is not None:
             raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
         for r in reqs:
+            _checks.instance("each of reqs", r, Req)
             row = r.kv.req_pool_idx
             if r.kv.holds_kv and (r.kv.kv_allocated_len <= 0 or not isinstance(row, int)
                                   or not 0 < row <= self.size or self._row_owner[row] is not r):
@@ -205,3 +212,13 @@ class ReqToTokenPool:
             raise ValueError(f"cannot free row {row}: rows are 1..{self.size} (row 0 is padding)")
         if self._row_free[row]:
             raise ValueError(f"double free: row {row} is already free")
+
+    def _check_write(self, indices, values) -> None:
+        if indices is None:  # req_to_token[None] is the whole table
+            raise TypeError("write needs row indices, got None (it would overwrite every row)")
+        if type(values) is not int:  # one slot id, or a tensor of them
+            _checks.index_tensor("values (slot ids)", values, self.device, owner="request table")
+        for name, ix, hi in zip(("indices (row)", "indices (position)"), indices if isinstance(indices, tuple)
+                                else (indices,), (self.size, self.max_context_len - 1)):
+            if type(ix) is int or isinstance(ix, torch.Tensor) and ix.device.type == "cpu":
+                _checks.values_in(name, torch.as_tensor(ix), 0, hi)

@@ -177,6 +177,7 @@ class SWATokenToKVPoolAllocator:
         return self._swa_req_ring or need_tokens <= self.swa_available_size()
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
+        need_size = _checks.alloc(self, need_size)
         if not self._fits(need_size):
             return None
         full = self.full_attn_allocator.alloc(need_size)
@@ -405,8 +406,8 @@ class SWATokenToKVPoolAllocator:
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
 def _check_swa_layer(pool, layer_id) -> None:
-    if layer_id not in pool.layers_mapping:
-        raise IndexError(f"layer {layer_id} is in neither sub-pool (layers: {sorted(pool.layers_mapping)})")
+    if _checks.integer("layer_id", layer_id) not in pool.layers_mapping:
+        raise _checks.RangeError(f"layer {layer_id} is in neither sub-pool (layers: {sorted(pool.layers_mapping)})")
 
 
 def _check_swa_allocator(kvcache, pool_type, size_swa, swa_req_ring_size, req_to_token_pool) -> None:

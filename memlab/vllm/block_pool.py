@@ -64,11 +64,14 @@ class FreeKVCacheBlockQueue:
 
     Not a deque: a prefix hit on a free block must take it out of the MIDDLE in O(1), which a
     deque cannot. The sentinels mean no operation ever tests for an empty end.
+
+    ``debug_mode`` is memlab's (vLLM has none), read on every call; a pool sets its queue's.
     """
 
-    __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail")
+    __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail", "debug_mode")
 
-    def __init__(self, blocks: Sequence[KVCacheBlock]):
+    def __init__(self, blocks: Sequence[KVCacheBlock], debug_mode: bool = False):
+        self.debug_mode = debug_mode
         self.num_free_blocks = len(blocks)
         self.fake_free_list_head = KVCacheBlock(-1)
         self.fake_free_list_tail = KVCacheBlock(-1)
@@ -109,8 +112,10 @@ class FreeKVCacheBlockQueue:
         return ret
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block)."""
-        _checks.instance("block", block, KVCacheBlock)
+        """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block); one out
+        of the queue is refused, as in vLLM. Debug mode also checks it is a KVCacheBlock."""
+        if self.debug_mode:
+            _checks.instance("block", block, KVCacheBlock)
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
             raise ValueError(f"remove() of block {block.block_id}, which is not in the free queue")
@@ -120,24 +125,29 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
+        """Link one block before the fake tail; it must be out of the queue (checked: O(1))."""
         _check_unqueued("append", (block,))
         self._link_between(self.fake_free_list_tail.prev_free_block, self.fake_free_list_tail, (block,))
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks, in order, before the fake tail (they are evicted last).
 
-        The blocks must be out of the queue (vLLM trusts BlockPool for it: only a block whose
-        ref_cnt just reached 0 comes back); memlab checks it first, one attribute read per block,
-        because a queued block linked again makes a cycle.
+        The blocks must be out of the queue: a queued block linked again makes a cycle. vLLM
+        trusts BlockPool for it (only a block whose ref_cnt just reached 0 comes back); memlab
+        scans for it in debug mode only.
         """
-        _check_unqueued("append_n", blocks)
+        _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+        if self.debug_mode:
+            _check_unqueued("append_n", blocks)
         tail = self.fake_free_list_tail
         self._link_between(tail.prev_free_block, tail, blocks)
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks, in order, right after the fake head (they are reused first); as ``append_n``,
-        each must be out of the queue."""
-        _check_unqueued("prepend_n", blocks)
+        each must be out of the queue (scanned in debug mode only)."""
+        _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+        if self.debug_mode:
+            _check_unqueued("prepend_n", blocks)
         head = self.fake_free_list_head
         self._link_between(head, head.next_free_block, blocks)
 
@@ -232,37 +242,57 @@ class BlockPool:
 
     Block 0 is popped at start as the null block: a placeholder for blocks a request no longer
     needs (outside a sliding window); it is never handed out, never freed, not counted as used.
+
+    ``debug_mode`` (memlab's; the tests turn it on) is read on every call, as SGLang's allocators
+    read theirs: it runs the per-block scans of touch, free_blocks, cache_full_blocks and the free
+    queue, which vLLM leaves out because it trusts its scheduler. The O(1) checks of a call's own
+    arguments (a count, a range, the container, one block) always run.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True):
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True, debug_mode: bool = False):
         # block ids are int32 in the worker's block table
         num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2, MAX_BLOCKS)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks, debug_mode)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.num_evictions = 0  # cached blocks whose content was dropped to make room
+
+    @property
+    def debug_mode(self) -> bool:
+        return self.free_block_queue.debug_mode
+
+    @debug_mode.setter
+    def debug_mode(self, on: bool) -> None:
+        self.free_block_queue.debug_mode = bool(on)  # one switch: the pool's scans and its queue's
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get_one_block(block_hash)
 
     def cache_full_blocks(self, request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int,
                           num_full_blocks: int) -> None:
-        """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them."""
-        # every block checked before any is hashed: a refusal changes nothing
+        """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them.
+
+        A block that already has a hash is refused when the loop reaches it, as vLLM asserts (the
+        blocks before it stay cached); debug mode first scans every block (this pool's, none
+        twice, none hashed), so that a refusal changes nothing.
+        """
         _check_cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks)
+        if self.debug_mode:
+            _check_unhashed(self, blocks[num_cached_blocks:num_full_blocks])
         if num_cached_blocks >= num_full_blocks:
             return
         hashes = request.block_hashes
-        todo = [(blocks[i], hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
-                if not blocks[i].is_null]  # a null block: a sliding window already dropped it
         insert = self.cached_block_hash_to_block.insert
-        for block, block_hash in todo:
-            block._block_hash = block_hash
-            insert(block_hash, block)
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.is_null:  # a sliding window already dropped it
+                continue
+            block.block_hash = hashes[i]  # the setter refuses a block hashed already
+            insert(hashes[i], block)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue; a popped block that still has a hash is
@@ -293,11 +323,10 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A prefix hit: take a reference; a hit block that was free leaves the queue's middle.
-        Every block is checked (this pool's, and a free one really queued) before any is touched."""
-        blocks = _check_blocks("blocks", blocks, self, any_iterable=True)
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null and block.prev_free_block is None:
-                raise ValueError(f"touch of block {block.block_id}: ref_cnt 0 but not in the free queue")
+        Debug mode first scans every block (this pool's, a free one really queued); vLLM trusts its caller."""
+        _checks.instance("blocks", blocks, Iterable, "a list of KVCacheBlocks")
+        if self.debug_mode:
+            blocks = _check_blocks("blocks", blocks, self)
         for block in blocks:
             if block.is_null:
                 continue
@@ -308,11 +337,15 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block, in the given order (callers pass a request's
         blocks reversed). A block reaching 0 goes to the queue's tail if it is cached (kept for
-        hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first)."""
-        blocks = _check_blocks("ordered_blocks", ordered_blocks, self, any_iterable=True)
-        _check_freeable(blocks)
+        hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first).
+        Debug mode first scans every block (this pool's, none freed more often than taken); vLLM
+        trusts its caller."""
+        _checks.instance("ordered_blocks", ordered_blocks, Iterable, "a list of KVCacheBlocks")
+        if self.debug_mode:
+            ordered_blocks = _check_blocks("ordered_blocks", ordered_blocks, self)
+            _check_freeable(ordered_blocks)
         to_evict_first, to_evict_last = [], []
-        for block in blocks:
+        for block in ordered_blocks:
             if block.is_null:
                 continue
             block.ref_cnt -= 1
@@ -322,12 +355,8 @@ class BlockPool:
                 else:
                     to_evict_last.append(block)
         # prepend_n keeps the list's order at the head: the first block freed is reused first.
-        # Linked directly: a block whose ref_cnt just reached 0 was out of the queue (the checks
-        # of the public prepend_n/append_n would scan every block again).
-        queue = self.free_block_queue
-        head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
-        queue._link_between(head, head.next_free_block, to_evict_first)
-        queue._link_between(tail.prev_free_block, tail, to_evict_last)
+        self.free_block_queue.prepend_n(to_evict_first)
+        self.free_block_queue.append_n(to_evict_last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False, nothing changed) while any block is in use."""
@@ -366,17 +395,21 @@ class BlockPool:
 
 
 # -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
+# _check_blocks, _check_freeable, _check_unhashed and _check_unqueued scan every block: the methods
+# call them in debug mode only. The O(1) checks run on every call: a method's container, append's
+# one block, _check_cache_full_blocks's counts.
 
-def _check_blocks(name: str, blocks, pool: BlockPool | None = None, any_iterable: bool = False) -> list:
-    """The blocks as a list of KVCacheBlocks, each (given ``pool``) one of that pool's: a block of another
-    pool has the same ids. A list or tuple; ``any_iterable``: any iterable but a str."""
-    _checks.instance(name, blocks, Iterable if any_iterable else (list, tuple), "a list of KVCacheBlocks")
+def _check_blocks(name: str, blocks, pool: BlockPool | None = None) -> list:
+    """An iterable (checked by the caller) as a list of KVCacheBlocks; given ``pool``, each one of that
+    pool's (a block of another pool has the same ids) and, when free, really in its queue."""
     blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
     for i, b in enumerate(blocks):
         if type(b) is not KVCacheBlock:  # the message is built only for a bad block; a str is iterable: this names it
             _checks.instance(f"{name}[{i}]", b, KVCacheBlock)
         if pool is not None and (b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b):
             raise ValueError(f"block {b.block_id} is not a block of this pool")
+        if pool is not None and b.ref_cnt == 0 and not b.is_null and b.prev_free_block is None:
+            raise ValueError(f"block {b.block_id} has ref_cnt 0 but is not in the free queue")
     return blocks
 
 
@@ -398,12 +431,17 @@ def _check_freeable(blocks: list) -> None:
 
 
 def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
+    """The call's own arguments, O(1), checked on every call (the blocks: ``_check_unhashed``)."""
     _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
     _checks.integer("num_cached_blocks", num_cached_blocks), _checks.integer("num_full_blocks", num_full_blocks)
     if num_cached_blocks < num_full_blocks > min(len(blocks), len(request.block_hashes)):
         raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
                          f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
-    todo = [b for b in _check_blocks("blocks", blocks[num_cached_blocks:num_full_blocks], pool) if not b.is_null]
+
+
+def _check_unhashed(pool: BlockPool, blocks) -> None:
+    """The blocks to cache: this pool's, none hashed yet, none twice (null blocks are skipped)."""
+    todo = [b for b in _check_blocks("blocks", blocks, pool) if not b.is_null]
     for block, times in Counter(todo).items():  # a block is hashed by identity
         block.check_unhashed()
         if times > 1:

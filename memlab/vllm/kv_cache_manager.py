@@ -379,6 +379,6 @@ def _validate_allocate_slots(mgr, request, num_new_tokens, num_new_computed_toke
         raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not fit "
                          f"{len(blocks)} computed blocks of {mgr.block_size} tokens")
     own = mgr.block_pool.blocks
-    for block in blocks:
+    for block in blocks if mgr.block_pool.debug_mode else ():  # a scan: debug mode only, as the pool's
         if not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(own) or own[block.block_id] is not block:
             raise ValueError(f"new_computed_blocks holds {block!r}, which is not a block of this pool")

@@ -246,6 +246,8 @@ def _op_token_alloc(sc: Scene, step, request, n) -> None:
     """``n`` slots for a request (new: it takes a row), through the scheduler's path to ``alloc``."""
     al = sc.allocator
     step.call = spell("allocator.alloc", n)
+    if n < 0:  # alloc's own refusal, the one allocator.alloc(n) gives (the batch check would speak of seq_len)
+        al.alloc(n)
     out, calls = _extend(sc, step, [request], [n], (al, "alloc"))
     if calls:
         step.call = spell("allocator.alloc", **calls[0]["args"])

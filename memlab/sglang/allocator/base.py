@@ -179,7 +179,5 @@ def page_disjoint(segments, page_size: int):
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
 def _check_allocator(size, page_size) -> tuple[int, int]:
-    size, page_size = _checks.integer("size", size, 1), _checks.integer("page_size", page_size, 1)
-    if size // page_size < 1:
-        raise ValueError(f"size {size} holds no whole page of {page_size} slots")
-    return size, page_size
+    size = _checks.integer("size", size, 1, _checks.INT32_MAX)
+    return size, _checks.integer("page_size (a page larger than size leaves no whole page)", page_size, 1, size)

@@ -67,6 +67,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.check_books()
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        _checks.free(self, page_ids, "page_ids")
         self.free(page_ids)  # page_size == 1: page ids are slot ids; in a group they queue with the rest
 
     # memlab's convenience: SGLang's TokenToKVPoolAllocator has no alloc_extend / alloc_decode; its
@@ -74,7 +75,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     # same under the paged allocator's names, so the chapters can drive either one.
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
         """Page size 1 needs no continuation of a partial page: any free slots will do."""
+        _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
         return self.alloc(extend_num_tokens)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
         return self.alloc(len(seq_lens))
