@@ -75,9 +75,11 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     # same under the paged allocator's names, so the chapters can drive either one.
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
         """Page size 1 needs no continuation of a partial page: any free slots will do."""
-        _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        if self.debug_mode:  # the batch's scans: alloc checks the count either way
+            _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
         return self.alloc(extend_num_tokens)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
-        _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
+        if self.debug_mode:
+            _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
         return self.alloc(len(seq_lens))
