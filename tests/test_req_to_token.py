@@ -210,3 +210,34 @@ def test_a_request_claiming_a_free_or_foreign_row_is_refused_and_write_needs_row
     with pytest.raises(TypeError, match="every row"):
         pool.write(None, 7)
     assert torch.equal(pool.req_to_token, table)
+
+
+def test_write_checks_an_int_row_but_never_scans_a_tensor_of_rows(monkeypatch):
+    """The hot path: a tensor of rows is the caller's contract (SGLang's too), so write reads no
+    tensor values; an int row past the end is refused, naming it."""
+    from memlab.common import _checks
+
+    pool = ReqToTokenPool(4, 8)
+    with pytest.raises(ValueError, match="indices \\(row\\) 9"):
+        pool.write((9, slice(0, 2)), torch.tensor([1, 2], dtype=torch.int32))
+    scans = []
+    monkeypatch.setattr(_checks, "values_in", lambda *a, **k: scans.append(a))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: scans.append("tolist") or [])
+    pool.write((torch.tensor([1, 2]), torch.tensor([0, 1])), torch.tensor([5, 6], dtype=torch.int32))
+    assert not scans
+    assert pool.req_to_token[1, 0].item() == 5 and pool.req_to_token[2, 1].item() == 6
+
+
+def test_the_token_allocators_batch_scans_run_in_debug_mode_only(monkeypatch):
+    from memlab.common import _checks
+    from memlab.sglang.allocator import TokenToKVPoolAllocator
+
+    calls = []
+    monkeypatch.setattr(_checks, "alloc_decode", lambda *a: calls.append("decode"))
+    monkeypatch.setattr(_checks, "alloc_extend", lambda *a: calls.append("extend"))
+    lens = torch.tensor([3, 4])
+    for debug, want in ((False, []), (True, ["extend", "decode"])):
+        al, calls[:] = TokenToKVPoolAllocator(16, debug_mode=debug), []
+        al.alloc_extend(lens - 3, lens - 3, lens, lens, torch.tensor([-1, -1]), 7)
+        al.alloc_decode(lens, lens, torch.tensor([2, 3]))
+        assert calls == want
