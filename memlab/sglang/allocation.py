@@ -165,7 +165,7 @@ def maybe_evict_swa(tree_cache, reqs: Sequence[Req], pre_lens: Sequence[int], *,
     batch only where nothing is shared (a new request holds no slots yet and is skipped). The
     frees go in one group. SGLang's overlap scheduler skips a request's first decode step (its
     prefill may still be running); memlab runs one batch at a time and has no such step."""
-    if not tree_cache.supports_swa() or not (decode or not tree_cache.supports_prefix_sharing()):
+    if not tree_cache.supports_swa() or (not decode and tree_cache.supports_prefix_sharing()):
         return
     allocator = tree_cache.token_to_kv_pool_allocator
     req_to_token = tree_cache.req_to_token_pool.req_to_token
