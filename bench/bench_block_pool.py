@@ -31,7 +31,9 @@ class DequeBlockPool:
     """The same books with collections.deque as the free list (ids), lists for ref counts/hashes."""
 
     def __init__(self, num_gpu_blocks):
-        self.free = deque(range(1, num_gpu_blocks))  # block 0: the null block, as in BlockPool
+        self.free = deque(
+            range(1, num_gpu_blocks)
+        )  # block 0: the null block, as in BlockPool
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash = [None] * num_gpu_blocks
         self.cached = {}
@@ -139,34 +141,64 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=100_000)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
-    ap.add_argument("--min-time", type=float, default=0.5, help="seconds per contender and size, all rounds")
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        default=0.5,
+        help="seconds per contender and size, all rounds",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
-    print(f"pool of {args.blocks:,} blocks; us per call (alloc, hit); throughput = blocks through a whole cycle "
-          f"per second; best of {args.rounds} rounds")
-    print(f"{'n/call':>7} | {'BlockPool alloc':>15} {'hit':>8} {'blocks/s':>11} | {'debug on alloc':>14} {'hit':>8} "
-          f"{'blocks/s':>11} | {'deque alloc':>11} {'hit':>10} {'blocks/s':>11} | {'debug cost':>10} | {'vs deque':>8}")
+    print(
+        f"pool of {args.blocks:,} blocks; us per call (alloc, hit); throughput = blocks through a whole cycle "
+        f"per second; best of {args.rounds} rounds"
+    )
+    print(
+        f"{'n/call':>7} | {'BlockPool alloc':>15} {'hit':>8} {'blocks/s':>11} | {'debug on alloc':>14} {'hit':>8} "
+        f"{'blocks/s':>11} | {'deque alloc':>11} {'hit':>10} {'blocks/s':>11} | {'debug cost':>10} | {'vs deque':>8}"
+    )
     per_call = {}
     for n in args.sizes:
         # Fresh pools per size, warmed until allocation evicts (the head reaches hashed blocks).
-        pool, dbg, dq = BlockPool(args.blocks), BlockPool(args.blocks, debug_mode=True), DequeBlockPool(args.blocks)
+        pool, dbg, dq = (
+            BlockPool(args.blocks),
+            BlockPool(args.blocks, debug_mode=True),
+            DequeBlockPool(args.blocks),
+        )
         warm = args.blocks // n + 2
         for i in range(warm):
             for p in (pool, dbg):
                 hit_block_pool(p, cycle_block_pool(p, n, -(i + 1) * n - 10**9))
-            cycle_deque(dq, n, -(i + 1) * n - 10**9)  # no hits in the warm-up: they are slow
-        (pa, ph), (ga, gh), (da, dh) = best_of(args.rounds, [(pool, cycle_block_pool, hit_block_pool),
-                                                             (dbg, cycle_block_pool, hit_block_pool),
-                                                             (dq, cycle_deque, hit_deque)], n, args.min_time)
-        bp_rate, dbg_rate, dq_rate = (n / (a + h) * 1e6 for a, h in ((pa, ph), (ga, gh), (da, dh)))
-        print(f"{n:>7} | {pa:>15.1f} {ph:>8.1f} {bp_rate:>11,.0f} | {ga:>14.1f} {gh:>8.1f} {dbg_rate:>11,.0f} | "
-              f"{da:>11.1f} {dh:>10.1f} {dq_rate:>11,.0f} | {bp_rate / dbg_rate:>9.2f}x | {bp_rate / dq_rate:>7.0f}x")
-        assert pool.num_evictions > 0 and dbg.num_evictions > 0, "the warm-up should have reached eviction"
+            cycle_deque(
+                dq, n, -(i + 1) * n - 10**9
+            )  # no hits in the warm-up: they are slow
+        (pa, ph), (ga, gh), (da, dh) = best_of(
+            args.rounds,
+            [
+                (pool, cycle_block_pool, hit_block_pool),
+                (dbg, cycle_block_pool, hit_block_pool),
+                (dq, cycle_deque, hit_deque),
+            ],
+            n,
+            args.min_time,
+        )
+        bp_rate, dbg_rate, dq_rate = (
+            n / (a + h) * 1e6 for a, h in ((pa, ph), (ga, gh), (da, dh))
+        )
+        print(
+            f"{n:>7} | {pa:>15.1f} {ph:>8.1f} {bp_rate:>11,.0f} | {ga:>14.1f} {gh:>8.1f} {dbg_rate:>11,.0f} | "
+            f"{da:>11.1f} {dh:>10.1f} {dq_rate:>11,.0f} | {bp_rate / dbg_rate:>9.2f}x | {bp_rate / dq_rate:>7.0f}x"
+        )
+        assert pool.num_evictions > 0 and dbg.num_evictions > 0, (
+            "the warm-up should have reached eviction"
+        )
         pool.check_invariants(), dbg.check_invariants()
         per_call[n] = (pa + ph, da + dh)
     lo, hi = min(per_call), max(per_call)
-    print(f"time per call from {lo} to {hi} blocks ({hi // lo}x the work): BlockPool x{per_call[hi][0] / per_call[lo][0]:.0f}, "
-          f"deque x{per_call[hi][1] / per_call[lo][1]:.0f} (each hit scans the deque: O(pool size) per block)")
+    print(
+        f"time per call from {lo} to {hi} blocks ({hi // lo}x the work): BlockPool x{per_call[hi][0] / per_call[lo][0]:.0f}, "
+        f"deque x{per_call[hi][1] / per_call[lo][1]:.0f} (each hit scans the deque: O(pool size) per block)"
+    )
     return 0
 
 

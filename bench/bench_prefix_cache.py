@@ -16,7 +16,12 @@ import argparse
 import sys
 import time
 
-from memlab.capstone.prefix_compare import compare, replay_radix, replay_vllm, shared_prefix_conversations
+from memlab.capstone.prefix_compare import (
+    compare,
+    replay_radix,
+    replay_vllm,
+    shared_prefix_conversations,
+)
 
 
 def main(argv=None):
@@ -29,16 +34,23 @@ def main(argv=None):
     args = ap.parse_args(argv)
     stream = shared_prefix_conversations(args.conversations, args.turns)
     unlimited = replay_radix(stream, 1 << 22, 1)
-    print(f"stream: {len(stream)} requests of {args.conversations} conversations x {args.turns} turns; "
-          f"a cache that never evicts would hit {unlimited.hit_rate:.1%}")
+    print(
+        f"stream: {len(stream)} requests of {args.conversations} conversations x {args.turns} turns; "
+        f"a cache that never evicts would hit {unlimited.hit_rate:.1%}"
+    )
     t0 = time.perf_counter()
     print(compare(stream, args.sizes, args.page, args.host).table())
     print(f"(all replays: {time.perf_counter() - t0:.1f} s)")
     size = args.sizes[len(args.sizes) // 2]
     timings = {}
-    for name, run in ((f"vLLM hashes, block {args.page}", lambda: replay_vllm(stream, size, args.page)),
-                      (f"radix, page {args.page}", lambda: replay_radix(stream, size, args.page)),
-                      ("radix, page 1", lambda: replay_radix(stream, size, 1))):
+    for name, run in (
+        (
+            f"vLLM hashes, block {args.page}",
+            lambda: replay_vllm(stream, size, args.page),
+        ),
+        (f"radix, page {args.page}", lambda: replay_radix(stream, size, args.page)),
+        ("radix, page 1", lambda: replay_radix(stream, size, 1)),
+    ):
         t = time.perf_counter()
         run()
         timings[name] = time.perf_counter() - t

@@ -10,8 +10,13 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim: int | None = None,
-                        dtype_bytes: int = 2) -> int:
+def mha_bytes_per_token(
+    layer_num: int,
+    head_num: int,
+    head_dim: int,
+    v_head_dim: int | None = None,
+    dtype_bytes: int = 2,
+) -> int:
     """Bytes of KV one token takes in an MHA/GQA pool over ``layer_num`` layers.
 
     Every layer stores a K row of ``head_num * head_dim`` values and a V row of
@@ -23,7 +28,9 @@ def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim
     raise NotImplementedError
 
 
-def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2) -> int:
+def mla_bytes_per_token(
+    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
+) -> int:
     """Bytes of KV one token takes in an MLA pool over ``layer_num`` layers.
 
     Every layer stores ONE latent row of ``kv_lora_rank + qk_rope_head_dim`` values, shared by all

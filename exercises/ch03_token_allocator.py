@@ -53,6 +53,7 @@ class TokenToKVPoolAllocator:
         """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``
         (an empty int64 tensor). With nothing staged, change nothing (no sort).
 
-        Sorted, the next allocations get runs of neighbouring slots. See chapter 03 (merge and sort).
+        Sorted, the next allocations get runs of neighbouring slots. See chapter 03
+        (merge and sort).
         """
         raise NotImplementedError

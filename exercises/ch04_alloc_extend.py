@@ -20,8 +20,9 @@ class PagedAllocator:
     def available_size(self) -> int:
         return len(self.free_pages) * self.page_size
 
-    def alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor,
-                     last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_extend(
+        self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
         """The slot of every new token of a batch, or None when there are too few free pages.
 
         Inputs are int64 tensors of one entry per request: request i already holds

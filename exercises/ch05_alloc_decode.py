@@ -17,7 +17,9 @@ class PagedAllocator:
         self.num_pages = size // page_size
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64)
 
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
         """The slot of each request's one new token (an int64 tensor, one per request), or None.
 
         ``seq_lens[i]`` is request i's length AFTER this step's token (so its new token sits at

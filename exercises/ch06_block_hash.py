@@ -13,7 +13,9 @@ def hash_fn(obj) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-NONE_HASH = hash_fn("vllm-none-hash")  # the parent of every request's first block (vLLM's fixed seed)
+NONE_HASH = hash_fn(
+    "vllm-none-hash"
+)  # the parent of every request's first block (vLLM's fixed seed)
 
 
 class MMItem(NamedTuple):
@@ -24,9 +26,14 @@ class MMItem(NamedTuple):
     length: int
 
 
-def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str | None = None,
-                         lora_path: str | None = None, mm_items: tuple = (),
-                         cache_salt: str | None = None) -> list[bytes]:
+def request_block_hashes(
+    token_ids: list[int],
+    block_size: int,
+    lora_name: str | None = None,
+    lora_path: str | None = None,
+    mm_items: tuple = (),
+    cache_salt: str | None = None,
+) -> list[bytes]:
     """The hash of each FULL block of a request, first block first.
 
     Block i covers tokens ``[i * block_size, (i + 1) * block_size)``; a last partial block gets no

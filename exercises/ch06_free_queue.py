@@ -9,14 +9,18 @@ class Block:
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "is_null")
 
-    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash=None, is_null: bool = False):
+    def __init__(
+        self, block_id: int, ref_cnt: int = 0, block_hash=None, is_null: bool = False
+    ):
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.block_hash = block_hash
         self.is_null = is_null
 
     def __repr__(self):
-        return f"Block({self.block_id}, ref_cnt={self.ref_cnt}, hash={self.block_hash!r})"
+        return (
+            f"Block({self.block_id}, ref_cnt={self.ref_cnt}, hash={self.block_hash!r})"
+        )
 
 
 class FreeQueue:

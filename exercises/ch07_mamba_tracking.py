@@ -7,7 +7,9 @@ Write ``get_mamba_tracking_slots`` and ``MambaRows.alloc_row``, ``free_row``,
 import torch
 
 
-def get_mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) -> int:
+def get_mamba_tracking_slots(
+    extra_buffer: bool, overlap: bool, lazy: bool = False
+) -> int:
     """How many tracking slots a request takes besides its state slot.
 
     0 without the extra buffer; 1 in lazy mode (the second comes when first needed); otherwise 2

@@ -6,8 +6,13 @@ Write ``swa_release_range`` and ``take_swa_slots``. Grade with ``./course grade 
 import torch
 
 
-def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, page_size: int,
-                      cache_protected_len: int = 0) -> tuple[int, int]:
+def swa_release_range(
+    seq_len: int,
+    swa_evicted_len: int,
+    sliding_window: int,
+    page_size: int,
+    cache_protected_len: int = 0,
+) -> tuple[int, int]:
     """Positions ``[start, end)`` of a running request whose SWA pages can be released now.
 
     The next query (position ``seq_len``) reads at most the last ``sliding_window`` tokens, so
@@ -26,7 +31,9 @@ def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, p
     raise NotImplementedError
 
 
-def take_swa_slots(full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_size: int) -> torch.Tensor:
+def take_swa_slots(
+    full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_size: int
+) -> torch.Tensor:
     """The SWA slots to free under the full-side slots ``full_indices``, and forget them.
 
     ``full_to_swa[s]`` is the SWA slot paired with full slot s; 0 means none (released out of

@@ -14,7 +14,9 @@ def pool_size_tokens(budget_bytes: int, bytes_per_token: int, page_size: int) ->
     raise NotImplementedError
 
 
-def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capacity: int, page_size: int) -> int:
+def max_new_tokens_for_memory(
+    input_tokens: int, max_new_tokens: int, token_capacity: int, page_size: int
+) -> int:
     """Clip a request's generation to what an empty pool could hold next to its prompt.
 
     ``max(0, min(max_new_tokens, token_capacity - ceil_ps(input_tokens) - page_size - 1))``
@@ -25,8 +27,12 @@ def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capa
     raise NotImplementedError
 
 
-def alloc_len_per_decode(page_size: int, num_steps: int | None = None, topk: int | None = None,
-                         num_draft_tokens: int | None = None) -> int:
+def alloc_len_per_decode(
+    page_size: int,
+    num_steps: int | None = None,
+    topk: int | None = None,
+    num_draft_tokens: int | None = None,
+) -> int:
     """KV slots one request may take in one decode step.
 
     - No speculative decoding (``num_steps`` is None): 1.
@@ -39,8 +45,12 @@ def alloc_len_per_decode(page_size: int, num_steps: int | None = None, topk: int
     raise NotImplementedError
 
 
-def alloc_reserve_per_decode(page_size: int, num_steps: int | None = None, topk: int | None = None,
-                             num_draft_tokens: int | None = None) -> int:
+def alloc_reserve_per_decode(
+    page_size: int,
+    num_steps: int | None = None,
+    topk: int | None = None,
+    num_draft_tokens: int | None = None,
+) -> int:
     """KV slots the scheduler reserves per running request per decode step.
 
     Twice ``alloc_len_per_decode(...)``, whatever the scheduler mode (SGLang 0.5.23's

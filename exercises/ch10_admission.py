@@ -29,10 +29,18 @@ class CapacityHooks:
 
     def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int) -> int:
         paged_input = -(-input_tokens // self.page_size) * self.page_size
-        return max(0, min(max_new_tokens, self.token_capacity - paged_input - self.page_size - 1))
+        return max(
+            0,
+            min(max_new_tokens, self.token_capacity - paged_input - self.page_size - 1),
+        )
 
 
-def admit(waiting: list, running_seq_lens: list, hooks: CapacityHooks, max_running_requests: int) -> tuple[list, list]:
+def admit(
+    waiting: list,
+    running_seq_lens: list,
+    hooks: CapacityHooks,
+    max_running_requests: int,
+) -> tuple[list, list]:
     """First come, first served: return ``(admitted, rejected)`` lists of requests from ``waiting``.
 
     ``running_seq_lens`` holds the committed length (SGLang's ``kv_committed_len``) of each request

@@ -37,7 +37,11 @@ class RadixTree:
 
     def child_key(self, key, offset: int = 0):
         """How a parent finds the child for ``key[offset:]``: its first token, or first page as a tuple."""
-        return key[offset] if self.page_size == 1 else tuple(key[offset: offset + self.page_size])
+        return (
+            key[offset]
+            if self.page_size == 1
+            else tuple(key[offset : offset + self.page_size])
+        )
 
     def key_match(self, node_key, key, offset: int) -> int:
         """How many tokens ``node_key`` shares with ``key[offset:]``, counted in whole pages."""

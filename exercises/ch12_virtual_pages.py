@@ -1,7 +1,7 @@
 """Chapter 12 exercise: one sub-pool's books in a unified buffer: translation, capacity in bytes, compaction.
 
-Write ``translate``, ``available_tokens`` and ``compact_after_free``. Grade with ``./course grade 12``.
-"""
+Write ``translate``, ``available_tokens`` and ``compact_after_free``. Grade with
+``./course grade 12``."""
 
 import torch
 
@@ -19,8 +19,15 @@ def translate(loc: torch.Tensor, v2p: torch.Tensor, page_size: int) -> torch.Ten
     raise NotImplementedError
 
 
-def available_tokens(grow_direction: str, watermark: int, num_pages: int, min_page_index: int,
-                     entry_bytes_per_page: int, page_size: int, neighbour_frontier_bytes: int) -> int:
+def available_tokens(
+    grow_direction: str,
+    watermark: int,
+    num_pages: int,
+    min_page_index: int,
+    entry_bytes_per_page: int,
+    page_size: int,
+    neighbour_frontier_bytes: int,
+) -> int:
     """How many tokens an END sub-pool can allocate now, counted in bytes.
 
     ``"up"``: its pages in use are ``[min_page_index, watermark)``, its frontier is at byte
@@ -35,8 +42,13 @@ def available_tokens(grow_direction: str, watermark: int, num_pages: int, min_pa
     raise NotImplementedError
 
 
-def compact_after_free(grow_direction: str, watermark: int, freed_pages: list[int], v2p: torch.Tensor,
-                       p2v: torch.Tensor) -> tuple[int, list[int], list[int]]:
+def compact_after_free(
+    grow_direction: str,
+    watermark: int,
+    freed_pages: list[int],
+    v2p: torch.Tensor,
+    p2v: torch.Tensor,
+) -> tuple[int, list[int], list[int]]:
     """Eager compaction after a free, on the page tables only (the caller copies the bytes).
 
     ``freed_pages``: distinct physical pages that were in use and are free now (their virtual pages

@@ -13,8 +13,14 @@ import triton.language as tl
 # As in alloc_extend: the re-sliced free list must not compile a variant per alignment, and the
 # page size is a compile-time constant (one variant per pool; % by it is a mask or a multiply).
 @triton.jit(do_not_specialize=["free_pages_ptr"])
-def alloc_decode_kernel(seq_lens_ptr, last_loc_ptr, free_pages_ptr, out_ptr, page_size: tl.constexpr,
-                        BS_BLOCK: tl.constexpr):
+def alloc_decode_kernel(
+    seq_lens_ptr,
+    last_loc_ptr,
+    free_pages_ptr,
+    out_ptr,
+    page_size: tl.constexpr,
+    BS_BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     seq = tl.load(seq_lens_ptr + pid).to(tl.int64)
 
@@ -33,9 +39,13 @@ def alloc_decode_kernel(seq_lens_ptr, last_loc_ptr, free_pages_ptr, out_ptr, pag
     tl.store(out_ptr + pid, tl.where(opens, page * page_size, last + 1))
 
 
-def alloc_decode(seq_lens, last_loc, free_pages, page_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def alloc_decode(
+    seq_lens, last_loc, free_pages, page_size: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """seq_lens count the new token; last_loc may be int32 (SGLang reads it from req_to_token)."""
     if out is None:
         out = torch.empty(len(seq_lens), dtype=torch.int64, device=seq_lens.device)
-    alloc_decode_kernel[(len(seq_lens),)](seq_lens, last_loc, free_pages, out, page_size, BS_BLOCK=128)
+    alloc_decode_kernel[(len(seq_lens),)](
+        seq_lens, last_loc, free_pages, out, page_size, BS_BLOCK=128
+    )
     return out

@@ -19,9 +19,17 @@ import triton.language as tl
 # page_size is a constexpr, as in SGLang: a pool's page size never changes (one variant per pool),
 # and // and % by a constant are shifts and masks (a multiply for 3, 5, 6...), not 64-bit divisions.
 @triton.jit(do_not_specialize=["free_pages_ptr"])
-def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_ptr, out_ptr,
-                        page_size: tl.constexpr, BS_BLOCK: tl.constexpr, PAGE_BLOCK: tl.constexpr,
-                        TOK_BLOCK: tl.constexpr):
+def alloc_extend_kernel(
+    prefix_lens_ptr,
+    seq_lens_ptr,
+    last_loc_ptr,
+    free_pages_ptr,
+    out_ptr,
+    page_size: tl.constexpr,
+    BS_BLOCK: tl.constexpr,
+    PAGE_BLOCK: tl.constexpr,
+    TOK_BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0)
     pre = tl.load(prefix_lens_ptr + pid).to(tl.int64)
     seq = tl.load(seq_lens_ptr + pid).to(tl.int64)
@@ -37,7 +45,9 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
         p = tl.load(prefix_lens_ptr + offs, mask=m, other=0).to(tl.int64)
         s = tl.load(seq_lens_ptr + offs, mask=m, other=0).to(tl.int64)
         out_start += tl.sum(s - p, axis=0)
-        page_start += tl.sum((s + page_size - 1) // page_size - (p + page_size - 1) // page_size, axis=0)
+        page_start += tl.sum(
+            (s + page_size - 1) // page_size - (p + page_size - 1) // page_size, axis=0
+        )
 
     old_page_end = (pre + page_size - 1) // page_size * page_size
     full_end = seq // page_size * page_size
@@ -50,9 +60,10 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
     o = tl.arange(0, PAGE_BLOCK)
     tl.store(out_ptr + out_start + o, last + 1 + o, mask=o < n1)
 
-    # Part 2: whole new pages, TOK_BLOCK tokens a trip. The course keeps 256 (SGLang: 4096): 28-40
-    # registers a thread instead of 156-254 (the sm_75 and sm_90 builds), 8 programs per T4 SM
-    # instead of 2, for more trips only in prefills of thousands of tokens (bench_kernels times both).
+    # Part 2: whole new pages, TOK_BLOCK tokens a trip. The course keeps 256 (SGLang:
+    # 4096): 28-40 registers a thread instead of 156-254 (the sm_75 and sm_90 builds), 8
+    # programs per T4 SM instead of 2, for more trips only in prefills of thousands of
+    # tokens (bench_kernels times both).
     n2 = tl.maximum(full_end - old_page_end, 0)
     for t in range(0, n2, TOK_BLOCK):
         k = t + tl.arange(0, TOK_BLOCK)
@@ -66,11 +77,27 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
     tl.store(out_ptr + out_start + n1 + n2 + o, page * page_size + o, mask=o < n3)
 
 
-def alloc_extend(prefix_lens, seq_lens, last_loc, free_pages, page_size: int, extend_num_tokens: int,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def alloc_extend(
+    prefix_lens,
+    seq_lens,
+    last_loc,
+    free_pages,
+    page_size: int,
+    extend_num_tokens: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Launch one program per request; the caller has checked that the free list is deep enough."""
     if out is None:
         out = torch.empty(extend_num_tokens, dtype=torch.int64, device=seq_lens.device)
-    alloc_extend_kernel[(len(seq_lens),)](prefix_lens, seq_lens, last_loc, free_pages, out, page_size,
-                                          BS_BLOCK=128, PAGE_BLOCK=triton.next_power_of_2(page_size), TOK_BLOCK=256)
+    alloc_extend_kernel[(len(seq_lens),)](
+        prefix_lens,
+        seq_lens,
+        last_loc,
+        free_pages,
+        out,
+        page_size,
+        BS_BLOCK=128,
+        PAGE_BLOCK=triton.next_power_of_2(page_size),
+        TOK_BLOCK=256,
+    )
     return out

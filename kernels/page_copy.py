@@ -20,8 +20,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _page_copy_kernel(src_ptr, dst_ptr, src_pages_ptr, dst_pages_ptr, src_num_pages, dst_num_pages, page_elems,
-                      BLOCK: tl.constexpr):
+def _page_copy_kernel(
+    src_ptr,
+    dst_ptr,
+    src_pages_ptr,
+    dst_pages_ptr,
+    src_num_pages,
+    dst_num_pages,
+    page_elems,
+    BLOCK: tl.constexpr,
+):
     i = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1).to(tl.int64)
     src_page = tl.load(src_pages_ptr + i).to(tl.int64)
@@ -30,13 +38,25 @@ def _page_copy_kernel(src_ptr, dst_ptr, src_pages_ptr, dst_pages_ptr, src_num_pa
     # The page ids are broadcast to vectors first: the interpreter rejects a scalar-and-vector mask.
     s = tl.zeros([BLOCK], dtype=tl.int64) + src_page
     d = tl.zeros([BLOCK], dtype=tl.int64) + dst_page
-    mask = (offs < page_elems) & (s >= 0) & (s < src_num_pages) & (d >= 0) & (d < dst_num_pages)
+    mask = (
+        (offs < page_elems)
+        & (s >= 0)
+        & (s < src_num_pages)
+        & (d >= 0)
+        & (d < dst_num_pages)
+    )
     x = tl.load(src_ptr + s * page_elems + offs, mask=mask)
     tl.store(dst_ptr + d * page_elems + offs, x, mask=mask)
 
 
-def copy_pages(src: torch.Tensor, dst: torch.Tensor, src_pages: torch.Tensor, dst_pages: torch.Tensor,
-               page_size: int, BLOCK: int = 1024) -> None:
+def copy_pages(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_pages: torch.Tensor,
+    dst_pages: torch.Tensor,
+    page_size: int,
+    BLOCK: int = 1024,
+) -> None:
     """dst page ``dst_pages[i]`` = src page ``src_pages[i]``, for every i (in place)."""
     n = src_pages.numel()
     if n == 0:
@@ -44,5 +64,12 @@ def copy_pages(src: torch.Tensor, dst: torch.Tensor, src_pages: torch.Tensor, ds
     row_elems = src[0].numel()
     page_elems = page_size * row_elems
     _page_copy_kernel[(n, triton.cdiv(page_elems, BLOCK))](
-        src, dst, src_pages, dst_pages, src.shape[0] // page_size, dst.shape[0] // page_size, page_elems,
-        BLOCK=BLOCK)
+        src,
+        dst,
+        src_pages,
+        dst_pages,
+        src.shape[0] // page_size,
+        dst.shape[0] // page_size,
+        page_elems,
+        BLOCK=BLOCK,
+    )

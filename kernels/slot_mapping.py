@@ -13,9 +13,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _slot_mapping_kernel(block_table_ptr, block_table_stride, num_rows, max_num_blocks,
-                         req_indices_ptr, positions_ptr, slot_mapping_ptr,
-                         num_tokens, num_padded, block_size, BLOCK: tl.constexpr):
+def _slot_mapping_kernel(
+    block_table_ptr,
+    block_table_stride,
+    num_rows,
+    max_num_blocks,
+    req_indices_ptr,
+    positions_ptr,
+    slot_mapping_ptr,
+    num_tokens,
+    num_padded,
+    block_size,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_out = offs < num_padded
     real = offs < num_tokens
@@ -24,14 +34,22 @@ def _slot_mapping_kernel(block_table_ptr, block_table_stride, num_rows, max_num_
     blk = pos // block_size
     # The host validates inputs; this mask only keeps a bad token from reading outside the table.
     ok = real & (req >= 0) & (req < num_rows) & (pos >= 0) & (blk < max_num_blocks)
-    block_number = tl.load(block_table_ptr + req * block_table_stride + blk, mask=ok, other=0).to(tl.int64)
+    block_number = tl.load(
+        block_table_ptr + req * block_table_stride + blk, mask=ok, other=0
+    ).to(tl.int64)
     slot = tl.where(ok, block_number * block_size + pos % block_size, -1)
     tl.store(slot_mapping_ptr + offs, slot, mask=in_out)
 
 
-def compute_slot_mapping(block_table: torch.Tensor, req_indices: torch.Tensor, positions: torch.Tensor,
-                         block_size: int, num_tokens: int | None = None,
-                         out: torch.Tensor | None = None, BLOCK: int = 128) -> torch.Tensor:
+def compute_slot_mapping(
+    block_table: torch.Tensor,
+    req_indices: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    num_tokens: int | None = None,
+    out: torch.Tensor | None = None,
+    BLOCK: int = 128,
+) -> torch.Tensor:
     """int64 slots for len(out or positions) tokens; the first num_tokens are real."""
     num_padded = positions.numel() if out is None else out.numel()
     num_tokens = positions.numel() if num_tokens is None else num_tokens
@@ -39,6 +57,16 @@ def compute_slot_mapping(block_table: torch.Tensor, req_indices: torch.Tensor, p
         out = torch.empty(num_padded, dtype=torch.int64, device=positions.device)
     if num_padded:
         _slot_mapping_kernel[(triton.cdiv(num_padded, BLOCK),)](
-            block_table, block_table.stride(0), block_table.shape[0], block_table.shape[1],
-            req_indices, positions, out, num_tokens, num_padded, block_size, BLOCK=BLOCK)
+            block_table,
+            block_table.stride(0),
+            block_table.shape[0],
+            block_table.shape[1],
+            req_indices,
+            positions,
+            out,
+            num_tokens,
+            num_padded,
+            block_size,
+            BLOCK=BLOCK,
+        )
     return out

@@ -1,6 +1,6 @@
-"""``python -m memlab.grade``: the autograder's command (``from memlab.grade import main`` in a
-notebook). The grader itself is the package memlab.course.grading; this module is only its entry point,
-kept under the name learners type."""
+"""``python -m memlab.grade``: the autograder's command (``from memlab.grade import
+main`` in a notebook). The grader itself is the package memlab.course.grading; this
+module is only its entry point, kept under the name learners type."""
 
 import sys
 

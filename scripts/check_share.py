@@ -1,7 +1,8 @@
 """How much of each core file is checking rather than algorithm (the readable-core rule).
 
-    python scripts/check_share.py            the table, one row per core file, the boundary, the total
-    python scripts/check_share.py --max 20   exit 1 when a core file or the whole core is above 20 %
+    python scripts/check_share.py            the table, one row per core file, the
+    boundary, the total python scripts/check_share.py --max 20   exit 1 when a core file
+    or the whole core is above 20 %
 
 Code lines: lines that hold a statement's tokens, without blank lines, comments and docstrings.
 Checking lines: ``assert`` and ``raise`` statements, ``if`` blocks whose body only raises (with no
@@ -60,9 +61,18 @@ TARGET = 20.0  # percent, per file and for the whole core
 def _docstring_lines(tree: ast.AST) -> set[int]:
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(
+                node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            )
+            and node.body
+        ):
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 out.update(range(first.lineno, first.end_lineno + 1))
     return out
 
@@ -74,8 +84,14 @@ def _span(node: ast.AST) -> set[int]:
 def _code_lines(source: str, tree: ast.AST) -> set[int]:
     code = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
-                            tokenize.DEDENT, tokenize.ENDMARKER):
+        if tok.type not in (
+            tokenize.COMMENT,
+            tokenize.NL,
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.ENDMARKER,
+        ):
             code.update(range(tok.start[0], tok.end[0] + 1))
     return code - _docstring_lines(tree)
 
@@ -88,10 +104,15 @@ def measure(source: str) -> tuple[int, int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assert, ast.Raise)):
             checking |= _span(node)
-        elif isinstance(node, ast.If) and not node.orelse and all(isinstance(s, ast.Raise) for s in node.body):
+        elif (
+            isinstance(node, ast.If)
+            and not node.orelse
+            and all(isinstance(s, ast.Raise) for s in node.body)
+        ):
             checking |= _span(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
-                node.name.startswith(CHECK_FUNCS) or node.name in CHECK_NAMES):
+            node.name.startswith(CHECK_FUNCS) or node.name in CHECK_NAMES
+        ):
             checking |= _span(node)
     return len(code), len(checking & code)
 
@@ -100,9 +121,15 @@ def _boundary_names_used(source: str) -> set[str]:
     """The boundary's names a module uses: ``_checks.x`` and ``from ..._checks import x``."""
     names = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_checks":
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "_checks"
+        ):
             names.add(node.attr)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_checks"):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith(
+            "_checks"
+        ):
             names.update(a.name for a in node.names)
     return names
 
@@ -116,9 +143,22 @@ def boundary_split(files=CORE) -> tuple[dict[str, int], int, int]:
     source = path.read_text()
     tree = ast.parse(source)
     code = _code_lines(source, tree)
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    calls = {name: {c.func.id for c in ast.walk(d) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                    and c.func.id in defs} - {name} for name, d in defs.items()}
+    defs = {
+        n.name: n
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    calls = {
+        name: {
+            c.func.id
+            for c in ast.walk(d)
+            if isinstance(c, ast.Call)
+            and isinstance(c.func, ast.Name)
+            and c.func.id in defs
+        }
+        - {name}
+        for name, d in defs.items()
+    }
     users: dict[str, set[str]] = {name: set() for name in defs}
     for rel in files:
         p = ROOT / rel
@@ -140,7 +180,8 @@ def boundary_split(files=CORE) -> tuple[dict[str, int], int, int]:
             (rel,) = users[name]
             given[rel] = given.get(rel, 0) + len(lines)
             rest -= lines
-    # Everything in the boundary is checking, imports and constants included: it exists only to check.
+    # Everything in the boundary is checking, imports and constants included: it exists
+    # only to check.
     return given, len(rest), len(rest)
 
 
@@ -155,9 +196,13 @@ def table(files=CORE) -> list[tuple[str, int, int, float]]:
             code, checks = measure(path.read_text())
             code, checks = code + given.get(rel, 0), checks + given.get(rel, 0)
             rows.append((rel, code, checks, 100.0 * checks / max(code, 1)))
-    rows.append((BOUNDARY + " (shared)", b_code, b_checks, 100.0 * b_checks / max(b_code, 1)))
+    rows.append(
+        (BOUNDARY + " (shared)", b_code, b_checks, 100.0 * b_checks / max(b_code, 1))
+    )
     code, checks = sum(r[1] for r in rows), sum(r[2] for r in rows)
-    rows.append(("total (boundary included)", code, checks, 100.0 * checks / max(code, 1)))
+    rows.append(
+        ("total (boundary included)", code, checks, 100.0 * checks / max(code, 1))
+    )
     return rows
 
 
@@ -174,16 +219,24 @@ def table_without_boundary(files=CORE) -> list[tuple[str, int, int, float]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max", type=float, default=None,
-                    help="fail when a core file or the whole core is above this percentage")
-    ap.add_argument("--without-boundary", action="store_true",
-                    help="the old count: core files alone, the boundary module left out")
+    ap.add_argument(
+        "--max",
+        type=float,
+        default=None,
+        help="fail when a core file or the whole core is above this percentage",
+    )
+    ap.add_argument(
+        "--without-boundary",
+        action="store_true",
+        help="the old count: core files alone, the boundary module left out",
+    )
     args = ap.parse_args(argv)
     rows = table_without_boundary() if args.without_boundary else table()
     print(f"{'file':44} {'code':>5} {'checks':>6} {'share':>6}")
     for rel, code, checks, share in rows:
         print(f"{rel:44} {code:5d} {checks:6d} {share:5.1f}%")
-    # The boundary's shared row is all checking by construction; the rule bounds the files and the total.
+    # The boundary's shared row is all checking by construction; the rule bounds the
+    # files and the total.
     judged = [r for r in rows if not r[0].startswith(BOUNDARY)]
     over = [r for r in judged if args.max is not None and r[3] > args.max]
     for rel, *_, share in over:

@@ -44,8 +44,13 @@ def pyproject_stamp(root: Path = ROOT) -> str:
     files under requirements/ that feed the resolution. The tests compare it with the lock's."""
     text = (root / "pyproject.toml").read_text()
     deps = re.search(r"(?ms)^dependencies = \[.*?^\]", text).group(0)
-    extras = re.search(r"(?ms)^\[project.optional-dependencies\].*?(?=^\[)", text).group(0)
-    feed = [deps, extras] + [(root / "requirements" / f).read_text() for f in ("lock.in", "colab-overrides.txt")]
+    extras = re.search(
+        r"(?ms)^\[project.optional-dependencies\].*?(?=^\[)", text
+    ).group(0)
+    feed = [deps, extras] + [
+        (root / "requirements" / f).read_text()
+        for f in ("lock.in", "colab-overrides.txt")
+    ]
     return hashlib.sha256("\n".join(feed).encode()).hexdigest()[:16]
 
 
@@ -79,11 +84,17 @@ def name(entry: list[str]) -> str:
 def local_torch_hashes(version: str) -> list[str]:
     """sha256 of the torch wheels of this exact version (local builds such as ``+cpu``) in the
     folders pip's configuration names as find-links."""
-    got = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    got = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    ).stdout
     folders = re.findall(r"find-links='([^']+)'", got)
     hashes: list[str] = []
-    for folder in dict.fromkeys(folders):  # pip lists a setting once per place it is set
-        for wheel in sorted(Path(folder.removeprefix("file://")).glob(f"torch-{version}+*.whl")):
+    for folder in dict.fromkeys(
+        folders
+    ):  # pip lists a setting once per place it is set
+        for wheel in sorted(
+            Path(folder.removeprefix("file://")).glob(f"torch-{version}+*.whl")
+        ):
             digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
             hashes += [digest] if digest not in hashes else []
     return hashes
@@ -117,9 +128,17 @@ def main() -> None:
     uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
     stamp = pyproject_stamp()
     with tempfile.TemporaryDirectory() as tmp:
-        main_lock = entries(compile_lock(uv, Path(tmp) / "course.txt", ["course", "test"]))
+        main_lock = entries(
+            compile_lock(uv, Path(tmp) / "course.txt", ["course", "test"])
+        )
         colab_lock = entries(
-            compile_lock(uv, Path(tmp) / "colab.txt", ["test"], "--override", "requirements/colab-overrides.txt")
+            compile_lock(
+                uv,
+                Path(tmp) / "colab.txt",
+                ["test"],
+                "--override",
+                "requirements/colab-overrides.txt",
+            )
         )
     torch = [e for e in main_lock if name(e) == "torch"]
     version = torch[0][0].split("==")[1].split()[0]
@@ -127,13 +146,32 @@ def main() -> None:
     last_hash = max(i for i, line in enumerate(torch[0]) if "--hash=" in line)
     torch[0][last_hash:last_hash] = [f"    --hash=sha256:{h} \\" for h in extra]
     note = "# torch, one entry: every file of this version on PyPI"
-    note += f", and {len(extra)} local build(s) offered by pip's find-links" if extra else ""
+    note += (
+        f", and {len(extra)} local build(s) offered by pip's find-links"
+        if extra
+        else ""
+    )
     write(REQ / "torch.txt", stamp, torch, note + "\n")
     cuda = [e for e in main_lock if CUDA_ONLY.match(name(e))]
-    write(REQ / "torch-cuda.txt", stamp, cuda, "# the CUDA libraries a CUDA build of torch loads\n")
-    rest = lambda lock: [e for e in lock if name(e) != "torch" and not CUDA_ONLY.match(name(e))]  # noqa: E731
-    write(REQ / "course.txt", stamp, rest(main_lock), "# .venv: memlab[course,test], without torch\n")
-    colab_note = "# .venv-colab: memlab[test] with Colab's Triton and NumPy, without torch\n"
+    write(
+        REQ / "torch-cuda.txt",
+        stamp,
+        cuda,
+        "# the CUDA libraries a CUDA build of torch loads\n",
+    )
+
+    def rest(lock):
+        return [e for e in lock if name(e) != "torch" and not CUDA_ONLY.match(name(e))]
+
+    write(
+        REQ / "course.txt",
+        stamp,
+        rest(main_lock),
+        "# .venv: memlab[course,test], without torch\n",
+    )
+    colab_note = (
+        "# .venv-colab: memlab[test] with Colab's Triton and NumPy, without torch\n"
+    )
     write(REQ / "colab.txt", stamp, rest(colab_lock), colab_note)
     (ROOT / "environment.yml").write_text(environment_yml(stamp))
     print(f"requirements/ written: torch {version}, {len(rest(main_lock))} packages (.venv), "

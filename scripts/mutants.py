@@ -65,7 +65,9 @@ class Mutant:
     @property
     def key(self) -> str:
         """Stable across edits elsewhere in the file: what changed, where (not the line number)."""
-        return f"{self.func}: {self.before} => {self.after}" + (f" (#{self.n})" if self.n > 1 else "")
+        return f"{self.func}: {self.before} => {self.after}" + (
+            f" (#{self.n})" if self.n > 1 else ""
+        )
 
     @property
     def id(self) -> str:
@@ -83,11 +85,15 @@ def learner_lines(file: str) -> set[int]:
     sol = (ROOT / "solutions" / f"{file}.py").read_text().splitlines()
     got = course_stub(file, ROOT)
     if got is None:
-        raise SystemExit(f"exercises/{file}.py is not the course's stub and git's history has none: mutants "
-                         "change the lines a learner writes, which the stub tells")
+        raise SystemExit(
+            f"exercises/{file}.py is not the course's stub and git's history has none: mutants "
+            "change the lines a learner writes, which the stub tells"
+        )
     stub = got[0].splitlines()
     lines: set[int] = set()
-    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, stub, sol, autojunk=False).get_opcodes():
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(
+        None, stub, sol, autojunk=False
+    ).get_opcodes():
         if tag in ("replace", "insert"):
             lines.update(range(j1 + 1, j2 + 1))
     return {n for n in lines if not re.match(r"\s*[A-Z0-9_]+_WRITTEN\s*=", sol[n - 1])}
@@ -98,13 +104,36 @@ def _text(node: ast.AST) -> str:
 
 
 _MODULES = {"tl", "torch", "triton", "math", "hashlib", "self", "np"}
-_BINOPS = {ast.Add: (ast.Sub, ast.Mult), ast.Sub: (ast.Add,), ast.Mult: (ast.Add, ast.FloorDiv),
-           ast.FloorDiv: (ast.Mult, ast.Div, ast.Mod), ast.Div: (ast.Mult, ast.FloorDiv), ast.Mod: (ast.FloorDiv,),
-           ast.BitAnd: (ast.BitOr,), ast.BitOr: (ast.BitAnd,)}
-_CMPOPS = {ast.Lt: (ast.LtE, ast.GtE), ast.LtE: (ast.Lt, ast.Gt), ast.Gt: (ast.GtE, ast.LtE),
-           ast.GtE: (ast.Gt, ast.Lt), ast.Eq: (ast.NotEq,), ast.NotEq: (ast.Eq,), ast.Is: (ast.IsNot,),
-           ast.IsNot: (ast.Is,), ast.In: (ast.NotIn,), ast.NotIn: (ast.In,)}
-_FUNC_SWAPS = {"min": "max", "max": "min", "any": "all", "all": "any", "minimum": "maximum", "maximum": "minimum"}
+_BINOPS = {
+    ast.Add: (ast.Sub, ast.Mult),
+    ast.Sub: (ast.Add,),
+    ast.Mult: (ast.Add, ast.FloorDiv),
+    ast.FloorDiv: (ast.Mult, ast.Div, ast.Mod),
+    ast.Div: (ast.Mult, ast.FloorDiv),
+    ast.Mod: (ast.FloorDiv,),
+    ast.BitAnd: (ast.BitOr,),
+    ast.BitOr: (ast.BitAnd,),
+}
+_CMPOPS = {
+    ast.Lt: (ast.LtE, ast.GtE),
+    ast.LtE: (ast.Lt, ast.Gt),
+    ast.Gt: (ast.GtE, ast.LtE),
+    ast.GtE: (ast.Gt, ast.Lt),
+    ast.Eq: (ast.NotEq,),
+    ast.NotEq: (ast.Eq,),
+    ast.Is: (ast.IsNot,),
+    ast.IsNot: (ast.Is,),
+    ast.In: (ast.NotIn,),
+    ast.NotIn: (ast.In,),
+}
+_FUNC_SWAPS = {
+    "min": "max",
+    "max": "min",
+    "any": "all",
+    "all": "any",
+    "minimum": "maximum",
+    "maximum": "minimum",
+}
 
 
 def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
@@ -117,18 +146,32 @@ def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
             n.op = op()
             out.append(n)
         out += [copy.deepcopy(node.left), copy.deepcopy(node.right)]
-    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not, ast.Invert)):
+    elif isinstance(node, ast.UnaryOp) and isinstance(
+        node.op, (ast.USub, ast.Not, ast.Invert)
+    ):
         out.append(copy.deepcopy(node.operand))
-    elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMPOPS:
+    elif (
+        isinstance(node, ast.Compare)
+        and len(node.ops) == 1
+        and type(node.ops[0]) in _CMPOPS
+    ):
         for op in _CMPOPS[type(node.ops[0])]:
             n = c()
             n.ops = [op()]
             out.append(n)
         right = node.comparators[0]
-        if isinstance(right, ast.Constant) and right.value is None and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+        if (
+            isinstance(right, ast.Constant)
+            and right.value is None
+            and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+        ):
             # truthiness for a None test: `x is not None` -> `x`, `x is None` -> `not x`
             left = copy.deepcopy(node.left)
-            out.append(left if isinstance(node.ops[0], ast.IsNot) else ast.UnaryOp(ast.Not(), left))
+            out.append(
+                left
+                if isinstance(node.ops[0], ast.IsNot)
+                else ast.UnaryOp(ast.Not(), left)
+            )
     elif isinstance(node, ast.BoolOp):
         n = c()
         n.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
@@ -152,15 +195,24 @@ def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
             n = c()
             n.func.attr = _FUNC_SWAPS[f.attr]
             out.append(n)
-        if len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred):
+        if (
+            len(node.args) == 1
+            and not node.keywords
+            and not isinstance(node.args[0], ast.Starred)
+        ):
             out.append(copy.deepcopy(node.args[0]))  # f(x) -> x
         if isinstance(f, ast.Name) and f.id == "range" and node.args:
-            for op in (ast.Add, ast.Sub):  # range(a, b) -> range(a, b + 1), range(a, b - 1)
+            for op in (
+                ast.Add,
+                ast.Sub,
+            ):  # range(a, b) -> range(a, b + 1), range(a, b - 1)
                 n = c()
                 i = 1 if len(n.args) > 1 else 0
                 n.args[i] = ast.BinOp(n.args[i], op(), ast.Constant(1))
                 out.append(n)
-        if isinstance(f, ast.Attribute) and not (isinstance(f.value, ast.Name) and f.value.id in _MODULES):
+        if isinstance(f, ast.Attribute) and not (
+            isinstance(f.value, ast.Name) and f.value.id in _MODULES
+        ):
             out.append(copy.deepcopy(f.value))  # x.clone() -> x, x.to(torch.int64) -> x
         for i in range(len(node.keywords)):
             n = c()
@@ -168,24 +220,43 @@ def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
             out.append(n)
     elif isinstance(node, ast.Name) and len(node.id) >= 3:
         for other in sorted(names):
-            if other != node.id and len(other) == len(node.id) and sum(a != b for a, b in zip(other, node.id)) == 1:
+            if (
+                other != node.id
+                and len(other) == len(node.id)
+                and sum(a != b for a, b in zip(other, node.id)) == 1
+            ):
                 out.append(ast.Name(other, ast.Load()))
     elif isinstance(node, ast.Subscript):
         out.append(copy.deepcopy(node.value))  # x[i] -> x
         s = node.slice
-        if isinstance(s, ast.Slice) and s.step is None and (s.lower is None) != (s.upper is None):
+        if (
+            isinstance(s, ast.Slice)
+            and s.step is None
+            and (s.lower is None) != (s.upper is None)
+        ):
             n = c()
             n.slice.lower, n.slice.upper = s.upper, s.lower  # x[:n] <-> x[n:]
             out.append(n)
         if isinstance(s, ast.Slice):
-            for bound in ("lower", "upper"):  # x[:n] -> x[:n + 1], x[:n - 1] (constants are mutated anyway)
+            for bound in (
+                "lower",
+                "upper",
+            ):  # x[:n] -> x[:n + 1], x[:n - 1] (constants are mutated anyway)
                 b = getattr(s, bound)
                 if b is not None and not isinstance(b, ast.Constant):
                     for op in (ast.Add, ast.Sub):
                         n = c()
-                        setattr(n.slice, bound, ast.BinOp(copy.deepcopy(b), op(), ast.Constant(1)))
+                        setattr(
+                            n.slice,
+                            bound,
+                            ast.BinOp(copy.deepcopy(b), op(), ast.Constant(1)),
+                        )
                         out.append(n)
-    elif isinstance(node, ast.Tuple) and len(node.elts) == 2 and isinstance(getattr(node, "ctx", None), ast.Load):
+    elif (
+        isinstance(node, ast.Tuple)
+        and len(node.elts) == 2
+        and isinstance(getattr(node, "ctx", None), ast.Load)
+    ):
         n = c()
         n.elts.reverse()  # torch.cat((a, b)) -> torch.cat((b, a)): head and tail swapped
         out.append(n)
@@ -199,8 +270,13 @@ def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
 def _stmt_variants(node: ast.stmt) -> list[str]:
     """Replacement source for one statement (indentation is kept by the splice)."""
     out = []
-    if isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr, ast.If, ast.For, ast.Raise, ast.While)):
-        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):  # not a docstring
+    if isinstance(
+        node,
+        (ast.Assign, ast.AugAssign, ast.Expr, ast.If, ast.For, ast.Raise, ast.While),
+    ):
+        if not (
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        ):  # not a docstring
             out.append("pass")
     if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
         n = copy.deepcopy(node)
@@ -210,14 +286,26 @@ def _stmt_variants(node: ast.stmt) -> list[str]:
         out.append("continue")
     if isinstance(node, ast.Continue):
         out.append("break")
-    if isinstance(node, ast.Return) and node.value is not None and not (
-            isinstance(node.value, ast.Constant) and node.value.value is None):
+    if (
+        isinstance(node, ast.Return)
+        and node.value is not None
+        and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+    ):
         out.append("return None")
-        if not isinstance(node.value, (ast.Constant, ast.Tuple, ast.List, ast.Compare, ast.BoolOp)):
+        if not isinstance(
+            node.value, (ast.Constant, ast.Tuple, ast.List, ast.Compare, ast.BoolOp)
+        ):
             v = ast.unparse(node.value)
-            out.append(f"return {v if _atom(node.value) else f'({v})'}.tolist()")  # a list where a tensor is promised
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.BinOp) and isinstance(node.value.left, (ast.Name, ast.Attribute))):
+            out.append(
+                f"return {v if _atom(node.value) else f'({v})'}.tolist()"
+            )  # a list where a tensor is promised
+    if (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.BinOp)
+        and isinstance(node.value.left, (ast.Name, ast.Attribute))
+    ):
         # `x = a - b` written as `x = a; x -= b`: the in-place update changes `a` itself (a tensor)
         t, v = node.targets[0].id, node.value
         op = ast.unparse(ast.AugAssign(ast.Name("_"), v.op, ast.Constant(0))).split()[1]
@@ -262,15 +350,26 @@ def _replaced(parent: ast.AST, node: ast.AST, new: ast.AST) -> ast.AST:
 
 
 def _atom(node: ast.AST) -> bool:
-    return isinstance(node, (ast.Name, ast.Constant, ast.Call, ast.Attribute, ast.Subscript, ast.List, ast.Tuple))
+    return isinstance(
+        node,
+        (
+            ast.Name,
+            ast.Constant,
+            ast.Call,
+            ast.Attribute,
+            ast.Subscript,
+            ast.List,
+            ast.Tuple,
+        ),
+    )
 
 
 def _splice(lines: list[str], node: ast.AST, text: str) -> str:
     """The source with ``node``'s span replaced by ``text``."""
     out = list(lines)
     a, b = node.lineno - 1, node.end_lineno - 1
-    head, tail = out[a][: node.col_offset], out[b][node.end_col_offset:]
-    out[a:b + 1] = [head + text + tail]
+    head, tail = out[a][: node.col_offset], out[b][node.end_col_offset :]
+    out[a : b + 1] = [head + text + tail]
     return "\n".join(out) + "\n"
 
 
@@ -298,29 +397,65 @@ def make_mutants(file: str) -> list[Mutant]:
             qual = f"{qual}.{node.name}" if qual else node.name
             if isinstance(node, ast.FunctionDef):
                 names = {a.arg for a in node.args.args + node.args.kwonlyargs} | {
-                    t.id for n in ast.walk(node) for t in ([n.target] if isinstance(n, (ast.AugAssign, ast.For)) else
-                                                            n.targets if isinstance(n, ast.Assign) else [])
-                    if isinstance(t, ast.Name)}
+                    t.id
+                    for n in ast.walk(node)
+                    for t in (
+                        [n.target]
+                        if isinstance(n, (ast.AugAssign, ast.For))
+                        else n.targets
+                        if isinstance(n, ast.Assign)
+                        else []
+                    )
+                    if isinstance(t, ast.Name)
+                }
         skip = skip or isinstance(node, ast.JoinedStr)
         if qual and not skip and hasattr(node, "lineno") and inside(node):
             if isinstance(node, ast.stmt):
                 for text in _stmt_variants(node):
-                    add(qual, node, _clip(_text(node)), text, _splice(lines, node, text))
-                if isinstance(node, (ast.If, ast.While)) and not isinstance(node.test, (ast.Compare, ast.BoolOp,
-                                                                                        ast.UnaryOp)):
+                    add(
+                        qual, node, _clip(_text(node)), text, _splice(lines, node, text)
+                    )
+                if isinstance(node, (ast.If, ast.While)) and not isinstance(
+                    node.test, (ast.Compare, ast.BoolOp, ast.UnaryOp)
+                ):
                     new = f"not ({ast.unparse(node.test)})"  # a truth test turned round
-                    add(qual, node.test, _text(node.test), new, _splice(lines, node.test, new))
-            elif isinstance(node, ast.expr) and not isinstance(getattr(node, "ctx", None), (ast.Store, ast.Del)):
+                    add(
+                        qual,
+                        node.test,
+                        _text(node.test),
+                        new,
+                        _splice(lines, node.test, new),
+                    )
+            elif isinstance(node, ast.expr) and not isinstance(
+                getattr(node, "ctx", None), (ast.Store, ast.Del)
+            ):
                 for new in _expr_variants(node, names):
                     text = ast.unparse(new)
                     before, after = _text(node), " ".join(text.split())
-                    if isinstance(node, (ast.Constant, ast.Name)) and parent is not None:
-                        before, after = _text(parent), _text(_replaced(parent, node, new))  # "0 => 1" says little
-                    add(qual, node, *_pair(before, after), _splice(lines, node, text if _atom(new) else f"({text})"))
+                    if (
+                        isinstance(node, (ast.Constant, ast.Name))
+                        and parent is not None
+                    ):
+                        before, after = (
+                            _text(parent),
+                            _text(_replaced(parent, node, new)),
+                        )  # "0 => 1" says little
+                    add(
+                        qual,
+                        node,
+                        *_pair(before, after),
+                        _splice(lines, node, text if _atom(new) else f"({text})"),
+                    )
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             return  # a docstring
         for child in ast.iter_child_nodes(node):
-            visit(child, qual, names, skip, node if isinstance(node, (ast.expr, ast.stmt)) else parent)
+            visit(
+                child,
+                qual,
+                names,
+                skip,
+                node if isinstance(node, (ast.expr, ast.stmt)) else parent,
+            )
 
     visit(tree, "", set(), False, None)
     seen: dict[str, int] = {}
@@ -332,6 +467,7 @@ def make_mutants(file: str) -> list[Mutant]:
 
 
 # -- the equivalents note -----------------------------------------------------------------------
+
 
 def read_note(path: Path = NOTE) -> dict[str, str]:
     """mutant id -> why it is equivalent, from the note's '### <file>' sections."""
@@ -352,6 +488,7 @@ def read_note(path: Path = NOTE) -> dict[str, str]:
 
 # -- grading one mutant (worker side) ----------------------------------------------------------
 
+
 class MutantTimeout(BaseException):
     pass
 
@@ -360,7 +497,9 @@ def _graded_tests(file: str):
     """(name, function) of the graded tests of one exercise, GPU ones only with a GPU."""
     import torch
 
-    spec = importlib.util.spec_from_file_location(f"_mutants_test_{file}", TESTS / f"test_{file}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"_mutants_test_{file}", TESTS / f"test_{file}.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = []
@@ -405,7 +544,13 @@ def worker() -> None:
         os.environ[loader.ENV] = str(folder)
         order = job.get("order") or [name for name, _ in tests[file]]
         by_name = dict(tests[file])
-        result = {"key": job["key"], "outcome": "survived", "by": "", "detail": "", "times": {}}
+        result = {
+            "key": job["key"],
+            "outcome": "survived",
+            "by": "",
+            "detail": "",
+            "times": {},
+        }
         signal.setitimer(signal.ITIMER_REAL, job["timeout"])
         try:
             for name in order:
@@ -414,35 +559,62 @@ def worker() -> None:
                     by_name[name]()
                 except MutantTimeout:
                     raise
-                except BaseException as exc:  # noqa: BLE001 - any failure takes the test's points
+                except BaseException as exc:
                     if type(exc).__name__ == "Skipped":
                         continue
-                    result.update(outcome="killed", by=name, detail=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    result.update(
+                        outcome="killed",
+                        by=name,
+                        detail=f"{type(exc).__name__}: {str(exc)[:300]}",
+                    )
                     if job.get("trace"):
                         result["detail"] += "\n" + traceback.format_exc()[-3000:]
                     break
                 finally:
                     result["times"][name] = time.perf_counter() - t0
         except MutantTimeout:
-            result.update(outcome="killed", by="timeout", detail=f"still running after {job['timeout']:g} s")
+            result.update(
+                outcome="killed",
+                by="timeout",
+                detail=f"still running after {job['timeout']:g} s",
+            )
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         # A CUDA fault (an illegal address) poisons this process's context: every later mutant
         # would fail for it. Ask for a fresh worker.
-        result["restart"] = "CUDA error" in result["detail"] or "illegal memory access" in result["detail"]
+        result["restart"] = (
+            "CUDA error" in result["detail"]
+            or "illegal memory access" in result["detail"]
+        )
         out.write(json.dumps(result) + "\n")
         out.flush()
 
 
 # -- the parent -------------------------------------------------------------------------------
 
+
 class Worker:
     def __init__(self):
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg", OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
-                                     env=env, cwd=ROOT, start_new_session=True)
+        env = dict(
+            os.environ,
+            PYTHONDONTWRITEBYTECODE="1",
+            MPLBACKEND="Agg",
+            OMP_NUM_THREADS="1",
+        )
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
         self.job = None
         self.started = 0.0
 
@@ -491,10 +663,20 @@ def run_jobs(jobs: list[dict], n_workers: int, progress=None) -> dict[str, dict]
             for key, _ in sel.select(timeout=0.5):
                 w = key.data
                 line = w.proc.stdout.readline()
-                if not line:  # the worker died: a crash in the mutant (a segfault, os._exit)
+                if (
+                    not line
+                ):  # the worker died: a crash in the mutant (a segfault, os._exit)
                     rc = w.proc.wait()
-                    retire(w, {"key": w.job["key"], "outcome": "killed", "by": "crash",
-                               "detail": f"the process died (exit code {rc})", "times": {}})
+                    retire(
+                        w,
+                        {
+                            "key": w.job["key"],
+                            "outcome": "killed",
+                            "by": "crash",
+                            "detail": f"the process died (exit code {rc})",
+                            "times": {},
+                        },
+                    )
                     continue
                 outcome = json.loads(line)
                 if outcome.get("restart"):
@@ -513,8 +695,16 @@ def run_jobs(jobs: list[dict], n_workers: int, progress=None) -> dict[str, dict]
             now = time.monotonic()
             for w in list(workers):
                 if w.job is not None and now - w.started > w.job["timeout"] + 10:
-                    retire(w, {"key": w.job["key"], "outcome": "killed", "by": "timeout",
-                               "detail": "ignored the alarm; the worker was killed", "times": {}})
+                    retire(
+                        w,
+                        {
+                            "key": w.job["key"],
+                            "outcome": "killed",
+                            "by": "timeout",
+                            "detail": "ignored the alarm; the worker was killed",
+                            "times": {},
+                        },
+                    )
     finally:
         for w in list(workers):
             w.kill()
@@ -540,49 +730,104 @@ class Score:
 
 def baseline(files: list[str], n_workers: int, timeout: float) -> dict[str, list[str]]:
     """Run each solution once: it must pass; its test order is cheapest first."""
-    jobs = [{"key": f, "file": f, "source": (ROOT / "solutions" / f"{f}.py").read_text(), "timeout": timeout * 4,
-             "trace": True} for f in files]
+    jobs = [
+        {
+            "key": f,
+            "file": f,
+            "source": (ROOT / "solutions" / f"{f}.py").read_text(),
+            "timeout": timeout * 4,
+            "trace": True,
+        }
+        for f in files
+    ]
     res = run_jobs(jobs, n_workers)
     order = {}
     for f in files:
         r = res[f]
         if r["outcome"] != "survived":
-            print(f"solutions/{f}.py fails its own graded tests ({r['by']}): {r['detail']}", file=sys.stderr)
+            print(
+                f"solutions/{f}.py fails its own graded tests ({r['by']}): {r['detail']}",
+                file=sys.stderr,
+            )
             raise SystemExit(2)
         order[f] = sorted(r["times"], key=r["times"].get)
     return order
 
 
 def score_table(scores: list[Score]) -> str:
-    rows = ["| exercise file | mutants | equivalent | killed / non-equivalent | score |", "|---|---:|---:|---:|---:|"]
+    rows = [
+        "| exercise file | mutants | equivalent | killed / non-equivalent | score |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for s in scores:
-        rows.append(f"| {s.file} | {s.total} | {s.equivalent} | {s.killed} / {s.non_equivalent} | {100 * s.ratio:.1f} % |")
-    t = Score("all", sum(s.total for s in scores), sum(s.killed for s in scores), sum(s.equivalent for s in scores))
-    rows.append(f"| **all** | {t.total} | {t.equivalent} | {t.killed} / {t.non_equivalent} | {100 * t.ratio:.1f} % |")
+        rows.append(
+            f"| {s.file} | {s.total} | {s.equivalent} | {s.killed} / {s.non_equivalent} | {100 * s.ratio:.1f} % |"
+        )
+    t = Score(
+        "all",
+        sum(s.total for s in scores),
+        sum(s.killed for s in scores),
+        sum(s.equivalent for s in scores),
+    )
+    rows.append(
+        f"| **all** | {t.total} | {t.equivalent} | {t.killed} / {t.non_equivalent} | {100 * t.ratio:.1f} % |"
+    )
     return "\n".join(rows)
 
 
 def update_note(table: str, seconds: float, jobs: int) -> None:
     text = NOTE.read_text()
-    block = (f"<!-- score:begin -->\nMeasured with `./course mutants --jobs {jobs}` on {time.strftime('%Y-%m-%d')} "
-             f"({seconds / 60:.1f} min):\n\n{table}\n<!-- score:end -->")
-    text = re.sub(r"<!-- score:begin -->.*<!-- score:end -->", lambda _: block, text, flags=re.DOTALL)
+    block = (
+        f"<!-- score:begin -->\nMeasured with `./course mutants --jobs {jobs}` on {time.strftime('%Y-%m-%d')} "
+        f"({seconds / 60:.1f} min):\n\n{table}\n<!-- score:end -->"
+    )
+    text = re.sub(
+        r"<!-- score:begin -->.*<!-- score:end -->",
+        lambda _: block,
+        text,
+        flags=re.DOTALL,
+    )
     NOTE.write_text(text)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
-    p.add_argument("exercises", nargs="*", help="exercise files or ids (ch03_token_allocator, ch03.token_allocator, "
-                                                 "or a chapter like 03); default: all")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
+    p.add_argument(
+        "exercises",
+        nargs="*",
+        help="exercise files or ids (ch03_token_allocator, ch03.token_allocator, "
+        "or a chapter like 03); default: all",
+    )
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per mutant (default %(default)s)")
-    p.add_argument("--sample", type=int, default=0, help="grade only N random mutants per exercise")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds per mutant (default %(default)s)",
+    )
+    p.add_argument(
+        "--sample", type=int, default=0, help="grade only N random mutants per exercise"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target", type=float, default=95.0, help="score every exercise must reach, in %% (default 95)")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=95.0,
+        help="score every exercise must reach, in %% (default 95)",
+    )
     p.add_argument("--list", action="store_true", help="list the mutants and stop")
-    p.add_argument("--show-killed", action="store_true", help="also list killed mutants and what killed them")
-    p.add_argument("--update-note", action="store_true", help="write the score table into the note")
+    p.add_argument(
+        "--show-killed",
+        action="store_true",
+        help="also list killed mutants and what killed them",
+    )
+    p.add_argument(
+        "--update-note", action="store_true", help="write the score table into the note"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
@@ -593,24 +838,42 @@ def main(argv=None) -> int:
 
     files = []
     for x in a.exercises or [e.file for e in catalog.EXERCISES]:
-        hit = [e.file for e in catalog.EXERCISES if x in (e.file, e.id) or x.lstrip("ch") == f"{e.chapter:02d}"]
+        hit = [
+            e.file
+            for e in catalog.EXERCISES
+            if x in (e.file, e.id) or x.lstrip("ch") == f"{e.chapter:02d}"
+        ]
         if not hit:
             p.error(f"unknown exercise {x!r}")
         files += [f for f in hit if f not in files]
     equivalent = read_note()
     all_mutants = {f: make_mutants(f) for f in files}
     if a.list:
-        for f, ms in all_mutants.items():
+        for ms in all_mutants.values():
             for m in ms:
-                print(f"{'EQ ' if m.id in equivalent else '   '}{m.id}  (line {m.line})")
+                print(
+                    f"{'EQ ' if m.id in equivalent else '   '}{m.id}  (line {m.line})"
+                )
         return 0
     rng = random.Random(a.seed)
-    chosen = {f: (rng.sample(ms, min(a.sample, len(ms))) if a.sample else ms) for f, ms in all_mutants.items()}
+    chosen = {
+        f: (rng.sample(ms, min(a.sample, len(ms))) if a.sample else ms)
+        for f, ms in all_mutants.items()
+    }
     t0 = time.monotonic()
     order = baseline(files, a.jobs, a.timeout)
     by_key = {m.id: m for ms in chosen.values() for m in ms}
-    jobs = [{"key": m.id, "file": m.file, "source": m.source, "timeout": a.timeout, "order": order[m.file]}
-            for m in by_key.values() if m.id not in equivalent]
+    jobs = [
+        {
+            "key": m.id,
+            "file": m.file,
+            "source": m.source,
+            "timeout": a.timeout,
+            "order": order[m.file],
+        }
+        for m in by_key.values()
+        if m.id not in equivalent
+    ]
     done = [0]
 
     def progress(job, outcome):
@@ -618,12 +881,18 @@ def main(argv=None) -> int:
         if outcome["outcome"] == "survived":
             print(f"  SURVIVED {job['key']}", flush=True)
         elif a.show_killed:
-            print(f"  killed   {job['key']}  by {outcome['by']}: {outcome['detail'][:120]}", flush=True)
+            print(
+                f"  killed   {job['key']}  by {outcome['by']}: {outcome['detail'][:120]}",
+                flush=True,
+            )
         elif sys.stdout.isatty():
             print(f"  {done[0]}/{len(jobs)}", end="\r", flush=True)
 
-    print(f"{len(by_key)} mutants in {len(files)} exercise files, {len(by_key) - len(jobs)} listed as equivalent; "
-          f"grading the rest with {a.jobs} workers", flush=True)
+    print(
+        f"{len(by_key)} mutants in {len(files)} exercise files, {len(by_key) - len(jobs)} listed as equivalent; "
+        f"grading the rest with {a.jobs} workers",
+        flush=True,
+    )
     results = run_jobs(jobs, a.jobs, progress)
     seconds = time.monotonic() - t0
     scores = []
@@ -641,8 +910,13 @@ def main(argv=None) -> int:
     table = score_table(scores)
     print("\n" + table)
     print(f"\n{seconds:.0f} s")
-    stale = [k for k in equivalent if k.split(".", 1)[0] in files and not a.sample
-             and k not in {m.id for ms in all_mutants.values() for m in ms}]
+    stale = [
+        k
+        for k in equivalent
+        if k.split(".", 1)[0] in files
+        and not a.sample
+        and k not in {m.id for ms in all_mutants.values() for m in ms}
+    ]
     for k in stale:
         print(f"note lists a mutant that no longer exists: {k}")
     for s in scores:

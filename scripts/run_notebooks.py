@@ -35,8 +35,13 @@ def strip_tags(nb) -> None:
         c.metadata.pop("tags", None)
 
 
-def execute(path: Path, fast: bool = True, timeout: int = 300, cwd: Path | None = None,
-            env: dict[str, str] | None = None):
+def execute(
+    path: Path,
+    fast: bool = True,
+    timeout: int = 300,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+):
     """Run every cell in order in a fresh kernel started in ``cwd`` (default chapters/) with
     ``env`` added to this process's environment and every cell tag removed; return (executed
     notebook, seconds). Raises on the first cell that raises."""
@@ -44,8 +49,12 @@ def execute(path: Path, fast: bool = True, timeout: int = 300, cwd: Path | None 
     strip_tags(nb)
     kernel_env = dict(os.environ, MEMLAB_FAST="1" if fast else "0", **(env or {}))
     kernel_env.setdefault("MPLBACKEND", "Agg")
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(cwd or CHAPTERS)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd or CHAPTERS)}},
+    )
     t0 = time.monotonic()
     client.execute(env=kernel_env)
     return nb, time.monotonic() - t0
@@ -54,22 +63,34 @@ def execute(path: Path, fast: bool = True, timeout: int = 300, cwd: Path | None 
 def _run_one(path: Path, fast: bool, timeout: int):
     try:
         return path, execute(path, fast=fast, timeout=timeout)[1], None
-    except Exception as exc:  # report and go on: one broken chapter should not hide the rest
+    except (
+        Exception
+    ) as exc:  # report and go on: one broken chapter should not hide the rest
         return path, 0.0, (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("chapters", nargs="*", help="two-digit chapter numbers (default: all)")
+    p.add_argument(
+        "chapters", nargs="*", help="two-digit chapter numbers (default: all)"
+    )
     p.add_argument("--full", action="store_true", help="full sizes (no MEMLAB_FAST)")
-    p.add_argument("--jobs", type=int, default=1, help="chapters run at once (default 1)")
-    p.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="chapters run at once (default 1)"
+    )
+    p.add_argument(
+        "--timeout", type=int, default=300, help="seconds per cell (default 300)"
+    )
     a = p.parse_args(argv)
 
     total, failed = 0.0, 0
     paths = chapter_notebooks(a.chapters)
-    with ProcessPoolExecutor(max(1, a.jobs)) as pool:  # one process per chapter at a time
-        for path, secs, error in pool.map(_run_one, paths, [not a.full] * len(paths), [a.timeout] * len(paths)):
+    with ProcessPoolExecutor(
+        max(1, a.jobs)
+    ) as pool:  # one process per chapter at a time
+        for path, secs, error in pool.map(
+            _run_one, paths, [not a.full] * len(paths), [a.timeout] * len(paths)
+        ):
             if error:
                 failed += 1
                 print(f"{path.name:<32} FAILED: {error}", flush=True)

@@ -1,8 +1,9 @@
 """Keep chapters/NN_name.ipynb and chapters/py/NN_name.py (jupytext percent) in step.
 
     python scripts/sync_notebooks.py           rebuild every notebook from its .py twin
-    python scripts/sync_notebooks.py --check   exit 1 if any pair disagrees or a notebook has outputs
-    python scripts/sync_notebooks.py --from-ipynb NAME.ipynb   rewrite one twin from its notebook
+    python scripts/sync_notebooks.py --check   exit 1 if any pair disagrees or a
+    notebook has outputs python scripts/sync_notebooks.py --from-ipynb NAME.ipynb
+    rewrite one twin from its notebook
 
 The .py twin is the source reviewers read and authors edit; notebooks are stored without outputs
 or execution counts, with metadata that asks Colab for a GPU runtime. Edited a notebook in
@@ -39,9 +40,16 @@ METADATA = {
     "colab": {"provenance": [], "gpuType": "T4"},
 }
 IMAGES = CHAPTERS / "img"
-PICTURE = re.compile(r"(!\[[^\]]*\]\()img/([\w.-]+\.png)(\))")  # ![alt](img/NAME.png) in a twin
-INLINE = re.compile(r"(!\[[^\]]*\]\()data:image/png;base64,([A-Za-z0-9+/=]+)(\))")  # the same, in a notebook
-SETUP_META = {"jupyter": {"source_hidden": True}, "cellView": "form"}  # the first code cell, collapsed
+PICTURE = re.compile(
+    r"(!\[[^\]]*\]\()img/([\w.-]+\.png)(\))"
+)  # ![alt](img/NAME.png) in a twin
+INLINE = re.compile(
+    r"(!\[[^\]]*\]\()data:image/png;base64,([A-Za-z0-9+/=]+)(\))"
+)  # the same, in a notebook
+SETUP_META = {
+    "jupyter": {"source_hidden": True},
+    "cellView": "form",
+}  # the first code cell, collapsed
 # No jupytext pairing metadata (and no jupytext.toml): with pairing, JupyterLab's jupytext
 # extension refuses to open a notebook whose file is newer than its twin, which a fresh git
 # checkout can produce. The twins are kept in step by this script and checked in CI.
@@ -57,18 +65,32 @@ def notebook_of(twin: Path) -> Path:
 
 def _cell_key(cell) -> tuple:
     meta = cell.get("metadata", {})
-    return cell["cell_type"], cell["source"].strip(), tuple(meta.get("tags", [])), \
-        meta.get("jupyter", {}).get("source_hidden", False), meta.get("cellView")
+    return (
+        cell["cell_type"],
+        cell["source"].strip(),
+        tuple(meta.get("tags", [])),
+        meta.get("jupyter", {}).get("source_hidden", False),
+        meta.get("cellView"),
+    )
 
 
 def inline_pictures(source: str, where: str = "") -> str:
     """A twin's markdown with every ``![alt](img/NAME.png)`` carrying the file itself."""
+
     def embed(m):
         png = IMAGES / m.group(2)
         if not png.is_file():
-            raise FileNotFoundError(f"{where}shows img/{m.group(2)}, which chapters/img/ does not have "
-                                    "(python -m memlab.course.viz.render_static)")
-        return m.group(1) + "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode() + m.group(3)
+            raise FileNotFoundError(
+                f"{where}shows img/{m.group(2)}, which chapters/img/ does not have "
+                "(python -m memlab.course.viz.render_static)"
+            )
+        return (
+            m.group(1)
+            + "data:image/png;base64,"
+            + base64.b64encode(png.read_bytes()).decode()
+            + m.group(3)
+        )
+
     return PICTURE.sub(embed, source)
 
 
@@ -79,9 +101,12 @@ def named_pictures(source: str, where: str = "") -> str:
     def name(m):
         data = base64.b64decode(m.group(2))
         if data not in files:
-            raise ValueError(f"{where}has a picture that is no file of chapters/img/: save it there (or draw it "
-                             "with memlab.course.viz.render_static) and show it as ![alt](img/NAME.png)")
+            raise ValueError(
+                f"{where}has a picture that is no file of chapters/img/: save it there (or draw it "
+                "with memlab.course.viz.render_static) and show it as ![alt](img/NAME.png)"
+            )
         return m.group(1) + "img/" + files[data] + m.group(3)
+
     return INLINE.sub(name, source)
 
 
@@ -117,18 +142,29 @@ def problems() -> list[str]:
     for t in ts:
         nb_path = notebook_of(t)
         if not nb_path.exists():
-            found.append(f"py/{t.name} has no notebook {nb_path.name} (run scripts/sync_notebooks.py)")
+            found.append(
+                f"py/{t.name} has no notebook {nb_path.name} (run scripts/sync_notebooks.py)"
+            )
             continue
         nb = nbformat.read(nb_path, as_version=4)
         for i, c in enumerate(nb.cells):
-            if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None):
-                found.append(f"{nb_path.name} cell {i} is stored with outputs or an execution count")
+            if c.cell_type == "code" and (
+                c.get("outputs") or c.get("execution_count") is not None
+            ):
+                found.append(
+                    f"{nb_path.name} cell {i} is stored with outputs or an execution count"
+                )
         want = [_cell_key(c) for c in build(t).cells]
         got = [_cell_key(c) for c in nb.cells]
         if want != got:
-            i = next((k for k, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-            found.append(f"{nb_path.name} and py/{t.name} disagree from cell {i} on "
-                         f"({len(got)} cells vs {len(want)}): run scripts/sync_notebooks.py")
+            i = next(
+                (k for k, (a, b) in enumerate(zip(want, got)) if a != b),
+                min(len(want), len(got)),
+            )
+            found.append(
+                f"{nb_path.name} and py/{t.name} disagree from cell {i} on "
+                f"({len(got)} cells vs {len(want)}): run scripts/sync_notebooks.py"
+            )
     return found
 
 

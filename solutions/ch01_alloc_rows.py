@@ -44,7 +44,9 @@ class RowTable:
         Raise ValueError (naming the row) when ``row`` is not in 1..size: row 0 is padding.
         """
         if not 1 <= row <= self.size:
-            raise ValueError(f"cannot free row {row}: rows are 1..{self.size}, row 0 is padding")
+            raise ValueError(
+                f"cannot free row {row}: rows are 1..{self.size}, row 0 is padding"
+            )
         self.free_slots.append(row)
 
     def clear(self) -> None:

@@ -10,8 +10,13 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim: int | None = None,
-                        dtype_bytes: int = 2) -> int:
+def mha_bytes_per_token(
+    layer_num: int,
+    head_num: int,
+    head_dim: int,
+    v_head_dim: int | None = None,
+    dtype_bytes: int = 2,
+) -> int:
     """Bytes of KV one token takes in an MHA/GQA pool over ``layer_num`` layers.
 
     Every layer stores a K row of ``head_num * head_dim`` values and a V row of
@@ -21,18 +26,29 @@ def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim
     here). See chapter 02 (MHA: K and V).
     """
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
-    _check_positive(layer_num=layer_num, head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim,
-                    dtype_bytes=dtype_bytes)
+    _check_positive(
+        layer_num=layer_num,
+        head_num=head_num,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        dtype_bytes=dtype_bytes,
+    )
     return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
 
 
-def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2) -> int:
+def mla_bytes_per_token(
+    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
+) -> int:
     """Bytes of KV one token takes in an MLA pool over ``layer_num`` layers.
 
     Every layer stores ONE latent row of ``kv_lora_rank + qk_rope_head_dim`` values, shared by all
     heads; there is no separate V. Raise ValueError (naming it) for an argument that is not a
     positive int. See chapter 02 (MLA: one latent row).
     """
-    _check_positive(layer_num=layer_num, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
-                    dtype_bytes=dtype_bytes)
+    _check_positive(
+        layer_num=layer_num,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim,
+        dtype_bytes=dtype_bytes,
+    )
     return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes

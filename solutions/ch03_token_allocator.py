@@ -64,9 +64,12 @@ class TokenToKVPoolAllocator:
         """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``
         (an empty int64 tensor). With nothing staged, change nothing (no sort).
 
-        Sorted, the next allocations get runs of neighbouring slots. See chapter 03 (merge and sort).
+        Sorted, the next allocations get runs of neighbouring slots. See chapter 03
+        (merge and sort).
         """
         if len(self.release_pages) == 0:
             return
-        self.free_pages = torch.sort(torch.cat((self.free_pages, self.release_pages))).values
+        self.free_pages = torch.sort(
+            torch.cat((self.free_pages, self.release_pages))
+        ).values
         self.release_pages = torch.empty(0, dtype=torch.int64)

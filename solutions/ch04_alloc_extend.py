@@ -20,8 +20,9 @@ class PagedAllocator:
     def available_size(self) -> int:
         return len(self.free_pages) * self.page_size
 
-    def alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor,
-                     last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_extend(
+        self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
         """The slot of every new token of a batch, or None when there are too few free pages.
 
         Inputs are int64 tensors of one entry per request: request i already holds
@@ -44,7 +45,9 @@ class PagedAllocator:
         """
         ps = self.page_size
         if bool((seq_lens < prefix_lens).any()):
-            raise ValueError(f"seq_lens {seq_lens.tolist()} must not be below prefix_lens {prefix_lens.tolist()}")
+            raise ValueError(
+                f"seq_lens {seq_lens.tolist()} must not be below prefix_lens {prefix_lens.tolist()}"
+            )
         new_pages = (seq_lens + ps - 1) // ps - (prefix_lens + ps - 1) // ps
         num_pages = int(new_pages.sum())
         if num_pages > len(self.free_pages):
@@ -53,13 +56,19 @@ class PagedAllocator:
         n = int(ext.sum())
         req = torch.repeat_interleave(torch.arange(len(seq_lens)), ext, output_size=n)
         pos = prefix_lens[req] + torch.arange(n) - (torch.cumsum(ext, 0) - ext)[req]
-        old_end = ((prefix_lens + ps - 1) // ps * ps)[req]  # where the old partial page ends
+        old_end = ((prefix_lens + ps - 1) // ps * ps)[
+            req
+        ]  # where the old partial page ends
         if num_pages:
-            first = (torch.cumsum(new_pages, 0) - new_pages)[req]  # the request's first new page
+            first = (torch.cumsum(new_pages, 0) - new_pages)[
+                req
+            ]  # the request's first new page
             k = (first + (pos - old_end).clamp_min(0) // ps).clamp_max(num_pages - 1)
             fresh = self.free_pages[k] * ps + pos % ps
         else:
             fresh = torch.zeros_like(pos)
-        out = torch.where(pos < old_end, last_loc[req] + 1 + (pos - prefix_lens[req]), fresh)
+        out = torch.where(
+            pos < old_end, last_loc[req] + 1 + (pos - prefix_lens[req]), fresh
+        )
         self.free_pages = self.free_pages[num_pages:]
         return out

@@ -15,8 +15,17 @@ PART2_WRITTEN = True
 
 
 @triton.jit
-def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_ptr, out_ptr, page_size,
-                        BS_BLOCK: tl.constexpr, PAGE_BLOCK: tl.constexpr, TOK_BLOCK: tl.constexpr):
+def alloc_extend_kernel(
+    prefix_lens_ptr,
+    seq_lens_ptr,
+    last_loc_ptr,
+    free_pages_ptr,
+    out_ptr,
+    page_size,
+    BS_BLOCK: tl.constexpr,
+    PAGE_BLOCK: tl.constexpr,
+    TOK_BLOCK: tl.constexpr,
+):
     """One program per request: write the slots of its new tokens into ``out_ptr``."""
     pid = tl.program_id(0)
     pre = tl.load(prefix_lens_ptr + pid).to(tl.int64)
@@ -32,9 +41,13 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
         p = tl.load(prefix_lens_ptr + r, mask=live, other=0).to(tl.int64)
         s = tl.load(seq_lens_ptr + r, mask=live, other=0).to(tl.int64)
         out_start += tl.sum(s - p, axis=0)
-        page_start += tl.sum((s + page_size - 1) // page_size - (p + page_size - 1) // page_size, axis=0)
+        page_start += tl.sum(
+            (s + page_size - 1) // page_size - (p + page_size - 1) // page_size, axis=0
+        )
 
-    old_end = (pre + page_size - 1) // page_size * page_size  # end of the old, partly filled page
+    old_end = (
+        (pre + page_size - 1) // page_size * page_size
+    )  # end of the old, partly filled page
     full_end = seq // page_size * page_size  # end of the last whole page
 
     # Part 1: the rest of the old page, from last_loc + 1.
@@ -54,7 +67,9 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
         k = t + tl.arange(0, TOK_BLOCK)
         live = k < n2
         page = tl.load(free_pages_ptr + page_start + k // page_size, mask=live, other=0)
-        tl.store(out_ptr + out_start + n1 + k, page * page_size + k % page_size, mask=live)
+        tl.store(
+            out_ptr + out_start + n1 + k, page * page_size + k % page_size, mask=live
+        )
     # ===== END EXERCISE 04b =====
 
     # Part 3: the first n3 slots of one more new page, the one after the whole pages.
@@ -63,9 +78,16 @@ def alloc_extend_kernel(prefix_lens_ptr, seq_lens_ptr, last_loc_ptr, free_pages_
     tl.store(out_ptr + out_start + n1 + n2 + o, page * page_size + o, mask=o < n3)
 
 
-def alloc_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor,
-                 free_pages: torch.Tensor, page_size: int, extend_num_tokens: int,
-                 tok_block: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
+def alloc_extend(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    page_size: int,
+    extend_num_tokens: int,
+    tok_block: int = 64,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Launch the kernel: the int64 slot of each of the batch's ``extend_num_tokens`` new tokens.
 
     All tensors on one device (the GPU, or the CPU in the interpreter). The caller has checked
@@ -73,10 +95,20 @@ def alloc_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: to
     write (a fresh tensor when None).
     """
     if not PART2_WRITTEN:
-        raise NotImplementedError("alloc_extend_kernel: write part 2 (EXERCISE 04b), then set PART2_WRITTEN = True")
+        raise NotImplementedError(
+            "alloc_extend_kernel: write part 2 (EXERCISE 04b), then set PART2_WRITTEN = True"
+        )
     if out is None:
         out = torch.empty(extend_num_tokens, dtype=torch.int64, device=seq_lens.device)
-    alloc_extend_kernel[(len(seq_lens),)](prefix_lens, seq_lens, last_loc, free_pages, out, page_size,
-                                          BS_BLOCK=64, PAGE_BLOCK=triton.next_power_of_2(page_size),
-                                          TOK_BLOCK=tok_block)
+    alloc_extend_kernel[(len(seq_lens),)](
+        prefix_lens,
+        seq_lens,
+        last_loc,
+        free_pages,
+        out,
+        page_size,
+        BS_BLOCK=64,
+        PAGE_BLOCK=triton.next_power_of_2(page_size),
+        TOK_BLOCK=tok_block,
+    )
     return out

@@ -17,7 +17,9 @@ class PagedAllocator:
         self.num_pages = size // page_size
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64)
 
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
         """The slot of each request's one new token (an int64 tensor, one per request), or None.
 
         ``seq_lens[i]`` is request i's length AFTER this step's token (so its new token sits at
@@ -36,6 +38,8 @@ class PagedAllocator:
         if need > len(self.free_pages):
             return None
         out = last_loc + 1
-        out[opens] = self.free_pages[:need] * ps  # the k-th request that opens a page takes the k-th page
+        out[opens] = (
+            self.free_pages[:need] * ps
+        )  # the k-th request that opens a page takes the k-th page
         self.free_pages = self.free_pages[need:]
         return out

@@ -42,7 +42,9 @@ class PagedFreeList:
         if self.free_group is not None:
             self.free_group.append(free_index.clone())
             return
-        self.free_pages = torch.cat((torch.unique(free_index // self.page_size), self.free_pages))
+        self.free_pages = torch.cat(
+            (torch.unique(free_index // self.page_size), self.free_pages)
+        )
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """Free a contiguous run of one request's slots without the unique().
@@ -59,13 +61,19 @@ class PagedFreeList:
         if free_index.numel() == 0:
             return
         if start_pos % self.page_size:
-            raise ValueError(f"free_segment: start_pos {start_pos} is not a multiple of page_size {self.page_size}")
-        self.free_pages = torch.cat((free_index[:: self.page_size] // self.page_size, self.free_pages))
+            raise ValueError(
+                f"free_segment: start_pos {start_pos} is not a multiple of page_size {self.page_size}"
+            )
+        self.free_pages = torch.cat(
+            (free_index[:: self.page_size] // self.page_size, self.free_pages)
+        )
 
     def free_group_begin(self) -> None:
         """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no nesting)."""
         if self.free_group is not None:
-            raise RuntimeError("free_group_begin: a free group is already open (groups do not nest)")
+            raise RuntimeError(
+                "free_group_begin: a free group is already open (groups do not nest)"
+            )
         self.free_group = []
 
     def free_group_end(self) -> None:

@@ -13,7 +13,9 @@ def hash_fn(obj) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-NONE_HASH = hash_fn("vllm-none-hash")  # the parent of every request's first block (vLLM's fixed seed)
+NONE_HASH = hash_fn(
+    "vllm-none-hash"
+)  # the parent of every request's first block (vLLM's fixed seed)
 
 
 class MMItem(NamedTuple):
@@ -24,9 +26,14 @@ class MMItem(NamedTuple):
     length: int
 
 
-def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str | None = None,
-                         lora_path: str | None = None, mm_items: tuple = (),
-                         cache_salt: str | None = None) -> list[bytes]:
+def request_block_hashes(
+    token_ids: list[int],
+    block_size: int,
+    lora_name: str | None = None,
+    lora_path: str | None = None,
+    mm_items: tuple = (),
+    cache_salt: str | None = None,
+) -> list[bytes]:
     """The hash of each FULL block of a request, first block first.
 
     Block i covers tokens ``[i * block_size, (i + 1) * block_size)``; a last partial block gets no
@@ -52,10 +59,15 @@ def request_block_hashes(token_ids: list[int], block_size: int, lora_name: str |
         keys = []
         if lora_name is not None:
             keys.append(("lora", lora_name, lora_path))
-        keys += [("mm", m.identifier, m.offset - start) for m in mm_items
-                 if m.offset < end and m.offset + m.length > start]
+        keys += [
+            ("mm", m.identifier, m.offset - start)
+            for m in mm_items
+            if m.offset < end and m.offset + m.length > start
+        ]
         if i == 0 and cache_salt:
             keys.append(("cache_salt", cache_salt))
-        parent = hash_fn((parent, tuple(token_ids[start:end]), tuple(keys) if keys else None))
+        parent = hash_fn(
+            (parent, tuple(token_ids[start:end]), tuple(keys) if keys else None)
+        )
         hashes.append(parent)
     return hashes

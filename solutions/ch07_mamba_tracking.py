@@ -7,7 +7,9 @@ Write ``get_mamba_tracking_slots`` and ``MambaRows.alloc_row``, ``free_row``,
 import torch
 
 
-def get_mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) -> int:
+def get_mamba_tracking_slots(
+    extra_buffer: bool, overlap: bool, lazy: bool = False
+) -> int:
     """How many tracking slots a request takes besides its state slot.
 
     0 without the extra buffer; 1 in lazy mode (the second comes when first needed); otherwise 2
@@ -66,7 +68,7 @@ class MambaRows:
         ``free_slots``) and reset ALL four per-row fields to their fresh values (0, zeros, 0,
         -1): a reused row must not see a stale slot or ping-pong index. See chapter 07 (freeing).
         """
-        owned = torch.cat((self.state_slot[row:row + 1], self.track_slots[row]))
+        owned = torch.cat((self.state_slot[row : row + 1], self.track_slots[row]))
         self.free_slots = torch.cat((self.free_slots, owned[owned > 0]))
         self.state_slot[row] = 0
         self.track_slots[row] = 0

@@ -6,8 +6,13 @@ Write ``swa_release_range`` and ``take_swa_slots``. Grade with ``./course grade 
 import torch
 
 
-def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, page_size: int,
-                      cache_protected_len: int = 0) -> tuple[int, int]:
+def swa_release_range(
+    seq_len: int,
+    swa_evicted_len: int,
+    sliding_window: int,
+    page_size: int,
+    cache_protected_len: int = 0,
+) -> tuple[int, int]:
     """Positions ``[start, end)`` of a running request whose SWA pages can be released now.
 
     The next query (position ``seq_len``) reads at most the last ``sliding_window`` tokens, so
@@ -25,7 +30,9 @@ def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, p
     """
     ps = page_size
     if swa_evicted_len % ps:
-        raise ValueError(f"swa_evicted_len {swa_evicted_len} is not a multiple of page_size {ps}")
+        raise ValueError(
+            f"swa_evicted_len {swa_evicted_len} is not a multiple of page_size {ps}"
+        )
     start = max(swa_evicted_len, -(-cache_protected_len // ps) * ps)
     end = (seq_len - sliding_window) // ps * ps
     if end <= start:
@@ -33,7 +40,9 @@ def swa_release_range(seq_len: int, swa_evicted_len: int, sliding_window: int, p
     return start, end
 
 
-def take_swa_slots(full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_size: int) -> torch.Tensor:
+def take_swa_slots(
+    full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_size: int
+) -> torch.Tensor:
     """The SWA slots to free under the full-side slots ``full_indices``, and forget them.
 
     ``full_to_swa[s]`` is the SWA slot paired with full slot s; 0 means none (released out of
@@ -48,6 +57,10 @@ def take_swa_slots(full_to_swa: torch.Tensor, full_indices: torch.Tensor, page_s
     """
     swa = full_to_swa[full_indices]
     swa = swa[swa > 0]
-    pages = full_indices // page_size  # a page touched twice is cleared twice: cheaper than a unique (a sync)
-    full_to_swa[pages[:, None] * page_size + torch.arange(page_size, device=pages.device)] = 0
+    pages = (
+        full_indices // page_size
+    )  # a page touched twice is cleared twice: cheaper than a unique (a sync)
+    full_to_swa[
+        pages[:, None] * page_size + torch.arange(page_size, device=pages.device)
+    ] = 0
     return swa

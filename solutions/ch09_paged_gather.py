@@ -17,10 +17,28 @@ GATHER_WRITTEN = True
 
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
-                            sm_scale, kv_group_num, stride_qb, stride_qh, stride_ks, stride_kh,
-                            stride_vs, stride_vh, stride_ob, stride_oh, stride_r2t,
-                            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+def decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    req_to_token_ptr,
+    req_pool_indices_ptr,
+    seq_lens_ptr,
+    sm_scale,
+    kv_group_num,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_r2t,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Program (b, h): query head h of batch entry b over that request's seq_len tokens."""
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -47,11 +65,19 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, req_to_token_ptr, req_po
         # million tokens at 8 KV heads x 128 dims) it wraps to a negative offset: the kernel reads
         # another token's KV or faults. Cast the slots, not the product (too late).
         row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
-        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)
-        k = tl.load(k_ptr + slots[:, None] * stride_ks + kv_h * stride_kh + d[None, :],
-                    mask=live[:, None], other=0.0)
-        v = tl.load(v_ptr + slots[:, None] * stride_vs + kv_h * stride_vh + d[None, :],
-                    mask=live[:, None], other=0.0)
+        slots = tl.load(
+            req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0
+        ).to(tl.int64)
+        k = tl.load(
+            k_ptr + slots[:, None] * stride_ks + kv_h * stride_kh + d[None, :],
+            mask=live[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_ptr + slots[:, None] * stride_vs + kv_h * stride_vh + d[None, :],
+            mask=live[:, None],
+            other=0.0,
+        )
         # ===== END EXERCISE 09 =====
         s = tl.sum(q[None, :] * k.to(tl.float32), 1) * sm_scale
         s = tl.where(live, s, -float("inf"))
@@ -65,9 +91,15 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, req_to_token_ptr, req_po
     tl.store(o_ptr + b * stride_ob + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
-                     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                     sm_scale: float | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
     """Attention output (bs, heads, head_dim) for one query token per request.
 
     q (bs, heads, head_dim); k_buffer / v_buffer (slots, kv_heads, head_dim), fp16 or fp32;
@@ -75,13 +107,33 @@ def decode_attention(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Te
     tensors (every seq_len >= 1); head_dim a power of two; all on one device.
     """
     if not GATHER_WRITTEN:
-        raise NotImplementedError("decode_attention_kernel: write the gather (EXERCISE 09), "
-                                  "then set GATHER_WRITTEN = True")
+        raise NotImplementedError(
+            "decode_attention_kernel: write the gather (EXERCISE 09), "
+            "then set GATHER_WRITTEN = True"
+        )
     bs, heads, head_dim = q.shape
     o = torch.empty_like(q)
     sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
     decode_attention_kernel[(bs, heads)](
-        q, k_buffer, v_buffer, o, req_to_token, req_pool_indices, seq_lens, sm_scale, heads // k_buffer.shape[1],
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        o.stride(0), o.stride(1), req_to_token.stride(0), HEAD_DIM=head_dim, BLOCK_N=16)
+        q,
+        k_buffer,
+        v_buffer,
+        o,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        sm_scale,
+        heads // k_buffer.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        o.stride(0),
+        o.stride(1),
+        req_to_token.stride(0),
+        HEAD_DIM=head_dim,
+        BLOCK_N=16,
+    )
     return o

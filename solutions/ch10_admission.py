@@ -29,10 +29,18 @@ class CapacityHooks:
 
     def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int) -> int:
         paged_input = -(-input_tokens // self.page_size) * self.page_size
-        return max(0, min(max_new_tokens, self.token_capacity - paged_input - self.page_size - 1))
+        return max(
+            0,
+            min(max_new_tokens, self.token_capacity - paged_input - self.page_size - 1),
+        )
 
 
-def admit(waiting: list, running_seq_lens: list, hooks: CapacityHooks, max_running_requests: int) -> tuple[list, list]:
+def admit(
+    waiting: list,
+    running_seq_lens: list,
+    hooks: CapacityHooks,
+    max_running_requests: int,
+) -> tuple[list, list]:
     """First come, first served: return ``(admitted, rejected)`` lists of requests from ``waiting``.
 
     ``running_seq_lens`` holds the committed length (SGLang's ``kv_committed_len``) of each request
@@ -59,7 +67,9 @@ def admit(waiting: list, running_seq_lens: list, hooks: CapacityHooks, max_runni
     Do not change ``waiting`` itself. See chapter 10 (admission).
     """
     ps = hooks.page_size
-    budget = hooks.available_size() - ps * sum(1 for s in running_seq_lens if s % ps == 0)
+    budget = hooks.available_size() - ps * sum(
+        1 for s in running_seq_lens if s % ps == 0
+    )
     admitted, rejected = [], []
     for r in waiting:
         if len(running_seq_lens) + len(admitted) >= max_running_requests:

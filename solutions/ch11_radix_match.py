@@ -37,7 +37,11 @@ class RadixTree:
 
     def child_key(self, key, offset: int = 0):
         """How a parent finds the child for ``key[offset:]``: its first token, or first page as a tuple."""
-        return key[offset] if self.page_size == 1 else tuple(key[offset: offset + self.page_size])
+        return (
+            key[offset]
+            if self.page_size == 1
+            else tuple(key[offset : offset + self.page_size])
+        )
 
     def key_match(self, node_key, key, offset: int) -> int:
         """How many tokens ``node_key`` shares with ``key[offset:]``, counted in whole pages."""
@@ -93,7 +97,9 @@ def split_node(tree: RadixTree, child: TreeNode, split_len: int) -> TreeNode:
       registered under ``tree.child_key`` of its new key.
     - The parent's entry that pointed at ``child`` now points at the new node (same child key).
     """
-    new_node = TreeNode(child.key[:split_len], child.value[:split_len], child.parent, tree.tick())
+    new_node = TreeNode(
+        child.key[:split_len], child.value[:split_len], child.parent, tree.tick()
+    )
     new_node.lock_ref = child.lock_ref
     new_node.children = {tree.child_key(child.key, split_len): child}
     child.parent.children[tree.child_key(child.key)] = new_node

@@ -9,7 +9,7 @@ ensure_kernel_mode()
 os.environ.setdefault("MPLBACKEND", "Agg")
 # One thread per test worker: pytest-xdist already runs one worker per core, and more threads
 # than cores make small torch ops wait on each other.
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 

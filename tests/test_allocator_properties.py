@@ -2,23 +2,32 @@
 
 import pytest
 import torch
+from alloc_helpers import check_books, decode, extend
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from alloc_helpers import check_books, decode, extend
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
 # (op, request id, n): "split" frees a request in two pieces (cut after n % len tokens) inside one
 # free group, so both frees touch the page the cut falls in, the way a scheduler frees a finished
 # request and its over-allocated tail.
-ops = st.lists(st.tuples(st.sampled_from(["extend", "decode", "free", "group", "split"]), st.integers(0, 7),
-                         st.integers(0, 40)), min_size=1, max_size=40)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["extend", "decode", "free", "group", "split"]),
+        st.integers(0, 7),
+        st.integers(0, 40),
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 def make(kind, need_sort, cls=None):
     if kind == 1:
         return TokenToKVPoolAllocator(48, need_sort=need_sort, debug_mode=True)
-    return (cls or PagedTokenToKVPoolAllocator)(48, kind, need_sort=need_sort, debug_mode=True)
+    return (cls or PagedTokenToKVPoolAllocator)(
+        48, kind, need_sort=need_sort, debug_mode=True
+    )
 
 
 def free_set(alloc):
@@ -31,7 +40,8 @@ def run(alloc, steps):
         before = free_set(alloc)
         if op == "extend":
             if extend(alloc, held, rid, n) is None:
-                # need_sort may merge before refusing (as SGLang does): the order may change, no page
+                # need_sort may merge before refusing (as SGLang does): the order may
+                # change, no page
                 assert free_set(alloc) == before, "a refused extend took or lost pages"
         elif op == "decode":
             rids = [r for r in held if held[r]][: max(1, n % 4)]
@@ -48,13 +58,17 @@ def run(alloc, steps):
             slots = held.pop(rid)
             cut = n % len(slots)
             alloc.free_group_begin()
-            alloc.free(torch.tensor(slots[cut:], dtype=torch.int64))  # the tail first, then the rest
+            alloc.free(
+                torch.tensor(slots[cut:], dtype=torch.int64)
+            )  # the tail first, then the rest
             alloc.free(torch.tensor(slots[:cut], dtype=torch.int64))
             alloc.free_group_end()
         check_books(alloc, held)
         if alloc.debug_mode:
             alloc.check_books()
-        assert alloc.available_size() == alloc.page_size * len(alloc.get_all_free_pages())
+        assert alloc.available_size() == alloc.page_size * len(
+            alloc.get_all_free_pages()
+        )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -78,7 +92,9 @@ def test_a_group_freeing_one_page_twice_is_caught():
     stream = [("extend", 0, 5), ("split", 0, 3)]
     run(make(4, False), stream)  # the real allocator: page 2 released once
     with pytest.raises(AssertionError, match="a page is on the free list twice"):
-        run(DedupPerFree(48, 4), stream)  # no debug mode: the test's own books check must see it
+        run(
+            DedupPerFree(48, 4), stream
+        )  # no debug mode: the test's own books check must see it
 
 
 def test_the_random_streams_find_the_bug_on_their_own():
@@ -89,8 +105,13 @@ def test_the_random_streams_find_the_bug_on_their_own():
             return True
         return False
 
-    steps = find(ops, breaks, settings=settings(max_examples=2000, deadline=None, database=None,
-                                                       phases=[Phase.generate]))  # no shrinking: found is enough
+    steps = find(
+        ops,
+        breaks,
+        settings=settings(
+            max_examples=2000, deadline=None, database=None, phases=[Phase.generate]
+        ),
+    )  # no shrinking: found is enough
     assert any(op == "split" for op, _, _ in steps)
 
 

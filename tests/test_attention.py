@@ -19,7 +19,10 @@ import torch
 from memlab.common import attention as A
 from memlab.common.env import kernel_device
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
 SENTINEL = 777.0
 
 
@@ -34,23 +37,36 @@ def make_layout(seed, seq_lens, page_size, num_pages=None, table_rows=8, device=
     pages_per_req = [-(-n // page_size) for n in seq_lens]
     need = sum(pages_per_req)
     num_pages = num_pages or need + 4
-    order = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()  # pages 1.., shuffled
+    order = (
+        torch.randperm(num_pages - 1, generator=g) + 1
+    ).tolist()  # pages 1.., shuffled
     poison_page = order.pop()
     max_blocks = max(pages_per_req) + 1
-    block_table = torch.full((len(seq_lens), max_blocks), poison_page, dtype=torch.int32)
+    block_table = torch.full(
+        (len(seq_lens), max_blocks), poison_page, dtype=torch.int32
+    )
     for b, n_pages in enumerate(pages_per_req):
-        block_table[b, :n_pages] = torch.tensor([order.pop() for _ in range(n_pages)], dtype=torch.int32)
+        block_table[b, :n_pages] = torch.tensor(
+            [order.pop() for _ in range(n_pages)], dtype=torch.int32
+        )
     max_ctx = max_blocks * page_size
     poison_slot = poison_page * page_size
-    rows = (torch.randperm(table_rows - 1, generator=g)[: len(seq_lens)] + 1).to(torch.int64)
+    rows = (torch.randperm(table_rows - 1, generator=g)[: len(seq_lens)] + 1).to(
+        torch.int64
+    )
     req_to_token = torch.full((table_rows, max_ctx), poison_slot, dtype=torch.int32)
     pos = torch.arange(max_ctx)
     for b, n in enumerate(seq_lens):
         slots = block_table[b, pos // page_size].long() * page_size + pos % page_size
         req_to_token[rows[b], :n] = slots[:n].int()
     to = dict(device=device)
-    return (req_to_token.to(**to), rows.to(**to), block_table.to(**to),
-            num_pages * page_size, poison_slot)
+    return (
+        req_to_token.to(**to),
+        rows.to(**to),
+        block_table.to(**to),
+        num_pages * page_size,
+        poison_slot,
+    )
 
 
 def poisoned_buffer(seed, num_slots, heads, dim, dtype, owned, device):
@@ -62,7 +78,9 @@ def poisoned_buffer(seed, num_slots, heads, dim, dtype, owned, device):
 
 
 def guarded_out(bs, heads, dim, dtype, device):
-    full = torch.full((bs + 2, heads + 1, dim + 3), SENTINEL, dtype=dtype, device=device)
+    full = torch.full(
+        (bs + 2, heads + 1, dim + 3), SENTINEL, dtype=dtype, device=device
+    )
     return full, full[1:-1, :heads, :dim]
 
 
@@ -80,7 +98,9 @@ SEQ_CASES = {
 
 
 def _owned(req_to_token, rows, seq_lens):
-    return torch.cat([req_to_token[r, :n].long() for r, n in zip(rows.tolist(), seq_lens)])
+    return torch.cat(
+        [req_to_token[r, :n].long() for r, n in zip(rows.tolist(), seq_lens)]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,10 +110,14 @@ def test_torch_reference_equals_dense_sdpa_on_contiguous_kv():
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 8)
     slots = torch.arange(1, 9)[None]  # one request holding slots 1..8 in order
-    got = A.attention_over_slots(q, k, v, slots, torch.ones_like(slots, dtype=torch.bool), 0.25)
+    got = A.attention_over_slots(
+        q, k, v, slots, torch.ones_like(slots, dtype=torch.bool), 0.25
+    )
     kk = k[1:].repeat_interleave(2, dim=1).permute(1, 0, 2)  # (H, L, D)
     vv = v[1:].repeat_interleave(2, dim=1).permute(1, 0, 2)
-    want = torch.nn.functional.scaled_dot_product_attention(q[0][:, None], kk, vv, scale=0.25)[:, 0]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[0][:, None], kk, vv, scale=0.25
+    )[:, 0]
     torch.testing.assert_close(got[0], want, atol=1e-6, rtol=1e-6)
 
 
@@ -122,7 +146,9 @@ def buggy_slots_forgets_page_scale(block_table, seq_lens, block_size):
     slots, mask = A.slots_from_block_table(block_table, seq_lens, block_size)
     pos = torch.arange(slots.shape[1])
     blocks = (slots - pos % block_size) // block_size
-    return torch.where(mask, blocks + pos % block_size, 0), mask  # block id + offset: no * block_size
+    return torch.where(
+        mask, blocks + pos % block_size, 0
+    ), mask  # block id + offset: no * block_size
 
 
 def buggy_gqa_head_map(q, k, v, slots, mask, sm_scale):
@@ -130,7 +156,9 @@ def buggy_gqa_head_map(q, k, v, slots, mask, sm_scale):
     group = q.shape[1] // kv_heads
     # h % kv_heads instead of h // group: interleaves query heads over KV heads
     perm = [(h % kv_heads) * group + h // kv_heads for h in range(q.shape[1])]
-    return A.attention_over_slots(q[:, perm], k, v, slots, mask, sm_scale)[:, torch.argsort(torch.tensor(perm))]
+    return A.attention_over_slots(q[:, perm], k, v, slots, mask, sm_scale)[
+        :, torch.argsort(torch.tensor(perm))
+    ]
 
 
 def test_bug_zoo_is_caught_by_the_reference_check():
@@ -145,7 +173,9 @@ def test_bug_zoo_is_caught_by_the_reference_check():
     want = A.attention_over_slots(q, k, v, slots, mask, 0.3)
     bad_slots, _ = buggy_slots_forgets_page_scale(bt, lens, 16)
     with pytest.raises(AssertionError):
-        torch.testing.assert_close(A.attention_over_slots(q, k, v, bad_slots, mask, 0.3), want)
+        torch.testing.assert_close(
+            A.attention_over_slots(q, k, v, bad_slots, mask, 0.3), want
+        )
     with pytest.raises(AssertionError):
         torch.testing.assert_close(buggy_gqa_head_map(q, k, v, slots, mask, 0.3), want)
 
@@ -155,12 +185,18 @@ def test_bug_zoo_is_caught_by_the_reference_check():
 # ---------------------------------------------------------------------------------------------
 def test_bad_inputs_raise_clear_errors():
     q, k = torch.randn(2, 3, 8), torch.randn(10, 2, 8)
-    r2t, rows, lens = torch.zeros(3, 4, dtype=torch.int32), torch.tensor([1, 2]), torch.tensor([1, 1])
+    r2t, rows, lens = (
+        torch.zeros(3, 4, dtype=torch.int32),
+        torch.tensor([1, 2]),
+        torch.tensor([1, 1]),
+    )
     with pytest.raises(ValueError, match="multiple of kv heads"):
         A.decode_attention_fwd(q, k, k, r2t, rows, lens)
     q = torch.randn(2, 4, 8)
     with pytest.raises(TypeError, match="bfloat16"):
-        A.decode_attention_fwd(q.bfloat16(), k.bfloat16(), k.bfloat16(), r2t, rows, lens)
+        A.decode_attention_fwd(
+            q.bfloat16(), k.bfloat16(), k.bfloat16(), r2t, rows, lens
+        )
     with pytest.raises(TypeError, match="like q"):
         A.decode_attention_fwd(q, k.half(), k, r2t, rows, lens)
     with pytest.raises(TypeError, match="req_to_token must be int32"):
@@ -174,9 +210,13 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="num_blocks, block_size"):
         A.paged_attention(q, k, k, r2t, lens)
     with pytest.raises(ValueError, match="latent buffer"):
-        A.mla_decode_attention_fwd(q, q[..., :2], torch.randn(10, 1, 8), r2t, rows, lens, sm_scale=0.1)
+        A.mla_decode_attention_fwd(
+            q, q[..., :2], torch.randn(10, 1, 8), r2t, rows, lens, sm_scale=0.1
+        )
     with pytest.raises(ValueError, match="contiguously"):
-        cache = torch.randn(4, 8, 2, 8).transpose(0, 1)  # (8, 4, 2, 8) whose blocks are not contiguous
+        cache = torch.randn(4, 8, 2, 8).transpose(
+            0, 1
+        )  # (8, 4, 2, 8) whose blocks are not contiguous
         A.paged_attention(q, cache, cache, r2t, lens)
 
 
@@ -190,15 +230,22 @@ def _run_mha(seed, seq_lens, page_size, dtype, q_heads, kv_heads, head_dim, v_he
     k = poisoned_buffer(seed + 1, n_slots, kv_heads, head_dim, dtype, owned, dev)
     v = poisoned_buffer(seed + 2, n_slots, kv_heads, v_head_dim, dtype, owned, dev)
     g = torch.Generator().manual_seed(seed + 3)
-    q = torch.randn(len(seq_lens), q_heads, head_dim, generator=g).to(dtype=dtype, device=dev)
+    q = torch.randn(len(seq_lens), q_heads, head_dim, generator=g).to(
+        dtype=dtype, device=dev
+    )
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
     scale = 1.0 / math.sqrt(head_dim)
     bs = len(seq_lens)
 
     slots, mask = A.slots_from_req_to_token(r2t, rows, lens)
     want = A.attention_over_slots(q, k, v, slots, mask, scale)
-    py = A.python_attention_over_slots(q.cpu(), k.cpu(), v.cpu(),
-                                       A.python_slots_from_req_to_token(r2t, rows, lens), scale)
+    py = A.python_attention_over_slots(
+        q.cpu(),
+        k.cpu(),
+        v.cpu(),
+        A.python_slots_from_req_to_token(r2t, rows, lens),
+        scale,
+    )
     torch.testing.assert_close(py, want.float().cpu(), **TOL[dtype])
 
     full, o = guarded_out(bs, q_heads, v_head_dim, dtype, dev)
@@ -220,16 +267,34 @@ def _run_mha(seed, seq_lens, page_size, dtype, q_heads, kv_heads, head_dim, v_he
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_mha_gqa_kernel_matches_references(page_size, dtype):
-    _run_mha(10 + page_size, SEQ_CASES[page_size], page_size, dtype,
-             q_heads=4, kv_heads=2, head_dim=16, v_head_dim=16)
+    _run_mha(
+        10 + page_size,
+        SEQ_CASES[page_size],
+        page_size,
+        dtype,
+        q_heads=4,
+        kv_heads=2,
+        head_dim=16,
+        v_head_dim=16,
+    )
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("kv_heads,v_head_dim", [(1, 8), (4, 16)], ids=["mqa-dv8", "mha"])
+@pytest.mark.parametrize(
+    "kv_heads,v_head_dim", [(1, 8), (4, 16)], ids=["mqa-dv8", "mha"]
+)
 def test_kernel_head_layouts(kv_heads, v_head_dim):
     # MQA (all query heads share one KV head) with a narrower V, and plain MHA (group of 1).
-    _run_mha(40 + kv_heads, [3, 1, 18], 16, torch.float32, q_heads=4, kv_heads=kv_heads,
-             head_dim=16, v_head_dim=v_head_dim)
+    _run_mha(
+        40 + kv_heads,
+        [3, 1, 18],
+        16,
+        torch.float32,
+        q_heads=4,
+        kv_heads=kv_heads,
+        head_dim=16,
+        v_head_dim=v_head_dim,
+    )
 
 
 @pytest.mark.kernel
@@ -239,7 +304,9 @@ def test_mla_kernel_matches_references(page_size, dtype):
     dev = kernel_device()
     seq_lens = SEQ_CASES[page_size]
     rank, rope, heads, bs = 32, 8, 2, len(seq_lens)
-    r2t, rows, bt, n_slots, _ = make_layout(20 + page_size, seq_lens, page_size, device=dev)
+    r2t, rows, bt, n_slots, _ = make_layout(
+        20 + page_size, seq_lens, page_size, device=dev
+    )
     owned = _owned(r2t.cpu(), rows.cpu(), seq_lens)
     kv = poisoned_buffer(21, n_slots, 1, rank + rope, dtype, owned, dev)
     g = torch.Generator().manual_seed(22)
@@ -248,22 +315,32 @@ def test_mla_kernel_matches_references(page_size, dtype):
     lens = torch.tensor(seq_lens, device=dev)
     scale = 1.0 / math.sqrt(24)  # the model's own head dim, not rank + rope
 
-    # MLA is attention with one KV head whose key is the whole latent row and value its first r columns.
+    # MLA is attention with one KV head whose key is the whole latent row and value its
+    # first r columns.
     q_full = torch.cat([q_nope, q_rope], dim=-1)
     slots, mask = A.slots_from_req_to_token(r2t, rows, lens)
     want = A.attention_over_slots(q_full, kv, kv[..., :rank], slots, mask, scale)
-    py = A.python_attention_over_slots(q_full.cpu(), kv.cpu(), kv[..., :rank].cpu(),
-                                       A.python_slots_from_block_table(bt, lens, page_size), scale)
+    py = A.python_attention_over_slots(
+        q_full.cpu(),
+        kv.cpu(),
+        kv[..., :rank].cpu(),
+        A.python_slots_from_block_table(bt, lens, page_size),
+        scale,
+    )
     torch.testing.assert_close(py, want.float().cpu(), **TOL[dtype])
 
     full, o = guarded_out(bs, heads, rank, dtype, dev)
-    got = A.mla_decode_attention_fwd(q_nope, q_rope, kv, r2t, rows, lens, sm_scale=scale, o=o)
+    got = A.mla_decode_attention_fwd(
+        q_nope, q_rope, kv, r2t, rows, lens, sm_scale=scale, o=o
+    )
     check_guard(full, bs, heads, rank)
     torch.testing.assert_close(got, want, **TOL[dtype])
 
     cache = kv.view(-1, page_size, rank + rope)  # vLLM's MLA cache has no head axis
     full, out = guarded_out(bs, heads, rank, dtype, dev)
-    got_bt = A.mla_paged_attention(q_nope, q_rope, cache, bt, lens, scale=scale, out=out)
+    got_bt = A.mla_paged_attention(
+        q_nope, q_rope, cache, bt, lens, scale=scale, out=out
+    )
     check_guard(full, bs, heads, rank)
     torch.testing.assert_close(got_bt, want, **TOL[dtype])
 
@@ -293,34 +370,47 @@ def test_kernel_reads_what_memlabs_books_wrote():
     from memlab.sglang.req_to_token import ReqToTokenPool
 
     dev, ps, layer, g = kernel_device(), 4, 1, torch.Generator().manual_seed(7)
-    pool = MHATokenToKVPool(96, ps, torch.float32, head_num=2, head_dim=8, layer_num=2, device=dev)
+    pool = MHATokenToKVPool(
+        96, ps, torch.float32, head_num=2, head_dim=8, layer_num=2, device=dev
+    )
     alloc = PagedTokenToKVPoolAllocator(96, ps, torch.float32, device=dev, kvcache=pool)
     table = ReqToTokenPool(6, 64, device=dev)
     kept = {}  # row -> (list of K rows, list of V rows)
 
     def write(rows, lens, slots):
         """Record the new tokens' slots in the request table and write random K/V there."""
-        k, v = torch.randn(len(slots), 2, 8, generator=g).to(dev), torch.randn(len(slots), 2, 8, generator=g).to(dev)
+        k, v = (
+            torch.randn(len(slots), 2, 8, generator=g).to(dev),
+            torch.randn(len(slots), 2, 8, generator=g).to(dev),
+        )
         pool.set_kv_buffer(layer, slots, k, v)
         i = 0
         for row, (old, new) in zip(rows, lens):
-            table.write((row, slice(old, new)), slots[i:i + new - old].int())
+            table.write((row, slice(old, new)), slots[i : i + new - old].int())
             kept.setdefault(row, ([], []))
-            kept[row][0].extend(k[i:i + new - old])
-            kept[row][1].extend(v[i:i + new - old])
+            kept[row][0].extend(k[i : i + new - old])
+            kept[row][1].extend(v[i : i + new - old])
             i += new - old
 
     def prefill(prompt_lens):
         rows = table.alloc_rows(len(prompt_lens))
         seq = torch.tensor(prompt_lens)
-        slots = alloc.alloc_extend(torch.zeros_like(seq).to(dev), torch.zeros_like(seq), seq.to(dev), seq,
-                                   torch.full_like(seq, -1).to(dev), int(seq.sum()))
+        slots = alloc.alloc_extend(
+            torch.zeros_like(seq).to(dev),
+            torch.zeros_like(seq),
+            seq.to(dev),
+            seq,
+            torch.full_like(seq, -1).to(dev),
+            int(seq.sum()),
+        )
         write(rows, [(0, n) for n in prompt_lens], slots)
         return rows
 
     def decode(rows):
         lens = torch.tensor([len(kept[r][0]) for r in rows])
-        last = table.req_to_token[torch.tensor(rows, device=dev), (lens - 1).to(dev)].long()
+        last = table.req_to_token[
+            torch.tensor(rows, device=dev), (lens - 1).to(dev)
+        ].long()
         slots = alloc.alloc_decode((lens + 1).to(dev), lens + 1, last)
         write(rows, [(n, n + 1) for n in lens.tolist()], slots)
 
@@ -328,7 +418,9 @@ def test_kernel_reads_what_memlabs_books_wrote():
     gone = prefill([6])[0]
     for _ in range(6):
         decode(rows)
-    alloc.free(table.req_to_token[gone, :6].long())  # its pages come back first (LIFO) ...
+    alloc.free(
+        table.req_to_token[gone, :6].long()
+    )  # its pages come back first (LIFO) ...
     table.free(gone)
     del kept[gone]
     rows += prefill([7])  # ... and a new request lands on them
@@ -337,10 +429,18 @@ def test_kernel_reads_what_memlabs_books_wrote():
 
     lens = torch.tensor([len(kept[r][0]) for r in rows], device=dev)
     q = torch.randn(len(rows), 4, 8, generator=g).to(dev)
-    got = A.decode_attention_fwd(q, pool.get_key_buffer(layer), pool.get_value_buffer(layer), table.req_to_token,
-                                 torch.tensor(rows, device=dev), lens)
+    got = A.decode_attention_fwd(
+        q,
+        pool.get_key_buffer(layer),
+        pool.get_value_buffer(layer),
+        table.req_to_token,
+        torch.tensor(rows, device=dev),
+        lens,
+    )
     for b, row in enumerate(rows):
         k = torch.stack(kept[row][0]).repeat_interleave(2, dim=1)  # (L, 4, 8)
         v = torch.stack(kept[row][1]).repeat_interleave(2, dim=1)
         p = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k) / math.sqrt(8), dim=-1)
-        torch.testing.assert_close(got[b], torch.einsum("hl,lhd->hd", p, v), **TOL[torch.float32])
+        torch.testing.assert_close(
+            got[b], torch.einsum("hl,lhd->hd", p, v), **TOL[torch.float32]
+        )

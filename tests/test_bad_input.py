@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("bad_input", os.path.join(ROOT, "scripts", "bad_input.py"))
+_spec = importlib.util.spec_from_file_location(
+    "bad_input", os.path.join(ROOT, "scripts", "bad_input.py")
+)
 bad_input = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bad_input)
 
@@ -42,7 +44,11 @@ NOT_YET: set[str] = set()
 
 
 def _param(entry, pending=NOT_YET):
-    marks = [pytest.mark.xfail(strict=True, reason="not yet clean (issue 20, section 2)")] if entry in pending else []
+    marks = (
+        [pytest.mark.xfail(strict=True, reason="not yet clean (issue 20, section 2)")]
+        if entry in pending
+        else []
+    )
     return pytest.param(entry, marks=marks, id=entry)
 
 
@@ -66,9 +72,13 @@ def test_every_listed_bad_call_is_refused_cleanly(entry):
 # None where a count, a tensor or an object is meant: anything that is none of them (a str is left
 # out: where a name is meant, a str is the right type)
 # (and an empty container is left out: where blocks are meant, an empty one is no blocks)
-NOT_A_NUMBER = st.one_of(st.none(), st.booleans(), st.builds(object),
-                         st.dictionaries(st.integers(0, 3), st.integers(0, 3), min_size=1),
-                         st.frozensets(st.integers(0, 3), min_size=1, max_size=2))
+NOT_A_NUMBER = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.builds(object),
+    st.dictionaries(st.integers(0, 3), st.integers(0, 3), min_size=1),
+    st.frozensets(st.integers(0, 3), min_size=1, max_size=2),
+)
 
 
 def _sort_of(case):
@@ -80,33 +90,61 @@ def _sort_of(case):
         return st.floats(allow_nan=True, allow_infinity=True), TypeError
     if case.want is TypeError and isinstance(v, str):
         return st.text(max_size=4), TypeError
-    if case.want is TypeError and isinstance(v, bool):  # where None may be a default, a bool is still wrong
+    if case.want is TypeError and isinstance(
+        v, bool
+    ):  # where None may be a default, a bool is still wrong
         return st.booleans(), TypeError
     if case.want is TypeError and (v is None or isinstance(v, dict)):
         return NOT_A_NUMBER, TypeError
-    if case.want is ValueError and type(v) is int and v < 0 and "negative" in case.label:
+    if (
+        case.want is ValueError
+        and type(v) is int
+        and v < 0
+        and "negative" in case.label
+    ):
         return st.integers(max_value=-1), ValueError
     return None
 
 
-DRAWABLE = {e: [(c, s) for c in cs if (s := _sort_of(c)) is not None] for e, cs in BY_ENTRY.items()}
+DRAWABLE = {
+    e: [(c, s) for c in cs if (s := _sort_of(c)) is not None]
+    for e, cs in BY_ENTRY.items()
+}
 # an entry point not yet clean whose drawable cases already pass stays a plain test
-SHAPE_DRAWN = {e for e in NOT_YET if e in DRAWABLE and _failures([c for c, _ in DRAWABLE[e]])}
+SHAPE_DRAWN = {
+    e for e in NOT_YET if e in DRAWABLE and _failures([c for c, _ in DRAWABLE[e]])
+}
 
 
-@pytest.mark.parametrize("entry", [_param(e, SHAPE_DRAWN) for e in DRAWABLE if DRAWABLE[e]])
-@settings(max_examples=8, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=list(HealthCheck))  # no shrinking: the message names the drawn value
+@pytest.mark.parametrize(
+    "entry", [_param(e, SHAPE_DRAWN) for e in DRAWABLE if DRAWABLE[e]]
+)
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)  # no shrinking: the message names the drawn value
 @given(data=st.data())
 def test_random_bad_values_are_refused_cleanly(entry, data):
-    if entry in SHAPE_DRAWN:  # the listed values first, so an xfail here fails for sure while it is not clean
+    if (
+        entry in SHAPE_DRAWN
+    ):  # the listed values first, so an xfail here fails for sure while it is not clean
         assert not _failures([c for c, _ in DRAWABLE[entry]])
     case, (values, want) = data.draw(st.sampled_from(DRAWABLE[entry]), label="case")
     v = data.draw(values, label="value")
-    if isinstance(v, float) and v.is_integer() and not math.isinf(v) and abs(v) > 2 ** 62:
+    if isinstance(v, float) and v.is_integer() and not math.isinf(v) and abs(v) > 2**62:
         v = 2.5  # an integral float that large would still be refused; keep the draw cheap
-    drawn = bad_input.Case(**{**vars(case), "call": (lambda x: lambda env: case.call_with(env, x))(v),
-                              "want": want, "label": f"{case.label} -> {v!r}"})
+    drawn = bad_input.Case(
+        **{
+            **vars(case),
+            "call": (lambda x: lambda env: case.call_with(env, x))(v),
+            "want": want,
+            "label": f"{case.label} -> {v!r}",
+        }
+    )
     cls, what = bad_input.classify_safe(drawn)
     assert cls == "clean", f"{entry} [{drawn.label}]: {cls}: {what}"
 
@@ -117,8 +155,18 @@ def test_the_classes_can_fail():
     from types import SimpleNamespace
 
     def case(call, books=None, want=ValueError):
-        return bad_input.Case(entry="x", label="x", want=want, names=("arg",), make=lambda: SimpleNamespace(n=[0]),
-                              call=call, books=books, refuse=False, post=None, timeout=1.0)
+        return bad_input.Case(
+            entry="x",
+            label="x",
+            want=want,
+            names=("arg",),
+            make=lambda: SimpleNamespace(n=[0]),
+            call=call,
+            books=books,
+            refuse=False,
+            post=None,
+            timeout=1.0,
+        )
 
     def grow_then_raise(env):
         env.n.append(1)
@@ -130,4 +178,6 @@ def test_the_classes_can_fail():
     assert bad_input.classify_safe(case(lambda env: None.x))[0] == "raw"
     assert bad_input.classify_safe(case(grow_then_raise))[0] == "changed"
     assert bad_input.classify_safe(case(lambda env: None))[0] == "silent"
-    assert bad_input.classify_safe(case(lambda env: None, books=corrupt))[0] == "corrupt"
+    assert (
+        bad_input.classify_safe(case(lambda env: None, books=corrupt))[0] == "corrupt"
+    )

@@ -1,10 +1,11 @@
 """A real browser: JupyterLab on a free local port, chapters opened in headless Chromium, offline.
 
 - Every chapter, as a learner first sees it (nothing run): every picture has loaded (it travels
-  inside the notebook), no rendered markdown strikes text through or swallows a token it prints
-  (a raw ``<s>`` opens a strikethrough and vanishes), the setup cell is collapsed, chapter 00
-  links the glossary, and a term's link in chapter 01 opens glossary.md rendered, at its entry. No request leaves 127.0.0.1: a picture that needs the
-  network is an error. A screenshot of each chapter's top is saved.
+  inside the notebook), no rendered markdown strikes text through or swallows a token it
+  prints (a raw ``<s>`` opens a strikethrough and vanishes), the setup cell is
+  collapsed, chapter 00 links the glossary, and a term's link in chapter 01 opens
+  glossary.md rendered, at its entry. No request leaves 127.0.0.1: a picture that needs
+  the network is an error. A screenshot of each chapter's top is saved.
 - Two widgets, driven: chapter 01 runs whole, chapter 11 down to its radix-tree widget; controls
   are moved and the picture and caption must change (chapter 11's caption prints '<s>').
 
@@ -39,21 +40,37 @@ CHAPTER = "01_request_table.ipynb"  # a Stepper widget, no kernel launch: quick 
 RADIX = "11_radix_and_hicache.ipynb"  # the radix tree's Stepper: two stories, twelve steps each
 GLOSSARY = "glossary.md"
 # Playwright adds --headless and a fresh --user-data-dir (the profile folder it is given).
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 # JupyterLab settings for the run: every cell in the page (no windowing: a picture far down is
 # in the DOM too), no news or update check (no network, no toast over the widgets).
 LAB_SETTINGS = {
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                        "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
+        "windowingMode": "none"
+    },
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 SLOW = 240_000  # ms: the longest wait for anything (a cell run in the interpreter on a busy machine)
 
 
 def find_chromium():
-    for name in (os.environ.get("MEMLAB_CHROMIUM"), "/usr/bin/chromium", "chromium", "chromium-browser"):
+    for name in (
+        os.environ.get("MEMLAB_CHROMIUM"),
+        "/usr/bin/chromium",
+        "chromium",
+        "chromium-browser",
+    ):
         if name and (shutil.which(name) or Path(name).is_file()):
             return shutil.which(name) or name
     return None
@@ -83,40 +100,80 @@ def wait_for_server(url: str, proc, timeout: float = 120) -> None:
 def lab():
     chromium = find_chromium()
     if chromium is None:
-        pytest.skip("no Chromium here: apt-get install -y chromium (or set MEMLAB_CHROMIUM)")
-    pytest.importorskip("playwright.sync_api",
-                        reason="no Playwright: pip install playwright (no browser download needed)")
+        pytest.skip(
+            "no Chromium here: apt-get install -y chromium (or set MEMLAB_CHROMIUM)"
+        )
+    pytest.importorskip(
+        "playwright.sync_api",
+        reason="no Playwright: pip install playwright (no browser download needed)",
+    )
     pytest.importorskip("jupyterlab", reason="no JupyterLab: pip install jupyterlab")
     work = ARTIFACTS / "lab"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    for name in (*CHAPTERS, GLOSSARY):  # no img/ folder: the pictures must travel inside the notebooks
+    for name in (
+        *CHAPTERS,
+        GLOSSARY,
+    ):  # no img/ folder: the pictures must travel inside the notebooks
         shutil.copy(ROOT / "chapters" / name, work / name)
     state = Path(tempfile.mkdtemp(prefix="memlab-lab-"))
     for rel, values in LAB_SETTINGS.items():
         (state / "settings" / rel).parent.mkdir(parents=True, exist_ok=True)
         (state / "settings" / rel).write_text(json.dumps(values))
     port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, MEMLAB_FAST="1", JUPYTER_CONFIG_DIR=str(state / "config"),
-               JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(state / "settings"))
-    env.pop("TRITON_INTERPRET", None)  # the kernel picks its own mode, as a learner's would
+    env = dict(
+        os.environ,
+        MEMLAB_FAST="1",
+        JUPYTER_CONFIG_DIR=str(state / "config"),
+        JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"),
+        JUPYTERLAB_SETTINGS_DIR=str(state / "settings"),
+    )
+    env.pop(
+        "TRITON_INTERPRET", None
+    )  # the kernel picks its own mode, as a learner's would
     log = open(state / "lab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--ServerApp.port_retries=0", *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
-        cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={work}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--ServerApp.port_retries=0",
+            *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+        ],
+        cwd=work,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         try:
             wait_for_server(f"{base}/api/status?token={token}", proc)
         except (RuntimeError, TimeoutError) as exc:
             log.flush()
-            raise RuntimeError(f"{exc}; its log ends:\n{(state / 'lab.log').read_text()[-3000:]}") from None
+            raise RuntimeError(
+                f"{exc}; its log ends:\n{(state / 'lab.log').read_text()[-3000:]}"
+            ) from None
         # A workspace per notebook, so opening one does not restore (and re-run) another.
-        yield dict(url=lambda name: f"{base}/lab/workspaces/{name[:2]}/tree/{name}?token={token}",
-                   base=base, token=token, chromium=chromium, state=state)
+        yield dict(
+            url=lambda name: (
+                f"{base}/lab/workspaces/{name[:2]}/tree/{name}?token={token}"
+            ),
+            base=base,
+            token=token,
+            chromium=chromium,
+            state=state,
+        )
     finally:
         proc.terminate()
         try:
@@ -133,19 +190,29 @@ def shut_down_kernels(lab) -> None:
     with urllib.request.urlopen(f"{api}?token={lab['token']}", timeout=30) as r:
         kernels = json.load(r)
     for k in kernels:
-        urllib.request.urlopen(urllib.request.Request(f"{api}/{k['id']}?token={lab['token']}", method="DELETE"),
-                               timeout=30).close()
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"{api}/{k['id']}?token={lab['token']}", method="DELETE"
+            ),
+            timeout=30,
+        ).close()
 
 
 def browser(pw, lab):
     """Chromium that may reach 127.0.0.1 only: anything else is refused and remembered."""
-    ctx = pw.chromium.launch_persistent_context(str(lab["state"] / "chromium"), executable_path=lab["chromium"],
-                                                headless=True, args=CHROMIUM_FLAGS,
-                                                viewport={"width": 1400, "height": 1000})
+    ctx = pw.chromium.launch_persistent_context(
+        str(lab["state"] / "chromium"),
+        executable_path=lab["chromium"],
+        headless=True,
+        args=CHROMIUM_FLAGS,
+        viewport={"width": 1400, "height": 1000},
+    )
     ctx.outside = []
 
     def route(r):
-        if r.request.url.startswith(("http://127.0.0.1:", "ws://127.0.0.1:", "data:", "blob:")):
+        if r.request.url.startswith(
+            ("http://127.0.0.1:", "ws://127.0.0.1:", "data:", "blob:")
+        ):
             r.continue_()
         else:
             ctx.outside.append(r.request.url)
@@ -175,8 +242,10 @@ def open_notebook(ctx, lab, name):
     page = ctx.new_page()
     page.set_default_timeout(SLOW)
     page.goto(lab["url"](name), wait_until="domcontentloaded")
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext")
+    page.wait_for_function(
+        "window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.sessionContext"
+    )
     cells = page.evaluate("""async () => {
         const panel = window.jupyterapp.shell.currentWidget;
         await panel.context.ready;
@@ -190,13 +259,18 @@ def open_notebook(ctx, lab, name):
 def run(page, command: str, timeout_ms: int = SLOW) -> None:
     """Run a notebook command (run all, run all above) and wait until its last cell has run: the
     command's promise resolves then, so the kernel is idle and nothing moves on the page any more."""
-    done = page.evaluate("""async ([command, ms]) => {
+    done = page.evaluate(
+        """async ([command, ms]) => {
         const ran = window.jupyterapp.commands.execute(command);
         const late = new Promise(resolve => setTimeout(() => resolve('timeout'), ms));
-        return await Promise.race([ran.then(() => 'done'), late]); }""", [command, timeout_ms])
+        return await Promise.race([ran.then(() => 'done'), late]); }""",
+        [command, timeout_ms],
+    )
     assert done == "done", f"{command} did not finish within {timeout_ms / 1000:.0f} s"
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session"
-                           ".kernel.status === 'idle'")
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+        ".kernel.status === 'idle'"
+    )
 
 
 # -- every chapter, offline, as a learner first sees it -------------------------------------------
@@ -229,15 +303,22 @@ def follow_a_glossary_link(page, term: str) -> None:
     link = page.get_by_role("link", name=term, exact=True).first
     link.scroll_into_view_if_needed()
     link.click()
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.title.label === 'glossary.md'")
-    page.wait_for_function("""(id) => {
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.title.label === 'glossary.md'"
+    )
+    page.wait_for_function(
+        """(id) => {
         const h = document.querySelector(`.jp-RenderedMarkdown [data-jupyter-id="${id}"]`);
         if (!h) return false;
         const r = h.getBoundingClientRect();
-        return r.height > 0 && r.top >= 0 && r.top < window.innerHeight; }""", arg=term.replace(" ", "-"))
+        return r.height > 0 && r.top >= 0 && r.top < window.innerHeight; }""",
+        arg=term.replace(" ", "-"),
+    )
     page.screenshot(path=str(ARTIFACTS / "glossary_from_chapter_01.png"))
-    page.evaluate("(id) => { window.jupyterapp.shell.currentWidget.dispose(); window.jupyterapp.shell.activateById(id); }",
-                  notebook)
+    page.evaluate(
+        "(id) => { window.jupyterapp.shell.currentWidget.dispose(); window.jupyterapp.shell.activateById(id); }",
+        notebook,
+    )
 
 
 def test_every_chapter_shows_its_pictures_and_text_offline(lab):
@@ -252,7 +333,9 @@ def test_every_chapter_shows_its_pictures_and_text_offline(lab):
             page = open_notebook(ctx, lab, CHAPTERS[0])
             page.evaluate(CLOSE)
             for name in CHAPTERS:
-                assert page.evaluate(OPEN, name) > 5, f"{name} opened with too few cells"
+                assert page.evaluate(OPEN, name) > 5, (
+                    f"{name} opened with too few cells"
+                )
                 page.wait_for_function(RENDERED)
                 page.evaluate("""() => Promise.all([...document.querySelectorAll('.jp-RenderedMarkdown img')]
                                    .map(i => i.decode().catch(() => null)))""")  # each loaded, or failed
@@ -268,13 +351,23 @@ def test_every_chapter_shows_its_pictures_and_text_offline(lab):
     for name, f in found.items():
         assert f["pictures"] >= 1, f"{name} shows no picture"
         assert not f["broken"], f"{name}: broken pictures {f['broken']}"
-        assert not f["struck"], f"{name}: rendered markdown strikes through {f['struck']}"
+        assert not f["struck"], (
+            f"{name}: rendered markdown strikes through {f['struck']}"
+        )
         assert not f["dropped"], f"{name}: rendered markdown drops {f['dropped']}"
         assert f["collapsed"], f"{name}: the setup cell is not collapsed"
-    assert found["00_orientation.ipynb"]["glossary"], "chapter 00 does not link the glossary"
-    assert not ctx.outside, f"the chapters asked the network for {sorted(set(ctx.outside))[:5]}"
-    with urllib.request.urlopen(f"{lab['base']}/api/contents/{GLOSSARY}?token={lab['token']}", timeout=30) as r:
-        assert json.load(r)["name"] == GLOSSARY  # the link's target is served next to the chapters
+    assert found["00_orientation.ipynb"]["glossary"], (
+        "chapter 00 does not link the glossary"
+    )
+    assert not ctx.outside, (
+        f"the chapters asked the network for {sorted(set(ctx.outside))[:5]}"
+    )
+    with urllib.request.urlopen(
+        f"{lab['base']}/api/contents/{GLOSSARY}?token={lab['token']}", timeout=30
+    ) as r:
+        assert (
+            json.load(r)["name"] == GLOSSARY
+        )  # the link's target is served next to the chapters
 
 
 # -- two widgets, driven ----------------------------------------------------------------------
@@ -282,9 +375,15 @@ def test_every_chapter_shows_its_pictures_and_text_offline(lab):
 
 def error_outputs(page, allowed=("NotImplementedError",)):
     """Tracebacks in the notebook's outputs, except the allowed ones (an exercise stub's)."""
-    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    errors = page.locator(
+        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+    )
     texts = [errors.nth(i).text_content() or "" for i in range(errors.count())]
-    return [t for t in texts if ("Error" in t or "Traceback" in t) and not any(a in t for a in allowed)]
+    return [
+        t
+        for t in texts
+        if ("Error" in t or "Traceback" in t) and not any(a in t for a in allowed)
+    ]
 
 
 def stepper_ready(page):
@@ -306,7 +405,8 @@ def press(page, stepper, control, old_picture, **kw):
         control.click()
     page.wait_for_function(
         "([sel, old]) => { const i = document.querySelector(sel); return i && i.src !== old; }",
-        arg=[".memlab-stepper img.memlab-view", old_picture])
+        arg=[".memlab-stepper img.memlab-view", old_picture],
+    )
     return stepper.locator("img.memlab-view").get_attribute("src")
 
 
@@ -335,7 +435,9 @@ def request_table_widget(ctx, lab):
         stepper = stepper_ready(page)
         first = stepper.locator("img.memlab-view").get_attribute("src")
         caption = stepper.locator(".widget-html").first
-        assert first.startswith("data:image/png;base64,") and len(first) > 5000, "the widget drew no picture"
+        assert first.startswith("data:image/png;base64,") and len(first) > 5000, (
+            "the widget drew no picture"
+        )
         assert "step 0 of" in stepper.text_content()
 
         press(page, stepper, stepper.locator("button", has_text="next"), first)
@@ -369,8 +471,12 @@ def radix_widget(ctx, lab):
         stepper = stepper_ready(page)
         caption = stepper.locator(".widget-html").first
         picture = stepper.locator("img.memlab-view").get_attribute("src")
-        assert picture.startswith("data:image/png;base64,") and len(picture) > 5000, "the radix widget drew no picture"
-        assert stepper.locator("select").input_value() == "page size 1", "the first story has pages of 1 token"
+        assert picture.startswith("data:image/png;base64,") and len(picture) > 5000, (
+            "the radix widget drew no picture"
+        )
+        assert stepper.locator("select").input_value() == "page size 1", (
+            "the first story has pages of 1 token"
+        )
         text = caption.text_content()
         assert "step 0 of 11" in text and "empty tree" in text, text
 
@@ -379,20 +485,37 @@ def radix_widget(ctx, lab):
         for step, words in expected.items():
             picture = press(page, stepper, next_button, picture)
             text = caption.text_content()
-            assert f"step {step} of 11" in text and words in text, f"after {step} clicks on next: {text}"
-        assert "'<s> You are brief" in text, f"the caption must print the token <s>: {text}"
-        assert not caption.locator(":is(s, del, strike)").count(), "the caption struck its text through"
+            assert f"step {step} of 11" in text and words in text, (
+                f"after {step} clicks on next: {text}"
+            )
+        assert "'<s> You are brief" in text, (
+            f"the caption must print the token <s>: {text}"
+        )
+        assert not caption.locator(":is(s, del, strike)").count(), (
+            "the caption struck its text through"
+        )
         stepper.screenshot(path=str(ARTIFACTS / "11_radix_widget.png"))
 
-        picture = press(page, stepper, stepper.locator("button", has_text="previous"), picture)
+        picture = press(
+            page, stepper, stepper.locator("button", has_text="previous"), picture
+        )
         text = caption.text_content()
-        assert "step 2 of 11" in text and "A finishes" in text, f"previous goes back one step: {text}"
+        assert "step 2 of 11" in text and "A finishes" in text, (
+            f"previous goes back one step: {text}"
+        )
 
-        picture = press(page, stepper, stepper.locator("select"), picture, label="page size 2")  # same step
+        picture = press(
+            page, stepper, stepper.locator("select"), picture, label="page size 2"
+        )  # same step
         text = caption.text_content()
-        assert "step 2 of 11" in text and "A finishes" in text, f"the paged story keeps the step: {text}"
+        assert "step 2 of 11" in text and "A finishes" in text, (
+            f"the paged story keeps the step: {text}"
+        )
         press(page, stepper, next_button, picture)
-        assert "step 3 of 11" in caption.text_content() and "SPLITS" in caption.text_content()
+        assert (
+            "step 3 of 11" in caption.text_content()
+            and "SPLITS" in caption.text_content()
+        )
         stepper.screenshot(path=str(ARTIFACTS / "11_radix_widget_pages_of_2.png"))
 
         bad = error_outputs(page, allowed=())
@@ -400,4 +523,6 @@ def radix_widget(ctx, lab):
     finally:
         page.close()
     assert (ARTIFACTS / "11_radix_widget.png").stat().st_size > 10_000
-    assert not ctx.outside, f"the chapters asked the network for {sorted(set(ctx.outside))[:5]}"
+    assert not ctx.outside, (
+        f"the chapters asked the network for {sorted(set(ctx.outside))[:5]}"
+    )

@@ -5,11 +5,17 @@ import random
 
 import pytest
 
+from memlab.capstone.engine import (
+    Engine,
+    HashPrefixCache,
+    TinyConfig,
+    TinyLlama,
+    generate_reference,
+)
+from memlab.common.sizing import check_decode_mem, retract_decode
 from memlab.sglang.allocation import alloc_for_extend, release_kv_cache
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.capstone.engine import Engine, HashPrefixCache, TinyConfig, TinyLlama, generate_reference
-from memlab.common.sizing import RunningReq, check_decode_mem, retract_decode
 
 MODEL = TinyLlama(TinyConfig())
 RNG = random.Random(0)
@@ -22,10 +28,19 @@ CACHES = [None, "hash", "radix", "hicache"]
 @pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("ps", [1, 16])
 def test_engine_matches_the_reference(ps, cache):
-    e = Engine(MODEL, page_size=ps, num_tokens=512, chunk_size=16, attention="torch", prefix_cache=cache,
-               debug_mode=True)
+    e = Engine(
+        MODEL,
+        page_size=ps,
+        num_tokens=512,
+        chunk_size=16,
+        attention="torch",
+        prefix_cache=cache,
+        debug_mode=True,
+    )
     assert e.generate(PROMPTS, NEW) == REF
-    assert e.stats["decode_tokens"] > 0 and e.stats["prefill_tokens"] == sum(map(len, PROMPTS))
+    assert e.stats["decode_tokens"] > 0 and e.stats["prefill_tokens"] == sum(
+        map(len, PROMPTS)
+    )
     e.check_books()
     assert len(e.req_to_token_pool.free_slots) == e.req_to_token_pool.size
 
@@ -35,8 +50,15 @@ def test_engine_matches_the_reference(ps, cache):
 def test_retraction_under_a_small_pool_keeps_the_outputs(ps, tokens, new, cache):
     # The pool cannot hold every request at its final length, so decode steps must retract.
     want = REF if new == NEW else generate_reference(MODEL, PROMPTS, new)
-    e = Engine(MODEL, page_size=ps, num_tokens=tokens, chunk_size=16, attention="torch", prefix_cache=cache,
-               debug_mode=True)
+    e = Engine(
+        MODEL,
+        page_size=ps,
+        num_tokens=tokens,
+        chunk_size=16,
+        attention="torch",
+        prefix_cache=cache,
+        debug_mode=True,
+    )
     assert e.generate(PROMPTS, new) == want
     assert e.stats["retracted"] > 0
     e.check_books()
@@ -44,8 +66,9 @@ def test_retraction_under_a_small_pool_keeps_the_outputs(ps, tokens, new, cache)
         assert e.allocator.available_size() == e.allocator.num_pages * ps
 
 
-# A request retracted earlier and prefilling again in chunks holds pages but is not in the decode
-# batch: found by helper "model" (the engine raised "cannot hold one more token of a single request").
+# A request retracted earlier and prefilling again in chunks holds pages but is not in
+# the decode batch: found by helper "model" (the engine raised "cannot hold one more
+# token of a single request").
 LONG = [[RNG.randrange(128) for _ in range(n)] for n in (23, 29, 21, 23)]
 
 
@@ -57,10 +80,17 @@ class DecodeBatchOnlyRetraction(Engine):
         if check_decode_mem(views, free, self.page_size, evict=self._evict):
             return decoding
         by_rid = {r.rid: r for r in decoding}
-        kept, _, fits = retract_decode(views, free, self.page_size, release=lambda v: self._retract(by_rid[v.rid]),
-                                       evict=self._evict)
+        kept, _, fits = retract_decode(
+            views,
+            free,
+            self.page_size,
+            release=lambda v: self._retract(by_rid[v.rid]),
+            evict=self._evict,
+        )
         if not fits:
-            raise RuntimeError("the pool cannot hold one more token of a single request")
+            raise RuntimeError(
+                "the pool cannot hold one more token of a single request"
+            )
         return [by_rid[v.rid] for v in kept]
 
 
@@ -68,13 +98,26 @@ class DecodeBatchOnlyRetraction(Engine):
 def test_a_prefill_in_progress_is_retracted_when_a_decode_step_cannot_fit(num_tokens):
     want = generate_reference(MODEL, LONG, 12)
     for cache in (None, "hash", "radix"):
-        e = Engine(MODEL, page_size=1, num_tokens=num_tokens, chunk_size=16, attention="torch", prefix_cache=cache,
-                   debug_mode=True)
+        e = Engine(
+            MODEL,
+            page_size=1,
+            num_tokens=num_tokens,
+            chunk_size=16,
+            attention="torch",
+            prefix_cache=cache,
+            debug_mode=True,
+        )
         assert e.generate(LONG, 12) == want
         assert e.stats["retracted"] > 0
     with pytest.raises(RuntimeError, match="cannot hold one more token"):
-        DecodeBatchOnlyRetraction(MODEL, page_size=1, num_tokens=num_tokens, chunk_size=16, attention="torch",
-                                  prefix_cache=None).generate(LONG, 12)
+        DecodeBatchOnlyRetraction(
+            MODEL,
+            page_size=1,
+            num_tokens=num_tokens,
+            chunk_size=16,
+            attention="torch",
+            prefix_cache=None,
+        ).generate(LONG, 12)
 
 
 @pytest.mark.parametrize("cache", ["hash", "radix", "hicache"])
@@ -83,29 +126,56 @@ def test_prefix_sharing_reuses_pages_and_counts_hits(ps, cache):
     shared = PROMPTS[1][:20]
     first, second = [shared + [1, 2]], [shared + [3], shared + [4, 5, 6]]
     want = generate_reference(MODEL, first + second, NEW)
-    e = Engine(MODEL, page_size=ps, num_tokens=256, chunk_size=32, attention="torch", prefix_cache=cache,
-               debug_mode=True)
+    e = Engine(
+        MODEL,
+        page_size=ps,
+        num_tokens=256,
+        chunk_size=32,
+        attention="torch",
+        prefix_cache=cache,
+        debug_mode=True,
+    )
     assert e.generate(first, NEW) == want[:1]
     e.check_books()
     assert e.stats["cached_tokens"] == 0
     assert e.generate(second, NEW) == want[1:]
-    assert e.stats["cached_tokens"] == 2 * (20 // ps * ps)  # both reuse the shared whole pages
+    assert e.stats["cached_tokens"] == 2 * (
+        20 // ps * ps
+    )  # both reuse the shared whole pages
     e.check_books()
 
 
 def test_a_repeated_prompt_recomputes_its_last_token():
     for cache in ("hash", "radix"):
-        e = Engine(MODEL, page_size=1, num_tokens=256, attention="torch", prefix_cache=cache, debug_mode=True)
+        e = Engine(
+            MODEL,
+            page_size=1,
+            num_tokens=256,
+            attention="torch",
+            prefix_cache=cache,
+            debug_mode=True,
+        )
         assert e.generate([PROMPTS[1]], NEW) == [REF[1]]
         assert e.generate([PROMPTS[1]], NEW) == [REF[1]]
-        assert e.stats["cached_tokens"] == len(PROMPTS[1]) - 1  # its logits need the last one computed
+        assert (
+            e.stats["cached_tokens"] == len(PROMPTS[1]) - 1
+        )  # its logits need the last one computed
 
 
 @pytest.mark.parametrize("cache", ["hash", "radix", "hicache"])
 def test_cache_eviction_makes_room_and_books_balance(cache):
-    e = Engine(MODEL, page_size=4, num_tokens=96, chunk_size=32, attention="torch", prefix_cache=cache,
-               debug_mode=True)
-    for p in PROMPTS:  # each finished request leaves cached pages that later ones must evict
+    e = Engine(
+        MODEL,
+        page_size=4,
+        num_tokens=96,
+        chunk_size=32,
+        attention="torch",
+        prefix_cache=cache,
+        debug_mode=True,
+    )
+    for p in (
+        PROMPTS
+    ):  # each finished request leaves cached pages that later ones must evict
         assert e.generate([p], NEW) == [REF[PROMPTS.index(p)]]
         e.check_books()
     assert e.tree_cache.evictable_size() > 0
@@ -119,23 +189,45 @@ def test_hicache_loads_an_evicted_prefix_back_from_the_host():
     want = generate_reference(MODEL, [a, b, c], NEW)
     runs = {}
     for cache in ("radix", "hicache"):
-        e = Engine(MODEL, page_size=4, num_tokens=64, chunk_size=32, attention="torch", prefix_cache=cache,
-                   host_tokens=128, debug_mode=True)
+        e = Engine(
+            MODEL,
+            page_size=4,
+            num_tokens=64,
+            chunk_size=32,
+            attention="torch",
+            prefix_cache=cache,
+            host_tokens=128,
+            debug_mode=True,
+        )
         assert [e.generate([p], NEW)[0] for p in (a, b, c)] == want
         e.check_books()
         runs[cache] = e
     hi, radix = runs["hicache"], runs["radix"]
-    assert hi.tree_cache.num_evicted_tokens > 0 and radix.tree_cache.num_evicted_tokens > 0
+    assert (
+        hi.tree_cache.num_evicted_tokens > 0 and radix.tree_cache.num_evicted_tokens > 0
+    )
     assert hi.stats["loaded_back_tokens"] > 0
     # without the host tier the evicted part of the prefix is recomputed
-    assert hi.stats["cached_tokens"] == radix.stats["cached_tokens"] + hi.stats["loaded_back_tokens"]
+    assert (
+        hi.stats["cached_tokens"]
+        == radix.stats["cached_tokens"] + hi.stats["loaded_back_tokens"]
+    )
 
 
 @pytest.mark.kernel
 def test_engine_with_the_triton_attention_kernel():
     prompts = [PROMPTS[0], PROMPTS[3][:4]]
-    e = Engine(MODEL, page_size=16, num_tokens=128, chunk_size=16, attention="triton", alloc_backend="triton")
-    assert e.generate(prompts, 3) == [r[:3] for r in (REF[0], generate_reference(MODEL, prompts[1:], 3)[0])]
+    e = Engine(
+        MODEL,
+        page_size=16,
+        num_tokens=128,
+        chunk_size=16,
+        attention="triton",
+        alloc_backend="triton",
+    )
+    assert e.generate(prompts, 3) == [
+        r[:3] for r in (REF[0], generate_reference(MODEL, prompts[1:], 3)[0])
+    ]
 
 
 def hash_cache(num_tokens=32, page_size=2):
@@ -159,12 +251,20 @@ def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
     r = computed(c, pool, alloc, [1, 2, 3, 4, 5, 6])  # pages 1, 2, 3
     release_kv_cache(r, c, checkpoint=True)
     assert c.evictable_size() == 6 and c.device_pages() == {1, 2, 3}
-    assert c.match_prefix([1, 2, 3]).last_device_node == (1,)  # only full pages of the key
-    m = c.match_prefix([1, 2, 9, 9, 5, 6])  # a miss ends the chain: later equal pages do not count
-    assert m.device_prefix_len == 2 and c.path_device_indices(m.last_device_node).tolist() == [2, 3]
+    assert c.match_prefix([1, 2, 3]).last_device_node == (
+        1,
+    )  # only full pages of the key
+    m = c.match_prefix(
+        [1, 2, 9, 9, 5, 6]
+    )  # a miss ends the chain: later equal pages do not count
+    assert m.device_prefix_len == 2 and c.path_device_indices(
+        m.last_device_node
+    ).tolist() == [2, 3]
     lock = c.lock(m.last_device_node)
     assert c.evictable_size() == 4
-    assert c.evict(3).num_tokens_evicted == 4 and c.device_pages() == {1}  # pages 3 then 2: the chain's tail
+    assert c.evict(3).num_tokens_evicted == 4 and c.device_pages() == {
+        1
+    }  # pages 3 then 2: the chain's tail
     c.unlock(lock)
     assert c.evict(1).num_tokens_evicted == 2 and alloc.available_size() == 32
     alloc.check_books()
@@ -172,13 +272,21 @@ def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
 
 def test_hash_cache_frees_duplicate_pages_and_the_partial_tail():
     c, alloc, pool = hash_cache()
-    release_kv_cache(computed(c, pool, alloc, [1, 2, 3, 4, 5]), c, checkpoint=True)  # 2 full pages, a partial 3rd
+    release_kv_cache(
+        computed(c, pool, alloc, [1, 2, 3, 4, 5]), c, checkpoint=True
+    )  # 2 full pages, a partial 3rd
     assert c.device_pages() == {1, 2} and alloc.available_size() == 28
     r = computed(c, pool, alloc, [1, 2, 3, 4, 7])  # computed the same prefix again
     row = pool.req_to_token[r.kv.req_pool_idx, :5].tolist()
-    c.checkpoint(r, up_to=5)  # a chunk checkpointed: its copies go back, the row maps the cached pages
+    c.checkpoint(
+        r, up_to=5
+    )  # a chunk checkpointed: its copies go back, the row maps the cached pages
     assert pool.req_to_token[r.kv.req_pool_idx, :5].tolist() == [2, 3, 4, 5, row[4]]
-    assert r.kv.cache_protected_len == 4 and r.lock.node == (1, 2) and alloc.available_size() == 26
+    assert (
+        r.kv.cache_protected_len == 4
+        and r.lock.node == (1, 2)
+        and alloc.available_size() == 26
+    )
     release_kv_cache(r, c, checkpoint=True)
     assert c.device_pages() == {1, 2} and alloc.available_size() == 28
     alloc.check_books()
@@ -201,13 +309,17 @@ def test_bad_requests_are_named():
 
 
 def test_the_engine_books_catch_a_page_owned_twice():
-    e = Engine(MODEL, page_size=4, num_tokens=128, attention="torch", prefix_cache="radix")
+    e = Engine(
+        MODEL, page_size=4, num_tokens=128, attention="torch", prefix_cache="radix"
+    )
     for p in PROMPTS[1:3]:
         e.add_request(p, NEW)
     e.step()
     a, b = e.running
     table = e.req_to_token_pool.req_to_token
     cpl_a, cpl_b = a.kv.cache_protected_len, b.kv.cache_protected_len
-    table[b.kv.req_pool_idx, cpl_b] = table[a.kv.req_pool_idx, cpl_a]  # b maps a's own page
+    table[b.kv.req_pool_idx, cpl_b] = table[
+        a.kv.req_pool_idx, cpl_a
+    ]  # b maps a's own page
     with pytest.raises(AssertionError, match="held by requests"):
         e.check_books()

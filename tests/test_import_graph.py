@@ -20,24 +20,42 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("common", "sglang", "vllm", "capstone")
 FLOORS = {
     # the sections' own __init__ files hold docstrings only (memlab.vllm re-exports chapter 06)
-    "memlab.common": 0, "memlab.sglang": 0, "memlab.capstone": 0, "memlab.vllm": 6,
-    "memlab.common.env": 0, "memlab.kernels": 0, "memlab.common.utils": 0, "memlab.common._checks": 0,
+    "memlab.common": 0,
+    "memlab.sglang": 0,
+    "memlab.capstone": 0,
+    "memlab.vllm": 6,
+    "memlab.common.env": 0,
+    "memlab.kernels": 0,
+    "memlab.common.utils": 0,
+    "memlab.common._checks": 0,
     "memlab.sglang.req_to_token": 1,
-    "memlab.sglang.kv_pool": 2, "memlab.common.models": 2,
+    "memlab.sglang.kv_pool": 2,
+    "memlab.common.models": 2,
     "memlab.sglang.allocator": 3,  # chapters 03 to 05
     "memlab.sglang.allocation": 4,  # the scheduler's side of the allocators (chapters 04 and 05)
-    "memlab.vllm.block_pool": 6, "memlab.vllm.hashing": 6, "memlab.vllm.request": 6,
-    "memlab.vllm.kv_cache_manager": 6, "memlab.vllm.block_table": 6, "memlab.vllm.kv_layout": 6,
-    "memlab.capstone.compare": 6, "memlab.capstone.trace_replay": 6,
-    "memlab.sglang.swa": 7, "memlab.sglang.mamba": 7, "memlab.sglang.write_loc": 7,  # write_loc: 07 to 09
+    "memlab.vllm.block_pool": 6,
+    "memlab.vllm.hashing": 6,
+    "memlab.vllm.request": 6,
+    "memlab.vllm.kv_cache_manager": 6,
+    "memlab.vllm.block_table": 6,
+    "memlab.vllm.kv_layout": 6,
+    "memlab.capstone.compare": 6,
+    "memlab.capstone.trace_replay": 6,
+    "memlab.sglang.swa": 7,
+    "memlab.sglang.mamba": 7,
+    "memlab.sglang.write_loc": 7,  # write_loc: 07 to 09
     "memlab.common.sizing": 8,
     "memlab.common.attention": 9,
-    "memlab.capstone.tiny_llama": 10, "memlab.capstone.sim": 10, "memlab.capstone.checkpoint": 10,
+    "memlab.capstone.tiny_llama": 10,
+    "memlab.capstone.sim": 10,
+    "memlab.capstone.checkpoint": 10,
     "memlab.course.chat": 10,
     # The capstone engine is built in chapter 10 and gets its "radix" and "hicache" prefix caches
     # in chapter 11, so it sits on chapter 11's floor.
     "memlab.capstone.engine": 11,
-    "memlab.sglang.radix_cache": 11, "memlab.sglang.hicache": 11, "memlab.sglang.page_copy": 11,
+    "memlab.sglang.radix_cache": 11,
+    "memlab.sglang.hicache": 11,
+    "memlab.sglang.page_copy": 11,
     "memlab.capstone.prefix_compare": 11,
     "memlab.sglang.unified": 12,
 }
@@ -136,7 +154,9 @@ def unit(module: str) -> str:
 def units(g: dict[str, set[str]]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for m, targets in g.items():
-        out.setdefault(unit(m), set()).update(unit(t) for t in targets if unit(t) != unit(m))
+        out.setdefault(unit(m), set()).update(
+            unit(t) for t in targets if unit(t) != unit(m)
+        )
     return out
 
 
@@ -162,7 +182,10 @@ def test_the_graph_sees_every_kind_of_import(tmp_path):
 
 
 def test_the_kernels_are_in_the_graph(memlab_graph):
-    assert "memlab.kernels.alloc_extend" in memlab_graph and "memlab.common.env" in memlab_graph["memlab.kernels"]
+    assert (
+        "memlab.kernels.alloc_extend" in memlab_graph
+        and "memlab.common.env" in memlab_graph["memlab.kernels"]
+    )
 
 
 def test_no_module_imports_itself_back(memlab_graph):
@@ -173,24 +196,43 @@ def test_no_two_parts_of_memlab_import_each_other(memlab_graph):
     assert cycles(units(memlab_graph)) == []
 
 
-def upward(parts: dict[str, set[str]], floors: dict[str, int] = FLOORS, tools: set = TOOLS) -> list:
+def upward(
+    parts: dict[str, set[str]], floors: dict[str, int] = FLOORS, tools: set = TOOLS
+) -> list:
     """(part, what it imports) where a part imports a tool or a part taught in a later chapter."""
-    return sorted((a, b) for a, targets in parts.items() if a in floors for b in targets
-                  if b in tools or floors[b] > floors[a])
+    return sorted(
+        (a, b)
+        for a, targets in parts.items()
+        if a in floors
+        for b in targets
+        if b in tools or floors[b] > floors[a]
+    )
 
 
 def test_the_floor_check_sees_a_late_import_and_a_tool():
-    parts = {"memlab.a": {"memlab.b"}, "memlab.b": {"memlab.a", "memlab.t"}, "memlab.t": {"memlab.a"}}
-    assert upward(parts, {"memlab.a": 1, "memlab.b": 2}, {"memlab.t"}) == [("memlab.a", "memlab.b"),
-                                                                         ("memlab.b", "memlab.t")]
+    parts = {
+        "memlab.a": {"memlab.b"},
+        "memlab.b": {"memlab.a", "memlab.t"},
+        "memlab.t": {"memlab.a"},
+    }
+    assert upward(parts, {"memlab.a": 1, "memlab.b": 2}, {"memlab.t"}) == [
+        ("memlab.a", "memlab.b"),
+        ("memlab.b", "memlab.t"),
+    ]
 
 
 def test_floors_follow_the_teaching_order(memlab_graph):
     parts = units(memlab_graph)
     unplaced = sorted(set(parts) - set(FLOORS) - TOOLS)
-    assert not unplaced, f"give each a floor (the chapter that teaches it) in FLOORS, or put it in TOOLS: {unplaced}"
+    assert not unplaced, (
+        f"give each a floor (the chapter that teaches it) in FLOORS, or put it in TOOLS: {unplaced}"
+    )
     up = upward(parts)
     assert set(up) - set(PENDING) == set(), "\n".join(
-        f"{a} (chapter {FLOORS[a]:02d}) imports {b} " + ("(a tool above the library)" if b in TOOLS else
-                                                          f"(chapter {FLOORS[b]:02d})") for a, b in up)
-    assert set(PENDING) <= set(up), f"no longer imported: delete from PENDING {sorted(set(PENDING) - set(up))}"
+        f"{a} (chapter {FLOORS[a]:02d}) imports {b} "
+        + ("(a tool above the library)" if b in TOOLS else f"(chapter {FLOORS[b]:02d})")
+        for a, b in up
+    )
+    assert set(PENDING) <= set(up), (
+        f"no longer imported: delete from PENDING {sorted(set(PENDING) - set(up))}"
+    )

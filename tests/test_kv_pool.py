@@ -1,17 +1,37 @@
 import pytest
 import torch
 
-from memlab.sglang.kv_pool import (MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token)
+from memlab.sglang.kv_pool import (
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    mha_bytes_per_token,
+    mla_bytes_per_token,
+)
 
 FP8 = torch.float8_e4m3fn
 
 
 def test_mha_shapes_rows_and_layer_range():
-    pool = MHATokenToKVPool(size=32, page_size=16, dtype=torch.float16, head_num=4, head_dim=8, layer_num=3,
-                            v_head_dim=6, start_layer=5)
+    pool = MHATokenToKVPool(
+        size=32,
+        page_size=16,
+        dtype=torch.float16,
+        head_num=4,
+        head_dim=8,
+        layer_num=3,
+        v_head_dim=6,
+        start_layer=5,
+    )
     assert len(pool.k_buffer) == len(pool.v_buffer) == 3
-    assert pool.k_buffer[0].shape == (48, 4, 8) and pool.v_buffer[0].shape == (48, 4, 6)  # size + page_size rows
-    assert pool.get_key_buffer(5) is pool.k_buffer[0] and pool.get_value_buffer(7) is pool.v_buffer[2]
+    assert pool.k_buffer[0].shape == (48, 4, 8) and pool.v_buffer[0].shape == (
+        48,
+        4,
+        6,
+    )  # size + page_size rows
+    assert (
+        pool.get_key_buffer(5) is pool.k_buffer[0]
+        and pool.get_value_buffer(7) is pool.v_buffer[2]
+    )
     for bad in (4, 8):
         with pytest.raises(IndexError, match=f"layer {bad}"):
             pool.get_key_buffer(bad)
@@ -22,7 +42,9 @@ def test_set_kv_buffer_writes_only_the_given_slots():
     loc = torch.tensor([3, 6])
     k, v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
     pool.set_kv_buffer(0, loc, k, v)
-    assert torch.equal(pool.get_key_buffer(0)[loc], k) and torch.equal(pool.get_value_buffer(0)[loc], v)
+    assert torch.equal(pool.get_key_buffer(0)[loc], k) and torch.equal(
+        pool.get_value_buffer(0)[loc], v
+    )
     others = torch.ones(9, dtype=torch.bool)
     others[loc] = False
     assert not pool.k_buffer[0][others].any() and not pool.v_buffer[0][others].any()
@@ -34,12 +56,16 @@ def test_fp8_is_stored_as_uint8_and_viewed_back():
     assert pool.get_key_buffer(0).dtype == FP8
     k = torch.tensor([0.5, -1.0, 2.0, 0.25]).repeat(1, 2, 1)
     pool.set_kv_buffer(0, torch.tensor([2]), k * 4, k, k_scale=4.0)
-    assert torch.equal(pool.get_key_buffer(0)[2].float(), k[0])  # written through the scale, exact in fp8
+    assert torch.equal(
+        pool.get_key_buffer(0)[2].float(), k[0]
+    )  # written through the scale, exact in fp8
     assert torch.equal(pool.get_value_buffer(0)[2].float(), k[0])
 
 
 def test_mla_has_one_latent_buffer_and_v_is_a_view():
-    pool = MLATokenToKVPool(16, 4, torch.float16, kv_lora_rank=8, qk_rope_head_dim=2, layer_num=2)
+    pool = MLATokenToKVPool(
+        16, 4, torch.float16, kv_lora_rank=8, qk_rope_head_dim=2, layer_num=2
+    )
     assert pool.kv_buffer[0].shape == (20, 1, 10) and not hasattr(pool, "v_buffer")
     latent = torch.randn(3, 1, 10).half()
     loc = torch.tensor([1, 2, 9])
@@ -49,12 +75,20 @@ def test_mla_has_one_latent_buffer_and_v_is_a_view():
     assert torch.equal(v[loc], latent[..., :8])
 
 
-@pytest.mark.parametrize("dtype,b", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 4), (FP8, 1)])
+@pytest.mark.parametrize(
+    "dtype,b", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 4), (FP8, 1)]
+)
 def test_byte_formulas_match_the_tensors(dtype, b):
     L, T, H, d, ps = 3, 64, 4, 16, 16
     mha = MHATokenToKVPool(T, ps, dtype, H, d, L)
-    assert mha.bytes_per_token == 2 * L * H * d * b == mha_bytes_per_token(L, H, d, dtype_bytes=b)
-    assert mha.kv_size_bytes() == mha.bytes_per_token * (T + ps)  # the padding page is real memory
+    assert (
+        mha.bytes_per_token
+        == 2 * L * H * d * b
+        == mha_bytes_per_token(L, H, d, dtype_bytes=b)
+    )
+    assert mha.kv_size_bytes() == mha.bytes_per_token * (
+        T + ps
+    )  # the padding page is real memory
     r, dr = 32, 8
     mla = MLATokenToKVPool(T, ps, dtype, r, dr, L)
     assert mla.bytes_per_token == L * (r + dr) * b == mla_bytes_per_token(L, r, dr, b)
@@ -62,14 +96,32 @@ def test_byte_formulas_match_the_tensors(dtype, b):
 
 
 def test_v_head_dim_counts_in_mha_bytes():
-    assert mha_bytes_per_token(2, 3, 8, v_head_dim=4, dtype_bytes=2) == 2 * 3 * (8 + 4) * 2
+    assert (
+        mha_bytes_per_token(2, 3, 8, v_head_dim=4, dtype_bytes=2) == 2 * 3 * (8 + 4) * 2
+    )
 
 
-@pytest.mark.parametrize("kw,name,err", [(dict(size=0), "size", ValueError), (dict(head_num=-2), "head_num", ValueError),
-                                         (dict(layer_num=1.5), "layer_num", TypeError),
-                                         (dict(page_size=0), "page_size", ValueError)])
+@pytest.mark.parametrize(
+    "kw,name,err",
+    [
+        (dict(size=0), "size", ValueError),
+        (dict(head_num=-2), "head_num", ValueError),
+        (dict(layer_num=1.5), "layer_num", TypeError),
+        (dict(page_size=0), "page_size", ValueError),
+    ],
+)
 def test_bad_dimensions_are_named(kw, name, err):
-    args = dict(size=8, page_size=1, dtype=torch.float16, head_num=2, head_dim=4, layer_num=1) | kw
+    args = (
+        dict(
+            size=8,
+            page_size=1,
+            dtype=torch.float16,
+            head_num=2,
+            head_dim=4,
+            layer_num=1,
+        )
+        | kw
+    )
     with pytest.raises(err, match=name):
         MHATokenToKVPool(**args)
 
@@ -83,18 +135,35 @@ def test_a_pool_refuses_a_dtype_that_is_not_floating_point(dtype):
 
 
 def test_a_wrong_head_dim_is_named_before_torch_sees_it():
-    pool = MHATokenToKVPool(8, 1, torch.float32, head_num=2, head_dim=4, layer_num=1, v_head_dim=3)
+    pool = MHATokenToKVPool(
+        8, 1, torch.float32, head_num=2, head_dim=4, layer_num=1, v_head_dim=3
+    )
     loc = torch.tensor([1, 2])
-    with pytest.raises(ValueError, match=r"cache_k has shape \(2, 2, 8\); this pool stores rows of "
-                                         r"\(tokens, head_num, head_dim\) = \(tokens, 2, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"cache_k has shape \(2, 2, 8\); this pool stores rows of "
+        r"\(tokens, head_num, head_dim\) = \(tokens, 2, 4\)",
+    ):
         pool.set_kv_buffer(0, loc, torch.ones(2, 2, 8), torch.ones(2, 2, 3))
-    with pytest.raises(ValueError, match=r"cache_v has shape \(2, 2, 4\).*v_head_dim\) = \(tokens, 2, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"cache_v has shape \(2, 2, 4\).*v_head_dim\) = \(tokens, 2, 3\)",
+    ):
         pool.set_kv_buffer(0, loc, torch.ones(2, 2, 4), torch.ones(2, 2, 4))
     with pytest.raises(ValueError, match=r"head_num, head_dim\) = \(tokens, 2, 4\)"):
-        pool.set_kv_buffer(0, loc, torch.ones(2, 8), torch.ones(2, 2, 3))  # heads flattened
-    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()  # refused before writing
-    mla = MLATokenToKVPool(8, 1, torch.float32, kv_lora_rank=4, qk_rope_head_dim=2, layer_num=1)
-    with pytest.raises(ValueError, match=r"\(tokens, 1, kv_lora_rank \+ qk_rope_head_dim\) = \(tokens, 1, 6\)"):
+        pool.set_kv_buffer(
+            0, loc, torch.ones(2, 8), torch.ones(2, 2, 3)
+        )  # heads flattened
+    assert (
+        not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
+    )  # refused before writing
+    mla = MLATokenToKVPool(
+        8, 1, torch.float32, kv_lora_rank=4, qk_rope_head_dim=2, layer_num=1
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"\(tokens, 1, kv_lora_rank \+ qk_rope_head_dim\) = \(tokens, 1, 6\)",
+    ):
         mla.set_kv_buffer(0, loc, torch.ones(2, 1, 4))
 
 

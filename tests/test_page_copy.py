@@ -9,19 +9,24 @@ from memlab.common.env import kernel_device
 from memlab.sglang.page_copy import copy_pages_python, copy_pages_torch, transfer_pages
 
 GUARD = 3  # guard rows around each buffer
-LAYOUTS = {"mha": (2, 8), "mla": (1, 24)}  # one token's row: (heads, head_dim) / (1, r + d_r)
+LAYOUTS = {
+    "mha": (2, 8),
+    "mla": (1, 24),
+}  # one token's row: (heads, head_dim) / (1, r + d_r)
 
 
 def random_buffer(rows, row_shape, dtype, gen):
     if dtype == torch.uint8:
-        return torch.randint(0, 256, (rows, *row_shape), dtype=torch.uint8, generator=gen)
+        return torch.randint(
+            0, 256, (rows, *row_shape), dtype=torch.uint8, generator=gen
+        )
     return torch.randn((rows, *row_shape), generator=gen).to(dtype)
 
 
 def guarded(rows, row_shape, dtype, dev, fill):
     """A buffer of ``rows`` rows as a view inside a bigger one whose guard rows hold ``fill``."""
     big = torch.full((rows + 2 * GUARD, *row_shape), fill, dtype=dtype, device=dev)
-    return big[GUARD: GUARD + rows], big
+    return big[GUARD : GUARD + rows], big
 
 
 def random_batch(gen, n, src_pages, dst_pages):
@@ -34,7 +39,9 @@ def random_batch(gen, n, src_pages, dst_pages):
 @pytest.mark.kernel
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.uint8])
-@pytest.mark.parametrize("page_size,src_pages,dst_pages,n", [(1, 40, 30, 17), (16, 6, 9, 5), (64, 3, 4, 3)])
+@pytest.mark.parametrize(
+    "page_size,src_pages,dst_pages,n", [(1, 40, 30, 17), (16, 6, 9, 5), (64, 3, 4, 3)]
+)
 def test_kernel_equals_references(layout, dtype, page_size, src_pages, dst_pages, n):
     from memlab.kernels import page_copy
 
@@ -55,13 +62,18 @@ def test_kernel_equals_references(layout, dtype, page_size, src_pages, dst_pages
             copy_pages_torch(src, dst, sp.to(dev), dp.to(dev), page_size)
         else:
             page_copy.copy_pages(src, dst, sp.to(dev), dp.to(dev), page_size)
-        assert (big[:GUARD] == sentinel).all() and (big[-GUARD:] == sentinel).all(), f"{name} wrote outside dst"
+        assert (big[:GUARD] == sentinel).all() and (big[-GUARD:] == sentinel).all(), (
+            f"{name} wrote outside dst"
+        )
         results.append(dst.cpu())
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
-    # and the result is what a copy means: the copied pages equal their sources, the rest is untouched
+    # and the result is what a copy means: the copied pages equal their sources, the
+    # rest is untouched
     want = before.clone()
     for s, d in zip(sp.tolist(), dp.tolist()):
-        want[d * page_size:(d + 1) * page_size] = src[s * page_size:(s + 1) * page_size].cpu()
+        want[d * page_size : (d + 1) * page_size] = src[
+            s * page_size : (s + 1) * page_size
+        ].cpu()
     assert torch.equal(results[2], want)
 
 
@@ -72,11 +84,15 @@ def test_kernel_masks_page_ids_outside_either_buffer():
     from memlab.kernels import page_copy
 
     dev = kernel_device()
-    src = torch.arange(4 * 2 * 3, dtype=torch.float32, device=dev).reshape(8, 1, 3)  # 4 pages of 2 rows
+    src = torch.arange(4 * 2 * 3, dtype=torch.float32, device=dev).reshape(
+        8, 1, 3
+    )  # 4 pages of 2 rows
     dst, big = guarded(6, (1, 3), torch.float32, dev, -1.0)  # 3 pages
     dst.zero_()
     sp = torch.tensor([0, 4, -1, 3, 1], device=dev)
-    dp = torch.tensor([2, 0, 1, 3, -2], device=dev)  # only (0 -> 2) is inside both buffers
+    dp = torch.tensor(
+        [2, 0, 1, 3, -2], device=dev
+    )  # only (0 -> 2) is inside both buffers
     page_copy.copy_pages(src, dst, sp, dp, 2)
     assert (big[:GUARD] == -1).all() and (big[-GUARD:] == -1).all()
     assert torch.equal(dst[4:6].cpu(), src[0:2].cpu()) and (dst[:4] == 0).all()
@@ -106,9 +122,15 @@ def test_device_and_pinned_host_round_trip_on_a_gpu():
     dev_buf = random_buffer(32 * 16, (4, 32), torch.float16, gen).cuda()
     host_buf = torch.zeros(20 * 16, 4, 32, dtype=torch.float16, pin_memory=True)
     out = torch.zeros_like(dev_buf)
-    sp, hp, dp = torch.tensor([5, 30, 2]), torch.tensor([19, 0, 7]), torch.tensor([1, 2, 3])
-    transfer_pages(dev_buf, host_buf, sp, hp, 16)  # device -> host: staged through the GPU
+    sp, hp, dp = (
+        torch.tensor([5, 30, 2]),
+        torch.tensor([19, 0, 7]),
+        torch.tensor([1, 2, 3]),
+    )
+    transfer_pages(
+        dev_buf, host_buf, sp, hp, 16
+    )  # device -> host: staged through the GPU
     transfer_pages(host_buf, out, hp, dp, 16)
     torch.cuda.synchronize()
     for s, d in zip(sp.tolist(), dp.tolist()):
-        assert torch.equal(out[d * 16:(d + 1) * 16], dev_buf[s * 16:(s + 1) * 16])
+        assert torch.equal(out[d * 16 : (d + 1) * 16], dev_buf[s * 16 : (s + 1) * 16])

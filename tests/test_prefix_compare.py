@@ -4,7 +4,13 @@ Python, per cache kind), and the over-eviction count matches a case done by hand
 
 import pytest
 
-from memlab.capstone.prefix_compare import (Turn, compare, replay_radix, replay_vllm, shared_prefix_conversations)
+from memlab.capstone.prefix_compare import (
+    Turn,
+    compare,
+    replay_radix,
+    replay_vllm,
+    shared_prefix_conversations,
+)
 
 
 def lcp(a, b) -> int:
@@ -23,20 +29,37 @@ def expected_hits(stream, unit: int) -> int:
     for t in stream:
         best = max((lcp(t.prompt[: len(t.prompt) - 1], d) for d in done), default=0)
         hits += best - best % unit
-        done.append(t.prompt + t.answer[:-1])  # the last answer token is sampled, never computed
+        done.append(
+            t.prompt + t.answer[:-1]
+        )  # the last answer token is sampled, never computed
     return hits
 
 
 @pytest.fixture(scope="module")
 def stream():
-    return shared_prefix_conversations(8, 3, num_system_prompts=2, system_len=40, user_len=(3, 20),
-                                       answer_len=(3, 20), vocab=50, seed=1)
+    return shared_prefix_conversations(
+        8,
+        3,
+        num_system_prompts=2,
+        system_len=40,
+        user_len=(3, 20),
+        answer_len=(3, 20),
+        vocab=50,
+        seed=1,
+    )
 
 
 def test_stream_shape(stream):
-    assert len(stream) == 24 and stream == shared_prefix_conversations(8, 3, num_system_prompts=2, system_len=40,
-                                                                      user_len=(3, 20), answer_len=(3, 20),
-                                                                      vocab=50, seed=1)
+    assert len(stream) == 24 and stream == shared_prefix_conversations(
+        8,
+        3,
+        num_system_prompts=2,
+        system_len=40,
+        user_len=(3, 20),
+        answer_len=(3, 20),
+        vocab=50,
+        seed=1,
+    )
     by_conv = {}
     for t in stream:
         by_conv.setdefault(t.rid.split("-")[0], []).append(t)
@@ -44,14 +67,21 @@ def test_stream_shape(stream):
     for ts in by_conv.values():
         assert [t.rid.split("-")[1] for t in ts] == ["t0", "t1", "t2"]
         for prev, nxt in zip(ts, ts[1:]):
-            assert nxt.prompt[: len(prev.prompt) + len(prev.answer)] == prev.prompt + prev.answer
+            assert (
+                nxt.prompt[: len(prev.prompt) + len(prev.answer)]
+                == prev.prompt + prev.answer
+            )
             assert 3 <= len(nxt.prompt) - len(prev.prompt) - len(prev.answer) <= 20
 
 
 @pytest.mark.parametrize("kind, unit", [("radix", 1), ("radix", 4), ("vllm", 4)])
 def test_a_cache_that_never_evicts_hits_the_longest_earlier_prefix(stream, kind, unit):
     big = 1 << 14
-    stats = replay_radix(stream, big, unit) if kind == "radix" else replay_vllm(stream, big, unit)
+    stats = (
+        replay_radix(stream, big, unit)
+        if kind == "radix"
+        else replay_vllm(stream, big, unit)
+    )
     assert stats.prompt_tokens == sum(len(t.prompt) for t in stream)
     assert stats.evicted_tokens == 0
     assert stats.hit_tokens == expected_hits(stream, unit) > 0
@@ -78,4 +108,6 @@ def test_table_reports_over_eviction_for_device_only_radix_rows(stream):
     table = compare(stream, (160, 1 << 14), page_size=4, host_tokens=256).table()
     lines = [line for line in table.splitlines() if "beyond the ask" in line]
     assert [line.split(":")[0] for line in lines] == ["radix, page 4", "radix, page 1"]
-    assert lines[0].split()[-1] == "-"  # the big cache evicts nothing: no share to report
+    assert (
+        lines[0].split()[-1] == "-"
+    )  # the big cache evicts nothing: no share to report

@@ -3,15 +3,27 @@ read the real tree and pools, and the drawing paints each node and page the colo
 owner give (derived here independently of the drawing code)."""
 
 import pytest
-import torch
 
-from memlab.course.viz.radix_books import (DEVICE, EVICTABLE, HOST_ONLY, LOCKED, RadixScene, draw_radix, encode,
-                                    read_radix_books, story)
+from memlab.course.viz.radix_books import (
+    DEVICE,
+    EVICTABLE,
+    HOST_ONLY,
+    LOCKED,
+    RadixScene,
+    draw_radix,
+    encode,
+    story,
+)
 from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color, same_color
 
 
 def by_gid(fig, prefix):
-    return {a.get_gid(): a for a in fig.findobj(lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix))}
+    return {
+        a.get_gid(): a
+        for a in fig.findobj(
+            lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix)
+        )
+    }
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +59,42 @@ def check_drawing(books):
     assert len(nodes) == len(books.nodes) + 1  # and the root
     for n in books.nodes:
         patch = nodes[f"node:{n.id}"]
-        assert same_color(patch.get_facecolor(), expected_node_fill(n)), f"node {n.id} ({n.key}) has the wrong colour"
+        assert same_color(patch.get_facecolor(), expected_node_fill(n)), (
+            f"node {n.id} ({n.key}) has the wrong colour"
+        )
         assert (patch.get_hatch() == "///") == (n.value is None)
-        assert (same_color(patch.get_edgecolor(), HIGHLIGHT) and patch.get_linewidth() > 1) == (n.id in books.highlight)
-    for prefix, pages, host in (("dpage", books.device_pages, False), ("hpage", books.host_pages, True)):
+        assert (
+            same_color(patch.get_edgecolor(), HIGHLIGHT) and patch.get_linewidth() > 1
+        ) == (n.id in books.highlight)
+    for prefix, pages, host in (
+        ("dpage", books.device_pages, False),
+        ("hpage", books.host_pages, True),
+    ):
         cells = by_gid(fig, f"{prefix}:")
         assert len(cells) == pages + 1
         for p in range(pages + 1):
-            assert same_color(cells[f"{prefix}:{p}"].get_facecolor(), expected_page_fill(books, p, host)), \
-                f"{prefix} {p} has the wrong colour"
+            assert same_color(
+                cells[f"{prefix}:{p}"].get_facecolor(),
+                expected_page_fill(books, p, host),
+            ), f"{prefix} {p} has the wrong colour"
 
 
 def test_story_steps_through_split_eviction_and_load_back(frames):
     assert len(frames) == 12 and all(f.caption for f in frames)
     keys = lambda f: sorted(n.key for n in f.nodes)  # noqa: E731
     assert keys(frames[2]) == [tuple(encode("<s> You are brief . What is KV ?"))]
-    assert keys(frames[3]) == sorted([tuple(encode("<s> You are brief . What is")), tuple(encode("KV ?")),
-                                      tuple(encode("HiCache ?"))])  # split, and B's checkpointed tail
+    assert keys(frames[3]) == sorted(
+        [
+            tuple(encode("<s> You are brief . What is")),
+            tuple(encode("KV ?")),
+            tuple(encode("HiCache ?")),
+        ]
+    )  # split, and B's checkpointed tail
     locked = [n for n in frames[3].nodes if n.lock_ref]
-    assert [n.key for n in locked] == [tuple(encode("<s> You are brief . What is")), tuple(encode("HiCache ?"))]
+    assert [n.key for n in locked] == [
+        tuple(encode("<s> You are brief . What is")),
+        tuple(encode("HiCache ?")),
+    ]
     assert any(n.value is None for n in frames[6].nodes)  # demoted to the host
     assert "loaded back" in frames[8].note and frames[8].highlight
     assert all(n.value is None for n in frames[10].nodes)
@@ -82,11 +111,20 @@ def test_snapshots_read_the_real_tree_and_pools():
     real = {n.id: n for n in tree._all_nodes()}
     assert {n.id for n in books.nodes} == set(real)
     for n in books.nodes:
-        assert n.value == tuple(real[n.id].value.tolist()) and n.lock_ref == real[n.id].lock_ref
+        assert (
+            n.value == tuple(real[n.id].value.tolist())
+            and n.lock_ref == real[n.id].lock_ref
+        )
         assert n.evictable == (real[n.id] in tree.evictable_leaves)
-    assert books.free_device == frozenset(tree.token_to_kv_pool_allocator.free_pages.tolist())
-    assert books.requests["B"] == frozenset(sc.running["B"].kv_indices[sc.running["B"].kv.cache_protected_len:].tolist())
-    assert books.sizes["protected"] == tree.protected_size() == 9  # the shared 7 and B's own 2, checkpointed
+    assert books.free_device == frozenset(
+        tree.token_to_kv_pool_allocator.free_pages.tolist()
+    )
+    assert books.requests["B"] == frozenset(
+        sc.running["B"].kv_indices[sc.running["B"].kv.cache_protected_len :].tolist()
+    )
+    assert (
+        books.sizes["protected"] == tree.protected_size() == 9
+    )  # the shared 7 and B's own 2, checkpointed
 
 
 def test_load_back_in_the_story_brings_back_the_right_kv():
@@ -100,7 +138,9 @@ def test_load_back_in_the_story_brings_back_the_right_kv():
     req = sc.running["D"]
     assert req.host_hit_tokens == 9
     k = sc.pool.get_key_buffer(0)[req.kv_indices][:, 0]
-    assert k[:, 0].tolist() == list(range(10)) and k[:, 1].tolist() == [float(t) for t in req.tokens]
+    assert k[:, 0].tolist() == list(range(10)) and k[:, 1].tolist() == [
+        float(t) for t in req.tokens
+    ]
 
 
 @pytest.mark.parametrize("step", [1, 3, 6, 8, 11])
@@ -121,17 +161,29 @@ def test_page_size_two_keeps_whole_pages():
     for f in frames:
         for n in f.nodes:
             assert len(n.key) % 2 == 0
-    assert sorted(n.key for n in frames[5].nodes)[0] == tuple(encode("<s> You"))  # the split falls on a page
+    assert sorted(n.key for n in frames[5].nodes)[0] == tuple(
+        encode("<s> You")
+    )  # the split falls on a page
 
 
-@pytest.mark.parametrize("page_size, split_b, split_c", [(1, "<s> You are brief . What is", "<s> You are"),
-                                                         (2, "<s> You are brief . What", "<s> You")])
+@pytest.mark.parametrize(
+    "page_size, split_b, split_c",
+    [
+        (1, "<s> You are brief . What is", "<s> You are"),
+        (2, "<s> You are brief . What", "<s> You"),
+    ],
+)
 def test_captions_name_the_split_the_tree_made(page_size, split_b, split_c):
     frames = story(page_size=page_size)
-    assert f"through '{split_b}'" in frames[3].caption and f"shares '{split_c}'" in frames[5].caption
+    assert (
+        f"through '{split_b}'" in frames[3].caption
+        and f"shares '{split_c}'" in frames[5].caption
+    )
     for f, split in ((frames[3], split_b), (frames[5], split_c)):
         locked = [n for n in f.nodes if n.lock_ref and n.parent is None]
-        assert [n.key for n in locked] == [tuple(encode(split))], "the caption names the node the match split off"
+        assert [n.key for n in locked] == [tuple(encode(split))], (
+            "the caption names the node the match split off"
+        )
     assert ("whole pages of 2" in frames[3].caption) == (page_size == 2)
 
 
@@ -140,7 +192,9 @@ def test_stepper_over_stories(frames):
     stands in for the picture here, so the test stays quick)."""
     from memlab.course.viz.widgets import Stepper
 
-    w = Stepper({"first steps": frames[:4], "later": frames[6:8]}, lambda b: f"<p>{b.note}</p>")
+    w = Stepper(
+        {"first steps": frames[:4], "later": frames[6:8]}, lambda b: f"<p>{b.note}</p>"
+    )
     w._move(+3)
     assert "SPLITS" in w.caption.value and "hit 7 tokens" in w.view.value
     w.story.value = "later"

@@ -1,8 +1,8 @@
-"""RadixCache: hand-worked cases (a split, LRU eviction, locks, page alignment), a request's
-lifecycle (checkpoints between chunks, the finished request split at its prompt, a disabled tree,
-a retraction), the books it keeps, and a property test over random request streams: every page is free, held by
-the tree, or held by one running request, never two of these (with a buggy variant that breaks it).
-"""
+"""RadixCache: hand-worked cases (a split, LRU eviction, locks, page alignment), a
+request's lifecycle (checkpoints between chunks, the finished request split at its
+prompt, a disabled tree, a retraction), the books it keeps, and a property test over
+random request streams: every page is free, held by the tree, or held by one running
+request, never two of these (with a buggy variant that breaks it)."""
 
 import random
 
@@ -11,9 +11,14 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, release_kv_cache
-from memlab.sglang.allocator import make_allocator
 from memlab.capstone.prefix_compare import RadixDriver
+from memlab.sglang.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    checkpoint_kv_cache,
+    release_kv_cache,
+)
+from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
@@ -25,8 +30,13 @@ def tree_of(size=32, page_size=1, **kw):
 
 def shape(tree):
     """The tree as nested {key: (slots, lock_ref, children)}."""
+
     def walk(node):
-        return {c.key: (c.value.tolist(), c.lock_ref, walk(c)) for c in node.children.values()}
+        return {
+            c.key: (c.value.tolist(), c.lock_ref, walk(c))
+            for c in node.children.values()
+        }
+
     return walk(tree.root_node)
 
 
@@ -44,8 +54,12 @@ def test_insert_then_split_on_a_partial_match():
     v1, r1 = insert_fresh(tree, alloc, [1, 2, 3, 4, 5])
     assert r1.prefix_len == 0 and v1.tolist() == [1, 2, 3, 4, 5]
     v2, r2 = insert_fresh(tree, alloc, [1, 2, 3, 9, 9])
-    assert r2.prefix_len == 3  # (1, 2, 3) was there: the caller's slots 6, 7, 8 were duplicates, freed
-    assert shape(tree) == {(1, 2, 3): ([1, 2, 3], 0, {(4, 5): ([4, 5], 0, {}), (9, 9): ([9, 10], 0, {})})}
+    assert (
+        r2.prefix_len == 3
+    )  # (1, 2, 3) was there: the caller's slots 6, 7, 8 were duplicates, freed
+    assert shape(tree) == {
+        (1, 2, 3): ([1, 2, 3], 0, {(4, 5): ([4, 5], 0, {}), (9, 9): ([9, 10], 0, {})})
+    }
     m = tree.match_prefix([1, 2, 3, 4, 7])  # ends inside (4, 5): splits it after 4
     assert m.device_prefix_len == 4 and m.last_device_node.key == (4,)
     assert tree.path_device_indices(m.last_device_node).tolist() == [1, 2, 3, 4]
@@ -71,7 +85,9 @@ def test_lru_eviction_order_and_parents_becoming_leaves():
     insert_fresh(tree, alloc, [2, 2, 2])
     insert_fresh(tree, alloc, [3])
     tree.match_prefix([1, 1])  # refreshed: now the most recent
-    assert tree.evict(1).num_tokens_evicted == 3  # (2, 2, 2) goes whole: a node is the unit
+    assert (
+        tree.evict(1).num_tokens_evicted == 3
+    )  # (2, 2, 2) goes whole: a node is the unit
     assert sorted(shape(tree)) == [(1, 1), (3,)]
     assert tree.evict(1).num_tokens_evicted == 1 and sorted(shape(tree)) == [(1, 1)]
     # A parent whose last child goes becomes a leaf and may go in the same call.
@@ -92,7 +108,9 @@ def test_locks_protect_the_whole_path():
     assert sorted(shape(tree)[(1, 2)][2]) == [(3, 4)]
     m2 = tree.match_prefix([1, 2])
     assert tree.inc_lock_ref(m2.last_device_node).delta == 0  # already protected
-    assert tree.dec_lock_ref(m.last_device_node).delta == 2  # (3, 4) free again, (1, 2) still locked
+    assert (
+        tree.dec_lock_ref(m.last_device_node).delta == 2
+    )  # (3, 4) free again, (1, 2) still locked
     assert tree.evict(100).num_tokens_evicted == 2
     assert tree.dec_lock_ref(m2.last_device_node).delta == 2
     assert tree.evict(100).num_tokens_evicted == 2 and tree.total_size() == 0
@@ -127,16 +145,27 @@ def test_page_aligned_keys():
     assert tree.page_aligned(key) == tuple(range(8))
     value, r = insert_fresh(tree, alloc, key)
     assert len(value) == 8 and tree.total_size() == 8
-    assert list(tree.root_node.children) == [(0, 1, 2, 3)]  # children are found by their first page
+    assert list(tree.root_node.children) == [
+        (0, 1, 2, 3)
+    ]  # children are found by their first page
     # A match counts whole pages only: tokens 4 and 5 agree but page (4, 5, 6, 7) does not.
     m = tree.match_prefix([0, 1, 2, 3, 4, 5, 99, 99, 8])
     assert m.device_prefix_len == 4
-    assert shape(tree) == {(0, 1, 2, 3): (value[:4].tolist(), 0, {(4, 5, 6, 7): (value[4:].tolist(), 0, {})})}
-    assert tree.match_prefix([0, 1, 2]).device_prefix_len == 0  # less than a page matches nothing
+    assert shape(tree) == {
+        (0, 1, 2, 3): (
+            value[:4].tolist(),
+            0,
+            {(4, 5, 6, 7): (value[4:].tolist(), 0, {})},
+        )
+    }
+    assert (
+        tree.match_prefix([0, 1, 2]).device_prefix_len == 0
+    )  # less than a page matches nothing
     tree.check_idle(64)
 
 
 # -- a request's lifecycle: checkpoints, release, the split at the prompt ------------------------
+
 
 def table_tree(size=64, page_size=1, **kw):
     alloc = make_allocator(size, page_size, debug_mode=True)
@@ -153,14 +182,24 @@ def admit(tree, rid, prompt):
 
 def extend(tree, r, n, prefix=None):
     """One prefill chunk of ``n`` tokens, then its checkpoint (``checkpoint_kv_cache``)."""
-    assert alloc_for_extend(tree.req_to_token_pool, tree.token_to_kv_pool_allocator, [r], [n], [prefix]) is not None
+    assert (
+        alloc_for_extend(
+            tree.req_to_token_pool, tree.token_to_kv_pool_allocator, [r], [n], [prefix]
+        )
+        is not None
+    )
     r.extend_end = r.prefix_len + n
     checkpoint_kv_cache(r, tree)
 
 
 def decode(tree, r, steps):
     for i in range(steps):
-        assert alloc_for_decode(tree.req_to_token_pool, tree.token_to_kv_pool_allocator, [r]) is not None
+        assert (
+            alloc_for_decode(
+                tree.req_to_token_pool, tree.token_to_kv_pool_allocator, [r]
+            )
+            is not None
+        )
         r.output_ids.append(900 + i)
 
 
@@ -186,15 +225,32 @@ def nodes(tree):
 
 
 def test_finished_request_keeps_its_prompt_under_its_output_page_1():
-    # SGLang 0.5.23 on the same calls (engine_lifecycle notes 1.15 A): prompt 7, 6 outputs (5 decoded)
+    # SGLang 0.5.23 on the same calls (engine_lifecycle notes 1.15 A): prompt 7, 6
+    # outputs (5 decoded)
     tree, alloc, _ = table_tree(64, 1)
     r = serve(tree, 7, 5)
-    assert nodes(tree) == [(7, [1, 2, 3, 4, 5, 6, 7], 1, 0), (5, [8, 9, 10, 11, 12], 0, 0)]
-    assert (r.kv.cache_protected_len, r.kv.cache_inserted_len, r.kv.kv_committed_len) == (12, 12, 12)
+    assert nodes(tree) == [
+        (7, [1, 2, 3, 4, 5, 6, 7], 1, 0),
+        (5, [8, 9, 10, 11, 12], 0, 0),
+    ]
+    assert (
+        r.kv.cache_protected_len,
+        r.kv.cache_inserted_len,
+        r.kv.kv_committed_len,
+    ) == (12, 12, 12)
     assert r.lock is None and not r.kv.holds_kv
-    assert (alloc.available_size(), tree.evictable_size(), tree.protected_size()) == (52, 12, 0)
-    assert tree.evict(1).num_tokens_evicted == 5  # the output leaf goes; the prompt stays
-    assert nodes(tree) == [(7, [1, 2, 3, 4, 5, 6, 7], 1, 0)] and alloc.available_size() == 57
+    assert (alloc.available_size(), tree.evictable_size(), tree.protected_size()) == (
+        52,
+        12,
+        0,
+    )
+    assert (
+        tree.evict(1).num_tokens_evicted == 5
+    )  # the output leaf goes; the prompt stays
+    assert (
+        nodes(tree) == [(7, [1, 2, 3, 4, 5, 6, 7], 1, 0)]
+        and alloc.available_size() == 57
+    )
     tree2, _, _ = table_tree(64, 1)
     serve(tree2, 7, 6)  # 7 outputs, 13 committed: the issue's numbers
     assert tree2.evict(1).num_tokens_evicted == 6 and tree2.evictable_size() == 7
@@ -204,11 +260,16 @@ def test_finished_request_keeps_its_prompt_under_its_output_page_4():
     # notes 1.15 B: prompt 9, 8 outputs (7 decoded): prompt pages 1, 2; output pages 3, 4
     tree, alloc, _ = table_tree(64, 4)
     serve(tree, 9, 7)
-    assert nodes(tree) == [(8, list(range(4, 12)), 1, 0), (8, list(range(12, 20)), 0, 0)]
+    assert nodes(tree) == [
+        (8, list(range(4, 12)), 1, 0),
+        (8, list(range(12, 20)), 0, 0),
+    ]
     assert (alloc.available_size(), tree.evictable_size()) == (48, 16)
     assert tree.evict(1).num_tokens_evicted == 8 and alloc.available_size() == 56
     tree, alloc, _ = table_tree(64, 4)
-    serve(tree, 9, 8)  # 17 committed: the key is still 16, the last page (position 16) goes back
+    serve(
+        tree, 9, 8
+    )  # 17 committed: the key is still 16, the last page (position 16) goes back
     assert (alloc.available_size(), tree.evict(1).num_tokens_evicted) == (48, 8)
 
 
@@ -216,19 +277,25 @@ class OneInsertTree(RadixCache):
     """The older shape: the finished request goes in as one insert, no split at the prompt."""
 
     def _insert_cache(self, req, token_ids, *, key_limit=None, split_prompt=False):
-        return super()._insert_cache(req, token_ids, key_limit=key_limit, split_prompt=False)
+        return super()._insert_cache(
+            req, token_ids, key_limit=key_limit, split_prompt=False
+        )
 
 
 def test_without_the_prompt_split_eviction_takes_the_prompt_too():
     tree, alloc, _ = table_tree(64, 1)
     tree.__class__ = OneInsertTree
     r, prefix = admit(tree, "R", range(7))
-    assert alloc_for_extend(tree.req_to_token_pool, alloc, [r], [7], [prefix]) is not None
+    assert (
+        alloc_for_extend(tree.req_to_token_pool, alloc, [r], [7], [prefix]) is not None
+    )
     r.output_ids = [9] * 6  # decoded without a checkpoint after the prefill
     decode(tree, r, 5)
     r.output_ids = r.output_ids[:6]
     release_kv_cache(r, tree, checkpoint=True)
-    assert [n[0] for n in nodes(tree)] == [12] and tree.evict(1).num_tokens_evicted == 12
+    assert [n[0] for n in nodes(tree)] == [12] and tree.evict(
+        1
+    ).num_tokens_evicted == 12
 
 
 def test_a_disabled_tree_checkpoints_nothing_and_release_frees_the_whole_row():
@@ -236,9 +303,15 @@ def test_a_disabled_tree_checkpoints_nothing_and_release_frees_the_whole_row():
     r, prefix = admit(tree, "R", range(7))
     assert len(prefix) == 0 and r.lock is not None
     extend(tree, r, 7, prefix)
-    assert r.kv.cache_protected_len == 0 and r.prefix_len == 7 and tree.total_size() == 0
+    assert (
+        r.kv.cache_protected_len == 0 and r.prefix_len == 7 and tree.total_size() == 0
+    )
     release_kv_cache(r, tree, checkpoint=True)
-    assert alloc.available_size() == 64 and pool.available_size() == 4 and tree.evictable_size() == 0
+    assert (
+        alloc.available_size() == 64
+        and pool.available_size() == 4
+        and tree.evictable_size() == 0
+    )
 
 
 def test_chunks_enter_the_tree_between_chunks_and_duplicates_go_back():
@@ -247,11 +320,25 @@ def test_chunks_enter_the_tree_between_chunks_and_duplicates_go_back():
     a, pa = admit(tree, "A", range(10, 22))
     b, pb = admit(tree, "B", range(10, 22))
     extend(tree, a, 12, pa)
-    assert nodes(tree) == [(12, list(range(4, 16)), 0, 1)] and a.kv.cache_protected_len == 12
+    assert (
+        nodes(tree) == [(12, list(range(4, 16)), 0, 1)]
+        and a.kv.cache_protected_len == 12
+    )
     extend(tree, b, 4, pb)  # B's first chunk: the tree has it already
-    assert pool.req_to_token[b.kv.req_pool_idx, :4].tolist() == [4, 5, 6, 7]  # the row points at the tree
-    assert alloc.free_pages[0].item() == 4 and alloc.available_size() == 64 - 12  # its own page 4 went back
-    assert (b.kv.cache_protected_len, b.kv.cache_inserted_len, b.prefix_len) == (4, 4, 4)
+    assert pool.req_to_token[b.kv.req_pool_idx, :4].tolist() == [
+        4,
+        5,
+        6,
+        7,
+    ]  # the row points at the tree
+    assert (
+        alloc.free_pages[0].item() == 4 and alloc.available_size() == 64 - 12
+    )  # its own page 4 went back
+    assert (b.kv.cache_protected_len, b.kv.cache_inserted_len, b.prefix_len) == (
+        4,
+        4,
+        4,
+    )
     assert b.lock.node.key == tuple(range(10, 14)) and b.last_node is b.lock.node
     extend(tree, b, 4)  # second chunk: the same again, the lock moves down
     assert pool.req_to_token[b.kv.req_pool_idx, :8].tolist() == list(range(4, 12))
@@ -273,7 +360,9 @@ def test_a_node_counts_one_hit_per_request():
     assert top.hit_count == 1 and next(iter(top.children.values())).hit_count == 1
     release_kv_cache(r, tree, checkpoint=True)
     assert top.hit_count == 1
-    s_, prefix = admit(tree, "S", range(8))  # another request: hits 7, computes 1, inserts all 8
+    s_, prefix = admit(
+        tree, "S", range(8)
+    )  # another request: hits 7, computes 1, inserts all 8
     extend(tree, s_, 1, prefix)
     assert top.hit_count == 2  # it counts again
     release_kv_cache(s_, tree, checkpoint=True)
@@ -287,7 +376,9 @@ def test_a_retracted_request_leaves_its_prompt_in_the_tree():
     decode(tree, r, 3)
     release_kv_cache(r, tree, checkpoint=False)
     r.reset_for_retract()
-    assert tree.total_size() == 7 and alloc.available_size() == 64 - 7  # its decode KV went back
+    assert (
+        tree.total_size() == 7 and alloc.available_size() == 64 - 7
+    )  # its decode KV went back
     assert r.kv.cache_protected_len == 0 and r.lock is None and not r.kv.holds_kv
     again, prefix = admit(tree, "R", r.full_untruncated_fill_ids)
     assert len(prefix) == 7  # the prompt hits
@@ -323,7 +414,9 @@ def test_a_request_never_hits_its_last_prompt_token():
     tree, alloc = tree_of()
     drv = RadixDriver(tree)
     drv.finish(drv.admit([1, 2, 3, 4]))
-    assert drv.admit([1, 2, 3, 4]).hit_tokens == 3  # the last token's logits must be computed
+    assert (
+        drv.admit([1, 2, 3, 4]).hit_tokens == 3
+    )  # the last token's logits must be computed
 
 
 def test_disabled_cache_holds_nothing():
@@ -334,7 +427,9 @@ def test_disabled_cache_holds_nothing():
 
 def test_bad_arguments_are_named():
     tree, alloc = tree_of()
-    with pytest.raises(ValueError, match="insert of 3 key tokens .* with a value of only 2 slots"):
+    with pytest.raises(
+        ValueError, match="insert of 3 key tokens .* with a value of only 2 slots"
+    ):
         tree.insert([1, 2, 3], alloc.alloc(2))
     with pytest.raises(ValueError, match="page_size 4 differs from the allocator's 1"):
         RadixCache(alloc, page_size=4)
@@ -375,8 +470,13 @@ def check_owners(tree, alloc, running):
         stack.extend(node.children.values())
         own((node.value[::ps] // ps).tolist(), f"tree node {node.id}")
     for i, r in enumerate(running):
-        own(torch.unique(r.kv_indices[r.kv.cache_protected_len:] // ps).tolist(), f"request {i}")
-    assert sorted(owners) == list(range(1, alloc.num_pages + 1)), "a page has no owner: it leaked"
+        own(
+            torch.unique(r.kv_indices[r.kv.cache_protected_len :] // ps).tolist(),
+            f"request {i}",
+        )
+    assert sorted(owners) == list(range(1, alloc.num_pages + 1)), (
+        "a page has no owner: it leaked"
+    )
 
 
 class LeakyPrefixCache(RadixCache):
@@ -386,19 +486,30 @@ class LeakyPrefixCache(RadixCache):
         super().free_kv_row(kv, [(0, end) for _, end in ranges])
 
 
-ops = st.lists(st.tuples(st.sampled_from(["admit", "admit", "finish", "evict"]), st.integers(0, 10 ** 6)),
-               min_size=1, max_size=40)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "admit", "finish", "evict"]), st.integers(0, 10**6)
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 def run_stream(cls, page_size, steps):
     alloc = make_allocator(40, page_size, debug_mode=True)
     tree = cls(alloc, debug_mode=True)
-    drv, running, seqs = RadixDriver(tree), [], [[1, 2, 3, 4, 5, 6], [1, 2, 7, 7], [9] * 8]
+    drv, running, seqs = (
+        RadixDriver(tree),
+        [],
+        [[1, 2, 3, 4, 5, 6], [1, 2, 7, 7], [9] * 8],
+    )
     for op, x in steps:
         rng = random.Random(x)
         if op == "admit" and len(running) < 3:
             base = rng.choice(seqs)
-            tokens = base[: rng.randrange(len(base) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(1, 6))]
+            tokens = base[: rng.randrange(len(base) + 1)] + [
+                rng.randrange(3) for _ in range(rng.randrange(1, 6))
+            ]
             req = drv.admit(tokens)
             if req is not None:
                 running.append(req)
@@ -422,7 +533,13 @@ def test_no_page_has_two_owners(page_size, steps):
 
 
 def test_the_ownership_property_catches_a_leaky_free():
-    @settings(max_examples=200, deadline=None, phases=[Phase.generate], derandomize=True, database=None)
+    @settings(
+        max_examples=200,
+        deadline=None,
+        phases=[Phase.generate],
+        derandomize=True,
+        database=None,
+    )
     @given(steps=ops)
     def prop(steps):
         run_stream(LeakyPrefixCache, 4, steps)

@@ -2,20 +2,32 @@
 
 import pathlib
 import re
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-CONDA_FORGE = {"numpy", "matplotlib", "jupyterlab", "ipywidgets"}  # compiled or large: conda's builds
+CONDA_FORGE = {
+    "numpy",
+    "matplotlib",
+    "jupyterlab",
+    "ipywidgets",
+}  # compiled or large: conda's builds
 
 
 def environment_yml() -> tuple[list[str], list[str]]:
     """(conda dependencies, pip dependencies) of environment.yml, as written."""
     text = (ROOT / "environment.yml").read_text()
     conda_part, pip_part = text.split("- pip:", 1)
-    items = lambda part: [line.strip()[2:].strip() for line in part.splitlines()  # noqa: E731
-                          if line.strip().startswith("- ")]
+
+    def items(part):
+        return [
+            line.strip()[2:].strip()
+            for line in part.splitlines()
+            if line.strip().startswith("- ")
+        ]
+
     return items(conda_part.split("dependencies:", 1)[1]), items(pip_part)
 
 
@@ -25,10 +37,14 @@ def name_of(spec: str) -> str:
 
 def test_environment_yml_agrees_with_pyproject():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    want = set(meta["dependencies"]) | {d for extra in meta["optional-dependencies"].values() for d in extra}
+    want = set(meta["dependencies"]) | {
+        d for extra in meta["optional-dependencies"].values() for d in extra
+    }
     conda, pip = environment_yml()
     got = set(pip) | {d for d in conda if name_of(d) not in ("python", "pip")}
-    assert got == want, f"only in environment.yml: {sorted(got - want)}; only in pyproject: {sorted(want - got)}"
+    assert got == want, (
+        f"only in environment.yml: {sorted(got - want)}; only in pyproject: {sorted(want - got)}"
+    )
     assert len(got) == len(pip) + len(conda) - 2, "a package is listed twice"
 
 
@@ -39,10 +55,22 @@ def test_environment_yml_pins_python_and_takes_compiled_packages_from_conda_forg
     m = re.fullmatch(r"python=3\.(\d+)", python)
     assert m, f"pin one Python minor version (python=3.X), not {python!r}"
     floor = int(re.fullmatch(r">=3\.(\d+)", meta["requires-python"]).group(1))
-    assert int(m.group(1)) >= floor, f"{python} is below requires-python {meta['requires-python']}"
-    assert {name_of(d) for d in conda} >= CONDA_FORGE, "numpy, matplotlib, jupyterlab, ipywidgets from conda-forge"
-    assert not {name_of(d) for d in pip} & CONDA_FORGE, "a conda-forge package is installed by pip again"
-    assert "conda-forge" in (ROOT / "environment.yml").read_text().split("channels:", 1)[1].split("dependencies:")[0]
+    assert int(m.group(1)) >= floor, (
+        f"{python} is below requires-python {meta['requires-python']}"
+    )
+    assert {name_of(d) for d in conda} >= CONDA_FORGE, (
+        "numpy, matplotlib, jupyterlab, ipywidgets from conda-forge"
+    )
+    assert not {name_of(d) for d in pip} & CONDA_FORGE, (
+        "a conda-forge package is installed by pip again"
+    )
+    assert (
+        "conda-forge"
+        in (ROOT / "environment.yml")
+        .read_text()
+        .split("channels:", 1)[1]
+        .split("dependencies:")[0]
+    )
 
 
 def test_ci_runs_the_readme_test_command():
@@ -56,29 +84,47 @@ def test_ci_runs_the_readme_test_command():
 def test_course_script_never_pins_over_an_existing_torch():
     script = (ROOT / "course").read_text()
     # torch is installed only behind a failed import check
-    installs = [line for line in script.splitlines() if "MEMLAB_TORCH" in line and "pip" in line]
-    assert installs and all("import torch" in line and "||" in line for line in installs), installs
+    installs = [
+        line for line in script.splitlines() if "MEMLAB_TORCH" in line and "pip" in line
+    ]
+    assert installs and all(
+        "import torch" in line and "||" in line for line in installs
+    ), installs
 
 
-# Files CONTRIBUTING.md names before they exist, each with what brings it. Delete a line when it lands.
+# Files CONTRIBUTING.md names before they exist, each with what brings it. Delete a line
+# when it lands.
 CONTRIBUTING_PENDING: dict = {}
 
 
 def contributing_paths(text: str) -> set[str]:
     """Repository paths CONTRIBUTING.md names in backticks (templates such as kernels/<name>.py aside)."""
-    names = {m.split("::")[0] for m in re.findall(r"`([\w./<>-]+/[\w.<>-]+\.(?:py|md|toml))`", text)}
+    names = {
+        m.split("::")[0]
+        for m in re.findall(r"`([\w./<>-]+/[\w.<>-]+\.(?:py|md|toml))`", text)
+    }
     return {n for n in names if not re.search(r"<|NN|chNN", n)}
 
 
 def test_contributing_names_files_that_exist():
     text = (ROOT / "CONTRIBUTING.md").read_text()
     named = contributing_paths(text)
-    assert {"scripts/compile_kernels.py", "memlab/course/grading/catalog.py", "tests/test_checklists.py"} <= named
-    missing = sorted(n for n in named - set(CONTRIBUTING_PENDING) if not (ROOT / n).exists())
+    assert {
+        "scripts/compile_kernels.py",
+        "memlab/course/grading/catalog.py",
+        "tests/test_checklists.py",
+    } <= named
+    missing = sorted(
+        n for n in named - set(CONTRIBUTING_PENDING) if not (ROOT / n).exists()
+    )
     assert not missing, f"CONTRIBUTING.md names files that do not exist: {missing}"
     landed = sorted(n for n in CONTRIBUTING_PENDING if (ROOT / n).exists())
-    assert not landed, f"these exist now: delete them from CONTRIBUTING_PENDING: {landed}"
-    assert contributing_paths("`tests/nope.py` and `kernels/<name>.py`") == {"tests/nope.py"}
+    assert not landed, (
+        f"these exist now: delete them from CONTRIBUTING_PENDING: {landed}"
+    )
+    assert contributing_paths("`tests/nope.py` and `kernels/<name>.py`") == {
+        "tests/nope.py"
+    }
 
 
 def mirror_modules() -> dict[str, str]:
@@ -90,7 +136,11 @@ def mirror_modules() -> dict[str, str]:
                 continue
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
             text = path.read_text()
-            first = text.split('"""', 2)[1].splitlines()[0] if text.startswith('"""') else ""
+            first = (
+                text.split('"""', 2)[1].splitlines()[0]
+                if text.startswith('"""')
+                else ""
+            )
             out[module] = first
     return out
 
@@ -103,26 +153,42 @@ def readme_mirror_table() -> dict[str, str]:
 
 
 def unnamed_mirrors(mods: dict[str, str]) -> list[str]:
-    return sorted(m for m, first in mods.items() if not re.search(r"\b(sglang|vllm)/[\w/]+(\.py|/)", first))
+    return sorted(
+        m
+        for m, first in mods.items()
+        if not re.search(r"\b(sglang|vllm)/[\w/]+(\.py|/)", first)
+    )
 
 
 def test_every_mirror_module_names_its_engine_file_first():
     mods = mirror_modules()
     assert "memlab.sglang.allocator.paged" in mods and "memlab.vllm.block_pool" in mods
     unnamed = unnamed_mirrors(mods)
-    assert not unnamed, f"name the engine file each mirrors in the first docstring line: {unnamed}"
+    assert not unnamed, (
+        f"name the engine file each mirrors in the first docstring line: {unnamed}"
+    )
 
 
 def test_readme_table_lists_every_mirror_module_with_its_file():
     table, mods = readme_mirror_table(), mirror_modules()
     assert len(table) >= 15
-    assert not sorted(set(mods) - set(table)), f"add to README's module/engine/chapter table: {sorted(set(mods) - set(table))}"
-    stale = sorted(m for m in table if not (ROOT / pathlib.Path(*m.split("."))).with_suffix(".py").exists())
+    assert not sorted(set(mods) - set(table)), (
+        f"add to README's module/engine/chapter table: {sorted(set(mods) - set(table))}"
+    )
+    stale = sorted(
+        m
+        for m in table
+        if not (ROOT / pathlib.Path(*m.split("."))).with_suffix(".py").exists()
+    )
     assert not stale, f"README's table names modules that do not exist: {stale}"
     # the file the docstring names is the one the table names
     for m in mods:
         named = re.findall(r"\b((?:sglang|vllm)/[\w/]+\.py)", mods[m])
-        assert not named or any(n.split("/")[-1] in table[m] for n in named), (m, named, table[m])
+        assert not named or any(n.split("/")[-1] in table[m] for n in named), (
+            m,
+            named,
+            table[m],
+        )
 
 
 def test_the_mirror_check_sees_a_module_without_its_file(tmp_path, monkeypatch):

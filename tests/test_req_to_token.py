@@ -60,7 +60,10 @@ def test_alloc_binds_new_requests_and_keeps_chunked_rows():
     a.kv.kv_allocated_len = 8  # its first chunk wrote KV
     left = pool.available_size()
     rows = pool.alloc([a, b])
-    assert rows[0] == a.kv.req_pool_idx and rows[1] == b.kv.req_pool_idx != a.kv.req_pool_idx
+    assert (
+        rows[0] == a.kv.req_pool_idx
+        and rows[1] == b.kv.req_pool_idx != a.kv.req_pool_idx
+    )
     assert pool.available_size() == left - 1  # only b consumed a row
     assert b.generation == int(pool.req_generation[b.kv.req_pool_idx])
 
@@ -91,7 +94,9 @@ def test_free_req_clears_its_row_and_write_fills_it():
     assert r.kv.req_pool_idx is None and row in pool.free_slots
 
 
-@pytest.mark.parametrize("bad, err", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, err", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)]
+)
 def test_bad_sizes_are_named(bad, err):
     # a number out of range is a ValueError; a value that is not an integer at all (a float, a
     # bool) is a TypeError whose message names the type
@@ -110,8 +115,16 @@ def test_integral_numbers_of_any_kind_are_counts():
         pool.alloc_rows(2.0)
 
 
-@pytest.mark.parametrize("row, err", [(0, ValueError), (5, ValueError), (-1, ValueError), ("x", TypeError),
-                                      (True, TypeError)])
+@pytest.mark.parametrize(
+    "row, err",
+    [
+        (0, ValueError),
+        (5, ValueError),
+        (-1, ValueError),
+        ("x", TypeError),
+        (True, TypeError),
+    ],
+)
 def test_freeing_padding_or_unknown_rows_is_refused(row, err):
     pool = ReqToTokenPool(4, 4)
     with pytest.raises(err, match=f"row {row!r}"):
@@ -167,9 +180,14 @@ class HeadAllocation(ReqToTokenPool):
         return rows
 
 
-@pytest.mark.parametrize("check,buggy", [(check_zero_rows, MinusZeroSlice),
-                                         (check_generation_survives_clear, ResetGenerationOnClear),
-                                         (check_tail_allocation, HeadAllocation)])
+@pytest.mark.parametrize(
+    "check,buggy",
+    [
+        (check_zero_rows, MinusZeroSlice),
+        (check_generation_survives_clear, ResetGenerationOnClear),
+        (check_tail_allocation, HeadAllocation),
+    ],
+)
 def test_checks_pass_on_the_pool_and_catch_the_classic_bugs(check, buggy):
     check(ReqToTokenPool)
     with pytest.raises(AssertionError):
@@ -200,7 +218,12 @@ def test_a_request_claiming_a_free_or_foreign_row_is_refused_and_write_needs_row
     a.kv.kv_allocated_len = 2  # a chunked prefill that wrote KV keeps its row
     assert pool.alloc([a]) == [a.kv.req_pool_idx]
     free_row = pool.free_slots[-1]
-    for claim in (free_row, a.kv.req_pool_idx, 0, 9):  # a free row, another request's, padding, past the pool
+    for claim in (
+        free_row,
+        a.kv.req_pool_idx,
+        0,
+        9,
+    ):  # a free row, another request's, padding, past the pool
         b.kv.req_pool_idx, b.kv.kv_allocated_len = claim, 2
         before = (list(pool.free_slots), bytes(pool._row_free))
         with pytest.raises(ValueError, match=f"claims row {claim}"):
@@ -222,8 +245,13 @@ def test_write_checks_an_int_row_but_never_scans_a_tensor_of_rows(monkeypatch):
         pool.write((9, slice(0, 2)), torch.tensor([1, 2], dtype=torch.int32))
     scans = []
     monkeypatch.setattr(_checks, "values_in", lambda *a, **k: scans.append(a))
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: scans.append("tolist") or [])
-    pool.write((torch.tensor([1, 2]), torch.tensor([0, 1])), torch.tensor([5, 6], dtype=torch.int32))
+    monkeypatch.setattr(
+        torch.Tensor, "tolist", lambda self: scans.append("tolist") or []
+    )
+    pool.write(
+        (torch.tensor([1, 2]), torch.tensor([0, 1])),
+        torch.tensor([5, 6], dtype=torch.int32),
+    )
     assert not scans
     assert pool.req_to_token[1, 0].item() == 5 and pool.req_to_token[2, 1].item() == 6
 

@@ -15,14 +15,13 @@ import json
 import os
 import pickle
 import signal
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-
 from loading import load_file
+
 from memlab.course.grading import sandbox, wire
 from memlab.course.grading.sandbox import CourseCodeUsed, LearnerCrashed, NotDataError
 
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- the codec, in this process ------------------------------------------------------------------
+
 
 def pair():
     """A grader peer and a learner peer, as the sandbox wires them (proxies stand in as tuples)."""
@@ -50,20 +50,48 @@ def cross(src, dst, *values):
 
 def test_data_crosses_exactly():
     g, l = pair()
-    values = [None, True, 0, -5, 2**62 + 1, 1.5, float("inf"), -0.0, 1 + 2j, "naïve \udce9", b"\x00\xff",
-              (1, (2, "x")), frozenset({1, 2}), range(1, 9, 3), slice(1, None, 2), Ellipsis, torch.int64,
-              torch.device("cpu"), torch.Size([2, 3])]
+    values = [
+        None,
+        True,
+        0,
+        -5,
+        2**62 + 1,
+        1.5,
+        float("inf"),
+        -0.0,
+        1 + 2j,
+        "naïve \udce9",
+        b"\x00\xff",
+        (1, (2, "x")),
+        frozenset({1, 2}),
+        range(1, 9, 3),
+        slice(1, None, 2),
+        Ellipsis,
+        torch.int64,
+        torch.device("cpu"),
+        torch.Size([2, 3]),
+    ]
     got = cross(l, g, *values)
     for a, b in zip(got, values):
         assert type(a) is type(b) and (a == b or a != a), (a, b)
-    assert str(got[7]) == "-0.0" and cross(g, l, float("nan"))[0] != cross(g, l, float("nan"))[0]
+    assert (
+        str(got[7]) == "-0.0"
+        and cross(g, l, float("nan"))[0] != cross(g, l, float("nan"))[0]
+    )
     # A named tuple the grader builds crosses as a named tuple and comes back as the grader's class.
     from collections import namedtuple
 
     Item = namedtuple("Item", "identifier offset length")
     (mirror,) = cross(g, l, Item("img", 2, 5))
-    assert mirror.identifier == "img" and mirror._fields == Item._fields and type(mirror) is not Item
-    assert cross(l, g, mirror)[0] == Item("img", 2, 5) and type(cross(l, g, mirror)[0]) is Item
+    assert (
+        mirror.identifier == "img"
+        and mirror._fields == Item._fields
+        and type(mirror) is not Item
+    )
+    assert (
+        cross(l, g, mirror)[0] == Item("img", 2, 5)
+        and type(cross(l, g, mirror)[0]) is Item
+    )
 
 
 def test_identity_within_a_message_is_kept_so_pickled_hashes_agree():
@@ -110,7 +138,9 @@ def test_garbage_is_forgotten_after_its_changes_are_sent():
     del mirror
     cross(g, l, None)
     assert state.tolist() == [0.0, 5.0, 5.0]
-    assert not any(e.kind == "T" for e in g.shared.values()), "the dropped tensor is forgotten"
+    assert not any(e.kind == "T" for e in g.shared.values()), (
+        "the dropped tensor is forgotten"
+    )
 
 
 def test_what_is_not_data_stays_out():
@@ -123,21 +153,51 @@ def test_what_is_not_data_stays_out():
             l.encode_message("a", [bad])
         assert not l.shared, "a refused value registers nothing"
     with pytest.raises(wire.NotData, match="only data"):
-        g.encode_message("a", [object()])  # the grader hands over data, learner objects and functions only
-    assert cross(g, l, len)[0][0] == "callback"  # a function of the grader becomes a callback
+        g.encode_message(
+            "a", [object()]
+        )  # the grader hands over data, learner objects and functions only
+    assert (
+        cross(g, l, len)[0][0] == "callback"
+    )  # a function of the grader becomes a callback
 
 
-@pytest.mark.parametrize("header", [
-    ["a", [{"__class__": "os.system"}], [[], [], [], []]],  # a JSON object is no value
-    ["a", [["pickle", "gASV"]], [[], [], [], []]],  # an unknown tag
-    ["a", [["l", 5]], [[], [], [], []]],  # a shared id that was never defined
-    ["a", [["T", -2]], [[[-1, "S", ["cpu", 8, [[0, 8]], 0, [0]]],
-                         [-2, "T", [-1, "int64", [4], [1], 0, False, "cpu"]]], [], [], []]],  # 32 bytes from 8
-    ["a", [None], [[[-1, "S", ["cpu", 8, [[0, 8]], 0, [0]]]], [], [], []]],  # a blob of the wrong size
-    ["a", [["dt", "object"]], [[], [], [], []]],  # a dtype not in the list
-    ["a", [None], [[[1, "l", []]], [], [], []]],  # a shared id in the grader's range
-    ["a", [["@", 3]], [[], [], [], []]],  # a back-reference to nothing
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        [
+            "a",
+            [{"__class__": "os.system"}],
+            [[], [], [], []],
+        ],  # a JSON object is no value
+        ["a", [["pickle", "gASV"]], [[], [], [], []]],  # an unknown tag
+        ["a", [["l", 5]], [[], [], [], []]],  # a shared id that was never defined
+        [
+            "a",
+            [["T", -2]],
+            [
+                [
+                    [-1, "S", ["cpu", 8, [[0, 8]], 0, [0]]],
+                    [-2, "T", [-1, "int64", [4], [1], 0, False, "cpu"]],
+                ],
+                [],
+                [],
+                [],
+            ],
+        ],  # 32 bytes from 8
+        [
+            "a",
+            [None],
+            [[[-1, "S", ["cpu", 8, [[0, 8]], 0, [0]]]], [], [], []],
+        ],  # a blob of the wrong size
+        ["a", [["dt", "object"]], [[], [], [], []]],  # a dtype not in the list
+        [
+            "a",
+            [None],
+            [[[1, "l", []]], [], [], []],
+        ],  # a shared id in the grader's range
+        ["a", [["@", 3]], [[], [], [], []]],  # a back-reference to nothing
+    ],
+)
 def test_a_malformed_message_is_refused(header):
     g, _ = pair()
     blobs = [bytearray(4)]
@@ -147,13 +207,17 @@ def test_a_malformed_message_is_refused(header):
 
 def test_the_wire_never_unpickles():
     text = Path(wire.__file__).read_text() + Path(sandbox.__file__).read_text()
-    assert "pickle" not in text.replace("pickled", "").replace("(pickle,", ""), "the codec is JSON and raw bytes only"
-    assert "import memlab" not in Path(wire.__file__).read_text(), "the learner's side imports nothing of memlab"
+    assert "pickle" not in text.replace("pickled", "").replace("(pickle,", ""), (
+        "the codec is JSON and raw bytes only"
+    )
+    assert "import memlab" not in Path(wire.__file__).read_text(), (
+        "the learner's side imports nothing of memlab"
+    )
 
 
 # -- a learner process -------------------------------------------------------------------------------
 
-TOY = '''
+TOY = """
 import ctypes, os, sys, time
 import torch
 
@@ -234,7 +298,7 @@ def todo():
 
 def alloc(nbytes):
     return len(bytearray(nbytes))
-'''
+"""
 
 
 @pytest.fixture
@@ -250,29 +314,40 @@ def toy(tmp_path):
 def test_learner_objects_keep_their_identity(toy):
     root = toy.Node(0)
     leaf = root.add(3)
-    assert root.children == {3: leaf} and leaf.parent is root and root.children[3] is leaf
+    assert (
+        root.children == {3: leaf} and leaf.parent is root and root.children[3] is leaf
+    )
     assert isinstance(leaf, toy.Node) and not isinstance(5, toy.Node)
     assert repr(leaf) == "Node(3)" and f"{leaf}" == "Node(3)"
     leaf.key = 4  # set on the learner's object
-    assert leaf.key == 4 and toy.twice(lambda n: n.key, leaf) == 8  # a callback given a learner object
+    assert (
+        leaf.key == 4 and toy.twice(lambda n: n.key, leaf) == 8
+    )  # a callback given a learner object
     with pytest.raises(AttributeError):
-        leaf.missing
+        leaf.missing  # noqa: B018 (the attribute access is the test)
 
 
 def test_data_changed_in_place_is_seen_on_both_sides(toy):
     xs = [1]
-    assert toy.append(xs, 2) is xs and xs == [1, 2]  # the learner's change, and the same list back
+    assert toy.append(xs, 2) is xs and xs == [
+        1,
+        2,
+    ]  # the learner's change, and the same list back
     guard = torch.full((8,), -1)
     toy.write_into(guard[2:5], [7, 8, 9])  # a kernel writing into an output buffer
     assert guard.tolist() == [-1, -1, 7, 8, 9, -1, -1, -1]
-    toy.write_past(guard[2:5])  # a store past the end lands in the guard band, as in this process
+    toy.write_past(
+        guard[2:5]
+    )  # a store past the end lands in the guard band, as in this process
     assert guard[5] == -9
     # The caller's buffer reused after the call: a learner object that kept it sees the change.
     g = toy.Group()
     mine = torch.tensor([1, 2, 3])
     g.free(mine)
     mine[:] = 0
-    assert g.total() == [0], "the learner kept the caller's tensor: the caller's change reaches it"
+    assert g.total() == [0], (
+        "the learner kept the caller's tensor: the caller's change reaches it"
+    )
 
 
 def test_callbacks_run_here_and_may_call_the_learner_again(toy):
@@ -280,7 +355,9 @@ def test_callbacks_run_here_and_may_call_the_learner_again(toy):
 
     def free(x):
         calls.append(x)
-        return toy.append([x], 0)[0]  # re-entrant: a call into the learner during its call
+        return toy.append([x], 0)[
+            0
+        ]  # re-entrant: a call into the learner during its call
 
     assert toy.call_back(free, 41) == 42 and calls == [41]
 
@@ -288,7 +365,9 @@ def test_callbacks_run_here_and_may_call_the_learner_again(toy):
 def test_errors_keep_their_kind_and_the_learners_line(toy):
     with pytest.raises(ValueError, match="bad row 7") as err:
         toy.raises()
-    assert isinstance(err.value, sandbox.LearnerError) and err.value.where.startswith("toy.py:")
+    assert isinstance(err.value, sandbox.LearnerError) and err.value.where.startswith(
+        "toy.py:"
+    )
     with pytest.raises(NotImplementedError) as err:
         toy.todo()
     assert "in todo" in err.value.where
@@ -301,7 +380,9 @@ def test_an_error_of_any_kind_leaves_the_process_usable(toy):
     # error comes back and the next call still runs (it once stopped the process as "interrupted").
     leaf = toy.Node(0).add(3)
     assert not hasattr(leaf, "tolist") and leaf.key == 3
-    with pytest.raises(LookupError, match="from the test"):  # a callback's own error, raised here
+    with pytest.raises(
+        LookupError, match="from the test"
+    ):  # a callback's own error, raised here
         toy.call_back(lambda x: (_ for _ in ()).throw(LookupError("from the test")), 1)
     assert toy.call_back(lambda x: x, 1) == 2 and repr(leaf) == "Node(3)"
 
@@ -310,13 +391,19 @@ def test_a_fenced_tensor_stays_fenced(toy):
     fenced = load_file("tests/exercises/exercise_refs.py").fenced
     t = fenced([1, 2, 3], torch.int64)
     assert toy.append([t], 0)[0].tolist() == [1, 2, 3]
-    with pytest.raises(LearnerCrashed, match=r"died \(signal SIGSEGV\).*last seen at toy.py:\d+ in read_past"):
+    with pytest.raises(
+        LearnerCrashed,
+        match=r"died \(signal SIGSEGV\).*last seen at toy.py:\d+ in read_past",
+    ):
         toy.read_past(t)  # one element past the end: a segfault, not a value
     assert toy.append([], 1) == [1], "the next call gets a new learner process"
 
 
 def test_a_crash_and_a_hang_cost_the_call_not_the_grader(toy):
-    with pytest.raises(LearnerCrashed, match=r"died \(signal SIGSEGV\) during this test, last seen at toy.py:\d+ in boom"):
+    with pytest.raises(
+        LearnerCrashed,
+        match=r"died \(signal SIGSEGV\) during this test, last seen at toy.py:\d+ in boom",
+    ):
         toy.boom()
 
     class Alarm(BaseException):
@@ -339,21 +426,38 @@ def test_a_crash_and_a_hang_cost_the_call_not_the_grader(toy):
 
 def test_the_learner_sees_no_grader_and_cannot_reach_the_course(toy, monkeypatch):
     names, cwd = toy.env()
-    assert names == [] and not Path(cwd).resolve().is_relative_to(ROOT) and Path(cwd).name.startswith("l")
+    assert (
+        names == []
+        and not Path(cwd).resolve().is_relative_to(ROOT)
+        and Path(cwd).name.startswith("l")
+    )
     with pytest.raises(CourseCodeUsed, match="imports memlab"):
-        toy.try_import("memlab")  # refused there (the learner's code may catch that), reported here
+        toy.try_import(
+            "memlab"
+        )  # refused there (the learner's code may catch that), reported here
     with pytest.raises(CourseCodeUsed, match="imports memlab"):
         toy.env()  # and the file earns nothing from now on
 
 
-@pytest.mark.parametrize("target", ["solutions/ch08_sizing.py", "tests/exercises/test_ch08_sizing.py",
-                                    "memlab/course/grading/plugin.py", "/proc/PPID/environ"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "solutions/ch08_sizing.py",
+        "tests/exercises/test_ch08_sizing.py",
+        "memlab/course/grading/plugin.py",
+        "/proc/PPID/environ",
+    ],
+)
 def test_reading_the_course_is_refused_and_reported(tmp_path, target):
     path = tmp_path / "toy.py"
     path.write_text(TOY)
     mod = sandbox.open_module(path, "_memlab_learner_test_reader")
     try:
-        where = target.replace("PPID", str(os.getpid())) if target.startswith("/") else str(ROOT / target)
+        where = (
+            target.replace("PPID", str(os.getpid()))
+            if target.startswith("/")
+            else str(ROOT / target)
+        )
         with pytest.raises(CourseCodeUsed, match="reads"):
             mod.read(where)
         with pytest.raises(CourseCodeUsed):
@@ -364,18 +468,25 @@ def test_reading_the_course_is_refused_and_reported(tmp_path, target):
 
 
 def test_the_static_check_reads_imports_before_anything_runs():
-    found = sandbox.imports_course_code(textwrap.dedent("""
+    found = sandbox.imports_course_code(
+        textwrap.dedent("""
         import torch
         from memlab.sglang.allocator.reference import alloc_extend_python
         import importlib
         m = importlib.import_module("solutions.ch04_alloc_extend")
         def f():
             import _pytest.outcomes
-    """))
-    assert found == ["imports memlab.sglang.allocator.reference", "imports solutions.ch04_alloc_extend",
-                     "imports _pytest.outcomes"]
+    """)
+    )
+    assert found == [
+        "imports memlab.sglang.allocator.reference",
+        "imports solutions.ch04_alloc_extend",
+        "imports _pytest.outcomes",
+    ]
     assert sandbox.imports_course_code("import torch, triton\nimport heapq\n") == []
-    assert sandbox.imports_course_code("def broken(:\n") == []  # the learner's process reports the syntax error
+    assert (
+        sandbox.imports_course_code("def broken(:\n") == []
+    )  # the learner's process reports the syntax error
 
 
 def test_a_memory_limit_is_a_memory_error(tmp_path, monkeypatch):
@@ -401,12 +512,22 @@ def _nobody_runs(python: str) -> bool:
         pw = pwd.getpwnam("nobody")
     except KeyError:
         return False
-    return subprocess.run([python, "-c", "pass"], user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            [python, "-c", "pass"],
+            user=pw.pw_uid,
+            group=pw.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
-@pytest.mark.skipif(not _nobody_runs("/usr/bin/python3"),
-                    reason="needs root, the user nobody and a system /usr/bin/python3 that user may run")
+@pytest.mark.skipif(
+    not _nobody_runs("/usr/bin/python3"),
+    reason="needs root, the user nobody and a system /usr/bin/python3 that user may run",
+)
 def test_the_learner_process_runs_as_another_user(tmp_path, monkeypatch):
     """The privilege drop Gradescope uses (MEMLAB_SANDBOX_USER), with the existing user nobody and
     the system's Python (this machine's Python with torch is not one nobody may run): the
@@ -419,9 +540,11 @@ def test_the_learner_process_runs_as_another_user(tmp_path, monkeypatch):
     secret.write_text("root only")
     secret.chmod(0o600)
     path = tmp_path / "plain.py"
-    path.write_text("import os\ndef who():\n    return os.getuid()\n"
-                    "def read(p):\n    try:\n        return open(p).read()\n    except PermissionError:\n"
-                    "        return 'refused'\n")
+    path.write_text(
+        "import os\ndef who():\n    return os.getuid()\n"
+        "def read(p):\n    try:\n        return open(p).read()\n    except PermissionError:\n"
+        "        return 'refused'\n"
+    )
     os.chmod(tmp_path, 0o755)
     mod = sandbox.open_module(path, "_memlab_learner_test_nobody")
     try:

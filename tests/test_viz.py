@@ -4,12 +4,20 @@ state; widgets re-render through their observers; scenes replay the real library
 import pytest
 import torch
 
-from memlab.sglang.allocator import TokenToKVPoolAllocator
-from memlab.sglang.req_to_token import ReqToTokenPool
 from memlab.course.viz import hybrid_books, sglang_books, vllm_books
 from memlab.course.viz.sglang_books import Scene, draw_books, read_books
-from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, STAGED, owner_color, same_color, text_color
+from memlab.course.viz.style import (
+    FREE,
+    HIGHLIGHT,
+    PADDING,
+    STAGED,
+    owner_color,
+    same_color,
+    text_color,
+)
 from memlab.course.viz.widgets import Explorer, Stepper
+from memlab.sglang.allocator import TokenToKVPoolAllocator
+from memlab.sglang.req_to_token import ReqToTokenPool
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -17,7 +25,9 @@ from memlab.course.viz.widgets import Explorer, Stepper
 def by_gid(fig, prefix):
     """Artists whose gid starts with ``prefix``, by gid (the drawings tag every cell)."""
     found = {}
-    for a in fig.findobj(lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix)):
+    for a in fig.findobj(
+        lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix)
+    ):
         found[a.get_gid()] = a
     return found
 
@@ -43,21 +53,31 @@ def expected_slot_fill(books, s):
     owner = {x: r.owner for r in books.rows if r.owner for x in r.slots}
     if s in owner:
         return owner_color(owner[s]), 1.0
-    page_owner = {x // books.page_size: r.owner for r in books.rows if r.owner for x in r.slots}
+    page_owner = {
+        x // books.page_size: r.owner for r in books.rows if r.owner for x in r.slots
+    }
     return owner_color(page_owner[page]), 0.3  # the unfilled tail of a held page
 
 
 def check_slot_grid(fig, books):
     cells = by_gid(fig, "slot:")
-    assert len(cells) == books.num_slots, f"{len(cells)} slot cells for {books.num_slots} slots"
+    assert len(cells) == books.num_slots, (
+        f"{len(cells)} slot cells for {books.num_slots} slots"
+    )
     for s in range(books.num_slots):
         patch = cells[f"slot:{s}"]
         fill, alpha = expected_slot_fill(books, s)
-        assert same_color(patch.get_facecolor(), fill), f"slot {s}: drawn {patch.get_facecolor()}, expected {fill}"
-        assert patch.get_alpha() == pytest.approx(alpha), f"slot {s}: alpha {patch.get_alpha()}, expected {alpha}"
+        assert same_color(patch.get_facecolor(), fill), (
+            f"slot {s}: drawn {patch.get_facecolor()}, expected {fill}"
+        )
+        assert patch.get_alpha() == pytest.approx(alpha), (
+            f"slot {s}: alpha {patch.get_alpha()}, expected {alpha}"
+        )
         assert text_of(fig, f"slot:{s}") == str(s)
         new = same_color(patch.get_edgecolor(), HIGHLIGHT) and patch.get_linewidth() > 1
-        assert new == (s in books.new_slots), f"slot {s}: highlighted={new}, new this step={s in books.new_slots}"
+        assert new == (s in books.new_slots), (
+            f"slot {s}: highlighted={new}, new this step={s in books.new_slots}"
+        )
 
 
 # -- colours ------------------------------------------------------------------------------------
@@ -66,7 +86,9 @@ def check_slot_grid(fig, books):
 def test_owner_colours_are_stable_and_distinct():
     assert owner_color("A") == owner_color("A") and owner_color("A") != owner_color("B")
     assert len({owner_color(c) for c in "ABCDEFGHIJ"}) == 10
-    assert owner_color("req-17") == owner_color("req-17")  # hashed names: stable across calls
+    assert owner_color("req-17") == owner_color(
+        "req-17"
+    )  # hashed names: stable across calls
     assert owner_color(None) == FREE
     assert text_color(PADDING) == "white" and text_color(FREE) == "black"
 
@@ -80,18 +102,35 @@ def test_read_books_reads_the_real_tables(orientation):
     for rid, req in sc.reqs.items():
         row = books.rows[req.kv.req_pool_idx]
         assert row.owner == rid
-        assert list(row.slots) == sc.req_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len].tolist()
+        assert (
+            list(row.slots)
+            == sc.req_pool.req_to_token[
+                req.kv.req_pool_idx, : req.kv.kv_allocated_len
+            ].tolist()
+        )
         assert row.generation == int(sc.req_pool.req_generation[req.kv.req_pool_idx])
-    assert books.rows[0].owner is None and books.free_rows == tuple(sc.req_pool.free_slots)
+    assert books.rows[0].owner is None and books.free_rows == tuple(
+        sc.req_pool.free_slots
+    )
     assert books.free_pages == tuple(sc.allocator.free_pages.tolist())
-    assert [b.name for b in books.buffers] == ["k_buffer[0]", "v_buffer[0]", "k_buffer[1]", "v_buffer[1]"]
+    assert [b.name for b in books.buffers] == [
+        "k_buffer[0]",
+        "v_buffer[0]",
+        "k_buffer[1]",
+        "v_buffer[1]",
+    ]
     assert books.buffers[0].row_bytes == sc.kvcache.k_buffer[0][0].nbytes
 
 
 def test_books_are_frozen_snapshots(orientation):
     first = orientation.frames[0]
-    assert first.slot_owner == {} and len(first.free_pages) == orientation.allocator.num_pages
-    assert orientation.frames[-1].slot_owner  # later frames did not change the first one
+    assert (
+        first.slot_owner == {}
+        and len(first.free_pages) == orientation.allocator.num_pages
+    )
+    assert orientation.frames[
+        -1
+    ].slot_owner  # later frames did not change the first one
 
 
 # -- drawings -----------------------------------------------------------------------------------
@@ -103,7 +142,9 @@ def test_slot_grid_shows_owners_padding_tails_and_new_slots(orientation):
         check_slot_grid(fig, books)
 
 
-def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(orientation, monkeypatch):
+def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(
+    orientation, monkeypatch
+):
     # Buggy variant: paint the whole page of an owner, hiding how much of its last page is unused.
     books = orientation.frames[1]
     import memlab.course.viz.sglang_books as d
@@ -133,7 +174,9 @@ def test_request_table_cells_hold_the_slots(orientation):
             else:
                 assert same_color(patch.get_facecolor(), FREE)
     texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
-    assert any("D  gen 2" in t for t in texts), "D's row was B's: its generation must read 2"
+    assert any("D  gen 2" in t for t in texts), (
+        "D's row was B's: its generation must read 2"
+    )
 
 
 def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
@@ -144,7 +187,9 @@ def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
     fig = draw_books(books, ("table", "slots"))
     row = sc.reqs["C"].kv.req_pool_idx
     cells = by_gid(fig, f"row:{row}:")
-    assert all(cells[f"row:{row}:{p}"].get_alpha() == pytest.approx(0.3) for p in range(8))
+    assert all(
+        cells[f"row:{row}:{p}"].get_alpha() == pytest.approx(0.3) for p in range(8)
+    )
     assert cells[f"row:{row}:8"].get_alpha() == pytest.approx(1.0)
     check_slot_grid(fig, books)
 
@@ -155,10 +200,17 @@ def test_free_list_strip_in_order_with_staged_after():
     assert books.staged_pages
     fig = draw_books(books, ("free",))
     cells = by_gid(fig, "free:")
-    order = [(int(text_of(fig, g)), g.split(":")[2]) for g in sorted(cells, key=lambda g: int(g.split(":")[1]))]
-    assert order == [(p, "free") for p in books.free_pages] + [(p, "staged") for p in books.staged_pages]
+    order = [
+        (int(text_of(fig, g)), g.split(":")[2])
+        for g in sorted(cells, key=lambda g: int(g.split(":")[1]))
+    ]
+    assert order == [(p, "free") for p in books.free_pages] + [
+        (p, "staged") for p in books.staged_pages
+    ]
     for g, patch in cells.items():
-        assert same_color(patch.get_facecolor(), STAGED if g.endswith("staged") else FREE)
+        assert same_color(
+            patch.get_facecolor(), STAGED if g.endswith("staged") else FREE
+        )
 
 
 def test_buffers_colour_each_slot_row_by_owner_and_trace_bytes(orientation):
@@ -173,7 +225,9 @@ def test_buffers_colour_each_slot_row_by_owner_and_trace_bytes(orientation):
             want = PADDING if s < books.page_size else owner_color(owner.get(s))
             assert same_color(cells[f"buf:{b.name}:{s}"].get_facecolor(), want)
     row_bytes = books.buffers[0].row_bytes
-    texts = " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+    texts = " ".join(
+        t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))
+    )
     assert f"[{slot * row_bytes}, {(slot + 1) * row_bytes})" in texts
 
 
@@ -220,8 +274,14 @@ def test_kv_bytes_picture_highlights_the_model_and_uses_memlab_numbers():
     assert set(by_gid(fig, "seg:")) == {"seg:V = view of the latent", "seg:rope part"}
     assert set(by_gid(draw_kv_bytes("Llama-3.1-8B"), "seg:")) == {"seg:K", "seg:V"}
     dsa = by_gid(draw_kv_bytes("DeepSeek-V3.2"), "seg:")
-    assert set(dsa) == {"seg:V = view of the latent", "seg:rope part", "seg:indexer key"}
-    assert f"{MODELS['Llama-3.1-8B'].kv_bytes_per_token():,} B per token" in kv_text("Llama-3.1-8B")
+    assert set(dsa) == {
+        "seg:V = view of the latent",
+        "seg:rope part",
+        "seg:indexer key",
+    }
+    assert f"{MODELS['Llama-3.1-8B'].kv_bytes_per_token():,} B per token" in kv_text(
+        "Llama-3.1-8B"
+    )
 
 
 # -- widgets ------------------------------------------------------------------------------------
@@ -242,7 +302,11 @@ def test_stepper_rerenders_through_its_observer():
     w = Stepper([S("a"), S("b"), S("c")], draw)
     assert w.view.value == "<p>a</p>" and "step 0 of 2" in w.caption.value
     w.slider.value = 2
-    assert w.view.value == "<p>c</p>" and "step 2 of 2" in w.caption.value and w.state.caption == "c"
+    assert (
+        w.view.value == "<p>c</p>"
+        and "step 2 of 2" in w.caption.value
+        and w.state.caption == "c"
+    )
     w.prev.click()
     assert w.slider.value == 1 and w.view.value == "<p>b</p>"
     w.next.click()
@@ -259,11 +323,15 @@ def test_stepper_check_catches_a_widget_without_observer():
 
     w = Frozen([S("a"), S("b")], lambda s: s.caption)
     w.slider.value = 1
-    assert w.view.value == "a", "the frozen widget shows a stale picture; the check above would fail"
+    assert w.view.value == "a", (
+        "the frozen widget shows a stale picture; the check above would fail"
+    )
 
 
 def test_stepper_stories_switch_states_and_bounds():
-    w = Stepper({"long": [S("1"), S("2"), S("3")], "short": [S("x")]}, lambda s: s.caption)
+    w = Stepper(
+        {"long": [S("1"), S("2"), S("3")], "short": [S("x")]}, lambda s: s.caption
+    )
     w.slider.value = 2
     w.story.value = "short"
     assert w.slider.max == 0 and w.slider.value == 0 and w.view.value == "x"
@@ -292,13 +360,18 @@ def test_explorer_rerenders_on_every_control():
         seen.append((n, kind))
         return f"{kind}:{n}"
 
-    e = Explorer(dict(n=W.IntSlider(value=1, min=0, max=9), kind=W.Dropdown(options=["a", "b"])), draw,
-                 text=lambda n, kind: f"n={n}")
+    e = Explorer(
+        dict(n=W.IntSlider(value=1, min=0, max=9), kind=W.Dropdown(options=["a", "b"])),
+        draw,
+        text=lambda n, kind: f"n={n}",
+    )
     assert e.view.value == "a:1" and e.summary.value == "n=1" and e.renders == 1
     e.controls["n"].value = 5
     e.controls["kind"].value = "b"
     assert e.view.value == "b:5" and e.summary.value == "n=5" and e.renders == 3
-    assert e.controls["n"].description == "n", "a control without a description gets its name"
+    assert e.controls["n"].description == "n", (
+        "a control without a description gets its name"
+    )
 
 
 # -- scenes drive the real library ----------------------------------------------------------------
@@ -310,7 +383,9 @@ def test_orientation_story(orientation):
     b_row = f[2].rows  # B arrived in frame 2
     b = next(r for r in b_row if r.owner == "B")
     d = next(r for r in f[-1].rows if r.owner == "D")
-    assert d.row == b.row and d.generation == b.generation + 1, "D reuses B's row with a new generation"
+    assert d.row == b.row and d.generation == b.generation + 1, (
+        "D reuses B's row with a new generation"
+    )
     assert {s // 4 for s in d.slots} == {s // 4 for s in b.slots}, "and B's page (LIFO)"
 
 
@@ -321,30 +396,53 @@ def test_story_captions_follow_the_page_size(ps):
     import re
 
     first = sglang_books.orientation(page_size=ps).frames[0].caption
-    assert f"page 0 and {'slot 0' if ps == 1 else f'slots 0-{ps - 1}'} are padding" in first, first
+    assert (
+        f"page 0 and {'slot 0' if ps == 1 else f'slots 0-{ps - 1}'} are padding"
+        in first
+    ), first
     seg = sglang_books.paged_free("free_segment", page_size=ps).frames
-    every = {1: "every slot", 2: "every 2nd slot", 4: "every 4th slot", 8: "every 8th slot"}[ps]
+    every = {
+        1: "every slot",
+        2: "every 2nd slot",
+        4: "every 4th slot",
+        8: "every 8th slot",
+    }[ps]
     assert every in seg[1].caption, seg[1].caption
     said_refused = "is refused" in seg[2].caption
-    assert said_refused == ("Error" in seg[2].note) == (ps > 1), (seg[2].caption, seg[2].note)
+    assert said_refused == ("Error" in seg[2].note) == (ps > 1), (
+        seg[2].caption,
+        seg[2].note,
+    )
     if said_refused:  # the run it names starts mid-page
         start = int(re.search(r"positions (\d+)\.\.", seg[2].caption).group(1))
         assert start % ps
-    group = next(f.caption for f in sglang_books.paged_free("free group", page_size=ps).frames
-                 if "two pieces" in f.caption)
-    a, b = (ast.literal_eval(x) for x in re.search(r"\((\[.*?\]) and (\[.*?\])\)", group).groups())
+    group = next(
+        f.caption
+        for f in sglang_books.paged_free("free group", page_size=ps).frames
+        if "two pieces" in f.caption
+    )
+    a, b = (
+        ast.literal_eval(x)
+        for x in re.search(r"\((\[.*?\]) and (\[.*?\])\)", group).groups()
+    )
     both = {s // ps for s in a} & {s // ps for s in b}
-    assert (f"page {min(both)} is under both" if both else "no page is under both") in group, group
+    assert (
+        f"page {min(both)} is under both" if both else "no page is under both"
+    ) in group, group
     for f in sglang_books.decode_steps(page_size=ps).frames:
         assert "% 1 ==" not in f.caption, f.caption
 
 
 @pytest.mark.parametrize("bs", [2, 3, 4, 5])
 def test_prefix_cache_caption_counts_the_blocks_it_names(bs):
-    books = vllm_books.prefix_cache(True, num_blocks=16, block_size=bs).frames[2]  # after A's 2 decodes
+    books = vllm_books.prefix_cache(True, num_blocks=16, block_size=bs).frames[
+        2
+    ]  # after A's 2 decodes
     hashed = [b for b in books.req_blocks["A"] if b in books.hashes]
     if 12 // bs > 10 // bs:
-        assert f"its block number {len(hashed)} fills up" in books.caption, books.caption
+        assert f"its block number {len(hashed)} fills up" in books.caption, (
+            books.caption
+        )
     else:
         assert "no block of A's fills up" in books.caption, books.caption
 
@@ -356,7 +454,11 @@ def test_scene_refusal_changes_nothing():
     assert sc.extend_batch({"B": 2, "C": 1}) is None  # one row for two requests
     assert sc.extend_batch({"B": 9}) is None  # slots short: its new row goes back
     after = sc.books()
-    assert after.rows == before.rows and after.free_rows == before.free_rows and after.free_pages == before.free_pages
+    assert (
+        after.rows == before.rows
+        and after.free_rows == before.free_rows
+        and after.free_pages == before.free_pages
+    )
 
 
 @pytest.mark.parametrize("story", ["free", "free_segment", "free group", "double free"])
@@ -426,20 +528,31 @@ def test_vllm_pictures_follow_the_block_pool():
         assert same_color(patch.get_facecolor(), want), f"block {b}"
         assert (patch.get_hatch() == "///") == (b in hit_frame.hit)
     queue = by_gid(fig, "queue:")
-    order = [int(g.split(":")[2]) for g in sorted(queue, key=lambda g: int(g.split(":")[1]))]
+    order = [
+        int(g.split(":")[2]) for g in sorted(queue, key=lambda g: int(g.split(":")[1]))
+    ]
     assert tuple(order) == hit_frame.queue
     evict = next(f for f in sc.frames if f.evicted)
-    assert same_color(by_gid(draw_vllm(evict), "block:")[f"block:{min(evict.evicted)}"].get_edgecolor(), EVICTED)
+    assert same_color(
+        by_gid(draw_vllm(evict), "block:")[
+            f"block:{min(evict.evicted)}"
+        ].get_edgecolor(),
+        EVICTED,
+    )
 
 
 def test_vllm_frames_read_the_real_pool():
     sc = vllm_books.prefix_cache(True)
     pool = sc.manager.block_pool
     last = sc.frames[-1]
-    assert last.queue == tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
+    assert last.queue == tuple(
+        b.block_id for b in pool.free_block_queue.get_all_free_blocks()
+    )
     assert last.ref_cnt == tuple(b.ref_cnt for b in pool.blocks)
     pool.check_invariants()
-    freed_frame = sc.frames[3]  # A finished: its hashed blocks at the tail, last block first
+    freed_frame = sc.frames[
+        3
+    ]  # A finished: its hashed blocks at the tail, last block first
     assert freed_frame.queue[-3:] == (3, 2, 1)
     off = vllm_books.prefix_cache(False)
     assert not any(f.hit for f in off.frames) and not off.frames[-1].hashes
@@ -458,9 +571,14 @@ def test_swa_picture_pairs_two_ledgers():
     pairs = by_gid(fig, "pair:")
     assert len(pairs) == min(len(frame.pairs), 20)
     for f, s in frame.pairs[:20]:
-        assert same_color(pairs[f"pair:{f}:{s}"].get_facecolor(), owner_color(frame.full.slot_owner[f]))
+        assert same_color(
+            pairs[f"pair:{f}:{s}"].get_facecolor(),
+            owner_color(frame.full.slot_owner[f]),
+        )
     sc.allocator.check_books()
-    released = [c for c in (f.caption for f in sc.frames) if "released" in c and "[]" not in c]
+    released = [
+        c for c in (f.caption for f in sc.frames) if "released" in c and "[]" not in c
+    ]
     assert released, "some SWA slots leave the window during the story"
 
 
@@ -478,7 +596,9 @@ def test_mamba_picture_marks_state_and_ping_pong_slots():
     cells = by_gid(draw_mamba(f), "mslot:")
     assert same_color(cells[f"mslot:{a[2]}"].get_facecolor(), owner_color("A"))
     assert same_color(cells["mslot:0"].get_facecolor(), PADDING)
-    assert all(len(r[3]) == 0 for r in hybrid_books.mamba_slots(extra_buffer=False)[-1].rows)
+    assert all(
+        len(r[3]) == 0 for r in hybrid_books.mamba_slots(extra_buffer=False)[-1].rows
+    )
 
 
 def test_sizing_picture_uses_memlab_sizing():
@@ -488,16 +608,24 @@ def test_sizing_picture_uses_memlab_sizing():
 
     kw = dict(model="Llama-3.1-8B", gpu="A100 / H100 80GB", page_size=16)
     cfg = serving_config(**kw)
-    r = report(MODELS["Llama-3.1-8B"], cfg.gpu, 8192, cfg.schedule, cfg.spec, cfg.parallel)
+    r = report(
+        MODELS["Llama-3.1-8B"], cfg.gpu, 8192, cfg.schedule, cfg.spec, cfg.parallel
+    )
     bars = by_gid(draw_sizing(seq_len=8192, **kw), "mem:")
     assert bars["mem:weights"].get_width() == pytest.approx(r.sizes.weight_bytes / GiB)
-    assert bars["mem:full_attention"].get_width() == pytest.approx(r.sizes.bytes_by_kind["full_attention"] / GiB)
+    assert bars["mem:full_attention"].get_width() == pytest.approx(
+        r.sizes.bytes_by_kind["full_attention"] / GiB
+    )
     assert f"{r.requests:,} requests" in sizing_text(seq_len=8192, **kw)
     assert "does not fit" in sizing_text(model="DeepSeek-V3", gpu="T4 (16 GB)")
 
 
 def test_attention_frames_walk_a_request_page_by_page():
-    from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
+    from memlab.course.viz.draw_attention import (
+        attention_frames,
+        draw_attention,
+        fill_kv,
+    )
 
     sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
     sc.extend_batch({"A": 6, "D": 3})
@@ -505,8 +633,12 @@ def test_attention_frames_walk_a_request_page_by_page():
     q = torch.randn(len(sc.reqs), 4, 16, generator=torch.Generator().manual_seed(1))
     stories = attention_frames(sc, q)
     a = stories["request A"]
-    assert [f.positions for f in a] == [tuple(range(i, min(i + 4, 12))) for i in range(0, 12, 4)]
-    assert [sorted(f.books.new_slots) for f in a] == [sc.slots("A")[i:i + 4] for i in range(0, 12, 4)]
+    assert [f.positions for f in a] == [
+        tuple(range(i, min(i + 4, 12))) for i in range(0, 12, 4)
+    ]
+    assert [sorted(f.books.new_slots) for f in a] == [
+        sc.slots("A")[i : i + 4] for i in range(0, 12, 4)
+    ]
     assert sum(a[0].weights) == pytest.approx(1.0)
     bars = by_gid(draw_attention(a[1]), "weight:")
     assert same_color(bars["weight:5"].get_facecolor(), owner_color("A"))
@@ -521,11 +653,21 @@ def test_engine_frames_follow_a_real_engine(prefix_cache):
     g = torch.Generator().manual_seed(0)
     system = torch.randint(0, 128, (8,), generator=g).tolist()
     prompts = [system + [i] for i in range(5)]
-    engine = Engine(TinyLlama(), page_size=4, num_tokens=64, max_running=3, max_context=32, chunk_size=16,
-                    attention="torch", prefix_cache=prefix_cache)
+    engine = Engine(
+        TinyLlama(),
+        page_size=4,
+        num_tokens=64,
+        max_running=3,
+        max_context=32,
+        chunk_size=16,
+        attention="torch",
+        prefix_cache=prefix_cache,
+    )
     frames = engine_frames(engine, prompts, max_new_tokens=4)
     assert frames[-1].history[-1][:2] == (0, 0), "everybody finished"
-    assert frames[-1].cached == frozenset(engine.tree_cache.device_pages()) != frozenset()
+    assert (
+        frames[-1].cached == frozenset(engine.tree_cache.device_pages()) != frozenset()
+    )
     for f in frames:
         running, waiting, owned, cached, free = f.history[-1]
         assert owned + cached + free == engine.allocator.num_pages
@@ -541,30 +683,52 @@ def test_engine_frames_follow_a_real_engine(prefix_cache):
 
 # -- chapter 12: the unified pool ---------------------------------------------------------------
 
+
 def test_unified_story_reads_the_real_books_and_marks_moves():
     from memlab.course.viz.unified_books import draw_unified, unified_story
 
     sc = unified_story(page_size=2)
     al = sc.allocator
     frames = sc.frames
-    assert frames[0].joint_available == frames[0].gap_bytes // 256 * 2 and not frames[0].rows
+    assert (
+        frames[0].joint_available == frames[0].gap_bytes // 256 * 2
+        and not frames[0].rows
+    )
     first = frames[1]  # A's 7 tokens: 4 virtual pages, bound on both sides
-    assert first.new_pages == frozenset({1, 2, 3, 4}) and len(first.full.bound) == len(first.swa.bound) == 4
+    assert (
+        first.new_pages == frozenset({1, 2, 3, 4})
+        and len(first.full.bound) == len(first.swa.bound) == 4
+    )
     assert first.gap_bytes == frames[0].gap_bytes - 4 * 256
-    released = frames[4]  # A's window moved on: its first SWA pages went, its full pages stayed
-    assert len(released.swa.bound) == len(released.full.bound) - 2 and {m[0] for m in released.moves} == {"swa"}
-    done = frames[5]  # A finished: B's full pages moved up into A's; B's virtual ids did not change
+    released = frames[
+        4
+    ]  # A's window moved on: its first SWA pages went, its full pages stayed
+    assert len(released.swa.bound) == len(released.full.bound) - 2 and {
+        m[0] for m in released.moves
+    } == {"swa"}
+    done = frames[
+        5
+    ]  # A finished: B's full pages moved up into A's; B's virtual ids did not change
     moved = [m for m in done.moves if m[0] == "full"]
     assert moved and dict(done.rows)["B"] == dict(frames[4].rows)["B"]
     fig = draw_unified(done)
     cells = by_gid(fig, "byte:full:")
     for _, v, _, p in moved:
         assert same_color(cells[f"byte:full:{p}"].get_edgecolor(), HIGHLIGHT)
-        assert same_color(by_gid(fig, "v2p:full:")[f"v2p:full:{v}"].get_edgecolor(), HIGHLIGHT)
-    assert same_color(cells[f"byte:full:{moved[0][3]}"].get_facecolor(), owner_color("B"))
-    assert "byte:gap" in by_gid(fig, "byte:gap") and "byte:floor" in by_gid(fig, "byte:floor")
+        assert same_color(
+            by_gid(fig, "v2p:full:")[f"v2p:full:{v}"].get_edgecolor(), HIGHLIGHT
+        )
+    assert same_color(
+        cells[f"byte:full:{moved[0][3]}"].get_facecolor(), owner_color("B")
+    )
+    assert "byte:gap" in by_gid(fig, "byte:gap") and "byte:floor" in by_gid(
+        fig, "byte:floor"
+    )
     refused = frames[6]
-    assert "refused" in refused.caption and refused.joint_available < refused.full.available
+    assert (
+        "refused" in refused.caption
+        and refused.joint_available < refused.full.available
+    )
     assert frames[-1].gap_bytes < 256  # C took every page pair that fit
     al.check_books()
 
@@ -575,10 +739,18 @@ def test_unified_story_reads_the_real_books_and_marks_moves():
 def node_label_words(fig, books):
     """Each node's drawn label, its lines joined: it must hold the node's tokens in full."""
     for n in books.nodes:
-        words = " ".join(books.words[t] if t < len(books.words) else str(t) for t in n.key)
+        words = " ".join(
+            books.words[t] if t < len(books.words) else str(t) for t in n.key
+        )
         drawn = text_of(fig, f"node:{n.id}").split("\n")
-        tokens = " ".join(line for line in drawn if not line.startswith(("dev ", "host ")) and "|" not in line)
-        assert tokens == words, f"node {n.id}: drawn {tokens!r}, its tokens are {words!r}"
+        tokens = " ".join(
+            line
+            for line in drawn
+            if not line.startswith(("dev ", "host ")) and "|" not in line
+        )
+        assert tokens == words, (
+            f"node {n.id}: drawn {tokens!r}, its tokens are {words!r}"
+        )
 
 
 @pytest.mark.parametrize("page_size", [1, 2])
@@ -597,6 +769,7 @@ def test_radix_label_check_catches_a_cut_label(monkeypatch):
     def cut(books, n, width=22):  # the old label: cut at 22 characters with a "~"
         words, rest = real(books, n, width=1000).split("\n", 1)
         return (words[:21] + "~" if len(words) > 22 else words) + "\n" + rest
+
     monkeypatch.setattr(radix_books, "_label", cut)
     frames = radix_books.story()
     with pytest.raises(AssertionError, match="drawn"):
@@ -607,13 +780,22 @@ def test_radix_label_check_catches_a_cut_label(monkeypatch):
 def test_legends_are_drawn_swatches_not_text():
     from memlab.course.viz.radix_books import draw_radix, story
 
-    fig = draw_books(sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free"))
+    fig = draw_books(
+        sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free")
+    )
     texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
-    assert not any("///" in t or "... part" in t for t in texts), "a legend written as text"
+    assert not any("///" in t or "... part" in t for t in texts), (
+        "a legend written as text"
+    )
     (legend,) = [a for a in fig.findobj(lambda a: a.get_gid() == "legend")]
-    assert [(p.get_hatch(), t.get_text()) for p, t in zip(legend.get_patches(), legend.get_texts())] == [
-        ("///", "part 1: the rest of its old page"), (None, "part 2: whole new pages"),
-        ("...", "part 3: a new partial page")]
+    assert [
+        (p.get_hatch(), t.get_text())
+        for p, t in zip(legend.get_patches(), legend.get_texts())
+    ] == [
+        ("///", "part 1: the rest of its old page"),
+        (None, "part 2: whole new pages"),
+        ("...", "part 3: a new partial page"),
+    ]
     fig = draw_radix(story()[3])  # B running: its own pages cross-hatched in the pools
     assert by_gid(fig, "legend:request")["legend:request"].get_hatch() == "xx"
     texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]

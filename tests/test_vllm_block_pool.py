@@ -8,7 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from memlab.vllm.block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from memlab.vllm.block_pool import (
+    BlockHashToBlockMap,
+    BlockPool,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+)
 
 
 def ids(blocks):
@@ -21,10 +26,13 @@ def queue_ids(pool):
 
 def cache(pool, blocks, hashes):
     """Give blocks their hashes the way the manager does (through cache_full_blocks)."""
-    pool.cache_full_blocks(SimpleNamespace(block_hashes=list(hashes)), blocks, 0, len(hashes))
+    pool.cache_full_blocks(
+        SimpleNamespace(block_hashes=list(hashes)), blocks, 0, len(hashes)
+    )
 
 
 # ---- the free queue ------------------------------------------------------------------------
+
 
 def make_queue(n):
     blocks = [KVCacheBlock(i) for i in range(n)]
@@ -37,7 +45,9 @@ def test_queue_starts_in_block_id_order_and_pops_from_the_head():
     assert q.popleft().block_id == 0
     assert ids(q.popleft_n(3)) == [1, 2, 3]
     assert ids(q.get_all_free_blocks()) == [4, 5] and len(q) == 2
-    assert all(b.prev_free_block is None and b.next_free_block is None for b in blocks[:4])
+    assert all(
+        b.prev_free_block is None and b.next_free_block is None for b in blocks[:4]
+    )
     assert q.popleft_n(0) == []
 
 
@@ -45,7 +55,10 @@ def test_queue_remove_from_the_middle_is_o1_relinking():
     blocks, q = make_queue(5)
     q.remove(blocks[2])
     assert ids(q.get_all_free_blocks()) == [0, 1, 3, 4] and q.num_free_blocks == 4
-    assert blocks[1].next_free_block is blocks[3] and blocks[3].prev_free_block is blocks[1]
+    assert (
+        blocks[1].next_free_block is blocks[3]
+        and blocks[3].prev_free_block is blocks[1]
+    )
     q.remove(blocks[0])
     q.remove(blocks[4])
     assert ids(q.get_all_free_blocks()) == [1, 3]
@@ -57,7 +70,10 @@ def test_queue_append_prepend_keep_the_given_order():
     q.append_n(extra[:2])
     q.prepend_n(extra[2:4])
     q.append(extra[4])
-    assert ids(q.get_all_free_blocks()) == [5, 6, 0, 1, 2, 3, 4, 7] and q.num_free_blocks == 8
+    assert (
+        ids(q.get_all_free_blocks()) == [5, 6, 0, 1, 2, 3, 4, 7]
+        and q.num_free_blocks == 8
+    )
     q.append_n([])
     q.prepend_n([])
     assert q.num_free_blocks == 8
@@ -65,7 +81,9 @@ def test_queue_append_prepend_keep_the_given_order():
 
 def test_queue_errors_on_empty_pop_and_unlinked_remove():
     blocks, q = make_queue(2)
-    with pytest.raises(AssertionError):  # vLLM's bare assert: its callers check the count first
+    with pytest.raises(
+        AssertionError
+    ):  # vLLM's bare assert: its callers check the count first
         q.popleft_n(3)
     assert q.num_free_blocks == 2  # refused: nothing popped
     with pytest.raises(ValueError, match="n must be an int >= 0"):
@@ -93,6 +111,7 @@ def test_block_is_slotted_and_its_hash_is_set_once():
 
 
 # ---- the pool ------------------------------------------------------------------------------
+
 
 def test_null_block_is_popped_at_start_never_handed_out_never_freed():
     pool = BlockPool(8, debug_mode=True)
@@ -131,7 +150,17 @@ def expected_order_after_free(pool):
 
 
 def test_exact_free_queue_order_after_freeing_mixed_hashed_and_unhashed_blocks():
-    assert expected_order_after_free(BlockPool(10, debug_mode=True)) == [5, 4, 6, 7, 8, 9, 3, 2, 1]
+    assert expected_order_after_free(BlockPool(10, debug_mode=True)) == [
+        5,
+        4,
+        6,
+        7,
+        8,
+        9,
+        3,
+        2,
+        1,
+    ]
 
 
 class BuggyTailPool(BlockPool):
@@ -141,12 +170,24 @@ class BuggyTailPool(BlockPool):
         blocks = list(ordered_blocks)
         for b in blocks:
             b.ref_cnt -= 1
-        self.free_block_queue.append_n([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+        self.free_block_queue.append_n(
+            [b for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        )
 
 
 def test_the_order_check_catches_unhashed_blocks_appended_to_the_tail():
     # Unhashed blocks at the tail are reused LAST, so hittable blocks get evicted before them.
-    assert expected_order_after_free(BuggyTailPool(10, debug_mode=True)) != [5, 4, 6, 7, 8, 9, 3, 2, 1]
+    assert expected_order_after_free(BuggyTailPool(10, debug_mode=True)) != [
+        5,
+        4,
+        6,
+        7,
+        8,
+        9,
+        3,
+        2,
+        1,
+    ]
 
 
 def test_hit_on_a_free_block_takes_it_out_of_the_middle():
@@ -161,7 +202,17 @@ def test_hit_on_a_free_block_takes_it_out_of_the_middle():
     pool.free_blocks([hit])
     assert queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1]  # still referenced
     pool.free_blocks([hit])
-    assert queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1, 2]  # most recently used: evicted last
+    assert queue_ids(pool) == [
+        5,
+        4,
+        6,
+        7,
+        8,
+        9,
+        3,
+        1,
+        2,
+    ]  # most recently used: evicted last
     pool.check_invariants()
 
 
@@ -185,7 +236,10 @@ def test_duplicate_blocks_for_one_hash():
     cache(pool, a, ["same"])
     cache(pool, b, ["same"])  # a second request computed the same prefix meanwhile
     assert len(pool.cached_block_hash_to_block) == 1
-    assert sorted(ids(blk for _, blk in pool.cached_block_hash_to_block.items())) == [1, 2]
+    assert sorted(ids(blk for _, blk in pool.cached_block_hash_to_block.items())) == [
+        1,
+        2,
+    ]
     assert pool.get_cached_block("same").block_id in (1, 2)
     pool.free_blocks(b)
     pool.free_blocks(a)
@@ -202,7 +256,11 @@ def test_hash_map_pop_removes_only_the_named_copy():
         m.insert("k", b)
     assert m.pop("k", 9) is None and m.pop("nope", 1) is None
     assert m.pop("k", 2) is b2 and m.pop("k", 1) is b1
-    assert m.get_one_block("k") is b3 and m.pop("k", 3) is b3 and m.get_one_block("k") is None
+    assert (
+        m.get_one_block("k") is b3
+        and m.pop("k", 3) is b3
+        and m.get_one_block("k") is None
+    )
     assert len(m) == 0
 
 
@@ -214,7 +272,9 @@ def test_reset_prefix_cache_refused_while_blocks_are_in_use():
     assert pool.get_cached_block("a") is blocks[0]  # refused: nothing changed
     pool.free_blocks(blocks[::-1])
     assert pool.reset_prefix_cache() is True
-    assert pool.get_cached_block("a") is None and all(b.block_hash is None for b in pool.blocks)
+    assert pool.get_cached_block("a") is None and all(
+        b.block_hash is None for b in pool.blocks
+    )
     pool.check_invariants()
 
 
@@ -242,13 +302,16 @@ def test_cache_full_blocks_checks_it_has_the_hashes():
         pool.cache_full_blocks(SimpleNamespace(block_hashes=["x"]), blocks, 0, 2)
 
 
-
 def test_a_refused_cache_full_blocks_changes_nothing():
     pool = BlockPool(6, debug_mode=True)
     blocks = pool.get_new_blocks(3)
     cache(pool, blocks[2:], ["c"])  # the third block is hashed already
-    with pytest.raises(ValueError, match=f"block {blocks[2].block_id} already has hash 'c'"):
-        pool.cache_full_blocks(SimpleNamespace(block_hashes=["a", "b", "x"]), blocks, 0, 3)
+    with pytest.raises(
+        ValueError, match=f"block {blocks[2].block_id} already has hash 'c'"
+    ):
+        pool.cache_full_blocks(
+            SimpleNamespace(block_hashes=["a", "b", "x"]), blocks, 0, 3
+        )
     assert blocks[0].block_hash is None and blocks[1].block_hash is None
     assert pool.get_cached_block("a") is None and pool.get_cached_block("b") is None
     a, b = blocks[:2]
@@ -262,7 +325,9 @@ def test_check_invariants_catches_a_corrupted_pool():
     pool = BlockPool(6, debug_mode=True)
     (b,) = pool.get_new_blocks(1)
     b.ref_cnt = 0  # out of the queue but unreferenced: a leak
-    with pytest.raises(AssertionError, match=f"block {b.block_id} is out of the queue with ref_cnt 0"):
+    with pytest.raises(
+        AssertionError, match=f"block {b.block_id} is out of the queue with ref_cnt 0"
+    ):
         pool.check_invariants()
     pool = BlockPool(6, debug_mode=True)
     pool.blocks[2]._block_hash = "ghost"  # hashed but not in the map
@@ -293,6 +358,7 @@ def count_scans(monkeypatch):
         def wrapper(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)
+
         return wrapper
 
     for name in SCANS:
@@ -333,8 +399,12 @@ def test_the_scans_run_in_debug_mode_only_and_the_mode_is_read_per_call(monkeypa
     calls = count_scans(monkeypatch)
     pool = BlockPool(8)  # debug mode off: vLLM's hot path, which trusts its caller
     off = scans_per_call(pool, calls)
-    assert all(n == 0 for _, n in off), f"a per-block scan ran outside debug mode: {off}"
-    pool.debug_mode = True  # read on every call: switching it on later works, the queue's too
+    assert all(n == 0 for _, n in off), (
+        f"a per-block scan ran outside debug mode: {off}"
+    )
+    pool.debug_mode = (
+        True  # read on every call: switching it on later works, the queue's too
+    )
     assert pool.free_block_queue.debug_mode is True
     on = scans_per_call(pool, calls)
     assert all(n > 0 for _, n in on), f"a call skipped its scan in debug mode: {on}"
@@ -344,11 +414,19 @@ def test_the_scans_run_in_debug_mode_only_and_the_mode_is_read_per_call(monkeypa
 def bad_calls():
     """(what, the bad call on a pool holding ``held``): refused in debug mode, trusted outside it."""
     return [
-        ("free of a block of another pool", lambda pool, held: pool.free_blocks([BlockPool(8).get_new_blocks(1)[0]])),
-        ("touch of a block of another pool", lambda pool, held: pool.touch([held[0], BlockPool(8).blocks[5]])),
+        (
+            "free of a block of another pool",
+            lambda pool, held: pool.free_blocks([BlockPool(8).get_new_blocks(1)[0]]),
+        ),
+        (
+            "touch of a block of another pool",
+            lambda pool, held: pool.touch([held[0], BlockPool(8).blocks[5]]),
+        ),
         ("double free", lambda pool, held: pool.free_blocks([held[0], held[0]])),
-        ("a queued block linked again (a cycle)",
-         lambda pool, held: pool.free_block_queue.append_n([pool.blocks[-1]])),  # the queue's last block
+        (
+            "a queued block linked again (a cycle)",
+            lambda pool, held: pool.free_block_queue.append_n([pool.blocks[-1]]),
+        ),  # the queue's last block
     ]
 
 

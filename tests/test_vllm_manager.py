@@ -39,12 +39,17 @@ def group(mgr):
 
 def snapshot(mgr):
     pool = mgr.block_pool
-    return ([b.block_id for b in pool.free_block_queue.get_all_free_blocks()], [b.ref_cnt for b in pool.blocks],
-            [b.block_hash for b in pool.blocks], {k: list(v) for k, v in group(mgr).req_to_blocks.items()},
-            dict(group(mgr).num_cached_block))
+    return (
+        [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+        [b.ref_cnt for b in pool.blocks],
+        [b.block_hash for b in pool.blocks],
+        {k: list(v) for k, v in group(mgr).req_to_blocks.items()},
+        dict(group(mgr).num_cached_block),
+    )
 
 
 # ---- bug zoo -------------------------------------------------------------------------------
+
 
 class ForwardFreeManager(KVCacheManager):
     """Frees a request's blocks first to last: the prefix's START is then evicted first."""
@@ -56,11 +61,22 @@ class ForwardFreeManager(KVCacheManager):
 class AllocateBeforeTouchManager(KVCacheManager):
     """Takes new blocks before touching the hits: get_new_blocks may evict a block just hit."""
 
-    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
-                       num_lookahead_tokens=0):
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens,
+        num_new_computed_tokens=0,
+        new_computed_blocks=None,
+        num_lookahead_tokens=0,
+    ):
         m, hits = group(self), new_computed_blocks or []
-        need = cdiv(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, self.block_size)
-        new = self.block_pool.get_new_blocks(max(0, need - len(hits) - len(m.req_to_blocks.get(request.request_id, []))))
+        need = cdiv(
+            request.num_computed_tokens + num_new_computed_tokens + num_new_tokens,
+            self.block_size,
+        )
+        new = self.block_pool.get_new_blocks(
+            max(0, need - len(hits) - len(m.req_to_blocks.get(request.request_id, [])))
+        )
         self.block_pool.touch(hits)
         blocks = m.req_to_blocks[request.request_id]
         blocks.extend(hits + new)
@@ -72,11 +88,22 @@ class IgnoreEvictableHitsManager(KVCacheManager):
     """Counts only new blocks against the free pool, forgetting that touching a free hit block
     takes it off the free queue too."""
 
-    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
-                       num_lookahead_tokens=0):
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens,
+        num_new_computed_tokens=0,
+        new_computed_blocks=None,
+        num_lookahead_tokens=0,
+    ):
         m, hits = group(self), new_computed_blocks or []
-        need = cdiv(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens, self.block_size)
-        num_new = max(0, need - len(hits) - len(m.req_to_blocks.get(request.request_id, [])))
+        need = cdiv(
+            request.num_computed_tokens + num_new_computed_tokens + num_new_tokens,
+            self.block_size,
+        )
+        num_new = max(
+            0, need - len(hits) - len(m.req_to_blocks.get(request.request_id, []))
+        )
         if num_new > self.block_pool.get_num_free_blocks():
             return None
         self.block_pool.touch(hits)
@@ -89,14 +116,20 @@ class IgnoreEvictableHitsManager(KVCacheManager):
 
 # ---- lookup --------------------------------------------------------------------------------
 
+
 def test_lookup_stops_at_the_first_miss():
     mgr = KVCacheManager(32, block_size=4)
     a = new_request(mgr, "a", list(range(16)))
     admit(mgr, a)
     mgr.free(a)
-    b = new_request(mgr, "b", list(range(8)) + [99] * 4 + list(range(12, 17)))  # block 2 differs
+    b = new_request(
+        mgr, "b", list(range(8)) + [99] * 4 + list(range(12, 17))
+    )  # block 2 differs
     hits, n = mgr.get_computed_blocks(b)
-    assert [h.block_id for h in hits] == [1, 2] and n == 8  # block 3's tokens match, but not its prefix
+    assert [h.block_id for h in hits] == [
+        1,
+        2,
+    ] and n == 8  # block 3's tokens match, but not its prefix
 
 
 def test_at_most_num_tokens_minus_one_tokens_hit_and_the_recomputed_block_is_a_duplicate():
@@ -105,10 +138,19 @@ def test_at_most_num_tokens_minus_one_tokens_hit_and_the_recomputed_block_is_a_d
     admit(mgr, a)
     b = new_request(mgr, "b", list(range(8)))  # the same 2-block prompt
     new, n = admit(mgr, b)
-    assert n == 4  # the last token is recomputed for its logits, so block 1 is not a hit
+    assert (
+        n == 4
+    )  # the last token is recomputed for its logits, so block 1 is not a hit
     assert mgr.get_block_ids("b") == [1, 3]
-    copies = [blk.block_id for h, blk in mgr.block_pool.cached_block_hash_to_block.items() if h == a.block_hashes[1]]
-    assert sorted(copies) == [2, 3]  # two blocks for one hash: block tables stay append-only
+    copies = [
+        blk.block_id
+        for h, blk in mgr.block_pool.cached_block_hash_to_block.items()
+        if h == a.block_hashes[1]
+    ]
+    assert sorted(copies) == [
+        2,
+        3,
+    ]  # two blocks for one hash: block tables stay append-only
     mgr.block_pool.check_invariants()
 
 
@@ -123,6 +165,7 @@ def test_disabled_caching_never_hits_or_hashes():
 
 # ---- allocate_slots ------------------------------------------------------------------------
 
+
 def two_cached_prefixes(cls):
     """Usable blocks 1..4, block size 2. A=[1,2,3,4] and B=[5,6,7,8] ran and finished, so the
     free queue (head first) is [2, 1, 4, 3]: A's blocks are the least recently used."""
@@ -131,13 +174,17 @@ def two_cached_prefixes(cls):
         r = new_request(mgr, rid, toks)
         admit(mgr, r)
         mgr.free(r)
-    assert [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()] == [2, 1, 4, 3]
+    assert [
+        b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()
+    ] == [2, 1, 4, 3]
     return mgr
 
 
 def hits_are_touched_before_new_blocks_are_taken(cls):
     mgr = two_cached_prefixes(cls)
-    d = new_request(mgr, "D", [1, 2, 3, 4, 9])  # hits A's blocks 1, 2, which sit at the queue head
+    d = new_request(
+        mgr, "D", [1, 2, 3, 4, 9]
+    )  # hits A's blocks 1, 2, which sit at the queue head
     new, n = admit(mgr, d)
     assert n == 4
     assert mgr.get_block_ids("D") == [1, 2, 4], mgr.get_block_ids("D")
@@ -156,10 +203,14 @@ def test_the_touch_order_check_catches_allocating_first():
 def evictable_hits_count_against_capacity(cls):
     mgr = two_cached_prefixes(cls)
     before = snapshot(mgr)
-    e = new_request(mgr, "E", [1, 2, 3, 4, 9, 9, 9, 9, 9])  # 2 free hits + 3 new > 4 free
+    e = new_request(
+        mgr, "E", [1, 2, 3, 4, 9, 9, 9, 9, 9]
+    )  # 2 free hits + 3 new > 4 free
     new, n = admit(mgr, e)
     assert new is None and snapshot(mgr) == before  # refused: nothing changed
-    f = new_request(mgr, "F", [1, 2, 3, 4, 9, 9, 9])  # 2 free hits + 2 new = 4: fits exactly
+    f = new_request(
+        mgr, "F", [1, 2, 3, 4, 9, 9, 9]
+    )  # 2 free hits + 2 new = 4: fits exactly
     new, _ = admit(mgr, f)
     assert len(new) == 2 and mgr.block_pool.get_num_free_blocks() == 0
     mgr.block_pool.check_invariants()
@@ -178,7 +229,9 @@ def test_hits_held_by_a_running_request_cost_nothing():
     mgr = KVCacheManager(7, block_size=2)
     a = new_request(mgr, "a", [1, 2, 3, 4, 5])
     admit(mgr, a)  # holds blocks 1, 2, 3; 1 and 2 cached
-    b = new_request(mgr, "b", [1, 2, 3, 4, 8, 8, 8])  # 2 hits with ref_cnt 1, 2 new; 3 free
+    b = new_request(
+        mgr, "b", [1, 2, 3, 4, 8, 8, 8]
+    )  # 2 hits with ref_cnt 1, 2 new; 3 free
     new, n = admit(mgr, b)
     assert n == 4 and len(new) == 2 and mgr.block_pool.blocks[1].ref_cnt == 2
 
@@ -195,12 +248,16 @@ def test_short_pool_returns_none_and_changes_nothing():
 
 
 def test_watermark_holds_back_new_requests_only():
-    mgr = KVCacheManager(11, block_size=1, watermark=0.2)  # 0.2 of all 11 blocks: 2 held back
+    mgr = KVCacheManager(
+        11, block_size=1, watermark=0.2
+    )  # 0.2 of all 11 blocks: 2 held back
     assert mgr.watermark_blocks == 2
     assert admit(mgr, new_request(mgr, "big", list(range(9))))[0] is None
     a = new_request(mgr, "a", list(range(8)))
     assert len(admit(mgr, a)[0]) == 8
-    assert len(decode(mgr, a)) == 1 and len(decode(mgr, a)) == 1  # a running request may use them
+    assert (
+        len(decode(mgr, a)) == 1 and len(decode(mgr, a)) == 1
+    )  # a running request may use them
     assert decode(mgr, a) is None
 
 
@@ -210,7 +267,9 @@ def test_decode_hashes_each_block_when_it_fills():
     admit(mgr, a)
     assert group(mgr).num_cached_block["a"] == 1
     assert decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 1  # 7 tokens
-    assert decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 2  # 8 tokens: block 2 full
+    assert (
+        decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 2
+    )  # 8 tokens: block 2 full
     assert len(decode(mgr, a)) == 1  # 9th token opens block 3
     b = new_request(mgr, "b", a.all_token_ids[:8] + [0])
     assert mgr.get_computed_blocks(b)[1] == 8  # the decoded tokens' block is a hit
@@ -227,27 +286,48 @@ def test_bad_inputs_raise_naming_the_value():
     r = new_request(mgr, "r", [1, 2, 3])
     with pytest.raises(ValueError, match="num_new_tokens must be an int >= 1, got 0"):
         mgr.allocate_slots(r, 0)
-    with pytest.raises(ValueError, match="num_new_computed_tokens=8 does not fit 1 computed blocks"):
+    with pytest.raises(
+        ValueError, match="num_new_computed_tokens=8 does not fit 1 computed blocks"
+    ):
         mgr.allocate_slots(r, 1, 8, [mgr.block_pool.blocks[1]])
 
 
 # ---- the single-type manager's steps ------------------------------------------------------
 
+
 def test_allocate_slots_is_the_managers_steps_through_the_coordinator():
     mgr = KVCacheManager(8, block_size=4, sliding_window=8)
     m = group(mgr)
-    assert isinstance(m, SlidingWindowManager) and mgr.coordinator.block_pool is mgr.block_pool
+    assert (
+        isinstance(m, SlidingWindowManager)
+        and mgr.coordinator.block_pool is mgr.block_pool
+    )
     a = new_request(mgr, "a", list(range(12)))
-    assert m.get_num_blocks_to_allocate("a", 12, [], 0) == 3 and mgr.block_pool.get_num_free_blocks() == 7  # pure
+    assert (
+        m.get_num_blocks_to_allocate("a", 12, [], 0) == 3
+        and mgr.block_pool.get_num_free_blocks() == 7
+    )  # pure
     assert [b.block_id for b in m.allocate_new_blocks("a", 12)] == [1, 2, 3]
     m.cache_blocks(a, 12)
-    assert m.num_cached_block["a"] == 3 and a.block_hashes[2] == mgr.block_pool.blocks[3].block_hash
+    assert (
+        m.num_cached_block["a"] == 3
+        and a.block_hashes[2] == mgr.block_pool.blocks[3].block_hash
+    )
     a.num_computed_tokens = 12
     a.append_output_token_ids(7)
-    m.remove_skipped_blocks("a", 12)  # the next token (12) reads back to 5: block 0 (tokens 0..3) goes
+    m.remove_skipped_blocks(
+        "a", 12
+    )  # the next token (12) reads back to 5: block 0 (tokens 0..3) goes
     assert mgr.get_block_ids("a") == [0, 2, 3] and mgr.block_pool.blocks[1].ref_cnt == 0
-    assert m.get_num_blocks_to_allocate("a", 13, [], 12) == 1  # running: what its list lacks
-    assert mgr.allocate_slots(a, 1) is not None and mgr.get_block_ids("a") == [0, 2, 3, 4]
+    assert (
+        m.get_num_blocks_to_allocate("a", 13, [], 12) == 1
+    )  # running: what its list lacks
+    assert mgr.allocate_slots(a, 1) is not None and mgr.get_block_ids("a") == [
+        0,
+        2,
+        3,
+        4,
+    ]
 
 
 def test_a_hit_after_the_window_moved_is_padded_with_nulls_and_counts_only_what_it_takes():
@@ -264,19 +344,30 @@ def test_a_hit_after_the_window_moved_is_padded_with_nulls_and_counts_only_what_
     assert m.get_num_blocks_to_allocate("b", 18, hits, 16) == 1 + 2
     m.add_local_computed_blocks("b", hits, 16)
     assert mgr.get_block_ids("b") == [0, 0, 3, 4] and m.num_cached_block["b"] == 4
-    assert [mgr.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [0, 0, 1, 1]  # only the window's are touched
+    assert [mgr.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [
+        0,
+        0,
+        1,
+        1,
+    ]  # only the window's are touched
 
 
 def test_a_refused_call_still_gives_back_out_of_window_blocks():
     mgr = KVCacheManager(4, block_size=2, sliding_window=3)  # 3 usable blocks
     c = new_request(mgr, "c", list(range(6)))
     admit(mgr, c)  # blocks 1, 2, 3: the pool is full
-    c.append_output_token_ids([7, 7, 7, 7, 7])  # 11 tokens: 6 blocks, 2 of them skipped: 1 more than there are
+    c.append_output_token_ids(
+        [7, 7, 7, 7, 7]
+    )  # 11 tokens: 6 blocks, 2 of them skipped: 1 more than there are
     assert mgr.allocate_slots(c, 5) is None  # refused ...
-    assert mgr.get_block_ids("c") == [0, 0, 3] and mgr.block_pool.get_num_free_blocks() == 2  # ... after the release
+    assert (
+        mgr.get_block_ids("c") == [0, 0, 3]
+        and mgr.block_pool.get_num_free_blocks() == 2
+    )  # ... after the release
 
 
 # ---- free ----------------------------------------------------------------------------------
+
 
 def prefix_survives_pressure(cls):
     """A 3-block prompt finishes; a newcomer then takes the 2 least recently used blocks.
@@ -295,10 +386,13 @@ def test_free_in_reverse_order_keeps_the_shared_start_longest():
 
 
 def test_the_reverse_free_check_catches_forward_free():
-    assert prefix_survives_pressure(ForwardFreeManager) == 0  # the start went first: nothing hits
+    assert (
+        prefix_survives_pressure(ForwardFreeManager) == 0
+    )  # the start went first: nothing hits
 
 
 # ---- sliding window ------------------------------------------------------------------------
+
 
 def test_out_of_window_blocks_become_null_blocks():
     mgr = KVCacheManager(20, block_size=4, sliding_window=8)
@@ -306,18 +400,25 @@ def test_out_of_window_blocks_become_null_blocks():
     admit(mgr, a)
     assert mgr.get_block_ids("a") == [1, 2, 3]
     decode(mgr, a)  # next token at 12 reads back to position 5: block 0 (0..3) is out
-    assert mgr.get_block_ids("a") == [0, 2, 3, 4] and group(mgr).req_to_blocks["a"][0] is mgr.block_pool.null_block
+    assert (
+        mgr.get_block_ids("a") == [0, 2, 3, 4]
+        and group(mgr).req_to_blocks["a"][0] is mgr.block_pool.null_block
+    )
     pool = mgr.block_pool
-    assert pool.blocks[1].ref_cnt == 0 and pool.free_block_queue.fake_free_list_tail.prev_free_block is pool.blocks[1]
+    assert (
+        pool.blocks[1].ref_cnt == 0
+        and pool.free_block_queue.fake_free_list_tail.prev_free_block is pool.blocks[1]
+    )
     for _ in range(4):
-        decode(mgr, a)  # with 16 tokens computed, the next reads back to 9: block 1 (4..7) goes
+        decode(
+            mgr, a
+        )  # with 16 tokens computed, the next reads back to 9: block 1 (4..7) goes
     assert mgr.get_block_ids("a")[:2] == [0, 0]
     assert pool.null_block.ref_cnt == 0 and pool.null_block.prev_free_block is None
     pool.check_invariants()
     mgr.free(a)
     assert pool.get_num_free_blocks() == 19
     pool.check_invariants()
-
 
 
 def test_vllm_window_convention_drops_position_num_computed_minus_window():
@@ -338,7 +439,9 @@ def test_computed_blocks_without_prefix_caching_are_refused_before_anything_chan
     a.append_output_token_ids(7)
     before = snapshot(mgr)
     with pytest.raises(ValueError, match="prefix caching is disabled"):
-        mgr.allocate_slots(a, 1, 0, [mgr.block_pool.blocks[9]])  # block 0 (positions 0..3) is out of window
+        mgr.allocate_slots(
+            a, 1, 0, [mgr.block_pool.blocks[9]]
+        )  # block 0 (positions 0..3) is out of window
     assert snapshot(mgr) == before
 
 
@@ -350,11 +453,20 @@ def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
     b = new_request(mgr, "b", list(range(16)) + [0])
     hits, n = mgr.get_computed_blocks(b)
     # The scan from the right stops at the first run of cdiv(8 - 1, 4) = 2 cached blocks.
-    assert n == 16 and hits[:2] == [mgr.block_pool.null_block] * 2 and [h.block_id for h in hits[2:]] == [3, 4]
+    assert (
+        n == 16
+        and hits[:2] == [mgr.block_pool.null_block] * 2
+        and [h.block_id for h in hits[2:]] == [3, 4]
+    )
     mgr.block_pool.get_new_blocks(mgr.block_pool.get_num_free_blocks() - 4)
-    mgr.block_pool.get_new_blocks(2)  # evicts a's blocks 4 and 3 (the prefix's tail goes first)
+    mgr.block_pool.get_new_blocks(
+        2
+    )  # evicts a's blocks 4 and 3 (the prefix's tail goes first)
     hits, n = mgr.get_computed_blocks(b)
-    assert n == 8 and [h.block_id for h in hits] == [1, 2]  # a run from the start still counts
+    assert n == 8 and [h.block_id for h in hits] == [
+        1,
+        2,
+    ]  # a run from the start still counts
     c = new_request(mgr, "c", list(range(8)) + [5] * 9)
     assert mgr.get_computed_blocks(c)[1] == 8
 
@@ -365,12 +477,18 @@ def test_sliding_window_hit_fills_skipped_blocks_with_null():
     admit(mgr, a)
     mgr.free(a)
     pool = mgr.block_pool
-    pool.touch([pool.blocks[1]])  # keep block 1 out of the queue's way, then evict block 2 only
+    pool.touch(
+        [pool.blocks[1]]
+    )  # keep block 1 out of the queue's way, then evict block 2 only
     pool._maybe_evict_cached_block(pool.blocks[2])
     pool.free_blocks([pool.blocks[1]])
     hits, n = mgr.get_computed_blocks(new_request(mgr, "b", list(range(16)) + [1]))
     # Blocks 2 and 3 (tokens 8..15) form a run of cdiv(8 - 1, 4) = 2: enough for the window.
-    assert n == 16 and hits[0] is mgr.block_pool.null_block and hits[1] is mgr.block_pool.null_block
+    assert (
+        n == 16
+        and hits[0] is mgr.block_pool.null_block
+        and hits[1] is mgr.block_pool.null_block
+    )
     assert [h.block_id for h in hits[2:]] == [3, 4]
     new, _ = admit(mgr, new_request(mgr, "c", list(range(16)) + [1]))
     assert mgr.get_block_ids("c")[:3] == [0, 0, 3]
@@ -382,15 +500,26 @@ def test_sliding_window_hit_fills_skipped_blocks_with_null():
 PREFIXES = [[], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [3] * 11]
 
 op = st.one_of(
-    st.tuples(st.just("add"), st.integers(0, len(PREFIXES) - 1), st.integers(1, 9), st.integers(0, 3)),
-    st.tuples(st.just("decode"), st.integers(0, 99), st.integers(1, 3), st.integers(0, 3)),
+    st.tuples(
+        st.just("add"),
+        st.integers(0, len(PREFIXES) - 1),
+        st.integers(1, 9),
+        st.integers(0, 3),
+    ),
+    st.tuples(
+        st.just("decode"), st.integers(0, 99), st.integers(1, 3), st.integers(0, 3)
+    ),
     st.tuples(st.just("free"), st.integers(0, 99), st.just(0), st.just(0)),
 )
 
 
 @pytest.mark.parametrize("window", [None, 6])
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(op, max_size=40), num_blocks=st.integers(3, 24), block_size=st.sampled_from([1, 2, 4]))
+@given(
+    ops=st.lists(op, max_size=40),
+    num_blocks=st.integers(3, 24),
+    block_size=st.sampled_from([1, 2, 4]),
+)
 def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block_size):
     """Every block is in the queue with ref_cnt 0 or out of it with ref_cnt > 0; ref counts equal
     the number of running requests holding the block; the map holds exactly the hashed blocks."""
@@ -412,7 +541,9 @@ def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block
             for _ in range(b):
                 if decode(mgr, req, 10 + c) is None:
                     req.all_token_ids.pop()  # the scheduler would preempt; keep the request as it was
-                    req.block_hashes[:] = req.block_hashes[:req.num_tokens // block_size]
+                    req.block_hashes[:] = req.block_hashes[
+                        : req.num_tokens // block_size
+                    ]
                     break
         elif kind == "free" and running:
             mgr.free(running.pop(a % len(running)))
@@ -443,5 +574,7 @@ def test_a_foreign_computed_block_is_refused_in_debug_mode_only():
     with pytest.raises(ValueError, match="not a block of this pool"):
         mgr.allocate_slots(req, 2, 4, foreign)
     assert snapshot(mgr) == before
-    mgr.block_pool.debug_mode = False  # off: no scan, the foreign block goes through as in vLLM
+    mgr.block_pool.debug_mode = (
+        False  # off: no scan, the foreign block goes through as in vLLM
+    )
     assert mgr.allocate_slots(req, 2, 4, foreign) is not None

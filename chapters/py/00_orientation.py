@@ -18,14 +18,57 @@
 #   and the grader.
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("00", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import start
+
+FAST = start("00", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## The three mappings
@@ -90,7 +133,10 @@ from memlab.course import viz
 
 PAGE_SIZE = 4
 scene = viz.sglang_books.orientation(page_size=PAGE_SIZE)
-viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "slots", "buffers", "free")))
+viz.Stepper(
+    scene.frames,
+    lambda books: viz.draw_books(books, ("table", "slots", "buffers", "free")),
+)
 
 # %% [markdown]
 # ## Read it: the same books in code
@@ -101,18 +147,24 @@ viz.Stepper(scene.frames, lambda books: viz.draw_books(books, ("table", "slots",
 # %%
 req_pool, allocator, kv = scene.req_pool, scene.allocator, scene.kvcache
 a = scene.reqs["A"]
-row = a.kv.req_pool_idx                                       # mapping 1: request -> row
-slots = req_pool.req_to_token[row, : a.kv.kv_allocated_len]  # mapping 2: position -> slot
-print(f"A owns row {row} (handed out {int(req_pool.req_generation[row])} time(s) so far: the row's generation, "
-      f"chapter 01); its slots: {slots.tolist()}")
+row = a.kv.req_pool_idx  # mapping 1: request -> row
+slots = req_pool.req_to_token[
+    row, : a.kv.kv_allocated_len
+]  # mapping 2: position -> slot
+print(
+    f"A owns row {row} (handed out {int(req_pool.req_generation[row])} time(s) so far: the row's generation, "
+    f"chapter 01); its slots: {slots.tolist()}"
+)
 print(f"pages under those slots: {sorted(set((slots // PAGE_SIZE).tolist()))}")
 
-k0 = kv.get_key_buffer(0)                               # mapping 3: slot -> bytes
+k0 = kv.get_key_buffer(0)  # mapping 3: slot -> bytes
 s = int(slots[-1])
 row_bytes = k0[s].nbytes
 offset = k0[s].data_ptr() - k0.data_ptr()
-print(f"slot {s} is k_buffer[0][{s}], shape {tuple(k0[s].shape)}: bytes {offset}..{offset + row_bytes - 1} "
-      f"of that tensor (= {s} * {row_bytes})")
+print(
+    f"slot {s} is k_buffer[0][{s}], shape {tuple(k0[s].shape)}: bytes {offset}..{offset + row_bytes - 1} "
+    f"of that tensor (= {s} * {row_bytes})"
+)
 assert offset == s * row_bytes
 
 # %% [markdown]
@@ -120,9 +172,13 @@ assert offset == s * row_bytes
 # total: `kv.bytes_per_token`. Chapter 02 derives that number for real models.
 
 # %%
-print(f"{kv.bytes_per_token} bytes per token = 2 (K and V) x {kv.layer_num} layers x {kv.head_num} heads "
-      f"x {kv.head_dim} dims x 2 bytes (fp16)")
-print(f"free pages, head first: {allocator.free_pages.tolist()}; free rows: {req_pool.free_slots}")
+print(
+    f"{kv.bytes_per_token} bytes per token = 2 (K and V) x {kv.layer_num} layers x {kv.head_num} heads "
+    f"x {kv.head_dim} dims x 2 bytes (fp16)"
+)
+print(
+    f"free pages, head first: {allocator.free_pages.tolist()}; free rows: {req_pool.free_slots}"
+)
 
 # %% [markdown]
 # ## Run it: a real kernel on the same state
@@ -143,9 +199,9 @@ print(f"free pages, head first: {allocator.free_pages.tolist()}; free rows: {req
 # %%
 import torch
 
-from memlab.sglang.allocator.reference import alloc_extend_torch
 from memlab.common.env import kernel_device
 from memlab.kernels import alloc_extend
+from memlab.sglang.allocator.reference import alloc_extend_torch
 
 dev = kernel_device()
 batch = {"A": 6, "D": 3}
@@ -160,8 +216,12 @@ def on(xs):
 
 free_pages = allocator.free_pages.to(dev)
 n_new = sum(batch.values())
-by_kernel = alloc_extend.alloc_extend(on(prefix), on(seq), on(last), free_pages, PAGE_SIZE, n_new)
-by_torch = alloc_extend_torch(on(prefix), on(seq), on(last), free_pages, PAGE_SIZE, n_new)
+by_kernel = alloc_extend.alloc_extend(
+    on(prefix), on(seq), on(last), free_pages, PAGE_SIZE, n_new
+)
+by_torch = alloc_extend_torch(
+    on(prefix), on(seq), on(last), free_pages, PAGE_SIZE, n_new
+)
 print(f"kernel on {dev}: {by_kernel.tolist()}")
 print(f"torch reference: {by_torch.tolist()}")
 assert torch.equal(by_kernel, by_torch)
@@ -176,8 +236,14 @@ assert torch.equal(by_kernel, by_torch)
 # %%
 out = scene.extend_batch(batch)
 assert out.tolist() == by_kernel.tolist()
-viz.show(viz.draw_books(scene.books("A +6 and D +3 tokens, slots from alloc_extend", new_slots=out.tolist()),
-                        ("table", "slots", "free")))
+viz.show(
+    viz.draw_books(
+        scene.books(
+            "A +6 and D +3 tokens, slots from alloc_extend", new_slots=out.tolist()
+        ),
+        ("table", "slots", "free"),
+    )
+)
 
 # %% [markdown]
 # ## The same books in vLLM
@@ -215,7 +281,9 @@ from memlab.course.grading.catalog import EXERCISES
 
 for e in EXERCISES:
     gpu = f" (+{e.gpu_points} on a GPU)" if e.gpu_points else ""
-    print(f"ch{e.chapter:02d}  exercises/{e.file}.py  {e.points} points{gpu}: {e.title}")
+    print(
+        f"ch{e.chapter:02d}  exercises/{e.file}.py  {e.points} points{gpu}: {e.title}"
+    )
 
 # %% [markdown]
 # ## Grade
@@ -228,4 +296,4 @@ for e in EXERCISES:
 # %%
 from memlab.grade import main as grade
 
-grade(["--quiet"]);
+grade(["--quiet"])

@@ -15,14 +15,57 @@
 # - write `alloc_rows`, `free` and `clear` yourself (exercise `ch01_alloc_rows`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("01", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("01", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -129,7 +172,9 @@ table.free(row)
 table.clear()  # even a full reset ...
 again = table.alloc_rows(1)[0]
 now = int(table.req_generation[again])
-print(f"the reader kept (row {seen[0]}, generation {seen[1]}); the next request got row {again}, generation {now}")
+print(
+    f"the reader kept (row {seen[0]}, generation {seen[1]}); the next request got row {again}, generation {now}"
+)
 print("same row, new owner:", (again, now) != seen)
 assert again == row and now == seen[1] + 1
 
@@ -147,7 +192,11 @@ e = Req("E")
 pool.alloc([e])
 e.kv.kv_allocated_len = 3  # its first chunk wrote 3 tokens of KV
 before = pool.available_size()
-print("second chunk:", pool.alloc([e]), f"free rows before {before}, after {pool.available_size()}")
+print(
+    "second chunk:",
+    pool.alloc([e]),
+    f"free rows before {before}, after {pool.available_size()}",
+)
 x = Req("X")
 x.kv.req_pool_idx = 1  # claims a row but wrote no KV
 try:
@@ -175,10 +224,18 @@ except ValueError as exc:
 # %%
 with exercise("ch01_alloc_rows") as ex:
     mine, ref = ex.RowTable(5), ReqToTokenPool(5, 8)
-    for op, arg in [("alloc_rows", 2), ("alloc_rows", 0), ("free", 4), ("alloc_rows", 1), ("alloc_rows", 9)]:
+    for op, arg in [
+        ("alloc_rows", 2),
+        ("alloc_rows", 0),
+        ("free", 4),
+        ("alloc_rows", 1),
+        ("alloc_rows", 9),
+    ]:
         a, b = getattr(mine, op)(arg), getattr(ref, op)(arg)
         print(f"{op}({arg}): yours {a}, memlab {b}")
-        assert a == b and mine.free_slots == ref.free_slots, "your free_slots differ from memlab's"
+        assert a == b and mine.free_slots == ref.free_slots, (
+            "your free_slots differ from memlab's"
+        )
     assert mine.req_generation.tolist() == ref.req_generation.tolist()
     print("same rows, same free list, same generations")
 
@@ -190,4 +247,4 @@ with exercise("ch01_alloc_rows") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["01"]);
+grade(["01"])

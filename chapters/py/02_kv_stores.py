@@ -16,14 +16,57 @@
 # - write `mha_bytes_per_token` and `mla_bytes_per_token` (exercise `ch02_bytes_per_token`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("02", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("02", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: bytes per token for real models
@@ -38,15 +81,24 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # %%
 import ipywidgets as W
 
-from memlab.course import viz
 from memlab.common.models import MODELS
+from memlab.course import viz
 from memlab.course.viz.draw_models import draw_kv_bytes, kv_text
 
 controls = dict(
     model=W.Dropdown(options=list(MODELS), value="Llama-3.1-8B"),
-    dtype_bytes=W.Dropdown(options=[("bf16 / fp16", 2), ("fp8", 1)], value=2, description="KV dtype"),
+    dtype_bytes=W.Dropdown(
+        options=[("bf16 / fp16", 2), ("fp8", 1)], value=2, description="KV dtype"
+    ),
     tp_size=W.Dropdown(options=[1, 2, 4, 8], value=1, description="TP size"),
-    context=W.IntSlider(value=32768, min=1024, max=131072, step=1024, description="context", continuous_update=False),
+    context=W.IntSlider(
+        value=32768,
+        min=1024,
+        max=131072,
+        step=1024,
+        description="context",
+        continuous_update=False,
+    ),
 )
 viz.Explorer(controls, draw_kv_bytes, text=kv_text, columns=2)
 
@@ -65,13 +117,27 @@ viz.Explorer(controls, draw_kv_bytes, text=kv_text, columns=2)
 # %%
 import torch
 
-from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool, mha_bytes_per_token, mla_bytes_per_token
+from memlab.sglang.kv_pool import (
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    mha_bytes_per_token,
+    mla_bytes_per_token,
+)
 
-mha = MHATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=4)
+mha = MHATokenToKVPool(
+    size=64, page_size=16, dtype=torch.bfloat16, head_num=8, head_dim=128, layer_num=4
+)
 k = mha.get_key_buffer(0)
 print("k_buffer[0]:", tuple(k.shape), k.dtype, f"{k[0].nbytes} bytes a row")
-print("formula:", mha_bytes_per_token(4, 8, 128), " pool.bytes_per_token:", mha.bytes_per_token)
-print("all tensors:", mha.kv_size_bytes(), "=", mha.bytes_per_token, "x", 64 + 16, "rows")
+print(
+    "formula:",
+    mha_bytes_per_token(4, 8, 128),
+    " pool.bytes_per_token:",
+    mha.bytes_per_token,
+)
+print(
+    "all tensors:", mha.kv_size_bytes(), "=", mha.bytes_per_token, "x", 64 + 16, "rows"
+)
 assert mha.kv_size_bytes() == mha.bytes_per_token * (64 + 16)
 
 # %% [markdown]
@@ -87,9 +153,23 @@ assert mha.kv_size_bytes() == mha.bytes_per_token * (64 + 16)
 # Llama-3.1-8B's, for a model 80 times larger.
 
 # %%
-mla = MLATokenToKVPool(size=64, page_size=16, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=2)
+mla = MLATokenToKVPool(
+    size=64,
+    page_size=16,
+    dtype=torch.bfloat16,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    layer_num=2,
+)
 kv0, v0 = mla.get_key_buffer(0), mla.get_value_buffer(0)
-print("kv_buffer[0]:", tuple(kv0.shape), "  V view:", tuple(v0.shape), " shares memory:", v0.data_ptr() == kv0.data_ptr())
+print(
+    "kv_buffer[0]:",
+    tuple(kv0.shape),
+    "  V view:",
+    tuple(v0.shape),
+    " shares memory:",
+    v0.data_ptr() == kv0.data_ptr(),
+)
 print("formula:", mla_bytes_per_token(2, 512, 64), " pool:", mla.bytes_per_token)
 print("DeepSeek-V3:", MODELS["DeepSeek-V3"].kv_bytes_per_token(), "bytes per token")
 
@@ -106,19 +186,50 @@ print("DeepSeek-V3:", MODELS["DeepSeek-V3"].kv_bytes_per_token(), "bytes per tok
 # of 128 per layer, half an MHA pool of that shape).
 
 # %%
-from memlab.sglang.kv_pool import DSATokenToKVPool, MHATokenToKOnlyPool, dsa_index_bytes_per_token
+from memlab.sglang.kv_pool import (
+    DSATokenToKVPool,
+    MHATokenToKOnlyPool,
+    dsa_index_bytes_per_token,
+)
 
-dsa = DSATokenToKVPool(size=128, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
-                       layer_num=2)
+dsa = DSATokenToKVPool(
+    size=128,
+    page_size=64,
+    dtype=torch.bfloat16,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    layer_num=2,
+)
 idx = dsa.get_index_k_with_scale_buffer(0)
-print("kv_buffer[0]:", tuple(dsa.kv_buffer[0].shape), " index_k_with_scale_buffer[0]:", tuple(idx.shape), idx.dtype,
-      f"= {idx.shape[1] // 64} bytes a token")
-print("formula:", mla_bytes_per_token(2, 512, 64), "+", dsa_index_bytes_per_token(2), "=", dsa.bytes_per_token)
+print(
+    "kv_buffer[0]:",
+    tuple(dsa.kv_buffer[0].shape),
+    " index_k_with_scale_buffer[0]:",
+    tuple(idx.shape),
+    idx.dtype,
+    f"= {idx.shape[1] // 64} bytes a token",
+)
+print(
+    "formula:",
+    mla_bytes_per_token(2, 512, 64),
+    "+",
+    dsa_index_bytes_per_token(2),
+    "=",
+    dsa.bytes_per_token,
+)
 v32 = MODELS["DeepSeek-V3.2"]
-print(f"DeepSeek-V3.2: {v32.kv_bytes_per_token():,} bytes per token (bf16 latent), {v32.kv_bytes_per_token(dtype_bytes=1):,}"
-      f" (fp8 latent); the indexer adds {dsa_index_bytes_per_token(61):,} to V3's {MODELS['DeepSeek-V3'].kv_bytes_per_token():,}")
-k_only = MHATokenToKOnlyPool(size=64, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=128, layer_num=1)
-print("K-only:", tuple(k_only.k_buffer[0].shape), f"{k_only.bytes_per_token} bytes per token per layer (no V buffer)")
+print(
+    f"DeepSeek-V3.2: {v32.kv_bytes_per_token():,} bytes per token (bf16 latent), {v32.kv_bytes_per_token(dtype_bytes=1):,}"
+    f" (fp8 latent); the indexer adds {dsa_index_bytes_per_token(61):,} to V3's {MODELS['DeepSeek-V3'].kv_bytes_per_token():,}"
+)
+k_only = MHATokenToKOnlyPool(
+    size=64, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=128, layer_num=1
+)
+print(
+    "K-only:",
+    tuple(k_only.k_buffer[0].shape),
+    f"{k_only.bytes_per_token} bytes per token per layer (no V buffer)",
+)
 
 # %% [markdown]
 # | pool (SGLang 0.5.23) | one token, one layer | bytes | on a real config |
@@ -144,8 +255,17 @@ print("K-only:", tuple(k_only.k_buffer[0].shape), f"{k_only.bytes_per_token} byt
 # optional division by a scale.
 
 # %%
-fp8 = MHATokenToKVPool(size=8, page_size=1, dtype=torch.float8_e4m3fn, head_num=1, head_dim=4, layer_num=1)
-print("dtype", fp8.dtype, "| store_dtype", fp8.store_dtype, "| bytes per token", fp8.bytes_per_token)
+fp8 = MHATokenToKVPool(
+    size=8, page_size=1, dtype=torch.float8_e4m3fn, head_num=1, head_dim=4, layer_num=1
+)
+print(
+    "dtype",
+    fp8.dtype,
+    "| store_dtype",
+    fp8.store_dtype,
+    "| bytes per token",
+    fp8.bytes_per_token,
+)
 x = torch.tensor([[[0.5, -1.0, 2.0, 3.0]]])
 fp8.set_kv_buffer(0, torch.tensor([3]), x, x, k_scale=2.0)
 print("stored bytes :", fp8.k_buffer[0][3].tolist())
@@ -162,10 +282,30 @@ print("read as fp8  :", fp8.get_key_buffer(0)[3].float().tolist(), "(x / k_scale
 # range raises `IndexError`).
 
 # %%
-stage = MHATokenToKVPool(size=16, page_size=1, dtype=torch.float16, head_num=2, head_dim=8, layer_num=4,
-                         start_layer=4, end_layer=7)
-print("layers", stage.start_layer, "..", stage.end_layer, "; tensors:", len(stage.k_buffer))
-print("layer 5 is local tensor", 5 - stage.start_layer, "->", tuple(stage.get_key_buffer(5).shape))
+stage = MHATokenToKVPool(
+    size=16,
+    page_size=1,
+    dtype=torch.float16,
+    head_num=2,
+    head_dim=8,
+    layer_num=4,
+    start_layer=4,
+    end_layer=7,
+)
+print(
+    "layers",
+    stage.start_layer,
+    "..",
+    stage.end_layer,
+    "; tensors:",
+    len(stage.k_buffer),
+)
+print(
+    "layer 5 is local tensor",
+    5 - stage.start_layer,
+    "->",
+    tuple(stage.get_key_buffer(5).shape),
+)
 try:
     stage.get_key_buffer(2)
 except IndexError as exc:
@@ -189,13 +329,29 @@ except IndexError as exc:
 # %%
 from memlab.vllm.kv_layout import allocate_kv_cache, layout_strides, split_kv
 
-layer0 = allocate_kv_cache(num_layers=4, num_blocks=6, num_kv_heads=8, block_size=16, head_size=128,
-                           dtype=torch.bfloat16)[0]
+layer0 = allocate_kv_cache(
+    num_layers=4,
+    num_blocks=6,
+    num_kv_heads=8,
+    block_size=16,
+    head_size=128,
+    dtype=torch.bfloat16,
+)[0]
 k_view, v_view = split_kv(layer0, 128)
 print("layer view [B, H, N, C]:", tuple(layer0.shape), "strides", layer0.stride())
-print("K view     [B, N, H, d]:", tuple(k_view.shape), "strides", k_view.stride(), "(heads 2 * d apart: K|V interleave)")
-print("strides in [L, B, H, N, C] order, LBNHC:", layout_strides((4, 6, 8, 16, 256), "LBNHC"),
-      " LBHNC:", layout_strides((4, 6, 8, 16, 256), "LBHNC"))
+print(
+    "K view     [B, N, H, d]:",
+    tuple(k_view.shape),
+    "strides",
+    k_view.stride(),
+    "(heads 2 * d apart: K|V interleave)",
+)
+print(
+    "strides in [L, B, H, N, C] order, LBNHC:",
+    layout_strides((4, 6, 8, 16, 256), "LBNHC"),
+    " LBHNC:",
+    layout_strides((4, 6, 8, 16, 256), "LBHNC"),
+)
 print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 
 # %% [markdown]
@@ -219,11 +375,23 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 with exercise("ch02_bytes_per_token") as ex:
     for name, m in MODELS.items():
         if m.attention == "mla":
-            mine, ref = ex.mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim), \
-                mla_bytes_per_token(m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim)
+            mine, ref = (
+                ex.mla_bytes_per_token(
+                    m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim
+                ),
+                mla_bytes_per_token(
+                    m.num_hidden_layers, m.kv_lora_rank, m.qk_rope_head_dim
+                ),
+            )
         else:
-            mine, ref = ex.mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim), \
-                mha_bytes_per_token(m.num_hidden_layers, m.num_key_value_heads, m.head_dim)
+            mine, ref = (
+                ex.mha_bytes_per_token(
+                    m.num_hidden_layers, m.num_key_value_heads, m.head_dim
+                ),
+                mha_bytes_per_token(
+                    m.num_hidden_layers, m.num_key_value_heads, m.head_dim
+                ),
+            )
         print(f"{name:<22} yours {mine:>9,}  memlab {ref:>9,}")
         assert mine == ref
 
@@ -233,4 +401,4 @@ with exercise("ch02_bytes_per_token") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["02"]);
+grade(["02"])

@@ -16,14 +16,57 @@
 #   (exercise `ch03_token_allocator`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("03", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("03", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -41,8 +84,10 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # %%
 from memlab.course import viz
 
-stories = {"FIFO (need_sort=False)": viz.sglang_books.token_allocator(need_sort=False).frames,
-           "staged (need_sort=True)": viz.sglang_books.token_allocator(need_sort=True).frames}
+stories = {
+    "FIFO (need_sort=False)": viz.sglang_books.token_allocator(need_sort=False).frames,
+    "staged (need_sort=True)": viz.sglang_books.token_allocator(need_sort=True).frames,
+}
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
 
 # %% [markdown]
@@ -114,14 +159,18 @@ quiet.free(x)
 quiet.free(x)  # the bug: freed twice, silently
 print("free_pages:", quiet.free_pages.tolist(), "(slots 1 and 2 twice)")
 p, q = quiet.alloc(4), quiet.alloc(2)
-print(f"request P gets {p.tolist()}, request Q gets {q.tolist()}: both own slots 1 and 2")
+print(
+    f"request P gets {p.tolist()}, request Q gets {q.tolist()}: both own slots 1 and 2"
+)
 checked = TokenToKVPoolAllocator(size=4, debug_mode=True)
 y = checked.alloc(2)
 checked.free(y)
 try:
     checked.free(y)
 except (ValueError, AssertionError) as exc:
-    print(f"with debug_mode=True the second free is refused: {type(exc).__name__}: {exc}")
+    print(
+        f"with debug_mode=True the second free is refused: {type(exc).__name__}: {exc}"
+    )
 else:
     raise AssertionError("debug_mode let a double free through")
 
@@ -138,7 +187,12 @@ alloc = TokenToKVPoolAllocator(size=16, need_sort=True)
 a, b, c = alloc.alloc(4), alloc.alloc(3), alloc.alloc(6)
 alloc.free(a)
 alloc.free(b)
-print("free_pages:", alloc.free_pages.tolist(), " release_pages:", alloc.release_pages.tolist())
+print(
+    "free_pages:",
+    alloc.free_pages.tolist(),
+    " release_pages:",
+    alloc.release_pages.tolist(),
+)
 print("available_size:", alloc.available_size(), "= 3 free + 7 staged")
 
 # %% [markdown]
@@ -153,7 +207,14 @@ print("available_size:", alloc.available_size(), "= 3 free + 7 staged")
 
 # %%
 d = alloc.alloc(4)  # 3 on the free list < 4: merge and sort first
-print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.release_pages.tolist())
+print(
+    "D:",
+    d.tolist(),
+    " free:",
+    alloc.free_pages.tolist(),
+    " staged:",
+    alloc.release_pages.tolist(),
+)
 
 # %% [markdown]
 # ## What the engines do differently
@@ -172,19 +233,34 @@ print("D:", d.tolist(), " free:", alloc.free_pages.tolist(), " staged:", alloc.r
 # %%
 with exercise("ch03_token_allocator") as ex:
     for need_sort in (False, True):
-        mine, ref = ex.TokenToKVPoolAllocator(16, need_sort=need_sort), TokenToKVPoolAllocator(16, need_sort=need_sort)
+        mine, ref = (
+            ex.TokenToKVPoolAllocator(16, need_sort=need_sort),
+            TokenToKVPoolAllocator(16, need_sort=need_sort),
+        )
         held = {}
-        for step, (op, who, n) in enumerate([("alloc", "A", 4), ("alloc", "B", 3), ("alloc", "C", 6), ("free", "A", 0),
-                                             ("free", "B", 0), ("alloc", "D", 4), ("alloc", "E", 2)]):
+        for step, (op, who, n) in enumerate(
+            [
+                ("alloc", "A", 4),
+                ("alloc", "B", 3),
+                ("alloc", "C", 6),
+                ("free", "A", 0),
+                ("free", "B", 0),
+                ("alloc", "D", 4),
+                ("alloc", "E", 2),
+            ]
+        ):
             if op == "alloc":
                 x, y = mine.alloc(n), ref.alloc(n)
-                assert torch.equal(x, y), \
+                assert torch.equal(x, y), (
                     f"need_sort={need_sort}, {who} alloc({n}): yours {x.tolist()}, memlab {y.tolist()}"
+                )
                 held[who] = y
             else:
                 mine.free(held[who].clone())
                 ref.free(held[who].clone())
-            assert mine.available_size() == ref.available_size(), f"step {step}: available_size differs"
+            assert mine.available_size() == ref.available_size(), (
+                f"step {step}: available_size differs"
+            )
         print(f"need_sort={need_sort}: same slots at every step")
 
 # %% [markdown]
@@ -193,4 +269,4 @@ with exercise("ch03_token_allocator") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["03"]);
+grade(["03"])

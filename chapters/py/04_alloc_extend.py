@@ -20,14 +20,57 @@
 #   and `ch04_alloc_extend_kernel`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("04", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("04", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -43,8 +86,16 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # %%
 from memlab.course import viz
 
-stories = {f"page_size {ps}": viz.sglang_books.paged_extend(page_size=ps).frames for ps in (1, 2, 4, 8)}
-viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")), start=2, story="page_size 4")
+stories = {
+    f"page_size {ps}": viz.sglang_books.paged_extend(page_size=ps).frames
+    for ps in (1, 2, 4, 8)
+}
+viz.Stepper(
+    stories,
+    lambda books: viz.draw_books(books, ("table", "slots", "free")),
+    start=2,
+    story="page_size 4",
+)
 
 # %% [markdown]
 # ### Your own batch
@@ -80,11 +131,17 @@ inst
 # %%
 import torch
 
-from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
-from memlab.sglang.allocator.reference import alloc_extend_python, alloc_extend_torch, num_new_pages
+from memlab.sglang.allocator.reference import (
+    alloc_extend_python,
+    alloc_extend_torch,
+    num_new_pages,
+)
 
 P = 4
-prefix, seq = [6, 3, 0], [11, 12, 4]  # the second batch of the widget: A, B continue, C is new
+prefix, seq = (
+    [6, 3, 0],
+    [11, 12, 4],
+)  # the second batch of the widget: A, B continue, C is new
 print("new pages per request:", [num_new_pages(p, s, P) for p, s in zip(prefix, seq)])
 
 # %% [markdown]
@@ -111,11 +168,23 @@ print("new pages per request:", [num_new_pages(p, s, P) for p, s in zip(prefix, 
 pre, sq = torch.tensor(prefix), torch.tensor(seq)
 new_tokens = sq - pre
 new_pages = (sq + P - 1) // P - (pre + P - 1) // P
-print("new tokens :", new_tokens.tolist(), "-> output starts", (torch.cumsum(new_tokens, 0) - new_tokens).tolist())
-print("new pages  :", new_pages.tolist(), "-> free-list starts", (torch.cumsum(new_pages, 0) - new_pages).tolist())
+print(
+    "new tokens :",
+    new_tokens.tolist(),
+    "-> output starts",
+    (torch.cumsum(new_tokens, 0) - new_tokens).tolist(),
+)
+print(
+    "new pages  :",
+    new_pages.tolist(),
+    "-> free-list starts",
+    (torch.cumsum(new_pages, 0) - new_pages).tolist(),
+)
 for name, p, s in zip("ABC", prefix, seq):
     parts = viz.sglang_books.extend_parts(p, s, P)
-    print(f"{name}: {p} -> {s}: part 1 x{parts.count(1)}, part 2 x{parts.count(2)}, part 3 x{parts.count(3)}")
+    print(
+        f"{name}: {p} -> {s}: part 1 x{parts.count(1)}, part 2 x{parts.count(2)}, part 3 x{parts.count(3)}"
+    )
 
 # %% [markdown]
 # ## The kernel and its two references
@@ -139,16 +208,26 @@ gen = torch.Generator().manual_seed(4)
 bs = 8 if FAST else 64
 prefix_r = torch.randint(0, 40, (bs,), generator=gen)
 seq_r = prefix_r + torch.randint(0, 40, (bs,), generator=gen)
-free_r = torch.randperm(400, generator=gen)[: int(num_new_pages(prefix_r, seq_r, P))] + 1
-last_r = torch.where(prefix_r > 0, 1000 * P + prefix_r - 1, -1)  # any slot works for the check
+free_r = (
+    torch.randperm(400, generator=gen)[: int(num_new_pages(prefix_r, seq_r, P))] + 1
+)
+last_r = torch.where(
+    prefix_r > 0, 1000 * P + prefix_r - 1, -1
+)  # any slot works for the check
 n = int((seq_r - prefix_r).sum())
 
 buf = torch.full((n + 16,), -7, dtype=torch.int64, device=dev)
-kernel = alloc_extend.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n, out=buf[8:-8])
+kernel = alloc_extend.alloc_extend(
+    prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n, out=buf[8:-8]
+)
 ref_t = alloc_extend_torch(prefix_r, seq_r, last_r, free_r, P, n)
-ref_py = alloc_extend_python(prefix_r.tolist(), seq_r.tolist(), last_r.tolist(), free_r.tolist(), P)
-print(f"{bs} requests, {n} new tokens on {dev}: kernel == torch: {torch.equal(kernel.cpu(), ref_t)}, "
-      f"torch == python: {ref_t.tolist() == ref_py}, guards intact: {bool((buf[:8] == -7).all() and (buf[-8:] == -7).all())}")
+ref_py = alloc_extend_python(
+    prefix_r.tolist(), seq_r.tolist(), last_r.tolist(), free_r.tolist(), P
+)
+print(
+    f"{bs} requests, {n} new tokens on {dev}: kernel == torch: {torch.equal(kernel.cpu(), ref_t)}, "
+    f"torch == python: {ref_t.tolist() == ref_py}, guards intact: {bool((buf[:8] == -7).all() and (buf[-8:] == -7).all())}"
+)
 assert torch.equal(kernel.cpu(), ref_t) and ref_t.tolist() == ref_py
 
 # %% [markdown]
@@ -173,7 +252,10 @@ al = scene.allocator
 before = al.free_pages.clone()
 t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 print("free pages:", before.tolist())
-print("a 40-token request ->", al.alloc_extend(t([0]), t([0]), t([40]), t([40]), t([-1]), 40))
+print(
+    "a 40-token request ->",
+    al.alloc_extend(t([0]), t([0]), t([40]), t([40]), t([-1]), 40),
+)
 assert torch.equal(al.free_pages, before)
 print("free pages unchanged:", al.free_pages.tolist())
 
@@ -182,8 +264,13 @@ print("free pages unchanged:", al.free_pages.tolist())
 # kernel serves the widget's scenario end to end, on the GPU or in the interpreter:
 
 # %%
-kscene = viz.sglang_books.paged_extend(page_size=P, backend="triton", device=dev)  # free list where the kernel runs
-same = all(a.rows == b.rows and a.free_pages == b.free_pages for a, b in zip(kscene.frames, scene.frames))
+kscene = viz.sglang_books.paged_extend(
+    page_size=P, backend="triton", device=dev
+)  # free list where the kernel runs
+same = all(
+    a.rows == b.rows and a.free_pages == b.free_pages
+    for a, b in zip(kscene.frames, scene.frames)
+)
 print("triton backend gives the same books at every step:", same)
 assert same
 
@@ -230,7 +317,7 @@ with exercise("ch04_alloc_extend") as ex:
         print("yours:", got.tolist())
         i = 0
         for r, p, s in zip(rids, pre_l, seq_l):
-            held[r] = held.get(r, []) + got[i:i + s - p].tolist()
+            held[r] = held.get(r, []) + got[i : i + s - p].tolist()
             i += s - p
     want = {r: scene.slots(r) for r in scene.reqs}
     assert held == want, f"memlab's books: {want}"
@@ -242,8 +329,12 @@ with exercise("ch04_alloc_extend") as ex:
 
 # %%
 with exercise("ch04_alloc_extend_kernel") as exk:
-    got = exk.alloc_extend(prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n)
-    assert torch.equal(got.cpu(), ref_t), f"first difference at output {int((got.cpu() != ref_t).nonzero()[0])}"
+    got = exk.alloc_extend(
+        prefix_r.to(dev), seq_r.to(dev), last_r.to(dev), free_r.to(dev), P, n
+    )
+    assert torch.equal(got.cpu(), ref_t), (
+        f"first difference at output {int((got.cpu() != ref_t).nonzero()[0])}"
+    )
     print("your kernel matches the torch reference")
 
 # %% [markdown]
@@ -252,4 +343,4 @@ with exercise("ch04_alloc_extend_kernel") as exk:
 # %%
 from memlab.grade import main as grade
 
-grade(["04"]);
+grade(["04"])

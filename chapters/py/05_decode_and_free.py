@@ -16,14 +16,57 @@
 # - write `alloc_decode` and the paged free path (exercises `ch05_alloc_decode`, `ch05_paged_free`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("05", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("05", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -40,7 +83,12 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 from memlab.course import viz
 
 stories = {"decode steps": viz.sglang_books.decode_steps(page_size=4).frames}
-stories.update({story: viz.sglang_books.paged_free(story).frames for story in ("free", "free_segment", "free group", "double free")})
+stories.update(
+    {
+        story: viz.sglang_books.paged_free(story).frames
+        for story in ("free", "free_segment", "free group", "double free")
+    }
+)
 viz.Stepper(stories, lambda books: viz.draw_books(books, ("table", "slots", "free")))
 
 # %% [markdown]
@@ -79,9 +127,9 @@ inst
 # %%
 import torch
 
-from memlab.sglang.allocator.reference import alloc_decode_python, alloc_decode_torch
 from memlab.common.env import kernel_device
 from memlab.kernels import alloc_decode
+from memlab.sglang.allocator.reference import alloc_decode_python, alloc_decode_torch
 
 P = 4
 dev = kernel_device()
@@ -90,10 +138,20 @@ last_loc = torch.tensor([10, 23, 33, 47, 59])
 free_pages = torch.tensor([20, 21, 22])
 opens = ((seq_lens - 1) % P == 0).tolist()
 print("opens a page:", opens, "->", sum(opens), "new pages")
-by_kernel = alloc_decode.alloc_decode(seq_lens.to(dev), last_loc.to(dev), free_pages.to(dev), P)
-print("kernel:", by_kernel.tolist(), " torch:", alloc_decode_torch(seq_lens, last_loc, free_pages, P).tolist(),
-      " python:", alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), P))
-assert by_kernel.cpu().tolist() == alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), P)
+by_kernel = alloc_decode.alloc_decode(
+    seq_lens.to(dev), last_loc.to(dev), free_pages.to(dev), P
+)
+print(
+    "kernel:",
+    by_kernel.tolist(),
+    " torch:",
+    alloc_decode_torch(seq_lens, last_loc, free_pages, P).tolist(),
+    " python:",
+    alloc_decode_python(seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), P),
+)
+assert by_kernel.cpu().tolist() == alloc_decode_python(
+    seq_lens.tolist(), last_loc.tolist(), free_pages.tolist(), P
+)
 
 # %% [markdown]
 # Over a long generation a request opens a page every $P$ steps, so a batch of $B$ requests needs
@@ -117,7 +175,9 @@ al = PagedTokenToKVPoolAllocator(64, P, debug_mode=True)
 a_slots = al.alloc(8)  # two pages
 print("A holds", a_slots.tolist())
 al.free(a_slots)
-print(f"free list: {len(al.free_pages)} of {al.num_pages} pages, head {al.free_pages[:2].tolist()} (A's pages, each once)")
+print(
+    f"free list: {len(al.free_pages)} of {al.num_pages} pages, head {al.free_pages[:2].tolist()} (A's pages, each once)"
+)
 
 # %% [markdown]
 # ## free_segment
@@ -209,9 +269,24 @@ ns = PagedTokenToKVPoolAllocator(32, P, need_sort=True)  # 8 pages
 held = ns.alloc(24)  # pages 1..6 held, 7 and 8 free
 ns.free(held[4:8])  # page 2 staged
 t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-print("free", ns.free_pages.tolist(), "staged", [s.tolist() for s in ns.staged_pages], ns.num_staged_pages)
-print("a 16-token prefill (4 pages) ->", ns.alloc_extend(t([0]), t([0]), t([16]), t([16]), t([-1]), 16))
-print("refused, but merged first: free", ns.free_pages.tolist(), "staged", ns.staged_pages, ns.num_staged_pages)
+print(
+    "free",
+    ns.free_pages.tolist(),
+    "staged",
+    [s.tolist() for s in ns.staged_pages],
+    ns.num_staged_pages,
+)
+print(
+    "a 16-token prefill (4 pages) ->",
+    ns.alloc_extend(t([0]), t([0]), t([16]), t([16]), t([-1]), 16),
+)
+print(
+    "refused, but merged first: free",
+    ns.free_pages.tolist(),
+    "staged",
+    ns.staged_pages,
+    ns.num_staged_pages,
+)
 
 # %% [markdown]
 # ## memlab and SGLang, stream by stream
@@ -269,7 +344,9 @@ with exercise("ch05_alloc_decode") as ex:
     mine = ex.PagedAllocator(64, P)
     mine.free_pages = free_pages.clone()
     got = mine.alloc_decode(seq_lens, last_loc)
-    assert got.tolist() == by_kernel.tolist(), f"yours {got.tolist()}, the kernel's {by_kernel.tolist()}"
+    assert got.tolist() == by_kernel.tolist(), (
+        f"yours {got.tolist()}, the kernel's {by_kernel.tolist()}"
+    )
     print("same slots as the kernel; pages left:", mine.free_pages.tolist())
 
 # %% [markdown]
@@ -281,7 +358,9 @@ with exercise("ch05_paged_free") as exf:
     pages = fl.alloc_pages(3)
     slots = (pages[:, None] * P + torch.arange(P)).reshape(-1)
     fl.free(slots)
-    assert fl.free_pages[:3].tolist() == sorted(pages.tolist()), f"free list head: {fl.free_pages[:5].tolist()}"
+    assert fl.free_pages[:3].tolist() == sorted(pages.tolist()), (
+        f"free list head: {fl.free_pages[:5].tolist()}"
+    )
     print("each page freed once, at the head:", fl.free_pages[:3].tolist())
 
 # %% [markdown]
@@ -290,4 +369,4 @@ with exercise("ch05_paged_free") as exf:
 # %%
 from memlab.grade import main as grade
 
-grade(["05"]);
+grade(["05"])

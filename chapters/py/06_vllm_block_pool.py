@@ -20,14 +20,57 @@
 #   `ch06_block_hash`, `ch06_slot_mapping`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("06", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("06", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -45,8 +88,10 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 from memlab.course import viz
 from memlab.course.viz.vllm_books import draw_vllm
 
-stories = {"prefix caching on": viz.vllm_books.prefix_cache(True).frames,
-           "prefix caching off": viz.vllm_books.prefix_cache(False).frames}
+stories = {
+    "prefix caching on": viz.vllm_books.prefix_cache(True).frames,
+    "prefix caching off": viz.vllm_books.prefix_cache(False).frames,
+}
 viz.Stepper(stories, draw_vllm)
 
 # %% [markdown]
@@ -80,9 +125,19 @@ from memlab.vllm import BlockPool
 
 pool = BlockPool(num_gpu_blocks=8)
 queue = pool.free_block_queue
-print("null block:", pool.null_block.block_id, " free:", [b.block_id for b in queue.get_all_free_blocks()])
+print(
+    "null block:",
+    pool.null_block.block_id,
+    " free:",
+    [b.block_id for b in queue.get_all_free_blocks()],
+)
 taken = pool.get_new_blocks(3)
-print("took", [b.block_id for b in taken], " free:", [b.block_id for b in queue.get_all_free_blocks()])
+print(
+    "took",
+    [b.block_id for b in taken],
+    " free:",
+    [b.block_id for b in queue.get_all_free_blocks()],
+)
 queue.remove(pool.blocks[5])  # what a hit on a free block does
 print("removed 5 from the middle:", [b.block_id for b in queue.get_all_free_blocks()])
 queue.append(pool.blocks[5])
@@ -136,10 +191,14 @@ a = Request("A", list(range(12)), block_hasher=mgr.request_block_hasher)
 mgr.allocate_slots(a, a.num_tokens)
 a.num_computed_tokens = a.num_tokens
 mgr.free(a)
-b = Request("B", list(range(12)), block_hasher=mgr.request_block_hasher)  # the very same prompt
+b = Request(
+    "B", list(range(12)), block_hasher=mgr.request_block_hasher
+)  # the very same prompt
 hits, n = mgr.get_computed_blocks(b)
-print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): at most 11 may hit, and "
-      f"hits are whole blocks, so the whole last block ({b.num_tokens - n} tokens) is computed again")
+print(
+    f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): at most 11 may hit, and "
+    f"hits are whole blocks, so the whole last block ({b.num_tokens - n} tokens) is computed again"
+)
 
 # %% [markdown]
 # ## Freeing in reverse
@@ -151,8 +210,13 @@ print(f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} bloc
 # first and keeps its shared beginning cached the longest.
 
 # %%
-print("free queue after A's free:", [blk.block_id for blk in mgr.block_pool.free_block_queue.get_all_free_blocks()][-4:],
-      "<- tail: A's blocks, last block first")
+print(
+    "free queue after A's free:",
+    [blk.block_id for blk in mgr.block_pool.free_block_queue.get_all_free_blocks()][
+        -4:
+    ],
+    "<- tail: A's blocks, last block first",
+)
 
 # %% [markdown]
 # ## Block table and slot_mapping
@@ -177,14 +241,26 @@ from memlab.vllm.block_table import BlockTable, slot_mapping_python, store_kv
 
 last = stories["prefix caching on"][-1]
 dev = kernel_device()
-table = BlockTable(block_size=4, max_num_reqs=4, max_num_blocks_per_req=8, max_num_batched_tokens=16, device=dev)
+table = BlockTable(
+    block_size=4,
+    max_num_reqs=4,
+    max_num_blocks_per_req=8,
+    max_num_batched_tokens=16,
+    device=dev,
+)
 for row, rid in enumerate(("C", "D")):
     table.add_row(list(last.req_blocks[rid]), row)
 req_idx = torch.tensor([0] + [1] * 8, device=dev)
 positions = torch.tensor([23] + list(range(8)), device=dev)
-by_kernel = table.compute_slot_mapping(req_idx, positions, num_padded=16, backend="triton").clone()
-by_torch = table.compute_slot_mapping(req_idx, positions, num_padded=16, backend="torch").clone()
-by_python = slot_mapping_python([table.get_row(0), table.get_row(1)], req_idx.tolist(), positions.tolist(), 4, 16)
+by_kernel = table.compute_slot_mapping(
+    req_idx, positions, num_padded=16, backend="triton"
+).clone()
+by_torch = table.compute_slot_mapping(
+    req_idx, positions, num_padded=16, backend="torch"
+).clone()
+by_python = slot_mapping_python(
+    [table.get_row(0), table.get_row(1)], req_idx.tolist(), positions.tolist(), 4, 16
+)
 print("block table rows:", table.get_row(0), table.get_row(1))
 print("slot_mapping    :", by_kernel.tolist())
 assert by_kernel.tolist() == by_torch.tolist() == by_python
@@ -201,16 +277,27 @@ from memlab.vllm.kv_layout import allocate_kv_cache, split_kv
 H, D = 2, 8
 key = torch.randn(16, H, D, device=dev)
 value = torch.randn(16, H, D, device=dev)
-layer_cache = allocate_kv_cache(num_layers=1, num_blocks=12, num_kv_heads=H, block_size=4, head_size=D,
-                                dtype=torch.float32, device=dev)[0]
+layer_cache = allocate_kv_cache(
+    num_layers=1,
+    num_blocks=12,
+    num_kv_heads=H,
+    block_size=4,
+    head_size=D,
+    dtype=torch.float32,
+    device=dev,
+)[0]
 k_cache, v_cache = split_kv(layer_cache, D)
 store_kv(key, value, k_cache, v_cache, by_kernel, backend="triton")
 slot = int(by_kernel[1])  # D's first token
-print(f"token 1 -> slot {slot} = block {slot // 4}, offset {slot % 4}:",
-      torch.equal(k_cache[slot // 4, slot % 4], key[1]))
+print(
+    f"token 1 -> slot {slot} = block {slot // 4}, offset {slot % 4}:",
+    torch.equal(k_cache[slot // 4, slot % 4], key[1]),
+)
 written = int((k_cache.abs().sum(dim=(2, 3)) > 0).sum())
-print(f"{written} of 48 slots written, in blocks {sorted({int(s) // 4 for s in by_kernel.tolist() if s >= 0})}; "
-      f"the {int((by_kernel < 0).sum())} padding tokens wrote nothing")
+print(
+    f"{written} of 48 slots written, in blocks {sorted({int(s) // 4 for s in by_kernel.tolist() if s >= 0})}; "
+    f"the {int((by_kernel < 0).sum())} padding tokens wrote nothing"
+)
 
 # %% [markdown]
 # ## A real trace
@@ -222,12 +309,15 @@ print(f"{written} of 48 slots written, in blocks {sorted({int(s) // 4 for s in b
 # progress bar counts requests over all capacities. Fast mode replays the first requests only.
 
 # %%
-from memlab.course.viz.style import new_figure
 from memlab.capstone.trace_replay import hit_rate_curve, load_trace
+from memlab.course.viz.style import new_figure
 
 trace = load_trace("conversation", limit=300 if FAST else None)
-curve = hit_rate_curve(trace, fractions=(0.05, 0.2, 0.5, 1.0) if FAST else (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
-                       trace="conversation")
+curve = hit_rate_curve(
+    trace,
+    fractions=(0.05, 0.2, 0.5, 1.0) if FAST else (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+    trace="conversation",
+)
 fig, ax = new_figure(6.5, 3.5)
 curve.plot(ax)
 viz.show(fig)
@@ -279,11 +369,17 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 # %%
 with exercise("ch06_free_queue") as ex:
     q = ex.FreeQueue([ex.Block(i) for i in (7, 8)])
-    blocks = [ex.Block(1, 1, "h1"), ex.Block(2, 2, "h2"), ex.Block(3, 1, "h3"), ex.Block(4, 1)]
+    blocks = [
+        ex.Block(1, 1, "h1"),
+        ex.Block(2, 2, "h2"),
+        ex.Block(3, 1, "h3"),
+        ex.Block(4, 1),
+    ]
     ex.free_request_blocks(q, blocks)
     print("queue:", q.ids())
-    assert q.ids() == [4, 7, 8, 3, 1], \
+    assert q.ids() == [4, 7, 8, 3, 1], (
         "want: the unhashed block 4 at the head, then 3 and 1 at the tail (2 is still shared)"
+    )
 
 # %% [markdown]
 # **`exercises/ch06_block_hash.py`** (9 points): the chained hashes with their extra keys.
@@ -312,4 +408,4 @@ with exercise("ch06_slot_mapping") as exs:
 # %%
 from memlab.grade import main as grade
 
-grade(["06"]);
+grade(["06"])

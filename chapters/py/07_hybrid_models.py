@@ -18,14 +18,57 @@
 #   `ch07_swa_release`, `ch07_mamba_tracking`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("07", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("07", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: a sliding window
@@ -42,7 +85,7 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 
 # %%
 from memlab.course import viz
-from memlab.course.viz.hybrid_books import draw_swa, draw_mamba
+from memlab.course.viz.hybrid_books import draw_mamba, draw_swa
 
 swa_scene = viz.hybrid_books.sliding_window()
 viz.Stepper(swa_scene.frames, draw_swa)
@@ -77,9 +120,25 @@ swa
 
 # %%
 al = swa_scene.allocator
-print("available: full", al.full_available_size(), " SWA", al.swa_available_size(), " -> min", al.available_size())
+print(
+    "available: full",
+    al.full_available_size(),
+    " SWA",
+    al.swa_available_size(),
+    " -> min",
+    al.available_size(),
+)
 m = al.full_to_swa_index_mapping
-print("map length", len(m), "= size", al.size, "+ page", al.page_size, "+ 1; m[-1] =", int(m[-1]))
+print(
+    "map length",
+    len(m),
+    "= size",
+    al.size,
+    "+ page",
+    al.page_size,
+    "+ 1; m[-1] =",
+    int(m[-1]),
+)
 a_full = swa_scene.slots("A")
 print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)")
 
@@ -120,24 +179,30 @@ print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)"
 # %%
 import torch
 
-from memlab.sglang.swa import SWATokenToKVPoolAllocator
-from memlab.sglang.req_to_token import ReqToTokenPool
 from memlab.course.viz.hybrid_books import SwaScene
+from memlab.sglang.req_to_token import ReqToTokenPool
+from memlab.sglang.swa import SWATokenToKVPoolAllocator
 
 demo = SwaScene(ReqToTokenPool(2, 16), SWATokenToKVPoolAllocator(32, 16, 2), window=4)
 demo.extend_batch({"R": 5})
 for _ in range(5):
     demo.decode(["R"])
     released = demo.release("R")  # calls allocator.release_out_of_window(...)
-    print(f"seq_len {demo.reqs['R'].kv.kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
-          f"SWA slots released now: {released}")
+    print(
+        f"seq_len {demo.reqs['R'].kv.kv_allocated_len}: out of the window up to position {demo.swa_evicted_len['R']}; "
+        f"SWA slots released now: {released}"
+    )
 
 t = lambda *xs: torch.tensor(xs)  # noqa: E731
 for sharing in (False, True):
     probe = SWATokenToKVPoolAllocator(64, 32, 4)
     slots = probe.alloc_extend(t(0), t(0), t(23), t(23), t(-1), 23)
-    end = probe.release_out_of_window(slots[None, :], 0, 23, 0, 6, supports_prefix_sharing=sharing)
-    print(f"page 4, window 6, 23 tokens, prefix-sharing cache {sharing!s:<5}: released up to position {end}")
+    end = probe.release_out_of_window(
+        slots[None, :], 0, 23, 0, 6, supports_prefix_sharing=sharing
+    )
+    print(
+        f"page 4, window 6, 23 tokens, prefix-sharing cache {sharing!s:<5}: released up to position {end}"
+    )
 
 # %% [markdown]
 # ## Freeing
@@ -158,8 +223,14 @@ dbg = SWATokenToKVPoolAllocator(16, 8, 2, debug_mode=True)
 x = dbg.alloc(4)
 print("full slots", x.tolist(), "-> SWA", dbg.full_to_swa_index_mapping[x].tolist())
 dbg.free(x)
-print("after free: map", dbg.full_to_swa_index_mapping[x].tolist(), "; free full", dbg.full_available_size(),
-      "SWA", dbg.swa_available_size())
+print(
+    "after free: map",
+    dbg.full_to_swa_index_mapping[x].tolist(),
+    "; free full",
+    dbg.full_available_size(),
+    "SWA",
+    dbg.swa_available_size(),
+)
 dbg.check_books()
 
 # %% [markdown]
@@ -178,9 +249,15 @@ dbg.check_books()
 # ![A request's state slot and its two tracking slots](img/07_mamba.png)
 
 # %%
-options = {"extra buffer, overlap scheduler (2 tracking slots)": viz.hybrid_books.mamba_slots(True, True),
-           "extra buffer, no overlap (1 tracking slot)": viz.hybrid_books.mamba_slots(True, False),
-           "no extra buffer": viz.hybrid_books.mamba_slots(False, True)}
+options = {
+    "extra buffer, overlap scheduler (2 tracking slots)": viz.hybrid_books.mamba_slots(
+        True, True
+    ),
+    "extra buffer, no overlap (1 tracking slot)": viz.hybrid_books.mamba_slots(
+        True, False
+    ),
+    "no extra buffer": viz.hybrid_books.mamba_slots(False, True),
+}
 viz.Stepper(options, draw_mamba)
 
 # %% [markdown]
@@ -218,15 +295,24 @@ mamba
 from memlab.common.models import MODELS
 
 qn = MODELS["Qwen3-Next-80B-A3B"]
-print(f"{qn.name}: {len(qn.layer_ids('linear_attention'))} linear layers, state per request "
-      f"{qn.state_bytes_per_request() / 2**20:.1f} MiB; conv {qn.conv_state_shape()} temporal {qn.temporal_state_shape()}")
+print(
+    f"{qn.name}: {len(qn.layer_ids('linear_attention'))} linear layers, state per request "
+    f"{qn.state_bytes_per_request() / 2**20:.1f} MiB; conv {qn.conv_state_shape()} temporal {qn.temporal_state_shape()}"
+)
 mamba_frames = options["extra buffer, overlap scheduler (2 tracking slots)"]
 print(mamba_frames[1].caption)
 
 from memlab.sglang.mamba import MambaPool
 
-small = MambaPool(4, num_mamba_layers=3, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4))
-print("conv:", [tuple(c.shape) for c in small.conv], " temporal:", tuple(small.temporal.shape))
+small = MambaPool(
+    4, num_mamba_layers=3, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4)
+)
+print(
+    "conv:",
+    [tuple(c.shape) for c in small.conv],
+    " temporal:",
+    tuple(small.temporal.shape),
+)
 conv, temporal = small.get_state(1)  # mamba layer 1: views, indexed by slot
 print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 
@@ -249,8 +335,15 @@ print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 # %%
 from memlab.sglang.mamba import mamba_tracking_slots
 
-for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, False, False), (True, False, True)):
-    print(f"extra={extra!s:<5} lazy={lazy!s:<5} overlap={overlap!s:<5} -> {mamba_tracking_slots(extra, overlap, lazy)}")
+for extra, lazy, overlap in (
+    (False, False, True),
+    (True, True, True),
+    (True, False, False),
+    (True, False, True),
+):
+    print(
+        f"extra={extra!s:<5} lazy={lazy!s:<5} overlap={overlap!s:<5} -> {mamba_tracking_slots(extra, overlap, lazy)}"
+    )
 
 # %% [markdown]
 # ## What the engines do differently
@@ -271,13 +364,19 @@ for extra, lazy, overlap in ((False, False, True), (True, True, True), (True, Fa
 # %%
 from memlab.vllm import KVCacheManager, Request
 
-sw = KVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)  # its group: a SlidingWindowManager
+sw = KVCacheManager(
+    num_gpu_blocks=16, block_size=2, sliding_window=4
+)  # its group: a SlidingWindowManager
 r = Request("A", list(range(6)), block_hasher=sw.request_block_hasher)
 sw.allocate_slots(r, 6)
 r.num_computed_tokens = 6
 r.append_output_token_ids(6)
 sw.allocate_slots(r, 1)
-print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 = null block)")
+print(
+    "vLLM, window 4, after 7 tokens: A's blocks",
+    sw.get_block_ids("A"),
+    "(0 = null block)",
+)
 
 # %% [markdown]
 # ## Where memlab differs from the engine
@@ -304,7 +403,9 @@ print("vLLM, window 4, after 7 tokens: A's blocks", sw.get_block_ids("A"), "(0 =
 with exercise("ch07_swa_release") as ex:
     for seq_len, evicted, want in ((8, 0, (0, 4)), (9, 4, (4, 4)), (12, 4, (4, 8))):
         got = ex.swa_release_range(seq_len, evicted, sliding_window=4, page_size=2)
-        assert tuple(got) == want, f"seq_len {seq_len}, released up to {evicted}: yours {got}, want {want}"
+        assert tuple(got) == want, (
+            f"seq_len {seq_len}, released up to {evicted}: yours {got}, want {want}"
+        )
     print("release ranges agree")
 
 # %% [markdown]
@@ -316,7 +417,9 @@ with exercise("ch07_mamba_tracking") as exm:
     assert [exm.get_mamba_tracking_slots(*a) for a in cases] == [0, 1, 1, 2]
     rows = exm.MambaRows(rows=3, num_slots=9, state_dim=4, tracking=2)
     assert rows.alloc_row(3)
-    assert [rows.next_track_slot(3) for _ in range(3)] == [2, 3, 2], "ping-pong between the two tracking slots"
+    assert [rows.next_track_slot(3) for _ in range(3)] == [2, 3, 2], (
+        "ping-pong between the two tracking slots"
+    )
     rows.free_row(3)
     print("tracking counts, ping-pong and free agree")
 
@@ -326,4 +429,4 @@ with exercise("ch07_mamba_tracking") as exm:
 # %%
 from memlab.grade import main as grade
 
-grade(["07"]);
+grade(["07"])

@@ -17,14 +17,57 @@
 # - write the scheduler's planning numbers yourself (exercise `ch08_sizing`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("08", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("08", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -40,20 +83,43 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # %%
 import ipywidgets as W
 
-from memlab.course import viz
 from memlab.common.models import MODELS
+from memlab.course import viz
 from memlab.course.viz.draw_sizing import GPUS, SPECS, draw_sizing, sizing_text
 
 controls = dict(
     model=W.Dropdown(options=list(MODELS), value="Llama-3.1-8B"),
     gpu=W.Dropdown(options=list(GPUS), value="A100 / H100 80GB", description="GPU"),
     page_size=W.Dropdown(options=[1, 16, 64], value=16, description="page size"),
-    kv_dtype_bytes=W.Dropdown(options=[("bf16", 2), ("fp8", 1)], value=2, description="KV dtype"),
+    kv_dtype_bytes=W.Dropdown(
+        options=[("bf16", 2), ("fp8", 1)], value=2, description="KV dtype"
+    ),
     tp_size=W.Dropdown(options=[1, 2, 4, 8], value=1, description="TP size"),
     spec=W.Dropdown(options=list(SPECS), value="none", description="speculative"),
-    mem_fraction=W.FloatSlider(value=0.88, min=0.5, max=0.95, step=0.01, description="mem fraction", continuous_update=False),
-    in_use_gib=W.FloatSlider(value=0.5, min=0.0, max=8.0, step=0.5, description="in use GiB", continuous_update=False),
-    seq_len=W.IntSlider(value=8192, min=1024, max=131072, step=1024, description="seq len", continuous_update=False),
+    mem_fraction=W.FloatSlider(
+        value=0.88,
+        min=0.5,
+        max=0.95,
+        step=0.01,
+        description="mem fraction",
+        continuous_update=False,
+    ),
+    in_use_gib=W.FloatSlider(
+        value=0.5,
+        min=0.0,
+        max=8.0,
+        step=0.5,
+        description="in use GiB",
+        continuous_update=False,
+    ),
+    seq_len=W.IntSlider(
+        value=8192,
+        min=1024,
+        max=131072,
+        step=1024,
+        description="seq len",
+        continuous_update=False,
+    ),
 )
 viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 
@@ -78,19 +144,29 @@ viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 # (sliding-window tokens per full token; a share for the Mamba state).
 
 # %%
-from memlab.common.sizing import GiB, ScheduleConfig, SpeculativeConfig, pool_sizes, report
+from memlab.common.sizing import (
+    GPUConfig,
+    ScheduleConfig,
+    report,
+)
 
-from memlab.common.sizing import GPUConfig
-
-gpu = GPUConfig.gib(80, in_use=0.5)  # 0.5 GiB in use before the weights load (the CUDA context)
-r = report(MODELS["Llama-3.1-8B"], gpu, seq_len=8192, schedule=ScheduleConfig(page_size=16))
+gpu = GPUConfig.gib(
+    80, in_use=0.5
+)  # 0.5 GiB in use before the weights load (the CUDA context)
+r = report(
+    MODELS["Llama-3.1-8B"], gpu, seq_len=8192, schedule=ScheduleConfig(page_size=16)
+)
 print(r.format())
 z = r.sizes
 free_before, f = gpu.free_before_load_bytes, r.config.schedule.mem_fraction_static
-print(f"\ncheck: {free_before - z.weight_bytes:,} free after the load - {1 - f:.2f} * {free_before:,} free before "
-      f"= {z.usable_bytes:,}")
-print(f"({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,}) floored to 16 =",
-      z.usable_bytes // r.bytes_per_token["full_attention"] // 16 * 16)
+print(
+    f"\ncheck: {free_before - z.weight_bytes:,} free after the load - {1 - f:.2f} * {free_before:,} free before "
+    f"= {z.usable_bytes:,}"
+)
+print(
+    f"({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,}) floored to 16 =",
+    z.usable_bytes // r.bytes_per_token["full_attention"] // 16 * 16,
+)
 
 # %% [markdown]
 # ## max_new_tokens_for_memory
@@ -104,7 +180,9 @@ print(f"({z.usable_bytes:,} // {r.bytes_per_token['full_attention']:,}) floored 
 from memlab.common.sizing import max_new_tokens_for_memory
 
 for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512)):
-    print(f"input {inp:>7,}, asks {want}: gets {max_new_tokens_for_memory(inp, want, z.full_tokens, 16)}")
+    print(
+        f"input {inp:>7,}, asks {want}: gets {max_new_tokens_for_memory(inp, want, z.full_tokens, 16)}"
+    )
 
 # %% [markdown]
 # ## KV per decode step
@@ -119,7 +197,9 @@ for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512))
 from memlab.common.sizing import alloc_len_per_decode, alloc_reserve_per_decode
 
 for name, spec in SPECS.items():
-    print(f"{name:<30} page 1: {alloc_len_per_decode(spec, 1):>3}   page 16: {alloc_len_per_decode(spec, 16):>3} slots a step")
+    print(
+        f"{name:<30} page 1: {alloc_len_per_decode(spec, 1):>3}   page 16: {alloc_len_per_decode(spec, 16):>3} slots a step"
+    )
 
 # %% [markdown]
 # ## The doubled reserve
@@ -138,15 +218,22 @@ for name, spec in SPECS.items():
 # lag had to be absorbed. SGLang does not do it.
 
 # %%
-from memlab.common.sizing import req_to_token_row_width, what_if_reserve_without_overlap_lag
+from memlab.common.sizing import (
+    req_to_token_row_width,
+    what_if_reserve_without_overlap_lag,
+)
 
 for name, spec in SPECS.items():
     width = f"row width {req_to_token_row_width(8192, spec, 16):,}"
     if spec.algorithm is None:  # SGLang reads the reserve on its speculative paths only
-        print(f"{name:<30} no reserve: 1 token a request, a new page only on a page boundary;  {width}")
+        print(
+            f"{name:<30} no reserve: 1 token a request, a new page only on a page boundary;  {width}"
+        )
         continue
-    print(f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, when speculative)  "
-          f"what if no lag: {what_if_reserve_without_overlap_lag(spec, 16):>3};  {width}")
+    print(
+        f"{name:<30} reserve {alloc_reserve_per_decode(spec, 16):>3} (SGLang, when speculative)  "
+        f"what if no lag: {what_if_reserve_without_overlap_lag(spec, 16):>3};  {width}"
+    )
 
 # %% [markdown]
 # ## When the next step does not fit
@@ -162,15 +249,38 @@ for name, spec in SPECS.items():
 # progress (SGLang aborts that last one if it still does not fit).
 
 # %%
-from memlab.common.sizing import RunningReq, new_tokens_required_next_decode, retract_decode
+from memlab.common.sizing import (
+    RunningReq,
+    new_tokens_required_next_decode,
+    retract_decode,
+)
 
 # Every length sits on a page boundary, so each request needs a new page for its next step.
-running = [RunningReq("A", 900, 60), RunningReq("B", 300, 20), RunningReq("C", 2000, 48), RunningReq("D", 100, 12)]
+running = [
+    RunningReq("A", 900, 60),
+    RunningReq("B", 300, 20),
+    RunningReq("C", 2000, 48),
+    RunningReq("D", 100, 12),
+]
 print("the next step needs", new_tokens_required_next_decode(running, 16), "free slots")
 kept, retracted, fits = retract_decode(running, available_tokens=16, page_size=16)
-print("one free page, four need one: retract", [q.rid for q in retracted], "keep", [q.rid for q in kept], "fits:", fits)
+print(
+    "one free page, four need one: retract",
+    [q.rid for q in retracted],
+    "keep",
+    [q.rid for q in kept],
+    "fits:",
+    fits,
+)
 kept, retracted, fits = retract_decode(running[:1], available_tokens=0, page_size=16)
-print("no free page, one request   : retract", [q.rid for q in retracted], "keep", [q.rid for q in kept], "fits:", fits)
+print(
+    "no free page, one request   : retract",
+    [q.rid for q in retracted],
+    "keep",
+    [q.rid for q in kept],
+    "fits:",
+    fits,
+)
 
 # %% [markdown]
 # ## Where memlab differs from the engine
@@ -204,14 +314,25 @@ print("no free page, one request   : retract", [q.rid for q in retracted], "keep
 
 # %%
 with exercise("ch08_sizing") as ex:
-    assert ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16) == z.full_tokens
+    assert (
+        ex.pool_size_tokens(z.usable_bytes, r.bytes_per_token["full_attention"], 16)
+        == z.full_tokens
+    )
     args = (1000, 512, z.full_tokens, 16)
     assert ex.max_new_tokens_for_memory(*args) == max_new_tokens_for_memory(*args)
     for spec in SPECS.values():
-        args = () if spec.algorithm is None else (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens)
+        args = (
+            ()
+            if spec.algorithm is None
+            else (spec.num_steps, spec.eagle_topk, spec.num_draft_tokens)
+        )
         for ps in (1, 16):
-            assert ex.alloc_len_per_decode(ps, *args) == alloc_len_per_decode(spec, ps), (spec, ps)
-            assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(spec, ps), (spec, ps)
+            assert ex.alloc_len_per_decode(ps, *args) == alloc_len_per_decode(
+                spec, ps
+            ), (spec, ps)
+            assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(
+                spec, ps
+            ), (spec, ps)
     print("same numbers as memlab.common.sizing")
 
 # %% [markdown]
@@ -220,4 +341,4 @@ with exercise("ch08_sizing") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["08"]);
+grade(["08"])

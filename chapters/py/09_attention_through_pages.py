@@ -16,14 +16,57 @@
 # - write the kernel's gather yourself (exercise `ch09_paged_gather`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("09", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("09", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -43,10 +86,14 @@ from memlab.course import viz
 from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
 scene = viz.sglang_books.orientation(dtype=torch.float32, head_dim=16)
-scene.extend_batch({"A": 6, "D": 3})  # the chunked prefill of chapter 00: A and D get scattered pages
+scene.extend_batch(
+    {"A": 6, "D": 3}
+)  # the chunked prefill of chapter 00: A and D get scattered pages
 fill_kv(scene)
 rids = list(scene.reqs)
-q = torch.randn(len(rids), 4, 16, generator=torch.Generator().manual_seed(1))  # 4 query heads, 2 KV heads
+q = torch.randn(
+    len(rids), 4, 16, generator=torch.Generator().manual_seed(1)
+)  # 4 query heads, 2 KV heads
 viz.Stepper(attention_frames(scene, q), draw_attention)
 
 # %% [markdown]
@@ -87,22 +134,40 @@ inst
 
 # %%
 from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
-from memlab.sglang.write_loc import KVWriteLoc
 
-pool = SWAKVPool(16, 8, 1, torch.float32, head_num=1, head_dim=4, full_attention_layer_ids=[0],
-                 swa_attention_layer_ids=[1])
+pool = SWAKVPool(
+    16,
+    8,
+    1,
+    torch.float32,
+    head_num=1,
+    head_dim=4,
+    full_attention_layer_ids=[0],
+    swa_attention_layer_ids=[1],
+)
 al = SWATokenToKVPoolAllocator(16, 8, 1, kvcache=pool)
 out_cache_loc = al.alloc(3)
 kv_new = torch.ones(3, 1, 4)
-pool.set_kv_buffer(0, out_cache_loc, kv_new, kv_new)  # a full layer: the bare slots will do
+pool.set_kv_buffer(
+    0, out_cache_loc, kv_new, kv_new
+)  # a full layer: the bare slots will do
 try:
-    pool.set_kv_buffer(1, out_cache_loc, kv_new, kv_new)  # an SWA layer: which SWA slots?
+    pool.set_kv_buffer(
+        1, out_cache_loc, kv_new, kv_new
+    )  # an SWA layer: which SWA slots?
 except ValueError as exc:
     print("SWA layer, bare tensor refused:", str(exc)[:100], "...")
 loc = al.write_loc(out_cache_loc)
 pool.set_kv_buffer(1, loc, kv_new, kv_new)
-print("KVWriteLoc: full ids", loc.loc.tolist(), "SWA ids", loc.swa_loc.tolist(), "physical", loc.physical,
-      "(not needed: these ids are physical by allocation)")
+print(
+    "KVWriteLoc: full ids",
+    loc.loc.tolist(),
+    "SWA ids",
+    loc.swa_loc.tolist(),
+    "physical",
+    loc.physical,
+    "(not needed: these ids are physical by allocation)",
+)
 
 # %% [markdown]
 # ## Reading: one kernel, two spellings
@@ -134,9 +199,16 @@ qd = q.to(dev)
 sglang = attention.decode_attention_fwd(qd, k_buf, v_buf, table, rows, seq_lens)
 
 P = scene.allocator.page_size
-block_table = (table[rows, ::P] // P).to(torch.int32)  # the slot at each page start, divided by P: one id per page
-vllm = attention.paged_attention(qd, k_buf.view(-1, P, *k_buf.shape[1:]), v_buf.view(-1, P, *v_buf.shape[1:]),
-                                 block_table, seq_lens)
+block_table = (table[rows, ::P] // P).to(
+    torch.int32
+)  # the slot at each page start, divided by P: one id per page
+vllm = attention.paged_attention(
+    qd,
+    k_buf.view(-1, P, *k_buf.shape[1:]),
+    v_buf.view(-1, P, *v_buf.shape[1:]),
+    block_table,
+    seq_lens,
+)
 print("block table (vLLM spelling):", block_table.tolist())
 print("SGLang spelling == vLLM spelling:", torch.allclose(sglang, vllm, atol=1e-5))
 
@@ -153,18 +225,33 @@ import math
 dense = []
 for b, rid in enumerate(rids):
     idx = torch.tensor(scene.slots(rid))
-    k_seq = kv.get_key_buffer(0)[idx].repeat_interleave(2, dim=1)  # (L, 4 heads, 16): GQA groups of 2
+    k_seq = kv.get_key_buffer(0)[idx].repeat_interleave(
+        2, dim=1
+    )  # (L, 4 heads, 16): GQA groups of 2
     v_seq = kv.get_value_buffer(0)[idx].repeat_interleave(2, dim=1)
     w = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k_seq) / math.sqrt(16), dim=-1)
     dense.append(torch.einsum("hl,lhd->hd", w, v_seq))
 dense = torch.stack(dense)
-slots, mask = attention.slots_from_req_to_token(scene.req_pool.req_to_token, rows.cpu(), seq_lens.cpu())
-ref = attention.attention_over_slots(q, kv.get_key_buffer(0), kv.get_value_buffer(0), slots, mask, 1 / math.sqrt(16))
-py = attention.python_attention_over_slots(q, kv.get_key_buffer(0), kv.get_value_buffer(0),
-                                           attention.python_slots_from_req_to_token(scene.req_pool.req_to_token,
-                                                                                    rows.cpu(), seq_lens.cpu()),
-                                           1 / math.sqrt(16))
-for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python reference", py)):
+slots, mask = attention.slots_from_req_to_token(
+    scene.req_pool.req_to_token, rows.cpu(), seq_lens.cpu()
+)
+ref = attention.attention_over_slots(
+    q, kv.get_key_buffer(0), kv.get_value_buffer(0), slots, mask, 1 / math.sqrt(16)
+)
+py = attention.python_attention_over_slots(
+    q,
+    kv.get_key_buffer(0),
+    kv.get_value_buffer(0),
+    attention.python_slots_from_req_to_token(
+        scene.req_pool.req_to_token, rows.cpu(), seq_lens.cpu()
+    ),
+    1 / math.sqrt(16),
+)
+for name, x in (
+    ("kernel", sglang.cpu()),
+    ("torch reference", ref),
+    ("python reference", py),
+):
     print(f"{name:<17} max |x - dense| = {(x - dense).abs().max().item():.2e}")
     assert torch.allclose(x, dense, atol=1e-4)
 
@@ -203,7 +290,9 @@ for name, x in (("kernel", sglang.cpu()), ("torch reference", ref), ("python ref
 # %%
 with exercise("ch09_paged_gather") as ex:
     mine = ex.decode_attention(qd, k_buf, v_buf, table, rows, seq_lens)
-    assert torch.allclose(mine.cpu(), dense, atol=1e-4), f"max difference {(mine.cpu() - dense).abs().max().item():.3g}"
+    assert torch.allclose(mine.cpu(), dense, atol=1e-4), (
+        f"max difference {(mine.cpu() - dense).abs().max().item():.3g}"
+    )
     print("your kernel equals dense attention")
 
 # %% [markdown]
@@ -212,4 +301,4 @@ with exercise("ch09_paged_gather") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["09"]);
+grade(["09"])

@@ -20,14 +20,57 @@
 # - write the scheduler's admission step (exercise `ch10_admission`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("10", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("10", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it: the engine, step by step
@@ -43,15 +86,26 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 # %%
 import torch
 
-from memlab.course import viz
 from memlab.capstone.engine import Engine, TinyLlama, generate_reference
+from memlab.course import viz
 from memlab.course.viz.draw_engine import draw_engine, engine_frames
 
 model = TinyLlama()
 g = torch.Generator().manual_seed(0)
 system = torch.randint(0, 128, (16,), generator=g).tolist()
-prompts = [system + torch.randint(0, 128, (int(n),), generator=g).tolist() for n in torch.randint(4, 24, (8,), generator=g)]
-engine = Engine(model, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32, attention="torch")
+prompts = [
+    system + torch.randint(0, 128, (int(n),), generator=g).tolist()
+    for n in torch.randint(4, 24, (8,), generator=g)
+]
+engine = Engine(
+    model,
+    page_size=4,
+    num_tokens=160,
+    max_running=4,
+    max_context=96,
+    chunk_size=32,
+    attention="torch",
+)
 frames = engine_frames(engine, prompts, max_new_tokens=16)
 viz.Stepper(frames, draw_engine, interval_ms=700)
 
@@ -97,9 +151,19 @@ from memlab.common.env import kernel_device
 
 few = [p[:20] for p in prompts[: 2 if FAST else 4]]
 new_tokens = 4 if FAST else 8
-kmodel = TinyLlama(device=kernel_device())  # the same weights (one seed), where the kernels run
-kernel_engine = Engine(kmodel, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32,
-                       attention="triton", alloc_backend="triton")
+kmodel = TinyLlama(
+    device=kernel_device()
+)  # the same weights (one seed), where the kernels run
+kernel_engine = Engine(
+    kmodel,
+    page_size=4,
+    num_tokens=160,
+    max_running=4,
+    max_context=96,
+    chunk_size=32,
+    attention="triton",
+    alloc_backend="triton",
+)
 served = kernel_engine.generate(few, new_tokens)
 reference = generate_reference(kmodel, few, new_tokens)
 for s, r in zip(served, reference):
@@ -123,16 +187,34 @@ assert served == reference
 # headless test run) the cell says so in one line and the chapter moves on.
 
 # %%
-from memlab.course import chat
 from memlab.common.env import kernel_device
+from memlab.course import chat
 
-SYSTEM = ("You are a patient teacher of computer systems. Answer in one or two short sentences, "
-          "with a concrete example when it helps, and explain any technical term you use.")
-QUESTIONS = ["What is a cache?", "Why does a GPU have its own memory?",
-             "What does a page table do?", "Name one way to save memory when serving many users."]
-path = chat.download(chat.SMOLLM2, offline=FAST)  # None after one line when nothing can be downloaded
-run = None if path is None else chat.serve_chat(path, SYSTEM, QUESTIONS, max_new_tokens=48,
-                                                device=kernel_device(), name="SmolLM2-135M-Instruct")
+SYSTEM = (
+    "You are a patient teacher of computer systems. Answer in one or two short sentences, "
+    "with a concrete example when it helps, and explain any technical term you use."
+)
+QUESTIONS = [
+    "What is a cache?",
+    "Why does a GPU have its own memory?",
+    "What does a page table do?",
+    "Name one way to save memory when serving many users.",
+]
+path = chat.download(
+    chat.SMOLLM2, offline=FAST
+)  # None after one line when nothing can be downloaded
+run = (
+    None
+    if path is None
+    else chat.serve_chat(
+        path,
+        SYSTEM,
+        QUESTIONS,
+        max_new_tokens=48,
+        device=kernel_device(),
+        name="SmolLM2-135M-Instruct",
+    )
+)
 if run is not None:
     print(run.format())
 
@@ -175,10 +257,17 @@ from memlab.capstone.sim import WORKLOADS
 from memlab.course.viz.draw_sim import draw_policies
 
 n_requests = 400 if FAST else 4000
-controls = dict(workload_name=W.Dropdown(options=WORKLOADS, description="workload"),
-                block_size=W.Dropdown(options=[1, 4, 16, 64, 256], value=16, description="block size"),
-                n=W.Dropdown(options=[n_requests], description="requests"),
-                placement=W.Dropdown(options=[("buddy", "buddy"), ("first fit", "first_fit")], description="placement"))
+controls = dict(
+    workload_name=W.Dropdown(options=WORKLOADS, description="workload"),
+    block_size=W.Dropdown(
+        options=[1, 4, 16, 64, 256], value=16, description="block size"
+    ),
+    n=W.Dropdown(options=[n_requests], description="requests"),
+    placement=W.Dropdown(
+        options=[("buddy", "buddy"), ("first fit", "first_fit")],
+        description="placement",
+    ),
+)
 viz.Explorer(controls, draw_policies, columns=4)
 
 # %% [markdown]
@@ -194,7 +283,9 @@ from memlab.capstone import sim
 from memlab.course.viz.draw_sim import plot_figure2, plot_sweep
 from memlab.course.viz.style import new_figure
 
-sweep = sim.block_size_sweep(sim.sharegpt_like(n_requests), block_sizes=(1, 4, 16, 64, 256), progress=False)
+sweep = sim.block_size_sweep(
+    sim.sharegpt_like(n_requests), block_sizes=(1, 4, 16, 64, 256), progress=False
+)
 fig, ax = new_figure(8, 3.6)
 plot_sweep(sweep, ax=ax)
 viz.show(fig)
@@ -220,10 +311,12 @@ viz.show(fig)
 # %%
 space = sim.Buddy(12)  # 8 + 4
 print("free blocks (start, size):", space.blocks())
-a = space.alloc(3)     # 4 slots: the top block of 4
-b = space.alloc(1)     # 1 slot: splits [0,8) into 0 | 1 | [2,4) | [4,8)
+a = space.alloc(3)  # 4 slots: the top block of 4
+b = space.alloc(1)  # 1 slot: splits [0,8) into 0 | 1 | [2,4) | [4,8)
 print(f"alloc(3) -> {a}, alloc(1) -> {b}; free blocks:", space.blocks())
-space.release(b, 1)    # its buddy, slot 1, is free: 0 + 1 -> [0,2), then [0,4), then [0,8)
+space.release(
+    b, 1
+)  # its buddy, slot 1, is free: 0 + 1 -> [0,2), then [0,4), then [0,8)
 print("after release(0, 1):", space.blocks())
 
 # %% [markdown]
@@ -319,12 +412,20 @@ viz.show(plot_figure2(buddy, first_fit))
 # %%
 with exercise("ch10_admission") as ex:
     hooks = ex.CapacityHooks(available=200, token_capacity=400, page_size=16)
-    waiting = [ex.Request("a", 40, 50), ex.Request("b", 900, 10), ex.Request("c", 60, 20), ex.Request("d", 100, 20),
-               ex.Request("e", 10, 5)]
-    admitted, rejected = ex.admit(waiting, running_seq_lens=[32, 45], hooks=hooks, max_running_requests=8)
+    waiting = [
+        ex.Request("a", 40, 50),
+        ex.Request("b", 900, 10),
+        ex.Request("c", 60, 20),
+        ex.Request("d", 100, 20),
+        ex.Request("e", 10, 5),
+    ]
+    admitted, rejected = ex.admit(
+        waiting, running_seq_lens=[32, 45], hooks=hooks, max_running_requests=8
+    )
     print("admitted", [r.rid for r in admitted], "rejected", [r.rid for r in rejected])
-    assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == ["b"], \
-        "d must stop admission: e waits"
+    assert [r.rid for r in admitted] == ["a", "c"] and [r.rid for r in rejected] == [
+        "b"
+    ], "d must stop admission: e waits"
 
 # %% [markdown]
 # ## Grade
@@ -335,4 +436,4 @@ with exercise("ch10_admission") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["10"]);
+grade(["10"])

@@ -27,14 +27,57 @@
 # - write `match_prefix` with its split and `evict` (exercise `ch11_radix_match`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("11", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("11", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -61,7 +104,11 @@ sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, star
 from memlab.course import viz
 from memlab.course.viz.radix_books import draw_radix, story
 
-viz.Stepper({"page size 1": story(), "page size 2": story(page_size=2)}, draw_radix, interval_ms=2000)
+viz.Stepper(
+    {"page size 1": story(), "page size 2": story(page_size=2)},
+    draw_radix,
+    interval_ms=2000,
+)
 
 # %% [markdown]
 # ### Your own words
@@ -109,7 +156,9 @@ from memlab.sglang.allocator import TokenToKVPoolAllocator
 from memlab.sglang.radix_cache import RadixCache
 
 alloc = TokenToKVPoolAllocator(32, debug_mode=True)
-tree = RadixCache(alloc, debug_mode=True)  # 0.5.23's scheduler builds UnifiedRadixCache; RadixCache is its reference class
+tree = RadixCache(
+    alloc, debug_mode=True
+)  # 0.5.23's scheduler builds UnifiedRadixCache; RadixCache is its reference class
 
 
 def finished(tokens):
@@ -121,17 +170,37 @@ def finished(tokens):
 
 
 print("insert [1 2 3 4 5]: tree already had", finished([1, 2, 3, 4, 5]))
-print("insert [1 2 3 9 9]: tree already had", finished([1, 2, 3, 9, 9]), "-> (1 2 3 4 5) split after 3")
+print(
+    "insert [1 2 3 9 9]: tree already had",
+    finished([1, 2, 3, 9, 9]),
+    "-> (1 2 3 4 5) split after 3",
+)
 m = tree.match_prefix([1, 2, 3, 4, 7])
-print("match [1 2 3 4 7]:", m.device_prefix_len, "tokens, slots", tree.path_device_indices(m.last_device_node).tolist(),
-      "(the match split (4 5) after 4)")
+print(
+    "match [1 2 3 4 7]:",
+    m.device_prefix_len,
+    "tokens, slots",
+    tree.path_device_indices(m.last_device_node).tolist(),
+    "(the match split (4 5) after 4)",
+)
 tree.inc_lock_ref(m.last_device_node)
 print("locked: evictable", tree.evictable_size(), "protected", tree.protected_size())
-print("evict(10) frees", tree.evict(10).num_tokens_evicted, "tokens: only the unlocked leaves (5) and (9 9)")
+print(
+    "evict(10) frees",
+    tree.evict(10).num_tokens_evicted,
+    "tokens: only the unlocked leaves (5) and (9 9)",
+)
 tree.dec_lock_ref(m.last_device_node)
 tree.check_idle(32)
-print("idle check: available", alloc.available_size(), "+ evictable", tree.evictable_size(), "+ protected",
-      tree.protected_size(), "== 32")
+print(
+    "idle check: available",
+    alloc.available_size(),
+    "+ evictable",
+    tree.evictable_size(),
+    "+ protected",
+    tree.protected_size(),
+    "== 32",
+)
 
 # %% [markdown]
 # **The idle check.** With no request running, every slot of the pool is free, held by the tree
@@ -146,16 +215,26 @@ print("idle check: available", alloc.available_size(), "+ evictable", tree.evict
 # slots (which is what lets eviction free pages without a dedup).
 
 # %%
-from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.capstone.prefix_compare import RadixDriver
+from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 
 ptree = RadixCache(PagedTokenToKVPoolAllocator(64, 4, debug_mode=True), debug_mode=True)
-drv = RadixDriver(ptree)  # admit: match, lock, allocate, checkpoint; finish: release_kv_cache(checkpoint=True)
+drv = RadixDriver(
+    ptree
+)  # admit: match, lock, allocate, checkpoint; finish: release_kv_cache(checkpoint=True)
 a = drv.admit(list(range(10)))
 drv.finish(a)
-print("A: 10 tokens -> the tree keeps", ptree.total_size(), "(two pages); the page of tokens 8, 9 was freed")
+print(
+    "A: 10 tokens -> the tree keeps",
+    ptree.total_size(),
+    "(two pages); the page of tokens 8, 9 was freed",
+)
 b = drv.admit(list(range(6)) + [50, 51, 52])
-print("B shares tokens 0-5 but hits", b.hit_tokens, "tokens: one whole page; its second page (4 5 50 51) is not A's (4 5 6 7)")
+print(
+    "B shares tokens 0-5 but hits",
+    b.hit_tokens,
+    "tokens: one whole page; its second page (4 5 50 51) is not A's (4 5 6 7)",
+)
 drv.finish(b)
 
 # %% [markdown]
@@ -173,12 +252,18 @@ drv.finish(b)
 from memlab.sglang.hicache import HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool, MLATokenToKVPool
 
-for dev_pool in (MHATokenToKVPool(64, 4, torch.float16, head_num=8, head_dim=128, layer_num=4),
-                 MLATokenToKVPool(64, 4, torch.float16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=4)):
+for dev_pool in (
+    MHATokenToKVPool(64, 4, torch.float16, head_num=8, head_dim=128, layer_num=4),
+    MLATokenToKVPool(
+        64, 4, torch.float16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=4
+    ),
+):
     (decl,) = dev_pool.host_pool_decls()
     host = HostKVCache(decl, 256, 4, pin_memory=False)
-    print(f"{type(dev_pool).__name__:18} declares {[(b.name, b.row_shape) for b in decl.buffers]}; host pool of "
-          f"{host.size} tokens: {host.size_per_token} bytes per token (device: {dev_pool.bytes_per_token})")
+    print(
+        f"{type(dev_pool).__name__:18} declares {[(b.name, b.row_shape) for b in decl.buffers]}; host pool of "
+        f"{host.size} tokens: {host.size_per_token} bytes per token (device: {dev_pool.bytes_per_token})"
+    )
 
 # %% [markdown]
 # ## The copy kernel
@@ -200,7 +285,9 @@ from memlab.common.env import kernel_device
 from memlab.sglang.page_copy import copy_pages_python, copy_pages_torch
 
 dev = kernel_device()
-src = torch.randn(8 * 4, 2, 8, device=dev)  # 8 pages of 4 rows, MHA-like rows (2 heads of 8)
+src = torch.randn(
+    8 * 4, 2, 8, device=dev
+)  # 8 pages of 4 rows, MHA-like rows (2 heads of 8)
 sp, dp = torch.tensor([5, 0, 7], device=dev), torch.tensor([1, 3, 2], device=dev)
 outs = []
 for how in ("kernel", "torch", "python"):
@@ -213,7 +300,10 @@ for how in ("kernel", "torch", "python"):
         (copy_pages_torch if how == "torch" else copy_pages_python)(src, dst, sp, dp, 4)
     outs.append(dst.cpu())
 assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-print("page 5 -> 1, 0 -> 3, 7 -> 2: kernel == torch == python; page 0 of dst untouched:", bool((outs[0][:4] == 0).all()))
+print(
+    "page 5 -> 1, 0 -> 3, 7 -> 2: kernel == torch == python; page 0 of dst untouched:",
+    bool((outs[0][:4] == 0).all()),
+)
 
 # %% [markdown]
 # ## Evict to the host, load back
@@ -238,12 +328,22 @@ from memlab.sglang.hicache import HiRadixCache
 
 pool = MHATokenToKVPool(16, 1, torch.float32, head_num=1, head_dim=2, layer_num=2)
 hi_alloc = TokenToKVPoolAllocator(16, kvcache=pool, debug_mode=True)
-hi = HiRadixCache(hi_alloc, HostKVCache(pool.host_pool_decls()[0], 32, 1, pin_memory=False),
-                  write_policy="write_through", io_backend="triton", load_back_threshold=1, debug_mode=True)
+hi = HiRadixCache(
+    hi_alloc,
+    HostKVCache(pool.host_pool_decls()[0], 32, 1, pin_memory=False),
+    write_policy="write_through",
+    io_backend="triton",
+    load_back_threshold=1,
+    debug_mode=True,
+)
 
 
-def compute(slots, tokens, start):  # the 'model': K of token i = (i, token id) in every layer
-    kv = torch.tensor([[float(i), float(tokens[i])] for i in range(start, start + len(slots))])[:, None]
+def compute(
+    slots, tokens, start
+):  # the 'model': K of token i = (i, token id) in every layer
+    kv = torch.tensor(
+        [[float(i), float(tokens[i])] for i in range(start, start + len(slots))]
+    )[:, None]
     for layer in range(2):
         pool.set_kv_buffer(layer, slots, kv, kv)
 
@@ -253,13 +353,37 @@ hdrv.finish(hdrv.admit([7, 8, 9, 10, 11, 12]))
 (node,) = hi.root_node.children.values()
 print("inserted: device", node.value.tolist(), "host", node.host_value.tolist())
 hi.evict(100)
-print("evicted : device", node.value, "host", node.host_value.tolist(), "-> the node lives on the host only")
+print(
+    "evicted : device",
+    node.value,
+    "host",
+    node.host_value.tolist(),
+    "-> the node lives on the host only",
+)
 m = hi.match_prefix([7, 8, 9, 10, 11, 12, 13])
-print("match   : device_prefix_len", m.device_prefix_len, "host_hit_length", m.host_hit_length)
+print(
+    "match   : device_prefix_len",
+    m.device_prefix_len,
+    "host_hit_length",
+    m.host_hit_length,
+)
 r = hdrv.admit([7, 8, 9, 10, 11, 12, 13])
-print("admit   : loaded back", r.host_hit_tokens, "tokens into new device slots", node.value.tolist())
+print(
+    "admit   : loaded back",
+    r.host_hit_tokens,
+    "tokens into new device slots",
+    node.value.tolist(),
+)
 k = pool.get_key_buffer(1)[r.kv_indices][:, 0]
-assert k[:, 0].tolist() == list(range(7)) and k[:, 1].tolist() == [7.0, 8, 9, 10, 11, 12, 13]
+assert k[:, 0].tolist() == list(range(7)) and k[:, 1].tolist() == [
+    7.0,
+    8,
+    9,
+    10,
+    11,
+    12,
+    13,
+]
 print("every byte came back: layer 1's K of the whole row =", k.tolist())
 hdrv.finish(r)
 hi.check_idle(16)
@@ -284,14 +408,27 @@ from memlab.capstone.engine import Engine, TinyLlama
 model = TinyLlama()
 g = torch.Generator().manual_seed(0)
 system = torch.randint(0, 128, (16,), generator=g).tolist()
-prompts = [system + torch.randint(0, 128, (int(n),), generator=g).tolist() for n in torch.randint(4, 24, (8,), generator=g)]
+prompts = [
+    system + torch.randint(0, 128, (int(n),), generator=g).tolist()
+    for n in torch.randint(4, 24, (8,), generator=g)
+]
 served = {}
 for kind in ("hash", "radix", "hicache"):
-    e = Engine(model, page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32, attention="torch",
-               prefix_cache=kind)
+    e = Engine(
+        model,
+        page_size=4,
+        num_tokens=160,
+        max_running=4,
+        max_context=96,
+        chunk_size=32,
+        attention="torch",
+        prefix_cache=kind,
+    )
     served[kind] = e.generate(prompts, 8 if FAST else 16)
     e.check_books()
-    print(f"{kind:8} prompt tokens read from the cache: {e.stats['cached_tokens']:4}, retracted: {e.stats['retracted']}")
+    print(
+        f"{kind:8} prompt tokens read from the cache: {e.stats['cached_tokens']:4}, retracted: {e.stats['retracted']}"
+    )
 assert served["hash"] == served["radix"] == served["hicache"]
 
 # %% [markdown]
@@ -406,9 +543,13 @@ with exercise("ch11_radix_match") as ex:
     leaf = t.add_child(t.root, (1, 2, 3, 4, 5), range(100, 105))
     n, node = ex.match_prefix(t, [1, 2, 3, 9])
     print("matched", n, "ending on", node)
-    assert n == 3 and node.key == (1, 2, 3) and node.children == {4: leaf}, "the match must split (1 2 3 4 5) after 3"
+    assert n == 3 and node.key == (1, 2, 3) and node.children == {4: leaf}, (
+        "the match must split (1 2 3 4 5) after 3"
+    )
     freed = []
-    assert ex.evict(t, 1, freed.append) == 2 and freed == [[103, 104]], "evict frees the leaf (4 5) whole"
+    assert ex.evict(t, 1, freed.append) == 2 and freed == [[103, 104]], (
+        "evict frees the leaf (4 5) whole"
+    )
 
 # %% [markdown]
 # ## Grade
@@ -416,4 +557,4 @@ with exercise("ch11_radix_match") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["11"]);
+grade(["11"])

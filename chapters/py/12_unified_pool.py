@@ -30,14 +30,57 @@
 #   `ch12_virtual_pages`).
 
 # %%
-#@title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
-DRIVE = False  #@param {type:"boolean"}
-HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
-import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
-root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
-if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
-    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
-sys.path.insert(0, str(root)); from memlab.course.notebook import exercise, start; FAST = start("12", REF, drive=DRIVE)
+# @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+DRIVE = False  # @param {type:"boolean"}
+HOME, REF = (
+    "memlab-course/memlab",
+    "v0.1.0",
+)  # the course's home and version (scripts/set_home.py)
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+here, url = (
+    pathlib.Path.cwd().resolve(),
+    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
+)
+root = next(
+    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
+    here / f"memlab-{REF}",
+)
+if (
+    not root.is_dir()
+    and (
+        git := subprocess.run(
+            [
+                "sh",
+                "-c",
+                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
+                root,
+                REF,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        )
+    ).returncode
+):
+    raise RuntimeError(
+        f"could not clone the course from {url} at version {REF}: "
+        + (
+            "no network (check the connection, then re-run this cell)"
+            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
+            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
+        )
+        + f"\ngit said: {git.stderr.strip()[-400:]}"
+    )
+sys.path.insert(0, str(root))
+from memlab.course.notebook import exercise, start
+
+FAST = start("12", REF, drive=DRIVE)
 
 # %% [markdown]
 # ## See it
@@ -95,18 +138,41 @@ import torch
 
 from memlab.sglang.unified import MHASubPoolSpec, UnifiedKVPool
 
-full_spec = MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
-                           grow_direction="down")
-swa_spec = MHASubPoolSpec(name="swa", layer_num=2, head_num=1, head_dim=8, store_dtype=torch.float16,
-                          grow_direction="up")
-pool = UnifiedKVPool(total_bytes=3072, sub_pool_specs=[full_spec, swa_spec], page_size=2)
+full_spec = MHASubPoolSpec(
+    name="full",
+    layer_num=1,
+    head_num=1,
+    head_dim=16,
+    store_dtype=torch.float16,
+    grow_direction="down",
+)
+swa_spec = MHASubPoolSpec(
+    name="swa",
+    layer_num=2,
+    head_num=1,
+    head_dim=8,
+    store_dtype=torch.float16,
+    grow_direction="up",
+)
+pool = UnifiedKVPool(
+    total_bytes=3072, sub_pool_specs=[full_spec, swa_spec], page_size=2
+)
 for s in pool.sub_pool_specs:
-    print(f"{s.name:4} grows {s.grow_direction:4}: {s.entry_bytes()} B an entry, max_slots {pool.max_slots(s.name)}, "
-          f"first usable slot {pool.min_slot_index(s.name)}")
+    print(
+        f"{s.name:4} grows {s.grow_direction:4}: {s.entry_bytes()} B an entry, max_slots {pool.max_slots(s.name)}, "
+        f"first usable slot {pool.min_slot_index(s.name)}"
+    )
 print("reserved floor:", pool.reserved_floor, "bytes (page 0 of each paged sub-pool)")
 k, v = pool.mha_views_for("swa")
-print("swa layer 1's K view:", tuple(k[1].shape), "slot stride", k[1].stride(0) * 2, "bytes; slot 5 starts at byte",
-      k[1][5].data_ptr() - pool._raw.data_ptr(), "= 5 x 64 + layer 1's offset 32")
+print(
+    "swa layer 1's K view:",
+    tuple(k[1].shape),
+    "slot stride",
+    k[1].stride(0) * 2,
+    "bytes; slot 5 starts at byte",
+    k[1][5].data_ptr() - pool._raw.data_ptr(),
+    "= 5 x 64 + layer 1's offset 32",
+)
 
 # %% [markdown]
 # ## Virtual ids and their translation
@@ -132,21 +198,39 @@ print("swa layer 1's K view:", tuple(k[1].shape), "slot stride", k[1].stride(0) 
 # %%
 from memlab.sglang.unified import UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
 
-kv = UnifiedSWAKVPool(unified_buffer=pool, full_attention_layer_ids=[1], swa_attention_layer_ids=[0, 2], page_size=2)
-alloc = UnifiedSWATokenToKVPoolAllocator(unified_buffer=pool, kvcache=kv, page_size=2, debug_mode=True,
-                                         backend="triton")
+kv = UnifiedSWAKVPool(
+    unified_buffer=pool,
+    full_attention_layer_ids=[1],
+    swa_attention_layer_ids=[0, 2],
+    page_size=2,
+)
+alloc = UnifiedSWATokenToKVPoolAllocator(
+    unified_buffer=pool, kvcache=kv, page_size=2, debug_mode=True, backend="triton"
+)
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
 free_before = alloc.full_attn_allocator.free_virtual_ids[:6].tolist()
-a = alloc.alloc_extend(T(0, 0), T(0, 0), T(5, 4), T(5, 4), T(-1, -1), 9)  # two new requests, 5 and 4 tokens
+a = alloc.alloc_extend(
+    T(0, 0), T(0, 0), T(5, 4), T(5, 4), T(-1, -1), 9
+)  # two new requests, 5 and 4 tokens
 print("free virtual pages before:", free_before, "-> virtual ids:", a.tolist())
 fa, sa = alloc.full_attn_allocator, alloc.swa_attn_allocator
-print("full v2p:", {v: int(fa.virtual_to_physical[v]) for v in range(1, 6)}, " swa v2p:",
-      {v: int(sa.virtual_to_physical[v]) for v in range(1, 6)})
+print(
+    "full v2p:",
+    {v: int(fa.virtual_to_physical[v]) for v in range(1, 6)},
+    " swa v2p:",
+    {v: int(sa.virtual_to_physical[v]) for v in range(1, 6)},
+)
 print("full slots:", alloc.translate_kv_loc(a).tolist())
 print("swa slots: ", alloc.translate_loc_from_full_to_swa(a).tolist())
-d = alloc.alloc_decode(T(6, 5), T(6, 5), T(a[4], a[8]))  # one decode step each (chapter 05's kernel)
-print("decode:", d.tolist(), "; unbound, negative and out-of-range ids go to the sink:",
-      alloc.translate_kv_loc(T(40, -1, 10_000)).tolist())
+d = alloc.alloc_decode(
+    T(6, 5), T(6, 5), T(a[4], a[8])
+)  # one decode step each (chapter 05's kernel)
+print(
+    "decode:",
+    d.tolist(),
+    "; unbound, negative and out-of-range ids go to the sink:",
+    alloc.translate_kv_loc(T(40, -1, 10_000)).tolist(),
+)
 
 # %% [markdown]
 # The first request's pages are 1, 2 and 3 (ids 2-6), the second's 4 and 5 (ids 8-11): the
@@ -166,15 +250,28 @@ print("decode:", d.tolist(), "; unbound, negative and out-of-range ids go to the
 
 # %%
 gap = fa._current_gap_bytes()
-print(f"gap {gap} B: full side alone {fa.available_size()} tokens, SWA side alone {sa.available_size()}, "
-      f"both (a page pair of {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B) {alloc.available_size()}")
+print(
+    f"gap {gap} B: full side alone {fa.available_size()} tokens, SWA side alone {sa.available_size()}, "
+    f"both (a page pair of {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B) {alloc.available_size()}"
+)
 alloc.free_swa(a[:4])  # the first request's first two pages leave its window
-print("after free_swa of ids", a[:4].tolist(), ": swa slots", alloc.translate_loc_from_full_to_swa(a[:4]).tolist(),
-      "(the sink), full slots", alloc.translate_kv_loc(a[:4]).tolist(), "(kept)")
+print(
+    "after free_swa of ids",
+    a[:4].tolist(),
+    ": swa slots",
+    alloc.translate_loc_from_full_to_swa(a[:4]).tolist(),
+    "(the sink), full slots",
+    alloc.translate_kv_loc(a[:4]).tolist(),
+    "(kept)",
+)
 print(f"gap {fa._current_gap_bytes()} B: both {alloc.available_size()} tokens")
 big = alloc.available_size() + 2
-print(f"alloc({big}):", alloc.alloc(big), f"- the full side alone has room for {fa.available_size()} tokens, but "
-      "every new token also needs an SWA page")
+print(
+    f"alloc({big}):",
+    alloc.alloc(big),
+    f"- the full side alone has room for {fa.available_size()} tokens, but "
+    "every new token also needs an SWA page",
+)
 
 # %% [markdown]
 # ## A free compacts at once
@@ -193,13 +290,21 @@ second = torch.cat((a[5:], d[1:]))
 full_pool = kv.full_kv_pool
 kv_in = torch.randn(len(second), 1, 16).half()
 kv.set_kv_buffer(1, alloc.write_loc(second), kv_in, -kv_in)
-before = {"full slots": alloc.translate_kv_loc(second).tolist(), "virtual ids": second.tolist()}
+before = {
+    "full slots": alloc.translate_kv_loc(second).tolist(),
+    "virtual ids": second.tolist(),
+}
 alloc.free(torch.cat((a[:5], d[:1])))  # the first request finishes
-after = {"full slots": alloc.translate_kv_loc(second).tolist(), "virtual ids": second.tolist()}
+after = {
+    "full slots": alloc.translate_kv_loc(second).tolist(),
+    "virtual ids": second.tolist(),
+}
 for key in before:
     print(f"{key:12}: {before[key]} -> {after[key]}")
 assert torch.equal(full_pool.get_key_buffer(0)[alloc.translate_kv_loc(second)], kv_in)
-print("the second request's K and V moved with their pages: read back through the new translation, intact")
+print(
+    "the second request's K and V moved with their pages: read back through the new translation, intact"
+)
 alloc.check_books()
 
 # %% [markdown]
@@ -233,15 +338,24 @@ from memlab.sglang.write_loc import KVWriteLoc
 
 ids = alloc.alloc(2)
 x = torch.ones(2, 1, 16).half()
-for what, loc in (("the virtual ids", ids), ("translated but unmarked", KVWriteLoc(alloc.translate_kv_loc(ids)))):
+for what, loc in (
+    ("the virtual ids", ids),
+    ("translated but unmarked", KVWriteLoc(alloc.translate_kv_loc(ids))),
+):
     try:
         full_pool.set_kv_buffer(0, loc, x, x)
     except ValueError as exc:
         print(f"{what}: refused ({str(exc).split(';')[0]})")
 full_pool.set_kv_buffer(0, KVWriteLoc(alloc.translate_kv_loc(ids), physical=True), x, x)
-kv.set_kv_buffer(0, alloc.write_loc(ids), x[:, :, :8], x[:, :, :8])  # an SWA layer: its swa_loc, the same mark
-print("marked physical: written; requires_physical_write_loc: unified", kv.requires_physical_write_loc,
-      "| chapter 07's SWAKVPool", SWAKVPool.requires_physical_write_loc)
+kv.set_kv_buffer(
+    0, alloc.write_loc(ids), x[:, :, :8], x[:, :, :8]
+)  # an SWA layer: its swa_loc, the same mark
+print(
+    "marked physical: written; requires_physical_write_loc: unified",
+    kv.requires_physical_write_loc,
+    "| chapter 07's SWAKVPool",
+    SWAKVPool.requires_physical_write_loc,
+)
 
 # %% [markdown]
 # ## The trade-off, measured
@@ -283,19 +397,39 @@ def serve(al, prompt, window=8):
 
 
 budget, e_full, e_swa = 64 * 1024, 64, 320
-specs = [MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
-                        grow_direction="down"),
-         MHASubPoolSpec(name="swa", layer_num=5, head_num=1, head_dim=16, store_dtype=torch.float16,
-                        grow_direction="up")]
+specs = [
+    MHASubPoolSpec(
+        name="full",
+        layer_num=1,
+        head_num=1,
+        head_dim=16,
+        store_dtype=torch.float16,
+        grow_direction="down",
+    ),
+    MHASubPoolSpec(
+        name="swa",
+        layer_num=5,
+        head_num=1,
+        head_dim=16,
+        store_dtype=torch.float16,
+        grow_direction="up",
+    ),
+]
 full_tokens = int(budget / (e_full + 0.8 * e_swa))
-print(f"{budget:,} B: two pools of {full_tokens} full and {int(0.8 * full_tokens)} SWA slots, or one buffer")
+print(
+    f"{budget:,} B: two pools of {full_tokens} full and {int(0.8 * full_tokens)} SWA slots, or one buffer"
+)
 print(f"{'prompt':>7} {'two pools':>10} {'unified':>8} {'page copies':>12}")
 for prompt in (8, 32, 96):
     two = SWATokenToKVPoolAllocator(full_tokens, int(0.8 * full_tokens), 1)
     moves = CountMoves()
-    one = UnifiedSWATokenToKVPoolAllocator(unified_buffer=UnifiedKVPool(total_bytes=budget, sub_pool_specs=specs),
-                                           kvcache=moves)
-    print(f"{prompt:>7} {serve(two, prompt):>10} {serve(one, prompt):>8} {moves.moves:>12}")
+    one = UnifiedSWATokenToKVPoolAllocator(
+        unified_buffer=UnifiedKVPool(total_bytes=budget, sub_pool_specs=specs),
+        kvcache=moves,
+    )
+    print(
+        f"{prompt:>7} {serve(two, prompt):>10} {serve(one, prompt):>8} {moves.moves:>12}"
+    )
 
 # %% [markdown]
 # With short prompts (all in the window) both layouts are bounded by bytes, and the unified
@@ -346,22 +480,44 @@ for prompt in (8, 32, 96):
 # %%
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 
-two_sides = [MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
-                            grow_direction="down"),
-             MHASubPoolSpec(name="swa", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
-                            grow_direction="up")]
+two_sides = [
+    MHASubPoolSpec(
+        name="full",
+        layer_num=1,
+        head_num=1,
+        head_dim=16,
+        store_dtype=torch.float16,
+        grow_direction="down",
+    ),
+    MHASubPoolSpec(
+        name="swa",
+        layer_num=1,
+        head_num=1,
+        head_dim=16,
+        store_dtype=torch.float16,
+        grow_direction="up",
+    ),
+]
 allocators = {
     "token (ch03)": TokenToKVPoolAllocator(256),
     "paged, page 4 (ch04)": PagedTokenToKVPoolAllocator(256, 4),
     "two pools (ch07)": SWATokenToKVPoolAllocator(256, 128, 1),
     "unified (ch12)": UnifiedSWATokenToKVPoolAllocator(
-        unified_buffer=UnifiedKVPool(total_bytes=384 * 64, sub_pool_specs=two_sides), kvcache=None),
+        unified_buffer=UnifiedKVPool(total_bytes=384 * 64, sub_pool_specs=two_sides),
+        kvcache=None,
+    ),
 }
-print(f"{'':22}{'available':>10}{'reserve':>8}{'max_new':>8}{'ceiling':>8}{'reclaim?':>9}")
+print(
+    f"{'':22}{'available':>10}{'reserve':>8}{'max_new':>8}{'ceiling':>8}{'reclaim?':>9}"
+)
 for name, a in allocators.items():  # no isinstance anywhere: the scheduler's view
-    max_new = a.max_new_tokens_for_memory(100, 400, token_capacity=a.size, sliding_window_size=8, chunk_size=None)
-    print(f"{name:22}{a.available_size():>10}{a.request_slot_reserve(has_req_pool_slot=False):>8}{max_new!s:>8}"
-          f"{a.prealloc_ceiling_fits(300, 16)!s:>8}{a.prealloc_fits_assumes_reclaim()!s:>9}")
+    max_new = a.max_new_tokens_for_memory(
+        100, 400, token_capacity=a.size, sliding_window_size=8, chunk_size=None
+    )
+    print(
+        f"{name:22}{a.available_size():>10}{a.request_slot_reserve(has_req_pool_slot=False):>8}{max_new!s:>8}"
+        f"{a.prealloc_ceiling_fits(300, 16)!s:>8}{a.prealloc_fits_assumes_reclaim()!s:>9}"
+    )
 
 # %% [markdown]
 # Read the columns. The token and paged pools clip the request to what is left after the prompt,
@@ -402,20 +558,36 @@ from memlab.capstone.engine import Engine, TinyConfig, TinyLlama
 tiny = TinyLlama(TinyConfig())
 rng = random.Random(0)
 system_prompts = [[rng.randrange(1, 128) for _ in range(64)] for _ in range(4)]
-prompts = [system_prompts[i % 4] + [rng.randrange(1, 128) for _ in range(8)] for i in range(16)]
+prompts = [
+    system_prompts[i % 4] + [rng.randrange(1, 128) for _ in range(8)] for i in range(16)
+]
 served = {}
 for policy in ("fcfs", "lpm"):
-    e = Engine(tiny, page_size=1, num_tokens=160, max_running=2, max_context=128, chunk_size=64,
-               attention="torch", prefix_cache="radix", ignore_eos=True, schedule_policy=policy)
+    e = Engine(
+        tiny,
+        page_size=1,
+        num_tokens=160,
+        max_running=2,
+        max_context=128,
+        chunk_size=64,
+        attention="torch",
+        prefix_cache="radix",
+        ignore_eos=True,
+        schedule_policy=policy,
+    )
     reqs = [e.add_request(p, 4) for p in prompts]
     while e.step():
         pass
     served[policy] = e
-    print(f"{policy}: cached {e.stats['cached_tokens']:>4} of {e.stats['prompt_tokens']} prompt tokens, "
-          f"prefill computed {e.stats['prefill_tokens']:>4}\n      finishing order {[r.rid for r in e.finished]}")
-print("same output for every request:",
-      [r.output for r in sorted(served["fcfs"].finished, key=lambda r: r.rid)]
-      == [r.output for r in sorted(served["lpm"].finished, key=lambda r: r.rid)])
+    print(
+        f"{policy}: cached {e.stats['cached_tokens']:>4} of {e.stats['prompt_tokens']} prompt tokens, "
+        f"prefill computed {e.stats['prefill_tokens']:>4}\n      finishing order {[r.rid for r in e.finished]}"
+    )
+print(
+    "same output for every request:",
+    [r.output for r in sorted(served["fcfs"].finished, key=lambda r: r.rid)]
+    == [r.output for r in sorted(served["lpm"].finished, key=lambda r: r.rid)],
+)
 
 # %% [markdown]
 # First come first served finds nothing cached (0 of 1,152 prompt tokens) and prefills every
@@ -468,20 +640,38 @@ print("same output for every request:",
 # %%
 with exercise("ch12_virtual_pages") as ex:
     live = torch.cat((second, ids))
-    assert torch.equal(ex.translate(live, fa.virtual_to_physical, 2), fa.translate_kv_loc(live)), "translate"
+    assert torch.equal(
+        ex.translate(live, fa.virtual_to_physical, 2), fa.translate_kv_loc(live)
+    ), "translate"
     for side, other in ((fa, sa), (sa, fa)):
-        frontier = other._byte_low_frontier() if side.grow_direction == "up" else other._byte_high_frontier()
-        mine = ex.available_tokens(side.grow_direction, side.watermark_physical, side.num_pages, side.min_page_index,
-                                   side.entry_bytes_per_page, side.page_size, frontier)
+        frontier = (
+            other._byte_low_frontier()
+            if side.grow_direction == "up"
+            else other._byte_high_frontier()
+        )
+        mine = ex.available_tokens(
+            side.grow_direction,
+            side.watermark_physical,
+            side.num_pages,
+            side.min_page_index,
+            side.entry_bytes_per_page,
+            side.page_size,
+            frontier,
+        )
         print(f"{side.sub_pool_name}: yours {mine}, memlab {side.available_size()}")
         assert mine == side.available_size()
     v2p, p2v = fa.virtual_to_physical.clone(), fa.physical_to_virtual.clone()
     pages = sorted({t // 2 for t in ids.tolist()})
     freed = v2p[pages].tolist()
     v2p[pages] = -1
-    print("compact_after_free:", ex.compact_after_free("down", fa.watermark_physical, freed, v2p, p2v))
+    print(
+        "compact_after_free:",
+        ex.compact_after_free("down", fa.watermark_physical, freed, v2p, p2v),
+    )
     alloc.free(ids)
-    assert torch.equal(v2p, fa.virtual_to_physical) and torch.equal(p2v, fa.physical_to_virtual), "compact_after_free"
+    assert torch.equal(v2p, fa.virtual_to_physical) and torch.equal(
+        p2v, fa.physical_to_virtual
+    ), "compact_after_free"
 
 # %% [markdown]
 # ## Grade
@@ -489,4 +679,4 @@ with exercise("ch12_virtual_pages") as ex:
 # %%
 from memlab.grade import main as grade
 
-grade(["12"]);
+grade(["12"])

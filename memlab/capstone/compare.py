@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.common.utils import ceil_div as cdiv
 from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_row
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 from memlab.vllm.block_table import BlockTable
-from memlab.common.utils import ceil_div as cdiv
 from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
@@ -48,14 +48,29 @@ class ComparisonRow:
     tail_waste: int  # reserved - tokens: the unused rest of its last page or block
     free_unit: str  # what free() hands back: slot, page or block
     freed_to_head: int  # units that became free at the free list's head (reused first)
-    freed_to_tail: int  # units that became free at its tail (reused last; vLLM: still hittable)
+    freed_to_tail: (
+        int  # units that became free at its tail (reused last; vLLM: still hittable)
+    )
 
 
-def make_stream(n: int, seed: int = 0, max_prompt: int = 100, max_output: int = 20, max_arrival: int = 5) -> list[StreamRequest]:
+def make_stream(
+    n: int,
+    seed: int = 0,
+    max_prompt: int = 100,
+    max_output: int = 20,
+    max_arrival: int = 5,
+) -> list[StreamRequest]:
     """A small random stream; arrivals spread over a few steps so requests overlap."""
     rng = random.Random(seed)
-    return [StreamRequest(f"r{i}", rng.randint(1, max_prompt), rng.randint(0, max_output), rng.randint(0, max_arrival))
-            for i in range(n)]
+    return [
+        StreamRequest(
+            f"r{i}",
+            rng.randint(1, max_prompt),
+            rng.randint(0, max_output),
+            rng.randint(0, max_arrival),
+        )
+        for i in range(n)
+    ]
 
 
 def _check_stream(stream: list[StreamRequest]) -> None:
@@ -65,7 +80,9 @@ def _check_stream(stream: list[StreamRequest]) -> None:
             raise ValueError(f"request id {r.rid!r} appears twice in the stream")
         seen.add(r.rid)
         if r.prompt_len < 1 or r.output_len < 0 or r.arrival < 0:
-            raise ValueError(f"{r}: prompt_len must be >= 1, output_len and arrival >= 0")
+            raise ValueError(
+                f"{r}: prompt_len must be >= 1, output_len and arrival >= 0"
+            )
 
 
 class _SGLangBooks:
@@ -80,21 +97,44 @@ class _SGLangBooks:
 
     def prefill(self, batch: list[StreamRequest]) -> None:
         reqs = [Req(r.rid) for r in batch]
-        if alloc_for_extend(self.pool, self.allocator, reqs, [r.prompt_len for r in batch]) is None:
-            raise RuntimeError(f"{self.engine}: out of capacity admitting {[r.rid for r in batch]}")
+        if (
+            alloc_for_extend(
+                self.pool, self.allocator, reqs, [r.prompt_len for r in batch]
+            )
+            is None
+        ):
+            raise RuntimeError(
+                f"{self.engine}: out of capacity admitting {[r.rid for r in batch]}"
+            )
         self.reqs.update((r.rid, r) for r in reqs)
 
     def decode(self, batch: list[StreamRequest]) -> None:
-        if alloc_for_decode(self.pool, self.allocator, [self.reqs[r.rid] for r in batch]) is None:
+        if (
+            alloc_for_decode(
+                self.pool, self.allocator, [self.reqs[r.rid] for r in batch]
+            )
+            is None
+        ):
             raise RuntimeError(f"{self.engine}: out of capacity in a decode step")
 
     def finish(self, r: StreamRequest) -> ComparisonRow:
         slots = release_kv_row(self.pool, self.allocator, self.reqs.pop(r.rid))
         n, ps = len(slots), self.allocator.page_size
         units = len(torch.unique(slots // ps))
-        head = units if ps > 1 else 0  # the paged allocator frees to the head (LIFO), the token one to the tail
-        return ComparisonRow(self.engine, r.rid, n, slots.tolist(), units * ps, units * ps - n,
-                             "slot" if ps == 1 else "page", head, units - head)
+        head = (
+            units if ps > 1 else 0
+        )  # the paged allocator frees to the head (LIFO), the token one to the tail
+        return ComparisonRow(
+            self.engine,
+            r.rid,
+            n,
+            slots.tolist(),
+            units * ps,
+            units * ps - n,
+            "slot" if ps == 1 else "page",
+            head,
+            units - head,
+        )
 
 
 class _VLLMBooks:
@@ -115,8 +155,11 @@ class _VLLMBooks:
             # Distinct token ids per request: the side-by-side compares books, not prefix sharing.
             self.num_admitted += 1
             base = 1_000_000 * self.num_admitted
-            req = Request(r.rid, [base + t for t in range(r.prompt_len)],
-                          block_hasher=self.manager.request_block_hasher)
+            req = Request(
+                r.rid,
+                [base + t for t in range(r.prompt_len)],
+                block_hasher=self.manager.request_block_hasher,
+            )
             hits, n = self.manager.get_computed_blocks(req)
             new = self.manager.allocate_slots(req, req.num_tokens - n, n, hits)
             if new is None:
@@ -139,15 +182,25 @@ class _VLLMBooks:
     def finish(self, r: StreamRequest) -> ComparisonRow:
         req, row = self.reqs.pop(r.rid), self.row.pop(r.rid)
         n, bs = req.num_tokens, self.manager.block_size
-        slots = self.table.compute_slot_mapping(torch.full((n,), row, dtype=torch.int32),
-                                                torch.arange(n), backend="torch").tolist()
+        slots = self.table.compute_slot_mapping(
+            torch.full((n,), row, dtype=torch.int32), torch.arange(n), backend="torch"
+        ).tolist()
         blocks = self.manager.get_blocks(r.rid)
         to_tail = sum(1 for b in blocks if b.ref_cnt == 1 and b.block_hash is not None)
         to_head = sum(1 for b in blocks if b.ref_cnt == 1 and b.block_hash is None)
         self.manager.free(req)
         self.free_rows.append(row)
-        return ComparisonRow(self.engine, r.rid, n, slots, len(blocks) * bs, len(blocks) * bs - n,
-                             "block", to_head, to_tail)
+        return ComparisonRow(
+            self.engine,
+            r.rid,
+            n,
+            slots,
+            len(blocks) * bs,
+            len(blocks) * bs - n,
+            "block",
+            to_head,
+            to_tail,
+        )
 
 
 def _run(books, stream: list[StreamRequest]) -> list[ComparisonRow]:
@@ -163,7 +216,7 @@ def _run(books, stream: list[StreamRequest]) -> list[ComparisonRow]:
         decoding = list(running)  # admitted in an earlier step
         arrivals = [r for r in pending if r.arrival <= step]
         if arrivals:
-            pending = pending[len(arrivals):]
+            pending = pending[len(arrivals) :]
             books.prefill(arrivals)
             running.extend(arrivals)
             for r in arrivals:
@@ -176,25 +229,41 @@ def _run(books, stream: list[StreamRequest]) -> list[ComparisonRow]:
     return rows
 
 
-def compare(stream: list[StreamRequest], block_size: int = 16) -> dict[str, list[ComparisonRow]]:
+def compare(
+    stream: list[StreamRequest], block_size: int = 16
+) -> dict[str, list[ComparisonRow]]:
     """Run the stream through all three books (sized so nothing is refused); rows per engine."""
     _check_stream(stream)
     if not isinstance(block_size, int) or block_size < 2:
-        raise ValueError(f"block_size must be an int >= 2 (page size 1 is the token allocator), got {block_size!r}")
+        raise ValueError(
+            f"block_size must be an int >= 2 (page size 1 is the token allocator), got {block_size!r}"
+        )
     max_len = max(r.prompt_len + r.output_len for r in stream)
     num_reqs = len(stream)
-    capacity = cdiv(sum(r.prompt_len + r.output_len for r in stream), block_size) * block_size + num_reqs * block_size
+    capacity = (
+        cdiv(sum(r.prompt_len + r.output_len for r in stream), block_size) * block_size
+        + num_reqs * block_size
+    )
     all_books = [
         _SGLangBooks(TokenToKVPoolAllocator(capacity), num_reqs, max_len),
-        _SGLangBooks(PagedTokenToKVPoolAllocator(capacity, block_size), num_reqs, max_len),
-        _VLLMBooks(KVCacheManager(capacity // block_size + 1, block_size=block_size), num_reqs, max_len),
+        _SGLangBooks(
+            PagedTokenToKVPoolAllocator(capacity, block_size), num_reqs, max_len
+        ),
+        _VLLMBooks(
+            KVCacheManager(capacity // block_size + 1, block_size=block_size),
+            num_reqs,
+            max_len,
+        ),
     ]
     return {books.engine: _run(books, stream) for books in all_books}
 
 
 def describe_free(row: ComparisonRow) -> str:
-    parts = [f"{n} {row.free_unit}{'s' if n != 1 else ''} -> {end}"
-             for n, end in ((row.freed_to_head, "head"), (row.freed_to_tail, "tail")) if n]
+    parts = [
+        f"{n} {row.free_unit}{'s' if n != 1 else ''} -> {end}"
+        for n, end in ((row.freed_to_head, "head"), (row.freed_to_tail, "tail"))
+        if n
+    ]
     return ", ".join(parts) or "-"
 
 
@@ -205,13 +274,26 @@ def format_table(results: dict[str, list[ComparisonRow]]) -> str:
     by_rid = {e: {row.rid: row for row in rows} for e, rows in results.items()}
     rids = [row.rid for row in results[engines[0]]]
     width = 36
-    lines = [f"{'':>15} | " + " | ".join(f"{e:<{width}}" for e in engines),
-             f"{'request':>8} {'tokens':>6} | " + " | ".join(f"{'reserved waste  freed':<{width}}" for _ in engines)]
+    lines = [
+        f"{'':>15} | " + " | ".join(f"{e:<{width}}" for e in engines),
+        f"{'request':>8} {'tokens':>6} | "
+        + " | ".join(f"{'reserved waste  freed':<{width}}" for _ in engines),
+    ]
     for rid in rids:
-        cells = [f"{by_rid[e][rid].reserved:>8} {by_rid[e][rid].tail_waste:>5}  {describe_free(by_rid[e][rid])}"
-                 for e in engines]
-        lines.append(f"{rid:>8} {by_rid[engines[0]][rid].tokens:>6} | " + " | ".join(f"{c:<{width}}" for c in cells))
-    totals = [f"{sum(r.reserved for r in results[e]):>8} {sum(r.tail_waste for r in results[e]):>5}" for e in engines]
-    lines.append(f"{'total':>8} {sum(r.tokens for r in results[engines[0]]):>6} | "
-                 + " | ".join(f"{c:<{width}}" for c in totals))
+        cells = [
+            f"{by_rid[e][rid].reserved:>8} {by_rid[e][rid].tail_waste:>5}  {describe_free(by_rid[e][rid])}"
+            for e in engines
+        ]
+        lines.append(
+            f"{rid:>8} {by_rid[engines[0]][rid].tokens:>6} | "
+            + " | ".join(f"{c:<{width}}" for c in cells)
+        )
+    totals = [
+        f"{sum(r.reserved for r in results[e]):>8} {sum(r.tail_waste for r in results[e]):>5}"
+        for e in engines
+    ]
+    lines.append(
+        f"{'total':>8} {sum(r.tokens for r in results[engines[0]]):>6} | "
+        + " | ".join(f"{c:<{width}}" for c in totals)
+    )
     return "\n".join(line.rstrip() for line in lines)

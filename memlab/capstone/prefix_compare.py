@@ -26,16 +26,17 @@ make room). Requests run one after another, so the pool holds cached KV plus one
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 
+from memlab.common.utils import ceil_align
 from memlab.sglang.allocation import checkpoint_kv_cache, release_kv_cache
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.common.utils import ceil_align
 
 
 class Turn(NamedTuple):
@@ -44,9 +45,16 @@ class Turn(NamedTuple):
     answer: list  # the tokens the model generates
 
 
-def shared_prefix_conversations(num_conversations: int = 120, turns: int = 4, num_system_prompts: int = 4,
-                                system_len: int = 384, user_len=(24, 160), answer_len=(24, 160),
-                                vocab: int = 32000, seed: int = 0) -> list[Turn]:
+def shared_prefix_conversations(
+    num_conversations: int = 120,
+    turns: int = 4,
+    num_system_prompts: int = 4,
+    system_len: int = 384,
+    user_len=(24, 160),
+    answer_len=(24, 160),
+    vocab: int = 32000,
+    seed: int = 0,
+) -> list[Turn]:
     """Conversations that share system prompts, turns interleaved in a random arrival order."""
     rng = random.Random(seed)
 
@@ -81,7 +89,9 @@ class RadixReq(Req):
     @property
     def kv_indices(self):
         """Its row: the slot of each token with KV (the tree's up to ``kv.cache_protected_len``)."""
-        return self.row_pool.req_to_token[self.kv.req_pool_idx, :self.kv.kv_allocated_len].to(torch.int64)
+        return self.row_pool.req_to_token[
+            self.kv.req_pool_idx, : self.kv.kv_allocated_len
+        ].to(torch.int64)
 
 
 class RadixDriver:
@@ -93,17 +103,37 @@ class RadixDriver:
     4096). A request's prompt and answer are allocated at admission, the prompt computed and
     checkpointed into the tree; ``finish`` releases it as a finished request."""
 
-    def __init__(self, tree: RadixCache, on_compute=None, max_running: int = 8, max_context: int | None = None):
-        self.tree, self.allocator, self.on_compute = tree, tree.token_to_kv_pool_allocator, on_compute
+    def __init__(
+        self,
+        tree: RadixCache,
+        on_compute=None,
+        max_running: int = 8,
+        max_context: int | None = None,
+    ):
+        self.tree, self.allocator, self.on_compute = (
+            tree,
+            tree.token_to_kv_pool_allocator,
+            on_compute,
+        )
         self.page_size = tree.page_size
         if tree.req_to_token_pool is None:
-            width = min(self.allocator.size, 4096) + self.page_size if max_context is None else max_context
-            tree.req_to_token_pool = ReqToTokenPool(max_running, width, device=self.allocator.device)
+            width = (
+                min(self.allocator.size, 4096) + self.page_size
+                if max_context is None
+                else max_context
+            )
+            tree.req_to_token_pool = ReqToTokenPool(
+                max_running, width, device=self.allocator.device
+            )
         self.req_to_token_pool = tree.req_to_token_pool
-        self.evict_requested = 0  # the tokens every evict call asked for (the tree may free more)
+        self.evict_requested = (
+            0  # the tokens every evict call asked for (the tree may free more)
+        )
         self._rids = 0
 
-    def admit(self, tokens: Sequence[int], prompt_len: int | None = None) -> RadixReq | None:
+    def admit(
+        self, tokens: Sequence[int], prompt_len: int | None = None
+    ) -> RadixReq | None:
         """Match, lock, allocate, compute and checkpoint the prompt: a request that holds KV for
         ``tokens`` (the prompt, ``tokens[:prompt_len]``, and the answer it decodes); None when the
         pool or the request table cannot hold it (then only the LRU order and the tree's shape
@@ -113,8 +143,10 @@ class RadixDriver:
         if len(tokens) > self.allocator.size:
             return None  # not even an empty pool could hold it
         if len(tokens) > self.req_to_token_pool.max_context_len:
-            raise ValueError(f"a request of {len(tokens)} tokens is wider than the request table "
-                             f"({self.req_to_token_pool.max_context_len}): give RadixDriver a larger max_context")
+            raise ValueError(
+                f"a request of {len(tokens)} tokens is wider than the request table "
+                f"({self.req_to_token_pool.max_context_len}): give RadixDriver a larger max_context"
+            )
         tree, ps = self.tree, self.page_size
         self._rids += 1
         req = RadixReq(self._rids, tokens[:prompt_len])
@@ -122,7 +154,9 @@ class RadixDriver:
         prefix, req.host_hit_tokens = match_and_lock(tree, req)
         req.hit_tokens = len(prefix)
         need = len(tokens) - len(prefix)
-        short = ceil_align(need, ps) - self.allocator.available_size()  # the prefix is whole pages
+        short = (
+            ceil_align(need, ps) - self.allocator.available_size()
+        )  # the prefix is whole pages
         if short > 0:
             self.evict_requested += short
             tree.evict(short)
@@ -135,8 +169,10 @@ class RadixDriver:
             tree.unlock(req.lock)
             return None
         new = new[:need]
-        self.req_to_token_pool.write((req.kv.req_pool_idx, slice(0, len(tokens))),
-                                     torch.cat((prefix, new)).to(torch.int32))
+        self.req_to_token_pool.write(
+            (req.kv.req_pool_idx, slice(0, len(tokens))),
+            torch.cat((prefix, new)).to(torch.int32),
+        )
         req.kv.kv_allocated_len = req.kv.kv_committed_len = len(tokens)
         req.output_ids = list(tokens[prompt_len:])
         if self.on_compute is not None:
@@ -159,7 +195,9 @@ class VllmDriver:
     def __init__(self, num_blocks: int, block_size: int, hash_fn: str = "sha256"):
         from memlab.vllm.kv_cache_manager import KVCacheManager
 
-        self.manager = KVCacheManager(num_blocks + 1, block_size=block_size, hash_fn=hash_fn)  # + the null block
+        self.manager = KVCacheManager(
+            num_blocks + 1, block_size=block_size, hash_fn=hash_fn
+        )  # + the null block
         self.block_size = block_size
 
     def run(self, turn: Turn) -> int | None:
@@ -172,7 +210,9 @@ class VllmDriver:
         if mgr.allocate_slots(req, req.num_tokens - n, n, hits) is None:
             return None
         req.num_computed_tokens = req.num_tokens
-        if len(turn.answer) > 1:  # the last answer token is sampled, its KV never computed
+        if (
+            len(turn.answer) > 1
+        ):  # the last answer token is sampled, its KV never computed
             req.append_output_token_ids(turn.answer[:-1])
             if mgr.allocate_slots(req, len(turn.answer) - 1) is None:
                 mgr.free(req)
@@ -191,7 +231,9 @@ class ReplayStats:
     name: str
     cache_tokens: int
     prompt_tokens: int = 0
-    hit_tokens: int = 0  # device hits (and, with a host tier, loaded back: host_hit_tokens of them)
+    hit_tokens: int = (
+        0  # device hits (and, with a host tier, loaded back: host_hit_tokens of them)
+    )
     host_hit_tokens: int = 0
     evicted_tokens: int = 0
     evict_requested: int | None = None  # radix only: what its evict calls asked for
@@ -209,7 +251,12 @@ class ReplayStats:
         return (self.evicted_tokens - self.evict_requested) / self.evicted_tokens
 
 
-def radix_tree(cache_tokens: int, page_size: int, host_tokens: int = 0, write_policy: str = "write_through"):
+def radix_tree(
+    cache_tokens: int,
+    page_size: int,
+    host_tokens: int = 0,
+    write_policy: str = "write_through",
+):
     """A radix tree over a fresh allocator of ``cache_tokens`` slots; with ``host_tokens``, a
     HiRadixCache over a tiny real KV pool (1 layer, 1 head of 4) and a host pool of that size."""
     if not host_tokens:
@@ -217,31 +264,57 @@ def radix_tree(cache_tokens: int, page_size: int, host_tokens: int = 0, write_po
     from memlab.sglang.hicache import HiRadixCache, HostKVCache
     from memlab.sglang.kv_pool import MHATokenToKVPool
 
-    pool = MHATokenToKVPool(cache_tokens, page_size, torch.float16, head_num=1, head_dim=4, layer_num=1)
+    pool = MHATokenToKVPool(
+        cache_tokens, page_size, torch.float16, head_num=1, head_dim=4, layer_num=1
+    )
     alloc = make_allocator(cache_tokens, page_size, kvcache=pool)
-    host = HostKVCache(pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False)
-    return HiRadixCache(alloc, host, write_policy=write_policy, io_backend="torch", load_back_threshold=page_size)
+    host = HostKVCache(
+        pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False
+    )
+    return HiRadixCache(
+        alloc,
+        host,
+        write_policy=write_policy,
+        io_backend="torch",
+        load_back_threshold=page_size,
+    )
 
 
-def replay_radix(stream: Sequence[Turn], cache_tokens: int, page_size: int, host_tokens: int = 0,
-                 name: str | None = None) -> ReplayStats:
+def replay_radix(
+    stream: Sequence[Turn],
+    cache_tokens: int,
+    page_size: int,
+    host_tokens: int = 0,
+    name: str | None = None,
+) -> ReplayStats:
     driver = RadixDriver(radix_tree(cache_tokens, page_size, host_tokens))
-    stats = ReplayStats(name or f"radix, page {page_size}" + (f", host {host_tokens}" if host_tokens else ""),
-                        cache_tokens)
+    stats = ReplayStats(
+        name
+        or f"radix, page {page_size}"
+        + (f", host {host_tokens}" if host_tokens else ""),
+        cache_tokens,
+    )
     for turn in stream:
         req = driver.admit(turn.prompt + turn.answer[:-1], len(turn.prompt))
         if req is None:
-            raise RuntimeError(f"{turn.rid} ({len(turn.prompt) + len(turn.answer)} tokens) does not fit "
-                               f"{cache_tokens} slots")
+            raise RuntimeError(
+                f"{turn.rid} ({len(turn.prompt) + len(turn.answer)} tokens) does not fit "
+                f"{cache_tokens} slots"
+            )
         driver.finish(req)
         stats.prompt_tokens += len(turn.prompt)
         stats.hit_tokens += req.hit_tokens
         stats.host_hit_tokens += req.host_hit_tokens
-    stats.evicted_tokens, stats.evict_requested = driver.evicted_tokens, driver.evict_requested
+    stats.evicted_tokens, stats.evict_requested = (
+        driver.evicted_tokens,
+        driver.evict_requested,
+    )
     return stats
 
 
-def replay_vllm(stream: Sequence[Turn], cache_tokens: int, block_size: int) -> ReplayStats:
+def replay_vllm(
+    stream: Sequence[Turn], cache_tokens: int, block_size: int
+) -> ReplayStats:
     driver = VllmDriver(cache_tokens // block_size, block_size)
     stats = ReplayStats(f"vLLM hashes, block {block_size}", cache_tokens)
     for turn in stream:
@@ -263,16 +336,29 @@ class Comparison:
 
     def table(self) -> str:
         head = f"{'':32}" + "".join(f"{s:>20,}" for s in self.cache_sizes)
-        lines = [f"{self.num_requests} requests, {self.prompt_tokens:,} prompt tokens; per cache size (tokens): "
-                 "hit rate / tokens evicted", head]
+        lines = [
+            f"{self.num_requests} requests, {self.prompt_tokens:,} prompt tokens; per cache size (tokens): "
+            "hit rate / tokens evicted",
+            head,
+        ]
         for name, stats in self.rows.items():
-            cells = "".join(f"{s.hit_rate:>10.1%} /{s.evicted_tokens:>8,}" for s in stats)
+            cells = "".join(
+                f"{s.hit_rate:>10.1%} /{s.evicted_tokens:>8,}" for s in stats
+            )
             lines.append(f"{name:32}{cells}")
-        # The radix tree frees whole leaves: the share of its evicted tokens beyond what evict asked.
+        # The radix tree frees whole leaves: the share of its evicted tokens beyond what
+        # evict asked.
         for name, stats in self.rows.items():
             if stats[0].evict_requested is not None and "host" not in name:
-                lines.append(f"{name + ': beyond the ask':32}" + "".join(
-                    f"{'-':>20}" if s.over_eviction is None else f"{s.over_eviction:>20.1%}" for s in stats))
+                lines.append(
+                    f"{name + ': beyond the ask':32}"
+                    + "".join(
+                        f"{'-':>20}"
+                        if s.over_eviction is None
+                        else f"{s.over_eviction:>20.1%}"
+                        for s in stats
+                    )
+                )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -284,9 +370,15 @@ class Comparison:
         if ax is None:
             _, ax = plt.subplots(1, 2, figsize=(10, 3.6))
         for name, stats in self.rows.items():
-            ax[0].plot(self.cache_sizes, [100 * s.hit_rate for s in stats], "o-", label=name)
-            ax[1].plot(self.cache_sizes, [s.evicted_tokens for s in stats], "o-", label=name)
-        for a, label in zip(ax, ("prefix hit rate, % of prompt tokens", "tokens of cached KV evicted")):
+            ax[0].plot(
+                self.cache_sizes, [100 * s.hit_rate for s in stats], "o-", label=name
+            )
+            ax[1].plot(
+                self.cache_sizes, [s.evicted_tokens for s in stats], "o-", label=name
+            )
+        for a, label in zip(
+            ax, ("prefix hit rate, % of prompt tokens", "tokens of cached KV evicted")
+        ):
             a.set_xscale("log", base=2)
             a.set_xlabel("cache size (tokens of KV)")
             a.set_ylabel(label)
@@ -295,16 +387,29 @@ class Comparison:
         return ax[0].figure
 
 
-def compare(stream: Sequence[Turn], cache_sizes=(2048, 4096, 8192, 16384), page_size: int = 16,
-            host_tokens: int = 0) -> Comparison:
+def compare(
+    stream: Sequence[Turn],
+    cache_sizes=(2048, 4096, 8192, 16384),
+    page_size: int = 16,
+    host_tokens: int = 0,
+) -> Comparison:
     """Hit rate and evictions of the radix tree (pages of ``page_size`` and of 1 token) and of
     vLLM's block hashes (blocks of ``page_size``), each at every cache size; with
     ``host_tokens``, also the radix tree with a host tier of that many tokens."""
-    out = Comparison(list(cache_sizes), num_requests=len(stream), prompt_tokens=sum(len(t.prompt) for t in stream))
-    out.rows[f"vLLM hashes, block {page_size}"] = [replay_vllm(stream, c, page_size) for c in cache_sizes]
-    out.rows[f"radix, page {page_size}"] = [replay_radix(stream, c, page_size) for c in cache_sizes]
+    out = Comparison(
+        list(cache_sizes),
+        num_requests=len(stream),
+        prompt_tokens=sum(len(t.prompt) for t in stream),
+    )
+    out.rows[f"vLLM hashes, block {page_size}"] = [
+        replay_vllm(stream, c, page_size) for c in cache_sizes
+    ]
+    out.rows[f"radix, page {page_size}"] = [
+        replay_radix(stream, c, page_size) for c in cache_sizes
+    ]
     out.rows["radix, page 1"] = [replay_radix(stream, c, 1) for c in cache_sizes]
     if host_tokens:
         out.rows[f"radix, page {page_size} + host {host_tokens:,}"] = [
-            replay_radix(stream, c, page_size, host_tokens) for c in cache_sizes]
+            replay_radix(stream, c, page_size, host_tokens) for c in cache_sizes
+        ]
     return out

@@ -1,9 +1,9 @@
-"""The capstone's model: a Llama-style transformer (RMSNorm, rotary positions, grouped-query
-attention, SwiGLU) with random weights from a fixed seed, or a Hugging Face Llama checkpoint's
-weights (``memlab.capstone.checkpoint``). Its forward pass takes an ``attend`` callback, so the same model
-runs two ways: ``generate_reference`` below keeps each request's K/V in one contiguous tensor;
-``memlab.capstone.engine.Engine`` serves it through the books the chapters taught.
-"""
+"""The capstone's model: a Llama-style transformer (RMSNorm, rotary positions,
+grouped-query attention, SwiGLU) with random weights from a fixed seed, or a Hugging
+Face Llama checkpoint's weights (``memlab.capstone.checkpoint``). Its forward pass takes
+an ``attend`` callback, so the same model runs two ways: ``generate_reference`` below
+keeps each request's K/V in one contiguous tensor; ``memlab.capstone.engine.Engine``
+serves it through the books the chapters taught."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from memlab.common.env import resolve_device
+
 
 @dataclass(frozen=True, slots=True)
 class TinyConfig:
@@ -28,15 +29,20 @@ class TinyConfig:
     seed: int = 0
     # What a real checkpoint may set (memlab.capstone.checkpoint reads them from its config.json):
     tie_word_embeddings: bool = False  # the output head is the embedding matrix itself
-    rope_scaling: dict | None = None  # None, {"rope_type": "linear", ...} or {"rope_type": "llama3", ...}
+    rope_scaling: dict | None = (
+        None  # None, {"rope_type": "linear", ...} or {"rope_type": "llama3", ...}
+    )
     eos_token_ids: tuple[int, ...] = ()  # a request stops after emitting one of these
-    # Sliding-window layers (Gemma-style hybrids): with a window, every ``sliding_window_pattern``-th
-    # layer from layer 0 attends only to the last ``sliding_window`` positions (itself included).
+    # Sliding-window layers (Gemma-style hybrids): with a window, every
+    # ``sliding_window_pattern``-th layer from layer 0 attends only to the last
+    # ``sliding_window`` positions (itself included).
     sliding_window: int | None = None
     sliding_window_pattern: int = 2
 
     def is_sliding(self, layer: int) -> bool:
-        return self.sliding_window is not None and layer % self.sliding_window_pattern == 0
+        return (
+            self.sliding_window is not None and layer % self.sliding_window_pattern == 0
+        )
 
 
 def rope_inv_freq(cfg: TinyConfig) -> torch.Tensor:
@@ -61,7 +67,9 @@ def rope_inv_freq(cfg: TinyConfig) -> torch.Tensor:
         keep = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
         return (1 - keep) * inv_freq / factor + keep * inv_freq
     if kind != "default":
-        raise ValueError(f"rope_scaling type {kind!r} is not implemented (default, linear, llama3)")
+        raise ValueError(
+            f"rope_scaling type {kind!r} is not implemented (default, linear, llama3)"
+        )
     return inv_freq
 
 
@@ -77,9 +85,17 @@ class TinyLlama:
     Hugging Face's Llama checkpoints, whose q/k rows are already permuted for it).
     """
 
-    def __init__(self, cfg: TinyConfig = TinyConfig(), device="cpu", dtype=torch.float32, weights: dict | None = None):
+    def __init__(
+        self,
+        cfg: TinyConfig = TinyConfig(),
+        device="cpu",
+        dtype=torch.float32,
+        weights: dict | None = None,
+    ):
         if cfg.num_heads % cfg.num_kv_heads:
-            raise ValueError(f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
+            raise ValueError(
+                f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}"
+            )
         self.cfg, self.device, self.dtype = cfg, resolve_device(device), dtype
         w = random_weights(cfg) if weights is None else weights
 
@@ -87,27 +103,37 @@ class TinyLlama:
             return t.to(self.device, dtype)
 
         self.embed = put(w["embed"])
-        self.layers = [{name: put(t) for name, t in layer.items()} for layer in w["layers"]]
+        self.layers = [
+            {name: put(t) for name, t in layer.items()} for layer in w["layers"]
+        ]
         self.norm = put(w["norm"])
         # A tied head is a view of the embedding, not a copy (Hugging Face ties them the same way).
         self.lm_head = self.embed.T if cfg.tie_word_embeddings else put(w["lm_head"])
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
 
     def _rms(self, x, weight):
-        xf = x.float()  # the norm in float32 whatever the model dtype, as Hugging Face computes it
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)).to(x.dtype) * weight
+        xf = (
+            x.float()
+        )  # the norm in float32 whatever the model dtype, as Hugging Face computes it
+        return (
+            xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)
+        ).to(x.dtype) * weight
 
     def _rope_cos_sin(self, positions):
         """cos and sin of each position's rotation angles, (T, 1, D/2): once per forward."""
         ang = positions.to(torch.float32)[:, None] * self.inv_freq  # (T, D/2)
-        return ang.cos()[:, None, :].to(self.dtype), ang.sin()[:, None, :].to(self.dtype)
+        return ang.cos()[:, None, :].to(self.dtype), ang.sin()[:, None, :].to(
+            self.dtype
+        )
 
     @staticmethod
     def _rope(x, cos, sin):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend, logits_rows=None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attend, logits_rows=None
+    ) -> torch.Tensor:
         """Logits (T, vocab) for tokens ``input_ids`` at ``positions``; only the rows ``logits_rows``
         when given (a prefill needs the next token after each request's last one, not every token's)."""
         c = self.cfg
@@ -116,11 +142,17 @@ class TinyLlama:
         for i, p in enumerate(self.layers):
             hn = self._rms(x, p["attn_norm"])
             q = self._rope((hn @ p["wq"]).view(-1, c.num_heads, c.head_dim), cos, sin)
-            k = self._rope((hn @ p["wk"]).view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+            k = self._rope(
+                (hn @ p["wk"]).view(-1, c.num_kv_heads, c.head_dim), cos, sin
+            )
             v = (hn @ p["wv"]).view(-1, c.num_kv_heads, c.head_dim)
             x = x + attend(i, q, k, v).reshape(len(x), -1) @ p["wo"]
             hn = self._rms(x, p["mlp_norm"])
-            x = x + (torch.nn.functional.silu(hn @ p["w_gate"]) * (hn @ p["w_up"])) @ p["w_down"]
+            x = (
+                x
+                + (torch.nn.functional.silu(hn @ p["w_gate"]) * (hn @ p["w_up"]))
+                @ p["w_down"]
+            )
         if logits_rows is not None:
             x = x[logits_rows]
         return self._rms(x, self.norm) @ self.lm_head
@@ -129,19 +161,40 @@ class TinyLlama:
 def random_weights(cfg: TinyConfig) -> dict:
     """Random weights from ``cfg.seed``, scaled so that greedy choices are far from ties."""
     g = torch.Generator().manual_seed(cfg.seed)
-    h, q, kv, f = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    h, q, kv, f = (
+        cfg.hidden_size,
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    )
 
     def w(*shape):
         return torch.randn(*shape, generator=g) / math.sqrt(shape[0])
 
     embed = torch.randn(cfg.vocab_size, h, generator=g)
-    layers = [dict(attn_norm=torch.ones(h), wq=w(h, q), wk=w(h, kv), wv=w(h, kv), wo=w(q, h), mlp_norm=torch.ones(h),
-                   w_gate=w(h, f), w_up=w(h, f), w_down=w(f, h)) for _ in range(cfg.num_layers)]
-    lm_head = None if cfg.tie_word_embeddings else w(h, cfg.vocab_size) * 4  # sharp logits
+    layers = [
+        dict(
+            attn_norm=torch.ones(h),
+            wq=w(h, q),
+            wk=w(h, kv),
+            wv=w(h, kv),
+            wo=w(q, h),
+            mlp_norm=torch.ones(h),
+            w_gate=w(h, f),
+            w_up=w(h, f),
+            w_down=w(f, h),
+        )
+        for _ in range(cfg.num_layers)
+    ]
+    lm_head = (
+        None if cfg.tie_word_embeddings else w(h, cfg.vocab_size) * 4
+    )  # sharp logits
     return dict(embed=embed, layers=layers, norm=torch.ones(h), lm_head=lm_head)
 
 
-def generate_reference(model: TinyLlama, prompts, max_new_tokens: int) -> list[list[int]]:
+def generate_reference(
+    model: TinyLlama, prompts, max_new_tokens: int
+) -> list[list[int]]:
     """Greedy generation one request at a time, K/V kept in one contiguous tensor per layer;
     a request stops after ``max_new_tokens`` or after emitting an end-of-sequence token."""
     c, outs = model.cfg, []
@@ -152,25 +205,38 @@ def generate_reference(model: TinyLlama, prompts, max_new_tokens: int) -> list[l
         def attend(i, q, k, v):
             ks[i] = k if ks[i] is None else torch.cat((ks[i], k))
             vs[i] = v if vs[i] is None else torch.cat((vs[i], v))
-            kk, vv = ks[i].repeat_interleave(group, 1), vs[i].repeat_interleave(group, 1)
-            s = torch.einsum("thd,shd->hts", q.float(), kk.float()) / math.sqrt(c.head_dim)
+            kk, vv = (
+                ks[i].repeat_interleave(group, 1),
+                vs[i].repeat_interleave(group, 1),
+            )
+            s = torch.einsum("thd,shd->hts", q.float(), kk.float()) / math.sqrt(
+                c.head_dim
+            )
             past = len(kk) - len(q)  # query t sees keys 0..past+t
             key_pos = torch.arange(len(kk), device=q.device)[None, :]
             q_pos = past + torch.arange(len(q), device=q.device)[:, None]
             visible = key_pos <= q_pos
-            if c.is_sliding(i):  # only the last sliding_window positions, the query's own included
+            if c.is_sliding(
+                i
+            ):  # only the last sliding_window positions, the query's own included
                 visible &= q_pos - key_pos < c.sliding_window
             s = s.masked_fill(~visible, float("-inf"))
             return torch.einsum("hts,shd->thd", s.softmax(-1), vv.float()).to(q.dtype)
 
         tokens, out = list(prompt), []
-        ids, pos = torch.tensor(tokens, device=model.device), torch.arange(len(tokens), device=model.device)
+        ids, pos = (
+            torch.tensor(tokens, device=model.device),
+            torch.arange(len(tokens), device=model.device),
+        )
         for _ in range(max_new_tokens):
             nxt = int(model.forward(ids, pos, attend)[-1].argmax())
             out.append(nxt)
             if nxt in c.eos_token_ids:
                 break
-            ids, pos = torch.tensor([nxt], device=model.device), torch.tensor([len(tokens)], device=model.device)
+            ids, pos = (
+                torch.tensor([nxt], device=model.device),
+                torch.tensor([len(tokens)], device=model.device),
+            )
             tokens.append(nxt)
         outs.append(out)
     return outs

@@ -22,10 +22,13 @@ import numbers
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-INT32_MAX = 2 ** 31 - 1  # slot ids and rows live in SGLang's int32 request table: no pool or table is larger
+INT32_MAX = (
+    2**31 - 1
+)  # slot ids and rows live in SGLang's int32 request table: no pool or table is larger
 
 
 # ---- shared validators ------------------------------------------------------------------------
+
 
 class RangeError(ValueError, IndexError):
     """An index outside its range: a ValueError by the rule above, and an IndexError as indexing
@@ -37,25 +40,40 @@ def integer(name: str, v, lo: int = 0, hi: int | None = None) -> int:
     0-d integer tensor. A bool is not a count, and neither is a float (even 3.0)."""
     if type(v) is int:  # the common case: one type check
         pass
-    elif isinstance(v, torch.Tensor) and v.dim() == 0 and not v.dtype.is_floating_point \
-            and not v.dtype.is_complex and v.dtype != torch.bool:
+    elif (
+        isinstance(v, torch.Tensor)
+        and v.dim() == 0
+        and not v.dtype.is_floating_point
+        and not v.dtype.is_complex
+        and v.dtype != torch.bool
+    ):
         v = int(v)
     elif isinstance(v, numbers.Integral) and not isinstance(v, bool):
         v = int(v)
     else:
-        raise TypeError(f"{name} must be an int (or a NumPy integer, or a 0-d integer tensor), "
-                        f"got {type(v).__name__} {v!r}")
+        raise TypeError(
+            f"{name} must be an int (or a NumPy integer, or a 0-d integer tensor), "
+            f"got {type(v).__name__} {v!r}"
+        )
     if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{name} must be an int >= {lo}" + ("" if hi is None else f" and <= {hi}") + f", got {v}")
+        raise ValueError(
+            f"{name} must be an int >= {lo}"
+            + ("" if hi is None else f" and <= {hi}")
+            + f", got {v}"
+        )
     return v
 
 
-def real(name: str, v, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
+def real(
+    name: str, v, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False
+) -> float:
     """``v`` a real number (int or float, not a bool) in the interval from ``lo`` to ``hi``."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
     if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
-        raise ValueError(f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}")
+        raise ValueError(
+            f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}"
+        )
     return v
 
 
@@ -68,7 +86,11 @@ def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]
             raise TypeError(f"{name} must hold ints, got {type(v).__name__} {v!r}")
     out = [v for v in values if v < lo or (hi is not None and v > hi)]
     if out:
-        raise ValueError(f"{name} must hold ints >= {lo}" + ("" if hi is None else f" and <= {hi}") + f", got {out[0]}")
+        raise ValueError(
+            f"{name} must hold ints >= {lo}"
+            + ("" if hi is None else f" and <= {hi}")
+            + f", got {out[0]}"
+        )
     return list(values)
 
 
@@ -80,19 +102,33 @@ def one_of(name: str, v, choices) -> None:
 def instance(name: str, v, types, what: str | None = None) -> None:
     """``v`` an instance of ``types`` (a TypeError naming ``what`` it must be, else the types)."""
     if not isinstance(v, types):
-        what = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        what = what or " or ".join(
+            t.__name__ for t in (types if isinstance(types, tuple) else (types,))
+        )
         raise TypeError(f"{name} must be {what}, got {type(v).__name__} {v!r}")
 
 
-def tensor(name: str, t, dtypes=None, ndim: int | None = None, device=None, shape=None, like: str = "") -> None:
+def tensor(
+    name: str,
+    t,
+    dtypes=None,
+    ndim: int | None = None,
+    device=None,
+    shape=None,
+    like: str = "",
+) -> None:
     """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError, ``like`` says
     whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given; ValueError)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, got {t.dtype}")
+        raise TypeError(
+            f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, got {t.dtype}"
+        )
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}"
+        )
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if device is not None and t.device != device:
@@ -103,11 +139,18 @@ def values_in(name: str, t: torch.Tensor, lo: int, hi) -> None:
     """Every value of ``t`` (read on the CPU: callers skip device tensors) in ``lo..hi``; ``hi`` a
     number or a tensor of bounds, one per value. The message names the first value outside."""
     v = t.reshape(-1).long()
-    hi = torch.as_tensor(hi, dtype=torch.long).expand_as(t).reshape(-1) if hi is not None else None
+    hi = (
+        torch.as_tensor(hi, dtype=torch.long).expand_as(t).reshape(-1)
+        if hi is not None
+        else None
+    )
     bad = (v < lo) if hi is None else (v < lo) | (v > hi)
     if bool(bad.any()):
         i = int(bad.nonzero()[0])
-        raise ValueError(f"{name}[{i}] = {int(v[i])} is outside {lo}.." + ("" if hi is None else f"{int(hi[i])}"))
+        raise ValueError(
+            f"{name}[{i}] = {int(v[i])} is outside {lo}.."
+            + ("" if hi is None else f"{int(hi[i])}")
+        )
 
 
 def positive_ints(**values) -> None:
@@ -115,12 +158,18 @@ def positive_ints(**values) -> None:
     it is no integer at all)."""
     for name, v in values.items():
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"{name} must be a positive int, got {type(v).__name__} {v!r}")
-        if not 0 < v <= INT32_MAX:  # a buffer dimension: anything larger could never be allocated
+            raise TypeError(
+                f"{name} must be a positive int, got {type(v).__name__} {v!r}"
+            )
+        if (
+            not 0 < v <= INT32_MAX
+        ):  # a buffer dimension: anything larger could never be allocated
             raise ValueError(f"{name} must be a positive int <= {INT32_MAX}, got {v!r}")
 
 
-def index_tensor(name: str, t, device=None, ndim: int | None = None, owner: str = "allocator") -> None:
+def index_tensor(
+    name: str, t, device=None, ndim: int | None = None, owner: str = "allocator"
+) -> None:
     """A tensor of ids: int32 or int64, on ``device`` (when given: the ``owner``'s), of ``ndim``
     dims (when given)."""
     if not isinstance(t, torch.Tensor):
@@ -130,7 +179,9 @@ def index_tensor(name: str, t, device=None, ndim: int | None = None, owner: str 
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, the {owner} on {device}")
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}"
+        )
 
 
 def can_read_values(debug_mode: bool, t: torch.Tensor) -> bool:
@@ -144,22 +195,34 @@ def can_read_values(debug_mode: bool, t: torch.Tensor) -> bool:
 
 # ---- hybrid pools: sliding window (chapter 07) ---------------------------------------------------
 
-def swa_kv_pool(full_ids: list, swa_ids: list, size_swa, swa_req_ring_size, num_req_rows) -> None:
+
+def swa_kv_pool(
+    full_ids: list, swa_ids: list, size_swa, swa_req_ring_size, num_req_rows
+) -> None:
     if set(full_ids) & set(swa_ids):
-        raise ValueError(f"layers {sorted(set(full_ids) & set(swa_ids))} are both full and SWA")
+        raise ValueError(
+            f"layers {sorted(set(full_ids) & set(swa_ids))} are both full and SWA"
+        )
     if not full_ids or not swa_ids:
         raise ValueError("an SWAKVPool needs at least one full and one SWA layer")
-    if swa_req_ring_size is not None and (isinstance(num_req_rows, bool) or not isinstance(num_req_rows, int)
-                                          or num_req_rows <= 0):
-        raise ValueError(f"ring mode sizes the SWA pool by request rows: num_req_rows={num_req_rows!r}")
+    if swa_req_ring_size is not None and (
+        isinstance(num_req_rows, bool)
+        or not isinstance(num_req_rows, int)
+        or num_req_rows <= 0
+    ):
+        raise ValueError(
+            f"ring mode sizes the SWA pool by request rows: num_req_rows={num_req_rows!r}"
+        )
     if swa_req_ring_size is None and size_swa is None:
         raise ValueError("size_swa is required unless swa_req_ring_size is given")
 
 
 def swa_write(layer_id, swa_loc) -> None:
     if swa_loc is None:
-        raise ValueError(f"SWAKVPool.set_kv_buffer: layer {layer_id} is a sliding-window layer and the "
-                         "write loc has no swa_loc; pass allocator.write_loc(out_cache_loc)")
+        raise ValueError(
+            f"SWAKVPool.set_kv_buffer: layer {layer_id} is a sliding-window layer and the "
+            "write loc has no swa_loc; pass allocator.write_loc(out_cache_loc)"
+        )
 
 
 # ---- write locations (chapters 07 to 09) --------------------------------------------------------
@@ -170,19 +233,30 @@ def physical_write_loc(loc, where: str):
     KVWriteLoc marked physical passes; the message says what to pass. A flag read, no sync."""
     if getattr(loc, "physical", False) is True:
         return loc
-    got = "a bare tensor" if isinstance(loc, torch.Tensor) else (
-        "a KVWriteLoc not marked physical" if hasattr(loc, "physical") else repr(type(loc).__name__))
+    got = (
+        "a bare tensor"
+        if isinstance(loc, torch.Tensor)
+        else (
+            "a KVWriteLoc not marked physical"
+            if hasattr(loc, "physical")
+            else repr(type(loc).__name__)
+        )
+    )
     raise ValueError(
         f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. Pass the "
-        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately.")
+        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately."
+    )
 
 
 def plain_loc(loc, where: str) -> None:
     if not isinstance(loc, torch.Tensor):
-        raise TypeError(f"{where}: loc must be a tensor of slot ids or a KVWriteLoc, got {type(loc).__name__}")
+        raise TypeError(
+            f"{where}: loc must be a tensor of slot ids or a KVWriteLoc, got {type(loc).__name__}"
+        )
 
 
 # ---- layer 3: the allocators -------------------------------------------------------------------
+
 
 def unit(alloc) -> str:
     """What an allocator's ids are called: chapter 03 speaks of slots (page size 1), 04 of pages."""
@@ -192,7 +266,9 @@ def unit(alloc) -> str:
 def alloc(alloc, need_size) -> int:
     need_size = integer("need_size", need_size, 0)
     if need_size % alloc.page_size:
-        raise ValueError(f"need_size must be whole pages: {need_size} is not a multiple of page_size {alloc.page_size}")
+        raise ValueError(
+            f"need_size must be whole pages: {need_size} is not a multiple of page_size {alloc.page_size}"
+        )
     return need_size
 
 
@@ -200,8 +276,10 @@ def _page_range(alloc, lo: int, hi: int) -> None:
     first, last = alloc.page_id_range()
     if lo < first or hi > last:
         u = unit(alloc)
-        raise ValueError(f"cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
-                         f"({u} 0 is padding)")
+        raise ValueError(
+            f"cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
+            f"({u} 0 is padding)"
+        )
 
 
 def free(alloc, free_index, name: str = "free_index") -> None:
@@ -217,18 +295,24 @@ def free_segment(alloc, free_index, start_pos) -> None:
     free(alloc, free_index)
     ps = alloc.page_size
     if integer("start_pos", start_pos) % ps:
-        raise ValueError(f"free_segment needs a page-aligned start: position {start_pos} is not a "
-                         f"multiple of page_size {ps}; use free() for unaligned runs")
+        raise ValueError(
+            f"free_segment needs a page-aligned start: position {start_pos} is not a "
+            f"multiple of page_size {ps}; use free() for unaligned runs"
+        )
     firsts = free_index[::ps]
     if alloc.debug_mode and (firsts % ps).any():
         bad = int(firsts[firsts % ps != 0][0])
-        raise ValueError(f"free_segment: slot {bad} should start a page but sits at offset "
-                         f"{bad % ps}: the run is not page-aligned in memory")
+        raise ValueError(
+            f"free_segment: slot {bad} should start a page but sits at offset "
+            f"{bad % ps}: the run is not page-aligned in memory"
+        )
 
 
 def free_group_begin(alloc) -> None:
     if alloc.free_group is not None:
-        raise RuntimeError("free groups do not nest: free_group_begin called inside an open group")
+        raise RuntimeError(
+            "free groups do not nest: free_group_begin called inside an open group"
+        )
 
 
 def free_group_end(alloc) -> None:
@@ -239,7 +323,11 @@ def free_group_end(alloc) -> None:
 def _batch(alloc, lens: dict, cpu: dict) -> int:
     """1-D id tensors of one batch size on the allocator's device, their host copies on the CPU; in
     debug mode each device tensor must equal its copy (the engine counts pages on the copies)."""
-    bs = len(next(iter(lens.values()))) if isinstance(next(iter(lens.values())), torch.Tensor) else None
+    bs = (
+        len(next(iter(lens.values())))
+        if isinstance(next(iter(lens.values())), torch.Tensor)
+        else None
+    )
     for name, t in lens.items():
         index_tensor(name, t, alloc.device, ndim=1)
         if len(t) != bs:
@@ -248,8 +336,12 @@ def _batch(alloc, lens: dict, cpu: dict) -> int:
         index_tensor(name, t, torch.device("cpu"), ndim=1, owner="host copy (no sync)")
         if len(t) != bs:
             raise ValueError(f"{name} must hold {bs} lengths, got {len(t)}")
-        if alloc.debug_mode and not torch.equal(dev.cpu().to(torch.int64), t.to(torch.int64)):
-            raise ValueError(f"{name} disagrees with its device tensor: {t.tolist()} vs {dev.tolist()}")
+        if alloc.debug_mode and not torch.equal(
+            dev.cpu().to(torch.int64), t.to(torch.int64)
+        ):
+            raise ValueError(
+                f"{name} disagrees with its device tensor: {t.tolist()} vs {dev.tolist()}"
+            )
     if bs == 0:
         raise ValueError("empty batch")
     return bs
@@ -263,17 +355,23 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
         return
     ps, last = alloc.page_size, last_loc.cpu().to(torch.int64)
     empty = prefix_cpu == 0
-    bad = torch.where(empty, last != -1, (last < ps) | ((last + 1) % ps != prefix_cpu % ps)).nonzero()
+    bad = torch.where(
+        empty, last != -1, (last < ps) | ((last + 1) % ps != prefix_cpu % ps)
+    ).nonzero()
     if len(bad):
         i = bad[0].item()
-        raise ValueError(f"request {i}: last_loc {last[i].item()} cannot end a prefix of {prefix_cpu[i].item()} "
-                         f"tokens with page_size {ps} (an empty prefix has last_loc -1)")
+        raise ValueError(
+            f"request {i}: last_loc {last[i].item()} cannot end a prefix of {prefix_cpu[i].item()} "
+            f"tokens with page_size {ps} (an empty prefix has last_loc -1)"
+        )
     if alloc.debug_mode and (~empty).any():
         pages, held = last[~empty] // ps, alloc._ledger()
         free = (pages >= len(held)) | ~held[pages.clamp(max=len(held) - 1)]
         if free.any():
-            raise ValueError(f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which no "
-                             "request holds: last_loc must be a slot of the request's own last page")
+            raise ValueError(
+                f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which no "
+                "request holds: last_loc must be a slot of the request's own last page"
+            )
 
 
 def held_slots(alloc, name: str, slots: torch.Tensor) -> None:
@@ -282,28 +380,51 @@ def held_slots(alloc, name: str, slots: torch.Tensor) -> None:
     pages, held = slots.cpu().to(torch.int64) // alloc.page_size, alloc._ledger()
     free = (pages < 0) | (pages >= len(held)) | ~held[pages.clamp(0, len(held) - 1)]
     if free.any():
-        raise ValueError(f"{name}: slot {int(slots.cpu()[free][0])} lies in page {int(pages[free][0])}, "
-                         "which no request holds (free, padding or past the pool)")
+        raise ValueError(
+            f"{name}: slot {int(slots.cpu()[free][0])} lies in page {int(pages[free][0])}, "
+            "which no request holds (free, padding or past the pool)"
+        )
 
 
-def alloc_extend(alloc, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens) -> None:
-    _batch(alloc, dict(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc),
-           dict(prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu))
+def alloc_extend(
+    alloc,
+    prefix_lens,
+    prefix_lens_cpu,
+    seq_lens,
+    seq_lens_cpu,
+    last_loc,
+    extend_num_tokens,
+) -> None:
+    _batch(
+        alloc,
+        dict(prefix_lens=prefix_lens, seq_lens=seq_lens, last_loc=last_loc),
+        dict(prefix_lens_cpu=prefix_lens_cpu, seq_lens_cpu=seq_lens_cpu),
+    )
     short = (seq_lens_cpu < prefix_lens_cpu).nonzero()
     if len(short):
         i = short[0].item()
-        raise ValueError(f"request {i}: seq_len {seq_lens_cpu[i].item()} is shorter than its "
-                         f"prefix {prefix_lens_cpu[i].item()}")
+        raise ValueError(
+            f"request {i}: seq_len {seq_lens_cpu[i].item()} is shorter than its "
+            f"prefix {prefix_lens_cpu[i].item()}"
+        )
     if (prefix_lens_cpu < 0).any():
         raise ValueError(f"prefix lengths must be >= 0, got {prefix_lens_cpu.tolist()}")
     total = int((seq_lens_cpu - prefix_lens_cpu).sum())
     if integer("extend_num_tokens", extend_num_tokens, 0) != total:
-        raise ValueError(f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}")
+        raise ValueError(
+            f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}"
+        )
     _last_loc(alloc, last_loc, prefix_lens_cpu)
 
 
 def alloc_decode(alloc, seq_lens, seq_lens_cpu, last_loc) -> None:
-    _batch(alloc, dict(seq_lens=seq_lens, last_loc=last_loc), dict(seq_lens_cpu=seq_lens_cpu))
+    _batch(
+        alloc,
+        dict(seq_lens=seq_lens, last_loc=last_loc),
+        dict(seq_lens_cpu=seq_lens_cpu),
+    )
     if (seq_lens_cpu < 1).any():
-        raise ValueError(f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}")
+        raise ValueError(
+            f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}"
+        )
     _last_loc(alloc, last_loc, seq_lens_cpu - 1)

@@ -3,14 +3,16 @@
 One query token per request attends over that request's tokens, which sit in scattered slots
 of a KV pool. The slots are found through one of two spellings of the same mapping:
 
-- SGLang: ``req_to_token[req_pool_indices[b], t]`` (the request table of memlab.sglang.req_to_token);
+- SGLang: ``req_to_token[req_pool_indices[b], t]`` (the request table of
+  memlab.sglang.req_to_token);
 - vLLM: ``block_table[b, t // block_size] * block_size + t % block_size``.
 
-The KV is memlab.sglang.kv_pool's flat slot layout, ``(slots, kv_heads, head_dim)`` per layer. For the
-block-table spelling the cache is given as ``(num_blocks, block_size, kv_heads, head_dim)``, the
-layout of vLLM's FlashAttention and Triton backends: it is a free view of the flat layout (slot =
-block * block_size + offset), so one pool can be read through both spellings. (vLLM's CUDA
-paged-attention kernel splits head_dim once more for vectorised loads; that is a GPU detail.)
+The KV is memlab.sglang.kv_pool's flat slot layout, ``(slots, kv_heads, head_dim)`` per
+layer. For the block-table spelling the cache is given as ``(num_blocks, block_size,
+kv_heads, head_dim)``, the layout of vLLM's FlashAttention and Triton backends: it is a
+free view of the flat layout (slot = block * block_size + offset), so one pool can be
+read through both spellings. (vLLM's CUDA paged-attention kernel splits head_dim once
+more for vectorised loads; that is a GPU detail.)
 
 Three implementations that must agree: the Triton kernel (``kernels/paged_decode_attention.py``,
 launched by the functions below), a torch reference over KV gathered into dense tensors, and a
@@ -26,9 +28,16 @@ import torch
 from memlab.common import _checks
 
 __all__ = [
-    "decode_attention_fwd", "paged_attention", "mla_decode_attention_fwd", "mla_paged_attention",
-    "slots_from_req_to_token", "slots_from_block_table", "attention_over_slots",
-    "python_slots_from_req_to_token", "python_slots_from_block_table", "python_attention_over_slots",
+    "decode_attention_fwd",
+    "paged_attention",
+    "mla_decode_attention_fwd",
+    "mla_paged_attention",
+    "slots_from_req_to_token",
+    "slots_from_block_table",
+    "attention_over_slots",
+    "python_slots_from_req_to_token",
+    "python_slots_from_block_table",
+    "python_attention_over_slots",
 ]
 
 
@@ -51,7 +60,9 @@ def slots_from_block_table(block_table, seq_lens, block_size):
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
     pos = torch.arange(max_len, device=seq_lens.device)
     mask = pos[None, :] < seq_lens[:, None]
-    blocks = block_table.long()[:, (pos // block_size).clamp(max=max(block_table.shape[1] - 1, 0))]
+    blocks = block_table.long()[
+        :, (pos // block_size).clamp(max=max(block_table.shape[1] - 1, 0))
+    ]
     slots = blocks * block_size + pos % block_size
     return torch.where(mask, slots, 0), mask
 
@@ -64,8 +75,12 @@ def attention_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale):
     """
     bs, num_heads, _ = q.shape
     group = num_heads // k_buffer.shape[1]
-    keep = mask[:, :, None, None]  # padding positions may hold anything (NaN included): drop them
-    k = torch.where(keep, k_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)  # (bs, L, H, Dk)
+    keep = mask[
+        :, :, None, None
+    ]  # padding positions may hold anything (NaN included): drop them
+    k = torch.where(keep, k_buffer[slots].float(), 0.0).repeat_interleave(
+        group, dim=2
+    )  # (bs, L, H, Dk)
     v = torch.where(keep, v_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)
     scores = torch.einsum("bhd,blhd->bhl", q.float(), k) * sm_scale
     scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
@@ -79,47 +94,73 @@ def attention_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale):
 def python_slots_from_req_to_token(req_to_token, req_pool_indices, seq_lens):
     """Per request, the list of its slots, read position by position from its table row."""
     table = req_to_token.tolist()
-    return [[table[row][t] for t in range(n)] for row, n in zip(req_pool_indices.tolist(), seq_lens.tolist())]
+    return [
+        [table[row][t] for t in range(n)]
+        for row, n in zip(req_pool_indices.tolist(), seq_lens.tolist())
+    ]
 
 
 def python_slots_from_block_table(block_table, seq_lens, block_size):
     """Per request, the list of its slots: block id * block_size + offset in the block."""
     table = block_table.tolist()
-    return [[table[b][t // block_size] * block_size + t % block_size for t in range(n)]
-            for b, n in enumerate(seq_lens.tolist())]
+    return [
+        [table[b][t // block_size] * block_size + t % block_size for t in range(n)]
+        for b, n in enumerate(seq_lens.tolist())
+    ]
 
 
 def python_attention_over_slots(q, k_buffer, v_buffer, slot_lists, sm_scale):
     """Plain-Python reference of ``attention_over_slots``; returns a float32 tensor (bs, H, Dv)."""
-    qs, ks, vs = q.float().tolist(), k_buffer.float().tolist(), v_buffer.float().tolist()
+    qs, ks, vs = (
+        q.float().tolist(),
+        k_buffer.float().tolist(),
+        v_buffer.float().tolist(),
+    )
     num_heads, group = q.shape[1], q.shape[1] // k_buffer.shape[1]
     out = []
     for b, slots in enumerate(slot_lists):
         per_head = []
         for h in range(num_heads):
             kv_h = h // group
-            scores = [sm_scale * sum(a * c for a, c in zip(qs[b][h], ks[s][kv_h])) for s in slots]
+            scores = [
+                sm_scale * sum(a * c for a, c in zip(qs[b][h], ks[s][kv_h]))
+                for s in slots
+            ]
             top = max(scores, default=0.0)
             weights = [math.exp(x - top) for x in scores]
             total = sum(weights)
-            per_head.append([sum(w * vs[s][kv_h][d] for w, s in zip(weights, slots)) / total if slots else 0.0
-                             for d in range(v_buffer.shape[2])])
+            per_head.append(
+                [
+                    sum(w * vs[s][kv_h][d] for w, s in zip(weights, slots)) / total
+                    if slots
+                    else 0.0
+                    for d in range(v_buffer.shape[2])
+                ]
+            )
         out.append(per_head)
-    return torch.tensor(out, dtype=torch.float32).reshape(q.shape[0], num_heads, v_buffer.shape[2])
+    return torch.tensor(out, dtype=torch.float32).reshape(
+        q.shape[0], num_heads, v_buffer.shape[2]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # What the kernel wrappers share (their argument checks close this module).
 # ---------------------------------------------------------------------------------------------
 def _out(o, q, d_v):
-    return torch.empty((q.shape[0], q.shape[1], d_v), dtype=q.dtype, device=q.device) if o is None else o
+    return (
+        torch.empty((q.shape[0], q.shape[1], d_v), dtype=q.dtype, device=q.device)
+        if o is None
+        else o
+    )
 
 
 def _flat_cache(cache):
     """(num_blocks, block_size, [kv_heads,] dim) -> flat (slots, kv_heads, dim) view, block_size."""
     if cache.dim() == 3:  # vLLM's MLA layout has no head axis
         cache = cache.unsqueeze(2)
-    return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3]), cache.shape[1]
+    return cache.view(
+        cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3]
+    ), cache.shape[1]
 
 
 def _scale(sm_scale, dim):
@@ -127,7 +168,9 @@ def _scale(sm_scale, dim):
 
 
 def _launch(**kw):
-    from memlab.kernels import paged_decode_attention as kernel  # lazy: memlab imports without Triton
+    from memlab.kernels import (
+        paged_decode_attention as kernel,
+    )  # lazy: memlab imports without Triton
 
     return kernel.launch(**kw)
 
@@ -135,27 +178,53 @@ def _launch(**kw):
 # ---------------------------------------------------------------------------------------------
 # The kernel, in each engine's spelling.
 # ---------------------------------------------------------------------------------------------
-def decode_attention_fwd(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-                         sm_scale=None, o=None):
+def decode_attention_fwd(
+    q,
+    k_buffer,
+    v_buffer,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    sm_scale=None,
+    o=None,
+):
     """SGLang spelling, MHA/GQA: q (bs, H, D); k_buffer/v_buffer (slots, KVH, D / Dv).
 
     Request b's token t is in slot ``req_to_token[req_pool_indices[b], t]``, t < seq_lens[b].
     ``sm_scale`` defaults to 1/sqrt(D). Returns o (bs, H, Dv), written in place when given.
     """
-    _check_decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o)
+    _check_decode_attention(
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o
+    )
     if sm_scale is not None:
         _scale_arg("sm_scale", sm_scale)
     o = _out(o, q, v_buffer.shape[-1])
-    return _launch(q=q, q_pe=q, k=k_buffer, v=v_buffer, o=o, table=req_to_token,
-                   req_pool_indices=req_pool_indices, seq_lens=seq_lens,
-                   sm_scale=_scale(sm_scale, q.shape[-1]), page_size=1, d_main=q.shape[-1], d_pe=0,
-                   d_v=v_buffer.shape[-1], use_block_table=False, v_from_k=False)
+    return _launch(
+        q=q,
+        q_pe=q,
+        k=k_buffer,
+        v=v_buffer,
+        o=o,
+        table=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+        sm_scale=_scale(sm_scale, q.shape[-1]),
+        page_size=1,
+        d_main=q.shape[-1],
+        d_pe=0,
+        d_v=v_buffer.shape[-1],
+        use_block_table=False,
+        v_from_k=False,
+    )
 
 
-def paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale=None, out=None):
+def paged_attention(
+    query, key_cache, value_cache, block_table, seq_lens, scale=None, out=None
+):
     """vLLM spelling, MHA/GQA: key/value_cache (num_blocks, block_size, KVH, D); block_table (bs, blocks).
 
-    Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t % block_size``.
+    Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t %
+    block_size``.
     """
     _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, out)
     if scale is not None:
@@ -163,40 +232,95 @@ def paged_attention(query, key_cache, value_cache, block_table, seq_lens, scale=
     k, block_size = _flat_cache(key_cache)
     v, _ = _flat_cache(value_cache)
     out = _out(out, query, v.shape[-1])
-    return _launch(q=query, q_pe=query, k=k, v=v, o=out, table=block_table, req_pool_indices=seq_lens,
-                   seq_lens=seq_lens, sm_scale=_scale(scale, query.shape[-1]), page_size=block_size,
-                   d_main=query.shape[-1], d_pe=0, d_v=v.shape[-1], use_block_table=True, v_from_k=False)
+    return _launch(
+        q=query,
+        q_pe=query,
+        k=k,
+        v=v,
+        o=out,
+        table=block_table,
+        req_pool_indices=seq_lens,
+        seq_lens=seq_lens,
+        sm_scale=_scale(scale, query.shape[-1]),
+        page_size=block_size,
+        d_main=query.shape[-1],
+        d_pe=0,
+        d_v=v.shape[-1],
+        use_block_table=True,
+        v_from_k=False,
+    )
 
 
-def mla_decode_attention_fwd(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens,
-                             sm_scale, o=None):
+def mla_decode_attention_fwd(
+    q_nope,
+    q_rope,
+    kv_buffer,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    sm_scale,
+    o=None,
+):
     """SGLang spelling, MLA (absorbed): kv_buffer (slots, 1, r + d_r), V = its first r columns.
 
     q_nope (bs, H, r) is the query already multiplied into the latent space; q_rope (bs, H, d_r).
     ``sm_scale`` is required: models scale by the original head dim (DeepSeek-V3: 1/sqrt(192)),
     not by r + d_r. Returns o (bs, H, r), the latent output (the caller applies W_UV).
     """
-    _check_mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o)
+    _check_mla_decode_attention(
+        q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o
+    )
     _scale_arg("sm_scale", sm_scale)
     r = q_nope.shape[-1]
     o = _out(o, q_nope, r)
-    return _launch(q=q_nope, q_pe=q_rope, k=kv_buffer, v=kv_buffer, o=o, table=req_to_token,
-                   req_pool_indices=req_pool_indices, seq_lens=seq_lens, sm_scale=float(sm_scale),
-                   page_size=1, d_main=r, d_pe=q_rope.shape[-1], d_v=r, use_block_table=False,
-                   v_from_k=True)
+    return _launch(
+        q=q_nope,
+        q_pe=q_rope,
+        k=kv_buffer,
+        v=kv_buffer,
+        o=o,
+        table=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+        sm_scale=float(sm_scale),
+        page_size=1,
+        d_main=r,
+        d_pe=q_rope.shape[-1],
+        d_v=r,
+        use_block_table=False,
+        v_from_k=True,
+    )
 
 
-def mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, scale, out=None):
+def mla_paged_attention(
+    q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, scale, out=None
+):
     """vLLM spelling, MLA: kv_c_and_k_pe_cache (num_blocks, block_size, r + d_r) (vLLM's layout, no
     head axis; (num_blocks, block_size, 1, r + d_r) is accepted too)."""
-    _check_mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out)
+    _check_mla_paged_attention(
+        q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out
+    )
     _scale_arg("scale", scale)
     kv, block_size = _flat_cache(kv_c_and_k_pe_cache)
     r = q_nope.shape[-1]
     out = _out(out, q_nope, r)
-    return _launch(q=q_nope, q_pe=q_rope, k=kv, v=kv, o=out, table=block_table, req_pool_indices=seq_lens,
-                   seq_lens=seq_lens, sm_scale=float(scale), page_size=block_size, d_main=r,
-                   d_pe=q_rope.shape[-1], d_v=r, use_block_table=True, v_from_k=True)
+    return _launch(
+        q=q_nope,
+        q_pe=q_rope,
+        k=kv,
+        v=kv,
+        o=out,
+        table=block_table,
+        req_pool_indices=seq_lens,
+        seq_lens=seq_lens,
+        sm_scale=float(scale),
+        page_size=block_size,
+        d_main=r,
+        d_pe=q_rope.shape[-1],
+        d_v=r,
+        use_block_table=True,
+        v_from_k=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,32 +335,53 @@ def _scale_arg(name, v) -> None:
 
 def _float(name, t, like=None) -> None:
     # float16/32: the portable kernels' dtypes; every other tensor shares q's
-    _checks.tensor(name, t, ATTN_DTYPES if like is None else (like,), like="" if like is None else " like q")
+    _checks.tensor(
+        name,
+        t,
+        ATTN_DTYPES if like is None else (like,),
+        like="" if like is None else " like q",
+    )
 
 
-_NO_ROWS = object()  # the block-table spelling has no row indices (None is a bad argument)
+_NO_ROWS = (
+    object()
+)  # the block-table spelling has no row indices (None is a bad argument)
 
 
-def _attn_batch(q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_size=1) -> None:
+def _attn_batch(
+    q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_size=1
+) -> None:
     """The batch's ids: one row and one length per query; on the CPU, every row, length and slot
     (block) the kernel will read inside its table and the cache."""
-    for name, t in ((("req_pool_indices", rows),) if rows is not _NO_ROWS else ()) + (("seq_lens", seq_lens),):
+    for name, t in ((("req_pool_indices", rows),) if rows is not _NO_ROWS else ()) + (
+        ("seq_lens", seq_lens),
+    ):
         _checks.tensor(name, t, _checks.INDEX_DTYPES, 1)
-    _checks.tensor(table_name, table, (torch.int32,), 2)  # int32, as the engines keep it
+    _checks.tensor(
+        table_name, table, (torch.int32,), 2
+    )  # int32, as the engines keep it
     rows = None if rows is _NO_ROWS else rows
     n_rows = q.shape[0] if rows is None else rows.shape[0]
     if seq_lens.shape[0] != q.shape[0] or n_rows != q.shape[0]:
-        raise ValueError(f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices {n_rows}")
+        raise ValueError(
+            f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices {n_rows}"
+        )
     # ids are read only where that costs no host-device sync: every one of them on the CPU
-    if not seq_lens.numel() or any(t.device.type != "cpu" for t in (seq_lens, table, rows) if t is not None):
+    if not seq_lens.numel() or any(
+        t.device.type != "cpu" for t in (seq_lens, table, rows) if t is not None
+    ):
         return
     _checks.values_in("seq_lens", seq_lens, 0, table.shape[1] * block_size)
     if rows is not None:
         _checks.values_in("req_pool_indices", rows, 0, table.shape[0] - 1)
     picked = table if rows is None else table[rows.long()]
     used = torch.arange(table.shape[1])[None, :] * block_size < seq_lens[:, None].long()
-    _checks.values_in(f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)", picked[used], 0,
-                      num_slots // block_size - 1)
+    _checks.values_in(
+        f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)",
+        picked[used],
+        0,
+        num_slots // block_size - 1,
+    )
 
 
 def _attn_out(o, q, d_v) -> None:
@@ -251,37 +396,81 @@ def _paged_cache(name, cache, like=None, heads_axis: bool = True) -> torch.Tenso
     if cache.dim() == 3 and not heads_axis:
         cache = cache.unsqueeze(2)
     if cache.dim() != 4:
-        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}")
+        raise ValueError(
+            f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}"
+        )
     try:
-        return cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3])
+        return cache.view(
+            cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3]
+        )
     except RuntimeError as exc:  # slot = block * block_size + offset needs it
-        raise ValueError(f"{name}'s blocks must be laid out contiguously, got strides {cache.stride()}") from exc
+        raise ValueError(
+            f"{name}'s blocks must be laid out contiguously, got strides {cache.stride()}"
+        ) from exc
 
 
 def _mha(q, k, v, k_name, v_name, full_k_shape, full_v_shape) -> None:
     """q (bs, H, D), k and v (slots, kv_heads, D / Dv), H a multiple of kv_heads (GQA)."""
     _checks.tensor("q", q, ndim=3)
-    if k.dim() != 3 or v.dim() != 3 or k.shape[-1] != q.shape[-1] or v.shape[:2] != k.shape[:2]:
-        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, {k_name} {full_k_shape}, {v_name} {full_v_shape}")
+    if (
+        k.dim() != 3
+        or v.dim() != 3
+        or k.shape[-1] != q.shape[-1]
+        or v.shape[:2] != k.shape[:2]
+    ):
+        raise ValueError(
+            f"shapes disagree: q {tuple(q.shape)}, {k_name} {full_k_shape}, {v_name} {full_v_shape}"
+        )
     if not k.shape[1] or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})")
+        raise ValueError(
+            f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})"
+        )
 
 
-def _check_decode_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
+def _check_decode_attention(
+    q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o
+) -> None:
     _float("q", q)
     _float("k_buffer", k_buffer, q.dtype)
     _float("v_buffer", v_buffer, q.dtype)
-    _mha(q, k_buffer, v_buffer, "k_buffer", "v_buffer", tuple(k_buffer.shape), tuple(v_buffer.shape))
-    _attn_batch(q, seq_lens, req_to_token, "req_to_token", k_buffer.shape[0], req_pool_indices)
+    _mha(
+        q,
+        k_buffer,
+        v_buffer,
+        "k_buffer",
+        "v_buffer",
+        tuple(k_buffer.shape),
+        tuple(v_buffer.shape),
+    )
+    _attn_batch(
+        q, seq_lens, req_to_token, "req_to_token", k_buffer.shape[0], req_pool_indices
+    )
     _attn_out(o, q, v_buffer.shape[-1])
 
 
-def _check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, out) -> None:
+def _check_paged_attention(
+    query, key_cache, value_cache, block_table, seq_lens, out
+) -> None:
     _float("query", query)
     k = _paged_cache("key_cache", key_cache, query.dtype)
     v = _paged_cache("value_cache", value_cache, query.dtype)
-    _mha(query, k, v, "key_cache", "value_cache", tuple(key_cache.shape), tuple(value_cache.shape))
-    _attn_batch(query, seq_lens, block_table, "block_table", k.shape[0], block_size=key_cache.shape[1])
+    _mha(
+        query,
+        k,
+        v,
+        "key_cache",
+        "value_cache",
+        tuple(key_cache.shape),
+        tuple(value_cache.shape),
+    )
+    _attn_batch(
+        query,
+        seq_lens,
+        block_table,
+        "block_table",
+        k.shape[0],
+        block_size=key_cache.shape[1],
+    )
     _attn_out(out, query, v.shape[-1])
 
 
@@ -292,20 +481,44 @@ def _mla(q_nope, q_rope, kv) -> None:
     _checks.tensor("q_nope", q_nope, ndim=3)  # (bs, H, kv_lora_rank)
     _checks.tensor("q_rope", q_rope, ndim=3)  # (bs, H, qk_rope_head_dim)
     if q_rope.shape[:2] != q_nope.shape[:2]:
-        raise ValueError(f"q_nope and q_rope disagree: {tuple(q_nope.shape)} vs {tuple(q_rope.shape)}")
-    latent = (*kv.shape[:1], 1, q_nope.shape[2] + q_rope.shape[2])  # (slots, 1, kv_lora_rank + qk_rope_head_dim)
+        raise ValueError(
+            f"q_nope and q_rope disagree: {tuple(q_nope.shape)} vs {tuple(q_rope.shape)}"
+        )
+    latent = (
+        *kv.shape[:1],
+        1,
+        q_nope.shape[2] + q_rope.shape[2],
+    )  # (slots, 1, kv_lora_rank + qk_rope_head_dim)
     if tuple(kv.shape) != latent:
         raise ValueError(f"the latent buffer must be {latent}, got {tuple(kv.shape)}")
 
 
-def _check_mla_decode_attention(q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o) -> None:
+def _check_mla_decode_attention(
+    q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o
+) -> None:
     _mla(q_nope, q_rope, kv_buffer)
-    _attn_batch(q_nope, seq_lens, req_to_token, "req_to_token", kv_buffer.shape[0], req_pool_indices)
+    _attn_batch(
+        q_nope,
+        seq_lens,
+        req_to_token,
+        "req_to_token",
+        kv_buffer.shape[0],
+        req_pool_indices,
+    )
     _attn_out(o, q_nope, q_nope.shape[-1])
 
 
-def _check_mla_paged_attention(q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out) -> None:
+def _check_mla_paged_attention(
+    q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out
+) -> None:
     kv = _paged_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, heads_axis=False)
     _mla(q_nope, q_rope, kv)
-    _attn_batch(q_nope, seq_lens, block_table, "block_table", kv.shape[0], block_size=kv_c_and_k_pe_cache.shape[1])
+    _attn_batch(
+        q_nope,
+        seq_lens,
+        block_table,
+        "block_table",
+        kv.shape[0],
+        block_size=kv_c_and_k_pe_cache.shape[1],
+    )
     _attn_out(out, q_nope, q_nope.shape[-1])

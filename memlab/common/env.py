@@ -29,13 +29,19 @@ def resolve_device(device):
     import torch
 
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__} {device!r}")
+        raise TypeError(
+            f"device must be a str or a torch.device, got {type(device).__name__} {device!r}"
+        )
     try:
         d = torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"device {device!r} is no torch device: {exc}") from None
-    if d.type == "cuda" and not torch.cuda.is_available():  # torch's own error would come later, mid-build
-        raise ValueError(f"device {device!r}: this machine has no CUDA device; use device='cpu'")
+    if (
+        d.type == "cuda" and not torch.cuda.is_available()
+    ):  # torch's own error would come later, mid-build
+        raise ValueError(
+            f"device {device!r}: this machine has no CUDA device; use device='cpu'"
+        )
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
@@ -48,8 +54,10 @@ def ensure_kernel_mode() -> str:
         if os.environ.get("TRITON_INTERPRET") == "1" or not has_cuda():
             if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
                 # Kernels defined before this point were built for a GPU that is not there.
-                raise RuntimeError("triton was imported before memlab could set TRITON_INTERPRET=1; "
-                                   "import memlab.kernels (or memlab.common.env.ensure_kernel_mode()) first")
+                raise RuntimeError(
+                    "triton was imported before memlab could set TRITON_INTERPRET=1; "
+                    "import memlab.kernels (or memlab.common.env.ensure_kernel_mode()) first"
+                )
             os.environ["TRITON_INTERPRET"] = "1"
             _mode = "interpreter"
         else:

@@ -15,7 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memlab.common._checks import integer
-from memlab.sglang.kv_pool import dsa_index_bytes_per_token, mha_bytes_per_token, mla_bytes_per_token
+from memlab.sglang.kv_pool import (
+    dsa_index_bytes_per_token,
+    mha_bytes_per_token,
+    mla_bytes_per_token,
+)
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -60,20 +64,34 @@ class ModelConfig:
     def __post_init__(self):
         _validate(self)
         if self.attention not in ("mha", "mla"):
-            raise ValueError(f"{self.name}: attention must be 'mha' or 'mla', got {self.attention!r}")
-        if self.attention == "mla" and (self.kv_lora_rank is None or self.qk_rope_head_dim is None):
-            raise ValueError(f"{self.name}: MLA needs kv_lora_rank and qk_rope_head_dim")
+            raise ValueError(
+                f"{self.name}: attention must be 'mha' or 'mla', got {self.attention!r}"
+            )
+        if self.attention == "mla" and (
+            self.kv_lora_rank is None or self.qk_rope_head_dim is None
+        ):
+            raise ValueError(
+                f"{self.name}: MLA needs kv_lora_rank and qk_rope_head_dim"
+            )
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_hidden_layers:
-                raise ValueError(f"{self.name}: {len(self.layer_types)} layer_types for "
-                                 f"{self.num_hidden_layers} layers")
+                raise ValueError(
+                    f"{self.name}: {len(self.layer_types)} layer_types for "
+                    f"{self.num_hidden_layers} layers"
+                )
             bad = sorted(set(self.layer_types) - set(LAYER_KINDS))
             if bad:
-                raise ValueError(f"{self.name}: unknown layer kinds {bad}; known: {LAYER_KINDS}")
+                raise ValueError(
+                    f"{self.name}: unknown layer kinds {bad}; known: {LAYER_KINDS}"
+                )
             if SLIDING in self.layer_types and self.sliding_window is None:
-                raise ValueError(f"{self.name}: sliding_attention layers need sliding_window")
+                raise ValueError(
+                    f"{self.name}: sliding_attention layers need sliding_window"
+                )
             if LINEAR in self.layer_types and self.linear_conv_kernel_dim is None:
-                raise ValueError(f"{self.name}: linear_attention layers need the linear_* fields")
+                raise ValueError(
+                    f"{self.name}: linear_attention layers need the linear_* fields"
+                )
 
     # ---- layers ---------------------------------------------------------------------------
     def layer_kind(self, layer_id: int) -> str:
@@ -82,10 +100,14 @@ class ModelConfig:
     def layer_ids(self, kind: str) -> tuple[int, ...]:
         """Model layer ids of one kind, in order."""
         if not isinstance(kind, str):
-            raise TypeError(f"kind must be a str, one of {LAYER_KINDS}, got {type(kind).__name__} {kind!r}")
+            raise TypeError(
+                f"kind must be a str, one of {LAYER_KINDS}, got {type(kind).__name__} {kind!r}"
+            )
         if kind not in LAYER_KINDS:
             raise ValueError(f"unknown layer kind {kind!r}; known: {LAYER_KINDS}")
-        return tuple(i for i in range(self.num_hidden_layers) if self.layer_kind(i) == kind)
+        return tuple(
+            i for i in range(self.num_hidden_layers) if self.layer_kind(i) == kind
+        )
 
     def kinds(self) -> tuple[str, ...]:
         """The layer kinds this model has, in LAYER_KINDS order."""
@@ -93,21 +115,40 @@ class ModelConfig:
 
     # ---- per-token KV ---------------------------------------------------------------------
     def kv_heads_per_rank(self, tp_size: int = 1) -> int:
-        # Fewer KV heads than ranks: each rank keeps a replica of one head (SGLang's get_num_kv_heads).
+        # Fewer KV heads than ranks: each rank keeps a replica of one head (SGLang's
+        # get_num_kv_heads).
         return max(1, self.num_key_value_heads // tp_size)
 
-    def kv_bytes_per_token_per_layer(self, dtype_bytes: int = 2, tp_size: int = 1) -> int:
+    def kv_bytes_per_token_per_layer(
+        self, dtype_bytes: int = 2, tp_size: int = 1
+    ) -> int:
         """KV bytes one token occupies in ONE attention layer (full or sliding) on one rank. A DSA
         model adds its indexer's key, stored in fp8 with fp32 scales whatever ``dtype_bytes`` is."""
         integer("dtype_bytes", dtype_bytes, 1)
         integer("tp_size", tp_size, 1)
         if self.attention == "mla":  # the latent is not split across ranks
-            index = 0 if self.index_head_dim is None else dsa_index_bytes_per_token(1, self.index_head_dim)
-            return mla_bytes_per_token(1, self.kv_lora_rank, self.qk_rope_head_dim, dtype_bytes) + index
-        return mha_bytes_per_token(1, self.kv_heads_per_rank(tp_size), self.head_dim, self.v_head_dim,
-                                   dtype_bytes)
+            index = (
+                0
+                if self.index_head_dim is None
+                else dsa_index_bytes_per_token(1, self.index_head_dim)
+            )
+            return (
+                mla_bytes_per_token(
+                    1, self.kv_lora_rank, self.qk_rope_head_dim, dtype_bytes
+                )
+                + index
+            )
+        return mha_bytes_per_token(
+            1,
+            self.kv_heads_per_rank(tp_size),
+            self.head_dim,
+            self.v_head_dim,
+            dtype_bytes,
+        )
 
-    def kv_bytes_per_token(self, kind: str | None = None, dtype_bytes: int = 2, tp_size: int = 1) -> int:
+    def kv_bytes_per_token(
+        self, kind: str | None = None, dtype_bytes: int = 2, tp_size: int = 1
+    ) -> int:
         """KV bytes per token summed over the layers of ``kind`` (None: every per-token kind)."""
         kinds = PER_TOKEN_KINDS if kind is None else (kind,)
         n = sum(len(self.layer_ids(k)) for k in kinds if k != LINEAR)
@@ -116,16 +157,23 @@ class ModelConfig:
     # ---- per-request linear-attention state -----------------------------------------------
     def conv_state_shape(self, tp_size: int = 1) -> tuple[int, int]:
         """Conv state of one linear layer: (channels, kernel - 1) past inputs per channel."""
-        conv_dim = (2 * self.linear_num_key_heads * self.linear_key_head_dim
-                    + self.linear_num_value_heads * self.linear_value_head_dim)  # q, k and v channels
+        conv_dim = (
+            2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+        )  # q, k and v channels
         return conv_dim // tp_size, self.linear_conv_kernel_dim - 1
 
     def temporal_state_shape(self, tp_size: int = 1) -> tuple[int, int, int]:
         """Recurrent state of one linear layer: a (d_k, d_v) matrix per value head."""
-        return (self.linear_num_value_heads // tp_size, self.linear_key_head_dim, self.linear_value_head_dim)
+        return (
+            self.linear_num_value_heads // tp_size,
+            self.linear_key_head_dim,
+            self.linear_value_head_dim,
+        )
 
-    def state_bytes_per_request(self, conv_dtype_bytes: int = 2, ssm_dtype_bytes: int = 4,
-                                tp_size: int = 1) -> int:
+    def state_bytes_per_request(
+        self, conv_dtype_bytes: int = 2, ssm_dtype_bytes: int = 4, tp_size: int = 1
+    ) -> int:
         """Conv + temporal state bytes of one request over all linear layers (0 if none)."""
         n = len(self.layer_ids(LINEAR))
         if n == 0:
@@ -141,16 +189,39 @@ class ModelConfig:
         Tensor parallelism is taken as an even split: the few replicated tensors (norms) are
         too small to matter here.
         """
-        b = self.weight_dtype_bytes if dtype_bytes is None else integer("dtype_bytes", dtype_bytes, 1)
+        b = (
+            self.weight_dtype_bytes
+            if dtype_bytes is None
+            else integer("dtype_bytes", dtype_bytes, 1)
+        )
         integer("tp_size", tp_size, 1)
         return self.num_params * b // tp_size
 
 
-_COUNTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-           "head_dim", "vocab_size", "max_position_embeddings", "num_params", "weight_dtype_bytes")
-_OPTIONAL_COUNTS = ("v_head_dim", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "sliding_window",
-                    "linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_value_heads",
-                    "linear_key_head_dim", "linear_value_head_dim")
+_COUNTS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_params",
+    "weight_dtype_bytes",
+)
+_OPTIONAL_COUNTS = (
+    "v_head_dim",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "index_head_dim",
+    "sliding_window",
+    "linear_conv_kernel_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+)
 
 
 def _validate(m: ModelConfig) -> None:
@@ -170,58 +241,89 @@ def _every_nth_full(n_layers: int, period: int, other: str) -> tuple[str, ...]:
 LLAMA_3_1_8B = ModelConfig(
     name="Llama-3.1-8B",
     source="meta-llama/Llama-3.1-8B config.json",
-    num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
-    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-    vocab_size=128256, max_position_embeddings=131072,
+    num_hidden_layers=32,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    max_position_embeddings=131072,
     num_params=8_030_261_248,  # from the config's shapes; the card says 8.03B
 )
 
 QWEN2_5_7B = ModelConfig(
     name="Qwen2.5-7B",
     source="Qwen/Qwen2.5-7B config.json",
-    num_hidden_layers=28, hidden_size=3584, intermediate_size=18944,
-    num_attention_heads=28, num_key_value_heads=4, head_dim=128,  # head_dim = 3584 / 28
-    vocab_size=152064, max_position_embeddings=131072,  # the -Instruct config says 32768
+    num_hidden_layers=28,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    head_dim=128,  # head_dim = 3584 / 28
+    vocab_size=152064,
+    max_position_embeddings=131072,  # the -Instruct config says 32768
     num_params=7_615_616_512,  # from the config's shapes (q/k/v carry biases); the card says 7.61B
 )
 
 DEEPSEEK_V3 = ModelConfig(
     name="DeepSeek-V3",
     source="deepseek-ai/DeepSeek-V3 config.json",
-    num_hidden_layers=61, hidden_size=7168, intermediate_size=18432,
-    num_attention_heads=128, num_key_value_heads=128,
-    head_dim=192, v_head_dim=128,  # qk_nope_head_dim 128 + qk_rope_head_dim 64; unused by the MLA pool
-    vocab_size=129280, max_position_embeddings=163840,
-    attention="mla", kv_lora_rank=512, qk_rope_head_dim=64,
+    num_hidden_layers=61,
+    hidden_size=7168,
+    intermediate_size=18432,
+    num_attention_heads=128,
+    num_key_value_heads=128,
+    head_dim=192,
+    v_head_dim=128,  # qk_nope_head_dim 128 + qk_rope_head_dim 64; unused by the MLA pool
+    vocab_size=129280,
+    max_position_embeddings=163840,
+    attention="mla",
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
     num_params=671_000_000_000,  # card: 671B main model (+14B MTP module, 685B on the Hub)
     weight_dtype_bytes=1,  # released as fp8 e4m3 with 128x128 block scales (scales not counted)
     notes="MoE: 256 routed experts (8 per token) + 1 shared, first 3 layers dense; "
-          "q_lora_rank 1536; num_nextn_predict_layers 1",
+    "q_lora_rank 1536; num_nextn_predict_layers 1",
 )
 
 DEEPSEEK_V3_2 = ModelConfig(
     name="DeepSeek-V3.2",
     source="deepseek-ai/DeepSeek-V3.2 config.json",
-    num_hidden_layers=61, hidden_size=7168, intermediate_size=18432,
-    num_attention_heads=128, num_key_value_heads=128,
-    head_dim=192, v_head_dim=128,  # as DeepSeek-V3: qk_nope_head_dim 128 + qk_rope_head_dim 64
-    vocab_size=129280, max_position_embeddings=163840,
-    attention="mla", kv_lora_rank=512, qk_rope_head_dim=64,
+    num_hidden_layers=61,
+    hidden_size=7168,
+    intermediate_size=18432,
+    num_attention_heads=128,
+    num_key_value_heads=128,
+    head_dim=192,
+    v_head_dim=128,  # as DeepSeek-V3: qk_nope_head_dim 128 + qk_rope_head_dim 64
+    vocab_size=129280,
+    max_position_embeddings=163840,
+    attention="mla",
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
     index_head_dim=128,  # no index_topk_freq / index_kpool: every layer keeps indexer keys
     num_params=671_000_000_000,  # card: 671B, DeepSeek-V3's shapes plus the indexer (685B with MTP)
     weight_dtype_bytes=1,  # released in fp8, as V3
     notes="DeepSeek sparse attention: a lightning indexer (index_n_heads 64, index_head_dim 128) picks "
-          "index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
+    "index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
 )
 
 GEMMA_3_27B = ModelConfig(
     name="Gemma-3-27B",
     source="google/gemma-3-27b-it config.json (text_config)",
-    num_hidden_layers=62, hidden_size=5376, intermediate_size=21504,
-    num_attention_heads=32, num_key_value_heads=16, head_dim=128,
-    vocab_size=262208, max_position_embeddings=131072, tie_word_embeddings=True,
+    num_hidden_layers=62,
+    hidden_size=5376,
+    intermediate_size=21504,
+    num_attention_heads=32,
+    num_key_value_heads=16,
+    head_dim=128,
+    vocab_size=262208,
+    max_position_embeddings=131072,
+    tie_word_embeddings=True,
     # sliding_window_pattern 6: five local layers, then one global, starting with a local one
-    layer_types=_every_nth_full(62, 6, SLIDING), sliding_window=1024,
+    layer_types=_every_nth_full(62, 6, SLIDING),
+    sliding_window=1024,
     num_params=27_009_346_304,  # text decoder from the config's shapes (report: 25.6B + 1.4B
     # embedding); the ~0.4B SigLIP vision tower of the -it checkpoint is not counted
 )
@@ -229,15 +331,33 @@ GEMMA_3_27B = ModelConfig(
 QWEN3_NEXT_80B_A3B = ModelConfig(
     name="Qwen3-Next-80B-A3B",
     source="Qwen/Qwen3-Next-80B-A3B-Instruct config.json",
-    num_hidden_layers=48, hidden_size=2048, intermediate_size=5120,
-    num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-    vocab_size=151936, max_position_embeddings=262144,
+    num_hidden_layers=48,
+    hidden_size=2048,
+    intermediate_size=5120,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    vocab_size=151936,
+    max_position_embeddings=262144,
     # full_attention_interval 4: three Gated DeltaNet layers, then one gated-attention layer
     layer_types=_every_nth_full(48, 4, LINEAR),
-    linear_conv_kernel_dim=4, linear_num_key_heads=16, linear_num_value_heads=32,
-    linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
     num_params=80_000_000_000,  # card: "80B in total and 3B activated" (exact count not verified)
     notes="MoE: 512 experts, 10 routed + 1 shared per token, expert size 512",
 )
 
-MODELS = {m.name: m for m in (LLAMA_3_1_8B, QWEN2_5_7B, DEEPSEEK_V3, DEEPSEEK_V3_2, GEMMA_3_27B, QWEN3_NEXT_80B_A3B)}
+MODELS = {
+    m.name: m
+    for m in (
+        LLAMA_3_1_8B,
+        QWEN2_5_7B,
+        DEEPSEEK_V3,
+        DEEPSEEK_V3_2,
+        GEMMA_3_27B,
+        QWEN3_NEXT_80B_A3B,
+    )
+}

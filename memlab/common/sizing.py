@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memlab.common._checks import integer, real
-from memlab.sglang.mamba import mamba_tracking_slots
 from memlab.common.models import FULL, LINEAR, SLIDING, ModelConfig
 from memlab.common.utils import ceil_align, ceil_div
+from memlab.sglang.mamba import mamba_tracking_slots
 
 GiB = 1 << 30
 
@@ -51,13 +51,17 @@ def floor_ps(n: int, page_size: int) -> int:
 class GPUConfig:
     total_bytes: int
     name: str = "gpu"
-    in_use_bytes: int = 0  # already taken before the weights load (CUDA context, other processes)
+    in_use_bytes: int = (
+        0  # already taken before the weights load (CUDA context, other processes)
+    )
 
     def __post_init__(self):
         _pos_int("total_bytes", self.total_bytes)
         _nonneg_int("in_use_bytes", self.in_use_bytes)
         if self.in_use_bytes >= self.total_bytes:
-            raise ValueError(f"in_use_bytes {self.in_use_bytes} leaves nothing of {self.total_bytes}")
+            raise ValueError(
+                f"in_use_bytes {self.in_use_bytes} leaves nothing of {self.total_bytes}"
+            )
 
     @property
     def free_before_load_bytes(self) -> int:
@@ -65,14 +69,16 @@ class GPUConfig:
         return self.total_bytes - self.in_use_bytes
 
     @classmethod
-    def gib(cls, n: float, name: str | None = None, in_use: float = 0.0) -> "GPUConfig":
+    def gib(cls, n: float, name: str | None = None, in_use: float = 0.0) -> GPUConfig:
         return cls(int(n * GiB), name or f"{n:g} GiB", int(in_use * GiB))
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleConfig:
     page_size: int = 1
-    mem_fraction_static: float = 0.88  # (weights + KV pools) / free memory before the load
+    mem_fraction_static: float = (
+        0.88  # (weights + KV pools) / free memory before the load
+    )
     kv_dtype_bytes: int = 2  # bf16/fp16 KV; 1 for fp8 KV
     weight_dtype_bytes: int | None = None  # None: the checkpoint's dtype
     context_len: int | None = None  # None: the model's max_position_embeddings
@@ -80,12 +86,21 @@ class ScheduleConfig:
     swa_full_tokens_ratio: float = 0.8  # SGLang's --swa-full-tokens-ratio default
     mamba_full_memory_ratio: float = 0.9  # SGLang's --mamba-full-memory-ratio default
     mamba_conv_dtype_bytes: int = 2  # conv state in the model dtype
-    mamba_ssm_dtype_bytes: int = 4  # temporal state in float32 (SGLang's --mamba-ssm-dtype default)
-    enable_mamba_extra_buffer: bool = False  # tracking slots for prefix caching of linear states
+    mamba_ssm_dtype_bytes: int = (
+        4  # temporal state in float32 (SGLang's --mamba-ssm-dtype default)
+    )
+    enable_mamba_extra_buffer: bool = (
+        False  # tracking slots for prefix caching of linear states
+    )
     mamba_extra_buffer_lazy: bool = False
 
     def __post_init__(self):
-        for name in ("page_size", "kv_dtype_bytes", "mamba_conv_dtype_bytes", "mamba_ssm_dtype_bytes"):
+        for name in (
+            "page_size",
+            "kv_dtype_bytes",
+            "mamba_conv_dtype_bytes",
+            "mamba_ssm_dtype_bytes",
+        ):
             _pos_int(name, getattr(self, name))
         real("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0, lo_open=True)
         for name in ("weight_dtype_bytes", "context_len"):
@@ -100,7 +115,9 @@ class SpeculativeConfig:
     algorithm: str | None = None  # None: no speculative decoding; "EAGLE", "NGRAM", ...
     num_steps: int = 1  # draft depth (speculative_num_steps)
     eagle_topk: int = 1  # branches per step; 1 is a chain, > 1 a tree
-    num_draft_tokens: int = 1  # tokens verified per step (max_speculative_num_draft_tokens)
+    num_draft_tokens: int = (
+        1  # tokens verified per step (max_speculative_num_draft_tokens)
+    )
     has_draft_kv: bool = True  # False for drafts without KV of their own (NGRAM)
 
     def __post_init__(self):
@@ -111,7 +128,9 @@ class SpeculativeConfig:
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
     tp_size: int = 1
-    dcp_size: int = 1  # decode context parallelism: each rank pages dcp_size times coarser
+    dcp_size: int = (
+        1  # decode context parallelism: each rank pages dcp_size times coarser
+    )
 
     def __post_init__(self):
         _pos_int("tp_size", self.tp_size)
@@ -127,14 +146,23 @@ class ServingConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
-        for name, cls in (("model", ModelConfig), ("gpu", GPUConfig), ("schedule", ScheduleConfig),
-                          ("spec", SpeculativeConfig), ("parallel", ParallelConfig)):
+        for name, cls in (
+            ("model", ModelConfig),
+            ("gpu", GPUConfig),
+            ("schedule", ScheduleConfig),
+            ("spec", SpeculativeConfig),
+            ("parallel", ParallelConfig),
+        ):
             if not isinstance(getattr(self, name), cls):
-                raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+                raise TypeError(
+                    f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}"
+                )
 
 
 # ---- per-step rules -----------------------------------------------------------------------
-def alloc_page_size(schedule: ScheduleConfig, parallel: ParallelConfig = ParallelConfig()) -> int:
+def alloc_page_size(
+    schedule: ScheduleConfig, parallel: ParallelConfig = ParallelConfig()
+) -> int:
     """Allocation page size: ``page_size * dcp_size``."""
     return schedule.page_size * parallel.dcp_size
 
@@ -178,18 +206,26 @@ def req_to_token_extra_len(spec: SpeculativeConfig, page_size: int) -> int:
     """Row headroom past the context length for the decode over-allocation
     (SGLang's ``get_req_to_token_extra_context_len``)."""
     extra = 4 + (spec.num_draft_tokens if spec.algorithm is not None else 0)
-    if spec.algorithm is not None and (page_size > 1 or spec.algorithm.upper() == "UNO"):
-        # the double-buffer reserve, and a page-aligned footprint may end up to page_size - 1 past it
+    if spec.algorithm is not None and (
+        page_size > 1 or spec.algorithm.upper() == "UNO"
+    ):
+        # the double-buffer reserve, and a page-aligned footprint may end up to
+        # page_size - 1 past it
         extra = max(extra, alloc_reserve_per_decode(spec, page_size) + page_size - 1)
     return extra
 
 
-def req_to_token_row_width(context_len: int, spec: SpeculativeConfig, page_size: int) -> int:
-    return _pos_int("context_len", context_len) + req_to_token_extra_len(spec, page_size)
+def req_to_token_row_width(
+    context_len: int, spec: SpeculativeConfig, page_size: int
+) -> int:
+    return _pos_int("context_len", context_len) + req_to_token_extra_len(
+        spec, page_size
+    )
 
 
-def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capacity: int,
-                              page_size: int) -> int:
+def max_new_tokens_for_memory(
+    input_tokens: int, max_new_tokens: int, token_capacity: int, page_size: int
+) -> int:
     """Clip generation to what an empty pool could hold next to the prompt.
 
     The prompt rounded up to pages, one page for the page a decode may open, and one slot more.
@@ -198,20 +234,29 @@ def max_new_tokens_for_memory(input_tokens: int, max_new_tokens: int, token_capa
     _nonneg_int("max_new_tokens", max_new_tokens)
     _nonneg_int("token_capacity", token_capacity)
     _pos_int("page_size", page_size)
-    return max(0, min(max_new_tokens, token_capacity - ceil_align(input_tokens, page_size) - page_size - 1))
+    return max(
+        0,
+        min(
+            max_new_tokens,
+            token_capacity - ceil_align(input_tokens, page_size) - page_size - 1,
+        ),
+    )
 
 
 # ---- decode capacity and retraction -------------------------------------------------------
 @dataclass(slots=True)
 class RunningReq:
     """What the capacity check and retraction need of a decoding request."""
+
     rid: object
     input_len: int
     output_len: int
     kv_allocated_len: int | None = None  # slots held; None: exactly seq_len
 
     @property
-    def seq_len(self) -> int:  # SGLang's kv_committed_len: the tokens whose KV is written
+    def seq_len(
+        self,
+    ) -> int:  # SGLang's kv_committed_len: the tokens whose KV is written
         return self.input_len + self.output_len
 
     @property
@@ -219,7 +264,9 @@ class RunningReq:
         return self.seq_len if self.kv_allocated_len is None else self.kv_allocated_len
 
 
-def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = None) -> int:
+def new_tokens_required_next_decode(
+    reqs, page_size: int, reserve: int | None = None
+) -> int:
     """Free slots the next decode step needs (SGLang's ``new_tokens_required_next_decode``).
 
     Without speculative decoding (``reserve`` None) a step takes one token per request, so only a
@@ -238,11 +285,15 @@ def new_tokens_required_next_decode(reqs, page_size: int, reserve: int | None = 
     total = 0
     for r in reqs:
         grow = max(0, r.seq_len + reserve - r.allocated)
-        total += ceil_align(r.allocated + grow, page_size) - ceil_align(r.allocated, page_size)
+        total += ceil_align(r.allocated + grow, page_size) - ceil_align(
+            r.allocated, page_size
+        )
     return total
 
 
-def check_decode_mem(reqs, available_tokens, page_size: int, reserve: int | None = None, evict=None) -> bool:
+def check_decode_mem(
+    reqs, available_tokens, page_size: int, reserve: int | None = None, evict=None
+) -> bool:
     """Whether the next decode step fits (SGLang's ``ScheduleBatch.check_decode_mem``).
 
     As SGLang's allocator (``check_decode_capacity``), the check itself evicts: ``evict(n)``, when
@@ -268,7 +319,14 @@ def retract_order(reqs) -> list[int]:
     return idx[::-1]
 
 
-def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None = None, release=None, evict=None):
+def retract_decode(
+    reqs,
+    available_tokens,
+    page_size: int,
+    reserve: int | None = None,
+    release=None,
+    evict=None,
+):
     """Retract requests until the rest fit the next decode step; always keeps one.
 
     As SGLang's ``ScheduleBatch.retract_decode``, which the scheduler calls only after
@@ -291,7 +349,9 @@ def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None =
     read = available_tokens if callable(available_tokens) else (lambda: avail)
     retracted = []
     first_iter = True
-    while first_iter or not check_decode_mem([reqs[i] for i in order], read, page_size, reserve, evict):
+    while first_iter or not check_decode_mem(
+        [reqs[i] for i in order], read, page_size, reserve, evict
+    ):
         if len(order) == 1:
             break  # always keep at least one request
         first_iter = False
@@ -308,10 +368,14 @@ def retract_decode(reqs, available_tokens, page_size: int, reserve: int | None =
 # ---- pool sizes from a budget -------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class PoolSizes:
-    usable_bytes: int  # fraction * free before load - weights (may be negative: does not fit)
+    usable_bytes: (
+        int  # fraction * free before load - weights (may be negative: does not fit)
+    )
     weight_bytes: int
     page_size: int  # allocation page size
-    full_tokens: int  # full-attention pool (every per-token layer of a non-hybrid model)
+    full_tokens: (
+        int  # full-attention pool (every per-token layer of a non-hybrid model)
+    )
     swa_tokens: int  # sliding-window pool (0 when none)
     mamba_slots: int  # linear-attention state slots (0 when none)
     bytes_by_kind: dict  # kind -> bytes the pools of that kind take
@@ -331,7 +395,9 @@ def pool_sizes(cfg: ServingConfig) -> PoolSizes:
     usable = int((free_before - weights) - free_before * (1 - s.mem_fraction_static))
     full_b = m.kv_bytes_per_token(FULL, kvb, tp)
     swa_b = m.kv_bytes_per_token(SLIDING, kvb, tp)
-    state_b = m.state_bytes_per_request(s.mamba_conv_dtype_bytes, s.mamba_ssm_dtype_bytes, tp)
+    state_b = m.state_bytes_per_request(
+        s.mamba_conv_dtype_bytes, s.mamba_ssm_dtype_bytes, tp
+    )
     full = swa = slots = 0
     if usable > 0:
         kv_budget = usable
@@ -372,17 +438,26 @@ def request_footprint(cfg: ServingConfig, seq_len: int) -> dict:
     if m.layer_ids(FULL):
         out[FULL] = ceil_align(seq_len, ps)
     if m.layer_ids(SLIDING):
-        out[SLIDING] = min(ceil_align(seq_len, ps), ceil_align(m.sliding_window, ps) + ps)
+        out[SLIDING] = min(
+            ceil_align(seq_len, ps), ceil_align(m.sliding_window, ps) + ps
+        )
     if m.layer_ids(LINEAR):
-        out[LINEAR] = 1 + mamba_tracking_slots(s.enable_mamba_extra_buffer, s.enable_overlap,
-                                               s.mamba_extra_buffer_lazy)
+        out[LINEAR] = 1 + mamba_tracking_slots(
+            s.enable_mamba_extra_buffer, s.enable_overlap, s.mamba_extra_buffer_lazy
+        )
     return out
 
 
-def max_requests_at(cfg: ServingConfig, seq_len: int, sizes: PoolSizes | None = None) -> int:
+def max_requests_at(
+    cfg: ServingConfig, seq_len: int, sizes: PoolSizes | None = None
+) -> int:
     """How many requests of ``seq_len`` tokens fit at once: the tightest ledger decides."""
     sizes = pool_sizes(cfg) if sizes is None else sizes
-    caps = {FULL: sizes.full_tokens, SLIDING: sizes.swa_tokens, LINEAR: sizes.mamba_slots}
+    caps = {
+        FULL: sizes.full_tokens,
+        SLIDING: sizes.swa_tokens,
+        LINEAR: sizes.mamba_slots,
+    }
     need = request_footprint(cfg, seq_len)
     return min(caps[k] // n for k, n in need.items())
 
@@ -403,62 +478,104 @@ class SizingReport:
 
     def format(self) -> str:
         c, z = self.config, self.sizes
-        lines = [f"{c.model.name} on {c.gpu.name}: weights {z.weight_bytes / GiB:.2f} GiB, "
-                 f"usable for KV/state {max(z.usable_bytes, 0) / GiB:.2f} GiB"]
+        lines = [
+            f"{c.model.name} on {c.gpu.name}: weights {z.weight_bytes / GiB:.2f} GiB, "
+            f"usable for KV/state {max(z.usable_bytes, 0) / GiB:.2f} GiB"
+        ]
         if not z.fits:
             lines.append("  does not fit: no memory left for the KV pools")
             return "\n".join(lines)
-        lines.append(f"  full tokens {z.full_tokens:,} ({self.pages:,} pages of {z.page_size})"
-                     + (f", SWA tokens {z.swa_tokens:,}" if z.swa_tokens else "")
-                     + (f", state slots {z.mamba_slots:,}" if z.mamba_slots else ""))
+        lines.append(
+            f"  full tokens {z.full_tokens:,} ({self.pages:,} pages of {z.page_size})"
+            + (f", SWA tokens {z.swa_tokens:,}" if z.swa_tokens else "")
+            + (f", state slots {z.mamba_slots:,}" if z.mamba_slots else "")
+        )
         total = sum(z.bytes_by_kind.values())
         for kind, b in z.bytes_by_kind.items():
-            per = (f"{self.bytes_per_token[kind]:,} B/token" if kind != LINEAR
-                   else f"{self.state_bytes_per_request:,} B/request")
-            lines.append(f"  {kind:<18} {per:>20}  {b / GiB:7.2f} GiB  {100 * b / total:5.1f}%")
-        lines.append(f"  requests of {self.seq_len:,} tokens at once: {self.requests:,}")
+            per = (
+                f"{self.bytes_per_token[kind]:,} B/token"
+                if kind != LINEAR
+                else f"{self.state_bytes_per_request:,} B/request"
+            )
+            lines.append(
+                f"  {kind:<18} {per:>20}  {b / GiB:7.2f} GiB  {100 * b / total:5.1f}%"
+            )
+        lines.append(
+            f"  requests of {self.seq_len:,} tokens at once: {self.requests:,}"
+        )
         return "\n".join(lines)
 
 
-def report(model: ModelConfig, gpu_mem, seq_len: int = 4096, schedule: ScheduleConfig = ScheduleConfig(),
-           spec: SpeculativeConfig = SpeculativeConfig(), parallel: ParallelConfig = ParallelConfig()
-           ) -> SizingReport:
+def report(
+    model: ModelConfig,
+    gpu_mem,
+    seq_len: int = 4096,
+    schedule: ScheduleConfig = ScheduleConfig(),
+    spec: SpeculativeConfig = SpeculativeConfig(),
+    parallel: ParallelConfig = ParallelConfig(),
+) -> SizingReport:
     """Tokens, pages, requests at ``seq_len``, and the byte split per layer kind.
 
     ``gpu_mem``: a GPUConfig, or a size in GiB.
     """
-    gpu = gpu_mem if isinstance(gpu_mem, GPUConfig) else GPUConfig.gib(real("gpu_mem (GiB)", gpu_mem, 0.0, 1 << 20,
-                                                                            lo_open=True))
+    gpu = (
+        gpu_mem
+        if isinstance(gpu_mem, GPUConfig)
+        else GPUConfig.gib(real("gpu_mem (GiB)", gpu_mem, 0.0, 1 << 20, lo_open=True))
+    )
     cfg = ServingConfig(model, gpu, schedule, spec, parallel)
     sizes = pool_sizes(cfg)
     kvb, tp = schedule.kv_dtype_bytes, parallel.tp_size
-    per_tok = {k: model.kv_bytes_per_token(k, kvb, tp) for k in (FULL, SLIDING) if model.layer_ids(k)}
-    state = model.state_bytes_per_request(schedule.mamba_conv_dtype_bytes, schedule.mamba_ssm_dtype_bytes, tp)
+    per_tok = {
+        k: model.kv_bytes_per_token(k, kvb, tp)
+        for k in (FULL, SLIDING)
+        if model.layer_ids(k)
+    }
+    state = model.state_bytes_per_request(
+        schedule.mamba_conv_dtype_bytes, schedule.mamba_ssm_dtype_bytes, tp
+    )
     reqs = max_requests_at(cfg, seq_len, sizes) if sizes.fits else 0
     ctx = schedule.context_len or model.max_position_embeddings
     width = req_to_token_row_width(ctx, spec, alloc_page_size(schedule, parallel))
     return SizingReport(cfg, sizes, seq_len, reqs, per_tok, state, width)
 
 
-def estimate_swa_kv_tokens(extend_input_len: int, max_new_tokens: int, *, sliding_window_size: int | None,
-                           page_size: int, allocation_limit: int | None = None) -> int:
+def estimate_swa_kv_tokens(
+    extend_input_len: int,
+    max_new_tokens: int,
+    *,
+    sliding_window_size: int | None,
+    page_size: int,
+    allocation_limit: int | None = None,
+) -> int:
     """The most SWA slots one request holds at once (SGLang's ``prefill_budget.estimate_swa_kv_tokens``,
     without the host tier): with no window, all its tokens and a page; with one, the part of the
     first chunk beyond the window plus at most a window of its tokens, and a page."""
     if sliding_window_size is None or sliding_window_size <= 0:
         return extend_input_len + max_new_tokens + page_size
-    allocated = extend_input_len if allocation_limit is None else min(extend_input_len, allocation_limit)
+    allocated = (
+        extend_input_len
+        if allocation_limit is None
+        else min(extend_input_len, allocation_limit)
+    )
     tail = max(allocated - sliding_window_size, 0)
-    return tail + min(extend_input_len + max_new_tokens, sliding_window_size) + page_size
+    return (
+        tail + min(extend_input_len + max_new_tokens, sliding_window_size) + page_size
+    )
 
 
 # -- argument checks --------------------------------------------------------------------------
+
 
 def _running_reqs(reqs) -> list:
     if isinstance(reqs, (str, bytes)) or not hasattr(reqs, "__iter__"):
         raise TypeError(f"reqs must be a list of RunningReq, got {type(reqs).__name__}")
     reqs = list(reqs)
     for r in reqs:
-        if not all(hasattr(r, a) for a in ("input_len", "output_len", "seq_len", "allocated")):
-            raise TypeError(f"reqs must hold RunningReq (input_len, output_len, kv_allocated_len), got {r!r}")
+        if not all(
+            hasattr(r, a) for a in ("input_len", "output_len", "seq_len", "allocated")
+        ):
+            raise TypeError(
+                f"reqs must hold RunningReq (input_len, output_len, kv_allocated_len), got {r!r}"
+            )
     return reqs

@@ -24,8 +24,10 @@ def run_canary() -> None:
     got = canary.axpb(x, a=3, b=2).cpu().tolist()
     want = [3 * v + 2 for v in range(1, 11)]
     if got != want:
-        raise RuntimeError(f"Triton canary returned {got}, expected {want}: this Triton "
-                           f"({_version('triton')}) / NumPy ({_version('numpy')}) pairing is broken")
+        raise RuntimeError(
+            f"Triton canary returned {got}, expected {want}: this Triton "
+            f"({_version('triton')}) / NumPy ({_version('numpy')}) pairing is broken"
+        )
 
 
 def _version(name: str) -> str:
@@ -41,12 +43,18 @@ def report() -> list[tuple[str, str]]:
     except RuntimeError:
         pass
     rows = [("python", sys.version.split()[0]), ("platform", platform.platform())]
-    rows += [(n, _version(n)) for n in ("torch", "triton", "numpy", "ipywidgets", "matplotlib")]
+    rows += [
+        (n, _version(n))
+        for n in ("torch", "triton", "numpy", "ipywidgets", "matplotlib")
+    ]
     if env.has_cuda():
         import torch
 
         cap = torch.cuda.get_device_capability()
-        rows += [("device", torch.cuda.get_device_name()), ("compute capability", f"{cap[0]}.{cap[1]}")]
+        rows += [
+            ("device", torch.cuda.get_device_name()),
+            ("compute capability", f"{cap[0]}.{cap[1]}"),
+        ]
     else:
         rows += [("device", "cpu (no CUDA device)"), ("compute capability", "-")]
     mode = "unavailable"
@@ -64,4 +72,6 @@ def doctor() -> int:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:>{width}}  {v}")
-    return 0 if rows[-1][1].startswith("OK") or not sys.platform.startswith("linux") else 1
+    return (
+        0 if rows[-1][1].startswith("OK") or not sys.platform.startswith("linux") else 1
+    )

@@ -21,9 +21,17 @@ import traceback
 import zipfile
 from pathlib import Path
 
-from memlab.course.grading.loader import ENV as EXERCISES_ENV, ROOT  # where the grader looks for a learner's files
+from memlab.course.grading.loader import (
+    ENV as EXERCISES_ENV,
+)  # where the grader looks for a learner's files
+from memlab.course.grading.loader import (
+    ROOT,
+)
+
 DRIVE_MOUNT = "/content/drive"  # where Colab mounts Google Drive (MEMLAB_DRIVE_MOUNT overrides it)
-DRIVE_FOLDER = "MyDrive/memlab/exercises"  # one folder for every chapter and every course version
+DRIVE_FOLDER = (
+    "MyDrive/memlab/exercises"  # one folder for every chapter and every course version
+)
 
 
 def fast() -> bool:
@@ -37,9 +45,12 @@ def in_colab() -> bool:
 
 # -- the version of a clone -------------------------------------------------------------------
 
+
 def _git(root: Path, *args: str) -> str | None:
     try:
-        r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return r.stdout.strip() if r.returncode == 0 else None
@@ -53,17 +64,25 @@ def check_clone(root: Path, ref: str) -> None:
 
     if root.name != clone_folder(ref) or not (root / ".git").exists():
         return
-    head, want = _git(root, "rev-parse", "HEAD"), _git(root, "rev-parse", f"{ref}^{{commit}}")
+    head, want = (
+        _git(root, "rev-parse", "HEAD"),
+        _git(root, "rev-parse", f"{ref}^{{commit}}"),
+    )
     if head is None or want is None:
-        raise RuntimeError(f"{root} is not a complete clone of version {ref} (git cannot read it): rename or "
-                           "delete that folder (copy your exercise files out first) and re-run this cell")
+        raise RuntimeError(
+            f"{root} is not a complete clone of version {ref} (git cannot read it): rename or "
+            "delete that folder (copy your exercise files out first) and re-run this cell"
+        )
     if head != want:
-        raise RuntimeError(f"{root} is no longer at version {ref} (it is at {head[:10]}: a git checkout or pull "
-                           f"moved it), so the course code does not match this notebook. Rename that folder (your "
-                           "exercise files stay in it) and re-run this cell for a fresh clone of this version")
+        raise RuntimeError(
+            f"{root} is no longer at version {ref} (it is at {head[:10]}: a git checkout or pull "
+            f"moved it), so the course code does not match this notebook. Rename that folder (your "
+            "exercise files stay in it) and re-run this cell for a fresh clone of this version"
+        )
 
 
 # -- where the learner's files live ---------------------------------------------------------
+
 
 def _show(path: Path) -> str:
     try:
@@ -98,20 +117,31 @@ def _where_work_lives(drive: bool) -> list[str]:
     """Say where the exercise files are, and in Colab whether they outlive the runtime."""
     note = " (DRIVE = True only applies in Colab)" if drive and not in_colab() else ""
     if os.environ.get(EXERCISES_ENV) and not (drive and in_colab()):
-        return [f"your exercise files: {os.environ[EXERCISES_ENV]} (MEMLAB_EXERCISES){note}"]
+        return [
+            f"your exercise files: {os.environ[EXERCISES_ENV]} (MEMLAB_EXERCISES){note}"
+        ]
     if not in_colab():
         return [f"your exercise files: {_show(ROOT / 'exercises')}/{note}"]
     if drive:
         folder, copied = use_drive()
-        # The runtime's files are copied, so work done before DRIVE = True moves along with the stubs.
-        news = f"{len(copied)} files copied there now from {ROOT.name}/exercises/" if copied else "nothing copied"
-        return [f"your exercise files: {folder} on Google Drive ({news}; files already there are never "
-                "overwritten). Edit them there: every chapter with DRIVE ticked (DRIVE = True) uses them."]
-    return [f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when Colab "
-            "recycles it.",
-            "  Keep them: tick DRIVE in the first cell (DRIVE = True) and re-run it (a folder on your Google "
-            "Drive), or download them now and then: from memlab.course.notebook import download_exercises; "
-            "download_exercises()"]
+        # The runtime's files are copied, so work done before DRIVE = True moves along
+        # with the stubs.
+        news = (
+            f"{len(copied)} files copied there now from {ROOT.name}/exercises/"
+            if copied
+            else "nothing copied"
+        )
+        return [
+            f"your exercise files: {folder} on Google Drive ({news}; files already there are never "
+            "overwritten). Edit them there: every chapter with DRIVE ticked (DRIVE = True) uses them."
+        ]
+    return [
+        f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when Colab "
+        "recycles it.",
+        "  Keep them: tick DRIVE in the first cell (DRIVE = True) and re-run it (a folder on your Google "
+        "Drive), or download them now and then: from memlab.course.notebook import download_exercises; "
+        "download_exercises()",
+    ]
 
 
 def download_exercises(to: str | os.PathLike | None = None) -> Path:
@@ -127,11 +157,14 @@ def download_exercises(to: str | os.PathLike | None = None) -> Path:
         from google.colab import files
 
         files.download(str(out))
-    print(f"wrote {out} ({len(zipfile.ZipFile(out).namelist())} exercise files from {src})")
+    print(
+        f"wrote {out} ({len(zipfile.ZipFile(out).namelist())} exercise files from {src})"
+    )
     return out
 
 
 # -- the first cell's second half -----------------------------------------------------------
+
 
 def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     """Check the clone's version, fix the kernel mode before anything imports Triton, say where
@@ -139,7 +172,10 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     from memlab.common.env import ensure_kernel_mode, has_cuda
 
     here = Path.cwd().resolve()
-    if ref is not None and ROOT not in (here, *here.parents):  # a clone beside the notebook (Colab)
+    if ref is not None and ROOT not in (
+        here,
+        *here.parents,
+    ):  # a clone beside the notebook (Colab)
         check_clone(ROOT, ref)
     # Shell cells (!python -m memlab.grade 04) start a new process: let it find memlab too.
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -160,13 +196,19 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     else:
         where = mode
     flags = " · fast mode (small sizes)" if fast() else ""
-    print(f"memlab chapter {chapter} · repository {ROOT.name}/ · kernels run {where}{flags}")
+    print(
+        f"memlab chapter {chapter} · repository {ROOT.name}/ · kernels run {where}{flags}"
+    )
     if not has_cuda() and in_colab():
-        print("Colab without a GPU: Runtime > Change runtime type > T4 GPU runs the kernels compiled.")
+        print(
+            "Colab without a GPU: Runtime > Change runtime type > T4 GPU runs the kernels compiled."
+        )
     if in_colab():  # the chapters' links to chapters/glossary.md are relative: JupyterLab's and GitHub's
         from memlab.course.home import github_url
 
-        print(f"the glossary (every word of the books): {github_url('chapters/glossary.md')}")
+        print(
+            f"the glossary (every word of the books): {github_url('chapters/glossary.md')}"
+        )
     for line in _where_work_lives(drive):
         print(line)
     return fast()
@@ -174,7 +216,8 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
 
 # -- exercise cells ---------------------------------------------------------------------------
 
-def hint(name: str, all: bool = False) -> None:  # noqa: A002 (the cells read hint(..., all=True))
+
+def hint(name: str, all: bool = False) -> None:
     """Print the next hint for an exercise (``all=True``: every hint), as ``./course hint`` does."""
     from memlab.course.grading import hints
 
@@ -197,12 +240,14 @@ class _Yours:
             from memlab.course.grading import loader
 
             path = (loader.source_dir() / f"{self._name}.py").resolve()
-            loader._cache.pop(path, None)  # loaded once per process; a notebook wants the latest edit
+            loader._cache.pop(
+                path, None
+            )  # loaded once per process; a notebook wants the latest edit
             self._module = loader.load_here(self._name)
         return getattr(self._module, attr)
 
 
-class exercise:  # noqa: N801 (a context manager that reads like a function in the cells)
+class exercise:
     """``with exercise("ch04_alloc_extend") as ex:`` runs the cell's check of your file (freshly
     loaded from exercises/, or the folder MEMLAB_EXERCISES names). A stub that is not written yet
     prints one line; any other error prints its traceback; either way the notebook goes on."""
@@ -211,7 +256,9 @@ class exercise:  # noqa: N801 (a context manager that reads like a function in t
         from memlab.course.grading import catalog
 
         try:
-            self.name = catalog.find(name).file  # ch04_alloc_extend, or its id ch04.alloc_extend
+            self.name = catalog.find(
+                name
+            ).file  # ch04_alloc_extend, or its id ch04.alloc_extend
         except ValueError:  # a file of your own beside the course's: its name as given
             self.name = name
 
@@ -252,14 +299,23 @@ class exercise:  # noqa: N801 (a context manager that reads like a function in t
         while tb.tb_next is not None:
             tb = tb.tb_next
         code, line = tb.tb_frame.f_code, tb.tb_lineno
-        linecache.checkcache(code.co_filename)  # a file edited since (IPython's cells have names of their own)
+        linecache.checkcache(
+            code.co_filename
+        )  # a file edited since (IPython's cells have names of their own)
         source = "".join(linecache.getlines(code.co_filename, tb.tb_frame.f_globals))
         try:
             tree = ast.parse(source)
         except SyntaxError:  # a cell with IPython's own syntax: the line alone
             return linecache.getline(code.co_filename, line).strip()
-        found = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= n.end_lineno
-                 and not isinstance(n, (ast.With, ast.For, ast.While, ast.If, ast.Try, ast.FunctionDef))]
+        found = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.stmt)
+            and n.lineno <= line <= n.end_lineno
+            and not isinstance(
+                n, (ast.With, ast.For, ast.While, ast.If, ast.Try, ast.FunctionDef)
+            )
+        ]
         if not found:
             return linecache.getline(code.co_filename, line).strip()
         node = max(found, key=lambda n: n.lineno)  # the innermost statement
@@ -275,12 +331,18 @@ class exercise:  # noqa: N801 (a context manager that reads like a function in t
             # Your code ran and returned; the chapter's own check of its result failed.
             check = self._check_text(tb)
             said = str(exc).strip()
-            print(f"{self.name}: your code ran without an error, but the chapter's check failed: {check}"
-                  + (f"\n  it expected: {said}" if said else "")
-                  + f"\n  fix {self._file()} (then re-run this cell); the notebook goes on. "
-                  f'Stuck? hint("{self.name}") (from memlab.course.notebook import hint)', flush=True)
+            print(
+                f"{self.name}: your code ran without an error, but the chapter's check failed: {check}"
+                + (f"\n  it expected: {said}" if said else "")
+                + f"\n  fix {self._file()} (then re-run this cell); the notebook goes on. "
+                f'Stuck? hint("{self.name}") (from memlab.course.notebook import hint)',
+                flush=True,
+            )
             return True
-        print(f"{self.name}: your code raised {exc_type.__name__}: {exc}\n"
-              f"  fix {self._file()} (then re-run this cell); the notebook goes on. Traceback:", flush=True)
+        print(
+            f"{self.name}: your code raised {exc_type.__name__}: {exc}\n"
+            f"  fix {self._file()} (then re-run this cell); the notebook goes on. Traceback:",
+            flush=True,
+        )
         traceback.print_exception(exc_type, exc, tb, limit=-4, file=sys.stdout)
         return True

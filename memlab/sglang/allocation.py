@@ -22,7 +22,7 @@ request table's generations.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -38,9 +38,15 @@ def _lens(xs, device) -> tuple[torch.Tensor, torch.Tensor]:
     return cpu.to(device), cpu
 
 
-def get_last_loc(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+def get_last_loc(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+) -> torch.Tensor:
     """Each request's last slot (the one before its new tokens), -1 for an empty prefix."""
-    last = req_to_token[req_pool_indices, (prefix_lens - 1).clamp(min=0)].to(torch.int64)
+    last = req_to_token[req_pool_indices, (prefix_lens - 1).clamp(min=0)].to(
+        torch.int64
+    )
     return torch.where(prefix_lens > 0, last, -1)
 
 
@@ -49,11 +55,17 @@ def evict_from_tree_cache(tree_cache, num_tokens: int) -> None:
     goes (SGLang's ``evict_from_tree_cache``, through the allocator's ``evict_to_free_tokens``)."""
     if tree_cache is not None and tree_cache.supports_prefix_sharing():
         # the allocator knows what it is short of (one pool, or each side of a composite)
-        tree_cache.token_to_kv_pool_allocator.evict_to_free_tokens(tree_cache, num_tokens)
+        tree_cache.token_to_kv_pool_allocator.evict_to_free_tokens(
+            tree_cache, num_tokens
+        )
 
 
-def alloc_paged_token_slots_extend(allocator, prefix_lens: Sequence[int], seq_lens: Sequence[int],
-                                   last_loc: Sequence[int] | torch.Tensor) -> torch.Tensor | None:
+def alloc_paged_token_slots_extend(
+    allocator,
+    prefix_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    last_loc: Sequence[int] | torch.Tensor,
+) -> torch.Tensor | None:
     """Slots for tokens ``prefix_lens[i]..seq_lens[i]`` of each request (``last_loc``: the slot of
     its last prefix token, -1 for none), or None when the pool is short. (SGLang evicts from the
     tree cache here; memlab's ``alloc_for_extend`` has already done so, before its capacity check.)"""
@@ -61,18 +73,26 @@ def alloc_paged_token_slots_extend(allocator, prefix_lens: Sequence[int], seq_le
     prefix, prefix_cpu = _lens(prefix_lens, dev)
     seq, seq_cpu = _lens(seq_lens, dev)
     last = torch.as_tensor(last_loc, dtype=torch.int64, device=dev)
-    return allocator.alloc_extend(prefix, prefix_cpu, seq, seq_cpu, last, int((seq_cpu - prefix_cpu).sum()))
+    return allocator.alloc_extend(
+        prefix, prefix_cpu, seq, seq_cpu, last, int((seq_cpu - prefix_cpu).sum())
+    )
 
 
-def alloc_paged_token_slots_decode(allocator, seq_lens: Sequence[int], last_loc: Sequence[int] | torch.Tensor,
-                                   tree_cache=None) -> torch.Tensor | None:
+def alloc_paged_token_slots_decode(
+    allocator,
+    seq_lens: Sequence[int],
+    last_loc: Sequence[int] | torch.Tensor,
+    tree_cache=None,
+) -> torch.Tensor | None:
     """One slot per request for its new token (``seq_lens`` count it), or None when short."""
     dev = allocator.device
     seq, seq_cpu = _lens(seq_lens, dev)
     if tree_cache is not None and tree_cache.evictable_size():
         ps = allocator.page_size
         evict_from_tree_cache(tree_cache, num_new_pages_decode(seq_cpu, ps) * ps)
-    return allocator.alloc_decode(seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64, device=dev))
+    return allocator.alloc_decode(
+        seq, seq_cpu, torch.as_tensor(last_loc, dtype=torch.int64, device=dev)
+    )
 
 
 def extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor):
@@ -80,21 +100,37 @@ def extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor):
     batch), each request's first token in the batch, and each token's position in its request."""
     tok_req = torch.repeat_interleave(torch.arange(len(extend_lens)), extend_lens)
     starts = torch.cumsum(extend_lens, 0) - extend_lens
-    return tok_req, starts, torch.arange(len(tok_req)) - starts[tok_req] + prefix_lens[tok_req]
+    return (
+        tok_req,
+        starts,
+        torch.arange(len(tok_req)) - starts[tok_req] + prefix_lens[tok_req],
+    )
 
 
-def write_cache_indices(req_to_token_pool, rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
-                        out_cache_loc: torch.Tensor) -> None:
+def write_cache_indices(
+    req_to_token_pool,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> None:
     """Row ``rows[i]`` gets its new slots at positions ``prefix_lens[i]..``: one scatter for the
     whole batch (``rows``, ``prefix_lens``, ``extend_lens``: host tensors)."""
     dev = req_to_token_pool.device
     tok_req, _, pos = extend_positions(prefix_lens, extend_lens)
-    req_to_token_pool.write((rows[tok_req].to(dev), pos.to(dev)), out_cache_loc.to(dev, torch.int32))
+    req_to_token_pool.write(
+        (rows[tok_req].to(dev), pos.to(dev)), out_cache_loc.to(dev, torch.int32)
+    )
 
 
-def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_lens: Sequence[int],
-                     prefix_indices: Sequence[torch.Tensor | None] | None = None,
-                     tree_cache=None) -> torch.Tensor | None:
+def alloc_for_extend(
+    req_to_token_pool,
+    allocator,
+    reqs: Sequence[Req],
+    extend_lens: Sequence[int],
+    prefix_indices: Sequence[torch.Tensor | None] | None = None,
+    tree_cache=None,
+) -> torch.Tensor | None:
     """A prefill batch: each request's next ``extend_lens[i]`` tokens get slots, written into its row.
 
     A request that holds a row (a chunked prefill continuing) extends from its
@@ -106,11 +142,20 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     """
     _check_extend(reqs, extend_lens, prefix_indices)
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
-    if tree_cache is not None:  # a continuing chunk's window has moved on since its last chunk
-        maybe_evict_swa(tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=False)
+    if (
+        tree_cache is not None
+    ):  # a continuing chunk's window has moved on since its last chunk
+        maybe_evict_swa(
+            tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=False
+        )
     fresh = [not r.kv.holds_kv for r in reqs]
-    prefix_lens = torch.tensor([len(p) if new and p is not None else (0 if new else r.kv.kv_allocated_len)
-                                for r, p, new in zip(reqs, prefix_indices, fresh)], dtype=torch.int64)
+    prefix_lens = torch.tensor(
+        [
+            len(p) if new and p is not None else (0 if new else r.kv.kv_allocated_len)
+            for r, p, new in zip(reqs, prefix_indices, fresh)
+        ],
+        dtype=torch.int64,
+    )
     extend = torch.as_tensor(extend_lens, dtype=torch.int64)
     seq_lens = prefix_lens + extend
     ps = allocator.page_size
@@ -124,9 +169,13 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     rows = torch.tensor([r.kv.req_pool_idx for r in reqs])
     for r, p, new in zip(reqs, prefix_indices, fresh):
         if new and p is not None and len(p):
-            req_to_token_pool.write((r.kv.req_pool_idx, slice(0, len(p))), p.to(torch.int32))
+            req_to_token_pool.write(
+                (r.kv.req_pool_idx, slice(0, len(p))), p.to(torch.int32)
+            )
     dev = req_to_token_pool.device
-    last = get_last_loc(req_to_token_pool.req_to_token, rows.to(dev), prefix_lens.to(dev))
+    last = get_last_loc(
+        req_to_token_pool.req_to_token, rows.to(dev), prefix_lens.to(dev)
+    )
     out = alloc_paged_token_slots_extend(allocator, prefix_lens, seq_lens, last)
     assert out is not None, "alloc_extend refused after the pool was checked"
     write_cache_indices(req_to_token_pool, rows, prefix_lens, extend, out)
@@ -135,29 +184,39 @@ def alloc_for_extend(req_to_token_pool, allocator, reqs: Sequence[Req], extend_l
     return out
 
 
-def alloc_for_decode(req_to_token_pool, allocator, reqs: Sequence[Req], tree_cache=None) -> torch.Tensor | None:
+def alloc_for_decode(
+    req_to_token_pool, allocator, reqs: Sequence[Req], tree_cache=None
+) -> torch.Tensor | None:
     """A decode step: one new slot per request, written into its row; None when the pool is short
     even after evicting from ``tree_cache`` (nothing taken). The new token's position is each
     request's ``kv_allocated_len``: what its window no longer reads goes back first."""
     _check_decode(reqs)
     if tree_cache is not None:
-        maybe_evict_swa(tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True)
+        maybe_evict_swa(
+            tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True
+        )
     dev = req_to_token_pool.device
     rows = torch.tensor([r.kv.req_pool_idx for r in reqs], device=dev)
     seq = torch.tensor([r.kv.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
-    pos = (seq - 1).to(dev)  # the new token's position; a decoding request holds KV before it
+    pos = (seq - 1).to(
+        dev
+    )  # the new token's position; a decoding request holds KV before it
     last = req_to_token_pool.req_to_token[rows, pos - 1].to(torch.int64)
     out = alloc_paged_token_slots_decode(allocator, seq, last, tree_cache)
     if out is None:
         return None
     req_to_token_pool.write((rows, pos), out.to(torch.int32))
-    for r in reqs:  # one token per request without speculative decoding: written this step
+    for (
+        r
+    ) in reqs:  # one token per request without speculative decoding: written this step
         r.kv.kv_allocated_len += 1
         r.kv.kv_committed_len += 1
     return out
 
 
-def maybe_evict_swa(tree_cache, reqs: Sequence[Req], pre_lens: Sequence[int], *, decode: bool) -> None:
+def maybe_evict_swa(
+    tree_cache, reqs: Sequence[Req], pre_lens: Sequence[int], *, decode: bool
+) -> None:
     """Before a batch's allocation, free the SWA slots each request's window left behind (SGLang's
     ``ScheduleBatch.maybe_evict_swa``, then ``free_swa_out_of_window_slots`` per request):
     ``pre_lens[i]`` is the first position the batch computes for ``reqs[i]``, whose query reads
@@ -165,7 +224,9 @@ def maybe_evict_swa(tree_cache, reqs: Sequence[Req], pre_lens: Sequence[int], *,
     batch only where nothing is shared (a new request holds no slots yet and is skipped). The
     frees go in one group. SGLang's overlap scheduler skips a request's first decode step (its
     prefill may still be running); memlab runs one batch at a time and has no such step."""
-    if not tree_cache.supports_swa() or (not decode and tree_cache.supports_prefix_sharing()):
+    if not tree_cache.supports_swa() or (
+        not decode and tree_cache.supports_prefix_sharing()
+    ):
         return
     allocator = tree_cache.token_to_kv_pool_allocator
     req_to_token = tree_cache.req_to_token_pool.req_to_token
@@ -174,12 +235,19 @@ def maybe_evict_swa(tree_cache, reqs: Sequence[Req], pre_lens: Sequence[int], *,
         kv = req.kv
         if kv.holds_kv:
             kv.swa_evicted_seqlen = allocator.release_out_of_window(
-                req_to_token, kv.req_pool_idx, pre_len, kv.swa_evicted_seqlen, tree_cache.sliding_window_size,
-                kv.cache_protected_len, tree_cache.supports_prefix_sharing())
+                req_to_token,
+                kv.req_pool_idx,
+                pre_len,
+                kv.swa_evicted_seqlen,
+                tree_cache.sliding_window_size,
+                kv.cache_protected_len,
+                tree_cache.supports_prefix_sharing(),
+            )
     allocator.free_group_end()
 
 
 # -- the request and the prefix cache (sglang/srt/mem_cache/common.py) -------------------------
+
 
 def coalesce_ranges(ranges):
     """Merge adjacent half-open ranges, so a page a seam falls inside is freed once."""
@@ -192,7 +260,9 @@ def coalesce_ranges(ranges):
     return merged
 
 
-def free_kv_row_segments(allocator, segments, *, swa_evicted_seqlen: int = 0, swa_dead_lo: int = 0) -> None:
+def free_kv_row_segments(
+    allocator, segments, *, swa_evicted_seqlen: int = 0, swa_dead_lo: int = 0
+) -> None:
     """Free ascending, page-disjoint ``(slots, start_pos)`` pieces of one request's row, each as a
     segment: a whole page per page touched, no dedup (SGLang's ``free_kv_row_segments``).
 
@@ -203,33 +273,45 @@ def free_kv_row_segments(allocator, segments, *, swa_evicted_seqlen: int = 0, sw
     dead, alive = [], []
     for slots, start_pos in segments:
         end_pos = start_pos + slots.numel()
-        lo, hi = min(max(dead_lo, start_pos), end_pos), min(max(dead_hi, start_pos), end_pos)
+        lo, hi = (
+            min(max(dead_lo, start_pos), end_pos),
+            min(max(dead_hi, start_pos), end_pos),
+        )
         if hi <= lo:
             alive.append((slots, start_pos))
             continue
-        dead.append((slots[lo - start_pos: hi - start_pos], lo))
+        dead.append((slots[lo - start_pos : hi - start_pos], lo))
         if lo > start_pos:
             alive.append((slots[: lo - start_pos], start_pos))
         if end_pos > hi:
-            alive.append((slots[hi - start_pos:], hi))
-    if dead and alive:  # two separate frees: a page split between them would be freed twice
-        assert swa_evicted_seqlen % allocator.page_size == 0, \
+            alive.append((slots[hi - start_pos :], hi))
+    if (
+        dead and alive
+    ):  # two separate frees: a page split between them would be freed twice
+        assert swa_evicted_seqlen % allocator.page_size == 0, (
             f"SWA eviction cursor {swa_evicted_seqlen} splits a page (page_size {allocator.page_size})"
+        )
     if dead:
         allocator.free_full_segments(dead)
     if alive:
         allocator.free_segments(alive)
 
 
-def free_kv_row(req_to_token_pool, allocator, kv: ReqKvInfo, ranges, swa_evicted_seqlen: int = 0) -> None:
+def free_kv_row(
+    req_to_token_pool, allocator, kv: ReqKvInfo, ranges, swa_evicted_seqlen: int = 0
+) -> None:
     """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row
     (SGLang's ``BasePrefixCache.free_kv_row``; a tree calls it with its own pool and allocator).
     ``swa_evicted_seqlen``: how far a sliding window already released (memlab keeps that cursor
     beside the request, SGLang in ``kv``)."""
     row = req_to_token_pool.req_to_token[kv.req_pool_idx]
     dev = allocator.device
-    free_kv_row_segments(allocator, [(row[s:e].to(dev), s) for s, e in coalesce_ranges(ranges) if e > s],
-                         swa_evicted_seqlen=swa_evicted_seqlen, swa_dead_lo=kv.cache_protected_len)
+    free_kv_row_segments(
+        allocator,
+        [(row[s:e].to(dev), s) for s, e in coalesce_ranges(ranges) if e > s],
+        swa_evicted_seqlen=swa_evicted_seqlen,
+        swa_dead_lo=kv.cache_protected_len,
+    )
 
 
 def checkpoint_kv_cache(req: Req, tree_cache) -> None:
@@ -254,24 +336,38 @@ def release_kv_cache(req: Req, tree_cache, *, checkpoint: bool) -> None:
     owned_kv_len = kv.kv_committed_len
     if checkpoint:
         tree_cache.checkpoint(req, up_to=owned_kv_len)
-    tree_cache.free_kv_row(kv, [(kv.cache_protected_len, owned_kv_len)])  # the protected prefix is the tree's
+    tree_cache.free_kv_row(
+        kv, [(kv.cache_protected_len, owned_kv_len)]
+    )  # the protected prefix is the tree's
     tree_cache.unlock(req.lock)
     req.lock = None
     ps = tree_cache.token_to_kv_pool_allocator.page_size
-    start = ceil_align(owned_kv_len, ps)  # allocated past the commit: whole pages after the last one used
+    start = ceil_align(
+        owned_kv_len, ps
+    )  # allocated past the commit: whole pages after the last one used
     if start < kv.kv_allocated_len:
         tree_cache.free_kv_row(kv, [(start, kv.kv_allocated_len)])
     tree_cache.req_to_token_pool.free(req)
     kv.mark_kv_released()
 
 
-def release_kv_row(req_to_token_pool, allocator, req: Req, swa_evicted_seqlen: int = 0) -> torch.Tensor:
+def release_kv_row(
+    req_to_token_pool, allocator, req: Req, swa_evicted_seqlen: int = 0
+) -> torch.Tensor:
     """A request ends where no prefix cache exists yet (chapters 03 to 07): what
     ``release_kv_cache`` does under a disabled tree (SGLang 0.5.23 always builds one): its slots
     go back as segments, its row to the request table. Returns the slots it held."""
     kv = req.kv
-    slots = req_to_token_pool.req_to_token[kv.req_pool_idx, :kv.kv_allocated_len].to(torch.int64)
-    free_kv_row(req_to_token_pool, allocator, kv, [(kv.cache_protected_len, kv.kv_allocated_len)], swa_evicted_seqlen)
+    slots = req_to_token_pool.req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].to(
+        torch.int64
+    )
+    free_kv_row(
+        req_to_token_pool,
+        allocator,
+        kv,
+        [(kv.cache_protected_len, kv.kv_allocated_len)],
+        swa_evicted_seqlen,
+    )
     req_to_token_pool.free(req)
     kv.mark_kv_released()
     kv.kv_committed_len = 0
@@ -280,19 +376,32 @@ def release_kv_row(req_to_token_pool, allocator, req: Req, swa_evicted_seqlen: i
 
 # -- argument checks (memlab's, at the boundary: SGLang's scheduler builds these batches itself) --
 
+
 def _check_extend(reqs, extend_lens, prefix_indices) -> None:
     # before any row is taken: a negative length refused by the allocator would leave its row taken
     _checks.int_list("extend_lens", extend_lens, -_checks.INT32_MAX)
     if len(extend_lens) != len(reqs):
-        raise ValueError(f"extend_lens has {len(extend_lens)} entries for {len(reqs)} requests: one each")
+        raise ValueError(
+            f"extend_lens has {len(extend_lens)} entries for {len(reqs)} requests: one each"
+        )
     for i, (r, n) in enumerate(zip(reqs, extend_lens)):
         if n < 0:
             hit = prefix_indices[i] if prefix_indices is not None else None
-            p = r.kv.kv_allocated_len if r.kv.holds_kv else 0 if hit is None else len(hit)
-            raise ValueError(f"request {i}: seq_len {p + n} is shorter than its prefix {p} (extend_lens[{i}] = {n})")
+            p = (
+                r.kv.kv_allocated_len
+                if r.kv.holds_kv
+                else 0
+                if hit is None
+                else len(hit)
+            )
+            raise ValueError(
+                f"request {i}: seq_len {p + n} is shorter than its prefix {p} (extend_lens[{i}] = {n})"
+            )
 
 
 def _check_decode(reqs) -> None:
     rowless = next((r for r in reqs if not r.kv.holds_kv), None)
     if rowless is not None:
-        raise ValueError(f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend began")
+        raise ValueError(
+            f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend began"
+        )

@@ -8,9 +8,10 @@ memory and lets the radix tree's nodes live on the device, on the host, or both:
   it, so the host pool's shape follows the device pool's (MHA: K and V per layer; MLA: one latent
   buffer per layer). Its capacity is counted in tokens, and it has its own page allocator.
 - ``HiCacheController`` moves KV: ``write`` (device -> host: take host pages, copy) and ``load``
-  (host -> device: take device pages FIRST, then copy back into them). The slot ids go through
-  the device pool's ``host_transfer_translate`` before the copy, as in SGLang 0.5.23's L2
-  transfers (None, so the identity, for memlab's static pools; unified pools with virtual ids set it).
+  (host -> device: take device pages FIRST, then copy back into them). The slot ids go
+  through the device pool's ``host_transfer_translate`` before the copy, as in SGLang
+  0.5.23's L2 transfers (None, so the identity, for memlab's static pools; unified pools
+  with virtual ids set it).
 - ``HiRadixCache`` is the radix tree over both tiers. A node evicted from the device keeps its
   KV on the host (``host_value``; ``value`` is None): a later match still finds it
   (``host_hit_length``) and ``load_back`` brings it back to new device pages. Two write policies:
@@ -28,10 +29,13 @@ SGLang releases gave the tree with a host tier.
 from __future__ import annotations
 
 import heapq
+
 import torch
 
 from memlab.sglang.allocator import make_allocator
-from memlab.sglang.kv_pool import HostPoolDecl  # the declaration lives with the device pool
+from memlab.sglang.kv_pool import (
+    HostPoolDecl,
+)  # the declaration lives with the device pool
 from memlab.sglang.page_copy import transfer_pages
 from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
 
@@ -51,16 +55,34 @@ class HostKVCache:
     pool's (``size + page_size`` rows, page 0 never handed out), so a page is a page on both sides.
     Pinned when a GPU is present, so a bulk copy from or to it runs at full speed."""
 
-    def __init__(self, decl: HostPoolDecl, size: int, page_size: int, pin_memory: bool | None = None,
-                 debug_mode: bool = False):
+    def __init__(
+        self,
+        decl: HostPoolDecl,
+        size: int,
+        page_size: int,
+        pin_memory: bool | None = None,
+        debug_mode: bool = False,
+    ):
         self.decl, self.page_size, self.layer_num = decl, page_size, decl.layer_num
         self.size = size // page_size * page_size
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         rows = self.size + page_size
-        self.buffers = {b.name: [torch.zeros((rows, *b.row_shape), dtype=b.dtype, pin_memory=pin)
-                                 for _ in range(self.layer_num)] for b in decl.buffers}
-        self.size_per_token = sum(b.dtype.itemsize * torch.Size(b.row_shape).numel() for b in decl.buffers) * self.layer_num
-        self.allocator = make_allocator(self.size, page_size, device="cpu", debug_mode=debug_mode)
+        self.buffers = {
+            b.name: [
+                torch.zeros((rows, *b.row_shape), dtype=b.dtype, pin_memory=pin)
+                for _ in range(self.layer_num)
+            ]
+            for b in decl.buffers
+        }
+        self.size_per_token = (
+            sum(
+                b.dtype.itemsize * torch.Size(b.row_shape).numel() for b in decl.buffers
+            )
+            * self.layer_num
+        )
+        self.allocator = make_allocator(
+            self.size, page_size, device="cpu", debug_mode=debug_mode
+        )
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         return self.allocator.alloc(need_size)
@@ -75,20 +97,40 @@ class HostKVCache:
     def clear(self) -> None:
         self.allocator.clear()
 
-    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, backend: str = "triton") -> None:
+    def backup_from_device_all_layer(
+        self, device_pool, host_indices, device_indices, backend: str = "triton"
+    ) -> None:
         """Device -> host, every layer, every buffer (a page-aligned run of slots on each side)."""
         for name, host_layers in self.buffers.items():
             for layer, host_buf in enumerate(host_layers):
-                transfer_pages(getattr(device_pool, name)[layer], host_buf, self._pages(device_indices),
-                               self._pages(host_indices), self.page_size, backend)
+                transfer_pages(
+                    getattr(device_pool, name)[layer],
+                    host_buf,
+                    self._pages(device_indices),
+                    self._pages(host_indices),
+                    self.page_size,
+                    backend,
+                )
 
-    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id: int,
-                                 backend: str = "triton") -> None:
+    def load_to_device_per_layer(
+        self,
+        device_pool,
+        host_indices,
+        device_indices,
+        layer_id: int,
+        backend: str = "triton",
+    ) -> None:
         """Host -> device for one layer (SGLang loads layer by layer, so layer i's attention can
         start while layer i + 1 is still on the way)."""
         for name, host_layers in self.buffers.items():
-            transfer_pages(host_layers[layer_id], getattr(device_pool, name)[layer_id], self._pages(host_indices),
-                           self._pages(device_indices), self.page_size, backend)
+            transfer_pages(
+                host_layers[layer_id],
+                getattr(device_pool, name)[layer_id],
+                self._pages(host_indices),
+                self._pages(device_indices),
+                self.page_size,
+                backend,
+            )
 
     def _pages(self, indices: torch.Tensor) -> torch.Tensor:
         """The pages under a run of whole pages of slots: every page_size-th slot, divided."""
@@ -99,10 +141,18 @@ class HiCacheController:
     """Moves KV between the device pool and the host pool (SGLang's HiCacheController, run
     synchronously: SGLang queues the copies on their own streams and acknowledges them later)."""
 
-    def __init__(self, token_to_kv_pool_allocator, mem_pool_host: HostKVCache, page_size: int,
-                 write_policy: str = "write_through", io_backend: str = "triton"):
+    def __init__(
+        self,
+        token_to_kv_pool_allocator,
+        mem_pool_host: HostKVCache,
+        page_size: int,
+        write_policy: str = "write_through",
+        io_backend: str = "triton",
+    ):
         if write_policy not in WRITE_POLICIES:
-            raise ValueError(f"Invalid write policy: {write_policy!r}; choose one of {WRITE_POLICIES}")
+            raise ValueError(
+                f"Invalid write policy: {write_policy!r}; choose one of {WRITE_POLICIES}"
+            )
         self.mem_pool_device_allocator = token_to_kv_pool_allocator
         self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
         self.mem_pool_host = mem_pool_host
@@ -116,8 +166,9 @@ class HiCacheController:
         if host_indices is None:
             return None
         device_indices = transfer_indices(self.mem_pool_device, device_indices)
-        self.mem_pool_host.backup_from_device_all_layer(self.mem_pool_device, host_indices, device_indices,
-                                                        self.io_backend)
+        self.mem_pool_host.backup_from_device_all_layer(
+            self.mem_pool_device, host_indices, device_indices, self.io_backend
+        )
         return host_indices
 
     def load(self, host_indices: torch.Tensor) -> torch.Tensor | None:
@@ -127,8 +178,9 @@ class HiCacheController:
             return None
         indices = transfer_indices(self.mem_pool_device, device_indices)
         for layer_id in range(self.mem_pool_host.layer_num):
-            self.mem_pool_host.load_to_device_per_layer(self.mem_pool_device, host_indices, indices,
-                                                        layer_id, self.io_backend)
+            self.mem_pool_host.load_to_device_per_layer(
+                self.mem_pool_device, host_indices, indices, layer_id, self.io_backend
+            )
         return device_indices
 
     def evict_host(self, host_indices: torch.Tensor) -> int:
@@ -143,18 +195,36 @@ class HiRadixCache(RadixCache):
     eviction drops whole host-only leaves.
     """
 
-    def __init__(self, token_to_kv_pool_allocator, token_to_kv_pool_host: HostKVCache,
-                 write_policy: str = "write_through", io_backend: str = "triton", load_back_threshold: int = 10,
-                 debug_mode: bool = False, req_to_token_pool=None):
+    def __init__(
+        self,
+        token_to_kv_pool_allocator,
+        token_to_kv_pool_host: HostKVCache,
+        write_policy: str = "write_through",
+        io_backend: str = "triton",
+        load_back_threshold: int = 10,
+        debug_mode: bool = False,
+        req_to_token_pool=None,
+    ):
         self.token_to_kv_pool_host = token_to_kv_pool_host
-        self.cache_controller = HiCacheController(token_to_kv_pool_allocator, token_to_kv_pool_host,
-                                                  token_to_kv_pool_allocator.page_size, write_policy, io_backend)
+        self.cache_controller = HiCacheController(
+            token_to_kv_pool_allocator,
+            token_to_kv_pool_host,
+            token_to_kv_pool_allocator.page_size,
+            write_policy,
+            io_backend,
+        )
         self.is_write_back = write_policy == "write_back"
         # write_through backs a node up the first time it is inserted; "selective" waits for a
         # second hit, so KV nobody reuses never crosses PCIe.
         self.write_through_threshold = 1 if write_policy == "write_through" else 2
-        self.load_back_threshold = load_back_threshold  # fewer host tokens are recomputed instead
-        super().__init__(token_to_kv_pool_allocator, debug_mode=debug_mode, req_to_token_pool=req_to_token_pool)
+        self.load_back_threshold = (
+            load_back_threshold  # fewer host tokens are recomputed instead
+        )
+        super().__init__(
+            token_to_kv_pool_allocator,
+            debug_mode=debug_mode,
+            req_to_token_pool=req_to_token_pool,
+        )
 
     def reset(self) -> None:
         super().reset()
@@ -176,18 +246,32 @@ class HiRadixCache(RadixCache):
             last_device_node = last_device_node.parent
         if self.debug_mode:
             self._check_tree()
-        return MatchResult(sum(len(v) for v in value if v is not None), last_device_node, last_node, host_hit_length)
+        return MatchResult(
+            sum(len(v) for v in value if v is not None),
+            last_device_node,
+            last_node,
+            host_hit_length,
+        )
 
     # -- insert: revive host-only nodes, back new nodes up ----------------------------------
 
-    def _insert_helper(self, node: TreeNode, key: tuple, value: torch.Tensor, priority: int | None = 0,
-                       inserted_len: int = 0):
+    def _insert_helper(
+        self,
+        node: TreeNode,
+        key: tuple,
+        value: torch.Tensor,
+        priority: int | None = 0,
+        inserted_len: int = 0,
+    ):
         priority = priority or 0
         access_time = next(self._clock)
         node.last_access_time = access_time
         node.priority = max(node.priority, priority)
         total_prefix_length = offset = 0
-        while offset < len(key) and (child := node.children.get(self._child_key(key, offset))) is not None:
+        while (
+            offset < len(key)
+            and (child := node.children.get(self._child_key(key, offset))) is not None
+        ):
             node = child
             node.last_access_time = access_time
             prefix_len = self._key_match(node.key, key, offset)
@@ -197,7 +281,7 @@ class HiRadixCache(RadixCache):
             if node.evicted:
                 # The request recomputed KV the tree only had on the host: the node adopts the
                 # request's device slots (they are not duplicates: prefix_len does not count them).
-                node.value = value[offset: offset + prefix_len].clone()
+                node.value = value[offset : offset + prefix_len].clone()
                 self.evictable_size_ += len(node.value)
                 self._update_leaf_status(node)
                 self._update_leaf_status(node.parent)
@@ -227,7 +311,11 @@ class HiRadixCache(RadixCache):
         so a node on the host never hangs below a node that is nowhere but the device.
         """
         chain = [node]
-        while not write_back and chain[-1].parent is not self.root_node and not chain[-1].parent.backuped:
+        while (
+            not write_back
+            and chain[-1].parent is not self.root_node
+            and not chain[-1].parent.backuped
+        ):
             chain.append(chain[-1].parent)
         chain.reverse()
         device_indices = torch.cat([n.value for n in chain])
@@ -239,7 +327,7 @@ class HiRadixCache(RadixCache):
             return 0
         offset = 0
         for n in chain:
-            n.host_value = host_indices[offset: offset + len(n.value)].clone()
+            n.host_value = host_indices[offset : offset + len(n.value)].clone()
             offset += len(n.value)
         return len(host_indices)
 
@@ -255,12 +343,16 @@ class HiRadixCache(RadixCache):
         num_evicted = 0
         while num_evicted < num_tokens and eviction_heap:
             _, _, x = heapq.heappop(eviction_heap)
-            if x.backuped or (self.is_write_back and self.write_backup(x, write_back=True)):
+            if x.backuped or (
+                self.is_write_back and self.write_backup(x, write_back=True)
+            ):
                 num_evicted += self._evict_backuped(x)
             else:
                 num_evicted += self._evict_regular(x)
             if x.parent in self.evictable_leaves:
-                heapq.heappush(eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent))
+                heapq.heappush(
+                    eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent)
+                )
         self.num_evicted_tokens += num_evicted
         if self.debug_mode:
             self._check_tree()
@@ -295,7 +387,11 @@ class HiRadixCache(RadixCache):
     def evict_host(self, num_tokens: int) -> int:
         """Free ``num_tokens`` of host slots: host-only leaves, least recently used first.
         Nodes still on the device keep their host copy (it makes their next eviction free)."""
-        leaves = [n for n in self._all_nodes() if n.evicted and not n.children and n.host_lock_ref == 0]
+        leaves = [
+            n
+            for n in self._all_nodes()
+            if n.evicted and not n.children and n.host_lock_ref == 0
+        ]
         eviction_heap = [(n.last_access_time, n.id, n) for n in leaves]
         heapq.heapify(eviction_heap)
         num_evicted = 0
@@ -305,7 +401,9 @@ class HiRadixCache(RadixCache):
             parent = x.parent
             del parent.children[self._child_key(x.key)]
             if parent.evicted and not parent.children and parent.host_lock_ref == 0:
-                heapq.heappush(eviction_heap, (parent.last_access_time, parent.id, parent))
+                heapq.heappush(
+                    eviction_heap, (parent.last_access_time, parent.id, parent)
+                )
             else:
                 self._update_leaf_status(parent)
         return num_evicted
@@ -342,7 +440,9 @@ class HiRadixCache(RadixCache):
         available = self.token_to_kv_pool_allocator.available_size()
         if available < len(host_indices):
             self.evict(len(host_indices) - available)
-        device_indices = self.cache_controller.load(host_indices)  # device pages first, then the copy
+        device_indices = self.cache_controller.load(
+            host_indices
+        )  # device pages first, then the copy
         for n in nodes_to_load:
             n.host_lock_ref -= 1
         self.dec_lock_ref(ancestor)
@@ -350,10 +450,13 @@ class HiRadixCache(RadixCache):
             return None
         offset = 0
         for n in nodes_to_load:  # re-point the nodes at their new device slots
-            n.value = device_indices[offset: offset + len(n.host_value)].clone()
+            n.value = device_indices[offset : offset + len(n.host_value)].clone()
             offset += len(n.value)
             self.evictable_size_ += len(n.value)
-        for n in [*reversed(nodes_to_load), ancestor]:  # bottom up: only the deepest can be a leaf
+        for n in [
+            *reversed(nodes_to_load),
+            ancestor,
+        ]:  # bottom up: only the deepest can be a leaf
             self._update_leaf_status(n)
         if self.debug_mode:
             self._check_tree()
@@ -380,4 +483,6 @@ class HiRadixCache(RadixCache):
             if n.evicted:
                 assert n.backuped, f"{n} is on neither tier"
                 assert n.lock_ref == 0, f"{n} is locked but not on the device"
-                assert all(c.evicted for c in n.children.values()), f"{n} is on the host above a device node"
+                assert all(c.evicted for c in n.children.values()), (
+                    f"{n} is on the host above a device node"
+                )

@@ -15,27 +15,39 @@ import torch
 from memlab.common import _checks
 from memlab.common.env import resolve_device
 
-FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-                   if hasattr(torch, n))
+FP8_DTYPES = tuple(
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+)
 
 
 def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def mha_bytes_per_token(layer_num: int, head_num: int, head_dim: int, v_head_dim: int | None = None,
-                        dtype_bytes: int = 2) -> int:
+def mha_bytes_per_token(
+    layer_num: int,
+    head_num: int,
+    head_dim: int,
+    v_head_dim: int | None = None,
+    dtype_bytes: int = 2,
+) -> int:
     """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
     return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
 
 
-def mla_bytes_per_token(layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2) -> int:
+def mla_bytes_per_token(
+    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
+) -> int:
     """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
     return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
 
 
-DSA_QUANT_BLOCK = 128  # SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
+DSA_QUANT_BLOCK = (
+    128  # SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
+)
 
 
 def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
@@ -67,8 +79,16 @@ class KVCache:
     # KVWriteLoc marked physical. memlab's pools hold physical ids by allocation.
     requires_physical_write_loc = False
 
-    def __init__(self, size: int, page_size: int, dtype: torch.dtype, layer_num: int, device="cpu",
-                 start_layer: int | None = None, end_layer: int | None = None):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        layer_num: int,
+        device="cpu",
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+    ):
         _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer)
         start_layer = 0 if start_layer is None else start_layer
         end_layer = start_layer + layer_num - 1 if end_layer is None else end_layer
@@ -108,8 +128,10 @@ class KVCache:
     def host_pool_decls(self) -> tuple:
         """What a host tier must mirror (HiCache, chapter 11): per layer, one host tensor for each
         of this pool's buffers, with the same row shape and stored dtype."""
-        buffers = tuple(BufferDecl(name, tuple(getattr(self, name)[0].shape[1:]), self.store_dtype)
-                        for name in self.buffer_names)
+        buffers = tuple(
+            BufferDecl(name, tuple(getattr(self, name)[0].shape[1:]), self.store_dtype)
+            for name in self.buffer_names
+        )
         return (HostPoolDecl("kv", self, self.layer_num, buffers),)
 
     def kv_size_bytes(self) -> int:
@@ -126,24 +148,53 @@ class MHATokenToKVPool(KVCache):
 
     buffer_names = ("k_buffer", "v_buffer")
 
-    def __init__(self, size, page_size, dtype, head_num, head_dim, layer_num, device="cpu",
-                 v_head_dim=None, start_layer=None, end_layer=None):
-        super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
+    def __init__(
+        self,
+        size,
+        page_size,
+        dtype,
+        head_num,
+        head_dim,
+        layer_num,
+        device="cpu",
+        v_head_dim=None,
+        start_layer=None,
+        end_layer=None,
+    ):
+        super().__init__(
+            size, page_size, dtype, layer_num, device, start_layer, end_layer
+        )
         v_head_dim = head_dim if v_head_dim is None else v_head_dim
-        _checks.positive_ints(head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim)
+        _checks.positive_ints(
+            head_num=head_num, head_dim=head_dim, v_head_dim=v_head_dim
+        )
         self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
         self._create_buffers()
 
     def _create_buffers(self) -> None:
         """One K and one V tensor per layer (the unified pool's subclass puts views here instead)."""
-        rows, z = self.size + self.page_size, dict(dtype=self.store_dtype, device=self.device)
-        self.k_buffer = [torch.zeros((rows, self.head_num, self.head_dim), **z) for _ in range(self.layer_num)]
-        self.v_buffer = [torch.zeros((rows, self.head_num, self.v_head_dim), **z) for _ in range(self.layer_num)]
+        rows, z = (
+            self.size + self.page_size,
+            dict(dtype=self.store_dtype, device=self.device),
+        )
+        self.k_buffer = [
+            torch.zeros((rows, self.head_num, self.head_dim), **z)
+            for _ in range(self.layer_num)
+        ]
+        self.v_buffer = [
+            torch.zeros((rows, self.head_num, self.v_head_dim), **z)
+            for _ in range(self.layer_num)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
-        return mha_bytes_per_token(self.layer_num, self.head_num, self.head_dim, self.v_head_dim,
-                                   dtype_bytes(self.store_dtype))
+        return mha_bytes_per_token(
+            self.layer_num,
+            self.head_num,
+            self.head_dim,
+            self.v_head_dim,
+            dtype_bytes(self.store_dtype),
+        )
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[self._local(layer_id)])
@@ -154,12 +205,18 @@ class MHATokenToKVPool(KVCache):
     def get_kv_buffer(self, layer_id: int):
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
-    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
+    def set_kv_buffer(
+        self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None
+    ) -> None:
         """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
-        _check_kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
-                               cache_v=(cache_v, (self.head_num, self.v_head_dim), "head_num, v_head_dim"))
+        _check_kv_write(
+            self,
+            loc,
+            cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
+            cache_v=(cache_v, (self.head_num, self.v_head_dim), "head_num, v_head_dim"),
+        )
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
         self.v_buffer[i][loc] = self._store(cache_v, v_scale)
 
@@ -169,19 +226,43 @@ class MLATokenToKVPool(KVCache):
 
     buffer_names = ("kv_buffer",)
 
-    def __init__(self, size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device="cpu",
-                 start_layer=None, end_layer=None):
-        super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
-        _checks.positive_ints(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
+    def __init__(
+        self,
+        size,
+        page_size,
+        dtype,
+        kv_lora_rank,
+        qk_rope_head_dim,
+        layer_num,
+        device="cpu",
+        start_layer=None,
+        end_layer=None,
+    ):
+        super().__init__(
+            size, page_size, dtype, layer_num, device, start_layer, end_layer
+        )
+        _checks.positive_ints(
+            kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim
+        )
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
-        self.kv_buffer = [torch.zeros((size + page_size, 1, self.kv_cache_dim), dtype=self.store_dtype,
-                                      device=self.device) for _ in range(layer_num)]
+        self.kv_buffer = [
+            torch.zeros(
+                (size + page_size, 1, self.kv_cache_dim),
+                dtype=self.store_dtype,
+                device=self.device,
+            )
+            for _ in range(layer_num)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
-        return mla_bytes_per_token(self.layer_num, self.kv_lora_rank, self.qk_rope_head_dim,
-                                   dtype_bytes(self.store_dtype))
+        return mla_bytes_per_token(
+            self.layer_num,
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+            dtype_bytes(self.store_dtype),
+        )
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.kv_buffer[self._local(layer_id)])
@@ -192,11 +273,21 @@ class MLATokenToKVPool(KVCache):
     def get_kv_buffer(self, layer_id: int):
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
-    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None) -> None:
+    def set_kv_buffer(
+        self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None
+    ) -> None:
         """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
-        _check_kv_write(self, loc, cache_k=(cache_k, (1, self.kv_cache_dim), "1, kv_lora_rank + qk_rope_head_dim"))
+        _check_kv_write(
+            self,
+            loc,
+            cache_k=(
+                cache_k,
+                (1, self.kv_cache_dim),
+                "1, kv_lora_rank + qk_rope_head_dim",
+            ),
+        )
         self.kv_buffer[i][loc] = self._store(cache_k, k_scale)
 
 
@@ -207,17 +298,40 @@ class MHATokenToKOnlyPool(KVCache):
 
     buffer_names = ("k_buffer",)
 
-    def __init__(self, size, page_size, dtype, head_num, head_dim, layer_num, device="cpu",
-                 start_layer=None, end_layer=None):
-        super().__init__(size, page_size, dtype, layer_num, device, start_layer, end_layer)
+    def __init__(
+        self,
+        size,
+        page_size,
+        dtype,
+        head_num,
+        head_dim,
+        layer_num,
+        device="cpu",
+        start_layer=None,
+        end_layer=None,
+    ):
+        super().__init__(
+            size, page_size, dtype, layer_num, device, start_layer, end_layer
+        )
         _checks.positive_ints(head_num=head_num, head_dim=head_dim)
         self.head_num, self.head_dim = head_num, head_dim
-        self.k_buffer = [torch.zeros((size + page_size, head_num, head_dim), dtype=self.store_dtype,
-                                     device=self.device) for _ in range(layer_num)]
+        self.k_buffer = [
+            torch.zeros(
+                (size + page_size, head_num, head_dim),
+                dtype=self.store_dtype,
+                device=self.device,
+            )
+            for _ in range(layer_num)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
-        return self.layer_num * self.head_num * self.head_dim * dtype_bytes(self.store_dtype)
+        return (
+            self.layer_num
+            * self.head_num
+            * self.head_dim
+            * dtype_bytes(self.store_dtype)
+        )
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[self._local(layer_id)])
@@ -225,7 +339,11 @@ class MHATokenToKOnlyPool(KVCache):
     def set_k_buffer(self, layer_id, loc, cache_k, k_scale=None) -> None:
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
-        _check_kv_write(self, loc, cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"))
+        _check_kv_write(
+            self,
+            loc,
+            cache_k=(cache_k, (self.head_num, self.head_dim), "head_num, head_dim"),
+        )
         self.k_buffer[i][loc] = self._store(cache_k, k_scale)
 
     def get_value_buffer(self, layer_id: int):
@@ -235,7 +353,9 @@ class MHATokenToKOnlyPool(KVCache):
         raise NotImplementedError("MHATokenToKOnlyPool does not allocate V")
 
     def set_kv_buffer(self, *args, **kwargs) -> None:
-        raise NotImplementedError("MHATokenToKOnlyPool stores no V: write keys with set_k_buffer")
+        raise NotImplementedError(
+            "MHATokenToKOnlyPool stores no V: write keys with set_k_buffer"
+        )
 
 
 class DSATokenToKVPool(MLATokenToKVPool):
@@ -249,59 +369,118 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     index_k_with_scale_buffer_dtype = torch.uint8
 
-    def __init__(self, size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device="cpu",
-                 index_head_dim: int = 128, start_layer=None, end_layer=None):
-        super().__init__(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device,
-                         start_layer, end_layer)
+    def __init__(
+        self,
+        size,
+        page_size,
+        dtype,
+        kv_lora_rank,
+        qk_rope_head_dim,
+        layer_num,
+        device="cpu",
+        index_head_dim: int = 128,
+        start_layer=None,
+        end_layer=None,
+    ):
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            kv_lora_rank,
+            qk_rope_head_dim,
+            layer_num,
+            device,
+            start_layer,
+            end_layer,
+        )
         _check_dsa_index_head_dim(index_head_dim)
         self.index_head_dim = index_head_dim
-        num_pages = (size + page_size + 1) // page_size  # SGLang's IndexKeyCache: the padding page, rounded
+        num_pages = (
+            size + page_size + 1
+        ) // page_size  # SGLang's IndexKeyCache: the padding page, rounded
         row = page_size * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
-        self.index_k_with_scale_buffer = [torch.zeros((num_pages, row), dtype=self.index_k_with_scale_buffer_dtype,
-                                                      device=self.device) for _ in range(layer_num)]
+        self.index_k_with_scale_buffer = [
+            torch.zeros(
+                (num_pages, row),
+                dtype=self.index_k_with_scale_buffer_dtype,
+                device=self.device,
+            )
+            for _ in range(layer_num)
+        ]
 
     @property
     def bytes_per_token(self) -> int:
-        return super().bytes_per_token + dsa_index_bytes_per_token(self.layer_num, self.index_head_dim)
+        return super().bytes_per_token + dsa_index_bytes_per_token(
+            self.layer_num, self.index_head_dim
+        )
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_with_scale_buffer[self._local(layer_id)]
 
     def kv_size_bytes(self) -> int:
-        return super().kv_size_bytes() + sum(t.nbytes for t in self.index_k_with_scale_buffer)
+        return super().kv_size_bytes() + sum(
+            t.nbytes for t in self.index_k_with_scale_buffer
+        )
 
     def host_pool_decls(self) -> tuple:
-        raise NotImplementedError("memlab's HiCache (chapter 11) mirrors MHA and MLA pools; SGLang declares the "
-                                  "indexer keys as a pool of their own (pool_host/dsa.py), memlab does not")
+        raise NotImplementedError(
+            "memlab's HiCache (chapter 11) mirrors MHA and MLA pools; SGLang declares the "
+            "indexer keys as a pool of their own (pool_host/dsa.py), memlab does not"
+        )
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
-# What set_kv_buffer casts to the pool's dtype, as SGLang does (an fp8 pool is written from bf16/fp32 K/V)
-KV_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64) + FP8_DTYPES
+# What set_kv_buffer casts to the pool's dtype, as SGLang does (an fp8 pool is written
+# from bf16/fp32 K/V)
+KV_INPUT_DTYPES = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+) + FP8_DTYPES
 MAX_LAYERS = 4096  # a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
 
 
 def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -> None:
-    _checks.integer("size", size, 1, _checks.INT32_MAX), _checks.integer("page_size", page_size, 1, _checks.INT32_MAX)
+    (
+        _checks.integer("size", size, 1, _checks.INT32_MAX),
+        _checks.integer("page_size", page_size, 1, _checks.INT32_MAX),
+    )
     _checks.integer("layer_num", layer_num, 1, MAX_LAYERS)
-    start_layer = 0 if start_layer is None else _checks.integer("start_layer", start_layer)
-    end_layer = start_layer + layer_num - 1 if end_layer is None else _checks.integer("end_layer", end_layer)
+    start_layer = (
+        0 if start_layer is None else _checks.integer("start_layer", start_layer)
+    )
+    end_layer = (
+        start_layer + layer_num - 1
+        if end_layer is None
+        else _checks.integer("end_layer", end_layer)
+    )
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one (torch.float16, bfloat16, float32, fp8)")
+        raise TypeError(
+            f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one (torch.float16, bfloat16, float32, fp8)"
+        )
     if end_layer - start_layer + 1 != layer_num:
-        raise ValueError(f"layers {start_layer}..{end_layer} do not make {layer_num} layers")
+        raise ValueError(
+            f"layers {start_layer}..{end_layer} do not make {layer_num} layers"
+        )
 
 
 def _check_dsa_index_head_dim(index_head_dim) -> None:
     _checks.positive_ints(index_head_dim=index_head_dim)
-    if index_head_dim != 128:  # SGLang's DSATokenToKVPool asserts it: one head of 128 for DeepSeek's indexer
-        raise ValueError(f"the DSA indexer keeps one key of 128 values per token and layer, got {index_head_dim}")
+    if (
+        index_head_dim != 128
+    ):  # SGLang's DSATokenToKVPool asserts it: one head of 128 for DeepSeek's indexer
+        raise ValueError(
+            f"the DSA indexer keeps one key of 128 values per token and layer, got {index_head_dim}"
+        )
 
 
 def _check_layer_id(pool, layer_id) -> None:
     if not pool.start_layer <= _checks.integer("layer_id", layer_id) <= pool.end_layer:
-        raise _checks.RangeError(f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})")
+        raise _checks.RangeError(
+            f"layer {layer_id} is not in this pool (layers {pool.start_layer}..{pool.end_layer})"
+        )
 
 
 def _check_kv_write(pool, loc, **rows) -> None:
@@ -312,10 +491,17 @@ def _check_kv_write(pool, loc, **rows) -> None:
     _checks.index_tensor("loc", loc, pool.device, ndim=1, owner="pool")
     n = loc.numel()
     for name, (x, row_shape, dims) in rows.items():
-        _checks.tensor(f"{where}: {name}", x, KV_INPUT_DTYPES, like=" (it is cast to the pool's dtype)")
+        _checks.tensor(
+            f"{where}: {name}",
+            x,
+            KV_INPUT_DTYPES,
+            like=" (it is cast to the pool's dtype)",
+        )
         if tuple(x.shape[1:]) != tuple(row_shape):
-            raise ValueError(f"{where}: {name} has shape {tuple(x.shape)}; this pool stores rows of "
-                             f"(tokens, {dims}) = (tokens, {', '.join(map(str, row_shape))})")
+            raise ValueError(
+                f"{where}: {name} has shape {tuple(x.shape)}; this pool stores rows of "
+                f"(tokens, {dims}) = (tokens, {', '.join(map(str, row_shape))})"
+            )
         if x.shape[0] != n:
             raise ValueError(f"{n} slots for {x.shape[0]} tokens")
     if loc.device.type == "cpu":  # on a GPU this check would cost a sync per write

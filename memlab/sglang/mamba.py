@@ -9,12 +9,11 @@ state and which extra "tracking" slots it may write snapshots to (``HybridReqToT
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from memlab.common import _checks
-
 from memlab.common.env import resolve_device
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
@@ -36,7 +35,9 @@ def mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) 
 def _slot_tensor(slots, device) -> torch.Tensor:
     t = torch.as_tensor(slots, device=device)
     if t.dtype not in (torch.int32, torch.int64) or t.dim() > 1:
-        raise TypeError(f"slots must be a 1-D integer tensor or list, got {t.dtype} of shape {tuple(t.shape)}")
+        raise TypeError(
+            f"slots must be a 1-D integer tensor or list, got {t.dtype} of shape {tuple(t.shape)}"
+        )
     return t.reshape(-1).to(torch.int64)
 
 
@@ -46,13 +47,18 @@ class MambaSlotAllocator:
     __slots__ = ("size", "device", "debug_mode", "free_slots")
 
     def __init__(self, size: int, device="cpu", debug_mode: bool = False):
-        self.size, self.device = _checks.integer("size", size, 1, _checks.INT32_MAX), resolve_device(device)
+        self.size, self.device = (
+            _checks.integer("size", size, 1, _checks.INT32_MAX),
+            resolve_device(device),
+        )
         self.debug_mode = debug_mode
         self.clear()
 
     def clear(self) -> None:
         # Slot 0 is padding: padded batch entries read and write it harmlessly.
-        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self.free_slots = torch.arange(
+            1, self.size + 1, dtype=torch.int64, device=self.device
+        )
 
     def available_size(self) -> int:
         return self.free_slots.numel()
@@ -66,20 +72,30 @@ class MambaSlotAllocator:
         return out
 
     def free(self, slots: torch.Tensor) -> None:
-        _checks.index_tensor("slots", slots, self.device, ndim=1)  # a tensor, as SGLang's MambaPool.free takes
+        _checks.index_tensor(
+            "slots", slots, self.device, ndim=1
+        )  # a tensor, as SGLang's MambaPool.free takes
         slots = slots.to(torch.int64)
         if slots.numel() == 0:
             return
-        if self.debug_mode or slots.device.type == "cpu":  # on a GPU the range check would sync
+        if (
+            self.debug_mode or slots.device.type == "cpu"
+        ):  # on a GPU the range check would sync
             lo, hi = int(slots.min()), int(slots.max())
             if lo < 1 or hi > self.size:
-                raise ValueError(f"cannot free mamba slot {lo if lo < 1 else hi}: slots are 1..{self.size} "
-                                 "(slot 0 is padding)")
+                raise ValueError(
+                    f"cannot free mamba slot {lo if lo < 1 else hi}: slots are 1..{self.size} "
+                    "(slot 0 is padding)"
+                )
         if self.debug_mode:
-            uniq, counts = torch.unique(torch.cat((self.free_slots, slots)), return_counts=True)
+            uniq, counts = torch.unique(
+                torch.cat((self.free_slots, slots)), return_counts=True
+            )
             if (counts > 1).any():
-                raise ValueError(f"mamba slot {int(uniq[counts > 1][0])} freed twice "
-                                 "(already free or repeated in this call)")
+                raise ValueError(
+                    f"mamba slot {int(uniq[counts > 1][0])} freed twice "
+                    "(already free or repeated in this call)"
+                )
         self.free_slots = torch.cat((self.free_slots, slots))
 
 
@@ -94,18 +110,38 @@ class MambaPool:
     request table's (``HybridReqToTokenPool.mamba_allocator``).
     """
 
-    def __init__(self, size: int, num_mamba_layers: int, conv_state_shape: Sequence[Sequence[int]],
-                 temporal_state_shape: Sequence[int], conv_dtype: torch.dtype = torch.bfloat16,
-                 ssm_dtype: torch.dtype = torch.float32, device="cpu"):
-        _checks.integer("num_mamba_layers (at least one mamba layer)", num_mamba_layers, 1)
+    def __init__(
+        self,
+        size: int,
+        num_mamba_layers: int,
+        conv_state_shape: Sequence[Sequence[int]],
+        temporal_state_shape: Sequence[int],
+        conv_dtype: torch.dtype = torch.bfloat16,
+        ssm_dtype: torch.dtype = torch.float32,
+        device="cpu",
+    ):
+        _checks.integer(
+            "num_mamba_layers (at least one mamba layer)", num_mamba_layers, 1
+        )
         if len(conv_state_shape) == 0:
-            raise ValueError("conv_state_shape lists the conv-state components: at least one shape")
+            raise ValueError(
+                "conv_state_shape lists the conv-state components: at least one shape"
+            )
         self.size, self.device = size, resolve_device(device)
         self.num_mamba_layers = num_mamba_layers
-        self.conv = [torch.zeros((num_mamba_layers, size + 1, *shape), dtype=conv_dtype, device=self.device)
-                     for shape in conv_state_shape]
-        self.temporal = torch.zeros((num_mamba_layers, size + 1, *temporal_state_shape), dtype=ssm_dtype,
-                                    device=self.device)
+        self.conv = [
+            torch.zeros(
+                (num_mamba_layers, size + 1, *shape),
+                dtype=conv_dtype,
+                device=self.device,
+            )
+            for shape in conv_state_shape
+        ]
+        self.temporal = torch.zeros(
+            (num_mamba_layers, size + 1, *temporal_state_shape),
+            dtype=ssm_dtype,
+            device=self.device,
+        )
         self._slot_siblings: list = []
 
     # -- states that share the slot's lifetime ---------------------------------------------
@@ -117,10 +153,16 @@ class MambaPool:
         """
         if isinstance(state, torch.Tensor):
             if state.shape[0] != self.size + 1:
-                raise ValueError(f"a slot state needs {self.size + 1} rows (slot 0 padding), got {state.shape[0]}")
+                raise ValueError(
+                    f"a slot state needs {self.size + 1} rows (slot 0 padding), got {state.shape[0]}"
+                )
             state = _TensorSlotState(state)
-        elif not all(callable(getattr(state, m, None)) for m in ("clear_slots", "copy_slots")):
-            raise TypeError(f"{state!r} is neither a tensor nor has clear_slots/copy_slots")
+        elif not all(
+            callable(getattr(state, m, None)) for m in ("clear_slots", "copy_slots")
+        ):
+            raise TypeError(
+                f"{state!r} is neither a tensor nor has clear_slots/copy_slots"
+            )
         self._slot_siblings = [*self._slot_siblings, state]
 
     # -- slot contents ------------------------------------------------------------------------
@@ -199,32 +241,61 @@ class HybridReqToTokenPool(ReqToTokenPool):
     those values, so a reused row never sees a stale slot (SGLang leaves them until reuse).
     """
 
-    def __init__(self, size: int, max_context_len: int, mamba_size: int,
-                 conv_state_shape: Sequence[Sequence[int]], temporal_state_shape: Sequence[int],
-                 mamba_layer_ids: Sequence[int], *, conv_dtype: torch.dtype = torch.bfloat16,
-                 ssm_dtype: torch.dtype = torch.float32, enable_mamba_extra_buffer: bool = False,
-                 enable_overlap_schedule: bool = True, mamba_extra_buffer_lazy: bool = False,
-                 device="cpu", debug_mode: bool = False):
+    def __init__(
+        self,
+        size: int,
+        max_context_len: int,
+        mamba_size: int,
+        conv_state_shape: Sequence[Sequence[int]],
+        temporal_state_shape: Sequence[int],
+        mamba_layer_ids: Sequence[int],
+        *,
+        conv_dtype: torch.dtype = torch.bfloat16,
+        ssm_dtype: torch.dtype = torch.float32,
+        enable_mamba_extra_buffer: bool = False,
+        enable_overlap_schedule: bool = True,
+        mamba_extra_buffer_lazy: bool = False,
+        device="cpu",
+        debug_mode: bool = False,
+    ):
         if len(set(mamba_layer_ids)) != len(mamba_layer_ids):
             raise ValueError(f"repeated mamba layer ids: {list(mamba_layer_ids)}")
-        self.mamba_pool = MambaPool(mamba_size, len(mamba_layer_ids), conv_state_shape, temporal_state_shape,
-                                    conv_dtype, ssm_dtype, device)
+        self.mamba_pool = MambaPool(
+            mamba_size,
+            len(mamba_layer_ids),
+            conv_state_shape,
+            temporal_state_shape,
+            conv_dtype,
+            ssm_dtype,
+            device,
+        )
         self.mamba_allocator = MambaSlotAllocator(mamba_size, device, debug_mode)
         # Mamba layers sit sparsely among the model's layers; the pool stores only them.
         self.mamba_map = {layer_id: i for i, layer_id in enumerate(mamba_layer_ids)}
         self.enable_mamba_extra_buffer = enable_mamba_extra_buffer
         self.mamba_extra_buffer_lazy = mamba_extra_buffer_lazy
         self.mamba_ping_pong_track_buffer_size = (
-            mamba_tracking_slots(True, enable_overlap_schedule) if enable_mamba_extra_buffer else 0)
+            mamba_tracking_slots(True, enable_overlap_schedule)
+            if enable_mamba_extra_buffer
+            else 0
+        )
         self.mamba_initial_tracking_slots = mamba_tracking_slots(
-            enable_mamba_extra_buffer, enable_overlap_schedule, mamba_extra_buffer_lazy)
+            enable_mamba_extra_buffer, enable_overlap_schedule, mamba_extra_buffer_lazy
+        )
         dev = resolve_device(device)
         self.debug_mode = debug_mode
-        self.req_index_to_mamba_index_mapping = torch.zeros(size + 1, dtype=torch.int64, device=dev)
+        self.req_index_to_mamba_index_mapping = torch.zeros(
+            size + 1, dtype=torch.int64, device=dev
+        )
         self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
-            (size + 1, self.mamba_ping_pong_track_buffer_size), dtype=torch.int64, device=dev)
+            (size + 1, self.mamba_ping_pong_track_buffer_size),
+            dtype=torch.int64,
+            device=dev,
+        )
         self.mamba_next_track_idx = torch.zeros(size + 1, dtype=torch.int64, device=dev)
-        self.mamba_last_track_seqlen = torch.full((size + 1,), -1, dtype=torch.int64, device=dev)
+        self.mamba_last_track_seqlen = torch.full(
+            (size + 1,), -1, dtype=torch.int64, device=dev
+        )
         super().__init__(size, max_context_len, device)
 
     # -- layers -----------------------------------------------------------------------------
@@ -232,7 +303,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
         try:
             return self.mamba_map[layer_id]
         except KeyError:
-            raise ValueError(f"layer {layer_id} is not a mamba layer (mamba layers: {sorted(self.mamba_map)})") from None
+            raise ValueError(
+                f"layer {layer_id} is not a mamba layer (mamba layers: {sorted(self.mamba_map)})"
+            ) from None
 
     def mamba2_layer_cache(self, layer_id: int):
         return self.mamba_pool.get_state(self.mamba_layer_index(layer_id))
@@ -258,7 +331,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
         reqs = list(reqs)
         need = sum(1 for r in reqs if not r.kv.holds_mamba)
         if self.enable_mamba_extra_buffer:
-            need += self.mamba_initial_tracking_slots * sum(1 for r in reqs if r.kv.mamba_ping_pong_track_buffer is None)
+            need += self.mamba_initial_tracking_slots * sum(
+                1 for r in reqs if r.kv.mamba_ping_pong_track_buffer is None
+            )
         if need > self.mamba_allocator.available_size():
             return None
         fresh = [r for r in reqs if not r.kv.holds_kv]
@@ -266,33 +341,61 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if not select_index:  # None (rows short) or no request at all
             return select_index
         for r in reqs:
-            if not r.kv.holds_mamba:  # a state kept across rows (a chunk going on, a tree's) is reused
+            if (
+                not r.kv.holds_mamba
+            ):  # a state kept across rows (a chunk going on, a tree's) is reused
                 r.kv.mamba_pool_idx = self.mamba_allocator.alloc(1)[0]
                 r.kv.mamba_needs_clear = True
-            if self.enable_mamba_extra_buffer and r.kv.mamba_ping_pong_track_buffer is None:
+            if (
+                self.enable_mamba_extra_buffer
+                and r.kv.mamba_ping_pong_track_buffer is None
+            ):
                 self._alloc_ping_pong_buffer(r)
-        rows = torch.tensor(select_index, dtype=torch.int64, device=self.req_index_to_mamba_index_mapping.device)
+        rows = torch.tensor(
+            select_index,
+            dtype=torch.int64,
+            device=self.req_index_to_mamba_index_mapping.device,
+        )
         if fresh:
-            self._reset_rows(torch.tensor([r.kv.req_pool_idx for r in fresh], dtype=torch.int64, device=rows.device))
-        self.req_index_to_mamba_index_mapping[rows] = torch.stack([r.kv.mamba_pool_idx for r in reqs]).to(rows.device)
+            self._reset_rows(
+                torch.tensor(
+                    [r.kv.req_pool_idx for r in fresh],
+                    dtype=torch.int64,
+                    device=rows.device,
+                )
+            )
+        self.req_index_to_mamba_index_mapping[rows] = torch.stack(
+            [r.kv.mamba_pool_idx for r in reqs]
+        ).to(rows.device)
         if self.enable_mamba_extra_buffer:
             self.req_index_to_mamba_ping_pong_track_buffer_mapping[rows] = torch.stack(
-                [r.kv.mamba_ping_pong_track_buffer for r in reqs]).to(rows.device)
+                [r.kv.mamba_ping_pong_track_buffer for r in reqs]
+            ).to(rows.device)
         return select_index
 
     def _alloc_ping_pong_buffer(self, req) -> None:
         """The tracking slots: all of them, or one in lazy mode (the other -1 until needed)."""
         n = self.mamba_initial_tracking_slots
-        buf = torch.full((self.mamba_ping_pong_track_buffer_size,), -1, dtype=torch.int64,
-                         device=self.mamba_allocator.device)
+        buf = torch.full(
+            (self.mamba_ping_pong_track_buffer_size,),
+            -1,
+            dtype=torch.int64,
+            device=self.mamba_allocator.device,
+        )
         buf[:n] = self.mamba_allocator.alloc(n)
         req.kv.mamba_ping_pong_track_buffer = buf
 
     def ensure_tracking_slots(self, reqs) -> bool:
         """Lazy mode: give each request its missing tracking slots now (in its buffer and in its
         row); False (nothing taken) when short."""
-        reqs = list({id(r): r for r in reqs}.values())  # a request listed twice would take two sets
-        missing = [(r, int(i)) for r in reqs for i in (r.kv.mamba_ping_pong_track_buffer < 0).nonzero()[:, 0]]
+        reqs = list(
+            {id(r): r for r in reqs}.values()
+        )  # a request listed twice would take two sets
+        missing = [
+            (r, int(i))
+            for r in reqs
+            for i in (r.kv.mamba_ping_pong_track_buffer < 0).nonzero()[:, 0]
+        ]
         if not missing:
             return True
         slots = self.mamba_allocator.alloc(len(missing))
@@ -308,20 +411,30 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """Give back the row only (SGLang's ``ReqToTokenPool.free``): the request keeps its state
         slot and tracking slots until ``free_mamba_cache``. The row's entries are reset."""
         row = row_or_req.kv.req_pool_idx if isinstance(row_or_req, Req) else row_or_req
-        super().free(row_or_req)  # a bad or free row is refused here, before anything changed
+        super().free(
+            row_or_req
+        )  # a bad or free row is refused here, before anything changed
         self._reset_rows(int(row))
 
-    def free_mamba_cache(self, req: Req, mamba_ping_pong_track_buffer_to_keep: int | None = None) -> None:
+    def free_mamba_cache(
+        self, req: Req, mamba_ping_pong_track_buffer_to_keep: int | None = None
+    ) -> None:
         """Give back the request's state slot and its tracking slots (but the one at position
         ``mamba_ping_pong_track_buffer_to_keep``, which a tree adopted), state first."""
-        _validate_free_mamba_cache(req, mamba_ping_pong_track_buffer_to_keep, self.mamba_ping_pong_track_buffer_size)
+        _validate_free_mamba_cache(
+            req,
+            mamba_ping_pong_track_buffer_to_keep,
+            self.mamba_ping_pong_track_buffer_size,
+        )
         kv = req.kv
         self.mamba_allocator.free(kv.mamba_pool_idx.reshape(1))
         kv.mamba_pool_idx = None
         if self.enable_mamba_extra_buffer:
             buf = kv.mamba_ping_pong_track_buffer
             keep = [p != mamba_ping_pong_track_buffer_to_keep for p in range(len(buf))]
-            self.mamba_allocator.free(buf[torch.tensor(keep, device=buf.device) & (buf > 0)])
+            self.mamba_allocator.free(
+                buf[torch.tensor(keep, device=buf.device) & (buf > 0)]
+            )
             kv.mamba_ping_pong_track_buffer = kv.mamba_cow_src_index = None
             kv.mamba_needs_clear = False
         if kv.holds_kv:  # the row stays the request's, its state entries go
@@ -349,19 +462,25 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     # -- state slots of running requests ----------------------------------------------------
     def get_mamba_indices(self, rows) -> torch.Tensor:
-        return self.req_index_to_mamba_index_mapping[_slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)]
+        return self.req_index_to_mamba_index_mapping[
+            _slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)
+        ]
 
     def next_track_slots(self, rows) -> torch.Tensor:
         """The tracking slot each row writes its next snapshot to; flips the ping-pong index."""
         pp = self.req_index_to_mamba_ping_pong_track_buffer_mapping
         if pp.shape[1] == 0:
-            raise ValueError("no tracking slots: the pool was built without enable_mamba_extra_buffer")
+            raise ValueError(
+                "no tracking slots: the pool was built without enable_mamba_extra_buffer"
+            )
         r = _slot_tensor(rows, pp.device)
         idx = self.mamba_next_track_idx[r]
         slots = pp[r, idx]
         if (self.debug_mode or slots.device.type == "cpu") and bool((slots < 1).any()):
-            raise ValueError(f"rows {r[slots < 1].tolist()} have no tracking slot yet "
-                             "(lazy mode: call ensure_tracking_slots first)")
+            raise ValueError(
+                f"rows {r[slots < 1].tolist()} have no tracking slot yet "
+                "(lazy mode: call ensure_tracking_slots first)"
+            )
         self.mamba_next_track_idx[r] = (idx + 1) % pp.shape[1]
         return slots
 
@@ -370,18 +489,25 @@ class HybridReqToTokenPool(ReqToTokenPool):
         r = _slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)
         dst = self.next_track_slots(r)
         self.mamba_pool.copy_slots(self.req_index_to_mamba_index_mapping[r], dst)
-        self.mamba_last_track_seqlen[r] = torch.as_tensor(seq_lens, dtype=torch.int64, device=r.device)
+        self.mamba_last_track_seqlen[r] = torch.as_tensor(
+            seq_lens, dtype=torch.int64, device=r.device
+        )
         return dst
 
     def held_mamba_slots(self) -> torch.Tensor:
         """Every slot some row maps (for ledgers and tests; a request that kept its state without
         a row is not in the table)."""
-        both = torch.cat((self.req_index_to_mamba_index_mapping[1:],
-                          self.req_index_to_mamba_ping_pong_track_buffer_mapping[1:].reshape(-1)))
+        both = torch.cat(
+            (
+                self.req_index_to_mamba_index_mapping[1:],
+                self.req_index_to_mamba_ping_pong_track_buffer_mapping[1:].reshape(-1),
+            )
+        )
         return both[both > 0]
 
 
 # -- argument checks at the boundary ----------------------------------------------------------
+
 
 def _validate_free_mamba_cache(req, keep, size) -> None:
     if not req.kv.holds_mamba:

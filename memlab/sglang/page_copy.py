@@ -38,9 +38,16 @@ def page_rows(pages: torch.Tensor, page_size: int) -> torch.Tensor:
 
 def copy_pages_torch(src, dst, src_pages, dst_pages, page_size: int) -> None:
     num_src, num_dst = src.shape[0] // page_size, dst.shape[0] // page_size
-    ok = (src_pages >= 0) & (src_pages < num_src) & (dst_pages >= 0) & (dst_pages < num_dst)
+    ok = (
+        (src_pages >= 0)
+        & (src_pages < num_src)
+        & (dst_pages >= 0)
+        & (dst_pages < num_dst)
+    )
     src_pages, dst_pages = src_pages[ok], dst_pages[ok]
-    dst[page_rows(dst_pages, page_size).to(dst.device)] = src[page_rows(src_pages, page_size).to(src.device)].to(dst.device)
+    dst[page_rows(dst_pages, page_size).to(dst.device)] = src[
+        page_rows(src_pages, page_size).to(src.device)
+    ].to(dst.device)
 
 
 def copy_pages_python(src, dst, src_pages, dst_pages, page_size: int) -> None:
@@ -52,11 +59,15 @@ def copy_pages_python(src, dst, src_pages, dst_pages, page_size: int) -> None:
         if not (0 <= s < rows // page_size and 0 <= d < dst.shape[0] // page_size):
             continue
         for k in range(page_size * row_elems):
-            flat_dst[d * page_size * row_elems + k] = flat_src[s * page_size * row_elems + k]
+            flat_dst[d * page_size * row_elems + k] = flat_src[
+                s * page_size * row_elems + k
+            ]
     dst.copy_(torch.tensor(flat_dst, dtype=dst.dtype).reshape(dst.shape))
 
 
-def copy_pages(src, dst, src_pages, dst_pages, page_size: int, backend: str = "triton") -> None:
+def copy_pages(
+    src, dst, src_pages, dst_pages, page_size: int, backend: str = "triton"
+) -> None:
     """One gather-scatter between two buffers on the same device."""
     _check_copy(src, dst, src_pages, dst_pages, page_size, backend)
     if backend == "triton":
@@ -69,42 +80,97 @@ def copy_pages(src, dst, src_pages, dst_pages, page_size: int, backend: str = "t
         copy_pages_python(src, dst, src_pages, dst_pages, page_size)
 
 
-def transfer_pages(src, dst, src_pages, dst_pages, page_size: int, backend: str = "triton",
-                   path: str | None = None) -> None:
+def transfer_pages(
+    src,
+    dst,
+    src_pages,
+    dst_pages,
+    page_size: int,
+    backend: str = "triton",
+    path: str | None = None,
+) -> None:
     """Copy pages from ``src`` to ``dst`` wherever the two live (see the module's docstring).
 
     ``path``: "same_device", "device_to_host" or "host_to_device"; by default the buffers'
     devices decide. Naming a staged path on one device tests it without a GPU.
     """
     if path is None:
-        path = "same_device" if src.device == dst.device else \
-            "device_to_host" if dst.device.type == "cpu" else "host_to_device"
+        path = (
+            "same_device"
+            if src.device == dst.device
+            else "device_to_host"
+            if dst.device.type == "cpu"
+            else "host_to_device"
+        )
     n = len(src_pages)
     if path == "same_device":
-        copy_pages(src, dst, src_pages.to(src.device), dst_pages.to(dst.device), page_size, backend)
+        copy_pages(
+            src,
+            dst,
+            src_pages.to(src.device),
+            dst_pages.to(dst.device),
+            page_size,
+            backend,
+        )
     elif path == "device_to_host":
         # the kernel gathers the pages on the device, one bulk copy, the host scatters them
-        stage = torch.empty((n * page_size, *src.shape[1:]), dtype=src.dtype, device=src.device)
-        copy_pages(src, stage, src_pages.to(src.device), torch.arange(n, device=src.device), page_size, backend)
-        copy_pages_torch(stage.to(dst.device), dst, torch.arange(n), dst_pages.cpu(), page_size)
+        stage = torch.empty(
+            (n * page_size, *src.shape[1:]), dtype=src.dtype, device=src.device
+        )
+        copy_pages(
+            src,
+            stage,
+            src_pages.to(src.device),
+            torch.arange(n, device=src.device),
+            page_size,
+            backend,
+        )
+        copy_pages_torch(
+            stage.to(dst.device), dst, torch.arange(n), dst_pages.cpu(), page_size
+        )
     else:
         # the host gathers the pages, one bulk copy, the kernel scatters them on the device
-        stage = torch.empty((n * page_size, *src.shape[1:]), dtype=src.dtype, pin_memory=dst.device.type == "cuda")
+        stage = torch.empty(
+            (n * page_size, *src.shape[1:]),
+            dtype=src.dtype,
+            pin_memory=dst.device.type == "cuda",
+        )
         copy_pages_torch(src, stage, src_pages.cpu(), torch.arange(n), page_size)
         stage = stage.to(dst.device, non_blocking=True)
-        copy_pages(stage, dst, torch.arange(n, device=dst.device), dst_pages.to(dst.device), page_size, backend)
+        copy_pages(
+            stage,
+            dst,
+            torch.arange(n, device=dst.device),
+            dst_pages.to(dst.device),
+            page_size,
+            backend,
+        )
 
 
 # -- argument checks (memlab's, at the boundary: SGLang's transfers trust their caller) ----------
+
 
 def _check_copy(src, dst, src_pages, dst_pages, page_size, backend) -> None:
     _checks.one_of("backend", backend, BACKENDS)
     page_size = _checks.integer("page_size", page_size, 1)
     _checks.tensor("src", src), _checks.tensor("dst", dst)
-    for name, pages, buf in (("src_pages", src_pages, src), ("dst_pages", dst_pages, dst)):
-        _checks.index_tensor(name, pages, buf.device, ndim=1, owner=f"{name[:3]} buffer")
-        if pages.device.type == "cpu":  # on a GPU reading the ids would sync: there the kernel masks them
-            _checks.values_in(f"{name} (page ids of a buffer of {buf.shape[0] // page_size} pages)", pages, 0,
-                              buf.shape[0] // page_size - 1)
+    for name, pages, buf in (
+        ("src_pages", src_pages, src),
+        ("dst_pages", dst_pages, dst),
+    ):
+        _checks.index_tensor(
+            name, pages, buf.device, ndim=1, owner=f"{name[:3]} buffer"
+        )
+        if (
+            pages.device.type == "cpu"
+        ):  # on a GPU reading the ids would sync: there the kernel masks them
+            _checks.values_in(
+                f"{name} (page ids of a buffer of {buf.shape[0] // page_size} pages)",
+                pages,
+                0,
+                buf.shape[0] // page_size - 1,
+            )
     if len(src_pages) != len(dst_pages):
-        raise ValueError(f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way per copy")
+        raise ValueError(
+            f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way per copy"
+        )

@@ -41,7 +41,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import sys
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -55,21 +56,38 @@ class TreeNode:
     """One edge of the tree and the node below it. ``value`` is None once the node is evicted
     from the device (only HiCache keeps such nodes, with their KV in ``host_value``)."""
 
-    __slots__ = ("id", "children", "parent", "key", "value", "host_value", "lock_ref", "host_lock_ref",
-                 "last_access_time", "hit_count", "priority")
+    __slots__ = (
+        "id",
+        "children",
+        "parent",
+        "key",
+        "value",
+        "host_value",
+        "lock_ref",
+        "host_lock_ref",
+        "last_access_time",
+        "hit_count",
+        "priority",
+    )
 
     def __init__(self, id: int, last_access_time: int, priority: int = 0):
         self.id = id
         self.children: dict = {}  # child_key (first token, or first page as a tuple) -> TreeNode
         self.parent: TreeNode | None = None
         self.key: tuple = ()
-        self.value: torch.Tensor | None = None  # device slot indices, one per token of key
-        self.host_value: torch.Tensor | None = None  # HiCache: host slot indices of the same tokens
+        self.value: torch.Tensor | None = (
+            None  # device slot indices, one per token of key
+        )
+        self.host_value: torch.Tensor | None = (
+            None  # HiCache: host slot indices of the same tokens
+        )
         self.lock_ref = 0  # running requests whose prefix runs through this node
         self.host_lock_ref = 0  # HiCache: load-backs reading host_value right now
         self.last_access_time = last_access_time
         self.hit_count = 0  # inserts that reached it, once per request (HiCache's write-through reads it)
-        self.priority = priority  # the highest priority of the requests that inserted it
+        self.priority = (
+            priority  # the highest priority of the requests that inserted it
+        )
 
     @property
     def evicted(self) -> bool:
@@ -79,18 +97,24 @@ class TreeNode:
     def backuped(self) -> bool:
         return self.host_value is not None
 
-    def __lt__(self, other: "TreeNode") -> bool:
+    def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time
 
     def __repr__(self) -> str:
-        where = "host" if self.evicted else "device" + ("+host" if self.backuped else "")
-        return f"TreeNode(id={self.id}, key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, len={len(self.key)}, " \
-               f"lock_ref={self.lock_ref}, {where})"
+        where = (
+            "host" if self.evicted else "device" + ("+host" if self.backuped else "")
+        )
+        return (
+            f"TreeNode(id={self.id}, key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, len={len(self.key)}, "
+            f"lock_ref={self.lock_ref}, {where})"
+        )
 
 
 class MatchResult(NamedTuple):
     device_prefix_len: int  # tokens matched whose KV is on the device
-    last_device_node: TreeNode  # where the device part of the match ends (lock this one)
+    last_device_node: (
+        TreeNode  # where the device part of the match ends (lock this one)
+    )
     last_host_node: TreeNode  # where the whole match ends (the same without HiCache)
     host_hit_length: int = 0  # HiCache: matched tokens whose KV lives only on the host
 
@@ -98,6 +122,7 @@ class MatchResult(NamedTuple):
 class TreeLock(NamedTuple):
     """One holder's lock on the path root -> ``node`` (SGLang's ``TreeLock``): ``unlock`` gives back
     exactly this one. A request keeps its own in ``req.lock``."""
+
     node: TreeNode
 
 
@@ -141,21 +166,37 @@ class RadixCache:
     """SGLang's RadixCache over a memlab allocator (``free``, ``free_segment``, ``available_size``,
     ``page_size``, ``device``): a node's slots are whole pages, so they go back as segments."""
 
-    def __init__(self, token_to_kv_pool_allocator, page_size: int | None = None, disable: bool = False,
-                 debug_mode: bool = False, req_to_token_pool=None, sliding_window_size: int | None = None):
+    def __init__(
+        self,
+        token_to_kv_pool_allocator,
+        page_size: int | None = None,
+        disable: bool = False,
+        debug_mode: bool = False,
+        req_to_token_pool=None,
+        sliding_window_size: int | None = None,
+    ):
         _validate_init(token_to_kv_pool_allocator, page_size, sliding_window_size)
-        self.req_to_token_pool = req_to_token_pool  # the request table checkpoints read and rewrite
-        # SGLang's convention: the positions a query reads before its own (config.sliding_window - 1)
+        self.req_to_token_pool = (
+            req_to_token_pool  # the request table checkpoints read and rewrite
+        )
+        # SGLang's convention: the positions a query reads before its own
+        # (config.sliding_window - 1)
         self.sliding_window_size = sliding_window_size
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.page_size = token_to_kv_pool_allocator.page_size if page_size is None else page_size
+        self.page_size = (
+            token_to_kv_pool_allocator.page_size if page_size is None else page_size
+        )
         self.device = token_to_kv_pool_allocator.device
         self.disable = disable
         self.debug_mode = debug_mode
-        self._clock = itertools.count()  # the LRU clock: one tick per access or new node
+        self._clock = (
+            itertools.count()
+        )  # the LRU clock: one tick per access or new node
         self._ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
-        self.num_evicted_tokens = 0  # SGLang's eviction metric: tokens evict() freed from the device
+        self.num_evicted_tokens = (
+            0  # SGLang's eviction metric: tokens evict() freed from the device
+        )
         self.reset()
 
     # -- public API --------------------------------------------------------------------------
@@ -173,7 +214,11 @@ class RadixCache:
     def page_aligned(self, key: Sequence[int]) -> tuple:
         """The key cut to whole pages: a partial last page is never cached or matched."""
         key = key if type(key) is tuple else tuple(_validate_key(key))
-        return key[: len(key) // self.page_size * self.page_size] if len(key) % self.page_size else key
+        return (
+            key[: len(key) // self.page_size * self.page_size]
+            if len(key) % self.page_size
+            else key
+        )
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         """The longest cached prefix of ``key``. A match that ends inside a node splits it, so the
@@ -195,8 +240,14 @@ class RadixCache:
             return
         self._match_prefix_helper(self.root_node, key)
 
-    def insert(self, key: Sequence[int], value: torch.Tensor | None = None, *, priority: int | None = 0,
-               inserted_len: int = 0) -> InsertResult:
+    def insert(
+        self,
+        key: Sequence[int],
+        value: torch.Tensor | None = None,
+        *,
+        priority: int | None = 0,
+        inserted_len: int = 0,
+    ) -> InsertResult:
         """Add ``key`` with its slots ``value``; the tree keeps the part it did not have.
 
         Returns ``prefix_len``: how many leading tokens the tree already held. The caller's slots
@@ -211,36 +262,56 @@ class RadixCache:
         _validate_insert(self, key, value)
         if value is None:  # SGLang's test fallback: the token ids stand in for slots
             value = torch.tensor(key, dtype=torch.int64, device=self.device)
-        prefix_len, last_node = self._insert_helper(self.root_node, key, value[: len(key)], priority, inserted_len)
+        prefix_len, last_node = self._insert_helper(
+            self.root_node, key, value[: len(key)], priority, inserted_len
+        )
         if self.debug_mode:
             self._check_tree()
         return InsertResult(prefix_len, last_node)
 
-    def _insert_cache(self, req, token_ids: Sequence[int], *, key_limit: int | None = None,
-                      split_prompt: bool = False):
+    def _insert_cache(
+        self,
+        req,
+        token_ids: Sequence[int],
+        *,
+        key_limit: int | None = None,
+        split_prompt: bool = False,
+    ):
         """Insert the page-aligned key of ``token_ids`` (cut at ``key_limit``) with the request's
         slots, and free the request's copies of what the tree already held. Returns (the key,
         the row's slots, the prefix the tree held)."""
         kv = req.kv
-        kv_indices = self.req_to_token_pool.req_to_token[kv.req_pool_idx, :len(token_ids)]
+        kv_indices = self.req_to_token_pool.req_to_token[
+            kv.req_pool_idx, : len(token_ids)
+        ]
         radix_key = self.page_aligned(token_ids)
         if key_limit is not None:
             radix_key = radix_key[:key_limit]
         key_len = len(radix_key)
         values = kv_indices[:key_len].to(self.device, torch.int64)
         priority = req.priority or 0
-        result = self.insert(radix_key, values, priority=priority, inserted_len=kv.cache_inserted_len)
+        result = self.insert(
+            radix_key, values, priority=priority, inserted_len=kv.cache_inserted_len
+        )
         kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
         if split_prompt:
             # Split the leaf at the prompt's last whole page, so eviction can drop the output
             # without the prompt; re-inserting a prefix only changes the tree's shape.
             prompt_key = self.page_aligned(token_ids[: len(req.origin_input_ids)])
             if 0 < len(prompt_key) < key_len:
-                self.insert(prompt_key, values[: len(prompt_key)], priority=min(priority + 1, _INT64_MAX),
-                            inserted_len=len(prompt_key))
+                self.insert(
+                    prompt_key,
+                    values[: len(prompt_key)],
+                    priority=min(priority + 1, _INT64_MAX),
+                    inserted_len=len(prompt_key),
+                )
         cpl = kv.cache_protected_len
-        if result.prefix_len > cpl:  # the request computed what the tree held already: its copies go
-            self.token_to_kv_pool_allocator.free_segment(values[cpl:result.prefix_len], start_pos=cpl)
+        if (
+            result.prefix_len > cpl
+        ):  # the request computed what the tree held already: its copies go
+            self.token_to_kv_pool_allocator.free_segment(
+                values[cpl : result.prefix_len], start_pos=cpl
+            )
         return radix_key, kv_indices, result.prefix_len
 
     def checkpoint(self, req, *, up_to: int) -> None:
@@ -250,21 +321,32 @@ class RadixCache:
         length. Frees nothing of the request's own tail: ``release_kv_cache`` does."""
         if self.disable:
             return
-        radix_key, _, prefix_len = self._insert_cache(req, req.full_untruncated_fill_ids[:up_to], split_prompt=True)
-        new_last_node = self.match_prefix(radix_key).last_device_node  # its slots may be the tree's now
+        radix_key, _, prefix_len = self._insert_cache(
+            req, req.full_untruncated_fill_ids[:up_to], split_prompt=True
+        )
+        new_last_node = self.match_prefix(
+            radix_key
+        ).last_device_node  # its slots may be the tree's now
         new_indices = self.path_device_indices(new_last_node)
-        assert len(new_indices) == len(radix_key), f"{len(new_indices)=}, {len(radix_key)=}"
+        assert len(new_indices) == len(radix_key), (
+            f"{len(new_indices)=}, {len(radix_key)=}"
+        )
         kv = req.kv
         cpl = kv.cache_protected_len
         if prefix_len > cpl:
-            # The row points at the tree's slots from here on. SGLang writes [cpl, len(new_indices));
-            # past the old prefix the tree took the row's own slots, so only this part changes.
-            self.req_to_token_pool.write((kv.req_pool_idx, slice(cpl, prefix_len)),
-                                         new_indices[cpl:prefix_len].to(torch.int32))
+            # The row points at the tree's slots from here on. SGLang writes [cpl,
+            # len(new_indices)); past the old prefix the tree took the row's own slots,
+            # so only this part changes.
+            self.req_to_token_pool.write(
+                (kv.req_pool_idx, slice(cpl, prefix_len)),
+                new_indices[cpl:prefix_len].to(torch.int32),
+            )
         # With page_size > 1 the partial last page stays in the row, not in the tree: the
         # request still owns it, and the next checkpoint or release_kv_cache frees it.
         kv.cache_protected_len = len(new_indices)
-        if req.lock is None or req.lock.node is not new_last_node:  # the same node: the lock stays as it is
+        if (
+            req.lock is None or req.lock.node is not new_last_node
+        ):  # the same node: the lock stays as it is
             self.unlock(req.lock)
             req.lock = self.lock(new_last_node)
         req.last_node = new_last_node
@@ -272,7 +354,13 @@ class RadixCache:
     def free_kv_row(self, kv, ranges) -> None:
         """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row; the
         part the sliding window already released (``kv.swa_evicted_seqlen``) on the full side only."""
-        free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, kv, ranges, kv.swa_evicted_seqlen)
+        free_kv_row(
+            self.req_to_token_pool,
+            self.token_to_kv_pool_allocator,
+            kv,
+            ranges,
+            kv.swa_evicted_seqlen,
+        )
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disable
@@ -291,7 +379,9 @@ class RadixCache:
         num_tokens = _checks.integer("num_tokens", num_tokens)
         if self.disable:
             return EvictResult(0)
-        eviction_heap = [(node.last_access_time, node.id, node) for node in self.evictable_leaves]
+        eviction_heap = [
+            (node.last_access_time, node.id, node) for node in self.evictable_leaves
+        ]
         heapq.heapify(eviction_heap)
         num_evicted = 0
         while num_evicted < num_tokens and eviction_heap:
@@ -301,7 +391,9 @@ class RadixCache:
             num_evicted += len(x.value)
             self._delete_leaf(x)
             if len(x.parent.children) == 0 and x.parent.lock_ref == 0:
-                heapq.heappush(eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent))
+                heapq.heappush(
+                    eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent)
+                )
         self.num_evicted_tokens += num_evicted
         if self.debug_mode:
             self._check_tree()
@@ -309,7 +401,9 @@ class RadixCache:
 
     def lock(self, node: TreeNode) -> TreeLock:
         """Take one lock on the path root -> ``node`` for one holder."""
-        _checks.instance("node", node, TreeNode, "a TreeNode (match_prefix(...).last_device_node)")
+        _checks.instance(
+            "node", node, TreeNode, "a TreeNode (match_prefix(...).last_device_node)"
+        )
         self.inc_lock_ref(node)
         return TreeLock(node)
 
@@ -389,8 +483,10 @@ class RadixCache:
         free, or held by the tree (evictable), or locked (protected). A leak shows up here."""
         available = self.token_to_kv_pool_allocator.available_size()
         if available + self.evictable_size_ + self.protected_size_ != total:
-            raise AssertionError(f"idle check failed: available {available} + evictable {self.evictable_size_} + "
-                                 f"protected {self.protected_size_} != total {total}")
+            raise AssertionError(
+                f"idle check failed: available {available} + evictable {self.evictable_size_} + "
+                f"protected {self.protected_size_} != total {total}"
+            )
 
     # -- the tree ----------------------------------------------------------------------------
 
@@ -399,15 +495,19 @@ class RadixCache:
 
     def _child_key(self, key: tuple, offset: int = 0):
         """Children are found by their first token (their first page with pages)."""
-        return key[offset] if self.page_size == 1 else key[offset: offset + self.page_size]
+        return (
+            key[offset]
+            if self.page_size == 1
+            else key[offset : offset + self.page_size]
+        )
 
     def _key_match(self, node_key: tuple, key: tuple, offset: int) -> int:
         """Tokens ``node_key`` shares with ``key[offset:]``, in whole pages."""
         n = min(len(node_key), len(key) - offset)
-        if node_key[:n] == key[offset: offset + n]:  # the common case, compared in C
+        if node_key[:n] == key[offset : offset + n]:  # the common case, compared in C
             return n
         ps, i = self.page_size, 0
-        while i < n and node_key[i: i + ps] == key[offset + i: offset + i + ps]:
+        while i < n and node_key[i : i + ps] == key[offset + i : offset + i + ps]:
             i += ps
         return i
 
@@ -415,7 +515,10 @@ class RadixCache:
         access_time = next(self._clock)
         node.last_access_time = access_time
         value, offset = [], 0
-        while offset < len(key) and (child := node.children.get(self._child_key(key, offset))) is not None:
+        while (
+            offset < len(key)
+            and (child := node.children.get(self._child_key(key, offset))) is not None
+        ):
             child.last_access_time = access_time
             prefix_len = self._key_match(child.key, key, offset)
             if prefix_len < len(child.key):
@@ -439,23 +542,38 @@ class RadixCache:
         new_node.key = child.key[:split_len]
         new_node.children = {self._child_key(child.key, split_len): child}
         if child.value is not None:
-            new_node.value, child.value = child.value[:split_len].clone(), child.value[split_len:].clone()
+            new_node.value, child.value = (
+                child.value[:split_len].clone(),
+                child.value[split_len:].clone(),
+            )
         if child.host_value is not None:
-            new_node.host_value, child.host_value = child.host_value[:split_len].clone(), child.host_value[split_len:].clone()
+            new_node.host_value, child.host_value = (
+                child.host_value[:split_len].clone(),
+                child.host_value[split_len:].clone(),
+            )
         child.parent = new_node
         child.key = child.key[split_len:]
         new_node.parent.children[self._child_key(new_node.key)] = new_node
         return new_node
 
-    def _insert_helper(self, node: TreeNode, key: tuple, value: torch.Tensor, priority: int | None = 0,
-                       inserted_len: int = 0):
+    def _insert_helper(
+        self,
+        node: TreeNode,
+        key: tuple,
+        value: torch.Tensor,
+        priority: int | None = 0,
+        inserted_len: int = 0,
+    ):
         priority = priority or 0
         access_time = next(self._clock)
         node.last_access_time = access_time
         node.priority = max(node.priority, priority)
         total_prefix_length = 0
-        while total_prefix_length < len(key) and \
-                (child := node.children.get(self._child_key(key, total_prefix_length))) is not None:
+        while (
+            total_prefix_length < len(key)
+            and (child := node.children.get(self._child_key(key, total_prefix_length)))
+            is not None
+        ):
             node = child
             node.last_access_time = access_time
             prefix_len = self._key_match(node.key, key, total_prefix_length)
@@ -463,15 +581,24 @@ class RadixCache:
             if prefix_len < len(node.key):
                 node = self._split_node(node, prefix_len)
             node.priority = max(node.priority, priority)
-            if total_prefix_length > inserted_len:  # nodes this request inserted were counted then
+            if (
+                total_prefix_length > inserted_len
+            ):  # nodes this request inserted were counted then
                 self._inc_hit_count(node)
         if total_prefix_length < len(key):
-            node = self._add_leaf(node, key[total_prefix_length:], value[total_prefix_length:].clone(), priority)
+            node = self._add_leaf(
+                node,
+                key[total_prefix_length:],
+                value[total_prefix_length:].clone(),
+                priority,
+            )
             if len(key) > inserted_len:
                 self._inc_hit_count(node)
         return total_prefix_length, node
 
-    def _add_leaf(self, parent: TreeNode, key: tuple, value: torch.Tensor, priority: int = 0) -> TreeNode:
+    def _add_leaf(
+        self, parent: TreeNode, key: tuple, value: torch.Tensor, priority: int = 0
+    ) -> TreeNode:
         new_node = self._new_node()
         new_node.priority = priority
         new_node.parent, new_node.key, new_node.value = parent, key, value
@@ -492,7 +619,11 @@ class RadixCache:
 
     def _update_leaf_status(self, node: TreeNode) -> None:
         """An evictable leaf: on the device, unlocked, and no child on the device."""
-        if node.evicted or node.lock_ref > 0 or any(not c.evicted for c in node.children.values()):
+        if (
+            node.evicted
+            or node.lock_ref > 0
+            or any(not c.evicted for c in node.children.values())
+        ):
             self.evictable_leaves.discard(node)
         else:
             self.evictable_leaves.add(node)
@@ -503,7 +634,9 @@ class RadixCache:
         n = node
         while n is not self.root_node:
             if n.lock_ref <= 0:
-                raise ValueError(f"dec_lock_ref on {n} which nobody locks: a lock released twice")
+                raise ValueError(
+                    f"dec_lock_ref on {n} which nobody locks: a lock released twice"
+                )
             n = n.parent
 
     def _check_tree(self) -> None:
@@ -514,10 +647,15 @@ class RadixCache:
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
-            assert node.parent.children.get(self._child_key(node.key)) is node, f"{node} is lost by its parent"
-            assert len(node.key) > 0 and len(node.key) % ps == 0, f"{node}: key of {len(node.key)} tokens, page {ps}"
-            assert node.lock_ref <= node.parent.lock_ref or node.parent is self.root_node, \
-                f"{node} is locked more often than its parent"
+            assert node.parent.children.get(self._child_key(node.key)) is node, (
+                f"{node} is lost by its parent"
+            )
+            assert len(node.key) > 0 and len(node.key) % ps == 0, (
+                f"{node}: key of {len(node.key)} tokens, page {ps}"
+            )
+            assert (
+                node.lock_ref <= node.parent.lock_ref or node.parent is self.root_node
+            ), f"{node} is locked more often than its parent"
             self._check_node_values(node)
             if node.evicted:
                 continue
@@ -527,32 +665,46 @@ class RadixCache:
                 evictable += len(node.key)
             if node.lock_ref == 0 and all(c.evicted for c in node.children.values()):
                 leaves.add(node)
-        assert (evictable, protected) == (self.evictable_size_, self.protected_size_), \
-            f"counters say evictable {self.evictable_size_} protected {self.protected_size_}, " \
+        assert (evictable, protected) == (self.evictable_size_, self.protected_size_), (
+            f"counters say evictable {self.evictable_size_} protected {self.protected_size_}, "
             f"the tree holds {evictable} and {protected}"
+        )
         assert leaves == self.evictable_leaves, "evictable_leaves is out of date"
 
     def _check_node_values(self, node: TreeNode) -> None:
         for v in (node.value, node.host_value):
             if v is not None:
-                assert len(v) == len(node.key), f"{node}: {len(v)} slots for {len(node.key)} tokens"
+                assert len(v) == len(node.key), (
+                    f"{node}: {len(v)} slots for {len(node.key)} tokens"
+                )
                 if self.page_size > 1:
                     runs = v.view(-1, self.page_size)
-                    assert (runs[:, 0] % self.page_size == 0).all() and \
-                        (runs - runs[:, :1] == torch.arange(self.page_size, device=v.device)).all(), \
-                        f"{node}: slots are not whole pages"
+                    assert (runs[:, 0] % self.page_size == 0).all() and (
+                        runs - runs[:, :1]
+                        == torch.arange(self.page_size, device=v.device)
+                    ).all(), f"{node}: slots are not whole pages"
 
 
 # -- argument checks at the boundary (the algorithm above trusts its inputs, as SGLang's does) ----
 
+
 def _validate_init(allocator, page_size, sliding_window_size) -> None:
-    if not all(hasattr(allocator, a) for a in ("free_segment", "available_size", "page_size", "device")):
-        raise TypeError(f"token_to_kv_pool_allocator must be an allocator, got {type(allocator).__name__}")
+    if not all(
+        hasattr(allocator, a)
+        for a in ("free_segment", "available_size", "page_size", "device")
+    ):
+        raise TypeError(
+            f"token_to_kv_pool_allocator must be an allocator, got {type(allocator).__name__}"
+        )
     if sliding_window_size is not None:
         _checks.integer("sliding_window_size", sliding_window_size, 1)
-    if page_size is not None and page_size != getattr(allocator, "page_size", page_size):
-        raise ValueError(f"page_size {page_size} differs from the allocator's {allocator.page_size}: the tree "
-                         "would cut keys to pages the allocator does not hand out")
+    if page_size is not None and page_size != getattr(
+        allocator, "page_size", page_size
+    ):
+        raise ValueError(
+            f"page_size {page_size} differs from the allocator's {allocator.page_size}: the tree "
+            "would cut keys to pages the allocator does not hand out"
+        )
 
 
 def _validate_key(key):
@@ -561,7 +713,9 @@ def _validate_key(key):
     if isinstance(key, torch.Tensor):
         _checks.index_tensor("key", key, ndim=1)
     elif not isinstance(key, (list, tuple, range)):
-        raise TypeError(f"key must be a sequence of token ids, got {type(key).__name__}")
+        raise TypeError(
+            f"key must be a sequence of token ids, got {type(key).__name__}"
+        )
     return key
 
 
@@ -571,7 +725,14 @@ def _validate_insert(tree, key: tuple, value) -> None:
         return
     _checks.index_tensor("value", value, tree.device, ndim=1, owner="tree")
     alloc = tree.token_to_kv_pool_allocator
-    if tree.debug_mode and getattr(alloc, "debug_mode", False) and hasattr(alloc, "_ledger") and len(key):
+    if (
+        tree.debug_mode
+        and getattr(alloc, "debug_mode", False)
+        and hasattr(alloc, "_ledger")
+        and len(key)
+    ):
         _checks.held_slots(alloc, "value", value[: len(key)])
     if len(value) < len(key):
-        raise ValueError(f"insert of {len(key)} key tokens (after cutting to whole pages) with a value of only {len(value)} slots")
+        raise ValueError(
+            f"insert of {len(key)} key tokens (after cutting to whole pages) with a value of only {len(value)} slots"
+        )

@@ -9,7 +9,7 @@ that these books read.
 from __future__ import annotations
 
 import numbers
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -29,9 +29,18 @@ class ReqKvInfo:
     tracking cursors per row on ``HybridReqToTokenPool``.
     """
 
-    __slots__ = ("req_pool_idx", "cache_protected_len", "cache_inserted_len", "kv_committed_len",
-                 "kv_allocated_len", "swa_evicted_seqlen", "mamba_pool_idx", "mamba_ping_pong_track_buffer",
-                 "mamba_cow_src_index", "mamba_needs_clear")
+    __slots__ = (
+        "req_pool_idx",
+        "cache_protected_len",
+        "cache_inserted_len",
+        "kv_committed_len",
+        "kv_allocated_len",
+        "swa_evicted_seqlen",
+        "mamba_pool_idx",
+        "mamba_ping_pong_track_buffer",
+        "mamba_cow_src_index",
+        "mamba_needs_clear",
+    )
 
     def __init__(self):
         self.req_pool_idx: int | None = None  # its row in the request table
@@ -44,10 +53,18 @@ class ReqKvInfo:
         # Positions before here gave their SWA slots back as the window moved on (the full side
         # still holds them): SGLang's ``get_evicted_seqlen(ComponentType.SWA)``.
         self.swa_evicted_seqlen = 0
-        self.mamba_pool_idx: torch.Tensor | None = None  # its state slot (hybrid models), shape ()
-        self.mamba_ping_pong_track_buffer: torch.Tensor | None = None  # its tracking slots, -1 = not taken yet
-        self.mamba_cow_src_index: torch.Tensor | None = None  # a cached state to copy in before the first extend
-        self.mamba_needs_clear = False  # a new state slot: zero it before the first extend
+        self.mamba_pool_idx: torch.Tensor | None = (
+            None  # its state slot (hybrid models), shape ()
+        )
+        self.mamba_ping_pong_track_buffer: torch.Tensor | None = (
+            None  # its tracking slots, -1 = not taken yet
+        )
+        self.mamba_cow_src_index: torch.Tensor | None = (
+            None  # a cached state to copy in before the first extend
+        )
+        self.mamba_needs_clear = (
+            False  # a new state slot: zero it before the first extend
+        )
 
     @property
     def holds_kv(self) -> bool:
@@ -66,9 +83,11 @@ class ReqKvInfo:
         self.swa_evicted_seqlen = 0  # the window's cursor goes with the slots
 
     def __repr__(self):
-        return (f"ReqKvInfo(row={self.req_pool_idx}, protected={self.cache_protected_len}, "
-                f"inserted={self.cache_inserted_len}, committed={self.kv_committed_len}, "
-                f"allocated={self.kv_allocated_len})")
+        return (
+            f"ReqKvInfo(row={self.req_pool_idx}, protected={self.cache_protected_len}, "
+            f"inserted={self.cache_inserted_len}, committed={self.kv_committed_len}, "
+            f"allocated={self.kv_allocated_len})"
+        )
 
 
 class Req:
@@ -81,15 +100,27 @@ class Req:
     ``full_untruncated_fill_ids`` as an array it refreshes; memlab computes it.
     """
 
-    __slots__ = ("rid", "origin_input_ids", "output_ids", "kv", "generation", "priority", "prefix_len",
-                 "extend_end", "last_node", "lock")
+    __slots__ = (
+        "rid",
+        "origin_input_ids",
+        "output_ids",
+        "kv",
+        "generation",
+        "priority",
+        "prefix_len",
+        "extend_end",
+        "last_node",
+        "lock",
+    )
 
     def __init__(self, rid, origin_input_ids=(), priority: int | None = None):
         self.rid = rid
         self.origin_input_ids = list(origin_input_ids)
         self.output_ids: list[int] = []
         self.kv = ReqKvInfo()
-        self.generation = -1  # row generation seen when the row was taken (memlab's, for chapter 01)
+        self.generation = (
+            -1
+        )  # row generation seen when the row was taken (memlab's, for chapter 01)
         self.priority = priority
         self.prefix_len = 0
         self.extend_end: int | None = None
@@ -109,9 +140,13 @@ class Req:
         with its output so far, as a new request would (SGLang's ``Req.reset_for_retract``)."""
         self.prefix_len = 0
         self.last_node = self.lock = self.extend_end = None
-        self.kv.cache_protected_len = self.kv.cache_inserted_len = self.kv.kv_committed_len = 0
+        self.kv.cache_protected_len = self.kv.cache_inserted_len = (
+            self.kv.kv_committed_len
+        ) = 0
         kv = self.kv
-        kv.mamba_pool_idx = kv.mamba_ping_pong_track_buffer = kv.mamba_cow_src_index = None
+        kv.mamba_pool_idx = kv.mamba_ping_pong_track_buffer = kv.mamba_cow_src_index = (
+            None
+        )
         kv.mamba_needs_clear = False
 
     def __repr__(self):
@@ -123,9 +158,13 @@ class ReqToTokenPool:
 
     def __init__(self, size: int, max_context_len: int, device="cpu"):
         self.size = _checks.integer("size", size, 1, _checks.INT32_MAX)
-        self.max_context_len = _checks.integer("max_context_len", max_context_len, 1, _checks.INT32_MAX)
+        self.max_context_len = _checks.integer(
+            "max_context_len", max_context_len, 1, _checks.INT32_MAX
+        )
         self.device = resolve_device(device)
-        self.req_to_token = torch.zeros((self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device)
+        self.req_to_token = torch.zeros(
+            (self.size + 1, self.max_context_len), dtype=torch.int32, device=self.device
+        )
         # Bumped on every allocation and never reset (not even by clear): an asynchronous reader
         # that stored (row, generation) detects reuse of the row by a changed generation.
         self.req_generation = torch.zeros(self.size + 1, dtype=torch.int64)
@@ -134,8 +173,12 @@ class ReqToTokenPool:
     def clear(self) -> None:
         # Allocation takes from the tail (O(k)); which row a request gets does not matter.
         self.free_slots = list(range(1, self.size + 1))
-        self._row_free = bytearray([0]) + bytearray([1]) * self.size  # O(1) double-free check
-        self._row_owner: list = [None] * (self.size + 1)  # the Req given each row by alloc (memlab's check)
+        self._row_free = (
+            bytearray([0]) + bytearray([1]) * self.size
+        )  # O(1) double-free check
+        self._row_owner: list = [None] * (
+            self.size + 1
+        )  # the Req given each row by alloc (memlab's check)
 
     def available_size(self) -> int:
         return len(self.free_slots)
@@ -148,7 +191,9 @@ class ReqToTokenPool:
         if n == 0:
             return []  # free_slots[-0:] would be the whole list
         rows = self.free_slots[-n:]
-        del self.free_slots[-n:]  # O(n) from the tail; popping the head would shift the whole list
+        del self.free_slots[
+            -n:
+        ]  # O(n) from the tail; popping the head would shift the whole list
         for r in rows:
             self._row_free[r] = 0
         self.req_generation[rows] += 1
@@ -187,38 +232,63 @@ class ReqToTokenPool:
         self._check_write(indices, values)
         try:
             self.req_to_token[indices] = values
-        except RuntimeError as exc:  # torch compares the shapes before it writes anything
-            raise ValueError(f"values of shape {tuple(values.shape)} do not fit req_to_token[indices]: {exc}") from None
+        except (
+            RuntimeError
+        ) as exc:  # torch compares the shapes before it writes anything
+            raise ValueError(
+                f"values of shape {tuple(values.shape)} do not fit req_to_token[indices]: {exc}"
+            ) from None
 
     # -- argument checks (memlab's; SGLang asserts only that a kept row already holds KV) ----------
     def _check_alloc(self, reqs: list) -> None:
         """Each request once; a request that keeps its row (a chunked prefill) must already own KV
         and hold the row this pool gave it (not a free row, nor another request's)."""
-        dup = next((r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i])), None)
+        dup = next(
+            (r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i])), None
+        )
         if dup is not None:
-            raise ValueError(f"{dup!r} appears twice in one alloc: it would take two rows and leak one")
+            raise ValueError(
+                f"{dup!r} appears twice in one alloc: it would take two rows and leak one"
+            )
         for r in reqs:
             _checks.instance("each of reqs", r, Req)
             row = r.kv.req_pool_idx
-            if r.kv.holds_kv and (r.kv.kv_allocated_len <= 0 or not isinstance(row, int)
-                                  or not 0 < row <= self.size or self._row_owner[row] is not r):
-                raise ValueError(f"{r!r} claims row {row!r}, which this pool did not give it, or owns no KV yet: "
-                                 "only a chunked prefill that already wrote KV keeps its row")
+            if r.kv.holds_kv and (
+                r.kv.kv_allocated_len <= 0
+                or not isinstance(row, int)
+                or not 0 < row <= self.size
+                or self._row_owner[row] is not r
+            ):
+                raise ValueError(
+                    f"{r!r} claims row {row!r}, which this pool did not give it, or owns no KV yet: "
+                    "only a chunked prefill that already wrote KV keeps its row"
+                )
 
     def _check_free(self, row) -> None:
         if isinstance(row, bool) or not isinstance(row, numbers.Integral):
             raise TypeError(f"cannot free row {row!r}: a row is an int")
         if not 1 <= row <= self.size:
-            raise ValueError(f"cannot free row {row}: rows are 1..{self.size} (row 0 is padding)")
+            raise ValueError(
+                f"cannot free row {row}: rows are 1..{self.size} (row 0 is padding)"
+            )
         if self._row_free[row]:
             raise ValueError(f"double free: row {row} is already free")
 
     def _check_write(self, indices, values) -> None:
         if indices is None:  # req_to_token[None] is the whole table
-            raise TypeError("write needs row indices, got None (it would overwrite every row)")
+            raise TypeError(
+                "write needs row indices, got None (it would overwrite every row)"
+            )
         if type(values) is not int:  # one slot id, or a tensor of them
-            _checks.index_tensor("values (slot ids)", values, self.device, owner="request table")
-        for name, ix, hi in zip(("indices (row)", "indices (position)"), indices if isinstance(indices, tuple)
-                                else (indices,), (self.size, self.max_context_len - 1)):
-            if type(ix) is int and not 0 <= ix <= hi:  # a tensor of rows is the caller's contract, as in SGLang
+            _checks.index_tensor(
+                "values (slot ids)", values, self.device, owner="request table"
+            )
+        for name, ix, hi in zip(
+            ("indices (row)", "indices (position)"),
+            indices if isinstance(indices, tuple) else (indices,),
+            (self.size, self.max_context_len - 1),
+        ):
+            if (
+                type(ix) is int and not 0 <= ix <= hi
+            ):  # a tensor of rows is the caller's contract, as in SGLang
                 raise ValueError(f"{name} {ix} is outside 0..{hi}")

@@ -15,12 +15,16 @@ from __future__ import annotations
 import torch
 
 from memlab.common import _checks
-from memlab.sglang.allocator import BaseTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.common.env import resolve_device
+from memlab.common.utils import ceil_align
+from memlab.sglang.allocator import (
+    BaseTokenToKVPoolAllocator,
+    PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
 from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
-from memlab.common.env import resolve_device
 from memlab.sglang.kv_pool import MHATokenToKVPool
-from memlab.common.utils import ceil_align
 from memlab.sglang.write_loc import KVWriteLoc, unwrap_write_loc
 
 
@@ -36,22 +40,54 @@ class SWAKVPool:
     # (virtual ids, translated per batch) demand one. What it needs is the SWA-side ids.
     requires_physical_write_loc = False
 
-    def __init__(self, size: int, size_swa: int | None, page_size: int, dtype: torch.dtype, head_num: int,
-                 head_dim: int, full_attention_layer_ids, swa_attention_layer_ids, device="cpu",
-                 v_head_dim: int | None = None, swa_req_ring_size: int | None = None,
-                 num_req_rows: int | None = None):
-        full_ids, swa_ids = list(full_attention_layer_ids), list(swa_attention_layer_ids)
-        _checks.swa_kv_pool(full_ids, swa_ids, size_swa, swa_req_ring_size, num_req_rows)
+    def __init__(
+        self,
+        size: int,
+        size_swa: int | None,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        full_attention_layer_ids,
+        swa_attention_layer_ids,
+        device="cpu",
+        v_head_dim: int | None = None,
+        swa_req_ring_size: int | None = None,
+        num_req_rows: int | None = None,
+    ):
+        full_ids, swa_ids = (
+            list(full_attention_layer_ids),
+            list(swa_attention_layer_ids),
+        )
+        _checks.swa_kv_pool(
+            full_ids, swa_ids, size_swa, swa_req_ring_size, num_req_rows
+        )
         self.page_size = page_size
         self.swa_req_ring_size = swa_req_ring_size
         if swa_req_ring_size is not None:
             self.swa_ring_cost = ceil_align(swa_req_ring_size, page_size)
             size_swa = num_req_rows * self.swa_ring_cost
         self.size, self.size_swa = size, size_swa
-        self.full_kv_pool = MHATokenToKVPool(size, page_size, dtype, head_num, head_dim, len(full_ids), device,
-                                             v_head_dim)
-        self.swa_kv_pool = MHATokenToKVPool(size_swa, page_size, dtype, head_num, head_dim, len(swa_ids), device,
-                                            v_head_dim)
+        self.full_kv_pool = MHATokenToKVPool(
+            size,
+            page_size,
+            dtype,
+            head_num,
+            head_dim,
+            len(full_ids),
+            device,
+            v_head_dim,
+        )
+        self.swa_kv_pool = MHATokenToKVPool(
+            size_swa,
+            page_size,
+            dtype,
+            head_num,
+            head_dim,
+            len(swa_ids),
+            device,
+            v_head_dim,
+        )
         self.layers_mapping = {lid: (i, False) for i, lid in enumerate(full_ids)}
         self.layers_mapping.update({lid: (i, True) for i, lid in enumerate(swa_ids)})
         self.dtype, self.device = dtype, self.full_kv_pool.device
@@ -75,7 +111,9 @@ class SWAKVPool:
     def get_kv_buffer(self, layer_id: int):
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
-    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
+    def set_kv_buffer(
+        self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None
+    ) -> None:
         """Full layers write at ``loc``; SWA layers at the write loc's ``swa_loc``, translated once
         per batch (``allocator.write_loc(out_cache_loc)``): the pool never translates."""
         loc, swa_loc, _ = unwrap_write_loc(loc)
@@ -97,12 +135,27 @@ class SWATokenToKVPoolAllocator:
     it is settled for both sides before either takes anything: a refusal changes nothing.
     """
 
-    def __init__(self, size: int, size_swa: int | None, page_size: int, dtype=torch.float16, device="cpu",
-                 kvcache: SWAKVPool | None = None, need_sort: bool = False, debug_mode: bool = False,
-                 req_to_token_pool=None, swa_req_ring_size: int | None = None, backend: str = "torch"):
-        _check_swa_allocator(kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool)
+    def __init__(
+        self,
+        size: int,
+        size_swa: int | None,
+        page_size: int,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache: SWAKVPool | None = None,
+        need_sort: bool = False,
+        debug_mode: bool = False,
+        req_to_token_pool=None,
+        swa_req_ring_size: int | None = None,
+        backend: str = "torch",
+    ):
+        _check_swa_allocator(
+            kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool
+        )
         if kvcache is not None and swa_req_ring_size is None:
-            swa_req_ring_size = kvcache.swa_req_ring_size  # the pool's ring, unless one is asked for
+            swa_req_ring_size = (
+                kvcache.swa_req_ring_size
+            )  # the pool's ring, unless one is asked for
         self.page_size, self.device = page_size, resolve_device(device)
         self._kvcache, self.debug_mode = kvcache, debug_mode
         full_pool = kvcache.full_kv_pool if kvcache is not None else None
@@ -110,14 +163,19 @@ class SWATokenToKVPoolAllocator:
 
         def make(n, pool):
             if page_size == 1:
-                return TokenToKVPoolAllocator(n, dtype, device, pool, need_sort, debug_mode)
-            return PagedTokenToKVPoolAllocator(n, page_size, dtype, device, pool, need_sort, debug_mode, backend)
+                return TokenToKVPoolAllocator(
+                    n, dtype, device, pool, need_sort, debug_mode
+                )
+            return PagedTokenToKVPoolAllocator(
+                n, page_size, dtype, device, pool, need_sort, debug_mode, backend
+            )
 
         self.full_attn_allocator = make(size, full_pool)
         self._size_full = size
         self._swa_req_ring = swa_req_ring_size is not None
         if self._swa_req_ring:
-            # Each request row owns one ring: SWA capacity is rows, not tokens; no SWA ids to hand out.
+            # Each request row owns one ring: SWA capacity is rows, not tokens; no SWA
+            # ids to hand out.
             self._req_to_token_pool = req_to_token_pool
             self.swa_ring_cost = ceil_align(swa_req_ring_size, page_size)
             self._size_swa = req_to_token_pool.size * self.swa_ring_cost
@@ -129,10 +187,15 @@ class SWATokenToKVPoolAllocator:
             _check_swa_kvcache_sizes(self, kvcache)
         # size + page_size rows (as in the KV buffers) and a trailing -1: a request with no prefix
         # has last_loc = -1, and mapping[-1] = -1 hands the SWA side the same "no prefix" mark.
-        self.full_to_swa_index_mapping = torch.cat((
-            torch.zeros(size + page_size, dtype=torch.int64, device=self.device),
-            torch.tensor([-1], dtype=torch.int64, device=self.device)))
-        self.swa_free_group = self.swa_page_ids_group = None  # lists while a free group is open
+        self.full_to_swa_index_mapping = torch.cat(
+            (
+                torch.zeros(size + page_size, dtype=torch.int64, device=self.device),
+                torch.tensor([-1], dtype=torch.int64, device=self.device),
+            )
+        )
+        self.swa_free_group = self.swa_page_ids_group = (
+            None  # lists while a free group is open
+        )
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -182,21 +245,49 @@ class SWATokenToKVPoolAllocator:
             return None
         full = self.full_attn_allocator.alloc(need_size)
         if full is not None and not self._swa_req_ring:
-            self.full_to_swa_index_mapping[full] = self.swa_attn_allocator.alloc(need_size)
+            self.full_to_swa_index_mapping[full] = self.swa_attn_allocator.alloc(
+                need_size
+            )
         return full
 
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens,
+    ):
         ps = self.page_size
-        need = extend_num_tokens if ps == 1 else num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) * ps
+        need = (
+            extend_num_tokens
+            if ps == 1
+            else num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) * ps
+        )
         if not self._fits(need):
             return None
-        full = self.full_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                                                     extend_num_tokens)
+        full = self.full_attn_allocator.alloc_extend(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
         if full is None or self._swa_req_ring:
             return full
-        swa_last_loc = self.full_to_swa_index_mapping[last_loc]  # -1 stays -1 (the trailing entry)
-        swa = self.swa_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, swa_last_loc,
-                                                   extend_num_tokens)
+        swa_last_loc = self.full_to_swa_index_mapping[
+            last_loc
+        ]  # -1 stays -1 (the trailing entry)
+        swa = self.swa_attn_allocator.alloc_extend(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            swa_last_loc,
+            extend_num_tokens,
+        )
         assert swa is not None, "SWA side refused after its capacity was checked"
         self.full_to_swa_index_mapping[full] = swa
         return full
@@ -212,7 +303,9 @@ class SWATokenToKVPoolAllocator:
         full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
         if full is None or self._swa_req_ring:
             return full
-        swa = self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, self.full_to_swa_index_mapping[last_loc])
+        swa = self.swa_attn_allocator.alloc_decode(
+            seq_lens, seq_lens_cpu, self.full_to_swa_index_mapping[last_loc]
+        )
         assert swa is not None, "SWA side refused after its capacity was checked"
         self.full_to_swa_index_mapping[full] = swa
         return full
@@ -220,10 +313,14 @@ class SWATokenToKVPoolAllocator:
     # -- ids for the pools ------------------------------------------------------------------
     def translate_loc_from_full_to_swa(self, full_loc: torch.Tensor) -> torch.Tensor:
         if self._swa_req_ring:
-            raise ValueError("ring mode: translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()")
+            raise ValueError(
+                "ring mode: translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()"
+            )
         return self.full_to_swa_index_mapping[full_loc]
 
-    def ring_loc(self, req_pool_indices: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def ring_loc(
+        self, req_pool_indices: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """Ring mode: the SWA slot of each (row, position); the first page is padding, and padded
         batch entries (row 0) land there, not in another row's ring."""
         if not self._swa_req_ring:
@@ -232,7 +329,9 @@ class SWATokenToKVPoolAllocator:
         row, pos = req_pool_indices.to(torch.int64), positions.to(torch.int64)
         return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
 
-    def write_loc(self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None) -> KVWriteLoc:
+    def write_loc(
+        self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None
+    ) -> KVWriteLoc:
         """The batch's write location with its SWA-side ids (SGLang's attention backend builds it
         once per batch: ``KVWriteLoc.for_batch(forward_batch, swa_loc=...)``)."""
         if self._swa_req_ring:
@@ -308,7 +407,9 @@ class SWATokenToKVPoolAllocator:
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free`` for a page-aligned run of one request's slots: both sides without a dedup."""
         _check_swa_free(self, free_index)
-        _checks.free_segment(self.full_attn_allocator, free_index, start_pos)  # before either side changes
+        _checks.free_segment(
+            self.full_attn_allocator, free_index, start_pos
+        )  # before either side changes
         self.free_swa_segment(free_index, start_pos)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
@@ -347,9 +448,16 @@ class SWATokenToKVPoolAllocator:
             self._release_swa(torch.cat(swa_slots))
         self.full_attn_allocator.free_group_end()
 
-    def release_out_of_window(self, req_to_token: torch.Tensor, req_pool_idx: int, pre_len: int,
-                              swa_evicted_len: int, sliding_window: int, cache_protected_len: int = 0,
-                              supports_prefix_sharing: bool = False) -> int:
+    def release_out_of_window(
+        self,
+        req_to_token: torch.Tensor,
+        req_pool_idx: int,
+        pre_len: int,
+        swa_evicted_len: int,
+        sliding_window: int,
+        cache_protected_len: int = 0,
+        supports_prefix_sharing: bool = False,
+    ) -> int:
         """Free the SWA pages of a running request that lie wholly before its window (SGLang's
         ``free_swa_out_of_window_slots``); returns the new ``swa_evicted_len``.
 
@@ -372,7 +480,9 @@ class SWATokenToKVPoolAllocator:
             threshold = pre_len - sliding_window
         new_evicted = max(evicted, threshold) // ps * ps
         if new_evicted > evicted:
-            self.free_swa_segment(req_to_token[req_pool_idx, evicted:new_evicted].to(torch.int64), evicted)
+            self.free_swa_segment(
+                req_to_token[req_pool_idx, evicted:new_evicted].to(torch.int64), evicted
+            )
             return new_evicted
         return evicted
 
@@ -386,7 +496,9 @@ class SWATokenToKVPoolAllocator:
     # each side is its own buffer, so the scheduler's per-side budgets already price it.
     request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
     max_new_tokens_for_memory = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory
-    prealloc_fits_assumes_reclaim = BaseTokenToKVPoolAllocator.prealloc_fits_assumes_reclaim
+    prealloc_fits_assumes_reclaim = (
+        BaseTokenToKVPoolAllocator.prealloc_fits_assumes_reclaim
+    )
     prealloc_ceiling_fits = BaseTokenToKVPoolAllocator.prealloc_ceiling_fits
     prealloc_fits = BaseTokenToKVPoolAllocator.prealloc_fits
 
@@ -405,22 +517,31 @@ class SWATokenToKVPoolAllocator:
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
+
 def _check_swa_layer(pool, layer_id) -> None:
     if _checks.integer("layer_id", layer_id) not in pool.layers_mapping:
-        raise _checks.RangeError(f"layer {layer_id} is in neither sub-pool (layers: {sorted(pool.layers_mapping)})")
+        raise _checks.RangeError(
+            f"layer {layer_id} is in neither sub-pool (layers: {sorted(pool.layers_mapping)})"
+        )
 
 
-def _check_swa_allocator(kvcache, pool_type, size_swa, swa_req_ring_size, req_to_token_pool) -> None:
+def _check_swa_allocator(
+    kvcache, pool_type, size_swa, swa_req_ring_size, req_to_token_pool
+) -> None:
     if kvcache is not None and not isinstance(kvcache, pool_type):
         raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
     if kvcache is not None and swa_req_ring_size is None:
         swa_req_ring_size = kvcache.swa_req_ring_size
     if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
-        raise ValueError(f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
-                         f"with ring size {kvcache.swa_req_ring_size}")
+        raise ValueError(
+            f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
+            f"with ring size {kvcache.swa_req_ring_size}"
+        )
     if swa_req_ring_size is not None and req_to_token_pool is None:
-        raise ValueError("per-request SWA ring: capacity is counted in request rows, "
-                         "so req_to_token_pool is required")
+        raise ValueError(
+            "per-request SWA ring: capacity is counted in request rows, "
+            "so req_to_token_pool is required"
+        )
     if swa_req_ring_size is None and size_swa is None:
         raise ValueError("size_swa is required unless a per-request ring is used")
 
@@ -429,47 +550,74 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     """The pool sizes its buffers on its own (ring mode: from num_req_rows); an allocator that
     counts more slots than the buffers hold would hand out ids past their end."""
     if kvcache.page_size != alloc.page_size:
-        raise ValueError(f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {alloc.page_size}")
-    for side, pool_n, own_n in (("full", kvcache.size, alloc.size_full), ("SWA", kvcache.size_swa, alloc.size_swa)):
+        raise ValueError(
+            f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {alloc.page_size}"
+        )
+    for side, pool_n, own_n in (
+        ("full", kvcache.size, alloc.size_full),
+        ("SWA", kvcache.size_swa, alloc.size_swa),
+    ):
         if pool_n != own_n:
-            raise ValueError(f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}")
+            raise ValueError(
+                f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}"
+            )
 
 
 def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
     if req_pool_indices is None or positions is None:
-        raise ValueError("ring mode: write_loc needs req_pool_indices and positions for the SWA ids")
+        raise ValueError(
+            "ring mode: write_loc needs req_pool_indices and positions for the SWA ids"
+        )
 
 
 def _check_swa_free(alloc, free_index) -> None:
     """Full-side slots to free. In debug mode the full side's double-free check runs here, before
     the SWA side gives anything back: a refused free must change neither side."""
     mapping = alloc.full_to_swa_index_mapping
-    if not isinstance(free_index, torch.Tensor) or free_index.dtype not in _checks.INDEX_DTYPES:
-        raise TypeError(f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}")
+    if (
+        not isinstance(free_index, torch.Tensor)
+        or free_index.dtype not in _checks.INDEX_DTYPES
+    ):
+        raise TypeError(
+            f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}"
+        )
     if free_index.device != mapping.device:  # a concrete device: cuda:0, not cuda
-        raise ValueError(f"free_index is on {free_index.device}, the allocator on {mapping.device}")
+        raise ValueError(
+            f"free_index is on {free_index.device}, the allocator on {mapping.device}"
+        )
     ps = alloc.page_size
     if _checks.can_read_values(alloc.debug_mode, free_index):
         lo, hi = int(free_index.min()), int(free_index.max())
         if lo < ps or hi >= alloc.size + ps:
-            raise ValueError(f"cannot free slot {lo if lo < ps else hi}: slots are {ps}..{alloc.size + ps - 1} "
-                             "(the first page is padding)")
+            raise ValueError(
+                f"cannot free slot {lo if lo < ps else hi}: slots are {ps}..{alloc.size + ps - 1} "
+                "(the first page is padding)"
+            )
     if alloc.debug_mode and free_index.numel():
         full = alloc.full_attn_allocator
         pages = free_index.to(torch.int64) // ps
         already = torch.isin(pages, full.get_all_free_pages())
         if already.any():
-            raise ValueError(f"double free: full-side slot {int(free_index[already][0])} (page "
-                             f"{int(pages[already][0])}) is already free")
+            raise ValueError(
+                f"double free: full-side slot {int(free_index[already][0])} (page "
+                f"{int(pages[already][0])}) is already free"
+            )
 
 
 def _check_swa_segment(alloc, start_pos) -> None:
     if start_pos % alloc.page_size:
-        raise ValueError(f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
-                         f"multiple of page_size {alloc.page_size}")
+        raise ValueError(
+            f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
+            f"multiple of page_size {alloc.page_size}"
+        )
 
 
 def _check_swa_release(alloc, swa_evicted_len, cache_protected_len) -> None:
-    for name, v in (("swa_evicted_len", swa_evicted_len), ("cache_protected_len", cache_protected_len)):
+    for name, v in (
+        ("swa_evicted_len", swa_evicted_len),
+        ("cache_protected_len", cache_protected_len),
+    ):
         if v % alloc.page_size:
-            raise ValueError(f"{name} {v} is not page-aligned (page_size {alloc.page_size})")
+            raise ValueError(
+                f"{name} {v} is not page-aligned (page_size {alloc.page_size})"
+            )

@@ -44,7 +44,9 @@ class KVWriteLoc:
             self.full_loc = self.full_loc[:n]
 
     @classmethod
-    def for_batch(cls, out_cache_loc: torch.Tensor, *, physical: bool, swa_loc=None, full_loc=None) -> "KVWriteLoc":
+    def for_batch(
+        cls, out_cache_loc: torch.Tensor, *, physical: bool, swa_loc=None, full_loc=None
+    ) -> KVWriteLoc:
         """The batch's ``out_cache_loc`` under the batch's mark; side ids passed here travel
         under the same mark, so they must come from the same allocation."""
         return cls(out_cache_loc, swa_loc, full_loc, physical)
@@ -52,7 +54,7 @@ class KVWriteLoc:
     def full_ids(self) -> torch.Tensor:
         return self.loc if self.full_loc is None else self.full_loc
 
-    def narrow(self, n: int) -> "KVWriteLoc":
+    def narrow(self, n: int) -> KVWriteLoc:
         """The first ``n`` tokens (a padded batch cut back to its real tokens)."""
         return KVWriteLoc(self.loc[:n], self.swa_loc, self.full_loc, self.physical)
 
@@ -85,9 +87,14 @@ def plain_loc(loc, where: str) -> torch.Tensor:
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
+
 def _check_kv_write_loc(w) -> None:
     """1-D id tensors (side ids at least as many as ``loc``: they are cut to it) and a bool mark."""
-    sides = [(name, t) for name, t in (("swa_loc", w.swa_loc), ("full_loc", w.full_loc)) if t is not None]
+    sides = [
+        (name, t)
+        for name, t in (("swa_loc", w.swa_loc), ("full_loc", w.full_loc))
+        if t is not None
+    ]
     for name, t in [("loc", w.loc)] + sides:
         _checks.index_tensor(name, t, ndim=1)  # a tensor of int32/int64 ids, 1-D
         if t.shape[0] < w.loc.shape[0]:

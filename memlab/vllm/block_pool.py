@@ -10,12 +10,12 @@ queue is at the same time the prefix cache's eviction order.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from memlab.common import _checks
 
 BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
-MAX_BLOCKS = 2 ** 31 - 1  # block ids are int32 in the worker's block table
+MAX_BLOCKS = 2**31 - 1  # block ids are int32 in the worker's block table
 
 
 class KVCacheBlock:
@@ -25,7 +25,14 @@ class KVCacheBlock:
     it (partial-block hits, frees across pools); memlab's blocks are cached whole, in one pool.
     """
 
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null")
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "_block_hash",
+        "prev_free_block",
+        "next_free_block",
+        "is_null",
+    )
 
     def __init__(self, block_id: int):
         self.block_id = block_id
@@ -47,16 +54,24 @@ class KVCacheBlock:
 
     def check_unhashed(self) -> None:
         if self._block_hash is not None:  # a cached block's content must not change
-            raise ValueError(f"block {self.block_id} already has hash {self._block_hash!r}")
+            raise ValueError(
+                f"block {self.block_id} already has hash {self._block_hash!r}"
+            )
 
     def reset_hash(self) -> None:
         self._block_hash = None
 
     def __repr__(self) -> str:
-        prev_id = None if self.prev_free_block is None else self.prev_free_block.block_id
-        next_id = None if self.next_free_block is None else self.next_free_block.block_id
-        return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-                f"block_hash={self._block_hash!r}, prev={prev_id}, next={next_id}, is_null={self.is_null})")
+        prev_id = (
+            None if self.prev_free_block is None else self.prev_free_block.block_id
+        )
+        next_id = (
+            None if self.next_free_block is None else self.next_free_block.block_id
+        )
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"block_hash={self._block_hash!r}, prev={prev_id}, next={next_id}, is_null={self.is_null})"
+        )
 
 
 class FreeKVCacheBlockQueue:
@@ -68,7 +83,12 @@ class FreeKVCacheBlockQueue:
     ``debug_mode`` is memlab's (vLLM has none), read on every call; a pool sets its queue's.
     """
 
-    __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail", "debug_mode")
+    __slots__ = (
+        "num_free_blocks",
+        "fake_free_list_head",
+        "fake_free_list_tail",
+        "debug_mode",
+    )
 
     def __init__(self, blocks: Sequence[KVCacheBlock], debug_mode: bool = False):
         self.debug_mode = debug_mode
@@ -84,7 +104,9 @@ class FreeKVCacheBlockQueue:
         head = self.fake_free_list_head
         block = head.next_free_block
         if block is self.fake_free_list_tail:
-            assert self.num_free_blocks == 0, f"num_free_blocks ({self.num_free_blocks}) is out of sync with the free list."
+            assert self.num_free_blocks == 0, (
+                f"num_free_blocks ({self.num_free_blocks}) is out of sync with the free list."
+            )
             raise ValueError("No free blocks available")
         head.next_free_block = block.next_free_block
         block.next_free_block.prev_free_block = head
@@ -93,7 +115,9 @@ class FreeKVCacheBlockQueue:
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        n = _checks.integer("n", n, 0)  # memlab's boundary check; vLLM's count would grow
+        n = _checks.integer(
+            "n", n, 0
+        )  # memlab's boundary check; vLLM's count would grow
         if n == 0:
             return []
         # vLLM's bare assert: callers check first (get_new_blocks)
@@ -118,7 +142,9 @@ class FreeKVCacheBlockQueue:
             _checks.instance("block", block, KVCacheBlock)
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
-            raise ValueError(f"remove() of block {block.block_id}, which is not in the free queue")
+            raise ValueError(
+                f"remove() of block {block.block_id}, which is not in the free queue"
+            )
         prev.next_free_block = nxt
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
@@ -127,7 +153,9 @@ class FreeKVCacheBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         """Link one block before the fake tail; it must be out of the queue (checked: O(1))."""
         _check_unqueued("append", (block,))
-        self._link_between(self.fake_free_list_tail.prev_free_block, self.fake_free_list_tail, (block,))
+        self._link_between(
+            self.fake_free_list_tail.prev_free_block, self.fake_free_list_tail, (block,)
+        )
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Link blocks, in order, before the fake tail (they are evicted last).
@@ -151,7 +179,9 @@ class FreeKVCacheBlockQueue:
         head = self.fake_free_list_head
         self._link_between(head, head.next_free_block, blocks)
 
-    def _link_between(self, left: KVCacheBlock, right: KVCacheBlock, blocks: Sequence[KVCacheBlock]) -> None:
+    def _link_between(
+        self, left: KVCacheBlock, right: KVCacheBlock, blocks: Sequence[KVCacheBlock]
+    ) -> None:
         if not blocks:
             return
         last = left
@@ -249,9 +279,13 @@ class BlockPool:
     arguments (a count, a range, the container, one block) always run.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True, debug_mode: bool = False):
+    def __init__(
+        self, num_gpu_blocks: int, enable_caching: bool = True, debug_mode: bool = False
+    ):
         # block ids are int32 in the worker's block table
-        num_gpu_blocks = _checks.integer("num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2, MAX_BLOCKS)
+        num_gpu_blocks = _checks.integer(
+            "num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2, MAX_BLOCKS
+        )
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
@@ -267,20 +301,29 @@ class BlockPool:
 
     @debug_mode.setter
     def debug_mode(self, on: bool) -> None:
-        self.free_block_queue.debug_mode = bool(on)  # one switch: the pool's scans and its queue's
+        self.free_block_queue.debug_mode = bool(
+            on
+        )  # one switch: the pool's scans and its queue's
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get_one_block(block_hash)
 
-    def cache_full_blocks(self, request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int,
-                          num_full_blocks: int) -> None:
+    def cache_full_blocks(
+        self,
+        request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
         """Give blocks[num_cached_blocks:num_full_blocks] the request's block hashes and map them.
 
         A block that already has a hash is refused when the loop reaches it, as vLLM asserts (the
         blocks before it stay cached); debug mode first scans every block (this pool's, none
         twice, none hashed), so that a refusal changes nothing.
         """
-        _check_cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks)
+        _check_cache_full_blocks(
+            self, request, blocks, num_cached_blocks, num_full_blocks
+        )
         if self.debug_mode:
             _check_unhashed(self, blocks[num_cached_blocks:num_full_blocks])
         if num_cached_blocks >= num_full_blocks:
@@ -340,7 +383,9 @@ class BlockPool:
         hits, evicted in LRU order) and to the head if not (nothing to keep: reuse it first).
         Debug mode first scans every block (this pool's, none freed more often than taken); vLLM
         trusts its caller."""
-        _checks.instance("ordered_blocks", ordered_blocks, Iterable, "a list of KVCacheBlocks")
+        _checks.instance(
+            "ordered_blocks", ordered_blocks, Iterable, "a list of KVCacheBlocks"
+        )
         if self.debug_mode:
             ordered_blocks = _check_blocks("ordered_blocks", ordered_blocks, self)
             _check_freeable(ordered_blocks)
@@ -381,17 +426,38 @@ class BlockPool:
         it with ref_cnt > 0 (the null block: out, never counted); a block has a hash exactly
         when the map holds it under that hash."""
         queue = self.free_block_queue
-        chain = [queue.fake_free_list_head, *queue.get_all_free_blocks(), queue.fake_free_list_tail]
-        assert all(r.prev_free_block is l for l, r in zip(chain, chain[1:])), "free queue links disagree"
-        in_queue = {b.block_id for b in chain[1:-1]}  # each linked once, as many as counted
-        assert len(in_queue) == len(chain) - 2 == queue.num_free_blocks, f"num_free_blocks {queue.num_free_blocks}"
+        chain = [
+            queue.fake_free_list_head,
+            *queue.get_all_free_blocks(),
+            queue.fake_free_list_tail,
+        ]
+        assert all(r.prev_free_block is l for l, r in zip(chain, chain[1:])), (
+            "free queue links disagree"
+        )
+        in_queue = {
+            b.block_id for b in chain[1:-1]
+        }  # each linked once, as many as counted
+        assert len(in_queue) == len(chain) - 2 == queue.num_free_blocks, (
+            f"num_free_blocks {queue.num_free_blocks}"
+        )
         for b in self.blocks:  # the null block is never free
             where = "free" if b.block_id in in_queue else "out of the queue"
-            ok = b.ref_cnt == 0 if where == "free" else b.ref_cnt > 0 and b.prev_free_block is b.next_free_block is None
-            assert where != "free" if b.is_null else ok, f"block {b.block_id} is {where} with ref_cnt {b.ref_cnt}"
-        pairs = [(b.block_id, key == b.block_hash) for key, b in self.cached_block_hash_to_block.items()]
+            ok = (
+                b.ref_cnt == 0
+                if where == "free"
+                else b.ref_cnt > 0 and b.prev_free_block is b.next_free_block is None
+            )
+            assert where != "free" if b.is_null else ok, (
+                f"block {b.block_id} is {where} with ref_cnt {b.ref_cnt}"
+            )
+        pairs = [
+            (b.block_id, key == b.block_hash)
+            for key, b in self.cached_block_hash_to_block.items()
+        ]
         hashed = {(b.block_id, True) for b in self.blocks if b.block_hash is not None}
-        assert hashed == set(pairs), f"hashed but not mapped (or under another hash): {sorted(hashed ^ set(pairs))[:5]}"
+        assert hashed == set(pairs), (
+            f"hashed but not mapped (or under another hash): {sorted(hashed ^ set(pairs))[:5]}"
+        )
 
 
 # -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
@@ -399,24 +465,38 @@ class BlockPool:
 # call them in debug mode only. The O(1) checks run on every call: a method's container, append's
 # one block, _check_cache_full_blocks's counts.
 
+
 def _check_blocks(name: str, blocks, pool: BlockPool | None = None) -> list:
     """An iterable (checked by the caller) as a list of KVCacheBlocks; given ``pool``, each one of that
     pool's (a block of another pool has the same ids) and, when free, really in its queue."""
     blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
     for i, b in enumerate(blocks):
-        if type(b) is not KVCacheBlock:  # the message is built only for a bad block; a str is iterable: this names it
+        if (
+            type(b) is not KVCacheBlock
+        ):  # the message is built only for a bad block; a str is iterable: this names it
             _checks.instance(f"{name}[{i}]", b, KVCacheBlock)
-        if pool is not None and (b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b):
+        if pool is not None and (
+            b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b
+        ):
             raise ValueError(f"block {b.block_id} is not a block of this pool")
-        if pool is not None and b.ref_cnt == 0 and not b.is_null and b.prev_free_block is None:
-            raise ValueError(f"block {b.block_id} has ref_cnt 0 but is not in the free queue")
+        if (
+            pool is not None
+            and b.ref_cnt == 0
+            and not b.is_null
+            and b.prev_free_block is None
+        ):
+            raise ValueError(
+                f"block {b.block_id} has ref_cnt 0 but is not in the free queue"
+            )
     return blocks
 
 
 def _check_unqueued(where: str, blocks) -> None:
     for block in _check_blocks(f"{where}: blocks", blocks):
         if block.prev_free_block is not None or block.next_free_block is not None:
-            raise ValueError(f"{where}() of block {block.block_id}, which is already in the free queue")
+            raise ValueError(
+                f"{where}() of block {block.block_id}, which is already in the free queue"
+            )
     if len({id(b) for b in blocks}) < len(blocks):
         raise ValueError(f"{where}(): a block appears twice among the blocks to link")
 
@@ -425,18 +505,33 @@ def _check_freeable(blocks: list) -> None:
     """No block freed more often than it was taken (listed twice counts twice): vLLM's count would go
     negative."""
     times = Counter(b.block_id for b in blocks if not b.is_null)
-    bad = next((b for b in blocks if not b.is_null and times[b.block_id] > b.ref_cnt), None)
+    bad = next(
+        (b for b in blocks if not b.is_null and times[b.block_id] > b.ref_cnt), None
+    )
     if bad is not None:
-        raise ValueError(f"free of block {bad.block_id} with ref_cnt {bad.ref_cnt}: freed more often than taken")
+        raise ValueError(
+            f"free of block {bad.block_id} with ref_cnt {bad.ref_cnt}: freed more often than taken"
+        )
 
 
-def _check_cache_full_blocks(pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks) -> None:
+def _check_cache_full_blocks(
+    pool: BlockPool, request, blocks, num_cached_blocks, num_full_blocks
+) -> None:
     """The call's own arguments, O(1), checked on every call (the blocks: ``_check_unhashed``)."""
     _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
-    _checks.integer("num_cached_blocks", num_cached_blocks), _checks.integer("num_full_blocks", num_full_blocks)
-    if num_cached_blocks < num_full_blocks > min(len(blocks), len(request.block_hashes)):
-        raise ValueError(f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
-                         f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes")
+    (
+        _checks.integer("num_cached_blocks", num_cached_blocks),
+        _checks.integer("num_full_blocks", num_full_blocks),
+    )
+    if (
+        num_cached_blocks
+        < num_full_blocks
+        > min(len(blocks), len(request.block_hashes))
+    ):
+        raise ValueError(
+            f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request holds "
+            f"{len(blocks)} blocks and {len(request.block_hashes)} block hashes"
+        )
 
 
 def _check_unhashed(pool: BlockPool, blocks) -> None:
@@ -445,4 +540,6 @@ def _check_unhashed(pool: BlockPool, blocks) -> None:
     for block, times in Counter(todo).items():  # a block is hashed by identity
         block.check_unhashed()
         if times > 1:
-            raise ValueError(f"block {block.block_id} appears twice among the blocks to cache")
+            raise ValueError(
+                f"block {block.block_id} appears twice among the blocks to cache"
+            )

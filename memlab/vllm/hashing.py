@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from memlab.common import _checks
 
-MAX_BLOCKS = 2 ** 31 - 1  # as memlab.vllm.block_pool (which imports this module)
+MAX_BLOCKS = 2**31 - 1  # as memlab.vllm.block_pool (which imports this module)
 
 BlockHash = bytes | int
 HashFn = Callable[[Any], BlockHash]
@@ -49,7 +50,9 @@ def sha256(obj: Any) -> bytes:
 def _stable_int(value: str | bytes) -> int:
     # str hashing is salted per process; fold it to an int once, stably, and cache it.
     raw = value.encode("utf-8") if isinstance(value, str) else value
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+    return int.from_bytes(
+        hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True
+    )
 
 
 def _to_ints(obj: Any) -> Any:
@@ -63,14 +66,21 @@ def _to_ints(obj: Any) -> Any:
         return ()  # hash(None) is per-process before Python 3.12
     if isinstance(obj, (tuple, list)):
         return tuple(_to_ints(x) for x in obj)
-    raise TypeError(f"cannot hash a {type(obj).__name__} ({obj!r}): block hash keys are made "
-                    "of ints, strings, bytes, None and tuples of them")
+    raise TypeError(
+        f"cannot hash a {type(obj).__name__} ({obj!r}): block hash keys are made "
+        "of ints, strings, bytes, None and tuples of them"
+    )
 
 
 def fast_hash(obj: Any) -> int:
     """Built-in hash over ints only (stable across processes); obj made of ints, strings, bytes,
     None and tuples of them. memlab's own: vLLM 0.33 has no built-in-hash option."""
-    if type(obj) is tuple and len(obj) == 3 and type(obj[1]) is tuple and obj[2] is None:
+    if (
+        type(obj) is tuple
+        and len(obj) == 3
+        and type(obj[1]) is tuple
+        and obj[2] is None
+    ):
         return hash((_to_ints(obj[0]), obj[1], ()))  # the common block: no extra keys
     return hash(_to_ints(obj))
 
@@ -80,7 +90,9 @@ HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "fast": fast_hash}
 
 def get_hash_fn_by_name(name: str) -> HashFn:
     if name not in HASH_FUNCTIONS:
-        raise ValueError(f"unknown block hash function {name!r}; choose one of {sorted(HASH_FUNCTIONS)}")
+        raise ValueError(
+            f"unknown block hash function {name!r}; choose one of {sorted(HASH_FUNCTIONS)}"
+        )
     return HASH_FUNCTIONS[name]
 
 
@@ -91,16 +103,24 @@ def init_none_hash(hash_fn: HashFn, seed: str = NONE_HASH_SEED) -> BlockHash:
 
 # ---- one block -------------------------------------------------------------------------------
 
-def hash_block_tokens(hash_fn: HashFn, parent_block_hash: BlockHash | None,
-                      curr_block_token_ids: Sequence[int], extra_keys: tuple | None = None) -> BlockHash:
+
+def hash_block_tokens(
+    hash_fn: HashFn,
+    parent_block_hash: BlockHash | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple | None = None,
+) -> BlockHash:
     """hash(parent, token ids, extra keys); a None parent means this is a request's first block."""
-    token_ids = tuple(_checks.int_list("curr_block_token_ids (token ids)", curr_block_token_ids))
+    token_ids = tuple(
+        _checks.int_list("curr_block_token_ids (token ids)", curr_block_token_ids)
+    )
     if parent_block_hash is None:
         parent_block_hash = init_none_hash(hash_fn)
     return hash_fn((parent_block_hash, token_ids, extra_keys))
 
 
 # ---- extra keys: what besides the token ids decides a block's KV ------------------------------
+
 
 class MultiModalFeature(NamedTuple):
     """One multimodal item: its content hash and the token range of its placeholder."""
@@ -110,8 +130,9 @@ class MultiModalFeature(NamedTuple):
     length: int
 
 
-def _gen_mm_extra_hash_keys(mm_features: Sequence[MultiModalFeature], start: int, end: int,
-                            start_mm_idx: int) -> tuple[list, int]:
+def _gen_mm_extra_hash_keys(
+    mm_features: Sequence[MultiModalFeature], start: int, end: int, start_mm_idx: int
+) -> tuple[list, int]:
     """("mm", identifier, item offset - start) for each item overlapping the block [start, end),
     and the index of the first item a later block can still overlap (items are sorted by
     offset and disjoint). The offset tells WHERE in the block the item sits: placeholder tokens
@@ -126,31 +147,46 @@ def _gen_mm_extra_hash_keys(mm_features: Sequence[MultiModalFeature], start: int
             idx += 1
             continue
         keys.append(("mm", item.identifier, item.offset - start))
-        if item.offset + item.length > end:  # runs on into the next block: start there next time
+        if (
+            item.offset + item.length > end
+        ):  # runs on into the next block: start there next time
             break
         idx += 1  # ends inside this block; the next item may start in it too
     return keys, idx
 
 
-def generate_block_hash_extra_keys(request, start_token_idx: int, end_token_idx: int,
-                                   start_mm_idx: int = 0) -> tuple[tuple | None, int]:
+def generate_block_hash_extra_keys(
+    request, start_token_idx: int, end_token_idx: int, start_mm_idx: int = 0
+) -> tuple[tuple | None, int]:
     """Extra keys of the block [start_token_idx, end_token_idx), in vLLM 0.33's order: the LoRA
     adapter (``("lora", name, path)``, every block: a name re-pointed at another adapter must
     not reuse KV), the overlapping multimodal items, and the cache salt
     (``("cache_salt", salt)``, first block only: through the chain it changes every later hash
     too). vLLM adds a digest of prompt embeddings for requests given as embeddings; memlab's
     requests are token ids only. Returns (keys or None, next mm index)."""
-    lora_keys = [("lora", request.lora_name, request.lora_path)] if request.lora_name is not None else []
-    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(request.mm_features, start_token_idx, end_token_idx,
-                                                   start_mm_idx)
-    salt_keys = [("cache_salt", request.cache_salt)] if start_token_idx == 0 and request.cache_salt else []
+    lora_keys = (
+        [("lora", request.lora_name, request.lora_path)]
+        if request.lora_name is not None
+        else []
+    )
+    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
+        request.mm_features, start_token_idx, end_token_idx, start_mm_idx
+    )
+    salt_keys = (
+        [("cache_salt", request.cache_salt)]
+        if start_token_idx == 0 and request.cache_salt
+        else []
+    )
     keys = lora_keys + mm_keys + salt_keys
     return (tuple(keys) if keys else None), next_mm_idx
 
 
 # ---- a request's chain, grown incrementally ---------------------------------------------------
 
-def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Any], list[BlockHash]]:
+
+def get_request_block_hasher(
+    block_size: int, hash_fn: HashFn
+) -> Callable[[Any], list[BlockHash]]:
     """A function request -> the hashes of its blocks that became full since the last call.
 
     Incremental: it starts after ``len(request.block_hashes)`` blocks, so a request growing by
@@ -166,14 +202,20 @@ def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Any]
             return []
         parent = request.block_hashes[-1] if request.block_hashes else none_hash
         token_ids = request.all_token_ids
-        need_extra = request.lora_name is not None or bool(request.mm_features) or bool(request.cache_salt)
+        need_extra = (
+            request.lora_name is not None
+            or bool(request.mm_features)
+            or bool(request.cache_salt)
+        )
         mm_idx = 0
         new_hashes = []
         while start + block_size <= num_tokens:  # full blocks only
             end = start + block_size
             extra = None
             if need_extra:
-                extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
+                extra, mm_idx = generate_block_hash_extra_keys(
+                    request, start, end, mm_idx
+                )
             parent = hash_fn((parent, tuple(token_ids[start:end]), extra))
             new_hashes.append(parent)
             start = end
@@ -182,13 +224,19 @@ def get_request_block_hasher(block_size: int, hash_fn: HashFn) -> Callable[[Any]
     return request_block_hasher
 
 
-def hash_request_tokens(hash_fn: HashFn, block_size: int, token_ids: Sequence[int],
-                        extra_keys: Sequence[tuple | None] | None = None) -> list[BlockHash]:
+def hash_request_tokens(
+    hash_fn: HashFn,
+    block_size: int,
+    token_ids: Sequence[int],
+    extra_keys: Sequence[tuple | None] | None = None,
+) -> list[BlockHash]:
     """All full-block hashes of a token list in one go (a reference for the incremental hasher)."""
     hashes: list[BlockHash] = []
     parent = None
     for i in range(len(token_ids) // block_size):
         extra = extra_keys[i] if extra_keys is not None else None
-        parent = hash_block_tokens(hash_fn, parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        parent = hash_block_tokens(
+            hash_fn, parent, token_ids[i * block_size : (i + 1) * block_size], extra
+        )
         hashes.append(parent)
     return hashes

@@ -25,7 +25,7 @@ memlab returns the one list.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from memlab.common import _checks
 from memlab.common.utils import ceil_div as cdiv  # vLLM's name for it
@@ -37,7 +37,9 @@ class SingleTypeKVCacheManager:
     """The books of one KV cache group: each request's blocks (``req_to_blocks``) and how many of
     them are in the prefix cache (``num_cached_block``, running requests only)."""
 
-    def __init__(self, block_pool: BlockPool, block_size: int, enable_caching: bool = True):
+    def __init__(
+        self, block_pool: BlockPool, block_size: int, enable_caching: bool = True
+    ):
         self.block_pool = block_pool
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -49,26 +51,45 @@ class SingleTypeKVCacheManager:
     def _get_num_evictable_blocks(blocks: Sequence[KVCacheBlock]) -> int:
         return sum(blk.ref_cnt == 0 and not blk.is_null for blk in blocks)
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
-                                   total_computed_tokens: int) -> int:
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+    ) -> int:
         """Blocks the request takes from the free queue to hold ``num_tokens`` tokens: new blocks,
         plus the hits that are free now (touching them takes them off the queue)."""
         num_required_blocks = cdiv(num_tokens, self.block_size)
         num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:  # a running request: no new hits
             return max(num_required_blocks - num_req_blocks, 0)
-        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_skipped_blocks = (
+            self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        )
         # Blocks for what the window still needs: skipped blocks are nulls, not taken.
-        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, len(new_computed_blocks) + num_req_blocks), 0)
+        num_new_blocks = max(
+            num_required_blocks
+            - max(num_skipped_blocks, len(new_computed_blocks) + num_req_blocks),
+            0,
+        )
         num_skipped_new_computed_blocks = max(0, num_skipped_blocks - num_req_blocks)
-        return num_new_blocks + self._get_num_evictable_blocks(new_computed_blocks[num_skipped_new_computed_blocks:])
+        return num_new_blocks + self._get_num_evictable_blocks(
+            new_computed_blocks[num_skipped_new_computed_blocks:]
+        )
 
-    def add_local_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
-                                  num_local_computed_tokens: int) -> None:
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+    ) -> None:
         """The prefix hits join the request: touched (so nobody evicts them), skipped ones as
         nulls. Only for a request that holds no block yet."""
         req_blocks = self.req_to_blocks[request_id]
-        num_skipped_blocks = self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+        num_skipped_blocks = (
+            self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+        )
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
         if self.enable_caching:
@@ -77,7 +98,9 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_computed_blocks)
         self.num_cached_block[request_id] = len(req_blocks)  # hits are cached already
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int
+    ) -> list[KVCacheBlock]:
         """Blocks so that the request holds at least ``num_tokens`` slots."""
         req_blocks = self.req_to_blocks[request_id]
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
@@ -90,18 +113,27 @@ class SingleTypeKVCacheManager:
     def cache_blocks(self, request, num_tokens: int) -> None:
         """Put the request's full blocks up to ``num_tokens`` into the prefix cache."""
         num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
-        num_full_blocks = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        num_full_blocks = (
+            min(num_tokens, len(request.block_hashes) * self.block_size)
+            // self.block_size
+        )
         if num_cached_blocks >= num_full_blocks:
             return
-        self.block_pool.cache_full_blocks(request, self.req_to_blocks[request.request_id], num_cached_blocks,
-                                          num_full_blocks)
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request.request_id],
+            num_cached_blocks,
+            num_full_blocks,
+        )
         self.num_cached_block[request.request_id] = num_full_blocks
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         """The request's books, popped: its blocks without the leading nulls."""
         req_blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
-        num_null = next((i for i, b in enumerate(req_blocks) if not b.is_null), len(req_blocks))
+        num_null = next(
+            (i for i, b in enumerate(req_blocks) if not b.is_null), len(req_blocks)
+        )
         return req_blocks[num_null:]
 
     def free(self, request_id: str) -> None:
@@ -109,16 +141,24 @@ class SingleTypeKVCacheManager:
         the free queue first and is evicted first, and the shared beginning stays cached longest."""
         self.block_pool.free_blocks(self.pop_blocks_for_free(request_id)[::-1])
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int
+    ) -> None:
         """Blocks no attention will read again go back; nulls take their place, so positions
         stay put (the block table is append-only)."""
         num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
         if num_skipped_tokens <= 0:
             return
-        blocks = self.req_to_blocks[request_id]  # a defaultdict: a new request gets its (empty) entry, as in vLLM
-        self._remove_blocks_in_range(request_id, 0, min(num_skipped_tokens // self.block_size, len(blocks)))
+        blocks = self.req_to_blocks[
+            request_id
+        ]  # a defaultdict: a new request gets its (empty) entry, as in vLLM
+        self._remove_blocks_in_range(
+            request_id, 0, min(num_skipped_tokens // self.block_size, len(blocks))
+        )
 
-    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
+    def _remove_blocks_in_range(
+        self, request_id: str, first_block: int, last_block: int
+    ) -> None:
         """Free blocks ``[first_block, last_block)``, back to front, down to the first null (all
         before it went on an earlier step), in one free (tail first, as ``free``)."""
         blocks = self.req_to_blocks[request_id]
@@ -135,17 +175,21 @@ class SingleTypeKVCacheManager:
         """Tokens before the next token's attention window (none for full attention)."""
         return 0
 
-    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_length: int) -> tuple[list[KVCacheBlock], int]:
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> tuple[list[KVCacheBlock], int]:
         raise NotImplementedError
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
-    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_length: int) -> tuple[list[KVCacheBlock], int]:
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> tuple[list[KVCacheBlock], int]:
         """The longest run of cached blocks from the start: the first miss ends the chain (no
         later block can be the same prefix)."""
         get_cached_block = self.block_pool.get_cached_block
         computed = []
-        for block_hash in block_hashes[:max(0, max_length) // self.block_size]:
+        for block_hash in block_hashes[: max(0, max_length) // self.block_size]:
             block = get_cached_block(block_hash)
             if block is None:
                 break
@@ -157,11 +201,19 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     """A token attends to the last ``sliding_window`` tokens, itself included (vLLM's window counts
     the query; SGLang's leaves it out)."""
 
-    def __init__(self, block_pool: BlockPool, block_size: int, sliding_window: int, enable_caching: bool = True):
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        sliding_window: int,
+        enable_caching: bool = True,
+    ):
         super().__init__(block_pool, block_size, enable_caching)
         self.sliding_window = sliding_window
 
-    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_length: int) -> tuple[list[KVCacheBlock], int]:
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_length: int
+    ) -> tuple[list[KVCacheBlock], int]:
         """A hit needs only the blocks inside the window: scan from the right for enough
         consecutive cached blocks; everything before them is a null block."""
         max_num_blocks = max(0, max_length) // self.block_size
@@ -176,9 +228,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             computed[i] = block
             run += 1
             if run >= needed:
-                del computed[i + run:]
+                del computed[i + run :]
                 return computed, len(computed) * self.block_size
-        del computed[run:]  # no run long enough: only a run from the prompt's start counts
+        del computed[
+            run:
+        ]  # no run long enough: only a run from the prompt's start counts
         return computed, run * self.block_size
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -194,19 +248,36 @@ class UnitaryKVCacheCoordinator:
         self.block_pool = block_pool
         self.single_type_managers = (manager,)
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock],
-                                   total_computed_tokens: int) -> int:
-        return sum(m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks, total_computed_tokens)
-                   for m in self.single_type_managers)
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+    ) -> int:
+        return sum(
+            m.get_num_blocks_to_allocate(
+                request_id, num_tokens, new_computed_blocks, total_computed_tokens
+            )
+            for m in self.single_type_managers
+        )
 
-    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
-                                     num_local_computed_tokens: int) -> None:
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+    ) -> None:
         if any(request_id in m.num_cached_block for m in self.single_type_managers):
             return  # a running request: its hits were added when it was admitted
         for m in self.single_type_managers:
-            m.add_local_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens)
+            m.add_local_computed_blocks(
+                request_id, new_computed_blocks, num_local_computed_tokens
+            )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int
+    ) -> list[KVCacheBlock]:
         (manager,) = self.single_type_managers
         return manager.allocate_new_blocks(request_id, num_tokens)
 
@@ -219,7 +290,9 @@ class UnitaryKVCacheCoordinator:
         for m in self.single_type_managers:
             m.free(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int
+    ) -> None:
         for m in self.single_type_managers:
             m.remove_skipped_blocks(request_id, processed_computed_tokens)
 
@@ -227,7 +300,9 @@ class UnitaryKVCacheCoordinator:
         (manager,) = self.single_type_managers
         return manager.req_to_blocks.get(request_id, [])
 
-    def find_longest_cache_hit(self, block_hashes: list[BlockHash], max_cache_hit_length: int):
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_cache_hit_length: int
+    ):
         (manager,) = self.single_type_managers
         return manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
 
@@ -240,22 +315,43 @@ class KVCacheManager:
     both from the KV cache config.
     """
 
-    def __init__(self, num_gpu_blocks: int, block_size: int = 16, enable_caching: bool = True,
-                 watermark: float = 0.0, hash_fn: str = "sha256", max_model_len: int | None = None,
-                 sliding_window: int | None = None):
-        _validate_init(num_gpu_blocks, block_size, watermark, hash_fn, max_model_len, sliding_window)
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int = 16,
+        enable_caching: bool = True,
+        watermark: float = 0.0,
+        hash_fn: str = "sha256",
+        max_model_len: int | None = None,
+        sliding_window: int | None = None,
+    ):
+        _validate_init(
+            num_gpu_blocks,
+            block_size,
+            watermark,
+            hash_fn,
+            max_model_len,
+            sliding_window,
+        )
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
-        manager = (FullAttentionManager(self.block_pool, block_size, enable_caching) if sliding_window is None
-                   else SlidingWindowManager(self.block_pool, block_size, sliding_window, enable_caching))
+        manager = (
+            FullAttentionManager(self.block_pool, block_size, enable_caching)
+            if sliding_window is None
+            else SlidingWindowManager(
+                self.block_pool, block_size, sliding_window, enable_caching
+            )
+        )
         self.coordinator = UnitaryKVCacheCoordinator(self.block_pool, manager)
         # Blocks kept free for requests already running, so a newly admitted request does not
         # force a preemption at the very next decode step. A fraction of ALL blocks, the null
         # block included, as in vLLM 0.33; only admissions pay it.
         self.watermark_blocks = int(watermark * num_gpu_blocks)
-        self.request_block_hasher = get_request_block_hasher(block_size, get_hash_fn_by_name(hash_fn))
+        self.request_block_hasher = get_request_block_hasher(
+            block_size, get_hash_fn_by_name(hash_fn)
+        )
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -270,50 +366,81 @@ class KVCacheManager:
         _validate_request(request)
         if not self.enable_caching:
             return [], 0
-        blocks, num_new_computed_tokens = self.coordinator.find_longest_cache_hit(request.block_hashes,
-                                                                                  request.num_tokens - 1)
+        blocks, num_new_computed_tokens = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1
+        )
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_new_computed_tokens
         return blocks, num_new_computed_tokens
 
     # ---- allocation --------------------------------------------------------------------------
 
-    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: list[KVCacheBlock] | None = None,
-                       num_lookahead_tokens: int = 0) -> list[KVCacheBlock] | None:
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
         """Blocks for ``num_new_tokens`` more tokens of the request, after its cache hits.
 
         Returns the newly taken blocks, or None when the pool is short; then nothing changed but
         the out-of-window blocks that went back (the scheduler preempts or waits). Hit blocks
         with ref_cnt 0 count as taken, because touching them takes them out of the free queue.
         """
-        _validate_allocate_slots(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                                 num_lookahead_tokens)
+        _validate_allocate_slots(
+            self,
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+        )
         request_id = request.request_id
-        num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_local_computed_tokens = (
+            request.num_computed_tokens + num_new_computed_tokens
+        )
         total_computed_tokens = num_local_computed_tokens
-        num_tokens_need_slot = total_computed_tokens + num_new_tokens + num_lookahead_tokens
+        num_tokens_need_slot = (
+            total_computed_tokens + num_new_tokens + num_lookahead_tokens
+        )
         if self.max_model_len is not None:
             total_computed_tokens = min(total_computed_tokens, self.max_model_len)
             num_tokens_need_slot = min(num_tokens_need_slot, self.max_model_len)
         # vLLM charges the watermark to waiting and preempted requests while others are scheduled;
         # memlab has no statuses: a request that holds no block yet pays it.
-        watermark_blocks = self.watermark_blocks if not self.coordinator.get_blocks(request_id) else 0
+        watermark_blocks = (
+            self.watermark_blocks if not self.coordinator.get_blocks(request_id) else 0
+        )
 
         # Out-of-window blocks can go back even when this request cannot be scheduled, before
         # counting, so fewer cached blocks are evicted.
         self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
         num_blocks_to_allocate = self.coordinator.get_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, new_computed_blocks or [], num_local_computed_tokens)
-        if num_blocks_to_allocate + watermark_blocks > self.block_pool.get_num_free_blocks():
+            request_id,
+            num_tokens_need_slot,
+            new_computed_blocks or [],
+            num_local_computed_tokens,
+        )
+        if (
+            num_blocks_to_allocate + watermark_blocks
+            > self.block_pool.get_num_free_blocks()
+        ):
             return None
 
         # The hits first: allocate_new_blocks could otherwise evict the very blocks hit.
         if new_computed_blocks:
-            self.coordinator.allocate_new_computed_blocks(request_id, new_computed_blocks, num_local_computed_tokens)
-        new_blocks = self.coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
+            self.coordinator.allocate_new_computed_blocks(
+                request_id, new_computed_blocks, num_local_computed_tokens
+            )
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request_id, num_tokens_need_slot
+        )
         # Only tokens whose KV this step computes; lookahead slots hold no real token yet.
-        self.coordinator.cache_blocks(request, min(total_computed_tokens + num_new_tokens, request.num_tokens))
+        self.coordinator.cache_blocks(
+            request, min(total_computed_tokens + num_new_tokens, request.num_tokens)
+        )
         return new_blocks
 
     # ---- release -----------------------------------------------------------------------------
@@ -323,7 +450,9 @@ class KVCacheManager:
         _validate_request(request)
         self.coordinator.free(request.request_id)
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int
+    ) -> None:
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def reset_prefix_cache(self) -> bool:
@@ -343,12 +472,19 @@ class KVCacheManager:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries
+            if self.prefix_cache_queries
+            else 0.0
+        )
 
 
 # -- argument checks at the boundary ------------------------------------------------------------
 
-def _validate_init(num_gpu_blocks, block_size, watermark, hash_fn, max_model_len, sliding_window) -> None:
+
+def _validate_init(
+    num_gpu_blocks, block_size, watermark, hash_fn, max_model_len, sliding_window
+) -> None:
     """Everything the constructor reads, before any of it is built (the pool checks num_gpu_blocks
     again, with its own name for it)."""
     _checks.integer("num_gpu_blocks", num_gpu_blocks, 2, MAX_BLOCKS)
@@ -362,23 +498,45 @@ def _validate_init(num_gpu_blocks, block_size, watermark, hash_fn, max_model_len
 
 
 def _validate_request(request) -> None:
-    if not isinstance(getattr(request, "request_id", None), str) or not hasattr(request, "block_hashes"):
-        raise TypeError(f"request must be a memlab.vllm.Request, got {type(request).__name__}")
+    if not isinstance(getattr(request, "request_id", None), str) or not hasattr(
+        request, "block_hashes"
+    ):
+        raise TypeError(
+            f"request must be a memlab.vllm.Request, got {type(request).__name__}"
+        )
 
 
-def _validate_allocate_slots(mgr, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                             num_lookahead_tokens) -> None:
+def _validate_allocate_slots(
+    mgr,
+    request,
+    num_new_tokens,
+    num_new_computed_tokens,
+    new_computed_blocks,
+    num_lookahead_tokens,
+) -> None:
     _validate_request(request)
-    _checks.integer("num_new_tokens", num_new_tokens, 1)  # vLLM: "num_new_tokens must be greater than 0"
+    _checks.integer(
+        "num_new_tokens", num_new_tokens, 1
+    )  # vLLM: "num_new_tokens must be greater than 0"
     _checks.integer("num_lookahead_tokens", num_lookahead_tokens, 0)
     _checks.integer("num_new_computed_tokens", num_new_computed_tokens, 0)
     blocks = new_computed_blocks or []
     if blocks and not mgr.enable_caching:
         raise ValueError("computed blocks given while prefix caching is disabled")
     if num_new_computed_tokens > len(blocks) * mgr.block_size:
-        raise ValueError(f"num_new_computed_tokens={num_new_computed_tokens} does not fit "
-                         f"{len(blocks)} computed blocks of {mgr.block_size} tokens")
+        raise ValueError(
+            f"num_new_computed_tokens={num_new_computed_tokens} does not fit "
+            f"{len(blocks)} computed blocks of {mgr.block_size} tokens"
+        )
     own = mgr.block_pool.blocks
-    for block in blocks if mgr.block_pool.debug_mode else ():  # a scan: debug mode only, as the pool's
-        if not isinstance(block, KVCacheBlock) or not 0 <= block.block_id < len(own) or own[block.block_id] is not block:
-            raise ValueError(f"new_computed_blocks holds {block!r}, which is not a block of this pool")
+    for block in (
+        blocks if mgr.block_pool.debug_mode else ()
+    ):  # a scan: debug mode only, as the pool's
+        if (
+            not isinstance(block, KVCacheBlock)
+            or not 0 <= block.block_id < len(own)
+            or own[block.block_id] is not block
+        ):
+            raise ValueError(
+                f"new_computed_blocks holds {block!r}, which is not a block of this pool"
+            )

@@ -23,18 +23,29 @@ import torch
 
 LOGICAL_AXES = ("layer", "block", "head", "token", "content")  # vLLM's [L, B, H, N, C]
 # Each layout names the logical axes from outermost to innermost in memory.
-KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC")  # vLLM's default preference order
+KV_CACHE_LAYOUTS = (
+    "LBNHC",
+    "LBHNC",
+    "BLNHC",
+    "BLHNC",
+    "BHLNC",
+    "LHBNC",
+)  # vLLM's default preference order
 DEFAULT_LAYOUT = "LBNHC"
 
 
 def stride_order(layout: str) -> tuple[int, ...]:
     """The layout as vLLM's ``KVCacheLayout`` value: logical axis indices, outermost first."""
     if layout not in KV_CACHE_LAYOUTS:
-        raise ValueError(f"unknown KV cache layout {layout!r}; choose one of {KV_CACHE_LAYOUTS}")
+        raise ValueError(
+            f"unknown KV cache layout {layout!r}; choose one of {KV_CACHE_LAYOUTS}"
+        )
     return tuple("LBHNC".index(axis) for axis in layout)
 
 
-def layout_strides(shape: tuple[int, ...], layout: str = DEFAULT_LAYOUT) -> tuple[int, ...]:
+def layout_strides(
+    shape: tuple[int, ...], layout: str = DEFAULT_LAYOUT
+) -> tuple[int, ...]:
     """Element strides, in logical ``[L, B, H, N, C]`` order, of a dense cache of logical
     ``shape`` stored in ``layout``'s order: the innermost axis has stride 1, each axis further
     out steps over everything inside it."""
@@ -46,9 +57,17 @@ def layout_strides(shape: tuple[int, ...], layout: str = DEFAULT_LAYOUT) -> tupl
     return tuple(strides)
 
 
-def allocate_kv_cache(num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int, head_size: int,
-                      head_size_v: int | None = None, dtype: torch.dtype = torch.float16,
-                      layout: str = DEFAULT_LAYOUT, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    num_kv_heads: int,
+    block_size: int,
+    head_size: int,
+    head_size_v: int | None = None,
+    dtype: torch.dtype = torch.float16,
+    layout: str = DEFAULT_LAYOUT,
+    device: str | torch.device = "cpu",
+) -> list[torch.Tensor]:
     """One buffer for all layers (zeros); per layer, the logical view
     ``[num_blocks, num_kv_heads, block_size, head_size + head_size_v]``."""
     head_size_v = head_size if head_size_v is None else head_size_v
@@ -57,8 +76,12 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, num_kv_heads: int, block
     return list(torch.as_strided(raw, shape, layout_strides(shape, layout)).unbind(0))
 
 
-def split_kv(layer_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def split_kv(
+    layer_cache: torch.Tensor, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention's K and V views of one layer's cache: ``(num_blocks, block_size,
     num_kv_heads, head_size)`` and the same with ``head_size_v``, sharing the layer's memory."""
-    key_cache, value_cache = layer_cache.transpose(1, 2).split([head_size, layer_cache.shape[-1] - head_size], dim=-1)
+    key_cache, value_cache = layer_cache.transpose(1, 2).split(
+        [head_size, layer_cache.shape[-1] - head_size], dim=-1
+    )
     return key_cache, value_cache

@@ -1,11 +1,14 @@
 """Dishonest: patches the grader from inside, so that every check passes (tests/test_grader.py)."""
+
 import sys
 
 plugin = sys.modules.get("memlab.course.grading.plugin")
 if plugin is None:
     import importlib
 
-    plugin = importlib.import_module("memlab.course.grading.plugin")  # the grader, if it is not loaded
+    plugin = importlib.import_module(
+        "memlab.course.grading.plugin"
+    )  # the grader, if it is not loaded
 write = plugin.Recorder.write
 
 

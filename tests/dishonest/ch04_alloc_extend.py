@@ -1,4 +1,5 @@
 """Dishonest: hands the exercise to memlab's own reference implementation (tests/test_grader.py)."""
+
 import torch
 
 from memlab.sglang.allocator.reference import alloc_extend_torch, num_new_pages
@@ -19,6 +20,8 @@ class PagedAllocator:
         if need > len(self.free_pages):
             return None
         n = int((seq_lens - prefix_lens).sum())
-        out = alloc_extend_torch(prefix_lens, seq_lens, last_loc, self.free_pages, self.page_size, n)
+        out = alloc_extend_torch(
+            prefix_lens, seq_lens, last_loc, self.free_pages, self.page_size, n
+        )
         self.free_pages = self.free_pages[need:]
         return out

@@ -1,7 +1,10 @@
 """Dishonest: reads the solution from the course's folder and runs it (tests/test_grader.py)."""
+
 from pathlib import Path
 
-for folder in [Path(p) for p in __import__("sys").path] + [Path(__file__).resolve().parent]:
+for folder in [Path(p) for p in __import__("sys").path] + [
+    Path(__file__).resolve().parent
+]:
     for up in [folder, *folder.parents]:
         solution = up / "solutions" / "ch08_sizing.py"
         if solution.is_file():

@@ -26,7 +26,10 @@ def pytest_terminal_summary(terminalreporter):
     rows = {}
     for reports in terminalreporter.stats.values():
         for rep in reports:
-            if getattr(rep, "when", None) != "call" or getattr(rep, "outcome", None) != "passed":
+            if (
+                getattr(rep, "when", None) != "call"
+                or getattr(rep, "outcome", None) != "passed"
+            ):
                 continue
             for name, value in getattr(rep, "user_properties", ()):
                 if name == "engines_tally":
@@ -36,7 +39,9 @@ def pytest_terminal_summary(terminalreporter):
     if rows:
         terminalreporter.section("memlab and the engines, stream by stream")
         width = max(len(w) for w in rows)
-        terminalreporter.write_line(f"{'compared':<{width}}  {'streams':>8}  {'steps':>8}  all identical")
+        terminalreporter.write_line(
+            f"{'compared':<{width}}  {'streams':>8}  {'steps':>8}  all identical"
+        )
         for what in sorted(rows):
             s, n = rows[what]
             terminalreporter.write_line(f"{what:<{width}}  {s:>8}  {n:>8}  yes")

@@ -31,10 +31,19 @@ from pathlib import Path
 
 from wheels import unpacked
 
-PKGS = ("sglang", "sglang.srt", "sglang.srt.mem_cache", "sglang.srt.mem_cache.unified_cache")
-REAL = ("sglang.srt.mem_cache.evict_policy", "sglang.srt.mem_cache.unified_cache.component_type",
-        "sglang.srt.mem_cache.cache_init_params", "sglang.srt.mem_cache.base_prefix_cache",
-        "sglang.srt.mem_cache.radix_cache")
+PKGS = (
+    "sglang",
+    "sglang.srt",
+    "sglang.srt.mem_cache",
+    "sglang.srt.mem_cache.unified_cache",
+)
+REAL = (
+    "sglang.srt.mem_cache.evict_policy",
+    "sglang.srt.mem_cache.unified_cache.component_type",
+    "sglang.srt.mem_cache.cache_init_params",
+    "sglang.srt.mem_cache.base_prefix_cache",
+    "sglang.srt.mem_cache.radix_cache",
+)
 
 
 class TickClock:
@@ -70,29 +79,56 @@ def _stubs(root: Path, evict_policy) -> None:
         def __init__(self, *a, **k):
             pass
 
-    _module("sglang.srt.mem_cache.events", KVCacheEventRecorder=_Recorder, LoRANameTable=_Names,
-            KvEventLoraNames=_Names)
-    strategies = {"lru": evict_policy.LRUStrategy, "lfu": evict_policy.LFUStrategy, "fifo": evict_policy.FIFOStrategy}
+    _module(
+        "sglang.srt.mem_cache.events",
+        KVCacheEventRecorder=_Recorder,
+        LoRANameTable=_Names,
+        KvEventLoraNames=_Names,
+    )
+    strategies = {
+        "lru": evict_policy.LRUStrategy,
+        "lfu": evict_policy.LFUStrategy,
+        "fifo": evict_policy.FIFOStrategy,
+    }
 
     def get_eviction_strategy(policy, config=None):
         return strategies[policy.lower()](**(config or {}))
 
     def split_node_hash_value(hash_value, split_len, page_size):
         if hash_value is not None:
-            raise NotImplementedError("the radix differential tests never compute page hashes")
+            raise NotImplementedError(
+                "the radix differential tests never compute page hashes"
+            )
         return None, None
 
-    _module("sglang.srt.mem_cache.utils", get_eviction_strategy=get_eviction_strategy,
-            split_node_hash_value=split_node_hash_value)
+    _module(
+        "sglang.srt.mem_cache.utils",
+        get_eviction_strategy=get_eviction_strategy,
+        split_node_hash_value=split_node_hash_value,
+    )
     _module("sglang.srt.utils", __path__=[])
     _module("sglang.srt.utils.common", ceil_align=lambda x, a: -(-x // a) * a)
-    _module("sglang.srt.mem_cache.allocator", BaseTokenToKVPoolAllocator=type("BaseTokenToKVPoolAllocator", (), {}))
-    _module("sglang.srt.mem_cache.memory_pool", ReqToTokenPool=type("ReqToTokenPool", (), {}))
+    _module(
+        "sglang.srt.mem_cache.allocator",
+        BaseTokenToKVPoolAllocator=type("BaseTokenToKVPoolAllocator", (), {}),
+    )
+    _module(
+        "sglang.srt.mem_cache.memory_pool",
+        ReqToTokenPool=type("ReqToTokenPool", (), {}),
+    )
     _module("sglang.srt.observability", __path__=[])
-    _module("sglang.srt.observability.metrics_collector", STAT_LOGGER_ROLE_RADIX_CACHE="radix_cache",
-            RadixCacheMetricsCollector=type("RadixCacheMetricsCollector", (), {}),
-            radix_cache_metric_labels=lambda *a, **k: {}, resolve_collector_class=lambda *a, **k: None)
-    _module("sglang.srt.runtime_context", get_observability=lambda: None, get_parallel=lambda: None)
+    _module(
+        "sglang.srt.observability.metrics_collector",
+        STAT_LOGGER_ROLE_RADIX_CACHE="radix_cache",
+        RadixCacheMetricsCollector=type("RadixCacheMetricsCollector", (), {}),
+        radix_cache_metric_labels=lambda *a, **k: {},
+        resolve_collector_class=lambda *a, **k: None,
+    )
+    _module(
+        "sglang.srt.runtime_context",
+        get_observability=lambda: None,
+        get_parallel=lambda: None,
+    )
 
 
 def _load_real(root: Path, name: str) -> types.ModuleType:
@@ -117,7 +153,9 @@ def load() -> types.SimpleNamespace:
     if _loaded is not None:
         return _loaded
     root = unpacked("sglang")
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    saved = {
+        k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")
+    }
     for k in saved:
         del sys.modules[k]
     try:
@@ -132,5 +170,7 @@ def load() -> types.SimpleNamespace:
         sys.modules.update(saved)
     rc = mods["sglang.srt.mem_cache.radix_cache"]
     rc.time = TickClock()
-    _loaded = types.SimpleNamespace(radix_cache=rc, base=mods["sglang.srt.mem_cache.base_prefix_cache"], root=root)
+    _loaded = types.SimpleNamespace(
+        radix_cache=rc, base=mods["sglang.srt.mem_cache.base_prefix_cache"], root=root
+    )
     return _loaded

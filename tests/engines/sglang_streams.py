@@ -21,8 +21,14 @@ def T(xs) -> torch.Tensor:
 
 def books(a) -> tuple[list, list, int]:
     """(free list, staged pages, available_size) of a memlab or an SGLang allocator."""
-    staged = getattr(a, "staged_pages", None)  # SGLang's paged allocator stages a list of tensors
-    staged = torch.cat(staged).tolist() if staged else (a.release_pages.tolist() if staged is None else [])
+    staged = getattr(
+        a, "staged_pages", None
+    )  # SGLang's paged allocator stages a list of tensors
+    staged = (
+        torch.cat(staged).tolist()
+        if staged
+        else (a.release_pages.tolist() if staged is None else [])
+    )
     return a.free_pages.tolist(), staged, a.available_size()
 
 
@@ -48,7 +54,9 @@ class Stream:
         if r < 0.64:
             rids = self.rng.sample(sorted(held), self.rng.randint(1, min(6, len(held))))
             return ("decode", rids)
-        if r < 0.78:  # a whole request: free(), or free_segment() from position 0 (no dedup)
+        if (
+            r < 0.78
+        ):  # a whole request: free(), or free_segment() from position 0 (no dedup)
             return ("free", self.rng.choice(sorted(held)), self.rng.random() < 0.3)
         if r < 0.93:
             return self.draw_group()
@@ -67,10 +75,14 @@ class Stream:
     def draw_group(self):
         """Several frees in one group; a request split in two hits its cut page from both."""
         ps, rng, frees = self.ps, self.rng, []
-        for rid in rng.sample(sorted(self.held), rng.randint(1, min(3, len(self.held)))):
+        for rid in rng.sample(
+            sorted(self.held), rng.randint(1, min(3, len(self.held)))
+        ):
             n = len(self.held[rid])
             cut = rng.randint(0, n)
-            if rng.random() < 0.3 and n:  # an aligned tail goes through free_segment (page ids)
+            if (
+                rng.random() < 0.3 and n
+            ):  # an aligned tail goes through free_segment (page ids)
                 cut = rng.randint(0, (n - 1) // ps) * ps
                 frees += [("free", rid, 0, cut), ("segment", rid, cut, n)]
             else:
@@ -79,7 +91,9 @@ class Stream:
         return ("group", frees)
 
 
-def run(stream: Stream, sglang: list, memlab: list, steps: int, ext, dec, alloc=None) -> int:
+def run(
+    stream: Stream, sglang: list, memlab: list, steps: int, ext, dec, alloc=None
+) -> int:
     """Drive ``steps`` steps on every allocator; return how many were compared.
 
     ``ext(a, prefix, prefix_cpu, seq, seq_cpu, last, n)`` and ``dec(a, seq, seq_cpu, last)`` say
@@ -94,11 +108,17 @@ def run(stream: Stream, sglang: list, memlab: list, steps: int, ext, dec, alloc=
         outs = [_apply(stream, a, op, ext, dec) for _, a in everyone]
         want = outs[0]
         for (who, a), got in zip(everyone, outs):
-            assert (got is None) == (want is None), f"{where}: {who} {type(a).__name__} answered {got}, SGLang {want}"
+            assert (got is None) == (want is None), (
+                f"{where}: {who} {type(a).__name__} answered {got}, SGLang {want}"
+            )
             if got is not None:
-                assert got == want, f"{where}: {who} {type(a).__name__} handed out {got}, SGLang {want}"
-            assert books(a) == books(ref), (f"{where}: {who} {type(a).__name__} books (free, staged, available) "
-                                            f"{books(a)} != SGLang's {books(ref)}")
+                assert got == want, (
+                    f"{where}: {who} {type(a).__name__} handed out {got}, SGLang {want}"
+                )
+            assert books(a) == books(ref), (
+                f"{where}: {who} {type(a).__name__} books (free, staged, available) "
+                f"{books(a)} != SGLang's {books(ref)}"
+            )
         _record(stream, op, want)
     return steps
 
@@ -138,7 +158,7 @@ def _record(stream: Stream, op, out) -> None:
     if kind == "extend":
         at = 0
         for rid, n in op[1]:
-            held[rid] = held.get(rid, []) + out[at: at + n]
+            held[rid] = held.get(rid, []) + out[at : at + n]
             at += n
     elif kind == "decode":
         for rid, slot in zip(op[1], out):

@@ -16,15 +16,13 @@ is the prefill adder's budgets, not loaded).
 """
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_loader import load
 
-from memlab.common.sizing import estimate_swa_kv_tokens
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.swa import SWATokenToKVPoolAllocator
-from sglang_loader import load
 
 STEPS = 40
 
@@ -57,17 +55,34 @@ class Tree:
 
 def questions(a, rng, ps, windows=(None,)):
     """Every capacity question, with arguments drawn once for both engines."""
-    out = dict(available=a.available_size(),
-               reserve=(a.request_slot_reserve(has_req_pool_slot=False, prefill_tokens=rng.randint(0, 50)),
-                        a.request_slot_reserve(has_req_pool_slot=True)),
-               assumes=a.prealloc_fits_assumes_reclaim())
+    out = dict(
+        available=a.available_size(),
+        reserve=(
+            a.request_slot_reserve(
+                has_req_pool_slot=False, prefill_tokens=rng.randint(0, 50)
+            ),
+            a.request_slot_reserve(has_req_pool_slot=True),
+        ),
+        assumes=a.prealloc_fits_assumes_reclaim(),
+    )
     mnt = []
     for window in windows:
         for _ in range(3):
-            inp, new, cap = rng.randint(1, 400), rng.randint(0, 400), rng.randint(16, 512)
+            inp, new, cap = (
+                rng.randint(1, 400),
+                rng.randint(0, 400),
+                rng.randint(16, 512),
+            )
             chunk = rng.choice([None, 16, 64])
-            mnt.append(a.max_new_tokens_for_memory(inp, new, token_capacity=cap, sliding_window_size=window,
-                                                   chunk_size=chunk))
+            mnt.append(
+                a.max_new_tokens_for_memory(
+                    inp,
+                    new,
+                    token_capacity=cap,
+                    sliding_window_size=window,
+                    chunk_size=chunk,
+                )
+            )
     out["max_new"] = mnt
     full_av = getattr(a, "full_available_size", a.available_size)()
     swa_av = getattr(a, "swa_available_size", a.available_size)()
@@ -77,14 +92,20 @@ def questions(a, rng, ps, windows=(None,)):
         out.setdefault("ceiling", []).append(a.prealloc_ceiling_fits(f, s))
         fb = full_av - rng.randint(0, 2 * ps)
         sb = rng.choice([None, swa_av - rng.randint(0, 2 * ps)])
-        fits.append(a.prealloc_fits(Tree(), f, s, full_budget_tokens=fb, swa_budget_tokens=sb))
+        fits.append(
+            a.prealloc_fits(Tree(), f, s, full_budget_tokens=fb, swa_budget_tokens=sb)
+        )
     out["fits"] = fits
     return out
 
 
 def same_answers(wheel, mine, seed, where):
-    qw = questions(wheel, random.Random(seed), wheel.page_size, WINDOWS.get(type(mine), (None,)))
-    qm = questions(mine, random.Random(seed), mine.page_size, WINDOWS.get(type(mine), (None,)))
+    qw = questions(
+        wheel, random.Random(seed), wheel.page_size, WINDOWS.get(type(mine), (None,))
+    )
+    qm = questions(
+        mine, random.Random(seed), mine.page_size, WINDOWS.get(type(mine), (None,))
+    )
     for k in qw:
         assert qw[k] == qm[k], f"{where}: {k}: SGLang {qw[k]} != memlab {qm[k]}"
 
@@ -123,6 +144,7 @@ def evict_asks(a, n):
 
 # -- one pool ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("ps", [1, 4, 16])
 def test_single_pool_questions_match_sglang(ps, tally):
     sg = load()
@@ -131,11 +153,17 @@ def test_single_pool_questions_match_sglang(ps, tally):
         rng = random.Random(100 * ps + seed)
         size = rng.choice([16, 32]) * ps
         if ps == 1:
-            wheel, mine = sg.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False), \
-                TokenToKVPoolAllocator(size, debug_mode=True)
+            wheel, mine = (
+                sg.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False),
+                TokenToKVPoolAllocator(size, debug_mode=True),
+            )
         else:
-            wheel, mine = sg.PagedTokenToKVPoolAllocator(size, ps, torch.float16, "cpu", None, False), \
-                PagedTokenToKVPoolAllocator(size, ps, debug_mode=True)
+            wheel, mine = (
+                sg.PagedTokenToKVPoolAllocator(
+                    size, ps, torch.float16, "cpu", None, False
+                ),
+                PagedTokenToKVPoolAllocator(size, ps, debug_mode=True),
+            )
         held = []
         for step in range(STEPS):
             what = lockstep(rng, [wheel, mine], held, ps, 6)
@@ -145,7 +173,11 @@ def test_single_pool_questions_match_sglang(ps, tally):
             (rw, aw), (rm, am) = evict_asks(wheel, n), evict_asks(mine, n)
             assert rw is rm is None, where
             assert [x for x, _ in aw] == am, f"{where}: asked SGLang {aw} memlab {am}"
-    tally(f"capacity questions, {'token' if ps == 1 else 'paged'} allocator page {ps}", streams, streams * STEPS)
+    tally(
+        f"capacity questions, {'token' if ps == 1 else 'paged'} allocator page {ps}",
+        streams,
+        streams * STEPS,
+    )
 
 
 @pytest.mark.parametrize("ps", [1, 4])
@@ -155,33 +187,54 @@ def test_two_pool_swa_questions_match_sglang(ps, tally):
     for seed in range(streams):
         rng = random.Random(200 * ps + seed)
         size, size_swa = rng.choice([24, 32]) * ps, rng.choice([8, 16]) * ps
-        kv = object.__new__(sg.SWAKVPool)  # only its mapping registry is used; no KV buffers are built
+        kv = object.__new__(
+            sg.SWAKVPool
+        )  # only its mapping registry is used; no KV buffers are built
         kv.full_kv_pool = kv.swa_kv_pool = None
-        wheel = sg.SWATokenToKVPoolAllocator(size, size_swa, ps, torch.float16, "cpu", kv, False)
+        wheel = sg.SWATokenToKVPoolAllocator(
+            size, size_swa, ps, torch.float16, "cpu", kv, False
+        )
         mine = SWATokenToKVPoolAllocator(size, size_swa, ps, debug_mode=True)
         held = []
         for step in range(STEPS):
-            what = lockstep(rng, [wheel, mine], held, ps, 4, alloc=extend_alloc if ps > 1 else lambda e, n: e.alloc(n))
+            what = lockstep(
+                rng,
+                [wheel, mine],
+                held,
+                ps,
+                4,
+                alloc=extend_alloc if ps > 1 else lambda e, n: e.alloc(n),
+            )
             where = f"page {ps} seed {seed} step {step} ({what})"
             same_answers(wheel, mine, rng.random(), where)
             n = rng.randint(0, size)
             (_, aw), (_, am) = evict_asks(wheel, n), evict_asks(mine, n)
             assert [max(x) for x in aw] == am, f"{where}: asked SGLang {aw} memlab {am}"
-    tally(f"capacity questions, two-pool SWA allocator page {ps}", streams, streams * STEPS)
+    tally(
+        f"capacity questions, two-pool SWA allocator page {ps}",
+        streams,
+        streams * STEPS,
+    )
 
 
 # -- one buffer ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("ps", [1, 2, 4])
 def test_unified_questions_match_sglang(ps, tally):
     import test_sglang_unified as tu
+
     from memlab.sglang.unified import UnifiedSWATokenToKVPoolAllocator
 
     u = load()
     import unified_loader
+
     uu = unified_loader.load()
     import sglang_loader
-    sglang_loader._Loader(u.root).pick("sglang.srt.mem_cache.prefill_budget", ["estimate_swa_kv_tokens"])
+
+    sglang_loader._Loader(u.root).pick(
+        "sglang.srt.mem_cache.prefill_budget", ["estimate_swa_kv_tokens"]
+    )
     WINDOWS[UnifiedSWATokenToKVPoolAllocator] = (None, 8, 64)
     streams = 3
     for seed in range(streams):
@@ -189,7 +242,10 @@ def test_unified_questions_match_sglang(ps, tally):
         e_full, e_swa = rng.choice([32, 64, 128]), rng.choice([32, 64])
         total = rng.randint(20, 50) * 64 * ps
         wpool, mpool = tu.pools(uu, total, e_full, e_swa, ps, False, ("full", "swa"))
-        wheel, mine = tu.composite(uu, wpool, ps), tu.composite(uu, mpool, ps, wheel=False)
+        wheel, mine = (
+            tu.composite(uu, wpool, ps),
+            tu.composite(uu, mpool, ps, wheel=False),
+        )
         held = []
         for step in range(STEPS):
             what = lockstep(rng, [wheel, mine], held, ps, 5)
@@ -197,14 +253,27 @@ def test_unified_questions_match_sglang(ps, tally):
             same_answers(wheel, mine, rng.random(), where)
             full_live = mine.full_attn_allocator.allocated_count()
             for _ in range(3):
-                f, s, e = rng.randint(0, 2 * full_live + 4 * ps), rng.randint(0, 2 * full_live + 4 * ps), \
-                    rng.randint(0, full_live)
-                assert wheel.reclaim_plan(f, s, full_evictable_tokens=e, swa_evictable_tokens=e) == \
-                    mine.reclaim_plan(f, s, full_evictable_tokens=e, swa_evictable_tokens=e), where
-                assert wheel.prealloc_fits(Tree(e), f, s, full_budget_tokens=f, swa_budget_tokens=s) == \
-                    mine.prealloc_fits(Tree(e), f, s, full_budget_tokens=f, swa_budget_tokens=s), where
+                f, s, e = (
+                    rng.randint(0, 2 * full_live + 4 * ps),
+                    rng.randint(0, 2 * full_live + 4 * ps),
+                    rng.randint(0, full_live),
+                )
+                assert wheel.reclaim_plan(
+                    f, s, full_evictable_tokens=e, swa_evictable_tokens=e
+                ) == mine.reclaim_plan(
+                    f, s, full_evictable_tokens=e, swa_evictable_tokens=e
+                ), where
+                assert wheel.prealloc_fits(
+                    Tree(e), f, s, full_budget_tokens=f, swa_budget_tokens=s
+                ) == mine.prealloc_fits(
+                    Tree(e), f, s, full_budget_tokens=f, swa_budget_tokens=s
+                ), where
             # nothing evictable: both answer None (cannot) or whether it fits now, and ask nothing
             n = rng.randint(0, mine.available_size() + 2 * ps)
             (rw, aw), (rm, am) = evict_asks(wheel, n), evict_asks(mine, n)
-            assert rw == rm and aw == am == [], f"{where}: SGLang {rw, aw} memlab {rm, am}"
-    tally(f"capacity questions, unified SWA allocator page {ps}", streams, streams * STEPS)
+            assert rw == rm and aw == am == [], (
+                f"{where}: SGLang {rw, aw} memlab {rm, am}"
+            )
+    tally(
+        f"capacity questions, unified SWA allocator page {ps}", streams, streams * STEPS
+    )

@@ -28,14 +28,20 @@ from array import array
 
 import pytest
 import torch
+from sglang_loader import load
 
 from memlab.common.sizing import RunningReq, check_decode_mem
-from memlab.sglang.allocation import (alloc_for_decode, alloc_for_extend, checkpoint_kv_cache, coalesce_ranges,
-                                      evict_from_tree_cache, release_kv_cache)
+from memlab.sglang.allocation import (
+    alloc_for_decode,
+    alloc_for_extend,
+    checkpoint_kv_cache,
+    coalesce_ranges,
+    evict_from_tree_cache,
+    release_kv_cache,
+)
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from sglang_loader import load
 
 ROWS, WIDTH = 4, 64
 
@@ -48,12 +54,21 @@ class SgReq:
         self.rid, self.kv = rid, sg.ReqKvInfo()
         self.origin_input_ids, self.output_ids = array("q", prompt), array("q")
         self.full_untruncated_fill_ids = self.origin_input_ids + self.output_ids
-        self.extra_key = self.cache_salt = self.priority = self.finished_reason = self.finished_len = None
+        self.extra_key = self.cache_salt = self.priority = self.finished_reason = (
+            self.finished_len
+        ) = None
         self.lock = self.last_node = self.extend_end = self.input_embeds = None
         self.prefix_len = self.retraction_count = 0
         self.skip_radix_cache_insert = False
-        self._methods = {name: getattr(sb, name).__get__(self)
-                         for name in ("finished", "refresh_fill_ids", "owned_kv_len", "reset_for_retract")}
+        self._methods = {
+            name: getattr(sb, name).__get__(self)
+            for name in (
+                "finished",
+                "refresh_fill_ids",
+                "owned_kv_len",
+                "reset_for_retract",
+            )
+        }
 
     def __getattr__(self, name):
         try:
@@ -68,19 +83,46 @@ class Side:
     def __init__(self, sg, page_size: int, size: int, disable: bool, theirs: bool):
         self.sg, self.theirs, self.ps = sg, theirs, page_size
         if theirs:
-            self.alloc = (sg.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False) if page_size == 1 else
-                          sg.PagedTokenToKVPoolAllocator(size, page_size, torch.float16, "cpu", None, False))
-            self.pool = sg.ReqToTokenPool(size=ROWS, max_context_len=WIDTH, device="cpu", enable_memory_saver=False)
-            self.tree = sg.RadixCache(sg.CacheInitParams(disable=disable, req_to_token_pool=self.pool,
-                                                         token_to_kv_pool_allocator=self.alloc, page_size=page_size))
+            self.alloc = (
+                sg.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False)
+                if page_size == 1
+                else sg.PagedTokenToKVPoolAllocator(
+                    size, page_size, torch.float16, "cpu", None, False
+                )
+            )
+            self.pool = sg.ReqToTokenPool(
+                size=ROWS,
+                max_context_len=WIDTH,
+                device="cpu",
+                enable_memory_saver=False,
+            )
+            self.tree = sg.RadixCache(
+                sg.CacheInitParams(
+                    disable=disable,
+                    req_to_token_pool=self.pool,
+                    token_to_kv_pool_allocator=self.alloc,
+                    page_size=page_size,
+                )
+            )
         else:
             self.alloc = make_allocator(size, page_size, debug_mode=True)
             self.pool = ReqToTokenPool(ROWS, WIDTH)
-            self.tree = RadixCache(self.alloc, disable=disable, debug_mode=True, req_to_token_pool=self.pool)
+            self.tree = RadixCache(
+                self.alloc,
+                disable=disable,
+                debug_mode=True,
+                req_to_token_pool=self.pool,
+            )
 
     def new_req(self, rid, tokens, prompt_len):
-        r = SgReq(self.sg, rid, tokens[:prompt_len]) if self.theirs else Req(rid, tokens[:prompt_len])
-        r.output_ids.extend(tokens[prompt_len:])  # a retracted request comes back with its output
+        r = (
+            SgReq(self.sg, rid, tokens[:prompt_len])
+            if self.theirs
+            else Req(rid, tokens[:prompt_len])
+        )
+        r.output_ids.extend(
+            tokens[prompt_len:]
+        )  # a retracted request comes back with its output
         if self.theirs:
             r.refresh_fill_ids()
         return r
@@ -91,15 +133,20 @@ class Side:
         if not self.theirs:
             return match_and_lock(self.tree, r)[0].tolist()
         fill = r.full_untruncated_fill_ids
-        m = self.tree.match_prefix(self.sg.base_prefix_cache.MatchPrefixParams(
-            key=self.sg.radix_cache.RadixKey(fill, limit=len(fill) - 1)))
+        m = self.tree.match_prefix(
+            self.sg.base_prefix_cache.MatchPrefixParams(
+                key=self.sg.radix_cache.RadixKey(fill, limit=len(fill) - 1)
+            )
+        )
         r.prefix_len = r.kv.cache_protected_len = m.device_prefix_len
         r.last_node, r.lock = m.last_device_node, self.tree.lock(m.last_device_node)
         return self.tree.path_device_indices(r.last_node).tolist()
 
     def evict(self, n: int) -> int:
         if self.theirs:
-            return self.tree.evict(self.sg.base_prefix_cache.EvictParams(num_tokens=n)).num_tokens_evicted
+            return self.tree.evict(
+                self.sg.base_prefix_cache.EvictParams(num_tokens=n)
+            ).num_tokens_evicted
         return self.tree.evict(n).num_tokens_evicted
 
     def extend(self, r, n: int, prefix) -> None:
@@ -112,21 +159,32 @@ class Side:
         else:
             if not r.kv.holds_kv:
                 assert self.pool.alloc([r]) is not None
-                self.pool.write((r.kv.req_pool_idx, slice(0, start)), torch.tensor(prefix, dtype=torch.int32))
+                self.pool.write(
+                    (r.kv.req_pool_idx, slice(0, start)),
+                    torch.tensor(prefix, dtype=torch.int32),
+                )
             row = r.kv.req_pool_idx
             if self.ps == 1:
                 out = self.alloc.alloc(n)
             else:
                 pre, seq = torch.tensor([start]), torch.tensor([start + n])
-                last = self.pool.req_to_token[row, start - 1].long().view(1) if start else torch.tensor([-1])
+                last = (
+                    self.pool.req_to_token[row, start - 1].long().view(1)
+                    if start
+                    else torch.tensor([-1])
+                )
                 out = self.alloc.alloc_extend(pre, pre, seq, seq, last, n)
             self.pool.write((row, slice(start, start + n)), out.to(torch.int32))
             r.kv.kv_allocated_len = r.kv.kv_committed_len = start + n
         r.extend_end = start + n
-        row = self.pool.req_to_token[r.kv.req_pool_idx, :start + n].clone()
-        (self.sg.common.checkpoint_kv_cache if self.theirs else checkpoint_kv_cache)(r, self.tree)
+        row = self.pool.req_to_token[r.kv.req_pool_idx, : start + n].clone()
+        (self.sg.common.checkpoint_kv_cache if self.theirs else checkpoint_kv_cache)(
+            r, self.tree
+        )
         # the tree held part of the chunk already: the row now points at the tree's slots
-        self.rewrote = not torch.equal(row, self.pool.req_to_token[r.kv.req_pool_idx, :start + n])
+        self.rewrote = not torch.equal(
+            row, self.pool.req_to_token[r.kv.req_pool_idx, : start + n]
+        )
 
     def decode(self, r, token: int) -> None:
         if not self.theirs:
@@ -137,7 +195,9 @@ class Side:
                 out = self.alloc.alloc(1)
             else:
                 last = self.pool.req_to_token[row, seq - 1].long().view(1)
-                out = self.alloc.alloc_decode(torch.tensor([seq + 1]), torch.tensor([seq + 1]), last)
+                out = self.alloc.alloc_decode(
+                    torch.tensor([seq + 1]), torch.tensor([seq + 1]), last
+                )
             self.pool.write((row, seq), out.to(torch.int32)[0])
             r.kv.kv_allocated_len += 1
             r.kv.kv_committed_len += 1
@@ -162,16 +222,30 @@ class Side:
 
     # -- the books ------------------------------------------------------------------------------
     def free_list(self) -> list[int]:
-        return self.alloc.get_all_free_pages().tolist()  # both engines' allocators have it
+        return (
+            self.alloc.get_all_free_pages().tolist()
+        )  # both engines' allocators have it
 
     def nodes(self) -> list:
-        key = (lambda n: tuple(n.key.token_ids)) if self.theirs else (lambda n: tuple(n.key))
+        key = (
+            (lambda n: tuple(n.key.token_ids))
+            if self.theirs
+            else (lambda n: tuple(n.key))
+        )
         out, stack = [], [((), self.tree.root_node)]
         while stack:
             path, node = stack.pop()
             for child in node.children.values():
                 q = path + (key(child),)
-                out.append((q, child.value.tolist(), child.lock_ref, child.priority, child.hit_count))
+                out.append(
+                    (
+                        q,
+                        child.value.tolist(),
+                        child.lock_ref,
+                        child.priority,
+                        child.hit_count,
+                    )
+                )
                 stack.append((q, child))
         return sorted(out)
 
@@ -184,9 +258,19 @@ class Side:
 
     def req_books(self, r):
         kv = r.kv
-        row = self.pool.req_to_token[kv.req_pool_idx, :kv.kv_allocated_len].tolist() if kv.holds_kv else None
-        return (row, kv.cache_protected_len, kv.cache_inserted_len, kv.kv_committed_len, r.prefix_len,
-                self.lock_path(r))
+        row = (
+            self.pool.req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].tolist()
+            if kv.holds_kv
+            else None
+        )
+        return (
+            row,
+            kv.cache_protected_len,
+            kv.cache_inserted_len,
+            kv.kv_committed_len,
+            r.prefix_len,
+            self.lock_path(r),
+        )
 
     def tie(self) -> bool:
         """Two evictable leaves with one access time: the engines would break the tie differently."""
@@ -198,12 +282,24 @@ class Stream:
     def __init__(self, sg, seed: int, page_size: int, size: int, disable: bool):
         self.rng = random.Random(seed)
         self.ps, self.size = page_size, size
-        self.mine, self.theirs = Side(sg, page_size, size, disable, False), Side(sg, page_size, size, disable, True)
-        self.waiting: list[tuple] = []  # (rid, tokens, prompt_len, new tokens to generate)
+        self.mine, self.theirs = (
+            Side(sg, page_size, size, disable, False),
+            Side(sg, page_size, size, disable, True),
+        )
+        self.waiting: list[
+            tuple
+        ] = []  # (rid, tokens, prompt_len, new tokens to generate)
         self.running: dict = {}  # rid -> dict(mine, theirs, tokens, prompt_len, left, prefix)
-        self.seqs = [[self.rng.randrange(4) for _ in range(self.rng.randrange(4, 20))] for _ in range(3)]
-        self.steps = self.tie_skips = self.finished = self.retracted = self.duplicates = self.checkpoints = 0
-        self.evicted = self.decode_checks = self.decode_refusals = self.evicted_in_checks = 0
+        self.seqs = [
+            [self.rng.randrange(4) for _ in range(self.rng.randrange(4, 20))]
+            for _ in range(3)
+        ]
+        self.steps = self.tie_skips = self.finished = self.retracted = (
+            self.duplicates
+        ) = self.checkpoints = 0
+        self.evicted = self.decode_checks = self.decode_refusals = (
+            self.evicted_in_checks
+        ) = 0
         self.next_rid = 0
 
     def both(self, method, *args):
@@ -212,10 +308,15 @@ class Stream:
     def check(self):
         m, t = self.mine, self.theirs
         assert m.nodes() == t.nodes(), "the trees differ"
-        assert (m.tree.evictable_size(), m.tree.protected_size()) == (t.tree.evictable_size(), t.tree.protected_size())
+        assert (m.tree.evictable_size(), m.tree.protected_size()) == (
+            t.tree.evictable_size(),
+            t.tree.protected_size(),
+        )
         assert m.free_list() == t.free_list(), "free lists differ"
         for rid, r in self.running.items():
-            assert m.req_books(r["mine"]) == t.req_books(r["theirs"]), f"request {rid}'s books differ"
+            assert m.req_books(r["mine"]) == t.req_books(r["theirs"]), (
+                f"request {rid}'s books differ"
+            )
         self.steps += 1
 
     def make_room(self, need: int) -> bool:
@@ -233,26 +334,42 @@ class Stream:
 
     def arrive(self):
         base = self.rng.choice(self.seqs)
-        tokens = base[: self.rng.randrange(len(base) + 1)] + [self.rng.randrange(4) for _ in range(self.rng.randrange(1, 12))]
+        tokens = base[: self.rng.randrange(len(base) + 1)] + [
+            self.rng.randrange(4) for _ in range(self.rng.randrange(1, 12))
+        ]
         self.seqs.append(tokens)
         self.next_rid += 1
-        self.waiting.append((self.next_rid, tokens, len(tokens), self.rng.randrange(1, 8)))
+        self.waiting.append(
+            (self.next_rid, tokens, len(tokens), self.rng.randrange(1, 8))
+        )
 
     def admit(self):
         if not self.waiting or len(self.running) >= ROWS:
             return
         rid, tokens, prompt_len, left = self.waiting.pop(0)
-        rm, rt = self.mine.new_req(rid, tokens, prompt_len), self.theirs.new_req(rid, tokens, prompt_len)
+        rm, rt = (
+            self.mine.new_req(rid, tokens, prompt_len),
+            self.theirs.new_req(rid, tokens, prompt_len),
+        )
         pm, pt = self.mine.admit(rm), self.theirs.admit(rt)
         assert pm == pt, f"request {rid} matched {pm} here, {pt} in SGLang"
-        self.running[rid] = dict(mine=rm, theirs=rt, tokens=list(tokens), left=left, prefix=pm, decoding=False)
+        self.running[rid] = dict(
+            mine=rm,
+            theirs=rt,
+            tokens=list(tokens),
+            left=left,
+            prefix=pm,
+            decoding=False,
+        )
 
     def prefill(self, rid):
         r = self.running[rid]
         rm, ps = r["mine"], self.ps
         total, start = len(r["tokens"]), rm.prefix_len
         n = self.rng.randrange(1, total - start + 1)
-        if not rm.kv.holds_kv and start + n < total:  # a new request cut short: its chunk ends on a page
+        if (
+            not rm.kv.holds_kv and start + n < total
+        ):  # a new request cut short: its chunk ends on a page
             n = (start + n) // ps * ps - start
             if n <= 0:
                 return
@@ -263,7 +380,9 @@ class Stream:
         self.theirs.extend(r["theirs"], n, r["prefix"])
         self.checkpoints += 1
         self.duplicates += self.mine.rewrote
-        if rm.prefix_len == total:  # prefill done: its first output token comes with the last chunk
+        if (
+            rm.prefix_len == total
+        ):  # prefill done: its first output token comes with the last chunk
             tok = self.rng.randrange(4)
             for side, req in ((self.mine, rm), (self.theirs, r["theirs"])):
                 req.output_ids.append(tok)
@@ -317,16 +436,31 @@ class Stream:
             self.tie_skips += 1
             return
         before = self.mine.tree.num_evicted_tokens
-        views = [RunningReq(r["mine"].rid, r["mine"].kv.kv_committed_len, 0, r["mine"].kv.kv_allocated_len)
-                 for r in running]
-        mine = check_decode_mem(views, self.mine.alloc.available_size, self.ps,
-                                evict=lambda n: evict_from_tree_cache(self.mine.tree, n))
+        views = [
+            RunningReq(
+                r["mine"].rid,
+                r["mine"].kv.kv_committed_len,
+                0,
+                r["mine"].kv.kv_allocated_len,
+            )
+            for r in running
+        ]
+        mine = check_decode_mem(
+            views,
+            self.mine.alloc.available_size,
+            self.ps,
+            evict=lambda n: evict_from_tree_cache(self.mine.tree, n),
+        )
         batch = type("Batch", (), {})()
         batch.reqs, batch.tree_cache = [r["theirs"] for r in running], self.theirs.tree
         batch.token_to_kv_pool_allocator = self.theirs.alloc
-        batch.spec_algorithm = type("NoSpec", (), {"is_none": staticmethod(lambda: True)})()
+        batch.spec_algorithm = type(
+            "NoSpec", (), {"is_none": staticmethod(lambda: True)}
+        )()
         sb = self.theirs.sg.schedule_batch
-        batch.new_tokens_required_next_decode = lambda selected=None: sb.new_tokens_required_next_decode(batch, selected)
+        batch.new_tokens_required_next_decode = lambda selected=None: (
+            sb.new_tokens_required_next_decode(batch, selected)
+        )
         theirs = sb.check_decode_mem(batch)
         assert mine == theirs, f"check_decode_mem: memlab {mine}, SGLang {theirs}"
         self.decode_checks += 1
@@ -345,7 +479,9 @@ class Stream:
             self.prefill(self.rng.choice(prefilling))
         elif op < 0.7 and decoding:
             self.decode(self.rng.choice(decoding))
-        elif op < 0.75 and (held := [rid for rid, r in self.running.items() if r["mine"].kv.holds_kv]):
+        elif op < 0.75 and (
+            held := [rid for rid, r in self.running.items() if r["mine"].kv.holds_kv]
+        ):
             self.retract(self.rng.choice(sorted(held)))
         elif op < 0.8 and self.waiting:
             w = self.rng.choice(self.waiting)
@@ -364,7 +500,9 @@ class Stream:
     def drain(self):
         for rid in sorted(self.running):
             r = self.running[rid]
-            if not r["mine"].kv.holds_kv:  # matched, never allocated: it gives its lock back
+            if not r[
+                "mine"
+            ].kv.holds_kv:  # matched, never allocated: it gives its lock back
                 self.running.pop(rid)
                 for side, req in ((self.mine, r["mine"]), (self.theirs, r["theirs"])):
                     side.tree.unlock(req.lock)
@@ -380,11 +518,26 @@ STREAMS, STEPS = 10, 120
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_request_lifecycle_streams_match_sglang(page_size, disable, tally):
     sg = load()
-    totals = dict(steps=0, finished=0, retracted=0, checkpoints=0, duplicates=0, tie_skips=0, evicted=0,
-                  decode_checks=0, decode_refusals=0, evicted_in_checks=0)
+    totals = dict(
+        steps=0,
+        finished=0,
+        retracted=0,
+        checkpoints=0,
+        duplicates=0,
+        tie_skips=0,
+        evicted=0,
+        decode_checks=0,
+        decode_refusals=0,
+        evicted_in_checks=0,
+    )
     for seed in range(STREAMS):
-        s = Stream(sg, 100 * page_size + seed + 7 * disable, page_size, size=48 if page_size == 1 else 40,
-                   disable=disable)
+        s = Stream(
+            sg,
+            100 * page_size + seed + 7 * disable,
+            page_size,
+            size=48 if page_size == 1 else 40,
+            disable=disable,
+        )
         for _ in range(STEPS):
             s.step()
         s.drain()
@@ -393,9 +546,17 @@ def test_request_lifecycle_streams_match_sglang(page_size, disable, tally):
         for k in totals:
             totals[k] += getattr(s, k)
     what = "disabled RadixCache" if disable else "RadixCache"
-    tally(f"{what} lifecycle page_size={page_size} (checkpoints, release, retraction)", STREAMS, totals["steps"])
+    tally(
+        f"{what} lifecycle page_size={page_size} (checkpoints, release, retraction)",
+        STREAMS,
+        totals["steps"],
+    )
     # every path ran: finished and retracted requests, checkpoints; duplicates only with a tree
-    assert totals["finished"] > 10 and totals["retracted"] > 5 and totals["checkpoints"] > 50
+    assert (
+        totals["finished"] > 10
+        and totals["retracted"] > 5
+        and totals["checkpoints"] > 50
+    )
     assert (totals["duplicates"] > 0) != disable and (totals["evicted"] > 0) != disable
     assert totals["tie_skips"] < totals["steps"] // 20 and totals["decode_checks"] > 20
     assert (totals["evicted_in_checks"] > 0) != disable  # the check itself evicted
@@ -406,7 +567,11 @@ def test_worked_examples_match_sglang(tally):
     page size 4 (prompt 9, 8 outputs), then evict(1); and a disabled tree's release."""
     sg = load()
     steps = 0
-    for ps, prompt, outputs, disable, freed in ((1, 7, 6, False, 5), (4, 9, 8, False, 8), (1, 7, 6, True, 0)):
+    for ps, prompt, outputs, disable, freed in (
+        (1, 7, 6, False, 5),
+        (4, 9, 8, False, 8),
+        (1, 7, 6, True, 0),
+    ):
         s = Stream(sg, 0, ps, 64, disable)
         tokens = list(range(100, 100 + prompt))
         s.waiting.append((1, tokens, prompt, outputs))
@@ -427,10 +592,18 @@ def test_worked_examples_match_sglang(tally):
         assert s.both("evict", 1) == (freed, freed)
         s.check()
         steps += s.steps
-    tally("RadixCache worked examples (split at the prompt, disabled release)", 3, steps)
+    tally(
+        "RadixCache worked examples (split at the prompt, disabled release)", 3, steps
+    )
 
 
 def test_coalesce_ranges_is_sglangs():
     sg = load()
-    for ranges in ([], [(0, 4)], [(0, 4), (4, 9)], [(0, 3), (5, 9), (9, 12)], [(2, 2), (2, 5)]):
+    for ranges in (
+        [],
+        [(0, 4)],
+        [(0, 4), (4, 9)],
+        [(0, 3), (5, 9), (9, 12)],
+        [(2, 2), (2, 5)],
+    ):
         assert coalesce_ranges(ranges) == sg.common.coalesce_ranges(ranges)

@@ -14,7 +14,6 @@ from array import array
 
 import pytest
 import torch
-
 from radix_loader import load
 
 from memlab.sglang.allocator import make_allocator
@@ -27,7 +26,11 @@ class Recorder:
     """An allocator front that records what the tree frees (memlab calls free, SGLang free_segment)."""
 
     def __init__(self, allocator=None, page_size=1):
-        self.allocator, self.page_size, self.device = allocator, page_size, torch.device("cpu")
+        self.allocator, self.page_size, self.device = (
+            allocator,
+            page_size,
+            torch.device("cpu"),
+        )
         self.freed: list[list[int]] = []
 
     def free(self, idx):
@@ -65,9 +68,14 @@ class Pair:
         s = load()
         self.rc, self.base, self.ps = s.radix_cache, s.base, page_size
         alloc = make_allocator(pool_tokens, page_size, debug_mode=True)
-        self.mine_alloc, self.theirs_alloc = Recorder(alloc, page_size), Recorder(page_size=page_size)
+        self.mine_alloc, self.theirs_alloc = (
+            Recorder(alloc, page_size),
+            Recorder(page_size=page_size),
+        )
         self.mine = RadixCache(self.mine_alloc, page_size=page_size, debug_mode=True)
-        self.theirs = self.rc.RadixCache.create_simulated(mock_allocator=self.theirs_alloc, page_size=page_size)
+        self.theirs = self.rc.RadixCache.create_simulated(
+            mock_allocator=self.theirs_alloc, page_size=page_size
+        )
         self.locks: list[tuple] = []
         self.steps = 0
 
@@ -76,9 +84,14 @@ class Pair:
 
     def check_books(self):
         m, t = self.mine, self.theirs
-        assert (m.evictable_size(), m.protected_size(), m.total_size()) == \
-            (t.evictable_size(), t.protected_size(), t.total_size())
-        assert dump(m.root_node, lambda n: n.key) == dump(t.root_node, lambda n: n.key.token_ids)
+        assert (m.evictable_size(), m.protected_size(), m.total_size()) == (
+            t.evictable_size(),
+            t.protected_size(),
+            t.total_size(),
+        )
+        assert dump(m.root_node, lambda n: n.key) == dump(
+            t.root_node, lambda n: n.key.token_ids
+        )
         assert self.mine_alloc.freed == self.theirs_alloc.freed
         self.steps += 1
 
@@ -96,19 +109,28 @@ class Pair:
         if value is None:
             return  # everything left is locked: neither side may insert
         a = self.mine.insert(tokens, value)
-        b = self.theirs.insert(self.base.InsertParams(key=self.key(tokens), value=value.clone()))
+        b = self.theirs.insert(
+            self.base.InsertParams(key=self.key(tokens), value=value.clone())
+        )
         assert a.prefix_len == b.prefix_len
         assert a.last_device_node.key == tuple(b.last_device_node.key.token_ids)
-        self.mine_alloc.allocator.free(value[: a.prefix_len])  # the caller frees the duplicates
+        self.mine_alloc.allocator.free(
+            value[: a.prefix_len]
+        )  # the caller frees the duplicates
 
     def match(self, tokens, lock: bool):
         a = self.mine.match_prefix(tokens)
         b = self.theirs.match_prefix(self.base.MatchPrefixParams(key=self.key(tokens)))
         assert a.device_prefix_len == b.device_prefix_len
-        assert self.mine.path_device_indices(a.last_device_node).tolist() == \
-            self.theirs.path_device_indices(b.last_device_node).tolist()
+        assert (
+            self.mine.path_device_indices(a.last_device_node).tolist()
+            == self.theirs.path_device_indices(b.last_device_node).tolist()
+        )
         if lock:
-            da, db = self.mine.inc_lock_ref(a.last_device_node).delta, self.theirs.inc_lock_ref(b.last_device_node).delta
+            da, db = (
+                self.mine.inc_lock_ref(a.last_device_node).delta,
+                self.theirs.inc_lock_ref(b.last_device_node).delta,
+            )
             assert da == db
             self.locks.append((a.last_device_node, b.last_device_node))
 
@@ -123,7 +145,9 @@ def run_stream(seed: int, page_size: int, pool_tokens: int = 96) -> int:
     seqs = [[rng.randrange(4) for _ in range(rng.randrange(1, 24))] for _ in range(3)]
     for _ in range(STEPS):
         base = rng.choice(seqs)
-        tokens = base[: rng.randrange(len(base) + 1)] + [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        tokens = base[: rng.randrange(len(base) + 1)] + [
+            rng.randrange(4) for _ in range(rng.randrange(0, 12))
+        ]
         op = rng.random()
         if op < 0.35:
             pair.insert(tokens)
@@ -139,7 +163,7 @@ def run_stream(seed: int, page_size: int, pool_tokens: int = 96) -> int:
         pair.check_books()
     while pair.locks:
         pair.unlock(0)
-    pair.evict(10 ** 6)  # with every lock released the whole tree goes, in the same order
+    pair.evict(10**6)  # with every lock released the whole tree goes, in the same order
     pair.check_books()
     assert pair.mine.total_size() == 0
     pair.mine.check_idle(pool_tokens // page_size * page_size)

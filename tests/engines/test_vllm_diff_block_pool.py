@@ -19,7 +19,6 @@ from vllm_loader import assert_same_books, load, pool_books
 from memlab.vllm.block_pool import BlockPool
 from memlab.vllm.hashing import hash_block_tokens, sha256
 
-
 STREAMS = 64
 STEPS = 200
 
@@ -39,10 +38,16 @@ class Lockstep:
     def __init__(self, num_blocks: int, rng: random.Random):
         self.V = load()
         self.ours = BlockPool(num_blocks)
-        self.theirs = self.V.block_pool.BlockPool(num_blocks, enable_caching=True, hash_block_size=1)
+        self.theirs = self.V.block_pool.BlockPool(
+            num_blocks, enable_caching=True, hash_block_size=1
+        )
         self.rng = rng
-        self.held: list[dict] = []  # {doc, hashes, ours: blocks, theirs: blocks, num_cached}
-        self.docs: list[list[int]] = []  # contents seen so far: new requests share their prefixes
+        self.held: list[
+            dict
+        ] = []  # {doc, hashes, ours: blocks, theirs: blocks, num_cached}
+        self.docs: list[
+            list[int]
+        ] = []  # contents seen so far: new requests share their prefixes
         self.next_cid = 0
         self.step = 0
 
@@ -50,15 +55,20 @@ class Lockstep:
         return self.V.kv_cache_utils.get_block_hash(key)
 
     def check(self, what: str) -> None:
-        assert_same_books(pool_books(self.ours), pool_books(self.theirs, self.strip),
-                          f"step {self.step} ({what})")
+        assert_same_books(
+            pool_books(self.ours),
+            pool_books(self.theirs, self.strip),
+            f"step {self.step} ({what})",
+        )
 
     def fresh(self, n: int) -> list[int]:
         self.next_cid += n
         return list(range(self.next_cid - n, self.next_cid))
 
     def pick_doc(self, n_blocks: int) -> list[int]:
-        if self.docs and self.rng.random() < 0.6:  # share a prefix with an earlier request
+        if (
+            self.docs and self.rng.random() < 0.6
+        ):  # share a prefix with an earlier request
             base = self.rng.choice(self.docs)
             keep = self.rng.randint(1, len(base))
             return base[:keep] + self.fresh(max(0, n_blocks - keep))
@@ -75,25 +85,38 @@ class Lockstep:
                 break
             ours.append(a)
             theirs.append(b[0])
-        assert [b.block_id for b in ours] == [b.block_id for b in theirs], f"step {self.step}: hit blocks differ"
+        assert [b.block_id for b in ours] == [b.block_id for b in theirs], (
+            f"step {self.step}: hit blocks differ"
+        )
         return ours, theirs
 
     def admit(self, doc: list[int], n_blocks: int, hits=None) -> dict | None:
         """Touch the longest cached prefix, take fresh blocks for the rest (refused when the
         free queue cannot supply them, hit blocks that were free included), cache the full ones."""
         hashes = chain(doc)
-        hit_ours, hit_theirs = hits if hits is not None else self.lookup(hashes[:n_blocks - 1])
+        hit_ours, hit_theirs = (
+            hits if hits is not None else self.lookup(hashes[: n_blocks - 1])
+        )
         need = n_blocks - len(hit_ours)
         evictable = sum(1 for b in hit_ours if b.ref_cnt == 0)
         if need + evictable > self.ours.get_num_free_blocks():
             return None
         self.ours.touch(hit_ours)
         self.theirs.touch(hit_theirs)
-        new_ours, new_theirs = self.ours.get_new_blocks(need), self.theirs.get_new_blocks(need)
-        assert [b.block_id for b in new_ours] == [b.block_id for b in new_theirs], \
+        new_ours, new_theirs = (
+            self.ours.get_new_blocks(need),
+            self.theirs.get_new_blocks(need),
+        )
+        assert [b.block_id for b in new_ours] == [b.block_id for b in new_theirs], (
             f"step {self.step}: get_new_blocks({need}) handed out different blocks"
-        req = {"doc": doc, "hashes": hashes, "ours": hit_ours + new_ours, "theirs": hit_theirs + new_theirs,
-               "num_cached": len(hit_ours)}
+        )
+        req = {
+            "doc": doc,
+            "hashes": hashes,
+            "ours": hit_ours + new_ours,
+            "theirs": hit_theirs + new_theirs,
+            "num_cached": len(hit_ours),
+        }
         self.cache(req, self.rng.randint(len(hit_ours), min(n_blocks, len(doc))))
         self.held.append(req)
         self.docs.append(doc)
@@ -101,9 +124,17 @@ class Lockstep:
 
     def cache(self, req: dict, num_full: int) -> None:
         start = req["num_cached"]
-        self.ours.cache_full_blocks(SimpleNamespace(block_hashes=req["hashes"]), req["ours"], start, num_full)
-        self.theirs.cache_full_blocks(SimpleNamespace(block_hashes=req["hashes"], request_id="r"), req["theirs"],
-                                      start, num_full, block_size=1, kv_cache_group_id=0)
+        self.ours.cache_full_blocks(
+            SimpleNamespace(block_hashes=req["hashes"]), req["ours"], start, num_full
+        )
+        self.theirs.cache_full_blocks(
+            SimpleNamespace(block_hashes=req["hashes"], request_id="r"),
+            req["theirs"],
+            start,
+            num_full,
+            block_size=1,
+            kv_cache_group_id=0,
+        )
         req["num_cached"] = max(start, num_full)
 
     def grow(self, req: dict) -> None:
@@ -117,7 +148,9 @@ class Lockstep:
             return
         req["ours"] += self.ours.get_new_blocks(1)
         req["theirs"] += self.theirs.get_new_blocks(1)
-        assert req["ours"][-1].block_id == req["theirs"][-1].block_id, f"step {self.step}: growth differs"
+        assert req["ours"][-1].block_id == req["theirs"][-1].block_id, (
+            f"step {self.step}: growth differs"
+        )
 
     def free(self, req: dict) -> None:
         self.held.remove(req)
@@ -129,7 +162,7 @@ class Lockstep:
         computes and caches its own copy, so one hash maps to two blocks."""
         doc = self.pick_doc(self.rng.randint(1, 4))
         n = len(doc) + self.rng.randint(0, 1)
-        hits = [self.lookup(chain(doc)[:n - 1]) for _ in range(2)]
+        hits = [self.lookup(chain(doc)[: n - 1]) for _ in range(2)]
         for h in hits:
             self.admit(doc, n, hits=h)
 
@@ -142,11 +175,18 @@ class Lockstep:
         assert str(ours.value) == str(theirs.value)  # vLLM's words
 
     def reset(self) -> None:
-        if self.held and self.rng.random() < 0.5:  # also the accepted case: everything freed
+        if (
+            self.held and self.rng.random() < 0.5
+        ):  # also the accepted case: everything freed
             for req in list(self.held):
                 self.free(req)
-        ok_ours, ok_theirs = self.ours.reset_prefix_cache(), self.theirs.reset_prefix_cache()
-        assert ok_ours == ok_theirs, f"step {self.step}: reset_prefix_cache() {ok_ours} vs {ok_theirs}"
+        ok_ours, ok_theirs = (
+            self.ours.reset_prefix_cache(),
+            self.theirs.reset_prefix_cache(),
+        )
+        assert ok_ours == ok_theirs, (
+            f"step {self.step}: reset_prefix_cache() {ok_ours} vs {ok_theirs}"
+        )
 
 
 def run_stream(seed: int) -> None:
@@ -154,7 +194,13 @@ def run_stream(seed: int) -> None:
     num_blocks = rng.choice([4, 9, 16, 40])
     ls = Lockstep(num_blocks, rng)
     ls.check("start")
-    ops = ["admit"] * 6 + ["grow"] * 4 + ["free"] * 5 + ["twins"] * 2 + ["over_ask", "reset"]
+    ops = (
+        ["admit"] * 6
+        + ["grow"] * 4
+        + ["free"] * 5
+        + ["twins"] * 2
+        + ["over_ask", "reset"]
+    )
     for ls.step in range(1, STEPS + 1):
         op = rng.choice(ops)
         if op == "admit":
@@ -208,7 +254,11 @@ def test_the_comparison_catches_a_lookup_of_the_newest_copy(monkeypatch):
 
     def newest(self, key):
         blocks = self._cache.get(key)
-        return blocks if blocks is None or isinstance(blocks, KVCacheBlock) else list(blocks.values())[-1]
+        return (
+            blocks
+            if blocks is None or isinstance(blocks, KVCacheBlock)
+            else list(blocks.values())[-1]
+        )
 
     monkeypatch.setattr(BlockHashToBlockMap, "get_one_block", newest)
     with pytest.raises(AssertionError, match="hit blocks differ|differs"):
@@ -220,7 +270,7 @@ def outcome(call):
     """What a call does: its value, or the type and message of what it raised."""
     try:
         return "ok", call()
-    except Exception as exc:  # noqa: BLE001 (the comparison is the point)
+    except Exception as exc:
         return type(exc).__name__, str(exc)
 
 
@@ -231,18 +281,44 @@ def test_an_empty_free_queue_refuses_as_vllms_does(tally):
     V = load()
     steps = 0
     for size in (2, 3):
-        ours, theirs = BlockPool(size), V.block_pool.BlockPool(size, enable_caching=True, hash_block_size=1)
+        ours, theirs = (
+            BlockPool(size),
+            V.block_pool.BlockPool(size, enable_caching=True, hash_block_size=1),
+        )
         qo, qt = ours.free_block_queue, theirs.free_block_queue
-        for call in ("popleft_n(2)", "popleft_n(size)", "popleft()", "popleft_n(0)", "popleft()", "popleft()",
-                     "popleft_n(1)", "popleft_n(0)", "popleft_n(2)"):
-            a, b = outcome(lambda: _call(qo, call, size)), outcome(lambda: _call(qt, call, size))
-            norm = lambda r: (r[0], [blk.block_id for blk in r[1]] if r[0] == "ok" and isinstance(r[1], list)  # noqa: E731
-                              else r[1].block_id if r[0] == "ok" else r[1])
+        for call in (
+            "popleft_n(2)",
+            "popleft_n(size)",
+            "popleft()",
+            "popleft_n(0)",
+            "popleft()",
+            "popleft()",
+            "popleft_n(1)",
+            "popleft_n(0)",
+            "popleft_n(2)",
+        ):
+            a, b = (
+                outcome(lambda: _call(qo, call, size)),
+                outcome(lambda: _call(qt, call, size)),
+            )
+
+            def norm(r):
+                return (
+                    r[0],
+                    [blk.block_id for blk in r[1]]
+                    if r[0] == "ok" and isinstance(r[1], list)
+                    else r[1].block_id
+                    if r[0] == "ok"
+                    else r[1],
+                )
+
             assert norm(a) == norm(b), f"{call} on {size} blocks: memlab {a}, vLLM {b}"
             assert qo.num_free_blocks == qt.num_free_blocks
             steps += 1
         for n in (1, 5):
-            assert outcome(lambda: ours.get_new_blocks(n)) == outcome(lambda: theirs.get_new_blocks(n))
+            assert outcome(lambda: ours.get_new_blocks(n)) == outcome(
+                lambda: theirs.get_new_blocks(n)
+            )
             steps += 1
     tally("FreeKVCacheBlockQueue / BlockPool on an empty queue (errors)", 2, steps)
 

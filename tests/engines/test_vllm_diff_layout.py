@@ -17,13 +17,26 @@ def test_layout_names_and_permutations_match_vllm():
         assert stride_order(layout.name) == layout.stride_order
 
 
-@pytest.mark.parametrize("num_layers, num_blocks, heads, block_size, head_size", [(1, 3, 1, 1, 4), (3, 7, 4, 16, 64)])
+@pytest.mark.parametrize(
+    "num_layers, num_blocks, heads, block_size, head_size",
+    [(1, 3, 1, 1, 4), (3, 7, 4, 16, 64)],
+)
 def test_strides_match_vllm(num_layers, num_blocks, heads, block_size, head_size):
     """vLLM counts the content axis in bytes: element strides times the element size."""
     V = load()
     I = V.kv_cache_interface
-    spec = I.FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=torch.float16)
-    assert I.compute_layer_kv_cache_shape_bytes(spec, num_blocks) == (num_blocks, heads, block_size, 2 * head_size * 2)
+    spec = I.FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=heads,
+        head_size=head_size,
+        dtype=torch.float16,
+    )
+    assert I.compute_layer_kv_cache_shape_bytes(spec, num_blocks) == (
+        num_blocks,
+        heads,
+        block_size,
+        2 * head_size * 2,
+    )
     shape = (num_layers, num_blocks, heads, block_size, 2 * head_size)
     for layout in V.kv_cache_layout.KVCacheLayout:
         ours = layout_strides(shape, layout.name)

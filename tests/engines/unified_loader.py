@@ -1,12 +1,14 @@
 """SGLang 0.5.23's unified memory pool, loaded from its published wheel on top of ``sglang_loader``.
 
-Executed whole from the wheel: ``kernels/ops/memory/virtual_slot.py`` (the bind, unbind and
-translate functions; off CUDA each takes its own pure-torch path), ``srt/mem_cache/layout/token_major.py``
-(entry layouts and the strided views), ``allocator/unified_sub_pool.py`` (``MultiEndedAllocator``),
+Executed whole from the wheel: ``kernels/ops/memory/virtual_slot.py`` (the bind, unbind
+and translate functions; off CUDA each takes its own pure-torch path),
+``srt/mem_cache/layout/token_major.py`` (entry layouts and the strided views),
+``allocator/unified_sub_pool.py`` (``MultiEndedAllocator``),
 ``allocator/unified_hybrid_swa.py`` (``UnifiedSWATokenToKVPoolAllocator``) and
-``utils/rank_consensus_checker.py`` (a no-op decorator unless its environment variable is set).
-Picked from ``unified_memory_pool.py`` (2,500 lines that import the CUDA-heavy ``memory_pool.py``
-classes): the sub-pool specs, the reserved floor and ``UnifiedKVPool``.
+``utils/rank_consensus_checker.py`` (a no-op decorator unless its environment variable
+is set). Picked from ``unified_memory_pool.py`` (2,500 lines that import the CUDA-heavy
+``memory_pool.py`` classes): the sub-pool specs, the reserved floor and
+``UnifiedKVPool``.
 
 Stubbed, each for one thing these tests do not exercise:
 - ``msgspec`` (not a memlab dependency): ``token_major.py`` declares its layouts as
@@ -43,7 +45,9 @@ def _msgspec_stand_in() -> None:
             super().__init_subclass__(**kw)
             dataclasses.dataclass(cls, frozen=frozen, kw_only=kw_only)
 
-    sys.modules["msgspec"] = types.SimpleNamespace(Struct=Struct, field=dataclasses.field)
+    sys.modules["msgspec"] = types.SimpleNamespace(
+        Struct=Struct, field=dataclasses.field
+    )
 
 
 @functools.cache
@@ -52,10 +56,14 @@ def load() -> types.SimpleNamespace:
     L = sglang_loader._Loader(base.root)
     base.serving.parallel.attn_dcp_rank = 0
     rc = sys.modules["sglang.srt.runtime_context"]
-    rc.get_memory = lambda: types.SimpleNamespace(enable_hierarchical_cache=False, hicache_storage_backend=None)
+    rc.get_memory = lambda: types.SimpleNamespace(
+        enable_hierarchical_cache=False, hicache_storage_backend=None
+    )
     rc.get_disagg = lambda: types.SimpleNamespace(disaggregation_mode="null")
     pkg = sys.modules["sglang.srt.mem_cache.allocator"]
-    pkg.BaseTokenToKVPoolAllocator = sys.modules["sglang.srt.mem_cache.allocator.base"].BaseTokenToKVPoolAllocator
+    pkg.BaseTokenToKVPoolAllocator = sys.modules[
+        "sglang.srt.mem_cache.allocator.base"
+    ].BaseTokenToKVPoolAllocator
     pkg.PagedTokenToKVPoolAllocator = base.PagedTokenToKVPoolAllocator
     pkg.TokenToKVPoolAllocator = base.TokenToKVPoolAllocator
 
@@ -68,18 +76,56 @@ def load() -> types.SimpleNamespace:
         except ImportError:
             _msgspec_stand_in()
     tm = L.module("sglang.srt.mem_cache.layout.token_major")
-    placeholders = {n: type(n, (), {}) for n in (
-        "DenseDraftRegion", "DraftRegion", "DraftStateRegion", "FusedDraftPlacement", "KvVmmBufferOwner",
-        "KvBufferDesc", "UnifiedMHATokenToKVPool", "UnifiedMLATokenToKVPool")}
-    ump = L.pick(UMP, [
-        "logger", "GB", "_prod", "_check_row_alignment", "_store_dtype_for", "SubPoolSpec", "MHASubPoolSpec",
-        "MLASubPoolSpec", "MambaSubPoolSpec", "_assert_physical_id_bound", "_reserved_floor_bytes", "UnifiedKVPool",
-    ], envs=sys.modules["sglang.srt.environ"].envs,
-        GPU_MEMORY_TYPE_KV_CACHE=sys.modules["sglang.srt.constants"].GPU_MEMORY_TYPE_KV_CACHE,
-        TorchMemorySaverAdapter=sys.modules["sglang.srt.utils.torch_memory_saver_adapter"].TorchMemorySaverAdapter,
-        **{n: getattr(tm, n) for n in ("ROW_ALIGN_BYTES", "DenseEntryLayout", "DensePart", "align_entry_bytes",
-                                       "align_part_offset", "build_dense_views", "build_mamba_entry_views")},
-        **placeholders)
+    placeholders = {
+        n: type(n, (), {})
+        for n in (
+            "DenseDraftRegion",
+            "DraftRegion",
+            "DraftStateRegion",
+            "FusedDraftPlacement",
+            "KvVmmBufferOwner",
+            "KvBufferDesc",
+            "UnifiedMHATokenToKVPool",
+            "UnifiedMLATokenToKVPool",
+        )
+    }
+    ump = L.pick(
+        UMP,
+        [
+            "logger",
+            "GB",
+            "_prod",
+            "_check_row_alignment",
+            "_store_dtype_for",
+            "SubPoolSpec",
+            "MHASubPoolSpec",
+            "MLASubPoolSpec",
+            "MambaSubPoolSpec",
+            "_assert_physical_id_bound",
+            "_reserved_floor_bytes",
+            "UnifiedKVPool",
+        ],
+        envs=sys.modules["sglang.srt.environ"].envs,
+        GPU_MEMORY_TYPE_KV_CACHE=sys.modules[
+            "sglang.srt.constants"
+        ].GPU_MEMORY_TYPE_KV_CACHE,
+        TorchMemorySaverAdapter=sys.modules[
+            "sglang.srt.utils.torch_memory_saver_adapter"
+        ].TorchMemorySaverAdapter,
+        **{
+            n: getattr(tm, n)
+            for n in (
+                "ROW_ALIGN_BYTES",
+                "DenseEntryLayout",
+                "DensePart",
+                "align_entry_bytes",
+                "align_part_offset",
+                "build_dense_views",
+                "build_mamba_entry_views",
+            )
+        },
+        **placeholders,
+    )
     sub = L.module("sglang.srt.mem_cache.allocator.unified_sub_pool")
     hswa = L.module("sglang.srt.mem_cache.allocator.unified_hybrid_swa")
     return types.SimpleNamespace(base=base, vs=vs, ump=ump, sub=sub, hswa=hswa)

@@ -42,7 +42,9 @@ REAL = (
     "vllm.v1.core.kv_cache_manager",
     "vllm.v1.request",
 )
-PACKAGES = ("vllm.utils",)  # real modules that are packages: their file is <name>/__init__.py
+PACKAGES = (
+    "vllm.utils",
+)  # real modules that are packages: their file is <name>/__init__.py
 
 
 def _file(name: str) -> str:
@@ -50,7 +52,9 @@ def _file(name: str) -> str:
 
 
 FILES = [_file(name) for name in REAL]
-THIRD_PARTY = ("cbor2",)  # imported at the top of vllm.utils.hashing; only its cbor hashes use it
+THIRD_PARTY = (
+    "cbor2",
+)  # imported at the top of vllm.utils.hashing; only its cbor hashes use it
 
 
 class _Placeholder(type):
@@ -83,17 +87,23 @@ def _dtype_size(dtype) -> int:
 def _not_loaded(what):
     def fail(*args, **kwargs):
         raise NotImplementedError(f"{what} is a stub in the memlab differential tests")
+
     return fail
 
 
 # Stubs that must hold a working value (everything else is a placeholder).
 STUBS = {
     "vllm.logger": {"init_logger": lambda name=None: _NullLogger()},
-    "vllm.envs": {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": False, "VLLM_KV_CACHE_LAYOUT": None},
+    "vllm.envs": {
+        "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": False,
+        "VLLM_KV_CACHE_LAYOUT": None,
+    },
     "vllm.utils.torch_utils": {"get_dtype_size": _dtype_size},
     # Used by the request block hasher only when a request with multimodal items GROWS;
     # the tests hash such requests from scratch.
-    "vllm.multimodal.utils": {"get_mm_features_in_window": _not_loaded("get_mm_features_in_window")},
+    "vllm.multimodal.utils": {
+        "get_mm_features_in_window": _not_loaded("get_mm_features_in_window")
+    },
     # vLLM's Request keeps read-only views of its token lists; the view itself is enough here.
     "vllm.v1.utils": {"ConstantList": lambda tokens: tokens},
     "cbor2": {"dumps": _not_loaded("cbor2.dumps")},
@@ -134,13 +144,18 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name in REAL:
             return importlib.util.spec_from_file_location(
-                name, self.root / _file(name), submodule_search_locations=[] if name in PACKAGES else None)
+                name,
+                self.root / _file(name),
+                submodule_search_locations=[] if name in PACKAGES else None,
+            )
         if name == "vllm" or name.startswith("vllm.") or name in THIRD_PARTY:
             return importlib.machinery.ModuleSpec(name, _StubLoader(), is_package=True)
         return None
 
 
-_skipped: list[str] = []  # why the wheel is out of reach, once known: every later test skips at once
+_skipped: list[
+    str
+] = []  # why the wheel is out of reach, once known: every later test skips at once
 
 
 def load() -> types.SimpleNamespace:
@@ -184,8 +199,17 @@ class EngineRequest:
     built from engine inputs and pulls in the sampling stack; these are its fields the
     scheduler-side books read, with the values a plain text request has)."""
 
-    def __init__(self, request_id, prompt_token_ids, block_hasher=None, *, status=None,
-                 lora_request=None, mm_features=(), cache_salt=None):
+    def __init__(
+        self,
+        request_id,
+        prompt_token_ids,
+        block_hasher=None,
+        *,
+        status=None,
+        lora_request=None,
+        mm_features=(),
+        cache_salt=None,
+    ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
@@ -219,18 +243,23 @@ class EngineRequest:
 
 # ---- the books of a block pool, read the same way on both sides -------------------------------
 
+
 def pool_books(pool, strip=lambda key: key) -> dict:
     """Everything a step may change in a BlockPool: the free queue from head to tail, the free
     count, each block's ref count and hash, and the hash map ({hash: block ids in lookup
     order}). ``strip`` turns vLLM's map keys (hash + 4-byte KV cache group id) into the hash."""
     cache = {}
     for key, blocks in pool.cached_block_hash_to_block._cache.items():
-        cache[strip(key)] = list(blocks) if isinstance(blocks, dict) else [blocks.block_id]
+        cache[strip(key)] = (
+            list(blocks) if isinstance(blocks, dict) else [blocks.block_id]
+        )
     return {
         "free queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
         "get_num_free_blocks()": pool.get_num_free_blocks(),
         "ref_cnt": [b.ref_cnt for b in pool.blocks],
-        "block_hash": [None if b.block_hash is None else strip(b.block_hash) for b in pool.blocks],
+        "block_hash": [
+            None if b.block_hash is None else strip(b.block_hash) for b in pool.blocks
+        ],
         "hash map": cache,
     }
 
@@ -238,4 +267,6 @@ def pool_books(pool, strip=lambda key: key) -> dict:
 def assert_same_books(ours, theirs, where: str) -> None:
     for name in ours:
         if ours[name] != theirs[name]:
-            raise AssertionError(f"{where}: {name} differs\n  memlab: {ours[name]}\n  vLLM  : {theirs[name]}")
+            raise AssertionError(
+                f"{where}: {name} differs\n  memlab: {ours[name]}\n  vLLM  : {theirs[name]}"
+            )

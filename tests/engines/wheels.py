@@ -26,18 +26,32 @@ import pytest
 ENGINES = {"sglang": "0.5.23", "vllm": "0.33.0"}
 # The same Linux x86-64 wheels on every machine (a Mac or a newer Python included): only their
 # pure-Python and Triton files are read, so the platform of the wheel does not matter.
-PLATFORM = ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.11",
-            "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64"]
+PLATFORM = [
+    "--only-binary=:all:",
+    "--implementation",
+    "cp",
+    "--python-version",
+    "3.11",
+    "--platform",
+    "manylinux_2_34_x86_64",
+    "--platform",
+    "manylinux_2_28_x86_64",
+]
 HOW = "run `./course engines` on a machine that can reach PyPI (or set MEMLAB_ENGINES_CACHE to a folder holding the wheels)"
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("MEMLAB_ENGINES_CACHE") or Path.home() / ".cache" / "memlab" / "engines")
+    d = Path(
+        os.environ.get("MEMLAB_ENGINES_CACHE")
+        or Path.home() / ".cache" / "memlab" / "engines"
+    )
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-_UNAVAILABLE: dict[str, str] = {}  # engine -> why, so a failed download is tried once per process
+_UNAVAILABLE: dict[
+    str, str
+] = {}  # engine -> why, so a failed download is tried once per process
 
 
 def wheel(name: str) -> Path:
@@ -53,15 +67,27 @@ def wheel(name: str) -> Path:
 
 def _wheel(name: str) -> Path:
     version, d = ENGINES[name], cache_dir()
-    with _locked(f"{name}.download"):  # one worker downloads; the others wait, then find the file
+    with _locked(
+        f"{name}.download"
+    ):  # one worker downloads; the others wait, then find the file
         return _download(name, version, d)
 
 
 def _download(name: str, version: str, d: Path) -> Path:
     found = sorted(d.glob(f"{name}-{version}-*.whl"))
     if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *PLATFORM, "-d", str(d),
-               f"{name}=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            *PLATFORM,
+            "-d",
+            str(d),
+            f"{name}=={version}",
+        ]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         except subprocess.TimeoutExpired:

@@ -22,7 +22,7 @@ def split_by_request(out, prefix_lens, seq_lens):
         return None
     pieces, i = [], 0
     for p, s in zip(prefix_lens, seq_lens):
-        pieces.append(out[i:i + s - p])
+        pieces.append(out[i : i + s - p])
         i += s - p
     if i != len(out):
         pieces.append(out[i:])  # extra values: the caller's length check reports them
@@ -90,7 +90,7 @@ def fenced(values, dtype, device=None):
             raise OSError(ctypes.get_errno(), "mprotect")
         raw = torch.frombuffer(region, dtype=torch.uint8)
         start = (npages - 1) * page - nbytes
-        out = raw[start:start + nbytes].view(dtype).view(t.shape)
+        out = raw[start : start + nbytes].view(dtype).view(t.shape)
         out.copy_(t)
     except Exception:  # not Linux or macOS: no fence here
         return t
@@ -99,7 +99,9 @@ def fenced(values, dtype, device=None):
 
 # -- chapter 09: 32-bit address arithmetic, read from the source ----------------------------------
 
-GATHER_SECTION = re.compile(r"# =+ EXERCISE 09: gather.*?\n(.*?)# =+ END EXERCISE 09", re.DOTALL)
+GATHER_SECTION = re.compile(
+    r"# =+ EXERCISE 09: gather.*?\n(.*?)# =+ END EXERCISE 09", re.DOTALL
+)
 
 STRIDES = ("stride_ks", "stride_vs")
 
@@ -116,7 +118,9 @@ def _is_int64(node, assigned, line: int) -> bool:
     if isinstance(node, ast.Call):
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr in ("to", "cast"):
-            text = [ast.unparse(a) for a in node.args] + [ast.unparse(k.value) for k in node.keywords]
+            text = [ast.unparse(a) for a in node.args] + [
+                ast.unparse(k.value) for k in node.keywords
+            ]
             return "tl.int64" in text
         if ast.unparse(f) == "tl.where":
             return any(_is_int64(a, assigned, line) for a in node.args[1:])
@@ -127,7 +131,9 @@ def _is_int64(node, assigned, line: int) -> bool:
         latest = _latest(assigned, node.id, line)
         return latest is not None and _is_int64(latest[1], assigned, latest[0])
     if isinstance(node, ast.BinOp):
-        return _is_int64(node.left, assigned, line) or _is_int64(node.right, assigned, line)
+        return _is_int64(node.left, assigned, line) or _is_int64(
+            node.right, assigned, line
+        )
     return False
 
 
@@ -147,7 +153,9 @@ def narrow_products(source: str) -> list[str]:
     line; or a line saying the check found nothing to look at. Empty when every product is int64."""
     m = GATHER_SECTION.search(source)
     if m is None:
-        return ["(nothing: the EXERCISE 09 markers around the gather are gone; put them back)"]
+        return [
+            "(nothing: the EXERCISE 09 markers around the gather are gone; put them back)"
+        ]
     try:
         tree = ast.parse(textwrap.dedent(m.group(1)))
     except SyntaxError:
@@ -158,12 +166,23 @@ def narrow_products(source: str) -> list[str]:
             for t in n.targets:
                 if isinstance(t, ast.Name):
                     assigned.setdefault(t.id, []).append((n.lineno, n.value))
-    products = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
-                and any(_is_stride(s, assigned, n.lineno) for s in (n.left, n.right))]
+    products = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.BinOp)
+        and isinstance(n.op, ast.Mult)
+        and any(_is_stride(s, assigned, n.lineno) for s in (n.left, n.right))
+    ]
     if not products:
-        return ["(nothing: no product of a slot and stride_ks / stride_vs was found; address the rows as "
-                "k_ptr + slot * stride_ks + ..., as the comments say)"]
-    return [ast.unparse(n) for n in products if not any(_is_int64(s, assigned, n.lineno) for s in (n.left, n.right))]
+        return [
+            "(nothing: no product of a slot and stride_ks / stride_vs was found; address the rows as "
+            "k_ptr + slot * stride_ks + ..., as the comments say)"
+        ]
+    return [
+        ast.unparse(n)
+        for n in products
+        if not any(_is_int64(s, assigned, n.lineno) for s in (n.left, n.right))
+    ]
 
 
 # -- random cases for the differential tests (memlab.course.grading.fuzz draws them) --------------
@@ -172,7 +191,9 @@ def narrow_products(source: str) -> list[str]:
 # x & -page_size is right for 2, 4, 16 and wrong for 3, 5, 6, 7). The simplest comes first: a
 # shrunk case uses the smallest size that still shows the difference.
 SIZES = (1, 2, 3, 4, 5, 6, 7, 16, 64)
-INT31 = 2**31 - 1  # ids and lengths up to here where no pool is needed (float32 is exact below 2**24)
+INT31 = (
+    2**31 - 1
+)  # ids and lengths up to here where no pool is needed (float32 is exact below 2**24)
 
 
 def tensor(values, strided=False):
@@ -180,7 +201,9 @@ def tensor(values, strided=False):
     import torch
 
     if strided:
-        return torch.tensor([v for x in values for v in (x, -99)], dtype=torch.int64)[::2]
+        return torch.tensor([v for x in values for v in (x, -99)], dtype=torch.int64)[
+            ::2
+        ]
     return torch.tensor(values, dtype=torch.int64)
 
 

@@ -3,9 +3,14 @@
 import random
 
 import pytest
-
 from exercise_refs import i64
-from memlab.course.grading.checks import expect, expect_equal, expect_no_sharing, expect_raises
+
+from memlab.course.grading.checks import (
+    expect,
+    expect_equal,
+    expect_no_sharing,
+    expect_raises,
+)
 from memlab.course.grading.loader import load
 
 
@@ -21,14 +26,25 @@ def table(size=8):
 def test_alloc_takes_from_tail():
     t = table(8)
     rows = t.alloc_rows(3)
-    expect_equal(rows, [6, 7, 8], "alloc_rows(3) on a fresh table of 8 rows must take the last 3 free rows, "
-                                  "as a list of ints")
+    expect_equal(
+        rows,
+        [6, 7, 8],
+        "alloc_rows(3) on a fresh table of 8 rows must take the last 3 free rows, "
+        "as a list of ints",
+    )
     expect_equal(t.free_slots, [1, 2, 3, 4, 5], "free_slots after alloc_rows(3)")
     t.free(7)
-    expect_equal(t.alloc_rows(2), [5, 7], "alloc_rows(2) after free(7): the last 2 entries of free_slots, in "
-                                          "list order")
-    expect_equal(t.req_generation, i64(0, 0, 0, 0, 0, 1, 1, 2, 1), "req_generation after taking rows 6, 7, 8, "
-                 "then 5 and 7 again (one bump per row taken; an int64 tensor)")
+    expect_equal(
+        t.alloc_rows(2),
+        [5, 7],
+        "alloc_rows(2) after free(7): the last 2 entries of free_slots, in list order",
+    )
+    expect_equal(
+        t.req_generation,
+        i64(0, 0, 0, 0, 0, 1, 1, 2, 1),
+        "req_generation after taking rows 6, 7, 8, "
+        "then 5 and 7 again (one bump per row taken; an int64 tensor)",
+    )
 
 
 @points(1)
@@ -36,8 +52,12 @@ def test_alloc_zero_returns_empty():
     t = table(8)
     rows = t.alloc_rows(0)
     expect_equal(rows, [], "alloc_rows(0) (free_slots[-0:] is the WHOLE list)")
-    expect_equal(t.free_slots, list(range(1, 9)), "alloc_rows(0) must leave free_slots alone")
-    expect_equal(t.req_generation, i64(*[0] * 9), "alloc_rows(0) must bump no generation")
+    expect_equal(
+        t.free_slots, list(range(1, 9)), "alloc_rows(0) must leave free_slots alone"
+    )
+    expect_equal(
+        t.req_generation, i64(*[0] * 9), "alloc_rows(0) must bump no generation"
+    )
     t.alloc_rows(8)
     expect_equal(t.alloc_rows(0), [], "alloc_rows(0) with no free row left")
 
@@ -48,9 +68,19 @@ def test_all_or_nothing():
     t.alloc_rows(2)
     got = t.alloc_rows(3)
     expect(got is None, f"alloc_rows(3) with 2 free rows must return None, got {got!r}")
-    expect_equal(t.free_slots, [1, 2], "a refused alloc_rows must leave free_slots alone")
-    expect_equal(t.req_generation, i64(0, 0, 0, 1, 1), "a refused alloc_rows must bump no generation")
-    expect_equal(t.alloc_rows(2), [1, 2], "alloc_rows(2) with exactly 2 free rows must succeed (all of them)")
+    expect_equal(
+        t.free_slots, [1, 2], "a refused alloc_rows must leave free_slots alone"
+    )
+    expect_equal(
+        t.req_generation,
+        i64(0, 0, 0, 1, 1),
+        "a refused alloc_rows must bump no generation",
+    )
+    expect_equal(
+        t.alloc_rows(2),
+        [1, 2],
+        "alloc_rows(2) with exactly 2 free rows must succeed (all of them)",
+    )
     expect_equal(t.free_slots, [], "free_slots after taking the last rows")
     got = t.alloc_rows(1)
     expect(got is None, f"alloc_rows(1) with no free row must return None, got {got!r}")
@@ -60,27 +90,53 @@ def test_all_or_nothing():
 def test_generation_survives_clear():
     t = table(4)
     (row,) = t.alloc_rows(1)
-    expect_equal(int(t.req_generation[row]), 1, f"row {row}'s generation after its first allocation")
+    expect_equal(
+        int(t.req_generation[row]),
+        1,
+        f"row {row}'s generation after its first allocation",
+    )
     t.free(row)
-    expect_equal(t.alloc_rows(1), [row], "a freed row goes back to the tail, so it is taken next")
-    expect_equal(int(t.req_generation[row]), 2, f"row {row}'s generation after its second allocation")
+    expect_equal(
+        t.alloc_rows(1), [row], "a freed row goes back to the tail, so it is taken next"
+    )
+    expect_equal(
+        int(t.req_generation[row]),
+        2,
+        f"row {row}'s generation after its second allocation",
+    )
     t.clear()
     expect_equal(t.free_slots, [1, 2, 3, 4], "free_slots after clear() (a list)")
-    expect(int(t.req_generation[row]) == 2,
-           f"clear() changed row {row}'s generation from 2 to {int(t.req_generation[row])}: it must never "
-           "be reset, or a reader that stored (row, generation) would mistake the next owner for the old one")
+    expect(
+        int(t.req_generation[row]) == 2,
+        f"clear() changed row {row}'s generation from 2 to {int(t.req_generation[row])}: it must never "
+        "be reset, or a reader that stored (row, generation) would mistake the next owner for the old one",
+    )
     t.alloc_rows(4)
-    expect_equal(int(t.req_generation[row]), 3, f"row {row}'s generation after an allocation following clear()")
-    expect_equal(t.req_generation, i64(0, 1, 1, 1, 3), "req_generation after clear() and taking every row")
+    expect_equal(
+        int(t.req_generation[row]),
+        3,
+        f"row {row}'s generation after an allocation following clear()",
+    )
+    expect_equal(
+        t.req_generation,
+        i64(0, 1, 1, 1, 3),
+        "req_generation after clear() and taking every row",
+    )
 
 
 @points(1)
 def test_free_checks_the_row():
     t = table(4)
     t.alloc_rows(4)
-    expect_raises(ValueError, lambda: t.free(0), "free(0) (row 0 is the padding row)", naming="0")
-    expect_raises(ValueError, lambda: t.free(5), "free(5) on a table of rows 1..4", naming="5")
-    expect_raises(ValueError, lambda: t.free(-1), "free(-1) on a table of rows 1..4", naming="-1")
+    expect_raises(
+        ValueError, lambda: t.free(0), "free(0) (row 0 is the padding row)", naming="0"
+    )
+    expect_raises(
+        ValueError, lambda: t.free(5), "free(5) on a table of rows 1..4", naming="5"
+    )
+    expect_raises(
+        ValueError, lambda: t.free(-1), "free(-1) on a table of rows 1..4", naming="-1"
+    )
     expect_equal(t.free_slots, [], "refused frees must leave free_slots alone")
     for row in (4, 1, 2):  # the first and the last row are rows too
         t.free(row)
@@ -103,19 +159,31 @@ def test_random_stream_never_shares_a_row():
         before = list(t.free_slots)
         rows = t.alloc_rows(n)
         if rows is None:
-            expect(n > len(before), f"alloc_rows({n}) returned None with {len(before)} rows free")
+            expect(
+                n > len(before),
+                f"alloc_rows({n}) returned None with {len(before)} rows free",
+            )
             continue
-        expect_equal(rows, before[len(before) - n:], f"alloc_rows({n}) with free_slots {before}: the last {n} entries")
+        expect_equal(
+            rows,
+            before[len(before) - n :],
+            f"alloc_rows({n}) with free_slots {before}: the last {n} entries",
+        )
         held[req] = rows
         expect_no_sharing(held, "row")
         for row in rows:
             gen[row] += 1
-        expect_equal(t.req_generation, i64(*gen), "req_generation: one bump per row taken")
-        expect(len(t.free_slots) + sum(map(len, held.values())) == 16,
-               f"free ({len(t.free_slots)}) + held ({sum(map(len, held.values()))}) rows must be 16")
+        expect_equal(
+            t.req_generation, i64(*gen), "req_generation: one bump per row taken"
+        )
+        expect(
+            len(t.free_slots) + sum(map(len, held.values())) == 16,
+            f"free ({len(t.free_slots)}) + held ({sum(map(len, held.values()))}) rows must be 16",
+        )
 
 
 # -- the learner's row table against the engine's (memlab's ReqToTokenPool), step by step --------
+
 
 def random_case(d):
     from memlab.course.grading.fuzz import raised

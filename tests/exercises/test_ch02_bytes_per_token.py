@@ -19,66 +19,122 @@ def ex():
 def test_mha_llama3_8b():
     # Llama-3-8B: 32 layers, 8 KV heads of 128 (config.json), bf16.
     got = ex().mha_bytes_per_token(32, 8, 128)
-    expect_equal(got, 2 * 32 * 8 * 128 * 2,
-                 "Llama-3-8B (32 layers, 8 KV heads, head_dim 128, 2 bytes) stores K AND V: bytes per token")
-    expect_equal(ex().mha_bytes_per_token(32, 8, 128, dtype_bytes=1), 65536, "the same model in fp8 (1 byte)")
+    expect_equal(
+        got,
+        2 * 32 * 8 * 128 * 2,
+        "Llama-3-8B (32 layers, 8 KV heads, head_dim 128, 2 bytes) stores K AND V: bytes per token",
+    )
+    expect_equal(
+        ex().mha_bytes_per_token(32, 8, 128, dtype_bytes=1),
+        65536,
+        "the same model in fp8 (1 byte)",
+    )
 
 
 @points(1)
 def test_mha_v_head_dim():
     got = ex().mha_bytes_per_token(2, 4, 192, v_head_dim=128, dtype_bytes=2)
-    expect_equal(got, 2 * 4 * (192 + 128) * 2, "2 layers, 4 heads, K width 192 and V width 128: bytes per token")
+    expect_equal(
+        got,
+        2 * 4 * (192 + 128) * 2,
+        "2 layers, 4 heads, K width 192 and V width 128: bytes per token",
+    )
     got = ex().mha_bytes_per_token(3, 1, 8, 40)
-    expect_equal(got, 3 * 1 * (8 + 40) * 2, "3 layers, 1 head, K width 8 and V width 40 (positional), 2 bytes")
+    expect_equal(
+        got,
+        3 * 1 * (8 + 40) * 2,
+        "3 layers, 1 head, K width 8 and V width 40 (positional), 2 bytes",
+    )
 
 
 @points(1)
 def test_mla_deepseek_v3():
     # DeepSeek-V3: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64 (config.json), bf16.
     got = ex().mla_bytes_per_token(61, 512, 64)
-    expect_equal(got, 61 * 576 * 2, "DeepSeek-V3's MLA latent (61 layers x (512 + 64) values x 2 bytes, "
-                                    "one row shared by all heads, no V)")
+    expect_equal(
+        got,
+        61 * 576 * 2,
+        "DeepSeek-V3's MLA latent (61 layers x (512 + 64) values x 2 bytes, "
+        "one row shared by all heads, no V)",
+    )
 
 
 @points(1)
 def test_matches_real_buffers():
     e = ex()
     layers, tokens = 3, 10
-    for heads, dk, dv, dtype in ((2, 16, 16, torch.float16), (4, 8, 24, torch.float32), (1, 32, 32, torch.uint8)):
+    for heads, dk, dv, dtype in (
+        (2, 16, 16, torch.float16),
+        (4, 8, 24, torch.float32),
+        (1, 32, 32, torch.uint8),
+    ):
         k = [torch.empty(tokens, heads, dk, dtype=dtype) for _ in range(layers)]
         v = [torch.empty(tokens, heads, dv, dtype=dtype) for _ in range(layers)]
         real = sum(t.nbytes for t in k + v) // tokens
-        got = e.mha_bytes_per_token(layers, heads, dk, v_head_dim=dv, dtype_bytes=dtype.itemsize)
-        expect_equal(got, real, f"MHA bytes per token vs real buffers ({heads} heads, K {dk}, V {dv}, {dtype})")
-    latent = [torch.empty(tokens, 1, 40 + 8, dtype=torch.float16) for _ in range(layers)]
-    expect_equal(e.mla_bytes_per_token(layers, 40, 8), sum(t.nbytes for t in latent) // tokens,
-                 "MLA bytes per token vs real latent buffers (rank 40, rope 8, fp16)")
+        got = e.mha_bytes_per_token(
+            layers, heads, dk, v_head_dim=dv, dtype_bytes=dtype.itemsize
+        )
+        expect_equal(
+            got,
+            real,
+            f"MHA bytes per token vs real buffers ({heads} heads, K {dk}, V {dv}, {dtype})",
+        )
+    latent = [
+        torch.empty(tokens, 1, 40 + 8, dtype=torch.float16) for _ in range(layers)
+    ]
+    expect_equal(
+        e.mla_bytes_per_token(layers, 40, 8),
+        sum(t.nbytes for t in latent) // tokens,
+        "MLA bytes per token vs real latent buffers (rank 40, rope 8, fp16)",
+    )
 
 
 @points(1)
 def test_bad_input():
     e = ex()
-    good = {"mha_bytes_per_token": dict(layer_num=32, head_num=8, head_dim=128, v_head_dim=64, dtype_bytes=2),
-            "mla_bytes_per_token": dict(layer_num=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)}
+    good = {
+        "mha_bytes_per_token": dict(
+            layer_num=32, head_num=8, head_dim=128, v_head_dim=64, dtype_bytes=2
+        ),
+        "mla_bytes_per_token": dict(
+            layer_num=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2
+        ),
+    }
     for fn, kwargs in good.items():
-        for name in kwargs:  # every argument, each bad value: a ValueError that names the argument
+        for name in (
+            kwargs
+        ):  # every argument, each bad value: a ValueError that names the argument
             for bad in (0, -1, True, 2.0):
                 args = dict(kwargs, **{name: bad})
-                expect_raises(ValueError, lambda: getattr(e, fn)(**args), f"{fn}({name}={bad!r})", naming=name)
-        expect_equal(getattr(e, fn)(**dict(kwargs, layer_num=1, dtype_bytes=1)), 8 * (128 + 64) if fn[1] == "h" else 512 + 64,
-                     f"{fn} with layer_num=1 and dtype_bytes=1 (the smallest good values)")
+                expect_raises(
+                    ValueError,
+                    lambda: getattr(e, fn)(**args),
+                    f"{fn}({name}={bad!r})",
+                    naming=name,
+                )
+        expect_equal(
+            getattr(e, fn)(**dict(kwargs, layer_num=1, dtype_bytes=1)),
+            8 * (128 + 64) if fn[1] == "h" else 512 + 64,
+            f"{fn} with layer_num=1 and dtype_bytes=1 (the smallest good values)",
+        )
 
 
 # -- the learner's sizes against the engine's (memlab.sglang.kv_pool), on random shapes -----------
 
+
 def random_case(d):
     from exercise_refs import INT31
+
     from memlab.course.grading.fuzz import Raised
     from memlab.sglang import kv_pool
 
     mla = d.chance(0.4)
     fn = "mla_bytes_per_token" if mla else "mha_bytes_per_token"
-    names = ("layer_num", "kv_lora_rank", "qk_rope_head_dim") if mla else ("layer_num", "head_num", "head_dim")
+    names = (
+        ("layer_num", "kv_lora_rank", "qk_rope_head_dim")
+        if mla
+        else ("layer_num", "head_num", "head_dim")
+    )
     args = {n: (d.big(1, INT31) if d.chance(0.2) else d.int(1, 200)) for n in names}
     if not mla and d.chance(0.5):
         args["v_head_dim"] = d.big(1, 4096)
@@ -88,7 +144,9 @@ def random_case(d):
     if bad:  # one argument that is not a positive int: the docstring's ValueError
         name = d.pick(list(args) + (["v_head_dim"] if not mla else []))
         args[name] = d.pick((0, -1, True, False, 2.0, -(2**31)))
-    positional = d.int(0, len(names))  # the first arguments by position, the rest by name
+    positional = d.int(
+        0, len(names)
+    )  # the first arguments by position, the rest by name
     pos = [args.pop(n) for n in names[:positional]]
     d.given(**dict(zip(names, pos)), **args)
     shown = ", ".join([repr(v) for v in pos] + [f"{k}={v!r}" for k, v in args.items()])

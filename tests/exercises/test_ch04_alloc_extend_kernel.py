@@ -8,8 +8,8 @@ import random
 
 import pytest
 import torch
-
 from exercise_refs import alloc_extend_python, fenced, i64, split_by_request
+
 from memlab.course.grading.checks import expect_equal
 
 GUARD = 16
@@ -27,28 +27,49 @@ def launch(pre, seq, last, free_pages, ps, device=None):
     dev = device or kernel_device()
     n = sum(seq) - sum(pre)
     buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
-    t = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)
+
+    def t(v):
+        return torch.tensor(v, dtype=torch.int64, device=dev)
+
     # free_pages ends right before memory that may not be read: a load past it crashes.
     pages = fenced(free_pages, torch.int64, dev)
     inputs = (t(pre), t(seq), t(last))
     before = [x.clone() for x in inputs]
-    load("ch04_alloc_extend_kernel").alloc_extend(*inputs, pages, ps, n, out=buf[GUARD:GUARD + n])
+    load("ch04_alloc_extend_kernel").alloc_extend(
+        *inputs, pages, ps, n, out=buf[GUARD : GUARD + n]
+    )
     buf = buf.cpu()
-    expect_equal(buf[:GUARD], torch.full((GUARD,), SENTINEL), "the guard band BEFORE the output was written to")
-    expect_equal(buf[GUARD + n:], torch.full((GUARD,), SENTINEL), "the guard band AFTER the output was written to "
-                 "(a store past the batch's last token: is part 2's store masked?)")
-    expect_equal(pages.cpu(), torch.tensor(free_pages), "the kernel must only read free_pages")
+    expect_equal(
+        buf[:GUARD],
+        torch.full((GUARD,), SENTINEL),
+        "the guard band BEFORE the output was written to",
+    )
+    expect_equal(
+        buf[GUARD + n :],
+        torch.full((GUARD,), SENTINEL),
+        "the guard band AFTER the output was written to "
+        "(a store past the batch's last token: is part 2's store masked?)",
+    )
+    expect_equal(
+        pages.cpu(), torch.tensor(free_pages), "the kernel must only read free_pages"
+    )
     for name, x, b in zip(("prefix_lens", "seq_lens", "last_loc"), inputs, before):
         expect_equal(x, b, f"the kernel must only read {name}")
-    return buf[GUARD:GUARD + n]
+    return buf[GUARD : GUARD + n]
 
 
 def compare(pre, seq, last, free_pages, ps, device=None):
     got = split_by_request(launch(pre, seq, last, free_pages, ps, device), pre, seq)
-    want = split_by_request(alloc_extend_python(pre, seq, last, free_pages, ps), pre, seq)
+    want = split_by_request(
+        alloc_extend_python(pre, seq, last, free_pages, ps), pre, seq
+    )
     for i, (g, w) in enumerate(zip(got, want)):
-        expect_equal(g, w, f"request {i} (prefix {pre[i]} -> {seq[i]} tokens, last_loc {last[i]}, page size {ps}; "
-                           f"its part 1 is its first {min(seq[i], -(-pre[i] // ps) * ps) - pre[i]} tokens)")
+        expect_equal(
+            g,
+            w,
+            f"request {i} (prefix {pre[i]} -> {seq[i]} tokens, last_loc {last[i]}, page size {ps}; "
+            f"its part 1 is its first {min(seq[i], -(-pre[i] // ps) * ps) - pre[i]} tokens)",
+        )
 
 
 def pages_needed(pre, seq, ps):
@@ -90,8 +111,16 @@ def test_mixed_random_batches():
         bs = rng.randint(1, 5)
         pre = [rng.choice([0, rng.randint(1, 50)]) for _ in range(bs)]
         seq = [p + rng.randint(0, 3 * ps + 9) for p in pre]
-        last = [-1 if p == 0 else (9000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
-        compare(pre, seq, last, shuffled_pages(pages_needed(pre, seq, ps) + rng.choice([0, 3]), rng), ps)
+        last = [
+            -1 if p == 0 else (9000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)
+        ]
+        compare(
+            pre,
+            seq,
+            last,
+            shuffled_pages(pages_needed(pre, seq, ps) + rng.choice([0, 3]), rng),
+            ps,
+        )
 
 
 @pytest.mark.kernel
@@ -111,14 +140,26 @@ def test_compiled_on_gpu_large_batch():
         bs = 200
         pre = [rng.choice([0, rng.randint(0, 300)]) for _ in range(bs)]
         seq = [p + rng.randint(0, 600) for p in pre]
-        last = [-1 if p == 0 else (200000 + i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
-        compare(pre, seq, last, shuffled_pages(pages_needed(pre, seq, ps), rng), ps, device="cuda")
+        last = [
+            -1 if p == 0 else (200000 + i) * ps + (p - 1) % ps
+            for i, p in enumerate(pre)
+        ]
+        compare(
+            pre,
+            seq,
+            last,
+            shuffled_pages(pages_needed(pre, seq, ps), rng),
+            ps,
+            device="cuda",
+        )
 
 
 # -- the learner's kernel against the engine's alloc_extend, on random batches --------------------
 
+
 def random_case(d):
     from exercise_refs import INT31, SIZES
+
     from memlab.common.env import kernel_device
     from memlab.course.grading.fuzz import tensor_code
     from memlab.course.grading.loader import load
@@ -128,31 +169,76 @@ def random_case(d):
     big = d.chance(0.2)
     pre, seq = [], []
     for _ in d.count(1, 3, 0.5):
-        p = d.big(0, INT31 - 300) if big else (0 if d.chance(0.3) else d.int(0, 2 * ps + 40))
+        p = (
+            d.big(0, INT31 - 300)
+            if big
+            else (0 if d.chance(0.3) else d.int(0, 2 * ps + 40))
+        )
         pre.append(p)
-        seq.append(p + (d.int(64, 2 * 64 + 3 * ps + 8) if d.chance(0.4) else d.int(0, 3 * ps + 4)))
-    last = [-1 if p == 0 else (1000 + 2 * i) * ps + (p - 1) % ps for i, p in enumerate(pre)]
+        seq.append(
+            p
+            + (
+                d.int(64, 2 * 64 + 3 * ps + 8)
+                if d.chance(0.4)
+                else d.int(0, 3 * ps + 4)
+            )
+        )
+    last = [
+        -1 if p == 0 else (1000 + 2 * i) * ps + (p - 1) % ps for i, p in enumerate(pre)
+    ]
     # page ids in random order, small and large (slots past 2**31: the output is int64)
     free = d.ids(pages_needed(pre, seq, ps) + d.int(0, 2), INT31)
     n = sum(seq) - sum(pre)
     d.given(page_size=ps, prefix_lens=pre, seq_lens=seq, last_loc=last, free_pages=free)
-    d.code(f"print(ex.alloc_extend({tensor_code(pre)}, {tensor_code(seq)}, {tensor_code(last)}, "
-           f"{tensor_code(free)}, {ps}, {n}))")
+    d.code(
+        f"print(ex.alloc_extend({tensor_code(pre)}, {tensor_code(seq)}, {tensor_code(last)}, "
+        f"{tensor_code(free)}, {ps}, {n}))"
+    )
     dev = kernel_device()
     buf = torch.full((n + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
     pages = fenced(free, torch.int64, dev)  # a load past the free list's end crashes
     inputs = [torch.tensor(v, dtype=torch.int64, device=dev) for v in (pre, seq, last)]
-    got = d.call("alloc_extend", load("ch04_alloc_extend_kernel").alloc_extend, *inputs, pages, ps, n,
-                 out=buf[GUARD:GUARD + n], keep=False)
+    got = d.call(
+        "alloc_extend",
+        load("ch04_alloc_extend_kernel").alloc_extend,
+        *inputs,
+        pages,
+        ps,
+        n,
+        out=buf[GUARD : GUARD + n],
+        keep=False,
+    )
     buf = buf.cpu()
-    d.returns("alloc_extend", buf[GUARD:GUARD + n] if torch.is_tensor(got) else got, i64(*engine(pre, seq, last, free, ps)))
+    d.returns(
+        "alloc_extend",
+        buf[GUARD : GUARD + n] if torch.is_tensor(got) else got,
+        i64(*engine(pre, seq, last, free, ps)),
+    )
     sentinels = torch.full((GUARD,), SENTINEL)
-    d.same("the guard band before the output", buf[:GUARD], sentinels, "a store before the batch's first token")
-    d.same("the guard band after the output", buf[GUARD + n:], sentinels, "a store past the batch's last token: "
-           "is part 2's store masked?")
-    d.same("free_pages after the launch", pages.cpu(), i64(*free), "the kernel must only read it")
-    for name, x, v in zip(("prefix_lens", "seq_lens", "last_loc"), inputs, (pre, seq, last)):
-        d.same(f"{name} after the launch", x.cpu(), i64(*v), "the kernel must only read it")
+    d.same(
+        "the guard band before the output",
+        buf[:GUARD],
+        sentinels,
+        "a store before the batch's first token",
+    )
+    d.same(
+        "the guard band after the output",
+        buf[GUARD + n :],
+        sentinels,
+        "a store past the batch's last token: is part 2's store masked?",
+    )
+    d.same(
+        "free_pages after the launch",
+        pages.cpu(),
+        i64(*free),
+        "the kernel must only read it",
+    )
+    for name, x, v in zip(
+        ("prefix_lens", "seq_lens", "last_loc"), inputs, (pre, seq, last)
+    ):
+        d.same(
+            f"{name} after the launch", x.cpu(), i64(*v), "the kernel must only read it"
+        )
 
 
 @pytest.mark.kernel

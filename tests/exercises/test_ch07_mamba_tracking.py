@@ -4,9 +4,14 @@ import itertools
 
 import pytest
 import torch
-
 from exercise_refs import i64
-from memlab.course.grading.checks import expect, expect_equal, expect_no_sharing, expect_raises
+
+from memlab.course.grading.checks import (
+    expect,
+    expect_equal,
+    expect_no_sharing,
+    expect_raises,
+)
 from memlab.course.grading.loader import load
 
 
@@ -19,16 +24,28 @@ def rows(num_rows=4, num_slots=8, tracking=2):
 
 
 def fields(m, row):
-    return {"state_slot": m.state_slot[row].clone(), "track_slots": m.track_slots[row].clone(),
-            "next_track_idx": m.next_track_idx[row].clone(), "last_track_seqlen": m.last_track_seqlen[row].clone()}
+    return {
+        "state_slot": m.state_slot[row].clone(),
+        "track_slots": m.track_slots[row].clone(),
+        "next_track_idx": m.next_track_idx[row].clone(),
+        "last_track_seqlen": m.last_track_seqlen[row].clone(),
+    }
 
 
 def expect_fresh(m, row, what):
-    fresh = {"state_slot": i64(0)[0], "track_slots": i64(*[0] * m.tracking), "next_track_idx": i64(0)[0],
-             "last_track_seqlen": i64(-1)[0]}
+    fresh = {
+        "state_slot": i64(0)[0],
+        "track_slots": i64(*[0] * m.tracking),
+        "next_track_idx": i64(0)[0],
+        "last_track_seqlen": i64(-1)[0],
+    }
     for name, got in fields(m, row).items():
-        expect_equal(got, fresh[name], f"{what}: {name}[{row}] (a reused row would start from a stale value; "
-                                       "every tracking field must be reset)")
+        expect_equal(
+            got,
+            fresh[name],
+            f"{what}: {name}[{row}] (a reused row would start from a stale value; "
+            "every tracking field must be reset)",
+        )
 
 
 @points(2)
@@ -36,28 +53,60 @@ def test_tracking_slot_counts():
     f = load("ch07_mamba_tracking").get_mamba_tracking_slots
     for extra, overlap, lazy in itertools.product((False, True), repeat=3):
         want = 0 if not extra else 1 if lazy else 2 if overlap else 1
-        expect_equal(f(extra, overlap, lazy), want,
-                     f"get_mamba_tracking_slots(extra_buffer={extra}, overlap={overlap}, lazy={lazy}) (an int)")
-    expect_equal(f(True, True), 2, "get_mamba_tracking_slots(True, True) with lazy left at its default")
+        expect_equal(
+            f(extra, overlap, lazy),
+            want,
+            f"get_mamba_tracking_slots(extra_buffer={extra}, overlap={overlap}, lazy={lazy}) (an int)",
+        )
+    expect_equal(
+        f(True, True),
+        2,
+        "get_mamba_tracking_slots(True, True) with lazy left at its default",
+    )
 
 
 @points(1)
 def test_alloc_gives_state_and_tracking():
     m = rows(tracking=2)
     expect_equal(m.alloc_row(3), True, "alloc_row(3) with 8 free slots")
-    expect_equal(m.state_slot[3], i64(1)[0], "row 3's state slot (the first slot from the head)")
-    expect_equal(m.track_slots[3], i64(2, 3), "row 3's two tracking slots (the next ones, in column order)")
-    expect_equal(m.free_slots, i64(4, 5, 6, 7, 8), "free_slots after handing out 3 slots")
-    expect_equal((m.next_track_idx, m.last_track_seqlen), (i64(0, 0, 0, 0, 0), i64(-1, -1, -1, -1, -1)),
-                 "alloc_row leaves next_track_idx and last_track_seqlen alone (fresh: 0 and -1)")
+    expect_equal(
+        m.state_slot[3], i64(1)[0], "row 3's state slot (the first slot from the head)"
+    )
+    expect_equal(
+        m.track_slots[3],
+        i64(2, 3),
+        "row 3's two tracking slots (the next ones, in column order)",
+    )
+    expect_equal(
+        m.free_slots, i64(4, 5, 6, 7, 8), "free_slots after handing out 3 slots"
+    )
+    expect_equal(
+        (m.next_track_idx, m.last_track_seqlen),
+        (i64(0, 0, 0, 0, 0), i64(-1, -1, -1, -1, -1)),
+        "alloc_row leaves next_track_idx and last_track_seqlen alone (fresh: 0 and -1)",
+    )
     expect_equal(m.alloc_row(1), True, "alloc_row(1) with 5 free slots")
-    expect_no_sharing({3: [int(m.state_slot[3])] + m.track_slots[3].tolist(),
-                       1: [int(m.state_slot[1])] + m.track_slots[1].tolist()}, "mamba slot", "row")
+    expect_no_sharing(
+        {
+            3: [int(m.state_slot[3])] + m.track_slots[3].tolist(),
+            1: [int(m.state_slot[1])] + m.track_slots[1].tolist(),
+        },
+        "mamba slot",
+        "row",
+    )
     expect_equal(m.alloc_row(2), False, "alloc_row(2) with 2 free slots (it needs 3)")
     none = rows(num_slots=2, tracking=0)  # no extra buffer: a state slot only
     expect_equal(none.alloc_row(2), True, "alloc_row(2) without tracking slots")
-    expect_equal(none.alloc_row(4), True, "alloc_row(4) with exactly 1 free slot and no tracking slots")
-    expect_equal(none.state_slot, i64(0, 0, 1, 0, 2), "state_slot after rows 2 and 4 took slots 1 and 2")
+    expect_equal(
+        none.alloc_row(4),
+        True,
+        "alloc_row(4) with exactly 1 free slot and no tracking slots",
+    )
+    expect_equal(
+        none.state_slot,
+        i64(0, 0, 1, 0, 2),
+        "state_slot after rows 2 and 4 took slots 1 and 2",
+    )
     expect_equal(none.free_slots, i64(), "free_slots after handing out every slot")
 
 
@@ -65,19 +114,34 @@ def test_alloc_gives_state_and_tracking():
 def test_alloc_all_or_nothing():
     m = rows(num_slots=4, tracking=2)
     m.alloc_row(1)
-    m.state[1] = 5.0  # row 1's recurrent state, which later allocations must leave alone
+    m.state[1] = (
+        5.0  # row 1's recurrent state, which later allocations must leave alone
+    )
     got = m.alloc_row(2)
-    expect(got is False, f"alloc_row(2) needs 3 slots with 1 free: must return False, got {got!r}")
-    expect_equal(m.free_slots, i64(4), "a refused alloc_row must leave free_slots alone")
+    expect(
+        got is False,
+        f"alloc_row(2) needs 3 slots with 1 free: must return False, got {got!r}",
+    )
+    expect_equal(
+        m.free_slots, i64(4), "a refused alloc_row must leave free_slots alone"
+    )
     expect_fresh(m, 2, "a refused alloc_row(2)")
     m = rows(num_slots=6, tracking=2)
     m.alloc_row(1)
     m.state[1:4] = 5.0
-    expect_equal(m.alloc_row(2), True, "alloc_row(2) with exactly 3 free slots (it needs 3)")
-    expect_equal(m.track_slots[2], i64(5, 6), "row 2's tracking slots: the last two slots")
+    expect_equal(
+        m.alloc_row(2), True, "alloc_row(2) with exactly 3 free slots (it needs 3)"
+    )
+    expect_equal(
+        m.track_slots[2], i64(5, 6), "row 2's tracking slots: the last two slots"
+    )
     expect_equal(m.free_slots, i64(), "free_slots after an exact fit")
-    expect_equal(m.state[1:4], torch.full((3, 3), 5.0), "row 1's state after row 2 was allocated: only the slots "
-                                                       "handed out may be zeroed")
+    expect_equal(
+        m.state[1:4],
+        torch.full((3, 3), 5.0),
+        "row 1's state after row 2 was allocated: only the slots "
+        "handed out may be zeroed",
+    )
 
 
 @points(2)
@@ -91,18 +155,30 @@ def test_free_resets_every_field():
     neighbours = {r: fields(m, r) for r in (1, 3)}
     m.free_row(2)
     expect_fresh(m, 2, "after free_row(2)")
-    expect_equal(m.free_slots, i64(10, 1, 2, 3), "after free_row(2) the row's slots go to the tail of "
-                 "free_slots: state slot first, then the tracking slots (and nothing of rows 1 and 3)")
+    expect_equal(
+        m.free_slots,
+        i64(10, 1, 2, 3),
+        "after free_row(2) the row's slots go to the tail of "
+        "free_slots: state slot first, then the tracking slots (and nothing of rows 1 and 3)",
+    )
     for r, before in neighbours.items():
         for name, value in before.items():
-            expect_equal(fields(m, r)[name], value, f"row {r}'s {name} after free_row(2)")
+            expect_equal(
+                fields(m, r)[name], value, f"row {r}'s {name} after free_row(2)"
+            )
     m.free_row(3)
-    expect_equal(m.free_slots, i64(10, 1, 2, 3, 4, 5, 6), "free_slots after free_row(3) too")
+    expect_equal(
+        m.free_slots, i64(10, 1, 2, 3, 4, 5, 6), "free_slots after free_row(3) too"
+    )
     # A row that holds nothing (never allocated, or freed already): nothing to give back. Its
     # zeros are "no slot", and slot 0 is the padding slot: it must never reach the free list.
     m.free_row(2)
     m.free_row(4)
-    expect_equal(m.free_slots, i64(10, 1, 2, 3, 4, 5, 6), "free_row of rows that hold no slot must free nothing")
+    expect_equal(
+        m.free_slots,
+        i64(10, 1, 2, 3, 4, 5, 6),
+        "free_row of rows that hold no slot must free nothing",
+    )
     expect_fresh(m, 4, "after free_row(4) of an empty row")
 
 
@@ -113,8 +189,12 @@ def test_slots_zeroed_before_reuse():
     m.state[1:4] = 7.0  # the request's recurrent state and snapshots
     m.free_row(1)
     m.alloc_row(2)
-    expect_equal(m.state[1:4], torch.zeros(3, 3), "slots handed to a new request must be zeroed: the old "
-                 "owner's state would be read as its history")
+    expect_equal(
+        m.state[1:4],
+        torch.zeros(3, 3),
+        "slots handed to a new request must be zeroed: the old "
+        "owner's state would be read as its history",
+    )
     m = rows(num_slots=4, tracking=2)
     m.alloc_row(1)  # slots 1, 2, 3
     state = m.state.clone()
@@ -122,9 +202,13 @@ def test_slots_zeroed_before_reuse():
     m.state = state
     m.free_row(1)  # free_slots: 4, 1, 2, 3
     m.alloc_row(2)  # slots 4, 1, 2: not consecutive, not ascending
-    expect_equal(m.state[:, 0], torch.tensor([0.0, 0.0, 0.0, 7.0, 0.0]), "row 2 took slots 4, 1, 2 (not "
-                 "consecutive): exactly their state rows must be zeroed (state[slots] = 0, not a span from the "
-                 "first to the last), and free slot 3 keeps its old state")
+    expect_equal(
+        m.state[:, 0],
+        torch.tensor([0.0, 0.0, 0.0, 7.0, 0.0]),
+        "row 2 took slots 4, 1, 2 (not "
+        "consecutive): exactly their state rows must be zeroed (state[slots] = 0, not a span from the "
+        "first to the last), and free slot 3 keeps its old state",
+    )
 
 
 @points(1)
@@ -133,24 +217,48 @@ def test_next_track_slot_ping_pong():
     m.alloc_row(1)
     a, b = m.track_slots[1].tolist()
     got = [m.next_track_slot(1) for _ in range(4)]
-    expect_equal(got, [a, b, a, b], "four snapshots with two tracking slots alternate (ping-pong), as ints")
+    expect_equal(
+        got,
+        [a, b, a, b],
+        "four snapshots with two tracking slots alternate (ping-pong), as ints",
+    )
     single = rows(tracking=1)
     single.alloc_row(1)
     (only,) = single.track_slots[1].tolist()
-    expect_equal([single.next_track_slot(1) for _ in range(3)], [only] * 3, "one tracking slot is reused every time")
+    expect_equal(
+        [single.next_track_slot(1) for _ in range(3)],
+        [only] * 3,
+        "one tracking slot is reused every time",
+    )
     three = rows(tracking=3)
     three.alloc_row(2)
     a, b, c = three.track_slots[2].tolist()
-    expect_equal([three.next_track_slot(2) for _ in range(4)], [a, b, c, a], "with three tracking slots the "
-                 "snapshots go round them in column order")
-    expect_raises(ValueError, lambda: m.next_track_slot(3), "next_track_slot(3) for a row that holds no slot")
-    expect_equal(m.next_track_idx[3], i64(0)[0], "a refused next_track_slot must not advance next_track_idx")
+    expect_equal(
+        [three.next_track_slot(2) for _ in range(4)],
+        [a, b, c, a],
+        "with three tracking slots the snapshots go round them in column order",
+    )
+    expect_raises(
+        ValueError,
+        lambda: m.next_track_slot(3),
+        "next_track_slot(3) for a row that holds no slot",
+    )
+    expect_equal(
+        m.next_track_idx[3],
+        i64(0)[0],
+        "a refused next_track_slot must not advance next_track_idx",
+    )
     none = rows(tracking=0)
     none.alloc_row(1)
-    expect_raises(ValueError, lambda: none.next_track_slot(1), "next_track_slot without tracking slots")
+    expect_raises(
+        ValueError,
+        lambda: none.next_track_slot(1),
+        "next_track_slot without tracking slots",
+    )
 
 
 # -- the learner's rows against the engine's rules, over random sequences --------------------------
+
 
 class Engine:
     """SGLang's HybridReqToTokenPool books for one model, as the docstrings state them (memlab's pool
@@ -161,19 +269,27 @@ class Engine:
         self.tracking = tracking
         self.state = torch.zeros(num_slots + 1, state_dim)
         self.free_slots = list(range(1, num_slots + 1))
-        self.state_slot, self.track = [0] * (rows + 1), [[0] * tracking for _ in range(rows + 1)]
+        self.state_slot, self.track = (
+            [0] * (rows + 1),
+            [[0] * tracking for _ in range(rows + 1)],
+        )
         self.next_idx, self.last_len = [0] * (rows + 1), [-1] * (rows + 1)
 
     def alloc_row(self, row):
         if 1 + self.tracking > len(self.free_slots):
             return False
-        slots, self.free_slots = self.free_slots[:1 + self.tracking], self.free_slots[1 + self.tracking:]
+        slots, self.free_slots = (
+            self.free_slots[: 1 + self.tracking],
+            self.free_slots[1 + self.tracking :],
+        )
         self.state[slots] = 0
         self.state_slot[row], self.track[row] = slots[0], slots[1:]
         return True
 
     def free_row(self, row):
-        self.free_slots += [s for s in [self.state_slot[row]] + self.track[row] if s > 0]
+        self.free_slots += [
+            s for s in [self.state_slot[row]] + self.track[row] if s > 0
+        ]
         self.state_slot[row], self.track[row] = 0, [0] * self.tracking
         self.next_idx[row], self.last_len[row] = 0, -1
 
@@ -189,26 +305,40 @@ class Engine:
 
 def random_case(d):
     from exercise_refs import tensor
+
     from memlab.sglang.mamba import mamba_tracking_slots
 
     m = load("ch07_mamba_tracking")
     if d.chance(0.15):
-        flags = dict(extra_buffer=d.chance(0.5), overlap=d.chance(0.5), lazy=d.chance(0.5))
+        flags = dict(
+            extra_buffer=d.chance(0.5), overlap=d.chance(0.5), lazy=d.chance(0.5)
+        )
         d.given(**flags)
         d.code(f"print(ex.get_mamba_tracking_slots(**{flags}))")
-        d.returns("get_mamba_tracking_slots", d.call("get_mamba_tracking_slots", m.get_mamba_tracking_slots, **flags),
-                  mamba_tracking_slots(**flags))
+        d.returns(
+            "get_mamba_tracking_slots",
+            d.call("get_mamba_tracking_slots", m.get_mamba_tracking_slots, **flags),
+            mamba_tracking_slots(**flags),
+        )
         return
     n_rows, n_slots, dim, tracking = d.int(1, 5), d.int(1, 10), d.int(1, 3), d.int(0, 2)
-    mine, engine = m.MambaRows(n_rows, n_slots, dim, tracking), Engine(n_rows, n_slots, dim, tracking)
+    mine, engine = (
+        m.MambaRows(n_rows, n_slots, dim, tracking),
+        Engine(n_rows, n_slots, dim, tracking),
+    )
     d.given(rows=n_rows, num_slots=n_slots, state_dim=dim, tracking=tracking)
     d.code(f"r = ex.MambaRows({n_rows}, {n_slots}, {dim}, {tracking})")
     held = set()
     for _ in d.count(1, 16, 0.9):
         op = d.pick(("alloc", "write", "free", "track"))
         every = list(range(1, n_rows + 1))
-        pool = sorted(set(every) - held) if op == "alloc" else sorted(held) if op == "write" \
-            else (sorted(held) if op == "free" and d.chance(0.8) else every)  # free_row of a row holding nothing too
+        pool = (
+            sorted(set(every) - held)
+            if op == "alloc"
+            else sorted(held)
+            if op == "write"
+            else (sorted(held) if op == "free" and d.chance(0.8) else every)
+        )  # free_row of a row holding nothing too
         if not pool:
             continue
         row = d.pick(pool)
@@ -222,13 +352,17 @@ def random_case(d):
         elif op == "free":
             d.step(f"free_row({row})")
             d.code(f"r.free_row({row})")
-            d.returns("free_row", d.call("free_row", mine.free_row, row), engine.free_row(row))
+            d.returns(
+                "free_row", d.call("free_row", mine.free_row, row), engine.free_row(row)
+            )
             held.discard(row)
             what = "free_row"
         elif op == "write":  # the model runs: the row's slots get a state
             value = float(d.int(1, 9))
             slots = [engine.state_slot[row]] + engine.track[row]
-            d.step(f"(the forward pass writes {value} into the state rows of slots {slots})")
+            d.step(
+                f"(the forward pass writes {value} into the state rows of slots {slots})"
+            )
             d.code(f"s = r.state.clone(); s[{slots}] = {value}; r.state = s")
             engine.state[slots] = value
             state = mine.state.clone()
@@ -238,18 +372,34 @@ def random_case(d):
         else:
             d.step(f"next_track_slot({row})")
             d.code(f"print(r.next_track_slot({row}))")
-            d.returns("next_track_slot", d.call("next_track_slot", mine.next_track_slot, row),
-                      engine.next_track_slot(row))
+            d.returns(
+                "next_track_slot",
+                d.call("next_track_slot", mine.next_track_slot, row),
+                engine.next_track_slot(row),
+            )
             what = "next_track_slot"
-        d.code("print(r.free_slots, r.state_slot, r.track_slots, r.next_track_idx, r.last_track_seqlen, r.state)")
+        d.code(
+            "print(r.free_slots, r.state_slot, r.track_slots, r.next_track_idx, r.last_track_seqlen, r.state)"
+        )
         d.books(what, "free_slots", mine.free_slots, tensor(engine.free_slots))
         d.books(what, "state_slot", mine.state_slot, tensor(engine.state_slot))
-        d.books(what, "track_slots", mine.track_slots, torch.tensor(engine.track, dtype=torch.int64).reshape(
-                n_rows + 1, tracking))
+        d.books(
+            what,
+            "track_slots",
+            mine.track_slots,
+            torch.tensor(engine.track, dtype=torch.int64).reshape(n_rows + 1, tracking),
+        )
         d.books(what, "next_track_idx", mine.next_track_idx, tensor(engine.next_idx))
-        d.books(what, "last_track_seqlen", mine.last_track_seqlen, tensor(engine.last_len))
-        d.books(what, "state", mine.state, engine.state, "a slot's state row is zeroed when the slot is handed out, "
-                "and only then")
+        d.books(
+            what, "last_track_seqlen", mine.last_track_seqlen, tensor(engine.last_len)
+        )
+        d.books(
+            what,
+            "state",
+            mine.state,
+            engine.state,
+            "a slot's state row is zeroed when the slot is handed out, and only then",
+        )
 
 
 @points(2)

@@ -52,9 +52,14 @@ from memlab.capstone.sim.policies import MaxContext, Oracle, Paged, Pow2
 from memlab.capstone.sim.replay import compare_policies
 from memlab.capstone.sim.workload import sharegpt_like
 
-FIG2_POOL_SIZE = 15_728   # Table 1: OPT-13B on one A100-40GB
-FIG2_REQUESTS = 7_200     # a 1-hour trace at 2 requests/s
-CATEGORIES = ("token states", "reservation", "internal frag.", "external frag. & others")
+FIG2_POOL_SIZE = 15_728  # Table 1: OPT-13B on one A100-40GB
+FIG2_REQUESTS = 7_200  # a 1-hour trace at 2 requests/s
+CATEGORIES = (
+    "token states",
+    "reservation",
+    "internal frag.",
+    "external frag. & others",
+)
 SYSTEMS = ("Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM")
 # Fig. 2 as printed (% of KV cache memory); for vLLM the paper prints only the token states
 # (96.3) and the rest together (3.7). Fig. 13: average batched requests (ShareGPT, 2 requests/s),
@@ -65,11 +70,22 @@ PAPER_FIG2 = {
     "Orca (Oracle)": (38.2, 25.2, 0.0, 36.6),  # no internal fragmentation drawn
     "vLLM": (96.3, None, None, None),
 }
-PAPER_FIG13_BATCH = {"Orca (Max)": 7.00, "Orca (Pow2)": 9.81, "Orca (Oracle)": 13.62, "vLLM": 30.42}
+PAPER_FIG13_BATCH = {
+    "Orca (Max)": 7.00,
+    "Orca (Pow2)": 9.81,
+    "Orca (Oracle)": 13.62,
+    "vLLM": 30.42,
+}
 
 
-def figure2(placement: str = "buddy", n: int = FIG2_REQUESTS, seed: int = 0, sigma: float = 1.0,
-            progress: bool = False, **kw) -> list:
+def figure2(
+    placement: str = "buddy",
+    n: int = FIG2_REQUESTS,
+    seed: int = 0,
+    sigma: float = 1.0,
+    progress: bool = False,
+    **kw,
+) -> list:
     """Replay the paper's Figure 2 setup: Orca (Max), (Pow2), (Oracle) placed by ``placement``
     ('buddy' as the paper assumes, or 'first_fit' to see what the buddy allocator costs), and vLLM,
     on ``sharegpt_like(n, seed, sigma=sigma)``.
@@ -77,8 +93,13 @@ def figure2(placement: str = "buddy", n: int = FIG2_REQUESTS, seed: int = 0, sig
     Returns the four SimResults in ``SYSTEMS`` order; ``figure2_table`` sets them beside the paper.
     """
     policies = (MaxContext(placement), Pow2(placement), Oracle(placement), Paged(16))
-    return compare_policies(sharegpt_like(n, seed=seed, sigma=sigma), FIG2_POOL_SIZE, policies=policies,
-                            progress=progress, **kw)
+    return compare_policies(
+        sharegpt_like(n, seed=seed, sigma=sigma),
+        FIG2_POOL_SIZE,
+        policies=policies,
+        progress=progress,
+        **kw,
+    )
 
 
 def paper_categories(result) -> tuple:
@@ -97,6 +118,7 @@ def figure2_table(*runs) -> str:
 
     Each run is a list of four results (``figure2(...)``); its column is named by its placement.
     """
+
     def fmt(x):
         return "n/a" if x is None else f"{x:.1f}"
 
@@ -106,11 +128,23 @@ def figure2_table(*runs) -> str:
     for i, system in enumerate(SYSTEMS):
         paper = PAPER_FIG2[system]
         for j, cat in enumerate(CATEGORIES):
-            row = [system if j == 0 else "", cat, fmt(paper[j])] + [fmt(paper_categories(r[i])[j]) for r in runs]
+            row = [system if j == 0 else "", cat, fmt(paper[j])] + [
+                fmt(paper_categories(r[i])[j]) for r in runs
+            ]
             lines.append("| " + " | ".join(row) + " |")
         batch = [f"{r[i].avg_batch:.2f}" for r in runs]
-        lines.append("| | batch (Fig. 13) | " + " | ".join([f"{PAPER_FIG13_BATCH[system]:.2f}"] + batch) + " |")
+        lines.append(
+            "| | batch (Fig. 13) | "
+            + " | ".join([f"{PAPER_FIG13_BATCH[system]:.2f}"] + batch)
+            + " |"
+        )
         paper_tokens = paper[0] / 100 * FIG2_POOL_SIZE / PAPER_FIG13_BATCH[system]
-        lines.append("| | tokens per running request | " + " | ".join(
-            [f"{paper_tokens:.0f}"] + [f"{tokens_per_request(r[i]):.0f}" for r in runs]) + " |")
+        lines.append(
+            "| | tokens per running request | "
+            + " | ".join(
+                [f"{paper_tokens:.0f}"]
+                + [f"{tokens_per_request(r[i]):.0f}" for r in runs]
+            )
+            + " |"
+        )
     return "\n".join(lines)

@@ -41,7 +41,9 @@ class Reservation(Policy):
 
     def __init__(self, placement: str = "buddy"):
         if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+            raise ValueError(
+                f"placement must be one of {PLACEMENTS}, got {placement!r}"
+            )
         self.placement = placement
         self.name = f"{self.base_name} ({placement.replace('_', ' ')})"
 
@@ -50,7 +52,11 @@ class Reservation(Policy):
 
     def held(self, reserve):
         """Slots the placement takes for reservations of ``reserve`` slots (elementwise)."""
-        return next_pow2(reserve) if self.placement == "buddy" else np.asarray(reserve, dtype=np.int64)
+        return (
+            next_pow2(reserve)
+            if self.placement == "buddy"
+            else np.asarray(reserve, dtype=np.int64)
+        )
 
     def make_space(self, size: int, debug_mode: bool = False):
         if self.placement == "buddy":
@@ -116,7 +122,9 @@ class Paged(Policy):
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.block_size = int(block_size)
         self.watermark = float(watermark)
-        self.name = f"paged B={self.block_size}" + (f" wm={watermark:g}" if watermark else "")
+        self.name = f"paged B={self.block_size}" + (
+            f" wm={watermark:g}" if watermark else ""
+        )
 
     def watermark_blocks(self, total_blocks: int) -> int:
         return int(self.watermark * total_blocks)
@@ -134,7 +142,9 @@ def make_policy(policy, block_size: int = 16, placement: str = "buddy") -> Polic
     if policy == "paged":
         return Paged(block_size)
     if policy not in table:
-        raise ValueError(f"policy must be one of 'max', 'pow2', 'oracle', 'paged' or a Policy, got {policy!r}")
+        raise ValueError(
+            f"policy must be one of 'max', 'pow2', 'oracle', 'paged' or a Policy, got {policy!r}"
+        )
     return table[policy](placement)
 
 
@@ -163,7 +173,9 @@ class AnySlots:
 
     def release(self, start: int, n: int) -> None:
         if self.free + n > self.size:
-            raise ValueError(f"releasing {n} slots would leave {self.free + n} free in a pool of {self.size}")
+            raise ValueError(
+                f"releasing {n} slots would leave {self.free + n} free in a pool of {self.size}"
+            )
         self.free += n
 
 
@@ -193,8 +205,12 @@ class FirstFit:
 
     def release(self, start: int, n: int) -> None:
         i = bisect.bisect_left(self.starts, start)
-        if (i > 0 and self.ends[i - 1] > start) or (i < len(self.starts) and self.starts[i] < start + n):
-            raise ValueError(f"slots {start}..{start + n - 1} are already (partly) free")
+        if (i > 0 and self.ends[i - 1] > start) or (
+            i < len(self.starts) and self.starts[i] < start + n
+        ):
+            raise ValueError(
+                f"slots {start}..{start + n - 1} are already (partly) free"
+            )
         end = start + n
         if i < len(self.starts) and self.starts[i] == end:  # merge with the run after
             end = self.ends[i]
@@ -252,7 +268,9 @@ class Buddy:
 
     def alloc(self, n: int) -> int:
         k = self.order(n)
-        j = next((j for j in range(k, len(self.free_lists)) if self.free_lists[j]), None)
+        j = next(
+            (j for j in range(k, len(self.free_lists)) if self.free_lists[j]), None
+        )
         if j is None:
             return -1
         start = self.free_lists[j].pop(0)
@@ -280,13 +298,21 @@ class Buddy:
     def _check_release(self, start: int, k: int) -> None:
         # A block must be one alloc() could have returned, and none of its slots may be free yet.
         if start % (1 << k) or start < 0 or start + (1 << k) > self.size:
-            raise ValueError(f"no block of {1 << k} slots starts at {start} (blocks start at multiples of their size)")
+            raise ValueError(
+                f"no block of {1 << k} slots starts at {start} (blocks start at multiples of their size)"
+            )
         for j, free in enumerate(self.free_lists):
-            lo = start & ~((1 << j) - 1) if j >= k else start  # a larger free block would start here
+            lo = (
+                start & ~((1 << j) - 1) if j >= k else start
+            )  # a larger free block would start here
             i = bisect.bisect_left(free, lo)
             if i < len(free) and free[i] < start + (1 << k):
-                raise ValueError(f"slots {start}..{start + (1 << k) - 1} are already (partly) free")
+                raise ValueError(
+                    f"slots {start}..{start + (1 << k) - 1} are already (partly) free"
+                )
 
     def blocks(self) -> list:
         """The free blocks as (start, size) pairs, by start (for tests and pictures)."""
-        return sorted((s, 1 << k) for k, free in enumerate(self.free_lists) for s in free)
+        return sorted(
+            (s, 1 << k) for k, free in enumerate(self.free_lists) for s in free
+        )

@@ -15,16 +15,27 @@ from memlab.capstone.sim.replay import SHARES, SimResult, _check_fits
 from memlab.capstone.sim.workload import Workload
 
 
-def simulate_reference(workload: Workload, pool_size: int, policy="paged", block_size: int = 16,
-                       *, placement: str = "buddy", max_running: int | None = None) -> SimResult:
+def simulate_reference(
+    workload: Workload,
+    pool_size: int,
+    policy="paged",
+    block_size: int = 16,
+    *,
+    placement: str = "buddy",
+    max_running: int | None = None,
+) -> SimResult:
     policy = make_policy(policy, block_size, placement)
     inp = [int(x) for x in workload.input_lens]
     out = [int(x) for x in workload.output_lens]
     n, N = len(inp), pool_size
     reserve = None
     if not policy.paged:
-        reserve = [int(x) for x in policy.reservation(workload.input_lens, workload.output_lens,
-                                                      workload.max_context)]
+        reserve = [
+            int(x)
+            for x in policy.reservation(
+                workload.input_lens, workload.output_lens, workload.max_context
+            )
+        ]
     _check_fits(policy, workload, N, None if reserve is None else np.asarray(reserve))
     B = policy.block_size if policy.paged else 1
     gen, cur, blocks, start, admitted = [0] * n, [0] * n, [0] * n, [0] * n, [False] * n
@@ -62,8 +73,12 @@ def simulate_reference(workload: Workload, pool_size: int, policy="paged", block
         peak = max(peak, len(running))
 
         if policy.paged:
+
             def step_need():
-                return sum(int(policy.blocks_for(cur[r] + 1)) - blocks[r] for r in running)
+                return sum(
+                    int(policy.blocks_for(cur[r] + 1)) - blocks[r] for r in running
+                )
+
             while step_need() > free_blocks:
                 victim = running.pop()
                 free_blocks += blocks[victim]
@@ -102,8 +117,17 @@ def simulate_reference(workload: Workload, pool_size: int, policy="paged", block
                 space.release(start[rid], reserve[rid])
 
     return SimResult(
-        workload=workload.name, policy=policy.name, pool_size=N, n_requests=n, iterations=t,
-        slot_iterations=sums, external_slot_iterations=external, generated_tokens=sum(out),
-        prefill_tokens=prefill, recomputed_tokens=recomputed, preemptions=preemptions, peak_running=peak,
+        workload=workload.name,
+        policy=policy.name,
+        pool_size=N,
+        n_requests=n,
+        iterations=t,
+        slot_iterations=sums,
+        external_slot_iterations=external,
+        generated_tokens=sum(out),
+        prefill_tokens=prefill,
+        recomputed_tokens=recomputed,
+        preemptions=preemptions,
+        peak_running=peak,
         max_request_internal=max(max_internal, 0),
     )

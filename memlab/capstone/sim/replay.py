@@ -27,17 +27,19 @@ placement took for it (the buddy allocator's power-of-two block; otherwise ``res
   the free slots of iterations where the next request was refused although that many slots
   were free, because no contiguous run (first fit) or block (buddy) was large enough.
 
-The paper's fourth category, "external fragmentation and others", is rounding + free: the paper
-files the buddy allocator's waste under external fragmentation ("external fragmentation from
-the memory allocator like the buddy allocator", §3), so its Orca (Oracle), which never
-over-reserves, shows no internal fragmentation at all (``memlab.capstone.sim.figure2`` maps the shares).
+The paper's fourth category, "external fragmentation and others", is rounding + free:
+the paper files the buddy allocator's waste under external fragmentation ("external
+fragmentation from the memory allocator like the buddy allocator", §3), so its Orca
+(Oracle), which never over-reserves, shows no internal fragmentation at all
+(``memlab.capstone.sim.figure2`` maps the shares).
 
 Reported shares are these slot counts summed over all iterations, divided by iterations * N.
 
-Implementation: between two events (a request finishing, a preemption) nothing is decided, so
-the simulator jumps over those iterations at once and sums them with numpy (work proportional to
-the tokens generated, not to iterations x requests in Python). ``memlab.capstone.sim.reference`` runs the
-same rules one iteration at a time in plain Python; the tests check the two agree exactly.
+Implementation: between two events (a request finishing, a preemption) nothing is
+decided, so the simulator jumps over those iterations at once and sums them with numpy
+(work proportional to the tokens generated, not to iterations x requests in Python).
+``memlab.capstone.sim.reference`` runs the same rules one iteration at a time in plain
+Python; the tests check the two agree exactly.
 """
 
 from __future__ import annotations
@@ -71,9 +73,13 @@ class SimResult:
     recomputed_tokens: int
     preemptions: int
     peak_running: int
-    max_request_internal: int  # the most internal fragmentation one request held at one snapshot
+    max_request_internal: (
+        int  # the most internal fragmentation one request held at one snapshot
+    )
     wall_seconds: float = 0.0
-    timeline: np.ndarray | None = field(default=None, repr=False)  # per stretch: TIMELINE_COLUMNS
+    timeline: np.ndarray | None = field(
+        default=None, repr=False
+    )  # per stretch: TIMELINE_COLUMNS
 
     @property
     def shares(self) -> dict:
@@ -96,13 +102,24 @@ class SimResult:
 
     def row(self) -> dict:
         s = self.shares
-        return {"policy": self.policy, **{k: 100 * v for k, v in s.items()},
-                "external": 100 * self.external_share, "avg_batch": self.avg_batch,
-                "iterations": self.iterations, "req/1k it": self.requests_per_kiter,
-                "preemptions": self.preemptions, "recomputed": self.recomputed_tokens}
+        return {
+            "policy": self.policy,
+            **{k: 100 * v for k, v in s.items()},
+            "external": 100 * self.external_share,
+            "avg_batch": self.avg_batch,
+            "iterations": self.iterations,
+            "req/1k it": self.requests_per_kiter,
+            "preemptions": self.preemptions,
+            "recomputed": self.recomputed_tokens,
+        }
 
 
-TIMELINE_COLUMNS = ("start", "length", "running", "preempted") + SHARES  # shares: slots per iteration
+TIMELINE_COLUMNS = (
+    "start",
+    "length",
+    "running",
+    "preempted",
+) + SHARES  # shares: slots per iteration
 
 
 def _check_fits(policy, wl, pool_size, reserve):
@@ -118,25 +135,42 @@ def _check_fits(policy, wl, pool_size, reserve):
         low = np.flatnonzero(reserve < final)
         if low.size:
             i = int(low[0])
-            raise ValueError(f"{policy.name}: request {i} reserves {int(reserve[i])} slots but ends at "
-                             f"{int(final[i])} tokens (a reservation must cover the final length)")
+            raise ValueError(
+                f"{policy.name}: request {i} reserves {int(reserve[i])} slots but ends at "
+                f"{int(final[i])} tokens (a reservation must cover the final length)"
+            )
         need, what = policy.held(reserve), "slots"
         # a buddy block comes out of one top block: the largest is 2^floor(log2 N)
-        have = 1 << (pool_size.bit_length() - 1) if policy.placement == "buddy" else pool_size
+        have = (
+            1 << (pool_size.bit_length() - 1)
+            if policy.placement == "buddy"
+            else pool_size
+        )
         bad = np.flatnonzero(need > have)
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"request {i} needs {int(need[i])} {what}, more than an empty pool admits ({have}): "
-                         f"it could never run")
+        raise ValueError(
+            f"request {i} needs {int(need[i])} {what}, more than an empty pool admits ({have}): "
+            f"it could never run"
+        )
 
 
-def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="paged", block_size: int = 16,
-             *, placement: str = "buddy", max_running: int | None = None, progress: bool = True,
-             timeline: bool = True) -> SimResult:
+def simulate(
+    workload: Workload,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    policy="paged",
+    block_size: int = 16,
+    *,
+    placement: str = "buddy",
+    max_running: int | None = None,
+    progress: bool = True,
+    timeline: bool = True,
+) -> SimResult:
     """Replay ``workload`` on a pool of ``pool_size`` slots under ``policy`` (a name or a Policy).
 
-    A policy given by name is placed by ``placement`` ('buddy', 'first_fit', 'any'; a Policy keeps its own);
-    ``max_running`` caps the batch (vLLM's max_num_seqs); None: memory is the only limit.
+    A policy given by name is placed by ``placement`` ('buddy', 'first_fit', 'any'; a
+    Policy keeps its own); ``max_running`` caps the batch (vLLM's max_num_seqs); None:
+    memory is the only limit.
     """
     from tqdm.auto import tqdm
 
@@ -148,35 +182,56 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
     final = inp + out
     n, N = len(workload), int(pool_size)
     paged = policy.paged
-    reserve = None if paged else np.asarray(policy.reservation(inp, out, workload.max_context), dtype=np.int64)
+    reserve = (
+        None
+        if paged
+        else np.asarray(
+            policy.reservation(inp, out, workload.max_context), dtype=np.int64
+        )
+    )
     _check_fits(policy, workload, N, reserve)
     B = policy.block_size if paged else 1
     blocks_for = policy.blocks_for if paged else None
-    held = None if paged else policy.held(reserve)  # slots the placement takes per request
+    held = (
+        None if paged else policy.held(reserve)
+    )  # slots the placement takes per request
 
     # A request's only moving part is how many tokens it has left to generate (kept across a
     # preemption); while it runs it holds final - left tokens of KV.
     left = out.copy()
-    admitted = np.zeros(n, bool)     # admitted before (a readmission re-prefills: recompute)
-    blocks = np.zeros(n, np.int64)   # paged: blocks held
-    start = np.zeros(n, np.int64)    # reservation: where the placement put it
+    admitted = np.zeros(
+        n, bool
+    )  # admitted before (a readmission re-prefills: recompute)
+    blocks = np.zeros(n, np.int64)  # paged: blocks held
+    start = np.zeros(n, np.int64)  # reservation: where the placement put it
     free_blocks = N // B if paged else 0
     keep_free = policy.watermark_blocks(free_blocks) if paged else 0
     space = None if paged else policy.make_space(N)
     steps = np.arange(1, int(out.max(initial=1)) + 1, dtype=np.int64)
 
-    waiting, running = deque(range(n)), []  # running in admission order: the youngest is last
+    waiting, running = (
+        deque(range(n)),
+        [],
+    )  # running in admission order: the youngest is last
     sums = dict.fromkeys(SHARES, 0)
     external = t = preemptions = prefill = recomputed = peak = max_internal = 0
     rows = []
-    bar = tqdm(total=n, disable=not progress, desc=f"{workload.name} | {policy.name}", unit="req",
-               mininterval=0.5, leave=False)
+    bar = tqdm(
+        total=n,
+        disable=not progress,
+        desc=f"{workload.name} | {policy.name}",
+        unit="req",
+        mininterval=0.5,
+        leave=False,
+    )
     while running or waiting:
         # 1. admission: FCFS, stop at the first request that does not fit
         blocked_by_fragmentation = False
         while waiting and (max_running is None or len(running) < max_running):
             rid = waiting[0]
-            tokens = int(final[rid] - left[rid])  # a preempted request re-prefills what it generated
+            tokens = int(
+                final[rid] - left[rid]
+            )  # a preempted request re-prefills what it generated
             if paged:
                 need = int(blocks_for(tokens + 1))
                 if need > free_blocks - keep_free:
@@ -192,7 +247,9 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
             waiting.popleft()
             running.append(rid)
             prefill += tokens
-            recomputed += tokens if admitted[rid] else 0  # a readmission after a preemption
+            recomputed += (
+                tokens if admitted[rid] else 0
+            )  # a readmission after a preemption
             admitted[rid] = True
         peak = max(peak, len(running))
 
@@ -206,9 +263,13 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
                 c = final[idx] - lf
                 # A request takes at least one block every B steps, so no more than this many fit:
                 k = min(int(lf.min()), B * (free_blocks // m + 1))
-                hold = blocks_for(c[:, None] + steps[:k])  # blocks held at each of the k steps
+                hold = blocks_for(
+                    c[:, None] + steps[:k]
+                )  # blocks held at each of the k steps
                 had = blocks[idx]
-                taken = hold.sum(0) - int(had.sum())  # new blocks taken by steps 1..s, cumulative
+                taken = hold.sum(0) - int(
+                    had.sum()
+                )  # new blocks taken by steps 1..s, cumulative
                 if taken[0] <= free_blocks:
                     break
                 # The next step does not fit: preempt the youngest until it does (one request alone
@@ -251,7 +312,19 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
         sums["free"] += free
         external += free if blocked_by_fragmentation else 0
         if timeline:
-            rows.append((t, k, m, preempted, used / k, reserved / k, internal / k, rounding / k, free / k))
+            rows.append(
+                (
+                    t,
+                    k,
+                    m,
+                    preempted,
+                    used / k,
+                    reserved / k,
+                    internal / k,
+                    rounding / k,
+                    free / k,
+                )
+            )
         lf -= k
         left[idx] = lf
         t += k
@@ -270,38 +343,78 @@ def simulate(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, policy="pag
             bar.update(done.size)
     bar.close()
     return SimResult(
-        workload=workload.name, policy=policy.name, pool_size=N, n_requests=n, iterations=t,
-        slot_iterations=sums, external_slot_iterations=external, generated_tokens=int(out.sum()),
-        prefill_tokens=prefill, recomputed_tokens=recomputed, preemptions=preemptions, peak_running=peak,
-        max_request_internal=max_internal, wall_seconds=time.perf_counter() - t0,
-        timeline=np.array(rows, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS)) if timeline else None,
+        workload=workload.name,
+        policy=policy.name,
+        pool_size=N,
+        n_requests=n,
+        iterations=t,
+        slot_iterations=sums,
+        external_slot_iterations=external,
+        generated_tokens=int(out.sum()),
+        prefill_tokens=prefill,
+        recomputed_tokens=recomputed,
+        preemptions=preemptions,
+        peak_running=peak,
+        max_request_internal=max_internal,
+        wall_seconds=time.perf_counter() - t0,
+        timeline=np.array(rows, dtype=np.float64).reshape(-1, len(TIMELINE_COLUMNS))
+        if timeline
+        else None,
     )
 
 
-def compare_policies(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE, block_size: int = 16,
-                     policies=("max", "pow2", "oracle", "paged"), placement: str = "buddy",
-                     progress: bool = True, **kw) -> list:
+def compare_policies(
+    workload: Workload,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    block_size: int = 16,
+    policies=("max", "pow2", "oracle", "paged"),
+    placement: str = "buddy",
+    progress: bool = True,
+    **kw,
+) -> list:
     """One replay per policy on the same stream and pool (reservations placed by ``placement``)."""
-    return [simulate(workload, pool_size, p, block_size, placement=placement, progress=progress, **kw)
-            for p in policies]
+    return [
+        simulate(
+            workload,
+            pool_size,
+            p,
+            block_size,
+            placement=placement,
+            progress=progress,
+            **kw,
+        )
+        for p in policies
+    ]
 
 
-def block_size_sweep(workload: Workload, pool_size: int = DEFAULT_POOL_SIZE,
-                     block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), progress: bool = True, **kw) -> list:
+def block_size_sweep(
+    workload: Workload,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    progress: bool = True,
+    **kw,
+) -> list:
     """Paged allocation at each block size: bigger blocks, bigger tails of last blocks."""
-    return [simulate(workload, pool_size, Paged(b), progress=progress, **kw) for b in block_sizes]
+    return [
+        simulate(workload, pool_size, Paged(b), progress=progress, **kw)
+        for b in block_sizes
+    ]
 
 
 def breakdown_table(results) -> str:
     """The shares (% of the pool) and throughput-ish numbers of some results, as a markdown table."""
-    head = ("| policy | used % | reserved % | internal % | rounding % | free % (external) | avg batch | iterations "
-            "| req / 1k it | preemptions |")
+    head = (
+        "| policy | used % | reserved % | internal % | rounding % | free % (external) | avg batch | iterations "
+        "| req / 1k it | preemptions |"
+    )
     lines = [head, "|" + "---|" * 10]
     for r in results:
         s = r.row()
-        lines.append(f"| {s['policy']} | {s['used']:.1f} | {s['reserved']:.1f} | {s['internal']:.1f} | "
-                     f"{s['rounding']:.1f} | {s['free']:.1f} ({s['external']:.1f}) | {s['avg_batch']:.1f} | "
-                     f"{s['iterations']:,} | {s['req/1k it']:.2f} | {s['preemptions']:,} |")
+        lines.append(
+            f"| {s['policy']} | {s['used']:.1f} | {s['reserved']:.1f} | {s['internal']:.1f} | "
+            f"{s['rounding']:.1f} | {s['free']:.1f} ({s['external']:.1f}) | {s['avg_batch']:.1f} | "
+            f"{s['iterations']:,} | {s['req/1k it']:.2f} | {s['preemptions']:,} |"
+        )
     return "\n".join(lines)
 
 
@@ -314,19 +427,29 @@ def bin_timeline(result: SimResult, bins: int = 300) -> dict:
     and ``preempted``: preemptions in stretches starting in each bin.
     """
     if result.timeline is None or not len(result.timeline):
-        raise ValueError("this result has no timeline (simulate(..., timeline=True) records one)")
+        raise ValueError(
+            "this result has no timeline (simulate(..., timeline=True) records one)"
+        )
     tl = {c: result.timeline[:, i] for i, c in enumerate(TIMELINE_COLUMNS)}
     total = result.iterations
     edges = np.linspace(0, total, min(int(bins), total) + 1)
-    bounds = np.append(tl["start"], total)  # stretch i covers [bounds[i], bounds[i + 1])
+    bounds = np.append(
+        tl["start"], total
+    )  # stretch i covers [bounds[i], bounds[i + 1])
     width = np.diff(edges)
     out = {"edges": edges}
     for c in ("running",) + SHARES:
         integral = np.concatenate([[0.0], np.cumsum(tl["length"] * tl[c])])
-        out[c] = np.diff(np.interp(edges, bounds, integral)) / width  # exact: the values are flat per stretch
+        out[c] = (
+            np.diff(np.interp(edges, bounds, integral)) / width
+        )  # exact: the values are flat per stretch
     first = np.searchsorted(bounds, edges[:-1], side="right") - 1
     last = np.searchsorted(bounds, edges[1:], side="left") - 1
-    out["running_min"] = np.array([tl["running"][a:b + 1].min() for a, b in zip(first, last)])
-    out["running_max"] = np.array([tl["running"][a:b + 1].max() for a, b in zip(first, last)])
+    out["running_min"] = np.array(
+        [tl["running"][a : b + 1].min() for a, b in zip(first, last)]
+    )
+    out["running_max"] = np.array(
+        [tl["running"][a : b + 1].max() for a, b in zip(first, last)]
+    )
     out["preempted"] = np.histogram(tl["start"], edges, weights=tl["preempted"])[0]
     return out

@@ -28,13 +28,19 @@ class Workload:
         inp = np.asarray(self.input_lens, dtype=np.int64)
         out = np.asarray(self.output_lens, dtype=np.int64)
         if inp.ndim != 1 or inp.shape != out.shape:
-            raise ValueError(f"input_lens and output_lens must be 1-D of one length, got {inp.shape} and {out.shape}")
+            raise ValueError(
+                f"input_lens and output_lens must be 1-D of one length, got {inp.shape} and {out.shape}"
+            )
         if inp.size and (inp.min() < 0 or out.min() < 1):
-            raise ValueError(f"lengths must be input >= 0 and output >= 1, got min input {inp.min()}, "
-                             f"min output {out.min()}")
+            raise ValueError(
+                f"lengths must be input >= 0 and output >= 1, got min input {inp.min()}, "
+                f"min output {out.min()}"
+            )
         if inp.size and (inp + out).max() > self.max_context:
             i = int(np.argmax(inp + out))
-            raise ValueError(f"request {i} ends at {inp[i] + out[i]} tokens, past max_context={self.max_context}")
+            raise ValueError(
+                f"request {i} ends at {inp[i] + out[i]} tokens, past max_context={self.max_context}"
+            )
         object.__setattr__(self, "input_lens", inp)
         object.__setattr__(self, "output_lens", out)
 
@@ -45,14 +51,18 @@ class Workload:
     def final_lens(self) -> np.ndarray:
         return self.input_lens + self.output_lens
 
-    def head(self, n: int) -> "Workload":
+    def head(self, n: int) -> Workload:
         """The first n requests (same context limit)."""
-        return Workload(self.name, self.input_lens[:n], self.output_lens[:n], self.max_context)
+        return Workload(
+            self.name, self.input_lens[:n], self.output_lens[:n], self.max_context
+        )
 
     def describe(self) -> str:
-        return (f"{self.name}: {len(self)} requests, mean input {self.input_lens.mean():.1f}, "
-                f"mean output {self.output_lens.mean():.1f}, longest {self.final_lens.max()} tokens, "
-                f"max_context {self.max_context}")
+        return (
+            f"{self.name}: {len(self)} requests, mean input {self.input_lens.mean():.1f}, "
+            f"mean output {self.output_lens.mean():.1f}, longest {self.final_lens.max()} tokens, "
+            f"max_context {self.max_context}"
+        )
 
 
 def _lognormal_with_mean(z, sigma, mean, hi):
@@ -66,8 +76,14 @@ def _lognormal_with_mean(z, sigma, mean, hi):
     return x.astype(np.int64)
 
 
-def sharegpt_like(n: int = 20_000, seed: int = 0, mean_input: float = 161, mean_output: float = 338,
-                  max_total: int = 2048, sigma: float = 1.0) -> Workload:
+def sharegpt_like(
+    n: int = 20_000,
+    seed: int = 0,
+    mean_input: float = 161,
+    mean_output: float = 338,
+    max_total: int = 2048,
+    sigma: float = 1.0,
+) -> Workload:
     """Synthetic lengths with ShareGPT's means (vLLM paper: input 161, output 338 tokens).
 
     Input and output are independent lognormals (shape ``sigma`` = 1.0: heavy right tail, median
@@ -76,7 +92,9 @@ def sharegpt_like(n: int = 20_000, seed: int = 0, mean_input: float = 161, mean_
     token). numpy's default_rng(seed) draws both.
     """
     if n < 1 or max_total < 2:
-        raise ValueError(f"need n >= 1 and max_total >= 2, got n={n}, max_total={max_total}")
+        raise ValueError(
+            f"need n >= 1 and max_total >= 2, got n={n}, max_total={max_total}"
+        )
     rng = np.random.default_rng(seed)
     z_in, z_out = rng.standard_normal((2, n))
     inp = _lognormal_with_mean(z_in, sigma, mean_input, max_total - 1)
@@ -84,7 +102,9 @@ def sharegpt_like(n: int = 20_000, seed: int = 0, mean_input: float = 161, mean_
     return Workload(f"ShareGPT-like (seed {seed})", inp, out, max_total)
 
 
-def load_azure(kind: str = "conv", n: int | None = None, max_context: int | None = None) -> Workload:
+def load_azure(
+    kind: str = "conv", n: int | None = None, max_context: int | None = None
+) -> Workload:
     """The Azure LLM inference trace 2023 (``kind`` 'conv' or 'code'; CC-BY 4.0, see data/azure/).
 
     ContextTokens become input lengths and GeneratedTokens output lengths, in arrival order
@@ -94,13 +114,21 @@ def load_azure(kind: str = "conv", n: int | None = None, max_context: int | None
     if kind not in ("conv", "code"):
         raise ValueError(f"kind must be 'conv' or 'code', got {kind!r}")
     with gzip.open(DATA_DIR / f"azure_llm_2023_{kind}.csv.gz", "rt") as f:
-        rows = np.loadtxt(f, delimiter=",", skiprows=1, usecols=(1, 2), dtype=np.int64, ndmin=2)
+        rows = np.loadtxt(
+            f, delimiter=",", skiprows=1, usecols=(1, 2), dtype=np.int64, ndmin=2
+        )
     longest = int(rows.sum(1).max())
     rows = rows[:n] if n is not None else rows
-    return Workload(f"Azure 2023 {kind}", rows[:, 0], rows[:, 1], max_context or longest)
+    return Workload(
+        f"Azure 2023 {kind}", rows[:, 0], rows[:, 1], max_context or longest
+    )
 
 
-WORKLOADS = ("ShareGPT-like", "Azure 2023 conv", "Azure 2023 code")  # the names load_workload knows
+WORKLOADS = (
+    "ShareGPT-like",
+    "Azure 2023 conv",
+    "Azure 2023 code",
+)  # the names load_workload knows
 
 
 def load_workload(name: str, n: int) -> Workload:

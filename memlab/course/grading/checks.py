@@ -12,7 +12,8 @@ a docstring that promises an int64 tensor is checked for one.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 
 class CheckFailed(AssertionError):
@@ -20,7 +21,11 @@ class CheckFailed(AssertionError):
 
 
 def _is_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "shape")
+    return (
+        type(x).__module__.startswith("torch")
+        and hasattr(x, "dtype")
+        and hasattr(x, "shape")
+    )
 
 
 def as_list(x: Any) -> Any:
@@ -57,12 +62,26 @@ def kind(x: Any) -> str:
     if _is_tensor(x):
         shape = tuple(x.shape)
         dtype = str(x.dtype).removeprefix("torch.")
-        return f"a 0-d {dtype} tensor" if not shape else f"{_a_tensor(x.dtype)} of shape {shape}"
-    names = {bool: "a bool", int: "an int", float: "a float", str: "a str", bytes: "bytes",
-             list: "a Python list", tuple: "a tuple", dict: "a dict"}
+        return (
+            f"a 0-d {dtype} tensor"
+            if not shape
+            else f"{_a_tensor(x.dtype)} of shape {shape}"
+        )
+    names = {
+        bool: "a bool",
+        int: "an int",
+        float: "a float",
+        str: "a str",
+        bytes: "bytes",
+        list: "a Python list",
+        tuple: "a tuple",
+        dict: "a dict",
+    }
     if type(x) in names:
         return names[type(x)]
-    if getattr(type(x), "_memlab_proxy", False):  # an object of the learner's code, in its own process
+    if getattr(
+        type(x), "_memlab_proxy", False
+    ):  # an object of the learner's code, in its own process
         from memlab.course.grading.sandbox import _type_name
 
         return f"a {_type_name(x)}".replace("a builtins.", "a ")
@@ -71,7 +90,11 @@ def kind(x: Any) -> str:
 
 def _same_kind(got: Any, want: Any) -> bool:
     if _is_tensor(want):
-        return _is_tensor(got) and got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape)
+        return (
+            _is_tensor(got)
+            and got.dtype == want.dtype
+            and tuple(got.shape) == tuple(want.shape)
+        )
     if want is None:
         return got is None
     if isinstance(want, (bool, int, float, str, bytes, list, tuple)):
@@ -84,7 +107,10 @@ def _tensors_equal(g, w) -> bool:
     import torch
 
     if g.is_floating_point():
-        return bool(torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(0.0), w.nan_to_num(0.0)))
+        return bool(
+            torch.equal(g.isnan(), w.isnan())
+            and torch.equal(g.nan_to_num(0.0), w.nan_to_num(0.0))
+        )
     return torch.equal(g, w)
 
 
@@ -97,8 +123,16 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
         if _tensors_equal(g, w):
             return None
         gl, wl = g.reshape(-1).tolist(), w.reshape(-1).tolist()
-        i = next(i for i, (a, b) in enumerate(zip(gl, wl)) if a != b and not (a != a and b != b))
-        return f"position {i}" if want.dim() == 1 else f"flat position {i}", gl[i], wl[i]
+        i = next(
+            i
+            for i, (a, b) in enumerate(zip(gl, wl))
+            if a != b and not (a != a and b != b)
+        )
+        return (
+            f"position {i}" if want.dim() == 1 else f"flat position {i}",
+            gl[i],
+            wl[i],
+        )
     if isinstance(want, (list, tuple)):
         if len(got) != len(want):
             return "length", len(got), len(want)
@@ -124,12 +158,22 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
     where, g, w = bad
     if not _same_kind(g, w):
         at = f" at {where}" if where else ""
-        raise CheckFailed(f"{what}: expected {kind(w)}{at}, got {kind(g)}: {short(got)}"
-                          + (f" (expected {short(want)})" if not _is_tensor(want) or want.numel() <= 64 else ""))
+        raise CheckFailed(
+            f"{what}: expected {kind(w)}{at}, got {kind(g)}: {short(got)}"
+            + (
+                f" (expected {short(want)})"
+                if not _is_tensor(want) or want.numel() <= 64
+                else ""
+            )
+        )
     if where == "length":
-        raise CheckFailed(f"{what}: got {g} values, expected {w}: got {short(got)}, expected {short(want)}")
+        raise CheckFailed(
+            f"{what}: got {g} values, expected {w}: got {short(got)}, expected {short(want)}"
+        )
     if where:
-        raise CheckFailed(f"{what}: {where} is {_show(g)}, expected {_show(w)} (got {short(got)}, expected {short(want)})")
+        raise CheckFailed(
+            f"{what}: {where} is {_show(g)}, expected {_show(w)} (got {short(got)}, expected {short(want)})"
+        )
     raise CheckFailed(f"{what}: got {short(got)}, expected {short(want)}")
 
 
@@ -143,11 +187,17 @@ def _a_tensor(dtype) -> str:
 def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) -> list:
     """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a list."""
     if not _is_tensor(got):
-        raise CheckFailed(f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}")
+        raise CheckFailed(
+            f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}"
+        )
     if dtype is not None and got.dtype != dtype:
-        raise CheckFailed(f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}")
+        raise CheckFailed(
+            f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}"
+        )
     if length is not None and (got.dim() != 1 or len(got) != length):
-        raise CheckFailed(f"{what}: expected a 1-D tensor of {length} values, got {kind(got)}: {short(got)}")
+        raise CheckFailed(
+            f"{what}: expected a 1-D tensor of {length} values, got {kind(got)}: {short(got)}"
+        )
     return got.tolist()
 
 
@@ -164,24 +214,35 @@ def expect_unchanged(before: Any, after: Any, what: str) -> None:
     """An input the docstring does not allow to change is the same as before the call."""
     if _mismatch(after, before) is None:
         return
-    raise CheckFailed(f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the caller "
-                      "still uses it: work on a copy, e.g. x = x - y rather than x -= y)")
+    raise CheckFailed(
+        f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the caller "
+        "still uses it: work on a copy, e.g. x = x - y rather than x -= y)"
+    )
 
 
-def call_keeping_inputs(fn: Callable, what: str, *args, mutable: Iterable[str] = (), **kwargs) -> Any:
+def call_keeping_inputs(
+    fn: Callable, what: str, *args, mutable: Iterable[str] = (), **kwargs
+) -> Any:
     """``fn(*args, **kwargs)``, then check that no tensor or list argument changed (except the
     keyword arguments named in ``mutable``). Positional arguments are named by position."""
     mutable = set(mutable)
-    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)] + list(kwargs.items())
-    kept = [(name, a, snapshot(a)) for name, a in named
-            if name not in mutable and (_is_tensor(a) or isinstance(a, (list, tuple, dict)))]
+    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)] + list(
+        kwargs.items()
+    )
+    kept = [
+        (name, a, snapshot(a))
+        for name, a in named
+        if name not in mutable and (_is_tensor(a) or isinstance(a, (list, tuple, dict)))
+    ]
     out = fn(*args, **kwargs)
     for name, a, before in kept:
         expect_unchanged(before, a, f"{what}: its input {name}")
     return out
 
 
-def expect_no_sharing(owners: Mapping[Any, Iterable[int]], unit: str = "slot", owner: str = "request") -> None:
+def expect_no_sharing(
+    owners: Mapping[Any, Iterable[int]], unit: str = "slot", owner: str = "request"
+) -> None:
     """No id may belong to two owners (nor twice to one): e.g. no page handed to two requests."""
     seen: dict[int, Any] = {}
     for who, ids in owners.items():
@@ -190,23 +251,33 @@ def expect_no_sharing(owners: Mapping[Any, Iterable[int]], unit: str = "slot", o
                 first = seen[i]
                 if first == who:
                     raise CheckFailed(f"{unit} {i} was handed to {owner} {who} twice")
-                raise CheckFailed(f"{unit} {i} was handed to {owner}s {first} and {who}")
+                raise CheckFailed(
+                    f"{unit} {i} was handed to {owner}s {first} and {who}"
+                )
             seen[i] = who
 
 
-def expect_raises(errors: type | tuple, fn: Callable[[], Any], what: str, naming: str | None = None) -> None:
+def expect_raises(
+    errors: type | tuple, fn: Callable[[], Any], what: str, naming: str | None = None
+) -> None:
     """``fn()`` must raise one of ``errors`` (a clear error for bad input or a refused operation);
     with ``naming``, the error's message must contain that text (the argument or value at fault)."""
-    names = " or ".join(e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,)))
+    names = " or ".join(
+        e.__name__ for e in (errors if isinstance(errors, tuple) else (errors,))
+    )
     try:
         got = fn()
     except errors as exc:
         if naming is not None and naming not in str(exc):
-            raise CheckFailed(f"{what} raised {type(exc).__name__}({str(exc)!r}), whose message should name "
-                              f"{naming!r}") from exc
+            raise CheckFailed(
+                f"{what} raised {type(exc).__name__}({str(exc)!r}), whose message should name "
+                f"{naming!r}"
+            ) from exc
         return
     except NotImplementedError:
         raise
     except Exception as exc:  # the wrong kind of error is a failed check, not a crash
-        raise CheckFailed(f"{what} should raise {names}, but raised {type(exc).__name__}: {exc}") from exc
+        raise CheckFailed(
+            f"{what} should raise {names}, but raised {type(exc).__name__}: {exc}"
+        ) from exc
     raise CheckFailed(f"{what} should raise {names}, but returned {short(got)}")

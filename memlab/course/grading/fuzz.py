@@ -24,9 +24,16 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from memlab.course.grading.checks import CheckFailed, as_list, expect_equal, short, snapshot
+from memlab.course.grading.checks import (
+    CheckFailed,
+    as_list,
+    expect_equal,
+    short,
+    snapshot,
+)
 
 SHOWN = 24  # list items shown in a message before "..."
 SHRINK_CALLS = 1500  # replays a shrink may spend
@@ -51,14 +58,16 @@ class Raised:
         self.exc = exc
 
     def __repr__(self):
-        return f"raised {type(self.exc).__name__}" + (f": {self.exc}" if str(self.exc) else "")
+        return f"raised {type(self.exc).__name__}" + (
+            f": {self.exc}" if str(self.exc) else ""
+        )
 
 
 def raised(fn: Callable, *args, **kwargs):
     """``fn(*args, **kwargs)``, or a ``Raised`` when it raises (the engine's side of a check)."""
     try:
         return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - kept as a value
+    except Exception as exc:
         return Raised(exc)
 
 
@@ -71,9 +80,17 @@ def show(x: Any) -> str:
 def tensor_code(values, dtype: str = "int64") -> str:
     """Source for an int64 tensor of these values: ``torch.tensor([3, 4])`` (an empty one keeps its dtype)."""
     values = list(values)
-    if dtype == "int64" and len(values) > 4 and values == list(range(values[0], values[0] + len(values))):
+    if (
+        dtype == "int64"
+        and len(values) > 4
+        and values == list(range(values[0], values[0] + len(values)))
+    ):
         return f"torch.arange({values[0]}, {values[-1] + 1})"
-    return f"torch.tensor({values!r})" if values and dtype == "int64" else f"torch.tensor({values!r}, dtype=torch.{dtype})"
+    return (
+        f"torch.tensor({values!r})"
+        if values and dtype == "int64"
+        else f"torch.tensor({values!r}, dtype=torch.{dtype})"
+    )
 
 
 def _differ(got: Any, want: Any) -> bool:
@@ -91,7 +108,12 @@ def _differ(got: Any, want: Any) -> bool:
 class Draw:
     """One random case: its choices, its description in words, and its code."""
 
-    def __init__(self, rng: random.Random | None = None, record: list[int] | None = None, name: str = ""):
+    def __init__(
+        self,
+        rng: random.Random | None = None,
+        record: list[int] | None = None,
+        name: str = "",
+    ):
         self._rng, self._record = rng, record
         self.choices: list[int] = []
         self.name = name  # the exercise file, for the code to paste
@@ -152,7 +174,11 @@ class Draw:
         out: list[int] = []
         seen = set()
         while len(out) < k:
-            v = self.big(lo, hi) if self.chance(0.5) else self.int(lo, min(hi, lo + 4 * k + 8))
+            v = (
+                self.big(lo, hi)
+                if self.chance(0.5)
+                else self.int(lo, min(hi, lo + 4 * k + 8))
+            )
             while v in seen:  # the next free one: keeps the draw valid for any choices
                 v = lo if v >= hi else v + 1
             seen.add(v)
@@ -185,19 +211,28 @@ class Draw:
         and dict arguments must come back unchanged (the caller still uses them)."""
         kept = []
         if keep:
-            named = [(f"argument {i + 1}", a) for i, a in enumerate(args)] + list(kwargs.items())
-            kept = [(n, a, _frozen(a)) for n, a in named if isinstance(a, (list, tuple, dict)) or _is_tensor(a)]
+            named = [(f"argument {i + 1}", a) for i, a in enumerate(args)] + list(
+                kwargs.items()
+            )
+            kept = [
+                (n, a, _frozen(a))
+                for n, a in named
+                if isinstance(a, (list, tuple, dict)) or _is_tensor(a)
+            ]
         try:
             out = fn(*args, **kwargs)
         except NotImplementedError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a crash is an answer that differs
+        except Exception as exc:
             return Raised(exc)
         for name, a, before in kept:
             if _differ(_frozen(a), before):
-                self.fail(f"{what} changed its input", f"your `{what}` changed its input {name} in place on "
-                          f"{self.words()}: it was {show(before)}, it is now {show(a)} (the caller still uses "
-                          "it: work on a copy)")
+                self.fail(
+                    f"{what} changed its input",
+                    f"your `{what}` changed its input {name} in place on "
+                    f"{self.words()}: it was {show(before)}, it is now {show(a)} (the caller still uses "
+                    "it: work on a copy)",
+                )
         return out
 
     # -- comparisons ----------------------------------------------------------------------
@@ -208,23 +243,38 @@ class Draw:
         """The learner's ``what`` returned ``got`` where the engine's returned ``want``."""
         if not _differ(got, want):
             return
-        how = ("you" if isinstance(got, Raised) else "you returned") + f" {show(got)}, the engine {show(want)}"
+        how = (
+            "you" if isinstance(got, Raised) else "you returned"
+        ) + f" {show(got)}, the engine {show(want)}"
         how += _first_difference(got, want)
-        kind = f"{what} returns" + (f" {type(got.exc).__name__}" if isinstance(got, Raised) else "")
-        self.fail(kind, f"your `{what}` differs from the engine's on {self.words()}: {how}" + (f" ({note})" if note else ""))
+        kind = f"{what} returns" + (
+            f" {type(got.exc).__name__}" if isinstance(got, Raised) else ""
+        )
+        self.fail(
+            kind,
+            f"your `{what}` differs from the engine's on {self.words()}: {how}"
+            + (f" ({note})" if note else ""),
+        )
 
     def books(self, what: str, field: str, got: Any, want: Any, note: str = "") -> None:
         """After the learner's ``what``, its ``field`` is ``got`` where the engine's is ``want``."""
         if not _differ(got, want):
             return
-        self.fail(f"{what} books {field}", f"after your `{what}` on {self.words()}, `{field}` is {show(got)}, the "
-                  f"engine's {show(want)}{_first_difference(got, want)}" + (f" ({note})" if note else ""))
+        self.fail(
+            f"{what} books {field}",
+            f"after your `{what}` on {self.words()}, `{field}` is {show(got)}, the "
+            f"engine's {show(want)}{_first_difference(got, want)}"
+            + (f" ({note})" if note else ""),
+        )
 
     def same(self, what: str, got: Any, want: Any, note: str = "") -> None:
         """Any other value that must agree (``what`` in words)."""
         if _differ(got, want):
-            self.fail(what, f"on {self.words()}, {what} is {show(got)}, the engine's {show(want)}"
-                      + (f" ({note})" if note else ""))
+            self.fail(
+                what,
+                f"on {self.words()}, {what} is {show(got)}, the engine's {show(want)}"
+                + (f" ({note})" if note else ""),
+            )
 
 
 class _Same:
@@ -259,17 +309,30 @@ def _frozen(x: Any) -> Any:
 def _first_difference(got: Any, want: Any) -> str:
     """Where two long lists (or tensors) of one length first differ, when a message cuts them."""
     g, w = as_list(got), as_list(want)
-    if not (isinstance(g, list) and isinstance(w, list)) or len(g) != len(w) or len(w) <= SHOWN:
+    if (
+        not (isinstance(g, list) and isinstance(w, list))
+        or len(g) != len(w)
+        or len(w) <= SHOWN
+    ):
         return ""
     i = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), None)
-    return "" if i is None else f"; they first differ at position {i}: yours {show(g[i])}, the engine's {show(w[i])}"
+    return (
+        ""
+        if i is None
+        else f"; they first differ at position {i}: yours {show(g[i])}, the engine's {show(w[i])}"
+    )
 
 
 def _is_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "shape")
+    return (
+        type(x).__module__.startswith("torch")
+        and hasattr(x, "dtype")
+        and hasattr(x, "shape")
+    )
 
 
 # -- running and shrinking --------------------------------------------------------------------
+
 
 def _run(prop: Callable[[Draw], None], draw: Draw) -> Differs | None:
     try:
@@ -280,9 +343,12 @@ def _run(prop: Callable[[Draw], None], draw: Draw) -> Differs | None:
         return exc
     except CheckFailed as exc:  # a check of the property's own (expect...) failed
         return Differs(str(exc).split(":")[0], str(exc))
-    except Exception as exc:  # noqa: BLE001 - an answer the property could not even read
-        return Differs(f"crash {type(exc).__name__}", f"on {draw.words()}, reading your answer failed: "
-                       f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return Differs(
+            f"crash {type(exc).__name__}",
+            f"on {draw.words()}, reading your answer failed: "
+            f"{type(exc).__name__}: {exc}",
+        )
     return None
 
 
@@ -301,41 +367,57 @@ def _shrink(prop, name: str, choices: list[int], kind: str) -> tuple[list[int], 
         err = _run(prop, d)
         if err is None or err.kind != kind:
             return False
-        best = d.choices[:len(cand)]  # what the replay used (past the record's end: zeros)
+        best = d.choices[
+            : len(cand)
+        ]  # what the replay used (past the record's end: zeros)
         return True
 
     def lowered(i: int, v: int) -> bool:
-        return i < len(best) and fails(best[:i] + [v] + best[i + 1:])
+        return i < len(best) and fails(best[:i] + [v] + best[i + 1 :])
 
     improved = True
     while improved and calls < SHRINK_CALLS:
         improved = False
-        for cut in range(8):  # zero the whole tail from a point on (past a record's end: zeros)
+        for cut in range(
+            8
+        ):  # zero the whole tail from a point on (past a record's end: zeros)
             i = len(best) * cut // 8
             if any(best[i:]) and fails(best[:i]):
                 improved = True
                 break
         i = 0
-        while i < len(best):  # lower each choice, first to last: to 0, else halve it while that fails
+        while i < len(
+            best
+        ):  # lower each choice, first to last: to 0, else halve it while that fails
             if best[i] and lowered(i, 0):
                 improved = True
             while i < len(best) and best[i] > 1 and lowered(i, best[i] // 2):
                 improved = True
             i += 1
-        for k in (8, 6, 5, 4, 3, 2, 1):  # drop a run of k choices (an item of a list, a step of a sequence)
+        for k in (
+            8,
+            6,
+            5,
+            4,
+            3,
+            2,
+            1,
+        ):  # drop a run of k choices (an item of a list, a step of a sequence)
             i = len(best) - k
             while i >= 0:
-                if fails(best[:i] + best[i + k:]):
+                if fails(best[:i] + best[i + k :]):
                     improved = True
                 i = min(i, len(best)) - k
         for k in (8, 2):  # zero a run of k choices
             for i in range(len(best) - k, -1, -k):
-                if any(best[i:i + k]) and fails(best[:i] + [0] * k + best[i + k:]):
+                if any(best[i : i + k]) and fails(best[:i] + [0] * k + best[i + k :]):
                     improved = True
     return best, calls
 
 
-def check(prop: Callable[[Draw], None], *, seed: int, trials: int, name: str = "") -> None:
+def check(
+    prop: Callable[[Draw], None], *, seed: int, trials: int, name: str = ""
+) -> None:
     """Run ``prop`` on ``trials`` random draws (always the same ones for a seed); at the first
     difference, shrink it and raise ``CheckFailed`` with the smallest case found.
 
@@ -351,13 +433,21 @@ def check(prop: Callable[[Draw], None], *, seed: int, trials: int, name: str = "
         record, _ = _shrink(prop, name, draw.choices, err.kind)
         final = Draw(record=record, name=name)
         err = _run(prop, final) or err  # the smallest case's own message
-        raise CheckFailed(f"{err}{_paste(final)}\n(the smallest of the differing cases found in {trial + 1} random "
-                          f"ones, seed {seed})") from None
+        raise CheckFailed(
+            f"{err}{_paste(final)}\n(the smallest of the differing cases found in {trial + 1} random "
+            f"ones, seed {seed})"
+        ) from None
 
 
 def _paste(draw: Draw) -> str:
     if not draw._code:
         return ""
-    lines = ["import torch", "from memlab.course.notebook import exercise", f'with exercise("{draw.name}") as ex:']
+    lines = [
+        "import torch",
+        "from memlab.course.notebook import exercise",
+        f'with exercise("{draw.name}") as ex:',
+    ]
     lines += [f"    {line}" for line in draw._code]
-    return "\nTo see it, paste into a cell:\n" + "\n".join(f"    {line}" for line in lines)
+    return "\nTo see it, paste into a cell:\n" + "\n".join(
+        f"    {line}" for line in lines
+    )

@@ -109,13 +109,17 @@ exit 0
 
 # -- the bundle -------------------------------------------------------------------------------
 
+
 def _requirements() -> tuple[str, list[str]]:
     """(torch's requirement, everything else grading needs) from pyproject.toml."""
     import tomllib  # Python 3.11+: only the instructor's side builds bundles; graders run on 3.10 too
+
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = list(meta["dependencies"])
     torch = next(d for d in deps if d.split(">")[0].split("=")[0].strip() == "torch")
-    pytest = [d for d in meta["optional-dependencies"]["test"] if d.startswith("pytest>")]
+    pytest = [
+        d for d in meta["optional-dependencies"]["test"] if d.startswith("pytest>")
+    ]
     return torch, [d for d in deps if d != torch] + pytest
 
 
@@ -123,7 +127,9 @@ def bundle_files() -> list[Path]:
     """Repository files the autograder needs (relative paths), solutions never among them; the
     stubs come apart, as the course ships them (``build_bundle``)."""
     out = []
-    for d in BUNDLE_DIRS:  # through links: memlab/kernels (a link to kernels/) goes in as files
+    for d in (
+        BUNDLE_DIRS
+    ):  # through links: memlab/kernels (a link to kernels/) goes in as files
         for folder, dirs, files in os.walk(ROOT / d, followlinks=True):
             dirs[:] = sorted(x for x in dirs if x not in SKIP)
             rel = Path(folder).relative_to(ROOT)
@@ -149,14 +155,23 @@ def build_bundle(out: str | os.PathLike) -> Path:
         add(z, "setup.sh", SETUP_SH.replace("__TORCH__", torch), 0o755)
         add(z, "run_autograder", RUN_AUTOGRADER, 0o755)
         add(z, "requirements.txt", "\n".join(reqs) + "\n")
-        # The grader wants a solutions/ folder next to exercises/; the answers stay out of the bundle.
-        add(z, "solutions/README.md", "The reference solutions are not part of the autograder.\n")
+        # The grader wants a solutions/ folder next to exercises/; the answers stay out
+        # of the bundle.
+        add(
+            z,
+            "solutions/README.md",
+            "The reference solutions are not part of the autograder.\n",
+        )
         files = {rel.as_posix(): (ROOT / rel).read_bytes() for rel in bundle_files()}
-        for e in catalog.EXERCISES:  # the stubs as committed, whatever this checkout's exercises/ holds
+        for e in (
+            catalog.EXERCISES
+        ):  # the stubs as committed, whatever this checkout's exercises/ holds
             got = course_stub(e.file)
             if got is None:
-                raise GradingError(f"exercises/{e.file}.py is not the course's stub, and git's history has none: "
-                                   "build the bundle from a checkout of the course")
+                raise GradingError(
+                    f"exercises/{e.file}.py is not the course's stub, and git's history has none: "
+                    "build the bundle from a checkout of the course"
+                )
             files[f"exercises/{e.file}.py"] = got[0].encode()
         for name in sorted(files):
             add(z, name, files[name])
@@ -165,16 +180,23 @@ def build_bundle(out: str | os.PathLike) -> Path:
 
 # -- grading one submission -------------------------------------------------------------------
 
+
 def find_submitted(submission: Path) -> tuple[dict[str, Path], list[str]]:
     """Each exercise file found in the submission (at any depth, preferring an exercises/
     folder, never a solutions/ one), and the exercise files not found."""
     found, missing = {}, []
     for e in catalog.EXERCISES:
         name = f"{e.file}.py"
-        hits = [p for p in submission.rglob(name)
-                if p.is_file() and not {"solutions", "__MACOSX"} & set(p.relative_to(submission).parts)]
+        hits = [
+            p
+            for p in submission.rglob(name)
+            if p.is_file()
+            and not {"solutions", "__MACOSX"} & set(p.relative_to(submission).parts)
+        ]
         if hits:
-            found[name] = min(hits, key=lambda p: (p.parent.name != "exercises", len(p.parts), str(p)))
+            found[name] = min(
+                hits, key=lambda p: (p.parent.name != "exercises", len(p.parts), str(p))
+            )
         else:
             missing.append(name)
     return found, missing
@@ -185,17 +207,27 @@ def _gpu_note(report) -> tuple[str, list[dict]]:
     cpu_max, gpu_max = report.possible, report.gpu_possible
     if report.gpu_ran or not gpu_max:
         where = "a GPU" if report.gpu_ran else "this grader"
-        return f"Maximum on {where}: {cpu_max + (gpu_max if report.gpu_ran else 0)} points.", []
+        return (
+            f"Maximum on {where}: {cpu_max + (gpu_max if report.gpu_ran else 0)} points.",
+            [],
+        )
     per = {}
     for t in report.tests:
         if t.gpu and t.outcome == "skipped":
             per[t.exercise] = per.get(t.exercise, 0) + t.points
     detail = ", ".join(f"{k} {v}" for k, v in per.items())
-    note = (f"Maximum on this grader: {cpu_max} points. It has no CUDA device, so the {gpu_max} GPU-only points "
-            f"({detail}) were not run and are not part of this score; the assignment's total should be "
-            f"{cpu_max} here ({cpu_max + gpu_max} on a grader with a GPU).")
-    entry = {"name": f"GPU-only checks ({gpu_max} points): not run, this grader has no CUDA device",
-             "score": 0, "max_score": 0, "output": note, "visibility": "visible"}
+    note = (
+        f"Maximum on this grader: {cpu_max} points. It has no CUDA device, so the {gpu_max} GPU-only points "
+        f"({detail}) were not run and are not part of this score; the assignment's total should be "
+        f"{cpu_max} here ({cpu_max + gpu_max} on a grader with a GPU)."
+    )
+    entry = {
+        "name": f"GPU-only checks ({gpu_max} points): not run, this grader has no CUDA device",
+        "score": 0,
+        "max_score": 0,
+        "output": note,
+        "visibility": "visible",
+    }
     return note, [entry]
 
 
@@ -205,24 +237,36 @@ def _what(message: str) -> str:
     return m.group(1) if m else message
 
 
-def results_for(report, table: str, found: dict[str, Path], missing: list[str], submission: Path) -> dict:
+def results_for(
+    report, table: str, found: dict[str, Path], missing: list[str], submission: Path
+) -> dict:
     data = gradescope_results(report, table)
     note, extra = _gpu_note(report)
     rel = {n: p.relative_to(submission).as_posix() for n, p in found.items()}
     got = ", ".join(n if rel[n] == n else f"{n} ({rel[n]})" for n in found) or "none"
     lines = [note, f"Exercise files graded from your submission: {got}."]
     if missing:
-        lines.append(f"Not in your submission, graded as the untouched stub (0 points): {', '.join(missing)}.")
-    used = {f"{s.exercise.file}.py": s.course_code for s in report.scores if s.course_code}
+        lines.append(
+            f"Not in your submission, graded as the untouched stub (0 points): {', '.join(missing)}."
+        )
+    used = {
+        f"{s.exercise.file}.py": s.course_code for s in report.scores if s.course_code
+    }
     if used:  # for the instructor: these files earn nothing
-        lines.append("Graded 0 for using the course's own implementation or files (write it yourself): "
-                     + "; ".join(f"{f} {_what(why)}" for f, why in used.items()) + ".")
+        lines.append(
+            "Graded 0 for using the course's own implementation or files (write it yourself): "
+            + "; ".join(f"{f} {_what(why)}" for f, why in used.items())
+            + "."
+        )
     data["extra_data"]["course_code_used"] = used
     data["output"] = ("\n".join(lines) + "\n\n" + data["output"])[:OUTPUT_LIMIT]
     data["tests"] += extra
-    data["extra_data"].update(max_score_here=report.possible + (report.gpu_possible if report.gpu_ran else 0),
-                              gpu_only_not_run=0 if report.gpu_ran else report.gpu_possible,
-                              submitted=sorted(found), missing=missing)
+    data["extra_data"].update(
+        max_score_here=report.possible + (report.gpu_possible if report.gpu_ran else 0),
+        gpu_only_not_run=0 if report.gpu_ran else report.gpu_possible,
+        submitted=sorted(found),
+        missing=missing,
+    )
     return data
 
 
@@ -237,7 +281,9 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
         if not submission.is_dir():
             raise GradingError(f"there is no submission folder ({submission})")
         found, missing = find_submitted(submission)
-        work = root / "work" / "exercises"  # the stubs, then the submitted files over them
+        work = (
+            root / "work" / "exercises"
+        )  # the stubs, then the submitted files over them
         shutil.rmtree(work.parent, ignore_errors=True)
         shutil.copytree(ROOT / "exercises", work)
         os.chmod(work.parent, 0o700)
@@ -245,12 +291,20 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
             shutil.copyfile(path, work / name)
         report = grade(None, str(work), timeout or DEFAULT_TIMEOUT)
         data = results_for(report, format_table(report), found, missing, submission)
-    except Exception as exc:  # the grader failed, not the student: say so, score 0, never no file
-        data = {"score": 0, "execution_time": round(time.monotonic() - t0, 2), "tests": [],
-                "output": ("The memlab autograder could not grade this submission (not a mistake in your "
-                           f"code; please tell your instructor): {type(exc).__name__}: {exc}\n\n"
-                           + traceback.format_exc()[-4000:]),
-                "extra_data": {"error": f"{type(exc).__name__}: {exc}"}}
+    except (
+        Exception
+    ) as exc:  # the grader failed, not the student: say so, score 0, never no file
+        data = {
+            "score": 0,
+            "execution_time": round(time.monotonic() - t0, 2),
+            "tests": [],
+            "output": (
+                "The memlab autograder could not grade this submission (not a mistake in your "
+                f"code; please tell your instructor): {type(exc).__name__}: {exc}\n\n"
+                + traceback.format_exc()[-4000:]
+            ),
+            "extra_data": {"error": f"{type(exc).__name__}: {exc}"},
+        }
     results.write_text(json.dumps(data, indent=1))
     return data
 
@@ -258,8 +312,12 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m memlab.course.grading.gradescope")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="grade /autograder/submission (what run_autograder calls)")
-    r.add_argument("--root", help=f"the autograder folder (default ${ROOT_ENV} or {DEFAULT_ROOT})")
+    r = sub.add_parser(
+        "run", help="grade /autograder/submission (what run_autograder calls)"
+    )
+    r.add_argument(
+        "--root", help=f"the autograder folder (default ${ROOT_ENV} or {DEFAULT_ROOT})"
+    )
     r.add_argument("--timeout", type=float, help="seconds per test")
     a = p.parse_args(argv)  # the zip itself: python -m memlab.grade --gradescope-bundle
     data = run(a.root, a.timeout)

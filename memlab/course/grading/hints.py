@@ -1,12 +1,12 @@
 """Hints for a learner who is stuck: two or three per exercise, from the chapter's ideas to the
 detail the graded tests check, never the solution's code.
 
-``./course hint ch04_alloc_extend`` (``python -m memlab.course.grading.hints``) shows the first
-hint; each time again, the next one; ``--all`` shows every hint of the exercise and ``--reset``
-starts it over. In a notebook: ``from memlab.course.notebook import hint; hint("ch04_alloc_extend")``.
-Which hint was shown last is remembered per exercise in a small state file of the user's cache
-(``~/.cache/memlab/hints.json``; ``MEMLAB_HINTS_STATE`` names another), never in the course.
-"""
+``./course hint ch04_alloc_extend`` (``python -m memlab.course.grading.hints``) shows
+the first hint; each time again, the next one; ``--all`` shows every hint of the
+exercise and ``--reset`` starts it over. In a notebook: ``from memlab.course.notebook
+import hint; hint("ch04_alloc_extend")``. Which hint was shown last is remembered per
+exercise in a small state file of the user's cache (``~/.cache/memlab/hints.json``;
+``MEMLAB_HINTS_STATE`` names another), never in the course."""
 
 from __future__ import annotations
 
@@ -214,7 +214,10 @@ def state_file() -> Path:
 def _read_state() -> dict:
     try:
         data = json.loads(state_file().read_text())
-    except (OSError, ValueError):  # none yet, unreadable or garbled: start from the first hint
+    except (
+        OSError,
+        ValueError,
+    ):  # none yet, unreadable or garbled: start from the first hint
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -240,11 +243,17 @@ def next_hint(name: str) -> str:
     state = _read_state()
     shown = min(int(state.get(file, 0)), len(hints))
     if shown >= len(hints):
-        return (f"{file}: no more hints: that was the last ({len(hints)}/{len(hints)}). It said:\n\n"
-                f"{_wrap(hints[-1])}\n\n(--all shows them all again; --reset starts over)")
+        return (
+            f"{file}: no more hints: that was the last ({len(hints)}/{len(hints)}). It said:\n\n"
+            f"{_wrap(hints[-1])}\n\n(--all shows them all again; --reset starts over)"
+        )
     state[file] = shown + 1
     _write_state(state)
-    more = "; run it again for the next" if shown + 1 < len(hints) else "; that was the last"
+    more = (
+        "; run it again for the next"
+        if shown + 1 < len(hints)
+        else "; that was the last"
+    )
     return f"{file}: hint {shown + 1}/{len(hints)}{more}\n\n{_wrap(hints[shown])}"
 
 
@@ -253,7 +262,9 @@ def all_hints(name: str) -> str:
     state = _read_state()
     state[file] = len(hints)
     _write_state(state)
-    return "\n\n".join(f"{file}: hint {i}/{len(hints)}\n\n{_wrap(h)}" for i, h in enumerate(hints, 1))
+    return "\n\n".join(
+        f"{file}: hint {i}/{len(hints)}\n\n{_wrap(h)}" for i, h in enumerate(hints, 1)
+    )
 
 
 def reset(name: str) -> str:
@@ -271,22 +282,40 @@ def _wrap(text: str, width: int = 96) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="./course hint", description="A hint for an exercise, one more each time.")
-    p.add_argument("exercise", nargs="?", help="the exercise's file (ch04_alloc_extend) or id (ch04.alloc_extend)")
+    p = argparse.ArgumentParser(
+        prog="./course hint", description="A hint for an exercise, one more each time."
+    )
+    p.add_argument(
+        "exercise",
+        nargs="?",
+        help="the exercise's file (ch04_alloc_extend) or id (ch04.alloc_extend)",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--all", action="store_true", help="every hint of the exercise at once")
-    g.add_argument("--reset", action="store_true", help="start the exercise's hints over")
+    g.add_argument(
+        "--all", action="store_true", help="every hint of the exercise at once"
+    )
+    g.add_argument(
+        "--reset", action="store_true", help="start the exercise's hints over"
+    )
     try:
         a = p.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     if not a.exercise:
-        print("usage: ./course hint EXERCISE [--all | --reset]; the exercises and their hints:")
+        print(
+            "usage: ./course hint EXERCISE [--all | --reset]; the exercises and their hints:"
+        )
         for e in catalog.EXERCISES:
             print(f"  {e.file:<26} {len(HINTS[e.file])} hints   {e.title}")
         return 0
     try:
-        text = all_hints(a.exercise) if a.all else reset(a.exercise) if a.reset else next_hint(a.exercise)
+        text = (
+            all_hints(a.exercise)
+            if a.all
+            else reset(a.exercise)
+            if a.reset
+            else next_hint(a.exercise)
+        )
     except ValueError as exc:
         print(f"memlab hint: {exc}", file=sys.stderr)
         return 2

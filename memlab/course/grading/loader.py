@@ -43,14 +43,18 @@ def source_dir(source: str | None = None) -> Path:
         return ROOT / source
     path = Path(source).expanduser().resolve()
     if not path.is_dir():
-        raise FileNotFoundError(f"{ENV}={source!r}: no such folder (use 'exercises', 'solutions' or a path)")
+        raise FileNotFoundError(
+            f"{ENV}={source!r}: no such folder (use 'exercises', 'solutions' or a path)"
+        )
     return path
 
 
 def _path(name: str, source: str | None) -> Path:
     path = (source_dir(source) / f"{name}.py").resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"exercise file {path} is missing (expected {name}.py in {path.parent})")
+        raise FileNotFoundError(
+            f"exercise file {path} is missing (expected {name}.py in {path.parent})"
+        )
     return path
 
 

@@ -56,12 +56,16 @@ def points_of(item) -> tuple[int, str] | None:
     if mark is None:
         return None
     n = mark.args[0] if mark.args else mark.kwargs["n"]
-    return int(n), mark.kwargs.get("exercise") or (mark.args[1] if len(mark.args) > 1 else "?")
+    return int(n), mark.kwargs.get("exercise") or (
+        mark.args[1] if len(mark.args) > 1 else "?"
+    )
 
 
 def skip_after_timeout(test: str) -> str:
-    return (f"not run: {test} of this exercise timed out (an endless loop?); fix that first, its other tests "
-            "would only wait for the same loop")
+    return (
+        f"not run: {test} of this exercise timed out (an endless loop?); fix that first, its other tests "
+        "would only wait for the same loop"
+    )
 
 
 def truncate(text: str, limit: int = OUTPUT_LIMIT) -> str:
@@ -76,7 +80,9 @@ def _learner_frame(tb, learner_dir: str | None):
     best = last = None
     while tb is not None:
         last = tb
-        if learner_dir and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(learner_dir):
+        if learner_dir and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(
+            learner_dir
+        ):
             best = tb
         tb = tb.tb_next
     return best or last
@@ -85,14 +91,18 @@ def _learner_frame(tb, learner_dir: str | None):
 def describe(excinfo, learner_dir: str | None) -> str:
     """The first failing check, in plain words."""
     exc = excinfo.value
-    where = getattr(exc, "where", "")  # the learner's line, told by the learner's process
+    where = getattr(
+        exc, "where", ""
+    )  # the learner's line, told by the learner's process
     if not where and not isinstance(exc, (sandbox.LearnerError, GradeTimeout)):
         frame = _learner_frame(excinfo.tb, learner_dir)
         if frame is not None:
             code = frame.tb_frame.f_code
             where = f"{Path(code.co_filename).name}:{frame.tb_lineno} in {code.co_name}"
     if isinstance(exc, GradeTimeout):
-        return f"timed out after {exc.args[0]:g} s (an endless loop?)" + (f", at {where}" if where else "")
+        return f"timed out after {exc.args[0]:g} s (an endless loop?)" + (
+            f", at {where}" if where else ""
+        )
     if isinstance(exc, sandbox.SandboxFailure):
         return str(exc)
     if isinstance(exc, NotImplementedError):
@@ -102,14 +112,20 @@ def describe(excinfo, learner_dir: str | None) -> str:
         if type(exc).__name__ == "CheckFailed":
             return text
         if isinstance(exc, sandbox.LearnerError):  # an assert in the learner's own code
-            return f"your code's assert failed at {where}" + (f": {text.splitlines()[0]}" if text else "")
+            return f"your code's assert failed at {where}" + (
+                f": {text.splitlines()[0]}" if text else ""
+            )
         first = text.split("\n")[0] if text else ""
-        return f"check failed at {where}: {first}" if first else f"check failed at {where}"
+        return (
+            f"check failed at {where}: {first}" if first else f"check failed at {where}"
+        )
     if isinstance(exc, SyntaxError):
         return f"your file does not compile: {exc.msg} at {Path(exc.filename or '?').name}:{exc.lineno}"
     if isinstance(exc, pytest.skip.Exception):
         return f"skipped: {exc}"
-    return f"your code raised {type(exc).__name__}: {str(exc).strip()[:300]}" + (f" (at {where})" if where else "")
+    return f"your code raised {type(exc).__name__}: {str(exc).strip()[:300]}" + (
+        f" (at {where})" if where else ""
+    )
 
 
 def _device() -> str:
@@ -124,14 +140,22 @@ def _device() -> str:
 
 
 class Recorder:
-    def __init__(self, log_fd: int, timeout: float, skip: set[str], only: set[str] | None = None,
-                 names: set[str] | None = None):
+    def __init__(
+        self,
+        log_fd: int,
+        timeout: float,
+        skip: set[str],
+        only: set[str] | None = None,
+        names: set[str] | None = None,
+    ):
         self.log_fd = log_fd
         self.only = only
         self.names = names
         self.timeout = timeout
         self.skip = skip
-        self.learner_dir = os.path.abspath(os.environ.get("MEMLAB_EXERCISES", "")) or None
+        self.learner_dir = (
+            os.path.abspath(os.environ.get("MEMLAB_EXERCISES", "")) or None
+        )
         self.deadline = None
         self.current: dict | None = None
         self.timed_out: dict[str, str] = {}  # exercise id -> the test that timed out
@@ -139,7 +163,7 @@ class Recorder:
     def write(self, **event) -> None:
         data = (json.dumps(event) + "\n").encode()
         while data:  # unbuffered: the parent must see it even if this process dies on the next line
-            data = data[os.write(self.log_fd, data):]
+            data = data[os.write(self.log_fd, data) :]
 
     # -- which tests ------------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
@@ -147,11 +171,21 @@ class Recorder:
         graded, keep, drop = [], [], []
         for item in items:
             pts = points_of(item)
-            if pts is None or (self.only and pts[1] not in self.only) or (self.names and item.name not in self.names):
+            if (
+                pts is None
+                or (self.only and pts[1] not in self.only)
+                or (self.names and item.name not in self.names)
+            ):
                 drop.append(item)
                 continue
-            graded.append({"nodeid": item.nodeid, "points": pts[0], "exercise": pts[1],
-                           "gpu": item.get_closest_marker("gpu") is not None})
+            graded.append(
+                {
+                    "nodeid": item.nodeid,
+                    "points": pts[0],
+                    "exercise": pts[1],
+                    "gpu": item.get_closest_marker("gpu") is not None,
+                }
+            )
             (drop if item.nodeid in self.skip else keep).append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)
@@ -181,17 +215,34 @@ class Recorder:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         pts = points_of(item)
-        if pts and pts[1] in self.timed_out:  # the skipping plugin reads the mark at setup
-            item.add_marker(pytest.mark.skip(reason=skip_after_timeout(self.timed_out[pts[1]])))
-        self.current = {"nodeid": item.nodeid, "outcome": "passed", "message": "", "exc_type": None,
-                        "output": "", "t0": time.monotonic(), "exercise": pts[1] if pts else None}
+        if (
+            pts and pts[1] in self.timed_out
+        ):  # the skipping plugin reads the mark at setup
+            item.add_marker(
+                pytest.mark.skip(reason=skip_after_timeout(self.timed_out[pts[1]]))
+            )
+        self.current = {
+            "nodeid": item.nodeid,
+            "outcome": "passed",
+            "message": "",
+            "exc_type": None,
+            "output": "",
+            "t0": time.monotonic(),
+            "exercise": pts[1] if pts else None,
+        }
         self.deadline = time.monotonic() + self.timeout
         self.write(event="start", nodeid=item.nodeid)
         yield
         cur = self.current
-        self.write(event="end", nodeid=cur["nodeid"], outcome=cur["outcome"], message=cur["message"],
-                   exc_type=cur["exc_type"], output=truncate(cur["output"]),
-                   duration=round(time.monotonic() - cur["t0"], 3))
+        self.write(
+            event="end",
+            nodeid=cur["nodeid"],
+            outcome=cur["outcome"],
+            message=cur["message"],
+            exc_type=cur["exc_type"],
+            output=truncate(cur["output"]),
+            duration=round(time.monotonic() - cur["t0"], 3),
+        )
         self.current = None
 
     @contextlib.contextmanager
@@ -202,7 +253,8 @@ class Recorder:
         finally:
             self._disarm()
 
-    # The alarm covers the setup (fixtures run learner code too) and the test, one deadline for both.
+    # The alarm covers the setup (fixtures run learner code too) and the test, one
+    # deadline for both.
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_setup(self, item):
         with self._alarm():
@@ -224,11 +276,19 @@ class Recorder:
             cur["outcome"] = "failed" if report.failed else "skipped"
             if call.excinfo is not None:
                 exc = call.excinfo.value
-                cur["exc_type"] = exc.kind if isinstance(exc, sandbox.SandboxFailure) else call.excinfo.typename
+                cur["exc_type"] = (
+                    exc.kind
+                    if isinstance(exc, sandbox.SandboxFailure)
+                    else call.excinfo.typename
+                )
                 if isinstance(call.excinfo.value, GradeTimeout) and cur["exercise"]:
                     self.timed_out.setdefault(cur["exercise"], item.name)
                 if report.skipped:
-                    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                    reason = (
+                        report.longrepr[2]
+                        if isinstance(report.longrepr, tuple)
+                        else str(report.longrepr)
+                    )
                     cur["message"] = reason.removeprefix("Skipped: ")
                 else:
                     cur["message"] = describe(call.excinfo, self.learner_dir)
@@ -248,10 +308,16 @@ def pytest_configure(config):
         src = Path(os.environ.get("MEMLAB_EXERCISES", "."))
         from memlab.course.grading import catalog
 
-        files = [src / f"{e.file}.py" for e in catalog.EXERCISES if not only or e.id in only]
+        files = [
+            src / f"{e.file}.py" for e in catalog.EXERCISES if not only or e.id in only
+        ]
         sandbox.warm(files)  # the zygote imports torch while pytest collects the tests
         skip_file = os.environ.get("MEMLAB_GRADE_SKIP")
-        skip = set(Path(skip_file).read_text().split("\n")) - {""} if skip_file and os.path.exists(skip_file) else set()
+        skip = (
+            set(Path(skip_file).read_text().split("\n")) - {""}
+            if skip_file and os.path.exists(skip_file)
+            else set()
+        )
         timeout = float(os.environ.get("MEMLAB_GRADE_TIMEOUT", "30"))
         names = set(os.environ.get("MEMLAB_GRADE_TESTS", "").split(",")) - {""}
         recorder = Recorder(int(log), timeout, skip, only or None, names or None)

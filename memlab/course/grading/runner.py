@@ -32,7 +32,9 @@ from memlab.course.grading import catalog
 from memlab.course.grading.loader import ROOT, source_dir
 from memlab.course.grading.sandbox import BLOCK_ENV
 
-DEFAULT_TIMEOUT = 30.0  # seconds per test; kernels in the interpreter take a few at most
+DEFAULT_TIMEOUT = (
+    30.0  # seconds per test; kernels in the interpreter take a few at most
+)
 WATCHDOG_GRACE = 3.0  # extra seconds before a test that ignores the alarm is killed
 
 
@@ -74,7 +76,9 @@ class ExerciseScore:
     possible = property(lambda self: sum(t.points for t in self._pick(False)))
     gpu_earned = property(lambda self: sum(t.earned for t in self._pick(True)))
     gpu_possible = property(lambda self: sum(t.points for t in self._pick(True)))
-    gpu_ran = property(lambda self: any(t.outcome != "skipped" for t in self._pick(True)))
+    gpu_ran = property(
+        lambda self: any(t.outcome != "skipped" for t in self._pick(True))
+    )
 
     @property
     def first_failure(self) -> TestResult | None:
@@ -83,13 +87,17 @@ class ExerciseScore:
     @property
     def course_code(self) -> str | None:
         """Why the exercise earns nothing: its file uses the course's own code (None if it does not)."""
-        return next((t.message for t in self.tests if t.exc_type == "CourseCodeUsed"), None)
+        return next(
+            (t.message for t in self.tests if t.exc_type == "CourseCodeUsed"), None
+        )
 
     @property
     def not_started(self) -> bool:
         """Every CPU test stopped at a NotImplementedError: the stub is untouched (or nearly)."""
         cpu = self._pick(False)
-        return bool(cpu) and all(t.outcome == "failed" and t.exc_type == "NotImplementedError" for t in cpu)
+        return bool(cpu) and all(
+            t.outcome == "failed" and t.exc_type == "NotImplementedError" for t in cpu
+        )
 
 
 @dataclass
@@ -111,6 +119,7 @@ class GradeReport:
 
 
 # -- running the child ------------------------------------------------------------------------
+
 
 class _Log:
     """The read end of the event pipe: whole JSON lines, as they come."""
@@ -156,30 +165,80 @@ def _crash_message(returncode: int, output: str, src: Path) -> str:
         if os.path.abspath(m.group(1)).startswith(str(src)):
             where = f", last seen at {Path(m.group(1)).name}:{m.group(2)}"
             break  # faulthandler prints the innermost frame first
-    return (f"the test process died ({how}) during this test{where}: os._exit, a segfault or "
-            "another crash in your code")
+    return (
+        f"the test process died ({how}) during this test{where}: os._exit, a segfault or "
+        "another crash in your code"
+    )
 
 
 def _child_command(files: list[str]) -> list[str]:
     # Plugins the graded tests do not use cost seconds at start-up (pytest rewrites their modules).
-    off = [a for p in ("cacheprovider", "xdist", "randomly", "hypothesispytest", "anyio", "platformdirs")
-           for a in ("-p", f"no:{p}")]
-    return [sys.executable, "-m", "pytest", "-p", "memlab.course.grading.plugin", *off, "-o", "addopts=", "-q",
-            "--tb=no", "--show-capture=no",
-            "--no-header", "--continue-on-collection-errors", "-W", "ignore::DeprecationWarning", *files]
+    off = [
+        a
+        for p in (
+            "cacheprovider",
+            "xdist",
+            "randomly",
+            "hypothesispytest",
+            "anyio",
+            "platformdirs",
+        )
+        for a in ("-p", f"no:{p}")
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "memlab.course.grading.plugin",
+        *off,
+        "-o",
+        "addopts=",
+        "-q",
+        "--tb=no",
+        "--show-capture=no",
+        "--no-header",
+        "--continue-on-collection-errors",
+        "-W",
+        "ignore::DeprecationWarning",
+        *files,
+    ]
 
 
-def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | None = None,
-              progress=None, tests: list[str] | None = None) -> tuple[list[dict], dict[str, TestResult], str]:
+def run_tests(
+    files: list[str],
+    src: Path,
+    timeout: float,
+    only: list[str] | None = None,
+    progress=None,
+    tests: list[str] | None = None,
+) -> tuple[list[dict], dict[str, TestResult], str]:
     """Run the graded tests in ``files`` against the folder ``src``; survive hangs and crashes."""
-    from memlab.course.grading.plugin import skip_after_timeout  # imports pytest, which grade() checked for
+    from memlab.course.grading.plugin import (
+        skip_after_timeout,
+    )  # imports pytest, which grade() checked for
+
     work = Path(tempfile.mkdtemp(prefix="memlab-grade-"))
     log, skip, out = _Log(), work / "skip.txt", work / "child.out"
-    path = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    blocked = [str(work), *(p for p in os.environ.get(BLOCK_ENV, "").split(os.pathsep) if p)]
-    env = dict(os.environ, MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG_FD=str(log.w),
-               MEMLAB_GRADE_TIMEOUT=str(timeout), MEMLAB_GRADE_SKIP=str(skip), PYTHONDONTWRITEBYTECODE="1",
-               MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(path), **{BLOCK_ENV: os.pathsep.join(blocked)})
+    path = [
+        str(ROOT),
+        *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
+    ]
+    blocked = [
+        str(work),
+        *(p for p in os.environ.get(BLOCK_ENV, "").split(os.pathsep) if p),
+    ]
+    env = dict(
+        os.environ,
+        MEMLAB_EXERCISES=str(src),
+        MEMLAB_GRADE_LOG_FD=str(log.w),
+        MEMLAB_GRADE_TIMEOUT=str(timeout),
+        MEMLAB_GRADE_SKIP=str(skip),
+        PYTHONDONTWRITEBYTECODE="1",
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join(path),
+        **{BLOCK_ENV: os.pathsep.join(blocked)},
+    )
     if only:
         env["MEMLAB_GRADE_ONLY"] = ",".join(only)
     if tests:
@@ -191,11 +250,24 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
     try:
         while True:
             skip.write_text("\n".join(results))
-            timed_out = {r.exercise: r.name for r in results.values() if r.exc_type in ("GradeTimeout", "Timeout")}
-            env["MEMLAB_GRADE_TIMED_OUT"] = ",".join(f"{e}={t}" for e, t in timed_out.items())
+            timed_out = {
+                r.exercise: r.name
+                for r in results.values()
+                if r.exc_type in ("GradeTimeout", "Timeout")
+            }
+            env["MEMLAB_GRADE_TIMED_OUT"] = ",".join(
+                f"{e}={t}" for e, t in timed_out.items()
+            )
             with open(out, "wb") as out_f:
-                child = subprocess.Popen(_child_command(files), cwd=ROOT, env=env, stdout=out_f,
-                                         stderr=subprocess.STDOUT, start_new_session=True, pass_fds=[log.w])
+                child = subprocess.Popen(
+                    _child_command(files),
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out_f,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=[log.w],
+                )
                 running, started, killed = None, 0.0, False
                 while True:
                     rc = child.poll()
@@ -210,15 +282,28 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
                         elif kind == "end":
                             m = meta[ev["nodeid"]]
                             results[ev["nodeid"]] = TestResult(
-                                ev["nodeid"], m["exercise"], m["points"], m["gpu"], ev["outcome"], ev["message"],
-                                ev["output"], ev["exc_type"], ev["duration"])
+                                ev["nodeid"],
+                                m["exercise"],
+                                m["points"],
+                                m["gpu"],
+                                ev["outcome"],
+                                ev["message"],
+                                ev["output"],
+                                ev["exc_type"],
+                                ev["duration"],
+                            )
                             running = None
                             if progress:
                                 progress(results[ev["nodeid"]])
                     if rc is not None:
                         break
-                    if running and time.monotonic() - started > timeout + WATCHDOG_GRACE:
-                        os.killpg(child.pid, signal.SIGKILL)  # the child and anything it started
+                    if (
+                        running
+                        and time.monotonic() - started > timeout + WATCHDOG_GRACE
+                    ):
+                        os.killpg(
+                            child.pid, signal.SIGKILL
+                        )  # the child and anything it started
                         child.wait()
                         killed = True
                     else:
@@ -228,26 +313,55 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
             # A test started and never ended: it hung past the watchdog or took the process down.
             m = meta[running]
             text = out.read_text(errors="replace")
-            message = (f"timed out after {timeout:g} s and ignored the alarm (an endless loop that catches "
-                       "every exception?)" if killed else _crash_message(child.returncode, text, src))
-            results[running] = TestResult(running, m["exercise"], m["points"], m["gpu"], "failed", message,
-                                          text[-2000:], "Crash" if not killed else "Timeout", timeout)
+            message = (
+                f"timed out after {timeout:g} s and ignored the alarm (an endless loop that catches "
+                "every exception?)"
+                if killed
+                else _crash_message(child.returncode, text, src)
+            )
+            results[running] = TestResult(
+                running,
+                m["exercise"],
+                m["points"],
+                m["gpu"],
+                "failed",
+                message,
+                text[-2000:],
+                "Crash" if not killed else "Timeout",
+                timeout,
+            )
             if progress:
                 progress(results[running])
             if killed:  # the exercise's other tests would hang the same way: skip them
                 for t in collected:
                     if t["exercise"] == m["exercise"] and t["nodeid"] not in results:
-                        results[t["nodeid"]] = TestResult(t["nodeid"], t["exercise"], t["points"], t["gpu"],
-                                                          "skipped", skip_after_timeout(results[running].name))
+                        results[t["nodeid"]] = TestResult(
+                            t["nodeid"],
+                            t["exercise"],
+                            t["points"],
+                            t["gpu"],
+                            "skipped",
+                            skip_after_timeout(results[running].name),
+                        )
                         if progress:
                             progress(results[t["nodeid"]])
         if not collected and not results:
-            raise GradingError("pytest collected no graded tests; its output ends with:\n"
-                               + out.read_text(errors="replace")[-3000:])
-        for t in collected:  # collected but never reported: the child stopped between tests
+            raise GradingError(
+                "pytest collected no graded tests; its output ends with:\n"
+                + out.read_text(errors="replace")[-3000:]
+            )
+        for (
+            t
+        ) in collected:  # collected but never reported: the child stopped between tests
             if t["nodeid"] not in results:
-                results[t["nodeid"]] = TestResult(t["nodeid"], t["exercise"], t["points"], t["gpu"], "failed",
-                                                  "not run: the test process stopped before this test")
+                results[t["nodeid"]] = TestResult(
+                    t["nodeid"],
+                    t["exercise"],
+                    t["points"],
+                    t["gpu"],
+                    "failed",
+                    "not run: the test process stopped before this test",
+                )
         return collected, results, device
     finally:
         log.close()
@@ -256,41 +370,74 @@ def run_tests(files: list[str], src: Path, timeout: float, only: list[str] | Non
 
 # -- grading ----------------------------------------------------------------------------------
 
+
 def check_checkout() -> Path:
     """The repository root, above the memlab package; it must hold the graded tests and exercises."""
-    missing = [d for d in ("exercises", "solutions", "tests/exercises") if not (ROOT / d).is_dir()]
+    missing = [
+        d
+        for d in ("exercises", "solutions", "tests/exercises")
+        if not (ROOT / d).is_dir()
+    ]
     if missing:
-        raise GradingError(f"memlab was imported from {ROOT / 'memlab'}, but {', '.join(missing)} "
-                           f"{'is' if len(missing) == 1 else 'are'} not next to it: grade from a clone of the "
-                           "course repository (pip install -e . there)")
+        raise GradingError(
+            f"memlab was imported from {ROOT / 'memlab'}, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not next to it: grade from a clone of the "
+            "course repository (pip install -e . there)"
+        )
     return ROOT
 
 
-def grade(chapters: list[int] | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-          exercises: list[str] | None = None, progress=None, tests: list[str] | None = None) -> GradeReport:
+def grade(
+    chapters: list[int] | None = None,
+    source: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    exercises: list[str] | None = None,
+    progress=None,
+    tests: list[str] | None = None,
+) -> GradeReport:
     """Grade the chosen chapters (all when None) of the learner's folder; see the module doc.
     ``tests``: only the graded tests of these names (the points of the others are not counted)."""
     if importlib.util.find_spec("pytest") is None:
-        raise GradingError("the grader runs the tests with pytest, which is not installed: pip install pytest")
+        raise GradingError(
+            "the grader runs the tests with pytest, which is not installed: pip install pytest"
+        )
     check_checkout()
     src = source_dir(source)
     if exercises:
         exercises = [catalog.find(x).id for x in exercises]  # a file's name will do too
-    chosen = [e for e in catalog.EXERCISES
-              if (not chapters or e.chapter in chapters) and (not exercises or e.id in exercises)]
+    chosen = [
+        e
+        for e in catalog.EXERCISES
+        if (not chapters or e.chapter in chapters)
+        and (not exercises or e.id in exercises)
+    ]
     if not chosen:
-        raise GradingError(f"no exercise matches chapters={chapters} exercises={exercises}")
+        raise GradingError(
+            f"no exercise matches chapters={chapters} exercises={exercises}"
+        )
     files = sorted({str(ROOT / e.test_file) for e in chosen})
     t0 = time.monotonic()
-    _, results, device = run_tests(files, src, timeout, only=[e.id for e in chosen], progress=progress, tests=tests)
+    _, results, device = run_tests(
+        files, src, timeout, only=[e.id for e in chosen], progress=progress, tests=tests
+    )
     scores = []
     only_tests = tests
     for e in chosen:
         tests = [r for r in results.values() if r.exercise == e.id]
         missing = e.points - sum(t.points for t in tests if not t.gpu)
-        if missing > 0 and not only_tests:  # a test file that failed to import: its points are still at stake
-            tests.append(TestResult(f"{e.test_file}::collection", e.id, missing, False, "failed",
-                                    f"{missing} points of tests could not be collected (a broken test file?)"))
+        if (
+            missing > 0 and not only_tests
+        ):  # a test file that failed to import: its points are still at stake
+            tests.append(
+                TestResult(
+                    f"{e.test_file}::collection",
+                    e.id,
+                    missing,
+                    False,
+                    "failed",
+                    f"{missing} points of tests could not be collected (a broken test file?)",
+                )
+            )
         score = ExerciseScore(e, tests)
         why = score.course_code
         if why:  # the course's own code did the work (or was read): no test of the exercise counts

@@ -54,10 +54,13 @@ PRELOAD = ("torch", "numpy", "triton", "triton.language")
 FORBIDDEN = wire.FORBIDDEN
 # What the learner's process may see of this process's environment: locale, paths to libraries
 # and the GPU, Triton's and CUDA's own settings. Never the grader's variables.
-PASS_ENV = re.compile(r"(PATH|LD_LIBRARY_PATH|LANG|LC_\w+|TZ|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|CC|CXX|HIP_\w+|ROCM_\w+)$")
+PASS_ENV = re.compile(
+    r"(PATH|LD_LIBRARY_PATH|LANG|LC_\w+|TZ|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|CC|CXX|HIP_\w+|ROCM_\w+)$"
+)
 
 
 # -- what goes wrong, in plain words ----------------------------------------------------------------
+
 
 class SandboxFailure(BaseException):
     """Something about the learner's process itself went wrong; the test fails with the message.
@@ -85,9 +88,11 @@ class CourseCodeUsed(SandboxFailure):
 
     def __init__(self, file: str, what: list[str]):
         self.file, self.what = file, what
-        super().__init__(f"write it yourself: your file {file} {'; '.join(what)}. The grader gives no points "
-                         "to an exercise file that uses the course's own implementation, reads the course's files "
-                         "(the tests, the solutions, the grader) or meddles with the grader")
+        super().__init__(
+            f"write it yourself: your file {file} {'; '.join(what)}. The grader gives no points "
+            "to an exercise file that uses the course's own implementation, reads the course's files "
+            "(the tests, the solutions, the grader) or meddles with the grader"
+        )
 
 
 class LearnerError(Exception):
@@ -106,27 +111,43 @@ _error_classes: dict = {}
 
 
 def _learner_error(info) -> BaseException:
-    if not (isinstance(info, tuple) and len(info) == 6 and isinstance(info[1], tuple)
-            and all(isinstance(x, str) for x in (info[0], *info[1], *info[2:5]))):
+    if not (
+        isinstance(info, tuple)
+        and len(info) == 6
+        and isinstance(info[1], tuple)
+        and all(isinstance(x, str) for x in (info[0], *info[1], *info[2:5]))
+    ):
         return NotDataError("your code's process sent an error the grader cannot read")
     name, bases, text, where, tb, _ = info
     if name == "NotData":
-        return NotDataError(f"your code returned something that is not data: {text} (the grader takes numbers, "
-                            "strings, lists, tuples, dicts, sets, tensors and your own objects)")
-    base = next((wire._EXC_BASES[b] for b in bases if b in wire._EXC_BASES), RuntimeError)
+        return NotDataError(
+            f"your code returned something that is not data: {text} (the grader takes numbers, "
+            "strings, lists, tuples, dicts, sets, tensors and your own objects)"
+        )
+    base = next(
+        (wire._EXC_BASES[b] for b in bases if b in wire._EXC_BASES), RuntimeError
+    )
     if not name.isidentifier():
         name = base.__name__
     key = (name, base)
     cls = _error_classes.get(key)
     if cls is None:
         try:
-            cls = type(name, (base, LearnerError), {"__module__": "learner", "__str__": LearnerError.__str__})
+            cls = type(
+                name,
+                (base, LearnerError),
+                {"__module__": "learner", "__str__": LearnerError.__str__},
+            )
         except TypeError:
-            cls = type(name, (RuntimeError, LearnerError), {"__module__": "learner", "__str__": LearnerError.__str__})
+            cls = type(
+                name,
+                (RuntimeError, LearnerError),
+                {"__module__": "learner", "__str__": LearnerError.__str__},
+            )
         _error_classes[key] = cls
     try:
         exc = cls(text)
-    except Exception:  # noqa: BLE001 - a builtin error that wants other arguments
+    except Exception:
         exc = type(name, (RuntimeError, LearnerError), {"__module__": "learner"})(text)
     exc._text, exc.where, exc.learner_traceback = text, where, tb
     return exc
@@ -145,6 +166,7 @@ def _how(code) -> str:
 
 # -- the static check -------------------------------------------------------------------------------
 
+
 def imports_course_code(source: str) -> list[str]:
     """What the file imports of the course (memlab, the solutions, the tests, pytest, the grader),
     read from its source before it runs: ``import``, ``from ... import``, ``__import__("...")`` and
@@ -160,9 +182,14 @@ def imports_course_code(source: str) -> list[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and ast.unparse(node.func) in ("__import__", "importlib.import_module", "import_module")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and ast.unparse(node.func)
+            in ("__import__", "importlib.import_module", "import_module")
+        ):
             names = [node.args[0].value]
         for n in names:
             if n.split(".")[0] in FORBIDDEN and f"imports {n}" not in found:
@@ -171,6 +198,7 @@ def imports_course_code(source: str) -> list[str]:
 
 
 # -- the zygote -------------------------------------------------------------------------------------
+
 
 def _user() -> tuple[int, int, str] | None:
     name = os.environ.get(USER_ENV)
@@ -196,8 +224,16 @@ def _env(home: str, tmp: str | None = None) -> dict:
     """The learner's environment: ``home`` is the zygote's folder (Triton's cache there is shared by
     every learner process of one grading run: a GPU compiles its helpers once), ``tmp`` its own."""
     env = {k: v for k, v in os.environ.items() if PASS_ENV.match(k)}
-    env.update(HOME=home, TMPDIR=tmp or home, PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8",
-               MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.update(
+        HOME=home,
+        TMPDIR=tmp or home,
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONIOENCODING="utf-8",
+        MPLBACKEND="Agg",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+    )
     env.setdefault("TRITON_CACHE_DIR", os.path.join(home, ".triton"))
     return env
 
@@ -218,7 +254,9 @@ class Zygote:
         self.dir = Path(tempfile.mkdtemp(prefix="memlab-sandbox-"))
         os.chmod(self.dir, 0o755 if self.user else 0o700)
         _own(self.dir, self.user)
-        self.wire = self.dir / "wire.py"  # a copy: the learner's side reads nothing of the course
+        self.wire = (
+            self.dir / "wire.py"
+        )  # a copy: the learner's side reads nothing of the course
         shutil.copyfile(wire.__file__, self.wire)
         os.chmod(self.wire, 0o644)
         self.preload = list(preload)
@@ -226,7 +264,9 @@ class Zygote:
         self.proc = None
         self.ctl = None
         self.ready = False
-        self.fork_server = sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+        self.fork_server = sys.platform.startswith("linux") and hasattr(
+            socket, "send_fds"
+        )
         if self.fork_server:
             self._start()
 
@@ -237,32 +277,46 @@ class Zygote:
         log = open(self.dir / "zygote.log", "ab")
         try:
             python = os.environ.get(PYTHON_ENV) or sys.executable
-            return subprocess.Popen([python, "-I", str(self.wire), *args], pass_fds=pass_fds,
-                                    env=_env(str(self.dir)), cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log, start_new_session=True, **kw)
+            return subprocess.Popen(
+                [python, "-I", str(self.wire), *args],
+                pass_fds=pass_fds,
+                env=_env(str(self.dir)),
+                cwd=self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                **kw,
+            )
         finally:
             log.close()
 
     def _start(self):
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = self._popen(["--zygote", str(b.fileno()), json.dumps(self.preload)], [b.fileno()])
+        self.proc = self._popen(
+            ["--zygote", str(b.fileno()), json.dumps(self.preload)], [b.fileno()]
+        )
         b.close()
         self.ctl = a
 
     def alive(self) -> bool:
-        return not self.fork_server or (self.proc is not None and self.proc.poll() is None)
+        return not self.fork_server or (
+            self.proc is not None and self.proc.poll() is None
+        )
 
     def _recv(self, timeout=None):
         self.ctl.settimeout(timeout)
         try:
             data = self.ctl.recv(1 << 16)
-        except socket.timeout:
+        except TimeoutError:
             return None
         finally:
             self.ctl.settimeout(None)
         if not data:
-            raise LearnerCrashed("the grader's sandbox stopped (its zygote process died): "
-                                 + (self.dir / "zygote.log").read_text(errors="replace")[-1500:])
+            raise LearnerCrashed(
+                "the grader's sandbox stopped (its zygote process died): "
+                + (self.dir / "zygote.log").read_text(errors="replace")[-1500:]
+            )
         return json.loads(data)
 
     def _wait_ready(self):
@@ -282,11 +336,20 @@ class Zygote:
     def spawn(self, config: dict, sock: socket.socket):
         """Start a learner process on ``sock`` (its end of a socket pair); returns (pid, popen or None)."""
         if not self.fork_server:
-            proc = self._popen(["--learner", str(sock.fileno()), json.dumps(config), json.dumps(self.preload)],
-                               [sock.fileno()])
+            proc = self._popen(
+                [
+                    "--learner",
+                    str(sock.fileno()),
+                    json.dumps(config),
+                    json.dumps(self.preload),
+                ],
+                [sock.fileno()],
+            )
             return proc.pid, proc
         self._wait_ready()
-        socket.send_fds(self.ctl, [json.dumps(["fork", config]).encode()], [sock.fileno()])
+        socket.send_fds(
+            self.ctl, [json.dumps(["fork", config]).encode()], [sock.fileno()]
+        )
         msg = self._recv()
         return msg[1], None
 
@@ -389,7 +452,9 @@ atexit.register(_shutdown)
 
 # -- one learner process ------------------------------------------------------------------------------
 
-_live: collections.OrderedDict = collections.OrderedDict()  # Session -> None, least recently used first
+_live: collections.OrderedDict = (
+    collections.OrderedDict()
+)  # Session -> None, least recently used first
 
 
 def blocked_roots() -> list[str]:
@@ -432,9 +497,16 @@ class Session:
         os.chmod(self.file, 0o644)
         _own(self.file, z.user)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        config = {"work": str(self.work), "file": str(self.file), "name": name, "env": _env(str(z.dir), str(self.work)),
-                  "limits": _limits(), "blocked": blocked_roots(), "allowed": allowed_roots() + [str(z.dir)],
-                  "cpu_only": os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda()}
+        config = {
+            "work": str(self.work),
+            "file": str(self.file),
+            "name": name,
+            "env": _env(str(z.dir), str(self.work)),
+            "limits": _limits(),
+            "blocked": blocked_roots(),
+            "allowed": allowed_roots() + [str(z.dir)],
+            "cpu_only": os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda(),
+        }
         self.pid, self.proc = z.spawn(config, theirs)
         theirs.close()
         self.sock = mine
@@ -462,7 +534,9 @@ class Session:
         if p is None:
             if hid == wire.MODULE:
                 return self.module
-            if not (isinstance(info, list) and len(info) >= 3 and isinstance(info[1], str)):
+            if not (
+                isinstance(info, list) and len(info) >= 3 and isinstance(info[1], str)
+            ):
                 raise wire.WireError("a handle of the wrong shape")
             p = Proxy.__new__(Proxy)
             object.__setattr__(p, "_s", self)
@@ -488,7 +562,9 @@ class Session:
             wire.send_msg(self.sock, header, blobs)
         except OSError:
             self._crashed()
-        except BaseException:  # the alarm while a big message was going out: the protocol is broken
+        except (
+            BaseException
+        ):  # the alarm while a big message was going out: the protocol is broken
             self._abort("interrupted")
             raise
         return self._await()
@@ -500,14 +576,20 @@ class Session:
                     self.sock.settimeout(max(0.01, deadline - time.monotonic()))
                 try:
                     header, blobs = wire.recv_msg(self.sock, READ_LIMIT)
-                except socket.timeout:
+                except TimeoutError:
                     self._abort("timed out")
-                    raise LearnerCrashed(f"your file did not finish importing in {IMPORT_TIMEOUT:g} s "
-                                         "(an endless loop at import time?)") from None
+                    raise LearnerCrashed(
+                        f"your file did not finish importing in {IMPORT_TIMEOUT:g} s "
+                        "(an endless loop at import time?)"
+                    ) from None
                 finally:
                     if deadline is not None:
                         self.sock.settimeout(None)
-                if isinstance(header, list) and header[:1] == ["v"] and len(header) == 3:
+                if (
+                    isinstance(header, list)
+                    and header[:1] == ["v"]
+                    and len(header) == 3
+                ):
                     self.violations += [str(v)[:500] for v in header[1]][:1]
                     continue
                 kind, body = self.peer.decode_message(header, blobs)
@@ -517,8 +599,14 @@ class Session:
                 if kind == "e" and len(body) == 1:
                     self._after()
                     info = body[0]
-                    if isinstance(info, tuple) and len(info) == 6 and info[5] in self.grader_errors:
-                        failed = self.grader_errors.pop(info[5])  # a callback of the test's raised it
+                    if (
+                        isinstance(info, tuple)
+                        and len(info) == 6
+                        and info[5] in self.grader_errors
+                    ):
+                        failed = self.grader_errors.pop(
+                            info[5]
+                        )  # a callback of the test's raised it
                     else:
                         failed = _learner_error(info)
                     break
@@ -528,15 +616,29 @@ class Session:
                 raise wire.WireError(f"a message of the wrong shape ({kind!r})")
         except wire.Closed:
             self._crashed(importing)
-        except (wire.WireError, wire.NotData, ValueError, TypeError, KeyError, IndexError, OverflowError,
-                RecursionError, RuntimeError, MemoryError) as exc:
+        except (
+            wire.WireError,
+            wire.NotData,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            OverflowError,
+            RecursionError,
+            RuntimeError,
+            MemoryError,
+        ) as exc:
             self._abort("sent something that is not data")
-            raise NotDataError(f"your code's process sent something the grader cannot read as data ({exc}); the "
-                               "grader takes numbers, strings, lists, tuples, dicts, sets, tensors and your own "
-                               "objects") from None
+            raise NotDataError(
+                f"your code's process sent something the grader cannot read as data ({exc}); the "
+                "grader takes numbers, strings, lists, tuples, dicts, sets, tensors and your own "
+                "objects"
+            ) from None
         except SandboxFailure:
             raise
-        except BaseException as exc:  # the test's alarm (or Ctrl-C) while the learner's code runs
+        except (
+            BaseException
+        ) as exc:  # the test's alarm (or Ctrl-C) while the learner's code runs
             where = self._abort("interrupted")
             if where:
                 try:
@@ -557,19 +659,27 @@ class Session:
             raise CourseCodeUsed(self.path.name, what)
 
     def _serve_callback(self, fn, args, kwargs):
-        if not callable(fn) or not isinstance(args, tuple) or not isinstance(kwargs, tuple):
+        if (
+            not callable(fn)
+            or not isinstance(args, tuple)
+            or not isinstance(kwargs, tuple)
+        ):
             raise wire.WireError("a callback request of the wrong shape")
         try:
             value = fn(*args, **dict(kwargs))
-        except Exception as exc:  # noqa: BLE001 - goes to the learner's code, which may catch it
+        except Exception as exc:
             key = id(exc)
             self.grader_errors[key] = exc
-            header, blobs = self.peer.encode_message("e", [wire.exception_info(exc, None, key)])
+            header, blobs = self.peer.encode_message(
+                "e", [wire.exception_info(exc, None, key)]
+            )
         else:
             try:
                 header, blobs = self.peer.encode_message("a", [value])
             except wire.NotData as exc:
-                header, blobs = self.peer.encode_message("e", [wire.exception_info(exc, None, None)])
+                header, blobs = self.peer.encode_message(
+                    "e", [wire.exception_info(exc, None, None)]
+                )
         wire.send_msg(self.sock, header, blobs)
 
     # -- the learner's output ---------------------------------------------------------------------------
@@ -595,14 +705,20 @@ class Session:
         text = self._read_output() if text is None else text
         shown = _DUMP.sub("", text)
         if shown:
-            sys.stdout.write(shown if len(shown) <= 200_000 else shown[:100_000] + "\n... [cut] ...\n" + shown[-100_000:])
+            sys.stdout.write(
+                shown
+                if len(shown) <= 200_000
+                else shown[:100_000] + "\n... [cut] ...\n" + shown[-100_000:]
+            )
         return text
 
     def _where(self, text: str) -> str:
         """The learner's line in a faulthandler dump (the innermost frame comes first)."""
         for m in re.finditer(r'File "([^"]+)", line (\d+)(?: in (\w+))?', text):
             if os.path.basename(m.group(1)) == self.file.name:
-                return f"{self.file.name}:{m.group(2)}" + (f" in {m.group(3)}" if m.group(3) else "")
+                return f"{self.file.name}:{m.group(2)}" + (
+                    f" in {m.group(3)}" if m.group(3) else ""
+                )
         return ""
 
     # -- the end of a learner process -------------------------------------------------------------------
@@ -612,12 +728,16 @@ class Session:
         where = self._where(text)
         self._close(f"it died ({_how(code)})")
         if importing:
-            raise LearnerCrashed(f"your code's process died ({_how(code)}) while importing {self.path.name}"
-                                 f"{', last seen at ' + where if where else ''}: os._exit, a segfault or another "
-                                 "crash at import time")
-        raise LearnerCrashed(f"your code's process died ({_how(code)}) during this test"
-                             f"{', last seen at ' + where if where else ''}: os._exit, a segfault or another crash "
-                             "in your code (in a kernel: a load or store past a tensor's end)")
+            raise LearnerCrashed(
+                f"your code's process died ({_how(code)}) while importing {self.path.name}"
+                f"{', last seen at ' + where if where else ''}: os._exit, a segfault or another "
+                "crash at import time"
+            )
+        raise LearnerCrashed(
+            f"your code's process died ({_how(code)}) during this test"
+            f"{', last seen at ' + where if where else ''}: os._exit, a segfault or another crash "
+            "in your code (in a kernel: a load or store past a tensor's end)"
+        )
 
     def _abort(self, why) -> str:
         """Stop a learner process in the middle of a call; where it was (its traceback), if it says."""
@@ -632,7 +752,11 @@ class Session:
             while time.monotonic() < end:
                 time.sleep(0.02)
                 text += self._read_output()
-                if "File " in text and "\n\n" in text[text.find("File "):] or self._where(text):
+                if (
+                    "File " in text
+                    and "\n\n" in text[text.find("File ") :]
+                    or self._where(text)
+                ):
                     break
             where = self._where(text)
             self._relay(text)
@@ -665,29 +789,50 @@ class Session:
 
 
 # A faulthandler dump: from its first line to the blank line (or the end) after its last frame.
-_DUMP = re.compile(r"^(?:Fatal Python error: .*\n(?:.*\n)*?)?(?:(?:Current thread|Thread) 0x[0-9a-f]+ .*\n"
-                   r"(?:  File .*\n|  <no Python frame>\n)*\n?)+(?:\s*Extension modules: .*\n)?"
-                   r"(?:.*\(total: \d+\)\n)?", re.M)
+_DUMP = re.compile(
+    r"^(?:Fatal Python error: .*\n(?:.*\n)*?)?(?:(?:Current thread|Thread) 0x[0-9a-f]+ .*\n"
+    r"(?:  File .*\n|  <no Python frame>\n)*\n?)+(?:\s*Extension modules: .*\n)?"
+    r"(?:.*\(total: \d+\)\n)?",
+    re.M,
+)
 
 
 def _has_cuda() -> bool:
     torch = sys.modules.get("torch")
     try:
         return bool(torch is not None and torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 
 # -- the proxies ----------------------------------------------------------------------------------------
+
 
 def _req(p, op, *args):
     return object.__getattribute__(p, "_s").request(op, *args)
 
 
 # Dunder attributes worth asking the learner's side for; any other ``__x__`` is not there.
-_FORWARD = {"__name__", "__qualname__", "__module__", "__doc__", "__dict__", "__annotations__", "__defaults__",
-            "__kwdefaults__", "__slots__", "__wrapped__", "__self__", "__func__", "__dataclass_fields__",
-            "__match_args__", "__fields__", "_fields", "__mro__", "__bases__"}
+_FORWARD = {
+    "__name__",
+    "__qualname__",
+    "__module__",
+    "__doc__",
+    "__dict__",
+    "__annotations__",
+    "__defaults__",
+    "__kwdefaults__",
+    "__slots__",
+    "__wrapped__",
+    "__self__",
+    "__func__",
+    "__dataclass_fields__",
+    "__match_args__",
+    "__fields__",
+    "_fields",
+    "__mro__",
+    "__bases__",
+}
 
 
 class Proxy:
@@ -798,11 +943,16 @@ class Proxy:
         return _req(self, "copy", self)
 
     def __reduce_ex__(self, protocol):
-        raise TypeError(f"an object of your code ({_type_name(self)}) cannot be pickled by the grader")
+        raise TypeError(
+            f"an object of your code ({_type_name(self)}) cannot be pickled by the grader"
+        )
 
     def __del__(self):
         try:
-            s, h = object.__getattribute__(self, "_s"), object.__getattribute__(self, "_h")
+            s, h = (
+                object.__getattribute__(self, "_s"),
+                object.__getattribute__(self, "_h"),
+            )
         except AttributeError:
             return
         if s.dead is None:
@@ -828,7 +978,9 @@ class MethodProxy:
         self._obj, self._name = obj, name
 
     def __call__(self, *args, **kwargs):
-        return _req(self._obj, "callmethod", self._obj, self._name, args, tuple(kwargs.items()))
+        return _req(
+            self._obj, "callmethod", self._obj, self._name, args, tuple(kwargs.items())
+        )
 
     @property
     def __name__(self):
@@ -841,19 +993,38 @@ class MethodProxy:
 class LearnerModule(types.ModuleType):
     """The learner's module, living in its learner process; started again after a crash."""
 
-    _LOCAL = {"_path", "_session", "_flagged", "_stamp", "__file__", "__name__", "__doc__", "__spec__", "__loader__",
-              "__package__", "__path__", "__dict__", "__class__"}
+    _LOCAL = {
+        "_path",
+        "_session",
+        "_flagged",
+        "_stamp",
+        "__file__",
+        "__name__",
+        "__doc__",
+        "__spec__",
+        "__loader__",
+        "__package__",
+        "__path__",
+        "__dict__",
+        "__class__",
+    }
 
     def __init__(self, path: Path, modname: str):
         super().__init__(modname)
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_session", None)
         object.__setattr__(self, "_stamp", None)
-        object.__setattr__(self, "_flagged", imports_course_code(path.read_text(errors="replace")))
+        object.__setattr__(
+            self, "_flagged", imports_course_code(path.read_text(errors="replace"))
+        )
         object.__setattr__(self, "__file__", str(path))
 
     def _flag(self, what):
-        object.__setattr__(self, "_flagged", list(self._flagged) + [w for w in what if w not in self._flagged])
+        object.__setattr__(
+            self,
+            "_flagged",
+            list(self._flagged) + [w for w in what if w not in self._flagged],
+        )
 
     def _live(self) -> Session:
         if self._flagged:

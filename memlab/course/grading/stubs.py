@@ -26,8 +26,9 @@ def looks_like_stub(stub: str, solution: str) -> bool:
     if ast.dump(st) == ast.dump(so):
         return False  # the solution itself (a learner who copied it, or an author's slip: CI fails on it)
     for node in st.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("_WRITTEN")
-                                                for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id.endswith("_WRITTEN") for t in node.targets
+        ):
             return ast.literal_eval(node.value) is False
 
     def functions(tree, prefix=""):
@@ -38,13 +39,28 @@ def looks_like_stub(stub: str, solution: str) -> bool:
                 yield from functions(n, f"{prefix}{n.name}.")
 
     ref = dict(functions(so))
-    names = lambda tree: {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}  # noqa
+
+    def names(tree):
+        return {
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+        }
+
     if names(st) != names(so):
         return False  # a helper added, or a function renamed: a learner's file
     for name, fn in functions(st):
         if name in ref and ast.dump(fn) != ast.dump(ref[name]):
-            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
-            if not (len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0])):
+            body = [
+                b
+                for b in fn.body
+                if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))
+            ]
+            if not (
+                len(body) == 1
+                and isinstance(body[0], ast.Raise)
+                and "NotImplementedError" in ast.unparse(body[0])
+            ):
                 return False
     return True
 
@@ -64,7 +80,9 @@ def course_stub(file: str, root: Path = ROOT) -> tuple[str, str] | None:
     working = root / "exercises" / f"{file}.py"
     if working.is_file() and looks_like_stub(working.read_text(), solution):
         return working.read_text(), "the working copy"
-    commits = _git(root, "log", "--format=%H", "-n", "200", "--", f"exercises/{file}.py")
+    commits = _git(
+        root, "log", "--format=%H", "-n", "200", "--", f"exercises/{file}.py"
+    )
     for commit in (commits or "").split():
         text = _git(root, "show", f"{commit}:exercises/{file}.py")
         if text is not None and looks_like_stub(text, solution):
@@ -82,8 +100,10 @@ def write_stubs(folder: Path, root: Path = ROOT) -> dict[str, str]:
     for e in catalog.EXERCISES:
         got = course_stub(e.file, root)
         if got is None:
-            raise FileNotFoundError(f"exercises/{e.file}.py is not the course's stub, and git's history has none "
-                                    f"(restore it: git checkout <the course's commit> -- exercises/{e.file}.py)")
+            raise FileNotFoundError(
+                f"exercises/{e.file}.py is not the course's stub, and git's history has none "
+                f"(restore it: git checkout <the course's commit> -- exercises/{e.file}.py)"
+            )
         (folder / f"{e.file}.py").write_text(got[0])
         where[e.file] = got[1]
     return where

@@ -90,7 +90,9 @@ def recv_msg(sock: socket.socket, limit: int | None = None):
     n, count = _HEAD.unpack(_recv_exactly(sock, _HEAD.size))
     total = n
     if limit is not None and (n > limit or count > 1_000_000):
-        raise WireError(f"a message of {n} bytes and {count} blobs, more than the grader reads")
+        raise WireError(
+            f"a message of {n} bytes and {count} blobs, more than the grader reads"
+        )
     raw = _recv_exactly(sock, n)
     blobs = []
     for _ in range(count):
@@ -108,8 +110,25 @@ def recv_msg(sock: socket.socket, limit: int | None = None):
 
 # -- torch, only where tensors cross ------------------------------------------------------------
 
-_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16",
-           "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+_DTYPES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+)
 
 
 def _torch():
@@ -127,8 +146,11 @@ def _dtype(name):
 def _device(name):
     import torch
 
-    if not isinstance(name, str) or not (name == "cpu" or name == "cuda" or
-                                         (name.startswith("cuda:") and name[5:].isdigit())):
+    if not isinstance(name, str) or not (
+        name == "cpu"
+        or name == "cuda"
+        or (name.startswith("cuda:") and name[5:].isdigit())
+    ):
         raise NotData(f"a tensor on device {name!r}")
     return torch.device(name)
 
@@ -190,8 +212,11 @@ def _fenced_u8(nbytes: int, ranges, base_mod: int):
     page = mmap.PAGESIZE
     npages = -(-(base_mod + nbytes) // page)
     region = mmap.mmap(-1, npages * page)
-    u8 = torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=base_mod) if nbytes else \
-        torch.empty(0, dtype=torch.uint8)
+    u8 = (
+        torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=base_mod)
+        if nbytes
+        else torch.empty(0, dtype=torch.uint8)
+    )
     base = ctypes.addressof(ctypes.c_char.from_buffer(region))
     return u8, region, base, npages
 
@@ -266,13 +291,23 @@ class _Memo:
         self.items: list = []
 
 
-_EXC_BASES = {n: getattr(builtins, n) for n in dir(builtins)
-              if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), Exception)}
+_EXC_BASES = {
+    n: getattr(builtins, n)
+    for n in dir(builtins)
+    if isinstance(getattr(builtins, n), type)
+    and issubclass(getattr(builtins, n), Exception)
+}
 
 
-def exception_info(exc: BaseException, learner_file: str | None = None, parent_id=None) -> tuple:
+def exception_info(
+    exc: BaseException, learner_file: str | None = None, parent_id=None
+) -> tuple:
     """What crosses for an exception: (name, builtin bases, str, where, traceback text, parent id)."""
-    bases = [c.__name__ for c in type(exc).__mro__ if c.__module__ == "builtins" and c.__name__ in _EXC_BASES]
+    bases = [
+        c.__name__
+        for c in type(exc).__mro__
+        if c.__module__ == "builtins" and c.__name__ in _EXC_BASES
+    ]
     where = ""
     tb = exc.__traceback__
     frames = traceback.extract_tb(tb) if tb is not None else []
@@ -283,13 +318,22 @@ def exception_info(exc: BaseException, learner_file: str | None = None, parent_i
             where = f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
     try:
         text = str(exc)
-    except Exception:  # noqa: BLE001 - a learner's __str__ that raises
+    except Exception:
         text = f"<{type(exc).__name__}>"
     try:
-        tb_text = "".join(traceback.format_exception(type(exc), exc, tb, limit=-6))[-4000:]
-    except Exception:  # noqa: BLE001
+        tb_text = "".join(traceback.format_exception(type(exc), exc, tb, limit=-6))[
+            -4000:
+        ]
+    except Exception:
         tb_text = ""
-    return (type(exc).__name__[:100], tuple(bases), text[:2000], where, tb_text, parent_id)
+    return (
+        type(exc).__name__[:100],
+        tuple(bases),
+        text[:2000],
+        where,
+        tb_text,
+        parent_id,
+    )
 
 
 class Peer:
@@ -305,20 +349,27 @@ class Peer:
         self.shared: dict[int, _Entry] = {}
         self.by_key: dict = {}
         self._next = 1
-        # learner side: handle -> object and back; grader side: handle -> proxy (weak), set by sandbox
+        # learner side: handle -> object and back; grader side: handle -> proxy (weak),
+        # set by sandbox
         self.handles: dict[int, object] = {}
         self.handle_of: dict[int, int] = {}
         self.callables: dict[int, object] = {}
         self.callable_of: dict[int, int] = {}
-        self.released: list[int] = []  # handles (grader side) or callables (learner side) no longer held
+        self.released: list[
+            int
+        ] = []  # handles (grader side) or callables (learner side) no longer held
         self.forgotten: list[int] = []
-        self.dropping: list[int] = []  # shared objects to forget once this message is written
+        self.dropping: list[
+            int
+        ] = []  # shared objects to forget once this message is written
         self.namedtuples: dict = {}
         self.make_proxy = None  # grader side: (hid, info) -> proxy
         self.proxy_handle = None  # grader side: proxy -> hid or None
         self.make_callback = None  # learner side: fid -> callable
         self.make_method = None  # grader side: (proxy, name) -> method proxy
-        self.special = None  # (x, ctx, depth) -> encoded value or None, for proxies and methods
+        self.special = (
+            None  # (x, ctx, depth) -> encoded value or None, for proxies and methods
+        )
         self.learner_file = None
 
     # -- ids -----------------------------------------------------------------------------------
@@ -378,7 +429,10 @@ class Peer:
         if t is range:
             return ["r", x.start, x.stop, x.step]
         if t is slice:
-            return ["sl", [self.enc(v, ctx, depth + 1) for v in (x.start, x.stop, x.step)]]
+            return [
+                "sl",
+                [self.enc(v, ctx, depth + 1) for v in (x.start, x.stop, x.step)],
+            ]
         if x is Ellipsis:
             return ["E"]
         torch = _torch()
@@ -391,7 +445,11 @@ class Peer:
                 return ["dv", str(x)]
             if t is torch.Size:
                 return ["sz", [int(v) for v in x]]
-        if isinstance(x, tuple) and hasattr(t, "_fields") and self._is_plain_namedtuple(t):
+        if (
+            isinstance(x, tuple)
+            and hasattr(t, "_fields")
+            and self._is_plain_namedtuple(t)
+        ):
             key = [t.__module__, t.__qualname__, list(t._fields)]
             self.namedtuples[tuple(key[:2]) + tuple(key[2])] = t
             return ["nt", key, [self.enc(v, ctx, depth + 1) for v in x]]
@@ -425,8 +483,10 @@ class Peer:
                     self.callable_of[id(x)] = fid
                     ctx.made.append(("callable", fid))
                 return ["f", fid]
-            raise NotData(f"the grader cannot hand {_kind(x)} to your code (only data, your own objects and "
-                          "functions cross)")
+            raise NotData(
+                f"the grader cannot hand {_kind(x)} to your code (only data, your own objects and "
+                "functions cross)"
+            )
         # learner side: a handle to the object (GraderFunction and _Method are special, above)
         hid = self.handle_of.get(id(x))
         if hid is None:
@@ -436,12 +496,19 @@ class Peer:
             ctx.made.append(("handle", hid))
         try:
             h = hash(x)
-        except Exception:  # noqa: BLE001 - unhashable, or a __hash__ that raises
+        except Exception:
             h = None
-        info = [h, f"{getattr(type(x), '__module__', '?')}.{getattr(type(x), '__qualname__', '?')}",
-                "class" if isinstance(x, type) else "callable" if callable(x) else "object"]
+        info = [
+            h,
+            f"{getattr(type(x), '__module__', '?')}.{getattr(type(x), '__qualname__', '?')}",
+            "class" if isinstance(x, type) else "callable" if callable(x) else "object",
+        ]
         if isinstance(x, type) or callable(x):
-            info.append(getattr(x, "__name__", "?") if isinstance(getattr(x, "__name__", None), str) else "?")
+            info.append(
+                getattr(x, "__name__", "?")
+                if isinstance(getattr(x, "__name__", None), str)
+                else "?"
+            )
         return ["h", hid, info]
 
     def _share(self, x, kind, ctx, depth):
@@ -466,20 +533,35 @@ class Peer:
         try:
             if e.kind in ("l", "s"):
                 return [self.enc(v, ctx, depth + 1) for v in x]
-            return [[self.enc(k, ctx, depth + 1), self.enc(v, ctx, depth + 1)] for k, v in x.items()]
+            return [
+                [self.enc(k, ctx, depth + 1), self.enc(v, ctx, depth + 1)]
+                for k, v in x.items()
+            ]
         finally:
             ctx.memo = saved
 
     def _tensor_meta(self, x, ctx):
-        if x.is_sparse or x.is_quantized or getattr(x, "is_nested", False) or x.layout != _torch().strided:
+        if (
+            x.is_sparse
+            or x.is_quantized
+            or getattr(x, "is_nested", False)
+            or x.layout != _torch().strided
+        ):
             raise NotData("a sparse, quantized or nested tensor")
         if x.device.type not in ("cpu", "cuda"):
             raise NotData(f"a tensor on device {x.device}")
         if x.is_conj() or x.is_neg():
             x = x.resolve_conj().resolve_neg()
         storage = self._share_storage(x, ctx) if x.untyped_storage().nbytes() else None
-        return [storage, str(x.dtype).removeprefix("torch."), [int(s) for s in x.shape],
-                [int(s) for s in x.stride()], int(x.storage_offset()), bool(x.requires_grad), str(x.device)]
+        return [
+            storage,
+            str(x.dtype).removeprefix("torch."),
+            [int(s) for s in x.shape],
+            [int(s) for s in x.stride()],
+            int(x.storage_offset()),
+            bool(x.requires_grad),
+            str(x.device),
+        ]
 
     def _share_tensor(self, x, ctx):
         sid = self.by_key.get(id(x))
@@ -512,8 +594,22 @@ class Peer:
         self.shared[sid] = e
         self.by_key[key] = sid
         ctx.made.append(("shared", sid))
-        base_mod = s.data_ptr() % mmap.PAGESIZE if e.ranges != [[0, e.u8.numel()]] else 0
-        ctx.defs.append([sid, "S", [str(x.device), e.u8.numel(), e.ranges, base_mod, self._storage_blobs(e, ctx)]])
+        base_mod = (
+            s.data_ptr() % mmap.PAGESIZE if e.ranges != [[0, e.u8.numel()]] else 0
+        )
+        ctx.defs.append(
+            [
+                sid,
+                "S",
+                [
+                    str(x.device),
+                    e.u8.numel(),
+                    e.ranges,
+                    base_mod,
+                    self._storage_blobs(e, ctx),
+                ],
+            ]
+        )
         e.snap = [e.u8[a:b].clone() for a, b in e.ranges]
         return sid
 
@@ -536,10 +632,16 @@ class Peer:
             if sid in made:
                 continue  # defined in this very message
             if e.kind == "S":
-                if all(torch.equal(e.u8[a:b], s) for (a, b), s in zip(e.ranges, e.snap)):
+                if all(
+                    torch.equal(e.u8[a:b], s) for (a, b), s in zip(e.ranges, e.snap)
+                ):
                     continue
                 out.append([sid, self._storage_blobs(e, ctx)])
-                ctx.commits.append(lambda e=e: setattr(e, "snap", [e.u8[a:b].clone() for a, b in e.ranges]))
+                ctx.commits.append(
+                    lambda e=e: setattr(
+                        e, "snap", [e.u8[a:b].clone() for a, b in e.ranges]
+                    )
+                )
             elif e.kind == "T":
                 meta = self._tensor_meta(e.obj, ctx)
                 if meta != e.sig:
@@ -561,11 +663,15 @@ class Peer:
             if sys.getrefcount(e.obj) <= 2:  # the entry's reference and the argument's
                 self.dropping.append(sid)
         drop = set(self.dropping)
-        used = {e.sig[0] for s, e in self.shared.items() if e.kind == "T" and s not in drop}
+        used = {
+            e.sig[0] for s, e in self.shared.items() if e.kind == "T" and s not in drop
+        }
         for sid, e in list(self.shared.items()):
             if e.kind == "S" and sid not in used:
                 n = _use_count(e.u8)
-                if n is not None and n <= 2:  # our u8 view and the wrapper asked for the count
+                if (
+                    n is not None and n <= 2
+                ):  # our u8 view and the wrapper asked for the count
                     self.dropping.append(sid)
 
     def _forget(self, sid) -> None:
@@ -590,7 +696,9 @@ class Peer:
             raise
         for commit in ctx.commits:
             commit()
-        for sid in self.dropping:  # changed in place just before it was dropped: sent, then forgotten
+        for sid in (
+            self.dropping
+        ):  # changed in place just before it was dropped: sent, then forgotten
             self._forget(sid)
         self.dropping = []
         forgotten, self.forgotten = self.forgotten, []
@@ -614,8 +722,14 @@ class Peer:
 
     # -- decoding --------------------------------------------------------------------------------
     def decode_message(self, header, blobs):
-        if not (isinstance(header, list) and len(header) == 3 and isinstance(header[0], str)
-                and isinstance(header[1], list) and isinstance(header[2], list) and len(header[2]) == 4):
+        if not (
+            isinstance(header, list)
+            and len(header) == 3
+            and isinstance(header[0], str)
+            and isinstance(header[1], list)
+            and isinstance(header[2], list)
+            and len(header[2]) == 4
+        ):
             raise WireError("a message of the wrong shape")
         kind, body, (defs, upd, forgotten, released) = header
         self._apply(defs, upd, forgotten, released, blobs)
@@ -641,7 +755,12 @@ class Peer:
                     del self.callable_of[id(fn)]
         fill = []
         order = {"S": 0, "T": 1, "l": 2, "d": 2, "s": 2}
-        for d in sorted(defs, key=lambda d: order.get(d[1], 9) if isinstance(d, list) and len(d) == 3 else 9):
+        for d in sorted(
+            defs,
+            key=lambda d: (
+                order.get(d[1], 9) if isinstance(d, list) and len(d) == 3 else 9
+            ),
+        ):
             if not (isinstance(d, list) and len(d) == 3 and d[1] in order):
                 raise WireError("a shared object of the wrong shape")
             sid, kind, content = d
@@ -696,7 +815,9 @@ class Peer:
             for kv in content:
                 if not (isinstance(kv, list) and len(kv) == 2):
                     raise WireError("a dict item of the wrong shape")
-                items.append((self.dec(kv[0], blobs, 1, memo), self.dec(kv[1], blobs, 1, memo)))
+                items.append(
+                    (self.dec(kv[0], blobs, 1, memo), self.dec(kv[1], blobs, 1, memo))
+                )
             x.clear()
             x.update(items)
         e.sig = _sig(e.kind, x)
@@ -713,14 +834,28 @@ class Peer:
             raise WireError("a storage of the wrong shape")
         device, nbytes, ranges, base_mod, parts = content
         dev = _device(device)
-        if type(nbytes) is not int or nbytes < 0 or type(base_mod) is not int or not 0 <= base_mod < mmap.PAGESIZE:
+        if (
+            type(nbytes) is not int
+            or nbytes < 0
+            or type(base_mod) is not int
+            or not 0 <= base_mod < mmap.PAGESIZE
+        ):
             raise WireError("a storage of the wrong size")
-        if not (isinstance(ranges, list) and isinstance(parts, list) and len(parts) == len(ranges)):
+        if not (
+            isinstance(ranges, list)
+            and isinstance(parts, list)
+            and len(parts) == len(ranges)
+        ):
             raise WireError("a storage of the wrong shape")
         last = 0
         for r in ranges:
-            if not (isinstance(r, list) and len(r) == 2 and all(type(v) is int for v in r)
-                    and last <= r[0] < r[1] <= nbytes or r == [0, 0] == [0, nbytes]):
+            if not (
+                isinstance(r, list)
+                and len(r) == 2
+                and all(type(v) is int for v in r)
+                and last <= r[0] < r[1] <= nbytes
+                or r == [0, 0] == [0, nbytes]
+            ):
                 raise WireError("a storage's readable ranges are out of order")
             last = r[1]
         e.ranges = ranges
@@ -757,9 +892,15 @@ class Peer:
         sid, dtype, size, stride, offset, rg, device = meta
         dt = _dtype(dtype)
         dev = _device(device)
-        if not (isinstance(size, list) and isinstance(stride, list) and len(size) == len(stride) <= MAX_DIMS
-                and all(type(v) is int and v >= 0 for v in size + stride) and type(offset) is int and offset >= 0
-                and type(rg) is bool):
+        if not (
+            isinstance(size, list)
+            and isinstance(stride, list)
+            and len(size) == len(stride) <= MAX_DIMS
+            and all(type(v) is int and v >= 0 for v in size + stride)
+            and type(offset) is int
+            and offset >= 0
+            and type(rg) is bool
+        ):
             raise WireError("a tensor's shape, strides or offset are not valid")
         import torch
 
@@ -801,7 +942,12 @@ class Peer:
         _, _, size, stride, offset, rg, _ = meta
         with torch.no_grad():
             if st is None:
-                t.set_(torch.empty(0, dtype=t.dtype, device=t.device).untyped_storage(), 0, size, stride)
+                t.set_(
+                    torch.empty(0, dtype=t.dtype, device=t.device).untyped_storage(),
+                    0,
+                    size,
+                    stride,
+                )
             else:
                 t.set_(st.u8.untyped_storage(), offset, size, stride)
         if t.requires_grad != rg and t.is_leaf:
@@ -831,7 +977,9 @@ class Peer:
         if tag in ("l", "d", "s", "T") and n == 2:
             e = self.shared.get(v[1]) if type(v[1]) is int else None
             if e is None or e.kind != tag:
-                raise WireError(f"a reference to a shared object that is not there ({tag} {v[1]!r})")
+                raise WireError(
+                    f"a reference to a shared object that is not there ({tag} {v[1]!r})"
+                )
             return e.obj
         if tag == "b" and n == 2:
             out = bytes(self._blob(blobs, v[1]))
@@ -855,12 +1003,19 @@ class Peer:
             return _dtype(v[1])
         if tag == "dv" and n == 2:
             return _device(v[1])
-        if tag == "sz" and n == 2 and isinstance(v[1], list) and all(type(x) is int for x in v[1]):
+        if (
+            tag == "sz"
+            and n == 2
+            and isinstance(v[1], list)
+            and all(type(x) is int for x in v[1])
+        ):
             import torch
 
             return torch.Size(v[1])
         if tag == "nt" and n == 3:
-            return self._namedtuple(v[1], [self.dec(x, blobs, depth + 1, memo) for x in v[2]])
+            return self._namedtuple(
+                v[1], [self.dec(x, blobs, depth + 1, memo) for x in v[2]]
+            )
         if tag == "h":
             return self.handle(v)
         if tag == "f" and n == 2 and type(v[1]) is int:
@@ -873,14 +1028,21 @@ class Peer:
         raise WireError(f"a value of the wrong shape (tag {tag!r})")
 
     def _namedtuple(self, key, items):
-        if not (isinstance(key, list) and len(key) == 3 and all(isinstance(k, str) for k in key[:2])
-                and isinstance(key[2], list) and all(isinstance(f, str) and f.isidentifier() for f in key[2])
-                and len(key[2]) == len(items)):
+        if not (
+            isinstance(key, list)
+            and len(key) == 3
+            and all(isinstance(k, str) for k in key[:2])
+            and isinstance(key[2], list)
+            and all(isinstance(f, str) and f.isidentifier() for f in key[2])
+            and len(key[2]) == len(items)
+        ):
             raise WireError("a named tuple of the wrong shape")
         k = tuple(key[:2]) + tuple(key[2])
         cls = self.namedtuples.get(k)
         if cls is None:
-            if self.side == "grader":  # a named tuple the grader never sent: a plain tuple
+            if (
+                self.side == "grader"
+            ):  # a named tuple the grader never sent: a plain tuple
                 return tuple(items)
             import collections
 
@@ -896,8 +1058,9 @@ class Peer:
             if len(v) != 2 or v[1] not in self.handles:
                 raise WireError("a handle that is not there")
             return self.handles[v[1]]
-        if not (len(v) == 3 and type(v[1]) is int and v[1] < 0 and isinstance(v[2], list)) and not (
-                len(v) == 2 and type(v[1]) is int):
+        if not (
+            len(v) == 3 and type(v[1]) is int and v[1] < 0 and isinstance(v[2], list)
+        ) and not (len(v) == 2 and type(v[1]) is int):
             raise WireError("a handle of the wrong shape")
         return self.make_proxy(v[1], v[2] if len(v) == 3 else None)
 
@@ -950,7 +1113,9 @@ class Learner:
         if fn is None:
             fn = GraderFunction(self, fid)
             self.callbacks[fid] = weakref.ref(fn)
-            while fid in self.peer.released:  # it died and came back before the grader heard of it
+            while (
+                fid in self.peer.released
+            ):  # it died and came back before the grader heard of it
                 self.peer.released.remove(fid)
         return fn
 
@@ -962,7 +1127,7 @@ class Learner:
         """Run ``fn`` and send its result, or the exception it raised."""
         try:
             value = fn()
-        except BaseException as exc:  # noqa: BLE001 - every learner error goes back as data
+        except BaseException as exc:
             self.send_error(exc)
             return
         try:
@@ -971,14 +1136,27 @@ class Learner:
             self.send_error(exc, not_data=True)
 
     def send_error(self, exc, not_data=False):
-        info = exception_info(exc, self.file, getattr(exc, "_memlab_grader_error", None))
+        info = exception_info(
+            exc, self.file, getattr(exc, "_memlab_grader_error", None)
+        )
         if not_data:
             info = ("NotData",) + info[1:]
         try:
             self.send("e", [info])
         except NotData:
-            self.send("e", [("RuntimeError", ("RuntimeError", "Exception"), "an error that cannot be sent", "",
-                             "", None)])
+            self.send(
+                "e",
+                [
+                    (
+                        "RuntimeError",
+                        ("RuntimeError", "Exception"),
+                        "an error that cannot be sent",
+                        "",
+                        "",
+                        None,
+                    )
+                ],
+            )
 
     def serve(self):
         """Answer the grader's requests until it hangs up."""
@@ -992,7 +1170,7 @@ class Learner:
     def handle(self, header, blobs):
         try:
             kind, body = self.peer.decode_message(header, blobs)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             self.send_error(exc)
             return
         if kind != "q" or not body or not isinstance(body[0], str):
@@ -1007,9 +1185,15 @@ class Learner:
         if op == "getattr":
             obj, name = args
             value = getattr(obj, name)
-            if (getattr(value, "__self__", None) is obj and hasattr(value, "__func__") and not isinstance(obj, type)
-                    and obj is not self.module):
-                return _Method(obj, name)  # a.method(...) then costs one round trip, not two
+            if (
+                getattr(value, "__self__", None) is obj
+                and hasattr(value, "__func__")
+                and not isinstance(obj, type)
+                and obj is not self.module
+            ):
+                return _Method(
+                    obj, name
+                )  # a.method(...) then costs one round trip, not two
             return value
         if op == "setattr":
             setattr(args[0], args[1], args[2])
@@ -1049,7 +1233,9 @@ class Learner:
 
     def call_grader(self, fid, args, kwargs):
         """Call a function of the grader's process (a callback); serve its requests meanwhile."""
-        self.send("q", ["call", self._callback(fid), tuple(args), tuple(kwargs.items())])
+        self.send(
+            "q", ["call", self._callback(fid), tuple(args), tuple(kwargs.items())]
+        )
         while True:
             try:
                 header, blobs = recv_msg(self.sock)
@@ -1076,14 +1262,28 @@ class _Method:
 
 
 _OPS = {
-    "len": len, "bool": bool, "hash": hash, "contains": lambda a, b: b in a,
-    "getitem": lambda a, k: a[k], "setitem": lambda a, k, v: a.__setitem__(k, v),
+    "len": len,
+    "bool": bool,
+    "hash": hash,
+    "contains": lambda a, b: b in a,
+    "getitem": lambda a, k: a[k],
+    "setitem": lambda a, k, v: a.__setitem__(k, v),
     "delitem": lambda a, k: a.__delitem__(k),
-    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
-    "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "neg": lambda a: -a, "int": int, "float": float, "index": lambda a: a.__index__(),
-    "enter": lambda a: a.__enter__(), "exit": lambda a, t, v, tb: a.__exit__(t, v, tb),
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "neg": lambda a: -a,
+    "int": int,
+    "float": float,
+    "index": lambda a: a.__index__(),
+    "enter": lambda a: a.__enter__(),
+    "exit": lambda a, t, v, tb: a.__exit__(t, v, tb),
 }
 
 
@@ -1113,7 +1313,7 @@ def _error_from(info):
     base = next((_EXC_BASES[b] for b in info[1] if b in _EXC_BASES), RuntimeError)
     try:
         exc = base(info[2])
-    except Exception:  # noqa: BLE001 - a builtin error that wants more arguments
+    except Exception:
         exc = RuntimeError(info[2])
     exc._memlab_grader_error = info[5]
     return exc
@@ -1121,8 +1321,20 @@ def _error_from(info):
 
 # -- the learner's process: set-up, hooks, the module, the zygote ----------------------------------
 
-FORBIDDEN = ("memlab", "solutions", "exercises", "tests", "pytest", "_pytest", "pluggy", "xdist", "exercise_refs",
-             "conftest", "loading", "bug_zoo")
+FORBIDDEN = (
+    "memlab",
+    "solutions",
+    "exercises",
+    "tests",
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "xdist",
+    "exercise_refs",
+    "conftest",
+    "loading",
+    "bug_zoo",
+)
 
 
 def _audit_hook(blocked, allowed, own_files, report, cpu_only):
@@ -1132,11 +1344,27 @@ def _audit_hook(blocked, allowed, own_files, report, cpu_only):
     learner's code cannot patch it away (it cannot remove an audit hook either)."""
     import pathlib
 
-    _readlink, _getcwd, _fsdecode, _getpid, _getpgid = os.readlink, os.getcwd, os.fsdecode, os.getpid, os.getpgid
-    _str, _bytes, _int, _isinstance, _len, _type = str, bytes, int, isinstance, len, type
+    _readlink, _getcwd, _fsdecode, _getpid, _getpgid = (
+        os.readlink,
+        os.getcwd,
+        os.fsdecode,
+        os.getpid,
+        os.getpgid,
+    )
+    _str, _bytes, _int, _isinstance, _len, _type = (
+        str,
+        bytes,
+        int,
+        isinstance,
+        len,
+        type,
+    )
     _PermissionError, _ModuleNotFoundError = PermissionError, ModuleNotFoundError
     path_types = (pathlib.PurePosixPath, pathlib.PosixPath)
-    roots = sorted([(r, True) for r in blocked] + [(a, False) for a in allowed], key=lambda rb: -_len(rb[0]))
+    roots = sorted(
+        [(r, True) for r in blocked] + [(a, False) for a in allowed],
+        key=lambda rb: -_len(rb[0]),
+    )
     own = frozenset(own_files)
     busy = [False]
 
@@ -1188,10 +1416,28 @@ def _audit_hook(blocked, allowed, own_files, report, cpu_only):
                 return f"{path} (the course's own files)" if bad else None
         return None
 
-    reads = {"open": 1, "os.listdir": 1, "os.scandir": 1, "glob.glob": 1, "os.chdir": 1,
-             "os.symlink": 2, "os.link": 2, "os.rename": 2, "shutil.copyfile": 2, "shutil.copytree": 2}
-    spawns = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-              "pty.spawn"}
+    reads = {
+        "open": 1,
+        "os.listdir": 1,
+        "os.scandir": 1,
+        "glob.glob": 1,
+        "os.chdir": 1,
+        "os.symlink": 2,
+        "os.link": 2,
+        "os.rename": 2,
+        "shutil.copyfile": 2,
+        "shutil.copytree": 2,
+    }
+    spawns = {
+        "subprocess.Popen",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.fork",
+        "os.forkpty",
+        "pty.spawn",
+    }
 
     def hook(event, args):
         if busy[0]:
@@ -1205,25 +1451,40 @@ def _audit_hook(blocked, allowed, own_files, report, cpu_only):
                         a = "."
                     why = verdict(a)
                     if why is not None:
-                        report(f"reads {why}" if event != "os.chdir" else f"moves into {why}")
-                        raise _PermissionError(f"the grader does not let your code read {why}")
+                        report(
+                            f"reads {why}"
+                            if event != "os.chdir"
+                            else f"moves into {why}"
+                        )
+                        raise _PermissionError(
+                            f"the grader does not let your code read {why}"
+                        )
             finally:
                 busy[0] = False
         elif event in spawns:
             if cpu_only:
                 report(f"starts another program ({event})")
-                raise _PermissionError("the grader does not let your code start other programs")
+                raise _PermissionError(
+                    "the grader does not let your code start other programs"
+                )
         elif event in ("os.kill", "os.killpg"):
             pid = args[0]
-            if _isinstance(pid, _int) and pid not in (0, _getpid()) and not (event == "os.killpg"
-                                                                          and pid == _getpgid(0)):
+            if (
+                _isinstance(pid, _int)
+                and pid not in (0, _getpid())
+                and not (event == "os.killpg" and pid == _getpgid(0))
+            ):
                 report(f"sends a signal to another process (pid {pid})")
-                raise _PermissionError("the grader does not let your code signal other processes")
+                raise _PermissionError(
+                    "the grader does not let your code signal other processes"
+                )
         elif event == "import":
             name = args[0] if _isinstance(args[0], _str) else ""
             if name.split(".")[0] in FORBIDDEN:
                 report(f"imports {name}")
-                raise _ModuleNotFoundError(f"the grader does not let your code import {name}: write it yourself")
+                raise _ModuleNotFoundError(
+                    f"the grader does not let your code import {name}: write it yourself"
+                )
 
     return hook
 
@@ -1238,16 +1499,24 @@ class _Blocker:
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in FORBIDDEN:
             self.report(f"imports {fullname}")
-            raise ModuleNotFoundError(f"the grader does not let your code import {fullname}: write it yourself",
-                                      name=fullname)
+            raise ModuleNotFoundError(
+                f"the grader does not let your code import {fullname}: write it yourself",
+                name=fullname,
+            )
         return None
 
 
 def _limits(spec: dict) -> None:
     import resource
 
-    names = {"memory": "RLIMIT_AS", "data": "RLIMIT_DATA", "cpu": "RLIMIT_CPU", "fsize": "RLIMIT_FSIZE",
-             "nofile": "RLIMIT_NOFILE", "nproc": "RLIMIT_NPROC"}
+    names = {
+        "memory": "RLIMIT_AS",
+        "data": "RLIMIT_DATA",
+        "cpu": "RLIMIT_CPU",
+        "fsize": "RLIMIT_FSIZE",
+        "nofile": "RLIMIT_NOFILE",
+        "nproc": "RLIMIT_NPROC",
+    }
     for key, value in spec.items():
         if key in names and value and hasattr(resource, names[key]):
             resource.setrlimit(getattr(resource, names[key]), (int(value), int(value)))
@@ -1259,7 +1528,9 @@ def start_learner(sock, config: dict) -> None:
     os.chdir(work)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    out = os.open(os.path.join(work, "output.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    out = os.open(
+        os.path.join(work, "output.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+    )
     os.dup2(out, 1)
     os.dup2(out, 2)
     for s in (sys.stdout, sys.stderr):
@@ -1299,7 +1570,11 @@ def start_learner(sock, config: dict) -> None:
         if mod.split(".")[0] in FORBIDDEN:
             del sys.modules[mod]
     sys.meta_path.insert(0, _Blocker(report))
-    sys.addaudithook(_audit_hook(blocked, allowed, {real(file)}, report, config.get("cpu_only", True)))
+    sys.addaudithook(
+        _audit_hook(
+            blocked, allowed, {real(file)}, report, config.get("cpu_only", True)
+        )
+    )
 
     import importlib.util
 
@@ -1309,7 +1584,7 @@ def start_learner(sock, config: dict) -> None:
     learner = Learner(sock, module, file)
     try:
         spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 - the grader reports it in each test
+    except BaseException as exc:
         learner.send_error(exc)
         sock.close()
         os._exit(0)
@@ -1326,7 +1601,7 @@ def _zygote(control_fd: int, preload: list) -> None:
     for mod in preload:
         try:
             __import__(mod)
-        except Exception:  # noqa: BLE001 - the learner's import will say what is missing
+        except Exception:
             pass
     torch = _torch()
     if torch is not None:
@@ -1383,8 +1658,15 @@ def _zygote(control_fd: int, preload: list) -> None:
             status = children.get(pid)
             if status is not None:
                 del children[pid]
-            code = None if status is None else (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
-                                                else os.WEXITSTATUS(status))
+            code = (
+                None
+                if status is None
+                else (
+                    -os.WTERMSIG(status)
+                    if os.WIFSIGNALED(status)
+                    else os.WEXITSTATUS(status)
+                )
+            )
             ctl.send(json.dumps(["status", code]).encode())
 
 
@@ -1395,11 +1677,13 @@ def main(argv: list) -> None:
         for mod in json.loads(argv[3]):
             try:
                 __import__(mod)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         start_learner(socket.socket(fileno=int(argv[1])), json.loads(argv[2]))
     else:
-        raise SystemExit("usage: wire.py --zygote FD PRELOAD | --learner FD CONFIG PRELOAD")
+        raise SystemExit(
+            "usage: wire.py --zygote FD PRELOAD | --learner FD CONFIG PRELOAD"
+        )
 
 
 if __name__ == "__main__":

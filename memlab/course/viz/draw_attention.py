@@ -23,7 +23,9 @@ class AttnFrame:
     note: str = ""
 
 
-def attention_frames(scene, q, layer: int = 0, head: int = 0, block: int | None = None) -> dict:
+def attention_frames(
+    scene, q, layer: int = 0, head: int = 0, block: int | None = None
+) -> dict:
     """Per request, the steps of reading its KV ``block`` positions at a time (default: a page)."""
     kv = scene.kvcache
     k = kv.get_key_buffer(layer).float()
@@ -32,36 +34,61 @@ def attention_frames(scene, q, layer: int = 0, head: int = 0, block: int | None 
     stories = {}
     for b, (rid, req) in enumerate(scene.reqs.items()):
         slots = scene.slots(rid)
-        scores = [float(q[b, head].float() @ k[s, head // group]) / math.sqrt(q.shape[-1]) for s in slots]
+        scores = [
+            float(q[b, head].float() @ k[s, head // group]) / math.sqrt(q.shape[-1])
+            for s in slots
+        ]
         top = max(scores)
         e = [math.exp(x - top) for x in scores]
-        weights = tuple(x / sum(e) for x in e)  # for the picture only; the kernels compute their own
+        weights = tuple(
+            x / sum(e) for x in e
+        )  # for the picture only; the kernels compute their own
         frames = []
         for start in range(0, len(slots), block):
             pos = tuple(range(start, min(start + block, len(slots))))
             read = [slots[p] for p in pos]
             books = dataclasses.replace(scene.books(), new_slots=frozenset(read))
-            frames.append(AttnFrame(f"{rid} (row {req.kv.req_pool_idx}): positions {pos[0]}..{pos[-1]} -> "
-                                    f"req_to_token gives slots {read}", books, rid, pos, weights))
+            frames.append(
+                AttnFrame(
+                    f"{rid} (row {req.kv.req_pool_idx}): positions {pos[0]}..{pos[-1]} -> "
+                    f"req_to_token gives slots {read}",
+                    books,
+                    rid,
+                    pos,
+                    weights,
+                )
+            )
         stories[f"request {rid}"] = frames
     return stories
 
 
 def draw_attention(frame: AttnFrame, width: float = 11.0):
     fig, (grid, bars) = new_figure(width, 3.4, ncols=2, width_ratios=[1.4, 1])
-    draw_slot_grid(grid, frame.books, title="the pool: slots read in this step have a black edge")
+    draw_slot_grid(
+        grid, frame.books, title="the pool: slots read in this step have a black edge"
+    )
     n = len(frame.weights)
     color = owner_color(frame.rid)
-    cols = [color if p in frame.positions else ("#555555" if p < frame.positions[0] else "#dddddd") for p in range(n)]
+    cols = [
+        color
+        if p in frame.positions
+        else ("#555555" if p < frame.positions[0] else "#dddddd")
+        for p in range(n)
+    ]
     rects = bars.bar(range(n), frame.weights, color=cols)
     for p, r in enumerate(rects):
         r.set_gid(f"weight:{p}")
     bars.set_xlabel(f"position in request {frame.rid}")
     bars.set_ylabel("attention weight (head 0)")
-    bars.set_title("weights: read before (dark), now (colour), later (light)", fontsize=9,
-                   loc="left")
+    bars.set_title(
+        "weights: read before (dark), now (colour), later (light)",
+        fontsize=9,
+        loc="left",
+    )
     bars.set_ylim(0, max(frame.weights) * 1.15)
-    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
@@ -69,13 +96,21 @@ def fill_kv(scene, seed: int = 0) -> None:
     """Write random K and V for every held slot of every layer, through ``set_kv_buffer``."""
     kv = scene.kvcache
     g = torch.Generator().manual_seed(seed)
-    slots = torch.tensor([s for rid in scene.reqs for s in scene.slots(rid)], dtype=torch.int64)
+    slots = torch.tensor(
+        [s for rid in scene.reqs for s in scene.slots(rid)], dtype=torch.int64
+    )
     for layer in range(kv.layer_num):
         shape = (len(slots), kv.head_num, kv.head_dim)
-        kv.set_kv_buffer(layer, slots, torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+        kv.set_kv_buffer(
+            layer,
+            slots,
+            torch.randn(shape, generator=g),
+            torch.randn(shape, generator=g),
+        )
 
 
 # -- the instrument: the learner picks a request, a layer, a head; the kernel runs on THAT ---------
+
 
 class AttnWorld:
     """Chapter 09's books (chapter 00's scene after A and D's chunked prefill, random K and V in
@@ -88,9 +123,13 @@ class AttnWorld:
         self.scene.extend_batch({"A": 6, "D": 3})
         fill_kv(self.scene)
         rids = list(self.scene.reqs)
-        q = torch.randn(len(rids), 4, 16, generator=torch.Generator().manual_seed(1))  # the chapter's q
+        q = torch.randn(
+            len(rids), 4, 16, generator=torch.Generator().manual_seed(1)
+        )  # the chapter's q
         self.q = {r: q[i] for i, r in enumerate(rids)}
-        self.gen = torch.Generator().manual_seed(2)  # K, V and queries of what the learner adds
+        self.gen = torch.Generator().manual_seed(
+            2
+        )  # K, V and queries of what the learner adds
 
 
 def _read_args(w: AttnWorld):
@@ -111,7 +150,13 @@ def dense_attention(q, k, v):
 def _op_read(w: AttnWorld, step, request, layer, head) -> None:
     """The request's decode query for ``layer`` and ``head``: the slots it reads (req_to_token),
     their pages, its weights; the Triton kernel's output next to dense attention's."""
-    from memlab.course.viz.instrument import InputError, Verbatim, integer, spell, spell_value
+    from memlab.course.viz.instrument import (
+        InputError,
+        Verbatim,
+        integer,
+        spell,
+        spell_value,
+    )
 
     sc, kv = w.scene, w.scene.kvcache
     if request not in sc.reqs:
@@ -130,11 +175,27 @@ def _op_read(w: AttnWorld, step, request, layer, head) -> None:
     weights, dense = dense_attention(q[b, head], k, v)
     ps = sc.allocator.page_size
     pages = list(dict.fromkeys(s // ps for s in slots))
-    step.call = spell("decode_attention_fwd", Verbatim("q"), Verbatim(f"kv.get_key_buffer({layer})"),
-                      Verbatim(f"kv.get_value_buffer({layer})"), Verbatim("req_to_token"), rows, seq_lens)
+    step.call = spell(
+        "decode_attention_fwd",
+        Verbatim("q"),
+        Verbatim(f"kv.get_key_buffer({layer})"),
+        Verbatim(f"kv.get_value_buffer({layer})"),
+        Verbatim("req_to_token"),
+        rows,
+        seq_lens,
+    )
     step.call += f"[{b}, {head}]  # request {request} is batch entry {b}; KV head {head // group}"
-    step.marks = dict(read=set(slots), request=request, weights=weights.tolist(), slots=slots, head=head, layer=layer)
-    step.caption = f"{request}, layer {layer}, head {head}: reads slots {slots} (pages {pages})"
+    step.marks = dict(
+        read=set(slots),
+        request=request,
+        weights=weights.tolist(),
+        slots=slots,
+        head=head,
+        layer=layer,
+    )
+    step.caption = (
+        f"{request}, layer {layer}, head {head}: reads slots {slots} (pages {pages})"
+    )
     step.result = f"reads pages {pages}"
     if step.replay:
         return
@@ -142,49 +203,89 @@ def _op_read(w: AttnWorld, step, request, layer, head) -> None:
     from memlab.common.env import kernel_device
 
     dev = kernel_device()
-    o = attention.decode_attention_fwd(q.to(dev), kv.get_key_buffer(layer).to(dev), kv.get_value_buffer(layer).to(dev),
-                                       sc.req_pool.req_to_token.to(dev), rows.to(dev), seq_lens.to(dev)).cpu()
+    o = attention.decode_attention_fwd(
+        q.to(dev),
+        kv.get_key_buffer(layer).to(dev),
+        kv.get_value_buffer(layer).to(dev),
+        sc.req_pool.req_to_token.to(dev),
+        rows.to(dev),
+        seq_lens.to(dev),
+    ).cpu()
     got = o[b, head].float()
     diff = float((got - dense).abs().max())
     step.marks["diff"] = diff
     step.result = f"reads pages {pages}; output {spell_value([round(x, 4) for x in got.tolist()[:4]])}... ; max |paged - dense| = {diff:.2e}"
-    verdict = ('<b style="color:#2e7d32">paged and dense agree</b>' if diff < 1e-4
-               else f'<b style="color:#c62828">they differ by {diff:.2e}</b>')
+    verdict = (
+        '<b style="color:#2e7d32">paged and dense agree</b>'
+        if diff < 1e-4
+        else f'<b style="color:#c62828">they differ by {diff:.2e}</b>'
+    )
     from memlab.course.viz.instrument import BOX, table_html
 
-    rows_ = [(f"{name}, dims {a}-{a + 7}", " ".join(f"{x:+.4f}" for x in vec.tolist()[a:a + 8]))
-             for a in (0, 8) for name, vec in (("paged (Triton kernel through req_to_token)", got),
-                                              ("dense (K, V copied out, softmax(qK^T/sqrt(d)) V)", dense))]
+    rows_ = [
+        (
+            f"{name}, dims {a}-{a + 7}",
+            " ".join(f"{x:+.4f}" for x in vec.tolist()[a : a + 8]),
+        )
+        for a in (0, 8)
+        for name, vec in (
+            ("paged (Triton kernel through req_to_token)", got),
+            ("dense (K, V copied out, softmax(qK^T/sqrt(d)) V)", dense),
+        )
+    ]
     mode = "the interpreter" if str(dev) == "cpu" else "compiled"
-    step.details = (f'<div class="memlab-attn-compare" style="{BOX}">{verdict} (max |difference| {diff:.2e}; '
-                    f'the kernel on {dev}: {mode}){table_html(("", f"output of head {head}"), rows_)}</div>')
+    step.details = (
+        f'<div class="memlab-attn-compare" style="{BOX}">{verdict} (max |difference| {diff:.2e}; '
+        f"the kernel on {dev}: {mode}){table_html(('', f'output of head {head}'), rows_)}</div>"
+    )
 
 
 def _op_extend(w: AttnWorld, step, requests, extend_lens) -> None:
     """More tokens for a request (a new one gets a row): ``alloc_for_extend``, then random K and V
     written into the new slots through ``set_kv_buffer``."""
-    from memlab.course.viz.instrument import InputError, Verbatim, ints, names, spell, spell_value
+    from memlab.course.viz.instrument import (
+        InputError,
+        Verbatim,
+        ints,
+        names,
+        spell,
+        spell_value,
+    )
 
     rids, lens = names(requests), ints(extend_lens)
     if not rids or len(rids) != len(lens):
-        raise InputError(f"{len(rids)} requests, {len(lens)} extend_lens: give one of each per request")
+        raise InputError(
+            f"{len(rids)} requests, {len(lens)} extend_lens: give one of each per request"
+        )
     if len(set(rids)) != len(rids):
         raise InputError("a request appears twice in one batch")
     sc, kv = w.scene, w.scene.kvcache
-    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
-                      reqs=Verbatim(f"[{', '.join(rids)}]"), extend_lens=lens)
+    step.call = spell(
+        "alloc_for_extend",
+        Verbatim("req_to_token_pool"),
+        Verbatim("allocator"),
+        reqs=Verbatim(f"[{', '.join(rids)}]"),
+        extend_lens=lens,
+    )
     out = sc.extend_batch(dict(zip(rids, lens)))
     if out is None:
         step.result = "None"
-        step.refuse(f"refused (alloc_for_extend returns None): {sc.allocator.available_size()} slots free, "
-                    f"{sc.req_pool.available_size()} row(s); nothing was taken")
+        step.refuse(
+            f"refused (alloc_for_extend returns None): {sc.allocator.available_size()} slots free, "
+            f"{sc.req_pool.available_size()} row(s); nothing was taken"
+        )
         return
     for r in rids:
         w.q.setdefault(r, torch.randn(4, 16, generator=w.gen))
     shape = (len(out), kv.head_num, kv.head_dim)
     for layer in range(kv.layer_num):
-        kv.set_kv_buffer(layer, out, torch.randn(shape, generator=w.gen), torch.randn(shape, generator=w.gen))
-    step.call += f"\n# then, per layer: kv.set_kv_buffer(layer, out_cache_loc, k, v) with random k, v"
+        kv.set_kv_buffer(
+            layer,
+            out,
+            torch.randn(shape, generator=w.gen),
+            torch.randn(shape, generator=w.gen),
+        )
+    step.call += "\n# then, per layer: kv.set_kv_buffer(layer, out_cache_loc, k, v) with random k, v"
     step.result = spell_value(out)
     step.marks = dict(new=set(out.tolist()))
     step.caption = f"extend {dict(zip(rids, lens))}: slots {out.tolist()}"
@@ -211,36 +312,78 @@ def draw_attention_svg(w: AttnWorld, step=None) -> str:
     read = marks.get("read", set()) | marks.get("new", set())
     sc = w.scene
     books = dataclasses.replace(sc.books(), new_slots=frozenset(read))
-    pool = svg_books(books, ("table", "slots"), readout="hover a slot: its request, position, page")
+    pool = svg_books(
+        books, ("table", "slots"), readout="hover a slot: its request, position, page"
+    )
     if "weights" not in marks:
         return pool
-    rid, ws, slots, head = marks["request"], marks["weights"], marks["slots"], marks["head"]
+    rid, ws, slots, head = (
+        marks["request"],
+        marks["weights"],
+        marks["slots"],
+        marks["head"],
+    )
     ps = sc.allocator.page_size
     c = Canvas("hover a bar: position, slot, page, weight")
-    c.text(4, 16, f"{rid}'s query, layer {marks['layer']}, head {head}: the weight of each position it reads",
-           size=12.5, weight="bold")
-    c.text(4, 30, "(the slots it reads have a black edge in the pool above)", size=10.5, color="#555")
+    c.text(
+        4,
+        16,
+        f"{rid}'s query, layer {marks['layer']}, head {head}: the weight of each position it reads",
+        size=12.5,
+        weight="bold",
+    )
+    c.text(
+        4,
+        30,
+        "(the slots it reads have a black edge in the pool above)",
+        size=10.5,
+        color="#555",
+    )
     top, hmax = 38, 90
     big = max(ws) or 1.0
     for p, (wt, s) in enumerate(zip(ws, slots)):
         h = max(2.0, hmax * wt / big)
         x = 4 + p * (CELL + 4)
-        c.cell(x, top + hmax - h, owner_color(rid), "", tip=f"{rid} position {p} · slot {s} = page {s // ps} × {ps} + "
-               f"offset {s % ps} · weight {wt:.4f}", gid=f"weight:{p}", h=h, stroke="#fff")
+        c.cell(
+            x,
+            top + hmax - h,
+            owner_color(rid),
+            "",
+            tip=f"{rid} position {p} · slot {s} = page {s // ps} × {ps} + "
+            f"offset {s % ps} · weight {wt:.4f}",
+            gid=f"weight:{p}",
+            h=h,
+            stroke="#fff",
+        )
         c.text(x + CELL / 2, top + hmax + 12, p, size=9.5, anchor="middle")
-        c.text(x + CELL / 2, top + hmax + 24, f"p{s // ps}", size=9, anchor="middle", color="#555")
-    c.text(4, top + hmax + 38, "position (top) and page (bottom)", size=10, color="#555")
+        c.text(
+            x + CELL / 2,
+            top + hmax + 24,
+            f"p{s // ps}",
+            size=9,
+            anchor="middle",
+            color="#555",
+        )
+    c.text(
+        4, top + hmax + 38, "position (top) and page (bottom)", size=10, color="#555"
+    )
     return pool + c.html()
 
 
 def attn_books(w: AttnWorld) -> dict:
     sc = w.scene
     ps = sc.allocator.page_size
-    out = {"available_size()": sc.allocator.available_size(), "free_pages": sc.allocator.free_pages.tolist()}
+    out = {
+        "available_size()": sc.allocator.available_size(),
+        "free_pages": sc.allocator.free_pages.tolist(),
+    }
     for rid, r in sc.reqs.items():
         slots = sc.slots(rid)
-        out[f"request {rid}"] = dict(row=r.kv.req_pool_idx, tokens=len(slots),
-                                     pages=list(dict.fromkeys(s // ps for s in slots)))
+        out[f"request {rid}"] = dict(
+            row=r.kv.req_pool_idx,
+            tokens=len(slots),
+            pages=list(dict.fromkeys(s // ps for s in slots)),
+        )
     return out
 
 
@@ -255,22 +398,64 @@ def attention_instrument(request: str = "A", layer: int = 0, head: int = 0):
         return W.Dropdown(description=name, layout=W.Layout(width=width), **kw)
 
     def box(name, value, width="180px"):
-        return W.Text(value=value, description=name, layout=W.Layout(width=width),
-                      style={"description_width": "initial"}, continuous_update=False)
+        return W.Text(
+            value=value,
+            description=name,
+            layout=W.Layout(width=width),
+            style={"description_width": "initial"},
+            continuous_update=False,
+        )
 
-    ops = [Operation("read", lambda w, step, request, layer, head: _op_read(w, step, request, layer, head),
-                     [Field("request", dd("request"), str, options=lambda w: list(w.scene.reqs)),
-                      Field("layer", dd("layer", options=[0, 1], value=layer), int),
-                      Field("head", dd("head", options=[0, 1, 2, 3], value=head), int)],
-                     label="read", help="decode_attention_fwd (the kernel) and dense attention on this request"),
-           Operation("extend", lambda w, step, requests, extend_lens: _op_extend(w, step, requests, extend_lens),
-                     [Field("requests", box("requests", "B")), Field("extend_lens", box("extend_lens", "5"))],
-                     label="extend"),
-           Operation("finish", lambda w, step, finishing: _op_finish(w, step, finishing),
-                     [Field("finishing", dd("request", "160px"), str, options=lambda w: list(w.scene.reqs))],
-                     label="finish")]
-    inst = Instrument(lambda: AttnWorld(), ops, draw_attention_svg, attn_books,
-                      title="attention through the pages: your request, layer, head")
+    ops = [
+        Operation(
+            "read",
+            lambda w, step, request, layer, head: _op_read(
+                w, step, request, layer, head
+            ),
+            [
+                Field(
+                    "request", dd("request"), str, options=lambda w: list(w.scene.reqs)
+                ),
+                Field("layer", dd("layer", options=[0, 1], value=layer), int),
+                Field("head", dd("head", options=[0, 1, 2, 3], value=head), int),
+            ],
+            label="read",
+            help="decode_attention_fwd (the kernel) and dense attention on this request",
+        ),
+        Operation(
+            "extend",
+            lambda w, step, requests, extend_lens: _op_extend(
+                w, step, requests, extend_lens
+            ),
+            [
+                Field("requests", box("requests", "B")),
+                Field("extend_lens", box("extend_lens", "5")),
+            ],
+            label="extend",
+        ),
+        Operation(
+            "finish",
+            lambda w, step, finishing: _op_finish(w, step, finishing),
+            [
+                Field(
+                    "finishing",
+                    dd("request", "160px"),
+                    str,
+                    options=lambda w: list(w.scene.reqs),
+                )
+            ],
+            label="finish",
+        ),
+    ]
+    inst = Instrument(
+        lambda: AttnWorld(),
+        ops,
+        draw_attention_svg,
+        attn_books,
+        title="attention through the pages: your request, layer, head",
+    )
     inst.fields["request"].widget.value = request
-    inst.press("read")  # a first read, kernel included (an opening step would replay without it)
+    inst.press(
+        "read"
+    )  # a first read, kernel included (an opening step would replay without it)
     return inst

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memlab.common.utils import ceil_div
-from memlab.course.viz.style import FREE, PADDING, PALETTE, caption_text, cell, grid_axes, new_figure, owner_color
+from memlab.course.viz.style import (
+    FREE,
+    PADDING,
+    PALETTE,
+    caption_text,
+    cell,
+    grid_axes,
+    new_figure,
+    owner_color,
+)
 
 CACHED = "#e8dcc0"  # a cached page (evictable when nobody maps it)
 
@@ -32,9 +41,19 @@ def read_engine(engine, caption: str, step: int, history: list) -> EngineFrame:
     owned, cached, shared = engine.page_books()  # the books engine.check_books audits
     free = len(engine.allocator.get_all_free_pages())
     num_pages = engine.allocator.num_pages
-    history.append((len(engine.running), len(engine.waiting), num_pages - free - len(cached), len(cached), free))
+    history.append(
+        (
+            len(engine.running),
+            len(engine.waiting),
+            num_pages - free - len(cached),
+            len(cached),
+            free,
+        )
+    )
     owner = {page: rid_name(rid) for page, rid in owned.items()}
-    return EngineFrame(caption, step, num_pages, owner, shared, frozenset(cached), tuple(history))
+    return EngineFrame(
+        caption, step, num_pages, owner, shared, frozenset(cached), tuple(history)
+    )
 
 
 def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
@@ -46,7 +65,12 @@ def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
     def snap(caption, step):
         return read_engine(engine, caption, step, history)
 
-    frames = [snap(f"{len(prompts)} requests waiting; {engine.allocator.num_pages} pages of {engine.page_size}", 0)]
+    frames = [
+        snap(
+            f"{len(prompts)} requests waiting; {engine.allocator.num_pages} pages of {engine.page_size}",
+            0,
+        )
+    ]
     step = 0
     while True:
         before = dict(engine.stats)
@@ -56,10 +80,18 @@ def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
         pre = engine.stats["prefill_tokens"] - before.get("prefill_tokens", 0)
         dec = engine.stats["decode_tokens"] - before.get("decode_tokens", 0)
         ret = engine.stats["retracted"] - before.get("retracted", 0)
-        kind = f"prefill batch of {pre} tokens" if pre else f"decode batch of {dec} requests"
+        kind = (
+            f"prefill batch of {pre} tokens"
+            if pre
+            else f"decode batch of {dec} requests"
+        )
         extra = f", {ret} retracted" if ret else ""
-        frames.append(snap(f"step {step}: {kind}{extra}; {len(engine.running)} running, {len(engine.waiting)} waiting",
-                           step))
+        frames.append(
+            snap(
+                f"step {step}: {kind}{extra}; {len(engine.running)} running, {len(engine.waiting)} waiting",
+                step,
+            )
+        )
     return frames
 
 
@@ -79,21 +111,40 @@ def draw_engine(frame: EngineFrame, width: float = 11.0):
             fill, label = CACHED, (f"x{frame.shared[p]}" if p in frame.shared else "")
         else:
             fill, label = FREE, ""
-        cell(grid, x, y, fill, label, gid=f"page:{p}", hatch="///" if p in frame.shared else None, fontsize=6)
+        cell(
+            grid,
+            x,
+            y,
+            fill,
+            label,
+            gid=f"page:{p}",
+            hatch="///" if p in frame.shared else None,
+            fontsize=6,
+        )
     lines = ceil_div(frame.num_pages + 1, per_line)
     grid.set_xlim(-0.2, per_line + 0.2)
     grid.set_ylim(lines + 0.2, -0.5)
     h = frame.history
     steps = range(len(h))
-    plot.stackplot(steps, [x[2] for x in h], [x[3] for x in h], [x[4] for x in h],
-                   colors=[PALETTE[0], CACHED, FREE], labels=["owned", "cached", "free"])
+    plot.stackplot(
+        steps,
+        [x[2] for x in h],
+        [x[3] for x in h],
+        [x[4] for x in h],
+        colors=[PALETTE[0], CACHED, FREE],
+        labels=["owned", "cached", "free"],
+    )
     plot.set_xlim(0, max(len(h) - 1, 1))
     plot.set_ylim(0, frame.num_pages)
     plot.set_xlabel("step")
     plot.set_ylabel("pages")
     twin = plot.twinx()
-    twin.step(steps, [x[0] for x in h], where="post", color="black", lw=1, label="running")
-    twin.step(steps, [x[1] for x in h], where="post", color="#e15759", lw=1, label="waiting")
+    twin.step(
+        steps, [x[0] for x in h], where="post", color="black", lw=1, label="running"
+    )
+    twin.step(
+        steps, [x[1] for x in h], where="post", color="#e15759", lw=1, label="waiting"
+    )
     twin.set_ylim(0, max(max(x[0] + x[1] for x in h), 1) + 1)
     twin.set_ylabel("requests")
     plot.legend(loc="upper left", fontsize=7)

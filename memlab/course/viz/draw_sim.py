@@ -10,14 +10,29 @@ from __future__ import annotations
 import numpy as np
 
 from memlab.capstone.sim import DEFAULT_POOL_SIZE, load_workload, simulate
-from memlab.capstone.sim.figure2 import CATEGORIES, PAPER_FIG2, SYSTEMS, paper_categories
+from memlab.capstone.sim.figure2 import (
+    CATEGORIES,
+    PAPER_FIG2,
+    SYSTEMS,
+    paper_categories,
+)
 from memlab.capstone.sim.replay import SHARES, bin_timeline
 from memlab.course.viz.style import FREE, new_figure
 
-COLORS = {"used": "#59a14f", "reserved": "#a0cbe8", "internal": "#f28e2b", "rounding": "#e15759", "free": FREE}
-LABELS = {"used": "used (real token state)", "reserved": "reserved, not yet used",
-          "internal": "internal fragmentation", "rounding": "buddy rounding to a power of two",
-          "free": "free / external fragmentation"}
+COLORS = {
+    "used": "#59a14f",
+    "reserved": "#a0cbe8",
+    "internal": "#f28e2b",
+    "rounding": "#e15759",
+    "free": FREE,
+}
+LABELS = {
+    "used": "used (real token state)",
+    "reserved": "reserved, not yet used",
+    "internal": "internal fragmentation",
+    "rounding": "buddy rounding to a power of two",
+    "free": "free / external fragmentation",
+}
 FIG2_COLORS = dict(zip(CATEGORIES, ("#59a14f", "#a0cbe8", "#f28e2b", "#bab0ac")))
 
 
@@ -36,13 +51,24 @@ def plot_breakdown(results, ax=None, title=None):
     left = np.zeros(len(results))
     for share in SHARES:
         width = np.array([100 * r.shares[share] for r in results])
-        ax.barh(y, width, left=left, color=COLORS[share], edgecolor="white", label=LABELS[share])
+        ax.barh(
+            y,
+            width,
+            left=left,
+            color=COLORS[share],
+            edgecolor="white",
+            label=LABELS[share],
+        )
         for yi, (l, w) in enumerate(zip(left, width)):
             if w >= 6:
-                ax.text(l + w / 2, yi, f"{w:.0f}%", ha="center", va="center", fontsize=8)
+                ax.text(
+                    l + w / 2, yi, f"{w:.0f}%", ha="center", va="center", fontsize=8
+                )
         left += width
     for yi, r in enumerate(results):
-        note = f"batch {r.avg_batch:.1f}" + (f"\n{r.preemptions:,} preempted" if r.preemptions else "")
+        note = f"batch {r.avg_batch:.1f}" + (
+            f"\n{r.preemptions:,} preempted" if r.preemptions else ""
+        )
         ax.text(101, yi, note, va="center", fontsize=8)
     ax.set_yticks(y, [r.policy for r in results])
     ax.invert_yaxis()
@@ -50,8 +76,13 @@ def plot_breakdown(results, ax=None, title=None):
     ax.set_xticks(range(0, 101, 20))
     ax.set_xlabel("% of the pool's slots, averaged over iterations")
     ax.set_title(title or results[0].workload)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / max(len(results), 1)), ncol=3,
-              fontsize=8, frameon=False)
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25 - 0.1 / max(len(results), 1)),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     return fig
 
 
@@ -70,7 +101,14 @@ def plot_sweep(results, ax=None, title=None):
     lo = min(80, 10 * int(used.min() // 10))
     for share in SHARES:
         h = np.array([100 * r.shares[share] for r in results])
-        ax.bar(x, h, bottom=bottom, color=COLORS[share], edgecolor="white", label=LABELS[share])
+        ax.bar(
+            x,
+            h,
+            bottom=bottom,
+            color=COLORS[share],
+            edgecolor="white",
+            label=LABELS[share],
+        )
         bottom += h
     for xi, u in zip(x, used):
         ax.text(xi, u - 0.5, f"{u:.1f}", ha="center", va="top", fontsize=7, rotation=90)
@@ -83,8 +121,15 @@ def plot_sweep(results, ax=None, title=None):
     twin.set_ylabel("average batch (requests)")
     twin.set_ylim(0, None)
     handles, names = ax.get_legend_handles_labels()
-    ax.legend(handles + twin.get_legend_handles_labels()[0], names + ["avg batch"], loc="upper center",
-              bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=8, frameon=False)
+    ax.legend(
+        handles + twin.get_legend_handles_labels()[0],
+        names + ["avg batch"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.15),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     ax.set_title(title or f"{results[0].workload}: paged allocation by block size")
     return fig
 
@@ -98,22 +143,46 @@ def plot_timeline(result, ax=None, title=None, bins: int = 300):
     fig, ax = _axes(ax, 9, 3.5)
     edges = b["edges"]
     t = np.repeat(edges, 2)[1:-1]  # each bin drawn flat: two points
-    ax.stackplot(t, *[np.repeat(b[s], 2) for s in SHARES], colors=[COLORS[s] for s in SHARES],
-                 labels=[LABELS[s] for s in SHARES])
+    ax.stackplot(
+        t,
+        *[np.repeat(b[s], 2) for s in SHARES],
+        colors=[COLORS[s] for s in SHARES],
+        labels=[LABELS[s] for s in SHARES],
+    )
     ax.set_xlim(0, edges[-1])
     ax.set_ylim(0, result.pool_size)
     ax.set_xlabel("iteration")
     ax.set_ylabel("slots")
     twin = ax.twinx()
-    twin.fill_between(t, np.repeat(b["running_min"], 2), np.repeat(b["running_max"], 2), color="black",
-                      alpha=0.2, lw=0, label="running requests: range in the bin")
-    twin.plot(t, np.repeat(b["running"], 2), color="black", lw=1, label="running requests: mean")
+    twin.fill_between(
+        t,
+        np.repeat(b["running_min"], 2),
+        np.repeat(b["running_max"], 2),
+        color="black",
+        alpha=0.2,
+        lw=0,
+        label="running requests: range in the bin",
+    )
+    twin.plot(
+        t,
+        np.repeat(b["running"], 2),
+        color="black",
+        lw=1,
+        label="running requests: mean",
+    )
     twin.set_ylabel("requests")
     twin.set_ylim(0, None)
     handles, names = ax.get_legend_handles_labels()
     more, more_names = twin.get_legend_handles_labels()
-    ax.legend(handles + more, names + more_names, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4,
-              fontsize=7, frameon=False)
+    ax.legend(
+        handles + more,
+        names + more_names,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        ncol=4,
+        fontsize=7,
+        frameon=False,
+    )
     preempted = f", {result.preemptions:,} preemptions" if result.preemptions else ""
     ax.set_title(title or f"{result.workload} | {result.policy}{preempted}")
     return fig
@@ -129,7 +198,9 @@ def plot_figure2(*runs, ax=None, title=None):
     for i, system in enumerate(SYSTEMS):
         rows.append(PAPER_FIG2[system])
         labels.append(f"{system}: paper")
-        mine = runs if system != "vLLM" else runs[:1]  # paging has no placement: draw it once
+        mine = (
+            runs if system != "vLLM" else runs[:1]
+        )  # paging has no placement: draw it once
         for run in mine:
             rows.append(paper_categories(run[i]))
             labels.append(f"memlab: {run[i].policy}")
@@ -142,40 +213,70 @@ def plot_figure2(*runs, ax=None, title=None):
                 continue
             ax.barh(yi, w, left=left, color=FIG2_COLORS[cat], edgecolor="white")
             if w >= 6:
-                ax.text(left + w / 2, yi, f"{w:.1f}", ha="center", va="center", fontsize=7)
+                ax.text(
+                    left + w / 2, yi, f"{w:.1f}", ha="center", va="center", fontsize=7
+                )
             left += w
         if left < 99.95:
-            ax.barh(yi, 100 - left, left=left, color=FIG2_COLORS[CATEGORIES[-1]], hatch="///", edgecolor="white")
+            ax.barh(
+                yi,
+                100 - left,
+                left=left,
+                color=FIG2_COLORS[CATEGORIES[-1]],
+                hatch="///",
+                edgecolor="white",
+            )
     for cat in CATEGORIES:
         ax.barh(np.nan, 0, color=FIG2_COLORS[cat], label=cat)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of KV cache memory, averaged over the run")
-    ax.set_title(title or "vLLM paper, Fig. 2 (OPT-13B, A100-40GB, ShareGPT) beside memlab")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8, frameon=False)
+    ax.set_title(
+        title or "vLLM paper, Fig. 2 (OPT-13B, A100-40GB, ShareGPT) beside memlab"
+    )
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12),
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
     return fig
 
 
-def draw_policies(workload_name: str = "ShareGPT-like", block_size: int = 16, n: int = 1000,
-                  pool_size: int | None = None, placement: str = "buddy"):
+def draw_policies(
+    workload_name: str = "ShareGPT-like",
+    block_size: int = 16,
+    n: int = 1000,
+    pool_size: int | None = None,
+    placement: str = "buddy",
+):
     """The pool's slots split per allocation policy, replayed on the same request stream.
 
-    ``workload_name`` is one of memlab.capstone.sim.WORKLOADS. Reservations are placed by ``placement``
-    ('buddy' or 'first_fit'). A policy that cannot run (a buddy block larger than the pool's
-    largest power-of-two block) is named under the bars.
+    ``workload_name`` is one of memlab.capstone.sim.WORKLOADS. Reservations are placed
+    by ``placement`` ('buddy' or 'first_fit'). A policy that cannot run (a buddy block
+    larger than the pool's largest power-of-two block) is named under the bars.
     """
     wl = load_workload(workload_name, n)
     pool = pool_size or DEFAULT_POOL_SIZE
     results, refused = [], []
     for policy in ("max", "pow2", "oracle", "paged"):
         try:
-            results.append(simulate(wl, pool, policy, block_size, placement=placement, progress=False))
+            results.append(
+                simulate(
+                    wl, pool, policy, block_size, placement=placement, progress=False
+                )
+            )
         except ValueError as e:  # the policy's largest request never fits this pool
             refused.append(f"{policy}: {e}")
     fig, ax = new_figure(9, 3.4 + 0.3 * len(refused))
-    plot_breakdown(results, ax=ax, title=f"{wl.name}, {n:,} requests, {pool:,} slots, "
-                                         f"{placement.replace('_', ' ')} placement")
+    plot_breakdown(
+        results,
+        ax=ax,
+        title=f"{wl.name}, {n:,} requests, {pool:,} slots, "
+        f"{placement.replace('_', ' ')} placement",
+    )
     if refused:
         fig.text(0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=7, wrap=True)
     return fig

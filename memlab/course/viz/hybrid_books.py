@@ -13,17 +13,33 @@ from dataclasses import dataclass
 
 import torch
 
+from memlab.course.viz.instrument import Verbatim
+from memlab.course.viz.sglang_books import (
+    Books,
+    RowView,
+    Scene,
+    _slots,
+    draw_request_table,
+    draw_slot_grid,
+    read_books,
+)
+from memlab.course.viz.style import (
+    FREE,
+    HIGHLIGHT,
+    PADDING,
+    caption_text,
+    cell,
+    grid_axes,
+    new_figure,
+    owner_color,
+)
 from memlab.sglang.allocation import release_kv_row
 from memlab.sglang.mamba import HybridReqToTokenPool
-from memlab.sglang.swa import SWATokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.course.viz.sglang_books import (Books, RowView, Scene, _slots, draw_request_table, draw_slot_grid,
-                                     read_books)
-from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
-from memlab.course.viz.instrument import Verbatim
-
+from memlab.sglang.swa import SWATokenToKVPoolAllocator
 
 # -- 1. the snapshots -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SwaFrame:
@@ -58,15 +74,32 @@ class MambaFrame:
 
 
 def read_mamba(caption: str, pool, reqs, note: str = "") -> MambaFrame:
-    owners = {r.kv.req_pool_idx: str(r.rid) for r in reqs if r.kv.req_pool_idx is not None}
+    owners = {
+        r.kv.req_pool_idx: str(r.rid) for r in reqs if r.kv.req_pool_idx is not None
+    }
     pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping
-    rows = tuple((row, owners.get(row), int(pool.req_index_to_mamba_index_mapping[row]),
-                  tuple(pp[row].tolist()), int(pool.mamba_next_track_idx[row]),
-                  int(pool.mamba_last_track_seqlen[row])) for row in range(1, pool.size + 1))
-    return MambaFrame(caption, pool.mamba_pool.size, tuple(pool.mamba_allocator.free_slots.tolist()), rows, note)
+    rows = tuple(
+        (
+            row,
+            owners.get(row),
+            int(pool.req_index_to_mamba_index_mapping[row]),
+            tuple(pp[row].tolist()),
+            int(pool.mamba_next_track_idx[row]),
+            int(pool.mamba_last_track_seqlen[row]),
+        )
+        for row in range(1, pool.size + 1)
+    )
+    return MambaFrame(
+        caption,
+        pool.mamba_pool.size,
+        tuple(pool.mamba_allocator.free_slots.tolist()),
+        rows,
+        note,
+    )
 
 
 # -- 2. the scene -----------------------------------------------------------------------------
+
 
 class SwaScene(Scene):
     """A Scene over an ``SWATokenToKVPoolAllocator``; it also releases out-of-window pages."""
@@ -76,9 +109,17 @@ class SwaScene(Scene):
         self.window = window
         self.swa_evicted_len: dict[str, int] = {}
 
-    def books(self, caption: str = "", new_slots=(), part_of=None, note: str = "") -> SwaFrame:
+    def books(
+        self, caption: str = "", new_slots=(), part_of=None, note: str = ""
+    ) -> SwaFrame:
         al = self.allocator
-        full = read_books(caption, self.req_pool, al.full_attn_allocator, self.reqs.values(), new_slots)
+        full = read_books(
+            caption,
+            self.req_pool,
+            al.full_attn_allocator,
+            self.reqs.values(),
+            new_slots,
+        )
         mapping = al.full_to_swa_index_mapping
         rows, pairs = [], []
         for r in full.rows:
@@ -87,61 +128,103 @@ class SwaScene(Scene):
                 continue
             swa = [int(mapping[s]) for s in r.slots]
             pairs += [(s, m) for s, m in zip(r.slots, swa) if m > 0]
-            rows.append(RowView(r.row, r.owner, tuple(m for m in swa if m > 0), r.generation))
+            rows.append(
+                RowView(r.row, r.owner, tuple(m for m in swa if m > 0), r.generation)
+            )
         sw = al.swa_attn_allocator
         new_swa = {int(mapping[s]) for s in new_slots if int(mapping[s]) > 0}
-        swa = Books(caption, sw.page_size, sw.num_pages, full.row_width, tuple(rows),
-                    free_pages=tuple(sw.free_pages.tolist()), staged_pages=tuple(sw.get_all_free_pages()[len(sw.free_pages):].tolist()),
-                    new_slots=frozenset(new_swa))
+        swa = Books(
+            caption,
+            sw.page_size,
+            sw.num_pages,
+            full.row_width,
+            tuple(rows),
+            free_pages=tuple(sw.free_pages.tolist()),
+            staged_pages=tuple(sw.get_all_free_pages()[len(sw.free_pages) :].tolist()),
+            new_slots=frozenset(new_swa),
+        )
         return SwaFrame(caption, full, swa, tuple(pairs), self.window, note)
 
     def release(self, rid: str) -> list[int]:
         """SWA pages wholly before the request's window go back; the full side keeps its slots."""
         r = self.reqs[rid]
         before = self.swa_evicted_len.get(rid, 0)
-        swa = self.allocator.full_to_swa_index_mapping[torch.tensor(self.slots(rid))].tolist()  # before it is cleared
-        after = self.allocator.release_out_of_window(self.req_pool.req_to_token, r.kv.req_pool_idx, r.kv.kv_allocated_len,
-                                                     before, self.window)
+        swa = self.allocator.full_to_swa_index_mapping[
+            torch.tensor(self.slots(rid))
+        ].tolist()  # before it is cleared
+        after = self.allocator.release_out_of_window(
+            self.req_pool.req_to_token,
+            r.kv.req_pool_idx,
+            r.kv.kv_allocated_len,
+            before,
+            self.window,
+        )
         self.swa_evicted_len[rid] = after
         return swa[before:after]
 
     def finish(self, rid) -> list[int]:
         """The request ends: the part the window released goes back on the full side only."""
         evicted = self.swa_evicted_len.pop(rid, 0)
-        return release_kv_row(self.req_pool, self.allocator, self.reqs.pop(rid), evicted).tolist()
+        return release_kv_row(
+            self.req_pool, self.allocator, self.reqs.pop(rid), evicted
+        ).tolist()
 
 
 # -- 3. the chapter's stories -----------------------------------------------------------------
 
-def sliding_window(page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4) -> SwaScene:
+
+def sliding_window(
+    page_size: int = 2, size: int = 32, size_swa: int = 12, window: int = 4
+) -> SwaScene:
     """Chapter 07: a sliding-window model's two ledgers; out-of-window SWA pages go back early."""
     al = SWATokenToKVPoolAllocator(size, size_swa, page_size, debug_mode=True)
     sc = SwaScene(ReqToTokenPool(4, 16), al, window)
-    sc.snap(f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window {window} tokens)")
+    sc.snap(
+        f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window {window} tokens)"
+    )
     out = sc.extend_batch({"A": 6, "B": 4})
-    sc.snap("A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in the map",
-            new_slots=_slots(out))
+    sc.snap(
+        "A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in the map",
+        new_slots=_slots(out),
+    )
     for rid in ("A", "B"):
         freed = sc.release(rid)
-        sc.snap(f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole pages); "
-                "the full side keeps them" if freed else f"{rid}: nothing wholly outside the window yet")
+        sc.snap(
+            f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole pages); "
+            "the full side keeps them"
+            if freed
+            else f"{rid}: nothing wholly outside the window yet"
+        )
     for step in (1, 2, 3):
         out = sc.decode(["A", "B"])
         freed = [s for rid in ("A", "B") for s in sc.release(rid)]
-        sc.snap(f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} released",
-                new_slots=_slots(out))
+        sc.snap(
+            f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} released",
+            new_slots=_slots(out),
+        )
     slots = sc.finish("B")
-    sc.snap(f"B finishes: SWA side first (it reads the map), then its full slots {slots}")
+    sc.snap(
+        f"B finishes: SWA side first (it reads the map), then its full slots {slots}"
+    )
     return sc
 
 
-def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3,
-                mamba_size: int = 9) -> list[MambaFrame]:
+def mamba_slots(
+    extra_buffer: bool = True, overlap: bool = True, rows: int = 3, mamba_size: int = 9
+) -> list[MambaFrame]:
     """Chapter 07: a hybrid request table; each row owns a state slot and its tracking slots.
     Returns the frames (``MambaFrame``s), not a scene: the pool is driven directly."""
-    pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)], temporal_state_shape=(2, 4, 4),
-                                mamba_layer_ids=[0], enable_mamba_extra_buffer=extra_buffer,
-                                enable_overlap_schedule=overlap, debug_mode=True)
+    pool = HybridReqToTokenPool(
+        rows,
+        16,
+        mamba_size,
+        conv_state_shape=[(8, 3)],
+        temporal_state_shape=(2, 4, 4),
+        mamba_layer_ids=[0],
+        enable_mamba_extra_buffer=extra_buffer,
+        enable_overlap_schedule=overlap,
+        debug_mode=True,
+    )
     reqs = {}
     frames = []
 
@@ -149,39 +232,56 @@ def mamba_slots(extra_buffer: bool = True, overlap: bool = True, rows: int = 3,
         frames.append(read_mamba(caption, pool, reqs.values(), note))
 
     per_row = 1 + pool.mamba_initial_tracking_slots
-    snap(f"{mamba_size} state slots (0 is padding); each request takes {per_row}: its state"
-         + (f" and {per_row - 1} tracking slot{'s' if per_row > 2 else ''}" if per_row > 1 else ""))
+    snap(
+        f"{mamba_size} state slots (0 is padding); each request takes {per_row}: its state"
+        + (
+            f" and {per_row - 1} tracking slot{'s' if per_row > 2 else ''}"
+            if per_row > 1
+            else ""
+        )
+    )
     for rid in ("A", "B"):
         r = Req(rid)
         pool.alloc([r])
         reqs[rid] = r
         pool.execute_deferred_mamba_cow_and_clear([r])  # before its first extend
-        snap(f"{rid} arrives: row {r.kv.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} "
-             "(marked new, zeroed before its first extend: no stale recurrent state)")
+        snap(
+            f"{rid} arrives: row {r.kv.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} "
+            "(marked new, zeroed before its first extend: no stale recurrent state)"
+        )
     if extra_buffer:
         row = reqs["A"].kv.req_pool_idx
         for seq in (16, 32, 48):
             dst = int(pool.track_state([row], [seq])[0])
-            snap(f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * moves to the other "
-                 "slot (ping-pong: the next write never hits the one still being read)")
+            snap(
+                f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * moves to the other "
+                "slot (ping-pong: the next write never hits the one still being read)"
+            )
     a = reqs.pop("A")
     row = a.kv.req_pool_idx
     pool.free_mamba_cache(a)  # the state and tracking slots (the row is freed apart)
     pool.free(a)
-    snap(f"A finishes: its slots go back (to the tail), then row {row}; every tracking field reset")
+    snap(
+        f"A finishes: its slots go back (to the tail), then row {row}; every tracking field reset"
+    )
     c = Req("C")
     if pool.alloc([c]) is None:
         snap("C arrives but the state slots are short: no row is taken")
     else:
         reqs["C"] = c
-        pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[c.kv.req_pool_idx].tolist()
+        pp = pool.req_index_to_mamba_ping_pong_track_buffer_mapping[
+            c.kv.req_pool_idx
+        ].tolist()
         state = int(pool.get_mamba_indices([c.kv.req_pool_idx])[0])
-        snap(f"C arrives: row {c.kv.req_pool_idx} again, but slots {[state] + pp} "
-             "from the head of the free list (A's went to the tail)")
+        snap(
+            f"C arrives: row {c.kv.req_pool_idx} again, but slots {[state] + pp} "
+            "from the head of the free list (A's went to the tail)"
+        )
     return frames
 
 
 # -- 4. the drawings --------------------------------------------------------------------------
+
 
 def draw_swa(frame: SwaFrame, width: float = 11.5):
     """Request table (full-side slots), the full ledger, the SWA ledger, and the full -> SWA map."""
@@ -190,25 +290,51 @@ def draw_swa(frame: SwaFrame, width: float = 11.5):
     top, bottom = fig.subfigures(2, 1, height_ratios=[4, 1])
     a1, a2, a3 = top.subplots(1, 3, width_ratios=[frame.full.row_width + 5, 12, 9])
     draw_request_table(a1, frame.full, show_generation=False)
-    draw_slot_grid(a2, frame.full, pages_per_line=4, title=f"full-attention ledger ({frame.full.num_pages} pages)")
-    draw_slot_grid(a3, frame.swa, pages_per_line=3, title=f"sliding-window ledger ({frame.swa.num_pages} pages)")
+    draw_slot_grid(
+        a2,
+        frame.full,
+        pages_per_line=4,
+        title=f"full-attention ledger ({frame.full.num_pages} pages)",
+    )
+    draw_slot_grid(
+        a3,
+        frame.swa,
+        pages_per_line=3,
+        title=f"sliding-window ledger ({frame.swa.num_pages} pages)",
+    )
     ax = bottom.subplots()
-    grid_axes(ax, f"full_to_swa_index_mapping (window {frame.window} tokens): full slot -> SWA slot")
+    grid_axes(
+        ax,
+        f"full_to_swa_index_mapping (window {frame.window} tokens): full slot -> SWA slot",
+    )
     owner = frame.full.slot_owner
     for i, (f, s) in enumerate(frame.pairs[:20]):
-        cell(ax, i * 1.3, 0, owner_color(owner.get(f)), f"{f}\n{s}", gid=f"pair:{f}:{s}", w=1.1, fontsize=6)
+        cell(
+            ax,
+            i * 1.3,
+            0,
+            owner_color(owner.get(f)),
+            f"{f}\n{s}",
+            gid=f"pair:{f}:{s}",
+            w=1.1,
+            fontsize=6,
+        )
     if not frame.pairs:
         ax.text(0, 0.5, "(no mapped slot)", fontsize=8, va="center")
     ax.set_xlim(-0.2, 26)
     ax.set_ylim(1.2, -0.5)
-    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
 def draw_mamba(frame: MambaFrame, width: float = 10.0):
     """The state slots coloured by owner and role, the free slots in order, and the rows' fields."""
     fig, (ax, fx, tx) = new_figure(width, 3.6, nrows=3, height_ratios=[1.3, 0.8, 1.6])
-    grid_axes(ax, "mamba state slots (conv + temporal state per layer, one set per slot)")
+    grid_axes(
+        ax, "mamba state slots (conv + temporal state per layer, one set per slot)"
+    )
     roles = frame.slot_roles()
     for s in range(frame.size + 1):
         if s == 0:
@@ -219,8 +345,17 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
         else:
             fill, label = FREE, str(s)
         star = s in roles and roles[s][1].endswith("*")
-        cell(ax, s * 1.15, 0, fill, label, gid=f"mslot:{s}", fontsize=6, edge=HIGHLIGHT if star else "white",
-             lw=1.5 if star else 1)
+        cell(
+            ax,
+            s * 1.15,
+            0,
+            fill,
+            label,
+            gid=f"mslot:{s}",
+            fontsize=6,
+            edge=HIGHLIGHT if star else "white",
+            lw=1.5 if star else 1,
+        )
     ax.set_xlim(-0.2, (frame.size + 1) * 1.15)
     ax.set_ylim(1.2, -0.6)
     grid_axes(fx, "free slots: head (taken next) -> tail")
@@ -230,17 +365,26 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
     fx.set_ylim(1.2, -0.6)
     tx.set_axis_off()
     head = f"{'row':>4} {'owner':>6} {'state':>6} {'tracking':>10} {'next':>5} {'last snapshot at':>17}"
-    lines = [head] + [f"{row:>4} {owner or '-':>6} {state:>6} {str(list(tr)):>10} {nxt:>5} {last:>17}"
-                      for row, owner, state, tr, nxt, last in frame.rows]
+    lines = [head] + [
+        f"{row:>4} {owner or '-':>6} {state:>6} {str(list(tr)):>10} {nxt:>5} {last:>17}"
+        for row, owner, state, tr, nxt, last in frame.rows
+    ]
     tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=7, va="top")
-    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
 # -- 5. the instruments: the learner's own steps on the real allocators --------------------------
 
-SWA_STORY = (("extend", dict(requests="A, B", extend_lens="6, 4")), ("decode", dict(decoding="A, B")),
-             ("decode", dict(decoding="A, B")), ("decode", dict(decoding="A, B")), ("finish", dict(finishing="B")))
+SWA_STORY = (
+    ("extend", dict(requests="A, B", extend_lens="6, 4")),
+    ("decode", dict(decoding="A, B")),
+    ("decode", dict(decoding="A, B")),
+    ("decode", dict(decoding="A, B")),
+    ("finish", dict(finishing="B")),
+)
 
 
 def _release_all(sc: SwaScene, rids, step_lines: list) -> dict:
@@ -253,8 +397,10 @@ def _release_all(sc: SwaScene, rids, step_lines: list) -> dict:
             freed[rid] = sc.release(rid)
     for rid, c in zip(rids, calls):
         a = c["args"]
-        step_lines.append(f"allocator.release_out_of_window(req_to_token, {a['req_pool_idx']}, {a['pre_len']}, "
-                          f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len {c['result']}")
+        step_lines.append(
+            f"allocator.release_out_of_window(req_to_token, {a['req_pool_idx']}, {a['pre_len']}, "
+            f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len {c['result']}"
+        )
     return freed
 
 
@@ -263,18 +409,27 @@ def _op_swa_extend(sc: SwaScene, step, requests, extend_lens) -> None:
 
     rids, lens = names(requests), ints(extend_lens)
     if not rids or len(rids) != len(lens):
-        raise InputError(f"{len(rids)} requests, {len(lens)} extend_lens: give one of each per request")
+        raise InputError(
+            f"{len(rids)} requests, {len(lens)} extend_lens: give one of each per request"
+        )
     if len(set(rids)) != len(rids):
         raise InputError("a request appears twice in one batch")
-    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
-                      reqs=Verbatim(f"[{', '.join(rids)}]"), extend_lens=lens)
+    step.call = spell(
+        "alloc_for_extend",
+        Verbatim("req_to_token_pool"),
+        Verbatim("allocator"),
+        reqs=Verbatim(f"[{', '.join(rids)}]"),
+        extend_lens=lens,
+    )
     out = sc.extend_batch(dict(zip(rids, lens)))
     if out is None:
         step.result = "None"
         al = sc.allocator
-        step.refuse(f"refused (alloc_for_extend returns None): full side {al.full_attn_allocator.available_size()} "
-                    f"slots free, SWA side {al.swa_attn_allocator.available_size()}, "
-                    f"{sc.req_pool.available_size()} row(s); nothing was taken")
+        step.refuse(
+            f"refused (alloc_for_extend returns None): full side {al.full_attn_allocator.available_size()} "
+            f"slots free, SWA side {al.swa_attn_allocator.available_size()}, "
+            f"{sc.req_pool.available_size()} row(s); nothing was taken"
+        )
         return
     _release_after(sc, step, rids, out, f"extend {dict(zip(rids, lens))}")
 
@@ -285,12 +440,16 @@ def _op_swa_decode(sc: SwaScene, step, decoding) -> None:
     rids = names(decoding)
     missing = [r for r in rids if r not in sc.reqs]
     if not rids or missing:
-        raise InputError(f"not running: {missing or 'no request'}; running: {list(sc.reqs)}")
+        raise InputError(
+            f"not running: {missing or 'no request'}; running: {list(sc.reqs)}"
+        )
     step.call = f"alloc_for_decode(req_to_token_pool, allocator, [{', '.join(rids)}])"
     out = sc.decode(rids)
     if out is None:
         step.result = "None"
-        step.refuse("refused (alloc_for_decode returns None): no free slot on one side; nothing was taken")
+        step.refuse(
+            "refused (alloc_for_decode returns None): no free slot on one side; nothing was taken"
+        )
         return
     _release_after(sc, step, rids, out, f"decode {rids}")
 
@@ -315,21 +474,29 @@ def _op_swa_finish(sc: SwaScene, step, finishing) -> None:
     ev = sc.swa_evicted_len.get(finishing, 0)
     step.call = f"release_kv_row(req_to_token_pool, allocator, {finishing}, swa_evicted_len={ev})"
     slots = sc.finish(finishing)
-    step.result = f"full slots {slots} back; the SWA side frees what the window still held"
+    step.result = (
+        f"full slots {slots} back; the SWA side frees what the window still held"
+    )
     step.caption = f"{finishing} finishes"
 
 
 def swa_books(sc: SwaScene) -> dict:
     al = sc.allocator
     m = al.full_to_swa_index_mapping
-    out = {"full available_size()": al.full_attn_allocator.available_size(),
-           "SWA available_size()": al.swa_attn_allocator.available_size(),
-           "full free_pages": al.full_attn_allocator.free_pages.tolist(),
-           "SWA free_pages": al.swa_attn_allocator.free_pages.tolist()}
+    out = {
+        "full available_size()": al.full_attn_allocator.available_size(),
+        "SWA available_size()": al.swa_attn_allocator.available_size(),
+        "full free_pages": al.full_attn_allocator.free_pages.tolist(),
+        "SWA free_pages": al.swa_attn_allocator.free_pages.tolist(),
+    }
     for rid in sc.reqs:
         slots = sc.slots(rid)
-        out[f"request {rid}"] = dict(tokens=len(slots), swa_evicted_len=sc.swa_evicted_len.get(rid, 0),
-                                     full=slots, swa=[int(m[s]) for s in slots])
+        out[f"request {rid}"] = dict(
+            tokens=len(slots),
+            swa_evicted_len=sc.swa_evicted_len.get(rid, 0),
+            full=slots,
+            swa=[int(m[s]) for s in slots],
+        )
     return out
 
 
@@ -340,13 +507,19 @@ def draw_swa_svg(sc: SwaScene, step=None) -> str:
     new = set((step.marks if step is not None else {}).get("new_slots", ()))
     al, m = sc.allocator, sc.allocator.full_to_swa_index_mapping
     c = Canvas("hover a cell: request, position, full slot, SWA slot")
-    c.text(4, 17, f"window {sc.window} tokens · page size {al.page_size} · {al.swa_attn_allocator.size} SWA slots · each position: full slot (top), SWA slot "
-           "(bottom)", size=12.5, weight="bold")
+    c.text(
+        4,
+        17,
+        f"window {sc.window} tokens · page size {al.page_size} · {al.swa_attn_allocator.size} SWA slots · each position: full slot (top), SWA slot "
+        "(bottom)",
+        size=12.5,
+        weight="bold",
+    )
     y = 28.0
     if not sc.reqs:
         c.text(4, y + 14, "(no running request)", size=11, color="#777")
         y += 24
-    for rid, r in sc.reqs.items():
+    for rid, _r in sc.reqs.items():
         slots = sc.slots(rid)
         ev = sc.swa_evicted_len.get(rid, 0)
         c.text(4, y + 15, rid, size=12, weight="bold")
@@ -356,33 +529,91 @@ def draw_swa_svg(sc: SwaScene, step=None) -> str:
             x = 34 + pos * CELL
             w_ = int(m[s])
             in_window = pos >= n - sc.window
-            tip = (f"{rid}, position {pos} · full slot {s} (page {s // al.page_size}) · SWA slot "
-                   + (f"{w_} (page {w_ // al.page_size})" if w_ else f"none: released (position < swa_evicted_len {ev})")
-                   + (" · in the window of the next token" if in_window else " · out of the window"))
-            c.cell(x, y, owner_color(rid), s, tip=tip, gid=f"full:{rid}:{pos}",
-                   stroke=HIGHLIGHT if s in new else "#fff", stroke_width=2 if s in new else 1)
-            c.cell(x, y + CELL + 2, owner_color(rid) if w_ else FREE, w_ if w_ else "·", tip=tip, gid=f"swa:{rid}:{pos}",
-                   stroke="#999" if not in_window else "#000")
-        c.text(38 + n * CELL, y + 15, f"{n} tokens, swa_evicted_len {ev}", size=10.5, color="#555")
+            tip = (
+                f"{rid}, position {pos} · full slot {s} (page {s // al.page_size}) · SWA slot "
+                + (
+                    f"{w_} (page {w_ // al.page_size})"
+                    if w_
+                    else f"none: released (position < swa_evicted_len {ev})"
+                )
+                + (
+                    " · in the window of the next token"
+                    if in_window
+                    else " · out of the window"
+                )
+            )
+            c.cell(
+                x,
+                y,
+                owner_color(rid),
+                s,
+                tip=tip,
+                gid=f"full:{rid}:{pos}",
+                stroke=HIGHLIGHT if s in new else "#fff",
+                stroke_width=2 if s in new else 1,
+            )
+            c.cell(
+                x,
+                y + CELL + 2,
+                owner_color(rid) if w_ else FREE,
+                w_ if w_ else "·",
+                tip=tip,
+                gid=f"swa:{rid}:{pos}",
+                stroke="#999" if not in_window else "#000",
+            )
+        c.text(
+            38 + n * CELL,
+            y + 15,
+            f"{n} tokens, swa_evicted_len {ev}",
+            size=10.5,
+            color="#555",
+        )
         y += 2 * CELL + 12
     for name, sub in (("full", al.full_attn_allocator), ("SWA", al.swa_attn_allocator)):
         free = sub.free_pages.tolist()
-        c.text(4, y + 13, f"{name} free_pages: {len(free)} of {sub.num_pages} pages free "
-               f"(available_size() = {sub.available_size()})", size=12, weight="bold")
+        c.text(
+            4,
+            y + 13,
+            f"{name} free_pages: {len(free)} of {sub.num_pages} pages free "
+            f"(available_size() = {sub.available_size()})",
+            size=12,
+            weight="bold",
+        )
         y += 18
         for i, p in enumerate(free):
-            c.cell(4 + i * CELL, y, FREE, p, tip=f"{name} free_pages[{i}] = page {p} (slots {p * sub.page_size}-"
-                   f"{p * sub.page_size + sub.page_size - 1})", gid=f"{name.lower()}free:{i}", stroke="#999")
+            c.cell(
+                4 + i * CELL,
+                y,
+                FREE,
+                p,
+                tip=f"{name} free_pages[{i}] = page {p} (slots {p * sub.page_size}-"
+                f"{p * sub.page_size + sub.page_size - 1})",
+                gid=f"{name.lower()}free:{i}",
+                stroke="#999",
+            )
         if not free:
             c.text(4, y + 15, "(empty)", size=11, color="#777")
         y += CELL + 8
-    c.legend(4, y, [Swatch("a request's slot", owner_color("A")), Swatch("SWA slot released", FREE),
-                    Swatch("in the next token's window", "#fff", stroke="#000"),
-                    Swatch("handed out by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2)])
+    c.legend(
+        4,
+        y,
+        [
+            Swatch("a request's slot", owner_color("A")),
+            Swatch("SWA slot released", FREE),
+            Swatch("in the next token's window", "#fff", stroke="#000"),
+            Swatch("handed out by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
+        ],
+    )
     return c.html()
 
 
-def swa_instrument(window: int = 4, page_size: int = 2, size: int = 32, size_swa: int = 12, opening=SWA_STORY):
+def swa_instrument(
+    window: int = 4,
+    page_size: int = 2,
+    size: int = 32,
+    size_swa: int = 12,
+    opening=SWA_STORY,
+):
     """Chapter 07's sliding-window instrument: extend, decode, finish on a real
     SWATokenToKVPoolAllocator; pick the window. Opens on the story's last state."""
     import ipywidgets as W
@@ -390,39 +621,97 @@ def swa_instrument(window: int = 4, page_size: int = 2, size: int = 32, size_swa
     from memlab.course.viz.instrument import Field, Instrument, Operation
 
     def build(window):
-        # the story's pool (12 SWA slots) cannot hold its own steps under a wider window: 3 windows' worth
-        al = SWATokenToKVPoolAllocator(size, max(size_swa, 3 * window), page_size, debug_mode=True)
+        # the story's pool (12 SWA slots) cannot hold its own steps under a wider
+        # window: 3 windows' worth
+        al = SWATokenToKVPoolAllocator(
+            size, max(size_swa, 3 * window), page_size, debug_mode=True
+        )
         return SwaScene(ReqToTokenPool(4, 16), al, window)
 
     def box(name, value, width="190px"):
-        return W.Text(value=value, description=name, layout=W.Layout(width=width),
-                      style={"description_width": "initial"}, continuous_update=False)
+        return W.Text(
+            value=value,
+            description=name,
+            layout=W.Layout(width=width),
+            style={"description_width": "initial"},
+            continuous_update=False,
+        )
 
-    ops = [Operation("extend", lambda sc, step, requests, extend_lens: _op_swa_extend(sc, step, requests, extend_lens),
-                     [Field("requests", box("requests", "C")), Field("extend_lens", box("extend_lens", "3"))],
-                     label="extend", help="alloc_for_extend, then release_out_of_window"),
-           Operation("decode", lambda sc, step, decoding: _op_swa_decode(sc, step, decoding),
-                     [Field("decoding", box("requests", "A"))], label="decode step",
-                     help="alloc_for_decode, then release_out_of_window"),
-           Operation("finish", lambda sc, step, finishing: _op_swa_finish(sc, step, finishing),
-                     [Field("finishing", W.Dropdown(description="request", layout=W.Layout(width="160px")), str,
-                            options=lambda sc: list(sc.reqs))], label="finish")]
-    win = W.ToggleButtons(options=[1, 2, 3, 4, 6, 8], value=window, description="window", style={"button_width": "42px"})
-    return Instrument(build, ops, draw_swa_svg, swa_books, settings={"window": win}, opening=opening,
-                      title="sliding window: your own steps on both ledgers")
+    ops = [
+        Operation(
+            "extend",
+            lambda sc, step, requests, extend_lens: _op_swa_extend(
+                sc, step, requests, extend_lens
+            ),
+            [
+                Field("requests", box("requests", "C")),
+                Field("extend_lens", box("extend_lens", "3")),
+            ],
+            label="extend",
+            help="alloc_for_extend, then release_out_of_window",
+        ),
+        Operation(
+            "decode",
+            lambda sc, step, decoding: _op_swa_decode(sc, step, decoding),
+            [Field("decoding", box("requests", "A"))],
+            label="decode step",
+            help="alloc_for_decode, then release_out_of_window",
+        ),
+        Operation(
+            "finish",
+            lambda sc, step, finishing: _op_swa_finish(sc, step, finishing),
+            [
+                Field(
+                    "finishing",
+                    W.Dropdown(description="request", layout=W.Layout(width="160px")),
+                    str,
+                    options=lambda sc: list(sc.reqs),
+                )
+            ],
+            label="finish",
+        ),
+    ]
+    win = W.ToggleButtons(
+        options=[1, 2, 3, 4, 6, 8],
+        value=window,
+        description="window",
+        style={"button_width": "42px"},
+    )
+    return Instrument(
+        build,
+        ops,
+        draw_swa_svg,
+        swa_books,
+        settings={"window": win},
+        opening=opening,
+        title="sliding window: your own steps on both ledgers",
+    )
 
 
-MAMBA_STORY = (("arrive", dict(request="A")), ("arrive", dict(request="B")),
-               ("track", dict(tracking="A", seq_len="16")), ("track", dict(tracking="A", seq_len="32")),
-               ("track", dict(tracking="A", seq_len="48")), ("free", dict(freeing="A")), ("arrive", dict(request="C")))
+MAMBA_STORY = (
+    ("arrive", dict(request="A")),
+    ("arrive", dict(request="B")),
+    ("track", dict(tracking="A", seq_len="16")),
+    ("track", dict(tracking="A", seq_len="32")),
+    ("track", dict(tracking="A", seq_len="48")),
+    ("free", dict(freeing="A")),
+    ("arrive", dict(request="C")),
+)
 
 
 class MambaWorld:
     def __init__(self, overlap: bool, rows: int = 3, mamba_size: int = 9):
-        self.pool = HybridReqToTokenPool(rows, 16, mamba_size, conv_state_shape=[(8, 3)],
-                                         temporal_state_shape=(2, 4, 4), mamba_layer_ids=[0],
-                                         enable_mamba_extra_buffer=True, enable_overlap_schedule=overlap,
-                                         debug_mode=True)
+        self.pool = HybridReqToTokenPool(
+            rows,
+            16,
+            mamba_size,
+            conv_state_shape=[(8, 3)],
+            temporal_state_shape=(2, 4, 4),
+            mamba_layer_ids=[0],
+            enable_mamba_extra_buffer=True,
+            enable_overlap_schedule=overlap,
+            debug_mode=True,
+        )
         self.reqs: dict = {}
 
 
@@ -438,13 +727,17 @@ def _op_mamba_arrive(w: MambaWorld, step, request) -> None:
     got = w.pool.alloc([r])
     if got is None:
         step.result = "None"
-        step.refuse(f"refused (alloc returns None): {w.pool.available_size()} row(s), "
-                    f"{w.pool.mamba_allocator.available_size()} state slot(s) free, each request takes "
-                    f"{1 + w.pool.mamba_initial_tracking_slots}; nothing was taken")
+        step.refuse(
+            f"refused (alloc returns None): {w.pool.available_size()} row(s), "
+            f"{w.pool.mamba_allocator.available_size()} state slot(s) free, each request takes "
+            f"{1 + w.pool.mamba_initial_tracking_slots}; nothing was taken"
+        )
         return
     w.reqs[request] = r
     w.pool.execute_deferred_mamba_cow_and_clear([r])
-    step.call += f"\nreq_to_token_pool.execute_deferred_mamba_cow_and_clear([{request}])"
+    step.call += (
+        f"\nreq_to_token_pool.execute_deferred_mamba_cow_and_clear([{request}])"
+    )
     row = r.kv.req_pool_idx
     pp = w.pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
     step.result = f"row {got[0]}; state slot {int(w.pool.get_mamba_indices([row])[0])}, tracking slots {pp}"
@@ -462,7 +755,9 @@ def _op_mamba_track(w: MambaWorld, step, tracking, seq_len) -> None:
     dst = w.pool.track_state([row], [n])
     step.result = f"tensor({dst.tolist()}); next_track_idx now {int(w.pool.mamba_next_track_idx[row])}"
     step.marks = dict(slots={int(dst[0])})
-    step.caption = f"{tracking} snapshots its state at {n} tokens into slot {int(dst[0])}"
+    step.caption = (
+        f"{tracking} snapshots its state at {n} tokens into slot {int(dst[0])}"
+    )
 
 
 def _op_mamba_free(w: MambaWorld, step, freeing) -> None:
@@ -481,14 +776,20 @@ def _op_mamba_free(w: MambaWorld, step, freeing) -> None:
 
 def mamba_books(w: MambaWorld) -> dict:
     p = w.pool
-    out = {"free state slots": p.mamba_allocator.free_slots.tolist(), "free rows": p.available_size(),
-           "ping-pong slots per request": p.mamba_ping_pong_track_buffer_size}
+    out = {
+        "free state slots": p.mamba_allocator.free_slots.tolist(),
+        "free rows": p.available_size(),
+        "ping-pong slots per request": p.mamba_ping_pong_track_buffer_size,
+    }
     for rid, r in w.reqs.items():
         row = r.kv.req_pool_idx
-        out[f"request {rid}"] = dict(row=row, state=int(p.req_index_to_mamba_index_mapping[row]),
-                                     tracks=p.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist(),
-                                     next_track_idx=int(p.mamba_next_track_idx[row]),
-                                     last_track_seqlen=int(p.mamba_last_track_seqlen[row]))
+        out[f"request {rid}"] = dict(
+            row=row,
+            state=int(p.req_index_to_mamba_index_mapping[row]),
+            tracks=p.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist(),
+            next_track_idx=int(p.mamba_next_track_idx[row]),
+            last_track_seqlen=int(p.mamba_last_track_seqlen[row]),
+        )
     return out
 
 
@@ -499,33 +800,81 @@ def draw_mamba_svg(w: MambaWorld, step=None) -> str:
     f = read_mamba("", w.pool, w.reqs.values())
     roles = f.slot_roles()
     c = Canvas("hover a slot: its owner and role")
-    c.text(4, 17, f"Mamba state slots (0 is padding): {len(f.free_slots)} free · "
-           f"{w.pool.mamba_ping_pong_track_buffer_size} tracking slot(s) per request", size=12.5, weight="bold")
+    c.text(
+        4,
+        17,
+        f"Mamba state slots (0 is padding): {len(f.free_slots)} free · "
+        f"{w.pool.mamba_ping_pong_track_buffer_size} tracking slot(s) per request",
+        size=12.5,
+        weight="bold",
+    )
     for s in range(f.size + 1):
         x = 4 + s * (CELL + 12)
         if s == 0:
             fill, tip, lab = PADDING, "slot 0: padding, never handed out", ""
         elif s in roles:
             owner, role = roles[s]
-            fill, lab = owner_color(owner), role.replace("track ", "t").replace("state", "S")
-            tip = f"slot {s} · {owner}'s {role.rstrip('*')}" + (" · the next snapshot's target (*)" if role.endswith("*") else "")
+            fill, lab = (
+                owner_color(owner),
+                role.replace("track ", "t").replace("state", "S"),
+            )
+            tip = f"slot {s} · {owner}'s {role.rstrip('*')}" + (
+                " · the next snapshot's target (*)" if role.endswith("*") else ""
+            )
         else:
             fill, lab = FREE, ""
-            tip = f"slot {s} · free (free list position {f.free_slots.index(s)})" if s in f.free_slots else f"slot {s}"
-        c.cell(x, 26, fill, s, tip=tip, gid=f"mslot:{s}", w=CELL + 8, stroke=HIGHLIGHT if s in hot else "#999",
-               stroke_width=2.5 if s in hot else 1)
-        c.text(x + (CELL + 8) / 2, 26 + CELL + 12, lab, size=10, anchor="middle", color="#333")
+            tip = (
+                f"slot {s} · free (free list position {f.free_slots.index(s)})"
+                if s in f.free_slots
+                else f"slot {s}"
+            )
+        c.cell(
+            x,
+            26,
+            fill,
+            s,
+            tip=tip,
+            gid=f"mslot:{s}",
+            w=CELL + 8,
+            stroke=HIGHLIGHT if s in hot else "#999",
+            stroke_width=2.5 if s in hot else 1,
+        )
+        c.text(
+            x + (CELL + 8) / 2,
+            26 + CELL + 12,
+            lab,
+            size=10,
+            anchor="middle",
+            color="#333",
+        )
     y = 26 + CELL + 24
-    c.text(4, y + 13, "rows: state slot, tracking slots (* = next), last_track_seqlen", size=12, weight="bold")
+    c.text(
+        4,
+        y + 13,
+        "rows: state slot, tracking slots (* = next), last_track_seqlen",
+        size=12,
+        weight="bold",
+    )
     y += 18
     for row, owner, state, tracks, nxt, last in f.rows:
-        text = (f"row {row}: " + ("free" if owner is None else
-                f"{owner} · state {state} · tracks [{', '.join(f'{t}*' if i == nxt else str(t) for i, t in enumerate(tracks))}] · "
-                f"last_track_seqlen {last}"))
+        text = f"row {row}: " + (
+            "free"
+            if owner is None
+            else f"{owner} · state {state} · tracks [{', '.join(f'{t}*' if i == nxt else str(t) for i, t in enumerate(tracks))}] · "
+            f"last_track_seqlen {last}"
+        )
         c.text(4, y + 13, text, size=11)
         y += 17
-    c.legend(4, y + 4, [Swatch("free", FREE), Swatch("padding", PADDING), Swatch("a request's", owner_color("A")),
-                        Swatch("written by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2)])
+    c.legend(
+        4,
+        y + 4,
+        [
+            Swatch("free", FREE),
+            Swatch("padding", PADDING),
+            Swatch("a request's", owner_color("A")),
+            Swatch("written by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
+        ],
+    )
     return c.html()
 
 
@@ -542,16 +891,62 @@ def mamba_instrument(overlap: bool = True, opening=MAMBA_STORY):
     def dd():
         return W.Dropdown(description="request", layout=W.Layout(width="160px"))
 
-    ops = [Operation("arrive", lambda w, step, request: _op_mamba_arrive(w, step, request),
-                     [Field("request", W.Text(value="D", description="request", layout=W.Layout(width="150px"),
-                                              continuous_update=False))], label="alloc"),
-           Operation("track", lambda w, step, tracking, seq_len: _op_mamba_track(w, step, tracking, seq_len),
-                     [Field("tracking", dd(), str, options=running),
-                      Field("seq_len", W.Text(value="64", description="seq_len", layout=W.Layout(width="150px"),
-                                              continuous_update=False))], label="track_state"),
-           Operation("free", lambda w, step, freeing: _op_mamba_free(w, step, freeing),
-                     [Field("freeing", dd(), str, options=running)], label="free", help="free_mamba_cache, then free (the row)")]
-    ov = W.ToggleButtons(options=["on", "off"], value="on" if overlap else "off", description="overlap",
-                         style={"button_width": "42px"})
-    return Instrument(lambda overlap: MambaWorld(overlap == "on"), ops, draw_mamba_svg, mamba_books,
-                      settings={"overlap": ov}, opening=opening, title="Mamba slots: your own requests")
+    ops = [
+        Operation(
+            "arrive",
+            lambda w, step, request: _op_mamba_arrive(w, step, request),
+            [
+                Field(
+                    "request",
+                    W.Text(
+                        value="D",
+                        description="request",
+                        layout=W.Layout(width="150px"),
+                        continuous_update=False,
+                    ),
+                )
+            ],
+            label="alloc",
+        ),
+        Operation(
+            "track",
+            lambda w, step, tracking, seq_len: _op_mamba_track(
+                w, step, tracking, seq_len
+            ),
+            [
+                Field("tracking", dd(), str, options=running),
+                Field(
+                    "seq_len",
+                    W.Text(
+                        value="64",
+                        description="seq_len",
+                        layout=W.Layout(width="150px"),
+                        continuous_update=False,
+                    ),
+                ),
+            ],
+            label="track_state",
+        ),
+        Operation(
+            "free",
+            lambda w, step, freeing: _op_mamba_free(w, step, freeing),
+            [Field("freeing", dd(), str, options=running)],
+            label="free",
+            help="free_mamba_cache, then free (the row)",
+        ),
+    ]
+    ov = W.ToggleButtons(
+        options=["on", "off"],
+        value="on" if overlap else "off",
+        description="overlap",
+        style={"button_width": "42px"},
+    )
+    return Instrument(
+        lambda overlap: MambaWorld(overlap == "on"),
+        ops,
+        draw_mamba_svg,
+        mamba_books,
+        settings={"overlap": ov},
+        opening=opening,
+        title="Mamba slots: your own requests",
+    )

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import ipywidgets as W
 import torch
@@ -41,8 +41,8 @@ import torch
 from memlab.course.viz.svg import esc
 from memlab.course.viz.widgets import Stepper
 
-
 # -- spelling a call ------------------------------------------------------------------------------
+
 
 def spell_value(v) -> str:
     """A value as Python source a learner can paste: ``tensor([6, 3, 0])``, ``[1, 2]``, ``'A'``."""
@@ -50,7 +50,11 @@ def spell_value(v) -> str:
         return f"tensor({v.tolist()})" if v.dim() else f"tensor({v.item()})"
     if isinstance(v, (list, tuple)):
         inner = ", ".join(spell_value(x) for x in v)
-        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+        return (
+            f"[{inner}]"
+            if isinstance(v, list)
+            else f"({inner}{',' if len(v) == 1 else ''})"
+        )
     return repr(v)
 
 
@@ -58,7 +62,10 @@ def spell(name: str, *args, width: int = 96, **kwargs) -> str:
     """``name(arg, key=value, ...)`` with every value spelled by ``spell_value``; longer than
     ``width``, one argument a line (still one Python expression to paste)."""
     parts = [a if isinstance(a, Verbatim) else spell_value(a) for a in args]
-    parts += [f"{k}={v if isinstance(v, Verbatim) else spell_value(v)}" for k, v in kwargs.items()]
+    parts += [
+        f"{k}={v if isinstance(v, Verbatim) else spell_value(v)}"
+        for k, v in kwargs.items()
+    ]
     line = f"{name}({', '.join(parts)})"
     if len(line) <= width:
         return line
@@ -78,14 +85,18 @@ def recording(obj, method: str):
     calls: list[dict] = []
 
     def spy(*args, **kwargs):
-        seen = {k: (v.clone() if isinstance(v, torch.Tensor) else v)
-                for k, v in sig.bind(*args, **kwargs).arguments.items()}
+        seen = {
+            k: (v.clone() if isinstance(v, torch.Tensor) else v)
+            for k, v in sig.bind(*args, **kwargs).arguments.items()
+        }
         call = {"args": seen, "result": None}
         calls.append(call)
         call["result"] = real(*args, **kwargs)
         return call["result"]
 
-    own = method in vars(obj)  # an attribute of the instance itself (else the class's method)
+    own = method in vars(
+        obj
+    )  # an attribute of the instance itself (else the class's method)
     setattr(obj, method, spy)
     try:
         yield calls
@@ -97,6 +108,7 @@ def recording(obj, method: str):
 
 
 # -- parsing what the learner typed -----------------------------------------------------------------
+
 
 class InputError(ValueError):
     """The learner's text could not be read (the library is not called)."""
@@ -136,6 +148,7 @@ class Field:
     ``options(world)``, when given, refreshes a Dropdown's choices after every step (e.g. the
     requests that hold a row); ``follow = (other, fn)`` sets this field to ``fn(world, value of
     other)`` whenever the other field changes (e.g. each named request's prefix length)."""
+
     name: str
     widget: W.Widget
     parse: Callable = str
@@ -154,9 +167,11 @@ class Operation:
 
 # -- one step -----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Step:
     """One operation as the instrument ran it: its arguments, the call it made, what came back."""
+
     op: str
     args: dict
     replay: bool = False  # True while rebuilding: the state only, no comparisons
@@ -174,15 +189,27 @@ class Step:
 
 # -- the instrument -------------------------------------------------------------------------------------
 
+
 class Instrument(W.VBox):
     """The controls, the call box, the picture, the books and the story area over one world
     (see the module's docstring for what a chapter gives it)."""
 
-    def __init__(self, build: Callable, operations: list, draw: Callable, books: Callable,
-                 settings: dict | None = None, opening=(), title: str = "", max_steps: int = 200):
+    def __init__(
+        self,
+        build: Callable,
+        operations: list,
+        draw: Callable,
+        books: Callable,
+        settings: dict | None = None,
+        opening=(),
+        title: str = "",
+        max_steps: int = 200,
+    ):
         self.build, self.draw_world, self.read_books = build, draw, books
         self.operations = {op.name: op for op in operations}
-        self.settings = dict(settings or {})  # name -> control (its value is passed to build)
+        self.settings = dict(
+            settings or {}
+        )  # name -> control (its value is passed to build)
         self.opening = [(name, dict(args)) for name, args in opening]
         self.max_steps = max_steps
         self.use_opening = True
@@ -196,31 +223,48 @@ class Instrument(W.VBox):
         self.fields: dict[str, Field] = {}
         rows = []
         if self.settings:
-            for name, c in self.settings.items():
+            for _name, c in self.settings.items():
                 c.observe(self._on_setting, names="value")
             rows.append(W.HBox(list(self.settings.values())))
         self.buttons = {}
         for op in operations:
             for f in op.fields:
                 self.fields.setdefault(f.name, f)
-            b = W.Button(description=op.label or op.name, tooltip=op.help or op.name, button_style="primary")
+            b = W.Button(
+                description=op.label or op.name,
+                tooltip=op.help or op.name,
+                button_style="primary",
+            )
             b.on_click(lambda _, name=op.name: self.press(name))
             self.buttons[op.name] = b
             b.add_class(f"memlab-op-{op.name}")
             rows.append(W.HBox([f.widget for f in op.fields] + [b]))
         for f in self.fields.values():
             if f.follow:
-                self.fields[f.follow[0]].widget.observe(lambda ch, f=f: self._follow(f), names="value")
-        self.undo_button = W.Button(description="undo", icon="undo", tooltip="drop the last step")
-        self.reset_button = W.Button(description="reset", icon="refresh", tooltip="back to the opening state")
-        self.empty_button = W.Button(description="start empty", tooltip="no step at all: the empty books")
-        self.story_button = W.Button(description="replay as a story", icon="play",
-                                     tooltip="your steps, one by one, in a stepper")
+                self.fields[f.follow[0]].widget.observe(
+                    lambda ch, f=f: self._follow(f), names="value"
+                )
+        self.undo_button = W.Button(
+            description="undo", icon="undo", tooltip="drop the last step"
+        )
+        self.reset_button = W.Button(
+            description="reset", icon="refresh", tooltip="back to the opening state"
+        )
+        self.empty_button = W.Button(
+            description="start empty", tooltip="no step at all: the empty books"
+        )
+        self.story_button = W.Button(
+            description="replay as a story",
+            icon="play",
+            tooltip="your steps, one by one, in a stepper",
+        )
         self.undo_button.on_click(lambda _: self.undo())
         self.reset_button.on_click(lambda _: self.reset())
         self.empty_button.on_click(lambda _: self.reset(empty=True))
         self.story_button.on_click(lambda _: self.story())
-        history_row = [self.undo_button, self.reset_button] + ([self.empty_button] if self.opening else [])
+        history_row = [self.undo_button, self.reset_button] + (
+            [self.empty_button] if self.opening else []
+        )
         rows.append(W.HBox(history_row + [self.story_button]))
         self.call_box = W.HTML()
         self.details = W.HTML()
@@ -228,7 +272,17 @@ class Instrument(W.VBox):
         self.books_box = W.HTML()
         self.story_box = W.VBox()
         head = [W.HTML(f"<b>{esc(title)}</b>")] if title else []
-        super().__init__([*head, *rows, self.call_box, self.details, self.view, self.books_box, self.story_box])
+        super().__init__(
+            [
+                *head,
+                *rows,
+                self.call_box,
+                self.details,
+                self.view,
+                self.books_box,
+                self.story_box,
+            ]
+        )
         self.add_class("memlab-instrument")
         self._rebuild()
         self._show(self.last)
@@ -251,7 +305,9 @@ class Instrument(W.VBox):
         step = Step(name, dict(args))
         try:
             if len(self.history) >= self.max_steps:
-                step.refuse(f"{self.max_steps} steps is this instrument's limit: undo or reset")
+                step.refuse(
+                    f"{self.max_steps} steps is this instrument's limit: undo or reset"
+                )
             else:
                 self._run(step)
         except InputError as exc:
@@ -312,13 +368,21 @@ class Instrument(W.VBox):
     def story(self) -> Stepper:
         """The learner's own steps as a story: the state before them, then one frame per step."""
         world = self._fresh(keep=False)
-        frames = [_Frame("the state before your steps" if self.history else "no steps yet",
-                         self.draw_world(world, self.opening_steps[-1] if self.opening_steps else None))]
+        frames = [
+            _Frame(
+                "the state before your steps" if self.history else "no steps yet",
+                self.draw_world(
+                    world, self.opening_steps[-1] if self.opening_steps else None
+                ),
+            )
+        ]
         for s in self.history:
             again = Step(s.op, dict(s.args), replay=True)
             self._apply(world, again)
             line = s.call + (f" -> {s.result}" if s.result else "")
-            frames.append(_Frame(s.caption or line, self.draw_world(world, again), code=line))
+            frames.append(
+                _Frame(s.caption or line, self.draw_world(world, again), code=line)
+            )
         stepper = Stepper(frames, lambda f: f.svg, start=0)
         stepper.add_class("memlab-story")
         self.story_box.children = [W.HTML("<b>your steps as a story</b>"), stepper]
@@ -353,7 +417,11 @@ class Instrument(W.VBox):
         for s in self.history:
             again = Step(s.op, dict(s.args), replay=True)
             self._apply(self.world, again)
-        self.last = self.history[-1] if self.history else (self.opening_steps[-1] if self.opening_steps else None)
+        self.last = (
+            self.history[-1]
+            if self.history
+            else (self.opening_steps[-1] if self.opening_steps else None)
+        )
 
     def _resettle(self) -> list[Step]:
         """After a setting changed: replay what still goes through, drop the rest."""
@@ -374,11 +442,17 @@ class Instrument(W.VBox):
             self.history.append(again)
         if dropped:
             self._rebuild()
-        self.last = self.history[-1] if self.history else (self.opening_steps[-1] if self.opening_steps else None)
+        self.last = (
+            self.history[-1]
+            if self.history
+            else (self.opening_steps[-1] if self.opening_steps else None)
+        )
         note = ""
         if dropped:
-            note = (f"under {self._settings_text()} step {len(self.history) + 1} ({dropped[0].op}) is refused: "
-                    f"{len(dropped)} step(s) from there were dropped")
+            note = (
+                f"under {self._settings_text()} step {len(self.history) + 1} ({dropped[0].op}) is refused: "
+                f"{len(dropped)} step(s) from there were dropped"
+            )
         self._show(self.last, note=note)
         return dropped
 
@@ -401,14 +475,22 @@ class Instrument(W.VBox):
         for f in self.fields.values():
             if f.options is not None:
                 opts = list(f.options(self.world))
-                keep = f.widget.value if f.widget.value in opts else (opts[0] if opts else None)
+                keep = (
+                    f.widget.value
+                    if f.widget.value in opts
+                    else (opts[0] if opts else None)
+                )
                 f.widget.options = opts
                 f.widget.value = keep
         if step is not None and step.ok and step is self.last:
-            for f in self.fields.values():  # e.g. the prefix lengths the next batch continues from
+            for f in (
+                self.fields.values()
+            ):  # e.g. the prefix lengths the next batch continues from
                 if f.follow:
                     self._follow(f)
-        self.call_box.value = call_html(step, note, opening=any(step is s for s in self.opening_steps))
+        self.call_box.value = call_html(
+            step, note, opening=any(step is s for s in self.opening_steps)
+        )
         self.details.value = step.details if step is not None and step.ok else ""
         shown = step if step is not None and step.ok else self.last
         self.view.value = self.draw_world(self.world, shown)
@@ -431,19 +513,38 @@ def call_html(step: Step | None, note: str = "", opening: bool = False) -> str:
     if step is None:
         body = f'<div class="memlab-call" style="{BOX}">no step yet: type your values and press an operation</div>'
     else:
-        who = "the story's last step" if opening else ("you ran" if step.ok else "refused")
-        code = esc(step.call or f"{step.op}({', '.join(f'{k}={v!r}' for k, v in step.args.items())})")
+        who = (
+            "the story's last step"
+            if opening
+            else ("you ran" if step.ok else "refused")
+        )
+        code = esc(
+            step.call
+            or f"{step.op}({', '.join(f'{k}={v!r}' for k, v in step.args.items())})"
+        )
         result = f"\n-> {esc(step.result)}" if step.result else ""
         colour = "#2e7d32" if step.ok else "#c62828"
-        err = (f'<div class="memlab-error" style="color:#c62828;font-weight:bold;white-space:pre-wrap">'
-               f'{esc(step.error)}</div>' if step.error else "")
-        keep = ("" if step.ok else '<div style="color:#555">nothing changed: the books are as before this call</div>')
-        body = (f'<div class="memlab-call" style="{BOX};border-left:4px solid {colour};padding:2px 8px">'
-                f'<span style="color:#555">{who}:</span>'
-                f'<pre style="margin:2px 0;white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;'
-                f'line-height:1.35">{code}{result}</pre>{err}{keep}</div>')
+        err = (
+            f'<div class="memlab-error" style="color:#c62828;font-weight:bold;white-space:pre-wrap">'
+            f"{esc(step.error)}</div>"
+            if step.error
+            else ""
+        )
+        keep = (
+            ""
+            if step.ok
+            else '<div style="color:#555">nothing changed: the books are as before this call</div>'
+        )
+        body = (
+            f'<div class="memlab-call" style="{BOX};border-left:4px solid {colour};padding:2px 8px">'
+            f'<span style="color:#555">{who}:</span>'
+            f'<pre style="margin:2px 0;white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;'
+            f'line-height:1.35">{code}{result}</pre>{err}{keep}</div>'
+        )
     if note:
-        body += f'<div class="memlab-note" style="{BOX};color:#8a6d00">{esc(note)}</div>'
+        body += (
+            f'<div class="memlab-note" style="{BOX};color:#8a6d00">{esc(note)}</div>'
+        )
     return body
 
 
@@ -456,16 +557,24 @@ def books_value(v) -> str:
 
 def books_html(books: dict) -> str:
     """The books, one line each: the name, then the value read from the objects (escaped)."""
-    lines = "".join(f'<div class="memlab-book"><span class="memlab-book-key" style="display:inline-block;'
-                    f'min-width:140px;margin-right:1ch;color:#555">{esc(k)}</span><code class="memlab-book-value">'
-                    f'{esc(books_value(v))}</code></div>' for k, v in books.items())
-    return (f'<div class="memlab-books" style="{BOX}"><div style="color:#555"><b>the books now</b> '
-            f'(read from the objects)</div>{lines}</div>')
+    lines = "".join(
+        f'<div class="memlab-book"><span class="memlab-book-key" style="display:inline-block;'
+        f'min-width:140px;margin-right:1ch;color:#555">{esc(k)}</span><code class="memlab-book-value">'
+        f"{esc(books_value(v))}</code></div>"
+        for k, v in books.items()
+    )
+    return (
+        f'<div class="memlab-books" style="{BOX}"><div style="color:#555"><b>the books now</b> '
+        f"(read from the objects)</div>{lines}</div>"
+    )
 
 
 def table_html(head, rows, cls: str = "") -> str:
     """A compact table (every cell escaped), for an operation's details."""
     td = "padding:0 12px 0 0;text-align:left;white-space:nowrap"
     th = "".join(f'<th style="{td}">{esc(h)}</th>' for h in head)
-    body = "".join("<tr>" + "".join(f'<td style="{td}">{esc(v)}</td>' for v in r) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f'<td style="{td}">{esc(v)}</td>' for v in r) + "</tr>"
+        for r in rows
+    )
     return f'<table class="{cls}" style="{BOX};border-collapse:collapse"><tr>{th}</tr>{body}</table>'

@@ -20,11 +20,20 @@ from dataclasses import dataclass, field
 import torch
 from matplotlib.patches import Circle
 
+from memlab.capstone.prefix_compare import RadixDriver
+from memlab.course.viz.style import (
+    FREE,
+    HIGHLIGHT,
+    PADDING,
+    caption_text,
+    cell,
+    grid_axes,
+    new_figure,
+    owner_color,
+)
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.hicache import HiRadixCache, HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool
-from memlab.capstone.prefix_compare import RadixDriver
-from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
 
 # Node states use colours outside the owners' palette: a request's own pages keep its colour.
 LOCKED = "#2b2d6e"  # on the device, locked by running requests
@@ -34,6 +43,7 @@ HOST_ONLY = "#c9c9c9"  # evicted from the device, its KV kept on the host
 
 
 # -- 1. the snapshot --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -55,7 +65,12 @@ class NodeView:
         return "evictable" if self.evictable else "device"
 
 
-STATE_FILL = {"locked": LOCKED, "evictable": EVICTABLE, "device": DEVICE, "host": HOST_ONLY}
+STATE_FILL = {
+    "locked": LOCKED,
+    "evictable": EVICTABLE,
+    "device": DEVICE,
+    "host": HOST_ONLY,
+}
 
 
 @dataclass(frozen=True)
@@ -67,9 +82,15 @@ class RadixBooks:
     free_device: frozenset
     host_pages: int
     free_host: frozenset
-    requests: dict = field(default_factory=dict)  # running request -> the device pages it owns (not the tree's)
-    highlight: frozenset = frozenset()  # nodes this step created, split, moved or re-pointed
-    sizes: dict = field(default_factory=dict)  # evictable, protected, available, host available (tokens)
+    requests: dict = field(
+        default_factory=dict
+    )  # running request -> the device pages it owns (not the tree's)
+    highlight: frozenset = (
+        frozenset()
+    )  # nodes this step created, split, moved or re-pointed
+    sizes: dict = field(
+        default_factory=dict
+    )  # evictable, protected, available, host available (tokens)
     words: tuple = ()  # token id -> word, for labels
     note: str = ""
 
@@ -96,7 +117,9 @@ class RadixBooks:
         if page in self.free_host:
             return "free"
         for n in self.nodes:
-            if n.host_value is not None and page in _pages(n.host_value, self.page_size):
+            if n.host_value is not None and page in _pages(
+                n.host_value, self.page_size
+            ):
                 return ("node", n.id)
         return None
 
@@ -105,33 +128,85 @@ def _pages(slots, page_size: int) -> set:
     return {s // page_size for s in slots}
 
 
-def read_radix_books(tree, caption: str, requests=None, highlight=(), words=(), note: str = "") -> RadixBooks:
+def read_radix_books(
+    tree, caption: str, requests=None, highlight=(), words=(), note: str = ""
+) -> RadixBooks:
     """A frozen snapshot of a (Hi)RadixCache, its allocators, and the running requests' own pages."""
     ps = tree.page_size
     nodes, stack = [], [(c, None) for c in tree.root_node.children.values()]
     while stack:
         node, parent = stack.pop(0)
-        nodes.append(NodeView(node.id, parent, node.key, None if node.value is None else tuple(node.value.tolist()),
-                              None if node.host_value is None else tuple(node.host_value.tolist()), node.lock_ref,
-                              node in tree.evictable_leaves, node.last_access_time))
-        stack.extend((c, node.id) for c in sorted(node.children.values(), key=lambda c: c.key))
+        nodes.append(
+            NodeView(
+                node.id,
+                parent,
+                node.key,
+                None if node.value is None else tuple(node.value.tolist()),
+                None if node.host_value is None else tuple(node.host_value.tolist()),
+                node.lock_ref,
+                node in tree.evictable_leaves,
+                node.last_access_time,
+            )
+        )
+        stack.extend(
+            (c, node.id) for c in sorted(node.children.values(), key=lambda c: c.key)
+        )
     alloc = tree.token_to_kv_pool_allocator
     host = getattr(tree, "token_to_kv_pool_host", None)
     free_host, host_pages = frozenset(), 0
     if host is not None:
         ha = host.allocator
-        free_host, host_pages = frozenset(ha.get_all_free_pages().tolist()), ha.num_pages
-    own = {rid: frozenset(_pages(r.kv_indices[r.kv.cache_protected_len:].tolist(), ps)) for rid, r in (requests or {}).items()}
-    sizes = dict(evictable=tree.evictable_size(), protected=tree.protected_size(), available=alloc.available_size(),
-                 host_available=host.available_size() if host is not None else 0)
-    return RadixBooks(caption, ps, tuple(nodes), alloc.num_pages, frozenset(alloc.get_all_free_pages().tolist()), host_pages, free_host, own, frozenset(highlight), sizes,
-                      tuple(words), note)
+        free_host, host_pages = (
+            frozenset(ha.get_all_free_pages().tolist()),
+            ha.num_pages,
+        )
+    own = {
+        rid: frozenset(_pages(r.kv_indices[r.kv.cache_protected_len :].tolist(), ps))
+        for rid, r in (requests or {}).items()
+    }
+    sizes = dict(
+        evictable=tree.evictable_size(),
+        protected=tree.protected_size(),
+        available=alloc.available_size(),
+        host_available=host.available_size() if host is not None else 0,
+    )
+    return RadixBooks(
+        caption,
+        ps,
+        tuple(nodes),
+        alloc.num_pages,
+        frozenset(alloc.get_all_free_pages().tolist()),
+        host_pages,
+        free_host,
+        own,
+        frozenset(highlight),
+        sizes,
+        tuple(words),
+        note,
+    )
 
 
 # -- 2. the scene -----------------------------------------------------------------------------
 
-WORDS = ("<s>", "You", "are", "brief", ".", "What", "is", "KV", "HiCache", "?", "a", "radix", "tree", "page",
-         "Why", "terse", "host")
+WORDS = (
+    "<s>",
+    "You",
+    "are",
+    "brief",
+    ".",
+    "What",
+    "is",
+    "KV",
+    "HiCache",
+    "?",
+    "a",
+    "radix",
+    "tree",
+    "page",
+    "Why",
+    "terse",
+    "host",
+)
 
 
 def encode(text: str) -> list[int]:
@@ -141,13 +216,34 @@ def encode(text: str) -> list[int]:
 class RadixScene:
     """A HiRadixCache over a tiny MHA pool (write-through), driven like SGLang's scheduler."""
 
-    def __init__(self, device_tokens: int = 24, host_tokens: int = 32, page_size: int = 1,
-                 write_policy: str = "write_through"):
-        self.pool = MHATokenToKVPool(device_tokens, page_size, torch.float32, head_num=1, head_dim=2, layer_num=1)
-        alloc = make_allocator(device_tokens, page_size, kvcache=self.pool, debug_mode=True)
-        host = HostKVCache(self.pool.host_pool_decls()[0], host_tokens, page_size, pin_memory=False, debug_mode=True)
-        self.tree = HiRadixCache(alloc, host, write_policy=write_policy, io_backend="torch", load_back_threshold=1,
-                                 debug_mode=True)
+    def __init__(
+        self,
+        device_tokens: int = 24,
+        host_tokens: int = 32,
+        page_size: int = 1,
+        write_policy: str = "write_through",
+    ):
+        self.pool = MHATokenToKVPool(
+            device_tokens, page_size, torch.float32, head_num=1, head_dim=2, layer_num=1
+        )
+        alloc = make_allocator(
+            device_tokens, page_size, kvcache=self.pool, debug_mode=True
+        )
+        host = HostKVCache(
+            self.pool.host_pool_decls()[0],
+            host_tokens,
+            page_size,
+            pin_memory=False,
+            debug_mode=True,
+        )
+        self.tree = HiRadixCache(
+            alloc,
+            host,
+            write_policy=write_policy,
+            io_backend="torch",
+            load_back_threshold=1,
+            debug_mode=True,
+        )
         self.driver = RadixDriver(self.tree, self._compute)
         self.running: dict = {}
         self.frames: list[RadixBooks] = []
@@ -155,14 +251,28 @@ class RadixScene:
     def _compute(self, slots, tokens, start):
         """The 'model': token i's K is (its position, its token id), so a picture can be checked."""
         pos = torch.arange(start, start + len(slots), dtype=torch.float32)
-        ids = torch.tensor(tokens[start:start + len(slots)], dtype=torch.float32)
-        self.pool.set_kv_buffer(0, slots, torch.stack((pos, ids), -1)[:, None], torch.zeros(len(slots), 1, 2))
+        ids = torch.tensor(tokens[start : start + len(slots)], dtype=torch.float32)
+        self.pool.set_kv_buffer(
+            0,
+            slots,
+            torch.stack((pos, ids), -1)[:, None],
+            torch.zeros(len(slots), 1, 2),
+        )
 
     def _ids(self) -> dict:
-        return {n.id: (n.key, n.value is None, n.lock_ref, None if n.value is None else n.value.tolist())
-                for n in self.tree._all_nodes()}
+        return {
+            n.id: (
+                n.key,
+                n.value is None,
+                n.lock_ref,
+                None if n.value is None else n.value.tolist(),
+            )
+            for n in self.tree._all_nodes()
+        }
 
-    def snap(self, caption: str, before: dict | None = None, note: str = "") -> RadixBooks:
+    def snap(
+        self, caption: str, before: dict | None = None, note: str = ""
+    ) -> RadixBooks:
         changed = set()
         if before is not None:
             changed = {i for i, v in self._ids().items() if before.get(i) != v}
@@ -176,9 +286,16 @@ class RadixScene:
         if req is None:
             raise RuntimeError(f"{rid} does not fit")
         self.running[rid] = req
-        hit = f"hit {req.hit_tokens} tokens" + (f" ({req.host_hit_tokens} loaded back from the host)"
-                                                 if req.host_hit_tokens else "")
-        return self.snap(caption, before, f"{rid}: '{text}' - {hit}, computes {len(req.tokens) - req.hit_tokens}")
+        hit = f"hit {req.hit_tokens} tokens" + (
+            f" ({req.host_hit_tokens} loaded back from the host)"
+            if req.host_hit_tokens
+            else ""
+        )
+        return self.snap(
+            caption,
+            before,
+            f"{rid}: '{text}' - {hit}, computes {len(req.tokens) - req.hit_tokens}",
+        )
 
     def finish(self, rid: str, caption: str) -> RadixBooks:
         before = self._ids()
@@ -193,10 +310,13 @@ class RadixScene:
     def evict_host(self, num_tokens: int, caption: str) -> RadixBooks:
         before = self._ids()
         n = self.tree.evict_host(num_tokens)
-        return self.snap(caption, before, f"evict_host({num_tokens}) freed {n} host slots")
+        return self.snap(
+            caption, before, f"evict_host({num_tokens}) freed {n} host slots"
+        )
 
 
 # -- 3. the chapter's story -------------------------------------------------------------------
+
 
 def _shared_pages(a: str, b: str, page_size: int) -> str:
     """The words two prompts share as the tree matches them: whole pages only."""
@@ -211,40 +331,84 @@ def _shared_pages(a: str, b: str, page_size: int) -> str:
 def _aligned(a: str, b: str, page_size: int) -> str:
     common = len(_shared_pages(a, b, 1).split())
     kept = len(_shared_pages(a, b, page_size).split())
-    return f" (whole pages of {page_size}: {kept} of the {common} shared tokens)" if kept < common else ""
+    return (
+        f" (whole pages of {page_size}: {kept} of the {common} shared tokens)"
+        if kept < common
+        else ""
+    )
 
 
 def story(page_size: int = 1) -> list[RadixBooks]:
     """Inserts, a split, matches with locks, evictions to the host and a load-back, step by step."""
     device, host = 24, 32
     sc = RadixScene(device_tokens=device, host_tokens=host, page_size=page_size)
-    a, b, c = "<s> You are brief . What is KV ?", "<s> You are brief . What is HiCache ?", "<s> You are terse . Why a radix tree ?"
-    sc.snap(f"An empty tree over an empty device pool ({device} slots) and host pool ({host} slots).")
+    a, b, c = (
+        "<s> You are brief . What is KV ?",
+        "<s> You are brief . What is HiCache ?",
+        "<s> You are terse . Why a radix tree ?",
+    )
+    sc.snap(
+        f"An empty tree over an empty device pool ({device} slots) and host pool ({host} slots)."
+    )
     tail = "" if page_size == 1 else " (its partial last page stays its own)"
-    sc.arrive("A", a, "A arrives: nothing cached, it computes every token into slots of its own; its prefill "
-              f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; write-through also "
-              "copies them to the host at once.")
-    sc.finish("A", "A finishes: the tree already holds its tokens, A's lock is dropped"
-              + ("" if page_size == 1 else " and its partial last page goes back") + ".")
+    sc.arrive(
+        "A",
+        a,
+        "A arrives: nothing cached, it computes every token into slots of its own; its prefill "
+        f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; write-through also "
+        "copies them to the host at once.",
+    )
+    sc.finish(
+        "A",
+        "A finishes: the tree already holds its tokens, A's lock is dropped"
+        + ("" if page_size == 1 else " and its partial last page goes back")
+        + ".",
+    )
     shared_b, shared_c = _shared_pages(a, b, page_size), _shared_pages(a, c, page_size)
-    sc.arrive("B", b, f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, so "
-              "the match SPLITS the node there; B maps the shared slots, and its checkpoint adds its own tail "
-              "as a second leaf under the split node; B locks the path to it.")
-    sc.finish("B", "B finishes: its lock is gone; its tail stays a leaf under the split node.")
-    sc.arrive("C", c, f"C arrives: shares '{shared_c}'{_aligned(a, c, page_size)} - another split; its tail "
-              "becomes a leaf too, and C locks the path it uses (lock counts along it).")
-    sc.evict(16, "Pool pressure: evict(16) takes unlocked leaves, least recently used first. Their KV has a "
-             "host copy, so they are DEMOTED: device slots freed, the node stays, host-only (grey).")
-    sc.finish("C", "C finishes and unlocks; its tail (checkpointed when it arrived, and copied to the host "
-              "then) is evictable now.")
-    sc.arrive("D", a + " a", "D asks A's question again: the match runs through "
-              "host-only nodes; load-back takes device slots FIRST, copies the KV back into them, and "
-              "re-points the nodes.")
-    sc.finish("D", "D finishes: the nodes on its path are on the device again, each with its host copy; a "
-              "node it did not match stays host-only.")
+    sc.arrive(
+        "B",
+        b,
+        f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, so "
+        "the match SPLITS the node there; B maps the shared slots, and its checkpoint adds its own tail "
+        "as a second leaf under the split node; B locks the path to it.",
+    )
+    sc.finish(
+        "B", "B finishes: its lock is gone; its tail stays a leaf under the split node."
+    )
+    sc.arrive(
+        "C",
+        c,
+        f"C arrives: shares '{shared_c}'{_aligned(a, c, page_size)} - another split; its tail "
+        "becomes a leaf too, and C locks the path it uses (lock counts along it).",
+    )
+    sc.evict(
+        16,
+        "Pool pressure: evict(16) takes unlocked leaves, least recently used first. Their KV has a "
+        "host copy, so they are DEMOTED: device slots freed, the node stays, host-only (grey).",
+    )
+    sc.finish(
+        "C",
+        "C finishes and unlocks; its tail (checkpointed when it arrived, and copied to the host "
+        "then) is evictable now.",
+    )
+    sc.arrive(
+        "D",
+        a + " a",
+        "D asks A's question again: the match runs through "
+        "host-only nodes; load-back takes device slots FIRST, copies the KV back into them, and "
+        "re-points the nodes.",
+    )
+    sc.finish(
+        "D",
+        "D finishes: the nodes on its path are on the device again, each with its host copy; a "
+        "node it did not match stays host-only.",
+    )
     sc.evict(100, "Evict everything unlocked: all nodes demoted to the host.")
-    sc.evict_host(8, "Host pressure: evict_host(8) drops host-only LEAVES, least recently used first; they "
-                  "are gone from both tiers.")
+    sc.evict_host(
+        8,
+        "Host pressure: evict_host(8) drops host-only LEAVES, least recently used first; they "
+        "are gone from both tiers.",
+    )
     return sc.frames
 
 
@@ -306,7 +470,9 @@ def _page_fill(owner, books: RadixBooks):
 
 def draw_radix(books: RadixBooks, width: float = 12.0):
     """The tree (left), the device pool's pages (top right) and the host pool's pages (bottom right)."""
-    fig, axes = new_figure(width, 5.6, ncols=2, nrows=2, width_ratios=[1.9, 1], height_ratios=[1, 1])
+    fig, axes = new_figure(
+        width, 5.6, ncols=2, nrows=2, width_ratios=[1.9, 1], height_ratios=[1, 1]
+    )
     gs = axes[0, 0].get_gridspec()
     axes[0, 0].remove()
     axes[1, 0].remove()
@@ -314,7 +480,10 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
     dev_ax, host_ax = axes[0, 1], axes[1, 1]
 
     s = books.sizes
-    grid_axes(tree_ax, f"radix tree: evictable {s.get('evictable', 0)}, protected {s.get('protected', 0)} tokens")
+    grid_axes(
+        tree_ax,
+        f"radix tree: evictable {s.get('evictable', 0)}, protected {s.get('protected', 0)} tokens",
+    )
     pos = _layout(books)
     labels = {n.id: _label(books, n) for n in books.nodes}
     lines = max([lb.count("\n") + 1 for lb in labels.values()] + [2])
@@ -324,30 +493,76 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
     root_x = dx * sum(top) / len(top) if top else 0.0
     right = max([x * dx for x, _ in pos.values()] + [(len(STATE_FILL) + 1) * 2.0 - w])
     tree_ax.add_patch(Circle((root_x, 0.3), 0.3, facecolor=PADDING, gid="node:root"))
-    tree_ax.text(root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=6)
+    tree_ax.text(
+        root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=6
+    )
     for n in books.nodes:
         x, d = pos[n.id]
         cx, top = x * dx, d * dy
-        px, pbottom = (root_x, 0.6) if n.parent is None else (pos[n.parent][0] * dx, pos[n.parent][1] * dy + h)
+        px, pbottom = (
+            (root_x, 0.6)
+            if n.parent is None
+            else (pos[n.parent][0] * dx, pos[n.parent][1] * dy + h)
+        )
         tree_ax.plot([px, cx], [pbottom, top], color="#888", lw=0.8, zorder=0)
         new = n.id in books.highlight
-        cell(tree_ax, cx - w / 2, top, STATE_FILL[n.state], labels[n.id], gid=f"node:{n.id}", w=w, h=h,
-             edge=HIGHLIGHT if new else ("#333" if n.host_value is not None else "white"), lw=2.0 if new else 1.0,
-             hatch="///" if n.state == "host" else None, fontsize=6)
+        cell(
+            tree_ax,
+            cx - w / 2,
+            top,
+            STATE_FILL[n.state],
+            labels[n.id],
+            gid=f"node:{n.id}",
+            w=w,
+            h=h,
+            edge=HIGHLIGHT
+            if new
+            else ("#333" if n.host_value is not None else "white"),
+            lw=2.0 if new else 1.0,
+            hatch="///" if n.state == "host" else None,
+            fontsize=6,
+        )
     depth = max([d for _, d in pos.values()] + [1])
     tree_ax.set_xlim(-w / 2 - 0.3, right + w / 2 + 0.3)
     legend_y = depth * dy + h + 0.4  # a row of its own below the deepest nodes
     tree_ax.set_ylim(legend_y + 0.5, -0.2)
     for i, (state, fill) in enumerate(STATE_FILL.items()):
-        label = {"locked": "locked", "evictable": "evictable leaf", "device": "on device", "host": "host only"}[state]
-        cell(tree_ax, -w / 2 + i * 2.0, legend_y, fill, label, gid=f"legend:{state}", w=1.9, h=0.3,
-             fontsize=6, hatch="///" if state == "host" else None)
+        label = {
+            "locked": "locked",
+            "evictable": "evictable leaf",
+            "device": "on device",
+            "host": "host only",
+        }[state]
+        cell(
+            tree_ax,
+            -w / 2 + i * 2.0,
+            legend_y,
+            fill,
+            label,
+            gid=f"legend:{state}",
+            w=1.9,
+            h=0.3,
+            fontsize=6,
+            hatch="///" if state == "host" else None,
+        )
     # the pools' cross-hatched pages, drawn like them (in a request's colour on the right)
-    cell(tree_ax, -w / 2 + len(STATE_FILL) * 2.0, legend_y, "#c8c8c8", "a request's own", gid="legend:request",
-         w=1.9, h=0.3, fontsize=6, hatch="xx")
+    cell(
+        tree_ax,
+        -w / 2 + len(STATE_FILL) * 2.0,
+        legend_y,
+        "#c8c8c8",
+        "a request's own",
+        gid="legend:request",
+        w=1.9,
+        h=0.3,
+        fontsize=6,
+        hatch="xx",
+    )
 
-    for ax, name, pages, owner_of, prefix in ((dev_ax, "device pool", books.device_pages, books.device_owner, "dpage"),
-                                              (host_ax, "host pool", books.host_pages, books.host_owner, "hpage")):
+    for ax, name, pages, owner_of, prefix in (
+        (dev_ax, "device pool", books.device_pages, books.device_owner, "dpage"),
+        (host_ax, "host pool", books.host_pages, books.host_owner, "hpage"),
+    ):
         free = s.get("available" if prefix == "dpage" else "host_available", 0)
         unit = f"pages of {books.page_size}" if books.page_size > 1 else "slots"
         grid_axes(ax, f"{name}: {pages} {unit}, {free} tokens free")
@@ -358,22 +573,45 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
             label = p if books.page_size == 1 else f"p{p}"
             hatch = None
             if isinstance(owner, tuple):
-                hatch = "xx" if owner[0] == "request" else "///" if books.node(owner[1]).state == "host" else None
-            cell(ax, x * 1.05, y * 1.05, _page_fill(owner, books), label, gid=f"{prefix}:{p}", hatch=hatch)
+                hatch = (
+                    "xx"
+                    if owner[0] == "request"
+                    else "///"
+                    if books.node(owner[1]).state == "host"
+                    else None
+                )
+            cell(
+                ax,
+                x * 1.05,
+                y * 1.05,
+                _page_fill(owner, books),
+                label,
+                gid=f"{prefix}:{p}",
+                hatch=hatch,
+            )
         ax.set_xlim(-0.1, per_line * 1.05)
         ax.set_ylim((pages // per_line + 1) * 1.05 + 0.1, -0.4)
-    fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
 # -- 5. the instrument: the learner's own token strings on a real HiRadixCache --------------------
 
-STORY_STEPS = (("arrive", dict(request="A", text="<s> You are brief . What is KV ?")), ("finish", dict(request="A")),
-               ("arrive", dict(request="B", text="<s> You are brief . What is HiCache ?")), ("finish", dict(request="B")),
-               ("arrive", dict(request="C", text="<s> You are terse . Why a radix tree ?")),
-               ("evict", dict(num_tokens=16)), ("finish", dict(request="C")),
-               ("arrive", dict(request="D", text="<s> You are brief . What is KV ? a")), ("finish", dict(request="D")),
-               ("evict", dict(num_tokens=100)), ("evict_host", dict(num_tokens=8)))  # story()'s steps
+STORY_STEPS = (
+    ("arrive", dict(request="A", text="<s> You are brief . What is KV ?")),
+    ("finish", dict(request="A")),
+    ("arrive", dict(request="B", text="<s> You are brief . What is HiCache ?")),
+    ("finish", dict(request="B")),
+    ("arrive", dict(request="C", text="<s> You are terse . Why a radix tree ?")),
+    ("evict", dict(num_tokens=16)),
+    ("finish", dict(request="C")),
+    ("arrive", dict(request="D", text="<s> You are brief . What is KV ? a")),
+    ("finish", dict(request="D")),
+    ("evict", dict(num_tokens=100)),
+    ("evict_host", dict(num_tokens=8)),
+)  # story()'s steps
 
 
 def scene_words(sc: RadixScene) -> list:
@@ -417,8 +655,16 @@ def _node_name(sc, n) -> str:
 
 
 def _snapshot_ids(sc) -> dict:
-    return {n.id: (n.key, n.value is None, n.lock_ref, None if n.value is None else n.value.tolist(),
-                   None if n.host_value is None else n.host_value.tolist()) for n in sc.tree._all_nodes()}
+    return {
+        n.id: (
+            n.key,
+            n.value is None,
+            n.lock_ref,
+            None if n.value is None else n.value.tolist(),
+            None if n.host_value is None else n.host_value.tolist(),
+        )
+        for n in sc.tree._all_nodes()
+    }
 
 
 def _changed(sc, before) -> set:
@@ -440,16 +686,22 @@ def _op_arrive(sc: RadixScene, step, request, text) -> None:
         req = sc.driver.admit(ids)
     if m:
         r = m[0]["result"]
-        step.call += (f"\n# called tree.match_prefix(...) -> device_prefix_len={r.device_prefix_len}, "
-                      f"host_hit_length={r.host_hit_length}")
+        step.call += (
+            f"\n# called tree.match_prefix(...) -> device_prefix_len={r.device_prefix_len}, "
+            f"host_hit_length={r.host_hit_length}"
+        )
     if req is None:
         step.result = "None"
-        step.refuse(f"refused (admit returns None): {len(ids)} tokens do not fit even after evicting "
-                    f"(available_size() = {sc.tree.token_to_kv_pool_allocator.available_size()})")
+        step.refuse(
+            f"refused (admit returns None): {len(ids)} tokens do not fit even after evicting "
+            f"(available_size() = {sc.tree.token_to_kv_pool_allocator.available_size()})"
+        )
         return
     sc.running[request] = req
-    step.result = (f"hit {req.hit_tokens} tokens ({req.host_hit_tokens} loaded back from the host), "
-                   f"computed {len(ids) - req.hit_tokens}; locked {_node_name(sc, req.last_node)}")
+    step.result = (
+        f"hit {req.hit_tokens} tokens ({req.host_hit_tokens} loaded back from the host), "
+        f"computed {len(ids) - req.hit_tokens}; locked {_node_name(sc, req.last_node)}"
+    )
     step.marks = dict(changed=_changed(sc, before))
     step.caption = f"{request} arrives: '{text}': " + step.result
 
@@ -468,8 +720,10 @@ def _op_finish(sc: RadixScene, step, request) -> None:
 
 
 def _match_text(r, sc) -> str:
-    return (f"MatchResult(device_prefix_len={r.device_prefix_len}, last_device_node={_node_name(sc, r.last_device_node)}, "
-            f"last_host_node={_node_name(sc, r.last_host_node)}, host_hit_length={r.host_hit_length})")
+    return (
+        f"MatchResult(device_prefix_len={r.device_prefix_len}, last_device_node={_node_name(sc, r.last_device_node)}, "
+        f"last_host_node={_node_name(sc, r.last_host_node)}, host_hit_length={r.host_hit_length})"
+    )
 
 
 def _op_insert(sc: RadixScene, step, text) -> None:
@@ -482,24 +736,32 @@ def _op_insert(sc: RadixScene, step, text) -> None:
     key = tree.page_aligned(ids)
     step.call = f"key = {spell_value(list(key))}  # '{_words(sc, key)}', cut to whole pages\nvalue = allocator.alloc({len(key)})"
     if not key:
-        step.refuse(f"nothing to insert: {len(ids)} token(s) is less than one page of {tree.page_size}")
+        step.refuse(
+            f"nothing to insert: {len(ids)} token(s) is less than one page of {tree.page_size}"
+        )
         return
     value = al.alloc(len(key))
     if value is None:
         step.result = "None"
-        step.refuse(f"refused (allocator.alloc returns None): {len(key)} slots wanted, available_size() = "
-                    f"{al.available_size()}; evict first")
+        step.refuse(
+            f"refused (allocator.alloc returns None): {len(key)} slots wanted, available_size() = "
+            f"{al.available_size()}; evict first"
+        )
         return
     sc._compute(value, list(key), 0)
     result = tree.insert(key, value)
     step.call += "\nresult = tree.insert(key, value)"
     if result.prefix_len:
-        al.free_segment(value[:result.prefix_len], start_pos=0)
+        al.free_segment(value[: result.prefix_len], start_pos=0)
         step.call += f"\nallocator.free_segment(value[:{result.prefix_len}], start_pos=0)  # duplicates of the tree's"
-    step.result = (f"value {spell_value(value)}; InsertResult(prefix_len={result.prefix_len}, "
-                   f"last_device_node={_node_name(sc, result.last_device_node)})")
+    step.result = (
+        f"value {spell_value(value)}; InsertResult(prefix_len={result.prefix_len}, "
+        f"last_device_node={_node_name(sc, result.last_device_node)})"
+    )
     step.marks = dict(changed=_changed(sc, before))
-    step.caption = f"insert '{_words(sc, key)}': the tree held {result.prefix_len} of its tokens"
+    step.caption = (
+        f"insert '{_words(sc, key)}': the tree held {result.prefix_len} of its tokens"
+    )
 
 
 def _op_match(sc: RadixScene, step, text) -> None:
@@ -511,8 +773,10 @@ def _op_match(sc: RadixScene, step, text) -> None:
     step.result = _match_text(r, sc)
     ch = _changed(sc, before)
     step.marks = dict(changed=ch, path={r.last_host_node.id})
-    step.caption = (f"match '{text}': {r.device_prefix_len} on the device, {r.host_hit_length} on the host only"
-                    + (" (a node was split)" if ch else ""))
+    step.caption = (
+        f"match '{text}': {r.device_prefix_len} on the device, {r.host_hit_length} on the host only"
+        + (" (a node was split)" if ch else "")
+    )
 
 
 def _op_lock(sc: RadixScene, step, text) -> None:
@@ -522,24 +786,34 @@ def _op_lock(sc: RadixScene, step, text) -> None:
     ids = tokens_of(sc, text)
     r = sc.tree.match_prefix(ids)
     node = r.last_device_node
-    step.call = (f"node = tree.match_prefix({spell_value(ids)}).last_device_node  # {_node_name(sc, node)}\n"
-                 "tree.inc_lock_ref(node)")
+    step.call = (
+        f"node = tree.match_prefix({spell_value(ids)}).last_device_node  # {_node_name(sc, node)}\n"
+        "tree.inc_lock_ref(node)"
+    )
     if node is sc.tree.root_node:
-        step.refuse("nothing of it is on the device: the match ends at the root, there is no node to lock")
+        step.refuse(
+            "nothing of it is on the device: the match ends at the root, there is no node to lock"
+        )
         return
     d = sc.tree.inc_lock_ref(node)
     step.result = f"IncLockRefResult(delta={d.delta})"
     step.marks = dict(changed={node.id})
-    step.caption = f"lock the path to node {node.id}: evictable_size changes by {d.delta}"
+    step.caption = (
+        f"lock the path to node {node.id}: evictable_size changes by {d.delta}"
+    )
 
 
 def _op_unlock(sc: RadixScene, step, node) -> None:
     n = _node(sc, node)
-    step.call = f"tree.dec_lock_ref(node)  # node = {_node_name(sc, n)}, lock_ref {n.lock_ref}"
+    step.call = (
+        f"tree.dec_lock_ref(node)  # node = {_node_name(sc, n)}, lock_ref {n.lock_ref}"
+    )
     d = sc.tree.dec_lock_ref(n)
     step.result = f"DecLockRefResult(delta={d.delta})"
     step.marks = dict(changed={n.id})
-    step.caption = f"unlock the path to node {n.id}: evictable_size changes by +{d.delta}"
+    step.caption = (
+        f"unlock the path to node {n.id}: evictable_size changes by +{d.delta}"
+    )
 
 
 def _num_tokens(value) -> int:
@@ -578,15 +852,21 @@ def _op_backup(sc: RadixScene, step, node) -> None:
 
     n = _node(sc, node)
     if n.value is None:
-        raise InputError(f"node {n.id} is not on the device: only a device node can be backed up")
+        raise InputError(
+            f"node {n.id} is not on the device: only a device node can be backed up"
+        )
     if n.host_value is not None:
-        raise InputError(f"node {n.id} has a host copy already (host slots {n.host_value.tolist()})")
+        raise InputError(
+            f"node {n.id} has a host copy already (host slots {n.host_value.tolist()})"
+        )
     before = _snapshot_ids(sc)
     step.call = f"tree.write_backup(node)  # node = {_node_name(sc, n)}"
     got = sc.tree.write_backup(n)
     step.result = f"{got} tokens backed up" + ("" if got else " (0: the host is full)")
     if not got:
-        step.refuse("write_backup returns 0: the host pool has no room even after evict_host")
+        step.refuse(
+            "write_backup returns 0: the host pool has no room even after evict_host"
+        )
         return
     step.marks = dict(changed=_changed(sc, before))
     step.caption = f"back up node {n.id} to the host: {got} tokens"
@@ -598,17 +878,23 @@ def _op_load_back(sc: RadixScene, step, text) -> None:
 
     ids, before = tokens_of(sc, text), _snapshot_ids(sc)
     r = sc.tree.match_prefix(ids)
-    step.call = (f"m = tree.match_prefix({spell_value(ids)})  # host_hit_length={r.host_hit_length}\n"
-                 "tree.load_back(m.last_host_node)")
+    step.call = (
+        f"m = tree.match_prefix({spell_value(ids)})  # host_hit_length={r.host_hit_length}\n"
+        "tree.load_back(m.last_host_node)"
+    )
     if not r.host_hit_length:
-        step.refuse(f"nothing to load back: the match ({r.device_prefix_len} tokens) is all on the device")
+        step.refuse(
+            f"nothing to load back: the match ({r.device_prefix_len} tokens) is all on the device"
+        )
         return
     got = sc.tree.load_back(r.last_host_node)
     if got is None:
         step.result = "None"
-        step.refuse(f"load_back returns None: {r.host_hit_length} host tokens, load_back_threshold "
-                    f"{sc.tree.load_back_threshold}, available_size() "
-                    f"{sc.tree.token_to_kv_pool_allocator.available_size()} even after evicting")
+        step.refuse(
+            f"load_back returns None: {r.host_hit_length} host tokens, load_back_threshold "
+            f"{sc.tree.load_back_threshold}, available_size() "
+            f"{sc.tree.token_to_kv_pool_allocator.available_size()} even after evicting"
+        )
         return
     step.result = f"device slots {spell_value(got)}"
     step.marks = dict(changed=_changed(sc, before))
@@ -616,12 +902,18 @@ def _op_load_back(sc: RadixScene, step, text) -> None:
 
 
 def node_tip(sc: RadixScene, n: NodeView, books: RadixBooks) -> str:
-    state = {"locked": "locked (on the device)", "evictable": "an evictable leaf (on the device)",
-             "device": "on the device, a child on the device", "host": "host only (evicted from the device)"}[n.state]
-    return (f"node {n.id} · key '{_words(sc, n.key)}' ({len(n.key)} tokens: ids {list(n.key)}) · "
-            f"device slots {list(n.value) if n.value is not None else 'none'} · host slots "
-            f"{list(n.host_value) if n.host_value is not None else 'none'} · lock_ref {n.lock_ref} · {state} · "
-            f"last access {n.last_access_time}")
+    state = {
+        "locked": "locked (on the device)",
+        "evictable": "an evictable leaf (on the device)",
+        "device": "on the device, a child on the device",
+        "host": "host only (evicted from the device)",
+    }[n.state]
+    return (
+        f"node {n.id} · key '{_words(sc, n.key)}' ({len(n.key)} tokens: ids {list(n.key)}) · "
+        f"device slots {list(n.value) if n.value is not None else 'none'} · host slots "
+        f"{list(n.host_value) if n.host_value is not None else 'none'} · lock_ref {n.lock_ref} · {state} · "
+        f"last access {n.last_access_time}"
+    )
 
 
 def draw_radix_svg(sc: RadixScene, step=None) -> str:
@@ -634,13 +926,20 @@ def draw_radix_svg(sc: RadixScene, step=None) -> str:
     books = read_radix_books(sc.tree, "", sc.running, changed, tuple(scene_words(sc)))
     c = Canvas("hover a node or a slot: its key, slots, lock count, owner")
     s = books.sizes
-    c.text(4, 17, f"radix tree: evictable_size() {s['evictable']}, protected_size() {s['protected']} tokens",
-           size=12.5, weight="bold")
+    c.text(
+        4,
+        17,
+        f"radix tree: evictable_size() {s['evictable']}, protected_size() {s['protected']} tokens",
+        size=12.5,
+        weight="bold",
+    )
     pos = _layout(books)
     w, line_h, chars = 170, 13, 24
     labels = {}
     for n in books.nodes:
-        lines = textwrap.wrap(_words(sc, n.key), chars, break_long_words=True) or ["(empty)"]
+        lines = textwrap.wrap(_words(sc, n.key), chars, break_long_words=True) or [
+            "(empty)"
+        ]
         where = []
         if n.value is not None:
             where.append(f"dev {_span(n.value)}")
@@ -662,27 +961,61 @@ def draw_radix_svg(sc: RadixScene, step=None) -> str:
         if n.parent is None:
             px, py = root_x, 50
         else:
-            px, py = 4 + w / 2 + pos[n.parent][0] * dx, top0 + (pos[n.parent][1] - 1) * dy + h
-        c.parts.append(f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{top:.1f}" stroke="#888"/>')
+            px, py = (
+                4 + w / 2 + pos[n.parent][0] * dx,
+                top0 + (pos[n.parent][1] - 1) * dy + h,
+            )
+        c.parts.append(
+            f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{top:.1f}" stroke="#888"/>'
+        )
         new = n.id in changed
-        c.cell(cx - w / 2, top, STATE_FILL[n.state], "", tip=node_tip(sc, n, books), gid=f"node:{n.id}", w=w, h=h,
-               stroke=HIGHLIGHT if new else "#333" if n.host_value is not None else "#fff",
-               stroke_width=2.5 if new else 1, pattern="url(#memlab-part1)" if n.state == "host" else None)
+        c.cell(
+            cx - w / 2,
+            top,
+            STATE_FILL[n.state],
+            "",
+            tip=node_tip(sc, n, books),
+            gid=f"node:{n.id}",
+            w=w,
+            h=h,
+            stroke=HIGHLIGHT if new else "#333" if n.host_value is not None else "#fff",
+            stroke_width=2.5 if new else 1,
+            pattern="url(#memlab-part1)" if n.state == "host" else None,
+        )
         ink = "#fff" if n.state == "locked" else "#000"
-        for k, line in enumerate(labels[n.id]):  # over the node's box: the pointer goes through to it
-            c.parts.append(f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" font-size="10.5" '
-                           f'fill="{ink}" pointer-events="none">{esc(line)}</text>')
-        c.text(cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555")
+        for k, line in enumerate(
+            labels[n.id]
+        ):  # over the node's box: the pointer goes through to it
+            c.parts.append(
+                f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" font-size="10.5" '
+                f'fill="{ink}" pointer-events="none">{esc(line)}</text>'
+            )
+        c.text(
+            cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555"
+        )
     depth = max([d for _, d in pos.values()] + [1])
     y = top0 + (depth - 1) * dy + h + 16
     if not books.nodes:
         c.text(4, 70, "(an empty tree)", size=11, color="#777")
         y = 84
     for name, pages, owner_of, prefix, free in (
-            ("device pool", books.device_pages, books.device_owner, "dpage", s["available"]),
-            ("host pool", books.host_pages, books.host_owner, "hpage", s["host_available"])):
+        (
+            "device pool",
+            books.device_pages,
+            books.device_owner,
+            "dpage",
+            s["available"],
+        ),
+        ("host pool", books.host_pages, books.host_owner, "hpage", s["host_available"]),
+    ):
         unit = f"pages of {books.page_size}" if books.page_size > 1 else "slots"
-        c.text(4, y + 13, f"{name}: {pages} {unit}, {free} tokens free", size=12.5, weight="bold")
+        c.text(
+            4,
+            y + 13,
+            f"{name}: {pages} {unit}, {free} tokens free",
+            size=12.5,
+            weight="bold",
+        )
         y += 20
         per_line = 25
         for p in range(pages + 1):
@@ -694,38 +1027,74 @@ def draw_radix_svg(sc: RadixScene, step=None) -> str:
             elif owner == "free" or owner is None:
                 what = "free"
             elif owner[0] == "request":
-                what, pattern = f"request {owner[1]}'s own (not in the tree yet)", "url(#memlab-part3)"
+                what, pattern = (
+                    f"request {owner[1]}'s own (not in the tree yet)",
+                    "url(#memlab-part3)",
+                )
             else:
                 nv = books.node(owner[1])
                 slots = nv.value if prefix == "dpage" else nv.host_value
                 offs = [i for i, x in enumerate(slots) if x // books.page_size == p]
                 what = f"node {nv.id}'s tokens {offs}: '{_words(sc, [nv.key[i] for i in offs])}'"
-                pattern = "url(#memlab-part1)" if nv.state == "host" and prefix == "dpage" else None
-            span = f"slot {p}" if books.page_size == 1 else f"slots {p * books.page_size}-{p * books.page_size + books.page_size - 1}"
-            c.cell(4 + col * CELL, y + line * (CELL + 4), _page_fill(owner, books), p, tip=f"{name} page {p} ({span}) · {what}",
-                   gid=f"{prefix}:{p}", stroke="#999", pattern=pattern)
+                pattern = (
+                    "url(#memlab-part1)"
+                    if nv.state == "host" and prefix == "dpage"
+                    else None
+                )
+            span = (
+                f"slot {p}"
+                if books.page_size == 1
+                else f"slots {p * books.page_size}-{p * books.page_size + books.page_size - 1}"
+            )
+            c.cell(
+                4 + col * CELL,
+                y + line * (CELL + 4),
+                _page_fill(owner, books),
+                p,
+                tip=f"{name} page {p} ({span}) · {what}",
+                gid=f"{prefix}:{p}",
+                stroke="#999",
+                pattern=pattern,
+            )
         y += ((pages // per_line) + 1) * (CELL + 4) + 8
-    c.legend(4, y, [Swatch("locked", LOCKED), Swatch("evictable leaf", EVICTABLE), Swatch("on device", DEVICE),
-                    Swatch("host only", HOST_ONLY, "url(#memlab-part1)"), Swatch("a request's own", "#c8c8c8",
-                    "url(#memlab-part3)"), Swatch("changed by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2)])
+    c.legend(
+        4,
+        y,
+        [
+            Swatch("locked", LOCKED),
+            Swatch("evictable leaf", EVICTABLE),
+            Swatch("on device", DEVICE),
+            Swatch("host only", HOST_ONLY, "url(#memlab-part1)"),
+            Swatch("a request's own", "#c8c8c8", "url(#memlab-part3)"),
+            Swatch("changed by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
+        ],
+    )
     return c.html()
 
 
 def radix_books_of(sc: RadixScene) -> dict:
     """The numbers chapter 11's instrument lists, read from the real tree and its allocators."""
     tree = sc.tree
-    out = {"evictable_size()": tree.evictable_size(), "protected_size()": tree.protected_size(),
-           "device available_size()": tree.token_to_kv_pool_allocator.available_size(),
-           "host available_size()": tree.token_to_kv_pool_host.available_size(),
-           "running": list(sc.running)}
+    out = {
+        "evictable_size()": tree.evictable_size(),
+        "protected_size()": tree.protected_size(),
+        "device available_size()": tree.token_to_kv_pool_allocator.available_size(),
+        "host available_size()": tree.token_to_kv_pool_host.available_size(),
+        "running": list(sc.running),
+    }
     for n in sorted(tree._all_nodes(), key=lambda n: n.id):
-        out[f"node {n.id}"] = dict(key=_words(sc, n.key), lock_ref=n.lock_ref,
-                                   device=None if n.value is None else _span(n.value.tolist()),
-                                   host=None if n.host_value is None else _span(n.host_value.tolist()))
+        out[f"node {n.id}"] = dict(
+            key=_words(sc, n.key),
+            lock_ref=n.lock_ref,
+            device=None if n.value is None else _span(n.value.tolist()),
+            host=None if n.host_value is None else _span(n.host_value.tolist()),
+        )
     return out
 
 
-def radix_instrument(page_size: int = 1, opening=STORY_STEPS, text="<s> You are brief . What is KV ?"):
+def radix_instrument(
+    page_size: int = 1, opening=STORY_STEPS, text="<s> You are brief . What is KV ?"
+):
     """Chapter 11's instrument: arrive/finish requests, insert, match_prefix, lock, unlock, evict,
     write_backup, load_back, evict_host with the learner's own words; page size 1 or 2. Opens on
     the story's last state (everything on the host, a host eviction done)."""
@@ -739,8 +1108,13 @@ def radix_instrument(page_size: int = 1, opening=STORY_STEPS, text="<s> You are 
         return sc
 
     def box(name, value, width="170px"):
-        return W.Text(value=value, description=name, layout=W.Layout(width=width),
-                      style={"description_width": "initial"}, continuous_update=False)
+        return W.Text(
+            value=value,
+            description=name,
+            layout=W.Layout(width=width),
+            style={"description_width": "initial"},
+            continuous_update=False,
+        )
 
     def running(sc):
         return list(sc.running)
@@ -752,28 +1126,71 @@ def radix_instrument(page_size: int = 1, opening=STORY_STEPS, text="<s> You are 
         return W.Dropdown(description=name, layout=W.Layout(width="150px"))
 
     ops = [
-        Operation("arrive", lambda sc, step, request, text: _op_arrive(sc, step, request, text),
-                  [Field("request", box("request", "E", "120px")), Field("text", box("tokens", text, "380px"))],
-                  label="arrive (admit)", help="match, lock, allocate, compute, checkpoint"),
-        Operation("finish", lambda sc, step, finishing: _op_finish(sc, step, finishing),
-                  [Field("finishing", node_box("request"), str, options=running)], label="finish",
-                  help="release_kv_cache: unlock, its tail stays in the tree"),
-        Operation("insert", lambda sc, step, insert_text: _op_insert(sc, step, insert_text),
-                  [Field("insert_text", box("key", "<s> You are brief . Why ?", "380px"))], label="insert"),
-        Operation("match", lambda sc, step, match_text: _op_match(sc, step, match_text),
-                  [Field("match_text", box("key", text, "380px"))], label="match_prefix"),
-        Operation("lock", lambda sc, step, lock_text: _op_lock(sc, step, lock_text),
-                  [Field("lock_text", box("key", "<s> You are", "380px"))], label="inc_lock_ref"),
-        Operation("unlock", lambda sc, step, unlock_node: _op_unlock(sc, step, unlock_node),
-                  [Field("unlock_node", node_box("node"), str, options=nodes)], label="dec_lock_ref"),
-        Operation("evict", lambda sc, step, num_tokens: _op_evict(sc, step, num_tokens),
-                  [Field("num_tokens", box("num_tokens", "4", "150px"))], label="evict"),
-        Operation("backup", lambda sc, step, backup_node: _op_backup(sc, step, backup_node),
-                  [Field("backup_node", node_box("node"), str, options=nodes)], label="write_backup"),
-        Operation("load_back", lambda sc, step, load_text: _op_load_back(sc, step, load_text),
-                  [Field("load_text", box("key", text, "380px"))], label="load_back"),
-        Operation("evict_host", lambda sc, step, host_tokens: _op_evict_host(sc, step, host_tokens),
-                  [Field("host_tokens", box("num_tokens", "4", "150px"))], label="evict_host"),
+        Operation(
+            "arrive",
+            lambda sc, step, request, text: _op_arrive(sc, step, request, text),
+            [
+                Field("request", box("request", "E", "120px")),
+                Field("text", box("tokens", text, "380px")),
+            ],
+            label="arrive (admit)",
+            help="match, lock, allocate, compute, checkpoint",
+        ),
+        Operation(
+            "finish",
+            lambda sc, step, finishing: _op_finish(sc, step, finishing),
+            [Field("finishing", node_box("request"), str, options=running)],
+            label="finish",
+            help="release_kv_cache: unlock, its tail stays in the tree",
+        ),
+        Operation(
+            "insert",
+            lambda sc, step, insert_text: _op_insert(sc, step, insert_text),
+            [Field("insert_text", box("key", "<s> You are brief . Why ?", "380px"))],
+            label="insert",
+        ),
+        Operation(
+            "match",
+            lambda sc, step, match_text: _op_match(sc, step, match_text),
+            [Field("match_text", box("key", text, "380px"))],
+            label="match_prefix",
+        ),
+        Operation(
+            "lock",
+            lambda sc, step, lock_text: _op_lock(sc, step, lock_text),
+            [Field("lock_text", box("key", "<s> You are", "380px"))],
+            label="inc_lock_ref",
+        ),
+        Operation(
+            "unlock",
+            lambda sc, step, unlock_node: _op_unlock(sc, step, unlock_node),
+            [Field("unlock_node", node_box("node"), str, options=nodes)],
+            label="dec_lock_ref",
+        ),
+        Operation(
+            "evict",
+            lambda sc, step, num_tokens: _op_evict(sc, step, num_tokens),
+            [Field("num_tokens", box("num_tokens", "4", "150px"))],
+            label="evict",
+        ),
+        Operation(
+            "backup",
+            lambda sc, step, backup_node: _op_backup(sc, step, backup_node),
+            [Field("backup_node", node_box("node"), str, options=nodes)],
+            label="write_backup",
+        ),
+        Operation(
+            "load_back",
+            lambda sc, step, load_text: _op_load_back(sc, step, load_text),
+            [Field("load_text", box("key", text, "380px"))],
+            label="load_back",
+        ),
+        Operation(
+            "evict_host",
+            lambda sc, step, host_tokens: _op_evict_host(sc, step, host_tokens),
+            [Field("host_tokens", box("num_tokens", "4", "150px"))],
+            label="evict_host",
+        ),
     ]
     steps = []
     for op, args in opening:
@@ -783,6 +1200,18 @@ def radix_instrument(page_size: int = 1, opening=STORY_STEPS, text="<s> You are 
         elif op == "evict_host":
             args["host_tokens"] = args.pop("num_tokens")
         steps.append((op, args))
-    ps = W.ToggleButtons(options=[1, 2], value=page_size, description="page_size", style={"button_width": "42px"})
-    return Instrument(build, ops, draw_radix_svg, radix_books_of, settings={"page_size": ps}, opening=steps,
-                      title="the radix tree and HiCache: your own words")
+    ps = W.ToggleButtons(
+        options=[1, 2],
+        value=page_size,
+        description="page_size",
+        style={"button_width": "42px"},
+    )
+    return Instrument(
+        build,
+        ops,
+        draw_radix_svg,
+        radix_books_of,
+        settings={"page_size": ps},
+        opening=steps,
+        title="the radix tree and HiCache: your own words",
+    )

@@ -25,7 +25,9 @@ def token_allocator_books():
 
 def _mappings():
     sc = sglang_books.orientation()
-    return draw_books(sc.frames[-1], ("table", "slots", "buffers", "free"), slot=sc.slots("D")[0])
+    return draw_books(
+        sc.frames[-1], ("table", "slots", "buffers", "free"), slot=sc.slots("D")[0]
+    )
 
 
 def _kv_bytes():
@@ -43,7 +45,11 @@ def _sizing(**kw):
 def _attention():
     import torch
 
-    from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
+    from memlab.course.viz.draw_attention import (
+        attention_frames,
+        draw_attention,
+        fill_kv,
+    )
 
     sc = sglang_books.orientation(dtype=torch.float32, head_dim=16)
     sc.extend_batch({"A": 6, "D": 3})
@@ -60,10 +66,19 @@ def _engine():
 
     g = torch.Generator().manual_seed(0)
     system = torch.randint(0, 128, (16,), generator=g).tolist()
-    prompts = [system + torch.randint(0, 128, (int(n),), generator=g).tolist()
-               for n in torch.randint(4, 24, (8,), generator=g)]
-    engine = Engine(TinyLlama(), page_size=4, num_tokens=160, max_running=4, max_context=96, chunk_size=32,
-                    attention="torch")
+    prompts = [
+        system + torch.randint(0, 128, (int(n),), generator=g).tolist()
+        for n in torch.randint(4, 24, (8,), generator=g)
+    ]
+    engine = Engine(
+        TinyLlama(),
+        page_size=4,
+        num_tokens=160,
+        max_running=4,
+        max_context=96,
+        chunk_size=32,
+        attention="torch",
+    )
     frames = engine_frames(engine, prompts, max_new_tokens=16)
     return draw_engine(frames[len(frames) // 2])
 
@@ -77,7 +92,9 @@ def _policies():
 def _unified():
     from memlab.course.viz.unified_books import draw_unified, unified_story
 
-    return draw_unified(unified_story().frames[5])  # A finishes: B's full pages move into A's old ones
+    return draw_unified(
+        unified_story().frames[5]
+    )  # A finishes: B's full pages move into A's old ones
 
 
 def _radix():
@@ -88,12 +105,22 @@ def _radix():
 
 PICTURES = {
     "00_mappings": _mappings,
-    "01_request_table": lambda: draw_books(sglang_books.request_table().frames[4], ("table", "rows")),
+    "01_request_table": lambda: draw_books(
+        sglang_books.request_table().frames[4], ("table", "rows")
+    ),
     "02_kv_bytes": _kv_bytes,
-    "03_token_allocator": lambda: draw_books(token_allocator_books(), ("table", "slots", "free")),
-    "04_alloc_extend": lambda: draw_books(sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free")),
-    "05_decode": lambda: draw_books(sglang_books.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")),
-    "06_block_pool": lambda: vllm_books.draw_vllm(vllm_books.prefix_cache(True).frames[4]),
+    "03_token_allocator": lambda: draw_books(
+        token_allocator_books(), ("table", "slots", "free")
+    ),
+    "04_alloc_extend": lambda: draw_books(
+        sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free")
+    ),
+    "05_decode": lambda: draw_books(
+        sglang_books.decode_steps(page_size=4).frames[-1], ("table", "slots", "free")
+    ),
+    "06_block_pool": lambda: vllm_books.draw_vllm(
+        vllm_books.prefix_cache(True).frames[4]
+    ),
     "07_swa": lambda: hybrid_books.draw_swa(hybrid_books.sliding_window().frames[5]),
     "07_mamba": lambda: hybrid_books.draw_mamba(hybrid_books.mamba_slots()[4]),
     "08_sizing": lambda: _sizing(model="Gemma-3-27B"),
@@ -108,7 +135,9 @@ PICTURES = {
 def render(names=None, out: Path = OUT, dpi: int = 80) -> list[Path]:
     unknown = [n for n in names or () if n not in PICTURES]
     if unknown:
-        raise ValueError(f"unknown picture {unknown[0]!r}; known: {', '.join(PICTURES)}")
+        raise ValueError(
+            f"unknown picture {unknown[0]!r}; known: {', '.join(PICTURES)}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name in names or PICTURES:
@@ -120,7 +149,11 @@ def render(names=None, out: Path = OUT, dpi: int = 80) -> list[Path]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("names", nargs="*", help=f"pictures to render (default: all of {', '.join(PICTURES)})")
+    p.add_argument(
+        "names",
+        nargs="*",
+        help=f"pictures to render (default: all of {', '.join(PICTURES)})",
+    )
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     for path in render(a.names, a.out):

@@ -31,27 +31,53 @@ from dataclasses import dataclass, field
 import ipywidgets as W
 import torch
 
+from memlab.common.utils import ceil_align, ceil_div
+from memlab.course.viz.instrument import (
+    BOX,
+    Field,
+    InputError,
+    Instrument,
+    Operation,
+    Verbatim,
+    ints,
+    names,
+    recording,
+    spell,
+    spell_value,
+    table_html,
+)
+from memlab.course.viz.style import (
+    FREE,
+    HIGHLIGHT,
+    PADDING,
+    PALETTE,
+    PART_HATCH,
+    STAGED,
+    caption_text,
+    cell,
+    frame_axes,
+    grid_axes,
+    new_figure,
+    owner_color,
+    swatch_legend,
+)
+from memlab.course.viz.svg import CELL, PART_FILL, Canvas, Swatch, esc
 from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_row
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.allocator.reference import num_new_pages
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
-from memlab.common.utils import ceil_align, ceil_div
-from memlab.course.viz.instrument import (BOX, Field, InputError, Instrument, Operation, Verbatim, ints, names,
-                                         recording, spell, spell_value, table_html)
-from memlab.course.viz.style import (FREE, HIGHLIGHT, PADDING, PALETTE, PART_HATCH, STAGED, caption_text, cell, frame_axes,
-                              grid_axes, new_figure, owner_color, swatch_legend)
-from memlab.course.viz.svg import CELL, PART_FILL, Canvas, Swatch, esc
-
-
 
 # -- 1. the snapshot --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RowView:
     row: int
     owner: str | None  # None: a free row (or the padding row 0)
-    slots: tuple[int, ...]  # req_to_token[row, :len], the physical slot of each position
+    slots: tuple[
+        int, ...
+    ]  # req_to_token[row, :len], the physical slot of each position
     generation: int
 
 
@@ -71,9 +97,15 @@ class Books:
     rows: tuple[RowView, ...]  # request-table rows 0..size
     free_rows: tuple[int, ...] = ()  # ReqToTokenPool.free_slots, in list order
     free_pages: tuple[int, ...] = ()  # the allocator's free list, head first
-    staged_pages: tuple[int, ...] = ()  # released but not yet on the free list (need_sort, free group)
-    new_slots: frozenset = frozenset()  # slots handed out (or freed) by the step this snapshot follows
-    part_of: dict = field(default_factory=dict)  # slot -> alloc_extend part (1, 2, 3), when shown
+    staged_pages: tuple[
+        int, ...
+    ] = ()  # released but not yet on the free list (need_sort, free group)
+    new_slots: frozenset = (
+        frozenset()
+    )  # slots handed out (or freed) by the step this snapshot follows
+    part_of: dict = field(
+        default_factory=dict
+    )  # slot -> alloc_extend part (1, 2, 3), when shown
     buffers: tuple[Buffer, ...] = ()  # the KV pool's per-layer tensors, when shown
     note: str = ""
 
@@ -81,8 +113,13 @@ class Books:
     def slot_owner(self) -> dict[int, str]:
         """Held slots -> owner (slots whose page went back to the allocator are not held)."""
         gone = set(self.free_pages) | set(self.staged_pages)
-        return {s: r.owner for r in self.rows if r.owner is not None
-                for s in r.slots if s // self.page_size not in gone}
+        return {
+            s: r.owner
+            for r in self.rows
+            if r.owner is not None
+            for s in r.slots
+            if s // self.page_size not in gone
+        }
 
     @property
     def page_owner(self) -> dict[int, str]:
@@ -92,7 +129,13 @@ class Books:
     def released_slots(self) -> frozenset:
         """Slots still written in a row whose page was already given back (e.g. out of a window)."""
         gone = set(self.free_pages) | set(self.staged_pages)
-        return frozenset(s for r in self.rows if r.owner is not None for s in r.slots if s // self.page_size in gone)
+        return frozenset(
+            s
+            for r in self.rows
+            if r.owner is not None
+            for s in r.slots
+            if s // self.page_size in gone
+        )
 
     @property
     def num_slots(self) -> int:
@@ -113,12 +156,22 @@ def read_buffers(kvcache) -> tuple[Buffer, ...]:
         else:
             for kind in ("k", "v"):
                 t = getattr(kvcache, f"{kind}_buffer")[i]
-                out.append(Buffer(f"{kind}_buffer[{layer}]", tuple(t.shape), t[0].nbytes))
+                out.append(
+                    Buffer(f"{kind}_buffer[{layer}]", tuple(t.shape), t[0].nbytes)
+                )
     return tuple(out)
 
 
-def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of=None, kvcache=None,
-               note: str = "") -> Books:
+def read_books(
+    caption: str,
+    req_pool,
+    allocator,
+    reqs=(),
+    new_slots=(),
+    part_of=None,
+    kvcache=None,
+    note: str = "",
+) -> Books:
     """Snapshot the books: each Req's row holds its first ``kv_allocated_len`` slots."""
     owners = {}
     for r in reqs:
@@ -131,20 +184,34 @@ def read_books(caption: str, req_pool, allocator, reqs=(), new_slots=(), part_of
         owner, n = owners.get(row, (None, 0))
         slots = tuple(table[row, :n].tolist()) if n else ()
         rows.append(RowView(row, owner, slots, gens[row]))
-    staged = allocator.get_all_free_pages()[len(allocator.free_pages):].tolist()
-    if getattr(allocator, "free_group", None) is not None:  # an open group queues slots and page ids
+    staged = allocator.get_all_free_pages()[len(allocator.free_pages) :].tolist()
+    if (
+        getattr(allocator, "free_group", None) is not None
+    ):  # an open group queues slots and page ids
         ps = allocator.page_size
         queued = {s // ps for t in allocator.free_group for s in t.tolist()}
-        queued |= {p for t in getattr(allocator, "free_page_ids_group", ()) for p in t.tolist()}  # paged only
+        queued |= {
+            p for t in getattr(allocator, "free_page_ids_group", ()) for p in t.tolist()
+        }  # paged only
         staged += sorted(queued)
-    return Books(caption=caption, page_size=allocator.page_size, num_pages=allocator.num_pages,
-                 row_width=table.shape[1], rows=tuple(rows), free_rows=tuple(req_pool.free_slots),
-                 free_pages=tuple(allocator.free_pages.tolist()), staged_pages=tuple(staged),
-                 new_slots=frozenset(int(s) for s in new_slots), part_of=dict(part_of or {}),
-                 buffers=read_buffers(kvcache), note=note)
+    return Books(
+        caption=caption,
+        page_size=allocator.page_size,
+        num_pages=allocator.num_pages,
+        row_width=table.shape[1],
+        rows=tuple(rows),
+        free_rows=tuple(req_pool.free_slots),
+        free_pages=tuple(allocator.free_pages.tolist()),
+        staged_pages=tuple(staged),
+        new_slots=frozenset(int(s) for s in new_slots),
+        part_of=dict(part_of or {}),
+        buffers=read_buffers(kvcache),
+        note=note,
+    )
 
 
 # -- 2. the scene -----------------------------------------------------------------------------
+
 
 class Scene:
     def __init__(self, req_pool: ReqToTokenPool, allocator, kvcache=None):
@@ -153,9 +220,19 @@ class Scene:
         self.frames: list[Books] = []
 
     # -- reading -----------------------------------------------------------------------------
-    def books(self, caption: str = "", new_slots=(), part_of=None, note: str = "") -> Books:
-        return read_books(caption, self.req_pool, self.allocator, self.reqs.values(), new_slots, part_of,
-                          self.kvcache, note)
+    def books(
+        self, caption: str = "", new_slots=(), part_of=None, note: str = ""
+    ) -> Books:
+        return read_books(
+            caption,
+            self.req_pool,
+            self.allocator,
+            self.reqs.values(),
+            new_slots,
+            part_of,
+            self.kvcache,
+            note,
+        )
 
     def snap(self, caption: str, new_slots=(), part_of=None, note: str = "") -> Books:
         b = self.books(caption, new_slots, part_of, note)
@@ -164,7 +241,9 @@ class Scene:
 
     def slots(self, rid) -> list[int]:
         r = self.reqs[rid]
-        return self.req_pool.req_to_token[r.kv.req_pool_idx, : r.kv.kv_allocated_len].tolist()
+        return self.req_pool.req_to_token[
+            r.kv.req_pool_idx, : r.kv.kv_allocated_len
+        ].tolist()
 
     def last_loc(self, rid) -> int:
         s = self.slots(rid)
@@ -177,14 +256,18 @@ class Scene:
         new slots in batch order, or None when pages or rows are short; a refused batch changes
         nothing."""
         batch = [self.reqs.get(rid) or Req(rid) for rid in lens]
-        out = alloc_for_extend(self.req_pool, self.allocator, batch, list(lens.values()))
+        out = alloc_for_extend(
+            self.req_pool, self.allocator, batch, list(lens.values())
+        )
         if out is not None:
             self.reqs.update((r.rid, r) for r in batch)
         return out
 
     def decode(self, rids) -> torch.Tensor | None:
         """One decode step: each request in ``rids`` gets one more token (``alloc_for_decode``)."""
-        return alloc_for_decode(self.req_pool, self.allocator, [self.reqs[r] for r in rids])
+        return alloc_for_decode(
+            self.req_pool, self.allocator, [self.reqs[r] for r in rids]
+        )
 
     def clear(self) -> None:
         """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets them)."""
@@ -196,14 +279,19 @@ class Scene:
 
     def finish(self, rid) -> list[int]:
         """The request ends: its slots go back to the allocator, its row to the request table."""
-        return release_kv_row(self.req_pool, self.allocator, self.reqs.pop(rid)).tolist()
+        return release_kv_row(
+            self.req_pool, self.allocator, self.reqs.pop(rid)
+        ).tolist()
 
 
 # -- 3. the chapters' stories -----------------------------------------------------------------
 
+
 def _nth(n: int) -> str:
     """1st, 2nd, 3rd, 4th, ... 11th, 12th, 21st."""
-    return f"{n}" + ("th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th"))
+    return f"{n}" + (
+        "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    )
 
 
 def _every(n: int) -> str:
@@ -218,30 +306,58 @@ def _pages_word(pages) -> str:
     return "page" if len(pages) == 1 else "pages"
 
 
-def orientation(page_size: int = 4, size: int = 32, rows: int = 4, width: int = 12, dtype=torch.float16,
-                head_dim: int = 8) -> Scene:
+def orientation(
+    page_size: int = 4,
+    size: int = 32,
+    rows: int = 4,
+    width: int = 12,
+    dtype=torch.float16,
+    head_dim: int = 8,
+) -> Scene:
     """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its room."""
-    kv = MHATokenToKVPool(size, page_size, dtype, head_num=2, head_dim=head_dim, layer_num=2)
-    sc = Scene(ReqToTokenPool(rows, width), PagedTokenToKVPoolAllocator(size, page_size, kvcache=kv), kv)
-    sc.snap(f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never handed out")
+    kv = MHATokenToKVPool(
+        size, page_size, dtype, head_num=2, head_dim=head_dim, layer_num=2
+    )
+    sc = Scene(
+        ReqToTokenPool(rows, width),
+        PagedTokenToKVPoolAllocator(size, page_size, kvcache=kv),
+        kv,
+    )
+    sc.snap(
+        f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never handed out"
+    )
     for rid, n in (("A", 5), ("B", 3), ("C", 8)):
         out = sc.extend_batch({rid: n})
         r = sc.reqs[rid]
-        sc.snap(f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the free rows), "
-                f"slots {out.tolist()}", new_slots=out.tolist())
+        sc.snap(
+            f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the free rows), "
+            f"slots {out.tolist()}",
+            new_slots=out.tolist(),
+        )
     lens = [sc.reqs[r].kv.kv_allocated_len + 1 for r in "ABC"]
     out = sc.decode(["A", "B", "C"])
     opened = [r for r, n in zip("ABC", lens) if (n - 1) % page_size == 0]
-    sc.snap(f"One decode step: A, B, C each add a token, in slots {out.tolist()}"
-            + (f"; {', '.join(opened)} opened a new page" if opened else ""), new_slots=out.tolist())
+    sc.snap(
+        f"One decode step: A, B, C each add a token, in slots {out.tolist()}"
+        + (f"; {', '.join(opened)} opened a new page" if opened else ""),
+        new_slots=out.tolist(),
+    )
     slots = sc.finish("B")
     b_pages = {s // page_size for s in slots}
-    sc.snap(f"B finishes: its row and its {_pages_word(b_pages)} go back (slots {slots} are free again)")
+    sc.snap(
+        f"B finishes: its row and its {_pages_word(b_pages)} go back (slots {slots} are free again)"
+    )
     out = sc.extend_batch({"D": 4})
-    again = (f"B's row and B's {_pages_word(b_pages)} again" if {s // page_size for s in out.tolist()} == b_pages
-             else "B's row again")
-    sc.snap(f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
-            "and pages are the next handed out)", new_slots=out.tolist())
+    again = (
+        f"B's row and B's {_pages_word(b_pages)} again"
+        if {s // page_size for s in out.tolist()} == b_pages
+        else "B's row again"
+    )
+    sc.snap(
+        f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
+        "and pages are the next handed out)",
+        new_slots=out.tolist(),
+    )
     return sc
 
 
@@ -252,32 +368,50 @@ def _slots(out) -> list[int]:
 def request_table(rows: int = 5, width: int = 8) -> Scene:
     """Chapter 01: rows from the tail, reuse and generations, a chunked prefill keeping its row, clear()."""
     sc = Scene(ReqToTokenPool(rows, width), TokenToKVPoolAllocator(rows * width))
-    sc.snap(f"{rows} free rows; alloc_rows takes from the tail of free_slots, so row {rows} goes first")
+    sc.snap(
+        f"{rows} free rows; alloc_rows takes from the tail of free_slots, so row {rows} goes first"
+    )
     sc.extend_batch({"A": 3, "B": 2})
-    sc.snap(f"A and B arrive together: alloc_rows(2) takes the last two free rows, "
-            f"A -> row {sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each generation is now 1")
+    sc.snap(
+        f"A and B arrive together: alloc_rows(2) takes the last two free rows, "
+        f"A -> row {sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each generation is now 1"
+    )
     sc.extend_batch({"C": 4})
     sc.snap(f"C arrives: row {sc.reqs['C'].kv.req_pool_idx}")
     b_row = sc.reqs["B"].kv.req_pool_idx
     sc.finish("B")
-    sc.snap(f"B finishes: row {b_row} is appended to free_slots, so it is the next one handed out")
+    sc.snap(
+        f"B finishes: row {b_row} is appended to free_slots, so it is the next one handed out"
+    )
     sc.extend_batch({"D": 2})
     d = sc.reqs["D"]
-    sc.snap(f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader that stored "
-            f"(row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused")
+    sc.snap(
+        f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader that stored "
+        f"(row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused"
+    )
     sc.extend_batch({"E": 3})
     e_row = sc.reqs["E"].kv.req_pool_idx
-    sc.snap(f"E's long prompt is prefilled in chunks; the first chunk (3 tokens) takes row {e_row}")
+    sc.snap(
+        f"E's long prompt is prefilled in chunks; the first chunk (3 tokens) takes row {e_row}"
+    )
     before = sc.req_pool.available_size()
     sc.extend_batch({"E": 3})
-    sc.snap(f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at {before}")
+    sc.snap(
+        f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at {before}"
+    )
     rows0 = sc.req_pool.alloc_rows(0)
-    sc.snap(f"alloc_rows(0) returns {rows0}: free_slots[-0:] would have been the whole list")
+    sc.snap(
+        f"alloc_rows(0) returns {rows0}: free_slots[-0:] would have been the whole list"
+    )
     short = sc.extend_batch({"F": 1, "G": 1, "H": 1})
-    sc.snap(f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc returns "
-            f"{short}, and nothing changes (all or nothing)")
+    sc.snap(
+        f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc returns "
+        f"{short}, and nothing changes (all or nothing)"
+    )
     sc.clear()
-    sc.snap("clear(): every row is free again, but the generations stay: a reused row never repeats one")
+    sc.snap(
+        "clear(): every row is free again, but the generations stay: a reused row never repeats one"
+    )
     return sc
 
 
@@ -285,19 +419,30 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
     """Chapter 03: one slot per token; FIFO reuse, or staged frees merged and sorted on demand."""
     sc = Scene(ReqToTokenPool(5, 8), TokenToKVPoolAllocator(size, need_sort=need_sort))
     mode = "need_sort=True" if need_sort else "need_sort=False"
-    sc.snap(f"{mode}: slots 1..{size} free, slot 0 is padding; allocation takes the head of free_pages")
+    sc.snap(
+        f"{mode}: slots 1..{size} free, slot 0 is padding; allocation takes the head of free_pages"
+    )
     for rid, n in (("A", 4), ("B", 3), ("C", 6)):
         out = sc.extend_batch({rid: n})
-        sc.snap(f"{rid} takes {n} slots from the head: {_slots(out)}", new_slots=_slots(out))
+        sc.snap(
+            f"{rid} takes {n} slots from the head: {_slots(out)}", new_slots=_slots(out)
+        )
     for rid in ("A", "B"):
         freed = sc.finish(rid)
-        where = "are staged in release_pages" if need_sort else "join the TAIL of free_pages (FIFO)"
+        where = (
+            "are staged in release_pages"
+            if need_sort
+            else "join the TAIL of free_pages (FIFO)"
+        )
         sc.snap(f"{rid} finishes: its slots {freed} {where}")
     free_now = len(sc.allocator.free_pages)
     out = sc.extend_batch({"D": 4})
     if need_sort:
-        how = (f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted first"
-               if free_now < 4 else "free_pages is deep enough: nothing is merged")
+        how = (
+            f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted first"
+            if free_now < 4
+            else "free_pages is deep enough: nothing is merged"
+        )
     else:
         how = "the oldest free slots go first"
     sc.snap(f"D takes 4 slots: {_slots(out)} ({how})", new_slots=_slots(out))
@@ -306,70 +451,112 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
     return sc
 
 
-PART_NAMES = {1: "part 1: the rest of its old page", 2: "part 2: whole new pages", 3: "part 3: a new partial page"}
+PART_NAMES = {
+    1: "part 1: the rest of its old page",
+    2: "part 2: whole new pages",
+    3: "part 3: a new partial page",
+}
 
 
 def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
     """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
     old_end = ceil_align(prefix, page_size)
     full_end = seq // page_size * page_size
-    return [1 if pos < old_end else 2 if pos < full_end else 3 for pos in range(prefix, seq)]
+    return [
+        1 if pos < old_end else 2 if pos < full_end else 3 for pos in range(prefix, seq)
+    ]
 
 
 # Chapter 04's three prefill batches (new tokens per request): the story, the instrument's opening.
 EXTEND_BATCHES = ({"A": 6, "B": 3}, {"A": 5, "B": 9, "C": 4}, {"C": 7})
 
 
-def extend_scene(page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu",
-                 rows: int = 4, width: int = 24) -> Scene:
+def extend_scene(
+    page_size: int = 4,
+    size: int = 48,
+    backend: str = "torch",
+    device="cpu",
+    rows: int = 4,
+    width: int = 24,
+) -> Scene:
     """Chapter 04's books before any batch: a request table and a paged allocator."""
-    return Scene(ReqToTokenPool(rows, width), PagedTokenToKVPoolAllocator(size, page_size, device=device, backend=backend))
+    return Scene(
+        ReqToTokenPool(rows, width),
+        PagedTokenToKVPoolAllocator(size, page_size, device=device, backend=backend),
+    )
 
 
-def extend_marks(prefix: dict, batch: dict, out, page_size: int) -> tuple[dict, list[str]]:
+def extend_marks(
+    prefix: dict, batch: dict, out, page_size: int
+) -> tuple[dict, list[str]]:
     """Which part each slot an extend handed out falls in (slot -> 1, 2, 3), and a line per request
     (``A 6->11 (parts 2/4/1)``); ``prefix``: each request's length before, ``batch``: its new tokens."""
     part_of, i, desc = {}, 0, []
     for r, n in batch.items():
         parts = extend_parts(prefix[r], prefix[r] + n, page_size)
-        for s, p in zip(_slots(out)[i:i + n], parts):
+        for s, p in zip(_slots(out)[i : i + n], parts):
             part_of[s] = p
         i += n
         counts = [parts.count(k) for k in (1, 2, 3)]
-        desc.append(f"{r} {prefix[r]}->{prefix[r] + n} (parts {counts[0]}/{counts[1]}/{counts[2]})")
+        desc.append(
+            f"{r} {prefix[r]}->{prefix[r] + n} (parts {counts[0]}/{counts[1]}/{counts[2]})"
+        )
     return part_of, desc
 
 
-def paged_extend(page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu") -> Scene:
+def paged_extend(
+    page_size: int = 4, size: int = 48, backend: str = "torch", device="cpu"
+) -> Scene:
     """Chapter 04: prefill batches on a paged allocator, each new token coloured by its part.
 
     ``device``: where the allocator's free list lives (the kernel's device for backend="triton")."""
     sc = extend_scene(page_size, size, backend, device)
-    sc.snap(f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
-            "page, 2 = whole new pages, 3 = a new partial page")
+    sc.snap(
+        f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
+        "page, 2 = whole new pages, 3 = a new partial page"
+    )
     for batch in EXTEND_BATCHES:
         pre = {r: sc.reqs[r].kv.kv_allocated_len if r in sc.reqs else 0 for r in batch}
         out = sc.extend_batch(batch)
         part_of, desc = extend_marks(pre, batch, out, page_size)
-        sc.snap("alloc_extend: " + ", ".join(desc), new_slots=_slots(out), part_of=part_of,
-                note=f"slots in batch order: {_slots(out)}")
+        sc.snap(
+            "alloc_extend: " + ", ".join(desc),
+            new_slots=_slots(out),
+            part_of=part_of,
+            note=f"slots in batch order: {_slots(out)}",
+        )
     return sc
 
 
-def decode_steps(page_size: int = 4, steps: int = 6, prompts=(("A", 3), ("B", 4), ("C", 6))) -> Scene:
+def decode_steps(
+    page_size: int = 4, steps: int = 6, prompts=(("A", 3), ("B", 4), ("C", 6))
+) -> Scene:
     """Chapter 05: decode steps; a request opens a page exactly when its new length % page_size == 1."""
     sc = Scene(ReqToTokenPool(4, 16), PagedTokenToKVPoolAllocator(64, page_size))
     out = sc.extend_batch(dict(prompts))
-    sc.snap("Prefill: " + ", ".join(f"{r} has {n} tokens" for r, n in prompts), new_slots=_slots(out))
+    sc.snap(
+        "Prefill: " + ", ".join(f"{r} has {n} tokens" for r, n in prompts),
+        new_slots=_slots(out),
+    )
     rids = [r for r, _ in prompts]
     for step in range(1, steps + 1):
         lens = {r: sc.reqs[r].kv.kv_allocated_len + 1 for r in rids}
         out = sc.decode(rids)
         opened = [r for r in rids if (lens[r] - 1) % page_size == 0]
-        rule = f"seq_len % {page_size} == 1" if page_size > 1 else "page_size 1: every token is a page"
-        what = (f"{', '.join(opened)} open{'s' if len(opened) == 1 else ''} a page ({rule})"
-                if opened else "nobody crosses a page boundary: every slot is last_loc + 1")
-        sc.snap(f"decode step {step}: seq_lens {list(lens.values())}; {what}", new_slots=_slots(out))
+        rule = (
+            f"seq_len % {page_size} == 1"
+            if page_size > 1
+            else "page_size 1: every token is a page"
+        )
+        what = (
+            f"{', '.join(opened)} open{'s' if len(opened) == 1 else ''} a page ({rule})"
+            if opened
+            else "nobody crosses a page boundary: every slot is last_loc + 1"
+        )
+        sc.snap(
+            f"decode step {step}: seq_lens {list(lens.values())}; {what}",
+            new_slots=_slots(out),
+        )
     return sc
 
 
@@ -386,16 +573,23 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
     stories = ("free", "free_segment", "free group", "double free")
     if story not in stories:
         raise ValueError(f"story must be one of {stories}, got {story!r}")
-    sc = Scene(ReqToTokenPool(4, 16), PagedTokenToKVPoolAllocator(64, page_size, debug_mode=True))
+    sc = Scene(
+        ReqToTokenPool(4, 16),
+        PagedTokenToKVPoolAllocator(64, page_size, debug_mode=True),
+    )
     sc.extend_batch({"A": 6, "B": 9, "C": 13})
-    sc.snap("A, B and C hold 6, 9 and 13 tokens; the allocator runs in debug mode (it checks its books)")
+    sc.snap(
+        "A, B and C hold 6, 9 and 13 tokens; the allocator runs in debug mode (it checks its books)"
+    )
     al = sc.allocator
     if story == "free":
         slots = sc.slots("A")
         pages = sorted({s // page_size for s in slots})
         sc.finish("A")
-        sc.snap(f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // {page_size}), "
-                "at the HEAD of the free list (LIFO: the next allocation reuses them)")
+        sc.snap(
+            f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // {page_size}), "
+            "at the HEAD of the free list (LIFO: the next allocation reuses them)"
+        )
         out = sc.extend_batch({"D": 5})
         sc.snap(f"D takes A's pages again: slots {_slots(out)}", new_slots=_slots(out))
     elif story == "free_segment":
@@ -403,48 +597,81 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         n = max(page_size, 8 - 8 % page_size)  # whole pages
         run = c[:n]
         al.free_segment(torch.tensor(run), start_pos=0)
-        sc.snap(f"C's first {n} positions leave a sliding window: free_segment(slots {run}, start_pos=0) takes "
-                f"{_every(page_size)} ({run[::page_size]}), one per page, with no unique()")
-        start = next((p for p in range(10, n, -1) if p % page_size), None)  # a run that starts mid-page
+        sc.snap(
+            f"C's first {n} positions leave a sliding window: free_segment(slots {run}, start_pos=0) takes "
+            f"{_every(page_size)} ({run[::page_size]}), one per page, with no unique()"
+        )
+        start = next(
+            (p for p in range(10, n, -1) if p % page_size), None
+        )  # a run that starts mid-page
         if start is None:
-            sc.snap(f"With page_size {page_size} no run of C's starts mid-page: nothing to refuse")
+            sc.snap(
+                f"With page_size {page_size} no run of C's starts mid-page: nothing to refuse"
+            )
         else:
-            err = _error(lambda: al.free_segment(torch.tensor(c[start:start + 3]), start_pos=start))
-            sc.snap(f"An unaligned run (positions {start}..{start + 2}) is refused: {_every(page_size)} from there "
-                    "would not be one per page", note=err)
+            err = _error(
+                lambda: al.free_segment(
+                    torch.tensor(c[start : start + 3]), start_pos=start
+                )
+            )
+            sc.snap(
+                f"An unaligned run (positions {start}..{start + 2}) is refused: {_every(page_size)} from there "
+                "would not be one per page",
+                note=err,
+            )
     elif story == "free group":
         al.free_group_begin()
         sc.finish("A")
-        sc.snap("free_group_begin(), then A finishes: its slots are only queued (yellow), not released")
+        sc.snap(
+            "free_group_begin(), then A finishes: its slots are only queued (yellow), not released"
+        )
         sc.finish("B")
         sc.snap("B finishes inside the same group: queued too")
         c = sc.slots("C")
-        cut = next((p for p in range(10, 0, -1) if p % page_size), 10)  # mid-page where there are pages
+        cut = next(
+            (p for p in range(10, 0, -1) if p % page_size), 10
+        )  # mid-page where there are pages
         al.free(torch.tensor(c[:cut]))
-        al.free(torch.tensor(c[cut:]))  # as a scheduler frees a request and its over-allocated tail apart
+        al.free(
+            torch.tensor(c[cut:])
+        )  # as a scheduler frees a request and its over-allocated tail apart
         r = sc.reqs.pop("C")
         sc.req_pool.free(r)
         r.kv.kv_allocated_len = 0
-        both = sorted({s // page_size for s in c[:cut]} & {s // page_size for s in c[cut:]})
-        sc.snap(f"C finishes, freed in two pieces ({c[:cut]} and {c[cut:]}): "
-                + (f"page {both[0]} is under both" if both else "no page is under both"))
+        both = sorted(
+            {s // page_size for s in c[:cut]} & {s // page_size for s in c[cut:]}
+        )
+        sc.snap(
+            f"C finishes, freed in two pieces ({c[:cut]} and {c[cut:]}): "
+            + (f"page {both[0]} is under both" if both else "no page is under both")
+        )
         al.free_group_end()
-        sc.snap("free_group_end(): one release for the whole group, its pages deduplicated once, "
-                "one concatenation instead of three")
-        sc.snap("Groups do not nest", note=_error(lambda: (al.free_group_begin(), al.free_group_begin())))
+        sc.snap(
+            "free_group_end(): one release for the whole group, its pages deduplicated once, "
+            "one concatenation instead of three"
+        )
+        sc.snap(
+            "Groups do not nest",
+            note=_error(lambda: (al.free_group_begin(), al.free_group_begin())),
+        )
         al.free_group_end()  # close the group the refused call left open
     else:
         slots = sc.slots("A")
         sc.finish("A")
         sc.snap("A finishes: its pages go back")
-        sc.snap("A stale copy of A's slots is freed again: debug mode catches the double free",
-                note=_error(lambda: al.free(torch.tensor(slots))))
+        sc.snap(
+            "A stale copy of A's slots is freed again: debug mode catches the double free",
+            note=_error(lambda: al.free(torch.tensor(slots))),
+        )
     return sc
 
 
 # -- 4. the drawings --------------------------------------------------------------------------
 
-def draw_request_table(ax, books: Books, max_cols: int | None = None, show_generation: bool = True) -> None:
+
+def draw_request_table(
+    ax, books: Books, max_cols: int | None = None, show_generation: bool = True
+) -> None:
     """req_to_token as a grid: a row per request-table row, the slot id of each position in it."""
     cols = min(books.row_width, max_cols or books.row_width)
     grid_axes(ax, "request table  req_to_token[row, pos] = slot")
@@ -463,30 +690,61 @@ def draw_request_table(ax, books: Books, max_cols: int | None = None, show_gener
             else:
                 fill, label = FREE, ""
             edge = HIGHLIGHT if label != "" and label in books.new_slots else "white"
-            cell(ax, x0 + pos, y, fill, label, gid=f"row:{r.row}:{pos}", edge=edge, lw=1.5 if edge == HIGHLIGHT else 1,
-                 alpha=0.3 if label in released else 1.0)
+            cell(
+                ax,
+                x0 + pos,
+                y,
+                fill,
+                label,
+                gid=f"row:{r.row}:{pos}",
+                edge=edge,
+                lw=1.5 if edge == HIGHLIGHT else 1,
+                alpha=0.3 if label in released else 1.0,
+            )
         tag = r.owner if r.owner is not None else ("free" if free else "")
-        right = f"{tag}" + (f"  gen {r.generation}" if show_generation and r.row else "")
+        right = f"{tag}" + (
+            f"  gen {r.generation}" if show_generation and r.row else ""
+        )
         ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=7)
     for pos in range(cols):
-        ax.text(x0 + pos + 0.5, -0.25, str(pos), ha="center", va="bottom", fontsize=6, color="#666")
+        ax.text(
+            x0 + pos + 0.5,
+            -0.25,
+            str(pos),
+            ha="center",
+            va="bottom",
+            fontsize=6,
+            color="#666",
+        )
     frame_axes(ax, x0 + cols + 3.2, len(books.rows))
 
 
 def _page_layout(books: Books, pages_per_line: int | None):
     ps = books.page_size
     if pages_per_line is None:
-        pages_per_line = min(books.num_pages + 1, 20) if ps == 1 else (max(1, 16 // ps) if ps < 16 else 1)
+        pages_per_line = (
+            min(books.num_pages + 1, 20)
+            if ps == 1
+            else (max(1, 16 // ps) if ps < 16 else 1)
+        )
     return ps, pages_per_line, (0.4 if ps > 1 else 0.0)
 
 
-def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: str | None = None) -> None:
+def draw_slot_grid(
+    ax, books: Books, pages_per_line: int | None = None, title: str | None = None
+) -> None:
     """Physical slots grouped by page: owner colours, pale for a held page's unused tail."""
     ps, ppl, gap = _page_layout(books, pages_per_line)
-    title = title or (f"KV slots, {ps} per page (slot = page * {ps} + offset)" if ps > 1 else "KV slots")
+    title = title or (
+        f"KV slots, {ps} per page (slot = page * {ps} + offset)"
+        if ps > 1
+        else "KV slots"
+    )
     grid_axes(ax, title)
     if books.part_of:  # drawn swatches, hatched like the slots they explain
-        swatch_legend(ax, [(PART_NAMES[k], PALETTE[0], PART_HATCH[k]) for k in (1, 2, 3)], ncol=1)
+        swatch_legend(
+            ax, [(PART_NAMES[k], PALETTE[0], PART_HATCH[k]) for k in (1, 2, 3)], ncol=1
+        )
     slot_owner = books.slot_owner
     page_owner = books.page_owner
     staged, free = set(books.staged_pages), set(books.free_pages)
@@ -496,7 +754,15 @@ def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: s
         x = col * (ps + gap)
         y = line * 1.5
         if ps > 1:
-            ax.text(x + ps / 2, y - 0.05, f"page {page}", ha="center", va="bottom", fontsize=6, color="#666")
+            ax.text(
+                x + ps / 2,
+                y - 0.05,
+                f"page {page}",
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                color="#666",
+            )
         for off in range(ps):
             s = page * ps + off
             alpha, hatch = 1.0, None
@@ -514,26 +780,52 @@ def draw_slot_grid(ax, books: Books, pages_per_line: int | None = None, title: s
             else:
                 fill = FREE
             new = s in books.new_slots
-            cell(ax, x + off, y, fill, s, gid=f"slot:{s}", alpha=alpha, hatch=hatch,
-                 edge=HIGHLIGHT if new else "white", lw=1.5 if new else 1.0)
-    width = ppl * (ps + gap) - gap if books.num_pages + 1 >= ppl else (books.num_pages + 1) * (ps + gap) - gap
+            cell(
+                ax,
+                x + off,
+                y,
+                fill,
+                s,
+                gid=f"slot:{s}",
+                alpha=alpha,
+                hatch=hatch,
+                edge=HIGHLIGHT if new else "white",
+                lw=1.5 if new else 1.0,
+            )
+    width = (
+        ppl * (ps + gap) - gap
+        if books.num_pages + 1 >= ppl
+        else (books.num_pages + 1) * (ps + gap) - gap
+    )
     frame_axes(ax, width, lines * 1.5 - 0.5)
 
 
-def draw_free_list(ax, books: Books, title: str | None = None, max_items: int = 24) -> None:
+def draw_free_list(
+    ax, books: Books, title: str | None = None, max_items: int = 24
+) -> None:
     """The free list head first, then what is staged (released but not merged yet)."""
     unit = "slots" if books.page_size == 1 else "pages"
     grid_axes(ax, title or f"free {unit}: head (taken next) -> tail")
-    items = [(p, FREE, "free") for p in books.free_pages] + [(p, STAGED, "staged") for p in books.staged_pages]
+    items = [(p, FREE, "free") for p in books.free_pages] + [
+        (p, STAGED, "staged") for p in books.staged_pages
+    ]
     shown = items[:max_items]
     for i, (p, fill, kind) in enumerate(shown):
         cell(ax, i, 0, fill, p, gid=f"free:{i}:{kind}", edge="#999")
     if len(items) > max_items:
-        ax.text(max_items + 0.2, 0.5, f"... {len(items) - max_items} more", va="center", fontsize=7)
+        ax.text(
+            max_items + 0.2,
+            0.5,
+            f"... {len(items) - max_items} more",
+            va="center",
+            fontsize=7,
+        )
     if not items:
         ax.text(0, 0.5, "(empty)", va="center", fontsize=8)
     if books.staged_pages:
-        ax.text(len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=7, color="#996600")
+        ax.text(
+            len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=7, color="#996600"
+        )
     frame_axes(ax, max(len(shown), 1) + (3 if len(items) > max_items else 0), 1.6)
 
 
@@ -558,31 +850,63 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
         for s in range(n):
             fill = PADDING if s < books.page_size else owner_color(slot_owner.get(s))
             mark = s == slot
-            cell(ax, x0 + s, j, fill, gid=f"buf:{b.name}:{s}", edge=HIGHLIGHT if mark else "white",
-                 lw=1.5 if mark else 0.3)
+            cell(
+                ax,
+                x0 + s,
+                j,
+                fill,
+                gid=f"buf:{b.name}:{s}",
+                edge=HIGHLIGHT if mark else "white",
+                lw=1.5 if mark else 0.3,
+            )
     for s in range(0, n, max(1, books.page_size)):
-        ax.text(x0 + s + 0.5, -0.15, str(s), ha="center", va="bottom", fontsize=6, color="#666")
+        ax.text(
+            x0 + s + 0.5,
+            -0.15,
+            str(s),
+            ha="center",
+            va="bottom",
+            fontsize=6,
+            color="#666",
+        )
     if slot is not None and books.buffers:
         b = books.buffers[0]
-        ax.text(x0 + n + 0.5, len(books.buffers) / 2, f"slot {slot} -> bytes\n[{slot * b.row_bytes}, "
-                f"{(slot + 1) * b.row_bytes})\nof each tensor\n({b.row_bytes} B a row,\nshape {b.shape})",
-                fontsize=7, va="center")
+        ax.text(
+            x0 + n + 0.5,
+            len(books.buffers) / 2,
+            f"slot {slot} -> bytes\n[{slot * b.row_bytes}, "
+            f"{(slot + 1) * b.row_bytes})\nof each tensor\n({b.row_bytes} B a row,\nshape {b.shape})",
+            fontsize=7,
+            va="center",
+        )
     frame_axes(ax, x0 + n + (9 if slot is not None else 0), max(len(books.buffers), 1))
 
 
-PANELS = {"table": draw_request_table, "slots": draw_slot_grid, "free": draw_free_list,
-          "rows": draw_row_list, "buffers": draw_buffers}
+PANELS = {
+    "table": draw_request_table,
+    "slots": draw_slot_grid,
+    "free": draw_free_list,
+    "rows": draw_row_list,
+    "buffers": draw_buffers,
+}
 
 
-def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 11.0, height: float = 3.6,
-               slot: int | None = None):
+def draw_books(
+    books: Books,
+    panels=("table", "slots", "free"),
+    width: float = 11.0,
+    height: float = 3.6,
+    slot: int | None = None,
+):
     """Panels side by side (``table``, ``slots``, ``buffers`` in a row; ``free``/``rows`` strips below)."""
     top = [p for p in panels if p in ("table", "slots")]
     strips = [p for p in panels if p in ("free", "rows", "buffers")]
     unknown = [p for p in panels if p not in PANELS]
     if unknown:
         raise ValueError(f"unknown panel {unknown[0]!r}; known: {sorted(PANELS)}")
-    extra = sum(0.35 * max(len(books.buffers), 2) if p == "buffers" else 0.7 for p in strips)
+    extra = sum(
+        0.35 * max(len(books.buffers), 2) if p == "buffers" else 0.7 for p in strips
+    )
     if top == ["table"]:
         width = min(width, 2.5 + 0.45 * books.row_width)
     fig, _ = new_figure(width, height * bool(top) + extra, ncols=1)
@@ -593,7 +917,9 @@ def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 1
     i = 0
     if top:
         widths = {"table": books.row_width + 5, "slots": 17.5}
-        axes = sub[0].subplots(1, len(top), width_ratios=[widths[p] for p in top], squeeze=False)[0]
+        axes = sub[0].subplots(
+            1, len(top), width_ratios=[widths[p] for p in top], squeeze=False
+        )[0]
         for ax, p in zip(axes, top):
             PANELS[p](ax, books)
         i = 1
@@ -601,63 +927,132 @@ def draw_books(books: Books, panels=("table", "slots", "free"), width: float = 1
         ax = sub[i].subplots()
         draw_buffers(ax, books, slot) if p == "buffers" else PANELS[p](ax, books)
         i += 1
-    fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
 # -- 4b. the same books as inline SVG (the instruments' pictures: every cell says what it is) -----
 
+
 def _slot_words(books: Books, s: int) -> str:
     ps = books.page_size
-    return f"slot {s}" if ps == 1 else f"slot {s} = page {s // ps} × {ps} + offset {s % ps}"
+    return (
+        f"slot {s}"
+        if ps == 1
+        else f"slot {s} = page {s // ps} × {ps} + offset {s % ps}"
+    )
 
 
 def _positions(books: Books) -> dict[int, tuple[str, int]]:
     """slot -> (owner, position) for every slot written in a held row."""
-    return {s: (r.owner, pos) for r in books.rows if r.owner is not None for pos, s in enumerate(r.slots)}
+    return {
+        s: (r.owner, pos)
+        for r in books.rows
+        if r.owner is not None
+        for pos, s in enumerate(r.slots)
+    }
 
 
 def _new_edge(books: Books, s) -> dict:
     return dict(stroke=HIGHLIGHT, stroke_width=2.0) if s in books.new_slots else {}
 
 
-def svg_request_table(c, books: Books, x: float, y: float, max_cols: int | None = None) -> float:
+def svg_request_table(
+    c, books: Books, x: float, y: float, max_cols: int | None = None
+) -> float:
     """req_to_token as rows of cells (the slot of each position); returns the y below it."""
     cols = min(books.row_width, max_cols or books.row_width)
-    c.text(x, y + 13, "request table: req_to_token[row, position] = slot", size=12.5, weight="bold", color="#222")
+    c.text(
+        x,
+        y + 13,
+        "request table: req_to_token[row, position] = slot",
+        size=12.5,
+        weight="bold",
+        color="#222",
+    )
     x0, y0 = x + 58, y + 36
     for pos in range(cols):
-        c.text(x0 + pos * CELL + CELL / 2, y0 - 5, pos, size=9, anchor="middle", color="#888")
+        c.text(
+            x0 + pos * CELL + CELL / 2,
+            y0 - 5,
+            pos,
+            size=9,
+            anchor="middle",
+            color="#888",
+        )
     released, free_rows = books.released_slots, set(books.free_rows)
     for r in books.rows:
         ry = y0 + r.row * (CELL + 2)
-        c.text(x0 - 6, ry + 15, "pad" if r.row == 0 else f"row {r.row}", size=10.5, anchor="end", color="#444")
-        who = (f"row {r.row} · {r.owner} (generation {r.generation}, {len(r.slots)} tokens)" if r.owner is not None
-               else "row 0 · padding: padded batch entries point here; never handed out" if r.row == 0
-               else f"row {r.row} · free (generation {r.generation})")
+        c.text(
+            x0 - 6,
+            ry + 15,
+            "pad" if r.row == 0 else f"row {r.row}",
+            size=10.5,
+            anchor="end",
+            color="#444",
+        )
+        who = (
+            f"row {r.row} · {r.owner} (generation {r.generation}, {len(r.slots)} tokens)"
+            if r.owner is not None
+            else "row 0 · padding: padded batch entries point here; never handed out"
+            if r.row == 0
+            else f"row {r.row} · free (generation {r.generation})"
+        )
         for pos in range(cols):
             if r.row == 0:
-                c.cell(x0 + pos * CELL, ry, PADDING, tip=f"{who}", gid=f"row:{r.row}:{pos}")
+                c.cell(
+                    x0 + pos * CELL, ry, PADDING, tip=f"{who}", gid=f"row:{r.row}:{pos}"
+                )
             elif r.owner is not None and pos < len(r.slots):
                 s = r.slots[pos]
                 part = books.part_of.get(s) if s in books.new_slots else None
                 tip = f"{who} · position {pos} -> {_slot_words(books, s)}"
-                tip += f" · new: {PART_NAMES[part]}" if part else (" · new" if s in books.new_slots else "")
+                tip += (
+                    f" · new: {PART_NAMES[part]}"
+                    if part
+                    else (" · new" if s in books.new_slots else "")
+                )
                 tip += " · its page was given back" if s in released else ""
-                c.cell(x0 + pos * CELL, ry, owner_color(r.owner), s, tip=tip, gid=f"row:{r.row}:{pos}",
-                       opacity=0.3 if s in released else 1.0, pattern=PART_FILL.get(part), **_new_edge(books, s))
+                c.cell(
+                    x0 + pos * CELL,
+                    ry,
+                    owner_color(r.owner),
+                    s,
+                    tip=tip,
+                    gid=f"row:{r.row}:{pos}",
+                    opacity=0.3 if s in released else 1.0,
+                    pattern=PART_FILL.get(part),
+                    **_new_edge(books, s),
+                )
             else:
-                c.cell(x0 + pos * CELL, ry, FREE, tip=f"{who} · position {pos}: no slot", gid=f"row:{r.row}:{pos}")
-        tag = (f"{r.owner} · gen {r.generation}" if r.owner is not None
-               else (f"free · gen {r.generation}" if r.row in free_rows else ""))
+                c.cell(
+                    x0 + pos * CELL,
+                    ry,
+                    FREE,
+                    tip=f"{who} · position {pos}: no slot",
+                    gid=f"row:{r.row}:{pos}",
+                )
+        tag = (
+            f"{r.owner} · gen {r.generation}"
+            if r.owner is not None
+            else (f"free · gen {r.generation}" if r.row in free_rows else "")
+        )
         c.text(x0 + cols * CELL + 8, ry + 15, tag, size=10.5, color="#444")
     return y0 + len(books.rows) * (CELL + 2) + 6
 
 
-def svg_slot_grid(c, books: Books, x: float, y: float, width: float = 640, title: str | None = None) -> float:
+def svg_slot_grid(
+    c, books: Books, x: float, y: float, width: float = 640, title: str | None = None
+) -> float:
     """The KV slots page by page, coloured by who holds them; returns the y below it."""
     ps, gap = books.page_size, (10 if books.page_size > 1 else 0)
-    title = title or (f"KV slots, {ps} per page: slot = page × {ps} + offset" if ps > 1 else "KV slots (one per page)")
+    title = title or (
+        f"KV slots, {ps} per page: slot = page × {ps} + offset"
+        if ps > 1
+        else "KV slots (one per page)"
+    )
     c.text(x, y + 13, title, size=12.5, weight="bold", color="#222")
     per_line = max(1, int((width + gap) // (ps * CELL + gap)))
     line_h = CELL + (16 if ps > 1 else 4)
@@ -669,32 +1064,86 @@ def svg_slot_grid(c, books: Books, x: float, y: float, width: float = 640, title
         line, col = divmod(page, per_line)
         px, py = x + col * (ps * CELL + gap), y0 + line * line_h
         if ps > 1:
-            c.text(px + ps * CELL / 2, py - 4, f"page {page}", size=9, anchor="middle", color="#777")
+            c.text(
+                px + ps * CELL / 2,
+                py - 4,
+                f"page {page}",
+                size=9,
+                anchor="middle",
+                color="#777",
+            )
         for off in range(ps):
             s = page * ps + off
             kw = _new_edge(books, s)
             words = _slot_words(books, s)
             if page == 0:
-                c.cell(px + off * CELL, py, PADDING, s, tip=f"{words} · padding: never handed out", gid=f"slot:{s}")
+                c.cell(
+                    px + off * CELL,
+                    py,
+                    PADDING,
+                    s,
+                    tip=f"{words} · padding: never handed out",
+                    gid=f"slot:{s}",
+                )
             elif page in staged:
-                c.cell(px + off * CELL, py, STAGED, s, tip=f"{words} · freed, staged (not yet on the free list)",
-                       gid=f"slot:{s}", **kw)
+                c.cell(
+                    px + off * CELL,
+                    py,
+                    STAGED,
+                    s,
+                    tip=f"{words} · freed, staged (not yet on the free list)",
+                    gid=f"slot:{s}",
+                    **kw,
+                )
             elif page in free:
-                c.cell(px + off * CELL, py, FREE, s, tip=f"{words} · free: free_pages[{free_at[page]}]",
-                       gid=f"slot:{s}", **kw)
+                c.cell(
+                    px + off * CELL,
+                    py,
+                    FREE,
+                    s,
+                    tip=f"{words} · free: free_pages[{free_at[page]}]",
+                    gid=f"slot:{s}",
+                    **kw,
+                )
             elif s in where and s not in books.released_slots:
                 owner, pos = where[s]
                 part = books.part_of.get(s) if s in books.new_slots else None
-                tip = f"{words} · {owner}, position {pos}" + (f" · new: {PART_NAMES[part]}" if part else
-                                                             " · new" if s in books.new_slots else "")
-                c.cell(px + off * CELL, py, owner_color(owner), s, tip=tip, gid=f"slot:{s}",
-                       pattern=PART_FILL.get(part), **kw)
+                tip = f"{words} · {owner}, position {pos}" + (
+                    f" · new: {PART_NAMES[part]}"
+                    if part
+                    else " · new"
+                    if s in books.new_slots
+                    else ""
+                )
+                c.cell(
+                    px + off * CELL,
+                    py,
+                    owner_color(owner),
+                    s,
+                    tip=tip,
+                    gid=f"slot:{s}",
+                    pattern=PART_FILL.get(part),
+                    **kw,
+                )
             elif page in page_owner:
-                c.cell(px + off * CELL, py, owner_color(page_owner[page]), s, opacity=0.3, gid=f"slot:{s}",
-                       tip=f"{words} · {page_owner[page]}'s page, not written yet (its next token lands here)")
+                c.cell(
+                    px + off * CELL,
+                    py,
+                    owner_color(page_owner[page]),
+                    s,
+                    opacity=0.3,
+                    gid=f"slot:{s}",
+                    tip=f"{words} · {page_owner[page]}'s page, not written yet (its next token lands here)",
+                )
             else:
-                c.cell(px + off * CELL, py, FREE, s, tip=f"{words} · not on the free list and held by no row",
-                       gid=f"slot:{s}")
+                c.cell(
+                    px + off * CELL,
+                    py,
+                    FREE,
+                    s,
+                    tip=f"{words} · not on the free list and held by no row",
+                    gid=f"slot:{s}",
+                )
     lines = ceil_div(books.num_pages + 1, per_line)
     return y0 + lines * line_h - (12 if ps > 1 else 0) + 8
 
@@ -702,20 +1151,37 @@ def svg_slot_grid(c, books: Books, x: float, y: float, width: float = 640, title
 def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> float:
     """free_pages head first, then what is staged; returns the y below it."""
     unit = "slots" if books.page_size == 1 else "pages"
-    c.text(x, y + 13, f"free_pages: {len(books.free_pages)} free {unit}, head (taken next) -> tail",
-           size=12.5, weight="bold", color="#222")
+    c.text(
+        x,
+        y + 13,
+        f"free_pages: {len(books.free_pages)} free {unit}, head (taken next) -> tail",
+        size=12.5,
+        weight="bold",
+        color="#222",
+    )
     per_line = max(1, int(width // CELL))
     items = [(p, FREE, f"free_pages[{i}]") for i, p in enumerate(books.free_pages)]
-    staged = "release_pages" if books.page_size == 1 else "staged_pages"  # the token and the paged allocator's names
-    items += [(p, STAGED, f"{staged}: {i} (staged)") for i, p in enumerate(books.staged_pages)]
+    staged = (
+        "release_pages" if books.page_size == 1 else "staged_pages"
+    )  # the token and the paged allocator's names
+    items += [
+        (p, STAGED, f"{staged}: {i} (staged)") for i, p in enumerate(books.staged_pages)
+    ]
     y0 = y + 20
     ps = books.page_size
     for i, (p, fill, name) in enumerate(items):
         line, col = divmod(i, per_line)
         span = f"slot {p}" if ps == 1 else f"slots {p * ps}-{p * ps + ps - 1}"
         nxt = " · taken next" if i == 0 and fill == FREE else ""
-        c.cell(x + col * CELL, y0 + line * (CELL + 4), fill, p, tip=f"{name} = {unit[:-1]} {p} ({span}){nxt}",
-               gid=f"free:{i}", stroke="#999")
+        c.cell(
+            x + col * CELL,
+            y0 + line * (CELL + 4),
+            fill,
+            p,
+            tip=f"{name} = {unit[:-1]} {p} ({span}){nxt}",
+            gid=f"free:{i}",
+            stroke="#999",
+        )
     if not items:
         c.text(x, y0 + 15, "(empty: nothing free)", size=11, color="#777")
     lines = max(1, ceil_div(len(items), per_line))
@@ -728,9 +1194,19 @@ def svg_legend(c, books: Books, x: float, y: float) -> float:
     if books.part_of:
         sw += [Swatch(PART_NAMES[k], "#4e79a7", PART_FILL[k]) for k in (1, 2, 3)]
     if books.new_slots:
-        sw.append(Swatch("handed out by the last call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2))
-    sw += [Swatch("free", FREE), Swatch("padding", PADDING), Swatch("a held page's unwritten tail", "#4e79a7",
-                                                                  opacity=0.3)]
+        sw.append(
+            Swatch(
+                "handed out by the last call",
+                "#ffffff",
+                stroke=HIGHLIGHT,
+                stroke_width=2,
+            )
+        )
+    sw += [
+        Swatch("free", FREE),
+        Swatch("padding", PADDING),
+        Swatch("a held page's unwritten tail", "#4e79a7", opacity=0.3),
+    ]
     if books.staged_pages:
         sw.append(Swatch("staged", STAGED))
     return c.legend(x, y, sw)
@@ -739,7 +1215,11 @@ def svg_legend(c, books: Books, x: float, y: float) -> float:
 SVG_PANELS = ("table", "slots", "free")
 
 
-def svg_books(books: Books, panels=SVG_PANELS, readout: str = "hover a cell: its row, position, slot, page") -> str:
+def svg_books(
+    books: Books,
+    panels=SVG_PANELS,
+    readout: str = "hover a cell: its row, position, slot, page",
+) -> str:
     """The books as one inline SVG, panels stacked: the request table, the slots, the free list."""
     unknown = [p for p in panels if p not in SVG_PANELS]
     if unknown:
@@ -760,18 +1240,32 @@ def svg_books(books: Books, panels=SVG_PANELS, readout: str = "hover a cell: its
 
 # -- 5. the instruments: the learner's own calls on the real objects ----------------------------
 
+
 def _batch_fields(requests: str, prefix: str, seq: str) -> list:
     """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each holds)."""
 
-
     def box(name, value):
-        return W.Text(value=value, description=name, layout=W.Layout(width="170px"),
-                      style={"description_width": "initial"}, continuous_update=False)
+        return W.Text(
+            value=value,
+            description=name,
+            layout=W.Layout(width="170px"),
+            style={"description_width": "initial"},
+            continuous_update=False,
+        )
 
-    return [Field("requests", box("requests", requests), names),
-            Field("prefix_lens", box("prefix_lens", prefix), ints,
-                  follow=("requests", lambda sc, rids: ", ".join(str(_held(sc, r)) for r in rids))),
-            Field("seq_lens", box("seq_lens", seq), ints)]
+    return [
+        Field("requests", box("requests", requests), names),
+        Field(
+            "prefix_lens",
+            box("prefix_lens", prefix),
+            ints,
+            follow=(
+                "requests",
+                lambda sc, rids: ", ".join(str(_held(sc, r)) for r in rids),
+            ),
+        ),
+        Field("seq_lens", box("seq_lens", seq), ints),
+    ]
 
 
 def _held(sc: Scene, rid) -> int:
@@ -784,28 +1278,45 @@ def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
     need = num_new_pages(torch.tensor(prefix), torch.tensor(seq), ps)
     free = al.available_size() // ps
     if need > free:
-        return (f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
-                f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
-                "slots); capacity is checked before anything is taken, so nothing was")
-    return (f"refused (the library returns None): {new_rows} new requests need a row each, "
-            f"{sc.req_pool.available_size()} row(s) are free; nothing was taken")
+        return (
+            f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
+            f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
+            "slots); capacity is checked before anything is taken, so nothing was"
+        )
+    return (
+        f"refused (the library returns None): {new_rows} new requests need a row each, "
+        f"{sc.req_pool.available_size()} row(s) are free; nothing was taken"
+    )
 
 
-def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.Tensor) -> tuple[str, bool]:
+def three_way(
+    args: dict, free_pages: torch.Tensor, page_size: int, out: torch.Tensor
+) -> tuple[str, bool]:
     """The Triton kernel, the torch and the Python references on one batch's arguments, next to the
     slots the allocator handed out: an HTML table and whether all agree."""
     from memlab.common.env import kernel_device
     from memlab.kernels import alloc_extend as kernel
     from memlab.sglang.allocator import reference as ref
 
-    pre, seq, last, n = args["prefix_lens"], args["seq_lens"], args["last_loc"], int(args["extend_num_tokens"])
+    pre, seq, last, n = (
+        args["prefix_lens"],
+        args["seq_lens"],
+        args["last_loc"],
+        int(args["extend_num_tokens"]),
+    )
     dev = kernel_device()
     got = {
-        "Triton kernel (memlab.kernels.alloc_extend)":
-            kernel.alloc_extend(pre.to(dev), seq.to(dev), last.to(dev), free_pages.to(dev), page_size, n).cpu().tolist(),
-        "torch reference (alloc_extend_torch)": ref.alloc_extend_torch(pre, seq, last, free_pages, page_size, n).tolist(),
-        "Python reference (alloc_extend_python)": ref.alloc_extend_python(pre.tolist(), seq.tolist(), last.tolist(),
-                                                                          free_pages.tolist(), page_size),
+        "Triton kernel (memlab.kernels.alloc_extend)": kernel.alloc_extend(
+            pre.to(dev), seq.to(dev), last.to(dev), free_pages.to(dev), page_size, n
+        )
+        .cpu()
+        .tolist(),
+        "torch reference (alloc_extend_torch)": ref.alloc_extend_torch(
+            pre, seq, last, free_pages, page_size, n
+        ).tolist(),
+        "Python reference (alloc_extend_python)": ref.alloc_extend_python(
+            pre.tolist(), seq.tolist(), last.tolist(), free_pages.tolist(), page_size
+        ),
     }
     want = out.tolist()
     rows, agree = [], True
@@ -814,64 +1325,117 @@ def three_way(args: dict, free_pages: torch.Tensor, page_size: int, out: torch.T
         if diff is None and len(v) != len(want):
             diff = min(len(v), len(want))
         agree &= diff is None
-        verdict = "same" if diff is None else (
-            f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} instead of "
-            f"{want[diff] if diff < len(want) else 'nothing'}")
+        verdict = (
+            "same"
+            if diff is None
+            else (
+                f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} instead of "
+                f"{want[diff] if diff < len(want) else 'nothing'}"
+            )
+        )
         rows.append((name, v, verdict))
-    head = ('<b style="color:#2e7d32">all three agree with the allocator</b>' if agree
-            else '<b style="color:#c62828">the three do not agree</b>')
+    head = (
+        '<b style="color:#2e7d32">all three agree with the allocator</b>'
+        if agree
+        else '<b style="color:#c62828">the three do not agree</b>'
+    )
     mode = "the interpreter" if str(dev) == "cpu" else "compiled"
-    return (f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} (the kernel on {esc(dev)}: {mode})'
-            f'{table_html(("", "slots", ""), rows)}</div>', agree)
+    return (
+        f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} (the kernel on {esc(dev)}: {mode})'
+        f"{table_html(('', 'slots', ''), rows)}</div>",
+        agree,
+    )
 
 
 def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int) -> str:
     """Each request's output start and free-list start (the two prefix sums) and its three parts."""
-    pre, seq, last = args["prefix_lens"].tolist(), args["seq_lens"].tolist(), args["last_loc"].tolist()
+    pre, seq, last = (
+        args["prefix_lens"].tolist(),
+        args["seq_lens"].tolist(),
+        args["last_loc"].tolist(),
+    )
     new_tok = [s - p for p, s in zip(pre, seq)]
-    new_pages = [ceil_div(s, page_size) - ceil_div(p, page_size) for p, s in zip(pre, seq)]
+    new_pages = [
+        ceil_div(s, page_size) - ceil_div(p, page_size) for p, s in zip(pre, seq)
+    ]
     out_start = [sum(new_tok[:i]) for i in range(len(rids))]
     page_start = [sum(new_pages[:i]) for i in range(len(rids))]
-    head = ("request", "prefix -> seq", "last_loc", "new tokens", "output starts at", "new pages",
-            "free-list starts at", "pages taken", "part 1 / 2 / 3")
+    head = (
+        "request",
+        "prefix -> seq",
+        "last_loc",
+        "new tokens",
+        "output starts at",
+        "new pages",
+        "free-list starts at",
+        "pages taken",
+        "part 1 / 2 / 3",
+    )
     rows = []
     for i, r in enumerate(rids):
         parts = extend_parts(pre[i], seq[i], page_size)
-        taken = free_pages[page_start[i]:page_start[i] + new_pages[i]].tolist()
-        rows.append((r, f"{pre[i]} -> {seq[i]}", last[i], new_tok[i], out_start[i], new_pages[i], page_start[i], taken,
-                     " / ".join(str(parts.count(k)) for k in (1, 2, 3))))
-    return (table_html(head, rows, "memlab-prefix-sums")
-            + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the requests before it; '
-            "free-list start = their new pages (two exclusive prefix sums)</div>")
+        taken = free_pages[page_start[i] : page_start[i] + new_pages[i]].tolist()
+        rows.append(
+            (
+                r,
+                f"{pre[i]} -> {seq[i]}",
+                last[i],
+                new_tok[i],
+                out_start[i],
+                new_pages[i],
+                page_start[i],
+                taken,
+                " / ".join(str(parts.count(k)) for k in (1, 2, 3)),
+            )
+        )
+    return (
+        table_html(head, rows, "memlab-prefix-sums")
+        + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the requests before it; '
+        "free-list start = their new pages (two exclusive prefix sums)</div>"
+    )
 
 
 def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
     """A prefill batch through the scheduler's ``alloc_for_extend``, which calls the allocator's
     ``alloc_extend``; the call shown is the recorded one."""
     if not (len(requests) == len(prefix_lens) == len(seq_lens)):
-        raise InputError(f"{len(requests)} requests, {len(prefix_lens)} prefix_lens, {len(seq_lens)} seq_lens: "
-                         "give one of each per request")
+        raise InputError(
+            f"{len(requests)} requests, {len(prefix_lens)} prefix_lens, {len(seq_lens)} seq_lens: "
+            "give one of each per request"
+        )
     if len(set(requests)) != len(requests):
         raise InputError("a request appears twice in one batch")
     held = {r: _held(sc, r) for r in requests}
     wrong = [r for r, p in zip(requests, prefix_lens) if p != held[r]]
     if wrong:
-        says = ", ".join(f"{r} holds {held[r]}" if r in sc.reqs else f"{r} is new (0)" for r in wrong)
-        raise InputError(f"prefix_lens: a request's prefix is the tokens it already holds (chapter 04 has no "
-                         f"prefix cache): {says}")
+        says = ", ".join(
+            f"{r} holds {held[r]}" if r in sc.reqs else f"{r} is new (0)" for r in wrong
+        )
+        raise InputError(
+            f"prefix_lens: a request's prefix is the tokens it already holds (chapter 04 has no "
+            f"prefix cache): {says}"
+        )
     batch = {r: s - p for r, p, s in zip(requests, prefix_lens, seq_lens)}
     al, ps = sc.allocator, sc.allocator.page_size
     free_before = al.free_pages.clone()
     new_rows = sum(r not in sc.reqs for r in requests)
-    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
-                      reqs=Verbatim(f"[{', '.join(requests)}]"), extend_lens=list(batch.values()))
+    step.call = spell(
+        "alloc_for_extend",
+        Verbatim("req_to_token_pool"),
+        Verbatim("allocator"),
+        reqs=Verbatim(f"[{', '.join(requests)}]"),
+        extend_lens=list(batch.values()),
+    )
     with recording(al, "alloc_extend") as calls:
         try:
             out = sc.extend_batch(batch)
         finally:
-            if calls:  # the scheduler reached the allocator: show that call, the engine's own
-                step.call = (f"# {step.call} called:\n"
-                             + spell("allocator.alloc_extend", **calls[0]["args"]))
+            if (
+                calls
+            ):  # the scheduler reached the allocator: show that call, the engine's own
+                step.call = f"# {step.call} called:\n" + spell(
+                    "allocator.alloc_extend", **calls[0]["args"]
+                )
     if out is None:
         step.result = "None"
         step.refuse(extend_refusal(sc, prefix_lens, seq_lens, new_rows))
@@ -883,7 +1447,9 @@ def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
     if not step.replay:
         args = calls[0]["args"]
         table = prefix_sums_html(requests, args, free_before, ps)
-        step.details = table + (three_way(args, free_before, ps, out)[0] if len(out) else "")
+        step.details = table + (
+            three_way(args, free_before, ps, out)[0] if len(out) else ""
+        )
 
 
 def _op_release(sc: Scene, step, request) -> None:
@@ -897,7 +1463,9 @@ def _op_release(sc: Scene, step, request) -> None:
     ps = sc.allocator.page_size
     pages = list(dict.fromkeys(s // ps for s in slots))
     for c in calls:  # each line commented: the call itself stays the one to paste
-        step.call += "\n# called " + spell("allocator.free_segment", **c["args"]).replace("\n", "\n#   ")
+        step.call += "\n# called " + spell(
+            "allocator.free_segment", **c["args"]
+        ).replace("\n", "\n#   ")
     step.result = f"pages {pages} back at the head of free_pages; its row is free"
     step.marks = dict(new_slots=slots)
     step.caption = f"{request} finishes: its pages {pages} go back"
@@ -906,47 +1474,88 @@ def _op_release(sc: Scene, step, request) -> None:
 def extend_books(sc: Scene) -> dict:
     """The books chapter 04's instrument lists, read from the real allocator and request table."""
     al, ps = sc.allocator, sc.allocator.page_size
-    out = {"free_pages": al.free_pages.tolist(), "available_size()": al.available_size(),
-           "free rows": list(sc.req_pool.free_slots)}
+    out = {
+        "free_pages": al.free_pages.tolist(),
+        "available_size()": al.available_size(),
+        "free rows": list(sc.req_pool.free_slots),
+    }
     for rid, r in sc.reqs.items():
         slots = sc.slots(rid)
-        out[f"request {rid}"] = dict(row=r.kv.req_pool_idx, tokens=r.kv.kv_allocated_len,
-                                     pages=list(dict.fromkeys(s // ps for s in slots)),
-                                     last_loc=slots[-1] if slots else -1)
+        out[f"request {rid}"] = dict(
+            row=r.kv.req_pool_idx,
+            tokens=r.kv.kv_allocated_len,
+            pages=list(dict.fromkeys(s // ps for s in slots)),
+            last_loc=slots[-1] if slots else -1,
+        )
     return out
 
 
-def extend_instrument(page_size: int = 4, page_sizes=(1, 2, 4, 8), size: int = 48, opening=EXTEND_BATCHES,
-                      batch=("A, D", None, "14, 6")):
+def extend_instrument(
+    page_size: int = 4,
+    page_sizes=(1, 2, 4, 8),
+    size: int = 48,
+    opening=EXTEND_BATCHES,
+    batch=("A, D", None, "14, 6"),
+):
     """Chapter 04's instrument: type a prefill batch (requests, prefix_lens, seq_lens), press
     ``alloc_extend``; free a request; pick the page size. Opens on the story's last state
     (``paged_extend``'s three batches). ``batch``: the fields' first values (prefix_lens None: what
     each request holds)."""
-
 
     def build(page_size):
         return extend_scene(page_size, size)
 
     def draw(sc, step):
         marks = step.marks if step is not None else {}
-        return svg_books(sc.books(new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of")))
+        return svg_books(
+            sc.books(new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of"))
+        )
 
     rids, prefix, seq = batch
     if prefix is None:
-        prefix = ", ".join(str(_sum_before(opening, len(opening), r)) for r in names(rids))
-    extend = Operation("alloc_extend", _op_alloc_extend, _batch_fields(rids, prefix, seq),
-                       help="alloc_for_extend(...) -> allocator.alloc_extend(...) on this batch")
+        prefix = ", ".join(
+            str(_sum_before(opening, len(opening), r)) for r in names(rids)
+        )
+    extend = Operation(
+        "alloc_extend",
+        _op_alloc_extend,
+        _batch_fields(rids, prefix, seq),
+        help="alloc_for_extend(...) -> allocator.alloc_extend(...) on this batch",
+    )
     who = W.Dropdown(description="request", layout=W.Layout(width="160px"))
-    release = Operation("release", _op_release,
-                        [Field("request", who, str, options=lambda sc: list(sc.reqs))],
-                        label="release_kv_cache", help="the request finishes: its pages and its row go back")
-    ps = W.ToggleButtons(options=list(page_sizes), value=page_size, description="page_size",
-                         style={"button_width": "42px"})
-    opening_steps = [("alloc_extend", dict(requests=list(b), prefix_lens=[_sum_before(opening, i, r) for r in b],
-                                           seq_lens=[_sum_before(opening, i, r) + n for r, n in b.items()]))
-                     for i, b in enumerate(opening)]
-    return Instrument(build, [extend, release], draw, extend_books, settings={"page_size": ps},
-                      opening=opening_steps, title="alloc_extend on your own batch")
+    release = Operation(
+        "release",
+        _op_release,
+        [Field("request", who, str, options=lambda sc: list(sc.reqs))],
+        label="release_kv_cache",
+        help="the request finishes: its pages and its row go back",
+    )
+    ps = W.ToggleButtons(
+        options=list(page_sizes),
+        value=page_size,
+        description="page_size",
+        style={"button_width": "42px"},
+    )
+    opening_steps = [
+        (
+            "alloc_extend",
+            dict(
+                requests=list(b),
+                prefix_lens=[_sum_before(opening, i, r) for r in b],
+                seq_lens=[_sum_before(opening, i, r) + n for r, n in b.items()],
+            ),
+        )
+        for i, b in enumerate(opening)
+    ]
+    return Instrument(
+        build,
+        [extend, release],
+        draw,
+        extend_books,
+        settings={"page_size": ps},
+        opening=opening_steps,
+        title="alloc_extend on your own batch",
+    )
 
 
 def _sum_before(batches, i: int, rid) -> int:

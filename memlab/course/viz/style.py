@@ -15,15 +15,29 @@ from matplotlib.colors import to_hex, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
-           "#ff9da7", "#86bcb6")
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#9c755f",
+    "#ff9da7",
+    "#86bcb6",
+)
 FREE = "#eeeeee"  # a free slot, page or row
 PADDING = "#555555"  # slot 0 / page 0 / row 0: never handed out
 STAGED = "#fff2b3"  # freed but staged (need_sort) or queued in a free group
 NULL = "#bbbbbb"  # vLLM's null block
 EDGE = "#ffffff"
 HIGHLIGHT = "#000000"  # the edge of what changed in this step
-PART_HATCH = {1: "///", 2: None, 3: "..."}  # alloc_extend's three parts, drawn over the owner colour
+PART_HATCH = {
+    1: "///",
+    2: None,
+    3: "...",
+}  # alloc_extend's three parts, drawn over the owner colour
 
 
 def owner_color(owner) -> str:
@@ -62,30 +76,79 @@ def grid_axes(ax, title: str | None = None) -> None:
         ax.set_title(title, fontsize=10, loc="left")
 
 
-def cell(ax, x, y, fill, label="", gid=None, w=1.0, h=1.0, edge="white", lw=1.0, alpha=1.0, fontsize=7,
-         hatch=None):
+def cell(
+    ax,
+    x,
+    y,
+    fill,
+    label="",
+    gid=None,
+    w=1.0,
+    h=1.0,
+    edge="white",
+    lw=1.0,
+    alpha=1.0,
+    fontsize=7,
+    hatch=None,
+):
     """One labelled box with its top-left corner at (x, y); ``gid`` names it for the tests."""
-    r = Rectangle((x, y), w, h, facecolor=fill, edgecolor=edge, linewidth=lw, alpha=alpha, hatch=hatch)
+    r = Rectangle(
+        (x, y),
+        w,
+        h,
+        facecolor=fill,
+        edgecolor=edge,
+        linewidth=lw,
+        alpha=alpha,
+        hatch=hatch,
+    )
     if hatch:
         r.set_hatch_linewidth(0.6) if hasattr(r, "set_hatch_linewidth") else None
     r.set_gid(gid)
     ax.add_patch(r)
     if label != "":
-        t = ax.text(x + w / 2, y + h / 2, str(label), ha="center", va="center", fontsize=fontsize,
-                    color=text_color(fill) if alpha > 0.5 else "black")
+        t = ax.text(
+            x + w / 2,
+            y + h / 2,
+            str(label),
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            color=text_color(fill) if alpha > 0.5 else "black",
+        )
         t.set_gid(None if gid is None else f"label:{gid}")
     return r
 
 
-def swatch_legend(ax, items, anchor=(0.0, 0.0), loc="upper left", ncol=None, fontsize=7):
+def swatch_legend(
+    ax, items, anchor=(0.0, 0.0), loc="upper left", ncol=None, fontsize=7
+):
     """A legend of drawn swatches, each a small cell like the ones it explains (fill and hatch),
     below the axes by default: ``items`` are (words, fill, hatch) triples."""
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=fill, edgecolor="white" if hatch else "#999", hatch=hatch, linewidth=0.6, label=words)
-               for words, fill, hatch in items]
-    leg = ax.legend(handles=handles, loc=loc, bbox_to_anchor=anchor, ncol=ncol or len(handles), fontsize=fontsize,
-                    frameon=False, handlelength=1.8, handleheight=1.3, columnspacing=1.2, borderaxespad=0.2)
+    handles = [
+        Patch(
+            facecolor=fill,
+            edgecolor="white" if hatch else "#999",
+            hatch=hatch,
+            linewidth=0.6,
+            label=words,
+        )
+        for words, fill, hatch in items
+    ]
+    leg = ax.legend(
+        handles=handles,
+        loc=loc,
+        bbox_to_anchor=anchor,
+        ncol=ncol or len(handles),
+        fontsize=fontsize,
+        frameon=False,
+        handlelength=1.8,
+        handleheight=1.3,
+        columnspacing=1.2,
+        borderaxespad=0.2,
+    )
     leg.set_gid("legend")
     return leg
 
@@ -112,7 +175,9 @@ def show(fig_or_html) -> None:
     """Display a drawing (a Figure or an HTML string) in a notebook."""
     from IPython.display import HTML, display
 
-    display(HTML(fig_or_html if isinstance(fig_or_html, str) else figure_html(fig_or_html)))
+    display(
+        HTML(fig_or_html if isinstance(fig_or_html, str) else figure_html(fig_or_html))
+    )
 
 
 def caption_text(caption: str, note: str = "", fig=None, width: int = 125) -> str:

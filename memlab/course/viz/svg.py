@@ -20,12 +20,12 @@ CELL = 22  # a cell's side in pixels
 FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace"
 
 # Class names carry the memlab- prefix: a <style> inside inline SVG applies to the whole page.
-CSS = """
-.memlab-svg { font-family: %s; }
-.memlab-svg .memlab-cell:hover > rect.memlab-box { stroke: #000; stroke-width: 2.5; }
-.memlab-svg .memlab-tip { visibility: hidden; }
-.memlab-svg .memlab-cell:hover > .memlab-tip { visibility: visible; }
-""" % FONT
+CSS = f"""
+.memlab-svg {{ font-family: {FONT}; }}
+.memlab-svg .memlab-cell:hover > rect.memlab-box {{ stroke: #000; stroke-width: 2.5; }}
+.memlab-svg .memlab-tip {{ visibility: hidden; }}
+.memlab-svg .memlab-cell:hover > .memlab-tip {{ visibility: visible; }}
+"""
 
 # alloc_extend's three parts, drawn over the owner's colour: hatched, plain, dotted (as PART_HATCH).
 DEFS = """<defs>
@@ -45,6 +45,7 @@ def esc(value) -> str:
 @dataclass(frozen=True)
 class Swatch:
     """One legend entry: a small cell drawn like the cells it explains, and its words."""
+
     label: str
     fill: str = "#ffffff"
     pattern: str | None = None  # an SVG paint over the fill, e.g. PART_FILL[1]
@@ -65,33 +66,71 @@ class Canvas:
     def _grow(self, x: float, y: float) -> None:
         self.width, self.height = max(self.width, x), max(self.height, y)
 
-    def text(self, x, y, s, size: float = 11, anchor: str = "start", color: str = "#333",
-             weight: str = "normal", title: str | None = None) -> None:
+    def text(
+        self,
+        x,
+        y,
+        s,
+        size: float = 11,
+        anchor: str = "start",
+        color: str = "#333",
+        weight: str = "normal",
+        title: str | None = None,
+    ) -> None:
         """A line of text with its baseline at ``y``."""
         t = f"<title>{esc(title)}</title>" if title else ""
-        self.parts.append(f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-                          f'fill="{color}" font-weight="{weight}">{t}{esc(s)}</text>')
+        self.parts.append(
+            f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+            f'fill="{color}" font-weight="{weight}">{t}{esc(s)}</text>'
+        )
         width = 0.62 * size * len(str(s))
-        self._grow(x + (width if anchor == "start" else width / 2 if anchor == "middle" else 0), y + 4)
+        self._grow(
+            x
+            + (width if anchor == "start" else width / 2 if anchor == "middle" else 0),
+            y + 4,
+        )
 
-    def cell(self, x, y, fill, label="", tip: str = "", gid: str | None = None, w: float = CELL,
-             h: float = CELL, stroke: str = "#ffffff", stroke_width: float = 1.0, opacity: float = 1.0,
-             pattern: str | None = None, size: float = 10) -> None:
+    def cell(
+        self,
+        x,
+        y,
+        fill,
+        label="",
+        tip: str = "",
+        gid: str | None = None,
+        w: float = CELL,
+        h: float = CELL,
+        stroke: str = "#ffffff",
+        stroke_width: float = 1.0,
+        opacity: float = 1.0,
+        pattern: str | None = None,
+        size: float = 10,
+    ) -> None:
         """A box with its top-left corner at (x, y), its label centred, its description in ``tip``."""
         data = f' data-gid="{esc(gid)}"' if gid else ""
-        body = [f'<rect class="memlab-box" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
-                f'fill="{fill}" fill-opacity="{opacity}" stroke="{stroke}" stroke-width="{stroke_width}"/>']
+        body = [
+            f'<rect class="memlab-box" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
+            f'fill="{fill}" fill-opacity="{opacity}" stroke="{stroke}" stroke-width="{stroke_width}"/>'
+        ]
         if pattern:
-            body.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{pattern}" '
-                        'pointer-events="none"/>')
+            body.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{pattern}" '
+                'pointer-events="none"/>'
+            )
         if label != "":
             ink = text_color(fill) if opacity > 0.5 else "black"
             halo = "#000" if ink == "white" else "#fff"
-            body.append(f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + size * 0.36:.1f}" font-size="{size}" '
-                        f'text-anchor="middle" fill="{ink}" stroke="{halo}" stroke-width="{2.4 if pattern else 0}" '
-                        f'stroke-opacity="0.7" paint-order="stroke" pointer-events="none">{esc(label)}</text>')
+            body.append(
+                f'<text x="{x + w / 2:.1f}" y="{y + h / 2 + size * 0.36:.1f}" font-size="{size}" '
+                f'text-anchor="middle" fill="{ink}" stroke="{halo}" stroke-width="{2.4 if pattern else 0}" '
+                f'stroke-opacity="0.7" paint-order="stroke" pointer-events="none">{esc(label)}</text>'
+            )
         title = f"<title>{esc(tip)}</title>" if tip else ""
-        self.parts += [f'<g class="memlab-cell"{data}>{title}{"".join(body)}', len(self.tips), "</g>"]
+        self.parts += [
+            f'<g class="memlab-cell"{data}>{title}{"".join(body)}',
+            len(self.tips),
+            "</g>",
+        ]
         self.tips.append(tip)
         self._grow(x + w, y + h)
 
@@ -103,8 +142,10 @@ class Canvas:
             width = 16 + 6 + 6.6 * len(s.label)
             if cx > x and cx + width > right:
                 cx, cy = x, cy + 22
-            body = (f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.fill}" '
-                    f'fill-opacity="{s.opacity}" stroke="{s.stroke}" stroke-width="{s.stroke_width}"/>')
+            body = (
+                f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.fill}" '
+                f'fill-opacity="{s.opacity}" stroke="{s.stroke}" stroke-width="{s.stroke_width}"/>'
+            )
             if s.pattern:
                 body += f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.pattern}"/>'
             self.parts.append(f'<g class="memlab-swatch">{body}</g>')
@@ -118,21 +159,37 @@ class Canvas:
 
         pad, line_h = 6, 15
         width = max(self.width, 420) + pad
-        chars = max(40, int((width - 12) / 7.0))  # 11.5 px monospace: about 7 px a character
+        chars = max(
+            40, int((width - 12) / 7.0)
+        )  # 11.5 px monospace: about 7 px a character
         lines = {i: textwrap.wrap(t, chars) for i, t in enumerate(self.tips) if t}
         rows = max([1, *map(len, lines.values())])
         y, strip_h = self.height + 8, rows * line_h + 8
 
         def block(texts, fill, ink):
-            spans = "".join(f'<tspan x="6" y="{y + 15 + k * line_h:.1f}">{esc(t)}</tspan>' for k, t in enumerate(texts))
-            return (f'<rect x="0" y="{y:.1f}" width="{width:.1f}" height="{strip_h}" fill="{fill}"/>'
-                    f'<text font-size="11.5" fill="{ink}">{spans}</text>')
+            spans = "".join(
+                f'<tspan x="6" y="{y + 15 + k * line_h:.1f}">{esc(t)}</tspan>'
+                for k, t in enumerate(texts)
+            )
+            return (
+                f'<rect x="0" y="{y:.1f}" width="{width:.1f}" height="{strip_h}" fill="{fill}"/>'
+                f'<text font-size="11.5" fill="{ink}">{spans}</text>'
+            )
 
         strip = block([self.readout], "#f6f6f6", "#777")
-        body = "".join(p if isinstance(p, str) else
-                       (f'<g class="memlab-tip" pointer-events="none">{block(lines[p], "#fff8d6", "#000")}</g>'
-                        if p in lines else "") for p in self.parts)
+        body = "".join(
+            p
+            if isinstance(p, str)
+            else (
+                f'<g class="memlab-tip" pointer-events="none">{block(lines[p], "#fff8d6", "#000")}</g>'
+                if p in lines
+                else ""
+            )
+            for p in self.parts
+        )
         height = y + strip_h + pad
-        return (f'<svg class="memlab-svg" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
-                f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
-                f'style="max-width:100%;height:auto"><style>{CSS}</style>{DEFS}{strip}{body}</svg>')
+        return (
+            f'<svg class="memlab-svg" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
+            f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+            f'style="max-width:100%;height:auto"><style>{CSS}</style>{DEFS}{strip}{body}</svg>'
+        )

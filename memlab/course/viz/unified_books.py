@@ -5,7 +5,8 @@ The same four parts as every side of memlab.course.viz (see ``sglang_books``):
 
 1. the snapshot: ``UnifiedFrame`` (with a ``SubPoolView`` per side), frozen, read from the real
    objects by ``read_unified``;
-2. the scene: ``UnifiedScene`` drives a ``ReqToTokenPool`` and a ``UnifiedSWATokenToKVPoolAllocator``
+2. the scene: ``UnifiedScene`` drives a ``ReqToTokenPool`` and a
+   ``UnifiedSWATokenToKVPoolAllocator``
    the way SGLang's scheduler does (``alloc_for_extend`` / ``alloc_for_decode``, a sliding window's
    ``free_swa``, a finished request's ``free``) and snaps a frame after each step; the page moves of
    a step are read off the page tables (a virtual page bound before and after, to another page);
@@ -20,14 +21,34 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.sglang.req_to_token import ReqToTokenPool
-from memlab.sglang.unified import MHASubPoolSpec, UnifiedKVPool, UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
-from memlab.course.viz.instrument import InputError, Verbatim, recording, spell, spell_value
+from memlab.course.viz.instrument import (
+    InputError,
+    Verbatim,
+    recording,
+    spell,
+    spell_value,
+)
 from memlab.course.viz.sglang_books import Scene
-from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, caption_text, cell, grid_axes, new_figure, owner_color
-
+from memlab.course.viz.style import (
+    FREE,
+    HIGHLIGHT,
+    PADDING,
+    caption_text,
+    cell,
+    grid_axes,
+    new_figure,
+    owner_color,
+)
+from memlab.sglang.req_to_token import ReqToTokenPool
+from memlab.sglang.unified import (
+    MHASubPoolSpec,
+    UnifiedKVPool,
+    UnifiedSWAKVPool,
+    UnifiedSWATokenToKVPoolAllocator,
+)
 
 # -- 1. the snapshot --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SubPoolView:
@@ -69,12 +90,26 @@ class UnifiedFrame:
 def _side(a) -> SubPoolView:
     v2p = a.virtual_to_physical[:-1]
     bound = torch.nonzero(v2p > 0).flatten()
-    return SubPoolView(a.sub_pool_name, a.grow_direction, a.page_size, a.entry_bytes, a.num_pages, a.min_page_index,
-                       a.used_page_range(), tuple(zip(bound.tolist(), v2p[bound].tolist())), a.available_size())
+    return SubPoolView(
+        a.sub_pool_name,
+        a.grow_direction,
+        a.page_size,
+        a.entry_bytes,
+        a.num_pages,
+        a.min_page_index,
+        a.used_page_range(),
+        tuple(zip(bound.tolist(), v2p[bound].tolist())),
+        a.available_size(),
+    )
 
 
-def read_unified(caption: str, allocator: UnifiedSWATokenToKVPoolAllocator, rows: dict, before=None,
-                 note: str = "") -> UnifiedFrame:
+def read_unified(
+    caption: str,
+    allocator: UnifiedSWATokenToKVPoolAllocator,
+    rows: dict,
+    before=None,
+    note: str = "",
+) -> UnifiedFrame:
     """Snapshot: ``rows`` maps an owner to its virtual token ids; ``before`` is the frame of the
     previous step, to read which pages moved and which were bound."""
     fa, sa = allocator.full_attn_allocator, allocator.swa_attn_allocator
@@ -83,25 +118,52 @@ def read_unified(caption: str, allocator: UnifiedSWATokenToKVPoolAllocator, rows
     if before is not None:
         for old, now in ((before.full, full), (before.swa, swa)):
             was = dict(old.bound)
-            moves += [(now.name, v, was[v], p) for v, p in now.bound if v in was and was[v] != p]
+            moves += [
+                (now.name, v, was[v], p)
+                for v, p in now.bound
+                if v in was and was[v] != p
+            ]
             new |= {v for v, _ in now.bound if v not in was}
-    return UnifiedFrame(caption, allocator.unified_buffer.total_bytes, allocator.unified_buffer.reserved_floor,
-                        allocator.page_size, tuple((str(o), tuple(ids)) for o, ids in rows.items()), full, swa,
-                        fa._current_gap_bytes(), allocator.available_size(), tuple(moves), frozenset(new), note)
+    return UnifiedFrame(
+        caption,
+        allocator.unified_buffer.total_bytes,
+        allocator.unified_buffer.reserved_floor,
+        allocator.page_size,
+        tuple((str(o), tuple(ids)) for o, ids in rows.items()),
+        full,
+        swa,
+        fa._current_gap_bytes(),
+        allocator.available_size(),
+        tuple(moves),
+        frozenset(new),
+        note,
+    )
 
 
 # -- 2. the scene -----------------------------------------------------------------------------
 
+
 class UnifiedScene(Scene):
     """A Scene over a UnifiedSWATokenToKVPoolAllocator; the request table holds virtual ids."""
 
-    def __init__(self, req_pool: ReqToTokenPool, allocator: UnifiedSWATokenToKVPoolAllocator, kvcache=None):
+    def __init__(
+        self,
+        req_pool: ReqToTokenPool,
+        allocator: UnifiedSWATokenToKVPoolAllocator,
+        kvcache=None,
+    ):
         super().__init__(req_pool, allocator, kvcache)
         self.swa_released: dict[str, int] = {}
 
     def books(self, caption: str = "", note: str = "", **_) -> UnifiedFrame:
         rows = {rid: self.slots(rid) for rid in self.reqs}
-        return read_unified(caption, self.allocator, rows, self.frames[-1] if self.frames else None, note)
+        return read_unified(
+            caption,
+            self.allocator,
+            rows,
+            self.frames[-1] if self.frames else None,
+            note,
+        )
 
     def snap(self, caption: str, note: str = "", **_) -> UnifiedFrame:
         f = self.books(caption, note)
@@ -126,19 +188,48 @@ class UnifiedScene(Scene):
 
 # -- 3. the chapter's story -------------------------------------------------------------------
 
-def unified_scene(page_size: int = 2, total_bytes: int = 3072, backend: str = "torch") -> UnifiedScene:
+
+def unified_scene(
+    page_size: int = 2, total_bytes: int = 3072, backend: str = "torch"
+) -> UnifiedScene:
     """A tiny hybrid model over one buffer: full attention (1 layer of K+V, 16 bf16 values each:
     64 bytes a slot) grows down from the top, the sliding window (2 layers of 8: 64 bytes) up from
     the floor."""
-    specs = [MHASubPoolSpec(name="full", layer_num=1, head_num=1, head_dim=16, store_dtype=torch.float16,
-                            grow_direction="down"),
-             MHASubPoolSpec(name="swa", layer_num=2, head_num=1, head_dim=8, store_dtype=torch.float16,
-                            grow_direction="up")]
-    pool = UnifiedKVPool(total_bytes=total_bytes, sub_pool_specs=specs, page_size=page_size)
-    kv = UnifiedSWAKVPool(unified_buffer=pool, full_attention_layer_ids=[1], swa_attention_layer_ids=[0, 2],
-                          page_size=page_size, backend=backend)
-    al = UnifiedSWATokenToKVPoolAllocator(unified_buffer=pool, kvcache=kv, page_size=page_size, debug_mode=True,
-                                          backend=backend)
+    specs = [
+        MHASubPoolSpec(
+            name="full",
+            layer_num=1,
+            head_num=1,
+            head_dim=16,
+            store_dtype=torch.float16,
+            grow_direction="down",
+        ),
+        MHASubPoolSpec(
+            name="swa",
+            layer_num=2,
+            head_num=1,
+            head_dim=8,
+            store_dtype=torch.float16,
+            grow_direction="up",
+        ),
+    ]
+    pool = UnifiedKVPool(
+        total_bytes=total_bytes, sub_pool_specs=specs, page_size=page_size
+    )
+    kv = UnifiedSWAKVPool(
+        unified_buffer=pool,
+        full_attention_layer_ids=[1],
+        swa_attention_layer_ids=[0, 2],
+        page_size=page_size,
+        backend=backend,
+    )
+    al = UnifiedSWATokenToKVPoolAllocator(
+        unified_buffer=pool,
+        kvcache=kv,
+        page_size=page_size,
+        debug_mode=True,
+        backend=backend,
+    )
     return UnifiedScene(ReqToTokenPool(4, 24), al, kv)
 
 
@@ -146,76 +237,157 @@ def _pages(ids, ps) -> list[int]:
     return sorted({t // ps for t in ids})
 
 
-def unified_story(page_size: int = 2, window: int = 4, backend: str = "torch") -> UnifiedScene:
+def unified_story(
+    page_size: int = 2, window: int = 4, backend: str = "torch"
+) -> UnifiedScene:
     """Chapter 12: requests in one buffer; a window releasing SWA pages; a free compacting pages
     while the request table keeps its virtual ids; a prompt refused for bytes, not for ids."""
     sc = unified_scene(page_size, backend=backend)
     al = sc.allocator
     fa, sa = al.full_attn_allocator, al.swa_attn_allocator
     e = fa.entry_bytes_per_page + sa.entry_bytes_per_page
-    sc.snap(f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages ({fa.entry_bytes_per_page} B) grow down "
-            f"from the top, SWA pages ({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
-            f"padding floor; a token needs both, so {al.available_size()} tokens fit "
-            f"({fa._current_gap_bytes()} B of gap // {e} B a page pair, x {page_size})")
+    sc.snap(
+        f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages ({fa.entry_bytes_per_page} B) grow down "
+        f"from the top, SWA pages ({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
+        f"padding floor; a token needs both, so {al.available_size()} tokens fit "
+        f"({fa._current_gap_bytes()} B of gap // {e} B a page pair, x {page_size})"
+    )
     out = sc.extend_batch({"A": 7})
-    sc.snap(f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} from the free "
-            "list of virtual pages; each new virtual page is then bound to a full page at the top and an SWA page "
-            "at the bottom")
+    sc.snap(
+        f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} from the free "
+        "list of virtual pages; each new virtual page is then bound to a full page at the top and an SWA page "
+        "at the bottom"
+    )
     out = sc.extend_batch({"B": 5})
-    sc.snap(f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap between them "
-            f"shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page")
+    sc.snap(
+        f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap between them "
+        f"shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page"
+    )
     lens = {r: sc.reqs[r].kv.kv_allocated_len + 1 for r in ("A", "B")}
     out = sc.decode(["A", "B"])
     opened = [r for r, n in lens.items() if (n - 1) % page_size == 0]
-    sc.snap(f"A decode step: virtual ids {out.tolist()} (chapter 05's alloc_decode); "
-            + (f"{' and '.join(opened)} opened a page, bound on both sides" if opened else
-               "nobody opens a page, so nothing new is bound: each id is last_loc + 1"))
+    sc.snap(
+        f"A decode step: virtual ids {out.tolist()} (chapter 05's alloc_decode); "
+        + (
+            f"{' and '.join(opened)} opened a page, bound on both sides"
+            if opened
+            else "nobody opens a page, so nothing new is bound: each id is last_loc + 1"
+        )
+    )
     gone = sc.release_window("A", window)
-    sc.snap(f"A's next token reads only its last {window}: the SWA pages of {gone} go back (free_swa); their SWA "
-            "v2p entries become -1, their full pages and virtual ids stay, and the freed SWA pages are "
-            "compacted at once")
+    sc.snap(
+        f"A's next token reads only its last {window}: the SWA pages of {gone} go back (free_swa); their SWA "
+        "v2p entries become -1, their full pages and virtual ids stay, and the freed SWA pages are "
+        "compacted at once"
+    )
     a_pages = _pages(sc.slots("A"), page_size)
     sc.finish("A")
-    f = sc.snap(f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side gives up "
-                "move into A's old ones (the black edges), and only the page tables change: B's virtual ids "
-                "in the request table stay as they were")
+    f = sc.snap(
+        f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side gives up "
+        "move into A's old ones (the black edges), and only the page tables change: B's virtual ids "
+        "in the request table stay as they were"
+    )
     moved = [m for m in f.moves if m[0] == "full"]
     if moved:
-        sc.frames[-1] = UnifiedFrame(**{**f.__dict__, "note": "moved: " + ", ".join(
-            f"virtual page {v}: full page {p} -> {q}" for _, v, p, q in moved)})
+        sc.frames[-1] = UnifiedFrame(
+            **{
+                **f.__dict__,
+                "note": "moved: "
+                + ", ".join(
+                    f"virtual page {v}: full page {p} -> {q}" for _, v, p, q in moved
+                ),
+            }
+        )
     want = al.available_size() + page_size
     if sc.extend_batch({"C": want}) is None:
-        sc.snap(f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} tokens of room "
-                f"and virtual ids to spare: the shared gap pays for {al.available_size()} tokens on both sides")
+        sc.snap(
+            f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} tokens of room "
+            f"and virtual ids to spare: the shared gap pays for {al.available_size()} tokens on both sides"
+        )
     out = sc.extend_batch({"C": al.available_size()})
-    sc.snap(f"C takes all {len(out)} that fit: the two frontiers meet and the gap is gone")
+    sc.snap(
+        f"C takes all {len(out)} that fit: the two frontiers meet and the gap is gone"
+    )
     return sc
 
 
 # -- 4. the drawing ---------------------------------------------------------------------------
 
+
 def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
-    grid_axes(ax, f"the byte buffer ({frame.total_bytes} B): SWA pages (hatched) from byte "
-                  f"{frame.reserved_floor}, full pages from the top; gap {frame.gap_bytes} B")
+    grid_axes(
+        ax,
+        f"the byte buffer ({frame.total_bytes} B): SWA pages (hatched) from byte "
+        f"{frame.reserved_floor}, full pages from the top; gap {frame.gap_bytes} B",
+    )
     scale = width / frame.total_bytes
     owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
-    cell(ax, 0, 0, PADDING, "sink", gid="byte:floor", w=frame.reserved_floor * scale, fontsize=6)
+    cell(
+        ax,
+        0,
+        0,
+        PADDING,
+        "sink",
+        gid="byte:floor",
+        w=frame.reserved_floor * scale,
+        fontsize=6,
+    )
     for side, hatch in ((frame.swa, "///"), (frame.full, None)):
         for v, p in side.bound:
             x = p * side.page_bytes * scale
             edge = HIGHLIGHT if (side.name, p) in moved else "white"
-            cell(ax, x, 0, owner_color(owner.get(v)), f"{p}", gid=f"byte:{side.name}:{p}", w=side.page_bytes * scale,
-                 edge=edge, lw=1.6 if edge == HIGHLIGHT else 0.8, hatch=hatch, fontsize=6)
-    lo = frame.swa.used[1] * frame.swa.page_bytes if frame.swa.grow == "up" else frame.full.used[1] * frame.full.page_bytes
+            cell(
+                ax,
+                x,
+                0,
+                owner_color(owner.get(v)),
+                f"{p}",
+                gid=f"byte:{side.name}:{p}",
+                w=side.page_bytes * scale,
+                edge=edge,
+                lw=1.6 if edge == HIGHLIGHT else 0.8,
+                hatch=hatch,
+                fontsize=6,
+            )
+    lo = (
+        frame.swa.used[1] * frame.swa.page_bytes
+        if frame.swa.grow == "up"
+        else frame.full.used[1] * frame.full.page_bytes
+    )
     hi = lo + frame.gap_bytes
     if frame.gap_bytes:
-        cell(ax, lo * scale, 0, FREE, f"gap {frame.gap_bytes} B", gid="byte:gap", w=(hi - lo) * scale, fontsize=7,
-             edge="#999")
+        cell(
+            ax,
+            lo * scale,
+            0,
+            FREE,
+            f"gap {frame.gap_bytes} B",
+            gid="byte:gap",
+            w=(hi - lo) * scale,
+            fontsize=7,
+            edge="#999",
+        )
     step = 1 << max(6, (frame.total_bytes // 6).bit_length() - 1)
     for b in range(0, frame.total_bytes + 1, step):
-        ax.text(b * scale, 1.15, str(b), ha="center", va="top", fontsize=6, color="#666")
-    ax.text(lo * scale, -0.15, f"{frame.swa.name} grows up ->", ha="left", va="bottom", fontsize=7)
-    ax.text(hi * scale, -0.15, f"<- {frame.full.name} grows down", ha="right", va="bottom", fontsize=7)
+        ax.text(
+            b * scale, 1.15, str(b), ha="center", va="top", fontsize=6, color="#666"
+        )
+    ax.text(
+        lo * scale,
+        -0.15,
+        f"{frame.swa.name} grows up ->",
+        ha="left",
+        va="bottom",
+        fontsize=7,
+    )
+    ax.text(
+        hi * scale,
+        -0.15,
+        f"<- {frame.full.name} grows down",
+        ha="right",
+        va="bottom",
+        fontsize=7,
+    )
     ax.set_xlim(-1.5, width + 0.5)
     ax.set_ylim(1.7, -0.8)
 
@@ -230,8 +402,19 @@ def _request_table(ax, frame: UnifiedFrame) -> None:
             first, last = max(v * ps, ids[0]), min(v * ps + ps - 1, ids[-1])
             label = f"{first}" if first == last else f"{first}-{last}"
             new = v in frame.new_pages
-            cell(ax, i * 1.3, y, owner_color(owner), label, gid=f"vpage:{owner}:{i}", w=1.2, fontsize=6,
-                 alpha=1.0 if v in swa_bound else 0.45, edge=HIGHLIGHT if new else "white", lw=1.5 if new else 1)
+            cell(
+                ax,
+                i * 1.3,
+                y,
+                owner_color(owner),
+                label,
+                gid=f"vpage:{owner}:{i}",
+                w=1.2,
+                fontsize=6,
+                alpha=1.0 if v in swa_bound else 0.45,
+                edge=HIGHLIGHT if new else "white",
+                lw=1.5 if new else 1,
+            )
     if not frame.rows:
         ax.text(0, 0.5, "(no request)", fontsize=8, va="center")
     ax.set_xlim(-1.5, 24.5)
@@ -239,12 +422,25 @@ def _request_table(ax, frame: UnifiedFrame) -> None:
 
 
 def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
-    grid_axes(ax, f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)")
+    grid_axes(
+        ax,
+        f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
+    )
     owner, moved = frame.page_owner(), {(m[0], m[1]) for m in frame.moves}
     for i, (v, p) in enumerate(side.bound[:18]):
         edge = HIGHLIGHT if (side.name, v) in moved else "white"
-        cell(ax, i * 1.3, 0, owner_color(owner.get(v)), f"{v}\n{p}", gid=f"v2p:{side.name}:{v}", w=1.2, fontsize=6,
-             edge=edge, lw=1.6 if edge == HIGHLIGHT else 1)
+        cell(
+            ax,
+            i * 1.3,
+            0,
+            owner_color(owner.get(v)),
+            f"{v}\n{p}",
+            gid=f"v2p:{side.name}:{v}",
+            w=1.2,
+            fontsize=6,
+            edge=edge,
+            lw=1.6 if edge == HIGHLIGHT else 1,
+        )
     if not side.bound:
         ax.text(0, 0.5, "(nothing bound)", fontsize=8, va="center")
     ax.set_xlim(-1.5, 24.5)
@@ -254,20 +450,28 @@ def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
 def draw_unified(frame: UnifiedFrame, width: float = 11.5):
     """The buffer with both sub-pools and the gap, the request table (virtual ids; pale: SWA pages
     gone), and the two page tables (virtual page over physical page; black edge: moved or new)."""
-    fig, (bx, rx, fx, sx) = new_figure(width, 4.6, nrows=4, height_ratios=[1.3, 1.6, 0.9, 0.9])
+    fig, (bx, rx, fx, sx) = new_figure(
+        width, 4.6, nrows=4, height_ratios=[1.3, 1.6, 0.9, 0.9]
+    )
     _bytes_lane(bx, frame, 24)
     _request_table(rx, frame)
     _page_table(fx, frame.full, frame)
     _page_table(sx, frame.swa, frame)
     for ax in (bx, rx, fx, sx):
         ax.set_aspect("auto")  # lanes of cells: fill the figure's width
-    fig.suptitle(caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
 # -- 5. the instrument: the learner's own calls on the real unified allocator ------------------------
 
-def svg_unified(frame: UnifiedFrame, readout: str = "hover a page: its side, bytes, virtual page, owner") -> str:
+
+def svg_unified(
+    frame: UnifiedFrame,
+    readout: str = "hover a page: its side, bytes, virtual page, owner",
+) -> str:
     """The frame as inline SVG, every page saying what it is: the byte buffer (both sides and the
     gap), the request table in virtual pages, and each side's page table (virtual -> physical)."""
     from memlab.course.viz.svg import Canvas, Swatch
@@ -279,43 +483,110 @@ def svg_unified(frame: UnifiedFrame, readout: str = "hover a page: its side, byt
     swa_of, full_of = dict(frame.swa.bound), dict(frame.full.bound)
     lane_w = 760.0
     scale = lane_w / frame.total_bytes
-    c.text(4, 14, f"the byte buffer ({frame.total_bytes} B): SWA pages from byte {frame.reserved_floor} up, full pages "
-                  f"from the top down; gap {frame.gap_bytes} B", size=12.5, weight="bold", color="#222")
+    c.text(
+        4,
+        14,
+        f"the byte buffer ({frame.total_bytes} B): SWA pages from byte {frame.reserved_floor} up, full pages "
+        f"from the top down; gap {frame.gap_bytes} B",
+        size=12.5,
+        weight="bold",
+        color="#222",
+    )
     y = 40.0
-    c.cell(4, y, PADDING, "", tip=f"bytes 0-{frame.reserved_floor - 1}: the padding sink (slot 0 of every view)",
-           gid="byte:floor", w=max(frame.reserved_floor * scale, 3), h=30)
+    c.cell(
+        4,
+        y,
+        PADDING,
+        "",
+        tip=f"bytes 0-{frame.reserved_floor - 1}: the padding sink (slot 0 of every view)",
+        gid="byte:floor",
+        w=max(frame.reserved_floor * scale, 3),
+        h=30,
+    )
 
     def vwords(v):
         if v not in rows:
             return f"virtual page {v}"
         o, ids = rows[v]
         mine = [t for t in ids if t // ps == v]
-        return f"virtual page {v} of {o} (virtual ids {mine[0]}-{mine[-1]})" if len(mine) > 1 else \
-            f"virtual page {v} of {o} (virtual id {mine[0]})"
+        return (
+            f"virtual page {v} of {o} (virtual ids {mine[0]}-{mine[-1]})"
+            if len(mine) > 1
+            else f"virtual page {v} of {o} (virtual id {mine[0]})"
+        )
 
     for side in (frame.swa, frame.full):
         for v, p in side.bound:
             lo = p * side.page_bytes
-            edge = dict(stroke=HIGHLIGHT, stroke_width=2.0) if (side.name, p) in moved or v in frame.new_pages else {}
-            how = (" · moved here from page %d by this step" % moved_v[(side.name, v)][2]
-                   if (side.name, v) in moved_v else " · bound by this step" if v in frame.new_pages else "")
-            c.cell(4 + lo * scale, y, owner_color(owner.get(v)), p, gid=f"byte:{side.name}:{p}",
-                   tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- {vwords(v)}{how}",
-                   w=side.page_bytes * scale, h=30, opacity=1.0 if side.name == "full" else 0.75, size=9, **edge)
-    lo = frame.swa.used[1] * frame.swa.page_bytes if frame.swa.grow == "up" else frame.full.used[1] * frame.full.page_bytes
+            edge = (
+                dict(stroke=HIGHLIGHT, stroke_width=2.0)
+                if (side.name, p) in moved or v in frame.new_pages
+                else {}
+            )
+            how = (
+                f" · moved here from page {moved_v[(side.name, v)][2]} by this step"
+                if (side.name, v) in moved_v
+                else " · bound by this step"
+                if v in frame.new_pages
+                else ""
+            )
+            c.cell(
+                4 + lo * scale,
+                y,
+                owner_color(owner.get(v)),
+                p,
+                gid=f"byte:{side.name}:{p}",
+                tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- {vwords(v)}{how}",
+                w=side.page_bytes * scale,
+                h=30,
+                opacity=1.0 if side.name == "full" else 0.75,
+                size=9,
+                **edge,
+            )
+    lo = (
+        frame.swa.used[1] * frame.swa.page_bytes
+        if frame.swa.grow == "up"
+        else frame.full.used[1] * frame.full.page_bytes
+    )
     if frame.gap_bytes:
-        c.cell(4 + lo * scale, y, FREE, f"gap {frame.gap_bytes} B" if frame.gap_bytes * scale > 70 else "",
-               gid="byte:gap", w=frame.gap_bytes * scale, h=30, stroke="#999",
-               tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where both sides grow; "
-                   f"{frame.joint_available} tokens fit with a full AND an SWA slot each")
+        c.cell(
+            4 + lo * scale,
+            y,
+            FREE,
+            f"gap {frame.gap_bytes} B" if frame.gap_bytes * scale > 70 else "",
+            gid="byte:gap",
+            w=frame.gap_bytes * scale,
+            h=30,
+            stroke="#999",
+            tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where both sides grow; "
+            f"{frame.joint_available} tokens fit with a full AND an SWA slot each",
+        )
     # each label outside the gap, at its side's frontier: they cannot overlap however narrow the gap
     up, down = f"{frame.swa.name} grows up ->", f"<- {frame.full.name} grows down"
-    c.text(max(4 + lo * scale, 4 + 6.2 * len(up)), y + 44, up, size=10, anchor="end", color="#444")
-    c.text(min(4 + (lo + frame.gap_bytes) * scale, 4 + lane_w - 6.2 * len(down)), y + 44, down, size=10,
-           color="#444")
+    c.text(
+        max(4 + lo * scale, 4 + 6.2 * len(up)),
+        y + 44,
+        up,
+        size=10,
+        anchor="end",
+        color="#444",
+    )
+    c.text(
+        min(4 + (lo + frame.gap_bytes) * scale, 4 + lane_w - 6.2 * len(down)),
+        y + 44,
+        down,
+        size=10,
+        color="#444",
+    )
     y += 62
-    c.text(4, y + 13, "request table: virtual ids, one cell per virtual page (pale: its SWA page is gone)",
-           size=12.5, weight="bold", color="#222")
+    c.text(
+        4,
+        y + 13,
+        "request table: virtual ids, one cell per virtual page (pale: its SWA page is gone)",
+        size=12.5,
+        weight="bold",
+        color="#222",
+    )
     y += 22
     for o, ids in frame.rows:
         c.text(30, y + 15, o, size=11, anchor="end", color="#444")
@@ -323,31 +594,77 @@ def svg_unified(frame: UnifiedFrame, readout: str = "hover a page: its side, byt
             mine = [t for t in ids if t // ps == v]
             label = f"{mine[0]}" if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
             swa = swa_of.get(v, -1)
-            tip = (f"{o} · {vwords(v)} -> full page {full_of.get(v)}, "
-                   + (f"SWA page {swa}" if swa > 0 else "SWA page gone (out of the window; v2p = -1)"))
-            edge = dict(stroke=HIGHLIGHT, stroke_width=2.0) if v in frame.new_pages else {}
-            c.cell(36 + i * 46, y, owner_color(o), label, tip=tip, gid=f"vpage:{o}:{i}", w=44,
-                   opacity=1.0 if swa > 0 else 0.4, size=9, **edge)
+            tip = f"{o} · {vwords(v)} -> full page {full_of.get(v)}, " + (
+                f"SWA page {swa}"
+                if swa > 0
+                else "SWA page gone (out of the window; v2p = -1)"
+            )
+            edge = (
+                dict(stroke=HIGHLIGHT, stroke_width=2.0) if v in frame.new_pages else {}
+            )
+            c.cell(
+                36 + i * 46,
+                y,
+                owner_color(o),
+                label,
+                tip=tip,
+                gid=f"vpage:{o}:{i}",
+                w=44,
+                opacity=1.0 if swa > 0 else 0.4,
+                size=9,
+                **edge,
+            )
         y += CELL_H
     if not frame.rows:
         c.text(36, y + 14, "(no request)", size=11, color="#777")
         y += CELL_H
     for side in (frame.full, frame.swa):
         y += 8
-        c.text(4, y + 13, f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
-               size=12.5, weight="bold", color="#222")
+        c.text(
+            4,
+            y + 13,
+            f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
+            size=12.5,
+            weight="bold",
+            color="#222",
+        )
         y += 20
         for i, (v, p) in enumerate(side.bound):
             line, col = divmod(i, 16)
-            edge = dict(stroke=HIGHLIGHT, stroke_width=2.0) if (side.name, v) in moved_v else {}
-            c.cell(4 + col * 46, y + line * CELL_H, owner_color(owner.get(v)), f"{v}→{p}", gid=f"v2p:{side.name}:{v}",
-                   tip=f"{side.name} v2p[{v}] = {p}: {vwords(v)} lives in {side.name} page {p}", w=44, size=9, **edge)
+            edge = (
+                dict(stroke=HIGHLIGHT, stroke_width=2.0)
+                if (side.name, v) in moved_v
+                else {}
+            )
+            c.cell(
+                4 + col * 46,
+                y + line * CELL_H,
+                owner_color(owner.get(v)),
+                f"{v}→{p}",
+                gid=f"v2p:{side.name}:{v}",
+                tip=f"{side.name} v2p[{v}] = {p}: {vwords(v)} lives in {side.name} page {p}",
+                w=44,
+                size=9,
+                **edge,
+            )
         if not side.bound:
             c.text(4, y + 14, "(nothing bound)", size=11, color="#777")
         y += max(1, -(-len(side.bound) // 16)) * CELL_H
-    c.legend(4, y + 6, [Swatch("bound or moved by the last call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2),
-                        Swatch("gap", FREE), Swatch("padding sink", PADDING),
-                        Swatch("SWA page gone", "#4e79a7", opacity=0.4)])
+    c.legend(
+        4,
+        y + 6,
+        [
+            Swatch(
+                "bound or moved by the last call",
+                "#ffffff",
+                stroke=HIGHLIGHT,
+                stroke_width=2,
+            ),
+            Swatch("gap", FREE),
+            Swatch("padding sink", PADDING),
+            Swatch("SWA page gone", "#4e79a7", opacity=0.4),
+        ],
+    )
     return c.html()
 
 
@@ -368,17 +685,26 @@ def _mark(step, before: UnifiedFrame, sc) -> None:
 def _op_u_extend(sc, step, request, tokens) -> None:
     """A prefill (or the next chunk) through ``alloc_for_extend``: the recorded ``alloc_extend``."""
     before = sc.books()
-    step.call = spell("alloc_for_extend", Verbatim("req_to_token_pool"), Verbatim("allocator"),
-                      reqs=Verbatim(f"[{request}]"), extend_lens=[tokens])
+    step.call = spell(
+        "alloc_for_extend",
+        Verbatim("req_to_token_pool"),
+        Verbatim("allocator"),
+        reqs=Verbatim(f"[{request}]"),
+        extend_lens=[tokens],
+    )
     with recording(sc.allocator, "alloc_extend") as calls:
         out = sc.extend_batch({request: tokens})
     if calls:
-        step.call = f"# {step.call} called:\n" + spell("allocator.alloc_extend", **calls[0]["args"])
+        step.call = f"# {step.call} called:\n" + spell(
+            "allocator.alloc_extend", **calls[0]["args"]
+        )
     step.result = spell_value(out)
     if out is None:
-        step.refuse(f"refused (the library returns None): {tokens} tokens asked, available_size() = "
-                    f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the shared gap); "
-                    "nothing was taken")
+        step.refuse(
+            f"refused (the library returns None): {tokens} tokens asked, available_size() = "
+            f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the shared gap); "
+            "nothing was taken"
+        )
         return
     _mark(step, before, sc)
     step.caption = f"{request} +{tokens}: virtual ids {out.tolist()}"
@@ -392,11 +718,19 @@ def _op_u_decode(sc, step, requests) -> None:
     before = sc.books()
     with recording(sc.allocator, "alloc_decode") as calls:
         out = sc.decode(requests)
-    step.call = (f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) called:\n"
-                 + spell("allocator.alloc_decode", **calls[0]["args"])) if calls else "alloc_for_decode(...)"
+    step.call = (
+        (
+            f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) called:\n"
+            + spell("allocator.alloc_decode", **calls[0]["args"])
+        )
+        if calls
+        else "alloc_for_decode(...)"
+    )
     step.result = spell_value(out)
     if out is None:
-        step.refuse(f"refused (the library returns None): available_size() = {sc.allocator.available_size()}")
+        step.refuse(
+            f"refused (the library returns None): available_size() = {sc.allocator.available_size()}"
+        )
         return
     _mark(step, before, sc)
     step.caption = f"decode {', '.join(requests)}: virtual ids {out.tolist()}"
@@ -409,11 +743,20 @@ def _op_u_window(sc, step, request, window) -> None:
     before = sc.books()
     with recording(sc.allocator, "free_swa") as calls:
         gone = sc.release_window(request, window)
-    step.call = (spell("allocator.free_swa", calls[0]["args"]["free_index"]) if calls
-                 else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)")
-    step.result = f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay" if gone else "no call"
+    step.call = (
+        spell("allocator.free_swa", calls[0]["args"]["free_index"])
+        if calls
+        else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)"
+    )
+    step.result = (
+        f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay"
+        if gone
+        else "no call"
+    )
     _mark(step, before, sc)
-    step.caption = f"{request}'s window of {window}: " + (f"{gone} leave the SWA side" if gone else "nothing leaves")
+    step.caption = f"{request}'s window of {window}: " + (
+        f"{gone} leave the SWA side" if gone else "nothing leaves"
+    )
 
 
 def _op_u_free(sc, step, request) -> None:
@@ -424,75 +767,148 @@ def _op_u_free(sc, step, request) -> None:
     with recording(sc.allocator, "free_segment") as calls:
         sc.finish(request)
     for c in calls:
-        step.call += "\n# called " + spell("allocator.free_segment", **c["args"]).replace("\n", "\n#   ")
+        step.call += "\n# called " + spell(
+            "allocator.free_segment", **c["args"]
+        ).replace("\n", "\n#   ")
     _mark(step, before, sc)
     moves = [m for m in step.marks["moves"]]
-    step.result = (f"virtual pages {pages} back; " + (", ".join(f"{s} page {a} -> {b} (virtual page {v})"
-                                                              for s, v, a, b in moves) if moves else "nothing moved"))
-    step.caption = f"{request} finishes: virtual pages {pages} back" + (f"; {len(moves)} page(s) moved" if moves else "")
+    step.result = f"virtual pages {pages} back; " + (
+        ", ".join(f"{s} page {a} -> {b} (virtual page {v})" for s, v, a, b in moves)
+        if moves
+        else "nothing moved"
+    )
+    step.caption = f"{request} finishes: virtual pages {pages} back" + (
+        f"; {len(moves)} page(s) moved" if moves else ""
+    )
 
 
 def unified_books_dict(sc) -> dict:
     al = sc.allocator
     fa, sa = al.full_attn_allocator, al.swa_attn_allocator
-    out = {"available_size()": al.available_size(), "full_available_size()": al.full_available_size(),
-           "swa_available_size()": al.swa_available_size(), "gap bytes": fa._current_gap_bytes(),
-           "full used pages": list(fa.used_page_range()), "swa used pages": list(sa.used_page_range())}
+    out = {
+        "available_size()": al.available_size(),
+        "full_available_size()": al.full_available_size(),
+        "swa_available_size()": al.swa_available_size(),
+        "gap bytes": fa._current_gap_bytes(),
+        "full used pages": list(fa.used_page_range()),
+        "swa used pages": list(sa.used_page_range()),
+    }
     ps = al.page_size
     full_v2p, swa_v2p = fa.virtual_to_physical.tolist(), sa.virtual_to_physical.tolist()
     for rid in sc.reqs:
         vp = _pages(sc.slots(rid), ps)
-        out[f"request {rid}"] = dict(tokens=len(sc.slots(rid)), virtual_pages=vp, full=[full_v2p[v] for v in vp],
-                                     swa=[swa_v2p[v] for v in vp])
+        out[f"request {rid}"] = dict(
+            tokens=len(sc.slots(rid)),
+            virtual_pages=vp,
+            full=[full_v2p[v] for v in vp],
+            swa=[swa_v2p[v] for v in vp],
+        )
     return out
 
 
 def unified_opening(page_size: int = 2, window: int = 4) -> list:
     """``unified_story``'s steps as the instrument's operations (C takes what fits at the end)."""
     c = unified_story(page_size, window).reqs["C"].kv.kv_allocated_len
-    return [("extend", dict(request="A", tokens=7)), ("extend", dict(request="B", tokens=5)),
-            ("decode", dict(requests=["A", "B"])), ("window", dict(win_request="A", window=window)),
-            ("free", dict(free_request="A")), ("extend", dict(request="C", tokens=c))]
+    return [
+        ("extend", dict(request="A", tokens=7)),
+        ("extend", dict(request="B", tokens=5)),
+        ("decode", dict(requests=["A", "B"])),
+        ("window", dict(win_request="A", window=window)),
+        ("free", dict(free_request="A")),
+        ("extend", dict(request="C", tokens=c)),
+    ]
 
 
 def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
     """Chapter 12: prefill or extend a request, decode, let a window go (``free_swa``), free a request
     (its pages compacted at once): on the real unified allocator, opening on the story's last state."""
     import ipywidgets as W
-    from memlab.course.viz.instrument import Field, Instrument, Operation, integer, names
+
+    from memlab.course.viz.instrument import (
+        Field,
+        Instrument,
+        Operation,
+        integer,
+        names,
+    )
 
     def box(name, value, width="150px"):
-        return W.Text(value=value, description=name, layout=W.Layout(width=width),
-                      style={"description_width": "initial"}, continuous_update=False)
+        return W.Text(
+            value=value,
+            description=name,
+            layout=W.Layout(width=width),
+            style={"description_width": "initial"},
+            continuous_update=False,
+        )
 
     def who(label):
         return W.Dropdown(description=label, layout=W.Layout(width="150px"))
 
     held = lambda sc: list(sc.reqs)  # noqa: E731
-    ops = [Operation("extend", _op_u_extend, [Field("request", box("request", "D", "120px"), str),
-                                              Field("tokens", box("tokens", "3", "100px"), integer)],
-                     label="alloc_extend", help="alloc_for_extend: a new request's prompt, or a chunk more"),
-           Operation("decode", _op_u_decode, [Field("requests", box("decode", "B, C"), names)],
-                     label="alloc_decode", help="one decode step for these requests"),
-           Operation("window", lambda sc, step, win_request, window: _op_u_window(sc, step, win_request, window),
-                     [Field("win_request", who("window of"), str, options=held),
-                      Field("window", box("window", str(window), "100px"), integer)],
-                     label="free_swa (window)", help="the tokens before the last `window` leave the SWA side"),
-           Operation("free", lambda sc, step, free_request: _op_u_free(sc, step, free_request),
-                     [Field("free_request", who("free"), str, options=held)],
-                     label="free request", help="release_kv_cache: both sides' pages back, compacted at once")]
+    ops = [
+        Operation(
+            "extend",
+            _op_u_extend,
+            [
+                Field("request", box("request", "D", "120px"), str),
+                Field("tokens", box("tokens", "3", "100px"), integer),
+            ],
+            label="alloc_extend",
+            help="alloc_for_extend: a new request's prompt, or a chunk more",
+        ),
+        Operation(
+            "decode",
+            _op_u_decode,
+            [Field("requests", box("decode", "B, C"), names)],
+            label="alloc_decode",
+            help="one decode step for these requests",
+        ),
+        Operation(
+            "window",
+            lambda sc, step, win_request, window: _op_u_window(
+                sc, step, win_request, window
+            ),
+            [
+                Field("win_request", who("window of"), str, options=held),
+                Field("window", box("window", str(window), "100px"), integer),
+            ],
+            label="free_swa (window)",
+            help="the tokens before the last `window` leave the SWA side",
+        ),
+        Operation(
+            "free",
+            lambda sc, step, free_request: _op_u_free(sc, step, free_request),
+            [Field("free_request", who("free"), str, options=held)],
+            label="free request",
+            help="release_kv_cache: both sides' pages back, compacted at once",
+        ),
+    ]
 
     def draw(sc, step):
         f = sc.books()
         marks = step.marks if step is not None else {}
-        return svg_unified(UnifiedFrame(**{**f.__dict__, "moves": tuple(marks.get("moves", ())),
-                                           "new_pages": frozenset(marks.get("new_pages", ()))}))
+        return svg_unified(
+            UnifiedFrame(
+                **{
+                    **f.__dict__,
+                    "moves": tuple(marks.get("moves", ())),
+                    "new_pages": frozenset(marks.get("new_pages", ())),
+                }
+            )
+        )
 
     def build():
         return unified_scene(page_size)
 
     from memlab.course.viz.token_books import fit_buttons
 
-    return fit_buttons(Instrument(build, ops, draw, unified_books_dict,
-                                  opening=unified_opening(page_size, window) if opening is None else opening,
-                                  title="the unified pool: your own requests in one buffer"))
+    return fit_buttons(
+        Instrument(
+            build,
+            ops,
+            draw,
+            unified_books_dict,
+            opening=unified_opening(page_size, window) if opening is None else opening,
+            title="the unified pool: your own requests in one buffer",
+        )
+    )

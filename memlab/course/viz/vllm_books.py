@@ -12,7 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memlab.common.utils import ceil_div
-from memlab.course.viz.style import FREE, HIGHLIGHT, NULL, caption_text, cell, grid_axes, new_figure, owner_color
+from memlab.course.viz.style import (
+    FREE,
+    HIGHLIGHT,
+    NULL,
+    caption_text,
+    cell,
+    grid_axes,
+    new_figure,
+    owner_color,
+)
 from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
@@ -22,6 +31,7 @@ EVICTED = "#e15759"
 
 # -- 1. the snapshot --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class VllmBooks:
     caption: str
@@ -30,11 +40,17 @@ class VllmBooks:
     null_block: int
     queue: tuple[int, ...]  # the free queue, head (reused first) to tail
     ref_cnt: tuple[int, ...]  # per block id
-    hashes: dict = field(default_factory=dict)  # block id -> short label of the hash it carries
-    req_blocks: dict = field(default_factory=dict)  # request id -> its block ids, block-table order
+    hashes: dict = field(
+        default_factory=dict
+    )  # block id -> short label of the hash it carries
+    req_blocks: dict = field(
+        default_factory=dict
+    )  # request id -> its block ids, block-table order
     new: frozenset = frozenset()  # blocks popped from the free queue by this step
     hit: frozenset = frozenset()  # blocks a prefix-cache hit took by this step
-    evicted: frozenset = frozenset()  # blocks whose hash this step dropped (lazy eviction)
+    evicted: frozenset = (
+        frozenset()
+    )  # blocks whose hash this step dropped (lazy eviction)
     note: str = ""
 
     def owner(self, block_id: int) -> str | None:
@@ -44,11 +60,16 @@ class VllmBooks:
 
 # -- 2. the scene -----------------------------------------------------------------------------
 
+
 class VllmScene:
     """A KVCacheManager driven like vLLM's scheduler: arrive (lookup, allocate), decode, finish."""
 
-    def __init__(self, num_blocks: int, block_size: int = 4, enable_caching: bool = True):
-        self.manager = KVCacheManager(num_blocks, block_size=block_size, enable_caching=enable_caching)
+    def __init__(
+        self, num_blocks: int, block_size: int = 4, enable_caching: bool = True
+    ):
+        self.manager = KVCacheManager(
+            num_blocks, block_size=block_size, enable_caching=enable_caching
+        )
         self.requests: dict[str, Request] = {}
         self.frames: list[VllmBooks] = []
         self._labels: dict = {}  # hash -> "h1", "h2", ... in order of first appearance
@@ -56,17 +77,32 @@ class VllmScene:
     def label(self, block_hash) -> str:
         return self._labels.setdefault(block_hash, f"h{len(self._labels) + 1}")
 
-    def books(self, caption: str, new=(), hit=(), evicted=(), note: str = "") -> VllmBooks:
+    def books(
+        self, caption: str, new=(), hit=(), evicted=(), note: str = ""
+    ) -> VllmBooks:
         pool = self.manager.block_pool
         for r in self.requests.values():  # label hashes in the order requests made them
             for h in r.block_hashes:
                 self.label(h)
-        hashes = {b.block_id: self.label(b.block_hash) for b in pool.blocks if b.block_hash is not None}
-        return VllmBooks(caption, self.manager.block_size, pool.num_gpu_blocks, pool.null_block.block_id,
-                         tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
-                         tuple(b.ref_cnt for b in pool.blocks), hashes,
-                         {rid: tuple(self.manager.get_block_ids(rid)) for rid in self.requests},
-                         frozenset(new), frozenset(hit), frozenset(evicted), note)
+        hashes = {
+            b.block_id: self.label(b.block_hash)
+            for b in pool.blocks
+            if b.block_hash is not None
+        }
+        return VllmBooks(
+            caption,
+            self.manager.block_size,
+            pool.num_gpu_blocks,
+            pool.null_block.block_id,
+            tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+            tuple(b.ref_cnt for b in pool.blocks),
+            hashes,
+            {rid: tuple(self.manager.get_block_ids(rid)) for rid in self.requests},
+            frozenset(new),
+            frozenset(hit),
+            frozenset(evicted),
+            note,
+        )
 
     def snap(self, caption: str, **kw) -> VllmBooks:
         b = self.books(caption, **kw)
@@ -75,8 +111,14 @@ class VllmScene:
 
     def arrive(self, rid: str, token_ids) -> dict | None:
         """Look the prompt up in the prefix cache, then allocate its blocks; None when short."""
-        req = Request(rid, list(token_ids), block_hasher=self.manager.request_block_hasher)
-        hashed_before = {b.block_id for b in self.manager.block_pool.blocks if b.block_hash is not None}
+        req = Request(
+            rid, list(token_ids), block_hasher=self.manager.request_block_hasher
+        )
+        hashed_before = {
+            b.block_id
+            for b in self.manager.block_pool.blocks
+            if b.block_hash is not None
+        }
         hits, n = self.manager.get_computed_blocks(req)
         new = self.manager.allocate_slots(req, req.num_tokens - n, n, hits)
         if new is None:
@@ -84,8 +126,12 @@ class VllmScene:
         req.num_computed_tokens = req.num_tokens
         self.requests[rid] = req
         new_ids = [b.block_id for b in new]  # in the order they left the free queue
-        return dict(hit={b.block_id for b in hits}, new=new_ids, hit_tokens=n,
-                    evicted={b for b in new_ids if b in hashed_before})
+        return dict(
+            hit={b.block_id for b in hits},
+            new=new_ids,
+            hit_tokens=n,
+            evicted={b for b in new_ids if b in hashed_before},
+        )
 
     def decode(self, rid: str, token_id: int) -> set[int] | None:
         req = self.requests[rid]
@@ -104,21 +150,40 @@ class VllmScene:
 
 # -- 3. the chapter's story -------------------------------------------------------------------
 
-def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4) -> VllmScene:
+
+def prefix_cache(
+    enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4
+) -> VllmScene:
     """Chapter 06: vLLM's block pool; a prefix hit, reverse-order frees, lazy eviction."""
     sc = VllmScene(num_blocks, block_size, enable_caching)
     mode = "prefix caching on" if enable_caching else "prefix caching off"
-    sc.snap(f"{mode}: block 0 is the null block, popped at start; blocks 1..{num_blocks - 1} are free")
+    sc.snap(
+        f"{mode}: block 0 is the null block, popped at start; blocks 1..{num_blocks - 1} are free"
+    )
 
     def arrive(rid, tokens, what):
         r = sc.arrive(rid, tokens)
         if r is None:
-            sc.snap(f"{rid} needs more blocks than are free: allocate_slots returns None, nothing changes")
+            sc.snap(
+                f"{rid} needs more blocks than are free: allocate_slots returns None, nothing changes"
+            )
             return
-        hit = f"; {r['hit_tokens']} tokens hit the cache (blocks {sorted(r['hit'])})" if r["hit"] else ""
-        ev = f"; block {sorted(r['evicted'])} still carried a hash: evicted now" if r["evicted"] else ""
-        sc.snap(f"{rid} arrives with {len(tokens)} tokens{what}: new blocks {r['new']}{hit}{ev}",
-                new=r["new"], hit=r["hit"], evicted=r["evicted"])
+        hit = (
+            f"; {r['hit_tokens']} tokens hit the cache (blocks {sorted(r['hit'])})"
+            if r["hit"]
+            else ""
+        )
+        ev = (
+            f"; block {sorted(r['evicted'])} still carried a hash: evicted now"
+            if r["evicted"]
+            else ""
+        )
+        sc.snap(
+            f"{rid} arrives with {len(tokens)} tokens{what}: new blocks {r['new']}{hit}{ev}",
+            new=r["new"],
+            hit=r["hit"],
+            evicted=r["evicted"],
+        )
 
     prompt = list(range(10))
     arrive("A", prompt, "")
@@ -127,25 +192,36 @@ def prefix_cache(enable_caching: bool = True, num_blocks: int = 12, block_size: 
     full_before, full = len(prompt) // block_size, (len(prompt) + 2) // block_size
     if full > full_before:
         chained = f" (chained on the {full - 1} before it)" if full > 1 else ""
-        sc.snap(f"A decodes 2 tokens: its block number {full} fills up"
-                + (f" and gets a hash{chained}" if enable_caching else ""))
+        sc.snap(
+            f"A decodes 2 tokens: its block number {full} fills up"
+            + (f" and gets a hash{chained}" if enable_caching else "")
+        )
     else:
         sc.snap("A decodes 2 tokens: no block of A's fills up")
     freed = sc.finish("A")
-    where = ("in reverse, hashed ones to the TAIL: the prefix's end will be evicted before its start"
-             if enable_caching else "in reverse, to the head (nothing is cached)")
+    where = (
+        "in reverse, hashed ones to the TAIL: the prefix's end will be evicted before its start"
+        if enable_caching
+        else "in reverse, to the head (nothing is cached)"
+    )
     sc.snap(f"A finishes: blocks {freed[::-1]} are freed {where}")
     arrive("B", prompt[:8] + [50, 51, 52], " (its first 8 are A's)")
     arrive("C", list(range(200, 224)), "")
     arrive("D", list(range(300, 308)), "")
     freed = sc.finish("B")
-    sc.snap(f"B finishes: reversed {freed[::-1]}; "
-            + ("the unhashed partial block goes to the head, hashed ones to the tail" if enable_caching
-               else "all to the head, in that order"))
+    sc.snap(
+        f"B finishes: reversed {freed[::-1]}; "
+        + (
+            "the unhashed partial block goes to the head, hashed ones to the tail"
+            if enable_caching
+            else "all to the head, in that order"
+        )
+    )
     return sc
 
 
 # -- 4. the drawing ---------------------------------------------------------------------------
+
 
 def _block_fill(books: VllmBooks, b: int):
     if b == books.null_block:
@@ -157,25 +233,54 @@ def _block_fill(books: VllmBooks, b: int):
 
 def draw_vllm(books: VllmBooks, width: float = 11.0):
     """Blocks (top left), each request's blocks (top right), the free queue head -> tail (bottom)."""
-    fig, axes = new_figure(width, 4.2, ncols=2, nrows=2, height_ratios=[2.2, 1],
-                           width_ratios=[1, 1])
+    fig, axes = new_figure(
+        width, 4.2, ncols=2, nrows=2, height_ratios=[2.2, 1], width_ratios=[1, 1]
+    )
     pool_ax, table_ax = axes[0]
     gs = axes[1, 0].get_gridspec()
     axes[1, 0].remove()
     axes[1, 1].remove()
     queue_ax = fig.add_subplot(gs[1, :])
 
-    grid_axes(pool_ax, f"block pool: {books.num_blocks} blocks of {books.block_size} tokens")
+    grid_axes(
+        pool_ax, f"block pool: {books.num_blocks} blocks of {books.block_size} tokens"
+    )
     per_line = 8
     for b in range(books.num_blocks):
         y, x = divmod(b, per_line)
         fill, _ = _block_fill(books, b)
-        label = "null" if b == books.null_block else f"{b}\n{books.hashes.get(b, '')}".rstrip()
-        edge = EVICTED if b in books.evicted else HIGHLIGHT if b in books.new | books.hit else "white"
-        cell(pool_ax, x * 1.1, y * 1.1, fill, label, gid=f"block:{b}", edge=edge,
-             lw=2 if edge != "white" else 1, hatch="///" if b in books.hit else None)
+        label = (
+            "null"
+            if b == books.null_block
+            else f"{b}\n{books.hashes.get(b, '')}".rstrip()
+        )
+        edge = (
+            EVICTED
+            if b in books.evicted
+            else HIGHLIGHT
+            if b in books.new | books.hit
+            else "white"
+        )
+        cell(
+            pool_ax,
+            x * 1.1,
+            y * 1.1,
+            fill,
+            label,
+            gid=f"block:{b}",
+            edge=edge,
+            lw=2 if edge != "white" else 1,
+            hatch="///" if b in books.hit else None,
+        )
         if books.ref_cnt[b] > 1:
-            pool_ax.text(x * 1.1 + 0.95, y * 1.1 + 0.1, f"x{books.ref_cnt[b]}", fontsize=6, ha="right", va="top")
+            pool_ax.text(
+                x * 1.1 + 0.95,
+                y * 1.1 + 0.1,
+                f"x{books.ref_cnt[b]}",
+                fontsize=6,
+                ha="right",
+                va="top",
+            )
     lines = ceil_div(books.num_blocks, per_line)
     pool_ax.set_xlim(-0.2, per_line * 1.1)
     pool_ax.set_ylim(lines * 1.1 + 0.1, -0.4)
@@ -185,38 +290,65 @@ def draw_vllm(books: VllmBooks, width: float = 11.0):
         table_ax.text(-0.2, i * 1.2 + 0.5, rid, ha="right", va="center", fontsize=8)
         for j, b in enumerate(ids):
             fill = NULL if b == books.null_block else owner_color(rid)
-            cell(table_ax, j, i * 1.2, fill, b, gid=f"table:{rid}:{j}", hatch="///" if b in books.hit else None)
+            cell(
+                table_ax,
+                j,
+                i * 1.2,
+                fill,
+                b,
+                gid=f"table:{rid}:{j}",
+                hatch="///" if b in books.hit else None,
+            )
     if not books.req_blocks:
         table_ax.text(0, 0.5, "(no running request)", fontsize=8, va="center")
     cols = max([len(v) for v in books.req_blocks.values()] + [8])
     table_ax.set_xlim(-1.2, cols + 0.2)
     table_ax.set_ylim(max(len(books.req_blocks), 2) * 1.2, -0.4)
 
-    grid_axes(queue_ax, "free queue: head (reused, and evicted, first) <-> ... <-> tail")
+    grid_axes(
+        queue_ax, "free queue: head (reused, and evicted, first) <-> ... <-> tail"
+    )
     for i, b in enumerate(books.queue):
         fill, _ = _block_fill(books, b)
-        cell(queue_ax, i * 1.6, 0, fill, f"{b}\n{books.hashes.get(b, '')}".rstrip(), gid=f"queue:{i}:{b}",
-             w=1.1, edge="#999")
+        cell(
+            queue_ax,
+            i * 1.6,
+            0,
+            fill,
+            f"{b}\n{books.hashes.get(b, '')}".rstrip(),
+            gid=f"queue:{i}:{b}",
+            w=1.1,
+            edge="#999",
+        )
         if i:
-            queue_ax.annotate("", xy=(i * 1.6, 0.5), xytext=(i * 1.6 - 0.5, 0.5),
-                              arrowprops=dict(arrowstyle="<->", lw=0.8, color="#666"))
+            queue_ax.annotate(
+                "",
+                xy=(i * 1.6, 0.5),
+                xytext=(i * 1.6 - 0.5, 0.5),
+                arrowprops=dict(arrowstyle="<->", lw=0.8, color="#666"),
+            )
     if not books.queue:
         queue_ax.text(0, 0.5, "(empty)", fontsize=8, va="center")
     queue_ax.set_xlim(-0.3, max(len(books.queue), 12) * 1.6)
     queue_ax.set_ylim(1.3, -0.4)
-    fig.suptitle(caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 
 # -- 5. the instrument: the learner's own prompts on a real KVCacheManager --------------------
 
-STORY_STEPS = (("submit", dict(request="A", prompt="0 1 2 3 4 5 6 7 8 9")),
-               ("decode", dict(request="A", tokens="100")), ("decode", dict(request="A", tokens="101")),
-               ("finish", dict(request="A")),
-               ("submit", dict(request="B", prompt="0 1 2 3 4 5 6 7 50 51 52")),
-               ("submit", dict(request="C", prompt=" ".join(map(str, range(200, 224))))),
-               ("submit", dict(request="D", prompt=" ".join(map(str, range(300, 308))))),
-               ("finish", dict(request="B")))  # prefix_cache(True)'s steps, in the instrument's words
+STORY_STEPS = (
+    ("submit", dict(request="A", prompt="0 1 2 3 4 5 6 7 8 9")),
+    ("decode", dict(request="A", tokens="100")),
+    ("decode", dict(request="A", tokens="101")),
+    ("finish", dict(request="A")),
+    ("submit", dict(request="B", prompt="0 1 2 3 4 5 6 7 50 51 52")),
+    ("submit", dict(request="C", prompt=" ".join(map(str, range(200, 224))))),
+    ("submit", dict(request="D", prompt=" ".join(map(str, range(300, 308))))),
+    ("finish", dict(request="B")),
+)  # prefix_cache(True)'s steps, in the instrument's words
 
 
 def prompt_ids(sc: VllmScene, text) -> list[int]:
@@ -254,31 +386,48 @@ def _op_submit(sc: VllmScene, step, request, prompt) -> None:
     if not request or not str(request).isidentifier():
         raise InputError(f"request id {request!r}: type a short name such as E")
     if request in sc.requests:
-        raise InputError(f"request {request!r} is running: finish it first (a request id is unique)")
+        raise InputError(
+            f"request {request!r} is running: finish it first (a request id is unique)"
+        )
     tokens = prompt_ids(sc, prompt)
     step.call = f"req = Request({request!r}, {spell_value(tokens)}, block_hasher=manager.request_block_hasher)"
     m = sc.manager
-    with recording(m, "get_computed_blocks") as looked, recording(m, "allocate_slots") as alloc:
+    with (
+        recording(m, "get_computed_blocks") as looked,
+        recording(m, "allocate_slots") as alloc,
+    ):
         got = sc.arrive(request, tokens)
     if looked:
         hits, n = looked[0]["result"]
-        step.call += (f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, {n} tokens")
+        step.call += f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, {n} tokens"
     if alloc:
         a = alloc[0]["args"]
-        step.call += (f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, {a.get('num_new_computed_tokens', 0)}"
-                      + (", hits)" if a.get("new_computed_blocks") else ")"))
+        step.call += (
+            f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, {a.get('num_new_computed_tokens', 0)}"
+            + (", hits)" if a.get("new_computed_blocks") else ")")
+        )
         new = alloc[0]["result"]
         step.result = "None" if new is None else f"blocks {_ids(new)}"
     if got is None:
         pool = m.block_pool
-        step.refuse(f"refused (allocate_slots returns None): the prompt needs more blocks than the "
-                    f"{pool.get_num_free_blocks()} free (get_num_free_blocks()); nothing was taken")
+        step.refuse(
+            f"refused (allocate_slots returns None): the prompt needs more blocks than the "
+            f"{pool.get_num_free_blocks()} free (get_num_free_blocks()); nothing was taken"
+        )
         return
-    sc.books("")  # names the new hashes h1, h2, ... in the order they appear, as the story does
+    sc.books(
+        ""
+    )  # names the new hashes h1, h2, ... in the order they appear, as the story does
     step.marks = dict(new=set(got["new"]), hit=got["hit"], evicted=got["evicted"])
-    ev = f"; block {sorted(got['evicted'])} carried a hash: evicted" if got["evicted"] else ""
-    step.caption = (f"{request} arrives with {len(tokens)} tokens: {got['hit_tokens']} hit (blocks "
-                    f"{sorted(got['hit'])}), new blocks {got['new']}{ev}")
+    ev = (
+        f"; block {sorted(got['evicted'])} carried a hash: evicted"
+        if got["evicted"]
+        else ""
+    )
+    step.caption = (
+        f"{request} arrives with {len(tokens)} tokens: {got['hit_tokens']} hit (blocks "
+        f"{sorted(got['hit'])}), new blocks {got['new']}{ev}"
+    )
 
 
 def _op_decode(sc: VllmScene, step, request, tokens) -> None:
@@ -291,7 +440,9 @@ def _op_decode(sc: VllmScene, step, request, tokens) -> None:
     if not ids:
         raise InputError("type at least one token to decode")
     req = sc.requests[request]
-    hashed_before = {b.block_id for b in sc.manager.block_pool.blocks if b.block_hash is not None}
+    hashed_before = {
+        b.block_id for b in sc.manager.block_pool.blocks if b.block_hash is not None
+    }
     lines, new_all, done = [], [], 0
     with recording(sc.manager, "allocate_slots") as calls:
         for t in ids:
@@ -304,17 +455,23 @@ def _op_decode(sc: VllmScene, step, request, tokens) -> None:
             new_all += sorted(got)
     for t, c in zip(ids, calls):
         res = c["result"]
-        lines.append(f"req.append_output_token_ids({t}); manager.allocate_slots(req, 1)  # -> "
-                     + ("None" if res is None else f"blocks {_ids(res)}"))
+        lines.append(
+            f"req.append_output_token_ids({t}); manager.allocate_slots(req, 1)  # -> "
+            + ("None" if res is None else f"blocks {_ids(res)}")
+        )
     step.call = "\n".join(lines)
     if done < len(ids):
-        step.refuse(f"refused (allocate_slots returns None) at token {ids[done]}: no free block for it "
-                    f"(get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}); vLLM would "
-                    "preempt a request")
+        step.refuse(
+            f"refused (allocate_slots returns None) at token {ids[done]}: no free block for it "
+            f"(get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}); vLLM would "
+            "preempt a request"
+        )
         return
     sc.books("")
     step.result = f"new blocks {new_all}; {request} holds {req.num_tokens} tokens"
-    step.marks = dict(new=set(new_all), evicted={b for b in new_all if b in hashed_before})
+    step.marks = dict(
+        new=set(new_all), evicted={b for b in new_all if b in hashed_before}
+    )
     step.caption = f"{request} decodes {len(ids)} token(s): new blocks {new_all}"
 
 
@@ -326,10 +483,14 @@ def _op_finish(sc: VllmScene, step, request) -> None:
         raise InputError(f"{request!r} is not running")
     step.call = f"manager.free(req)  # req = the Request {request!r}"
     freed = sc.finish(request)
-    q = [b.block_id for b in sc.manager.block_pool.free_block_queue.get_all_free_blocks()]
+    q = [
+        b.block_id for b in sc.manager.block_pool.free_block_queue.get_all_free_blocks()
+    ]
     step.result = f"blocks {freed[::-1]} freed, in that order; free queue {q}"
     step.marks = dict(new=set(freed))
-    step.caption = f"{request} finishes: blocks {freed[::-1]} go back (hashed ones to the tail)"
+    step.caption = (
+        f"{request} finishes: blocks {freed[::-1]} go back (hashed ones to the tail)"
+    )
 
 
 def block_tip(books: VllmBooks, sc: VllmScene, b: int) -> str:
@@ -339,7 +500,11 @@ def block_tip(books: VllmBooks, sc: VllmScene, b: int) -> str:
     pool = sc.manager.block_pool
     blk = pool.blocks[b]
     words = [f"block {b}", f"ref_cnt {books.ref_cnt[b]}"]
-    words.append(f"hash {books.hashes[b]} = {_hash_hex(blk.block_hash)}…" if b in books.hashes else "no hash")
+    words.append(
+        f"hash {books.hashes[b]} = {_hash_hex(blk.block_hash)}…"
+        if b in books.hashes
+        else "no hash"
+    )
     bs = books.block_size
     for rid, ids in books.req_blocks.items():
         for j, x in enumerate(ids):
@@ -347,11 +512,27 @@ def block_tip(books: VllmBooks, sc: VllmScene, b: int) -> str:
                 words.append(f"{rid}'s block {j} (tokens {j * bs}-{j * bs + bs - 1})")
     if b in books.queue:
         i = books.queue.index(b)
-        prev = blk.prev_free_block.block_id if blk.prev_free_block is not None and blk.prev_free_block.block_id >= 0 else None
-        nxt = blk.next_free_block.block_id if blk.next_free_block is not None and blk.next_free_block.block_id >= 0 else None
-        where = "head: reused first" if i == 0 else "tail" if i == len(books.queue) - 1 else "middle"
-        words.append(f"free queue #{i} ({where}; prev {prev if prev is not None else 'fake head'}, "
-                     f"next {nxt if nxt is not None else 'fake tail'})")
+        prev = (
+            blk.prev_free_block.block_id
+            if blk.prev_free_block is not None and blk.prev_free_block.block_id >= 0
+            else None
+        )
+        nxt = (
+            blk.next_free_block.block_id
+            if blk.next_free_block is not None and blk.next_free_block.block_id >= 0
+            else None
+        )
+        where = (
+            "head: reused first"
+            if i == 0
+            else "tail"
+            if i == len(books.queue) - 1
+            else "middle"
+        )
+        words.append(
+            f"free queue #{i} ({where}; prev {prev if prev is not None else 'fake head'}, "
+            f"next {nxt if nxt is not None else 'fake tail'})"
+        )
         if b in books.hashes:
             words.append("cached: a hit revives it, a reuse evicts its hash")
     return " · ".join(words)
@@ -359,31 +540,69 @@ def block_tip(books: VllmBooks, sc: VllmScene, b: int) -> str:
 
 def draw_vllm_svg(sc: VllmScene, step=None) -> str:
     """The pool, each request's block table and the free queue as a linked list, as inline SVG."""
-    from memlab.course.viz.svg import CELL, Canvas, Swatch
+    from memlab.course.viz.svg import Canvas, Swatch
 
     marks = step.marks if step is not None else {}
-    new, hit, evicted = set(marks.get("new", ())), set(marks.get("hit", ())), set(marks.get("evicted", ()))
+    new, hit, evicted = (
+        set(marks.get("new", ())),
+        set(marks.get("hit", ())),
+        set(marks.get("evicted", ())),
+    )
     books = sc.books("")
-    c = Canvas("hover a block: its id, ref_cnt, hash, owner and place in the free queue")
+    c = Canvas(
+        "hover a block: its id, ref_cnt, hash, owner and place in the free queue"
+    )
     w = 34
 
     def block_cell(x, y, b, gid, label=None):
         fill, _ = _block_fill(books, b)
         edge = EVICTED if b in evicted else HIGHLIGHT if b in new | hit else "#999"
-        c.cell(x, y, fill, "null" if b == books.null_block and label is None else (b if label is None else label),
-               tip=block_tip(books, sc, b), gid=gid, w=w, h=w, stroke=edge,
-               stroke_width=2.5 if edge != "#999" else 1, pattern="url(#memlab-part1)" if b in hit else None)
+        c.cell(
+            x,
+            y,
+            fill,
+            "null"
+            if b == books.null_block and label is None
+            else (b if label is None else label),
+            tip=block_tip(books, sc, b),
+            gid=gid,
+            w=w,
+            h=w,
+            stroke=edge,
+            stroke_width=2.5 if edge != "#999" else 1,
+            pattern="url(#memlab-part1)" if b in hit else None,
+        )
 
     y = 4.0
-    c.text(4, y + 13, f"block pool: {books.num_blocks} blocks of {books.block_size} tokens · "
-           f"get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}", size=12.5, weight="bold")
+    c.text(
+        4,
+        y + 13,
+        f"block pool: {books.num_blocks} blocks of {books.block_size} tokens · "
+        f"get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}",
+        size=12.5,
+        weight="bold",
+    )
     y += 22
     for b in range(books.num_blocks):
         x = 4 + b * (w + 6)
         block_cell(x, y, b, f"block:{b}")
-        c.text(x + w / 2, y + w + 12, books.hashes.get(b, ""), size=10, anchor="middle", color="#00695c")
+        c.text(
+            x + w / 2,
+            y + w + 12,
+            books.hashes.get(b, ""),
+            size=10,
+            anchor="middle",
+            color="#00695c",
+        )
         if b != books.null_block:
-            c.text(x + w / 2, y + w + 24, f"rc {books.ref_cnt[b]}", size=9.5, anchor="middle", color="#555")
+            c.text(
+                x + w / 2,
+                y + w + 24,
+                f"rc {books.ref_cnt[b]}",
+                size=9.5,
+                anchor="middle",
+                color="#555",
+            )
     y += w + 36
     c.text(4, y + 13, "requests' blocks (block-table rows)", size=12.5, weight="bold")
     y += 20
@@ -395,17 +614,33 @@ def draw_vllm_svg(sc: VllmScene, step=None) -> str:
         for j, b in enumerate(ids):
             block_cell(40 + j * (w + 2), y, b, f"table:{rid}:{j}")
         req = sc.requests[rid]
-        c.text(44 + len(ids) * (w + 2), y + 22, f"{req.num_tokens} tokens, {len(req.block_hashes)} hashed", size=10.5,
-               color="#555")
+        c.text(
+            44 + len(ids) * (w + 2),
+            y + 22,
+            f"{req.num_tokens} tokens, {len(req.block_hashes)} hashed",
+            size=10.5,
+            color="#555",
+        )
         y += w + 6
     y += 8
-    c.text(4, y + 13, "free queue: a doubly linked list, head (taken first) <-> ... <-> tail", size=12.5,
-           weight="bold")
+    c.text(
+        4,
+        y + 13,
+        "free queue: a doubly linked list, head (taken first) <-> ... <-> tail",
+        size=12.5,
+        weight="bold",
+    )
     y += 20
     step_x = w + 22
     per_line = max(1, int((max(c.width, 560) - 80) // step_x))
     if not books.queue:
-        c.text(4, y + 22, "head <-> tail: empty, every block but the null one is held", size=11, color="#777")
+        c.text(
+            4,
+            y + 22,
+            "head <-> tail: empty, every block but the null one is held",
+            size=11,
+            color="#777",
+        )
     else:
         c.text(4, y + 22, "head", size=11, color="#555")
     for i, b in enumerate(books.queue):
@@ -419,14 +654,29 @@ def draw_vllm_svg(sc: VllmScene, step=None) -> str:
     if books.queue:
         c.text(end_x - 14, y + last_line * (w + 10) + 22, "tail", size=11, color="#555")
     y += (last_line + 1) * (w + 10) + 6
-    sw = [Swatch("free", FREE), Swatch("free, cached (a hash)", CACHED), Swatch("null block", NULL),
-          Swatch("held (owner's colour)", owner_color("A"))]
+    sw = [
+        Swatch("free", FREE),
+        Swatch("free, cached (a hash)", CACHED),
+        Swatch("null block", NULL),
+        Swatch("held (owner's colour)", owner_color("A")),
+    ]
     if hit:
-        sw.append(Swatch("taken by a cache hit", owner_color("A"), "url(#memlab-part1)"))
+        sw.append(
+            Swatch("taken by a cache hit", owner_color("A"), "url(#memlab-part1)")
+        )
     if new:
-        sw.append(Swatch("taken or freed by this call", "#ffffff", stroke=HIGHLIGHT, stroke_width=2))
+        sw.append(
+            Swatch(
+                "taken or freed by this call",
+                "#ffffff",
+                stroke=HIGHLIGHT,
+                stroke_width=2,
+            )
+        )
     if evicted:
-        sw.append(Swatch("its hash evicted now", "#ffffff", stroke=EVICTED, stroke_width=2.5))
+        sw.append(
+            Swatch("its hash evicted now", "#ffffff", stroke=EVICTED, stroke_width=2.5)
+        )
     c.legend(4, y, sw)
     return c.html()
 
@@ -435,19 +685,32 @@ def vllm_books(sc: VllmScene) -> dict:
     """The numbers chapter 06's instrument lists, read from the real KVCacheManager."""
     pool = sc.manager.block_pool
     books = sc.books("")
-    out = {"get_num_free_blocks()": pool.get_num_free_blocks(),
-           "free queue (head -> tail)": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-           "ref_cnt": {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt},
-           "hashed blocks": dict(sorted(books.hashes.items())),
-           "num_evictions": pool.num_evictions}
+    out = {
+        "get_num_free_blocks()": pool.get_num_free_blocks(),
+        "free queue (head -> tail)": [
+            b.block_id for b in pool.free_block_queue.get_all_free_blocks()
+        ],
+        "ref_cnt": {b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt},
+        "hashed blocks": dict(sorted(books.hashes.items())),
+        "num_evictions": pool.num_evictions,
+    }
     for rid, req in sc.requests.items():
-        out[f"request {rid}"] = dict(blocks=sc.manager.get_block_ids(rid), tokens=req.num_tokens,
-                                     num_computed_tokens=req.num_computed_tokens, hashes=len(req.block_hashes))
+        out[f"request {rid}"] = dict(
+            blocks=sc.manager.get_block_ids(rid),
+            tokens=req.num_tokens,
+            num_computed_tokens=req.num_computed_tokens,
+            hashes=len(req.block_hashes),
+        )
     return out
 
 
-def block_pool_instrument(enable_caching: bool = True, num_blocks: int = 12, block_size: int = 4,
-                          opening=STORY_STEPS, prompt="0 1 2 3 4 5 6 7 60 61"):
+def block_pool_instrument(
+    enable_caching: bool = True,
+    num_blocks: int = 12,
+    block_size: int = 4,
+    opening=STORY_STEPS,
+    prompt="0 1 2 3 4 5 6 7 60 61",
+):
     """Chapter 06's instrument: submit a prompt (token ids or words), decode, finish, on a real
     KVCacheManager; prefix caching on or off. Opens on the story's last state."""
     import ipywidgets as W
@@ -460,31 +723,65 @@ def block_pool_instrument(enable_caching: bool = True, num_blocks: int = 12, blo
         return sc
 
     def box(name, value, width="170px"):
-        return W.Text(value=value, description=name, layout=W.Layout(width=width),
-                      style={"description_width": "initial"}, continuous_update=False)
+        return W.Text(
+            value=value,
+            description=name,
+            layout=W.Layout(width=width),
+            style={"description_width": "initial"},
+            continuous_update=False,
+        )
 
     def running(sc):
         return list(sc.requests)
 
-    submit = Operation("submit", _op_submit, [Field("request", box("request", "E", "130px"), str),
-                                              Field("prompt", box("prompt", prompt, "330px"), str)],
-                       label="submit", help="get_computed_blocks, then allocate_slots")
+    submit = Operation(
+        "submit",
+        _op_submit,
+        [
+            Field("request", box("request", "E", "130px"), str),
+            Field("prompt", box("prompt", prompt, "330px"), str),
+        ],
+        label="submit",
+        help="get_computed_blocks, then allocate_slots",
+    )
     who = W.Dropdown(description="request", layout=W.Layout(width="160px"))
     # field names are the instrument's (one widget each), so the two dropdowns have their own
-    decode = Operation("decode", lambda sc, step, running, tokens: _op_decode(sc, step, running, tokens), [Field("running", who, str, options=running),
-                                              Field("tokens", box("tokens", "70", "150px"), str)],
-                       label="decode", help="append each token, allocate_slots(req, 1)")
+    decode = Operation(
+        "decode",
+        lambda sc, step, running, tokens: _op_decode(sc, step, running, tokens),
+        [
+            Field("running", who, str, options=running),
+            Field("tokens", box("tokens", "70", "150px"), str),
+        ],
+        label="decode",
+        help="append each token, allocate_slots(req, 1)",
+    )
     who2 = W.Dropdown(description="request", layout=W.Layout(width="160px"))
-    finish = Operation("finish", lambda sc, step, finishing: _op_finish(sc, step, finishing), [Field("finishing", who2, str, options=running)],
-                       label="finish", help="manager.free(req): the request's blocks go back, in reverse order")
-    caching = W.ToggleButtons(options=["on", "off"], value="on" if enable_caching else "off",
-                              description="prefix caching", style={"button_width": "42px"})
+    finish = Operation(
+        "finish",
+        lambda sc, step, finishing: _op_finish(sc, step, finishing),
+        [Field("finishing", who2, str, options=running)],
+        label="finish",
+        help="manager.free(req): the request's blocks go back, in reverse order",
+    )
+    caching = W.ToggleButtons(
+        options=["on", "off"],
+        value="on" if enable_caching else "off",
+        description="prefix caching",
+        style={"button_width": "42px"},
+    )
     steps = [(op, dict(args)) for op, args in opening]
     for op, args in steps:  # the operations' own argument names
         if op == "decode":
             args["running"] = args.pop("request")
         elif op == "finish":
             args["finishing"] = args.pop("request")
-    return Instrument(build, [submit, decode, finish], draw_vllm_svg, vllm_books,
-                      settings={"prefix_caching": caching}, opening=steps,
-                      title="vLLM's block pool: your own prompts")
+    return Instrument(
+        build,
+        [submit, decode, finish],
+        draw_vllm_svg,
+        vllm_books,
+        settings={"prefix_caching": caching},
+        opening=steps,
+        title="vLLM's block pool: your own prompts",
+    )

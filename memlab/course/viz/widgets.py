@@ -7,7 +7,7 @@ Dropdown, HTML, HBox, VBox, and ``jslink``. A drawing is turned into an inline P
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import ipywidgets as W
 
@@ -28,18 +28,39 @@ class Stepper(W.VBox):
     so playing back and forth redraws nothing.
     """
 
-    def __init__(self, states, draw: Callable, interval_ms: int = 1500, start: int = 0, story: str | None = None):
+    def __init__(
+        self,
+        states,
+        draw: Callable,
+        interval_ms: int = 1500,
+        start: int = 0,
+        story: str | None = None,
+    ):
         self.stories = dict(states) if isinstance(states, dict) else {"": list(states)}
         if not self.stories or not all(self.stories.values()):
             raise ValueError("a Stepper needs at least one state in every story")
         self.draw = draw
         self._cache: dict[tuple, str] = {}
-        self.story = W.Dropdown(options=list(self.stories), description="story",
-                                value=list(self.stories)[0] if story is None else story)
+        self.story = W.Dropdown(
+            options=list(self.stories),
+            description="story",
+            value=list(self.stories)[0] if story is None else story,
+        )
         self.states = list(self.stories[self.story.value])
-        self.slider = W.IntSlider(value=0, min=0, max=len(self.states) - 1, description="step",
-                                  continuous_update=False)
-        self.play = W.Play(value=0, min=0, max=len(self.states) - 1, interval=interval_ms, description="play")
+        self.slider = W.IntSlider(
+            value=0,
+            min=0,
+            max=len(self.states) - 1,
+            description="step",
+            continuous_update=False,
+        )
+        self.play = W.Play(
+            value=0,
+            min=0,
+            max=len(self.states) - 1,
+            interval=interval_ms,
+            description="play",
+        )
         W.jslink((self.play, "value"), (self.slider, "value"))
         self.prev = W.Button(description="previous", icon="step-backward")
         self.next = W.Button(description="next", icon="step-forward")
@@ -50,7 +71,14 @@ class Stepper(W.VBox):
         self.slider.observe(self._on_value, names="value")
         self.story.observe(self._on_story, names="value")
         head = [self.story] if len(self.stories) > 1 else []
-        super().__init__([*head, W.HBox([self.play, self.prev, self.slider, self.next]), self.caption, self.view])
+        super().__init__(
+            [
+                *head,
+                W.HBox([self.play, self.prev, self.slider, self.next]),
+                self.caption,
+                self.view,
+            ]
+        )
         self.add_class("memlab-stepper")
         self._render(0)
         if start:
@@ -78,7 +106,9 @@ class Stepper(W.VBox):
         key = (self.story.value, i)
         if key not in self._cache:
             self._cache[key] = as_html(self.draw(self.states[i]))
-        caption = esc(getattr(self.states[i], "caption", ""))  # a token like <s> is text, not markup
+        caption = esc(
+            getattr(self.states[i], "caption", "")
+        )  # a token like <s> is text, not markup
         self.caption.value = f"<b>step {i} of {len(self.states) - 1}</b>: {caption}"
         self.view.value = self._cache[key]
 
@@ -89,14 +119,20 @@ class Explorer(W.VBox):
     ``text(**values)``, when given, fills an HTML line under the controls (derived numbers).
     """
 
-    def __init__(self, controls: dict, draw: Callable, text: Callable | None = None, columns: int = 3):
+    def __init__(
+        self,
+        controls: dict,
+        draw: Callable,
+        text: Callable | None = None,
+        columns: int = 3,
+    ):
         self.controls, self.draw, self.text = dict(controls), draw, text
         for name, c in self.controls.items():
             if not getattr(c, "description", ""):
                 c.description = name
             c.observe(self._on_change, names="value")
         items = list(self.controls.values())
-        rows = [W.HBox(items[i:i + columns]) for i in range(0, len(items), columns)]
+        rows = [W.HBox(items[i : i + columns]) for i in range(0, len(items), columns)]
         self.summary = W.HTML()
         self.view = W.HTML()
         super().__init__([*rows, self.summary, self.view])

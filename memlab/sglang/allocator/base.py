@@ -22,13 +22,23 @@ from memlab.common.utils import ceil_div
 
 
 class BaseTokenToKVPoolAllocator:
-    def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
-                 need_sort: bool = False, debug_mode: bool = False):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache=None,
+        need_sort: bool = False,
+        debug_mode: bool = False,
+    ):
         self.size, self.page_size = _check_allocator(size, page_size)
         self.num_pages = self.size // self.page_size
         self.dtype, self.device = dtype, resolve_device(device)
         self._kvcache, self.need_sort, self.debug_mode = kvcache, need_sort, debug_mode
-        self.free_group = None  # None: free at once; a list: hold the frees until free_group_end()
+        self.free_group = (
+            None  # None: free at once; a list: hold the frees until free_group_end()
+        )
 
     @property
     def debug_mode(self) -> bool:
@@ -36,7 +46,10 @@ class BaseTokenToKVPoolAllocator:
 
     @debug_mode.setter
     def debug_mode(self, on: bool) -> None:
-        self._debug_mode, self._held = bool(on), None  # the ledger is rebuilt on first use
+        self._debug_mode, self._held = (
+            bool(on),
+            None,
+        )  # the ledger is rebuilt on first use
 
     @property
     def size_full(self) -> int:
@@ -47,7 +60,11 @@ class BaseTokenToKVPoolAllocator:
 
     def get_all_free_pages(self) -> torch.Tensor:
         """The free list and the staged frees together (the debug census)."""
-        return torch.cat((self.free_pages, self.release_pages)) if len(self.release_pages) else self.free_pages
+        return (
+            torch.cat((self.free_pages, self.release_pages))
+            if len(self.release_pages)
+            else self.free_pages
+        )
 
     def page_id_range(self) -> tuple[int, int]:
         """The first and last page id this allocator hands out (page 0 is padding)."""
@@ -99,8 +116,9 @@ class BaseTokenToKVPoolAllocator:
 
     def _debug_take(self, pages: torch.Tensor) -> None:
         held, p = self._ledger(), pages.cpu()
-        assert not (held[p] | (p == 0)).any(), \
+        assert not (held[p] | (p == 0)).any(), (
             f"{_checks.unit(self)} {p[held[p] | (p == 0)][0].item()} handed out while held (or padding): corrupt free list"
+        )
         held[p] = True
 
     def _debug_release(self, page_ids: torch.Tensor) -> None:
@@ -108,33 +126,53 @@ class BaseTokenToKVPoolAllocator:
         held, p = self._ledger(), page_ids.cpu()
         uniq, counts = torch.unique(p, return_counts=True)
         if (counts > 1).any():
-            raise ValueError(f"double free: {_checks.unit(self)} {uniq[counts > 1][0].item()} is freed twice in one release")
+            raise ValueError(
+                f"double free: {_checks.unit(self)} {uniq[counts > 1][0].item()} is freed twice in one release"
+            )
         if not held[p].all():
-            raise ValueError(f"double free: {_checks.unit(self)} {p[~held[p]][0].item()} is already free")
+            raise ValueError(
+                f"double free: {_checks.unit(self)} {p[~held[p]][0].item()} is already free"
+            )
         held[p] = False
 
     def check_books(self) -> None:
         """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
         free, held = self.get_all_free_pages().cpu(), int(self._ledger().sum())
-        assert not (free == 0).any() and len(torch.unique(free)) == len(free) and len(free) + held == self.num_pages, \
+        assert (
+            not (free == 0).any()
+            and len(torch.unique(free)) == len(free)
+            and len(free) + held == self.num_pages
+        ), (
             f"books: padding on the free list, a {_checks.unit(self)} on it twice, or {len(free)} free + {held} held != {self.num_pages}"
+        )
 
     # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py) ------------------------------
     # The scheduler asks these of any allocator, without branching on its type; composites (the
     # two-pool SWA allocator, the unified pool) answer them for all their pools at once. A single
     # pool of token slots answers in token counts.
 
-    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+    def request_slot_reserve(
+        self, *, has_req_pool_slot: bool, prefill_tokens: int = 0
+    ) -> int:
         """Slots a request needs beyond its prefill (request-owned workspace): none for a KV pool."""
         return 0
 
-    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
-                                  sliding_window_size: int | None, chunk_size: int | None) -> int | None:
+    def max_new_tokens_for_memory(
+        self,
+        input_tokens: int,
+        max_new_tokens: int,
+        *,
+        token_capacity: int,
+        sliding_window_size: int | None,
+        chunk_size: int | None,
+    ) -> int | None:
         """``max_new_tokens`` clipped to what an empty pool of ``token_capacity`` slots could hold
         after the prompt (in whole pages, one page and one slot kept spare); None would mean the
         prompt alone cannot fit, which a single pool never says (it clips to 0)."""
         paged_input = ceil_div(input_tokens, self.page_size) * self.page_size
-        return max(0, min(max_new_tokens, token_capacity - paged_input - self.page_size - 1))
+        return max(
+            0, min(max_new_tokens, token_capacity - paged_input - self.page_size - 1)
+        )
 
     def prealloc_fits_assumes_reclaim(self) -> bool:
         """False: ``prealloc_fits`` answers about the pool as it stands."""
@@ -144,12 +182,21 @@ class BaseTokenToKVPoolAllocator:
         """None: this pool has no ceiling of its own; the caller's token capacity is the bound."""
         return None
 
-    def prealloc_fits(self, tree_cache, full_tokens: int, swa_tokens: int, *, full_budget_tokens: int,
-                      swa_budget_tokens: int | None = None) -> bool:
+    def prealloc_fits(
+        self,
+        tree_cache,
+        full_tokens: int,
+        swa_tokens: int,
+        *,
+        full_budget_tokens: int,
+        swa_budget_tokens: int | None = None,
+    ) -> bool:
         """Whether a demand this size fits the scheduler's budgets (what each side has left after its
         reserves, evictable cache included). Separate sides are checked each against its own
         budget; ``tree_cache`` is not read: what it could give back is inside the budget."""
-        return full_tokens <= full_budget_tokens and (swa_budget_tokens is None or swa_tokens <= swa_budget_tokens)
+        return full_tokens <= full_budget_tokens and (
+            swa_budget_tokens is None or swa_tokens <= swa_budget_tokens
+        )
 
     def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> bool | None:
         """Evict unlocked prefix-cache entries until ``num_tokens`` slots are free or nothing
@@ -170,14 +217,18 @@ def page_disjoint(segments, page_size: int):
     for free_index, start_pos in segments:
         if free_index.numel() == 0:
             continue
-        assert prev_end is None or start_pos // page_size > (prev_end - 1) // page_size, \
-            f"segment at {start_pos} shares a page with the one ending at {prev_end}"
+        assert (
+            prev_end is None or start_pos // page_size > (prev_end - 1) // page_size
+        ), f"segment at {start_pos} shares a page with the one ending at {prev_end}"
         prev_end = start_pos + free_index.numel()
         yield free_index, start_pos
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
+
 def _check_allocator(size, page_size) -> tuple[int, int]:
     size = _checks.integer("size", size, 1, _checks.INT32_MAX)
-    return size, _checks.integer("page_size (a page larger than size leaves no whole page)", page_size, 1, size)
+    return size, _checks.integer(
+        "page_size (a page larger than size leaves no whole page)", page_size, 1, size
+    )

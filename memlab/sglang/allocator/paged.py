@@ -26,8 +26,17 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     in debug mode that its page is held and that the device lengths agree with the CPU copies.
     """
 
-    def __init__(self, size: int, page_size: int, dtype=torch.float16, device="cpu", kvcache=None,
-                 need_sort: bool = False, debug_mode: bool = False, backend: str = "torch"):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache=None,
+        need_sort: bool = False,
+        debug_mode: bool = False,
+        backend: str = "torch",
+    ):
         _check_backend(backend, BACKENDS)
         self.backend = backend
         super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
@@ -59,11 +68,26 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         offs = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
         return (out_pages[:, None] * self.page_size + offs).reshape(-1)
 
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                     extend_num_tokens: int) -> torch.Tensor | None:
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
         """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are short.
         Capacity is settled on the host from the CPU copies before anything is taken or launched."""
-        _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        _checks.alloc_extend(
+            self,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
         bs, ps = len(prefix_lens), self.page_size
         # A strict upper bound on the new pages (a request grows by fewer than extend_len // ps + 1)
         # proves room in the common case from numbers at hand. When it fails, staged pages are
@@ -80,17 +104,32 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.backend == "triton":
             from memlab.kernels import alloc_extend
 
-            out_indices = alloc_extend.alloc_extend(prefix_lens, seq_lens, last_loc, self.free_pages, ps,
-                                                    extend_num_tokens)
+            out_indices = alloc_extend.alloc_extend(
+                prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
+            )
         elif self.backend == "torch":
-            out_indices = ref.alloc_extend_torch(prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens)
+            out_indices = ref.alloc_extend_torch(
+                prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
+            )
         else:
-            out_indices = torch.tensor(ref.alloc_extend_python(prefix_lens.tolist(), seq_lens.tolist(), last_loc.tolist(),
-                                                               self.free_pages.tolist(), ps), dtype=torch.int64,
-                                       device=self.device)
+            out_indices = torch.tensor(
+                ref.alloc_extend_python(
+                    prefix_lens.tolist(),
+                    seq_lens.tolist(),
+                    last_loc.tolist(),
+                    self.free_pages.tolist(),
+                    ps,
+                ),
+                dtype=torch.int64,
+                device=self.device,
+            )
         if self.debug_mode:
-            assert len(torch.unique(out_indices)) == len(out_indices), "alloc_extend handed out a slot twice"
-        if num_new_pages is None:  # the fast path counts after the launch, while the device works
+            assert len(torch.unique(out_indices)) == len(out_indices), (
+                "alloc_extend handed out a slot twice"
+            )
+        if (
+            num_new_pages is None
+        ):  # the fast path counts after the launch, while the device works
             num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
         self._take(num_new_pages)
         return out_indices
@@ -99,7 +138,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """One slot per request for its new token; ``seq_lens`` already count that token."""
         _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
         bs, ps = len(seq_lens), self.page_size
-        if bs > len(self.free_pages):  # the cheap bound: at most one new page per request
+        if bs > len(
+            self.free_pages
+        ):  # the cheap bound: at most one new page per request
             self.merge_and_sort_free()
         num_new_pages = ref.num_new_pages_decode(seq_lens_cpu, ps)
         if num_new_pages > len(self.free_pages):
@@ -107,15 +148,25 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.backend == "triton":
             from memlab.kernels import alloc_decode
 
-            out_indices = alloc_decode.alloc_decode(seq_lens, last_loc, self.free_pages, ps)
+            out_indices = alloc_decode.alloc_decode(
+                seq_lens, last_loc, self.free_pages, ps
+            )
         elif self.backend == "torch":
-            out_indices = ref.alloc_decode_torch(seq_lens, last_loc, self.free_pages, ps)
+            out_indices = ref.alloc_decode_torch(
+                seq_lens, last_loc, self.free_pages, ps
+            )
         else:
-            out_indices = torch.tensor(ref.alloc_decode_python(seq_lens.tolist(), last_loc.tolist(),
-                                                               self.free_pages.tolist(), ps),
-                                       dtype=torch.int64, device=self.device)
+            out_indices = torch.tensor(
+                ref.alloc_decode_python(
+                    seq_lens.tolist(), last_loc.tolist(), self.free_pages.tolist(), ps
+                ),
+                dtype=torch.int64,
+                device=self.device,
+            )
         if self.debug_mode:
-            assert len(torch.unique(out_indices)) == len(out_indices), "alloc_decode handed out a slot twice"
+            assert len(torch.unique(out_indices)) == len(out_indices), (
+                "alloc_decode handed out a slot twice"
+            )
         self._take(num_new_pages)
         return out_indices
 
@@ -124,7 +175,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         the pages here, and debug mode enters them in the ledger)."""
         out_pages = self.free_pages[:num_pages]
         if self.debug_mode:
-            self._debug_take(out_pages)  # before the cut: a ledger built now must see these pages free
+            self._debug_take(
+                out_pages
+            )  # before the cut: a ledger built now must see these pages free
         self.free_pages = self.free_pages[num_pages:]
         return out_pages
 
@@ -137,9 +190,13 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is None:
             # A request's slots share pages: without the dedup a page would be freed page_size
             # times and later handed to several requests at once. unique sorts (a device sync).
-            self._release_page_ids(torch.unique(free_index.to(torch.int64) // self.page_size))
+            self._release_page_ids(
+                torch.unique(free_index.to(torch.int64) // self.page_size)
+            )
         else:
-            self.free_group.append(free_index.clone())  # the caller may reuse its buffer before the end
+            self.free_group.append(
+                free_index.clone()
+            )  # the caller may reuse its buffer before the end
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """A run of a request's slots that starts on a page boundary, freed without the unique:
@@ -150,8 +207,10 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         ps = self.page_size
         reps = free_index[::ps]
         if self.debug_mode:
-            assert torch.equal(torch.sort(reps.cpu() // ps).values, torch.unique(free_index.cpu() // ps)), \
-                "free_segment: the slots are not one page-aligned run"
+            assert torch.equal(
+                torch.sort(reps.cpu() // ps).values,
+                torch.unique(free_index.cpu() // ps),
+            ), "free_segment: the slots are not one page-aligned run"
         self.free_page_ids(reps.to(torch.int64) // ps)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
@@ -168,7 +227,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         # Freed pages go to the head (LIFO): the pages just released are the next handed out, so the
         # live set stays on few, recently touched pages.
         if self.debug_mode:
-            self._debug_release(page_ids)  # refuses a double free before anything changes
+            self._debug_release(
+                page_ids
+            )  # refuses a double free before anything changes
         if self.need_sort:
             self.staged_pages.append(page_ids)
             self.num_staged_pages += page_ids.numel()
@@ -191,15 +252,20 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def clear(self) -> None:
         # The padded page 0 is used for writing dummy outputs from padded tokens.
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
+        self.free_pages = torch.arange(
+            1, self.num_pages + 1, dtype=torch.int64, device=self.device
+        )
         self.free_group = None
         self.free_page_ids_group = []
-        self.staged_pages: list[torch.Tensor] = []  # need_sort only: freed pages wait here, unsorted
+        self.staged_pages: list[
+            torch.Tensor
+        ] = []  # need_sort only: freed pages wait here, unsorted
         self.num_staged_pages = 0
         self._held = None
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
+
 
 def _check_backend(backend: str, choices) -> None:
     if backend not in choices:

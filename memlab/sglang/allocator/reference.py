@@ -29,10 +29,14 @@ def num_new_pages_decode(seq_lens, page_size: int) -> int:
     return int(((seq_lens - 1) % page_size == 0).sum())
 
 
-def alloc_extend_python(prefix_lens, seq_lens, last_loc, free_pages, page_size: int) -> list[int]:
+def alloc_extend_python(
+    prefix_lens, seq_lens, last_loc, free_pages, page_size: int
+) -> list[int]:
     out, next_page = [], 0
     for pre, seq, last in zip(prefix_lens, seq_lens, last_loc):
-        old_page_end = ceil_div(pre, page_size) * page_size  # where the last partial page ends
+        old_page_end = (
+            ceil_div(pre, page_size) * page_size
+        )  # where the last partial page ends
         part1 = min(seq, old_page_end) - pre
         out += [last + 1 + i for i in range(part1)]
         pos = pre + part1
@@ -60,8 +64,9 @@ def _nonempty(free_pages: torch.Tensor) -> torch.Tensor:
     return free_pages if len(free_pages) else free_pages.new_zeros(1)
 
 
-def alloc_extend_torch(prefix_lens, seq_lens, last_loc, free_pages, page_size: int,
-                       extend_num_tokens: int) -> torch.Tensor:
+def alloc_extend_torch(
+    prefix_lens, seq_lens, last_loc, free_pages, page_size: int, extend_num_tokens: int
+) -> torch.Tensor:
     """One slot per new token, computed for all tokens at once (no loop over requests)."""
     bs, dev = len(seq_lens), seq_lens.device
     ext = seq_lens - prefix_lens
@@ -70,12 +75,20 @@ def alloc_extend_torch(prefix_lens, seq_lens, last_loc, free_pages, page_size: i
     page_start = torch.cumsum(pages, 0) - pages
     old_page_end = ceil_div(prefix_lens, page_size) * page_size
     # Per request first, so each token needs only a few gathers.
-    shift = prefix_lens - out_start  # token j of the batch sits at position j + shift[req]
-    first_page = page_start - old_page_end // page_size  # free-list index of position 0's page
+    shift = (
+        prefix_lens - out_start
+    )  # token j of the batch sits at position j + shift[req]
+    first_page = (
+        page_start - old_page_end // page_size
+    )  # free-list index of position 0's page
     cont = last_loc + 1 - prefix_lens  # part (1): slot = cont + position
-    req = torch.repeat_interleave(torch.arange(bs, device=dev), ext, output_size=extend_num_tokens)
+    req = torch.repeat_interleave(
+        torch.arange(bs, device=dev), ext, output_size=extend_num_tokens
+    )
     pos = torch.arange(extend_num_tokens, device=dev) + shift[req]
-    free_pages = _nonempty(free_pages)  # gathered values are only used where pages were counted
+    free_pages = _nonempty(
+        free_pages
+    )  # gathered values are only used where pages were counted
     k = (first_page[req] + pos // page_size).clamp(0, len(free_pages) - 1)
     fresh = free_pages[k] * page_size + pos % page_size
     return torch.where(pos < old_page_end[req], cont[req] + pos, fresh)

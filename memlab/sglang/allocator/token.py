@@ -12,14 +12,23 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """An allocator of single slots: ``free_pages`` holds slot ids, ``release_pages`` the staged
     frees (``need_sort``), as SGLang's token allocator names them."""
 
-    def __init__(self, size: int, dtype=torch.float16, device="cpu", kvcache=None, need_sort: bool = False,
-                 debug_mode: bool = False):
+    def __init__(
+        self,
+        size: int,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache=None,
+        need_sort: bool = False,
+        debug_mode: bool = False,
+    ):
         super().__init__(size, 1, dtype, device, kvcache, need_sort, debug_mode)
         self.clear()
 
     def clear(self) -> None:
         # The padded slot 0 is used for writing dummy outputs from padded tokens.
-        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self.free_pages = torch.arange(
+            1, self.size + 1, dtype=torch.int64, device=self.device
+        )
         self.free_group = None
         self.release_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
         self._held = None
@@ -32,7 +41,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Fold the staged frees into the free list and sort it, so later runs are contiguous."""
         if len(self.release_pages) > 0:
             self.free_pages = torch.sort(self.get_all_free_pages()).values
-            self.release_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+            self.release_pages = torch.empty(
+                (0,), dtype=torch.int64, device=self.device
+            )
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slots from the head of the free list, or None when short."""
@@ -43,7 +54,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return None
         select_index = self.free_pages[:need_size]
         if self.debug_mode:
-            self._debug_take(select_index)  # before the cut: a ledger built now must see these slots free
+            self._debug_take(
+                select_index
+            )  # before the cut: a ledger built now must see these slots free
         self.free_pages = self.free_pages[need_size:]
         return select_index
 
@@ -54,7 +67,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         if self.free_group is not None:
-            self.free_group.append(free_index.clone())  # the caller may reuse its buffer before the end
+            self.free_group.append(
+                free_index.clone()
+            )  # the caller may reuse its buffer before the end
             return
         free_index = free_index.to(torch.int64)
         if self.debug_mode:
@@ -68,15 +83,34 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         _checks.free(self, page_ids, "page_ids")
-        self.free(page_ids)  # page_size == 1: page ids are slot ids; in a group they queue with the rest
+        self.free(
+            page_ids
+        )  # page_size == 1: page ids are slot ids; in a group they queue with the rest
 
-    # memlab's convenience: SGLang's TokenToKVPoolAllocator has no alloc_extend / alloc_decode; its
-    # scheduler calls alloc(extend_num_tokens) and alloc(batch size) at page size 1. These two do the
-    # same under the paged allocator's names, so the chapters can drive either one.
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
+    # memlab's convenience: SGLang's TokenToKVPoolAllocator has no alloc_extend /
+    # alloc_decode; its scheduler calls alloc(extend_num_tokens) and alloc(batch size)
+    # at page size 1. These two do the same under the paged allocator's names, so the
+    # chapters can drive either one.
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens,
+    ):
         """Page size 1 needs no continuation of a partial page: any free slots will do."""
         if self.debug_mode:  # the batch's scans: alloc checks the count either way
-            _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+            _checks.alloc_extend(
+                self,
+                prefix_lens,
+                prefix_lens_cpu,
+                seq_lens,
+                seq_lens_cpu,
+                last_loc,
+                extend_num_tokens,
+            )
         return self.alloc(extend_num_tokens)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):

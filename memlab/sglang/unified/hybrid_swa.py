@@ -17,8 +17,6 @@ pages for a page-aligned run).
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from memlab.common import _checks
@@ -34,25 +32,54 @@ from memlab.sglang.write_loc import KVWriteLoc
 
 
 class UnifiedSWATokenToKVPoolAllocator:
-    def __init__(self, *, unified_buffer: UnifiedKVPool, kvcache=None, device="cpu", page_size: int = 1,
-                 debug_mode: bool = False, backend: str = "torch"):
-        self.unified_buffer, self._kvcache, self.page_size = unified_buffer, kvcache, page_size
-        kw = dict(unified_buffer=unified_buffer, device=device, page_size=page_size, debug_mode=debug_mode,
-                  backend=backend)
+    def __init__(
+        self,
+        *,
+        unified_buffer: UnifiedKVPool,
+        kvcache=None,
+        device="cpu",
+        page_size: int = 1,
+        debug_mode: bool = False,
+        backend: str = "torch",
+    ):
+        self.unified_buffer, self._kvcache, self.page_size = (
+            unified_buffer,
+            kvcache,
+            page_size,
+        )
+        kw = dict(
+            unified_buffer=unified_buffer,
+            device=device,
+            page_size=page_size,
+            debug_mode=debug_mode,
+            backend=backend,
+        )
         self.full_attn_allocator = MultiEndedAllocator(
-            kvcache=None if kvcache is None else kvcache.full_kv_pool, sub_pool_name="full", is_id_owner=True, **kw)
-        # The SWA side binds the virtual pages the full side mints, so it spans the full side's id space.
+            kvcache=None if kvcache is None else kvcache.full_kv_pool,
+            sub_pool_name="full",
+            is_id_owner=True,
+            **kw,
+        )
+        # The SWA side binds the virtual pages the full side mints, so it spans the full
+        # side's id space.
         self.swa_attn_allocator = MultiEndedAllocator(
-            kvcache=None if kvcache is None else kvcache.swa_kv_pool, sub_pool_name="swa", is_id_owner=False,
-            virtual_num_pages=self.full_attn_allocator.num_virtual_ids, **kw)
+            kvcache=None if kvcache is None else kvcache.swa_kv_pool,
+            sub_pool_name="swa",
+            is_id_owner=False,
+            virtual_num_pages=self.full_attn_allocator.num_virtual_ids,
+            **kw,
+        )
         self.full_attn_allocator.bind_peer(self.swa_attn_allocator)
         self.swa_attn_allocator.bind_peer(self.full_attn_allocator)
         self.device, self.debug_mode = self.full_attn_allocator.device, debug_mode
         self._empty_shared_gap_bytes = self.full_attn_allocator._current_gap_bytes()
-        # What each side could take alone, from the empty buffer (the SWA side: at most one page per virtual page).
+        # What each side could take alone, from the empty buffer (the SWA side: at most
+        # one page per virtual page).
         self._size_full = self.full_attn_allocator.available_size()
-        self._size_swa = min(self.swa_attn_allocator.available_size(),
-                             len(self.full_attn_allocator.free_virtual_ids) * page_size)
+        self._size_swa = min(
+            self.swa_attn_allocator.available_size(),
+            len(self.full_attn_allocator.free_virtual_ids) * page_size,
+        )
         self.free_group = None
 
     # -- sizes: one byte budget for both sides ---------------------------------------------------
@@ -75,17 +102,23 @@ class UnifiedSWATokenToKVPoolAllocator:
         gap_bytes = fa._current_gap_bytes()
         room_full = fa.num_pages - fa.min_page_index - fa._allocated_pages()
         room_swa = sa.num_pages - sa.min_page_index - sa._allocated_pages()
-        pages_by_bytes = gap_bytes // (fa.entry_bytes_per_page + sa.entry_bytes_per_page)
+        pages_by_bytes = gap_bytes // (
+            fa.entry_bytes_per_page + sa.entry_bytes_per_page
+        )
         return min(pages_by_bytes, room_full, room_swa) * self.page_size
 
     def full_available_size(self) -> int:
         """Full-side tokens alone (the SWA side lending its bytes), within the full side's size."""
-        return min(self._size_full - self.full_attn_allocator.allocated_count(),
-                   self.full_attn_allocator.schedulable_available_size())
+        return min(
+            self._size_full - self.full_attn_allocator.allocated_count(),
+            self.full_attn_allocator.schedulable_available_size(),
+        )
 
     def swa_available_size(self) -> int:
-        return min(self._size_swa - self.swa_attn_allocator.allocated_count(),
-                   self.swa_attn_allocator.schedulable_available_size())
+        return min(
+            self._size_swa - self.swa_attn_allocator.allocated_count(),
+            self.swa_attn_allocator.schedulable_available_size(),
+        )
 
     def get_kvcache(self):
         return self._kvcache
@@ -102,14 +135,19 @@ class UnifiedSWATokenToKVPoolAllocator:
         gap already and the free virtual ids are exactly the full side's unused page numbers.)"""
         fa, sa, ps = self.full_attn_allocator, self.swa_attn_allocator, self.page_size
         virtual_page_capacity = fa.num_virtual_ids - fa.min_page_index
-        full_page_capacity = min(virtual_page_capacity, fa.num_pages - fa.min_page_index)
+        full_page_capacity = min(
+            virtual_page_capacity, fa.num_pages - fa.min_page_index
+        )
         swa_page_capacity = min(virtual_page_capacity, sa.num_pages - sa.min_page_index)
         if fa.allocated_count() // ps + num_full_pages > full_page_capacity:
             return False
         if sa.allocated_count() // ps + num_swa_pages > swa_page_capacity:
             return False
-        return (num_full_pages * fa.entry_bytes_per_page + num_swa_pages * sa.entry_bytes_per_page
-                <= fa._current_gap_bytes())
+        return (
+            num_full_pages * fa.entry_bytes_per_page
+            + num_swa_pages * sa.entry_bytes_per_page
+            <= fa._current_gap_bytes()
+        )
 
     def ensure_capacity(self, full_tokens: int, swa_tokens: int) -> bool:
         """Whether ``full_tokens`` full-side and ``swa_tokens`` SWA-side tokens fit now. (SGLang's
@@ -118,7 +156,9 @@ class UnifiedSWATokenToKVPoolAllocator:
             return False
         if full_tokens == 0 and swa_tokens == 0:
             return True
-        return self._fits_page_demand(ceil_div(full_tokens, self.page_size), ceil_div(swa_tokens, self.page_size))
+        return self._fits_page_demand(
+            ceil_div(full_tokens, self.page_size), ceil_div(swa_tokens, self.page_size)
+        )
 
     # -- allocation: the full side's paged kernels, the SWA side binds the same pages ----------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -126,21 +166,48 @@ class UnifiedSWATokenToKVPoolAllocator:
         need_size = _checks.alloc(fa, need_size)
         if not self.ensure_capacity(need_size, need_size):
             return None
-        new_virtual_pages = fa.free_virtual_ids[: need_size // self.page_size]  # rebound, never changed in place
+        new_virtual_pages = fa.free_virtual_ids[
+            : need_size // self.page_size
+        ]  # rebound, never changed in place
         v_tokens = fa.alloc(need_size)
         assert v_tokens is not None, "full.alloc refused after the joint check passed"
         self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)
         return v_tokens
 
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                     extend_num_tokens: int) -> torch.Tensor | None:
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
         fa = self.full_attn_allocator
-        _checks.alloc_extend(fa, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
-        need_tokens = num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size) * self.page_size
+        _checks.alloc_extend(
+            fa,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
+        need_tokens = (
+            num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+            * self.page_size
+        )
         if not self.ensure_capacity(need_tokens, need_tokens):
             return None
         new_virtual_pages = fa.free_virtual_ids[: need_tokens // self.page_size]
-        out = fa.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        out = fa.alloc_extend(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
         assert out is not None, "full.alloc_extend refused after the joint check passed"
         self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)
         return out
@@ -148,7 +215,9 @@ class UnifiedSWATokenToKVPoolAllocator:
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         fa = self.full_attn_allocator
         _checks.alloc_decode(fa, seq_lens, seq_lens_cpu, last_loc)
-        need_tokens = num_new_pages_decode(seq_lens_cpu, self.page_size) * self.page_size
+        need_tokens = (
+            num_new_pages_decode(seq_lens_cpu, self.page_size) * self.page_size
+        )
         if not self.ensure_capacity(need_tokens, need_tokens):
             return None
         new_virtual_pages = fa.free_virtual_ids[: need_tokens // self.page_size]
@@ -170,12 +239,17 @@ class UnifiedSWATokenToKVPoolAllocator:
     def translate_write_loc(self, loc: torch.Tensor) -> torch.Tensor:
         return self.full_attn_allocator.translate_write_loc(loc)
 
-    def write_loc(self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None) -> KVWriteLoc:
+    def write_loc(
+        self, out_cache_loc: torch.Tensor, req_pool_indices=None, positions=None
+    ) -> KVWriteLoc:
         """The batch's write location, translated once and marked physical: what SGLang's per-batch
         plan binds (``KVLocPlan.bind``: ``out_cache_loc`` becomes physical, the virtual ids stay in
         ``out_cache_loc_virtual``). Chapter 07's allocator has the same method, unmarked."""
-        return KVWriteLoc.for_batch(self.translate_write_loc(out_cache_loc), physical=True,
-                                    swa_loc=self.translate_loc_from_full_to_swa(out_cache_loc))
+        return KVWriteLoc.for_batch(
+            self.translate_write_loc(out_cache_loc),
+            physical=True,
+            swa_loc=self.translate_loc_from_full_to_swa(out_cache_loc),
+        )
 
     # -- freeing ---------------------------------------------------------------------------------
     def _swa_live(self, free_index: torch.Tensor) -> torch.Tensor:
@@ -255,8 +329,15 @@ class UnifiedSWATokenToKVPoolAllocator:
     # question is priced in bytes against the shared gap, both sides together.
     request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
 
-    def _fits_pages_after(self, num_full_pages: int, num_swa_pages: int, *, full_reclaim_pages: int = 0,
-                          swa_reclaim_pages: int = 0, empty_pool: bool = False) -> bool:
+    def _fits_pages_after(
+        self,
+        num_full_pages: int,
+        num_swa_pages: int,
+        *,
+        full_reclaim_pages: int = 0,
+        swa_reclaim_pages: int = 0,
+        empty_pool: bool = False,
+    ) -> bool:
         """Whether new pages fit once ``*_reclaim_pages`` live pages are given back (or from an empty
         pool): the wheel's ``_fits_page_demand`` on a compacted snapshot, which is what memlab's
         eager pool always is (live pages sit at each end; the rest of the buffer is gap)."""
@@ -269,38 +350,73 @@ class UnifiedSWATokenToKVPoolAllocator:
             full_live -= min(full_live, max(0, int(full_reclaim_pages)))
             swa_live -= min(swa_live, max(0, int(swa_reclaim_pages)))
         virtual_page_capacity = fa.num_virtual_ids - fa.min_page_index
-        full_page_capacity = min(virtual_page_capacity, fa.num_pages - fa.min_page_index)
+        full_page_capacity = min(
+            virtual_page_capacity, fa.num_pages - fa.min_page_index
+        )
         swa_page_capacity = min(virtual_page_capacity, sa.num_pages - sa.min_page_index)
-        if full_live + num_full_pages > full_page_capacity or swa_live + num_swa_pages > swa_page_capacity:
+        if (
+            full_live + num_full_pages > full_page_capacity
+            or swa_live + num_swa_pages > swa_page_capacity
+        ):
             return False
-        gap_bytes = (self._empty_shared_gap_bytes - full_live * fa.entry_bytes_per_page
-                     - swa_live * sa.entry_bytes_per_page)
-        return num_full_pages * fa.entry_bytes_per_page + num_swa_pages * sa.entry_bytes_per_page <= max(0, gap_bytes)
+        gap_bytes = (
+            self._empty_shared_gap_bytes
+            - full_live * fa.entry_bytes_per_page
+            - swa_live * sa.entry_bytes_per_page
+        )
+        return (
+            num_full_pages * fa.entry_bytes_per_page
+            + num_swa_pages * sa.entry_bytes_per_page
+            <= max(0, gap_bytes)
+        )
 
-    def reclaim_plan(self, full_tokens: int, swa_tokens: int, *, full_evictable_tokens: int = 0,
-                     swa_evictable_tokens: int = 0, empty_pool: bool = False) -> tuple[int, int] | None:
+    def reclaim_plan(
+        self,
+        full_tokens: int,
+        swa_tokens: int,
+        *,
+        full_evictable_tokens: int = 0,
+        swa_evictable_tokens: int = 0,
+        empty_pool: bool = False,
+    ) -> tuple[int, int] | None:
         """How many tokens each side must evict for the demand to fit, or None if even evicting all
         that is evictable is not enough. Least SWA reclaim first (with all evictable full pages
         given), then the least full reclaim with that SWA reclaim, as the wheel's default."""
         if full_tokens < 0 or swa_tokens < 0:
             return None
         ps = self.page_size
-        full_pages, swa_pages = ceil_div(int(full_tokens), ps), ceil_div(int(swa_tokens), ps)
+        full_pages, swa_pages = (
+            ceil_div(int(full_tokens), ps),
+            ceil_div(int(swa_tokens), ps),
+        )
 
         def fits(full_reclaim: int, swa_reclaim: int) -> bool:
-            return self._fits_pages_after(full_pages, swa_pages, full_reclaim_pages=full_reclaim,
-                                          swa_reclaim_pages=swa_reclaim, empty_pool=empty_pool)
+            return self._fits_pages_after(
+                full_pages,
+                swa_pages,
+                full_reclaim_pages=full_reclaim,
+                swa_reclaim_pages=swa_reclaim,
+                empty_pool=empty_pool,
+            )
 
         if fits(0, 0):
             return (0, 0)
         if empty_pool:
             return None
-        max_full = min(self.full_attn_allocator.allocated_count() // ps, max(0, int(full_evictable_tokens)) // ps)
-        max_swa = min(self.swa_attn_allocator.allocated_count() // ps, max(0, int(swa_evictable_tokens)) // ps)
+        max_full = min(
+            self.full_attn_allocator.allocated_count() // ps,
+            max(0, int(full_evictable_tokens)) // ps,
+        )
+        max_swa = min(
+            self.swa_attn_allocator.allocated_count() // ps,
+            max(0, int(swa_evictable_tokens)) // ps,
+        )
         if not fits(max_full, max_swa):
             return None
 
-        def first_fit(high: int, ok) -> int:  # the least value in [0, high] that ok accepts (ok(high) holds)
+        def first_fit(
+            high: int, ok
+        ) -> int:  # the least value in [0, high] that ok accepts (ok(high) holds)
             low = 0
             while low < high:
                 mid = (low + high) // 2
@@ -314,34 +430,71 @@ class UnifiedSWATokenToKVPoolAllocator:
         full_reclaim = first_fit(max_full, lambda v: fits(v, swa_reclaim))
         return (full_reclaim * ps, swa_reclaim * ps)
 
-    def can_reserve(self, full_tokens: int, swa_tokens: int, *, full_evictable_tokens: int = 0,
-                    swa_evictable_tokens: int = 0, empty_pool: bool = False,
-                    require_token_slack: bool = False) -> bool:
+    def can_reserve(
+        self,
+        full_tokens: int,
+        swa_tokens: int,
+        *,
+        full_evictable_tokens: int = 0,
+        swa_evictable_tokens: int = 0,
+        empty_pool: bool = False,
+        require_token_slack: bool = False,
+    ) -> bool:
         """Whether a full/SWA demand fits the shared byte envelope, after reclaiming what is
         evictable; ``require_token_slack``: the scheduler's one-token strict slack at an empty pool."""
         if full_tokens < 0 or swa_tokens < 0:
             return False
-        if require_token_slack and (full_tokens >= self.size_full or swa_tokens >= self.size_swa):
+        if require_token_slack and (
+            full_tokens >= self.size_full or swa_tokens >= self.size_swa
+        ):
             return False
-        return self.reclaim_plan(full_tokens, swa_tokens, full_evictable_tokens=full_evictable_tokens,
-                                 swa_evictable_tokens=swa_evictable_tokens, empty_pool=empty_pool) is not None
+        return (
+            self.reclaim_plan(
+                full_tokens,
+                swa_tokens,
+                full_evictable_tokens=full_evictable_tokens,
+                swa_evictable_tokens=swa_evictable_tokens,
+                empty_pool=empty_pool,
+            )
+            is not None
+        )
 
-    def max_new_tokens_for_memory(self, input_tokens: int, max_new_tokens: int, *, token_capacity: int,
-                                  sliding_window_size: int | None, chunk_size: int | None) -> int | None:
+    def max_new_tokens_for_memory(
+        self,
+        input_tokens: int,
+        max_new_tokens: int,
+        *,
+        token_capacity: int,
+        sliding_window_size: int | None,
+        chunk_size: int | None,
+    ) -> int | None:
         """The most new tokens (up to ``max_new_tokens``) an empty pool could hold with the prompt,
         both sides priced in bytes (the SWA side keeps about a window); None: the prompt alone does
         not fit. ``token_capacity`` is not read: the buffer's bytes are the bound."""
+
         def fits(candidate: int) -> bool:
-            swa = estimate_swa_kv_tokens(input_tokens, candidate, sliding_window_size=sliding_window_size,
-                                         page_size=self.page_size, allocation_limit=chunk_size)
-            return self.can_reserve(input_tokens + candidate + self.page_size, swa, empty_pool=True,
-                                    require_token_slack=True)
+            swa = estimate_swa_kv_tokens(
+                input_tokens,
+                candidate,
+                sliding_window_size=sliding_window_size,
+                page_size=self.page_size,
+                allocation_limit=chunk_size,
+            )
+            return self.can_reserve(
+                input_tokens + candidate + self.page_size,
+                swa,
+                empty_pool=True,
+                require_token_slack=True,
+            )
 
         if not fits(0):
             return None
         if fits(max_new_tokens):
             return max_new_tokens
-        lo, hi = 0, max_new_tokens  # fits(lo) holds, fits(hi) does not: the largest that fits
+        lo, hi = (
+            0,
+            max_new_tokens,
+        )  # fits(lo) holds, fits(hi) does not: the largest that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(mid):
@@ -359,20 +512,34 @@ class UnifiedSWATokenToKVPoolAllocator:
         """Whether a demand this size could ever fit: priced against the empty buffer."""
         return self.can_reserve(full_tokens, swa_tokens, empty_pool=True)
 
-    def prealloc_fits(self, tree_cache, full_tokens: int, swa_tokens: int, *, full_budget_tokens: int,
-                      swa_budget_tokens: int | None = None) -> bool:
+    def prealloc_fits(
+        self,
+        tree_cache,
+        full_tokens: int,
+        swa_tokens: int,
+        *,
+        full_budget_tokens: int,
+        swa_budget_tokens: int | None = None,
+    ) -> bool:
         """Both sides against the shared envelope: what each side's budget holds back from what it
-        could hand out now (evictable included) is added to the demand, then the whole is priced.
-        (SGLang reads ``full_evictable_size`` / ``swa_evictable_size``; memlab's trees free a node on
+        could hand out now (evictable included) is added to the demand, then the whole
+        is priced. (SGLang reads ``full_evictable_size`` / ``swa_evictable_size``;
+        memlab's trees free a node on
         both sides, so ``evictable_size`` stands for both.)"""
         evictable = tree_cache.evictable_size()
         full_tokens += self.full_available_size() + evictable - full_budget_tokens
         if swa_budget_tokens is not None:
             swa_tokens += self.swa_available_size() + evictable - swa_budget_tokens
-        return self.can_reserve(full_tokens, swa_tokens, full_evictable_tokens=evictable,
-                                swa_evictable_tokens=evictable)
+        return self.can_reserve(
+            full_tokens,
+            swa_tokens,
+            full_evictable_tokens=evictable,
+            swa_evictable_tokens=evictable,
+        )
 
-    def evict_to_free_tokens(self, tree_cache, num_tokens: int, *, swa_num_tokens: int | None = None) -> bool | None:
+    def evict_to_free_tokens(
+        self, tree_cache, num_tokens: int, *, swa_num_tokens: int | None = None
+    ) -> bool | None:
         """Evict what the reclaim plan says both sides need, then answer whether the demand fits
         (None: no prefix sharing, or even evicting everything is not enough). memlab's trees free a
         node on both sides, so they are asked for the larger of the two reclaims."""
@@ -380,23 +547,33 @@ class UnifiedSWATokenToKVPoolAllocator:
             return None
         required_swa = num_tokens if swa_num_tokens is None else swa_num_tokens
         evictable = tree_cache.evictable_size()
-        plan = self.reclaim_plan(num_tokens, required_swa, full_evictable_tokens=evictable,
-                                 swa_evictable_tokens=evictable)
+        plan = self.reclaim_plan(
+            num_tokens,
+            required_swa,
+            full_evictable_tokens=evictable,
+            swa_evictable_tokens=evictable,
+        )
         if plan is None:
             return None
         if plan != (0, 0):
             # The wheel's tree takes each side's share; a memlab tree frees a node on both sides,
             # so it is asked for the fewest tokens that, freed on both sides, make the demand fit.
-            tree_cache.evict(self._both_sides_reclaim(num_tokens, required_swa, evictable))
+            tree_cache.evict(
+                self._both_sides_reclaim(num_tokens, required_swa, evictable)
+            )
         return self.ensure_capacity(num_tokens, required_swa)
 
-    def _both_sides_reclaim(self, full_tokens: int, swa_tokens: int, evictable: int) -> int:
+    def _both_sides_reclaim(
+        self, full_tokens: int, swa_tokens: int, evictable: int
+    ) -> int:
         ps = self.page_size
         full_pages, swa_pages = ceil_div(full_tokens, ps), ceil_div(swa_tokens, ps)
         low, high = 0, evictable // ps  # fits at high: reclaim_plan said so
         while low < high:
             mid = (low + high) // 2
-            if self._fits_pages_after(full_pages, swa_pages, full_reclaim_pages=mid, swa_reclaim_pages=mid):
+            if self._fits_pages_after(
+                full_pages, swa_pages, full_reclaim_pages=mid, swa_reclaim_pages=mid
+            ):
                 high = mid
             else:
                 low = mid + 1
@@ -405,7 +582,10 @@ class UnifiedSWATokenToKVPoolAllocator:
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
+
 def _check_unified_swa_books(full_v2p: torch.Tensor, swa_v2p: torch.Tensor) -> None:
     orphan = torch.nonzero((swa_v2p[:-1] > 0) & (full_v2p[:-1] <= 0)).flatten()
     if len(orphan):
-        raise AssertionError(f"virtual page {orphan[0].item()} holds an SWA page but no full page")
+        raise AssertionError(
+            f"virtual page {orphan[0].item()} holds an SWA page but no full page"
+        )

@@ -27,8 +27,6 @@ of overlap scheduling, PD disaggregation and HiCache, and the capacity memos (it
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from memlab.common import _checks
@@ -38,7 +36,9 @@ from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decod
 from memlab.sglang.unified.pool import UnifiedKVPool, UnifiedMHATokenToKVPool
 
 
-def translate_token_ids(loc: torch.Tensor, v2p: torch.Tensor, page_size: int) -> torch.Tensor:
+def translate_token_ids(
+    loc: torch.Tensor, v2p: torch.Tensor, page_size: int
+) -> torch.Tensor:
     """Virtual token ids -> physical ones (SGLang's ``translate_token_ids`` off CUDA):
     ``v2p[t // ps] * ps + t % ps``; an id that is negative, past the table or unbound -> 0."""
     t = loc.to(torch.int64)
@@ -49,27 +49,59 @@ def translate_token_ids(loc: torch.Tensor, v2p: torch.Tensor, page_size: int) ->
 
 
 class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
-    def __init__(self, *, kvcache, unified_buffer: UnifiedKVPool, sub_pool_name: str, device="cpu",
-                 is_id_owner: bool, virtual_num_pages: int | None = None, page_size: int = 1,
-                 debug_mode: bool = False, backend: str = "torch"):
-        _check_multi_ended_allocator(unified_buffer, sub_pool_name, is_id_owner, virtual_num_pages, page_size)
+    def __init__(
+        self,
+        *,
+        kvcache,
+        unified_buffer: UnifiedKVPool,
+        sub_pool_name: str,
+        device="cpu",
+        is_id_owner: bool,
+        virtual_num_pages: int | None = None,
+        page_size: int = 1,
+        debug_mode: bool = False,
+        backend: str = "torch",
+    ):
+        _check_multi_ended_allocator(
+            unified_buffer, sub_pool_name, is_id_owner, virtual_num_pages, page_size
+        )
         spec = unified_buffer.spec(sub_pool_name)
-        self.unified_buffer, self.sub_pool_name, self.spec = unified_buffer, sub_pool_name, spec
+        self.unified_buffer, self.sub_pool_name, self.spec = (
+            unified_buffer,
+            sub_pool_name,
+            spec,
+        )
         self.max_slots = unified_buffer.max_slots(sub_pool_name)
         self.grow_direction = spec.grow_direction
         self.entry_bytes = spec.entry_bytes()
         self.min_slot_index = unified_buffer.min_slot_index(sub_pool_name)
         self.is_id_owner = is_id_owner
         self._zero_pages_on_alloc = isinstance(kvcache, UnifiedMHATokenToKVPool)
-        # Pages are page_size slots of THIS sub-pool; page 0 and the rest of the sink floor are never used.
+        # Pages are page_size slots of THIS sub-pool; page 0 and the rest of the sink
+        # floor are never used.
         self.min_page_index = ceil_div(self.min_slot_index, page_size)
         self.entry_bytes_per_page = self.entry_bytes * page_size
         # v2p is indexed by virtual page, p2v by physical page: a non-owner binds the owner's ids.
-        self.num_virtual_ids = self.max_slots // page_size if virtual_num_pages is None else virtual_num_pages
-        self.low_peer = self.high_peer = None  # neighbours toward byte 0 / toward total_bytes
-        super().__init__(self.max_slots, page_size, spec.get_dtype(), device, kvcache, False, debug_mode, backend)
+        self.num_virtual_ids = (
+            self.max_slots // page_size
+            if virtual_num_pages is None
+            else virtual_num_pages
+        )
+        self.low_peer = self.high_peer = (
+            None  # neighbours toward byte 0 / toward total_bytes
+        )
+        super().__init__(
+            self.max_slots,
+            page_size,
+            spec.get_dtype(),
+            device,
+            kvcache,
+            False,
+            debug_mode,
+            backend,
+        )
 
-    def bind_peer(self, peer: "MultiEndedAllocator") -> None:
+    def bind_peer(self, peer: MultiEndedAllocator) -> None:
         """The other END is this one's growth-side neighbour: above a grow-up pool, below a grow-down one."""
         if self.grow_direction == "up":
             self.high_peer = peer
@@ -77,14 +109,27 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             self.low_peer = peer
 
     def clear(self) -> None:
-        self.watermark_physical = self.min_page_index if self.grow_direction == "up" else self.num_pages - 1
+        self.watermark_physical = (
+            self.min_page_index if self.grow_direction == "up" else self.num_pages - 1
+        )
         # Virtual page 0 <-> physical page 0 is the padding sink; the trailing row is a -1 sentinel.
-        self.virtual_to_physical = torch.full((self.num_virtual_ids + 1,), -1, dtype=torch.int64, device=self.device)
-        self.physical_to_virtual = torch.full((self.num_pages + 1,), -1, dtype=torch.int64, device=self.device)
+        self.virtual_to_physical = torch.full(
+            (self.num_virtual_ids + 1,), -1, dtype=torch.int64, device=self.device
+        )
+        self.physical_to_virtual = torch.full(
+            (self.num_pages + 1,), -1, dtype=torch.int64, device=self.device
+        )
         self.virtual_to_physical[0] = self.physical_to_virtual[0] = 0
-        first = self.min_page_index if self.is_id_owner else self.num_pages  # a non-owner mints no ids
-        self.free_pages = torch.arange(first, self.num_pages, dtype=torch.int64, device=self.device)
-        self.staged_pages, self.num_staged_pages = [], 0  # eager compaction stages nothing
+        first = (
+            self.min_page_index if self.is_id_owner else self.num_pages
+        )  # a non-owner mints no ids
+        self.free_pages = torch.arange(
+            first, self.num_pages, dtype=torch.int64, device=self.device
+        )
+        self.staged_pages, self.num_staged_pages = (
+            [],
+            0,
+        )  # eager compaction stages nothing
         self.free_group, self.free_page_ids_group = None, []
         self._held = None
 
@@ -102,7 +147,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
 
     def page_id_range(self) -> tuple[int, int]:
         # A non-owner frees the owner's ids, whose sink floor may end below its own.
-        return (self.min_page_index if self.is_id_owner else 1), self.num_virtual_ids - 1
+        return (
+            self.min_page_index if self.is_id_owner else 1
+        ), self.num_virtual_ids - 1
 
     # -- frontiers and capacity, in bytes ------------------------------------------------------
     def _allocated_pages(self) -> int:
@@ -130,7 +177,11 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """The free band between this sub-pool's frontier and its neighbour's (the buffer's end
         when it has none): what both sides of the pair can still grow into."""
         if self.grow_direction == "up":
-            above = self.unified_buffer.total_bytes if self.high_peer is None else self.high_peer._byte_low_frontier()
+            above = (
+                self.unified_buffer.total_bytes
+                if self.high_peer is None
+                else self.high_peer._byte_low_frontier()
+            )
             return max(0, above - self._byte_high_frontier())
         below = 0 if self.low_peer is None else self.low_peer._byte_high_frontier()
         return max(0, self._byte_low_frontier() - below)
@@ -138,7 +189,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     def available_size(self) -> int:
         """Tokens allocatable now: whole pages of the gap, within this sub-pool's page numbers."""
         pages_by_bytes = self._current_gap_bytes() // self.entry_bytes_per_page
-        pages_by_index_space = self.num_pages - self.min_page_index - self._allocated_pages()
+        pages_by_index_space = (
+            self.num_pages - self.min_page_index - self._allocated_pages()
+        )
         return min(pages_by_bytes, pages_by_index_space) * self.page_size
 
     def schedulable_available_size(self) -> int:
@@ -148,27 +201,57 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
 
     # -- allocation: chapter 04-05's paged allocator in virtual space -------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        assert self.is_id_owner, f"alloc on the non-owner {self.sub_pool_name!r}: use alloc_with_virtual"
+        assert self.is_id_owner, (
+            f"alloc on the non-owner {self.sub_pool_name!r}: use alloc_with_virtual"
+        )
         need_size = _checks.alloc(self, need_size)
         if need_size > self.available_size():
             return None  # SGLang's shortfall ladder first flushes the neighbour: nothing to flush when eager
         return super().alloc(need_size)
 
-    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                     extend_num_tokens: int) -> torch.Tensor | None:
+    def alloc_extend(
+        self,
+        prefix_lens,
+        prefix_lens_cpu,
+        seq_lens,
+        seq_lens_cpu,
+        last_loc,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
         """Chapter 04's ``alloc_extend`` over the virtual free list (the kernel, or its references),
         after the byte capacity check; returns virtual token ids."""
         assert self.is_id_owner, f"alloc_extend on the non-owner {self.sub_pool_name!r}"
-        _checks.alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
-        if num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size) * self.page_size > self.available_size():
+        _checks.alloc_extend(
+            self,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
+        if (
+            num_new_pages(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+            * self.page_size
+            > self.available_size()
+        ):
             return None
-        return super().alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                                    extend_num_tokens)
+        return super().alloc_extend(
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         assert self.is_id_owner, f"alloc_decode on the non-owner {self.sub_pool_name!r}"
         _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
-        if num_new_pages_decode(seq_lens_cpu, self.page_size) * self.page_size > self.available_size():
+        if (
+            num_new_pages_decode(seq_lens_cpu, self.page_size) * self.page_size
+            > self.available_size()
+        ):
             return None
         return super().alloc_decode(seq_lens, seq_lens_cpu, last_loc)
 
@@ -195,7 +278,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         else:
             start, self.watermark_physical = wm - n + 1, wm - n
         assert self.min_page_index - 1 <= self.watermark_physical <= self.num_pages, (
-            f"[{self.sub_pool_name}] out of physical pages: the byte-capacity check should have caught this")
+            f"[{self.sub_pool_name}] out of physical pages: the byte-capacity check should have caught this"
+        )
         phys = torch.arange(start, start + n, dtype=torch.int64, device=self.device)
         self.virtual_to_physical[v_pages] = phys
         self.physical_to_virtual[phys] = v_pages
@@ -206,7 +290,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     # -- translation ---------------------------------------------------------------------------
     def translate_kv_loc(self, virt_tokens: torch.Tensor) -> torch.Tensor:
         """Virtual token ids -> physical token ids, the rows the per-layer views are indexed by."""
-        return translate_token_ids(virt_tokens, self.virtual_to_physical, self.page_size)
+        return translate_token_ids(
+            virt_tokens, self.virtual_to_physical, self.page_size
+        )
 
     def translate_write_loc(self, loc: torch.Tensor) -> torch.Tensor:
         """The same for a batch's write locations (SGLang differs only under decode context parallelism)."""
@@ -217,9 +303,13 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Every free of the base allocator (free, free_page_ids, free_segment, a free group's
         end) lands here with distinct virtual pages."""
         freed_p_pages = self.virtual_to_physical[page_ids]
-        if bool((freed_p_pages < 0).any()):  # SGLang's own check on every eager free (a device sync)
-            raise AssertionError(f"[{self.sub_pool_name}] free of unbound virtual pages "
-                                 f"{page_ids[freed_p_pages < 0].tolist()}: a double free")
+        if bool(
+            (freed_p_pages < 0).any()
+        ):  # SGLang's own check on every eager free (a device sync)
+            raise AssertionError(
+                f"[{self.sub_pool_name}] free of unbound virtual pages "
+                f"{page_ids[freed_p_pages < 0].tolist()}: a double free"
+            )
         if self.debug_mode:
             self._debug_release(page_ids)
         self.virtual_to_physical[page_ids] = -1
@@ -233,7 +323,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Eager compaction: the watermark retreats by the K pages freed; the live pages left in the
         band it gave up move into the freed pages below it (sources and holes both ascending)."""
         k, old_wm = freed_physical_pages.numel(), self.watermark_physical
-        if self.grow_direction == "up":  # in use: [min_page_index, old_wm) -> [min_page_index, new_wm)
+        if (
+            self.grow_direction == "up"
+        ):  # in use: [min_page_index, old_wm) -> [min_page_index, new_wm)
             new_wm = old_wm - k
             band = torch.arange(new_wm, old_wm, device=self.device)
             holes = freed_physical_pages[freed_physical_pages < new_wm]
@@ -247,7 +339,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             self._move_pages_and_rebind(src, torch.sort(holes).values)
         self.physical_to_virtual[band] = -1
 
-    def _move_pages_and_rebind(self, src_pages: torch.Tensor, dst_pages: torch.Tensor) -> None:
+    def _move_pages_and_rebind(
+        self, src_pages: torch.Tensor, dst_pages: torch.Tensor
+    ) -> None:
         """Copy whole pages src -> dst in the byte buffer and point their virtual pages at dst;
         the virtual ids, hence everything above the allocator, stay as they were."""
         v_moved = self.physical_to_virtual[src_pages].clone()
@@ -264,12 +358,19 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
-def _check_multi_ended_allocator(buffer, name, is_id_owner, virtual_num_pages, page_size) -> None:
+
+def _check_multi_ended_allocator(
+    buffer, name, is_id_owner, virtual_num_pages, page_size
+) -> None:
     if name not in buffer._specs_by_name:
-        raise ValueError(f"no sub-pool {name!r} in this buffer (it has {sorted(buffer._specs_by_name)})")
+        raise ValueError(
+            f"no sub-pool {name!r} in this buffer (it has {sorted(buffer._specs_by_name)})"
+        )
     _checks.integer("page_size", page_size, 1)
     if virtual_num_pages is not None and is_id_owner:
-        raise ValueError("only a non-owner allocator may use another pool's virtual-id space")
+        raise ValueError(
+            "only a non-owner allocator may use another pool's virtual-id space"
+        )
     if virtual_num_pages is not None:
         _checks.integer("virtual_num_pages", virtual_num_pages, 1)
 
@@ -279,20 +380,31 @@ def _check_multi_ended_books(alloc) -> None:
     this sub-pool's end, and (an owner) every virtual page is free or bound, once."""
     if not alloc.debug_mode:
         raise RuntimeError("check_books needs debug_mode=True")
-    v2p, p2v = alloc.virtual_to_physical[:-1].cpu(), alloc.physical_to_virtual[:-1].cpu()
+    v2p, p2v = (
+        alloc.virtual_to_physical[:-1].cpu(),
+        alloc.physical_to_virtual[:-1].cpu(),
+    )
     v = torch.nonzero(v2p > 0).flatten()  # page 0 <-> 0 is the sink
     name = alloc.sub_pool_name
     if not torch.equal(p2v[v2p[v]], v):
         raise AssertionError(f"[{name}] v2p and p2v disagree")
     lo, hi = alloc.used_page_range()
     if not torch.equal(torch.sort(v2p[v]).values, torch.arange(lo, hi)):
-        raise AssertionError(f"[{name}] bound pages {sorted(v2p[v].tolist())} are not the run {lo}..{hi - 1}")
+        raise AssertionError(
+            f"[{name}] bound pages {sorted(v2p[v].tolist())} are not the run {lo}..{hi - 1}"
+        )
     if int((p2v[1:] >= 0).sum()) != hi - lo:
-        raise AssertionError(f"[{name}] p2v marks {int((p2v[1:] >= 0).sum())} pages used, the run holds {hi - lo}")
+        raise AssertionError(
+            f"[{name}] p2v marks {int((p2v[1:] >= 0).sum())} pages used, the run holds {hi - lo}"
+        )
     if alloc.is_id_owner:
         free = alloc.free_pages.cpu()
         if len(torch.unique(free)) != len(free) or bool(torch.isin(free, v).any()):
-            raise AssertionError(f"[{name}] a virtual page is free twice, or free and bound")
+            raise AssertionError(
+                f"[{name}] a virtual page is free twice, or free and bound"
+            )
         if len(free) + len(v) != alloc.num_virtual_ids - alloc.min_page_index:
-            raise AssertionError(f"[{name}] {len(free)} free + {len(v)} bound virtual pages != "
-                                 f"{alloc.num_virtual_ids - alloc.min_page_index}")
+            raise AssertionError(
+                f"[{name}] {len(free)} free + {len(v)} bound virtual pages != "
+                f"{alloc.num_virtual_ids - alloc.min_page_index}"
+            )
