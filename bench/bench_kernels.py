@@ -4,13 +4,14 @@
   python bench/bench_kernels.py            # on a GPU: compiled kernels, triton.testing.do_bench
   python bench/bench_kernels.py --smoke    # tiny sizes (without a GPU these are the only sizes)
 
-Each row first checks that every implementation gives the same result on the same inputs, then
-times them. The first line names the mode: on a GPU the kernels are compiled and timed with
-do_bench; without one they run in Triton's interpreter (NumPy, one program after another), so the
-kernel times and ratios there compare interpreted programs, not GPU code. SGLang's kernels are
-executed from the wheel's own file (sglang/kernels/ops/memory/allocator.py, which imports only
-torch and triton), fetched once by tests/engines/wheels.py into its cache (MEMLAB_ENGINES_CACHE);
-without the wheel their column says why.
+Each row first checks that every implementation gives the same result on the same
+inputs, then times them. The first line names the mode: on a GPU the kernels are
+compiled and timed with do_bench; without one they run in Triton's interpreter (NumPy,
+one program after another), so the kernel times and ratios there compare interpreted
+programs, not GPU code. SGLang's kernels are executed from the wheel's own file
+(sglang/kernels/ops/memory/allocator.py, which imports only torch and triton), fetched
+once by tests/tools/engines/wheels.py into its cache (MEMLAB_ENGINES_CACHE); without the
+wheel their column says why.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import sys
+import runpy
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,9 +46,10 @@ class Row(NamedTuple):
 def sglang_kernels():
     """SGLang's allocator kernels module and "", or None and why not (call after the kernel mode is
     set: triton.jit reads TRITON_INTERPRET when the file runs)."""
-    sys.path.insert(0, str(ROOT / "tests" / "engines"))
     import pytest
-    from wheels import extracted
+
+    runpy.run_path(str(ROOT / "tests" / "tools" / "loading.py"))["register"]()
+    from memlab_tests.tools.engines.wheels import extracted
 
     try:
         path = extracted("sglang", [SGLANG_KERNELS]) / SGLANG_KERNELS

@@ -10,7 +10,7 @@
 # its timings are not disturbed:
 #   1. every kernel and GPU-only test      pytest -m "kernel or gpu": the kernels compiled against
 #                                           their references, the ahead-of-time compile check
-#                                           (scripts/compile_kernels.py, sm_75 and sm_90) and the
+#                                           (tests/tools/compile_kernels.py, sm_75 and sm_90) and the
 #                                           JIT's own count of compiled variants
 #   2. the graded GPU points, solutions     python -m memlab.grade --solutions
 #   3. every chapter headless               scripts/run_notebooks.py --jobs 6
@@ -30,7 +30,7 @@
 #        bash scripts/gpu_check.sh --fetch-wheels 3.12        # pip download into ./gpu-wheels/
 #      (unsure of the version? --fetch-wheels "3.10 3.11 3.12 3.13": about 20 MB more per version)
 #      It also puts SGLang 0.5.23's wheel (39 MB, any Python: only its Triton file is read) in
-#      gpu-wheels/engines/, the cache of tests/engines/wheels.py for phases 1 and 4; it is never
+#      gpu-wheels/engines/, the cache of tests/tools/engines/wheels.py for phases 1 and 4; it is never
 #      installed. Without it the benchmark times memlab's kernels only and says so.
 #   2. bring gpu-wheels/ along (it is in .gitignore: carry it with the working tree);
 #   3. this script installs them without network before it starts:
@@ -61,9 +61,9 @@ if [ "${1:-}" = --fetch-wheels ]; then
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
       --platform any -d "$dest" "${EXTRA[@]}" || exit 1
   done
-  # SGLang's wheel for the benchmark, through the engines' own download (tests/engines/wheels.py).
-  MEMLAB_ENGINES_CACHE="$dest/engines" "$PY" -c 'import sys; sys.path.insert(0, "tests/engines")
-import wheels; print("gpu_check: SGLang for the benchmark:", wheels.wheel("sglang"))' || exit 1
+  # SGLang's wheel for the benchmark, through the engines' own download (tests/tools/engines/wheels.py).
+  MEMLAB_ENGINES_CACHE="$dest/engines" "$PY" -c 'import runpy; wheels = runpy.run_path("tests/tools/engines/wheels.py")
+print("gpu_check: SGLang for the benchmark:", wheels["wheel"]("sglang"))' || exit 1
   echo "gpu_check: $(ls "$dest" | wc -l) wheels in $dest ($(du -sh "$dest" | cut -f1)) for Python $versions"
   exit 0
 fi
@@ -114,10 +114,10 @@ if [ $DRY = 1 ]; then
   for f in scripts/run_notebooks.py bench/bench_kernels.py tests/exercises; do label=$f; check test -e "$f"; done
   label="memlab.grade, memlab.common.env"; check has "memlab.grade, memlab.common.env"
   label="tests marked kernel or gpu"; check grep -rqlE "mark\.(kernel|gpu)|pytestmark.*(kernel|gpu)" tests
-  label="compile check: scripts/compile_kernels.py, tests/test_kernels_compile.py"
-  check test -e scripts/compile_kernels.py -a -e tests/test_kernels_compile.py
-  if sglang=$("$PY" -c 'import sys; sys.path.insert(0, "tests/engines"); import wheels
-found = sorted(wheels.cache_dir().glob("sglang-%s-*.whl" % wheels.ENGINES["sglang"]))
+  label="compile check: tests/tools/compile_kernels.py, tests/kernels/test_compile.py"
+  check test -e tests/tools/compile_kernels.py -a -e tests/kernels/test_compile.py
+  if sglang=$("$PY" -c 'import runpy, sys; wheels = runpy.run_path("tests/tools/engines/wheels.py")
+found = sorted(wheels["cache_dir"]().glob("sglang-%s-*.whl" % wheels["ENGINES"]["sglang"]))
 print(found[0]) if found else sys.exit(1)' 2>/dev/null); then echo "  ok       SGLang's wheel for the benchmark: $sglang"
   else echo "  skip     SGLang's wheel missing: the benchmark would time memlab's kernels only (bash $0 --fetch-wheels)"; fi
   if [ $NB_OK = 1 ]; then echo "  ok       chapter packages (nbclient, ipykernel, jupytext, ipywidgets...)"

@@ -2,10 +2,11 @@
 
     python scripts/run_notebooks.py [NN ...] [--full] [--jobs N]
 
-Each notebook runs in a fresh kernel with chapters/ as its working folder and MEMLAB_FAST=1
-(small sizes) unless --full. Every cell must run: an exercise cell reports a stub that is not
-written yet and the notebook goes on (tests/test_notebooks.py runs the chapters the way Colab
-does: in a fresh folder that clones the course first).
+Each notebook runs in a fresh kernel with chapters/ as its working folder and
+MEMLAB_FAST=1 (small sizes) unless --full. Every cell must run: an exercise cell reports
+a stub that is not written yet and the notebook goes on
+(tests/chapters/test_notebooks.py runs the chapters the way Colab does: in a fresh
+folder that clones the course first).
 """
 
 from __future__ import annotations

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import runpy
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 HOME_FILE = ROOT / "memlab" / "course" / "home.py"
 TEXT_FILES = ("README.md", "chapters/README.md")
@@ -160,9 +159,7 @@ def main(argv=None) -> int:
         if new != text:
             path.write_text(new)
             changed += 1
-    import sync_notebooks
-
-    sync_notebooks.main([])
+    runpy.run_path(str(ROOT / "scripts" / "sync_notebooks.py"))["main"]([])
     print(f"home {repo} at {ref}: rewrote {changed} files")
     left = problems(repo, ref)
     for f in left:

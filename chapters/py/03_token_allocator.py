@@ -17,56 +17,16 @@
 
 # %%
 # @title Setup: run this cell first (Colab: tick DRIVE to keep your exercises on Google Drive) { display-mode: "form" }
+# fmt: off
 DRIVE = False  # @param {type:"boolean"}
-HOME, REF = (
-    "memlab-course/memlab",
-    "v0.1.0",
-)  # the course's home and version (scripts/set_home.py)
-import os
-import pathlib
-import re
-import subprocess
-import sys
-
-here, url = (
-    pathlib.Path.cwd().resolve(),
-    os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}"),
-)
-root = next(
-    (p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()),
-    here / f"memlab-{REF}",
-)
-if (
-    not root.is_dir()
-    and (
-        git := subprocess.run(
-            [
-                "sh",
-                "-c",
-                'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"',
-                root,
-                REF,
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
-        )
-    ).returncode
-):
-    raise RuntimeError(
-        f"could not clone the course from {url} at version {REF}: "
-        + (
-            "no network (check the connection, then re-run this cell)"
-            if re.search("resolve host|connect to|timed out|unreachable", git.stderr)
-            else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})"
-        )
-        + f"\ngit said: {git.stderr.strip()[-400:]}"
-    )
-sys.path.insert(0, str(root))
-from memlab.course.notebook import exercise, start
-
-FAST = start("03", REF, drive=DRIVE)
+HOME, REF = "memlab-course/memlab", "v0.1.0"  # the course's home and version (scripts/set_home.py)
+import os, pathlib, re, subprocess, sys; here, url = pathlib.Path.cwd().resolve(), os.environ.get("MEMLAB_REPO_URL", f"https://github.com/{HOME}")
+root = next((p for p in (here, *here.parents) if (p / "memlab/course/notebook.py").is_file()), here / f"memlab-{REF}")
+if not root.is_dir() and (git := subprocess.run(["sh", "-c", 'rm -rf "$0.partial" && git clone -q --depth 1 -b "$1" "$2" "$0.partial" && mv "$0.partial" "$0"', root, REF, url], capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})).returncode:
+    raise RuntimeError(f"could not clone the course from {url} at version {REF}: " + ("no network (check the connection, then re-run this cell)" if re.search("resolve host|connect to|timed out|unreachable", git.stderr) else f"no such repository or version ({HOME} does not exist, is private, or has no tag {REF})") + f"\ngit said: {git.stderr.strip()[-400:]}")
+sys.path += [str(root)] if str(root) not in sys.path else []  # appended: no course folder hides an installed package
+from memlab.course.notebook import exercise, start; FAST = start("03", REF, drive=DRIVE)
+# fmt: on
 
 # %% [markdown]
 # ## See it

@@ -34,9 +34,10 @@ import torch
 
 # The model lives in its own module (memlab.capstone.checkpoint fills it); chapters
 # import it from here too.
-from memlab.capstone.tiny_llama import (
-    TinyLlama,
-)
+from memlab.capstone.tiny_llama import TinyConfig as TinyConfig
+from memlab.capstone.tiny_llama import TinyLlama as TinyLlama
+from memlab.capstone.tiny_llama import generate_reference as generate_reference
+from memlab.capstone.tiny_llama import rope_inv_freq as rope_inv_freq
 from memlab.common import _checks
 from memlab.common.sizing import (
     RunningReq,

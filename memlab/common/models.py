@@ -1,9 +1,10 @@
 """Real model configurations, with the numbers the memory books need.
 
-Every field is copied from the model's published ``config.json`` on Hugging Face (the source is
-named per model); parameter counts come from the model card or, for dense decoders, from the
-config's shapes (``tests/test_models.py`` redoes that arithmetic by hand). Bytes per token come
-from ``memlab.sglang.kv_pool``'s formulas, so the table and the pools can never disagree.
+Every field is copied from the model's published ``config.json`` on Hugging Face (the
+source is named per model); parameter counts come from the model card or, for dense
+decoders, from the config's shapes (``tests/common/test_models.py`` redoes that
+arithmetic by hand). Bytes per token come from ``memlab.sglang.kv_pool``'s formulas, so
+the table and the pools can never disagree.
 
 Layer kinds, as the configs' ``layer_types`` spell them:
 ``full_attention`` (KV for every token), ``sliding_attention`` (KV for the last ``sliding_window``

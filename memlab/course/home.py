@@ -13,8 +13,9 @@ To publish under OWNER/NAME:
     git commit -am "course home: OWNER/NAME"
     git tag v0.1.0 && git push origin main v0.1.0   # the tag REF names must exist on the home
 
-After a version bump in pyproject.toml, ``python scripts/set_home.py`` (no argument) moves REF to
-the new tag. tests/test_home.py checks that every badge, link and clone cell agrees with this file.
+After a version bump in pyproject.toml, ``python scripts/set_home.py`` (no argument)
+moves REF to the new tag. tests/repo/test_home.py checks that every badge, link and
+clone cell agrees with this file.
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ course on ``sys.path`` (``from memlab.course.notebook import exercise, start``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
 import zipfile
 from pathlib import Path
@@ -166,6 +168,23 @@ def download_exercises(to: str | os.PathLike | None = None) -> Path:
 # -- the first cell's second half -----------------------------------------------------------
 
 
+def expose_to_new_processes(root: Path) -> None:
+    """Shell cells (``!python -m memlab.grade 04``) start a new Python: let it import memlab
+    from ``root`` too. PYTHONPATH gets a folder that holds only a link named ``memlab`` to
+    ``root/memlab``, never ``root`` itself: the course's other folders (``kernels/`` above all)
+    would come before site-packages there and hide installed packages of the same name."""
+    tag = hashlib.sha1(str(root).encode()).hexdigest()[:10]
+    link_dir = Path(tempfile.gettempdir()) / f"memlab-path-{os.getuid()}-{tag}"
+    link = link_dir / "memlab"
+    if not (link.is_symlink() and link.resolve() == (root / "memlab").resolve()):
+        link_dir.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(root / "memlab", target_is_directory=True)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(link_dir) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(link_dir), *paths])
+
+
 def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     """Check the clone's version, fix the kernel mode before anything imports Triton, say where
     kernels run and where your exercise files live; return fast()."""
@@ -177,10 +196,7 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
         *here.parents,
     ):  # a clone beside the notebook (Colab)
         check_clone(ROOT, ref)
-    # Shell cells (!python -m memlab.grade 04) start a new process: let it find memlab too.
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if str(ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, paths)])
+    expose_to_new_processes(ROOT)
     try:
         mode = ensure_kernel_mode()
     except RuntimeError as exc:  # triton was imported first by something else

@@ -3,7 +3,6 @@
 import random
 
 import pytest
-from exercise_refs import i64
 
 from memlab.course.grading.checks import (
     expect,
@@ -12,6 +11,7 @@ from memlab.course.grading.checks import (
     expect_raises,
 )
 from memlab.course.grading.loader import load
+from memlab_tests.exercises.exercise_refs import i64
 
 
 def points(n):

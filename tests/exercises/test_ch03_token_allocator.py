@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-from exercise_refs import i64
 
 from memlab.course.grading.checks import (
     call_keeping_inputs,
@@ -14,6 +13,7 @@ from memlab.course.grading.checks import (
     expect_tensor,
 )
 from memlab.course.grading.loader import load
+from memlab_tests.exercises.exercise_refs import i64
 
 
 def points(n):

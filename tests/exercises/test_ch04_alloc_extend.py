@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-from exercise_refs import alloc_extend_python, i64, split_by_request
 
 from memlab.course.grading.checks import (
     call_keeping_inputs,
@@ -16,6 +15,11 @@ from memlab.course.grading.checks import (
     snapshot,
 )
 from memlab.course.grading.loader import load
+from memlab_tests.exercises.exercise_refs import (
+    alloc_extend_python,
+    i64,
+    split_by_request,
+)
 
 
 def points(n):

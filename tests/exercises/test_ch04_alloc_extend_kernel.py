@@ -8,9 +8,14 @@ import random
 
 import pytest
 import torch
-from exercise_refs import alloc_extend_python, fenced, i64, split_by_request
 
 from memlab.course.grading.checks import expect_equal
+from memlab_tests.exercises.exercise_refs import (
+    alloc_extend_python,
+    fenced,
+    i64,
+    split_by_request,
+)
 
 GUARD = 16
 SENTINEL = -777

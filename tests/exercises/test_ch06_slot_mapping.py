@@ -8,9 +8,9 @@ import random
 
 import pytest
 import torch
-from exercise_refs import fenced
 
 from memlab.course.grading.checks import expect_equal
+from memlab_tests.exercises.exercise_refs import fenced
 
 GUARD = 16
 SENTINEL = -555

@@ -4,7 +4,6 @@ import itertools
 
 import pytest
 import torch
-from exercise_refs import i64
 
 from memlab.course.grading.checks import (
     expect,
@@ -13,6 +12,7 @@ from memlab.course.grading.checks import (
     expect_raises,
 )
 from memlab.course.grading.loader import load
+from memlab_tests.exercises.exercise_refs import i64
 
 
 def points(n):

@@ -10,9 +10,9 @@ import math
 
 import pytest
 import torch
-from exercise_refs import fenced, narrow_products
 
 from memlab.course.grading.checks import expect, expect_equal
+from memlab_tests.exercises.exercise_refs import fenced, narrow_products
 
 
 def points(n):

@@ -8,7 +8,6 @@ A failing random case names its seed, its step and its inputs.
 
 import pytest
 import torch
-from exercise_refs import i64
 
 from memlab.course.grading.checks import (
     CheckFailed,
@@ -23,6 +22,7 @@ from memlab.sglang.unified import (
     UnifiedKVPool,
     translate_token_ids,
 )
+from memlab_tests.exercises.exercise_refs import i64
 
 PAGE_SIZES = (1, 2, 3, 4, 5, 6)
 

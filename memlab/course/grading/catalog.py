@@ -1,9 +1,10 @@
 """Every graded exercise, in one place: id, chapter, file, points, title.
 
-``file`` is the stub's name under exercises/ (its twin under solutions/ has the same name) and
-the graded tests live in tests/exercises/test_<file>.py. ``points`` are the CPU points (tests
-run on a laptop, kernels in the Triton interpreter); ``gpu_points`` are extra points from tests
-that need a CUDA device. tests/test_grader.py checks that the tests' markers add up to these.
+``file`` is the stub's name under exercises/ (its twin under solutions/ has the same
+name) and the graded tests live in tests/exercises/test_<file>.py. ``points`` are the
+CPU points (tests run on a laptop, kernels in the Triton interpreter); ``gpu_points``
+are extra points from tests that need a CUDA device. tests/course/grading/test_grader.py
+checks that the tests' markers add up to these.
 """
 
 from __future__ import annotations

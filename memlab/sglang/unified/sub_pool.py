@@ -18,7 +18,7 @@ moves the live pages out of the band it vacates at once, so the pages in use alw
 run at the sub-pool's own end, and only v2p/p2v are rewritten: nothing above the allocator ever
 saw a physical id. SGLang's default, lazy compaction, leaves holes and compacts on demand (an
 urgent flush when a neighbour is short, an opportunistic one when the scheduler idles). Both
-accept and refuse exactly the same requests (tests/engines/test_sglang_unified.py runs the
+accept and refuse exactly the same requests (tests/engines/sglang/test_unified.py runs the
 wheel's lazy allocator beside memlab's eager one and checks it); only where pages sit and how many
 copies are made differ. memlab also leaves out the float middle pool, decode context parallelism
 (one page size, ``translate_write_loc`` is ``translate_kv_loc``), the CUDA-stream and move gates
