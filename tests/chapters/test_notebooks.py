@@ -182,7 +182,12 @@ def test_chapter_runs_like_colab(path, home_repo, tmp_path):
         fast=True,
         timeout=240,
         cwd=content,
-        env={"MEMLAB_REPO_URL": home_repo.as_uri(), "MEMLAB_EXERCISES": ""},
+        # Colab's kernel has no PYTHONPATH: memlab must come from the clone the cell makes
+        env={
+            "MEMLAB_REPO_URL": home_repo.as_uri(),
+            "MEMLAB_EXERCISES": "",
+            "PYTHONPATH": "",
+        },
     )
     check_executed(nb, path.name)
     clone = content / home.clone_folder()
