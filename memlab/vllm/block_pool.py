@@ -248,6 +248,9 @@ class BlockHashToBlockMap:
         return blocks
 
     def insert(self, key: BlockHash, block: KVCacheBlock) -> None:
+        """Map one more block under the key. One dict lookup for a new key; a block already
+        under the key stays as it is (vLLM would make a dict of it: the pool never does it,
+        set_block_hash refuses a block that has a hash)."""
         blocks = self._cache.setdefault(key, block)
         if blocks is block:  # the common case: a new key, now the block itself
             return
