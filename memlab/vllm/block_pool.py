@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterator, Sequence
+from itertools import islice
 
 from memlab.common import _checks
 
@@ -95,6 +96,9 @@ class FreeKVCacheBlockQueue:
     )
 
     def __init__(self, blocks: Sequence[KVCacheBlock], debug_mode: bool = False):
+        # Checked once, at start: the queue trusts its blocks from then on.
+        _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+        _check_blocks("blocks", blocks)
         self.debug_mode = debug_mode
         self.num_free_blocks = len(blocks)
         self.fake_free_list_head = KVCacheBlock(-1)
@@ -143,14 +147,13 @@ class FreeKVCacheBlockQueue:
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink a block from anywhere in the queue in O(1) (a prefix hit on a free block). A
         block out of the queue is refused, as vLLM refuses it (a RuntimeError there, a
-        ValueError naming the block here); debug mode also checks it is a KVCacheBlock."""
+        ValueError naming the block here); debug mode also checks it is a KVCacheBlock of THIS
+        queue (a walk to the fake tail)."""
         if self.debug_mode:
-            _checks.instance("block", block, KVCacheBlock)
+            _check_queued(self, block)
         prev_block, next_block = block.prev_free_block, block.next_free_block
         if prev_block is None or next_block is None:
-            raise ValueError(
-                f"remove() of block {block.block_id}, which is not in the free queue"
-            )
+            raise ValueError(f"remove() of block {block.block_id}: not queued")
         prev_block.next_free_block = next_block
         next_block.prev_free_block = prev_block
         block.prev_free_block = block.next_free_block = None
@@ -209,14 +212,20 @@ class FreeKVCacheBlockQueue:
         tail.prev_free_block = last_block
         self.num_free_blocks += len(blocks)
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """The free blocks from head (reused first) to tail (evicted last). Walks the list: O(n)."""
-        ret = []
-        block = self.fake_free_list_head.next_free_block
-        while block is not self.fake_free_list_tail:
-            ret.append(block)
-            block = block.next_free_block
-        return ret
+    def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:
+        """The free blocks in eviction order after ``cursor`` (from the head when None)."""
+        head = self.fake_free_list_head
+        curr_block = (head if cursor is None else cursor).next_free_block
+        while curr_block is not None and curr_block is not self.fake_free_list_tail:
+            yield curr_block
+            curr_block = curr_block.next_free_block
+
+    def get_all_free_blocks(self, limit: int | None = None) -> list[KVCacheBlock]:
+        """The free blocks from head (reused first) to tail (evicted last). Walks the list: O(n).
+        ``limit`` (memlab's) stops the walk after that many blocks plus one: a broken queue's
+        cycle then ends in a list longer than the queue, not in a walk that never returns."""
+        stop = None if limit is None else limit + 1
+        return list(islice(self.iter_blocks_after(None), stop))
 
     def __len__(self) -> int:
         return self.num_free_blocks
@@ -301,7 +310,12 @@ class BlockPool:
         *,
         debug_mode: bool = False,
     ):
-        _validate_init(num_gpu_blocks, hash_block_size)
+        _checks.integer(
+            "num_gpu_blocks (with the null block)", num_gpu_blocks, 2, MAX_BLOCKS
+        )
+        _checks.instance("enable_caching", enable_caching, bool)
+        if hash_block_size is not None:
+            _checks.integer("hash_block_size", hash_block_size, 1, MAX_BLOCKS)
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -331,11 +345,14 @@ class BlockPool:
         any group misses. memlab's pool serves one group: given ``kv_cache_group_ids`` (``[0]``)
         it answers as vLLM does; without them, with the block itself (memlab's short call).
         """
-        block = self.cached_block_hash_to_block.get_one_block(block_hash)
+        try:
+            block = self.cached_block_hash_to_block.get_one_block(block_hash)
+        except TypeError:  # not a dict key
+            raise TypeError(f"block_hash {block_hash!r} is not hashable") from None
         if kv_cache_group_ids is None:
             return block
-        _check_group_ids(kv_cache_group_ids)
-        return None if block is None else [block]
+        _checks.int_list("kv_cache_group_ids (one group: 0)", kv_cache_group_ids, 0, 0)
+        return None if block is None else [block] * len(kv_cache_group_ids)
 
     def cache_full_blocks(
         self,
@@ -366,7 +383,7 @@ class BlockPool:
             return
         new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
         if self.free_block_queue.debug_mode:
-            _check_unhashed(self, new_full_blocks)
+            _check_blocks("blocks", new_full_blocks, self, "cache")
         new_block_hashes = request.block_hashes[num_cached_blocks:num_full_blocks]
         insert = self.cached_block_hash_to_block.insert
         for blk, block_hash in zip(new_full_blocks, new_block_hashes):
@@ -413,7 +430,7 @@ class BlockPool:
         if type(blocks) is not list:
             _checks.instance("blocks", blocks, tuple, "a list of KVCacheBlocks")
         if self.free_block_queue.debug_mode:
-            _check_blocks("blocks", blocks, self)
+            _check_blocks("blocks", blocks, self, "touch")
         for block in blocks:
             if block.is_null:
                 continue
@@ -434,8 +451,7 @@ class BlockPool:
         if type(ordered_blocks) is not list:
             ordered_blocks = _blocks_as_list("ordered_blocks", ordered_blocks)
         if self.free_block_queue.debug_mode:
-            _check_blocks("ordered_blocks", ordered_blocks, self)
-            _check_freeable(ordered_blocks)
+            _check_blocks("ordered_blocks", ordered_blocks, self, "free")
         enable_caching = self.enable_caching
         blocks_to_evict_last = []
         blocks_to_evict_first = []
@@ -472,53 +488,35 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Deep check of the books (debug/tests, O(num blocks)); an AssertionError names the
-        first broken rule: a block is in the free queue with ref_cnt 0, or out of it with
-        ref_cnt > 0 (the null block: out, never counted); a block has a hash exactly when the
-        map holds it under that hash."""
+        first broken rule: the queue's links agree both ways and with its count; a block is in
+        the queue with ref_cnt 0 or out of it with ref_cnt > 0 (the null block: out, never
+        counted); a block has a hash exactly when the map holds it under that hash."""
         queue = self.free_block_queue
-        chain = [queue.fake_free_list_head]
-        while chain[-1] is not queue.fake_free_list_tail:  # bounded: a cycle stops it
-            assert len(chain) <= self.num_gpu_blocks + 1, "the free queue has a cycle"
-            chain.append(chain[-1].next_free_block)
+        free = queue.get_all_free_blocks(limit=self.num_gpu_blocks)
+        chain = [queue.fake_free_list_head, *free, queue.fake_free_list_tail]
         for left, right in zip(chain, chain[1:]):
-            assert right.prev_free_block is left, "free queue links disagree"
-        free = chain[1:-1]
+            assert right.prev_free_block is left, f"links disagree at {right}"
         in_queue = {b.block_id for b in free}
-        assert len(in_queue) == len(free) == self.get_num_free_blocks(), (
-            f"num_free_blocks {self.get_num_free_blocks()} for {len(free)} linked blocks"
-        )
+        assert len(in_queue) == len(free) == queue.num_free_blocks, "free block count"
         for b in self.blocks:
-            queued = b.block_id in in_queue
-            ok = b.ref_cnt == 0 if queued else b.ref_cnt > 0 or b.is_null
-            assert ok and not (queued and b.is_null), (
-                f"block {b.block_id} is {'free' if queued else 'out of the queue'} "
-                f"with ref_cnt {b.ref_cnt}"
-            )
-        mapped = {
-            (block_id, key)
-            for key, blocks in self.cached_block_hash_to_block._cache.items()
-            for block_id in (blocks if type(blocks) is dict else [blocks.block_id])
-        }
-        hashed = {
-            (b.block_id, b.block_hash) for b in self.blocks if b.block_hash is not None
-        }
-        assert hashed == mapped, (
-            f"hashed but not mapped (or under another hash): "
-            f"{sorted(hashed ^ mapped, key=repr)[:5]}"
-        )
+            want = "out of the queue" if b.is_null or b.ref_cnt > 0 else "free"
+            where = "free" if b.block_id in in_queue else "out of the queue"
+            assert want == where and b.ref_cnt >= 0, f"block {b.block_id} is {where}"
+        mapped = {(key, b.block_id) for key, b in _cached_blocks(self)}
+        cached = [b for b in self.blocks if b.block_hash is not None]
+        hashed = {(b.block_hash, b.block_id) for b in cached}
+        assert hashed == mapped, f"hashed and mapped differ: {hashed ^ mapped}"
+
+
+def _cached_blocks(pool: BlockPool):
+    """(hash, block) for every block in the map (a hash with copies: once per copy)."""
+    for key, blocks in pool.cached_block_hash_to_block._cache.items():
+        for block in blocks.values() if type(blocks) is dict else (blocks,):
+            yield key, block
 
 
 # -- argument checks at the boundary (memlab's; vLLM trusts its scheduler) -----------------------
-# _check_blocks, _check_freeable, _check_unhashed and _check_unqueued scan every block: the methods
-# call them in debug mode only. The others run on every call and cost O(1).
-
-
-def _validate_init(num_gpu_blocks, hash_block_size) -> None:
-    _checks.integer(
-        "num_gpu_blocks (block 0 is the null block)", num_gpu_blocks, 2, MAX_BLOCKS
-    )
-    if hash_block_size is not None:
-        _checks.integer("hash_block_size", hash_block_size, 1, MAX_BLOCKS)
+# _check_blocks, _check_unqueued and _check_queued scan blocks: debug mode only. The rest is O(1).
 
 
 def _blocks_as_list(name: str, blocks) -> list:
@@ -527,111 +525,50 @@ def _blocks_as_list(name: str, blocks) -> list:
     return list(blocks)
 
 
-def _check_group_ids(kv_cache_group_ids) -> None:
-    """Group ids: memlab's pool serves one KV cache group, 0."""
-    _checks.instance(
-        "kv_cache_group_ids", kv_cache_group_ids, (list, tuple), "a list of group ids"
-    )
-    for group_id in kv_cache_group_ids:
-        _checks.integer("kv_cache_group_id", group_id)
-    if list(kv_cache_group_ids) != [0]:
-        raise ValueError(
-            "memlab's pool serves one KV cache group: kv_cache_group_ids must be [0] "
-            f"(kv_cache_group_id 0), got {list(kv_cache_group_ids)}"
-        )
-
-
-def _check_blocks(name: str, blocks, pool: BlockPool | None = None) -> None:
-    """Each of ``blocks`` a KVCacheBlock; given ``pool``, one of that pool's (a block of another
-    pool has the same ids) and, when free, really in its queue."""
-    for i, b in enumerate(blocks):
-        if type(b) is not KVCacheBlock:
-            _checks.instance(f"{name}[{i}]", b, KVCacheBlock)
-        if pool is None:
-            continue
-        if b.block_id >= len(pool.blocks) or pool.blocks[b.block_id] is not b:
-            raise ValueError(f"block {b.block_id} is not a block of this pool")
-        if b.ref_cnt == 0 and not b.is_null and b.prev_free_block is None:
-            raise ValueError(
-                f"block {b.block_id} has ref_cnt 0 but is not in the free queue"
-            )
+def _check_queued(queue: FreeKVCacheBlockQueue, block) -> None:
+    """A KVCacheBlock; if linked, linked into THIS queue (its links lead to this fake tail)."""
+    _checks.instance("block", block, KVCacheBlock)
+    after = list(islice(queue.iter_blocks_after(block), queue.num_free_blocks))
+    last = after[-1] if after else block
+    if block.prev_free_block and last.next_free_block is not queue.fake_free_list_tail:
+        raise ValueError(f"block {block.block_id} is in another free queue")
 
 
 def _check_unqueued(where: str, blocks) -> None:
+    """Blocks to link: KVCacheBlocks, each out of every queue and listed once."""
     _check_blocks(f"{where}: blocks", blocks)
-    for block in blocks:
-        if block.prev_free_block is not None or block.next_free_block is not None:
-            raise ValueError(
-                f"{where}() of block {block.block_id}, which is already in the free queue"
-            )
-    if len({id(b) for b in blocks}) < len(blocks):
-        raise ValueError(f"{where}(): a block appears twice among the blocks to link")
+    linked = [b for b in blocks if b.prev_free_block or b.next_free_block]
+    if linked or len(set(map(id, blocks))) < len(blocks):
+        raise ValueError(f"{where}(): a block is queued already or listed twice")
 
 
-def _check_freeable(blocks: list) -> None:
-    """No block freed more often than it was taken (listed twice counts twice): vLLM's count would
-    go negative."""
-    times = Counter(b.block_id for b in blocks if not b.is_null)
-    for b in blocks:
-        if not b.is_null and times[b.block_id] > b.ref_cnt:
-            raise ValueError(
-                f"free of block {b.block_id} with ref_cnt {b.ref_cnt}: freed more often "
-                "than taken"
-            )
+def _check_blocks(name: str, blocks, pool=None, op: str = "") -> None:
+    """KVCacheBlocks (in a list or tuple); given ``pool``, each of that pool's (another pool's block has the same
+    ids), in the state ``op`` needs: "touch" a free one in the queue, "free" none freed more
+    often than taken, "cache" none hashed or listed twice (null blocks are skipped)."""
+    times = Counter(map(id, blocks))
+    for i, b in enumerate(blocks):
+        _checks.instance(f"{name}[{i}]", b, KVCacheBlock)
+        if pool is None or b.is_null:
+            continue
+        if b is not pool.blocks[b.block_id % pool.num_gpu_blocks]:
+            raise ValueError(f"{name}: block {b.block_id} is not a block of this pool")
+        if op == "touch" and b.ref_cnt == 0 and b.prev_free_block is None:
+            raise ValueError(f"touch of block {b.block_id}: ref_cnt 0 but not queued")
+        if op == "free" and times[id(b)] > b.ref_cnt:
+            raise ValueError(f"block {b.block_id} freed more often than taken")
+        if op == "cache" and (b.block_hash is not None or times[id(b)] > 1):
+            raise ValueError(f"cache of block {b.block_id}: hashed or listed twice")
 
 
-def _check_cache_full_blocks(
-    pool: BlockPool,
-    request,
-    blocks,
-    num_cached_blocks,
-    num_full_blocks,
-    block_size,
-    kv_cache_group_id,
-) -> None:
-    """The call's own arguments, O(1), checked on every call (the blocks: ``_check_unhashed``).
-    The common call (lists and ints) costs a few type tests."""
-    hashes = getattr(request, "block_hashes", None)
-    if type(blocks) is not list or type(hashes) is not list:
-        _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
-        _checks.instance(
-            "request.block_hashes", hashes, (list, tuple), "a list of block hashes"
-        )
-    if type(num_cached_blocks) is not int or num_cached_blocks < 0:
-        _checks.integer("num_cached_blocks", num_cached_blocks)
-    if type(num_full_blocks) is not int or num_full_blocks < 0:
-        _checks.integer("num_full_blocks", num_full_blocks)
-    fits = min(len(blocks), len(hashes))
-    if num_full_blocks > num_cached_blocks and num_full_blocks > fits:
-        raise ValueError(
-            f"cannot cache {num_full_blocks} full blocks (num_full_blocks): the request "
-            f"holds {len(blocks)} blocks and {len(hashes)} block hashes"
-        )
-    if block_size is not None:
-        _check_block_size(pool, block_size)
-    if kv_cache_group_id != 0 or type(kv_cache_group_id) is not int:
-        _check_group_ids([kv_cache_group_id])
-
-
-def _check_block_size(pool: BlockPool, block_size) -> None:
-    _checks.integer("block_size", block_size, 1, MAX_BLOCKS)
-    if pool.hash_block_size not in (None, block_size):
-        raise ValueError(
-            f"block_size {block_size} differs from hash_block_size "
-            f"{pool.hash_block_size}: memlab hashes whole blocks only"
-        )
-
-
-def _check_unhashed(pool: BlockPool, blocks) -> None:
-    """The blocks to cache: this pool's, none hashed yet, none twice (null blocks are skipped)."""
-    _check_blocks("blocks", blocks, pool)
-    todo = [b for b in blocks if not b.is_null]
-    for block, times in Counter(todo).items():
-        if block.block_hash is not None:
-            raise ValueError(
-                f"block {block.block_id} already has hash {block.block_hash!r}"
-            )
-        if times > 1:
-            raise ValueError(
-                f"block {block.block_id} appears twice among the blocks to cache"
-            )
+def _check_cache_full_blocks(pool, request, blocks, num_cached, num_full, size, group):
+    """The call's own arguments, O(1), checked on every call (the blocks: debug mode)."""
+    _checks.instance("request.block_hashes", getattr(request, "block_hashes", 0), list)
+    _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+    _checks.integer("num_cached_blocks", num_cached)
+    _checks.integer("num_full_blocks", num_full)
+    if num_full > max(num_cached, min(len(blocks), len(request.block_hashes))):
+        raise ValueError(f"num_full_blocks {num_full}: more than blocks or hashes")
+    if size is not None and pool.hash_block_size not in (None, size):
+        raise ValueError(f"block_size {size} is not hash_block_size (whole blocks)")
+    _checks.integer("kv_cache_group_id (one group: 0)", group, 0, 0)
