@@ -569,6 +569,8 @@ def _check_cache_full_blocks(pool, request, blocks, num_cached, num_full, size, 
     _checks.integer("num_full_blocks", num_full)
     if num_full > max(num_cached, min(len(blocks), len(request.block_hashes))):
         raise ValueError(f"num_full_blocks {num_full}: more than blocks or hashes")
+    if size is not None:
+        _checks.integer("block_size", size, 1, MAX_BLOCKS)
     if size is not None and pool.hash_block_size not in (None, size):
         raise ValueError(f"block_size {size} is not hash_block_size (whole blocks)")
     _checks.integer("kv_cache_group_id (one group: 0)", group, 0, 0)

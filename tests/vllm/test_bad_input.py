@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from memlab.vllm import block_table as bt
@@ -56,7 +56,7 @@ CLASSES = ("clean", "raw", "changed", "silent", "corrupt")
 HUGE = 2**62
 
 
-# ---- the classifier -------------------------------------------------------------------------------
+# ---- the classifier ------------------------------------------------------------------------
 
 
 def snap(x, memo=None):
@@ -263,16 +263,29 @@ def manager_env(debug: bool, sliding_window=None) -> SimpleNamespace:
     run = Request("run", [7] * 6, block_hasher=m.request_block_hasher)
     m.allocate_slots(run, 6)
     new = Request("new", list(range(9)), block_hasher=m.request_block_hasher)
+    other = Request("other", [3] * 9, block_hasher=m.request_block_hasher)
     hits, n = m.get_computed_blocks(new)
     return SimpleNamespace(
         m=m,
         new=new,
         run=run,
+        other=other,
         hits=hits,
         n=n,
-        reqs=[done, run, new],
+        reqs=[done, run, new, other],
         books=manager_books,
     )
+
+
+def stale_env(debug: bool) -> SimpleNamespace:
+    """manager_env after the lookup: request "x" takes every free block (evicting done's cached
+    ones, the hits) and finishes, so the hits now hold x's content."""
+    env = manager_env(debug)
+    x = Request("x", [5] * 36, block_hasher=env.m.request_block_hasher)
+    env.m.allocate_slots(x, 36)
+    env.m.free(x)
+    env.reqs.append(x)
+    return env
 
 
 def each(entry, arg, kind, make, call, trusted="", values=None):
@@ -287,9 +300,14 @@ def each(entry, arg, kind, make, call, trusted="", values=None):
                 kind,
                 arg,
                 trusted,
-                {"call_with": call},
+                {"call_with": call, "none_ok": _none_ok(kind, values)},
             )
         )
+
+
+def _none_ok(kind, values) -> bool:
+    """None left out of the kind's values: it is the argument's default, a good value."""
+    return values is not None and None in KINDS.get(kind, ()) and None not in values
 
 
 def order(entry, label, make, call, trusted=""):
@@ -297,6 +315,7 @@ def order(entry, label, make, call, trusted=""):
 
 
 CASES: list[Case] = []
+GOOD = object()  # an argument a case leaves at its good value
 NOTHING = lambda debug: SimpleNamespace(books=lambda env: None)  # noqa: E731
 
 # Why memlab, as vLLM, trusts its caller with these when debug mode is off (docstrings).
@@ -414,12 +433,12 @@ def _pool_cases():
         f"{e}.get_new_blocks",
         "more than are free",
         pool_env,
-        lambda env: env.pool.get_new_blocks(5),
+        lambda env: env.pool.get_new_blocks(6),
     )
 
-    def cache(env, request=None, blocks=None, c=0, f=2, **kw):
-        req = env.req if request is None else request
-        blk = env.held if blocks is None else blocks
+    def cache(env, request=GOOD, blocks=GOOD, c=0, f=2, **kw):
+        req = env.req if request is GOOD else request
+        blk = env.held if blocks is GOOD else blocks
         return env.pool.cache_full_blocks(req, blk, c, f, **kw)
 
     c = f"{e}.cache_full_blocks"
@@ -451,15 +470,18 @@ def _pool_cases():
             cache(env, block_size=v) if v is not None else cache(env, block_size="4")
         ),
     )
+
+    def sized_env(debug):
+        env = pool_env(debug)
+        env.pool = BlockPool(8, True, 4, debug_mode=debug)
+        env.held = env.pool.get_new_blocks(2)
+        return env
+
     order(
         c,
         "block_size other than hash_block_size",
-        lambda d: SimpleNamespace(
-            **{**vars(pool_env(d)), "pool": BlockPool(8, True, 4, debug_mode=d)}
-        ),
-        lambda env: env.pool.cache_full_blocks(
-            env.req, env.pool.get_new_blocks(2), 0, 2, 16
-        ),
+        sized_env,
+        lambda env: cache(env, block_size=16),
     )
     each(
         c,
@@ -514,11 +536,18 @@ def _pool_cases():
         lambda env: env.pool.touch([env.held[0], env.other[0]]),
         TRUST_BLOCKS,
     )
+
+    def popped_env(debug):
+        env = pool_env(debug)
+        env.popped = env.pool.free_block_queue.popleft()  # out of the queue, ref_cnt 0
+        env.books = lambda env: None  # the pool is off its books by the popleft itself
+        return env
+
     order(
         t,
         "a held block, then a popped block not yet counted",
-        pool_env,
-        lambda env: env.pool.touch([env.held[0], env.pool.free_block_queue.popleft()]),
+        popped_env,
+        lambda env: env.pool.touch([env.held[0], env.popped]),
         TRUST_BLOCKS,
     )
     f = f"{e}.free_blocks"
@@ -595,10 +624,10 @@ def _manager_cases():
         )
     a = f"{e}.allocate_slots"
 
-    def alloc(env, request=None, n=9, c=None, blocks=None, look=0):
-        req = env.new if request is None else request
-        hits = env.hits if blocks is None else blocks
-        return env.m.allocate_slots(req, n, env.n if c is None else c, hits, look)
+    def alloc(env, request=GOOD, n=9, c=GOOD, blocks=GOOD, look=0):
+        req = env.new if request is GOOD else request
+        hits = env.hits if blocks is GOOD else blocks
+        return env.m.allocate_slots(req, n, env.n if c is GOOD else c, hits, look)
 
     each(a, "request", "request", manager_env, lambda env, v: alloc(env, request=v))
     each(a, "num_new_tokens", "pos", manager_env, lambda env, v: alloc(env, n=v))
@@ -623,6 +652,7 @@ def _manager_cases():
         manager_env,
         lambda env, v: alloc(env, blocks=v),
         TRUST_HITS,
+        values=[v for v in KINDS["blocks"] if v is not None],  # None: no hits
     )
     order(
         a,
@@ -633,13 +663,8 @@ def _manager_cases():
     order(
         a,
         "stale hits (evicted and reused since the lookup)",
-        manager_env,
-        lambda env: (
-            env.m.allocate_slots(
-                Request("x", [5] * 20, block_hasher=env.m.request_block_hasher), 20
-            ),
-            alloc(env),
-        ),
+        stale_env,
+        lambda env: alloc(env),
         TRUST_HITS,
     )
     order(
@@ -660,8 +685,8 @@ def _manager_cases():
         a,
         "hits of another request's prompt",
         manager_env,
-        lambda env: env.m.allocate_slots(env.run, 4),
-        "",
+        lambda env: env.m.allocate_slots(env.other, 9, env.n, env.hits),
+        TRUST_HITS,
     )
     each(
         f"{e}.remove_skipped_blocks",
@@ -733,6 +758,7 @@ def _request_cases():
         "tokens",
         req_env,
         lambda env, v: env.r.append_output_token_ids(v),
+        values=[v for v in KINDS["tokens"] if v != 3],  # one token id is a call too
     )
 
 
@@ -1053,7 +1079,7 @@ def _layout_cases():
         "",
         NOTHING,
         lambda env, v: kv_layout.split_kv(layer, v),
-        values=[8, 9],
+        values=[8, 9, 0],
     )
 
 
@@ -1124,7 +1150,8 @@ def test_counts(results, capsys):
     table = counts(results)
     with capsys.disabled():
         print(
-            f"\nmemlab.vllm bad calls: {len(CASES)} cases, {len({c.entry for c in CASES})} entry points"
+            f"\nmemlab.vllm bad calls: {len(CASES)} cases, "
+            f"{len({c.entry for c in CASES})} entry points"
         )
         for d in (True, False):
             row = "  ".join(f"{k} {table[d][k]}" for k in CLASSES)
@@ -1132,7 +1159,7 @@ def test_counts(results, capsys):
     assert sum(table[True].values()) == len(CASES)
 
 
-# ---- random values of the same kinds ---------------------------------------------------------------
+# ---- random values of the same kinds -------------------------------------------------------
 
 WRONG_TYPE = st.one_of(
     st.none(),
@@ -1188,6 +1215,7 @@ DRAWABLE_ENTRIES = sorted({(c.entry, c.arg, c.kind) for c in DRAWABLE})
 def test_random_wrong_values_are_refused_cleanly(entry, arg, kind, data):
     case = next(c for c in DRAWABLE if (c.entry, c.arg, c.kind) == (entry, arg, kind))
     v = data.draw(DRAWS[kind], label=arg)
+    assume(not (v is None and case.extra["none_ok"]))  # None is this argument's default
     if isinstance(v, float) and math.isfinite(v) and v.is_integer():
         v = v + 0.5  # an integral float is a float all the same; keep it one
     drawn = Case(
