@@ -304,57 +304,42 @@ def _check_slot_mapping(
         _checks.index_tensor(name, t, block_table.device, ndim=1, owner="block table")
     _checks.integer("block_size", block_size, 1, MAX_SIZE)
     _checks.tensor("req_indices (one per position)", req_indices, shape=positions.shape)
-    n = (
-        positions.numel()
-        if num_tokens is None
-        else _checks.integer("num_tokens", num_tokens, 0, positions.numel())
-    )
+    n = positions.numel() if num_tokens is None else num_tokens
+    _checks.integer("num_tokens", n, 0, positions.numel())
     if positions.device.type == "cpu" and n:
         req = req_indices[:n].long()
         _checks.values_in("req_indices", req, 0, block_table.shape[0] - 1)
-        blocks = (
-            block_table.shape[1]
-            if per_row is None
-            else torch.as_tensor(per_row, dtype=torch.long)[req]
+        rows = (
+            torch.full_like(req, block_table.shape[1]) if per_row is None else per_row
         )
-        _checks.values_in(
-            "positions // block_size (the block a position needs)",
-            positions[:n] // block_size,
-            0,
-            torch.as_tensor(blocks) - 1,
-        )
+        need = positions[:n] // block_size
+        name = "positions // block_size (the block a position needs)"
+        _checks.values_in(name, need, 0, rows[req] - 1)
     return n
 
 
 def _check_store_kv(key, value, key_cache, value_cache, slot_mapping, backend) -> None:
     _checks.one_of("backend", backend, BACKENDS)
-    kv = (key, value, slot_mapping, key_cache, value_cache)
-    for name, t, ndim in zip(
-        ("key", "value", "slot_mapping", "key_cache", "value_cache"),
-        kv,
-        (3, 3, 1, 4, 4),
-    ):
-        _checks.tensor(name, t, ndim=ndim)
-    _checks.index_tensor(
-        "slot_mapping", slot_mapping, key_cache.device, ndim=1, owner="cache"
-    )
+    kv = {
+        "key": key,
+        "value": value,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+    }
+    for name, t in kv.items():
+        _checks.tensor(name, t, ndim=4 if name.endswith("cache") else 3)
+    _checks.index_tensor("slot_mapping", slot_mapping, key_cache.device, 1, "cache")
     if (
         key_cache.shape[:2] != value_cache.shape[:2]
         or key.shape[1:] != key_cache.shape[2:]
         or value.shape[1:] != value_cache.shape[2:]
         or not slot_mapping.numel() <= key.shape[0] == value.shape[0]
     ):
-        raise ValueError(
-            f"shapes disagree: key, value, slot_mapping, caches {[tuple(t.shape) for t in kv]}"
-        )
+        raise ValueError(f"shapes disagree: {[tuple(t.shape) for t in kv.values()]}")
     if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
         raise TypeError(
             f"dtypes differ: key {key.dtype}, value {value.dtype}, caches {key_cache.dtype}"
         )
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
     if slot_mapping.device.type == "cpu":  # -1 is padding
-        _checks.values_in(
-            "slot_mapping",
-            slot_mapping,
-            PAD_SLOT_ID,
-            key_cache.shape[0] * key_cache.shape[1] - 1,
-        )
+        _checks.values_in("slot_mapping", slot_mapping, PAD_SLOT_ID, num_slots - 1)
