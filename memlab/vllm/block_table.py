@@ -309,9 +309,8 @@ def _check_slot_mapping(
     if positions.device.type == "cpu" and n:
         req = req_indices[:n].long()
         _checks.values_in("req_indices", req, 0, block_table.shape[0] - 1)
-        rows = (
-            torch.full_like(req, block_table.shape[1]) if per_row is None else per_row
-        )
+        width = torch.full((block_table.shape[0],), block_table.shape[1])
+        rows = width if per_row is None else per_row
         need = positions[:n] // block_size
         name = "positions // block_size (the block a position needs)"
         _checks.values_in(name, need, 0, rows[req] - 1)
@@ -335,7 +334,10 @@ def _check_store_kv(key, value, key_cache, value_cache, slot_mapping, backend) -
         or value.shape[1:] != value_cache.shape[2:]
         or not slot_mapping.numel() <= key.shape[0] == value.shape[0]
     ):
-        raise ValueError(f"shapes disagree: {[tuple(t.shape) for t in kv.values()]}")
+        shapes = [tuple(t.shape) for t in kv.values()]
+        raise ValueError(
+            f"shapes disagree (key, value, key_cache, value_cache): {shapes}"
+        )
     if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
         raise TypeError(
             f"dtypes differ: key {key.dtype}, value {value.dtype}, caches {key_cache.dtype}"

@@ -31,7 +31,6 @@ from memlab.common import _checks
 from memlab.common.utils import ceil_div as cdiv  # vLLM's name for it
 from memlab.vllm.block_pool import MAX_BLOCKS, BlockPool, KVCacheBlock
 from memlab.vllm.hashing import BlockHash, get_hash_fn_by_name, get_request_block_hasher
-from memlab.vllm.request import Request
 
 
 class SingleTypeKVCacheManager:
@@ -506,11 +505,13 @@ def _validate_request_id(request_id) -> None:
 
 
 def _validate_request(request) -> None:
-    """What the manager reads of a request: its id, its block hashes, its token counts."""
-    _checks.instance(
-        "request", request, Request, "a memlab.vllm.Request (or a subclass)"
-    )
-    _checks.integer("request.num_computed_tokens", request.num_computed_tokens, 0)
+    """What the manager reads of a request (a memlab.vllm.Request, or any object with these):
+    its id, its block hashes and its token counts."""
+    _checks.instance("request.request_id", getattr(request, "request_id", None), str)
+    _checks.instance("request.block_hashes", getattr(request, "block_hashes", 0), list)
+    _checks.integer("request.num_tokens", getattr(request, "num_tokens", None))
+    num_computed_tokens = getattr(request, "num_computed_tokens", None)
+    _checks.integer("request.num_computed_tokens", num_computed_tokens)
 
 
 def _validate_allocate_slots(

@@ -95,7 +95,9 @@ def _validate_request(request_id, prompt_token_ids, block_hasher, *lora) -> None
         prompt_token_ids is None
     ):  # vLLM's message; an empty prompt is a request, as in vLLM
         raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
-    _checks.int_list(f"request {request_id!r}: prompt_token_ids", prompt_token_ids)
+    _checks.int_list(
+        f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids
+    )
     if block_hasher is not None:
         _checks.function("block_hasher", block_hasher)
     for name, value in zip(("lora_name", "lora_path"), lora):
