@@ -154,7 +154,9 @@ def _validate_mm_features(mm_features, num_tokens: int) -> list[MultiModalFeatur
         any(f.offset < end or f.length <= 0 for f, end in zip(items, ends))
         or ends[-1] > num_tokens
     ):
-        raise ValueError(f"mm items unsorted, overlapping or past the prompt: {items}")
+        raise ValueError(
+            f"mm items unsorted, overlapping or outside the prompt: {items}"
+        )
     return items
 
 
