@@ -112,7 +112,7 @@ def fill_requests(num_blocks: int) -> int:
     return (num_blocks - 1 - PREFIXES * HITS) // NEW
 
 
-# ---- the engines' pools ---------------------------------------------------------------------------
+# ---- the engines' pools ------------------------------------------------------------------
 
 
 def load_vllm():
@@ -181,7 +181,7 @@ def check_same(V, num_blocks: int, num_requests: int) -> str:
     )
 
 
-# ---- timing -----------------------------------------------------------------------------------------
+# ---- timing ----------------------------------------------------------------------------------
 
 
 def timed_phases(V, num_blocks: int, rounds: int, repeats: int) -> dict:

@@ -543,9 +543,10 @@ def _check_unqueued(where: str, blocks) -> None:
 
 
 def _check_blocks(name: str, blocks, pool=None, op: str = "") -> None:
-    """KVCacheBlocks (in a list or tuple); given ``pool``, each of that pool's (another pool's block has the same
-    ids), in the state ``op`` needs: "touch" a free one in the queue, "free" none freed more
-    often than taken, "cache" none hashed or listed twice (null blocks are skipped)."""
+    """KVCacheBlocks (in a list or tuple); given ``pool``, each of that pool's (another
+    pool's block has the same ids), in the state ``op`` needs: "touch" a free one in the
+    queue, "free" none freed more often than taken, "cache" none hashed or listed twice
+    (null blocks are skipped)."""
     times = Counter(map(id, blocks))
     for i, b in enumerate(blocks):
         _checks.instance(f"{name}[{i}]", b, KVCacheBlock)

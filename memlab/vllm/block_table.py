@@ -1,4 +1,4 @@
-"""The worker side of vLLM's books (vllm/v1/worker/block_table.py): block table, slot_mapping, storing K/V.
+"""vLLM's worker-side books (vllm/v1/worker/block_table.py): block table, slot_mapping, K/V.
 
 The scheduler (block pool, manager) sends each request's NEW block ids; the worker appends
 them to the request's row of an int32 block table (rows only grow: a block id once given never
@@ -184,8 +184,8 @@ class BlockTable:
             self.max_num_blocks_per_req
         )  # a refusal only ever reports a total above it
         _checks.integer(
-            f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed max_num_blocks_per_req={cap}: "
-            "the total",
+            f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed "
+            f"max_num_blocks_per_req={cap}: the total",
             start + len(block_ids),
             0,
             cap,
@@ -291,7 +291,7 @@ class BlockTable:
         self.slot_mapping.fill_(PAD_SLOT_ID)
 
 
-# -- argument checks at the boundary: shapes and dtypes, values only on the CPU (no device sync) ----
+# -- argument checks at the boundary: shapes and dtypes, values only on the CPU (no device sync)
 
 
 def _check_slot_mapping(

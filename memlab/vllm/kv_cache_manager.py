@@ -1,4 +1,7 @@
-"""vLLM's KV cache manager for one KV cache group (vllm/v1/core/kv_cache_manager.py, kv_cache_coordinator.py, single_type_kv_cache_manager.py).
+"""vLLM's KV cache manager (vllm/v1/core/kv_cache_manager.py), for one KV cache group.
+
+With its coordinator (kv_cache_coordinator.py) and single-type managers
+(single_type_kv_cache_manager.py).
 
 The scheduler calls only ``KVCacheManager``. It hands each step to a coordinator, which fans out
 to one ``SingleTypeKVCacheManager`` per KV cache group: ``FullAttentionManager`` keeps every block

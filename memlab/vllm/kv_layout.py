@@ -1,4 +1,4 @@
-"""vLLM 0.33's KV cache layout (vllm/v1/kv_cache_layout.py): one logical shape, several orders in memory.
+"""vLLM 0.33's KV cache layout (vllm/v1/kv_cache_layout.py): one logical shape, many memory orders.
 
 vLLM describes every attention layer's cache with one LOGICAL shape,
 ``[layer, block, head, token, content]`` (``[L, B, H, N, C]`` in vllm/v1/kv_cache_layout.py),

@@ -82,7 +82,8 @@ class Request:
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
-            f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})"
+            f"num_computed_tokens={self.num_computed_tokens}, "
+            f"block_hashes={len(self.block_hashes)})"
         )
 
 

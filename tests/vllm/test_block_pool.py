@@ -1,4 +1,4 @@
-"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, duplicates, debug mode.
+"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, copies, debug.
 
 Pools and queues are built with ``debug_mode=True`` (memlab's per-block scans), but where a test
 says otherwise: debug mode off is vLLM's trusting hot path.
@@ -422,7 +422,8 @@ def test_the_scans_run_in_debug_mode_only_and_the_mode_is_read_per_call(monkeypa
 
 
 def bad_calls():
-    """(what, the bad call on a pool holding ``held``): refused in debug mode, trusted outside it."""
+    """(what, the bad call on a pool holding ``held``): refused in debug mode, trusted outside
+    it."""
     return [
         (
             "free of a block of another pool",
@@ -459,7 +460,8 @@ def test_remove_checks_the_type_of_its_block_in_debug_mode_only():
     _, q = make_queue(2)  # debug mode on
     with pytest.raises(TypeError, match="block must be KVCacheBlock, got NoneType"):
         q.remove(None)
-    q.debug_mode = False  # vLLM's remove: the free-queue check only (a touch calls it per hit block)
+    # vLLM's remove: the free-queue check only (a touch calls it per hit block)
+    q.debug_mode = False
     with pytest.raises(AttributeError):
         q.remove(None)
     assert q.num_free_blocks == 2

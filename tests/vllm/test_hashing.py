@@ -280,7 +280,9 @@ def test_request_rejects_bad_inputs_by_value():
         Request("r", None)
     with pytest.raises(ValueError, match=r"token ids\) must hold ints >= 0, got -1"):
         Request("r", [1, -1])
-    with pytest.raises(ValueError, match="mm items unsorted, overlapping or outside the prompt"):
+    with pytest.raises(
+        ValueError, match="mm items unsorted, overlapping or outside the prompt"
+    ):
         Request("r", list(range(10)), mm_features=[("a", 4, 3), ("b", 5, 1)])
     with pytest.raises(ValueError, match="outside the prompt"):
         Request("r", list(range(10)), mm_features=[("a", 8, 3)])

@@ -534,7 +534,8 @@ def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block
             req = running[a % len(running)]
             for _ in range(b):
                 if decode(mgr, req, 10 + c) is None:
-                    req.all_token_ids.pop()  # the scheduler would preempt; keep the request as it was
+                    # The scheduler would preempt; keep the request as it was.
+                    req.all_token_ids.pop()
                     req.block_hashes[:] = req.block_hashes[
                         : req.num_tokens // block_size
                     ]
