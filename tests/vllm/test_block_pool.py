@@ -465,3 +465,99 @@ def test_remove_checks_the_type_of_its_block_in_debug_mode_only():
     with pytest.raises(AttributeError):
         q.remove(None)
     assert q.num_free_blocks == 2
+
+
+# ---- vLLM 0.33's names, asserts and calling conventions -----------------------------------------
+
+
+def test_get_new_blocks_keeps_vllms_ref_cnt_assert():
+    """vLLM asserts that a block popped from the free queue has ref_cnt 0 (block_pool.py,
+    get_new_blocks); a queue holding a referenced block is a broken book, caught there."""
+    pool = BlockPool(4)
+    pool.blocks[1].ref_cnt = 2  # referenced, yet at the head of the free queue
+    with pytest.raises(AssertionError):
+        pool.get_new_blocks(1)
+
+
+class NoRefAssertPool(BlockPool):
+    """Bug zoo: get_new_blocks without vLLM's assert (memlab's before issue 31)."""
+
+    def get_new_blocks(self, num_blocks):
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt = 1
+        return ret
+
+
+def test_the_ref_cnt_check_can_fail():
+    pool = NoRefAssertPool(4)
+    pool.blocks[1].ref_cnt = 2
+    assert pool.get_new_blocks(1)[0].ref_cnt == 1  # the broken book passes unnoticed
+
+
+def test_vllms_calls_need_no_adapter():
+    """vLLM 0.33's own calls (tests/v1/core/test_prefix_caching.py's): the pool built with
+    hash_block_size, cache_full_blocks by keyword with block_size and kv_cache_group_id,
+    get_cached_block with kv_cache_group_ids (a list per group, None on a miss)."""
+    pool = BlockPool(num_gpu_blocks=5, enable_caching=True, hash_block_size=4)
+    req = SimpleNamespace(block_hashes=[b"a", b"b", b"c"])
+    blocks = [KVCacheBlock(block_id=i) for i in range(2)]
+    pool.cache_full_blocks(
+        request=req,
+        blocks=blocks,
+        num_cached_blocks=0,
+        num_full_blocks=2,
+        block_size=4,
+        kv_cache_group_id=0,
+    )
+    assert len(pool.cached_block_hash_to_block) == 2
+    assert pool.get_cached_block(b"a", kv_cache_group_ids=[0]) == [blocks[0]]
+    assert pool.get_cached_block(b"c", kv_cache_group_ids=[0]) is None
+    assert pool.get_cached_block(b"b") is blocks[1]  # memlab's short call
+    with pytest.raises(ValueError, match="kv_cache_group_ids"):
+        pool.get_cached_block(b"a", kv_cache_group_ids=[1])  # memlab's pool: one group
+    with pytest.raises(ValueError, match="kv_cache_group_id"):
+        pool.cache_full_blocks(
+            req, [*blocks, KVCacheBlock(3)], 2, 3, 4, kv_cache_group_id=1
+        )
+    with pytest.raises(ValueError, match="block_size 16 is not hash_block_size"):
+        pool.cache_full_blocks(req, [*blocks, KVCacheBlock(3)], 2, 3, 16, 0)
+    assert len(pool.cached_block_hash_to_block) == 2  # the refusals changed nothing
+
+
+def test_what_debug_mode_off_trusts_is_vllms_and_documented():
+    """With debug mode off the pool trusts its caller's blocks as vLLM does: a double free
+    leaves ref_cnt -1, a hashed block stops cache_full_blocks at vLLM's assert after the
+    blocks before it were cached. The docstrings say so; debug mode refuses both first."""
+    assert "ref_cnt goes to -1" in BlockPool.free_blocks.__doc__
+    assert "vLLM's" in BlockPool.cache_full_blocks.__doc__
+    pool = BlockPool(6)
+    (a,) = pool.get_new_blocks(1)
+    pool.free_blocks([a, a])
+    assert a.ref_cnt == -1
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(2)
+    cache(pool, blocks[1:], ["b"])
+    with pytest.raises(AssertionError, match="The block already has a hash"):
+        cache(pool, blocks, ["a", "x"])
+    assert blocks[0].block_hash == "a"  # cached before the assert: vLLM's order
+    pool = BlockPool(6, debug_mode=True)
+    blocks = pool.get_new_blocks(2)
+    cache(pool, blocks[1:], ["b"])
+    with pytest.raises(ValueError, match="hashed"):
+        cache(pool, blocks, ["a", "x"])
+    assert blocks[0].block_hash is None  # refused first
+    with pytest.raises(ValueError, match="freed more often than taken"):
+        pool.free_blocks([blocks[0], blocks[0]])
+    pool.check_invariants()
+
+
+def test_debug_mode_refuses_removing_a_block_of_another_queue():
+    _, q = make_queue(3)
+    other_blocks, other = make_queue(2)
+    with pytest.raises(ValueError, match="in another free queue"):
+        q.remove(other_blocks[1])
+    assert q.num_free_blocks == 3 and other.num_free_blocks == 2
+    q.remove(q.fake_free_list_tail.prev_free_block)  # its own last block: fine
+    assert q.num_free_blocks == 2
