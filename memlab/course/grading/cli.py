@@ -84,6 +84,11 @@ def _main(argv: list[str] | None) -> int:
         help="seconds per test (default %(default)s)",
     )
     p.add_argument(
+        "--seed",
+        type=int,
+        help="the seed of the random cases (default: a new one each run; the table prints it)",
+    )
+    p.add_argument(
         "-q",
         "--quiet",
         action="store_true",
@@ -149,6 +154,7 @@ def _main(argv: list[str] | None) -> int:
             args.timeout,
             exercises,
             progress=counter if live else None,
+            seed=args.seed,
         )
     except (GradingError, FileNotFoundError) as exc:
         print(("\n" if done[0] else "") + f"memlab grade: {exc}", file=sys.stderr)

@@ -50,7 +50,10 @@ def format_table(report: GradeReport, width: int = 118) -> str:
                 f"    GPU-only checks ({report.gpu_possible} points) skipped: no CUDA device here "
                 "(run the grader in Colab on a GPU for them)"
             )
-    lines.append(f"    graded in {report.seconds:.1f} s")
+    lines.append(
+        f"    graded in {report.seconds:.1f} s; random cases from seed {report.seed} "
+        f"(--seed {report.seed} draws the same cases again)"
+    )
     tried = [s for s in report.scores if not s.not_started]
     idle = len(report.scores) - len(tried)
     if idle:
@@ -125,9 +128,9 @@ def gradescope_results(report: GradeReport, table: str) -> dict:
         "execution_time": round(report.seconds, 2),
         "output": table,
         "visibility": "visible",
-        "stdout_visibility": "visible",
         "tests": tests,
         "extra_data": {
+            "seed": report.seed,
             "cpu": [report.earned, report.possible],
             "gpu_only": [report.gpu_earned, report.gpu_possible]
             if report.gpu_ran
