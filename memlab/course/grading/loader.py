@@ -52,8 +52,10 @@ def source_dir(source: str | None = None) -> Path:
 
 
 def _path(name: str, source: str | None) -> Path:
-    path = (source_dir(source) / f"{name}.py").resolve()
-    if not path.is_file():
+    path = (
+        source_dir(source) / f"{name}.py"
+    )  # not resolved: a link is the sandbox's to refuse
+    if not os.path.lexists(path):
         raise FileNotFoundError(
             f"exercise file {path} is missing (expected {name}.py in {path.parent})"
         )
@@ -72,7 +74,8 @@ def load(name: str, source: str | None = None) -> ModuleType:
     from memlab.course.grading import sandbox
 
     path = _path(name, source)
-    stamp = path.stat().st_mtime_ns, path.stat().st_size
+    st = path.lstat()
+    stamp = st.st_mtime_ns, st.st_size
     mod = _sandboxed.get(path)
     if mod is None or mod._stamp != stamp:
         if mod is not None and mod._session is not None:

@@ -199,9 +199,8 @@ class _Events:
 
 def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
     """Run the graded tests in ``files`` against ``src``: (collected, results, device)."""
-    work = Path(
-        tempfile.mkdtemp(prefix="memlab-grade-")
-    )  # private: cwd and import path
+    base = env.get("MEMLAB_SANDBOX_DIR") or None  # on Gradescope root's, not /tmp
+    work = Path(tempfile.mkdtemp(prefix="memlab-grade-", dir=base))  # cwd, import path
     (work / "memlab").symlink_to(ROOT / "memlab", target_is_directory=True)
     r, w = os.pipe()
     path = [
@@ -270,23 +269,27 @@ def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
             if running is None:
                 break
             if how == "hung":
-                message = (
-                    f"timed out after {timeout:g} s and ignored the alarm (an endless loop that "
-                    "catches every exception?)"
+                why = (
+                    f"timed out after {timeout:g} s and ignored the alarm (an endless loop "
+                    "that catches every exception?)"
                 )
-                record(running, "failed", message, "Timeout", duration=timeout)
-                ex = meta[running]["exercise"]
-                for t in collected:  # its other tests would wait for the same loop
-                    if t["exercise"] == ex and t["nodeid"] not in results:
-                        record(t["nodeid"], "skipped", _skip_after(results[running]))
+                record(running, "failed", why, "Timeout", duration=timeout)
+                after = _skip_after(results[running])  # its other tests: the same loop
             else:
-                message = (
+                why = (
                     f"the grader's test process died ({_how(rc)}) during this test"
                     if how == "ended"
-                    else "the grader's test process broke the order of its log during this test"
+                    else "the grader's test process broke the order of its log in this test"
                 )
                 tail = (work / "child.out").read_text(errors="replace")[-2000:]
-                record(running, "failed", message, "Crash", output=tail)
+                record(running, "failed", why, "Crash", output=tail)
+                after = f"not run: {why} ({results[running].name})"
+            for t in collected:  # a loop or a grader killed once would be met again
+                if (
+                    t["exercise"] == meta[running]["exercise"]
+                    and t["nodeid"] not in results
+                ):
+                    record(t["nodeid"], "skipped" if how == "hung" else "failed", after)
             if course_digest() != digest:
                 raise GradingError(
                     "the course's own files changed while it was grading"

@@ -26,8 +26,10 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -189,12 +191,14 @@ def _limits() -> dict:
     return out
 
 
-def env(home: Path, cache: Path) -> dict:
+def env(home: Path, cache: Path | None = None) -> dict:
     """The learner's environment: locale, library paths, the GPU's and Triton's settings, a
     home of its own; never the grader's variables."""
     out = {k: v for k, v in os.environ.items() if PASS_ENV.match(k)}
-    out.update(HOME=str(home), TMPDIR=str(home), TRITON_CACHE_DIR=str(cache))
-    out.update(PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8", MPLBACKEND="Agg")
+    out.update(HOME=str(home), TMPDIR=str(home), OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    out.update(PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8")
+    if cache is not None:  # the learners' own: the zygote never opens it
+        out["TRITON_CACHE_DIR"] = str(cache)
     return out
 
 
@@ -237,7 +241,7 @@ class Zygote:
             return subprocess.Popen(
                 [sys.executable, "-I", wire.__file__, *args],
                 pass_fds=fds,
-                env=env(self.dir, self.cache),
+                env=env(self.dir),
                 cwd=self.dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -282,6 +286,10 @@ class Zygote:
         if self.ctl is not None:
             self.ctl.close()
             self.proc.wait()
+        if (
+            not self.user
+        ):  # the learner's user owns its folders: they stay (Gradescope's go)
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _zygote: Zygote | None = None
@@ -337,7 +345,7 @@ class Session(wire.Peer):
         config = {
             "work": str(self.work),
             "name": self.path.stem,
-            "source": self.path.read_text(encoding="utf-8", errors="replace"),
+            "source": module._source,
             "env": env(self.work, z.cache),
             "limits": _limits(),
             "user": z.user,
@@ -761,23 +769,18 @@ def _type_name(x) -> str:
 class LearnerModule(types.ModuleType):
     """The learner's module, living in its learner process; started again after a crash."""
 
-    _LOCAL = {
-        "_path",
-        "_session",
-        "_flagged",
-        "_stamp",
-        "__file__",
-        "__spec__",
-        "__loader__",
-    }
+    _LOCAL = {"_path", "_session", "_flagged", "_stamp", "_source", "__file__"}
 
     def __init__(self, path: Path, modname: str):
         super().__init__(modname)
-        source = path.read_text(encoding="utf-8", errors="replace")
+        source = read_own_file(path)
         for k, v in (("_path", path), ("_session", None), ("_stamp", None)):
             object.__setattr__(self, k, v)
         object.__setattr__(self, "__file__", str(path))
-        object.__setattr__(self, "_flagged", imports_course_code(source))
+        flagged = ["is a link, not a file of its own"] if source is None else []
+        flagged += imports_course_code(source or "")
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_flagged", flagged)
 
     def _live(self) -> Session:
         if self._flagged:
@@ -812,6 +815,19 @@ class LearnerModule(types.ModuleType):
 
     def __repr__(self):
         return f"<your module {self._path.name}, in a process of its own>"
+
+
+def read_own_file(path: Path) -> str | None:
+    """The learner's file, which must be a file of its own: None for a link (to the course's
+    kernel, say) or anything but a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read().decode("utf-8", errors="replace")
 
 
 def open_module(path: Path, modname: str) -> LearnerModule:
