@@ -627,7 +627,8 @@ class Learner(Peer):
                 raise
             info = error_info(exc, self.path)
             header, blobs = self.message("e", ["NotData", *info[1:]], raw=True)
-        header[3], self.seen = self.seen, []
+        header[3] = self.seen[:]
+        self.seen.clear()
         send_msg(self.sock, header, blobs)
 
     def receive(self):

@@ -11,6 +11,7 @@ skip, and fail when ``CI`` is set. Each helper is cached: one bundle, one venv p
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
 import json
@@ -144,12 +145,13 @@ def autograder(name: str) -> Path:
     return root
 
 
-def run_autograder(root: Path, student: str | None = STUDENT) -> dict:
+def run_autograder(root: Path, student: str | None = STUDENT, env_=None) -> dict:
     """run_autograder as Gradescope runs it: as root, the student's code as ``student``."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("MEMLAB_", "PYTHON"))
     }
     env.update(MEMLAB_AUTOGRADER_ROOT=str(root), MEMLAB_SANDBOX_USER=student or "")
+    env.update(env_ or {})
     r = subprocess.run(
         [str(root / "run_autograder")],
         cwd=root,
@@ -205,3 +207,22 @@ def grade_as_learner(learner: str, files: Path, *args: str):
     r = as_user(learner, cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     out = results / "results.json"
     return r, json.loads(out.read_text()) if out.is_file() else {}
+
+
+def renamed(source: str) -> str:
+    """A solution pasted and lightly renamed: the names each function assigns changed, the code
+    reformatted, the comments gone."""
+
+    class Rename(ast.NodeTransformer):
+        def visit_FunctionDef(self, fn):
+            args = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+            stored = [
+                t for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+            ]
+            mine = {t.id for t in stored if isinstance(t, ast.Name)} - args
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Name) and n.id in mine:
+                    n.id = f"my_{n.id[::-1]}"
+            return fn
+
+    return ast.unparse(Rename().visit(ast.parse(source)))

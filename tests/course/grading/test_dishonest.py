@@ -9,7 +9,6 @@ code is caught by the similarity report, which runs on Gradescope; locally it ea
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
@@ -35,25 +34,6 @@ HONEST = (
 RENAMED = "ch11_radix_match.py"  # the solution, renamed: held on Gradescope
 
 
-def renamed(source: str) -> str:
-    """A solution pasted and lightly renamed: the names each function assigns changed, the code
-    reformatted, the comments gone."""
-
-    class Rename(ast.NodeTransformer):
-        def visit_FunctionDef(self, fn):
-            args = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
-            stored = [
-                t for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
-            ]
-            mine = {t.id for t in stored if isinstance(t, ast.Name)} - args
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Name) and n.id in mine:
-                    n.id = f"my_{n.id[::-1]}"
-            return fn
-
-    return ast.unparse(Rename().visit(ast.parse(source)))
-
-
 def handed_in(round_: str) -> dict[str, str]:
     """name -> source of the files handed in (a round holds one file per exercise)."""
     kinds = (
@@ -64,7 +44,7 @@ def handed_in(round_: str) -> dict[str, str]:
     kinds = ["signals"] if round_ == "signals" else kinds
     out = {f.name: f.read_text() for k in kinds for f in (DISHONEST / k).glob("ch*.py")}
     if round_ == "last_round":
-        out[RENAMED] = renamed((image.ROOT / "solutions" / RENAMED).read_text())
+        out[RENAMED] = image.renamed((image.ROOT / "solutions" / RENAMED).read_text())
         out[HONEST] = (HERE / "honest" / HONEST).read_text()
     return out
 

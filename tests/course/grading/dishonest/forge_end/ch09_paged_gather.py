@@ -5,7 +5,7 @@ import json
 import os
 
 events = b""
-for n in range(1, 20):
+for _ in range(1, 20):
     for name in (
         "test_decode_matches_reference",
         "test_random_batches_match_the_reference",
