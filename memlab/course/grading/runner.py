@@ -240,6 +240,10 @@ def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
                     kind = ev.get("event") if isinstance(ev, dict) else None
                     nodeid = ev.get("nodeid") if kind else None
                     if kind == "collected" and first:
+                        if ev.get("seed") != env[SEED_ENV]:
+                            raise GradingError(
+                                "the tests' process did not get the seed"
+                            )
                         if not collected:
                             collected, device = ev["tests"], str(ev.get("device", "?"))
                             meta = {t["nodeid"]: t for t in collected}

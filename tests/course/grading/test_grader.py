@@ -1,8 +1,8 @@
 """Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo
 (patches in tests/tools/bug_zoo/zoo.py, built into a copy of solutions/), the command
-from any working folder, survival of learner code that loops, crashes or floods the
-output, and dishonest files (tests/course/grading/dishonest/) that earn nothing. (A
-learner's checkout in every state: test_learner_states.)
+from any working folder, a seed per run, and survival of learner code that loops, crashes or
+floods the output. (Dishonest files: test_dishonest; a learner's checkout in every state:
+test_learner_states.)
 
 Each grade() call runs a child pytest over tests/exercises; the expensive ones are marked slow
 but stay in the normal suite (about a minute in all on 2 cores).
@@ -388,33 +388,40 @@ def test_solution_kernels_compile_for_a_t4_and_a_hopper():
 
 @pytest.mark.slow
 def test_solutions_score_full_marks_through_the_cli(tmp_path):
-    """Run from a folder outside the repository (a notebook runs in chapters/ or /content)."""
-    out = tmp_path / "results.json"
+    """Run from a folder outside the repository (a notebook runs in chapters/ or /content), with
+    the seed given: the tests' process gets it, the table and results.json say it. (Every
+    exercise's full marks: test_gradescope, through the bundle.)"""
+    chosen = [e for e in catalog.EXERCISES if e.chapter in (2, 8)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "memlab.grade",
+        "02",
+        "08",
+        "--solutions",
+        "--seed",
+        "1234",
+    ]
+    cmd += ["--results", "results.json"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memlab.grade",
-            "--solutions",
-            "--results",
-            "results.json",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("memlab grade: solutions/ on "), proc.stdout[
-        :200
-    ]  # no progress characters
-    data = json.loads(out.read_text())
-    total = sum(e.points for e in catalog.EXERCISES)
+    assert proc.stdout.startswith("memlab grade: solutions/ on "), proc.stdout[:200]
+    data = json.loads((tmp_path / "results.json").read_text())
+    total = sum(e.points for e in chosen)
     check_results_json(data, [total, total])
     assert all(t["status"] == "passed" for t in data["tests"]), proc.stdout
-    assert f"{total}/{total}" in proc.stdout
-    for e in catalog.EXERCISES:
-        assert e.id in proc.stdout
+    assert f"{total}/{total}" in proc.stdout and data["extra_data"]["seed"] == 1234
+    assert (
+        "random cases from seed 1234 (--seed 1234 draws the same cases again)"
+        in proc.stdout
+    )
+
+
+def test_a_seed_is_drawn_for_each_run_unless_given():
+    assert runner.draw_seed(7) == 7
+    assert len({runner.draw_seed() for _ in range(20)}) > 15
 
 
 @pytest.mark.slow
@@ -484,7 +491,7 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     assert (
         loader.source_dir("exercises") == ROOT / "exercises"
     )  # the names are the repository's folders
-    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[5]
+    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[3]
     monkeypatch.setattr(
         runner, "ROOT", tmp_path
     )  # memlab installed without the course around it
@@ -577,8 +584,8 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
             "ch02_bytes_per_token": broken(
                 "ch02_bytes_per_token",
                 (
-                    "    _check_positive(layer_num=layer_num, kv_lora_rank",
-                    "    while True:\n        pass\n    _check_positive(layer_num=layer_num, kv_lora_rank",
+                    "    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes",
+                    "    while True:\n        pass",
                 ),
             ),
             "ch08_sizing": broken(
@@ -693,79 +700,6 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
         "ch02.bytes_per_token · 3 more tests: not run: test_mla_deepseek_v3 of this exercise"
         in data["output"]
     )
-
-
-# Four ways to earn points without writing the code (tests/course/grading/dishonest/):
-# forge the grader's event log and leave; import memlab's own implementation; read a
-# solution from disk and run it; patch the grader from inside. Before the sandbox, a
-# folder of them earned 115/115.
-DISHONEST = {
-    "ch01.alloc_rows": "imports memlab.course.grading.plugin",
-    "ch02.bytes_per_token": "reads /proc/",
-    "ch04.alloc_extend": "imports memlab.sglang.allocator.reference",
-    "ch08.sizing": "solutions/ch08_sizing.py (the course's own files)",
-}
-
-
-def checkouts_to_block() -> str:
-    """This checkout, and the one this Python's environment lives in when that is another (a
-    learner's clone run with a shared .venv): its solutions are the course's too. A learner's own
-    .venv lives in their clone; a Gradescope image holds no solutions at all."""
-    venv = next(
-        (p for p in Path(sys.prefix).resolve().parents if (p / "solutions").is_dir()),
-        None,
-    )
-    return os.pathsep.join(str(p) for p in {ROOT, venv} if p is not None)
-
-
-def dishonest_folder(dest: Path) -> Path:
-    from memlab.course.grading.stubs import write_stubs
-
-    write_stubs(dest)
-    for f in (ROOT / "tests" / "course" / "grading" / "dishonest").glob("ch*.py"):
-        shutil.copyfile(f, dest / f.name)
-    return dest
-
-
-@pytest.mark.slow
-def test_dishonest_files_earn_nothing(tmp_path):
-    learner = dishonest_folder(tmp_path / "learner")
-    results = tmp_path / "results.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memlab.grade",
-            "01",
-            "02",
-            "04",
-            "08",
-            "--from",
-            str(learner),
-            "--results",
-            str(results),
-            "-q",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, MEMLAB_SANDBOX_BLOCK=checkouts_to_block()),
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    data = json.loads(results.read_text())
-    assert data["score"] == 0, proc.stdout
-    for exercise, why in DISHONEST.items():
-        tests = [t for t in data["tests"] if t["extra_data"]["exercise"] == exercise]
-        assert tests and all(t["score"] == 0 for t in tests), exercise
-        assert all(
-            t["output"].startswith("write it yourself: your file ")
-            and why in t["output"]
-            for t in tests
-        ), [t["output"][:300] for t in tests]
-        assert f"{exercise} (all " in proc.stdout, (
-            proc.stdout
-        )  # said once, not once per test
 
 
 def test_table_for_tried_and_untried_exercises():
@@ -982,13 +916,17 @@ def test_solutions_agree_with_the_library(monkeypatch):
 # Correct ways to write chapter 09's gather that its 64-bit check must accept (the zoo holds the
 # wrong ones it must refuse): a cast on its own line, a tl.where over int64 slots, tl.cast, a
 # renamed stride over cast slots.
-CH09_SLOTS = "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+LOAD = "tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)"
+CH09_SLOTS = (
+    "        slots = tl.load(\n"
+    "            req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0\n"
+    "        ).to(tl.int64)\n"
+)
 CH09_CORRECT = {
-    "cast on the next line": "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n"
-    "        slots = slots.to(tl.int64)\n",
-    "tl.where over int64": "        raw = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+    "cast on the next line": f"        slots = {LOAD}\n        slots = slots.to(tl.int64)\n",
+    "tl.where over int64": f"        raw = {LOAD}.to(tl.int64)\n"
     "        slots = tl.where(live, raw, 0)\n",
-    "tl.cast": "        slots = tl.cast(tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0), tl.int64)\n",
+    "tl.cast": f"        slots = tl.cast({LOAD}, tl.int64)\n",
     "renamed stride": CH09_SLOTS + "        sk = stride_ks\n",
 }
 
