@@ -151,8 +151,8 @@ def committed_stub(file: str) -> str:
     got = stubs.course_stub(file)
     if got is None:
         _skip_or_fail(
-            f"exercises/{file}.py is not the course's stub, and this checkout has no git history that "
-            "holds it"
+            f"exercises/{file}.py is not the course's stub, and this checkout has no git "
+            "history that holds it"
         )
     return got[0]
 
@@ -176,7 +176,8 @@ def api(text: str):
 
 @pytest.mark.parametrize("exercise", catalog.EXERCISES, ids=lambda e: e.id)
 def test_stub_and_solution_are_twins(exercise):
-    """Same classes, functions, signatures and docstrings; the stub's bodies raise NotImplementedError."""
+    """Same classes, functions, signatures and docstrings; the stub's bodies raise
+    NotImplementedError."""
     stub = committed_stub(exercise.file)
     assert api(stub) == api((ROOT / "solutions" / f"{exercise.file}.py").read_text()), (
         f"exercises/{exercise.file}.py and its solution differ in their API or docstrings"
@@ -185,7 +186,8 @@ def test_stub_and_solution_are_twins(exercise):
 
 
 def test_stub_detection():
-    """What counts as the course's stub: the committed twin of each solution does; edited ones do not."""
+    """What counts as the course's stub: the committed twin of each solution does; edited ones
+    do not."""
     sol = (ROOT / "solutions" / "ch03_token_allocator.py").read_text()
     stub = committed_stub("ch03_token_allocator")
     assert looks_like_stub(stub, sol) and not looks_like_stub(sol, sol)
@@ -334,16 +336,18 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 folder = pathlib.Path(sys.argv[1])
 P64, I32 = "*i64", "i32"
+STRIDES = ("kv_group_num", "stride_qb", "stride_qh", "stride_ks", "stride_kh", "stride_vs",
+           "stride_vh", "stride_ob", "stride_oh", "stride_r2t")
 BUILDS = [
-    ("ch04_alloc_extend_kernel", "alloc_extend_kernel", dict(prefix_lens_ptr=P64, seq_lens_ptr=P64, last_loc_ptr=P64,
-     free_pages_ptr=P64, out_ptr=P64, page_size=I32), dict(BS_BLOCK=64, PAGE_BLOCK=16, TOK_BLOCK=64)),
-    ("ch06_slot_mapping", "slot_mapping_kernel", dict(block_table_ptr="*i32", block_table_stride=I32,
-     query_start_loc_ptr="*i32", positions_ptr=P64, out_ptr=P64, num_reqs=I32, num_tokens_padded=I32,
-     block_size=I32), dict(BLOCK=64)),
-] + [("ch09_paged_gather", "decode_attention_kernel", dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt,
-      req_to_token_ptr="*i32", req_pool_indices_ptr=P64, seq_lens_ptr=P64, sm_scale="fp32",
-      **{n: I32 for n in ("kv_group_num", "stride_qb", "stride_qh", "stride_ks", "stride_kh", "stride_vs",
-                          "stride_vh", "stride_ob", "stride_oh", "stride_r2t")}), dict(HEAD_DIM=64, BLOCK_N=16))
+    ("ch04_alloc_extend_kernel", "alloc_extend_kernel", dict(prefix_lens_ptr=P64,
+     seq_lens_ptr=P64, last_loc_ptr=P64, free_pages_ptr=P64, out_ptr=P64, page_size=I32),
+     dict(BS_BLOCK=64, PAGE_BLOCK=16, TOK_BLOCK=64)),
+    ("ch06_slot_mapping", "slot_mapping_kernel", dict(block_table_ptr="*i32",
+     block_table_stride=I32, query_start_loc_ptr="*i32", positions_ptr=P64, out_ptr=P64,
+     num_reqs=I32, num_tokens_padded=I32, block_size=I32), dict(BLOCK=64)),
+] + [("ch09_paged_gather", "decode_attention_kernel", dict(q_ptr=dt, k_ptr=dt, v_ptr=dt,
+      o_ptr=dt, req_to_token_ptr="*i32", req_pool_indices_ptr=P64, seq_lens_ptr=P64,
+      sm_scale="fp32", **{n: I32 for n in STRIDES}), dict(HEAD_DIM=64, BLOCK_N=16))
      for dt in ("*fp16", "*fp32")]
 failed = 0
 for fname, name, sig, cx in BUILDS:
@@ -352,7 +356,8 @@ for fname, name, sig, cx in BUILDS:
     spec.loader.exec_module(mod)
     for cap in (75, 90):
         try:
-            src = ASTSource(fn=getattr(mod, name), signature=sig | {k: "constexpr" for k in cx}, constexprs=cx)
+            full = sig | {k: "constexpr" for k in cx}
+            src = ASTSource(fn=getattr(mod, name), signature=full, constexprs=cx)
             triton.compile(src, target=GPUTarget("cuda", cap, 32))
             print("ok", fname, name, sig["q_ptr"] if "q_ptr" in sig else "", "sm_%d" % cap)
         except Exception as exc:
@@ -439,8 +444,8 @@ def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsy
         earned and not AUTHOR
     ):  # a function a learner wrote and committed, word for word the solution's
         pytest.skip(
-            f"author-only check skipped: exercises/ as committed earns {earned} points, so it holds your own "
-            "work; the check is for the course's stubs"
+            f"author-only check skipped: exercises/ as committed earns {earned} points, so it "
+            "holds your own work; the check is for the course's stubs"
         )
     assert code == 1, table
     total = sum(e.points for e in catalog.EXERCISES)
@@ -517,8 +522,8 @@ def zoo_rounds():
 
 @pytest.mark.slow
 def test_every_zoo_variant_fails_its_test():
-    """Each variant, graded by the test it names (in a worker process of tests/tools/mutants.py, which
-    survives a variant that crashes or loops), fails it."""
+    """Each variant, graded by the test it names (in a worker process of tests/tools/mutants.py,
+    which survives a variant that crashes or loops), fails it."""
     mutants = load_file("tests/tools/mutants.py")
     jobs = [
         {
@@ -612,7 +617,7 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
                 (
                     "        if need_size > len(self.free_slots):\n",
                     '        if need_size == 3 and not __import__("os").environ.get("FLOODED"):\n'
-                    '            __import__("os").environ["FLOODED"] = "1"  # once per process: a random stream calls it often\n'
+                    '            __import__("os").environ["FLOODED"] = "1"  # once a process\n'
                     '            print("x" * 3_000_000)  # in tests that pass\n'
                     "        if need_size > len(self.free_slots):\n",
                 ),
