@@ -21,6 +21,7 @@ _loading.register()
 
 # Fix the kernel mode before any test module imports triton (directly or through a kernel).
 from memlab.common.env import ensure_kernel_mode, has_cuda
+from memlab_tests.tools.ci_skips import pytest_runtest_makereport  # noqa: F401
 
 ensure_kernel_mode()
 os.environ.setdefault("MPLBACKEND", "Agg")

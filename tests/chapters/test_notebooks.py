@@ -22,21 +22,19 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from memlab.course import home
+from memlab.course.grading import catalog
 from memlab_tests.tools.loading import load_file
+from memlab_tests.tools.stored import stored
 
 ROOT = Path(__file__).resolve().parents[2]
 sync_notebooks = load_file("scripts/sync_notebooks.py")
 run_notebooks = load_file("scripts/run_notebooks.py")
-CHAPTERS, chapter_notebooks, execute = (
-    run_notebooks.CHAPTERS,
-    run_notebooks.chapter_notebooks,
-    run_notebooks.execute,
-)
-
-from memlab.course import home
-from memlab.course.grading import catalog
-
-NOTEBOOKS = chapter_notebooks()
+execute = run_notebooks.execute
+# What the course stores: the chapters as committed, never the working copy a learner's
+# JupyterLab saved (with outputs, an expanded setup cell, cells added or deleted).
+CHAPTERS = stored("chapters")
+NOTEBOOKS = sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
@@ -184,7 +182,12 @@ def test_chapter_runs_like_colab(path, home_repo, tmp_path):
         fast=True,
         timeout=240,
         cwd=content,
-        env={"MEMLAB_REPO_URL": home_repo.as_uri(), "MEMLAB_EXERCISES": ""},
+        # Colab's kernel has no PYTHONPATH: memlab must come from the clone the cell makes
+        env={
+            "MEMLAB_REPO_URL": home_repo.as_uri(),
+            "MEMLAB_EXERCISES": "",
+            "PYTHONPATH": "",
+        },
     )
     check_executed(nb, path.name)
     clone = content / home.clone_folder()
@@ -260,7 +263,10 @@ def test_readmes_link_every_chapter_to_colab(readme):
 # -- hygiene --------------------------------------------------------------------------------------
 
 
-def test_notebooks_and_twins_agree_and_have_no_outputs():
+def test_notebooks_and_twins_agree_and_have_no_outputs(monkeypatch):
+    monkeypatch.setattr(sync_notebooks, "CHAPTERS", CHAPTERS)
+    monkeypatch.setattr(sync_notebooks, "TWINS", CHAPTERS / "py")
+    monkeypatch.setattr(sync_notebooks, "IMAGES", CHAPTERS / "img")
     assert sync_notebooks.problems() == []
 
 
@@ -391,8 +397,13 @@ def test_sections_named_by_the_exercises_exist():
     # The stubs say "See chapter NN (section; other section)": each must be a heading there.
     refs = re.compile(r"see chapter (\d\d) \(([^)]+)\)", re.IGNORECASE)
     found = 0
-    for stub in sorted((ROOT / "exercises").glob("ch*.py")):
-        text = " ".join(stub.read_text().split())
+    from memlab.course.grading.stubs import course_stub
+
+    for (
+        e
+    ) in catalog.EXERCISES:  # the stubs as the course ships them, not a learner's file
+        stub = Path(f"{e.file}.py")
+        text = " ".join(course_stub(e.file)[0].split())
         for nn, names in refs.findall(text):
             (path,) = [p for p in NOTEBOOKS if p.name.startswith(nn)] or [None]
             assert path is not None, (
@@ -568,7 +579,7 @@ def test_setup_cell_uses_the_checkout_around_the_notebook(
     monkeypatch, capsys, tmp_path
 ):
     ns = run_setup_cell(
-        CHAPTERS, monkeypatch, url=(tmp_path / "nowhere").as_uri()
+        ROOT / "chapters", monkeypatch, url=(tmp_path / "nowhere").as_uri()
     )  # never cloned
     assert ns["root"] == ROOT and sys.path[-1] == str(ROOT)
     assert f"repository {ROOT.name}/" in capsys.readouterr().out
@@ -640,10 +651,14 @@ def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_pat
     )
     clone = tmp_path / home.clone_folder()
     assert got["MEMLAB"] == str(clone / "memlab" / "__init__.py")
-    for key in ("KERNEL", "SHELL"):
-        assert got[key] == str(clone / "memlab" / "kernels" / "canary.py"), (
-            f"{key}: {got[key]}"
-        )
+    for key in (
+        "KERNEL",
+        "SHELL",
+    ):  # a shell cell finds it through a link to the clone's memlab
+        assert (
+            Path(got[key]).resolve()
+            == (clone / "memlab" / "kernels" / "canary.py").resolve()
+        ), f"{key}: {got[key]}"
         assert (
             Path(got[key]).resolve() == clone / "kernels" / "canary.py"
         )  # the clone's own kernels/ folder

@@ -3,6 +3,7 @@
 sourced here (it then only defines its functions), with fake python/uv/uname programs."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -161,8 +162,11 @@ def setup_run(tmp_path, **env):
     """setup() in a scratch folder (ROOT moved there) with a fake python3: what it prints."""
     b = fake_bin(tmp_path, python3=FAKE_BASE)
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "requirements").mkdir(exist_ok=True)
+    for lock in ("torch.txt", "torch-cuda.txt", "course.txt"):
+        (tmp_path / "requirements" / lock).write_text(f"# {lock}\n")
     return sourced(
-        f'ROOT="{tmp_path}"; cd "{tmp_path}"; setup .venv-t ".[course]"',
+        f'ROOT="{tmp_path}"; cd "{tmp_path}"; setup .venv-t course.txt',
         env_with(b, CALLS=str(tmp_path / "calls"), TMPDIR=str(tmp_path), **env),
     )
 
@@ -172,13 +176,22 @@ def test_setup_prints_a_line_per_step_and_nothing_once_done(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("memlab:")]
     assert [line.split(" (")[0] for line in lines] == [
-        "memlab: setting up .venv-t",
-        "memlab: [1/4] creating .venv-t",
-        "memlab: [2/4] updating pip",
-        "memlab: [3/4] installing torch==2.13.0",
-        "memlab: [4/4] installing memlab and what it needs: .[course]",
+        "memlab: setting up .venv-t from the lock",
+        "memlab: [1/3] creating .venv-t",
+        "memlab: [2/3] installing torch from requirements/torch.txt",
+        "memlab: [3/3] installing memlab and what it needs from requirements/course.txt",
         "memlab: .venv-t is ready",
     ], proc.stderr
+    # Everything comes from the lock, each file checked against its hash; memlab itself is
+    # installed without resolving anything more.
+    installs = [
+        c for c in (tmp_path / "calls").read_text().splitlines() if "pip install" in c
+    ]
+    assert installs, "no pip install ran"
+    for call in installs:
+        assert re.search(r"--require-hashes (--no-index )?-r requirements/", call) or (
+            call.endswith("--no-deps --no-build-isolation -e .")
+        ), call
     assert (
         "Collecting" not in proc.stderr
     )  # pip's own lines stay in its log (a terminal sees one live line)
@@ -190,10 +203,21 @@ def test_setup_with_a_torch_already_there_says_so_and_skips_it(tmp_path):
     proc = setup_run(tmp_path, NO_TORCH="0")
     assert proc.returncode == 0, proc.stderr
     assert (
-        "[1/3] creating .venv-t (it reuses the torch python3 already has)"
+        "[1/2] creating .venv-t (it reuses the torch python3 already has)"
         in proc.stderr
     ), proc.stderr
-    assert "torch==" not in proc.stderr and "[3/3] installing memlab" in proc.stderr
+    assert "torch.txt" not in proc.stderr and "[2/2] installing memlab" in proc.stderr
+
+
+def test_a_fresh_setup_never_borrows_the_base_pythons_torch(tmp_path):
+    # CI (MEMLAB_FRESH=1) builds what a newcomer builds: torch from the lock, even when the
+    # machine's Python has one.
+    proc = setup_run(tmp_path, NO_TORCH="0", MEMLAB_FRESH="1")
+    assert proc.returncode == 0, proc.stderr
+    assert "reuses the torch" not in proc.stderr, proc.stderr
+    assert "installing torch from requirements/torch.txt" in proc.stderr, proc.stderr
+    calls = (tmp_path / "calls").read_text()
+    assert "--system-site-packages" not in calls and "-m pip check" in calls, calls
 
 
 FAKE_LAB = """
