@@ -55,11 +55,11 @@ ROOT_ENV = "MEMLAB_AUTOGRADER_ROOT"
 DEFAULT_ROOT = "/autograder"
 BUNDLE_DIRS = ("memlab", "kernels", "tests/exercises")
 BUNDLE_FILES = (
-    "tests/conftest.py",
-    "tests/tools/loading.py",
     "pyproject.toml",
     "LICENSE",
-)
+    "tests/conftest.py",
+)  # and what conftest.py uses:
+BUNDLE_FILES += ("tests/tools/loading.py", "tests/tools/ci_skips.py")
 SKIP = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache"}
 LIMITS = "as=6G,cpu=600,fsize=64M,nofile=1024,nproc=512"
 MAX_FILE = 1 << 20  # bytes of one submitted exercise file

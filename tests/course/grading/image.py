@@ -172,7 +172,9 @@ def checkout() -> Path:
     dest = folder() / "checkout"
     for part in ("memlab", "kernels", "exercises", "solutions", "tests/exercises"):
         shutil.copytree(ROOT / part, dest / part, symlinks=True, dirs_exist_ok=True)
-    for part in ("tests/conftest.py", "tests/tools/loading.py", "pyproject.toml"):
+    from memlab.course.grading.gradescope import BUNDLE_FILES
+
+    for part in BUNDLE_FILES:
         (dest / part).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / part, dest / part)
     subprocess.run(["chmod", "-R", "go-w,go+rX", str(dest)], check=True)
