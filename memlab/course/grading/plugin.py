@@ -19,7 +19,8 @@ Only tests with a ``points`` marker are graded; the others are deselected.
 
 from __future__ import annotations
 
-import importlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import signal
@@ -219,18 +220,12 @@ class Recorder:
 
 
 def _register_tests_package(root: Path) -> None:
-    """The tests folder as the package memlab_tests (tests/tools/loading.py does the same), and
-    the graded tests' shared module under the bare name some of them still import."""
+    """The tests folder as the package memlab_tests, which the graded tests import from (as
+    tests/tools/loading.py makes it for the suite): never a folder on sys.path."""
     if "memlab_tests" not in sys.modules:
         spec = importlib.machinery.ModuleSpec("memlab_tests", None, is_package=True)
         spec.submodule_search_locations = [str(root / "tests")]
         sys.modules["memlab_tests"] = importlib.util.module_from_spec(spec)
-    refs = root / "tests" / "exercises" / "exercise_refs.py"
-    if (
-        refs.is_file() and "exercise_refs" not in sys.modules
-    ):  # compat: `from exercise_refs`
-        name = "memlab_tests.exercises.exercise_refs"
-        sys.modules["exercise_refs"] = importlib.import_module(name)
 
 
 def pytest_configure(config):

@@ -297,7 +297,7 @@ def test_bug_zoo_patch_applies_as_one_small_edit(variant):
         )
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
-    assert 0 < len(changed) <= 8, changed
+    assert 0 < len(changed) <= 10, changed  # a formatted statement may span three lines
     compile(bug, variant.name, "exec")  # a mistake of meaning, not of syntax
     names = {n for n, _, _ in collected_markers()[variant.exercise]}
     assert variant.catches in names

@@ -508,3 +508,21 @@ def test_a_memory_limit_is_a_memory_error(tmp_path, monkeypatch):
             mod.alloc(8 << 30)
     finally:
         mod._session.stop()
+
+
+def test_without_fork_each_learner_process_starts_afresh(tmp_path, monkeypatch):
+    """macOS has no zygote (its torch may not be forked): a process of its own per file."""
+    monkeypatch.setattr(sandbox, "_zygote", None)
+    monkeypatch.setattr(sandbox.sys, "platform", "darwin")
+    path = tmp_path / "toy.py"
+    path.write_text(TOY)
+    mod = sandbox.open_module(path, "_memlab_learner_test_nofork")
+    try:
+        assert mod._session.proc is not None and mod.append([1], 2) == [1, 2]
+        with pytest.raises(LearnerCrashed, match="SIGSEGV"):
+            mod.boom()
+        assert mod.append([], 3) == [3]
+    finally:
+        mod._session.stop()
+        sandbox._zygote.close()
+        monkeypatch.setattr(sandbox, "_zygote", None)
