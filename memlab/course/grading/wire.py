@@ -707,6 +707,8 @@ def _watch(roots, python, seen):
     machine, and this only turns an honest slip into a plain message. On Gradescope the operating
     system keeps the course out of reach."""
 
+    program = os.path.realpath(__file__)  # this file: a warning may quote its lines
+
     def under(path, dirs):
         return any(path == d or path.startswith(d + os.sep) for d in dirs)
 
@@ -714,8 +716,11 @@ def _watch(roots, python, seen):
         if len(seen) > 10:
             return
         if event == "open" and isinstance(args[0], (str, bytes)):
-            path = os.path.realpath(os.fsdecode(args[0]))
-            if under(path, roots) and not under(path, python):
+            plain = "".join([args[0]]) if isinstance(args[0], str) else bytes(args[0])
+            path = os.path.realpath(
+                os.fsdecode(plain)
+            )  # a str subclass's methods may lie
+            if under(path, roots) and not under(path, python) and path != program:
                 seen.append(f"reads {path}")
         elif event == "import" and args[0].partition(".")[0] in FORBIDDEN:
             seen.append(f"imports {args[0]}")
@@ -763,7 +768,8 @@ def _isolate(config) -> list[str]:
 
 def learner(sock: socket.socket, out_fd: int, config: dict) -> None:
     """In a new learner process (forked from the zygote): isolate it, import the file, serve."""
-    os.setsid()  # its own process group, which the grader signals as a whole
+    if os.getsid(0) != os.getpid():  # started afresh, it leads its session already
+        os.setsid()  # its own process group, which the grader signals as a whole
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     null = os.open(os.devnull, os.O_RDONLY)
