@@ -241,6 +241,7 @@ def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
                     nodeid = ev.get("nodeid") if kind else None
                     if kind == "collected" and first:
                         if ev.get("seed") != env[SEED_ENV]:
+                            child.kill()
                             raise GradingError(
                                 "the tests' process did not get the seed"
                             )
@@ -265,9 +266,7 @@ def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
                     how = "hung"
                 elif exited and not got:
                     how = "ended"
-            if (
-                child.poll() is None
-            ):  # hung or broke the log: the child and all it started
+            if child.poll() is None:  # hung, or broke the log: it and all it started
                 os.killpg(child.pid, signal.SIGKILL)  # our own child, not reaped yet
             rc = child.wait()
             if running is None:
