@@ -208,6 +208,9 @@ def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
     ]
     env = dict(env, PYTHONPATH=os.pathsep.join([str(work), *path]))
     env.update(MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG_FD=str(w))
+    env.setdefault(
+        "MEMLAB_SANDBOX_DIR", str(work)
+    )  # the zygote's folder goes with this one
     env.update(
         MEMLAB_GRADE_TIMEOUT=str(timeout), PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg"
     )
