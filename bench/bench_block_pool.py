@@ -226,8 +226,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.blocks, args.rounds, args.repeats = 4_000, 4, 1
-    if args.blocks < 2 * PREFIXES * (HITS + NEW):  # or the shared prefixes get evicted
-        ap.error(f"--blocks must be at least {2 * PREFIXES * (HITS + NEW)}")
+    least = (PREFIXES + 2) * (HITS + NEW)  # fewer, and the shared prefixes get evicted
+    if args.blocks < least:
+        ap.error(f"--blocks must be at least {least}")
     V, why = load_vllm()
     if V is None:
         print(f"vLLM's BlockPool is out of reach: {why}")
