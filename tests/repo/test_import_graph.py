@@ -46,6 +46,7 @@ FLOORS = {
     "memlab.sglang.write_loc": 7,  # write_loc: 07 to 09
     "memlab.common.sizing": 8,
     "memlab.common.attention": 9,
+    "memlab.sglang.schedule_policy": 10,  # admission (10), the cache-aware order (12)
     "memlab.capstone.tiny_llama": 10,
     "memlab.capstone.sim": 10,
     "memlab.capstone.checkpoint": 10,
