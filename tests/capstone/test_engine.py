@@ -15,6 +15,7 @@ from memlab.capstone.engine import (
 from memlab.sglang.allocation import alloc_for_extend, release_kv_cache
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.schedule_policy import PrefillAdder
 
 MODEL = TinyLlama(TinyConfig())
 RNG = random.Random(0)
@@ -277,3 +278,118 @@ def test_the_engine_books_catch_a_page_owned_twice():
     ]  # b maps a's own page
     with pytest.raises(AssertionError, match="held by requests"):
         e.check_books()
+
+
+# -- admission: SGLang's PrefillAdder (memlab.sglang.schedule_policy) --------------------------------
+
+
+def issue_32_prompts():
+    """23, 11, 29 and 60 prompt tokens; the first and third share their first 20."""
+    rng = random.Random(0)
+    shared = [rng.randrange(1, 128) for _ in range(20)]
+
+    def tail(n):
+        return [rng.randrange(1, 128) for _ in range(n)]
+
+    return [shared + tail(3), tail(11), shared + tail(9), tail(60)]
+
+
+def admission_steps(e, prompts, new) -> dict:
+    """Serve; the step at which each request first holds KV."""
+    reqs = [e.add_request(p, new) for p in prompts]
+    first, step = {}, 0
+    while e.step():
+        step += 1
+        for r in e.running + ([e.chunked_req] if e.chunked_req else []):
+            first.setdefault(r.rid, step)
+    assert [r.output for r in reqs] == generate_reference(MODEL, prompts, new)
+    return first
+
+
+def issue_32_engine():
+    return Engine(
+        MODEL,
+        page_size=16,
+        num_tokens=7 * 16,
+        attention="torch",
+        prefix_cache="radix",
+        debug_mode=True,
+    )
+
+
+def test_issue_32_case_queues_instead_of_admitting_all(monkeypatch):
+    """Issue 32: a radix cache, pages of 16, 7 pages, 16 new tokens each. The old engine admitted
+    all four in its first step and retracted one later. SGLang's adder admits A and B (B leaves
+    no room for what A and B will still write), C at step 4 once the reserve has shrunk (its
+    first page cached by A), D alone after A, B and C finished; nothing is retracted.
+    tests/sglang/test_schedule_policy.py traces the rounds by hand and against the wheel."""
+    e = issue_32_engine()
+    assert admission_steps(e, issue_32_prompts(), 16) == {0: 1, 1: 1, 2: 4, 3: 20}
+    assert e.stats["retracted"] == 0 and e.stats["cached_tokens"] == 16
+    # Without the running requests' remaining output in the budget (the issue's mistake), C
+    # comes in at step 2, when A and B still have 15 tokens each to write.
+    monkeypatch.setattr(
+        PrefillAdder, "_get_running_request_total_token_offset", lambda self, r: 0
+    )
+    assert admission_steps(issue_32_engine(), issue_32_prompts(), 16)[2] == 2
+
+
+class Watched(Engine):
+    """Keeps the decode batch each step left after its fit check (and retractions)."""
+
+    def update_running_batch(self):
+        self.kept = list(super().update_running_batch())
+        return self.kept
+
+
+def test_new_token_ratio_decays_rises_on_retraction_and_resets_idle():
+    """SGLang's scheduler: each decode step that fits lowers the ratio by (0.7 - 0.098) / 600
+    (``NewTokenRatioTracker.decay_step``), a retraction sets it to what the kept requests decoded
+    as if 20 more steps had run (``estimate_new_token_ratio_after_retract``), a prefill step
+    leaves it, and the idle scheduler resets it to 0.7."""
+    e = Watched(
+        MODEL, num_tokens=64, chunk_size=16, attention="torch", prefix_cache=None
+    )
+    t = e.new_token_ratio_tracker
+    for p in PROMPTS:
+        e.add_request(p, NEW)
+    seen = set()
+    while True:
+        before, retracted, e.kept = t.current, e.stats["retracted"], None
+        if not e.step():
+            assert t.current == 0.7
+            break
+        if e.kept is None:  # a prefill step
+            seen.add("prefill")
+            assert t.current == before
+        elif e.stats["retracted"] == retracted:
+            seen.add("decode")
+            assert t.current == pytest.approx(max(before - t.decay, t.min))
+        else:
+            seen.add("retract")
+            decoded = sum(len(r.output) - 1 for r in e.kept)  # before this step's token
+            want = (decoded + 20 * len(e.kept)) / (NEW * len(e.kept) + 1)
+            assert t.current == min(1.0, want) > before
+    assert seen == {"prefill", "decode", "retract"}
+
+
+def test_a_retracted_request_joins_the_back_of_the_queue():
+    """SGLang's ``_add_request_to_queue`` appends a retracted request: under FCFS the requests
+    still waiting go first."""
+    e = Engine(
+        MODEL, num_tokens=64, chunk_size=16, attention="torch", prefix_cache=None
+    )
+    for p in PROMPTS + PROMPTS[:2]:
+        e.add_request(p, NEW)
+    while e.stats["retracted"] == 0:
+        assert e.step()
+    victim = e.waiting[
+        -1
+    ]  # it came before the ones still waiting, and waits behind them
+    assert victim.output and len(e.waiting) > 1
+    assert all(r.rid > victim.rid for r in e.waiting[:-1])
+
+
+def test_chunk_size_must_be_a_multiple_of_the_page():
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        Engine(MODEL, page_size=16, chunk_size=24, attention="torch")
