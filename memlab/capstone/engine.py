@@ -37,6 +37,7 @@ import time
 from collections import Counter, OrderedDict
 
 import torch
+import torch.nn.functional as F
 
 # The model lives in its own module (memlab.capstone.checkpoint fills it); chapters
 # import it from here too.
@@ -308,7 +309,9 @@ class Engine:
     first. ``chunk_size`` is SGLang's ``chunked_prefill_size`` (a multiple of the page); at most
     one request is prefilled in chunks at a time (``chunked_req``), the others wait or decode
     (``running``). ``ignore_eos``: requests run to ``max_new_tokens`` (the scheduler then counts
-    their whole remaining output, not ``new_token_ratio`` of it). ``step_times`` adds up the
+    their whole remaining output, not ``new_token_ratio`` of it). ``enable_mixed_chunk``:
+    SGLang's ``--enable-mixed-chunk`` (off by default there too), the running requests decode in
+    the same pass as a prefill instead of waiting for it. ``step_times`` adds up the
     seconds each step spends scheduling, allocating, in the model and on the requests' books.
     A model with sliding-window layers is served through chapter 07's two pools (``size_swa`` SWA
     slots, ``num_tokens`` by default), or through ``memory``: a (KV pool, allocator) pair built by
@@ -341,6 +344,7 @@ class Engine:
         schedule_policy: str = "fcfs",
         size_swa: int | None = None,
         memory: tuple | None = None,
+        enable_mixed_chunk: bool = False,
         debug_mode: bool = False,
     ):
         kind = _validate_engine(
@@ -362,6 +366,7 @@ class Engine:
             attention,
         )
         self.debug_mode = debug_mode
+        self.enable_mixed_chunk = enable_mixed_chunk
         self.req_to_token_pool = ReqToTokenPool(max_running, max_context, device=dev)
         self.swa_layers = [i for i in range(c.num_layers) if c.is_sliding(i)]
         if self.swa_layers and attention != "torch":
@@ -589,16 +594,16 @@ class Engine:
 
     # -- scheduling ------------------------------------------------------------------------
     def step(self) -> bool:
-        """One forward pass (SGLang's ``get_next_batch_to_run``, without overlap or mixed chunks):
-        a prefill batch when the adder forms one, else a decode step of the running batch."""
+        """One forward pass (SGLang's ``get_next_batch_to_run``, without the overlap scheduler):
+        a prefill batch when the adder forms one (with ``enable_mixed_chunk``, the running
+        requests decode in the same pass when their tokens fit), else a decode step of the
+        running batch."""
         t0 = time.perf_counter()
         batch = self.get_new_batch_prefill()
-        decoding = None if batch else self.update_running_batch()
+        decoding = [] if batch else self.update_running_batch()
         self.step_times["scheduling"] += time.perf_counter() - t0
-        if batch:
-            self._run_extend(batch)
-        elif decoding:
-            self._run_decode(decoding)
+        if batch or decoding:
+            self._run_batch(batch, decoding)
         elif self.waiting or self.chunked_req is not None:
             raise RuntimeError(
                 f"stuck: {len(self.waiting)} waiting and a chunked prefill "
@@ -632,6 +637,7 @@ class Engine:
             self.new_token_ratio_tracker.current,
             MAX_PREFILL_TOKENS,
             self.chunk_size,
+            len(self.running) if self.enable_mixed_chunk else 0,
             sliding_window_size=self.sliding_window_size,
         )
         if self.chunked_req is not None:
@@ -668,11 +674,11 @@ class Engine:
         decays a step. When even one request does not fit, SGLang aborts it; memlab raises."""
         if not self.running:
             return []
-        ps, free = self.page_size, self.allocator.available_size
-        views = self._decode_views(self.running)
-        if check_decode_mem(views, free, ps, evict=self._evict):
+        if self._decode_fits():
             self.new_token_ratio_tracker.decay_step()
             return self.running
+        ps, free = self.page_size, self.allocator.available_size
+        views = self._decode_views(self.running)
         by_rid = {r.rid: r for r in self.running}
         kept, _, fits = retract_decode(
             views,
@@ -693,15 +699,23 @@ class Engine:
 
     # -- forward passes --------------------------------------------------------------------
     def _forward(
-        self, ids, positions, rows, out_cache_loc, logits_rows=None, extend=None
+        self,
+        ids,
+        positions,
+        rows,
+        out_cache_loc,
+        logits_rows=None,
+        extend=None,
+        lens=None,
     ):
         """Write each token's K/V to its slot, then let each token attend to its row up to itself.
 
         Triton: every token is a one-query decode through chapter 09's kernel (a prefill chunk
-        too: causal by construction). Torch: a decode batch goes through ``attention_over_slots``;
-        a prefill batch (``extend``: per request, its row, its first token in the batch, its token
-        count and how many were already in the pool) attends request by request with a causal mask,
-        SGLang's extend attention, so a prefill gathers each row once instead of once per token.
+        too: causal by construction). Torch: a decode batch (``lens``: each request's length, a
+        host tensor) gathers its keys once per step (``_decode_attention``); a prefill batch
+        (``extend``: per request, its row, its first token in the batch, its token count and how
+        many were already in the pool) attends request by request with a causal mask, SGLang's
+        extend attention, so a prefill gathers each row once instead of once per token.
         """
         from memlab.common import attention
 
@@ -712,11 +726,14 @@ class Engine:
         loc = KVWriteLoc(out_cache_loc, physical=True)
         seq_lens = (positions + 1).to(torch.int32)
         table = self.req_to_token_pool.req_to_token
-        if (
-            self.attention == "torch" and extend is None
-        ):  # the same slots for every layer: gather once
-            slots, mask = attention.slots_from_req_to_token(table, rows, seq_lens)
-        elif self.attention == "torch":
+        first = 0 if extend is None else sum(e[2] for e in extend)
+        if self.attention == "torch" and lens is not None:
+            # every request's keys in one flat list (no padding to the longest), gathered once
+            # per step for all layers; the lengths come from the host: nothing waits on the device
+            tok_req, _, key_pos = extend_positions(torch.zeros_like(lens), lens)
+            tok_req = tok_req.to(rows.device)
+            slots = table[rows[first:][tok_req], key_pos.to(rows.device)].long()
+        if self.attention == "torch" and extend is not None:
             segments = [self._extend_segment(*e) for e in extend]
 
         def attend(layer, q, k, v):
@@ -727,10 +744,16 @@ class Engine:
                     q, k_buf, v_buf, table, rows, seq_lens
                 )
             if extend is None:
-                return attention.attention_over_slots(
-                    q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1])
-                )
-            return self._extend_attention(q, k_buf, v_buf, segments)
+                return self._decode_attention(q, k_buf, v_buf, slots, tok_req)
+            if lens is None:
+                return self._extend_attention(q, k_buf, v_buf, segments)
+            # a mixed batch: the prefill tokens, then one query per decoding request
+            out = torch.empty_like(q)
+            out[:first] = self._extend_attention(q[:first], k_buf, v_buf, segments)
+            out[first:] = self._decode_attention(
+                q[first:], k_buf, v_buf, slots, tok_req
+            )
+            return out
 
         logits = self.last_logits = self.model.forward(
             ids, positions, attend, None if self.all_logits else logits_rows
@@ -740,6 +763,27 @@ class Engine:
             if self.all_logits and logits_rows is not None
             else logits
         )
+
+    @staticmethod
+    def _decode_attention(q, k_buf, v_buf, slots, tok_req):
+        """One query per request over its keys, in float32 (``attention_over_slots``' result,
+        chapter 09): the keys of all requests in one flat list (``slots``, each key's request in
+        ``tok_req``), a softmax per request (its largest score, its sum, its weighted values
+        added up by request), so a batch of short rows beside a long one costs what its keys
+        cost; grouped query heads share their KV head through a view."""
+        bs, h, d = q.shape
+        kvh = k_buf.shape[1]
+        k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
+        qs = q.float().reshape(bs, kvh, h // kvh, d)[tok_req]  # (keys, kv heads, group, d)
+        s = (qs * k[:, :, None]).sum(-1) / math.sqrt(d)  # (keys, kv heads, group)
+        idx = tok_req[:, None, None].expand_as(s)
+        top = s.new_full((bs, *s.shape[1:]), float("-inf"))
+        top = top.scatter_reduce(0, idx, s, "amax")
+        e = (s - top[tok_req]).exp()
+        z = e.new_zeros(top.shape).index_add_(0, tok_req, e)
+        o = e.new_zeros((*top.shape, v.shape[-1]))
+        o.index_add_(0, tok_req, e[..., None] * v[:, :, None])
+        return (o / z[..., None]).reshape(bs, h, -1).to(q.dtype)
 
     def _forward_swa(self, ids, positions, rows, out_cache_loc, logits_rows, extend):
         """A model with sliding-window layers: the allocator's write location carries both
@@ -799,67 +843,76 @@ class Engine:
 
     @staticmethod
     def _extend_attention(q, k_buf, v_buf, segments):
-        """Causal attention of each request's new queries over its slots, in float32."""
-        _, h, d = q.shape
-        kvh = k_buf.shape[1]
+        """Causal attention of each request's new queries over its slots, in float32: one fused
+        ``scaled_dot_product_attention`` per request, grouped query heads sharing their KV
+        head (``enable_gqa``), ``future`` the keys each query must not see."""
         out = torch.empty_like(q)
         for off, n, slots, future in segments:
-            qs = (
-                q[off : off + n].float().view(n, kvh, h // kvh, d)
-            )  # grouped query heads share a KV head
-            k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
-            s = torch.einsum("nkgd,skd->kgns", qs, k) / math.sqrt(d)
-            p = s.masked_fill(future, float("-inf")).softmax(-1)
-            out[off : off + n] = (
-                torch.einsum("kgns,skd->nkgd", p, v).reshape(n, h, -1).to(q.dtype)
+            qs = q[off : off + n].float().transpose(0, 1)  # (heads, n, d)
+            k = k_buf[slots].float().transpose(0, 1)  # (kv heads, keys, d)
+            v = v_buf[slots].float().transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                qs, k, v, attn_mask=~future, enable_gqa=True
             )
+            out[off : off + n] = o.transpose(0, 1).to(q.dtype)
         return out
 
-    def _run_extend(self, batch: list[EngineReq]) -> None:
-        dev = self.model.device
+    def _run_batch(self, batch: list[EngineReq], decoding: list[EngineReq]) -> None:
+        """One forward pass: the prefill chunks of ``batch``, then one token of each request in
+        ``decoding`` (a decode step, or the running batch mixed into a prefill when
+        ``enable_mixed_chunk`` is on and its tokens fit after the prefill took its slots, as
+        SGLang's ``mix_with_running``; otherwise it sits this pass out, nothing retracted)."""
         t0 = time.perf_counter()
         pre_list = [r.prefix_len for r in batch]  # where each chunk starts
         ext_list = [r.extend_end - p for r, p in zip(batch, pre_list)]
-        # Rows for the new requests, slots for every chunk, all written into the request table
-        # (after evicting from the prefix cache if the pool is short).
-        out = alloc_for_extend(
-            self.req_to_token_pool,
-            self.allocator,
-            batch,
-            ext_list,
-            [r.prefix_indices for r in batch],
-            self.tree_cache,
-        )
-        if out is None:
-            raise RuntimeError(
-                "alloc_for_extend refused a batch the scheduler admitted"
+        outs = []
+        if batch:
+            # Rows for the new requests, slots for every chunk, all written into the request
+            # table (after evicting from the prefix cache if the pool is short).
+            outs.append(
+                alloc_for_extend(
+                    self.req_to_token_pool,
+                    self.allocator,
+                    batch,
+                    ext_list,
+                    [r.prefix_indices for r in batch],
+                    self.tree_cache,
+                )
             )
+            if outs[-1] is None:
+                raise RuntimeError(
+                    "alloc_for_extend refused a batch the scheduler admitted"
+                )
+            if self.enable_mixed_chunk and self.running and self._decode_fits():
+                decoding = self.running
+        if decoding:
+            outs.append(
+                alloc_for_decode(
+                    self.req_to_token_pool, self.allocator, decoding, self.tree_cache
+                )
+            )
+            if outs[-1] is None:
+                raise RuntimeError(
+                    f"the pool ({self.allocator.size} slots) cannot hold one more token "
+                    "of a single request"
+                )
         t1 = time.perf_counter()
-        pre, ext = torch.tensor(pre_list), torch.tensor(ext_list)
-        rows = torch.tensor([r.kv.req_pool_idx for r in batch], device=dev)
-        tok_req, starts, pos = extend_positions(pre, ext)
-        pos = pos.to(dev)
-        tok_rows = rows[tok_req.to(dev)]
-        ids = torch.tensor(
-            [
-                t
-                for r, p, n in zip(batch, pre_list, ext_list)
-                for t in r.tokens[p : p + n]
-            ],
-            device=dev,
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        ids, positions, rows, logits_rows, extend, lens = self._batch_tensors(
+            batch, pre_list, ext_list, decoding
         )
-        ends = (starts + ext - 1).to(dev)
-        extend = [
-            (r.kv.req_pool_idx, off, n, p)
-            for r, off, n, p in zip(batch, starts.tolist(), ext_list, pre_list)
-        ]
-        picks = (
-            self._forward(ids, pos, tok_rows, out, logits_rows=ends, extend=extend)
-            .argmax(-1)
-            .tolist()
+        logits = self._forward(
+            ids, positions, rows, out, logits_rows, extend=extend, lens=lens
         )
+        picks = logits.argmax(-1).tolist()
         t2 = time.perf_counter()
         self.stats["prefill_tokens"] += sum(ext_list)
+        self.stats["decode_tokens"] += len(decoding)
+        finished = 0
+        for r, nxt in zip(decoding, picks[len(batch) :]):
+            finished += self._append(r, nxt)
+        if finished:
+            self.running = [r for r in self.running if not r.finished]
         for r, nxt in zip(batch, picks):
             r.prefix_indices = None
             if r is self.chunked_req:  # a chunk of a longer prefill: the tree takes it
@@ -870,36 +923,83 @@ class Engine:
                 self.running.append(r)
         self._time(t0, t1, t2)
 
-    def _run_decode(self, decoding: list[EngineReq]) -> None:
+    def _batch_tensors(self, batch, pre_list, ext_list, decoding):
+        """The forward pass's inputs, the prefill tokens first: token ids, positions, rows,
+        which rows' logits to keep (None: all), the prefill segments and the decode lengths."""
         dev = self.model.device
-        t0 = time.perf_counter()
-        out = alloc_for_decode(
-            self.req_to_token_pool, self.allocator, decoding, self.tree_cache
-        )
-        if out is None:
-            raise RuntimeError(
-                f"the pool ({self.allocator.size} slots) cannot hold one more token of a "
-                "single request"
+        ids, positions, rows, logits_rows, extend, lens = [], [], [], None, None, None
+        if batch:
+            pre, ext = torch.tensor(pre_list), torch.tensor(ext_list)
+            tok_req, starts, pos = extend_positions(pre, ext)
+            batch_rows = torch.tensor([r.kv.req_pool_idx for r in batch])
+            ids.append(
+                torch.tensor(
+                    [
+                        t
+                        for r, p, n in zip(batch, pre_list, ext_list)
+                        for t in r.tokens[p : p + n]
+                    ]
+                )
             )
-        t1 = time.perf_counter()
-        rows = torch.tensor([r.kv.req_pool_idx for r in decoding], device=dev)
-        positions = torch.tensor(
-            [r.kv.kv_allocated_len - 1 for r in decoding], device=dev
+            positions.append(pos)
+            rows.append(batch_rows[tok_req])
+            extend = [
+                (r.kv.req_pool_idx, off, n, p)
+                for r, off, n, p in zip(batch, starts.tolist(), ext_list, pre_list)
+            ]
+            logits_rows = starts + ext - 1
+        if decoding:
+            # one tensor from the host: each request's row, length and last token
+            books = (
+                torch.tensor(
+                    [
+                        (r.kv.req_pool_idx, r.kv.kv_allocated_len, r.output_ids[-1])
+                        for r in decoding
+                    ]
+                ).T.contiguous()
+            )  # each field contiguous: the Triton kernel reads plain arrays
+            lens = books[1]
+            ids.append(books[2])
+            positions.append(lens - 1)
+            rows.append(books[0])
+            if logits_rows is not None:
+                first = int(ext.sum())
+                logits_rows = torch.cat(
+                    (logits_rows, first + torch.arange(len(decoding)))
+                )
+        if (
+            self.swa_layers and decoding
+        ):  # the SWA path: a decode is an extend of one token
+            first = sum(ext_list)
+            extend = (extend or []) + [
+                (r.kv.req_pool_idx, first + i, 1, r.kv.kv_allocated_len - 1)
+                for i, r in enumerate(decoding)
+            ]
+            lens = None
+        cat = (lambda xs: xs[0]) if len(ids) == 1 else torch.cat
+        return (
+            cat(ids).to(dev),
+            cat(positions).to(dev),
+            cat(rows).to(dev),
+            None if logits_rows is None else logits_rows.to(dev),
+            extend,
+            lens,
         )
-        ids = torch.tensor([r.output_ids[-1] for r in decoding], device=dev)
-        logits = self._forward(ids, positions, rows, out)
-        picks = logits.argmax(-1).tolist()
-        t2 = time.perf_counter()
-        self.stats["decode_tokens"] += len(decoding)
-        done = [r for r, nxt in zip(decoding, picks) if self._append(r, nxt)]
-        if done:
-            self.running = [r for r in self.running if not r.finished]
-        self._time(t0, t1, t2)
 
     def _time(self, t0: float, t1: float, t2: float) -> None:
         self.step_times["allocation"] += t1 - t0
         self.step_times["model"] += t2 - t1
         self.step_times["books"] += time.perf_counter() - t2
+
+    def _decode_fits(self) -> bool:
+        """Whether the running batch's next tokens fit (SGLang's ``check_decode_mem``, which
+        evicts from the prefix cache when it must). A page per request is the most a step can
+        need: when that many are free, the exact count is not worth a pass over the batch."""
+        ps, free = self.page_size, self.allocator.available_size
+        if free() >= len(self.running) * ps:
+            return True
+        views = self._decode_views(self.running)
+        return check_decode_mem(views, free, ps, evict=self._evict)
 
     @staticmethod
     def _decode_views(decoding) -> list[RunningReq]:

@@ -1,15 +1,14 @@
-"""The scheduler's admission: which waiting requests join the next prefill batch (SGLang 0.5.23,
-sglang/srt/managers/schedule_policy.py).
+"""The scheduler's admission, sglang/srt/managers/schedule_policy.py (SGLang 0.5.23).
 
-``SchedulePolicy`` orders the waiting queue (first come first served, or longest cached prefix
-first). ``PrefillAdder`` then walks it and admits requests against a budget of KV slots: what the
-pool has free and the prefix cache could evict, less what the running requests will still write
-(each one's remaining output, clipped to ``CLIP_MAX_NEW_TOKENS`` and scaled by
-``new_token_ratio``), less what every request admitted this round takes now (its prompt in whole
-pages, one page more) and later (its own clipped output). ``NewTokenRatioTracker`` keeps the
-ratio: it starts at 0.7, decays each decode step toward its floor, is raised after a retraction
-and reset when the scheduler idles. ``match_kv_cache`` and ``match_and_lock`` are where a new
-request meets the prefix cache before the adder looks at it.
+Which waiting requests join the next prefill batch. ``SchedulePolicy`` orders the waiting queue
+(first come first served, or longest cached prefix first). ``PrefillAdder`` then walks it and
+admits requests against a budget of KV slots: what the pool has free and the prefix cache could
+evict, less what the running requests will still write (each one's remaining output, clipped to
+``CLIP_MAX_NEW_TOKENS`` and scaled by ``new_token_ratio``), less what every request admitted this
+round takes now (its prompt in whole pages, one page more) and later (its own clipped output).
+``NewTokenRatioTracker`` keeps the ratio: it starts at 0.7, decays each decode step toward its
+floor, is raised after a retraction and reset when the scheduler idles. ``match_kv_cache`` and
+``match_and_lock`` are where a new request meets the prefix cache before the adder looks at it.
 
 Where memlab differs from SGLang 0.5.23: one memory budget (SGLang's ``PrefillBudget``, from
 ``mem_cache/prefill_budget.py``) for every allocator, whose composite pools (two SWA pools, the
@@ -202,11 +201,18 @@ class PrefillBudget:
         "current_offset",
     )
 
-    def __init__(self, allocator, tree_cache, sliding_window_size: int | None = None):
+    def __init__(
+        self,
+        allocator,
+        tree_cache,
+        sliding_window_size: int | None = None,
+        *,
+        num_mixed_decode_tokens: int = 0,
+    ):
         self.allocator, self.tree_cache = allocator, tree_cache
         self.page_size = allocator.page_size
         self.sliding_window_size = sliding_window_size
-        self.total_offset = self.current_offset = 0
+        self.total_offset = self.current_offset = num_mixed_decode_tokens
 
     def ceil_paged_tokens(self, tokens: int) -> int:
         return -(-tokens // self.page_size) * self.page_size
@@ -295,6 +301,7 @@ class PrefillAdder:
         new_token_ratio: float,
         rem_input_tokens: int,
         rem_chunk_tokens: int | None,
+        num_mixed_decode_tokens: int = 0,
         *,
         sliding_window_size: int | None = None,
     ):
@@ -302,14 +309,19 @@ class PrefillAdder:
         self.page_size = page_size
         self.tree_cache = tree_cache
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.running_batch = (
-            running_batch  # the running requests (SGLang: a ScheduleBatch)
-        )
+        # the running requests (SGLang: a ScheduleBatch)
+        self.running_batch = running_batch
         self.new_token_ratio = new_token_ratio
-        self.rem_input_tokens = rem_input_tokens
+        # a mixed batch (--enable-mixed-chunk) also computes one token of each running request
+        self.rem_input_tokens = rem_input_tokens - num_mixed_decode_tokens
         self.rem_chunk_tokens = rem_chunk_tokens
+        if rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= num_mixed_decode_tokens
         self.memory_budget = PrefillBudget(
-            token_to_kv_pool_allocator, tree_cache, sliding_window_size
+            token_to_kv_pool_allocator,
+            tree_cache,
+            sliding_window_size,
+            num_mixed_decode_tokens=num_mixed_decode_tokens,
         )
         self.req_states = None
         self.can_run_list = []
