@@ -4,6 +4,7 @@ with each prefix cache: none, vLLM's block hashes, SGLang's radix tree, the radi
 import random
 
 import pytest
+import torch
 
 from memlab.capstone.engine import (
     Engine,
@@ -393,3 +394,89 @@ def test_a_retracted_request_joins_the_back_of_the_queue():
 def test_chunk_size_must_be_a_multiple_of_the_page():
     with pytest.raises(ValueError, match="multiple of page_size"):
         Engine(MODEL, page_size=16, chunk_size=24, attention="torch")
+
+
+# -- SGLang's --enable-mixed-chunk, and the torch attention paths --------------------------------
+
+
+def serve_counting_mixed_steps(e, prompts, new):
+    """Serve with newcomers arriving while others decode; (outputs, steps, mixed steps)."""
+    reqs = [e.add_request(p, new) for p in prompts[:2]]
+    steps = mixed = 0
+    late = list(prompts[2:])
+    while True:
+        before = dict(e.stats)
+        if not e.step():
+            break
+        steps += 1
+        grew = [
+            e.stats[k] > before.get(k, 0) for k in ("prefill_tokens", "decode_tokens")
+        ]
+        mixed += all(grew)
+        if late and steps % 2:
+            reqs.append(e.add_request(late.pop(0), new))
+    return [r.output for r in reqs], steps, mixed
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("ps", [1, 16])
+def test_mixed_chunks_decode_in_the_prefill_pass(ps, cache):
+    """With ``enable_mixed_chunk`` the running requests decode in the pass that prefills a
+    newcomer (SGLang's ``mix_with_running``), with the same outputs. (The chunk is larger than
+    a page: the adder takes one token per running request off it first.)"""
+    prompts = MORE
+    want = generate_reference(MODEL, prompts, NEW)
+    runs = {}
+    for mixed in (False, True):
+        e = Engine(
+            MODEL,
+            page_size=ps,
+            num_tokens=512,
+            chunk_size=64,
+            attention="torch",
+            prefix_cache=cache,
+            enable_mixed_chunk=mixed,
+            debug_mode=True,
+        )
+        runs[mixed] = serve_counting_mixed_steps(e, prompts, NEW)
+        assert sorted(runs[mixed][0]) == sorted(want)
+        e.check_books()
+    assert runs[False][2] == 0 < runs[True][2]
+
+
+@pytest.mark.kernel
+def test_mixed_chunks_through_the_triton_attention_kernel():
+    prompts = [PROMPTS[0], PROMPTS[3][:4], PROMPTS[2][:6]]
+    e = Engine(
+        MODEL,
+        page_size=16,
+        num_tokens=128,
+        chunk_size=64,
+        attention="triton",
+        enable_mixed_chunk=True,
+    )
+    outs, _, mixed = serve_counting_mixed_steps(e, prompts, 3)
+    assert mixed and outs == generate_reference(MODEL, prompts, 3)
+
+
+def test_decode_attention_equals_chapter_09s_reference():
+    """The engine's flat decode attention (every request's keys in one list, a softmax per
+    request) against ``attention_over_slots`` (rows padded to the longest), on rows of very
+    different lengths, grouped query heads."""
+    from memlab.common import attention
+
+    g = torch.Generator().manual_seed(0)
+    lens = torch.tensor([1, 37, 5, 120, 2])
+    table = torch.randint(1, 601, (5, 128), generator=g)
+    k_buf, v_buf = (
+        torch.randn(601, 2, 16, generator=g),
+        torch.randn(601, 2, 16, generator=g),
+    )
+    q = torch.randn(5, 4, 16, generator=g)
+    rows = torch.arange(5)
+    slots, mask = attention.slots_from_req_to_token(table, rows, lens)
+    want = attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 16**-0.5)
+    tok_req = torch.repeat_interleave(torch.arange(5), lens)
+    key_pos = torch.cat([torch.arange(n) for n in lens.tolist()])
+    got = Engine._decode_attention(q, k_buf, v_buf, table[tok_req, key_pos], tok_req)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

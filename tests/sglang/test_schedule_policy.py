@@ -150,11 +150,13 @@ def sg():
     return schedule_policy_loader.load()
 
 
-def adder_of(side, sg, ps, tree, alloc, running, ratio, rem_input, rem_chunk):
+def adder_of(side, sg, ps, tree, alloc, running, ratio, rem_input, rem_chunk, mixed=0):
+    """The side's adder; ``mixed``: decode tokens mixed into the prefill (--enable-mixed-chunk)."""
+    args = (ps, tree, alloc, running, ratio, rem_input, rem_chunk, mixed)
     if side == "memlab":
-        return PrefillAdder(ps, tree, alloc, running, ratio, rem_input, rem_chunk)
+        return PrefillAdder(*args)
     batch = types.SimpleNamespace(reqs=running, batch_size=lambda: len(running))
-    return sg.PrefillAdder(ps, tree, alloc, batch, ratio, rem_input, rem_chunk)
+    return sg.PrefillAdder(*args[:3], batch, *args[4:])
 
 
 def books(adder, nodes) -> tuple:
@@ -191,6 +193,7 @@ def play_round(side, sg, spec) -> list:
         spec["ratio"],
         spec["rem_input"],
         spec["rem_chunk"],
+        spec.get("mixed", 0),
     )
     other = AddReqResult.OTHER if side == "memlab" else sg.AddReqResult.OTHER
     out = []
@@ -428,6 +431,8 @@ def rounds(draw):
         ratio=draw(st.sampled_from([0.7, 0.098, 1.0, draw(st.floats(0.098, 1.0))])),
         rem_input=draw(st.sampled_from([16384, draw(st.integers(1, 600))])),
         rem_chunk=None if chunk is None else chunk * 16,
+        # SGLang mixes the running batch in only with chunked prefill on
+        mixed=len(running) if chunk is not None and draw(st.booleans()) else 0,
         chunked=chunked,
         waiting=waiting,
     )
@@ -567,6 +572,7 @@ class Shadowed(Engine):
             self.new_token_ratio_tracker.current,
             engine_module.MAX_PREFILL_TOKENS,
             self.chunk_size,
+            len(running) if self.enable_mixed_chunk else 0,
         )
         log = []
 
@@ -655,23 +661,26 @@ def test_the_issue_case_step_by_step_matches_sglangs_adder(sg, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "cache,ps,tokens,chunk,ignore_eos",
+    "cache,ps,tokens,chunk,ignore_eos,mixed",
     [
-        (None, 1, 64, 16, False),
-        ("radix", 4, 96, 16, False),
-        ("hash", 16, 128, 32, False),
+        (None, 1, 64, 16, False, False),
+        ("radix", 4, 96, 16, False, False),
+        ("hash", 16, 128, 32, False, False),
         (
             None,
             16,
             160,
             32,
             True,
-        ),  # SGLang's fixed-length walk (add_one_req_ignore_eos)
-        ("radix", 1, 80, 8, True),
+            False,
+        ),  # the fixed-length walk (add_one_req_ignore_eos)
+        ("radix", 1, 80, 8, True, False),
+        ("radix", 4, 96, 16, False, True),  # --enable-mixed-chunk
+        (None, 16, 160, 32, True, True),
     ],
 )
 def test_random_streams_step_by_step_match_sglangs_adder(
-    sg, monkeypatch, cache, ps, tokens, chunk, ignore_eos
+    sg, monkeypatch, cache, ps, tokens, chunk, ignore_eos, mixed
 ):
     rng = random.Random(ps * 1000 + tokens)
     shared = [rng.randrange(1, 128) for _ in range(24)]
@@ -691,6 +700,7 @@ def test_random_streams_step_by_step_match_sglangs_adder(
         chunk_size=chunk,
         prefix_cache=cache,
         ignore_eos=ignore_eos,
+        enable_mixed_chunk=mixed,
     )
     assert len(e.trace) > 5
     for step, (mine, theirs) in enumerate(e.trace):
