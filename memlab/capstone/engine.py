@@ -774,7 +774,8 @@ class Engine:
         bs, h, d = q.shape
         kvh = k_buf.shape[1]
         k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
-        qs = q.float().reshape(bs, kvh, h // kvh, d)[tok_req]  # (keys, kv heads, group, d)
+        # each key's query, viewed (keys, kv heads, group, d)
+        qs = q.float().reshape(bs, kvh, h // kvh, d)[tok_req]
         s = (qs * k[:, :, None]).sum(-1) / math.sqrt(d)  # (keys, kv heads, group)
         idx = tok_req[:, None, None].expand_as(s)
         top = s.new_full((bs, *s.shape[1:]), float("-inf"))
