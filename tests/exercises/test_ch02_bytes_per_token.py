@@ -123,10 +123,9 @@ def test_bad_input():
 
 
 def random_case(d):
-    from exercise_refs import INT31
-
     from memlab.course.grading.fuzz import Raised
     from memlab.sglang import kv_pool
+    from memlab_tests.exercises.exercise_refs import INT31
 
     mla = d.chance(0.4)
     fn = "mla_bytes_per_token" if mla else "mha_bytes_per_token"

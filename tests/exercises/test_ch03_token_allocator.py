@@ -268,10 +268,9 @@ def test_random_stream_invariants():
 
 
 def random_case(d):
-    from exercise_refs import scribble, tensor
-
     from memlab.course.grading.fuzz import tensor_code
     from memlab.sglang.allocator import TokenToKVPoolAllocator
+    from memlab_tests.exercises.exercise_refs import scribble, tensor
 
     size, need_sort = d.int(1, 40), d.chance(0.5)
     mine, engine = (

@@ -247,7 +247,7 @@ def engine_alloc_extend(pre, seq, last, free_pages, ps):
 def draw_batch(d, ps, big):
     """A batch: fresh and continued requests, some longer than a 64-token block; with ``big``,
     prefixes near 2**31 (a pure index computation: no pool needed); now and then an invalid one."""
-    from exercise_refs import INT31
+    from memlab_tests.exercises.exercise_refs import INT31
 
     pre, seq = [], []
     for _ in d.count(1, 4):
@@ -271,9 +271,8 @@ def draw_batch(d, ps, big):
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES, scribble, tensor
-
     from memlab.course.grading.fuzz import tensor_code
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES, scribble, tensor
 
     ps = d.pick(SIZES)
     big = d.chance(0.25)

@@ -163,12 +163,11 @@ def test_compiled_on_gpu_large_batch():
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES
-
     from memlab.common.env import kernel_device
     from memlab.course.grading.fuzz import tensor_code
     from memlab.course.grading.loader import load
     from memlab.sglang.allocator.reference import alloc_extend_python as engine
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES
 
     ps = d.pick(SIZES)
     big = d.chance(0.2)

@@ -170,10 +170,9 @@ def test_refusal():
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES, scribble, tensor
-
     from memlab.course.grading.fuzz import tensor_code
     from memlab.sglang.allocator.reference import alloc_decode_python as engine
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES, scribble, tensor
 
     ps = d.pick(SIZES)
     big = d.chance(

@@ -271,9 +271,8 @@ class Engine:
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES, scribble, tensor
-
     from memlab.course.grading.fuzz import tensor_code
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES, scribble, tensor
 
     ps = d.pick(SIZES)
     ids = d.ids(

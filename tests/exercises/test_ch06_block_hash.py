@@ -206,9 +206,8 @@ def test_multimodal_items_overlapping():
 def random_case(d):
     from types import SimpleNamespace
 
-    from exercise_refs import INT31, SIZES
-
     from memlab.vllm.hashing import get_request_block_hasher, sha256
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES
 
     m = ex()
     bs = d.pick(SIZES)

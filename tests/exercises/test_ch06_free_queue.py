@@ -157,9 +157,8 @@ HASHES = (None, "h", 0, b"", b"\x07" * 8, ("t", 3))  # falsy hashes are hashes t
 
 
 def random_case(d):
-    from exercise_refs import INT31
-
     from memlab.vllm.block_pool import BlockPool
+    from memlab_tests.exercises.exercise_refs import INT31
 
     m = load("ch06_free_queue")
     n = d.int(1, 10)

@@ -141,12 +141,11 @@ def test_compiled_on_gpu():
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES
-
     from memlab.common.env import kernel_device
     from memlab.course.grading.fuzz import tensor_code
     from memlab.course.grading.loader import load
     from memlab.vllm.block_table import slot_mapping_python as engine
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES
 
     bs = d.pick(SIZES)
     reqs, cols = [], 0

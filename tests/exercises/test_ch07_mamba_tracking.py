@@ -304,9 +304,8 @@ class Engine:
 
 
 def random_case(d):
-    from exercise_refs import tensor
-
     from memlab.sglang.mamba import mamba_tracking_slots
+    from memlab_tests.exercises.exercise_refs import tensor
 
     m = load("ch07_mamba_tracking")
     if d.chance(0.15):

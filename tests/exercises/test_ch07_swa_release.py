@@ -244,9 +244,8 @@ def engine_take(m, full, ps):
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES, scribble, tensor
-
     from memlab.course.grading.fuzz import Raised, tensor_code
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES, scribble, tensor
 
     e = ex()
     ps = d.pick(SIZES)

@@ -189,9 +189,8 @@ def test_reserve_doubled():
 
 
 def random_case(d):
-    from exercise_refs import INT31, SIZES
-
     from memlab.common import sizing
+    from memlab_tests.exercises.exercise_refs import INT31, SIZES
 
     e = ex()
     ps = d.pick(SIZES + (128, 256))

@@ -270,7 +270,7 @@ def engine_admit(waiting, running, available, capacity, ps, max_running):
 
 
 def random_case(d):
-    from exercise_refs import SIZES
+    from memlab_tests.exercises.exercise_refs import SIZES
 
     m = load("ch10_admission")
     ps = d.pick(SIZES)

@@ -1,38 +1,52 @@
-"""The suite stays green with a learner's work in every state a learner's checkout can be in.
+"""Every state a learner leaves the course in keeps the suite green (issue 28).
 
-In a fresh clone of the course (``git clone``: what a learner has), four exercises are filled in
-and not committed (chapters 04, 05, 06 and 11, as a learner tried them), one exercise is half
-done and raises (chapter 01), and one stub is deleted (chapter 08): the whole suite runs there
-once and must be green. In a second clone the four exercises are filled in AND committed: there
-the suite runs the tests that read exercises/ or copy the course (``readers()``: found from the
-source, so a new such test is never left out), chapter runs only for the committed chapters.
+One clone of the course, as a learner leaves it after an afternoon:
 
-Each clone runs the suite with this Python and MEMLAB_INNER_SUITE set (so this test does not
-run itself again inside). About the suite's own duration: it is the slow test of the suite.
+- chapters opened, run and saved by JupyterLab (a real JupyterLab server, started the way
+  ``./course lab`` starts it, still running while the suite runs; the notebooks saved through
+  its contents API, as its Save does): outputs stored, the setup cell expanded, a cell added
+  after the grade cell, a cell deleted;
+- exercises done and committed (ch04_alloc_extend, ch05_paged_free), done and not committed
+  (ch06_free_queue, ch11_radix_match), half done and raising (ch01_alloc_rows), a stub deleted
+  (ch08_sizing);
+- a grading run left behind (``python -m memlab.grade 01 --results results.json``).
+
+There, the tests that read what the learner can change run and must pass: every test found to
+read exercises/ (followed through the functions it calls, below), the checks of what the
+notebooks store, and the lock's and repository's checks. The suite reads stored files through
+``memlab_tests.tools.stored`` and the stubs through ``memlab.course.grading.stubs``, which is what
+makes this hold; the chunks below keep each run under a minute.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
 
-from memlab.course.grading import catalog
+from memlab_tests.tools.loading import load_file
+from memlab_tests.tools.stored import stored
 
 ROOT = Path(__file__).resolve().parents[2]
-INNER = "MEMLAB_INNER_SUITE"
-EDITED = ("ch04_alloc_extend", "ch05_paged_free", "ch06_free_queue", "ch11_radix_match")
+COMMITTED = ("ch04_alloc_extend", "ch05_paged_free")
+UNCOMMITTED = ("ch06_free_queue", "ch11_radix_match")
 HALF_DONE = (
     "ch01_alloc_rows"  # alloc_rows and free written, clear still wrong: it raises
 )
 DELETED = "ch08_sizing"
+RAN = ("04", "07")  # run top to bottom in a kernel, then saved
+OPENED = ("00", "12")  # opened, the setup cell expanded, a cell added, saved
 
 # -- which tests read exercises/ or copy the course -------------------------------------------------
 # A function reads exercises/ when its source names the folder or copies the course (git clone /
@@ -78,12 +92,13 @@ class _Module:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
-                    self.names[a.asname or a.name.split(".")[0]] = (
-                        a.name if a.asname else a.name.split(".")[0],
+                    full = a.name.replace("memlab_tests", "tests", 1)
+                    self.names[a.asname or full.split(".")[0]] = (
+                        full if a.asname else full.split(".")[0],
                         None,
                     )
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
+                base = (node.module or "").replace("memlab_tests", "tests", 1)
                 if node.level:
                     base = ".".join(
                         package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -137,7 +152,7 @@ def _readers() -> tuple[set[tuple[str, str]], dict[str, _Module]]:
     paths = [
         *sorted((ROOT / "memlab").rglob("*.py")),
         *sorted((ROOT / "scripts").glob("*.py")),
-        *sorted((ROOT / "tests").glob("*.py")),
+        *sorted((ROOT / "tests").rglob("*.py")),
     ]
     modules = {}
     for p in paths:
@@ -190,182 +205,264 @@ def product_readers() -> set[str]:
     return {name for mod, name in reads if not mod.startswith("tests.")}
 
 
-def readers() -> dict[str, list[str]]:
-    """Test file -> its tests that read exercises/ or copy the course."""
+def readers() -> list[str]:
+    """Node ids of the tests that read exercises/ or copy the course."""
     reads, _ = _readers()
-    out: dict[str, list[str]] = {}
+    out = []
     for mod, name in sorted(reads):
-        if mod.startswith("tests.test_") and name.startswith("test_"):
-            out.setdefault(mod.removeprefix("tests.") + ".py", []).append(name)
+        if mod.startswith("tests.") and name.startswith("test_"):
+            path = mod.replace(".", "/") + ".py"
+            if (
+                (ROOT / path).is_file()
+                and "/exercises/" not in path
+                and path != "tests/repo/test_learner_states.py"
+            ):
+                out.append(f"{path}::{name}")
     return out
 
 
 def test_the_tests_that_read_exercises_are_found():
-    """The selection the committed state runs: it holds every test that failed for a learner
-    before (issue 18), and every test found to read exercises/ is one of those run."""
-    found = readers()
-    must = {
-        "test_grader.py": {
-            "test_stub_and_solution_are_twins",
-            "test_stubs_score_zero_with_not_implemented_only",
-            "test_stub_detection",
-        },
-        "test_gradescope.py": {
-            "test_stubs_and_missing_files_earn_nothing",
-            "test_the_bundle_holds_what_gradescope_wants_and_no_solutions",
-        },
-        "test_mutants.py": {
-            "test_mutants_change_only_what_a_learner_writes",
-            "test_the_note_lists_only_mutants_that_exist",
-        },
-        "test_notebooks.py": {
-            "test_chapter_runs_like_colab",
-            "test_drive_gets_the_stubs_once_and_never_overwrites",
-        },
-        "test_checklists.py": {
-            "test_every_exercise_file_is_in_the_catalog_and_has_its_twins"
-        },
-    }
-    for file, tests in must.items():
-        assert tests <= set(found.get(file, ())), (
-            file,
-            sorted(tests - set(found.get(file, ()))),
-        )
-    assert {
-        "course_stub",
-        "write_stubs",
-        "learner_lines",
-        "use_drive",
-        "source_dir",
-    } <= product_readers()
-    assert "test_data_crosses_exactly" not in found.get(
-        "test_sandbox.py", []
-    )  # the codec reads no course
+    """The selection holds the tests that once failed for a learner, and the library functions
+    that read exercises/ are found through the calls."""
+    found = set(readers())
+    for must in (
+        "tests/course/grading/test_mutants.py::test_mutants_change_only_what_a_learner_writes",
+        "tests/chapters/test_notebooks.py::test_chapter_runs_like_colab",
+        "tests/chapters/test_notebooks.py::test_drive_gets_the_stubs_once_and_never_overwrites",
+    ):
+        assert must in found, must
+    assert {"course_stub", "write_stubs", "source_dir"} <= product_readers()
 
 
-# -- the learner's states -------------------------------------------------------------------------------
+# -- the learner's clone --------------------------------------------------------------------------
 
 
 def _git(course: Path, *args: str) -> None:
     subprocess.run(
-        [
-            "git",
-            "-c",
-            "user.name=learner",
-            "-c",
-            "user.email=learner@example.com",
-            "-c",
-            "commit.gpgsign=false",
-            *args,
-        ],
+        ["git", "-c", "user.name=learner", "-c", "user.email=learner@example.com"]
+        + ["-c", "commit.gpgsign=false", *args],
         cwd=course,
         check=True,
         capture_output=True,
     )
 
 
-def fresh_clone(dest: Path) -> Path:
-    subprocess.run(
-        ["git", "clone", "-q", str(ROOT), str(dest)], check=True, capture_output=True
-    )
-    return dest
-
-
 def half_done(course: Path) -> str:
     """The solution of HALF_DONE with its ``clear`` still wrong (it raises an IndexError)."""
     source = (course / "solutions" / f"{HALF_DONE}.py").read_text()
-    tree = ast.parse(source)
     clear = next(
         n
-        for n in ast.walk(tree)
+        for n in ast.walk(ast.parse(source))
         if isinstance(n, ast.FunctionDef) and n.name == "clear"
     )
     lines = source.splitlines()
-    body = (
-        clear.body[1:] if isinstance(clear.body[0], ast.Expr) else clear.body
-    )  # keep the docstring
+    body = clear.body[1:] if isinstance(clear.body[0], ast.Expr) else clear.body
     lines[body[0].lineno - 1 : body[-1].end_lineno] = [
         "        self.free_slots = [][0]  # not finished"
     ]
     return "\n".join(lines) + "\n"
 
 
-def learner_state(course: Path, commit: bool) -> None:
-    for f in EDITED:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    """JupyterLab serving the clone's chapters, started with ./course lab's flags."""
+
+    def __init__(self, course: Path, log: Path):
+        self.port, self.token = free_port(), "learner"
+        args = subprocess.run(
+            ["bash", "-c", f'source "{course}/course"; lab_args --headless; '
+             'printf "%s\\n" "${LAB_ARGS[@]}"'],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", *args, f"--port={self.port}"]
+            + [f"--IdentityProvider.token={self.token}", "--ServerApp.port_retries=0"],
+            cwd=course,
+            env=course_env(course),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                self.request("GET", "api/status")
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"JupyterLab did not start: {log.read_text()[-2000:]}")
+
+    def request(self, method: str, path: str, body=None):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {self.token}"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"null")
+
+    def save(self, name: str, nb) -> None:
+        """What JupyterLab's Save sends: the whole notebook through the contents API."""
+        self.request(
+            "PUT",
+            f"api/contents/{name}",
+            {"type": "notebook", "format": "json", "content": nb},
+        )
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def learner_saves(lab: Lab, course: Path, nn: str, run: bool) -> None:
+    name = next((course / "chapters").glob(f"{nn}_*.ipynb")).name
+    nb = nbformat.from_dict(lab.request("GET", f"api/contents/{name}")["content"])
+    if run:
+        execute = load_file("scripts/run_notebooks.py").execute
+        nb, _ = execute(
+            course / "chapters" / name,
+            timeout=240,
+            env={"PYTHONPATH": course_env(course)["PYTHONPATH"]},
+        )
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    setup.metadata.pop("jupyter", None)  # a click on the collapsed form
+    nb.cells.append(nbformat.v4.new_code_cell(""))  # Shift+Enter on the grade cell
+    del nb.cells[1]  # a cell deleted
+    lab.save(name, json.loads(nbformat.writes(nb)))
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    """The clone as the learner leaves it (see the module's docstring), JupyterLab running."""
+    course = tmp_path_factory.mktemp("learner") / "memlab"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(course)], check=True)
+    for f in COMMITTED + UNCOMMITTED:
         shutil.copyfile(
             course / "solutions" / f"{f}.py", course / "exercises" / f"{f}.py"
         )
-    if commit:
-        _git(course, "commit", "-qam", "my work")
-        return
+        if f in COMMITTED:
+            _git(course, "commit", "-qam", f"my {f}")
     (course / "exercises" / f"{HALF_DONE}.py").write_text(half_done(course))
     (course / "exercises" / f"{DELETED}.py").unlink()
+    lab = Lab(course, tmp_path_factory.mktemp("lab") / "lab.log")
+    try:
+        for nn in RAN + OPENED:
+            learner_saves(lab, course, nn, run=nn in RAN)
+        grade = subprocess.run(
+            [sys.executable, "-m", "memlab.grade", "01", "--results", "results.json"],
+            cwd=course, env=course_env(course), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert grade.returncode in (0, 1), (
+            grade.stdout + grade.stderr
+        )  # points lost: fine
+        yield course
+    finally:
+        lab.stop()
 
 
-def run_suite(course: Path, args: list[str], timeout: float) -> tuple[float, str]:
+def test_the_learner_state_is_what_it_says(learner):
+    for nn in RAN + OPENED:
+        nb = nbformat.read(next((learner / "chapters").glob(f"{nn}_*.ipynb")), 4)
+        setup = next(c for c in nb.cells if c.cell_type == "code")
+        assert "jupyter" not in setup.metadata and nb.cells[-1].source == ""
+        ran = any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+        assert ran == (nn in RAN), nn
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=learner, capture_output=True, text=True
+    ).stdout
+    for f in UNCOMMITTED + (HALF_DONE, DELETED):
+        assert f"exercises/{f}.py" in status, status
+    for f in COMMITTED:
+        assert f"exercises/{f}.py" not in status
+    assert (learner / "results.json").is_file()
+
+
+def course_env(course: Path) -> dict:
+    """The environment of a process that must run the clone's memlab, not this checkout's (the
+    venv's editable install points here): PYTHONPATH gets a folder holding only a link named
+    memlab to the clone's, as the chapters' setup cell gives shell cells."""
+    links = course.parent / "import"
+    links.mkdir(exist_ok=True)
+    if not (links / "memlab").exists():
+        (links / "memlab").symlink_to(course / "memlab", target_is_directory=True)
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("PYTEST_", "MEMLAB_EXERCISES", "PYTHONPATH"))
     }
-    env[INNER] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-n",
-        os.environ.get("MEMLAB_WORKERS", "2"),
-        "-q",
-        "-rfE",
-        *args,
-    ]
-    t0 = time.monotonic()
+    return env | {"PYTHONPATH": str(links)}
+
+
+def run_inside(course: Path, args: list[str]) -> str:
     proc = subprocess.run(
-        cmd, cwd=course, env=env, capture_output=True, text=True, timeout=timeout
-    )
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q"]
+        + ["-rfE", *args],
+        cwd=course, env=course_env(course), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, (
-        f"the suite is red in the learner's checkout ({course.name}):\n{out[-6000:]}"
+    assert proc.returncode == 0 and " passed" in out, (
+        f"red in the learner's checkout (pytest {' '.join(args)[:300]}):\n{out[-6000:]}"
     )
-    return time.monotonic() - t0, out
+    return out
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    bool(os.environ.get(INNER)),
-    reason="the suite inside a learner's clone does not run it again",
+def chunks() -> dict[str, list[str]]:
+    """The pytest runs in the learner's clone, each under a minute."""
+    found = [t for t in readers() if "test_chapter_runs_like_colab" not in t]
+    grading = [t for t in found if t.startswith("tests/course/grading/")]
+    rest = [t for t in found if t not in grading]
+    colab = "tests/chapters/test_notebooks.py::test_chapter_runs_like_colab"
+    half = len(grading) // 2
+    return {
+        "notebooks as stored": [
+            "tests/chapters/test_notebooks.py", "-k", "not runs_like_colab and not fresh_python",
+        ],
+        "lock and repository": ["tests/repo/test_lock.py", "tests/repo/test_repo.py"],
+        "grading, first half": grading[:half],
+        "grading, second half": grading[half:],
+        # the chapter whose exercises the learner committed still runs like Colab
+        "other readers of exercises/": [*rest, f"{colab}[04_alloc_extend]"],
+    }  # fmt: skip
+
+
+CHUNKS = (
+    "notebooks as stored",
+    "lock and repository",
+    "grading, first half",
+    "grading, second half",
+    "other readers of exercises/",
 )
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_the_suite_is_green_in_every_learner_state(tmp_path):
-    work = fresh_clone(
-        tmp_path / "working"
-    )  # edited and uncommitted, half done, a stub deleted
-    learner_state(work, commit=False)
-    assert not (work / "exercises" / f"{DELETED}.py").exists()
-    seconds, out = run_suite(work, [], timeout=2400)
-    print(f"whole suite in the uncommitted learner state: {seconds:.0f} s")
-    assert " passed" in out and "no tests ran" not in out
 
-    done = fresh_clone(tmp_path / "committed")  # edited and committed
-    learner_state(done, commit=True)
-    chapters = {f"{e.chapter:02d}" for e in catalog.EXERCISES if e.file in EDITED}
-    selected = []
-    for file, tests in readers().items():
-        for test in tests:
-            if (
-                test == "test_chapter_runs_like_colab"
-            ):  # a chapter run reads only its own exercises
-                notebooks = sorted(
-                    p.stem
-                    for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")
-                    if p.name[:2] in chapters
-                )
-                selected += [f"tests/{file}::{test}[{nb}]" for nb in notebooks]
-            else:
-                selected.append(f"tests/{file}::{test}")
-    seconds, out = run_suite(done, selected, timeout=1800)
-    print(
-        f"{len(selected)} tests that read exercises/ in the committed learner state: {seconds:.0f} s"
+
+def test_the_chunks_are_the_ones_run():
+    assert tuple(chunks()) == CHUNKS and all(chunks().values())
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_green_in_the_learners_clone(learner, chunk):
+    run_inside(learner, chunks()[chunk])
+
+
+def test_reset_chapters_gives_the_course_back_and_keeps_the_learners(learner, tmp_path):
+    course = tmp_path / "memlab"
+    shutil.copytree(
+        learner, course, symlinks=True, ignore=shutil.ignore_patterns(".venv*")
     )
+    r = subprocess.run(
+        [sys.executable, "scripts/reset_chapters.py"],
+        cwd=course,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    kept = sorted(p.name[:2] for p in (course / "chapters" / "saved").rglob("*.ipynb"))
+    assert kept == sorted(RAN + OPENED), r.stdout
+    pristine = stored("chapters")
+    for nb in (course / "chapters").glob("[0-9][0-9]_*.ipynb"):
+        assert nb.read_text() == (pristine / nb.name).read_text(), nb.name
+    assert "yours are in chapters/saved/" in r.stdout
