@@ -215,7 +215,7 @@ viz.show(
 # %% [markdown]
 # ## The same books in vLLM
 #
-# vLLM keeps the same three mappings under other names. Its [block table](glossary.md#block-table)
+# vLLM keeps the same three mappings under other names: its [block table](glossary.md#block-table)
 # ([`BlockTable`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py)) has a row per request listing the request's
 # [block](glossary.md#block) ids (a block is a page of $B$ tokens, $B$ = vLLM's `block_size`), and
 # before each step it computes a per-token [`slot_mapping`](glossary.md#slot-mapping)

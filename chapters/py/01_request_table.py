@@ -9,7 +9,7 @@
 # [`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py).
 #
 # **After this chapter you can**
-# - allocate and free rows the way SGLang's `ReqToTokenPool` does (from the tail of a plain list,
+# - allocate and free rows the way SGLang's [`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) does (from the tail of a plain list,
 #   all or nothing);
 # - explain why row 0 is never handed out, and why `free_slots[-0:]` is a bug;
 # - use the generation counter to tell that a row changed hands, even across `clear()`;

@@ -248,7 +248,7 @@ assert same
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM never computes a slot per token at allocation time. Its scheduler asks the KV cache manager
+# vLLM never computes a slot per token at allocation time: its scheduler asks the KV cache manager
 # for whole *blocks* ([`KVCacheManager.allocate_slots`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py), plain
 # Python over a block pool, chapter 06) and sends the new block ids to the workers, which append
 # them to the block table. Before each step a small kernel derives `slot_mapping` for the batch's

@@ -64,9 +64,10 @@ def markdown_of(path: Path) -> str:
     )
 
 
-def units(md: str) -> list[str]:
-    """What a claim lives in: prose sentences, list items' sentences, whole table rows (with the
-    header that says whose column a cell is). Headings, code blocks and math are left out."""
+def paragraphs(md: str) -> list[list[str]]:
+    """What a claim lives in: paragraphs (and list items) as lists of sentences, and table rows, each
+    a paragraph of one sentence that says whose columns its cells are. Headings, code blocks and
+    math are left out."""
     md = re.sub(r"```.*?```", "", md, flags=re.S)
     md = re.sub(r"\$\$.*?\$\$", "", md, flags=re.S)
     out, header, para = [], None, []
@@ -74,11 +75,13 @@ def units(md: str) -> list[str]:
     def flush():
         text = " ".join(para).strip()
         para.clear()
-        # A sentence ends at . ! ? (or a colon before a list) followed by a space and a capital,
-        # a backtick or a bracket; a link's address holds no space, so it is never cut.
-        out.extend(
+        # A sentence ends at . ! ? followed by a space and a capital, a backtick or a bracket; a
+        # link's address holds no space, so it is never cut.
+        sentences = [
             s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(\[*])", text) if s.strip()
-        )
+        ]
+        if sentences:
+            out.append(sentences)
 
     for line in md.splitlines():
         s = line.strip()
@@ -89,7 +92,7 @@ def units(md: str) -> list[str]:
                 header = cells
             elif not set("".join(cells)) <= set("-: "):
                 whose = [h for h, c in zip(header, cells) if c and c not in ("-", "")]
-                out.append(" | ".join(cells) + "  [columns: " + ", ".join(whose) + "]")
+                out.append([" | ".join(cells) + "  [columns: " + ", ".join(whose) + "]"])
             continue
         header = None
         if not s or s.startswith("#"):
@@ -102,6 +105,10 @@ def units(md: str) -> list[str]:
     return out
 
 
+def units(md: str) -> list[str]:
+    return [s for p in paragraphs(md) for s in p]
+
+
 def links(md: str) -> list[re.Match]:
     return list(LINK.finditer(md))
 
@@ -112,14 +119,26 @@ def symbol_of(link_text: str) -> str | None:
 
 
 def unlinked(md: str) -> list[str]:
-    """Units that name SGLang or vLLM with no link to its source and no differential test."""
+    """Sentences that name SGLang or vLLM with no link to its source and no differential test.
+
+    A sentence passes when it cites (a link to the engine's source at the tag, or a
+    ``tests/engines/`` test), when it asks a question, or when it goes on from the sentence just
+    before it in the same paragraph and that one cites (a claim told in two sentences)."""
     found = []
-    for u in units(md):
-        if not ENGINE.search(re.sub(r"\]\([^)]*\)", "]", u)):
-            continue
-        if LINK.search(u) or DIFFERENTIAL.search(u) or u.strip() in ALLOWED:
-            continue
-        found.append(" ".join(u.split())[:160])
+    for para in paragraphs(md):
+        cited_before = False
+        for u in para:
+            cites = bool(LINK.search(u) or DIFFERENTIAL.search(u))
+            names = ENGINE.search(re.sub(r"\]\([^)]*\)", "]", u))
+            if (
+                names
+                and not cites
+                and not cited_before
+                and not u.rstrip().endswith("?")
+                and u.strip() not in ALLOWED
+            ):
+                found.append(" ".join(u.split())[:160])
+            cited_before = cites
     return found
 
 
@@ -296,7 +315,7 @@ def test_names_in_finds_classes_methods_attributes_and_constants():
 
 
 def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables():
-    assert unlinked("SGLang frees pages at the head. memlab does too.") == [
+    assert unlinked("SGLang frees pages at the head. The token allocator does not.") == [
         "SGLang frees pages at the head."
     ]
     assert not unlinked(
@@ -313,3 +332,8 @@ def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables(
         "memlab and SGLang agree (`tests/engines/sglang/test_allocators.py`)."
     )
     assert not unlinked("# 06 · vLLM's block pool")  # a heading is no claim
+    # a second sentence goes on from a cited one; a first sentence that names an engine does not
+    cited = f"SGLang frees at the head ([`PagedTokenToKVPoolAllocator`]({S}mem_cache/allocator/paged.py))."
+    assert not unlinked(cited + " SGLang does it for every free.")
+    assert unlinked("SGLang does it for every free. " + cited)
+    assert unlinked(cited + "\n\nSGLang does it for every free.")  # another paragraph
