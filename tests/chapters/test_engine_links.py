@@ -53,9 +53,18 @@ def engine_of(repo: str) -> str:
 # -- reading the texts ------------------------------------------------------------------------------
 
 
+# The README's sections about the chapters and the engines; the others (set-up, versions,
+# grading, the module table) say what memlab is and where it lives.
+README_SECTIONS = re.compile(r"^## (The course|.*\(chapters? \d|Paged attention)", re.M)
+
+
 def markdown_of(path: Path) -> str:
-    """The markdown a reader sees: a twin's markdown cells (without '# '), or the file itself."""
+    """The markdown a reader sees: a twin's markdown cells (without '# '), or the file itself (the
+    README: its sections about the chapters and the engines)."""
     text = path.read_text()
+    if path.name == "README.md":
+        parts = re.split(r"^(?=## )", text, flags=re.M)
+        return "\n".join(p for p in parts if README_SECTIONS.match(p))
     if path.suffix != ".py":
         return text
     cells = re.split(r"^# %%.*$", text, flags=re.M)
@@ -131,7 +140,9 @@ def unlinked(md: str) -> list[str]:
         cited_before = False
         for u in para:
             cites = bool(LINK.search(u) or DIFFERENTIAL.search(u))
-            names = ENGINE.search(re.sub(r"\]\([^)]*\)", "]", u))
+            # a link's address, and a link to a chapter (its title), say nothing about an engine
+            shown = re.sub(r"\[[^\]]*\]\((?:chapters/)?\d\d_\w+\.ipynb\)", "", u)
+            names = ENGINE.search(re.sub(r"\]\([^)]*\)", "]", shown))
             if (
                 names
                 and not cites
