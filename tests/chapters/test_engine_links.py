@@ -103,7 +103,9 @@ def paragraphs(md: str) -> list[list[str]]:
                 header = cells
             elif not set("".join(cells)) <= set("-: "):
                 whose = [h for h, c in zip(header, cells) if c and c not in ("-", "")]
-                out.append([" | ".join(cells) + "  [columns: " + ", ".join(whose) + "]"])
+                out.append(
+                    [" | ".join(cells) + "  [columns: " + ", ".join(whose) + "]"]
+                )
             continue
         header = None
         if not s or s.startswith("#"):
@@ -234,7 +236,9 @@ def link_problems(md: str) -> list[str]:
         engine, text, path = engine_of(m["repo"]), m["text"], m["path"]
         where = f"[{text}]({m['url']})"
         if m["tag"] != TAGS[engine]:
-            problems.append(f"{where}: tag {m['tag']}, the course follows {TAGS[engine]}")
+            problems.append(
+                f"{where}: tag {m['tag']}, the course follows {TAGS[engine]}"
+            )
             continue
         member = wheel_member(engine, path)
         if member is None:
@@ -310,7 +314,9 @@ def test_the_link_check_fails_on_a_wrong_tag_path_file_or_symbol():
     for why, text in bad.items():
         assert link_problems(text), f"a link with a wrong {why} passed"
     assert (
-        link_problems(f"[`KVCacheManager.allocate_slots`]({V}v1/core/kv_cache_manager.py)")
+        link_problems(
+            f"[`KVCacheManager.allocate_slots`]({V}v1/core/kv_cache_manager.py)"
+        )
         == []
     )
     assert link_problems(
@@ -329,9 +335,9 @@ def test_names_in_finds_classes_methods_attributes_and_constants():
 
 
 def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables():
-    assert unlinked("SGLang frees pages at the head. The token allocator does not.") == [
-        "SGLang frees pages at the head."
-    ]
+    assert unlinked(
+        "SGLang frees pages at the head. The token allocator does not."
+    ) == ["SGLang frees pages at the head."]
     assert not unlinked(
         f"SGLang frees pages at the head ([`PagedTokenToKVPoolAllocator.free`]"
         f"({S}mem_cache/allocator/paged.py)). memlab does too."
@@ -340,7 +346,10 @@ def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables(
     table = "| | memlab | SGLang 0.5.23 |\n|---|---|---|\n| free | {} | {} |\n"
     assert unlinked(table.format("head", "head"))
     assert not unlinked(
-        table.format("head", f"head ([`PagedTokenToKVPoolAllocator`]({S}mem_cache/allocator/paged.py))")
+        table.format(
+            "head",
+            f"head ([`PagedTokenToKVPoolAllocator`]({S}mem_cache/allocator/paged.py))",
+        )
     )
     assert not unlinked(
         "memlab and SGLang agree (`tests/engines/sglang/test_allocators.py`)."
@@ -351,4 +360,6 @@ def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables(
     assert not unlinked(cited + " SGLang does it for every free.")
     assert unlinked("SGLang does it for every free. " + cited)
     assert unlinked(cited + "\n\nSGLang does it for every free.")  # another paragraph
-    assert not unlinked("The vLLM paper's Figure 2 measures Orca.")  # a paper, not the source
+    assert not unlinked(
+        "The vLLM paper's Figure 2 measures Orca."
+    )  # a paper, not the source
