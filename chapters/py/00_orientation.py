@@ -231,7 +231,7 @@ viz.show(
 #
 # - `chapters/`: these notebooks (and `chapters/py/`, the same text as plain Python for review).
 # - `memlab/`: the library, one module per layer, named as the engine file it mirrors (its first
-  docstring line names that file).
+#   docstring line names that file).
 # - `kernels/`: the Triton kernels; import them as `from memlab.kernels import alloc_extend`.
 # - `exercises/`: the stubs you fill in; `solutions/`: the filled-in twins (look only when stuck).
 # - `tests/`: the test suite; `tests/exercises/` holds the graded tests.
