@@ -50,7 +50,7 @@ def engine_of(repo: str) -> str:
     return "sglang" if repo.endswith("sglang") else "vllm"
 
 
-# -- reading the texts ------------------------------------------------------------------------------
+# -- reading the texts -------------------------------------------------------------------------
 
 
 # The README's sections about the chapters and the engines; the others (set-up, versions,
@@ -76,9 +76,9 @@ def markdown_of(path: Path) -> str:
 
 
 def paragraphs(md: str) -> list[list[str]]:
-    """What a claim lives in: paragraphs (and list items) as lists of sentences, and table rows, each
-    a paragraph of one sentence that says whose columns its cells are. Headings, code blocks and
-    math are left out."""
+    """What a claim lives in: paragraphs (and list items) as lists of sentences, and table rows,
+    each a paragraph of one sentence that says whose columns its cells are. Headings, code blocks
+    and math are left out."""
     md = re.sub(r"```.*?```", "", md, flags=re.S)
     md = re.sub(r"\$\$.*?\$\$", "", md, flags=re.S)
     out, header, para = [], None, []
@@ -158,7 +158,7 @@ def unlinked(md: str) -> list[str]:
     return found
 
 
-# -- the wheels -------------------------------------------------------------------------------------
+# -- the wheels --------------------------------------------------------------------------------
 
 
 def wheel_member(engine: str, path: str) -> str | None:
@@ -255,7 +255,7 @@ def link_problems(md: str) -> list[str]:
     return problems
 
 
-# -- the tests --------------------------------------------------------------------------------------
+# -- the tests ---------------------------------------------------------------------------------
 
 
 def _id(p: Path) -> str:
@@ -295,7 +295,7 @@ def test_the_texts_cite_the_engines():
     assert all(v >= 2 for k, v in counts.items() if k[:2] not in ("00",))
 
 
-# -- each check can fail -----------------------------------------------------------------------------
+# -- each check can fail -----------------------------------------------------------------------
 
 S = "https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/"
 V = "https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/"
@@ -309,7 +309,7 @@ def test_the_link_check_fails_on_a_wrong_tag_path_file_or_symbol():
         "file": good.replace("schedule_policy.py", "schedule_polcy.py"),
         "symbol": good.replace("`PrefillAdder`", "`PrefillAdderX`"),
         "no symbol": good.replace("`PrefillAdder`", "the adder"),
-        "outside": f"[`x`](https://github.com/sgl-project/sglang/blob/v0.5.23/README.md)",
+        "outside": "[`x`](https://github.com/sgl-project/sglang/blob/v0.5.23/README.md)",
     }
     for why, text in bad.items():
         assert link_problems(text), f"a link with a wrong {why} passed"
@@ -356,10 +356,32 @@ def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables(
     )
     assert not unlinked("# 06 · vLLM's block pool")  # a heading is no claim
     # a second sentence goes on from a cited one; a first sentence that names an engine does not
-    cited = f"SGLang frees at the head ([`PagedTokenToKVPoolAllocator`]({S}mem_cache/allocator/paged.py))."
+    paged = f"{S}mem_cache/allocator/paged.py"
+    cited = f"SGLang frees at the head ([`PagedTokenToKVPoolAllocator`]({paged}))."
     assert not unlinked(cited + " SGLang does it for every free.")
     assert unlinked("SGLang does it for every free. " + cited)
     assert unlinked(cited + "\n\nSGLang does it for every free.")  # another paragraph
     assert not unlinked(
         "The vLLM paper's Figure 2 measures Orca."
     )  # a paper, not the source
+
+
+def test_without_the_wheels_ci_fails_and_a_laptop_skips(monkeypatch):
+    from memlab_tests.tools.engines import wheels
+
+    def no_wheel(name):
+        pytest.skip("no network")
+
+    monkeypatch.setattr(wheels, "wheel", no_wheel)
+    wheel_names.cache_clear()
+    try:
+        monkeypatch.setenv("CI", "true")
+        with pytest.raises(
+            pytest.fail.Exception, match="CI must check the engine links"
+        ):
+            wheel_names("vllm")
+        monkeypatch.delenv("CI")
+        with pytest.raises(pytest.skip.Exception):
+            wheel_names("vllm")
+    finally:
+        wheel_names.cache_clear()
