@@ -26,7 +26,7 @@ Every side of the books in memlab.course.viz (this module, ``vllm_books``, ``hyb
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ipywidgets as W
 import torch
@@ -108,6 +108,8 @@ class Books:
     )  # slot -> alloc_extend part (1, 2, 3), when shown
     buffers: tuple[Buffer, ...] = ()  # the KV pool's per-layer tensors, when shown
     note: str = ""
+    # "new": new_slots were handed out by the step; "freed": they were given back by it
+    new_kind: str = "new"
 
     @property
     def slot_owner(self) -> dict[int, str]:
@@ -956,7 +958,11 @@ def _positions(books: Books) -> dict[int, tuple[str, int]]:
 
 
 def _new_edge(books: Books, s) -> dict:
-    return dict(stroke=HIGHLIGHT, stroke_width=2.0) if s in books.new_slots else {}
+    """The edge of a slot the last step touched: solid when handed out, dashed when given back."""
+    if s not in books.new_slots:
+        return {}
+    dash = "4 2" if books.new_kind == "freed" else None
+    return dict(stroke=HIGHLIGHT, stroke_width=2.0, dash=dash)
 
 
 def svg_request_table(
@@ -1101,7 +1107,8 @@ def svg_slot_grid(
                     py,
                     FREE,
                     s,
-                    tip=f"{words} · free: free_pages[{free_at[page]}]",
+                    tip=f"{words} · free: free_pages[{free_at[page]}]"
+                    + (" · given back by the last call" if kw else ""),
                     gid=f"slot:{s}",
                     **kw,
                 )
@@ -1194,12 +1201,14 @@ def svg_legend(c, books: Books, x: float, y: float) -> float:
     if books.part_of:
         sw += [Swatch(PART_NAMES[k], "#4e79a7", PART_FILL[k]) for k in (1, 2, 3)]
     if books.new_slots:
+        freed = books.new_kind == "freed"
         sw.append(
             Swatch(
-                "handed out by the last call",
+                "given back by the last call" if freed else "handed out by the last call",
                 "#ffffff",
                 stroke=HIGHLIGHT,
                 stroke_width=2,
+                dash="4 2" if freed else None,
             )
         )
     sw += [
@@ -1281,7 +1290,7 @@ def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
         return (
             f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
             f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
-            "slots); capacity is checked before anything is taken, so nothing was"
+            "slots); capacity is checked before anything is taken, so nothing was taken"
         )
     return (
         f"refused (the library returns None): {new_rows} new requests need a row each, "
@@ -1406,14 +1415,16 @@ def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
     if len(set(requests)) != len(requests):
         raise InputError("a request appears twice in one batch")
     held = {r: _held(sc, r) for r in requests}
-    wrong = [r for r, p in zip(requests, prefix_lens) if p != held[r]]
+    wrong = [(r, p) for r, p in zip(requests, prefix_lens) if p != held[r]]
     if wrong:
-        says = ", ".join(
-            f"{r} holds {held[r]}" if r in sc.reqs else f"{r} is new (0)" for r in wrong
+        says = "; ".join(
+            f"you gave {r} a prefix of {p}, but {r} "
+            + (f"holds {held[r]} tokens" if r in sc.reqs else "is new (0 tokens)")
+            for r, p in wrong
         )
         raise InputError(
-            f"prefix_lens: a request's prefix is the tokens it already holds (chapter 04 has no "
-            f"prefix cache): {says}"
+            f"prefix_lens: {says} (a request's prefix is the tokens it already holds: chapter 04 "
+            "has no prefix cache)"
         )
     batch = {r: s - p for r, p, s in zip(requests, prefix_lens, seq_lens)}
     al, ps = sc.allocator, sc.allocator.page_size
@@ -1467,7 +1478,7 @@ def _op_release(sc: Scene, step, request) -> None:
             "allocator.free_segment", **c["args"]
         ).replace("\n", "\n#   ")
     step.result = f"pages {pages} back at the head of free_pages; its row is free"
-    step.marks = dict(new_slots=slots)
+    step.marks = dict(new_slots=slots, new_kind="freed")
     step.caption = f"{request} finishes: its pages {pages} go back"
 
 
@@ -1507,9 +1518,10 @@ def extend_instrument(
 
     def draw(sc, step):
         marks = step.marks if step is not None else {}
-        return svg_books(
-            sc.books(new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of"))
+        books = sc.books(
+            new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of")
         )
+        return svg_books(replace(books, new_kind=marks.get("new_kind", "new")))
 
     rids, prefix, seq = batch
     if prefix is None:

@@ -24,6 +24,7 @@ import torch
 from memlab.course.viz.instrument import (
     InputError,
     Verbatim,
+    names,
     recording,
     spell,
     spell_value,
@@ -748,15 +749,22 @@ def _op_u_window(sc, step, request, window) -> None:
         if calls
         else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)"
     )
+    _mark(step, before, sc)
+    moves = list(step.marks["moves"])
     step.result = (
-        f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay"
+        f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay; "
+        + (_moves_text(moves) if moves else "nothing moved")
         if gone
         else "no call"
     )
-    _mark(step, before, sc)
     step.caption = f"{request}'s window of {window}: " + (
         f"{gone} leave the SWA side" if gone else "nothing leaves"
-    )
+    ) + (f"; {len(moves)} page(s) moved" if moves else "")
+
+
+def _moves_text(moves) -> str:
+    """The pages a compaction moved, as the allocator did them: side, page from -> to."""
+    return ", ".join(f"{s} page {a} -> {b} (virtual page {v})" for s, v, a, b in moves)
 
 
 def _op_u_free(sc, step, request) -> None:
@@ -773,13 +781,28 @@ def _op_u_free(sc, step, request) -> None:
     _mark(step, before, sc)
     moves = [m for m in step.marks["moves"]]
     step.result = f"virtual pages {pages} back; " + (
-        ", ".join(f"{s} page {a} -> {b} (virtual page {v})" for s, v, a, b in moves)
-        if moves
-        else "nothing moved"
+        _moves_text(moves) if moves else "nothing moved"
     )
     step.caption = f"{request} finishes: virtual pages {pages} back" + (
         f"; {len(moves)} page(s) moved" if moves else ""
     )
+
+
+def _page_span(lo_hi) -> str:
+    """A side's pages in use, ``used_page_range()``'s half-open (lo, hi), written as the pages."""
+    lo, hi = lo_hi
+    return f"pages {lo} to {hi - 1}" if hi > lo else "none"
+
+
+def _still_held(sc, typed: str) -> str:
+    """The decode field after a step: the requests typed that still hold a row (all that do, when
+    none of those typed is left), so it never suggests a request that was just freed."""
+    try:
+        named = names(typed)
+    except InputError:
+        return typed
+    kept = [r for r in named if r in sc.reqs]
+    return ", ".join(kept or list(sc.reqs))
 
 
 def unified_books_dict(sc) -> dict:
@@ -790,8 +813,8 @@ def unified_books_dict(sc) -> dict:
         "full_available_size()": al.full_available_size(),
         "swa_available_size()": al.swa_available_size(),
         "gap bytes": fa._current_gap_bytes(),
-        "full used pages": list(fa.used_page_range()),
-        "swa used pages": list(sa.used_page_range()),
+        "full pages in use": _page_span(fa.used_page_range()),
+        "swa pages in use": _page_span(sa.used_page_range()),
     }
     ps = al.page_size
     full_v2p, swa_v2p = fa.virtual_to_physical.tolist(), sa.virtual_to_physical.tolist()
@@ -829,7 +852,6 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
         Instrument,
         Operation,
         integer,
-        names,
     )
 
     def box(name, value, width="150px"):
@@ -859,7 +881,14 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
         Operation(
             "decode",
             _op_u_decode,
-            [Field("requests", box("decode", "B, C"), names)],
+            [
+                Field(
+                    "requests",
+                    box("decode", "B, C"),
+                    names,
+                    refresh=_still_held,
+                )
+            ],
             label="alloc_decode",
             help="one decode step for these requests",
         ),
