@@ -264,10 +264,11 @@ def launch_browser(lab: Lab):
 
 # -- a notebook in a tab -----------------------------------------------------------------------
 
-READY = """async (name) => {
+CURRENT = """(name) => {
     const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-    if (!w || !w.sessionContext || !w.context || !w.context.path.endsWith(name)) return false;
-    await w.context.ready; await w.sessionContext.ready; return true; }"""
+    return !!(w && w.sessionContext && w.context && w.context.path.endsWith(name)); }"""
+READY = """async () => { const w = window.jupyterapp.shell.currentWidget;
+    await w.context.ready; await w.sessionContext.ready; }"""
 RENDERED = """() => {
     const nb = window.jupyterapp.shell.currentWidget.content;
     return nb.widgets.filter(c => c.model.type === 'markdown')
@@ -283,7 +284,8 @@ def open_notebook(browser, lab: Lab, name: str, workspace: str | None = None):
     page = browser.new_page()
     page.set_default_timeout(SLOW)
     page.goto(lab.url(name, workspace), wait_until="domcontentloaded")
-    page.wait_for_function(READY, arg=name)
+    page.wait_for_function(CURRENT, arg=name)  # the workspace may restore another one first
+    page.evaluate(READY)
     page.add_style_tag(content=".Toastify { display: none !important; }")
     return page
 

@@ -494,7 +494,7 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
     right = max([x * dx for x, _ in pos.values()] + [(len(STATE_FILL) + 1) * 2.0 - w])
     tree_ax.add_patch(Circle((root_x, 0.3), 0.3, facecolor=PADDING, gid="node:root"))
     tree_ax.text(
-        root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=6
+        root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=8.5
     )
     for n in books.nodes:
         x, d = pos[n.id]
@@ -520,7 +520,7 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
             else ("#333" if n.host_value is not None else "white"),
             lw=2.0 if new else 1.0,
             hatch="///" if n.state == "host" else None,
-            fontsize=6,
+            fontsize=8.5,
         )
     depth = max([d for _, d in pos.values()] + [1])
     tree_ax.set_xlim(-w / 2 - 0.3, right + w / 2 + 0.3)
@@ -542,7 +542,7 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
             gid=f"legend:{state}",
             w=1.9,
             h=0.3,
-            fontsize=6,
+            fontsize=8.5,
             hatch="///" if state == "host" else None,
         )
     # the pools' cross-hatched pages, drawn like them (in a request's colour on the right)
@@ -555,7 +555,7 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
         gid="legend:request",
         w=1.9,
         h=0.3,
-        fontsize=6,
+        fontsize=8.5,
         hatch="xx",
     )
 

@@ -683,7 +683,7 @@ def draw_request_table(
         y = r.row
         free = r.row in set(books.free_rows)
         name = "pad" if r.row == 0 else f"row {r.row}"
-        ax.text(x0 - 0.15, y + 0.5, name, ha="right", va="center", fontsize=7)
+        ax.text(x0 - 0.15, y + 0.5, name, ha="right", va="center", fontsize=8.5)
         for pos in range(cols):
             if r.row == 0:
                 fill, label = PADDING, ""
@@ -707,7 +707,7 @@ def draw_request_table(
         right = f"{tag}" + (
             f"  gen {r.generation}" if show_generation and r.row else ""
         )
-        ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=7)
+        ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=8.5)
     for pos in range(cols):
         ax.text(
             x0 + pos + 0.5,
@@ -715,10 +715,13 @@ def draw_request_table(
             str(pos),
             ha="center",
             va="bottom",
-            fontsize=6,
+            fontsize=8.5,
             color="#666",
         )
     frame_axes(ax, x0 + cols + 3.2, len(books.rows))
+
+
+PAGE_PITCH = 1.9  # cells from one line of pages to the next: room for the 'page N' labels
 
 
 def _page_layout(books: Books, pages_per_line: int | None):
@@ -754,7 +757,7 @@ def draw_slot_grid(
     for page in range(books.num_pages + 1):
         line, col = divmod(page, ppl)
         x = col * (ps + gap)
-        y = line * 1.5
+        y = line * PAGE_PITCH
         if ps > 1:
             ax.text(
                 x + ps / 2,
@@ -762,7 +765,7 @@ def draw_slot_grid(
                 f"page {page}",
                 ha="center",
                 va="bottom",
-                fontsize=6,
+                fontsize=8.5,
                 color="#666",
             )
         for off in range(ps):
@@ -799,7 +802,7 @@ def draw_slot_grid(
         if books.num_pages + 1 >= ppl
         else (books.num_pages + 1) * (ps + gap) - gap
     )
-    frame_axes(ax, width, lines * 1.5 - 0.5)
+    frame_axes(ax, width, lines * PAGE_PITCH - (PAGE_PITCH - 1))
 
 
 def draw_free_list(
@@ -820,13 +823,13 @@ def draw_free_list(
             0.5,
             f"... {len(items) - max_items} more",
             va="center",
-            fontsize=7,
+            fontsize=8.5,
         )
     if not items:
         ax.text(0, 0.5, "(empty)", va="center", fontsize=8)
     if books.staged_pages:
         ax.text(
-            len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=7, color="#996600"
+            len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=8.5, color="#996600"
         )
     frame_axes(ax, max(len(shown), 1) + (3 if len(items) > max_items else 0), 1.6)
 
@@ -848,7 +851,7 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
     n = books.num_slots
     x0 = 3.2
     for j, b in enumerate(books.buffers):
-        ax.text(x0 - 0.2, j + 0.5, b.name, ha="right", va="center", fontsize=7)
+        ax.text(x0 - 0.2, j + 0.5, b.name, ha="right", va="center", fontsize=8.5)
         for s in range(n):
             fill = PADDING if s < books.page_size else owner_color(slot_owner.get(s))
             mark = s == slot
@@ -868,7 +871,7 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
             str(s),
             ha="center",
             va="bottom",
-            fontsize=6,
+            fontsize=8.5,
             color="#666",
         )
     if slot is not None and books.buffers:
@@ -878,7 +881,7 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
             len(books.buffers) / 2,
             f"slot {slot} -> bytes\n[{slot * b.row_bytes}, "
             f"{(slot + 1) * b.row_bytes})\nof each tensor\n({b.row_bytes} B a row,\nshape {b.shape})",
-            fontsize=7,
+            fontsize=8.5,
             va="center",
         )
     frame_axes(ax, x0 + n + (9 if slot is not None else 0), max(len(books.buffers), 1))

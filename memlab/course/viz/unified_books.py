@@ -328,10 +328,10 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
         0,
         0,
         PADDING,
-        "sink",
+        "floor",
         gid="byte:floor",
         w=frame.reserved_floor * scale,
-        fontsize=6,
+        fontsize=8.5,
     )
     for side, hatch in ((frame.swa, "///"), (frame.full, None)):
         for v, p in side.bound:
@@ -348,7 +348,7 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
                 edge=edge,
                 lw=1.6 if edge == HIGHLIGHT else 0.8,
                 hatch=hatch,
-                fontsize=6,
+                fontsize=8.5,
             )
     lo = (
         frame.swa.used[1] * frame.swa.page_bytes
@@ -365,13 +365,13 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
             f"gap {frame.gap_bytes} B",
             gid="byte:gap",
             w=(hi - lo) * scale,
-            fontsize=7,
+            fontsize=8.5,
             edge="#999",
         )
     step = 1 << max(6, (frame.total_bytes // 6).bit_length() - 1)
     for b in range(0, frame.total_bytes + 1, step):
         ax.text(
-            b * scale, 1.15, str(b), ha="center", va="top", fontsize=6, color="#666"
+            b * scale, 1.15, str(b), ha="center", va="top", fontsize=8.5, color="#666"
         )
     ax.text(
         lo * scale,
@@ -379,7 +379,7 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
         f"{frame.swa.name} grows up ->",
         ha="left",
         va="bottom",
-        fontsize=7,
+        fontsize=8.5,
     )
     ax.text(
         hi * scale,
@@ -387,7 +387,7 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
         f"<- {frame.full.name} grows down",
         ha="right",
         va="bottom",
-        fontsize=7,
+        fontsize=8.5,
     )
     ax.set_xlim(-1.5, width + 0.5)
     ax.set_ylim(1.7, -0.8)
@@ -411,7 +411,7 @@ def _request_table(ax, frame: UnifiedFrame) -> None:
                 label,
                 gid=f"vpage:{owner}:{i}",
                 w=1.2,
-                fontsize=6,
+                fontsize=8.5,
                 alpha=1.0 if v in swa_bound else 0.45,
                 edge=HIGHLIGHT if new else "white",
                 lw=1.5 if new else 1,
@@ -438,7 +438,7 @@ def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
             f"{v}\n{p}",
             gid=f"v2p:{side.name}:{v}",
             w=1.2,
-            fontsize=6,
+            fontsize=8.5,
             edge=edge,
             lw=1.6 if edge == HIGHLIGHT else 1,
         )
@@ -499,7 +499,7 @@ def svg_unified(
         y,
         PADDING,
         "",
-        tip=f"bytes 0-{frame.reserved_floor - 1}: the padding sink (slot 0 of every view)",
+        tip=f"bytes 0-{frame.reserved_floor - 1}: the padding floor (slot 0 of every view)",
         gid="byte:floor",
         w=max(frame.reserved_floor * scale, 3),
         h=30,
@@ -662,7 +662,7 @@ def svg_unified(
                 stroke_width=2,
             ),
             Swatch("gap", FREE),
-            Swatch("padding sink", PADDING),
+            Swatch("padding floor", PADDING),
             Swatch("SWA page gone", "#4e79a7", opacity=0.4),
         ],
     )
