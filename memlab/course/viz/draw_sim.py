@@ -111,7 +111,9 @@ def plot_sweep(results, ax=None, title=None):
         )
         bottom += h
     for xi, u in zip(x, used):
-        ax.text(xi, u - 0.5, f"{u:.1f}", ha="center", va="top", fontsize=8.5, rotation=90)
+        ax.text(
+            xi, u - 0.5, f"{u:.1f}", ha="center", va="top", fontsize=8.5, rotation=90
+        )
     ax.set_xticks(x, labels)
     ax.set_xlabel("block size B (slots)")
     ax.set_ylabel(f"% of the pool (axis from {lo} %)")
@@ -278,5 +280,7 @@ def draw_policies(
         f"{placement.replace('_', ' ')} placement",
     )
     if refused:
-        fig.text(0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=8.5, wrap=True)
+        fig.text(
+            0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=8.5, wrap=True
+        )
     return fig

@@ -20,7 +20,9 @@ DPI = 80  # the static pictures' resolution: a figure 11 inches wide is 880 px
 # JupyterLab's notebook column on a 1300 px window with its file browser open: a wider picture
 # is shown scaled down to it, its text with it.
 SHOWN_WIDTH = 900
-MIN_TEXT_PX = 8.5  # the smallest text a static picture may show at SHOWN_WIDTH, in pixels
+MIN_TEXT_PX = (
+    8.5  # the smallest text a static picture may show at SHOWN_WIDTH, in pixels
+)
 
 
 def token_allocator_books():

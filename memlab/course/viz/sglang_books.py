@@ -721,7 +721,9 @@ def draw_request_table(
     frame_axes(ax, x0 + cols + 3.2, len(books.rows))
 
 
-PAGE_PITCH = 1.9  # cells from one line of pages to the next: room for the 'page N' labels
+PAGE_PITCH = (
+    1.9  # cells from one line of pages to the next: room for the 'page N' labels
+)
 
 
 def _page_layout(books: Books, pages_per_line: int | None):
@@ -829,7 +831,11 @@ def draw_free_list(
         ax.text(0, 0.5, "(empty)", va="center", fontsize=8)
     if books.staged_pages:
         ax.text(
-            len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=8.5, color="#996600"
+            len(books.free_pages) + 0.1,
+            1.35,
+            "staged ->",
+            fontsize=8.5,
+            color="#996600",
         )
     frame_axes(ax, max(len(shown), 1) + (3 if len(items) > max_items else 0), 1.6)
 
@@ -1207,7 +1213,9 @@ def svg_legend(c, books: Books, x: float, y: float) -> float:
         freed = books.new_kind == "freed"
         sw.append(
             Swatch(
-                "given back by the last call" if freed else "handed out by the last call",
+                "given back by the last call"
+                if freed
+                else "handed out by the last call",
                 "#ffffff",
                 stroke=HIGHLIGHT,
                 stroke_width=2,

@@ -757,9 +757,11 @@ def _op_u_window(sc, step, request, window) -> None:
         if gone
         else "no call"
     )
-    step.caption = f"{request}'s window of {window}: " + (
-        f"{gone} leave the SWA side" if gone else "nothing leaves"
-    ) + (f"; {len(moves)} page(s) moved" if moves else "")
+    step.caption = (
+        f"{request}'s window of {window}: "
+        + (f"{gone} leave the SWA side" if gone else "nothing leaves")
+        + (f"; {len(moves)} page(s) moved" if moves else "")
+    )
 
 
 def _moves_text(moves) -> str:

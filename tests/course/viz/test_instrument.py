@@ -506,9 +506,16 @@ def test_released_pages_are_marked_as_given_back_not_handed_out():
     assert "handed out by the last call" in inst.picture  # the opening batch
     inst.do("release", request="A")
     pic = inst.picture
-    assert "given back by the last call" in pic and "handed out by the last call" not in pic
-    freed = re.findall(r'data-gid="slot:(\d+)">(?:<title>[^<]*</title>)?<rect[^>]*dasharray', pic)
-    assert freed and {int(s) // 4 for s in freed} == {1, 2, 4}, freed  # A held pages 1, 2, 4
+    assert (
+        "given back by the last call" in pic
+        and "handed out by the last call" not in pic
+    )
+    freed = re.findall(
+        r'data-gid="slot:(\d+)">(?:<title>[^<]*</title>)?<rect[^>]*dasharray', pic
+    )
+    assert freed and {int(s) // 4 for s in freed} == {1, 2, 4}, (
+        freed
+    )  # A held pages 1, 2, 4
 
 
 def test_a_prefix_the_learner_typed_is_kept_and_named_in_the_refusal():
