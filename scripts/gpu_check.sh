@@ -85,7 +85,11 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$SITE"
   export JUPYTER_PATH="$SITE/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
 fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
+# memlab without installing it: PYTHONPATH gets a folder holding only a link named memlab, never
+# the repository itself (its kernels/ folder would hide an installed package of that name).
+LINKS=$(mktemp -d)
+ln -s "$ROOT/memlab" "$LINKS/memlab"
+export PYTHONPATH="$LINKS${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
 # SGLang's wheel, brought along (--fetch-wheels), is the engines' cache; pip gives up at once
 # rather than retrying for a minute where there is no network.
 compgen -G "$WHEELS/engines/sglang-*.whl" >/dev/null && export MEMLAB_ENGINES_CACHE="$WHEELS/engines"

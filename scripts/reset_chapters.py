@@ -24,7 +24,7 @@ def main() -> int:
     kept = []
     for twin in sync["twins"]():
         path = sync["notebook_of"](twin)
-        fresh = sync["nbformat"].writes(sync["build"](twin))
+        fresh = sync["nbformat"].writes(sync["build"](twin)) + "\n"  # as nbformat.write
         if path.is_file() and path.read_text() != fresh:
             saved.mkdir(parents=True, exist_ok=True)
             shutil.move(path, saved / path.name)
