@@ -1489,7 +1489,9 @@ def _op_release(sc: Scene, step, request) -> None:
             "allocator.free_segment", **c["args"]
         ).replace("\n", "\n#   ")
     step.result = f"pages {pages} back at the head of free_pages; its row is free"
-    step.marks = dict(new_slots=slots, new_kind="freed")
+    # every slot of the pages given back, the unwritten tail of the last one included
+    freed = [p * ps + off for p in pages for off in range(ps)]
+    step.marks = dict(new_slots=freed, new_kind="freed")
     step.caption = f"{request} finishes: its pages {pages} go back"
 
 
