@@ -284,7 +284,8 @@ def open_notebook(browser, lab: Lab, name: str, workspace: str | None = None):
     page = browser.new_page()
     page.set_default_timeout(SLOW)
     page.goto(lab.url(name, workspace), wait_until="domcontentloaded")
-    page.wait_for_function(CURRENT, arg=name)  # the workspace may restore another one first
+    # the workspace may restore another notebook first: wait for this one
+    page.wait_for_function(CURRENT, arg=name)
     page.evaluate(READY)
     page.add_style_tag(content=".Toastify { display: none !important; }")
     return page
