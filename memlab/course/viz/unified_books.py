@@ -793,7 +793,9 @@ def _op_u_free(sc, step, request) -> None:
 def _page_span(lo_hi) -> str:
     """A side's pages in use, ``used_page_range()``'s half-open (lo, hi), written as the pages."""
     lo, hi = lo_hi
-    return f"pages {lo} to {hi - 1}" if hi > lo else "none"
+    if hi <= lo:
+        return "none"
+    return f"page {lo}" if hi == lo + 1 else f"pages {lo} to {hi - 1}"
 
 
 def _still_held(sc, typed: str) -> str:
