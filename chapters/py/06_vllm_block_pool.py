@@ -271,7 +271,7 @@ print(
 # progress bar counts requests over all capacities. Fast mode replays the first requests only.
 
 # %%
-from memlab.capstone.trace_replay import hit_rate_curve, load_trace
+from memlab.vllm.trace_replay import hit_rate_curve, load_trace
 from memlab.course.viz.style import new_figure
 
 trace = load_trace("conversation", limit=300 if FAST else None)
@@ -290,12 +290,12 @@ print(curve.table())
 #
 # The same request stream through chapter 03's token allocator, chapter 04's paged allocator and
 # this chapter's block pool: how many slots each reserves, how many it wastes in the last page,
-# and where its free puts what it releases (`memlab.capstone.compare`). SGLang's prefix cache is a
+# and where its free puts what it releases (`memlab.course.compare`). SGLang's prefix cache is a
 # radix tree over token ids ([`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py), chapter 11) instead of a
 # hash map over blocks; its allocators know nothing of caching.
 
 # %%
-from memlab.capstone.compare import compare, format_table, make_stream
+from memlab.course.compare import compare, format_table, make_stream
 
 print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 
