@@ -3,8 +3,9 @@
 Every field is copied from the model's published ``config.json`` on Hugging Face (the
 source is named per model); parameter counts come from the model card or, for dense
 decoders, from the config's shapes (``tests/common/test_models.py`` redoes that
-arithmetic by hand). Bytes per token come from ``memlab.sglang.kv_pool``'s formulas, so
-the table and the pools can never disagree.
+arithmetic by hand). The bytes-per-token formulas are written here once, for both engines:
+SGLang's KV pools (``memlab.sglang.kv_pool``) and vLLM's layout (``memlab.vllm.kv_layout``)
+size a token the same way, so the table and the pools can never disagree.
 
 Layer kinds, as the configs' ``layer_types`` spell them:
 ``full_attention`` (KV for every token), ``sliding_attention`` (KV for the last ``sliding_window``
@@ -16,17 +17,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memlab.common._checks import integer
-from memlab.sglang.kv_pool import (
-    dsa_index_bytes_per_token,
-    mha_bytes_per_token,
-    mla_bytes_per_token,
-)
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 LINEAR = "linear_attention"
 LAYER_KINDS = (FULL, SLIDING, LINEAR)
 PER_TOKEN_KINDS = (FULL, SLIDING)
+
+
+# ---- bytes per token: the formulas both engines' pools follow (chapter 02) ------------------
+def mha_bytes_per_token(
+    layer_num: int,
+    head_num: int,
+    head_dim: int,
+    v_head_dim: int | None = None,
+    dtype_bytes: int = 2,
+) -> int:
+    """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
+
+
+def mla_bytes_per_token(
+    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
+) -> int:
+    """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
+    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+
+
+# SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
+DSA_QUANT_BLOCK = 128
+
+
+def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
+    """The DeepSeek sparse-attention indexer's key cache: per layer one fp8 key of
+    ``index_head_dim`` values and one fp32 scale per 128 of them, whatever the KV dtype:
+    ``L * (d_idx + d_idx / 128 * 4)`` (132 bytes a layer for d_idx = 128)."""
+    return layer_num * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,15 @@ import torch
 from memlab.common import _checks
 from memlab.common.env import resolve_device
 
+# The bytes-per-token formulas both engines share (chapter 02), written once in common.models;
+# imported here too, so ``from memlab.sglang.kv_pool import mha_bytes_per_token`` keeps working.
+from memlab.common.models import (
+    DSA_QUANT_BLOCK,
+    dsa_index_bytes_per_token,
+    mha_bytes_per_token,
+    mla_bytes_per_token,
+)
+
 FP8_DTYPES = tuple(
     getattr(torch, n)
     for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -24,37 +33,6 @@ FP8_DTYPES = tuple(
 
 def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def mha_bytes_per_token(
-    layer_num: int,
-    head_num: int,
-    head_dim: int,
-    v_head_dim: int | None = None,
-    dtype_bytes: int = 2,
-) -> int:
-    """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
-    v_head_dim = head_dim if v_head_dim is None else v_head_dim
-    return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
-
-
-def mla_bytes_per_token(
-    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
-) -> int:
-    """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
-    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
-
-
-DSA_QUANT_BLOCK = (
-    128  # SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
-)
-
-
-def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
-    """The DeepSeek sparse-attention indexer's key cache: per layer one fp8 key of
-    ``index_head_dim`` values and one fp32 scale per 128 of them, whatever the KV dtype:
-    ``L * (d_idx + d_idx / 128 * 4)`` (132 bytes a layer for d_idx = 128)."""
-    return layer_num * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
 
 
 class BufferDecl(NamedTuple):

@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 
 from memlab.common import _checks
-from memlab.common.sizing import estimate_swa_kv_tokens
 from memlab.common.utils import ceil_div
 from memlab.sglang.allocator import BaseTokenToKVPoolAllocator
 from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
+from memlab.sglang.sizing import estimate_swa_kv_tokens
 from memlab.sglang.swa import SWATokenToKVPoolAllocator
 from memlab.sglang.unified.pool import UnifiedKVPool
 from memlab.sglang.unified.sub_pool import MultiEndedAllocator

@@ -29,7 +29,6 @@ from array import array
 import pytest
 import torch
 
-from memlab.common.sizing import RunningReq, check_decode_mem
 from memlab.sglang.allocation import (
     alloc_for_decode,
     alloc_for_extend,
@@ -41,6 +40,7 @@ from memlab.sglang.allocation import (
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache, match_and_lock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.sizing import RunningReq, check_decode_mem
 from memlab_tests.tools.engines.sglang_loader import load
 
 ROWS, WIDTH = 4, 64
