@@ -272,12 +272,12 @@ def alloc(alloc, need_size) -> int:
     return need_size
 
 
-def _page_range(alloc, lo: int, hi: int) -> None:
+def _page_range(alloc, lo: int, hi: int, name: str = "page_ids") -> None:
     first, last = alloc.page_id_range()
     if lo < first or hi > last:
         u = unit(alloc)
         raise ValueError(
-            f"cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
+            f"{name}: cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
             f"({u} 0 is padding)"
         )
 
@@ -288,7 +288,8 @@ def free(alloc, free_index, name: str = "free_index") -> None:
     index_tensor(name, free_index, alloc.device)
     if can_read_values(alloc.debug_mode, free_index):
         ps = alloc.page_size
-        _page_range(alloc, int(free_index.min()) // ps, int(free_index.max()) // ps)
+        lo, hi = int(free_index.min()) // ps, int(free_index.max()) // ps
+        _page_range(alloc, lo, hi, name)
 
 
 def free_segment(alloc, free_index, start_pos) -> None:

@@ -22,7 +22,6 @@ from memlab.sglang.allocator import (
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
 )
-from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.write_loc import KVWriteLoc, unwrap_write_loc
@@ -127,13 +126,20 @@ class SWAKVPool:
         return self.full_kv_pool.kv_size_bytes() + self.swa_kv_pool.kv_size_bytes()
 
 
-class SWATokenToKVPoolAllocator:
+class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """Full and SWA sub-allocators (token or paged) that hand out slots in lockstep.
 
     Every new token gets a full-side slot (returned; it goes into the request table) and a
     SWA-side slot (recorded in ``full_to_swa_index_mapping``). Capacity is the smaller side, and
     it is settled for both sides before either takes anything: a refusal changes nothing.
+
+    As SGLang's, it derives from ``BaseTokenToKVPoolAllocator`` without running its
+    ``__init__``: the free lists are the two sub-allocators'. ``size`` is ``min(full, swa)``, as
+    SGLang's; ``size_full`` and ``size_swa`` give each side.
     """
+
+    # Per-request ring mode. A class default, as SGLang's: the unified subclass skips __init__.
+    _swa_req_ring = False
 
     def __init__(
         self,
@@ -153,10 +159,10 @@ class SWATokenToKVPoolAllocator:
             kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool
         )
         if kvcache is not None and swa_req_ring_size is None:
-            swa_req_ring_size = (
-                kvcache.swa_req_ring_size
-            )  # the pool's ring, unless one is asked for
+            # the pool's ring, unless one is asked for
+            swa_req_ring_size = kvcache.swa_req_ring_size
         self.page_size, self.device = page_size, resolve_device(device)
+        self.dtype, self.need_sort = dtype, need_sort
         self._kvcache, self.debug_mode = kvcache, debug_mode
         full_pool = kvcache.full_kv_pool if kvcache is not None else None
         swa_pool = kvcache.swa_kv_pool if kvcache is not None else None
@@ -193,14 +199,15 @@ class SWATokenToKVPoolAllocator:
                 torch.tensor([-1], dtype=torch.int64, device=self.device),
             )
         )
-        self.swa_free_group = self.swa_page_ids_group = (
-            None  # lists while a free group is open
-        )
+        # The free lists are the sub-allocators' (get_all_free_pages() is None); the SWA side's
+        # frees queue here in a group.
+        self.free_group = None
+        self.swa_free_group, self.swa_page_ids_group = [], []
 
     # -- sizes ------------------------------------------------------------------------------
     @property
     def size(self) -> int:
-        return self._size_full
+        return min(self._size_full, self._size_swa)
 
     @property
     def size_full(self) -> int:
@@ -212,6 +219,19 @@ class SWATokenToKVPoolAllocator:
 
     def full_available_size(self) -> int:
         return self.full_attn_allocator.available_size()
+
+    def get_all_free_pages(self) -> None:
+        """None, as SGLang's: the free lists are each side's (``full_attn_allocator``,
+        ``swa_attn_allocator``)."""
+        return None
+
+    def page_id_range(self) -> tuple[int, int]:
+        """The ids callers hold are the full side's."""
+        return self.full_attn_allocator.page_id_range()
+
+    def _ledger(self) -> torch.Tensor:
+        """Debug mode: the pages held on the full side, whose ids the request table holds."""
+        return self.full_attn_allocator._ledger()
 
     def swa_available_size(self) -> int:
         if self._swa_req_ring:
@@ -231,7 +251,8 @@ class SWATokenToKVPoolAllocator:
         if self.swa_attn_allocator is not None:
             self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1] = 0
-        self.swa_free_group = self.swa_page_ids_group = None
+        self.free_group = None
+        self.swa_free_group, self.swa_page_ids_group = [], []
 
     # -- allocation -------------------------------------------------------------------------
     def _fits(self, need_tokens: int) -> bool:
@@ -369,7 +390,7 @@ class SWATokenToKVPoolAllocator:
             # window already released to free_full (their map reads 0, the padding id); memlab
             # skips them instead, at the price of a sync for the filter.
             self._free_swa_page_ids(swa[swa > 0])
-        elif self.swa_free_group is not None:
+        elif self.free_group is not None:
             self.swa_free_group.append(swa)
         else:
             self._release_swa(swa)
@@ -391,7 +412,7 @@ class SWATokenToKVPoolAllocator:
         self._free_swa_page_ids(swa_pages)
 
     def _free_swa_page_ids(self, swa_pages: torch.Tensor) -> None:
-        if self.swa_page_ids_group is not None:
+        if self.free_group is not None:
             self.swa_page_ids_group.append(swa_pages)
         else:
             self.swa_attn_allocator.free_page_ids(swa_pages)
@@ -423,25 +444,17 @@ class SWATokenToKVPoolAllocator:
         _check_swa_free(self, free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
-    def free_segments(self, segments) -> None:
-        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_segment(free_index, start_pos=start_pos)
-
-    def free_full_segments(self, segments) -> None:
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_full_segment(free_index, start_pos=start_pos)
-
     def free_group_begin(self) -> None:
-        """The full side queues in its own group; the SWA side's frees queue here, as SGLang's do."""
-        self.full_attn_allocator.free_group_begin()
+        """The SWA side's frees queue here, the full side's in its own group, as SGLang's do."""
+        super().free_group_begin()
         self.swa_free_group, self.swa_page_ids_group = [], []
+        self.full_attn_allocator.free_group_begin()
 
     def free_group_end(self) -> None:
         """SWA page ids first, then the SWA slots (one dedup for the group), then the full side."""
-        _checks.free_group_end(self.full_attn_allocator)
+        super().free_group_end()
         swa_slots, swa_pages = self.swa_free_group, self.swa_page_ids_group
-        self.swa_free_group = self.swa_page_ids_group = None
+        self.swa_free_group, self.swa_page_ids_group = [], []
         if swa_pages:
             self.swa_attn_allocator.free_page_ids(torch.cat(swa_pages))
         if swa_slots:
@@ -494,13 +507,6 @@ class SWATokenToKVPoolAllocator:
     # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py and swa.py) --------------------
     # SGLang's SWA allocator inherits the base allocator's answers and overrides only eviction:
     # each side is its own buffer, so the scheduler's per-side budgets already price it.
-    request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
-    max_new_tokens_for_memory = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory
-    prealloc_fits_assumes_reclaim = (
-        BaseTokenToKVPoolAllocator.prealloc_fits_assumes_reclaim
-    )
-    prealloc_ceiling_fits = BaseTokenToKVPoolAllocator.prealloc_ceiling_fits
-    prealloc_fits = BaseTokenToKVPoolAllocator.prealloc_fits
 
     def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> None:
         """Evict until both sides can serve ``num_tokens``. SGLang asks its SWA tree for each side's
@@ -573,29 +579,10 @@ def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
 def _check_swa_free(alloc, free_index) -> None:
     """Full-side slots to free. In debug mode the full side's double-free check runs here, before
     the SWA side gives anything back: a refused free must change neither side."""
-    mapping = alloc.full_to_swa_index_mapping
-    if (
-        not isinstance(free_index, torch.Tensor)
-        or free_index.dtype not in _checks.INDEX_DTYPES
-    ):
-        raise TypeError(
-            f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}"
-        )
-    if free_index.device != mapping.device:  # a concrete device: cuda:0, not cuda
-        raise ValueError(
-            f"free_index is on {free_index.device}, the allocator on {mapping.device}"
-        )
-    ps = alloc.page_size
-    if _checks.can_read_values(alloc.debug_mode, free_index):
-        lo, hi = int(free_index.min()), int(free_index.max())
-        if lo < ps or hi >= alloc.size + ps:
-            raise ValueError(
-                f"cannot free slot {lo if lo < ps else hi}: slots are {ps}..{alloc.size + ps - 1} "
-                "(the first page is padding)"
-            )
+    _checks.free(alloc.full_attn_allocator, free_index)
     if alloc.debug_mode and free_index.numel():
         full = alloc.full_attn_allocator
-        pages = free_index.to(torch.int64) // ps
+        pages = free_index.to(torch.int64) // alloc.page_size
         already = torch.isin(pages, full.get_all_free_pages())
         if already.any():
             raise ValueError(

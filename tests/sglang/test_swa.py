@@ -167,7 +167,7 @@ def test_freeing_padding_or_out_of_range_full_slots_is_refused(bad):
     held = {}
     extend(a, held, "r", 5)
     before = books(a)
-    with pytest.raises(ValueError, match="cannot free slot"):
+    with pytest.raises(ValueError, match="free_index: cannot free page"):
         a.free(bad)
     assert unchanged(a, before)
 

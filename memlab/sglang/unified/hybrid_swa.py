@@ -22,7 +22,6 @@ import torch
 from memlab.common import _checks
 from memlab.common.utils import ceil_div
 from memlab.sglang.allocator import BaseTokenToKVPoolAllocator
-from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
 from memlab.sglang.sizing import estimate_swa_kv_tokens
 from memlab.sglang.swa import SWATokenToKVPoolAllocator
@@ -31,7 +30,12 @@ from memlab.sglang.unified.sub_pool import MultiEndedAllocator
 from memlab.sglang.write_loc import KVWriteLoc
 
 
-class UnifiedSWATokenToKVPoolAllocator:
+class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
+    """Chapter 07's SWA allocator over one buffer. As SGLang's (``UnifiedSWAAllocatorBase``), it
+    derives from the two-pool ``SWATokenToKVPoolAllocator`` for its contract and its inherited
+    answers (``size``, ``release_out_of_window``, the free-segment loops) without running its
+    ``__init__``: both sides are ``MultiEndedAllocator``s and one virtual id replaces the map."""
+
     def __init__(
         self,
         *,
@@ -47,6 +51,7 @@ class UnifiedSWATokenToKVPoolAllocator:
             kvcache,
             page_size,
         )
+        self.need_sort = False
         kw = dict(
             unified_buffer=unified_buffer,
             device=device,
@@ -72,6 +77,7 @@ class UnifiedSWATokenToKVPoolAllocator:
         self.full_attn_allocator.bind_peer(self.swa_attn_allocator)
         self.swa_attn_allocator.bind_peer(self.full_attn_allocator)
         self.device, self.debug_mode = self.full_attn_allocator.device, debug_mode
+        self.dtype = self.full_attn_allocator.dtype
         self._empty_shared_gap_bytes = self.full_attn_allocator._current_gap_bytes()
         # What each side could take alone, from the empty buffer (the SWA side: at most
         # one page per virtual page).
@@ -80,21 +86,9 @@ class UnifiedSWATokenToKVPoolAllocator:
             self.swa_attn_allocator.available_size(),
             len(self.full_attn_allocator.free_virtual_ids) * page_size,
         )
-        self.free_group = None
+        self.free_group, self.full_free_group = None, []
 
-    # -- sizes: one byte budget for both sides ---------------------------------------------------
-    @property
-    def size(self) -> int:
-        return min(self._size_full, self._size_swa)
-
-    @property
-    def size_full(self) -> int:
-        return self._size_full
-
-    @property
-    def size_swa(self) -> int:
-        return self._size_swa
-
+    # -- sizes: one byte budget for both sides (size, size_full, size_swa: the parent's) ---------
     def available_size(self) -> int:
         """Tokens an ``alloc`` can still take: each needs a full page AND an SWA page (one virtual
         id), so it costs both entry sizes of the shared gap."""
@@ -120,13 +114,10 @@ class UnifiedSWATokenToKVPoolAllocator:
             self.swa_attn_allocator.schedulable_available_size(),
         )
 
-    def get_kvcache(self):
-        return self._kvcache
-
     def clear(self) -> None:
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
-        self.free_group = None
+        self.free_group, self.full_free_group = None, []
 
     # -- the byte envelope ---------------------------------------------------------------------
     def _fits_page_demand(self, num_full_pages: int, num_swa_pages: int) -> bool:
@@ -279,7 +270,12 @@ class UnifiedSWATokenToKVPoolAllocator:
             self.swa_attn_allocator.free(live)
 
     def free_full(self, free_index: torch.Tensor) -> None:
-        """The full side of tokens whose SWA pages already went (a finished request's old part)."""
+        """The full side of tokens whose SWA pages already went (a finished request's old part);
+        inside a free group, queued for the group's end, as SGLang's."""
+        _checks.free(self.full_attn_allocator, free_index)
+        if self.free_group is not None:
+            self.full_free_group.append(free_index.clone())
+            return
         self.full_attn_allocator.free(free_index.to(torch.int64))
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
@@ -294,28 +290,20 @@ class UnifiedSWATokenToKVPoolAllocator:
         _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
         self.free_full(free_index)
 
-    def free_segments(self, segments) -> None:
-        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_segment(free_index, start_pos=start_pos)
-
-    def free_full_segments(self, segments) -> None:
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_full_segment(free_index, start_pos=start_pos)
-
+    # Not the two-pool parent's group: that one opens the full side's own group, and this
+    # composite queues its frees itself (the base allocator's group, as SGLang's).
     def free_group_begin(self) -> None:
-        _checks.free_group_begin(self)
-        self.free_group = []
+        BaseTokenToKVPoolAllocator.free_group_begin(self)
+        self.full_free_group = []
 
     def free_group_end(self) -> None:
-        _checks.free_group_end(self)
-        group, self.free_group = self.free_group, None
-        if group:
-            self.free(torch.cat(group))
+        full_free_group, self.full_free_group = self.full_free_group, []
+        BaseTokenToKVPoolAllocator.free_group_end(self)
+        if full_free_group:
+            self.full_attn_allocator.free(torch.cat(full_free_group).to(torch.int64))
 
-    # The window's release is chapter 07's, through this class's free_swa_segment: the SWA v2p
-    # entries of the released pages become -1, the full side keeps them.
-    release_out_of_window = SWATokenToKVPoolAllocator.release_out_of_window
+    # The window's release is chapter 07's (inherited), through this class's free_swa_segment:
+    # the SWA v2p entries of the released pages become -1, the full side keeps them.
 
     def check_books(self) -> None:
         """Debug mode: each side's books; and no SWA page without a full page under the same id."""
@@ -327,7 +315,6 @@ class UnifiedSWATokenToKVPoolAllocator:
     # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) -------------------
     # Both sides are cut from one buffer, so no per-side token budget can say what fits: each
     # question is priced in bytes against the shared gap, both sides together.
-    request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
 
     def _fits_pages_after(
         self,
