@@ -8,6 +8,7 @@ neighbours) absorbs writes of padded tokens. A pool holds only the layers
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -33,6 +34,18 @@ FP8_DTYPES = tuple(
 
 def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def total_kv_size_bytes(pool) -> int:
+    """A pool's ``get_kv_size_bytes()`` as one number; behind the deprecated ``kv_size_bytes()``."""
+    warnings.warn(
+        "kv_size_bytes() is memlab's old name: call get_kv_size_bytes() (SGLang's: a "
+        "(K bytes, V bytes) pair for pools with keys and values, one int for MLA)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    size = pool.get_kv_size_bytes()
+    return sum(size) if isinstance(size, tuple) else size
 
 
 class BufferDecl(NamedTuple):
@@ -112,9 +125,15 @@ class KVCache:
         )
         return (HostPoolDecl("kv", self, self.layer_num, buffers),)
 
-    def kv_size_bytes(self) -> int:
-        """Bytes the pool really holds (padding page included), from the tensors themselves."""
+    def get_kv_size_bytes(self):
+        """Bytes the pool's tensors really hold (padding page included), as SGLang 0.5.23 reports
+        them: a ``(K bytes, V bytes)`` pair for a pool with keys and values, one int for a latent
+        (MLA) pool."""
         return sum(t.nbytes for t in self.buffers())
+
+    def kv_size_bytes(self) -> int:
+        """Deprecated, memlab's old name: the total of ``get_kv_size_bytes()``."""
+        return total_kv_size_bytes(self)
 
     @property
     def bytes_per_token(self) -> int:
@@ -172,6 +191,12 @@ class MHATokenToKVPool(KVCache):
             self.head_dim,
             self.v_head_dim,
             dtype_bytes(self.store_dtype),
+        )
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return (
+            sum(t.nbytes for t in self.k_buffer),
+            sum(t.nbytes for t in self.v_buffer),
         )
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
@@ -311,6 +336,9 @@ class MHATokenToKOnlyPool(KVCache):
             * dtype_bytes(self.store_dtype)
         )
 
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return sum(t.nbytes for t in self.k_buffer), 0
+
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[self._local(layer_id)])
 
@@ -395,8 +423,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_with_scale_buffer[self._local(layer_id)]
 
-    def kv_size_bytes(self) -> int:
-        return super().kv_size_bytes() + sum(
+    def get_kv_size_bytes(self) -> int:
+        return super().get_kv_size_bytes() + sum(
             t.nbytes for t in self.index_k_with_scale_buffer
         )
 

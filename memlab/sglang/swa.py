@@ -23,7 +23,7 @@ from memlab.sglang.allocator import (
     TokenToKVPoolAllocator,
 )
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
-from memlab.sglang.kv_pool import MHATokenToKVPool
+from memlab.sglang.kv_pool import MHATokenToKVPool, total_kv_size_bytes
 from memlab.sglang.write_loc import KVWriteLoc, unwrap_write_loc
 
 
@@ -122,8 +122,17 @@ class SWAKVPool:
             loc = swa_loc
         pool.set_kv_buffer(i, loc, cache_k, cache_v, k_scale, v_scale)
 
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """Both sub-pools' ``(K bytes, V bytes)``, added side by side (SGLang's)."""
+        (k, v), (k_swa, v_swa) = (
+            self.full_kv_pool.get_kv_size_bytes(),
+            self.swa_kv_pool.get_kv_size_bytes(),
+        )
+        return k + k_swa, v + v_swa
+
     def kv_size_bytes(self) -> int:
-        return self.full_kv_pool.kv_size_bytes() + self.swa_kv_pool.kv_size_bytes()
+        """Deprecated, memlab's old name: the total of ``get_kv_size_bytes()``."""
+        return total_kv_size_bytes(self)
 
 
 class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):

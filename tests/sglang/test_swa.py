@@ -542,3 +542,12 @@ def test_random_streams_keep_both_ledgers_balanced(ps, need_sort, window, ops):
             a.free(T(*held.pop(r)))
             evicted.pop(r)
         check_ledgers(a, held, evicted)
+
+
+def test_the_two_pool_sizes_add_up_side_by_side():
+    """SGLang's ``SWAKVPool.get_kv_size_bytes``: K of both sub-pools, V of both sub-pools."""
+    pool = SWAKVPool(16, 8, 4, torch.float32, 2, 4, [0], [1, 2])
+    k_full, v_full = pool.full_kv_pool.get_kv_size_bytes()
+    k_swa, v_swa = pool.swa_kv_pool.get_kv_size_bytes()
+    assert pool.get_kv_size_bytes() == (k_full + k_swa, v_full + v_swa)
+    assert k_full == (16 + 4) * 2 * 4 * 4 and k_swa == 2 * (8 + 4) * 2 * 4 * 4

@@ -230,12 +230,6 @@ class UnifiedKVPool:
         ]
         return k, v
 
-    def page_envelopes(self, name: str, page_size: int) -> torch.Tensor:
-        """The buffer as this sub-pool's pages: ``(pages, page_size * entry_bytes)`` bytes."""
-        page_bytes = page_size * self.spec(name).entry_bytes()
-        pages = self._max_slots[name] // page_size
-        return self._raw[: pages * page_bytes].view(pages, page_bytes)
-
 
 class UnifiedMHATokenToKVPool(MHATokenToKVPool):
     """An MHA pool whose per-layer ``k_buffer``/``v_buffer`` are views into a UnifiedKVPool,
@@ -286,8 +280,20 @@ class UnifiedMHATokenToKVPool(MHATokenToKVPool):
             self._sub_pool_name
         ).entry_bytes()  # the padding included
 
-    def kv_size_bytes(self) -> int:
-        return 0  # the views overlap the other sub-pool's: UnifiedKVPool counts the bytes once
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return (
+            0,
+            0,
+        )  # the views overlap the other sub-pool's: UnifiedKVPool counts the bytes once
+
+    def get_page_envelope_buffer(self) -> torch.Tensor:
+        """This sub-pool's pages over the shared buffer: ``(pages, page_size * entry_bytes)``
+        bytes, a page's every layer in one row (SGLang's page envelope)."""
+        buf = self._unified_buffer
+        page_bytes = self.page_size * buf.spec(self._sub_pool_name).entry_bytes()
+        return buf._raw[: self._num_pages * page_bytes].view(
+            self._num_pages, page_bytes
+        )
 
     def move_physical_pages(
         self, tgt_pages: torch.Tensor, src_pages: torch.Tensor, page_size: int
@@ -296,15 +302,13 @@ class UnifiedMHATokenToKVPool(MHATokenToKVPool):
         assert page_size == self.page_size, (
             f"pages of {page_size} slots for a pool of {self.page_size}"
         )
-        env = self._unified_buffer.page_envelopes(self._sub_pool_name, page_size)
+        env = self.get_page_envelope_buffer()
         copy_pages(env, env, src_pages, tgt_pages, 1, backend=self.backend)
 
     def zero_physical_pages(self, phys_pages: torch.Tensor) -> None:
         """Zero pages as they are handed out: kernels that load whole pages must not read a NaN
         left behind by the other sub-pool's bytes (its state, seen through this dtype)."""
-        self._unified_buffer.page_envelopes(self._sub_pool_name, self.page_size)[
-            phys_pages
-        ] = 0
+        self.get_page_envelope_buffer()[phys_pages] = 0
 
 
 class UnifiedSWAKVPool(SWAKVPool):
@@ -361,8 +365,11 @@ class UnifiedSWAKVPool(SWAKVPool):
             sub = KVWriteLoc(ids if full_loc is None else full_loc, physical=physical)
         pool.set_kv_buffer(i, sub, cache_k, cache_v, k_scale, v_scale)
 
-    def kv_size_bytes(self) -> int:
-        return self.unified_buffer.total_bytes
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return (
+            0,
+            0,
+        )  # the UnifiedKVPool counts its bytes once (total_bytes), as SGLang's
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
