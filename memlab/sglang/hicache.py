@@ -37,7 +37,7 @@ from memlab.sglang.kv_pool import (
     HostPoolDecl,
 )  # the declaration lives with the device pool
 from memlab.sglang.page_copy import transfer_pages
-from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
+from memlab.sglang.radix_cache import MatchResult, RadixCache, TreeNode
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -187,6 +187,26 @@ class HiCacheController:
         return self.mem_pool_host.free(host_indices)
 
 
+class HiTreeNode(TreeNode):
+    """A node of the tree over both tiers: the base node's fields, and its host copy
+    (``host_value``, host slots of the same tokens) with the load-backs reading it now
+    (``host_lock_ref``)."""
+
+    __slots__ = ("host_value", "host_lock_ref")
+
+    def __init__(self, id: int, last_access_time: int, priority: int = 0):
+        super().__init__(id, last_access_time, priority)
+        self.host_value: torch.Tensor | None = None
+        self.host_lock_ref = 0
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
+
+    def _where(self) -> str:
+        return "host" if self.evicted else "device" + ("+host" if self.backuped else "")
+
+
 class HiRadixCache(RadixCache):
     """A radix tree whose nodes may hold their KV on the device, on the host, or both.
 
@@ -230,71 +250,53 @@ class HiRadixCache(RadixCache):
         super().reset()
         self.token_to_kv_pool_host.clear()
 
+    # -- the tree's nodes carry a host copy -------------------------------------------------
+
+    def _new_node(self) -> HiTreeNode:
+        return HiTreeNode(next(self._ids), next(self._clock))
+
+    def _split_node(self, child: HiTreeNode, split_len: int) -> HiTreeNode:
+        """As RadixCache's, and the host copy splits at the same token."""
+        host = child.host_value
+        new_node = super()._split_node(child, split_len)
+        if host is not None:
+            new_node.host_value = host[:split_len].clone()
+            child.host_value = host[split_len:].clone()
+        return new_node
+
     # -- match: walk through host-only nodes too ----------------------------------------------
 
-    def match_prefix(self, key) -> MatchResult:
-        """As RadixCache's, but the walk continues through nodes that live only on the host:
-        ``last_host_node`` ends the whole match, ``last_device_node`` its device part, and
-        ``host_hit_length`` counts the tokens between them (to load back, or to recompute)."""
-        key = self.page_aligned(key)
-        if self.disable or len(key) == 0:
-            return MatchResult(0, self.root_node, self.root_node)
-        value, last_node = self._match_prefix_helper(self.root_node, key)
+    def _match_result(self, value: list, last_node: HiTreeNode) -> MatchResult:
+        """The walk went on through nodes that live only on the host: ``last_host_node`` ends
+        the whole match, ``last_device_node`` its device part, and ``host_hit_length`` counts
+        the tokens between them (to load back, or to recompute)."""
         host_hit_length, last_device_node = 0, last_node
         while last_device_node.evicted:
             host_hit_length += len(last_device_node.host_value)
             last_device_node = last_device_node.parent
-        if self.debug_mode:
-            self._check_tree()
         return MatchResult(
             sum(len(v) for v in value if v is not None),
             last_device_node,
+            last_node,
             last_node,
             host_hit_length,
         )
 
     # -- insert: revive host-only nodes, back new nodes up ----------------------------------
 
-    def _insert_helper(
-        self,
-        node: TreeNode,
-        key: tuple,
-        value: torch.Tensor,
-        priority: int | None = 0,
-        inserted_len: int = 0,
-    ):
-        priority = priority or 0
-        access_time = next(self._clock)
-        node.last_access_time = access_time
-        node.priority = max(node.priority, priority)
-        total_prefix_length = offset = 0
-        while (
-            offset < len(key)
-            and (child := node.children.get(self._child_key(key, offset))) is not None
-        ):
-            node = child
-            node.last_access_time = access_time
-            prefix_len = self._key_match(node.key, key, offset)
-            if prefix_len < len(node.key):
-                node = self._split_node(node, prefix_len)
-            node.priority = max(node.priority, priority)
-            if node.evicted:
-                # The request recomputed KV the tree only had on the host: the node adopts the
-                # request's device slots (they are not duplicates: prefix_len does not count them).
-                node.value = value[offset : offset + prefix_len].clone()
-                self.evictable_size_ += len(node.value)
-                self._update_leaf_status(node)
-                self._update_leaf_status(node.parent)
-            else:
-                total_prefix_length += prefix_len
-                if offset + prefix_len > inserted_len:  # counted once per request
-                    self._inc_hit_count(node)
-            offset += prefix_len
-        if offset < len(key):
-            node = self._add_leaf(node, key[offset:], value[offset:].clone(), priority)
-            if len(key) > inserted_len:
-                self._inc_hit_count(node)
-        return total_prefix_length, node
+    def _insert_matched(self, node, value, offset, prefix_len, inserted_len) -> int:
+        """A node on the device counts as RadixCache's. A node that lives only on the host adopts
+        the request's device slots: the request recomputed KV the tree had on the host only, so
+        those slots are no duplicates (they do not count in ``prefix_len``)."""
+        if not node.evicted:
+            return super()._insert_matched(
+                node, value, offset, prefix_len, inserted_len
+            )
+        node.value = value[offset : offset + prefix_len].clone()
+        self.evictable_size_ += len(node.value)
+        self._update_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return 0
 
     def _inc_hit_count(self, node: TreeNode) -> None:
         """Count a hit; write-through backs the node up once it reaches the threshold."""
@@ -333,30 +335,13 @@ class HiRadixCache(RadixCache):
 
     # -- device eviction: demote to the host, or drop ----------------------------------------
 
-    def evict(self, num_tokens: int) -> EvictResult:
-        """Free ``num_tokens`` of device slots, least recently used leaves first. A leaf with a
-        host copy is demoted (its device slots go, the node stays on the host); write-back first
-        makes that copy; a leaf that cannot get one is dropped with everything below it."""
-
-        eviction_heap = [(n.last_access_time, n.id, n) for n in self.evictable_leaves]
-        heapq.heapify(eviction_heap)
-        num_evicted = 0
-        while num_evicted < num_tokens and eviction_heap:
-            _, _, x = heapq.heappop(eviction_heap)
-            if x.backuped or (
-                self.is_write_back and self.write_backup(x, write_back=True)
-            ):
-                num_evicted += self._evict_backuped(x)
-            else:
-                num_evicted += self._evict_regular(x)
-            if x.parent in self.evictable_leaves:
-                heapq.heappush(
-                    eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent)
-                )
-        self.num_evicted_tokens += num_evicted
-        if self.debug_mode:
-            self._check_tree()
-        return EvictResult(num_evicted)
+    def _evict_leaf(self, x: HiTreeNode) -> int:
+        """A leaf with a host copy is demoted (its device slots go, the node stays on the host);
+        write-back first makes that copy; a leaf that cannot get one is dropped with everything
+        below it. ``evict`` is RadixCache's: least recently used leaves first."""
+        if x.backuped or (self.is_write_back and self.write_backup(x, write_back=True)):
+            return self._evict_backuped(x)
+        return self._evict_regular(x)
 
     def _evict_backuped(self, node: TreeNode) -> int:
         """Demote: free the device slots, keep the node with its host copy."""
@@ -476,6 +461,9 @@ class HiRadixCache(RadixCache):
         return torch.empty(0, dtype=torch.int64, device=self.device), last_node
 
     # -- debug mode ----------------------------------------------------------------------------
+
+    def _node_values(self, node: HiTreeNode) -> tuple:
+        return node.value, node.host_value
 
     def _check_tree(self) -> None:
         super()._check_tree()

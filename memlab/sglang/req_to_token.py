@@ -36,6 +36,7 @@ class ReqKvInfo:
         "kv_committed_len",
         "kv_allocated_len",
         "swa_evicted_seqlen",
+        "swa_evict_floor",
         "mamba_pool_idx",
         "mamba_ping_pong_track_buffer",
         "mamba_cow_src_index",
@@ -53,6 +54,9 @@ class ReqKvInfo:
         # Positions before here gave their SWA slots back as the window moved on (the full side
         # still holds them): SGLang's ``get_evicted_seqlen(ComponentType.SWA)``.
         self.swa_evicted_seqlen = 0
+        # Prefill-aware SWA (SGLang's scheduler sets it to the prefill's end): [0, here) is never
+        # window-evicted, and the prefix cache keys nothing past it.
+        self.swa_evict_floor = 0
         self.mamba_pool_idx: torch.Tensor | None = (
             None  # its state slot (hybrid models), shape ()
         )
