@@ -395,6 +395,7 @@ def alloc_extend(
     seq_lens_cpu,
     last_loc,
     extend_num_tokens,
+    num_new_pages=None,
 ) -> None:
     _batch(
         alloc,
@@ -415,7 +416,19 @@ def alloc_extend(
         raise ValueError(
             f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}"
         )
+    if num_new_pages is not None:
+        _num_new_pages(alloc, prefix_lens_cpu, seq_lens_cpu, num_new_pages)
     _last_loc(alloc, last_loc, prefix_lens_cpu)
+
+
+def _num_new_pages(alloc, prefix_cpu, seq_cpu, num_new_pages) -> None:
+    """The caller's page count, checked against the lengths (host arithmetic, no sync)."""
+    ps = alloc.page_size
+    want = int(((seq_cpu + ps - 1) // ps - (prefix_cpu + ps - 1) // ps).sum())
+    if integer("num_new_pages", num_new_pages, 0) != want:
+        raise ValueError(
+            f"num_new_pages is {num_new_pages} but the lengths need {want} new pages"
+        )
 
 
 def alloc_decode(alloc, seq_lens, seq_lens_cpu, last_loc) -> None:

@@ -290,11 +290,11 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens,
     ):
         ps = self.page_size
-        need = (
-            extend_num_tokens
-            if ps == 1
-            else num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) * ps
-        )
+        if ps == 1:
+            need, pages = extend_num_tokens, {}
+        else:  # counted once on the host, for the check and both sides (SGLang passes it on)
+            count = num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+            need, pages = count * ps, {"num_new_pages": count}
         if not self._fits(need):
             return None
         full = self.full_attn_allocator.alloc_extend(
@@ -304,6 +304,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             seq_lens_cpu,
             last_loc,
             extend_num_tokens,
+            **pages,
         )
         if full is None or self._swa_req_ring:
             return full
@@ -317,6 +318,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             seq_lens_cpu,
             swa_last_loc,
             extend_num_tokens,
+            **pages,
         )
         assert swa is not None, "SWA side refused after its capacity was checked"
         self.full_to_swa_index_mapping[full] = swa

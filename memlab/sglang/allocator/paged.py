@@ -76,9 +76,11 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         seq_lens_cpu,
         last_loc,
         extend_num_tokens: int,
+        num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
-        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are short.
-        Capacity is settled on the host from the CPU copies before anything is taken or launched."""
+        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are
+        short. Capacity is settled on the host from the CPU copies before anything is taken or
+        launched. ``num_new_pages``: the batch's new pages when the caller counted them."""
         _checks.alloc_extend(
             self,
             prefix_lens,
@@ -87,6 +89,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             seq_lens_cpu,
             last_loc,
             extend_num_tokens,
+            num_new_pages,
         )
         bs, ps = len(prefix_lens), self.page_size
         # A strict upper bound on the new pages (a request grows by fewer than extend_len // ps + 1)
@@ -96,9 +99,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         max_new_pages = extend_num_tokens // ps + bs + 1
         if max_new_pages > len(self.free_pages):
             self.merge_and_sort_free()
-        num_new_pages = None
         if max_new_pages > len(self.free_pages):
-            num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+            if num_new_pages is None:
+                num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
             if num_new_pages > len(self.free_pages):
                 return None
         if self.backend == "triton":
@@ -108,8 +111,18 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
             )
         elif self.backend == "torch":
+            if (
+                num_new_pages is None
+            ):  # it sizes the page-level arrays: on the host, no sync
+                num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
             out_indices = ref.alloc_extend_torch(
-                prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
+                prefix_lens,
+                seq_lens,
+                last_loc,
+                self.free_pages,
+                ps,
+                extend_num_tokens,
+                num_new_pages,
             )
         else:
             out_indices = torch.tensor(

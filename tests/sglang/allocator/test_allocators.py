@@ -521,3 +521,19 @@ def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page
     ]  # row[4:6] freed page 2 whole
     with pytest.raises(AssertionError, match="shares a page"):
         PagedTokenToKVPoolAllocator(64, 4).free_segments([(T(4, 5, 6), 0), (T(8), 3)])
+
+
+def test_a_counted_num_new_pages_is_used_and_a_wrong_one_refused():
+    """SGLang's ``alloc_extend(..., num_new_pages=...)``: the caller's host count saves the
+    allocator counting again; a count that disagrees with the lengths changes nothing."""
+    T = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    args = (T(0, 3), T(0, 3), T(5, 9), T(5, 9), T(-1, 50), 11)
+    a, b = PagedTokenToKVPoolAllocator(64, 4), PagedTokenToKVPoolAllocator(64, 4)
+    a.alloc(48)
+    b.alloc(48)  # both hold the prefix's page 12 (slots 48..51)
+    assert torch.equal(a.alloc_extend(*args), b.alloc_extend(*args, num_new_pages=4))
+    assert a.free_pages.tolist() == b.free_pages.tolist()
+    before = snapshot(b)
+    with pytest.raises(ValueError, match="num_new_pages is 5 but the lengths need 4"):
+        b.alloc_extend(*args, num_new_pages=5)
+    assert same(before, snapshot(b))
