@@ -94,6 +94,13 @@ def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]
     return list(values)
 
 
+def duck(name: str, v, attrs: tuple, what: str) -> None:
+    """``v`` has every attribute in ``attrs`` (the books object a function drives: a request
+    table, an allocator, a prefix cache), or a TypeError names ``what`` it must be."""
+    if not all(hasattr(v, a) for a in attrs):
+        raise TypeError(f"{name} must be {what}, got {type(v).__name__} {v!r}"[:200])
+
+
 def one_of(name: str, v, choices) -> None:
     if v not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {v!r}")
@@ -285,7 +292,7 @@ def _page_range(alloc, lo: int, hi: int, name: str = "page_ids") -> None:
 def free(alloc, free_index, name: str = "free_index") -> None:
     """Slot ids to free. Checked on each call, so one bad id inside a free group is refused at
     once, not at the group's end."""
-    index_tensor(name, free_index, alloc.device)
+    index_tensor(name, free_index, alloc.device, ndim=1)
     if can_read_values(alloc.debug_mode, free_index):
         ps = alloc.page_size
         lo, hi = int(free_index.min()) // ps, int(free_index.max()) // ps
@@ -300,13 +307,63 @@ def free_segment(alloc, free_index, start_pos) -> None:
             f"free_segment needs a page-aligned start: position {start_pos} is not a "
             f"multiple of page_size {ps}; use free() for unaligned runs"
         )
-    firsts = free_index[::ps]
-    if alloc.debug_mode and (firsts % ps).any():
+    if not alloc.debug_mode or free_index.numel() == 0:
+        return
+    firsts = free_index.cpu()[::ps]
+    if (firsts % ps).any():
         bad = int(firsts[firsts % ps != 0][0])
         raise ValueError(
             f"free_segment: slot {bad} should start a page but sits at offset "
             f"{bad % ps}: the run is not page-aligned in memory"
         )
+    if not torch.equal(
+        torch.sort(firsts // ps).values, torch.unique(free_index.cpu() // ps)
+    ):
+        raise ValueError("free_segment: the slots are not one page-aligned run")
+
+
+def segments(alloc, segments) -> list:
+    """``(slots, start_pos)`` pairs of one request's row, as a list: each a 1-D id tensor and a
+    page-aligned start (the allocator's own check of the seams runs before any is freed)."""
+    if not isinstance(segments, (list, tuple)):
+        raise TypeError(
+            f"segments must be a list of (slots, start_pos) pairs, got {type(segments).__name__}"
+        )
+    for seg in segments:
+        if not isinstance(seg, (list, tuple)) or len(seg) != 2:
+            raise TypeError(f"segments must hold (slots, start_pos) pairs, got {seg!r}")
+        index_tensor("a segment's slots", seg[0], alloc.device, ndim=1)
+        if seg[
+            0
+        ].numel():  # an empty segment is skipped, wherever it starts (as SGLang's)
+            free_segment(alloc, *seg)
+    return list(segments)
+
+
+def counts(**named) -> None:
+    """The scheduler's token counts: each an int >= 0, or None where the name ends in ``?``
+    (``counts(**{"chunk_size?": None})``)."""
+    for name, v in named.items():
+        if not (name.endswith("?") and v is None):
+            integer(name.rstrip("?"), v)
+
+
+def budgets(full_tokens, swa_tokens, full_budget, swa_budget) -> None:
+    """``prealloc_fits``'s demand (counts) and budgets (ints: what reserves leave may be < 0)."""
+    counts(full_tokens=full_tokens, swa_tokens=swa_tokens)
+    integer("full_budget_tokens", full_budget, -(2**62))
+    if swa_budget is not None:
+        integer("swa_budget_tokens", swa_budget, -(2**62))
+
+
+def token_question(input_tokens, max_new_tokens, token_capacity, window, chunk) -> None:
+    """``max_new_tokens_for_memory``'s arguments, the same for every allocator."""
+    counts(
+        input_tokens=input_tokens,
+        max_new_tokens=max_new_tokens,
+        token_capacity=token_capacity,
+        **{"sliding_window_size?": window, "chunk_size?": chunk},
+    )
 
 
 def free_group_begin(alloc) -> None:
@@ -322,29 +379,26 @@ def free_group_end(alloc) -> None:
 
 
 def _batch(alloc, lens: dict, cpu: dict) -> int:
-    """1-D id tensors of one batch size on the allocator's device, their host copies on the CPU; in
-    debug mode each device tensor must equal its copy (the engine counts pages on the copies)."""
-    bs = (
-        len(next(iter(lens.values())))
-        if isinstance(next(iter(lens.values())), torch.Tensor)
-        else None
-    )
+    """1-D id tensors of one batch size on the allocator's device, their host copies on the CPU.
+    Each device tensor must equal its copy (the engine counts pages on the copies): checked where
+    it costs no sync, on the CPU, and on a GPU in debug mode."""
     for name, t in lens.items():
         index_tensor(name, t, alloc.device, ndim=1)
+    for name, t in cpu.items():
+        index_tensor(name, t, torch.device("cpu"), ndim=1, owner="host copy (no sync)")
+    bs = len(next(iter(lens.values())))
+    for name, t in [*lens.items(), *cpu.items()]:
         if len(t) != bs:
             raise ValueError(f"{name} has {len(t)} entries, the batch has {bs}")
+    if bs == 0:
+        raise ValueError("empty batch")
     for (name, t), dev in zip(cpu.items(), lens.values()):
-        index_tensor(name, t, torch.device("cpu"), ndim=1, owner="host copy (no sync)")
-        if len(t) != bs:
-            raise ValueError(f"{name} must hold {bs} lengths, got {len(t)}")
-        if alloc.debug_mode and not torch.equal(
+        if (alloc.debug_mode or dev.device.type == "cpu") and not torch.equal(
             dev.cpu().to(torch.int64), t.to(torch.int64)
         ):
             raise ValueError(
                 f"{name} disagrees with its device tensor: {t.tolist()} vs {dev.tolist()}"
             )
-    if bs == 0:
-        raise ValueError("empty batch")
     return bs
 
 
@@ -355,10 +409,9 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
     if not can_read_values(alloc.debug_mode, last_loc):
         return
     ps, last = alloc.page_size, last_loc.cpu().to(torch.int64)
-    empty = prefix_cpu == 0
-    bad = torch.where(
-        empty, last != -1, (last < ps) | ((last + 1) % ps != prefix_cpu % ps)
-    ).nonzero()
+    empty, last_page = prefix_cpu == 0, alloc.page_id_range()[1]
+    held = (last < ps) | (last // ps > last_page) | ((last + 1) % ps != prefix_cpu % ps)
+    bad = torch.where(empty, last != -1, held).nonzero()
     if len(bad):
         i = bad[0].item()
         raise ValueError(

@@ -35,6 +35,7 @@ def mha_bytes_per_token(
 ) -> int:
     """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    _bytes_args(layer_num, head_num, head_dim, v_head_dim, dtype_bytes)
     return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
 
 
@@ -42,7 +43,14 @@ def mla_bytes_per_token(
     layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
 ) -> int:
     """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
+    _bytes_args(layer_num, kv_lora_rank, qk_rope_head_dim, dtype_bytes)
     return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+
+
+def _bytes_args(*counts) -> None:
+    """The formulas' counts: ints, a layer count of 0 allowed (a model without such layers)."""
+    for i, v in enumerate(counts):
+        integer(f"count {i + 1} of the formula", v, 0 if i == 0 else 1)
 
 
 # SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
@@ -53,6 +61,7 @@ def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
     """The DeepSeek sparse-attention indexer's key cache: per layer one fp8 key of
     ``index_head_dim`` values and one fp32 scale per 128 of them, whatever the KV dtype:
     ``L * (d_idx + d_idx / 128 * 4)`` (132 bytes a layer for d_idx = 128)."""
+    _bytes_args(layer_num, index_head_dim)
     return layer_num * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
 
 
@@ -185,6 +194,7 @@ class ModelConfig:
     # ---- per-request linear-attention state -----------------------------------------------
     def conv_state_shape(self, tp_size: int = 1) -> tuple[int, int]:
         """Conv state of one linear layer: (channels, kernel - 1) past inputs per channel."""
+        _check_linear(self, tp_size)
         conv_dim = (
             2 * self.linear_num_key_heads * self.linear_key_head_dim
             + self.linear_num_value_heads * self.linear_value_head_dim
@@ -193,6 +203,7 @@ class ModelConfig:
 
     def temporal_state_shape(self, tp_size: int = 1) -> tuple[int, int, int]:
         """Recurrent state of one linear layer: a (d_k, d_v) matrix per value head."""
+        _check_linear(self, tp_size)
         return (
             self.linear_num_value_heads // tp_size,
             self.linear_key_head_dim,
@@ -203,6 +214,12 @@ class ModelConfig:
         self, conv_dtype_bytes: int = 2, ssm_dtype_bytes: int = 4, tp_size: int = 1
     ) -> int:
         """Conv + temporal state bytes of one request over all linear layers (0 if none)."""
+        for name, v in (
+            ("conv_dtype_bytes", conv_dtype_bytes),
+            ("ssm_dtype_bytes", ssm_dtype_bytes),
+        ):
+            integer(name, v, 1)
+        integer("tp_size", tp_size, 1)
         n = len(self.layer_ids(LINEAR))
         if n == 0:
             return 0
@@ -259,6 +276,14 @@ def _validate(m: ModelConfig) -> None:
     for name in _OPTIONAL_COUNTS:
         if getattr(m, name) is not None:
             integer(f"{m.name}: {name}", getattr(m, name), 1)
+
+
+def _check_linear(m: ModelConfig, tp_size) -> None:
+    integer("tp_size", tp_size, 1)
+    if m.linear_conv_kernel_dim is None:
+        raise ValueError(
+            f"{m.name} has no linear-attention layers: no per-request state"
+        )
 
 
 def _every_nth_full(n_layers: int, period: int, other: str) -> tuple[str, ...]:

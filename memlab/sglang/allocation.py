@@ -44,6 +44,7 @@ def get_last_loc(
     prefix_lens: torch.Tensor,
 ) -> torch.Tensor:
     """Each request's last slot (the one before its new tokens), -1 for an empty prefix."""
+    _check_last_loc(req_to_token, req_pool_indices, prefix_lens)
     last = req_to_token[req_pool_indices, (prefix_lens - 1).clamp(min=0)].to(
         torch.int64
     )
@@ -140,7 +141,9 @@ def alloc_for_extend(
     then nothing was taken. Returns the new slots in batch order (``out_cache_loc``); each
     request's ``kv_allocated_len`` and ``kv_committed_len`` move to its new length.
     """
-    _check_extend(reqs, extend_lens, prefix_indices)
+    _check_extend(
+        req_to_token_pool, allocator, reqs, extend_lens, prefix_indices, tree_cache
+    )
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
     if (
         tree_cache is not None
@@ -190,7 +193,7 @@ def alloc_for_decode(
     """A decode step: one new slot per request, written into its row; None when the pool is short
     even after evicting from ``tree_cache`` (nothing taken). The new token's position is each
     request's ``kv_allocated_len``: what its window no longer reads goes back first."""
-    _check_decode(reqs)
+    _check_decode(req_to_token_pool, allocator, reqs, tree_cache)
     if tree_cache is not None:
         maybe_evict_swa(
             tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True
@@ -224,6 +227,7 @@ def maybe_evict_swa(
     batch only where nothing is shared (a new request holds no slots yet and is skipped). The
     frees go in one group. SGLang's overlap scheduler skips a request's first decode step (its
     prefill may still be running); memlab runs one batch at a time and has no such step."""
+    _books("tree_cache", tree_cache, TREE)
     if not tree_cache.supports_swa() or (
         not decode and tree_cache.supports_prefix_sharing()
     ):
@@ -251,6 +255,10 @@ def maybe_evict_swa(
 
 def coalesce_ranges(ranges):
     """Merge adjacent half-open ranges, so a page a seam falls inside is freed once."""
+    _checks.instance("ranges", ranges, (list, tuple), "a list of (start, end)")
+    for rng in ranges:
+        _checks.instance("each range", rng, (list, tuple), "a (start, end) pair")
+        _checks.int_list("a range", rng)
     merged: list[tuple[int, int]] = []
     for start, end in ranges:
         if merged and start == merged[-1][1]:
@@ -303,7 +311,11 @@ def free_kv_row(
     """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row
     (SGLang's ``BasePrefixCache.free_kv_row``; a tree calls it with its own pool and allocator).
     ``swa_evicted_seqlen``: how far a sliding window already released (memlab keeps that cursor
-    beside the request, SGLang in ``kv``)."""
+    beside the request, SGLang in ``kv``). The ranges lie in what the request owns,
+    ``[cache_protected_len, kv_allocated_len)``: the tree's part is the tree's to free."""
+    ranges = _check_free_kv_row(
+        req_to_token_pool, allocator, kv, ranges, swa_evicted_seqlen
+    )
     row = req_to_token_pool.req_to_token[kv.req_pool_idx]
     dev = allocator.device
     free_kv_row_segments(
@@ -317,6 +329,9 @@ def free_kv_row(
 def checkpoint_kv_cache(req: Req, tree_cache) -> None:
     """After a prefill chunk of a running request: the tree takes what it computed so far
     (``tree_cache.checkpoint(req, up_to=req.extend_end)``); the next chunk starts there."""
+    _check_running(req, "checkpoint_kv_cache")
+    _books("tree_cache", tree_cache, TREE)
+    _checks.integer("req.extend_end", req.extend_end, 0, req.kv.kv_allocated_len)
     tree_cache.checkpoint(req, up_to=req.extend_end)
     req.prefix_len = req.extend_end
 
@@ -331,7 +346,13 @@ def release_kv_cache(req: Req, tree_cache, *, checkpoint: bool) -> None:
     gave it. A disabled tree checkpoints nothing, so the whole row goes back. SGLang's owned
     length is the committed one unless a stop ends the output inside it; memlab's outputs end on
     a token, so it is ``kv_committed_len``.
+
+    A request whose prefix the tree protects holds the lock on it (``req.lock``): releasing it
+    without one would leave that prefix locked for good, so it is refused, as is a request
+    released twice (it holds no row).
     """
+    _check_running(req, "release_kv_cache")
+    _check_release(req, tree_cache, checkpoint)
     kv = req.kv
     owned_kv_len = kv.kv_committed_len
     if checkpoint:
@@ -357,6 +378,11 @@ def release_kv_row(
     """A request ends where no prefix cache exists yet (chapters 03 to 07): what
     ``release_kv_cache`` does under a disabled tree (SGLang 0.5.23 always builds one): its slots
     go back as segments, its row to the request table. Returns the slots it held."""
+    _books("req_to_token_pool", req_to_token_pool, TABLE)
+    _check_running(req, "release_kv_row")
+    _checks.integer(
+        "swa_evicted_seqlen", swa_evicted_seqlen, 0, req.kv.kv_allocated_len
+    )
     kv = req.kv
     slots = req_to_token_pool.req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].to(
         torch.int64
@@ -377,13 +403,44 @@ def release_kv_row(
 # -- argument checks (memlab's, at the boundary: SGLang's scheduler builds these batches itself) --
 
 
-def _check_extend(reqs, extend_lens, prefix_indices) -> None:
-    # before any row is taken: a negative length refused by the allocator would leave its row taken
+TABLE = (("req_to_token", "alloc", "free", "write"), "a ReqToTokenPool")
+ALLOCATOR = (
+    ("alloc_extend", "alloc_decode", "available_size", "page_size"),
+    "an allocator",
+)
+TREE = (
+    ("supports_prefix_sharing", "evictable_size", "checkpoint"),
+    "a prefix cache or None",
+)
+
+
+def _books(name, v, kind, optional=False) -> None:
+    if not (optional and v is None):
+        _checks.duck(name, v, *kind)
+
+
+def _reqs(reqs) -> None:
+    _checks.instance("reqs", reqs, (list, tuple), "a list of Req")
+    for r in reqs:
+        _checks.instance("each of reqs", r, Req)
+    dup = next((r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i])), None)
+    if dup is not None:
+        raise ValueError(f"{dup!r} appears twice in one batch")
+
+
+def _check_extend(pool, allocator, reqs, extend_lens, prefix_indices, tree) -> None:
+    # before any row is taken: a bad argument found later would leave its row taken
+    _books("req_to_token_pool", pool, TABLE)
+    _books("allocator", allocator, ALLOCATOR)
+    _books("tree_cache", tree, TREE, optional=True)
+    _reqs(reqs)
     _checks.int_list("extend_lens", extend_lens, -_checks.INT32_MAX)
     if len(extend_lens) != len(reqs):
         raise ValueError(
             f"extend_lens has {len(extend_lens)} entries for {len(reqs)} requests: one each"
         )
+    if prefix_indices is not None:
+        _check_prefix_indices(allocator, reqs, prefix_indices)
     for i, (r, n) in enumerate(zip(reqs, extend_lens)):
         if n < 0:
             hit = prefix_indices[i] if prefix_indices is not None else None
@@ -395,13 +452,91 @@ def _check_extend(reqs, extend_lens, prefix_indices) -> None:
                 else len(hit)
             )
             raise ValueError(
-                f"request {i}: seq_len {p + n} is shorter than its prefix {p} (extend_lens[{i}] = {n})"
+                f"request {i}: seq_len {p + n} is shorter than its prefix {p} "
+                f"(extend_lens[{i}] = {n})"
             )
 
 
-def _check_decode(reqs) -> None:
+def _check_prefix_indices(allocator, reqs, prefix_indices) -> None:
+    """One entry per request: None, or the 1-D slots of its cache hit; in debug mode slots the
+    allocator holds (a hit's slots are the tree's; SGLang trusts the tree that found them)."""
+    _checks.instance("prefix_indices", prefix_indices, (list, tuple), "a list")
+    if len(prefix_indices) != len(reqs):
+        raise ValueError(
+            f"{len(prefix_indices)} prefix_indices for {len(reqs)} requests"
+        )
+    for p in prefix_indices:
+        if p is not None:
+            _checks.index_tensor("prefix_indices[i]", p, ndim=1)
+            if allocator.debug_mode and len(p) and hasattr(allocator, "_ledger"):
+                _checks.held_slots(allocator, "prefix_indices", p)
+
+
+def _check_decode(pool, allocator, reqs, tree) -> None:
+    _books("req_to_token_pool", pool, TABLE)
+    _books("allocator", allocator, ALLOCATOR)
+    _books("tree_cache", tree, TREE, optional=True)
+    _reqs(reqs)
     rowless = next((r for r in reqs if not r.kv.holds_kv), None)
     if rowless is not None:
         raise ValueError(
-            f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend began"
+            f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend "
+            "began"
         )
+
+
+def _check_running(req, where: str) -> None:
+    """A request that holds a row (one released already holds none)."""
+    _checks.instance("req", req, Req)
+    if not req.kv.holds_kv:
+        raise ValueError(
+            f"{where}: {req!r} holds no row (released already, or never begun)"
+        )
+
+
+def _check_release(req, tree, checkpoint) -> None:
+    _books("tree_cache", tree, TREE)
+    _checks.instance("checkpoint", checkpoint, bool)
+    locked = req.lock is not None or getattr(tree, "disable", False)
+    if not locked and req.kv.cache_protected_len > 0:
+        raise ValueError(
+            f"{req!r}: the tree protects its first {req.kv.cache_protected_len} tokens, but the "
+            "request holds no lock on them (req.lock is None): releasing it would leave them "
+            "locked for good"
+        )
+
+
+def _check_free_kv_row(pool, allocator, kv, ranges, swa_evicted_seqlen) -> list:
+    """Half-open ``(start, end)`` int pairs inside what the request owns, and the window's
+    cursor: whole pages of the row."""
+    _books("req_to_token_pool", pool, TABLE)
+    _books("allocator", allocator, ALLOCATOR)
+    _checks.instance("kv", kv, ReqKvInfo)
+    if not kv.holds_kv:
+        raise ValueError(f"{kv!r} holds no row")
+    _checks.instance("ranges", ranges, (list, tuple), "a list of (start, end)")
+    lo, hi = kv.cache_protected_len, kv.kv_allocated_len
+    for rng in ranges:
+        if not isinstance(rng, (list, tuple)) or len(rng) != 2:
+            raise TypeError(f"ranges must hold (start, end) pairs, got {rng!r}")
+        start, end = _checks.int_list("a range", rng)
+        if not lo <= start <= end <= hi:
+            raise ValueError(
+                f"range {rng} is not inside what {kv!r} owns, [{lo}, {hi})"
+            )
+    cursor = _checks.integer("swa_evicted_seqlen", swa_evicted_seqlen, 0, hi)
+    if cursor % allocator.page_size:
+        raise ValueError(f"swa_evicted_seqlen {cursor} is not whole pages")
+    return ranges
+
+
+def _check_last_loc(req_to_token, rows, prefix_lens) -> None:
+    """The table (2-D), one row and one prefix length per request; on the CPU, each inside it."""
+    _checks.index_tensor("req_to_token", req_to_token, ndim=2)
+    _checks.index_tensor("req_pool_indices", rows, req_to_token.device, ndim=1)
+    _checks.index_tensor("prefix_lens", prefix_lens, req_to_token.device, ndim=1)
+    if rows.shape != prefix_lens.shape:
+        raise ValueError(f"{len(rows)} rows for {len(prefix_lens)} prefix lengths")
+    if req_to_token.device.type == "cpu" and len(rows):
+        _checks.values_in("req_pool_indices", rows, 0, req_to_token.shape[0] - 1)
+        _checks.values_in("prefix_lens", prefix_lens, 0, req_to_token.shape[1])

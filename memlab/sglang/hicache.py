@@ -32,12 +32,13 @@ import heapq
 
 import torch
 
+from memlab.common import _checks
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.kv_pool import (
     HostPoolDecl,
 )  # the declaration lives with the device pool
 from memlab.sglang.page_copy import transfer_pages
-from memlab.sglang.radix_cache import MatchResult, RadixCache, TreeNode
+from memlab.sglang.radix_cache import MatchResult, RadixCache, TreeNode, _validate_init
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -63,6 +64,7 @@ class HostKVCache:
         pin_memory: bool | None = None,
         debug_mode: bool = False,
     ):
+        _check_host_kv_cache(decl, size, page_size)
         self.decl, self.page_size, self.layer_num = decl, page_size, decl.layer_num
         self.size = size // page_size * page_size
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -225,6 +227,9 @@ class HiRadixCache(RadixCache):
         debug_mode: bool = False,
         req_to_token_pool=None,
     ):
+        _validate_init(token_to_kv_pool_allocator, None, None)
+        _checks.instance("token_to_kv_pool_host", token_to_kv_pool_host, HostKVCache)
+        _checks.integer("load_back_threshold", load_back_threshold)
         self.token_to_kv_pool_host = token_to_kv_pool_host
         self.cache_controller = HiCacheController(
             token_to_kv_pool_allocator,
@@ -312,6 +317,9 @@ class HiRadixCache(RadixCache):
         Write-through backs up the node's unbacked ancestors in the same copy, ancestors first,
         so a node on the host never hangs below a node that is nowhere but the device.
         """
+        _checks.instance("node", node, HiTreeNode)
+        if node.evicted or node is self.root_node:
+            raise ValueError(f"write_backup: {node!r} holds no device slots to back up")
         chain = [node]
         while (
             not write_back
@@ -372,6 +380,7 @@ class HiRadixCache(RadixCache):
     def evict_host(self, num_tokens: int) -> int:
         """Free ``num_tokens`` of host slots: host-only leaves, least recently used first.
         Nodes still on the device keep their host copy (it makes their next eviction free)."""
+        _checks.integer("num_tokens", num_tokens)
         leaves = [
             n
             for n in self._all_nodes()
@@ -408,6 +417,7 @@ class HiRadixCache(RadixCache):
         device slots (in path order) or None (too few tokens to bother, or no room even after
         evicting). Order: lock the device ancestors, take device pages (evicting if short), copy
         host -> device into them, then re-point the nodes at their new slots."""
+        _check_host_node(self, node)
         nodes_to_load = []
         while node.evicted:
             nodes_to_load.append(node)
@@ -452,6 +462,8 @@ class HiRadixCache(RadixCache):
         node to lock). When loading is refused (fewer host tokens than ``load_back_threshold``, or
         no room even after evicting): an empty tensor and the last node of the match's device part,
         which the caller then locks; the host part is recomputed."""
+        _checks.integer("host_hit_length", host_hit_length)
+        _checks.instance("last_node", last_node, HiTreeNode)
         if last_node.evicted:
             loading_values = self.load_back(last_node)
             if loading_values is not None:
@@ -474,3 +486,28 @@ class HiRadixCache(RadixCache):
                 assert all(c.evicted for c in n.children.values()), (
                     f"{n} is on the host above a device node"
                 )
+
+
+# -- argument checks at the boundary -------------------------------------------------------------
+
+
+def _check_host_node(tree, node) -> None:
+    """A node of this tree that lives on the host only (what a load-back brings back)."""
+    _checks.instance(
+        "node", node, HiTreeNode, "a HiTreeNode (match_prefix(...).last_host_node)"
+    )
+    if not node.evicted:
+        raise ValueError(f"load_back: {node!r} is on the device already")
+    n = node
+    while n is not tree.root_node:
+        if n.parent is None or n.parent.children.get(tree._child_key(n.key)) is not n:
+            raise ValueError(f"{node!r} is not in this tree")
+        n = n.parent
+
+
+def _check_host_kv_cache(decl, size, page_size) -> None:
+    _checks.instance("decl", decl, HostPoolDecl, "a device pool's host_pool_decls()[i]")
+    page_size = _checks.integer("page_size", page_size, 1)
+    _checks.integer(
+        "size (host tokens, a page at least)", size, page_size, _checks.INT32_MAX
+    )

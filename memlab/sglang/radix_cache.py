@@ -30,7 +30,9 @@ SGLang's tests build), with the same checkpoint protocol.
 
 The calls take SGLang's parameter objects (``match_prefix(MatchPrefixParams(key=RadixKey(...)))``,
 ``insert(InsertParams(...))``, ``evict(EvictParams(num_tokens=...))``, which SGLang keeps in
-``base_prefix_cache.py``). memlab's short calls are a convenience on top, for the chapters: the key
+``base_prefix_cache.py``). An insert brings its slots (SGLang's simulated trees may let the token
+ids stand in for them; memlab's trees sit on a real allocator and refuse that). memlab's short
+calls are a convenience on top, for the chapters: the key
 alone (a ``RadixKey`` or plain token ids), ``insert(key, value, priority=..., inserted_len=...)``
 and ``evict(num_tokens)`` build the same objects.
 
@@ -205,6 +207,7 @@ def match_and_lock(tree_cache, req) -> tuple:
     ``req.kv.cache_protected_len`` (SGLang's ``match_kv_cache`` in ``init_next_round_input``, then
     ``init_load_back`` and ``_commit_prefill_admission``'s lock). Returns (the matched slots, how
     many tokens came back from the host). Any of the course's prefix caches."""
+    _check_match_and_lock(tree_cache, req)
     fill = req.full_untruncated_fill_ids
     m = tree_cache.match_prefix(fill[: len(fill) - 1])
     node, loaded = m.last_device_node, 0
@@ -341,8 +344,6 @@ class RadixCache:
         key = self.page_aligned(params.key)
         _validate_insert(self, key, params.value)
         value = params.value
-        if value is None:  # SGLang's test fallback: the token ids stand in for slots
-            value = torch.tensor(key, dtype=torch.int64, device=self.device)
         prefix_len, last_node = self._insert_helper(
             self.root_node, key, value[: len(key)], params.priority, params.inserted_len
         )
@@ -505,9 +506,6 @@ class RadixCache:
 
     def lock(self, node: TreeNode) -> TreeLock:
         """Take one lock on the path root -> ``node`` for one holder."""
-        _checks.instance(
-            "node", node, TreeNode, "a TreeNode (match_prefix(...).last_device_node)"
-        )
         self.inc_lock_ref(node)
         return TreeLock(node)
 
@@ -517,6 +515,7 @@ class RadixCache:
 
     def inc_lock_ref(self, node: TreeNode) -> IncLockRefResult:
         """Lock the path from ``node`` to the root: its tokens move from evictable to protected."""
+        _check_node(self, node)
         if self.disable:
             return IncLockRefResult(delta=0)
         delta = 0
@@ -531,7 +530,10 @@ class RadixCache:
         return IncLockRefResult(delta=delta)
 
     def dec_lock_ref(self, node: TreeNode) -> DecLockRefResult:
-        """Undo one ``inc_lock_ref(node)``; a node nobody locks is evictable again."""
+        """Undo one ``inc_lock_ref(node)``; a node nobody locks is evictable again. A lock released
+        twice is the caller's error, as in SGLang: debug mode refuses it; without it the counts
+        go wrong."""
+        _check_node(self, node)
         if self.disable:
             return DecLockRefResult(delta=0)
         if self.debug_mode:
@@ -574,6 +576,7 @@ class RadixCache:
 
     def path_device_indices(self, node: TreeNode) -> torch.Tensor:
         """The slots of the path root -> ``node``: a request's prefix, ready for its row."""
+        _check_node(self, node)
         values = []
         while node is not self.root_node:
             values.append(node.value)
@@ -585,6 +588,7 @@ class RadixCache:
     def check_idle(self, total: int) -> None:
         """SGLang's idle check, valid when no request runs: every slot of the pool (``total``) is
         free, or held by the tree (evictable), or locked (protected). A leak shows up here."""
+        _checks.integer("total", total)
         available = self.token_to_kv_pool_allocator.available_size()
         if available + self.evictable_size_ + self.protected_size_ != total:
             raise AssertionError(
@@ -806,13 +810,20 @@ def _validate_init(allocator, page_size, sliding_window_size) -> None:
         )
     if sliding_window_size is not None:
         _checks.integer("sliding_window_size", sliding_window_size, 1)
-    if page_size is not None and page_size != getattr(
+    if page_size is not None and _checks.integer("page_size", page_size, 1) != getattr(
         allocator, "page_size", page_size
     ):
         raise ValueError(
             f"page_size {page_size} differs from the allocator's {allocator.page_size}: the tree "
             "would cut keys to pages the allocator does not hand out"
         )
+
+
+def _check_match_and_lock(tree_cache, req) -> None:
+    _checks.duck("tree_cache", tree_cache, ("match_prefix", "lock"), "a prefix cache")
+    _checks.duck("req", req, ("full_untruncated_fill_ids", "kv"), "a Req")
+    if req.kv.holds_kv or req.lock is not None:
+        raise ValueError(f"{req!r} is matched already: it holds a row or a lock")
 
 
 def _validate_key(key) -> tuple:
@@ -877,19 +888,66 @@ def _evict_params(params) -> EvictParams:
 
 
 def _validate_insert(tree, key: tuple, value) -> None:
-    """Slots for every token of the key (debug mode: slots the allocator holds, not free ones)."""
-    if value is None:
-        return
+    """Slots for every token of the key, inside the pool (read on the CPU). Debug mode: whole
+    pages, slots the allocator holds and, past the part of the key the tree has, none of the
+    tree's own (a slot in two nodes would be freed twice)."""
     _checks.index_tensor("value", value, tree.device, ndim=1, owner="tree")
-    alloc = tree.token_to_kv_pool_allocator
-    if (
-        tree.debug_mode
-        and getattr(alloc, "debug_mode", False)
-        and hasattr(alloc, "_ledger")
-        and len(key)
-    ):
-        _checks.held_slots(alloc, "value", value[: len(key)])
     if len(value) < len(key):
         raise ValueError(
-            f"insert of {len(key)} key tokens (after cutting to whole pages) with a value of only {len(value)} slots"
+            f"insert of {len(key)} key tokens (after cutting to whole pages) with a value of "
+            f"only {len(value)} slots"
         )
+    alloc, value = tree.token_to_kv_pool_allocator, value[: len(key)]
+    if _checks.can_read_values(tree.debug_mode, value) and hasattr(
+        alloc, "page_id_range"
+    ):
+        first, last = alloc.page_id_range()
+        _checks.values_in("value", value // tree.page_size, first, last)
+    if not (tree.debug_mode and len(key)):
+        return
+    runs = value.cpu().view(-1, tree.page_size)
+    if (
+        (runs[:, 0] % tree.page_size != 0)
+        | (runs != runs[:, :1] + torch.arange(tree.page_size)).any(dim=1)
+    ).any():
+        raise ValueError("insert: value is not whole pages of slots")
+    if getattr(alloc, "debug_mode", False) and hasattr(alloc, "_ledger"):
+        _checks.held_slots(alloc, "value", value)
+    new = value[_tree_prefix_len(tree, key) :].cpu() // tree.page_size
+    if set(new.tolist()) & tree.device_pages():
+        raise ValueError("insert: value holds slots of the tree's own nodes")
+
+
+def _tree_prefix_len(tree, key: tuple) -> int:
+    """Debug mode: how much of ``key`` the tree holds on the device, read without a split."""
+    node, offset = tree.root_node, 0
+    while offset < len(key):
+        child = node.children.get(tree._child_key(key, offset))
+        if child is None or child.evicted:
+            break
+        n = tree._key_match(child.key, key, offset)
+        offset += n
+        if n < len(child.key):
+            break
+        node = child
+    return offset
+
+
+def _check_node(tree, node) -> None:
+    """A node of this tree, on the device (an evicted node, or one of another tree or of the tree
+    before a reset, is no one's to lock); a walk to the root, as the lock's own."""
+    _checks.instance(
+        "node", node, TreeNode, "a TreeNode (match_prefix(...).last_device_node)"
+    )
+    n = node
+    while n is not tree.root_node:
+        parent = n.parent
+        if (
+            n.evicted
+            or parent is None
+            or parent.children.get(tree._child_key(n.key)) is not n
+        ):
+            raise ValueError(
+                f"{node!r} is not on this tree's device side (evicted, or another tree's)"
+            )
+        n = parent

@@ -287,6 +287,12 @@ class ReqToTokenPool:
             _checks.index_tensor(
                 "values (slot ids)", values, self.device, owner="request table"
             )
+        parts = indices if isinstance(indices, tuple) else (indices,)
+        if len(parts) > 2 or not all(_is_index(ix) for ix in parts):
+            raise TypeError(
+                f"indices must be a row, or (rows, positions): ints, slices or int tensors, "
+                f"got {indices!r}"
+            )
         for name, ix, hi in zip(
             ("indices (row)", "indices (position)"),
             indices if isinstance(indices, tuple) else (indices,),
@@ -296,3 +302,10 @@ class ReqToTokenPool:
                 type(ix) is int and not 0 <= ix <= hi
             ):  # a tensor of rows is the caller's contract, as in SGLang
                 raise ValueError(f"{name} {ix} is outside 0..{hi}")
+
+
+def _is_index(ix) -> bool:
+    """A row or position index: an int (not a bool), a slice, or an int32/int64 tensor."""
+    if isinstance(ix, torch.Tensor):
+        return ix.dtype in _checks.INDEX_DTYPES
+    return isinstance(ix, slice) or (type(ix) is int)

@@ -178,6 +178,7 @@ def alloc_len_per_decode(spec: SpeculativeConfig, page_size: int) -> int:
     partial last page, so each branch may need ``ceil((page_size - 1 + steps) / page_size)``
     whole pages of its own. UNO keeps one more position beside its draft tokens.
     """
+    _checks_spec(spec)
     _pos_int("page_size", page_size)
     if spec.algorithm is None:
         return 1
@@ -208,6 +209,8 @@ def what_if_reserve_without_overlap_lag(spec: SpeculativeConfig, page_size: int)
 def req_to_token_extra_len(spec: SpeculativeConfig, page_size: int) -> int:
     """Row headroom past the context length for the decode over-allocation
     (SGLang's ``get_req_to_token_extra_context_len``)."""
+    _checks_spec(spec)
+    _pos_int("page_size", page_size)
     extra = 4 + (spec.num_draft_tokens if spec.algorithm is not None else 0)
     if spec.algorithm is not None and (
         page_size > 1 or spec.algorithm.upper() == "UNO"
@@ -255,6 +258,12 @@ class RunningReq:
     input_len: int
     output_len: int
     kv_allocated_len: int | None = None  # slots held; None: exactly seq_len
+
+    def __post_init__(self):
+        _nonneg_int("input_len", self.input_len)
+        _nonneg_int("output_len", self.output_len)
+        if self.kv_allocated_len is not None:
+            _nonneg_int("kv_allocated_len", self.kv_allocated_len)
 
     @property
     def seq_len(
@@ -555,6 +564,13 @@ def estimate_swa_kv_tokens(
     ``prefill_budget.estimate_swa_kv_tokens``, without the host tier): with no window, all
     its tokens and a page; with one, the part of the first chunk beyond the window plus at most
     a window of its tokens, and a page."""
+    _check_estimate(
+        extend_input_len,
+        max_new_tokens,
+        sliding_window_size,
+        page_size,
+        allocation_limit,
+    )
     if sliding_window_size is None or sliding_window_size <= 0:
         return extend_input_len + max_new_tokens + page_size
     allocated = (
@@ -569,6 +585,20 @@ def estimate_swa_kv_tokens(
 
 
 # -- argument checks --------------------------------------------------------------------------
+
+
+def _checks_spec(spec) -> None:
+    if not isinstance(spec, SpeculativeConfig):
+        raise TypeError(f"spec must be a SpeculativeConfig, got {type(spec).__name__}")
+
+
+def _check_estimate(extend_input_len, max_new_tokens, window, page_size, limit) -> None:
+    _nonneg_int("extend_input_len", extend_input_len)
+    _nonneg_int("max_new_tokens", max_new_tokens)
+    _pos_int("page_size", page_size)
+    for name, v in (("sliding_window_size", window), ("allocation_limit", limit)):
+        if v is not None:
+            integer(name, v, -(2**31))
 
 
 def _running_reqs(reqs) -> list:

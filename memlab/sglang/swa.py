@@ -54,10 +54,10 @@ class SWAKVPool:
         swa_req_ring_size: int | None = None,
         num_req_rows: int | None = None,
     ):
-        full_ids, swa_ids = (
-            list(full_attention_layer_ids),
-            list(swa_attention_layer_ids),
+        full_ids = _checks.int_list(
+            "full_attention_layer_ids", full_attention_layer_ids
         )
+        swa_ids = _checks.int_list("swa_attention_layer_ids", swa_attention_layer_ids)
         _checks.swa_kv_pool(
             full_ids, swa_ids, size_swa, swa_req_ring_size, num_req_rows
         )
@@ -165,7 +165,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         backend: str = "torch",
     ):
         _check_swa_allocator(
-            kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool
+            kvcache,
+            SWAKVPool,
+            page_size,
+            size_swa,
+            swa_req_ring_size,
+            req_to_token_pool,
         )
         if kvcache is not None and swa_req_ring_size is None:
             # the pool's ring, unless one is asked for
@@ -289,6 +294,15 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc,
         extend_num_tokens,
     ):
+        _checks.alloc_extend(
+            self.full_attn_allocator,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
         ps = self.page_size
         if ps == 1:
             need, pages = extend_num_tokens, {}
@@ -325,6 +339,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return full
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        _checks.alloc_decode(self.full_attn_allocator, seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
         need = num_new_pages_decode(seq_lens_cpu, ps) * ps
         # memlab differs here on purpose: SGLang 0.5.23 lets the full side take its pages and then
@@ -344,6 +359,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # -- ids for the pools ------------------------------------------------------------------
     def translate_loc_from_full_to_swa(self, full_loc: torch.Tensor) -> torch.Tensor:
+        _check_swa_ids(self, full_loc)
         if self._swa_req_ring:
             raise ValueError(
                 "ring mode: translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()"
@@ -357,6 +373,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         batch entries (row 0) land there, not in another row's ring."""
         if not self._swa_req_ring:
             raise ValueError("ring_loc needs the per-request ring mode")
+        _check_swa_ring_write_loc(req_pool_indices, positions)
         c, ps = self.swa_ring_cost, self.page_size
         row, pos = req_pool_indices.to(torch.int64), positions.to(torch.int64)
         return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
@@ -367,7 +384,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """The batch's write location with its SWA-side ids (SGLang's attention backend builds it
         once per batch: ``KVWriteLoc.for_batch(forward_batch, swa_loc=...)``)."""
         if self._swa_req_ring:
-            _check_swa_ring_write_loc(req_pool_indices, positions)
             swa = self.ring_loc(req_pool_indices, positions)
         else:
             swa = self.translate_loc_from_full_to_swa(out_cache_loc)
@@ -392,6 +408,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         Inside a free group the SWA ids are resolved (and the map cleared) now, and released at
         the group's end: a later step of the group may map the same full slots anew.
         """
+        _check_swa_free(self, free_index)
         if self._swa_req_ring or free_index.numel() == 0:
             return  # a ring is freed with its row
         swa = self.full_to_swa_index_mapping[free_index]
@@ -493,7 +510,15 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         so that a cached key ending at the last page boundary still has a whole window of live
         SWA. The released run ends on a page boundary.
         """
-        _check_swa_release(self, swa_evicted_len, cache_protected_len)
+        _check_swa_release(
+            self,
+            req_to_token,
+            req_pool_idx,
+            pre_len,
+            swa_evicted_len,
+            sliding_window,
+            cache_protected_len,
+        )
         ps = self.page_size
         if pre_len - sliding_window < swa_evicted_len + 1:
             return swa_evicted_len  # nothing new is out of the window
@@ -523,6 +548,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Evict until both sides can serve ``num_tokens``. SGLang asks its SWA tree for each side's
         shortfall (``EvictParams(num_tokens=full, swa_num_tokens=swa)``); memlab's trees free a
         node's slots on both sides at once, so they are asked for the larger shortfall."""
+        _checks.counts(num_tokens=num_tokens)
         if tree_cache is None or not tree_cache.supports_prefix_sharing():
             return None
         full_shortfall = max(0, num_tokens - self.full_available_size())
@@ -543,8 +569,9 @@ def _check_swa_layer(pool, layer_id) -> None:
 
 
 def _check_swa_allocator(
-    kvcache, pool_type, size_swa, swa_req_ring_size, req_to_token_pool
+    kvcache, pool_type, page_size, size_swa, swa_req_ring_size, req_to_token_pool
 ) -> None:
+    _checks.integer("page_size", page_size, 1)
     if kvcache is not None and not isinstance(kvcache, pool_type):
         raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
     if kvcache is not None and swa_req_ring_size is None:
@@ -585,6 +612,12 @@ def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
         raise ValueError(
             "ring mode: write_loc needs req_pool_indices and positions for the SWA ids"
         )
+    _checks.index_tensor("req_pool_indices", req_pool_indices, ndim=1)
+    _checks.index_tensor(
+        "positions", positions, positions.device, req_pool_indices.dim()
+    )
+    if positions.shape != req_pool_indices.shape:
+        raise ValueError("ring mode: one row per position")
 
 
 def _check_swa_free(alloc, free_index) -> None:
@@ -610,12 +643,31 @@ def _check_swa_segment(alloc, start_pos) -> None:
         )
 
 
-def _check_swa_release(alloc, swa_evicted_len, cache_protected_len) -> None:
+def _check_swa_release(
+    alloc, req_to_token, row, pre_len, swa_evicted_len, window, cache_protected_len
+) -> None:
+    """The request's row of the table, its lengths (whole pages where the window releases), and
+    the window, before anything is read."""
+    _checks.index_tensor("req_to_token", req_to_token, alloc.device, ndim=2)
+    _checks.integer("req_pool_idx", row, 0, req_to_token.shape[0] - 1)
+    window = _checks.integer("sliding_window", window)
+    # the next query's position: what it leaves behind the window lies inside the row
+    _checks.integer("pre_len", pre_len, 0, req_to_token.shape[1] + window)
     for name, v in (
         ("swa_evicted_len", swa_evicted_len),
         ("cache_protected_len", cache_protected_len),
     ):
-        if v % alloc.page_size:
+        if _checks.integer(name, v, 0, req_to_token.shape[1]) % alloc.page_size:
             raise ValueError(
                 f"{name} {v} is not page-aligned (page_size {alloc.page_size})"
             )
+
+
+def _check_swa_ids(alloc, full_loc) -> None:
+    """Full-side slot ids, 1-D, on the allocator's device (read only on the CPU or in debug
+    mode: inside the pool)."""
+    _checks.index_tensor("full_loc", full_loc, alloc.device, ndim=1)
+    if _checks.can_read_values(alloc.debug_mode, full_loc):
+        _checks.values_in(
+            "full_loc", full_loc, -1, alloc.size_full + alloc.page_size - 1
+        )

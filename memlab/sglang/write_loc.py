@@ -56,6 +56,7 @@ class KVWriteLoc:
 
     def narrow(self, n: int) -> KVWriteLoc:
         """The first ``n`` tokens (a padded batch cut back to its real tokens)."""
+        n = _checks.integer("n", n, 0, self.loc.shape[0])
         return KVWriteLoc(self.loc[:n], self.swa_loc, self.full_loc, self.physical)
 
 

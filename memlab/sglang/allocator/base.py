@@ -98,12 +98,26 @@ class BaseTokenToKVPoolAllocator:
     def free_segments(self, segments) -> None:
         """Free several ``(slots, start_pos)`` segments of one request's row: ascending, each
         starting on a page boundary, no two sharing a page, so every page is released once."""
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
+        for free_index, start_pos in self._page_disjoint(segments):
             self.free_segment(free_index, start_pos=start_pos)
 
     def free_full_segments(self, segments) -> None:
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
+        for free_index, start_pos in self._page_disjoint(segments):
             self.free_full_segment(free_index, start_pos=start_pos)
+
+    def _page_disjoint(self, segments) -> list:
+        """The non-empty segments, each checked to start on a page past the previous one's last.
+        All are checked before any is freed (SGLang checks each as it frees it)."""
+        ps, prev_end, out = self.page_size, None, []
+        for free_index, start_pos in _checks.segments(self, segments):
+            if free_index.numel() == 0:
+                continue
+            assert prev_end is None or start_pos // ps > (prev_end - 1) // ps, (
+                f"segment at {start_pos} shares a page with the one ending at {prev_end}"
+            )
+            prev_end = start_pos + free_index.numel()
+            out.append((free_index, start_pos))
+        return out
 
     # -- debug mode: the ledger of held pages --------------------------------------------------
     def _ledger(self) -> torch.Tensor:
@@ -121,8 +135,9 @@ class BaseTokenToKVPoolAllocator:
         )
         held[p] = True
 
-    def _debug_release(self, page_ids: torch.Tensor) -> None:
-        """Refuse a double free before anything changes, then mark the pages free."""
+    def _debug_release(self, page_ids: torch.Tensor, mark: bool = True) -> None:
+        """Refuse a double free before anything changes, then mark the pages free (``mark``
+        False: a free group queues them; the check runs now, the release at the group's end)."""
         held, p = self._ledger(), page_ids.cpu()
         uniq, counts = torch.unique(p, return_counts=True)
         if (counts > 1).any():
@@ -133,7 +148,8 @@ class BaseTokenToKVPoolAllocator:
             raise ValueError(
                 f"double free: {_checks.unit(self)} {p[~held[p]][0].item()} is already free"
             )
-        held[p] = False
+        if mark:
+            held[p] = False
 
     def check_books(self) -> None:
         """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
@@ -169,6 +185,13 @@ class BaseTokenToKVPoolAllocator:
         """``max_new_tokens`` clipped to what an empty pool of ``token_capacity`` slots could hold
         after the prompt (in whole pages, one page and one slot kept spare); None would mean the
         prompt alone cannot fit, which a single pool never says (it clips to 0)."""
+        _checks.token_question(
+            input_tokens,
+            max_new_tokens,
+            token_capacity,
+            sliding_window_size,
+            chunk_size,
+        )
         paged_input = ceil_div(input_tokens, self.page_size) * self.page_size
         return max(
             0, min(max_new_tokens, token_capacity - paged_input - self.page_size - 1)
@@ -194,6 +217,7 @@ class BaseTokenToKVPoolAllocator:
         """Whether a demand this size fits the scheduler's budgets (what each side has left after its
         reserves, evictable cache included). Separate sides are checked each against its own
         budget; ``tree_cache`` is not read: what it could give back is inside the budget."""
+        _checks.budgets(full_tokens, swa_tokens, full_budget_tokens, swa_budget_tokens)
         return full_tokens <= full_budget_tokens and (
             swa_budget_tokens is None or swa_tokens <= swa_budget_tokens
         )
@@ -203,25 +227,13 @@ class BaseTokenToKVPoolAllocator:
         evictable is left. Returns None: whether it fits is the caller's next question
         (``available_size``). (SGLang passes ``EvictParams(num_tokens=shortfall)`` to
         ``evict_for_alloc``; memlab's trees take the shortfall as ``evict(num_tokens)``.)"""
+        _checks.counts(num_tokens=num_tokens)
         if tree_cache is None or not tree_cache.supports_prefix_sharing():
             return None
         shortfall = num_tokens - self.available_size()
         if shortfall > 0:
             tree_cache.evict(shortfall)
         return None
-
-
-def page_disjoint(segments, page_size: int):
-    """The non-empty segments, each checked to start on a page past the previous one's last."""
-    prev_end = None
-    for free_index, start_pos in segments:
-        if free_index.numel() == 0:
-            continue
-        assert (
-            prev_end is None or start_pos // page_size > (prev_end - 1) // page_size
-        ), f"segment at {start_pos} shares a page with the one ending at {prev_end}"
-        prev_end = start_pos + free_index.numel()
-        yield free_index, start_pos
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------

@@ -207,9 +207,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 torch.unique(free_index.to(torch.int64) // self.page_size)
             )
         else:
-            self.free_group.append(
-                free_index.clone()
-            )  # the caller may reuse its buffer before the end
+            if (
+                self.debug_mode
+            ):  # a page already free is refused now, not at the group's end
+                self._debug_release(
+                    torch.unique(free_index.cpu() // self.page_size), False
+                )
+            # the caller may reuse its buffer before the end
+            self.free_group.append(free_index.clone())
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """A run of a request's slots that starts on a page boundary, freed without the unique:
@@ -218,13 +223,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         ps = self.page_size
-        reps = free_index[::ps]
-        if self.debug_mode:
-            assert torch.equal(
-                torch.sort(reps.cpu() // ps).values,
-                torch.unique(free_index.cpu() // ps),
-            ), "free_segment: the slots are not one page-aligned run"
-        self.free_page_ids(reps.to(torch.int64) // ps)
+        # debug mode checked the run (every page_size-th slot starts one page of it)
+        self.free_page_ids(free_index[::ps].to(torch.int64) // ps)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Free exactly these pages: no page twice, no dedup; queued inside a group."""
@@ -234,6 +234,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is None:
             self._release_page_ids(page_ids.to(torch.int64))
         else:
+            if self.debug_mode:  # refused now, not at the group's end
+                self._debug_release(page_ids.cpu(), False)
             self.free_page_ids_group.append(page_ids.to(torch.int64).clone())
 
     def _release_page_ids(self, page_ids: torch.Tensor) -> None:
@@ -286,6 +288,6 @@ def _check_backend(backend: str, choices) -> None:
 
 
 def _check_free_page_ids(alloc, page_ids) -> None:
-    _checks.index_tensor("page_ids", page_ids, alloc.device)
+    _checks.index_tensor("page_ids", page_ids, alloc.device, ndim=1)
     if _checks.can_read_values(alloc.debug_mode, page_ids):
         _checks._page_range(alloc, int(page_ids.min()), int(page_ids.max()))

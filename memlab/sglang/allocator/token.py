@@ -67,9 +67,12 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         if self.free_group is not None:
-            self.free_group.append(
-                free_index.clone()
-            )  # the caller may reuse its buffer before the end
+            if self.debug_mode:  # a double free is refused now, not at the group's end
+                self._debug_release(
+                    torch.cat([*self.free_group, free_index]).cpu(), False
+                )
+            # the caller may reuse its buffer before the end
+            self.free_group.append(free_index.clone())
             return
         free_index = free_index.to(torch.int64)
         if self.debug_mode:
@@ -101,19 +104,17 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens,
     ):
         """Page size 1 needs no continuation of a partial page: any free slots will do."""
-        if self.debug_mode:  # the batch's scans: alloc checks the count either way
-            _checks.alloc_extend(
-                self,
-                prefix_lens,
-                prefix_lens_cpu,
-                seq_lens,
-                seq_lens_cpu,
-                last_loc,
-                extend_num_tokens,
-            )
+        _checks.alloc_extend(
+            self,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
         return self.alloc(extend_num_tokens)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
-        if self.debug_mode:
-            _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
+        _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
         return self.alloc(len(seq_lens))

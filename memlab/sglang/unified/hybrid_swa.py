@@ -458,6 +458,13 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         """The most new tokens (up to ``max_new_tokens``) an empty pool could hold with the prompt,
         both sides priced in bytes (the SWA side keeps about a window); None: the prompt alone does
         not fit. ``token_capacity`` is not read: the buffer's bytes are the bound."""
+        _checks.token_question(
+            input_tokens,
+            max_new_tokens,
+            token_capacity,
+            sliding_window_size,
+            chunk_size,
+        )
 
         def fits(candidate: int) -> bool:
             swa = estimate_swa_kv_tokens(
@@ -513,6 +520,7 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         is priced. (SGLang reads ``full_evictable_size`` / ``swa_evictable_size``;
         memlab's trees free a node on
         both sides, so ``evictable_size`` stands for both.)"""
+        _checks.budgets(full_tokens, swa_tokens, full_budget_tokens, swa_budget_tokens)
         evictable = tree_cache.evictable_size()
         full_tokens += self.full_available_size() + evictable - full_budget_tokens
         if swa_budget_tokens is not None:
@@ -530,6 +538,7 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         """Evict what the reclaim plan says both sides need, then answer whether the demand fits
         (None: no prefix sharing, or even evicting everything is not enough). memlab's trees free a
         node on both sides, so they are asked for the larger of the two reclaims."""
+        _checks.counts(num_tokens=num_tokens, **{"swa_num_tokens?": swa_num_tokens})
         if tree_cache is None or not tree_cache.supports_prefix_sharing():
             return None
         required_swa = num_tokens if swa_num_tokens is None else swa_num_tokens

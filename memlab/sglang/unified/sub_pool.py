@@ -289,7 +289,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
 
     # -- translation ---------------------------------------------------------------------------
     def translate_kv_loc(self, virt_tokens: torch.Tensor) -> torch.Tensor:
-        """Virtual token ids -> physical token ids, the rows the per-layer views are indexed by."""
+        """Virtual token ids -> physical token ids, the rows the per-layer views are indexed by
+        (an id that is no one's reads the padding sink)."""
+        _checks.index_tensor("loc", virt_tokens, self.device)
         return translate_token_ids(
             virt_tokens, self.virtual_to_physical, self.page_size
         )
