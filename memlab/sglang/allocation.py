@@ -140,6 +140,9 @@ def alloc_for_extend(
     pages, after evicting from ``tree_cache``), then the rows: None when either is short, and
     then nothing was taken. Returns the new slots in batch order (``out_cache_loc``); each
     request's ``kv_allocated_len`` and ``kv_committed_len`` move to its new length.
+
+    ``prefix_indices`` come from the tree's match, and SGLang trusts them: so does memlab, but
+    debug mode refuses slots the allocator does not hold.
     """
     _check_extend(
         req_to_token_pool, allocator, reqs, extend_lens, prefix_indices, tree_cache

@@ -81,6 +81,7 @@ class MambaSlotAllocator:
         return out
 
     def free(self, slots: torch.Tensor) -> None:
+        """Give slots back (to the tail). A slot freed twice is refused in debug mode only."""
         _checks.index_tensor(
             "slots", slots, self.device, ndim=1
         )  # a tensor, as SGLang's MambaPool.free takes

@@ -337,6 +337,10 @@ class RadixCache:
         ``kv_indices[cache_protected_len:prefix_len]`` right after the insert). Every node on the
         path takes at least ``priority``; a node ending past ``inserted_len`` (what this request
         inserted before) counts a hit.
+
+        The slots are the request's, and SGLang trusts them: so does memlab (it reads their range
+        on the CPU); debug mode also refuses slots that are not whole pages, that the allocator
+        does not hold, or that the tree holds already past the key's shared part.
         """
         params = _insert_params(params, value, priority, inserted_len)
         if self.disable:

@@ -446,7 +446,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.swa_attn_allocator.free_page_ids(swa_pages)
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Free both sides: SWA first (it reads the map), then full."""
+        """Free both sides: SWA first (it reads the map), then full. A double free is refused in
+        debug mode only (before either side changes), as SGLang asserts it."""
         _check_swa_free(self, free_index)
         if free_index.numel() == 0:
             return

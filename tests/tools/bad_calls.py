@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Bad calls at memlab's SGLang side and common layer, generated apart from the course's own list.
 
-    python tests/tools/bad_calls.py             # per entry point, debug mode on and off, then totals
-    python tests/tools/bad_calls.py --list      # also every call that is not clean, with what it got
+    python tests/tools/bad_calls.py          # per entry point, debug mode on and off, then totals
+    python tests/tools/bad_calls.py --list   # also every call that is not clean, with what it got
     python tests/tools/bad_calls.py --entry alloc_extend
 
 ``tests/tools/bad_input.py`` holds the 950 bad calls the course thought of, one by one. This harness
@@ -43,9 +43,10 @@ import os
 import signal
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: reach the tests' package by path
     import runpy
@@ -87,7 +88,9 @@ class Entry:
     also: Callable[[SimpleNamespace], list] | None = None
     kernel: bool = False
     skip: tuple = ()  # arguments not mutated (a callback, a flag whose every value is meant)
-    refuses: bool = False  # None is its answer to a demand it cannot meet (an allocation)
+    refuses: bool = (
+        False  # None is its answer to a demand it cannot meet (an allocation)
+    )
 
 
 @dataclass
@@ -97,7 +100,9 @@ class Call:
     entry: Entry
     label: str
     run: Callable[[SimpleNamespace], Any]  # env -> result
-    prepare: Callable[[SimpleNamespace], None] | None = None  # steps before the snapshot
+    prepare: Callable[[SimpleNamespace], None] | None = (
+        None  # steps before the snapshot
+    )
 
 
 ENTRIES: list[Entry] = []
@@ -151,7 +156,11 @@ def wrong_values(good, kind: str | None = None) -> list[tuple[str, Any]]:
     if isinstance(good, str):
         return out + [("int", 3), ("unknown str", "nope"), ("empty str", "")]
     if isinstance(good, torch.dtype):
-        return out + [("str", "float16"), ("int dtype", torch.int32), ("bool", torch.bool)]
+        return out + [
+            ("str", "float16"),
+            ("int dtype", torch.int32),
+            ("bool", torch.bool),
+        ]
     if isinstance(good, torch.Tensor):
         return out + _wrong_tensors(good, kind)
     if isinstance(good, (list, tuple, range)) and kind == "tokens":
@@ -294,13 +303,18 @@ def classify(c: Call, debug: bool, timeout: float = 3.0) -> tuple[str, str]:
                 return ("clean" if raised_by_memlab(exc) else "raw"), what
             unchanged = snap(env) == before
             try:
-                env.result = result  # what an accepted allocation handed out is held now
+                env.result = (
+                    result  # what an accepted allocation handed out is held now
+                )
                 if c.entry.books is not None:
                     c.entry.books(env)
             except Hang:
                 return "corrupt", "accepted; the books check never returned (a cycle?)"
             except Exception as exc:
-                return "corrupt", f"accepted; then {type(exc).__name__}: {str(exc)[:110]}"
+                return (
+                    "corrupt",
+                    f"accepted; then {type(exc).__name__}: {str(exc)[:110]}",
+                )
     except Hang:
         return "corrupt", "timed out"
     if c.entry.refuses and result is None and unchanged:

@@ -25,14 +25,18 @@ def page_books(alloc, held_slots=(), extra_pages=(), lost_ok=False) -> None:
     free = alloc.get_all_free_pages().tolist()
     lo, hi = alloc.page_id_range()
     assert len(set(free)) == len(free), "a page is on the free list twice"
-    assert all(lo <= p <= hi for p in free), f"padding or a foreign page is free: {free}"
+    assert all(lo <= p <= hi for p in free), (
+        f"padding or a foreign page is free: {free}"
+    )
     held = set(extra_pages)
     for s in held_slots:
         held |= set((s.to(torch.int64) // alloc.page_size).tolist())
     both = held & set(free)
     assert not both, f"pages {sorted(both)[:4]} are free and held"
     lost = (hi - lo + 1) - len(free) - len(held)
-    assert lost == 0 or (lost > 0 and lost_ok), f"{lost} pages are neither free nor held"
+    assert lost == 0 or (lost > 0 and lost_ok), (
+        f"{lost} pages are neither free nor held"
+    )
 
 
 def alloc_books(env, lost_ok=False) -> None:
@@ -62,7 +66,9 @@ def freed_books(env) -> None:
 def rtp_books(pool) -> None:
     free = pool.free_slots
     assert len(set(free)) == len(free), "a row is free twice"
-    assert all(1 <= r <= pool.size for r in free), "padding row 0 or a foreign row is free"
+    assert all(1 <= r <= pool.size for r in free), (
+        "padding row 0 or a foreign row is free"
+    )
     flags = [r for r in range(1, pool.size + 1) if pool._row_free[r]]
     assert sorted(free) == flags, "the row flags disagree with the free list"
 
@@ -266,7 +272,9 @@ def _alloc_entries(kind, build):
     entry(
         f"{kind}.free_segment",
         build,
-        lambda env, free_index, start_pos: env.alloc.free_segment(free_index, start_pos),
+        lambda env, free_index, start_pos: env.alloc.free_segment(
+            free_index, start_pos
+        ),
         lambda env: dict(free_index=env.r1, start_pos=0),
         freed_books,
         also=also_free,
@@ -285,7 +293,11 @@ def _alloc_entries(kind, build):
         lambda env: dict(segments=[(env.r1, 0)]),
         freed_books,
         also=lambda env: [
-            ("segments", "two segments on one page", [(env.r1[:1], 0), (env.r1[1:], 1)]),
+            (
+                "segments",
+                "two segments on one page",
+                [(env.r1[:1], 0), (env.r1[1:], 1)],
+            ),
             ("segments", "a segment of three", [(env.r1, 0, 0)]),
         ],
     )
@@ -332,7 +344,11 @@ def _alloc_entries(kind, build):
     scenario(
         e,
         "freed, then freed again inside a free group",
-        lambda env: (env.alloc.free(env.r1), env.held.pop(), env.alloc.free_group_begin()),
+        lambda env: (
+            env.alloc.free(env.r1),
+            env.held.pop(),
+            env.alloc.free_group_begin(),
+        ),
         lambda env: env.alloc.free(env.r1),
     )
     scenario(
@@ -417,7 +433,9 @@ def _unified(debug, ps=4):
         ],
         page_size=ps,
     )
-    a = UnifiedSWATokenToKVPoolAllocator(unified_buffer=buf, page_size=ps, debug_mode=debug)
+    a = UnifiedSWATokenToKVPoolAllocator(
+        unified_buffer=buf, page_size=ps, debug_mode=debug
+    )
     pre, seq = T(0, 0), T(6, 4)
     out = a.alloc_extend(pre, pre.clone(), seq, seq.clone(), T(-1, -1), 10)
     return E(alloc=a, held=[out[:6], out[6:]], r0=out[:6], r1=out[6:])
@@ -524,7 +542,9 @@ def mamba_books(env) -> None:
     a = env.pool.mamba_allocator
     free = a.free_slots.tolist()
     assert len(set(free)) == len(free), "a mamba slot is free twice"
-    assert all(1 <= x <= a.size for x in free), "padding or a foreign mamba slot is free"
+    assert all(1 <= x <= a.size for x in free), (
+        "padding or a foreign mamba slot is free"
+    )
     held = set()
     for r in env.reqs:
         if r.kv.holds_mamba:
@@ -562,8 +582,16 @@ def register_mamba():
         lambda env: dict(size=4, device="cpu", debug_mode=False),
     )
     for name, call, args in (
-        ("alloc", lambda env, reqs: env.pool.alloc(reqs), lambda env: dict(reqs=[env.fresh])),
-        ("free", lambda env, row: env.pool.free(row), lambda env: dict(row=env.reqs[0])),
+        (
+            "alloc",
+            lambda env, reqs: env.pool.alloc(reqs),
+            lambda env: dict(reqs=[env.fresh]),
+        ),
+        (
+            "free",
+            lambda env, row: env.pool.free(row),
+            lambda env: dict(row=env.reqs[0]),
+        ),
         (
             "free_mamba_cache",
             lambda env, req, keep: env.pool.free_mamba_cache(req, keep),
@@ -668,7 +696,9 @@ def register_kv_pools():
     pools = {
         "MHATokenToKVPool": lambda: kp.MHATokenToKVPool(16, 4, torch.float32, 2, 4, 2),
         "MLATokenToKVPool": lambda: kp.MLATokenToKVPool(16, 4, torch.float32, 6, 2, 2),
-        "MHATokenToKOnlyPool": lambda: kp.MHATokenToKOnlyPool(16, 4, torch.float32, 2, 4, 2),
+        "MHATokenToKOnlyPool": lambda: kp.MHATokenToKOnlyPool(
+            16, 4, torch.float32, 2, 4, 2
+        ),
         "DSATokenToKVPool": lambda: kp.DSATokenToKVPool(16, 4, torch.float32, 6, 2, 2),
         "MHATokenToKVPool[fp8]": lambda: kp.MHATokenToKVPool(
             16, 4, kp.FP8_DTYPES[0], 2, 4, 2
@@ -759,14 +789,16 @@ def register_kv_pools():
     )
 
 
-# ---- the scheduler's side (allocation.py) and the prefix caches, chapters 04 to 11 ------------------
+# ---- the scheduler's side (allocation.py) and the prefix caches, chapters 04 to 11 -------------
 
 
 def _books_tree(env) -> None:
     """The table, the allocator (the requests' slots and the tree's pages held) and the tree."""
     rtp_books(env.pool)
     held = [
-        env.pool.req_to_token[r.kv.req_pool_idx, r.kv.cache_protected_len : r.kv.kv_allocated_len]
+        env.pool.req_to_token[
+            r.kv.req_pool_idx, r.kv.cache_protected_len : r.kv.kv_allocated_len
+        ]
         for r in env.reqs
         if r.kv.holds_kv
     ] + list(env.held)
@@ -796,7 +828,9 @@ def _lifecycle(debug, ps=4, disable=False, hicache=False):
         )
     else:
         alloc = make_allocator(64, ps, debug_mode=debug)
-        tree = RadixCache(alloc, disable=disable, debug_mode=debug, req_to_token_pool=pool)
+        tree = RadixCache(
+            alloc, disable=disable, debug_mode=debug, req_to_token_pool=pool
+        )
     reqs = [Req(0, list(range(1, 11))), Req(1, [7] * 6), Req(2, [1, 2, 3, 4, 5])]
     for r, n in ((reqs[0], 10), (reqs[1], 6)):
         r.lock = tree.lock(tree.root_node) if disable else None
@@ -832,7 +866,11 @@ def register_allocation():
             kinds={"extend_lens": "counts"},
             also=lambda env: [
                 ("reqs", "a request twice", [env.reqs[1], env.reqs[1]]),
-                ("prefix_indices", "slots the tree does not hold", [T(60, 61, 62, 63), None]),
+                (
+                    "prefix_indices",
+                    "slots the tree does not hold",
+                    [T(60, 61, 62, 63), None],
+                ),
                 ("prefix_indices", "free slots", [T(40), None]),
             ],
         )
@@ -875,7 +913,9 @@ def register_allocation():
             lambda env: dict(tree_cache=env.tree, req=env.reqs[2]),
             _books_tree,
         )
-        e = entry(f"release_kv_cache{tag} (order)", build, None, lambda env: {}, _books_tree)
+        e = entry(
+            f"release_kv_cache{tag} (order)", build, None, lambda env: {}, _books_tree
+        )
         scenario(
             e,
             "a request released twice",
@@ -904,7 +944,9 @@ def register_allocation():
             e,
             "decode a request after its release",
             lambda env: al.release_kv_cache(env.reqs[1], env.tree, checkpoint=True),
-            lambda env: al.alloc_for_decode(env.pool, env.alloc, [env.reqs[1]], env.tree),
+            lambda env: al.alloc_for_decode(
+                env.pool, env.alloc, [env.reqs[1]], env.tree
+            ),
         )
     entry(
         "release_kv_row",
@@ -1001,11 +1043,17 @@ def register_trees():
             tree_alloc_books,
             kinds={"key": "tokens"},
             also=lambda env: [
-                ("key", "InsertParams with a str key", InsertParams(key="abcd", value=env.free)),
+                (
+                    "key",
+                    "InsertParams with a str key",
+                    InsertParams(key="abcd", value=env.free),
+                ),
                 ("value", "slots of a free page", T(60, 61, 62, 63)),
-                ("value", "slots the tree holds", env.tree.path_device_indices(
-                    env.reqs[0].lock.node
-                )[:4]),
+                (
+                    "value",
+                    "slots the tree holds",
+                    env.tree.path_device_indices(env.reqs[0].lock.node)[:4],
+                ),
             ],
         )
         entry(
@@ -1025,7 +1073,9 @@ def register_trees():
             lambda env, node: env.tree.lock(node),
             lambda env: dict(node=env.reqs[0].lock.node),
             _books_tree,
-            also=lambda env: [("node", "a node of another tree", _tree_only(False).tree.root_node)],
+            also=lambda env: [
+                ("node", "a node of another tree", _tree_only(False).tree.root_node)
+            ],
         )
         entry(
             f"{tag}.dec_lock_ref",
@@ -1066,6 +1116,7 @@ def register_trees():
         lambda env: dict(num_tokens=4),
         _books_tree,
     )
+
     def evicted(d):
         env = _tree_only(d, hicache=True)
         env.node = env.reqs[1].lock.node
@@ -1100,9 +1151,11 @@ def register_trees():
     )
     entry(
         "RadixCache()",
-        lambda d: E(alloc=__import__("memlab.sglang.allocator").sglang.allocator.make_allocator(
-            16, 4
-        )),
+        lambda d: E(
+            alloc=__import__("memlab.sglang.allocator").sglang.allocator.make_allocator(
+                16, 4
+            )
+        ),
         lambda env, **a: RadixCache(**a),
         lambda env: dict(
             token_to_kv_pool_allocator=env.alloc,
@@ -1116,9 +1169,11 @@ def register_trees():
     )
     entry(
         "HostKVCache()",
-        lambda d: E(kv=__import__("memlab.sglang.kv_pool").sglang.kv_pool.MHATokenToKVPool(
-            16, 4, torch.float32, 1, 4, 1
-        )),
+        lambda d: E(
+            kv=__import__("memlab.sglang.kv_pool").sglang.kv_pool.MHATokenToKVPool(
+                16, 4, torch.float32, 1, 4, 1
+            )
+        ),
         lambda env, decl, size, page_size: HostKVCache(decl, size, page_size),
         lambda env: dict(decl=env.kv.host_pool_decls()[0], size=32, page_size=4),
     )
@@ -1139,7 +1194,9 @@ def register_trees():
         e,
         "a node evicted, then locked",
         lambda env: (
-            setattr(env, "node", env.tree.insert([8, 8, 8, 8], env.free).last_device_node),
+            setattr(
+                env, "node", env.tree.insert([8, 8, 8, 8], env.free).last_device_node
+            ),
             env.held.clear(),
             env.tree.evict(100),
         ),
@@ -1206,7 +1263,11 @@ def register_common():
 
     m = models.LLAMA_3_1_8B
     for name, fn, args in (
-        ("ModelConfig.layer_ids", lambda env, kind: m.layer_ids(kind), dict(kind="full_attention")),
+        (
+            "ModelConfig.layer_ids",
+            lambda env, kind: m.layer_ids(kind),
+            dict(kind="full_attention"),
+        ),
         (
             "ModelConfig.kv_bytes_per_token",
             lambda env, **a: m.kv_bytes_per_token(**a),
@@ -1238,8 +1299,16 @@ def register_common():
             dict(layer_num=2, kv_lora_rank=8, qk_rope_head_dim=4, dtype_bytes=2),
         ),
         ("ceil_div", lambda env, a, b: ceil_div(a, b), dict(a=7, b=2)),
-        ("ceil_align", lambda env, n, page_size: ceil_align(n, page_size), dict(n=7, page_size=4)),
-        ("env.resolve_device", lambda env, device: envmod.resolve_device(device), dict(device="cpu")),
+        (
+            "ceil_align",
+            lambda env, n, page_size: ceil_align(n, page_size),
+            dict(n=7, page_size=4),
+        ),
+        (
+            "env.resolve_device",
+            lambda env, device: envmod.resolve_device(device),
+            dict(device="cpu"),
+        ),
         (
             "sizing.report",
             lambda env, **a: sz.report(m, **a),
@@ -1292,7 +1361,9 @@ def register_common():
         ),
         (
             "sizing.RunningReq",
-            lambda env, **a: sz.new_tokens_required_next_decode([sz.RunningReq(**a)], 4),
+            lambda env, **a: sz.new_tokens_required_next_decode(
+                [sz.RunningReq(**a)], 4
+            ),
             dict(rid="a", input_len=5, output_len=3, kv_allocated_len=None),
         ),
         (
@@ -1362,7 +1433,9 @@ def register_common():
         "slots_from_req_to_token",
         attn,
         lambda env, **a: at.slots_from_req_to_token(**a),
-        lambda env: dict(req_to_token=env.table, req_pool_indices=env.rows, seq_lens=env.lens),
+        lambda env: dict(
+            req_to_token=env.table, req_pool_indices=env.rows, seq_lens=env.lens
+        ),
     )
     entry(
         "slots_from_block_table",

@@ -196,7 +196,12 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give back the pages under these slots; inside a free group, only queue the slots (the
-        group's end dedups them once: a request freed in two pieces may touch one page twice)."""
+        group's end dedups them once: a request freed in two pieces may touch one page twice).
+
+        A page freed twice is the caller's error, as in SGLang, which asserts it in debug mode
+        only: so does memlab (the ledger names the page, before anything changes); without debug
+        mode the page is listed twice and later handed out twice. The same holds for
+        ``free_segment`` and ``free_page_ids``."""
         _checks.free(self, free_index)
         if free_index.numel() == 0:
             return

@@ -62,7 +62,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give the slots back, to the tail (FIFO: with one slot per token there is no page to
-        keep warm); with ``need_sort`` they are staged; inside a free group only queued."""
+        keep warm); with ``need_sort`` they are staged; inside a free group only queued. A slot
+        freed twice is refused in debug mode only, as SGLang asserts it (see the paged free)."""
         _checks.free(self, free_index)
         if free_index.numel() == 0:
             return
