@@ -94,10 +94,24 @@ def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]
     return list(values)
 
 
-def duck(name: str, v, attrs: tuple, what: str) -> None:
+def each_once(name: str, items, cls, where: str, merge: bool = False) -> list:
+    """A list (or tuple) of ``cls`` objects, none of them twice (a request listed twice in one
+    batch would take two rows, or two state slots, and leak one); ``merge``: each kept once."""
+    instance(name, items, (list, tuple), f"a list of {cls.__name__}")
+    seen = {}
+    for x in items:
+        instance(f"each of {name}", x, cls)
+        if id(x) in seen and not merge:
+            raise ValueError(f"{x!r} appears twice in one {where}: it would take two")
+        seen[id(x)] = x
+    return list(seen.values())
+
+
+def duck(name: str, v, attrs: tuple, what: str, optional: bool = False) -> None:
     """``v`` has every attribute in ``attrs`` (the books object a function drives: a request
-    table, an allocator, a prefix cache), or a TypeError names ``what`` it must be."""
-    if not all(hasattr(v, a) for a in attrs):
+    table, an allocator, a prefix cache), or a TypeError names ``what`` it must be; None passes
+    where the argument is ``optional``."""
+    if not (optional and v is None) and not all(hasattr(v, a) for a in attrs):
         raise TypeError(f"{name} must be {what}, got {type(v).__name__} {v!r}"[:200])
 
 
@@ -325,13 +339,11 @@ def free_segment(alloc, free_index, start_pos) -> None:
 def segments(alloc, segments) -> list:
     """``(slots, start_pos)`` pairs of one request's row, as a list: each a 1-D id tensor and a
     page-aligned start (the allocator's own check of the seams runs before any is freed)."""
-    if not isinstance(segments, (list, tuple)):
-        raise TypeError(
-            f"segments must be a list of (slots, start_pos) pairs, got {type(segments).__name__}"
-        )
+    instance("segments", segments, (list, tuple), "a list of (slots, start_pos) pairs")
     for seg in segments:
-        if not isinstance(seg, (list, tuple)) or len(seg) != 2:
-            raise TypeError(f"segments must hold (slots, start_pos) pairs, got {seg!r}")
+        instance("each segment", seg, (list, tuple), "a (slots, start_pos) pair")
+        if len(seg) != 2:
+            raise TypeError(f"a segment is (slots, start_pos), got {seg!r}")
         index_tensor("a segment's slots", seg[0], alloc.device, ndim=1)
         if seg[
             0

@@ -340,9 +340,9 @@ def _scale_arg(name, v) -> None:
 def _float(name, t, like=None) -> None:
     # float16/32: the portable kernels' dtypes; every other tensor shares q's (and its device)
     dtypes, what = (ATTN_DTYPES, "") if like is None else ((like.dtype,), " like q")
-    _checks.tensor(name, t, dtypes, like=what)
-    if like is not None and t.device != like.device:
-        raise ValueError(f"{name} is on {t.device}, q on {like.device}")
+    _checks.tensor(
+        name, t, dtypes, like=what, device=None if like is None else like.device
+    )
 
 
 _NO_ROWS = (
@@ -353,18 +353,17 @@ _NO_ROWS = (
 def _ids(q, table, table_name, seq_lens, rows=_NO_ROWS) -> None:
     """One length (and one row) per query, int ids on q's device; the table int32 and 2-D, as
     the engines keep it, with a row per query when it has no row indices (vLLM's spelling)."""
-    for name, t in (("seq_lens", seq_lens), ("req_pool_indices", rows)):
-        if t is not _NO_ROWS:
-            _checks.tensor(name, t, _checks.INDEX_DTYPES, 1, device=q.device)
-            if t.shape[0] != q.shape[0]:
-                raise ValueError(
-                    f"{name} has {t.shape[0]} entries for a batch of {q.shape[0]}"
-                )
     _checks.tensor(table_name, table, (torch.int32,), 2, device=q.device)
-    if rows is _NO_ROWS and table.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"{table_name} has {table.shape[0]} rows for a batch of {q.shape[0]}"
-        )
+    ids = {"seq_lens": seq_lens} | (
+        {} if rows is _NO_ROWS else {"req_pool_indices": rows}
+    )
+    for name, t in ids.items():
+        _checks.tensor(name, t, _checks.INDEX_DTYPES, 1, device=q.device)
+    per_query = {n: len(t) for n, t in ids.items()}
+    per_query |= {table_name: len(table)} if rows is _NO_ROWS else {}
+    for name, n in per_query.items():
+        if n != q.shape[0]:
+            raise ValueError(f"{name} has {n} entries for a batch of {q.shape[0]}")
 
 
 def _ids_in_range(
@@ -379,10 +378,8 @@ def _ids_in_range(
         _checks.values_in("req_pool_indices", rows, 0, table.shape[0] - 1)
     picked = table if rows is None else table[rows.long()]
     used = torch.arange(table.shape[1])[None, :] * block_size < seq_lens[:, None].long()
-    what = "blocks" if block_size > 1 else "slots"
-    _checks.values_in(
-        f"{table_name} (the {what} read)", picked[used], 0, num_slots // block_size - 1
-    )
+    what = f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)"
+    _checks.values_in(what, picked[used], 0, num_slots // block_size - 1)
 
 
 def _attn_out(o, q, d_v) -> None:
@@ -395,31 +392,24 @@ def _paged_cache(name, cache, q, heads_axis: bool = True) -> torch.Tensor:
     """A paged cache (num_blocks, block_size, kv_heads, dim) (MLA: the head axis may be missing)
     like q that views flat as (slots, kv_heads, dim); returns that view."""
     _float(name, cache, q)
-    if cache.dim() == 3 and not heads_axis:
-        cache = cache.unsqueeze(2)
+    cache = cache.unsqueeze(2) if cache.dim() == 3 and not heads_axis else cache
     if cache.dim() != 4:
-        raise ValueError(
-            f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got "
-            f"{tuple(cache.shape)}"
-        )
-    try:
+        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim)")
+    try:  # slot = block * block_size + offset needs the blocks laid out one after another
         return cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
-    except RuntimeError as exc:  # slot = block * block_size + offset needs it
-        raise ValueError(
-            f"{name}'s blocks must be laid out contiguously, got strides {cache.stride()}"
-        ) from exc
+    except RuntimeError:
+        raise ValueError(f"{name}'s blocks must be laid out contiguously") from None
 
 
-def _mha(q, k, v, shapes: str) -> None:
-    """q (bs, H, D), k and v (slots, kv_heads, D / Dv), H a multiple of kv_heads (GQA)."""
-    _checks.tensor("q", q, ndim=3)
-    if (
-        k.dim() != 3
-        or v.dim() != 3
-        or k.shape[-1] != q.shape[-1]
-        or v.shape[:2] != k.shape[:2]
-    ):
-        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, {shapes}")
+def _mha(q, k, v, names=("q", "k_buffer", "v_buffer")) -> None:
+    """q (bs, H, D) of a kernel dtype; k and v like it, (slots, kv_heads, D / Dv); H a multiple
+    of kv_heads (GQA)."""
+    for name, t in zip(names, (q, k, v)):
+        _float(name, t, None if t is q else q)
+    same = q.dim() == k.dim() == v.dim() == 3 and k.shape[-1] == q.shape[-1]
+    if not same or v.shape[:2] != k.shape[:2]:
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, (q, k, v)))
+        raise ValueError(f"shapes disagree: {shapes}")
     if not k.shape[1] or q.shape[1] % k.shape[1]:
         raise ValueError(
             f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})"
@@ -427,10 +417,7 @@ def _mha(q, k, v, shapes: str) -> None:
 
 
 def _check_decode_attention(q, k, v, req_to_token, rows, seq_lens, o) -> None:
-    _float("q", q)
-    _float("k_buffer", k, q)
-    _float("v_buffer", v, q)
-    _mha(q, k, v, f"k_buffer {tuple(k.shape)}, v_buffer {tuple(v.shape)}")
+    _mha(q, k, v)
     _ids(q, req_to_token, "req_to_token", seq_lens, rows)
     _ids_in_range(seq_lens, req_to_token, "req_to_token", k.shape[0], rows)
     _attn_out(o, q, v.shape[-1])
@@ -442,10 +429,7 @@ def _check_paged_attention(
     _float("query", query)
     k = _paged_cache("key_cache", key_cache, query)
     v = _paged_cache("value_cache", value_cache, query)
-    shapes = (
-        f"key_cache {tuple(key_cache.shape)}, value_cache {tuple(value_cache.shape)}"
-    )
-    _mha(query, k, v, shapes)
+    _mha(query, k, v, ("query", "key_cache", "value_cache"))
     _ids(query, block_table, "block_table", seq_lens)
     bs = key_cache.shape[1]
     _ids_in_range(seq_lens, block_table, "block_table", k.shape[0], block_size=bs)
@@ -453,19 +437,18 @@ def _check_paged_attention(
 
 
 def _mla(q_nope, q_rope, kv) -> None:
+    """q_nope (bs, H, kv_lora_rank) and q_rope (bs, H, qk_rope_head_dim) of a kernel dtype, the
+    latent buffer like them, (slots, 1, kv_lora_rank + qk_rope_head_dim)."""
     _float("q_nope", q_nope)
     _float("q_rope", q_rope, q_nope)
     _float("kv_buffer", kv, q_nope)
-    _checks.tensor("q_nope", q_nope, ndim=3)  # (bs, H, kv_lora_rank)
-    _checks.tensor("q_rope", q_rope, ndim=3)  # (bs, H, qk_rope_head_dim)
-    if q_rope.shape[:2] != q_nope.shape[:2]:
+    _checks.tensor("q_nope", q_nope, ndim=3)
+    _checks.tensor("q_rope", q_rope, ndim=3)
+    latent = (len(kv) if kv.dim() else 0, 1, q_nope.shape[2] + q_rope.shape[2])
+    if q_rope.shape[:2] != q_nope.shape[:2] or tuple(kv.shape) != latent:
         raise ValueError(
-            f"q_nope and q_rope disagree: {tuple(q_nope.shape)} vs {tuple(q_rope.shape)}"
+            f"q_nope, q_rope and the latent buffer {tuple(kv.shape)} disagree"
         )
-    # (slots, 1, kv_lora_rank + qk_rope_head_dim)
-    latent = (*kv.shape[:1], 1, q_nope.shape[2] + q_rope.shape[2])
-    if tuple(kv.shape) != latent:
-        raise ValueError(f"the latent buffer must be {latent}, got {tuple(kv.shape)}")
 
 
 def _check_mla_decode_attention(
@@ -491,25 +474,22 @@ def _check_mla_paged_attention(
 def _check_slots(table, seq_lens, rows=_NO_ROWS, block_size=1) -> None:
     """The references' mappings: int tables, one length (and row) per request, inside them."""
     _checks.index_tensor("seq_lens", seq_lens, ndim=1)
-    fake_q = torch.empty((seq_lens.shape[0], 0, 0), device=seq_lens.device)
-    _ids(fake_q, table, "table", seq_lens, rows)
+    _ids(
+        torch.empty((len(seq_lens), 0, 0), device=seq_lens.device),
+        table,
+        "table",
+        seq_lens,
+        rows,
+    )
     _checks.integer("block_size", block_size, 1, _checks.INT32_MAX)
-    if seq_lens.numel() and seq_lens.device.type == "cpu":
-        _checks.values_in("seq_lens", seq_lens, 0, table.shape[1] * block_size)
-        if rows is not _NO_ROWS:
-            _checks.values_in("req_pool_indices", rows, 0, table.shape[0] - 1)
+    rows = None if rows is _NO_ROWS else rows
+    _ids_in_range(
+        seq_lens, table, "table", table.numel() * block_size + 1, rows, block_size
+    )
 
 
 def _check_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale) -> None:
-    _float("q", q)
-    _float("k_buffer", k_buffer, q)
-    _float("v_buffer", v_buffer, q)
-    _mha(
-        q,
-        k_buffer,
-        v_buffer,
-        f"k_buffer {tuple(k_buffer.shape)}, v {tuple(v_buffer.shape)}",
-    )
+    _mha(q, k_buffer, v_buffer)
     _checks.tensor("slots", slots, _checks.INDEX_DTYPES, 2, device=q.device)
     _checks.tensor("mask", mask, (torch.bool,), shape=slots.shape, device=q.device)
     if slots.shape[0] != q.shape[0]:

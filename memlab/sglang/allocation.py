@@ -230,7 +230,7 @@ def maybe_evict_swa(
     batch only where nothing is shared (a new request holds no slots yet and is skipped). The
     frees go in one group. SGLang's overlap scheduler skips a request's first decode step (its
     prefill may still be running); memlab runs one batch at a time and has no such step."""
-    _books("tree_cache", tree_cache, TREE)
+    _checks.duck("tree_cache", tree_cache, *TREE)
     if not tree_cache.supports_swa() or (
         not decode and tree_cache.supports_prefix_sharing()
     ):
@@ -258,10 +258,7 @@ def maybe_evict_swa(
 
 def coalesce_ranges(ranges):
     """Merge adjacent half-open ranges, so a page a seam falls inside is freed once."""
-    _checks.instance("ranges", ranges, (list, tuple), "a list of (start, end)")
-    for rng in ranges:
-        _checks.instance("each range", rng, (list, tuple), "a (start, end) pair")
-        _checks.int_list("a range", rng)
+    _ranges(ranges)
     merged: list[tuple[int, int]] = []
     for start, end in ranges:
         if merged and start == merged[-1][1]:
@@ -296,12 +293,9 @@ def free_kv_row_segments(
             alive.append((slots[: lo - start_pos], start_pos))
         if end_pos > hi:
             alive.append((slots[hi - start_pos :], hi))
-    if (
-        dead and alive
-    ):  # two separate frees: a page split between them would be freed twice
-        assert swa_evicted_seqlen % allocator.page_size == 0, (
-            f"SWA eviction cursor {swa_evicted_seqlen} splits a page (page_size {allocator.page_size})"
-        )
+    # two separate frees: a page split between them would be freed twice
+    aligned = not (dead and alive) or swa_evicted_seqlen % allocator.page_size == 0
+    assert aligned, f"SWA eviction cursor {swa_evicted_seqlen} splits a page"
     if dead:
         allocator.free_full_segments(dead)
     if alive:
@@ -333,7 +327,7 @@ def checkpoint_kv_cache(req: Req, tree_cache) -> None:
     """After a prefill chunk of a running request: the tree takes what it computed so far
     (``tree_cache.checkpoint(req, up_to=req.extend_end)``); the next chunk starts there."""
     _check_running(req, "checkpoint_kv_cache")
-    _books("tree_cache", tree_cache, TREE)
+    _checks.duck("tree_cache", tree_cache, *TREE)
     _checks.integer("req.extend_end", req.extend_end, 0, req.kv.kv_allocated_len)
     tree_cache.checkpoint(req, up_to=req.extend_end)
     req.prefix_len = req.extend_end
@@ -381,7 +375,7 @@ def release_kv_row(
     """A request ends where no prefix cache exists yet (chapters 03 to 07): what
     ``release_kv_cache`` does under a disabled tree (SGLang 0.5.23 always builds one): its slots
     go back as segments, its row to the request table. Returns the slots it held."""
-    _books("req_to_token_pool", req_to_token_pool, TABLE)
+    _checks.duck("req_to_token_pool", req_to_token_pool, *TABLE)
     _check_running(req, "release_kv_row")
     _checks.integer(
         "swa_evicted_seqlen", swa_evicted_seqlen, 0, req.kv.kv_allocated_len
@@ -407,129 +401,94 @@ def release_kv_row(
 
 
 TABLE = (("req_to_token", "alloc", "free", "write"), "a ReqToTokenPool")
-ALLOCATOR = (
-    ("alloc_extend", "alloc_decode", "available_size", "page_size"),
-    "an allocator",
-)
-TREE = (
-    ("supports_prefix_sharing", "evictable_size", "checkpoint"),
-    "a prefix cache or None",
-)
+ALLOCATOR = (("alloc_extend", "alloc_decode", "page_size"), "an allocator")
+TREE = (("supports_prefix_sharing", "evictable_size", "checkpoint"), "a prefix cache")
 
 
-def _books(name, v, kind, optional=False) -> None:
-    if not (optional and v is None):
-        _checks.duck(name, v, *kind)
-
-
-def _reqs(reqs) -> None:
-    _checks.instance("reqs", reqs, (list, tuple), "a list of Req")
-    for r in reqs:
-        _checks.instance("each of reqs", r, Req)
-    dup = next((r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i])), None)
-    if dup is not None:
-        raise ValueError(f"{dup!r} appears twice in one batch")
+def _check_batch(pool, allocator, tree, reqs) -> None:
+    """The books a batch runs on (the tree may be None), and its requests, each once."""
+    _checks.duck("req_to_token_pool", pool, *TABLE)
+    _checks.duck("allocator", allocator, *ALLOCATOR)
+    _checks.duck("tree_cache", tree, *TREE, optional=True)
+    _checks.each_once("reqs", reqs, Req, "batch")
 
 
 def _check_extend(pool, allocator, reqs, extend_lens, prefix_indices, tree) -> None:
     # before any row is taken: a bad argument found later would leave its row taken
-    _books("req_to_token_pool", pool, TABLE)
-    _books("allocator", allocator, ALLOCATOR)
-    _books("tree_cache", tree, TREE, optional=True)
-    _reqs(reqs)
+    _check_batch(pool, allocator, tree, reqs)
     _checks.int_list("extend_lens", extend_lens, -_checks.INT32_MAX)
-    if len(extend_lens) != len(reqs):
-        raise ValueError(
-            f"extend_lens has {len(extend_lens)} entries for {len(reqs)} requests: one each"
-        )
-    if prefix_indices is not None:
-        _check_prefix_indices(allocator, reqs, prefix_indices)
-    for i, (r, n) in enumerate(zip(reqs, extend_lens)):
+    hits = [None] * len(reqs) if prefix_indices is None else prefix_indices
+    _checks.instance("prefix_indices", hits, (list, tuple), "a list")
+    if not len(extend_lens) == len(hits) == len(reqs):
+        raise ValueError(f"{len(extend_lens)} extend_lens, {len(hits)} prefix_indices")
+    for i, (r, n, hit) in enumerate(zip(reqs, extend_lens, hits)):
+        _check_hit(allocator, hit)
+        p = 0 if hit is None else len(hit)  # the prefix: the hit's, or a chunk's so far
+        p = r.kv.kv_allocated_len if r.kv.holds_kv else p
         if n < 0:
-            hit = prefix_indices[i] if prefix_indices is not None else None
-            p = (
-                r.kv.kv_allocated_len
-                if r.kv.holds_kv
-                else 0
-                if hit is None
-                else len(hit)
-            )
             raise ValueError(
                 f"request {i}: seq_len {p + n} is shorter than its prefix {p} "
                 f"(extend_lens[{i}] = {n})"
             )
 
 
-def _check_prefix_indices(allocator, reqs, prefix_indices) -> None:
-    """One entry per request: None, or the 1-D slots of its cache hit; in debug mode slots the
-    allocator holds (a hit's slots are the tree's; SGLang trusts the tree that found them)."""
-    _checks.instance("prefix_indices", prefix_indices, (list, tuple), "a list")
-    if len(prefix_indices) != len(reqs):
-        raise ValueError(
-            f"{len(prefix_indices)} prefix_indices for {len(reqs)} requests"
-        )
-    for p in prefix_indices:
-        if p is not None:
-            _checks.index_tensor("prefix_indices[i]", p, ndim=1)
-            if allocator.debug_mode and len(p) and hasattr(allocator, "_ledger"):
-                _checks.held_slots(allocator, "prefix_indices", p)
+def _check_hit(allocator, hit) -> None:
+    """A cache hit's slots: 1-D ids (in debug mode, slots the allocator holds: they are the tree's,
+    and SGLang trusts the tree that found them)."""
+    if hit is not None:
+        _checks.index_tensor("prefix_indices[i]", hit, ndim=1)
+        if allocator.debug_mode and len(hit) and hasattr(allocator, "_ledger"):
+            _checks.held_slots(allocator, "prefix_indices", hit)
 
 
 def _check_decode(pool, allocator, reqs, tree) -> None:
-    _books("req_to_token_pool", pool, TABLE)
-    _books("allocator", allocator, ALLOCATOR)
-    _books("tree_cache", tree, TREE, optional=True)
-    _reqs(reqs)
-    rowless = next((r for r in reqs if not r.kv.holds_kv), None)
-    if rowless is not None:
-        raise ValueError(
-            f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend "
-            "began"
-        )
+    _check_batch(pool, allocator, tree, reqs)
+    for r in reqs:
+        _check_running(r, "a decode step (it continues what alloc_for_extend began)")
 
 
 def _check_running(req, where: str) -> None:
     """A request that holds a row (one released already holds none)."""
     _checks.instance("req", req, Req)
     if not req.kv.holds_kv:
-        raise ValueError(
-            f"{where}: {req!r} holds no row (released already, or never begun)"
-        )
+        raise ValueError(f"{where}: {req!r} holds no row (released, or never begun)")
 
 
 def _check_release(req, tree, checkpoint) -> None:
-    _books("tree_cache", tree, TREE)
+    _checks.duck("tree_cache", tree, *TREE)
     _checks.instance("checkpoint", checkpoint, bool)
-    locked = req.lock is not None or getattr(tree, "disable", False)
-    if not locked and req.kv.cache_protected_len > 0:
+    n = (
+        req.kv.cache_protected_len
+    )  # the tree protects them: the request holds their lock
+    if req.lock is None and n > 0 and not getattr(tree, "disable", False):
         raise ValueError(
-            f"{req!r}: the tree protects its first {req.kv.cache_protected_len} tokens, but the "
-            "request holds no lock on them (req.lock is None): releasing it would leave them "
-            "locked for good"
+            f"{req!r}: no lock (req.lock None) on its {n} protected tokens"
         )
 
 
 def _check_free_kv_row(pool, allocator, kv, ranges, swa_evicted_seqlen) -> list:
     """Half-open ``(start, end)`` int pairs inside what the request owns, and the window's
     cursor: whole pages of the row."""
-    _books("req_to_token_pool", pool, TABLE)
-    _books("allocator", allocator, ALLOCATOR)
+    _checks.duck("req_to_token_pool", pool, *TABLE)
+    _checks.duck("allocator", allocator, *ALLOCATOR)
     _checks.instance("kv", kv, ReqKvInfo)
-    if not kv.holds_kv:
-        raise ValueError(f"{kv!r} holds no row")
-    _checks.instance("ranges", ranges, (list, tuple), "a list of (start, end)")
     lo, hi = kv.cache_protected_len, kv.kv_allocated_len
-    for rng in ranges:
-        if not isinstance(rng, (list, tuple)) or len(rng) != 2:
-            raise TypeError(f"ranges must hold (start, end) pairs, got {rng!r}")
-        start, end = _checks.int_list("a range", rng)
-        if not lo <= start <= end <= hi:
-            raise ValueError(
-                f"range {rng} is not inside what {kv!r} owns, [{lo}, {hi})"
-            )
+    for start, end in _ranges(ranges):
+        if not (kv.holds_kv and lo <= start <= end <= hi):
+            raise ValueError(f"range ({start}, {end}) is not inside what {kv!r} owns")
     cursor = _checks.integer("swa_evicted_seqlen", swa_evicted_seqlen, 0, hi)
     if cursor % allocator.page_size:
         raise ValueError(f"swa_evicted_seqlen {cursor} is not whole pages")
+    return ranges
+
+
+def _ranges(ranges) -> list:
+    """Half-open ``(start, end)`` pairs of ints."""
+    _checks.instance("ranges", ranges, (list, tuple), "a list of (start, end)")
+    for rng in ranges:
+        _checks.instance("each range", rng, (list, tuple), "a (start, end) pair")
+        if len(_checks.int_list("a range", rng)) != 2:
+            raise TypeError(f"a range is (start, end), got {rng!r}")
     return ranges
 
 

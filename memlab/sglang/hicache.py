@@ -38,7 +38,13 @@ from memlab.sglang.kv_pool import (
     HostPoolDecl,
 )  # the declaration lives with the device pool
 from memlab.sglang.page_copy import transfer_pages
-from memlab.sglang.radix_cache import MatchResult, RadixCache, TreeNode, _validate_init
+from memlab.sglang.radix_cache import (
+    MatchResult,
+    RadixCache,
+    TreeNode,
+    _check_node,
+    _validate_init,
+)
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
@@ -417,7 +423,7 @@ class HiRadixCache(RadixCache):
         device slots (in path order) or None (too few tokens to bother, or no room even after
         evicting). Order: lock the device ancestors, take device pages (evicting if short), copy
         host -> device into them, then re-point the nodes at their new slots."""
-        _check_host_node(self, node)
+        _check_node(self, node, on_host=True)
         nodes_to_load = []
         while node.evicted:
             nodes_to_load.append(node)
@@ -489,20 +495,6 @@ class HiRadixCache(RadixCache):
 
 
 # -- argument checks at the boundary -------------------------------------------------------------
-
-
-def _check_host_node(tree, node) -> None:
-    """A node of this tree that lives on the host only (what a load-back brings back)."""
-    _checks.instance(
-        "node", node, HiTreeNode, "a HiTreeNode (match_prefix(...).last_host_node)"
-    )
-    if not node.evicted:
-        raise ValueError(f"load_back: {node!r} is on the device already")
-    n = node
-    while n is not tree.root_node:
-        if n.parent is None or n.parent.children.get(tree._child_key(n.key)) is not n:
-            raise ValueError(f"{node!r} is not in this tree")
-        n = n.parent
 
 
 def _check_host_kv_cache(decl, size, page_size) -> None:

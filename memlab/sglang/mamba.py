@@ -345,8 +345,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         its state keeps it. None when rows or slots are short, and then nothing was taken
         (memlab's choice: SGLang takes the rows, then asserts when state slots are short; its
         scheduler checks them first, ``ensure_mamba_capacity``)."""
-        reqs = _reqs("reqs", reqs)
-        self._check_alloc(reqs)
+        reqs = self._check_alloc(reqs)
         need = sum(1 for r in reqs if not r.kv.holds_mamba)
         if self.enable_mamba_extra_buffer:
             need += self.mamba_initial_tracking_slots * sum(
@@ -406,7 +405,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def ensure_tracking_slots(self, reqs) -> bool:
         """Lazy mode: give each request its missing tracking slots now (in its buffer and in its
         row); False (nothing taken) when short."""
-        reqs = list({id(r): r for r in _reqs("reqs", reqs)}.values())  # each once
+        reqs = _checks.each_once("reqs", reqs, Req, "call", merge=True)  # each row once
         if not self.enable_mamba_extra_buffer or any(
             not r.kv.holds_mamba for r in reqs
         ):
@@ -470,7 +469,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         in ``prepare_for_extend`` and ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``
         on the forward stream, in one step here)."""
         clear, src, dst = [], [], []
-        for r in _reqs("reqs", reqs):
+        for r in _checks.each_once("reqs", reqs, Req, "batch"):
             kv = r.kv
             if kv.mamba_cow_src_index is not None:
                 src.append(kv.mamba_cow_src_index.reshape(1))
@@ -531,13 +530,6 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
 
 # -- argument checks at the boundary ----------------------------------------------------------
-
-
-def _reqs(name: str, reqs) -> list:
-    _checks.instance(name, reqs, (list, tuple), "a list of Req")
-    for r in reqs:
-        _checks.instance(f"each of {name}", r, Req)
-    return list(reqs)
 
 
 def _check_mamba_pool(size, layers, conv_shapes, temporal_shape, conv_dtype, ssm_dtype):

@@ -751,7 +751,7 @@ class RadixCache:
         while n is not self.root_node:
             if n.lock_ref <= 0:
                 raise ValueError(
-                    f"dec_lock_ref on {n} which nobody locks: a lock released twice"
+                    f"dec_lock_ref on {n}, which nobody locks: released twice"
                 )
             n = n.parent
 
@@ -759,20 +759,19 @@ class RadixCache:
         """Recount the books from the tree and compare them with the counters."""
         evictable = protected = 0
         leaves, stack = set(), list(self.root_node.children.values())
-        ps = self.page_size
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
-            assert node.parent.children.get(self._child_key(node.key)) is node, (
-                f"{node} is lost by its parent"
+            parent = node.parent
+            assert parent.children.get(self._child_key(node.key)) is node, (
+                f"{node}: lost"
             )
-            assert len(node.key) > 0 and len(node.key) % ps == 0, (
-                f"{node}: key of {len(node.key)} tokens, page {ps}"
-            )
-            assert (
-                node.lock_ref <= node.parent.lock_ref or node.parent is self.root_node
-            ), f"{node} is locked more often than its parent"
-            self._check_node_values(node)
+            assert len(node.key) and len(node.key) % self.page_size == 0, f"{node}: key"
+            lock_ok = node.lock_ref <= parent.lock_ref or parent is self.root_node
+            assert lock_ok, f"{node} is locked more often than its parent"
+            for v in self._node_values(node):
+                assert v is None or len(v) == len(node.key), f"{node}: slots per token"
+                _whole_pages(f"{node}", v, self.page_size, AssertionError)
             if node.evicted:
                 continue
             if node.lock_ref > 0:
@@ -781,45 +780,28 @@ class RadixCache:
                 evictable += len(node.key)
             if node.lock_ref == 0 and all(c.evicted for c in node.children.values()):
                 leaves.add(node)
-        assert (evictable, protected) == (self.evictable_size_, self.protected_size_), (
-            f"counters say evictable {self.evictable_size_} protected {self.protected_size_}, "
-            f"the tree holds {evictable} and {protected}"
+        books = (self.evictable_size_, self.protected_size_)
+        assert (evictable, protected) == books, (
+            f"counters {books}, tree {evictable, protected}"
         )
         assert leaves == self.evictable_leaves, "evictable_leaves is out of date"
-
-    def _check_node_values(self, node: TreeNode) -> None:
-        for v in self._node_values(node):
-            if v is not None:
-                assert len(v) == len(node.key), (
-                    f"{node}: {len(v)} slots for {len(node.key)} tokens"
-                )
-                if self.page_size > 1:
-                    runs = v.view(-1, self.page_size)
-                    assert (runs[:, 0] % self.page_size == 0).all() and (
-                        runs - runs[:, :1]
-                        == torch.arange(self.page_size, device=v.device)
-                    ).all(), f"{node}: slots are not whole pages"
 
 
 # -- argument checks at the boundary (the algorithm above trusts its inputs, as SGLang's does) ----
 
 
+ALLOCATOR = (("free_segment", "available_size", "page_size", "device"), "an allocator")
+
+
 def _validate_init(allocator, page_size, sliding_window_size) -> None:
-    if not all(
-        hasattr(allocator, a)
-        for a in ("free_segment", "available_size", "page_size", "device")
-    ):
-        raise TypeError(
-            f"token_to_kv_pool_allocator must be an allocator, got {type(allocator).__name__}"
-        )
+    _checks.duck("token_to_kv_pool_allocator", allocator, *ALLOCATOR)
     if sliding_window_size is not None:
         _checks.integer("sliding_window_size", sliding_window_size, 1)
-    if page_size is not None and _checks.integer("page_size", page_size, 1) != getattr(
-        allocator, "page_size", page_size
-    ):
+    if page_size is not None and _checks.integer("page_size", page_size, 1) != (
+        allocator.page_size
+    ):  # the tree would cut keys to pages the allocator does not hand out
         raise ValueError(
-            f"page_size {page_size} differs from the allocator's {allocator.page_size}: the tree "
-            "would cut keys to pages the allocator does not hand out"
+            f"page_size {page_size} is not the allocator's {allocator.page_size}"
         )
 
 
@@ -835,11 +817,12 @@ def _validate_key(key) -> tuple:
     ids: a list, tuple, range or array of ints, or a 1-D integer tensor. The ids are read into an
     int64 array on the way (in C: a float, None or a huge id is refused without a Python step per
     token)."""
-    if isinstance(key, RadixKey):
+    if isinstance(
+        key, RadixKey
+    ):  # extra_key, cache_salt: LoRA, salts; is_bigram: EAGLE
         if key.extra_key is not None or key.cache_salt is not None or key.is_bigram:
             raise ValueError(
-                f"key {key!r}: memlab's tree keeps one namespace and no bigram view "
-                "(extra_key, cache_salt and is_bigram are SGLang's, for LoRA, salts and EAGLE)"
+                f"{key!r}: the tree keeps one namespace and no bigram view"
             )
         if key.limit is not None:
             _checks.integer("key.limit", key.limit)
@@ -847,17 +830,12 @@ def _validate_key(key) -> tuple:
     if isinstance(key, torch.Tensor):
         _checks.index_tensor("key", key, ndim=1)
         return tuple(key.tolist())
-    if not isinstance(key, (list, tuple, range, array)):
-        raise TypeError(
-            f"key must be a RadixKey or a sequence of token ids, got {type(key).__name__}"
-        )
+    _checks.instance("key", key, (list, tuple, range, array), "a RadixKey or token ids")
     try:
         return tuple(array("q", key))
     except (TypeError, OverflowError):
         bad = next(t for t in key if type(t) is not int or not -(2**63) <= t < 2**63)
-        raise TypeError(
-            f"key must hold token ids (ints), got {type(bad).__name__} {bad!r}"
-        ) from None
+        raise TypeError(f"key must hold token ids (ints), got {bad!r}") from None
 
 
 def _match_params(params) -> MatchPrefixParams:
@@ -871,10 +849,9 @@ def _insert_params(params, value, priority, inserted_len) -> InsertParams:
     """SGLang's ``InsertParams``, or memlab's short call (``insert(key, value, ...)``) made one."""
     if not isinstance(params, InsertParams):
         params = InsertParams(params, value, inserted_len, priority or 0)
-    elif value is not None or priority or inserted_len:
+    elif value is not None or priority or inserted_len:  # they belong in the params
         raise TypeError(
-            "insert takes an InsertParams or memlab's short call (key, value, priority=..., "
-            "inserted_len=...), not both: put value, priority and inserted_len in the params"
+            "insert takes an InsertParams or the short call's arguments, not both"
         )
     _checks.integer("inserted_len", params.inserted_len)
     if params.priority is not None:
@@ -896,30 +873,33 @@ def _validate_insert(tree, key: tuple, value) -> None:
     pages, slots the allocator holds and, past the part of the key the tree has, none of the
     tree's own (a slot in two nodes would be freed twice)."""
     _checks.index_tensor("value", value, tree.device, ndim=1, owner="tree")
-    if len(value) < len(key):
-        raise ValueError(
-            f"insert of {len(key)} key tokens (after cutting to whole pages) with a value of "
-            f"only {len(value)} slots"
-        )
+    if len(value) < len(key):  # the key is cut to whole pages first
+        raise ValueError(f"insert of {len(key)} key tokens with {len(value)} slots")
     alloc, value = tree.token_to_kv_pool_allocator, value[: len(key)]
     if _checks.can_read_values(tree.debug_mode, value) and hasattr(
         alloc, "page_id_range"
     ):
-        first, last = alloc.page_id_range()
-        _checks.values_in("value", value // tree.page_size, first, last)
-    if not (tree.debug_mode and len(key)):
-        return
-    runs = value.cpu().view(-1, tree.page_size)
+        _checks.values_in("value", value // tree.page_size, *alloc.page_id_range())
+    if tree.debug_mode and len(key):
+        _whole_pages("insert: value", value, tree.page_size, ValueError)
+        if getattr(alloc, "debug_mode", False) and hasattr(alloc, "_ledger"):
+            _checks.held_slots(alloc, "value", value)
+        new = value[_tree_prefix_len(tree, key) :].cpu() // tree.page_size
+        if set(new.tolist()) & tree.device_pages():
+            raise ValueError("insert: value holds slots of the tree's own nodes")
+
+
+def _whole_pages(what: str, slots, page_size: int, error) -> None:
+    """Debug mode: ``slots`` are runs of whole pages (each run a page's slots, in order)."""
+    runs = slots.cpu().view(-1, page_size) if slots is not None else None
     if (
-        (runs[:, 0] % tree.page_size != 0)
-        | (runs != runs[:, :1] + torch.arange(tree.page_size)).any(dim=1)
-    ).any():
-        raise ValueError("insert: value is not whole pages of slots")
-    if getattr(alloc, "debug_mode", False) and hasattr(alloc, "_ledger"):
-        _checks.held_slots(alloc, "value", value)
-    new = value[_tree_prefix_len(tree, key) :].cpu() // tree.page_size
-    if set(new.tolist()) & tree.device_pages():
-        raise ValueError("insert: value holds slots of the tree's own nodes")
+        runs is not None
+        and (
+            (runs[:, 0] % page_size != 0)
+            | (runs != runs[:, :1] + torch.arange(page_size)).any(1)
+        ).any()
+    ):
+        raise error(f"{what}: slots are not whole pages")
 
 
 def _tree_prefix_len(tree, key: tuple) -> int:
@@ -937,21 +917,22 @@ def _tree_prefix_len(tree, key: tuple) -> int:
     return offset
 
 
-def _check_node(tree, node) -> None:
-    """A node of this tree, on the device (an evicted node, or one of another tree or of the tree
-    before a reset, is no one's to lock); a walk to the root, as the lock's own."""
-    _checks.instance(
-        "node", node, TreeNode, "a TreeNode (match_prefix(...).last_device_node)"
-    )
+def _check_node(tree, node, on_host: bool = False) -> None:
+    """A node of this tree, on the device (``on_host``: on the host only): an evicted node, one of
+    another tree or of the tree before a reset is no one's to lock. A walk to the root, as the
+    lock's own."""
+    _checks.instance("node", node, TreeNode, "a TreeNode (from match_prefix)")
     n = node
     while n is not tree.root_node:
-        parent = n.parent
+        attached = (
+            n.parent is not None and n.parent.children.get(tree._child_key(n.key)) is n
+        )
         if (
-            n.evicted
-            or parent is None
-            or parent.children.get(tree._child_key(n.key)) is not n
+            not attached
+            or (n.evicted != on_host and n is node)
+            or (n.evicted and not on_host)
         ):
             raise ValueError(
-                f"{node!r} is not on this tree's device side (evicted, or another tree's)"
+                f"{node!r} is not this tree's, or not where it is asked for"
             )
-        n = parent
+        n = n.parent

@@ -427,11 +427,9 @@ def test_disabled_cache_holds_nothing():
 
 def test_bad_arguments_are_named():
     tree, alloc = tree_of()
-    with pytest.raises(
-        ValueError, match="insert of 3 key tokens .* with a value of only 2 slots"
-    ):
+    with pytest.raises(ValueError, match="insert of 3 key tokens with 2 slots"):
         tree.insert([1, 2, 3], alloc.alloc(2))
-    with pytest.raises(ValueError, match="page_size 4 differs from the allocator's 1"):
+    with pytest.raises(ValueError, match="page_size 4 is not the allocator's 1"):
         RadixCache(alloc, page_size=4)
 
 
@@ -446,7 +444,7 @@ def test_debug_scan_finds_corrupt_counters():
     tree, alloc = tree_of()
     insert_fresh(tree, alloc, [1, 2])
     tree.evictable_size_ += 1
-    with pytest.raises(AssertionError, match="counters say evictable 3"):
+    with pytest.raises(AssertionError, match=r"counters \(3, 0\), tree \(2, 0\)"):
         tree.match_prefix([1])
 
 

@@ -1,3 +1,4 @@
+import re
 import pytest
 import torch
 
@@ -127,7 +128,7 @@ def test_integral_numbers_of_any_kind_are_counts():
 )
 def test_freeing_padding_or_unknown_rows_is_refused(row, err):
     pool = ReqToTokenPool(4, 4)
-    with pytest.raises(err, match=f"row {row!r}"):
+    with pytest.raises(err, match=rf"row to free .* got .*{re.escape(repr(row))}"):
         pool.free(row)
 
 
@@ -241,7 +242,7 @@ def test_write_checks_an_int_row_but_never_scans_a_tensor_of_rows(monkeypatch):
     from memlab.common import _checks
 
     pool = ReqToTokenPool(4, 8)
-    with pytest.raises(ValueError, match="indices \\(row\\) 9"):
+    with pytest.raises(ValueError, match="indices \\(row\\) must be .* got 9"):
         pool.write((9, slice(0, 2)), torch.tensor([1, 2], dtype=torch.int32))
     scans = []
     monkeypatch.setattr(_checks, "values_in", lambda *a, **k: scans.append(a))

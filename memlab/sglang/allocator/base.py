@@ -112,9 +112,8 @@ class BaseTokenToKVPoolAllocator:
         for free_index, start_pos in _checks.segments(self, segments):
             if free_index.numel() == 0:
                 continue
-            assert prev_end is None or start_pos // ps > (prev_end - 1) // ps, (
-                f"segment at {start_pos} shares a page with the one ending at {prev_end}"
-            )
+            apart = prev_end is None or start_pos // ps > (prev_end - 1) // ps
+            assert apart, f"segment at {start_pos} shares a page with the one before"
             prev_end = start_pos + free_index.numel()
             out.append((free_index, start_pos))
         return out
@@ -130,37 +129,32 @@ class BaseTokenToKVPoolAllocator:
 
     def _debug_take(self, pages: torch.Tensor) -> None:
         held, p = self._ledger(), pages.cpu()
-        assert not (held[p] | (p == 0)).any(), (
-            f"{_checks.unit(self)} {p[held[p] | (p == 0)][0].item()} handed out while held (or padding): corrupt free list"
-        )
+        bad = p[held[p] | (p == 0)]
+        assert not len(bad), f"{_checks.unit(self)} {bad[0]} handed out while held"
         held[p] = True
 
     def _debug_release(self, page_ids: torch.Tensor, mark: bool = True) -> None:
         """Refuse a double free before anything changes, then mark the pages free (``mark``
         False: a free group queues them; the check runs now, the release at the group's end)."""
-        held, p = self._ledger(), page_ids.cpu()
+        held, p, unit = self._ledger(), page_ids.cpu(), _checks.unit(self)
         uniq, counts = torch.unique(p, return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(
-                f"double free: {_checks.unit(self)} {uniq[counts > 1][0].item()} is freed twice in one release"
-            )
-        if not held[p].all():
-            raise ValueError(
-                f"double free: {_checks.unit(self)} {p[~held[p]][0].item()} is already free"
-            )
+        twice, free = uniq[counts > 1], p[~held[p]]
+        first, why = (
+            (twice, "freed twice in one release")
+            if len(twice)
+            else (free, "already free")
+        )
+        if len(first):
+            raise ValueError(f"double free: {unit} {first[0]} is {why}")
         if mark:
             held[p] = False
 
     def check_books(self) -> None:
         """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
         free, held = self.get_all_free_pages().cpu(), int(self._ledger().sum())
-        assert (
-            not (free == 0).any()
-            and len(torch.unique(free)) == len(free)
-            and len(free) + held == self.num_pages
-        ), (
-            f"books: padding on the free list, a {_checks.unit(self)} on it twice, or {len(free)} free + {held} held != {self.num_pages}"
-        )
+        dup = len(torch.unique(free)) != len(free)
+        assert not dup and not (free == 0).any(), "books: a page free twice, or padding"
+        assert len(free) + held == self.num_pages, f"books: {len(free)} + {held} pages"
 
     # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py) ------------------------------
     # The scheduler asks these of any allocator, without branching on its type; composites (the
@@ -242,5 +236,5 @@ class BaseTokenToKVPoolAllocator:
 def _check_allocator(size, page_size) -> tuple[int, int]:
     size = _checks.integer("size", size, 1, _checks.INT32_MAX)
     return size, _checks.integer(
-        "page_size (a page larger than size leaves no whole page)", page_size, 1, size
+        "page_size (above size: no whole page)", page_size, 1, size
     )

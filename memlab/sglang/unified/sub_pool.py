@@ -202,7 +202,7 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     # -- allocation: chapter 04-05's paged allocator in virtual space -------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
         assert self.is_id_owner, (
-            f"alloc on the non-owner {self.sub_pool_name!r}: use alloc_with_virtual"
+            f"alloc on non-owner {self.sub_pool_name!r}: alloc_with_virtual"
         )
         need_size = _checks.alloc(self, need_size)
         if need_size > self.available_size():
@@ -277,9 +277,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             start, self.watermark_physical = wm, wm + n
         else:
             start, self.watermark_physical = wm - n + 1, wm - n
-        assert self.min_page_index - 1 <= self.watermark_physical <= self.num_pages, (
-            f"[{self.sub_pool_name}] out of physical pages: the byte-capacity check should have caught this"
-        )
+        # the byte-capacity check, made first, keeps it inside the pages
+        inside = self.min_page_index - 1 <= self.watermark_physical <= self.num_pages
+        assert inside, f"[{self.sub_pool_name}] out of physical pages"
         phys = torch.arange(start, start + n, dtype=torch.int64, device=self.device)
         self.virtual_to_physical[v_pages] = phys
         self.physical_to_virtual[phys] = v_pages
@@ -305,12 +305,12 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Every free of the base allocator (free, free_page_ids, free_segment, a free group's
         end) lands here with distinct virtual pages."""
         freed_p_pages = self.virtual_to_physical[page_ids]
-        if bool(
-            (freed_p_pages < 0).any()
-        ):  # SGLang's own check on every eager free (a device sync)
+        unbound = page_ids[
+            freed_p_pages < 0
+        ]  # SGLang's own check on every eager free (a sync)
+        if len(unbound):
             raise AssertionError(
-                f"[{self.sub_pool_name}] free of unbound virtual pages "
-                f"{page_ids[freed_p_pages < 0].tolist()}: a double free"
+                f"[{self.sub_pool_name}] double free: {unbound.tolist()}"
             )
         if self.debug_mode:
             self._debug_release(page_ids)
