@@ -1,4 +1,5 @@
 import re
+
 import pytest
 import torch
 
