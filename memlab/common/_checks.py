@@ -72,13 +72,14 @@ def real(
         raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
     if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
         raise ValueError(
-            f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}"
+            f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}"
+            f"{')' if hi_open else ']'}, got {v!r}"
         )
     return v
 
 
 def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]:
-    """A sequence of ints (a list, a tuple, a range; not a str, not a tensor), each in ``lo..hi``."""
+    """A sequence of ints (a list, a tuple, a range; no str, no tensor), each in ``lo..hi``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
         raise TypeError(f"{name} must be a list of ints, got {type(values).__name__}")
     for v in values:
@@ -139,12 +140,14 @@ def tensor(
     like: str = "",
 ) -> None:
     """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError, ``like`` says
-    whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given; ValueError)."""
+    whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given;
+    ValueError)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(
-            f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, got {t.dtype}"
+            f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, "
+            f"got {t.dtype}"
         )
     if ndim is not None and t.dim() != ndim:
         raise ValueError(
@@ -264,8 +267,9 @@ def physical_write_loc(loc, where: str):
         )
     )
     raise ValueError(
-        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. Pass the "
-        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately."
+        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. "
+        "Pass the batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated "
+        "separately."
     )
 
 
@@ -288,7 +292,8 @@ def alloc(alloc, need_size) -> int:
     need_size = integer("need_size", need_size, 0)
     if need_size % alloc.page_size:
         raise ValueError(
-            f"need_size must be whole pages: {need_size} is not a multiple of page_size {alloc.page_size}"
+            f"need_size must be whole pages: {need_size} is not a multiple of page_size "
+            f"{alloc.page_size}"
         )
     return need_size
 
@@ -435,8 +440,8 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
         free = (pages >= len(held)) | ~held[pages.clamp(max=len(held) - 1)]
         if free.any():
             raise ValueError(
-                f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which no "
-                "request holds: last_loc must be a slot of the request's own last page"
+                f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which "
+                "no request holds: last_loc must be a slot of the request's own last page"
             )
 
 

@@ -1,4 +1,4 @@
-"""Decode attention through the mappings, chapter 09 (sglang/kernels/ops/attention/decode_attention.py).
+"""Decode attention through the mappings (sglang/kernels/ops/attention/decode_attention.py).
 
 One query token per request attends over that request's tokens, which sit in scattered slots
 of a KV pool. The slots are found through one of two spellings of the same mapping:
@@ -45,7 +45,7 @@ __all__ = [
 # The mappings, gathered on the host: (bs, max_len) slot ids and a mask of real tokens.
 # ---------------------------------------------------------------------------------------------
 def slots_from_req_to_token(req_to_token, req_pool_indices, seq_lens):
-    """Slots of every request's tokens via SGLang's request table: ``(slots, mask)``, each (bs, L)."""
+    """Slots of every request's tokens via SGLang's request table: ``(slots, mask)``, (bs, L)."""
     _check_slots(req_to_token, seq_lens, req_pool_indices)
     seq_lens = seq_lens.long()
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
@@ -224,7 +224,8 @@ def decode_attention_fwd(
 def paged_attention(
     query, key_cache, value_cache, block_table, seq_lens, scale=None, out=None
 ):
-    """vLLM spelling, MHA/GQA: key/value_cache (num_blocks, block_size, KVH, D); block_table (bs, blocks).
+    """vLLM spelling, MHA/GQA: key/value_cache (num_blocks, block_size, KVH, D); block_table
+    (bs, blocks).
 
     Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t %
     block_size``.

@@ -358,8 +358,8 @@ DEEPSEEK_V3_2 = ModelConfig(
     index_head_dim=128,  # no index_topk_freq / index_kpool: every layer keeps indexer keys
     num_params=671_000_000_000,  # card: 671B, DeepSeek-V3's shapes plus the indexer (685B with MTP)
     weight_dtype_bytes=1,  # released in fp8, as V3
-    notes="DeepSeek sparse attention: a lightning indexer (index_n_heads 64, index_head_dim 128) picks "
-    "index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
+    notes="DeepSeek sparse attention: a lightning indexer (index_n_heads 64, "
+    "index_head_dim 128) picks index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
 )
 
 GEMMA_3_27B = ModelConfig(

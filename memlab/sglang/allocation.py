@@ -1,4 +1,4 @@
-"""The scheduler's side of allocation (sglang/srt/mem_cache/allocation.py, common.py): rows, slots, the table.
+"""The scheduler's side of allocation (sglang/srt/mem_cache/allocation.py, common.py).
 
 SGLang keeps this glue in ``sglang/srt/mem_cache/allocation.py``: ``alloc_for_extend`` gives a
 prefill batch its rows and slots and writes them into the request table (``write_cache_indices``),
@@ -69,7 +69,8 @@ def alloc_paged_token_slots_extend(
 ) -> torch.Tensor | None:
     """Slots for tokens ``prefix_lens[i]..seq_lens[i]`` of each request (``last_loc``: the slot of
     its last prefix token, -1 for none), or None when the pool is short. (SGLang evicts from the
-    tree cache here; memlab's ``alloc_for_extend`` has already done so, before its capacity check.)"""
+    tree cache here; memlab's ``alloc_for_extend`` has done so already, before its capacity
+    check.)"""
     dev = allocator.device
     prefix, prefix_cpu = _lens(prefix_lens, dev)
     seq, seq_cpu = _lens(seq_lens, dev)
@@ -132,7 +133,7 @@ def alloc_for_extend(
     prefix_indices: Sequence[torch.Tensor | None] | None = None,
     tree_cache=None,
 ) -> torch.Tensor | None:
-    """A prefill batch: each request's next ``extend_lens[i]`` tokens get slots, written into its row.
+    """A prefill batch: each request's next ``extend_lens[i]`` tokens get slots, in its row.
 
     A request that holds a row (a chunked prefill continuing) extends from its
     ``kv_allocated_len``; a new one takes a row and starts after ``prefix_indices[i]`` (the slots
@@ -410,7 +411,7 @@ def _check_batch(pool, allocator, tree, reqs) -> None:
     _checks.duck("req_to_token_pool", pool, *TABLE)
     _checks.duck("allocator", allocator, *ALLOCATOR)
     _checks.duck("tree_cache", tree, *TREE, optional=True)
-    _checks.each_once("reqs", reqs, Req, "batch")
+    _checks.each_once("reqs", reqs, Req, "alloc")
 
 
 def _check_extend(pool, allocator, reqs, extend_lens, prefix_indices, tree) -> None:

@@ -1,4 +1,4 @@
-"""HiCache's host tier (sglang/srt/mem_cache/pool_host/, managers/cache_controller.py): below the allocator.
+"""HiCache's host tier, below the allocator (sglang/srt/mem_cache/pool_host/).
 
 The device pool is small and fast; host memory is large. HiCache keeps a second KV pool in host
 memory and lets the radix tree's nodes live on the device, on the host, or both:
@@ -50,8 +50,8 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 def transfer_indices(device_pool, device_indices: torch.Tensor) -> torch.Tensor:
-    """Slot ids as a copy addresses the device pool's buffers: the pool's ``host_transfer_translate``
-    when it has one (virtual ids), else the ids themselves."""
+    """Slot ids as a copy addresses the device pool's buffers: the pool's
+    ``host_transfer_translate`` when it has one (virtual ids), else the ids themselves."""
     translate = getattr(device_pool, "host_transfer_translate", None)
     return device_indices if translate is None else translate(device_indices)
 

@@ -169,7 +169,7 @@ class MHATokenToKVPool(KVCache):
         self._create_buffers()
 
     def _create_buffers(self) -> None:
-        """One K and one V tensor per layer (the unified pool's subclass puts views here instead)."""
+        """One K and one V tensor per layer (the unified pool's subclass puts views here)."""
         rows, z = (
             self.size + self.page_size,
             dict(dtype=self.store_dtype, device=self.device),
@@ -211,7 +211,7 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(
         self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None
     ) -> None:
-        """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
+        """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (divided by scales if given)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
         _check_kv_write(
@@ -279,7 +279,7 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(
         self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None
     ) -> None:
-        """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
+        """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no V to write apart."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
         _check_kv_write(
@@ -445,14 +445,13 @@ KV_INPUT_DTYPES = (
     torch.float32,
     torch.float64,
 ) + FP8_DTYPES
-MAX_LAYERS = 4096  # a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
+# a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
+MAX_LAYERS = 4096
 
 
 def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -> None:
-    (
-        _checks.integer("size", size, 1, _checks.INT32_MAX),
-        _checks.integer("page_size", page_size, 1, _checks.INT32_MAX),
-    )
+    _checks.integer("size", size, 1, _checks.INT32_MAX)
+    _checks.integer("page_size", page_size, 1, _checks.INT32_MAX)
     _checks.integer("layer_num", layer_num, 1, MAX_LAYERS)
     start_layer = (
         0 if start_layer is None else _checks.integer("start_layer", start_layer)
@@ -464,7 +463,8 @@ def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -
     )
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(
-            f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one (torch.float16, bfloat16, float32, fp8)"
+            f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one "
+            "(torch.float16, bfloat16, float32, fp8)"
         )
     if end_layer - start_layer + 1 != layer_num:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""Linear-attention state per request (sglang/srt/mem_cache/memory_pool.py: MambaPool, HybridReqToTokenPool).
+"""Linear-attention state per request (MambaPool of sglang/srt/mem_cache/memory_pool.py).
 
 A linear layer keeps no KV per token; it keeps one fixed-size state per request (a conv state:
 the last ``kernel - 1`` inputs per channel, and a temporal state: the recurrence's matrix). So
@@ -166,7 +166,8 @@ class MambaPool:
             _checks.tensor("state", state, device=self.device)
             if state.dim() == 0 or state.shape[0] != self.size + 1:
                 raise ValueError(
-                    f"a slot state needs {self.size + 1} rows (slot 0 padding), got {state.shape[0]}"
+                    f"a slot state needs {self.size + 1} rows (slot 0 padding), got "
+                    f"{tuple(state.shape)}"
                 )
             state = _TensorSlotState(state)
         elif not all(
@@ -179,7 +180,7 @@ class MambaPool:
 
     # -- slot contents ------------------------------------------------------------------------
     def clear_slots(self, slots) -> None:
-        """Zero the state of ``slots`` (SGLang runs this on the forward stream, before the extend)."""
+        """Zero the state of ``slots`` (SGLang does it on the forward stream, before the extend)."""
         slots = _slot_tensor("slots", slots, self.device, self.size)
         for c in self.conv:
             c[:, slots] = 0

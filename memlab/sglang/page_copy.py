@@ -1,4 +1,4 @@
-"""Moving pages between KV buffers, as HiCache's transfers do (sglang/kernels/ops/kvcache/hicache.py).
+"""Moving pages between KV buffers, as HiCache does (sglang/kernels/ops/kvcache/hicache.py).
 
 The references of kernels/page_copy.py, and HiCache's transfer between a device pool and a host
 pool built on them.
@@ -204,5 +204,5 @@ def _check_copy(src, dst, src_pages, dst_pages, page_size, backend) -> None:
             )
     if len(src_pages) != len(dst_pages):
         raise ValueError(
-            f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way per copy"
+            f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way"
         )

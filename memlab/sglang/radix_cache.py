@@ -453,7 +453,8 @@ class RadixCache:
 
     def free_kv_row(self, kv, ranges) -> None:
         """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row; the
-        part the sliding window already released (``kv.swa_evicted_seqlen``) on the full side only."""
+        part the sliding window already released (``kv.swa_evicted_seqlen``) on the full side
+        only."""
         free_kv_row(
             self.req_to_token_pool,
             self.token_to_kv_pool_allocator,

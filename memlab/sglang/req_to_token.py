@@ -17,8 +17,8 @@ from memlab.common.env import resolve_device
 
 
 class ReqKvInfo:
-    """A request's KV books (SGLang's ``ReqKvInfo``, managers/schedule_batch.py), kept on the request
-    as ``req.kv``. The request owns the KV slots at positions ``[cache_protected_len,
+    """A request's KV books (SGLang's ``ReqKvInfo``, managers/schedule_batch.py), kept on the
+    request as ``req.kv``. The request owns the KV slots at positions ``[cache_protected_len,
     kv_allocated_len)`` of its row; the prefix cache owns ``[0, cache_protected_len)`` (matched or
     inserted), so that part is never the request's to free.
 

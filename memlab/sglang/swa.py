@@ -1,4 +1,4 @@
-"""Sliding-window attention (sglang/srt/mem_cache/swa_memory_pool.py, allocator/swa.py): two pools, one map.
+"""Sliding-window attention, two pools and one map (sglang/srt/mem_cache/swa_memory_pool.py).
 
 Full-attention layers need every token's KV; sliding-window layers only the last
 ``sliding_window`` tokens. So the SWA layers get a pool of their own (usually much smaller), with
@@ -362,7 +362,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         _check_swa_ids(self, full_loc)
         if self._swa_req_ring:
             raise ValueError(
-                "ring mode: translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()"
+                "ring mode: SWA ids come from rows and positions: use ring_loc()"
             )
         return self.full_to_swa_index_mapping[full_loc]
 
@@ -428,8 +428,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.swa_attn_allocator.free(swa[swa > 0])
 
     def free_swa_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        """``free_swa`` for a page-aligned run of one request's slots (positions from ``start_pos``):
-        one slot per page names the SWA page, no dedup."""
+        """``free_swa`` for a page-aligned run of one request's slots (positions from
+        ``start_pos``): one slot per page names the SWA page, no dedup."""
         _check_swa_segment(self, start_pos)
         if self._swa_req_ring or free_index.numel() == 0:
             return
@@ -469,7 +469,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.full_attn_allocator.free(free_index)
 
     def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        """``free_full`` for a page-aligned run: how a finished request's out-of-window part goes back."""
+        """``free_full`` for a page-aligned run: a finished request's out-of-window part."""
         _check_swa_free(self, free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
@@ -541,7 +541,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.swa_attn_allocator is not None:
             self.swa_attn_allocator.check_books()
 
-    # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py and swa.py) --------------------
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py and swa.py) ------------
     # SGLang's SWA allocator inherits the base allocator's answers and overrides only eviction:
     # each side is its own buffer, so the scheduler's per-side budgets already price it.
 
@@ -578,15 +578,10 @@ def _check_swa_allocator(
     if kvcache is not None and swa_req_ring_size is None:
         swa_req_ring_size = kvcache.swa_req_ring_size
     if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
-        raise ValueError(
-            f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
-            f"with ring size {kvcache.swa_req_ring_size}"
-        )
+        raise ValueError(f"SWA ring size {swa_req_ring_size}, the SWAKVPool's another")
+    # a per-request ring counts capacity in request rows
     if swa_req_ring_size is not None and req_to_token_pool is None:
-        raise ValueError(
-            "per-request SWA ring: capacity is counted in request rows, "
-            "so req_to_token_pool is required"
-        )
+        raise ValueError("per-request SWA ring: req_to_token_pool is required")
     if swa_req_ring_size is None and size_swa is None:
         raise ValueError("size_swa is required unless a per-request ring is used")
 
@@ -596,7 +591,7 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     counts more slots than the buffers hold would hand out ids past their end."""
     if kvcache.page_size != alloc.page_size:
         raise ValueError(
-            f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {alloc.page_size}"
+            f"the SWAKVPool's page_size {kvcache.page_size} is not the allocator's"
         )
     for side, pool_n, own_n in (
         ("full", kvcache.size, alloc.size_full),
@@ -604,15 +599,13 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     ):
         if pool_n != own_n:
             raise ValueError(
-                f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}"
+                f"the {side} pool holds {pool_n} slots, the allocator's {own_n}"
             )
 
 
 def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
     if req_pool_indices is None or positions is None:
-        raise ValueError(
-            "ring mode: write_loc needs req_pool_indices and positions for the SWA ids"
-        )
+        raise ValueError("ring mode: the SWA ids need req_pool_indices and positions")
     _checks.index_tensor("req_pool_indices", req_pool_indices, ndim=1)
     _checks.index_tensor(
         "positions", positions, positions.device, req_pool_indices.dim()
@@ -624,24 +617,17 @@ def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
 def _check_swa_free(alloc, free_index) -> None:
     """Full-side slots to free. In debug mode the full side's double-free check runs here, before
     the SWA side gives anything back: a refused free must change neither side."""
-    _checks.free(alloc.full_attn_allocator, free_index)
-    if alloc.debug_mode and free_index.numel():
-        full = alloc.full_attn_allocator
-        pages = free_index.to(torch.int64) // alloc.page_size
-        already = torch.isin(pages, full.get_all_free_pages())
-        if already.any():
-            raise ValueError(
-                f"double free: full-side slot {int(free_index[already][0])} (page "
-                f"{int(pages[already][0])}) is already free"
-            )
+    full = alloc.full_attn_allocator
+    _checks.free(full, free_index)
+    if (
+        alloc.debug_mode and free_index.numel()
+    ):  # checked, not marked: the full side frees them
+        full._debug_release(torch.unique(free_index.cpu() // alloc.page_size), False)
 
 
 def _check_swa_segment(alloc, start_pos) -> None:
-    if start_pos % alloc.page_size:
-        raise ValueError(
-            f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
-            f"multiple of page_size {alloc.page_size}"
-        )
+    if _checks.integer("start_pos", start_pos) % alloc.page_size:
+        raise ValueError(f"free_swa_segment: start_pos {start_pos} is not page-aligned")
 
 
 def _check_swa_release(

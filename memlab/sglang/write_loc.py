@@ -1,4 +1,4 @@
-"""The write location, ``KVWriteLoc`` of sglang/srt/mem_cache/memory_pool.py: every id space a pool needs.
+"""The write location (``KVWriteLoc`` of sglang/srt/mem_cache/memory_pool.py): every id space.
 
 The allocator hands out ``out_cache_loc`` (one slot per new token). A plain pool writes there.
 A hybrid sliding-window pool has two id spaces (full and SWA), so it also needs the same

@@ -425,7 +425,7 @@ def test_the_pool_and_the_allocator_must_agree_on_the_swa_side():
         64, None, 4, torch.float32, 1, 2, [1], [0], swa_req_ring_size=10, num_req_rows=4
     )
     with pytest.raises(
-        ValueError, match="SWA pool holds 48 slots.*allocator's SWA side 60"
+        ValueError, match="SWA pool holds 48 slots, the allocator's 60"
     ):
         SWATokenToKVPoolAllocator(
             64, None, 4, kvcache=pool, req_to_token_pool=rt

@@ -1,4 +1,4 @@
-"""What the allocators share (sglang/srt/mem_cache/allocator/base.py): the books, free groups, segments.
+"""What the allocators share (sglang/srt/mem_cache/allocator/base.py): books, groups, segments.
 
 Ids are page ids; with page_size 1 a page is a slot. Page 0 is padding and never free. As in
 SGLang, each subclass owns its free path (``token.py``, ``paged.py``); the base holds what both
@@ -150,7 +150,7 @@ class BaseTokenToKVPoolAllocator:
             held[p] = False
 
     def check_books(self) -> None:
-        """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
+        """Debug mode: free + staged + held == capacity, no page listed twice, no padding free."""
         free, held = self.get_all_free_pages().cpu(), int(self._ledger().sum())
         dup = len(torch.unique(free)) != len(free)
         assert not dup and not (free == 0).any(), "books: a page free twice, or padding"
@@ -164,7 +164,7 @@ class BaseTokenToKVPoolAllocator:
     def request_slot_reserve(
         self, *, has_req_pool_slot: bool, prefill_tokens: int = 0
     ) -> int:
-        """Slots a request needs beyond its prefill (request-owned workspace): none for a KV pool."""
+        """Slots a request needs beyond its prefill (its own workspace): none for a KV pool."""
         return 0
 
     def max_new_tokens_for_memory(
@@ -208,8 +208,8 @@ class BaseTokenToKVPoolAllocator:
         full_budget_tokens: int,
         swa_budget_tokens: int | None = None,
     ) -> bool:
-        """Whether a demand this size fits the scheduler's budgets (what each side has left after its
-        reserves, evictable cache included). Separate sides are checked each against its own
+        """Whether a demand this size fits the scheduler's budgets (what each side has left after
+        its reserves, evictable cache included). Separate sides are checked each against its own
         budget; ``tree_cache`` is not read: what it could give back is inside the budget."""
         _checks.budgets(full_tokens, swa_tokens, full_budget_tokens, swa_budget_tokens)
         return full_tokens <= full_budget_tokens and (

@@ -1,4 +1,4 @@
-"""The paged allocator (sglang/srt/mem_cache/allocator/paged.py): slot = page * page_size + offset."""
+"""The paged allocator (sglang/srt/mem_cache/allocator/paged.py): slot = page * ps + offset."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return torch.cat((self.free_pages, *self.staged_pages))
 
     def merge_and_sort_free(self) -> None:
-        """Fold the staged pages into the free list and sort it, so later runs of pages are contiguous."""
+        """Fold the staged pages into the free list and sort it: later runs are contiguous."""
         if not self.staged_pages:
             return
         self.free_pages = torch.sort(self.get_all_free_pages()).values

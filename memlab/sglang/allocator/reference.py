@@ -1,4 +1,4 @@
-"""The allocation kernels' references (SGLang's are alloc_*_naive in sglang/srt/mem_cache/allocator/paged.py).
+"""References of the allocation kernels (alloc_*_naive of sglang/srt/mem_cache/allocator/paged.py).
 
 Both take the free list as it is before the call and return the slot of every new token. A
 request's new tokens come in three parts:
@@ -17,7 +17,7 @@ from memlab.common.utils import ceil_div
 
 
 def num_new_pages(prefix_lens, seq_lens, page_size: int):
-    """Pages a batch needs: sum of ceil(seq / ps) - ceil(prefix / ps) (works on ints and tensors)."""
+    """Pages a batch needs: sum of ceil(seq / ps) - ceil(prefix / ps) (ints or tensors)."""
     n = ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
     return int(n.sum()) if isinstance(n, torch.Tensor) else n
 

@@ -1,4 +1,4 @@
-"""The token allocator, page size 1, one slot per token (sglang/srt/mem_cache/allocator/token.py)."""
+"""The token allocator, one slot per token (sglang/srt/mem_cache/allocator/token.py)."""
 
 from __future__ import annotations
 

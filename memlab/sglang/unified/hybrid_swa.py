@@ -1,4 +1,6 @@
-"""UnifiedSWATokenToKVPoolAllocator (sglang/srt/mem_cache/allocator/unified_hybrid_swa.py): full and sliding-window KV in one buffer, one id.
+"""UnifiedSWATokenToKVPoolAllocator (sglang/srt/mem_cache/allocator/unified_hybrid_swa.py).
+
+Full and sliding-window KV in one buffer, one id.
 
 Chapter 07's two-pool SWA allocator hands out a full-side id and an SWA-side id per token and keeps
 ``full_to_swa_index_mapping`` between them, with each pool's size fixed at start-up. Here both
@@ -142,7 +144,8 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
 
     def ensure_capacity(self, full_tokens: int, swa_tokens: int) -> bool:
         """Whether ``full_tokens`` full-side and ``swa_tokens`` SWA-side tokens fit now. (SGLang's
-        lazy mode then tries once more after compacting both sides; eager has nothing to compact.)"""
+        lazy mode then tries once more after compacting both sides; eager has nothing to
+        compact.)"""
         if full_tokens < 0 or swa_tokens < 0:
             return False
         if full_tokens == 0 and swa_tokens == 0:
@@ -151,7 +154,7 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
             ceil_div(full_tokens, self.page_size), ceil_div(swa_tokens, self.page_size)
         )
 
-    # -- allocation: the full side's paged kernels, the SWA side binds the same pages ----------------
+    # -- allocation: the full side's paged kernels, the SWA side binds the same pages --------
     def alloc(self, need_size: int) -> torch.Tensor | None:
         fa = self.full_attn_allocator
         need_size = _checks.alloc(fa, need_size)
@@ -249,7 +252,7 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         return v[self.swa_attn_allocator.virtual_to_physical[v // self.page_size] > 0]
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Both sides: the SWA pages still bound, then the full pages (which return the virtual ids)."""
+        """Both sides: the SWA pages still bound, then the full pages (they return the ids)."""
         _checks.free(self.full_attn_allocator, free_index)
         if free_index.numel() == 0:
             return
@@ -312,7 +315,7 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         sa.check_books()
         _check_unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
 
-    # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) -------------------
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) ---------
     # Both sides are cut from one buffer, so no per-side token budget can say what fits: each
     # question is priced in bytes against the shared gap, both sides together.
 
@@ -325,9 +328,9 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         swa_reclaim_pages: int = 0,
         empty_pool: bool = False,
     ) -> bool:
-        """Whether new pages fit once ``*_reclaim_pages`` live pages are given back (or from an empty
-        pool): the wheel's ``_fits_page_demand`` on a compacted snapshot, which is what memlab's
-        eager pool always is (live pages sit at each end; the rest of the buffer is gap)."""
+        """Whether new pages fit once ``*_reclaim_pages`` live pages are given back (or from an
+        empty pool): the wheel's ``_fits_page_demand`` on a compacted snapshot, which is what
+        memlab's eager pool always is (live pages at each end, the rest of the buffer is gap)."""
         if min(num_full_pages, num_swa_pages) < 0:
             return False
         fa, sa, ps = self.full_attn_allocator, self.swa_attn_allocator, self.page_size
@@ -428,7 +431,8 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         require_token_slack: bool = False,
     ) -> bool:
         """Whether a full/SWA demand fits the shared byte envelope, after reclaiming what is
-        evictable; ``require_token_slack``: the scheduler's one-token strict slack at an empty pool."""
+        evictable; ``require_token_slack``: the scheduler's one-token strict slack at an empty
+        pool."""
         if full_tokens < 0 or swa_tokens < 0:
             return False
         if require_token_slack and (

@@ -1,4 +1,6 @@
-"""MultiEndedAllocator (sglang/srt/mem_cache/allocator/unified_sub_pool.py): one allocator per sub-pool, virtual pages bound to physical ones.
+"""MultiEndedAllocator (sglang/srt/mem_cache/allocator/unified_sub_pool.py): one per sub-pool.
+
+Virtual pages bound to physical ones.
 
 Above the allocator every id is VIRTUAL: the request table, the radix tree and the scheduler hold
 virtual token ids. ``alloc``, ``alloc_extend`` and ``alloc_decode`` are chapter 04-05's paged
@@ -102,7 +104,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         )
 
     def bind_peer(self, peer: MultiEndedAllocator) -> None:
-        """The other END is this one's growth-side neighbour: above a grow-up pool, below a grow-down one."""
+        """The other END is this one's growth-side neighbour: above a grow-up pool, below a
+        grow-down one."""
         if self.grow_direction == "up":
             self.high_peer = peer
         else:
@@ -139,7 +142,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         return self.free_pages
 
     def _ledger(self) -> torch.Tensor:
-        """Debug mode's held virtual pages: the bound ones (a non-owner's free list is the owner's)."""
+        """Debug mode's held virtual pages: the bound ones (a non-owner's free list is the
+        owner's)."""
         if self._held is None:
             self._held = torch.zeros(self.num_virtual_ids + 1, dtype=torch.bool)
             self._held[:-1] = self.virtual_to_physical[:-1].cpu() > 0
@@ -206,7 +210,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         )
         need_size = _checks.alloc(self, need_size)
         if need_size > self.available_size():
-            return None  # SGLang's shortfall ladder first flushes the neighbour: nothing to flush when eager
+            # SGLang's shortfall ladder first flushes the neighbour: nothing to flush when eager
+            return None
         return super().alloc(need_size)
 
     def alloc_extend(
@@ -297,7 +302,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         )
 
     def translate_write_loc(self, loc: torch.Tensor) -> torch.Tensor:
-        """The same for a batch's write locations (SGLang differs only under decode context parallelism)."""
+        """The same for a batch's write locations (SGLang's differs only under decode context
+        parallelism)."""
         return self.translate_kv_loc(loc)
 
     # -- freeing: unbind, then compact at once ------------------------------------------------
@@ -315,7 +321,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         if self.debug_mode:
             self._debug_release(page_ids)
         self.virtual_to_physical[page_ids] = -1
-        if self.is_id_owner:  # to the back (FIFO): where a page sits is the watermark's business, not the id's
+        # to the back (FIFO): where a page sits is the watermark's business, not the id's
+        if self.is_id_owner:
             self.free_pages = torch.cat((self.free_pages, page_ids))
         self._compact_pending(freed_p_pages)
         if self.debug_mode:

@@ -140,7 +140,7 @@ def test_views_put_slot_t_at_t_times_entry_bytes():
 
 
 def test_bad_pools_are_refused_by_name():
-    with pytest.raises(ValueError, match="'float' middle pool"):
+    with pytest.raises(ValueError, match="grow_direction 'float': 'up' or 'down'"):
         mha("x", "float")
     with pytest.raises(ValueError, match="one 'up' and one 'down'"):
         UnifiedKVPool(total_bytes=1024, sub_pool_specs=[mha("a", "up"), mha("b", "up")])
