@@ -72,13 +72,14 @@ def real(
         raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
     if not ((lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)):
         raise ValueError(
-            f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}, got {v!r}"
+            f"{name} must lie in {'(' if lo_open else '['}{lo}, {hi}"
+            f"{')' if hi_open else ']'}, got {v!r}"
         )
     return v
 
 
 def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]:
-    """A sequence of ints (a list, a tuple, a range; not a str, not a tensor), each in ``lo..hi``."""
+    """A sequence of ints (a list, a tuple, a range; no str, no tensor), each in ``lo..hi``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
         raise TypeError(f"{name} must be a list of ints, got {type(values).__name__}")
     for v in values:
@@ -92,6 +93,27 @@ def int_list(name: str, values, lo: int = 0, hi: int | None = None) -> list[int]
             + f", got {out[0]}"
         )
     return list(values)
+
+
+def each_once(name: str, items, cls, where: str, merge: bool = False) -> list:
+    """A list (or tuple) of ``cls`` objects, none of them twice (a request listed twice in one
+    batch would take two rows, or two state slots, and leak one); ``merge``: each kept once."""
+    instance(name, items, (list, tuple), f"a list of {cls.__name__}")
+    seen = {}
+    for x in items:
+        instance(f"each of {name}", x, cls)
+        if id(x) in seen and not merge:
+            raise ValueError(f"{x!r} appears twice in one {where}: it would take two")
+        seen[id(x)] = x
+    return list(seen.values())
+
+
+def duck(name: str, v, attrs: tuple, what: str, optional: bool = False) -> None:
+    """``v`` has every attribute in ``attrs`` (the books object a function drives: a request
+    table, an allocator, a prefix cache), or a TypeError names ``what`` it must be; None passes
+    where the argument is ``optional``."""
+    if not (optional and v is None) and not all(hasattr(v, a) for a in attrs):
+        raise TypeError(f"{name} must be {what}, got {type(v).__name__} {v!r}"[:200])
 
 
 def one_of(name: str, v, choices) -> None:
@@ -118,12 +140,14 @@ def tensor(
     like: str = "",
 ) -> None:
     """A torch.Tensor of one of ``dtypes`` (when given; a wrong one is a TypeError, ``like`` says
-    whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given; ValueError)."""
+    whose dtype it must share), ``ndim`` dims, exactly ``shape`` and on ``device`` (when given;
+    ValueError)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(
-            f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, got {t.dtype}"
+            f"{name} must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}{like}, "
+            f"got {t.dtype}"
         )
     if ndim is not None and t.dim() != ndim:
         raise ValueError(
@@ -243,8 +267,9 @@ def physical_write_loc(loc, where: str):
         )
     )
     raise ValueError(
-        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. Pass the "
-        "batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated separately."
+        f"{where}: write loc is not marked physical (got {got}); this pool's ids are virtual. "
+        "Pass the batch's plan-bound ids, or KVWriteLoc(loc, physical=True) for ids translated "
+        "separately."
     )
 
 
@@ -267,17 +292,18 @@ def alloc(alloc, need_size) -> int:
     need_size = integer("need_size", need_size, 0)
     if need_size % alloc.page_size:
         raise ValueError(
-            f"need_size must be whole pages: {need_size} is not a multiple of page_size {alloc.page_size}"
+            f"need_size must be whole pages: {need_size} is not a multiple of page_size "
+            f"{alloc.page_size}"
         )
     return need_size
 
 
-def _page_range(alloc, lo: int, hi: int) -> None:
+def _page_range(alloc, lo: int, hi: int, name: str = "page_ids") -> None:
     first, last = alloc.page_id_range()
     if lo < first or hi > last:
         u = unit(alloc)
         raise ValueError(
-            f"cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
+            f"{name}: cannot free {u} {lo if lo < first else hi}: {u}s are {first}..{last} "
             f"({u} 0 is padding)"
         )
 
@@ -285,10 +311,11 @@ def _page_range(alloc, lo: int, hi: int) -> None:
 def free(alloc, free_index, name: str = "free_index") -> None:
     """Slot ids to free. Checked on each call, so one bad id inside a free group is refused at
     once, not at the group's end."""
-    index_tensor(name, free_index, alloc.device)
+    index_tensor(name, free_index, alloc.device, ndim=1)
     if can_read_values(alloc.debug_mode, free_index):
         ps = alloc.page_size
-        _page_range(alloc, int(free_index.min()) // ps, int(free_index.max()) // ps)
+        lo, hi = int(free_index.min()) // ps, int(free_index.max()) // ps
+        _page_range(alloc, lo, hi, name)
 
 
 def free_segment(alloc, free_index, start_pos) -> None:
@@ -299,13 +326,61 @@ def free_segment(alloc, free_index, start_pos) -> None:
             f"free_segment needs a page-aligned start: position {start_pos} is not a "
             f"multiple of page_size {ps}; use free() for unaligned runs"
         )
-    firsts = free_index[::ps]
-    if alloc.debug_mode and (firsts % ps).any():
+    if not alloc.debug_mode or free_index.numel() == 0:
+        return
+    firsts = free_index.cpu()[::ps]
+    if (firsts % ps).any():
         bad = int(firsts[firsts % ps != 0][0])
         raise ValueError(
             f"free_segment: slot {bad} should start a page but sits at offset "
             f"{bad % ps}: the run is not page-aligned in memory"
         )
+    if not torch.equal(
+        torch.sort(firsts // ps).values, torch.unique(free_index.cpu() // ps)
+    ):
+        raise ValueError("free_segment: the slots are not one page-aligned run")
+
+
+def segments(alloc, segments) -> list:
+    """``(slots, start_pos)`` pairs of one request's row, as a list: each a 1-D id tensor and a
+    page-aligned start (the allocator's own check of the seams runs before any is freed)."""
+    instance("segments", segments, (list, tuple), "a list of (slots, start_pos) pairs")
+    for seg in segments:
+        instance("each segment", seg, (list, tuple), "a (slots, start_pos) pair")
+        if len(seg) != 2:
+            raise TypeError(f"a segment is (slots, start_pos), got {seg!r}")
+        index_tensor("a segment's slots", seg[0], alloc.device, ndim=1)
+        if seg[
+            0
+        ].numel():  # an empty segment is skipped, wherever it starts (as SGLang's)
+            free_segment(alloc, *seg)
+    return list(segments)
+
+
+def counts(**named) -> None:
+    """The scheduler's token counts: each an int >= 0, or None where the name ends in ``?``
+    (``counts(**{"chunk_size?": None})``)."""
+    for name, v in named.items():
+        if not (name.endswith("?") and v is None):
+            integer(name.rstrip("?"), v)
+
+
+def budgets(full_tokens, swa_tokens, full_budget, swa_budget) -> None:
+    """``prealloc_fits``'s demand (counts) and budgets (ints: what reserves leave may be < 0)."""
+    counts(full_tokens=full_tokens, swa_tokens=swa_tokens)
+    integer("full_budget_tokens", full_budget, -(2**62))
+    if swa_budget is not None:
+        integer("swa_budget_tokens", swa_budget, -(2**62))
+
+
+def token_question(input_tokens, max_new_tokens, token_capacity, window, chunk) -> None:
+    """``max_new_tokens_for_memory``'s arguments, the same for every allocator."""
+    counts(
+        input_tokens=input_tokens,
+        max_new_tokens=max_new_tokens,
+        token_capacity=token_capacity,
+        **{"sliding_window_size?": window, "chunk_size?": chunk},
+    )
 
 
 def free_group_begin(alloc) -> None:
@@ -321,29 +396,26 @@ def free_group_end(alloc) -> None:
 
 
 def _batch(alloc, lens: dict, cpu: dict) -> int:
-    """1-D id tensors of one batch size on the allocator's device, their host copies on the CPU; in
-    debug mode each device tensor must equal its copy (the engine counts pages on the copies)."""
-    bs = (
-        len(next(iter(lens.values())))
-        if isinstance(next(iter(lens.values())), torch.Tensor)
-        else None
-    )
+    """1-D id tensors of one batch size on the allocator's device, their host copies on the CPU.
+    Each device tensor must equal its copy (the engine counts pages on the copies): checked where
+    it costs no sync, on the CPU, and on a GPU in debug mode."""
     for name, t in lens.items():
         index_tensor(name, t, alloc.device, ndim=1)
+    for name, t in cpu.items():
+        index_tensor(name, t, torch.device("cpu"), ndim=1, owner="host copy (no sync)")
+    bs = len(next(iter(lens.values())))
+    for name, t in [*lens.items(), *cpu.items()]:
         if len(t) != bs:
             raise ValueError(f"{name} has {len(t)} entries, the batch has {bs}")
+    if bs == 0:
+        raise ValueError("empty batch")
     for (name, t), dev in zip(cpu.items(), lens.values()):
-        index_tensor(name, t, torch.device("cpu"), ndim=1, owner="host copy (no sync)")
-        if len(t) != bs:
-            raise ValueError(f"{name} must hold {bs} lengths, got {len(t)}")
-        if alloc.debug_mode and not torch.equal(
+        if (alloc.debug_mode or dev.device.type == "cpu") and not torch.equal(
             dev.cpu().to(torch.int64), t.to(torch.int64)
         ):
             raise ValueError(
                 f"{name} disagrees with its device tensor: {t.tolist()} vs {dev.tolist()}"
             )
-    if bs == 0:
-        raise ValueError("empty batch")
     return bs
 
 
@@ -354,10 +426,9 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
     if not can_read_values(alloc.debug_mode, last_loc):
         return
     ps, last = alloc.page_size, last_loc.cpu().to(torch.int64)
-    empty = prefix_cpu == 0
-    bad = torch.where(
-        empty, last != -1, (last < ps) | ((last + 1) % ps != prefix_cpu % ps)
-    ).nonzero()
+    empty, last_page = prefix_cpu == 0, alloc.page_id_range()[1]
+    held = (last < ps) | (last // ps > last_page) | ((last + 1) % ps != prefix_cpu % ps)
+    bad = torch.where(empty, last != -1, held).nonzero()
     if len(bad):
         i = bad[0].item()
         raise ValueError(
@@ -369,8 +440,8 @@ def _last_loc(alloc, last_loc: torch.Tensor, prefix_cpu: torch.Tensor) -> None:
         free = (pages >= len(held)) | ~held[pages.clamp(max=len(held) - 1)]
         if free.any():
             raise ValueError(
-                f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which no "
-                "request holds: last_loc must be a slot of the request's own last page"
+                f"last_loc {int(last[~empty][free][0])} lies in page {int(pages[free][0])}, which "
+                "no request holds: last_loc must be a slot of the request's own last page"
             )
 
 
@@ -394,6 +465,7 @@ def alloc_extend(
     seq_lens_cpu,
     last_loc,
     extend_num_tokens,
+    num_new_pages=None,
 ) -> None:
     _batch(
         alloc,
@@ -414,7 +486,19 @@ def alloc_extend(
         raise ValueError(
             f"extend_num_tokens is {extend_num_tokens} but the lengths add up to {total}"
         )
+    if num_new_pages is not None:
+        _num_new_pages(alloc, prefix_lens_cpu, seq_lens_cpu, num_new_pages)
     _last_loc(alloc, last_loc, prefix_lens_cpu)
+
+
+def _num_new_pages(alloc, prefix_cpu, seq_cpu, num_new_pages) -> None:
+    """The caller's page count, checked against the lengths (host arithmetic, no sync)."""
+    ps = alloc.page_size
+    want = int(((seq_cpu + ps - 1) // ps - (prefix_cpu + ps - 1) // ps).sum())
+    if integer("num_new_pages", num_new_pages, 0) != want:
+        raise ValueError(
+            f"num_new_pages is {num_new_pages} but the lengths need {want} new pages"
+        )
 
 
 def alloc_decode(alloc, seq_lens, seq_lens_cpu, last_loc) -> None:

@@ -1,4 +1,4 @@
-"""Decode attention through the mappings, chapter 09 (sglang/kernels/ops/attention/decode_attention.py).
+"""Decode attention through the mappings (sglang/kernels/ops/attention/decode_attention.py).
 
 One query token per request attends over that request's tokens, which sit in scattered slots
 of a KV pool. The slots are found through one of two spellings of the same mapping:
@@ -45,7 +45,8 @@ __all__ = [
 # The mappings, gathered on the host: (bs, max_len) slot ids and a mask of real tokens.
 # ---------------------------------------------------------------------------------------------
 def slots_from_req_to_token(req_to_token, req_pool_indices, seq_lens):
-    """Slots of every request's tokens via SGLang's request table: ``(slots, mask)``, each (bs, L)."""
+    """Slots of every request's tokens via SGLang's request table: ``(slots, mask)``, (bs, L)."""
+    _check_slots(req_to_token, seq_lens, req_pool_indices)
     seq_lens = seq_lens.long()
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
     pos = torch.arange(max_len, device=seq_lens.device)
@@ -56,6 +57,7 @@ def slots_from_req_to_token(req_to_token, req_pool_indices, seq_lens):
 
 def slots_from_block_table(block_table, seq_lens, block_size):
     """Slots of every request's tokens via vLLM's block table: ``(slots, mask)``, each (bs, L)."""
+    _check_slots(block_table, seq_lens, block_size=block_size)
     seq_lens = seq_lens.long()
     max_len = int(seq_lens.max()) if seq_lens.numel() else 0
     pos = torch.arange(max_len, device=seq_lens.device)
@@ -73,6 +75,7 @@ def attention_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale):
     q (bs, H, Dk); k_buffer (slots, KVH, Dk); v_buffer (slots, KVH, Dv); slots/mask (bs, L).
     Returns (bs, H, Dv) in q's dtype; a request with no tokens gets zeros.
     """
+    _check_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale)
     bs, num_heads, _ = q.shape
     group = num_heads // k_buffer.shape[1]
     keep = mask[
@@ -221,7 +224,8 @@ def decode_attention_fwd(
 def paged_attention(
     query, key_cache, value_cache, block_table, seq_lens, scale=None, out=None
 ):
-    """vLLM spelling, MHA/GQA: key/value_cache (num_blocks, block_size, KVH, D); block_table (bs, blocks).
+    """vLLM spelling, MHA/GQA: key/value_cache (num_blocks, block_size, KVH, D); block_table
+    (bs, blocks).
 
     Request b's token t is in slot ``block_table[b, t // block_size] * block_size + t %
     block_size``.
@@ -324,7 +328,8 @@ def mla_paged_attention(
 
 
 # ---------------------------------------------------------------------------------------------
-# Argument checks: shapes and dtypes; ids are read only on the CPU (on a GPU it would be a sync).
+# Argument checks: shapes, dtypes and devices; ids are read only on the CPU (on a GPU it would be
+# a sync).
 # ---------------------------------------------------------------------------------------------
 ATTN_DTYPES = (torch.float16, torch.float32)
 
@@ -334,12 +339,10 @@ def _scale_arg(name, v) -> None:
 
 
 def _float(name, t, like=None) -> None:
-    # float16/32: the portable kernels' dtypes; every other tensor shares q's
+    # float16/32: the portable kernels' dtypes; every other tensor shares q's (and its device)
+    dtypes, what = (ATTN_DTYPES, "") if like is None else ((like.dtype,), " like q")
     _checks.tensor(
-        name,
-        t,
-        ATTN_DTYPES if like is None else (like,),
-        like="" if like is None else " like q",
+        name, t, dtypes, like=what, device=None if like is None else like.device
     )
 
 
@@ -348,177 +351,150 @@ _NO_ROWS = (
 )  # the block-table spelling has no row indices (None is a bad argument)
 
 
-def _attn_batch(
-    q, seq_lens, table, table_name, num_slots, rows=_NO_ROWS, block_size=1
+def _ids(q, table, table_name, seq_lens, rows=_NO_ROWS) -> None:
+    """One length (and one row) per query, int ids on q's device; the table int32 and 2-D, as
+    the engines keep it, with a row per query when it has no row indices (vLLM's spelling)."""
+    _checks.tensor(table_name, table, (torch.int32,), 2, device=q.device)
+    ids = {"seq_lens": seq_lens} | (
+        {} if rows is _NO_ROWS else {"req_pool_indices": rows}
+    )
+    for name, t in ids.items():
+        _checks.tensor(name, t, _checks.INDEX_DTYPES, 1, device=q.device)
+    per_query = {n: len(t) for n, t in ids.items()}
+    per_query |= {table_name: len(table)} if rows is _NO_ROWS else {}
+    for name, n in per_query.items():
+        if n != q.shape[0]:
+            raise ValueError(f"{name} has {n} entries for a batch of {q.shape[0]}")
+
+
+def _ids_in_range(
+    seq_lens, table, table_name, num_slots, rows=None, block_size=1
 ) -> None:
-    """The batch's ids: one row and one length per query; on the CPU, every row, length and slot
-    (block) the kernel will read inside its table and the cache."""
-    for name, t in ((("req_pool_indices", rows),) if rows is not _NO_ROWS else ()) + (
-        ("seq_lens", seq_lens),
-    ):
-        _checks.tensor(name, t, _checks.INDEX_DTYPES, 1)
-    _checks.tensor(
-        table_name, table, (torch.int32,), 2
-    )  # int32, as the engines keep it
-    rows = None if rows is _NO_ROWS else rows
-    n_rows = q.shape[0] if rows is None else rows.shape[0]
-    if seq_lens.shape[0] != q.shape[0] or n_rows != q.shape[0]:
-        raise ValueError(
-            f"batch sizes differ: q {q.shape[0]}, seq_lens {seq_lens.shape[0]}, req_pool_indices {n_rows}"
-        )
-    # ids are read only where that costs no host-device sync: every one of them on the CPU
-    if not seq_lens.numel() or any(
-        t.device.type != "cpu" for t in (seq_lens, table, rows) if t is not None
-    ):
+    """On the CPU, every row, length and slot (block) the kernel will read inside its table and
+    the cache."""
+    if not seq_lens.numel() or table.device.type != "cpu":
         return
     _checks.values_in("seq_lens", seq_lens, 0, table.shape[1] * block_size)
     if rows is not None:
         _checks.values_in("req_pool_indices", rows, 0, table.shape[0] - 1)
     picked = table if rows is None else table[rows.long()]
     used = torch.arange(table.shape[1])[None, :] * block_size < seq_lens[:, None].long()
-    _checks.values_in(
-        f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)",
-        picked[used],
-        0,
-        num_slots // block_size - 1,
-    )
+    what = f"{table_name} (the {'blocks' if block_size > 1 else 'slots'} read)"
+    _checks.values_in(what, picked[used], 0, num_slots // block_size - 1)
 
 
 def _attn_out(o, q, d_v) -> None:
     if o is not None:
-        _checks.tensor("o", o, (q.dtype,), shape=(q.shape[0], q.shape[1], d_v))
+        _float("o", o, q)
+        _checks.tensor("o", o, shape=(q.shape[0], q.shape[1], d_v))
 
 
-def _paged_cache(name, cache, like=None, heads_axis: bool = True) -> torch.Tensor:
+def _paged_cache(name, cache, q, heads_axis: bool = True) -> torch.Tensor:
     """A paged cache (num_blocks, block_size, kv_heads, dim) (MLA: the head axis may be missing)
-    of a float dtype (``like`` q's) that views flat as (slots, kv_heads, dim); returns that view."""
-    _float(name, cache, like)
-    if cache.dim() == 3 and not heads_axis:
-        cache = cache.unsqueeze(2)
+    like q that views flat as (slots, kv_heads, dim); returns that view."""
+    _float(name, cache, q)
+    cache = cache.unsqueeze(2) if cache.dim() == 3 and not heads_axis else cache
     if cache.dim() != 4:
-        raise ValueError(
-            f"{name} must be (num_blocks, block_size, kv_heads, head_dim), got {tuple(cache.shape)}"
-        )
-    try:
-        return cache.view(
-            cache.shape[0] * cache.shape[1], cache.shape[2], cache.shape[3]
-        )
-    except RuntimeError as exc:  # slot = block * block_size + offset needs it
-        raise ValueError(
-            f"{name}'s blocks must be laid out contiguously, got strides {cache.stride()}"
-        ) from exc
+        raise ValueError(f"{name} must be (num_blocks, block_size, kv_heads, head_dim)")
+    try:  # slot = block * block_size + offset needs the blocks laid out one after another
+        return cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
+    except RuntimeError:
+        raise ValueError(f"{name}'s blocks must be laid out contiguously") from None
 
 
-def _mha(q, k, v, k_name, v_name, full_k_shape, full_v_shape) -> None:
-    """q (bs, H, D), k and v (slots, kv_heads, D / Dv), H a multiple of kv_heads (GQA)."""
-    _checks.tensor("q", q, ndim=3)
-    if (
-        k.dim() != 3
-        or v.dim() != 3
-        or k.shape[-1] != q.shape[-1]
-        or v.shape[:2] != k.shape[:2]
-    ):
-        raise ValueError(
-            f"shapes disagree: q {tuple(q.shape)}, {k_name} {full_k_shape}, {v_name} {full_v_shape}"
-        )
+def _mha(q, k, v, names=("q", "k_buffer", "v_buffer")) -> None:
+    """q (bs, H, D) of a kernel dtype; k and v like it, (slots, kv_heads, D / Dv); H a multiple
+    of kv_heads (GQA)."""
+    for name, t in zip(names, (q, k, v)):
+        _float(name, t, None if t is q else q)
+    same = q.dim() == k.dim() == v.dim() == 3 and k.shape[-1] == q.shape[-1]
+    if not same or v.shape[:2] != k.shape[:2]:
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, (q, k, v)))
+        raise ValueError(f"shapes disagree: {shapes}")
     if not k.shape[1] or q.shape[1] % k.shape[1]:
         raise ValueError(
             f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})"
         )
 
 
-def _check_decode_attention(
-    q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, o
-) -> None:
-    _float("q", q)
-    _float("k_buffer", k_buffer, q.dtype)
-    _float("v_buffer", v_buffer, q.dtype)
-    _mha(
-        q,
-        k_buffer,
-        v_buffer,
-        "k_buffer",
-        "v_buffer",
-        tuple(k_buffer.shape),
-        tuple(v_buffer.shape),
-    )
-    _attn_batch(
-        q, seq_lens, req_to_token, "req_to_token", k_buffer.shape[0], req_pool_indices
-    )
-    _attn_out(o, q, v_buffer.shape[-1])
+def _check_decode_attention(q, k, v, req_to_token, rows, seq_lens, o) -> None:
+    _mha(q, k, v)
+    _ids(q, req_to_token, "req_to_token", seq_lens, rows)
+    _ids_in_range(seq_lens, req_to_token, "req_to_token", k.shape[0], rows)
+    _attn_out(o, q, v.shape[-1])
 
 
 def _check_paged_attention(
     query, key_cache, value_cache, block_table, seq_lens, out
 ) -> None:
     _float("query", query)
-    k = _paged_cache("key_cache", key_cache, query.dtype)
-    v = _paged_cache("value_cache", value_cache, query.dtype)
-    _mha(
-        query,
-        k,
-        v,
-        "key_cache",
-        "value_cache",
-        tuple(key_cache.shape),
-        tuple(value_cache.shape),
-    )
-    _attn_batch(
-        query,
-        seq_lens,
-        block_table,
-        "block_table",
-        k.shape[0],
-        block_size=key_cache.shape[1],
-    )
+    k = _paged_cache("key_cache", key_cache, query)
+    v = _paged_cache("value_cache", value_cache, query)
+    _mha(query, k, v, ("query", "key_cache", "value_cache"))
+    _ids(query, block_table, "block_table", seq_lens)
+    bs = key_cache.shape[1]
+    _ids_in_range(seq_lens, block_table, "block_table", k.shape[0], block_size=bs)
     _attn_out(out, query, v.shape[-1])
 
 
 def _mla(q_nope, q_rope, kv) -> None:
+    """q_nope (bs, H, kv_lora_rank) and q_rope (bs, H, qk_rope_head_dim) of a kernel dtype, the
+    latent buffer like them, (slots, 1, kv_lora_rank + qk_rope_head_dim)."""
     _float("q_nope", q_nope)
-    _float("q_rope", q_rope, q_nope.dtype)
-    _float("kv_buffer", kv, q_nope.dtype)
-    _checks.tensor("q_nope", q_nope, ndim=3)  # (bs, H, kv_lora_rank)
-    _checks.tensor("q_rope", q_rope, ndim=3)  # (bs, H, qk_rope_head_dim)
-    if q_rope.shape[:2] != q_nope.shape[:2]:
+    _float("q_rope", q_rope, q_nope)
+    _float("kv_buffer", kv, q_nope)
+    _checks.tensor("q_nope", q_nope, ndim=3)
+    _checks.tensor("q_rope", q_rope, ndim=3)
+    latent = (len(kv) if kv.dim() else 0, 1, q_nope.shape[2] + q_rope.shape[2])
+    if q_rope.shape[:2] != q_nope.shape[:2] or tuple(kv.shape) != latent:
         raise ValueError(
-            f"q_nope and q_rope disagree: {tuple(q_nope.shape)} vs {tuple(q_rope.shape)}"
+            f"q_nope, q_rope and the latent buffer {tuple(kv.shape)} disagree"
         )
-    latent = (
-        *kv.shape[:1],
-        1,
-        q_nope.shape[2] + q_rope.shape[2],
-    )  # (slots, 1, kv_lora_rank + qk_rope_head_dim)
-    if tuple(kv.shape) != latent:
-        raise ValueError(f"the latent buffer must be {latent}, got {tuple(kv.shape)}")
 
 
 def _check_mla_decode_attention(
-    q_nope, q_rope, kv_buffer, req_to_token, req_pool_indices, seq_lens, o
+    q_nope, q_rope, kv, req_to_token, rows, seq_lens, o
 ) -> None:
-    _mla(q_nope, q_rope, kv_buffer)
-    _attn_batch(
-        q_nope,
-        seq_lens,
-        req_to_token,
-        "req_to_token",
-        kv_buffer.shape[0],
-        req_pool_indices,
-    )
+    _mla(q_nope, q_rope, kv)
+    _ids(q_nope, req_to_token, "req_to_token", seq_lens, rows)
+    _ids_in_range(seq_lens, req_to_token, "req_to_token", kv.shape[0], rows)
     _attn_out(o, q_nope, q_nope.shape[-1])
 
 
 def _check_mla_paged_attention(
-    q_nope, q_rope, kv_c_and_k_pe_cache, block_table, seq_lens, out
+    q_nope, q_rope, cache, block_table, seq_lens, out
 ) -> None:
-    kv = _paged_cache("kv_c_and_k_pe_cache", kv_c_and_k_pe_cache, heads_axis=False)
+    kv = _paged_cache("kv_c_and_k_pe_cache", cache, q_nope, heads_axis=False)
     _mla(q_nope, q_rope, kv)
-    _attn_batch(
-        q_nope,
-        seq_lens,
-        block_table,
-        "block_table",
-        kv.shape[0],
-        block_size=kv_c_and_k_pe_cache.shape[1],
-    )
+    _ids(q_nope, block_table, "block_table", seq_lens)
+    bs = cache.shape[1]
+    _ids_in_range(seq_lens, block_table, "block_table", kv.shape[0], block_size=bs)
     _attn_out(out, q_nope, q_nope.shape[-1])
+
+
+def _check_slots(table, seq_lens, rows=_NO_ROWS, block_size=1) -> None:
+    """The references' mappings: int tables, one length (and row) per request, inside them."""
+    _checks.index_tensor("seq_lens", seq_lens, ndim=1)
+    _ids(
+        torch.empty((len(seq_lens), 0, 0), device=seq_lens.device),
+        table,
+        "table",
+        seq_lens,
+        rows,
+    )
+    _checks.integer("block_size", block_size, 1, _checks.INT32_MAX)
+    rows = None if rows is _NO_ROWS else rows
+    _ids_in_range(
+        seq_lens, table, "table", table.numel() * block_size + 1, rows, block_size
+    )
+
+
+def _check_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale) -> None:
+    _mha(q, k_buffer, v_buffer)
+    _checks.tensor("slots", slots, _checks.INDEX_DTYPES, 2, device=q.device)
+    _checks.tensor("mask", mask, (torch.bool,), shape=slots.shape, device=q.device)
+    if slots.shape[0] != q.shape[0]:
+        raise ValueError(f"slots has {slots.shape[0]} rows for a batch of {q.shape[0]}")
+    if slots.device.type == "cpu" and slots.numel():
+        _checks.values_in("slots", slots[mask], 0, k_buffer.shape[0] - 1)
+    _scale_arg("sm_scale", sm_scale)

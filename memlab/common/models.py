@@ -3,8 +3,9 @@
 Every field is copied from the model's published ``config.json`` on Hugging Face (the
 source is named per model); parameter counts come from the model card or, for dense
 decoders, from the config's shapes (``tests/common/test_models.py`` redoes that
-arithmetic by hand). Bytes per token come from ``memlab.sglang.kv_pool``'s formulas, so
-the table and the pools can never disagree.
+arithmetic by hand). The bytes-per-token formulas are written here once, for both engines:
+SGLang's KV pools (``memlab.sglang.kv_pool``) and vLLM's layout (``memlab.vllm.kv_layout``)
+size a token the same way, so the table and the pools can never disagree.
 
 Layer kinds, as the configs' ``layer_types`` spell them:
 ``full_attention`` (KV for every token), ``sliding_attention`` (KV for the last ``sliding_window``
@@ -16,17 +17,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memlab.common._checks import integer
-from memlab.sglang.kv_pool import (
-    dsa_index_bytes_per_token,
-    mha_bytes_per_token,
-    mla_bytes_per_token,
-)
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 LINEAR = "linear_attention"
 LAYER_KINDS = (FULL, SLIDING, LINEAR)
 PER_TOKEN_KINDS = (FULL, SLIDING)
+
+
+# ---- bytes per token: the formulas both engines' pools follow (chapter 02) ------------------
+def mha_bytes_per_token(
+    layer_num: int,
+    head_num: int,
+    head_dim: int,
+    v_head_dim: int | None = None,
+    dtype_bytes: int = 2,
+) -> int:
+    """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
+    _bytes_args(layer_num, head_num, head_dim, v_head_dim, dtype_bytes)
+    return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
+
+
+def mla_bytes_per_token(
+    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
+) -> int:
+    """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
+    _bytes_args(layer_num, kv_lora_rank, qk_rope_head_dim, dtype_bytes)
+    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+
+
+def _bytes_args(*counts) -> None:
+    """The formulas' counts: ints, a layer count of 0 allowed (a model without such layers)."""
+    for i, v in enumerate(counts):
+        integer(f"count {i + 1} of the formula", v, 0 if i == 0 else 1)
+
+
+# SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
+DSA_QUANT_BLOCK = 128
+
+
+def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
+    """The DeepSeek sparse-attention indexer's key cache: per layer one fp8 key of
+    ``index_head_dim`` values and one fp32 scale per 128 of them, whatever the KV dtype:
+    ``L * (d_idx + d_idx / 128 * 4)`` (132 bytes a layer for d_idx = 128)."""
+    _bytes_args(layer_num, index_head_dim)
+    return layer_num * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +194,7 @@ class ModelConfig:
     # ---- per-request linear-attention state -----------------------------------------------
     def conv_state_shape(self, tp_size: int = 1) -> tuple[int, int]:
         """Conv state of one linear layer: (channels, kernel - 1) past inputs per channel."""
+        _check_linear(self, tp_size)
         conv_dim = (
             2 * self.linear_num_key_heads * self.linear_key_head_dim
             + self.linear_num_value_heads * self.linear_value_head_dim
@@ -166,6 +203,7 @@ class ModelConfig:
 
     def temporal_state_shape(self, tp_size: int = 1) -> tuple[int, int, int]:
         """Recurrent state of one linear layer: a (d_k, d_v) matrix per value head."""
+        _check_linear(self, tp_size)
         return (
             self.linear_num_value_heads // tp_size,
             self.linear_key_head_dim,
@@ -176,6 +214,12 @@ class ModelConfig:
         self, conv_dtype_bytes: int = 2, ssm_dtype_bytes: int = 4, tp_size: int = 1
     ) -> int:
         """Conv + temporal state bytes of one request over all linear layers (0 if none)."""
+        for name, v in (
+            ("conv_dtype_bytes", conv_dtype_bytes),
+            ("ssm_dtype_bytes", ssm_dtype_bytes),
+        ):
+            integer(name, v, 1)
+        integer("tp_size", tp_size, 1)
         n = len(self.layer_ids(LINEAR))
         if n == 0:
             return 0
@@ -232,6 +276,14 @@ def _validate(m: ModelConfig) -> None:
     for name in _OPTIONAL_COUNTS:
         if getattr(m, name) is not None:
             integer(f"{m.name}: {name}", getattr(m, name), 1)
+
+
+def _check_linear(m: ModelConfig, tp_size) -> None:
+    integer("tp_size", tp_size, 1)
+    if m.linear_conv_kernel_dim is None:
+        raise ValueError(
+            f"{m.name} has no linear-attention layers: no per-request state"
+        )
 
 
 def _every_nth_full(n_layers: int, period: int, other: str) -> tuple[str, ...]:
@@ -306,8 +358,8 @@ DEEPSEEK_V3_2 = ModelConfig(
     index_head_dim=128,  # no index_topk_freq / index_kpool: every layer keeps indexer keys
     num_params=671_000_000_000,  # card: 671B, DeepSeek-V3's shapes plus the indexer (685B with MTP)
     weight_dtype_bytes=1,  # released in fp8, as V3
-    notes="DeepSeek sparse attention: a lightning indexer (index_n_heads 64, index_head_dim 128) picks "
-    "index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
+    notes="DeepSeek sparse attention: a lightning indexer (index_n_heads 64, "
+    "index_head_dim 128) picks index_topk 2048 cached tokens for each query; MoE as DeepSeek-V3",
 )
 
 GEMMA_3_27B = ModelConfig(

@@ -1,4 +1,4 @@
-"""The scheduler's side of allocation (sglang/srt/mem_cache/allocation.py, common.py): rows, slots, the table.
+"""The scheduler's side of allocation (sglang/srt/mem_cache/allocation.py, common.py).
 
 SGLang keeps this glue in ``sglang/srt/mem_cache/allocation.py``: ``alloc_for_extend`` gives a
 prefill batch its rows and slots and writes them into the request table (``write_cache_indices``),
@@ -44,6 +44,7 @@ def get_last_loc(
     prefix_lens: torch.Tensor,
 ) -> torch.Tensor:
     """Each request's last slot (the one before its new tokens), -1 for an empty prefix."""
+    _check_last_loc(req_to_token, req_pool_indices, prefix_lens)
     last = req_to_token[req_pool_indices, (prefix_lens - 1).clamp(min=0)].to(
         torch.int64
     )
@@ -68,7 +69,8 @@ def alloc_paged_token_slots_extend(
 ) -> torch.Tensor | None:
     """Slots for tokens ``prefix_lens[i]..seq_lens[i]`` of each request (``last_loc``: the slot of
     its last prefix token, -1 for none), or None when the pool is short. (SGLang evicts from the
-    tree cache here; memlab's ``alloc_for_extend`` has already done so, before its capacity check.)"""
+    tree cache here; memlab's ``alloc_for_extend`` has done so already, before its capacity
+    check.)"""
     dev = allocator.device
     prefix, prefix_cpu = _lens(prefix_lens, dev)
     seq, seq_cpu = _lens(seq_lens, dev)
@@ -131,7 +133,7 @@ def alloc_for_extend(
     prefix_indices: Sequence[torch.Tensor | None] | None = None,
     tree_cache=None,
 ) -> torch.Tensor | None:
-    """A prefill batch: each request's next ``extend_lens[i]`` tokens get slots, written into its row.
+    """A prefill batch: each request's next ``extend_lens[i]`` tokens get slots, in its row.
 
     A request that holds a row (a chunked prefill continuing) extends from its
     ``kv_allocated_len``; a new one takes a row and starts after ``prefix_indices[i]`` (the slots
@@ -139,8 +141,13 @@ def alloc_for_extend(
     pages, after evicting from ``tree_cache``), then the rows: None when either is short, and
     then nothing was taken. Returns the new slots in batch order (``out_cache_loc``); each
     request's ``kv_allocated_len`` and ``kv_committed_len`` move to its new length.
+
+    ``prefix_indices`` come from the tree's match, and SGLang trusts them: so does memlab, but
+    debug mode refuses slots the allocator does not hold.
     """
-    _check_extend(reqs, extend_lens, prefix_indices)
+    _check_extend(
+        req_to_token_pool, allocator, reqs, extend_lens, prefix_indices, tree_cache
+    )
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
     if (
         tree_cache is not None
@@ -190,7 +197,7 @@ def alloc_for_decode(
     """A decode step: one new slot per request, written into its row; None when the pool is short
     even after evicting from ``tree_cache`` (nothing taken). The new token's position is each
     request's ``kv_allocated_len``: what its window no longer reads goes back first."""
-    _check_decode(reqs)
+    _check_decode(req_to_token_pool, allocator, reqs, tree_cache)
     if tree_cache is not None:
         maybe_evict_swa(
             tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True
@@ -224,6 +231,7 @@ def maybe_evict_swa(
     batch only where nothing is shared (a new request holds no slots yet and is skipped). The
     frees go in one group. SGLang's overlap scheduler skips a request's first decode step (its
     prefill may still be running); memlab runs one batch at a time and has no such step."""
+    _checks.duck("tree_cache", tree_cache, *TREE)
     if not tree_cache.supports_swa() or (
         not decode and tree_cache.supports_prefix_sharing()
     ):
@@ -251,6 +259,7 @@ def maybe_evict_swa(
 
 def coalesce_ranges(ranges):
     """Merge adjacent half-open ranges, so a page a seam falls inside is freed once."""
+    _ranges(ranges)
     merged: list[tuple[int, int]] = []
     for start, end in ranges:
         if merged and start == merged[-1][1]:
@@ -285,12 +294,9 @@ def free_kv_row_segments(
             alive.append((slots[: lo - start_pos], start_pos))
         if end_pos > hi:
             alive.append((slots[hi - start_pos :], hi))
-    if (
-        dead and alive
-    ):  # two separate frees: a page split between them would be freed twice
-        assert swa_evicted_seqlen % allocator.page_size == 0, (
-            f"SWA eviction cursor {swa_evicted_seqlen} splits a page (page_size {allocator.page_size})"
-        )
+    # two separate frees: a page split between them would be freed twice
+    aligned = not (dead and alive) or swa_evicted_seqlen % allocator.page_size == 0
+    assert aligned, f"SWA eviction cursor {swa_evicted_seqlen} splits a page"
     if dead:
         allocator.free_full_segments(dead)
     if alive:
@@ -303,7 +309,11 @@ def free_kv_row(
     """Give back row positions ``ranges`` (ascending, disjoint, half-open) of ``kv``'s row
     (SGLang's ``BasePrefixCache.free_kv_row``; a tree calls it with its own pool and allocator).
     ``swa_evicted_seqlen``: how far a sliding window already released (memlab keeps that cursor
-    beside the request, SGLang in ``kv``)."""
+    beside the request, SGLang in ``kv``). The ranges lie in what the request owns,
+    ``[cache_protected_len, kv_allocated_len)``: the tree's part is the tree's to free."""
+    ranges = _check_free_kv_row(
+        req_to_token_pool, allocator, kv, ranges, swa_evicted_seqlen
+    )
     row = req_to_token_pool.req_to_token[kv.req_pool_idx]
     dev = allocator.device
     free_kv_row_segments(
@@ -317,6 +327,9 @@ def free_kv_row(
 def checkpoint_kv_cache(req: Req, tree_cache) -> None:
     """After a prefill chunk of a running request: the tree takes what it computed so far
     (``tree_cache.checkpoint(req, up_to=req.extend_end)``); the next chunk starts there."""
+    _check_running(req, "checkpoint_kv_cache")
+    _checks.duck("tree_cache", tree_cache, *TREE)
+    _checks.integer("req.extend_end", req.extend_end, 0, req.kv.kv_allocated_len)
     tree_cache.checkpoint(req, up_to=req.extend_end)
     req.prefix_len = req.extend_end
 
@@ -331,7 +344,13 @@ def release_kv_cache(req: Req, tree_cache, *, checkpoint: bool) -> None:
     gave it. A disabled tree checkpoints nothing, so the whole row goes back. SGLang's owned
     length is the committed one unless a stop ends the output inside it; memlab's outputs end on
     a token, so it is ``kv_committed_len``.
+
+    A request whose prefix the tree protects holds the lock on it (``req.lock``): releasing it
+    without one would leave that prefix locked for good, so it is refused, as is a request
+    released twice (it holds no row).
     """
+    _check_running(req, "release_kv_cache")
+    _check_release(req, tree_cache, checkpoint)
     kv = req.kv
     owned_kv_len = kv.kv_committed_len
     if checkpoint:
@@ -357,6 +376,11 @@ def release_kv_row(
     """A request ends where no prefix cache exists yet (chapters 03 to 07): what
     ``release_kv_cache`` does under a disabled tree (SGLang 0.5.23 always builds one): its slots
     go back as segments, its row to the request table. Returns the slots it held."""
+    _checks.duck("req_to_token_pool", req_to_token_pool, *TABLE)
+    _check_running(req, "release_kv_row")
+    _checks.integer(
+        "swa_evicted_seqlen", swa_evicted_seqlen, 0, req.kv.kv_allocated_len
+    )
     kv = req.kv
     slots = req_to_token_pool.req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].to(
         torch.int64
@@ -377,31 +401,105 @@ def release_kv_row(
 # -- argument checks (memlab's, at the boundary: SGLang's scheduler builds these batches itself) --
 
 
-def _check_extend(reqs, extend_lens, prefix_indices) -> None:
-    # before any row is taken: a negative length refused by the allocator would leave its row taken
+TABLE = (("req_to_token", "alloc", "free", "write"), "a ReqToTokenPool")
+ALLOCATOR = (("alloc_extend", "alloc_decode", "page_size"), "an allocator")
+TREE = (("supports_prefix_sharing", "evictable_size", "checkpoint"), "a prefix cache")
+
+
+def _check_batch(pool, allocator, tree, reqs) -> None:
+    """The books a batch runs on (the tree may be None), and its requests, each once."""
+    _checks.duck("req_to_token_pool", pool, *TABLE)
+    _checks.duck("allocator", allocator, *ALLOCATOR)
+    _checks.duck("tree_cache", tree, *TREE, optional=True)
+    _checks.each_once("reqs", reqs, Req, "alloc")
+
+
+def _check_extend(pool, allocator, reqs, extend_lens, prefix_indices, tree) -> None:
+    # before any row is taken: a bad argument found later would leave its row taken
+    _check_batch(pool, allocator, tree, reqs)
     _checks.int_list("extend_lens", extend_lens, -_checks.INT32_MAX)
-    if len(extend_lens) != len(reqs):
-        raise ValueError(
-            f"extend_lens has {len(extend_lens)} entries for {len(reqs)} requests: one each"
-        )
-    for i, (r, n) in enumerate(zip(reqs, extend_lens)):
+    hits = [None] * len(reqs) if prefix_indices is None else prefix_indices
+    _checks.instance("prefix_indices", hits, (list, tuple), "a list")
+    if not len(extend_lens) == len(hits) == len(reqs):
+        raise ValueError(f"{len(extend_lens)} extend_lens, {len(hits)} prefix_indices")
+    for i, (r, n, hit) in enumerate(zip(reqs, extend_lens, hits)):
+        _check_hit(allocator, hit)
+        p = 0 if hit is None else len(hit)  # the prefix: the hit's, or a chunk's so far
+        p = r.kv.kv_allocated_len if r.kv.holds_kv else p
         if n < 0:
-            hit = prefix_indices[i] if prefix_indices is not None else None
-            p = (
-                r.kv.kv_allocated_len
-                if r.kv.holds_kv
-                else 0
-                if hit is None
-                else len(hit)
-            )
             raise ValueError(
-                f"request {i}: seq_len {p + n} is shorter than its prefix {p} (extend_lens[{i}] = {n})"
+                f"request {i}: seq_len {p + n} is shorter than its prefix {p} "
+                f"(extend_lens[{i}] = {n})"
             )
 
 
-def _check_decode(reqs) -> None:
-    rowless = next((r for r in reqs if not r.kv.holds_kv), None)
-    if rowless is not None:
+def _check_hit(allocator, hit) -> None:
+    """A cache hit's slots: 1-D ids (in debug mode, slots the allocator holds: they are the tree's,
+    and SGLang trusts the tree that found them)."""
+    if hit is not None:
+        _checks.index_tensor("prefix_indices[i]", hit, ndim=1)
+        if allocator.debug_mode and len(hit) and hasattr(allocator, "_ledger"):
+            _checks.held_slots(allocator, "prefix_indices", hit)
+
+
+def _check_decode(pool, allocator, reqs, tree) -> None:
+    _check_batch(pool, allocator, tree, reqs)
+    for r in reqs:
+        _check_running(r, "a decode step (it continues what alloc_for_extend began)")
+
+
+def _check_running(req, where: str) -> None:
+    """A request that holds a row (one released already holds none)."""
+    _checks.instance("req", req, Req)
+    if not req.kv.holds_kv:
+        raise ValueError(f"{where}: {req!r} holds no row (released, or never begun)")
+
+
+def _check_release(req, tree, checkpoint) -> None:
+    _checks.duck("tree_cache", tree, *TREE)
+    _checks.instance("checkpoint", checkpoint, bool)
+    n = (
+        req.kv.cache_protected_len
+    )  # the tree protects them: the request holds their lock
+    if req.lock is None and n > 0 and not getattr(tree, "disable", False):
         raise ValueError(
-            f"{rowless!r} holds no row: a decode step continues requests that alloc_for_extend began"
+            f"{req!r}: no lock (req.lock None) on its {n} protected tokens"
         )
+
+
+def _check_free_kv_row(pool, allocator, kv, ranges, swa_evicted_seqlen) -> list:
+    """Half-open ``(start, end)`` int pairs inside what the request owns, and the window's
+    cursor: whole pages of the row."""
+    _checks.duck("req_to_token_pool", pool, *TABLE)
+    _checks.duck("allocator", allocator, *ALLOCATOR)
+    _checks.instance("kv", kv, ReqKvInfo)
+    lo, hi = kv.cache_protected_len, kv.kv_allocated_len
+    for start, end in _ranges(ranges):
+        if not (kv.holds_kv and lo <= start <= end <= hi):
+            raise ValueError(f"range ({start}, {end}) is not inside what {kv!r} owns")
+    cursor = _checks.integer("swa_evicted_seqlen", swa_evicted_seqlen, 0, hi)
+    if cursor % allocator.page_size:
+        raise ValueError(f"swa_evicted_seqlen {cursor} is not whole pages")
+    return ranges
+
+
+def _ranges(ranges) -> list:
+    """Half-open ``(start, end)`` pairs of ints."""
+    _checks.instance("ranges", ranges, (list, tuple), "a list of (start, end)")
+    for rng in ranges:
+        _checks.instance("each range", rng, (list, tuple), "a (start, end) pair")
+        if len(_checks.int_list("a range", rng)) != 2:
+            raise TypeError(f"a range is (start, end), got {rng!r}")
+    return ranges
+
+
+def _check_last_loc(req_to_token, rows, prefix_lens) -> None:
+    """The table (2-D), one row and one prefix length per request; on the CPU, each inside it."""
+    _checks.index_tensor("req_to_token", req_to_token, ndim=2)
+    _checks.index_tensor("req_pool_indices", rows, req_to_token.device, ndim=1)
+    _checks.index_tensor("prefix_lens", prefix_lens, req_to_token.device, ndim=1)
+    if rows.shape != prefix_lens.shape:
+        raise ValueError(f"{len(rows)} rows for {len(prefix_lens)} prefix lengths")
+    if req_to_token.device.type == "cpu" and len(rows):
+        _checks.values_in("req_pool_indices", rows, 0, req_to_token.shape[0] - 1)
+        _checks.values_in("prefix_lens", prefix_lens, 0, req_to_token.shape[1])

@@ -1,4 +1,4 @@
-"""HiCache's host tier (sglang/srt/mem_cache/pool_host/, managers/cache_controller.py): below the allocator.
+"""HiCache's host tier, below the allocator (sglang/srt/mem_cache/pool_host/).
 
 The device pool is small and fast; host memory is large. HiCache keeps a second KV pool in host
 memory and lets the radix tree's nodes live on the device, on the host, or both:
@@ -32,19 +32,26 @@ import heapq
 
 import torch
 
+from memlab.common import _checks
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.kv_pool import (
     HostPoolDecl,
 )  # the declaration lives with the device pool
 from memlab.sglang.page_copy import transfer_pages
-from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeNode
+from memlab.sglang.radix_cache import (
+    MatchResult,
+    RadixCache,
+    TreeNode,
+    _check_node,
+    _validate_init,
+)
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 def transfer_indices(device_pool, device_indices: torch.Tensor) -> torch.Tensor:
-    """Slot ids as a copy addresses the device pool's buffers: the pool's ``host_transfer_translate``
-    when it has one (virtual ids), else the ids themselves."""
+    """Slot ids as a copy addresses the device pool's buffers: the pool's
+    ``host_transfer_translate`` when it has one (virtual ids), else the ids themselves."""
     translate = getattr(device_pool, "host_transfer_translate", None)
     return device_indices if translate is None else translate(device_indices)
 
@@ -63,6 +70,7 @@ class HostKVCache:
         pin_memory: bool | None = None,
         debug_mode: bool = False,
     ):
+        _check_host_kv_cache(decl, size, page_size)
         self.decl, self.page_size, self.layer_num = decl, page_size, decl.layer_num
         self.size = size // page_size * page_size
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -187,6 +195,26 @@ class HiCacheController:
         return self.mem_pool_host.free(host_indices)
 
 
+class HiTreeNode(TreeNode):
+    """A node of the tree over both tiers: the base node's fields, and its host copy
+    (``host_value``, host slots of the same tokens) with the load-backs reading it now
+    (``host_lock_ref``)."""
+
+    __slots__ = ("host_value", "host_lock_ref")
+
+    def __init__(self, id: int, last_access_time: int, priority: int = 0):
+        super().__init__(id, last_access_time, priority)
+        self.host_value: torch.Tensor | None = None
+        self.host_lock_ref = 0
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
+
+    def _where(self) -> str:
+        return "host" if self.evicted else "device" + ("+host" if self.backuped else "")
+
+
 class HiRadixCache(RadixCache):
     """A radix tree whose nodes may hold their KV on the device, on the host, or both.
 
@@ -205,6 +233,9 @@ class HiRadixCache(RadixCache):
         debug_mode: bool = False,
         req_to_token_pool=None,
     ):
+        _validate_init(token_to_kv_pool_allocator, None, None)
+        _checks.instance("token_to_kv_pool_host", token_to_kv_pool_host, HostKVCache)
+        _checks.integer("load_back_threshold", load_back_threshold)
         self.token_to_kv_pool_host = token_to_kv_pool_host
         self.cache_controller = HiCacheController(
             token_to_kv_pool_allocator,
@@ -230,71 +261,53 @@ class HiRadixCache(RadixCache):
         super().reset()
         self.token_to_kv_pool_host.clear()
 
+    # -- the tree's nodes carry a host copy -------------------------------------------------
+
+    def _new_node(self) -> HiTreeNode:
+        return HiTreeNode(next(self._ids), next(self._clock))
+
+    def _split_node(self, child: HiTreeNode, split_len: int) -> HiTreeNode:
+        """As RadixCache's, and the host copy splits at the same token."""
+        host = child.host_value
+        new_node = super()._split_node(child, split_len)
+        if host is not None:
+            new_node.host_value = host[:split_len].clone()
+            child.host_value = host[split_len:].clone()
+        return new_node
+
     # -- match: walk through host-only nodes too ----------------------------------------------
 
-    def match_prefix(self, key) -> MatchResult:
-        """As RadixCache's, but the walk continues through nodes that live only on the host:
-        ``last_host_node`` ends the whole match, ``last_device_node`` its device part, and
-        ``host_hit_length`` counts the tokens between them (to load back, or to recompute)."""
-        key = self.page_aligned(key)
-        if self.disable or len(key) == 0:
-            return MatchResult(0, self.root_node, self.root_node)
-        value, last_node = self._match_prefix_helper(self.root_node, key)
+    def _match_result(self, value: list, last_node: HiTreeNode) -> MatchResult:
+        """The walk went on through nodes that live only on the host: ``last_host_node`` ends
+        the whole match, ``last_device_node`` its device part, and ``host_hit_length`` counts
+        the tokens between them (to load back, or to recompute)."""
         host_hit_length, last_device_node = 0, last_node
         while last_device_node.evicted:
             host_hit_length += len(last_device_node.host_value)
             last_device_node = last_device_node.parent
-        if self.debug_mode:
-            self._check_tree()
         return MatchResult(
             sum(len(v) for v in value if v is not None),
             last_device_node,
+            last_node,
             last_node,
             host_hit_length,
         )
 
     # -- insert: revive host-only nodes, back new nodes up ----------------------------------
 
-    def _insert_helper(
-        self,
-        node: TreeNode,
-        key: tuple,
-        value: torch.Tensor,
-        priority: int | None = 0,
-        inserted_len: int = 0,
-    ):
-        priority = priority or 0
-        access_time = next(self._clock)
-        node.last_access_time = access_time
-        node.priority = max(node.priority, priority)
-        total_prefix_length = offset = 0
-        while (
-            offset < len(key)
-            and (child := node.children.get(self._child_key(key, offset))) is not None
-        ):
-            node = child
-            node.last_access_time = access_time
-            prefix_len = self._key_match(node.key, key, offset)
-            if prefix_len < len(node.key):
-                node = self._split_node(node, prefix_len)
-            node.priority = max(node.priority, priority)
-            if node.evicted:
-                # The request recomputed KV the tree only had on the host: the node adopts the
-                # request's device slots (they are not duplicates: prefix_len does not count them).
-                node.value = value[offset : offset + prefix_len].clone()
-                self.evictable_size_ += len(node.value)
-                self._update_leaf_status(node)
-                self._update_leaf_status(node.parent)
-            else:
-                total_prefix_length += prefix_len
-                if offset + prefix_len > inserted_len:  # counted once per request
-                    self._inc_hit_count(node)
-            offset += prefix_len
-        if offset < len(key):
-            node = self._add_leaf(node, key[offset:], value[offset:].clone(), priority)
-            if len(key) > inserted_len:
-                self._inc_hit_count(node)
-        return total_prefix_length, node
+    def _insert_matched(self, node, value, offset, prefix_len, inserted_len) -> int:
+        """A node on the device counts as RadixCache's. A node that lives only on the host adopts
+        the request's device slots: the request recomputed KV the tree had on the host only, so
+        those slots are no duplicates (they do not count in ``prefix_len``)."""
+        if not node.evicted:
+            return super()._insert_matched(
+                node, value, offset, prefix_len, inserted_len
+            )
+        node.value = value[offset : offset + prefix_len].clone()
+        self.evictable_size_ += len(node.value)
+        self._update_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return 0
 
     def _inc_hit_count(self, node: TreeNode) -> None:
         """Count a hit; write-through backs the node up once it reaches the threshold."""
@@ -310,6 +323,9 @@ class HiRadixCache(RadixCache):
         Write-through backs up the node's unbacked ancestors in the same copy, ancestors first,
         so a node on the host never hangs below a node that is nowhere but the device.
         """
+        _checks.instance("node", node, HiTreeNode)
+        if node.evicted or node is self.root_node:
+            raise ValueError(f"write_backup: {node!r} holds no device slots to back up")
         chain = [node]
         while (
             not write_back
@@ -333,30 +349,13 @@ class HiRadixCache(RadixCache):
 
     # -- device eviction: demote to the host, or drop ----------------------------------------
 
-    def evict(self, num_tokens: int) -> EvictResult:
-        """Free ``num_tokens`` of device slots, least recently used leaves first. A leaf with a
-        host copy is demoted (its device slots go, the node stays on the host); write-back first
-        makes that copy; a leaf that cannot get one is dropped with everything below it."""
-
-        eviction_heap = [(n.last_access_time, n.id, n) for n in self.evictable_leaves]
-        heapq.heapify(eviction_heap)
-        num_evicted = 0
-        while num_evicted < num_tokens and eviction_heap:
-            _, _, x = heapq.heappop(eviction_heap)
-            if x.backuped or (
-                self.is_write_back and self.write_backup(x, write_back=True)
-            ):
-                num_evicted += self._evict_backuped(x)
-            else:
-                num_evicted += self._evict_regular(x)
-            if x.parent in self.evictable_leaves:
-                heapq.heappush(
-                    eviction_heap, (x.parent.last_access_time, x.parent.id, x.parent)
-                )
-        self.num_evicted_tokens += num_evicted
-        if self.debug_mode:
-            self._check_tree()
-        return EvictResult(num_evicted)
+    def _evict_leaf(self, x: HiTreeNode) -> int:
+        """A leaf with a host copy is demoted (its device slots go, the node stays on the host);
+        write-back first makes that copy; a leaf that cannot get one is dropped with everything
+        below it. ``evict`` is RadixCache's: least recently used leaves first."""
+        if x.backuped or (self.is_write_back and self.write_backup(x, write_back=True)):
+            return self._evict_backuped(x)
+        return self._evict_regular(x)
 
     def _evict_backuped(self, node: TreeNode) -> int:
         """Demote: free the device slots, keep the node with its host copy."""
@@ -387,6 +386,7 @@ class HiRadixCache(RadixCache):
     def evict_host(self, num_tokens: int) -> int:
         """Free ``num_tokens`` of host slots: host-only leaves, least recently used first.
         Nodes still on the device keep their host copy (it makes their next eviction free)."""
+        _checks.integer("num_tokens", num_tokens)
         leaves = [
             n
             for n in self._all_nodes()
@@ -423,6 +423,7 @@ class HiRadixCache(RadixCache):
         device slots (in path order) or None (too few tokens to bother, or no room even after
         evicting). Order: lock the device ancestors, take device pages (evicting if short), copy
         host -> device into them, then re-point the nodes at their new slots."""
+        _check_node(self, node, on_host=True)
         nodes_to_load = []
         while node.evicted:
             nodes_to_load.append(node)
@@ -467,6 +468,8 @@ class HiRadixCache(RadixCache):
         node to lock). When loading is refused (fewer host tokens than ``load_back_threshold``, or
         no room even after evicting): an empty tensor and the last node of the match's device part,
         which the caller then locks; the host part is recomputed."""
+        _checks.integer("host_hit_length", host_hit_length)
+        _checks.instance("last_node", last_node, HiTreeNode)
         if last_node.evicted:
             loading_values = self.load_back(last_node)
             if loading_values is not None:
@@ -477,6 +480,9 @@ class HiRadixCache(RadixCache):
 
     # -- debug mode ----------------------------------------------------------------------------
 
+    def _node_values(self, node: HiTreeNode) -> tuple:
+        return node.value, node.host_value
+
     def _check_tree(self) -> None:
         super()._check_tree()
         for n in self._all_nodes():
@@ -486,3 +492,14 @@ class HiRadixCache(RadixCache):
                 assert all(c.evicted for c in n.children.values()), (
                     f"{n} is on the host above a device node"
                 )
+
+
+# -- argument checks at the boundary -------------------------------------------------------------
+
+
+def _check_host_kv_cache(decl, size, page_size) -> None:
+    _checks.instance("decl", decl, HostPoolDecl, "a device pool's host_pool_decls()[i]")
+    page_size = _checks.integer("page_size", page_size, 1)
+    _checks.integer(
+        "size (host tokens, a page at least)", size, page_size, _checks.INT32_MAX
+    )

@@ -8,12 +8,22 @@ neighbours) absorbs writes of padded tokens. A pool holds only the layers
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
 
 from memlab.common import _checks
 from memlab.common.env import resolve_device
+
+# The bytes-per-token formulas both engines share (chapter 02), written once in common.models;
+# imported here too, so ``from memlab.sglang.kv_pool import mha_bytes_per_token`` keeps working.
+from memlab.common.models import (
+    DSA_QUANT_BLOCK,
+    dsa_index_bytes_per_token,
+    mha_bytes_per_token,
+    mla_bytes_per_token,
+)
 
 FP8_DTYPES = tuple(
     getattr(torch, n)
@@ -26,35 +36,16 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def mha_bytes_per_token(
-    layer_num: int,
-    head_num: int,
-    head_dim: int,
-    v_head_dim: int | None = None,
-    dtype_bytes: int = 2,
-) -> int:
-    """K and V for every layer: ``L * H * (d + d_v) * b`` (``2 * L * H * d * b`` when d_v == d)."""
-    v_head_dim = head_dim if v_head_dim is None else v_head_dim
-    return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
-
-
-def mla_bytes_per_token(
-    layer_num: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 2
-) -> int:
-    """One latent vector per layer: ``L * (r + d_r) * b``; V is a view of it, so nothing more."""
-    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
-
-
-DSA_QUANT_BLOCK = (
-    128  # SGLang's DSATokenToKVPool.quant_block_size: one fp32 scale per 128 fp8 values
-)
-
-
-def dsa_index_bytes_per_token(layer_num: int, index_head_dim: int = 128) -> int:
-    """The DeepSeek sparse-attention indexer's key cache: per layer one fp8 key of
-    ``index_head_dim`` values and one fp32 scale per 128 of them, whatever the KV dtype:
-    ``L * (d_idx + d_idx / 128 * 4)`` (132 bytes a layer for d_idx = 128)."""
-    return layer_num * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
+def total_kv_size_bytes(pool) -> int:
+    """A pool's ``get_kv_size_bytes()`` as one number; behind the deprecated ``kv_size_bytes()``."""
+    warnings.warn(
+        "kv_size_bytes() is memlab's old name: call get_kv_size_bytes() (SGLang's: a "
+        "(K bytes, V bytes) pair for pools with keys and values, one int for MLA)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    size = pool.get_kv_size_bytes()
+    return sum(size) if isinstance(size, tuple) else size
 
 
 class BufferDecl(NamedTuple):
@@ -134,9 +125,15 @@ class KVCache:
         )
         return (HostPoolDecl("kv", self, self.layer_num, buffers),)
 
-    def kv_size_bytes(self) -> int:
-        """Bytes the pool really holds (padding page included), from the tensors themselves."""
+    def get_kv_size_bytes(self):
+        """Bytes the pool's tensors really hold (padding page included), as SGLang 0.5.23 reports
+        them: a ``(K bytes, V bytes)`` pair for a pool with keys and values, one int for a latent
+        (MLA) pool."""
         return sum(t.nbytes for t in self.buffers())
+
+    def kv_size_bytes(self) -> int:
+        """Deprecated, memlab's old name: the total of ``get_kv_size_bytes()``."""
+        return total_kv_size_bytes(self)
 
     @property
     def bytes_per_token(self) -> int:
@@ -172,7 +169,7 @@ class MHATokenToKVPool(KVCache):
         self._create_buffers()
 
     def _create_buffers(self) -> None:
-        """One K and one V tensor per layer (the unified pool's subclass puts views here instead)."""
+        """One K and one V tensor per layer (the unified pool's subclass puts views here)."""
         rows, z = (
             self.size + self.page_size,
             dict(dtype=self.store_dtype, device=self.device),
@@ -196,6 +193,12 @@ class MHATokenToKVPool(KVCache):
             dtype_bytes(self.store_dtype),
         )
 
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return (
+            sum(t.nbytes for t in self.k_buffer),
+            sum(t.nbytes for t in self.v_buffer),
+        )
+
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[self._local(layer_id)])
 
@@ -208,7 +211,7 @@ class MHATokenToKVPool(KVCache):
     def set_kv_buffer(
         self, layer_id, loc, cache_k, cache_v, k_scale=None, v_scale=None
     ) -> None:
-        """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (optionally divided by scales)."""
+        """Write the K/V of ``len(loc)`` tokens into slots ``loc`` (divided by scales if given)."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
         _check_kv_write(
@@ -276,7 +279,7 @@ class MLATokenToKVPool(KVCache):
     def set_kv_buffer(
         self, layer_id, loc, cache_k, cache_v=None, k_scale=None, v_scale=None
     ) -> None:
-        """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no separate V to write."""
+        """Write latent vectors ``cache_k`` (tokens, 1, r + d_r); there is no V to write apart."""
         i = self._local(getattr(layer_id, "layer_id", layer_id))
         loc = self._write_ids(loc)
         _check_kv_write(
@@ -332,6 +335,9 @@ class MHATokenToKOnlyPool(KVCache):
             * self.head_dim
             * dtype_bytes(self.store_dtype)
         )
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return sum(t.nbytes for t in self.k_buffer), 0
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[self._local(layer_id)])
@@ -417,8 +423,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_with_scale_buffer[self._local(layer_id)]
 
-    def kv_size_bytes(self) -> int:
-        return super().kv_size_bytes() + sum(
+    def get_kv_size_bytes(self) -> int:
+        return super().get_kv_size_bytes() + sum(
             t.nbytes for t in self.index_k_with_scale_buffer
         )
 
@@ -439,14 +445,13 @@ KV_INPUT_DTYPES = (
     torch.float32,
     torch.float64,
 ) + FP8_DTYPES
-MAX_LAYERS = 4096  # a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
+# a bound far above any model (DeepSeek V3: 61 layers): the buffers are built one per layer
+MAX_LAYERS = 4096
 
 
 def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -> None:
-    (
-        _checks.integer("size", size, 1, _checks.INT32_MAX),
-        _checks.integer("page_size", page_size, 1, _checks.INT32_MAX),
-    )
+    _checks.integer("size", size, 1, _checks.INT32_MAX)
+    _checks.integer("page_size", page_size, 1, _checks.INT32_MAX)
     _checks.integer("layer_num", layer_num, 1, MAX_LAYERS)
     start_layer = (
         0 if start_layer is None else _checks.integer("start_layer", start_layer)
@@ -458,7 +463,8 @@ def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -
     )
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(
-            f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one (torch.float16, bfloat16, float32, fp8)"
+            f"a KV pool stores floating-point K/V: dtype {dtype!r} is not one "
+            "(torch.float16, bfloat16, float32, fp8)"
         )
     if end_layer - start_layer + 1 != layer_num:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""Linear-attention state per request (sglang/srt/mem_cache/memory_pool.py: MambaPool, HybridReqToTokenPool).
+"""Linear-attention state per request (MambaPool of sglang/srt/mem_cache/memory_pool.py).
 
 A linear layer keeps no KV per token; it keeps one fixed-size state per request (a conv state:
 the last ``kernel - 1`` inputs per channel, and a temporal state: the recurrence's matrix). So
@@ -10,6 +10,7 @@ state and which extra "tracking" slots it may write snapshots to (``HybridReqToT
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod
 
 import torch
 
@@ -32,13 +33,21 @@ def mamba_tracking_slots(extra_buffer: bool, overlap: bool, lazy: bool = False) 
     return 2 if overlap else 1
 
 
-def _slot_tensor(slots, device) -> torch.Tensor:
-    t = torch.as_tensor(slots, device=device)
-    if t.dtype not in (torch.int32, torch.int64) or t.dim() > 1:
-        raise TypeError(
-            f"slots must be a 1-D integer tensor or list, got {t.dtype} of shape {tuple(t.shape)}"
+def _slot_tensor(name: str, slots, device, hi: int) -> torch.Tensor:
+    """Slots (or rows) ``0..hi`` as an int64 tensor: a 0-d or 1-D integer tensor on ``device``,
+    or a list of ints. Their values are read where that costs no sync (the CPU)."""
+    if isinstance(slots, torch.Tensor):
+        _checks.index_tensor(name, slots, device)
+    else:
+        slots = torch.tensor(
+            _checks.int_list(name, slots), dtype=torch.int64, device=device
         )
-    return t.reshape(-1).to(torch.int64)
+    t = slots.reshape(-1).to(torch.int64)
+    if slots.dim() > 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(slots.shape)}")
+    if t.device.type == "cpu":
+        _checks.values_in(name, t, 0, hi)
+    return t
 
 
 class MambaSlotAllocator:
@@ -72,6 +81,7 @@ class MambaSlotAllocator:
         return out
 
     def free(self, slots: torch.Tensor) -> None:
+        """Give slots back (to the tail). A slot freed twice is refused in debug mode only."""
         _checks.index_tensor(
             "slots", slots, self.device, ndim=1
         )  # a tensor, as SGLang's MambaPool.free takes
@@ -120,13 +130,14 @@ class MambaPool:
         ssm_dtype: torch.dtype = torch.float32,
         device="cpu",
     ):
-        _checks.integer(
-            "num_mamba_layers (at least one mamba layer)", num_mamba_layers, 1
+        _check_mamba_pool(
+            size,
+            num_mamba_layers,
+            conv_state_shape,
+            temporal_state_shape,
+            conv_dtype,
+            ssm_dtype,
         )
-        if len(conv_state_shape) == 0:
-            raise ValueError(
-                "conv_state_shape lists the conv-state components: at least one shape"
-            )
         self.size, self.device = size, resolve_device(device)
         self.num_mamba_layers = num_mamba_layers
         self.conv = [
@@ -152,9 +163,11 @@ class MambaPool:
         ``clear_slots(slots)`` and ``copy_slots(src, dst)``.
         """
         if isinstance(state, torch.Tensor):
-            if state.shape[0] != self.size + 1:
+            _checks.tensor("state", state, device=self.device)
+            if state.dim() == 0 or state.shape[0] != self.size + 1:
                 raise ValueError(
-                    f"a slot state needs {self.size + 1} rows (slot 0 padding), got {state.shape[0]}"
+                    f"a slot state needs {self.size + 1} rows (slot 0 padding), got "
+                    f"{tuple(state.shape)}"
                 )
             state = _TensorSlotState(state)
         elif not all(
@@ -167,8 +180,8 @@ class MambaPool:
 
     # -- slot contents ------------------------------------------------------------------------
     def clear_slots(self, slots) -> None:
-        """Zero the state of ``slots`` (SGLang runs this on the forward stream, before the extend)."""
-        slots = _slot_tensor(slots, self.device)
+        """Zero the state of ``slots`` (SGLang does it on the forward stream, before the extend)."""
+        slots = _slot_tensor("slots", slots, self.device, self.size)
         for c in self.conv:
             c[:, slots] = 0
         self.temporal[:, slots] = 0
@@ -177,7 +190,8 @@ class MambaPool:
 
     def copy_slots(self, src, dst) -> None:
         """State of slots ``src`` -> slots ``dst`` (e.g. a snapshot into a tracking slot)."""
-        src, dst = _slot_tensor(src, self.device), _slot_tensor(dst, self.device)
+        src = _slot_tensor("src", src, self.device, self.size)
+        dst = _slot_tensor("dst", dst, self.device, self.size)
         if src.numel() != dst.numel():
             raise ValueError(f"copy of {src.numel()} slots into {dst.numel()}")
         for c in self.conv:
@@ -189,7 +203,8 @@ class MambaPool:
     def move_slots(self, src, dst) -> None:
         """State of slots ``src`` -> slots ``dst``, then ``src`` cleared (a slot in both keeps what
         it received). Every registered state moves too."""
-        src, dst = _slot_tensor(src, self.device), _slot_tensor(dst, self.device)
+        src = _slot_tensor("src", src, self.device, self.size)
+        dst = _slot_tensor("dst", dst, self.device, self.size)
         if src.numel() != dst.numel():
             raise ValueError(f"move of {src.numel()} slots into {dst.numel()}")
         self.copy_slots(src, dst)
@@ -198,7 +213,10 @@ class MambaPool:
     def get_state(self, mamba_layer_idx: int):
         """(conv, temporal) of one mamba layer, indexed by slot: conv is a list over its components
         (SGLang's ``State.at_layer_idx``)."""
-        return [c[mamba_layer_idx] for c in self.conv], self.temporal[mamba_layer_idx]
+        i = _checks.integer(
+            "mamba_layer_idx", mamba_layer_idx, 0, self.num_mamba_layers - 1
+        )
+        return [c[i] for c in self.conv], self.temporal[i]
 
     def bytes_per_slot(self) -> int:
         return sum(c[:, 0].nbytes for c in self.conv) + self.temporal[:, 0].nbytes
@@ -301,7 +319,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     # -- layers -----------------------------------------------------------------------------
     def mamba_layer_index(self, layer_id: int) -> int:
         try:
-            return self.mamba_map[layer_id]
+            return self.mamba_map[_checks.integer("layer_id", layer_id)]
         except KeyError:
             raise ValueError(
                 f"layer {layer_id} is not a mamba layer (mamba layers: {sorted(self.mamba_map)})"
@@ -328,7 +346,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         its state keeps it. None when rows or slots are short, and then nothing was taken
         (memlab's choice: SGLang takes the rows, then asserts when state slots are short; its
         scheduler checks them first, ``ensure_mamba_capacity``)."""
-        reqs = list(reqs)
+        reqs = self._check_alloc(reqs)
         need = sum(1 for r in reqs if not r.kv.holds_mamba)
         if self.enable_mamba_extra_buffer:
             need += self.mamba_initial_tracking_slots * sum(
@@ -388,9 +406,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
     def ensure_tracking_slots(self, reqs) -> bool:
         """Lazy mode: give each request its missing tracking slots now (in its buffer and in its
         row); False (nothing taken) when short."""
-        reqs = list(
-            {id(r): r for r in reqs}.values()
-        )  # a request listed twice would take two sets
+        reqs = _checks.each_once("reqs", reqs, Req, "call", merge=True)  # each row once
+        if not self.enable_mamba_extra_buffer or any(
+            not r.kv.holds_mamba for r in reqs
+        ):
+            raise ValueError(
+                "tracking slots need the extra buffer and requests that hold their state"
+            )
         missing = [
             (r, int(i))
             for r in reqs
@@ -421,6 +443,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
     ) -> None:
         """Give back the request's state slot and its tracking slots (but the one at position
         ``mamba_ping_pong_track_buffer_to_keep``, which a tree adopted), state first."""
+        _checks.instance("req", req, Req)
         _validate_free_mamba_cache(
             req,
             mamba_ping_pong_track_buffer_to_keep,
@@ -447,7 +470,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         in ``prepare_for_extend`` and ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``
         on the forward stream, in one step here)."""
         clear, src, dst = [], [], []
-        for r in reqs:
+        for r in _checks.each_once("reqs", reqs, Req, "batch"):
             kv = r.kv
             if kv.mamba_cow_src_index is not None:
                 src.append(kv.mamba_cow_src_index.reshape(1))
@@ -462,9 +485,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     # -- state slots of running requests ----------------------------------------------------
     def get_mamba_indices(self, rows) -> torch.Tensor:
-        return self.req_index_to_mamba_index_mapping[
-            _slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)
-        ]
+        table = self.req_index_to_mamba_index_mapping
+        return table[_slot_tensor("rows", rows, table.device, self.size)]
 
     def next_track_slots(self, rows) -> torch.Tensor:
         """The tracking slot each row writes its next snapshot to; flips the ping-pong index."""
@@ -473,7 +495,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             raise ValueError(
                 "no tracking slots: the pool was built without enable_mamba_extra_buffer"
             )
-        r = _slot_tensor(rows, pp.device)
+        r = _slot_tensor("rows", rows, pp.device, self.size)
         idx = self.mamba_next_track_idx[r]
         slots = pp[r, idx]
         if (self.debug_mode or slots.device.type == "cpu") and bool((slots < 1).any()):
@@ -486,12 +508,14 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def track_state(self, rows, seq_lens) -> torch.Tensor:
         """Snapshot each row's state into its next tracking slot (what a prefix cache keeps)."""
-        r = _slot_tensor(rows, self.req_index_to_mamba_index_mapping.device)
+        device = self.req_index_to_mamba_index_mapping.device
+        r = _slot_tensor("rows", rows, device, self.size)
+        lens = _slot_tensor("seq_lens", seq_lens, device, _checks.INT32_MAX)
+        if lens.shape != r.shape:
+            raise ValueError(f"{len(lens)} seq_lens for {len(r)} rows")
         dst = self.next_track_slots(r)
         self.mamba_pool.copy_slots(self.req_index_to_mamba_index_mapping[r], dst)
-        self.mamba_last_track_seqlen[r] = torch.as_tensor(
-            seq_lens, dtype=torch.int64, device=r.device
-        )
+        self.mamba_last_track_seqlen[r] = lens
         return dst
 
     def held_mamba_slots(self) -> torch.Tensor:
@@ -507,6 +531,31 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
 
 # -- argument checks at the boundary ----------------------------------------------------------
+
+
+def _check_mamba_pool(size, layers, conv_shapes, temporal_shape, conv_dtype, ssm_dtype):
+    """Positive sizes, one shape per conv-state component, floating-point state dtypes, and
+    buffers small enough to exist (2**48 elements each at most)."""
+    _checks.integer("size", size, 1, _checks.INT32_MAX)
+    _checks.integer("num_mamba_layers (at least one mamba layer)", layers, 1)
+    _checks.instance("conv_state_shape", conv_shapes, (list, tuple), "a list of shapes")
+    if len(conv_shapes) == 0:
+        raise ValueError(
+            "conv_state_shape lists the conv-state components: one shape at least"
+        )
+    for name, shape in [("conv_state_shape", s) for s in conv_shapes] + [
+        ("temporal_state_shape", temporal_shape)
+    ]:
+        dims = _checks.int_list(name, shape, 1, _checks.INT32_MAX)
+        if layers * (size + 1) * prod(dims) > 2**48:
+            raise ValueError(
+                f"{name} {tuple(dims)}: a buffer of more than 2**48 values"
+            )
+    for name, dtype in (("conv_dtype", conv_dtype), ("ssm_dtype", ssm_dtype)):
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(
+                f"{name} must be a floating-point torch.dtype, got {dtype!r}"
+            )
 
 
 def _validate_free_mamba_cache(req, keep, size) -> None:

@@ -1,4 +1,4 @@
-"""Moving pages between KV buffers, as HiCache's transfers do (sglang/kernels/ops/kvcache/hicache.py).
+"""Moving pages between KV buffers, as HiCache does (sglang/kernels/ops/kvcache/hicache.py).
 
 The references of kernels/page_copy.py, and HiCache's transfer between a device pool and a host
 pool built on them.
@@ -94,6 +94,7 @@ def transfer_pages(
     ``path``: "same_device", "device_to_host" or "host_to_device"; by default the buffers'
     devices decide. Naming a staged path on one device tests it without a GPU.
     """
+    _check_transfer(src, dst, src_pages, dst_pages, page_size, path)
     if path is None:
         path = (
             "same_device"
@@ -150,10 +151,41 @@ def transfer_pages(
 # -- argument checks (memlab's, at the boundary: SGLang's transfers trust their caller) ----------
 
 
+def _check_transfer(src, dst, src_pages, dst_pages, page_size, path) -> None:
+    """Two buffers of one row shape and dtype, one page id per page each way (each read where
+    its buffer lives: the copy checks them again, on its own device)."""
+    _checks.one_of(
+        "path", path, (None, "same_device", "device_to_host", "host_to_device")
+    )
+    _checks.integer("page_size", page_size, 1, _checks.INT32_MAX)
+    _checks.tensor("src", src)
+    _checks.tensor("dst", dst, (src.dtype,), like=" like src")
+    for name, t in (
+        ("src", src),
+        ("dst", dst),
+        ("src_pages", src_pages),
+        ("dst_pages", dst_pages),
+    ):
+        if name.endswith("pages"):
+            _checks.index_tensor(name, t, ndim=1)
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device: it holds no data")
+    if len(src_pages) != len(dst_pages) or src.shape[1:] != dst.shape[1:]:
+        raise ValueError(
+            f"src ({len(src_pages)} pages of rows {tuple(src.shape[1:])}) and dst "
+            f"({len(dst_pages)} pages of rows {tuple(dst.shape[1:])}) must match"
+        )
+
+
 def _check_copy(src, dst, src_pages, dst_pages, page_size, backend) -> None:
     _checks.one_of("backend", backend, BACKENDS)
     page_size = _checks.integer("page_size", page_size, 1)
-    _checks.tensor("src", src), _checks.tensor("dst", dst)
+    _checks.tensor("src", src)
+    _checks.tensor("dst", dst, (src.dtype,), shape=None, like=" like src")
+    if src.shape[1:] != dst.shape[1:]:
+        raise ValueError(
+            f"src rows {tuple(src.shape[1:])} and dst rows {tuple(dst.shape[1:])}"
+        )
     for name, pages, buf in (
         ("src_pages", src_pages, src),
         ("dst_pages", dst_pages, dst),
@@ -172,5 +204,5 @@ def _check_copy(src, dst, src_pages, dst_pages, page_size, backend) -> None:
             )
     if len(src_pages) != len(dst_pages):
         raise ValueError(
-            f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way per copy"
+            f"src_pages has {len(src_pages)} pages, dst_pages {len(dst_pages)}: one each way"
         )

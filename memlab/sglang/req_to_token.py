@@ -8,7 +8,6 @@ that these books read.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable
 
 import torch
@@ -18,8 +17,8 @@ from memlab.common.env import resolve_device
 
 
 class ReqKvInfo:
-    """A request's KV books (SGLang's ``ReqKvInfo``, managers/schedule_batch.py), kept on the request
-    as ``req.kv``. The request owns the KV slots at positions ``[cache_protected_len,
+    """A request's KV books (SGLang's ``ReqKvInfo``, managers/schedule_batch.py), kept on the
+    request as ``req.kv``. The request owns the KV slots at positions ``[cache_protected_len,
     kv_allocated_len)`` of its row; the prefix cache owns ``[0, cache_protected_len)`` (matched or
     inserted), so that part is never the request's to free.
 
@@ -36,6 +35,7 @@ class ReqKvInfo:
         "kv_committed_len",
         "kv_allocated_len",
         "swa_evicted_seqlen",
+        "swa_evict_floor",
         "mamba_pool_idx",
         "mamba_ping_pong_track_buffer",
         "mamba_cow_src_index",
@@ -53,6 +53,9 @@ class ReqKvInfo:
         # Positions before here gave their SWA slots back as the window moved on (the full side
         # still holds them): SGLang's ``get_evicted_seqlen(ComponentType.SWA)``.
         self.swa_evicted_seqlen = 0
+        # Prefill-aware SWA (SGLang's scheduler sets it to the prefill's end): [0, here) is never
+        # window-evicted, and the prefix cache keys nothing past it.
+        self.swa_evict_floor = 0
         self.mamba_pool_idx: torch.Tensor | None = (
             None  # its state slot (hybrid models), shape ()
         )
@@ -201,9 +204,7 @@ class ReqToTokenPool:
 
     def alloc(self, reqs: Iterable[Req]) -> list[int] | None:
         """Give each new request a row; a request continuing a chunked prefill keeps its row."""
-        _checks.instance("reqs", reqs, (list, tuple), "a list of Req")
-        reqs = list(reqs)
-        self._check_alloc(reqs)
+        reqs = self._check_alloc(reqs)
         new = [r for r in reqs if not r.kv.holds_kv]
         rows = self.alloc_rows(len(new))
         if rows is None:
@@ -240,55 +241,47 @@ class ReqToTokenPool:
             ) from None
 
     # -- argument checks (memlab's; SGLang asserts only that a kept row already holds KV) ----------
-    def _check_alloc(self, reqs: list) -> None:
+    def _check_alloc(self, reqs) -> list:
         """Each request once; a request that keeps its row (a chunked prefill) must already own KV
         and hold the row this pool gave it (not a free row, nor another request's)."""
-        dup = next(
-            (r for i, r in enumerate(reqs) if any(r is q for q in reqs[:i])), None
-        )
-        if dup is not None:
-            raise ValueError(
-                f"{dup!r} appears twice in one alloc: it would take two rows and leak one"
-            )
-        for r in reqs:
-            _checks.instance("each of reqs", r, Req)
+        for r in _checks.each_once("reqs", reqs, Req, "alloc"):
             row = r.kv.req_pool_idx
-            if r.kv.holds_kv and (
-                r.kv.kv_allocated_len <= 0
-                or not isinstance(row, int)
-                or not 0 < row <= self.size
-                or self._row_owner[row] is not r
-            ):
+            ours = (
+                type(row) is int and 0 < row <= self.size and self._row_owner[row] is r
+            )
+            if r.kv.holds_kv and not (ours and r.kv.kv_allocated_len > 0):
                 raise ValueError(
-                    f"{r!r} claims row {row!r}, which this pool did not give it, or owns no KV yet: "
-                    "only a chunked prefill that already wrote KV keeps its row"
+                    f"{r!r} claims row {row!r}, which this pool did not give it, or owns no KV "
+                    "yet: only a chunked prefill that already wrote KV keeps its row"
                 )
+        return list(reqs)
 
     def _check_free(self, row) -> None:
-        if isinstance(row, bool) or not isinstance(row, numbers.Integral):
-            raise TypeError(f"cannot free row {row!r}: a row is an int")
-        if not 1 <= row <= self.size:
-            raise ValueError(
-                f"cannot free row {row}: rows are 1..{self.size} (row 0 is padding)"
-            )
+        _checks.integer("row to free (row 0 is padding)", row, 1, self.size)
         if self._row_free[row]:
             raise ValueError(f"double free: row {row} is already free")
 
     def _check_write(self, indices, values) -> None:
-        if indices is None:  # req_to_token[None] is the whole table
-            raise TypeError(
-                "write needs row indices, got None (it would overwrite every row)"
-            )
         if type(values) is not int:  # one slot id, or a tensor of them
             _checks.index_tensor(
-                "values (slot ids)", values, self.device, owner="request table"
+                "values (slot ids)", values, self.device, owner="table"
             )
+        parts = indices if isinstance(indices, tuple) else (indices,)
+        if len(parts) > 2 or not all(_is_index(ix) for ix in parts):
+            raise TypeError(
+                "indices must be a row, or (rows, positions): ints, slices or int tensors, "
+                f"got {indices!r} (None would write every row)"
+            )
+        # an int row or position is read; a tensor of them is the caller's contract, as in SGLang
         for name, ix, hi in zip(
-            ("indices (row)", "indices (position)"),
-            indices if isinstance(indices, tuple) else (indices,),
-            (self.size, self.max_context_len - 1),
+            ("row", "position"), parts, (self.size, self.max_context_len - 1)
         ):
-            if (
-                type(ix) is int and not 0 <= ix <= hi
-            ):  # a tensor of rows is the caller's contract, as in SGLang
-                raise ValueError(f"{name} {ix} is outside 0..{hi}")
+            if type(ix) is int:
+                _checks.integer(f"indices ({name})", ix, 0, hi)
+
+
+def _is_index(ix) -> bool:
+    """A row or position index: an int (not a bool), a slice, or an int32/int64 tensor."""
+    if isinstance(ix, torch.Tensor):
+        return ix.dtype in _checks.INDEX_DTYPES
+    return isinstance(ix, slice) or (type(ix) is int)

@@ -25,7 +25,7 @@ from enum import Enum, auto
 from typing import NamedTuple
 
 from memlab.common import _checks
-from memlab.common.sizing import estimate_swa_kv_tokens
+from memlab.sglang.sizing import estimate_swa_kv_tokens
 
 # managers/schedule_policy.py: the estimate of a long output is clipped (SGLANG_CLIP_MAX_NEW_TOKENS_
 # ESTIMATION); the request still stops at its own max_new_tokens.
@@ -119,6 +119,7 @@ def match_and_lock(tree_cache, req) -> tuple:
     load-back and ``_commit_prefill_admission``'s lock). Sets ``req.prefix_len``,
     ``req.last_node``, ``req.lock`` and ``req.kv.cache_protected_len``; returns (the matched
     slots, how many tokens came back from the host). Any of the course's prefix caches."""
+    _check_match_and_lock(tree_cache, req)
     fill = req.full_untruncated_fill_ids
     m = tree_cache.match_prefix(fill[: len(fill) - 1])
     node, loaded = m.last_device_node, 0
@@ -129,6 +130,13 @@ def match_and_lock(tree_cache, req) -> tuple:
     req.prefix_len = req.kv.cache_protected_len = len(prefix)
     req.last_node, req.lock = node, tree_cache.lock(node)
     return prefix, loaded
+
+
+def _check_match_and_lock(tree_cache, req) -> None:
+    _checks.duck("tree_cache", tree_cache, ("match_prefix", "lock"), "a prefix cache")
+    _checks.duck("req", req, ("full_untruncated_fill_ids", "kv"), "a Req")
+    if req.kv.holds_kv or req.lock is not None:
+        raise ValueError(f"{req!r} is matched already: it holds a row or a lock")
 
 
 class SchedulePolicy:

@@ -1,4 +1,4 @@
-"""Sliding-window attention (sglang/srt/mem_cache/swa_memory_pool.py, allocator/swa.py): two pools, one map.
+"""Sliding-window attention, two pools and one map (sglang/srt/mem_cache/swa_memory_pool.py).
 
 Full-attention layers need every token's KV; sliding-window layers only the last
 ``sliding_window`` tokens. So the SWA layers get a pool of their own (usually much smaller), with
@@ -22,9 +22,8 @@ from memlab.sglang.allocator import (
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
 )
-from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
-from memlab.sglang.kv_pool import MHATokenToKVPool
+from memlab.sglang.kv_pool import MHATokenToKVPool, total_kv_size_bytes
 from memlab.sglang.write_loc import KVWriteLoc, unwrap_write_loc
 
 
@@ -55,10 +54,10 @@ class SWAKVPool:
         swa_req_ring_size: int | None = None,
         num_req_rows: int | None = None,
     ):
-        full_ids, swa_ids = (
-            list(full_attention_layer_ids),
-            list(swa_attention_layer_ids),
+        full_ids = _checks.int_list(
+            "full_attention_layer_ids", full_attention_layer_ids
         )
+        swa_ids = _checks.int_list("swa_attention_layer_ids", swa_attention_layer_ids)
         _checks.swa_kv_pool(
             full_ids, swa_ids, size_swa, swa_req_ring_size, num_req_rows
         )
@@ -123,17 +122,33 @@ class SWAKVPool:
             loc = swa_loc
         pool.set_kv_buffer(i, loc, cache_k, cache_v, k_scale, v_scale)
 
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """Both sub-pools' ``(K bytes, V bytes)``, added side by side (SGLang's)."""
+        (k, v), (k_swa, v_swa) = (
+            self.full_kv_pool.get_kv_size_bytes(),
+            self.swa_kv_pool.get_kv_size_bytes(),
+        )
+        return k + k_swa, v + v_swa
+
     def kv_size_bytes(self) -> int:
-        return self.full_kv_pool.kv_size_bytes() + self.swa_kv_pool.kv_size_bytes()
+        """Deprecated, memlab's old name: the total of ``get_kv_size_bytes()``."""
+        return total_kv_size_bytes(self)
 
 
-class SWATokenToKVPoolAllocator:
+class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """Full and SWA sub-allocators (token or paged) that hand out slots in lockstep.
 
     Every new token gets a full-side slot (returned; it goes into the request table) and a
     SWA-side slot (recorded in ``full_to_swa_index_mapping``). Capacity is the smaller side, and
     it is settled for both sides before either takes anything: a refusal changes nothing.
+
+    As SGLang's, it derives from ``BaseTokenToKVPoolAllocator`` without running its
+    ``__init__``: the free lists are the two sub-allocators'. ``size`` is ``min(full, swa)``, as
+    SGLang's; ``size_full`` and ``size_swa`` give each side.
     """
+
+    # Per-request ring mode. A class default, as SGLang's: the unified subclass skips __init__.
+    _swa_req_ring = False
 
     def __init__(
         self,
@@ -150,13 +165,18 @@ class SWATokenToKVPoolAllocator:
         backend: str = "torch",
     ):
         _check_swa_allocator(
-            kvcache, SWAKVPool, size_swa, swa_req_ring_size, req_to_token_pool
+            kvcache,
+            SWAKVPool,
+            page_size,
+            size_swa,
+            swa_req_ring_size,
+            req_to_token_pool,
         )
         if kvcache is not None and swa_req_ring_size is None:
-            swa_req_ring_size = (
-                kvcache.swa_req_ring_size
-            )  # the pool's ring, unless one is asked for
+            # the pool's ring, unless one is asked for
+            swa_req_ring_size = kvcache.swa_req_ring_size
         self.page_size, self.device = page_size, resolve_device(device)
+        self.dtype, self.need_sort = dtype, need_sort
         self._kvcache, self.debug_mode = kvcache, debug_mode
         full_pool = kvcache.full_kv_pool if kvcache is not None else None
         swa_pool = kvcache.swa_kv_pool if kvcache is not None else None
@@ -193,14 +213,15 @@ class SWATokenToKVPoolAllocator:
                 torch.tensor([-1], dtype=torch.int64, device=self.device),
             )
         )
-        self.swa_free_group = self.swa_page_ids_group = (
-            None  # lists while a free group is open
-        )
+        # The free lists are the sub-allocators' (get_all_free_pages() is None); the SWA side's
+        # frees queue here in a group.
+        self.free_group = None
+        self.swa_free_group, self.swa_page_ids_group = [], []
 
     # -- sizes ------------------------------------------------------------------------------
     @property
     def size(self) -> int:
-        return self._size_full
+        return min(self._size_full, self._size_swa)
 
     @property
     def size_full(self) -> int:
@@ -212,6 +233,19 @@ class SWATokenToKVPoolAllocator:
 
     def full_available_size(self) -> int:
         return self.full_attn_allocator.available_size()
+
+    def get_all_free_pages(self) -> None:
+        """None, as SGLang's: the free lists are each side's (``full_attn_allocator``,
+        ``swa_attn_allocator``)."""
+        return None
+
+    def page_id_range(self) -> tuple[int, int]:
+        """The ids callers hold are the full side's."""
+        return self.full_attn_allocator.page_id_range()
+
+    def _ledger(self) -> torch.Tensor:
+        """Debug mode: the pages held on the full side, whose ids the request table holds."""
+        return self.full_attn_allocator._ledger()
 
     def swa_available_size(self) -> int:
         if self._swa_req_ring:
@@ -231,7 +265,8 @@ class SWATokenToKVPoolAllocator:
         if self.swa_attn_allocator is not None:
             self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1] = 0
-        self.swa_free_group = self.swa_page_ids_group = None
+        self.free_group = None
+        self.swa_free_group, self.swa_page_ids_group = [], []
 
     # -- allocation -------------------------------------------------------------------------
     def _fits(self, need_tokens: int) -> bool:
@@ -259,12 +294,21 @@ class SWATokenToKVPoolAllocator:
         last_loc,
         extend_num_tokens,
     ):
-        ps = self.page_size
-        need = (
-            extend_num_tokens
-            if ps == 1
-            else num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps) * ps
+        _checks.alloc_extend(
+            self.full_attn_allocator,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
         )
+        ps = self.page_size
+        if ps == 1:
+            need, pages = extend_num_tokens, {}
+        else:  # counted once on the host, for the check and both sides (SGLang passes it on)
+            count = num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+            need, pages = count * ps, {"num_new_pages": count}
         if not self._fits(need):
             return None
         full = self.full_attn_allocator.alloc_extend(
@@ -274,6 +318,7 @@ class SWATokenToKVPoolAllocator:
             seq_lens_cpu,
             last_loc,
             extend_num_tokens,
+            **pages,
         )
         if full is None or self._swa_req_ring:
             return full
@@ -287,12 +332,14 @@ class SWATokenToKVPoolAllocator:
             seq_lens_cpu,
             swa_last_loc,
             extend_num_tokens,
+            **pages,
         )
         assert swa is not None, "SWA side refused after its capacity was checked"
         self.full_to_swa_index_mapping[full] = swa
         return full
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        _checks.alloc_decode(self.full_attn_allocator, seq_lens, seq_lens_cpu, last_loc)
         ps = self.page_size
         need = num_new_pages_decode(seq_lens_cpu, ps) * ps
         # memlab differs here on purpose: SGLang 0.5.23 lets the full side take its pages and then
@@ -312,9 +359,10 @@ class SWATokenToKVPoolAllocator:
 
     # -- ids for the pools ------------------------------------------------------------------
     def translate_loc_from_full_to_swa(self, full_loc: torch.Tensor) -> torch.Tensor:
+        _check_swa_ids(self, full_loc)
         if self._swa_req_ring:
             raise ValueError(
-                "ring mode: translate_loc_from_full_to_swa: SWA ids come from rows and positions; use ring_loc()"
+                "ring mode: SWA ids come from rows and positions: use ring_loc()"
             )
         return self.full_to_swa_index_mapping[full_loc]
 
@@ -325,6 +373,7 @@ class SWATokenToKVPoolAllocator:
         batch entries (row 0) land there, not in another row's ring."""
         if not self._swa_req_ring:
             raise ValueError("ring_loc needs the per-request ring mode")
+        _check_swa_ring_write_loc(req_pool_indices, positions)
         c, ps = self.swa_ring_cost, self.page_size
         row, pos = req_pool_indices.to(torch.int64), positions.to(torch.int64)
         return torch.where(row == 0, pos % ps, ps + (row - 1) * c + pos % c)
@@ -335,7 +384,6 @@ class SWATokenToKVPoolAllocator:
         """The batch's write location with its SWA-side ids (SGLang's attention backend builds it
         once per batch: ``KVWriteLoc.for_batch(forward_batch, swa_loc=...)``)."""
         if self._swa_req_ring:
-            _check_swa_ring_write_loc(req_pool_indices, positions)
             swa = self.ring_loc(req_pool_indices, positions)
         else:
             swa = self.translate_loc_from_full_to_swa(out_cache_loc)
@@ -360,6 +408,7 @@ class SWATokenToKVPoolAllocator:
         Inside a free group the SWA ids are resolved (and the map cleared) now, and released at
         the group's end: a later step of the group may map the same full slots anew.
         """
+        _check_swa_free(self, free_index)
         if self._swa_req_ring or free_index.numel() == 0:
             return  # a ring is freed with its row
         swa = self.full_to_swa_index_mapping[free_index]
@@ -369,7 +418,7 @@ class SWATokenToKVPoolAllocator:
             # window already released to free_full (their map reads 0, the padding id); memlab
             # skips them instead, at the price of a sync for the filter.
             self._free_swa_page_ids(swa[swa > 0])
-        elif self.swa_free_group is not None:
+        elif self.free_group is not None:
             self.swa_free_group.append(swa)
         else:
             self._release_swa(swa)
@@ -379,8 +428,8 @@ class SWATokenToKVPoolAllocator:
         self.swa_attn_allocator.free(swa[swa > 0])
 
     def free_swa_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        """``free_swa`` for a page-aligned run of one request's slots (positions from ``start_pos``):
-        one slot per page names the SWA page, no dedup."""
+        """``free_swa`` for a page-aligned run of one request's slots (positions from
+        ``start_pos``): one slot per page names the SWA page, no dedup."""
         _check_swa_segment(self, start_pos)
         if self._swa_req_ring or free_index.numel() == 0:
             return
@@ -391,13 +440,14 @@ class SWATokenToKVPoolAllocator:
         self._free_swa_page_ids(swa_pages)
 
     def _free_swa_page_ids(self, swa_pages: torch.Tensor) -> None:
-        if self.swa_page_ids_group is not None:
+        if self.free_group is not None:
             self.swa_page_ids_group.append(swa_pages)
         else:
             self.swa_attn_allocator.free_page_ids(swa_pages)
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Free both sides: SWA first (it reads the map), then full."""
+        """Free both sides: SWA first (it reads the map), then full. A double free is refused in
+        debug mode only (before either side changes), as SGLang asserts it."""
         _check_swa_free(self, free_index)
         if free_index.numel() == 0:
             return
@@ -419,29 +469,21 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.free(free_index)
 
     def free_full_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
-        """``free_full`` for a page-aligned run: how a finished request's out-of-window part goes back."""
+        """``free_full`` for a page-aligned run: a finished request's out-of-window part."""
         _check_swa_free(self, free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
-    def free_segments(self, segments) -> None:
-        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_segment(free_index, start_pos=start_pos)
-
-    def free_full_segments(self, segments) -> None:
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_full_segment(free_index, start_pos=start_pos)
-
     def free_group_begin(self) -> None:
-        """The full side queues in its own group; the SWA side's frees queue here, as SGLang's do."""
-        self.full_attn_allocator.free_group_begin()
+        """The SWA side's frees queue here, the full side's in its own group, as SGLang's do."""
+        super().free_group_begin()
         self.swa_free_group, self.swa_page_ids_group = [], []
+        self.full_attn_allocator.free_group_begin()
 
     def free_group_end(self) -> None:
         """SWA page ids first, then the SWA slots (one dedup for the group), then the full side."""
-        _checks.free_group_end(self.full_attn_allocator)
+        super().free_group_end()
         swa_slots, swa_pages = self.swa_free_group, self.swa_page_ids_group
-        self.swa_free_group = self.swa_page_ids_group = None
+        self.swa_free_group, self.swa_page_ids_group = [], []
         if swa_pages:
             self.swa_attn_allocator.free_page_ids(torch.cat(swa_pages))
         if swa_slots:
@@ -469,7 +511,15 @@ class SWATokenToKVPoolAllocator:
         so that a cached key ending at the last page boundary still has a whole window of live
         SWA. The released run ends on a page boundary.
         """
-        _check_swa_release(self, swa_evicted_len, cache_protected_len)
+        _check_swa_release(
+            self,
+            req_to_token,
+            req_pool_idx,
+            pre_len,
+            swa_evicted_len,
+            sliding_window,
+            cache_protected_len,
+        )
         ps = self.page_size
         if pre_len - sliding_window < swa_evicted_len + 1:
             return swa_evicted_len  # nothing new is out of the window
@@ -491,21 +541,15 @@ class SWATokenToKVPoolAllocator:
         if self.swa_attn_allocator is not None:
             self.swa_attn_allocator.check_books()
 
-    # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py and swa.py) --------------------
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py and swa.py) ------------
     # SGLang's SWA allocator inherits the base allocator's answers and overrides only eviction:
     # each side is its own buffer, so the scheduler's per-side budgets already price it.
-    request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
-    max_new_tokens_for_memory = BaseTokenToKVPoolAllocator.max_new_tokens_for_memory
-    prealloc_fits_assumes_reclaim = (
-        BaseTokenToKVPoolAllocator.prealloc_fits_assumes_reclaim
-    )
-    prealloc_ceiling_fits = BaseTokenToKVPoolAllocator.prealloc_ceiling_fits
-    prealloc_fits = BaseTokenToKVPoolAllocator.prealloc_fits
 
     def evict_to_free_tokens(self, tree_cache, num_tokens: int) -> None:
         """Evict until both sides can serve ``num_tokens``. SGLang asks its SWA tree for each side's
         shortfall (``EvictParams(num_tokens=full, swa_num_tokens=swa)``); memlab's trees free a
         node's slots on both sides at once, so they are asked for the larger shortfall."""
+        _checks.counts(num_tokens=num_tokens)
         if tree_cache is None or not tree_cache.supports_prefix_sharing():
             return None
         full_shortfall = max(0, num_tokens - self.full_available_size())
@@ -526,22 +570,18 @@ def _check_swa_layer(pool, layer_id) -> None:
 
 
 def _check_swa_allocator(
-    kvcache, pool_type, size_swa, swa_req_ring_size, req_to_token_pool
+    kvcache, pool_type, page_size, size_swa, swa_req_ring_size, req_to_token_pool
 ) -> None:
+    _checks.integer("page_size", page_size, 1)
     if kvcache is not None and not isinstance(kvcache, pool_type):
         raise TypeError(f"kvcache must be an SWAKVPool, got {type(kvcache).__name__}")
     if kvcache is not None and swa_req_ring_size is None:
         swa_req_ring_size = kvcache.swa_req_ring_size
     if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
-        raise ValueError(
-            f"the allocator asks for SWA ring size {swa_req_ring_size}, the SWAKVPool was built "
-            f"with ring size {kvcache.swa_req_ring_size}"
-        )
+        raise ValueError(f"SWA ring size {swa_req_ring_size}, the SWAKVPool's another")
+    # a per-request ring counts capacity in request rows
     if swa_req_ring_size is not None and req_to_token_pool is None:
-        raise ValueError(
-            "per-request SWA ring: capacity is counted in request rows, "
-            "so req_to_token_pool is required"
-        )
+        raise ValueError("per-request SWA ring: req_to_token_pool is required")
     if swa_req_ring_size is None and size_swa is None:
         raise ValueError("size_swa is required unless a per-request ring is used")
 
@@ -551,7 +591,7 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     counts more slots than the buffers hold would hand out ids past their end."""
     if kvcache.page_size != alloc.page_size:
         raise ValueError(
-            f"the SWAKVPool has page_size {kvcache.page_size}, the allocator page_size {alloc.page_size}"
+            f"the SWAKVPool's page_size {kvcache.page_size} is not the allocator's"
         )
     for side, pool_n, own_n in (
         ("full", kvcache.size, alloc.size_full),
@@ -559,65 +599,62 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     ):
         if pool_n != own_n:
             raise ValueError(
-                f"the {side} pool holds {pool_n} slots but the allocator's {side} side {own_n}"
+                f"the {side} pool holds {pool_n} slots, the allocator's {own_n}"
             )
 
 
 def _check_swa_ring_write_loc(req_pool_indices, positions) -> None:
     if req_pool_indices is None or positions is None:
-        raise ValueError(
-            "ring mode: write_loc needs req_pool_indices and positions for the SWA ids"
-        )
+        raise ValueError("ring mode: the SWA ids need req_pool_indices and positions")
+    _checks.index_tensor("req_pool_indices", req_pool_indices, ndim=1)
+    _checks.index_tensor(
+        "positions", positions, positions.device, req_pool_indices.dim()
+    )
+    if positions.shape != req_pool_indices.shape:
+        raise ValueError("ring mode: one row per position")
 
 
 def _check_swa_free(alloc, free_index) -> None:
     """Full-side slots to free. In debug mode the full side's double-free check runs here, before
     the SWA side gives anything back: a refused free must change neither side."""
-    mapping = alloc.full_to_swa_index_mapping
+    full = alloc.full_attn_allocator
+    _checks.free(full, free_index)
     if (
-        not isinstance(free_index, torch.Tensor)
-        or free_index.dtype not in _checks.INDEX_DTYPES
-    ):
-        raise TypeError(
-            f"free_index must be an int32/int64 tensor of full-side slots, got {free_index!r}"
-        )
-    if free_index.device != mapping.device:  # a concrete device: cuda:0, not cuda
-        raise ValueError(
-            f"free_index is on {free_index.device}, the allocator on {mapping.device}"
-        )
-    ps = alloc.page_size
-    if _checks.can_read_values(alloc.debug_mode, free_index):
-        lo, hi = int(free_index.min()), int(free_index.max())
-        if lo < ps or hi >= alloc.size + ps:
-            raise ValueError(
-                f"cannot free slot {lo if lo < ps else hi}: slots are {ps}..{alloc.size + ps - 1} "
-                "(the first page is padding)"
-            )
-    if alloc.debug_mode and free_index.numel():
-        full = alloc.full_attn_allocator
-        pages = free_index.to(torch.int64) // ps
-        already = torch.isin(pages, full.get_all_free_pages())
-        if already.any():
-            raise ValueError(
-                f"double free: full-side slot {int(free_index[already][0])} (page "
-                f"{int(pages[already][0])}) is already free"
-            )
+        alloc.debug_mode and free_index.numel()
+    ):  # checked, not marked: the full side frees them
+        full._debug_release(torch.unique(free_index.cpu() // alloc.page_size), False)
 
 
 def _check_swa_segment(alloc, start_pos) -> None:
-    if start_pos % alloc.page_size:
-        raise ValueError(
-            f"free_swa_segment needs a page-aligned start: position {start_pos} is not a "
-            f"multiple of page_size {alloc.page_size}"
-        )
+    if _checks.integer("start_pos", start_pos) % alloc.page_size:
+        raise ValueError(f"free_swa_segment: start_pos {start_pos} is not page-aligned")
 
 
-def _check_swa_release(alloc, swa_evicted_len, cache_protected_len) -> None:
+def _check_swa_release(
+    alloc, req_to_token, row, pre_len, swa_evicted_len, window, cache_protected_len
+) -> None:
+    """The request's row of the table, its lengths (whole pages where the window releases), and
+    the window, before anything is read."""
+    _checks.index_tensor("req_to_token", req_to_token, alloc.device, ndim=2)
+    _checks.integer("req_pool_idx", row, 0, req_to_token.shape[0] - 1)
+    window = _checks.integer("sliding_window", window)
+    # the next query's position: what it leaves behind the window lies inside the row
+    _checks.integer("pre_len", pre_len, 0, req_to_token.shape[1] + window)
     for name, v in (
         ("swa_evicted_len", swa_evicted_len),
         ("cache_protected_len", cache_protected_len),
     ):
-        if v % alloc.page_size:
+        if _checks.integer(name, v, 0, req_to_token.shape[1]) % alloc.page_size:
             raise ValueError(
                 f"{name} {v} is not page-aligned (page_size {alloc.page_size})"
             )
+
+
+def _check_swa_ids(alloc, full_loc) -> None:
+    """Full-side slot ids, 1-D, on the allocator's device (read only on the CPU or in debug
+    mode: inside the pool)."""
+    _checks.index_tensor("full_loc", full_loc, alloc.device, ndim=1)
+    if _checks.can_read_values(alloc.debug_mode, full_loc):
+        _checks.values_in(
+            "full_loc", full_loc, -1, alloc.size_full + alloc.page_size - 1
+        )

@@ -1,4 +1,4 @@
-"""The write location, ``KVWriteLoc`` of sglang/srt/mem_cache/memory_pool.py: every id space a pool needs.
+"""The write location (``KVWriteLoc`` of sglang/srt/mem_cache/memory_pool.py): every id space.
 
 The allocator hands out ``out_cache_loc`` (one slot per new token). A plain pool writes there.
 A hybrid sliding-window pool has two id spaces (full and SWA), so it also needs the same
@@ -56,6 +56,7 @@ class KVWriteLoc:
 
     def narrow(self, n: int) -> KVWriteLoc:
         """The first ``n`` tokens (a padded batch cut back to its real tokens)."""
+        n = _checks.integer("n", n, 0, self.loc.shape[0])
         return KVWriteLoc(self.loc[:n], self.swa_loc, self.full_loc, self.physical)
 
 
@@ -89,15 +90,11 @@ def plain_loc(loc, where: str) -> torch.Tensor:
 
 
 def _check_kv_write_loc(w) -> None:
-    """1-D id tensors (side ids at least as many as ``loc``: they are cut to it) and a bool mark."""
-    sides = [
-        (name, t)
-        for name, t in (("swa_loc", w.swa_loc), ("full_loc", w.full_loc))
-        if t is not None
-    ]
-    for name, t in [("loc", w.loc)] + sides:
-        _checks.index_tensor(name, t, ndim=1)  # a tensor of int32/int64 ids, 1-D
-        if t.shape[0] < w.loc.shape[0]:
-            raise ValueError(f"{name} has {t.shape[0]} ids for {w.loc.shape[0]} tokens")
-    if not isinstance(w.physical, bool):
-        raise TypeError(f"physical must be a bool, got {w.physical!r}")
+    """1-D id tensors (side ids at least as many as ``loc``: they are cut to it) and a bool mark;
+    ``loc`` first, since the sides are measured against it."""
+    for name in ("loc", "swa_loc", "full_loc"):
+        if (t := getattr(w, name)) is not None or name == "loc":
+            _checks.index_tensor(name, t, ndim=1)  # a tensor of int32/int64 ids, 1-D
+            if t.shape[0] < len(w.loc):
+                raise ValueError(f"{name}: {t.shape[0]} ids for {len(w.loc)} tokens")
+    _checks.instance("physical", w.physical, bool, "a bool")

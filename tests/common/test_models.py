@@ -189,7 +189,7 @@ def test_dsa_table_agrees_with_real_pool_tensors(page_size):
         page_size * 132,
     )
     assert (
-        pool.kv_size_bytes()
+        pool.get_kv_size_bytes()  # one int for a latent pool, as SGLang's
         == latent * (5 * page_size)
         + index * page_size * pool.index_k_with_scale_buffer[0].shape[0]
     )
@@ -205,7 +205,8 @@ def test_k_only_pool_is_half_an_mha_pool():
     full = MHATokenToKVPool(8, 1, torch.bfloat16, head_num=1, head_dim=128, layer_num=3)
     assert k_only.bytes_per_token == 3 * 256 == full.bytes_per_token // 2
     assert sum(t[0].nbytes for t in k_only.k_buffer) == k_only.bytes_per_token
-    assert k_only.kv_size_bytes() == full.kv_size_bytes() // 2
+    k_bytes, v_bytes = full.get_kv_size_bytes()
+    assert k_only.get_kv_size_bytes() == (k_bytes, 0) and k_bytes == v_bytes
     k = torch.ones(2, 1, 128)
     k_only.set_k_buffer(1, torch.tensor([3, 4]), k)
     assert torch.equal(k_only.get_key_buffer(1)[3:5], k.bfloat16())

@@ -183,9 +183,8 @@ def test_reference_forgetting_last_loc_continuation_is_caught():
 
 @pytest.mark.parametrize("backend", ["triton", "python"])
 def test_allocator_backends_agree_with_torch(backend):
-    from alloc_helpers import check_books, decode, extend
-
     from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+    from memlab_tests.tools.alloc import check_books, decode, extend
 
     runs = {}
     for b in ("torch", backend):

@@ -70,9 +70,8 @@ class Recorder:
 def drive(page_size: int) -> None:
     """A scheduler's calls: prefills and decodes that re-slice the free list by one page and by
     two, so the kernels see it at both alignments; one decode with SGLang's int32 last_loc."""
-    from alloc_helpers import check_books, decode, extend
-
     from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
+    from memlab_tests.tools.alloc import check_books, decode, extend
 
     alloc = PagedTokenToKVPoolAllocator(
         64 * page_size,

@@ -1,7 +1,12 @@
 """memlab's import graph, read statically from the source (every import statement, also those
 inside functions: a lazy import is still a dependency): no cycle between modules, none between
-the library's parts (sim and viz, env and kernels once imported each other), and the library's
-floors follow the teaching order: a module taught in chapter N imports nothing taught later.
+the library's parts (sim and viz, env and kernels once imported each other), the layers point one
+way (``memlab.common`` <- ``memlab.sglang``, ``memlab.vllm`` <- ``memlab.capstone`` <-
+``memlab.course``, sglang and vllm never each other), and the library's floors follow the
+teaching order: a module taught in chapter N imports nothing taught later.
+
+The layers are also import-linter's contract (``[tool.importlinter]`` in ``pyproject.toml``,
+``lint-imports``); this test holds them where import-linter is not installed.
 """
 
 import ast
@@ -46,7 +51,8 @@ FLOORS = {
     "memlab.sglang.swa": 7,
     "memlab.sglang.mamba": 7,
     "memlab.sglang.write_loc": 7,  # write_loc: 07 to 09
-    "memlab.common.sizing": 8,
+    "memlab.sglang.sizing": 8,
+    "memlab.common.sizing": 8,  # the moved name, until its callers import memlab.sglang.sizing
     "memlab.common.attention": 9,
     "memlab.sglang.schedule_policy": 10,  # admission (10), the cache-aware order (12)
     "memlab.capstone.tiny_llama": 10,
@@ -71,6 +77,27 @@ PENDING: dict = {
         "memlab.capstone.compare",
         "memlab.course",
     ): "the alias goes once chapter 06 imports memlab.course.compare",
+}
+
+# The layers, lowest first: a module may import its own section, its layer's siblings where they
+# share a layer on purpose (common and the kernels: memlab.kernels reads common.env, and
+# common.attention launches a kernel), and any lower layer. SGLang's and vLLM's sides share a
+# layer and never import each other. Everything that is not a section of the library is a tool.
+LAYERS = (
+    ("memlab.common", "memlab.kernels"),
+    ("memlab.sglang",),
+    ("memlab.vllm",),
+    ("memlab.capstone",),
+)
+SIBLINGS = {frozenset(("memlab.common", "memlab.kernels"))}
+# (importing module, imported section) allowed across the layers for now, each with what
+# removes it.
+LAYER_EXCEPTIONS = {
+    ("memlab.common.sizing", "memlab.sglang"): (
+        "the moved name's shim; delete memlab/common/sizing.py once chapter 08, "
+        "memlab.capstone.engine, memlab.course.chat, memlab.course.viz.draw_sizing and "
+        "tests/exercises import memlab.sglang.sizing"
+    ),
 }
 
 
@@ -244,4 +271,62 @@ def test_floors_follow_the_teaching_order(memlab_graph):
     )
     assert set(PENDING) <= set(up), (
         f"no longer imported: delete from PENDING {sorted(set(PENDING) - set(up))}"
+    )
+
+
+def section(module: str) -> str:
+    """The section a module belongs to (memlab.sglang.allocator.paged -> memlab.sglang);
+    anything outside the library's sections is a tool (memlab.course, memlab.grade, memlab)."""
+    for sec in (s for layer in LAYERS for s in layer):
+        if module == sec or module.startswith(sec + "."):
+            return sec
+    return "tools"
+
+
+def layer(sec: str) -> int:
+    """SGLang's and vLLM's sides stand side by side: one level above common, one below capstone."""
+    order = {"memlab.common": 0, "memlab.kernels": 0, "memlab.sglang": 1}
+    order |= {"memlab.vllm": 1, "memlab.capstone": 2, "tools": 3}
+    return order[sec]
+
+
+def against_the_layers(g: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importing module, imported section) where a section imports one above it or beside it."""
+    out = set()
+    for a, targets in g.items():
+        for b in targets:
+            sa, sb = section(a), section(b)
+            if sa == sb or frozenset((sa, sb)) in SIBLINGS:
+                continue
+            if layer(sb) >= layer(sa):
+                out.add((a, sb))
+    return sorted(out)
+
+
+def test_the_layer_check_sees_an_upward_and_a_sideways_import():
+    g = {
+        "memlab.common.models": {"memlab.sglang.kv_pool"},
+        "memlab.sglang.swa": {"memlab.vllm.block_pool", "memlab.common.utils"},
+        "memlab.vllm.block_pool": {"memlab.common._checks", "memlab.kernels.store_kv"},
+        "memlab.kernels": {"memlab.common.env"},
+        "memlab.common.attention": {"memlab.kernels"},
+        "memlab.capstone.engine": {"memlab.sglang.swa", "memlab.course.viz"},
+        "memlab.course.viz": {"memlab.capstone.engine"},
+    }
+    assert against_the_layers(g) == [
+        ("memlab.capstone.engine", "tools"),
+        ("memlab.common.models", "memlab.sglang"),
+        ("memlab.sglang.swa", "memlab.vllm"),
+    ]
+
+
+def test_the_layers_point_one_way(memlab_graph):
+    crossing = set(against_the_layers(memlab_graph))
+    assert crossing - set(LAYER_EXCEPTIONS) == set(), "\n".join(
+        f"{a} ({section(a)}) imports {b}"
+        for a, b in sorted(crossing - set(LAYER_EXCEPTIONS))
+    )
+    assert set(LAYER_EXCEPTIONS) <= crossing, (
+        "no longer imported: delete from LAYER_EXCEPTIONS "
+        f"{sorted(set(LAYER_EXCEPTIONS) - crossing)}"
     )

@@ -573,3 +573,14 @@ def test_the_two_tier_property_catches_buggy_variants(cls):
 
     with pytest.raises(AssertionError, match="is held by|reads the wrong KV|no owner"):
         prop()
+
+
+def test_host_fields_live_in_the_hicache_node_only():
+    """The base TreeNode holds device slots only; HiCache's node adds the host copy."""
+    from memlab.sglang.hicache import HiTreeNode
+    from memlab.sglang.radix_cache import TreeNode
+
+    assert not {"host_value", "host_lock_ref"} & set(TreeNode.__slots__)
+    assert {"host_value", "host_lock_ref"} <= set(HiTreeNode.__slots__)
+    tree, *_ = make_tree()
+    assert type(tree.root_node) is HiTreeNode

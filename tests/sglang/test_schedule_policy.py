@@ -8,7 +8,6 @@
   (``tests/tools/engines/schedule_policy_loader.py``): random rounds over identical stand-in books
   (hypothesis), and step by step inside the engine, both adders reading the engine's real books.
 - The ratio's defaults, decay, raise and reset against the wheel's tracker.
-- ``match_and_lock``'s old home in ``radix_cache`` still answers, with a message.
 """
 
 from __future__ import annotations
@@ -722,17 +721,3 @@ def test_the_adder_names_a_bad_argument():
         PrefillAdder(16, Tree(0), Allocator(None, 16, 100), [], 1.5, 100, 64)
     with pytest.raises(TypeError, match="page_size"):
         PrefillAdder(16.0, Tree(0), Allocator(None, 16, 100), [], 0.7, 100, 64)
-
-
-# -- the old home ----------------------------------------------------------------------------------
-
-
-def test_match_and_lock_moved_with_a_message():
-    from memlab.sglang import radix_cache
-
-    assert radix_cache.match_and_lock is not sp.match_and_lock
-    with pytest.warns(
-        DeprecationWarning, match="memlab.sglang.schedule_policy.match_and_lock"
-    ):
-        with pytest.raises(AttributeError):
-            radix_cache.match_and_lock(None, None)

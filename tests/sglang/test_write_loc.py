@@ -51,12 +51,12 @@ def test_for_batch_carries_the_batch_mark_to_every_id():
         (
             lambda: KVWriteLoc(T(1, 2), swa_loc=T(1)),
             ValueError,
-            "swa_loc has 1 ids for 2 tokens",
+            "swa_loc: 1 ids for 2 tokens",
         ),
         (
             lambda: KVWriteLoc(T(1, 2), full_loc=T(1)),
             ValueError,
-            "full_loc has 1 ids for 2 tokens",
+            "full_loc: 1 ids for 2 tokens",
         ),
         (lambda: KVWriteLoc(T(1), physical=1), TypeError, "physical must be a bool"),
     ],

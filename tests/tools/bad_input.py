@@ -1903,8 +1903,8 @@ def _vllm_cases():
 def _common_cases():
     from dataclasses import replace
 
-    from memlab.common import sizing
     from memlab.common.models import LLAMA_3_1_8B
+    from memlab.sglang import sizing
 
     for cls, args in (
         (sizing.GPUConfig, ("total_bytes", "in_use_bytes")),

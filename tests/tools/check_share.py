@@ -44,7 +44,7 @@ CORE = [
     "memlab/vllm/request.py",
     "memlab/sglang/swa.py",
     "memlab/sglang/mamba.py",
-    "memlab/common/sizing.py",
+    "memlab/sglang/sizing.py",
     "memlab/sglang/write_loc.py",
     "memlab/common/attention.py",
     "memlab/sglang/schedule_policy.py",

@@ -1,4 +1,4 @@
-"""The allocators, logical token -> physical slot: sglang/srt/mem_cache/allocator/ (base, token, paged)."""
+"""The allocators, token -> slot (sglang/srt/mem_cache/allocator/: base, token, paged)."""
 
 from memlab.common import _checks
 from memlab.sglang.allocator.base import BaseTokenToKVPoolAllocator

@@ -1,4 +1,4 @@
-"""What the allocators share (sglang/srt/mem_cache/allocator/base.py): the books, free groups, segments.
+"""What the allocators share (sglang/srt/mem_cache/allocator/base.py): books, groups, segments.
 
 Ids are page ids; with page_size 1 a page is a slot. Page 0 is padding and never free. As in
 SGLang, each subclass owns its free path (``token.py``, ``paged.py``); the base holds what both
@@ -98,12 +98,25 @@ class BaseTokenToKVPoolAllocator:
     def free_segments(self, segments) -> None:
         """Free several ``(slots, start_pos)`` segments of one request's row: ascending, each
         starting on a page boundary, no two sharing a page, so every page is released once."""
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
+        for free_index, start_pos in self._page_disjoint(segments):
             self.free_segment(free_index, start_pos=start_pos)
 
     def free_full_segments(self, segments) -> None:
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
+        for free_index, start_pos in self._page_disjoint(segments):
             self.free_full_segment(free_index, start_pos=start_pos)
+
+    def _page_disjoint(self, segments) -> list:
+        """The non-empty segments, each checked to start on a page past the previous one's last.
+        All are checked before any is freed (SGLang checks each as it frees it)."""
+        ps, prev_end, out = self.page_size, None, []
+        for free_index, start_pos in _checks.segments(self, segments):
+            if free_index.numel() == 0:
+                continue
+            apart = prev_end is None or start_pos // ps > (prev_end - 1) // ps
+            assert apart, f"segment at {start_pos} shares a page with the one before"
+            prev_end = start_pos + free_index.numel()
+            out.append((free_index, start_pos))
+        return out
 
     # -- debug mode: the ledger of held pages --------------------------------------------------
     def _ledger(self) -> torch.Tensor:
@@ -116,35 +129,32 @@ class BaseTokenToKVPoolAllocator:
 
     def _debug_take(self, pages: torch.Tensor) -> None:
         held, p = self._ledger(), pages.cpu()
-        assert not (held[p] | (p == 0)).any(), (
-            f"{_checks.unit(self)} {p[held[p] | (p == 0)][0].item()} handed out while held (or padding): corrupt free list"
-        )
+        bad = p[held[p] | (p == 0)]
+        assert not len(bad), f"{_checks.unit(self)} {bad[0]} handed out while held"
         held[p] = True
 
-    def _debug_release(self, page_ids: torch.Tensor) -> None:
-        """Refuse a double free before anything changes, then mark the pages free."""
-        held, p = self._ledger(), page_ids.cpu()
+    def _debug_release(self, page_ids: torch.Tensor, mark: bool = True) -> None:
+        """Refuse a double free before anything changes, then mark the pages free (``mark``
+        False: a free group queues them; the check runs now, the release at the group's end)."""
+        held, p, unit = self._ledger(), page_ids.cpu(), _checks.unit(self)
         uniq, counts = torch.unique(p, return_counts=True)
-        if (counts > 1).any():
-            raise ValueError(
-                f"double free: {_checks.unit(self)} {uniq[counts > 1][0].item()} is freed twice in one release"
-            )
-        if not held[p].all():
-            raise ValueError(
-                f"double free: {_checks.unit(self)} {p[~held[p]][0].item()} is already free"
-            )
-        held[p] = False
+        twice, free = uniq[counts > 1], p[~held[p]]
+        first, why = (
+            (twice, "freed twice in one release")
+            if len(twice)
+            else (free, "already free")
+        )
+        if len(first):
+            raise ValueError(f"double free: {unit} {first[0]} is {why}")
+        if mark:
+            held[p] = False
 
     def check_books(self) -> None:
-        """Debug mode: free + staged + held == capacity, no page listed twice, padding never free."""
+        """Debug mode: free + staged + held == capacity, no page listed twice, no padding free."""
         free, held = self.get_all_free_pages().cpu(), int(self._ledger().sum())
-        assert (
-            not (free == 0).any()
-            and len(torch.unique(free)) == len(free)
-            and len(free) + held == self.num_pages
-        ), (
-            f"books: padding on the free list, a {_checks.unit(self)} on it twice, or {len(free)} free + {held} held != {self.num_pages}"
-        )
+        dup = len(torch.unique(free)) != len(free)
+        assert not dup and not (free == 0).any(), "books: a page free twice, or padding"
+        assert len(free) + held == self.num_pages, f"books: {len(free)} + {held} pages"
 
     # -- the scheduler's questions (SGLang 0.5.23, allocator/base.py) ------------------------------
     # The scheduler asks these of any allocator, without branching on its type; composites (the
@@ -154,7 +164,7 @@ class BaseTokenToKVPoolAllocator:
     def request_slot_reserve(
         self, *, has_req_pool_slot: bool, prefill_tokens: int = 0
     ) -> int:
-        """Slots a request needs beyond its prefill (request-owned workspace): none for a KV pool."""
+        """Slots a request needs beyond its prefill (its own workspace): none for a KV pool."""
         return 0
 
     def max_new_tokens_for_memory(
@@ -169,6 +179,13 @@ class BaseTokenToKVPoolAllocator:
         """``max_new_tokens`` clipped to what an empty pool of ``token_capacity`` slots could hold
         after the prompt (in whole pages, one page and one slot kept spare); None would mean the
         prompt alone cannot fit, which a single pool never says (it clips to 0)."""
+        _checks.token_question(
+            input_tokens,
+            max_new_tokens,
+            token_capacity,
+            sliding_window_size,
+            chunk_size,
+        )
         paged_input = ceil_div(input_tokens, self.page_size) * self.page_size
         return max(
             0, min(max_new_tokens, token_capacity - paged_input - self.page_size - 1)
@@ -191,9 +208,10 @@ class BaseTokenToKVPoolAllocator:
         full_budget_tokens: int,
         swa_budget_tokens: int | None = None,
     ) -> bool:
-        """Whether a demand this size fits the scheduler's budgets (what each side has left after its
-        reserves, evictable cache included). Separate sides are checked each against its own
+        """Whether a demand this size fits the scheduler's budgets (what each side has left after
+        its reserves, evictable cache included). Separate sides are checked each against its own
         budget; ``tree_cache`` is not read: what it could give back is inside the budget."""
+        _checks.budgets(full_tokens, swa_tokens, full_budget_tokens, swa_budget_tokens)
         return full_tokens <= full_budget_tokens and (
             swa_budget_tokens is None or swa_tokens <= swa_budget_tokens
         )
@@ -203,6 +221,7 @@ class BaseTokenToKVPoolAllocator:
         evictable is left. Returns None: whether it fits is the caller's next question
         (``available_size``). (SGLang passes ``EvictParams(num_tokens=shortfall)`` to
         ``evict_for_alloc``; memlab's trees take the shortfall as ``evict(num_tokens)``.)"""
+        _checks.counts(num_tokens=num_tokens)
         if tree_cache is None or not tree_cache.supports_prefix_sharing():
             return None
         shortfall = num_tokens - self.available_size()
@@ -211,24 +230,11 @@ class BaseTokenToKVPoolAllocator:
         return None
 
 
-def page_disjoint(segments, page_size: int):
-    """The non-empty segments, each checked to start on a page past the previous one's last."""
-    prev_end = None
-    for free_index, start_pos in segments:
-        if free_index.numel() == 0:
-            continue
-        assert (
-            prev_end is None or start_pos // page_size > (prev_end - 1) // page_size
-        ), f"segment at {start_pos} shares a page with the one ending at {prev_end}"
-        prev_end = start_pos + free_index.numel()
-        yield free_index, start_pos
-
-
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
 
 def _check_allocator(size, page_size) -> tuple[int, int]:
     size = _checks.integer("size", size, 1, _checks.INT32_MAX)
     return size, _checks.integer(
-        "page_size (a page larger than size leaves no whole page)", page_size, 1, size
+        "page_size (above size: no whole page)", page_size, 1, size
     )

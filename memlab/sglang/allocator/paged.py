@@ -1,4 +1,4 @@
-"""The paged allocator (sglang/srt/mem_cache/allocator/paged.py): slot = page * page_size + offset."""
+"""The paged allocator (sglang/srt/mem_cache/allocator/paged.py): slot = page * ps + offset."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return torch.cat((self.free_pages, *self.staged_pages))
 
     def merge_and_sort_free(self) -> None:
-        """Fold the staged pages into the free list and sort it, so later runs of pages are contiguous."""
+        """Fold the staged pages into the free list and sort it: later runs are contiguous."""
         if not self.staged_pages:
             return
         self.free_pages = torch.sort(self.get_all_free_pages()).values
@@ -76,9 +76,11 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         seq_lens_cpu,
         last_loc,
         extend_num_tokens: int,
+        num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
-        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are short.
-        Capacity is settled on the host from the CPU copies before anything is taken or launched."""
+        """Slots for ``seq_lens - prefix_lens`` new tokens per request, or None when pages are
+        short. Capacity is settled on the host from the CPU copies before anything is taken or
+        launched. ``num_new_pages``: the batch's new pages when the caller counted them."""
         _checks.alloc_extend(
             self,
             prefix_lens,
@@ -87,6 +89,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             seq_lens_cpu,
             last_loc,
             extend_num_tokens,
+            num_new_pages,
         )
         bs, ps = len(prefix_lens), self.page_size
         # A strict upper bound on the new pages (a request grows by fewer than extend_len // ps + 1)
@@ -96,9 +99,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         max_new_pages = extend_num_tokens // ps + bs + 1
         if max_new_pages > len(self.free_pages):
             self.merge_and_sort_free()
-        num_new_pages = None
         if max_new_pages > len(self.free_pages):
-            num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
+            if num_new_pages is None:
+                num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
             if num_new_pages > len(self.free_pages):
                 return None
         if self.backend == "triton":
@@ -108,8 +111,18 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
             )
         elif self.backend == "torch":
+            if (
+                num_new_pages is None
+            ):  # it sizes the page-level arrays: on the host, no sync
+                num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
             out_indices = ref.alloc_extend_torch(
-                prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
+                prefix_lens,
+                seq_lens,
+                last_loc,
+                self.free_pages,
+                ps,
+                extend_num_tokens,
+                num_new_pages,
             )
         else:
             out_indices = torch.tensor(
@@ -183,7 +196,12 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give back the pages under these slots; inside a free group, only queue the slots (the
-        group's end dedups them once: a request freed in two pieces may touch one page twice)."""
+        group's end dedups them once: a request freed in two pieces may touch one page twice).
+
+        A page freed twice is the caller's error, as in SGLang, which asserts it in debug mode
+        only: so does memlab (the ledger names the page, before anything changes); without debug
+        mode the page is listed twice and later handed out twice. The same holds for
+        ``free_segment`` and ``free_page_ids``."""
         _checks.free(self, free_index)
         if free_index.numel() == 0:
             return
@@ -194,9 +212,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 torch.unique(free_index.to(torch.int64) // self.page_size)
             )
         else:
-            self.free_group.append(
-                free_index.clone()
-            )  # the caller may reuse its buffer before the end
+            if (
+                self.debug_mode
+            ):  # a page already free is refused now, not at the group's end
+                self._debug_release(
+                    torch.unique(free_index.cpu() // self.page_size), False
+                )
+            # the caller may reuse its buffer before the end
+            self.free_group.append(free_index.clone())
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """A run of a request's slots that starts on a page boundary, freed without the unique:
@@ -205,13 +228,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         ps = self.page_size
-        reps = free_index[::ps]
-        if self.debug_mode:
-            assert torch.equal(
-                torch.sort(reps.cpu() // ps).values,
-                torch.unique(free_index.cpu() // ps),
-            ), "free_segment: the slots are not one page-aligned run"
-        self.free_page_ids(reps.to(torch.int64) // ps)
+        # debug mode checked the run (every page_size-th slot starts one page of it)
+        self.free_page_ids(free_index[::ps].to(torch.int64) // ps)
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         """Free exactly these pages: no page twice, no dedup; queued inside a group."""
@@ -221,6 +239,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is None:
             self._release_page_ids(page_ids.to(torch.int64))
         else:
+            if self.debug_mode:  # refused now, not at the group's end
+                self._debug_release(page_ids.cpu(), False)
             self.free_page_ids_group.append(page_ids.to(torch.int64).clone())
 
     def _release_page_ids(self, page_ids: torch.Tensor) -> None:
@@ -273,6 +293,6 @@ def _check_backend(backend: str, choices) -> None:
 
 
 def _check_free_page_ids(alloc, page_ids) -> None:
-    _checks.index_tensor("page_ids", page_ids, alloc.device)
+    _checks.index_tensor("page_ids", page_ids, alloc.device, ndim=1)
     if _checks.can_read_values(alloc.debug_mode, page_ids):
         _checks._page_range(alloc, int(page_ids.min()), int(page_ids.max()))

@@ -1,4 +1,4 @@
-"""The allocation kernels' references (SGLang's are alloc_*_naive in sglang/srt/mem_cache/allocator/paged.py).
+"""References of the allocation kernels (alloc_*_naive of sglang/srt/mem_cache/allocator/paged.py).
 
 Both take the free list as it is before the call and return the slot of every new token. A
 request's new tokens come in three parts:
@@ -17,7 +17,7 @@ from memlab.common.utils import ceil_div
 
 
 def num_new_pages(prefix_lens, seq_lens, page_size: int):
-    """Pages a batch needs: sum of ceil(seq / ps) - ceil(prefix / ps) (works on ints and tensors)."""
+    """Pages a batch needs: sum of ceil(seq / ps) - ceil(prefix / ps) (ints or tensors)."""
     n = ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
     return int(n.sum()) if isinstance(n, torch.Tensor) else n
 
@@ -65,33 +65,50 @@ def _nonempty(free_pages: torch.Tensor) -> torch.Tensor:
 
 
 def alloc_extend_torch(
-    prefix_lens, seq_lens, last_loc, free_pages, page_size: int, extend_num_tokens: int
+    prefix_lens,
+    seq_lens,
+    last_loc,
+    free_pages,
+    page_size: int,
+    extend_num_tokens: int,
+    num_new_pages: int | None = None,
 ) -> torch.Tensor:
-    """One slot per new token, computed for all tokens at once (no loop over requests)."""
-    bs, dev = len(seq_lens), seq_lens.device
+    """One slot per new token, for all tokens at once (no loop over requests).
+
+    The output is a run of segments of consecutive slots: per request the rest of its old page
+    (from ``last_loc + 1``), then one segment per new page. The arithmetic is per segment (the
+    batch's requests and new pages); the tokens take three passes: ``slot = output position +
+    its segment's shift``. ``num_new_pages``: the batch's new pages, counted on the host by the
+    caller (without it, counting them here syncs with a GPU).
+    """
+    bs, dev, ps = len(seq_lens), seq_lens.device, page_size
+    old_page_end = ceil_div(prefix_lens, ps) * ps  # where each old partial page ends
+    pages = ceil_div(seq_lens, ps) - old_page_end // ps
+    if num_new_pages is None:
+        num_new_pages = int(pages.sum())
     ext = seq_lens - prefix_lens
-    out_start = torch.cumsum(ext, 0) - ext
-    pages = ceil_div(seq_lens, page_size) - ceil_div(prefix_lens, page_size)
-    page_start = torch.cumsum(pages, 0) - pages
-    old_page_end = ceil_div(prefix_lens, page_size) * page_size
-    # Per request first, so each token needs only a few gathers.
-    shift = (
-        prefix_lens - out_start
-    )  # token j of the batch sits at position j + shift[req]
-    first_page = (
-        page_start - old_page_end // page_size
-    )  # free-list index of position 0's page
-    cont = last_loc + 1 - prefix_lens  # part (1): slot = cont + position
-    req = torch.repeat_interleave(
-        torch.arange(bs, device=dev), ext, output_size=extend_num_tokens
+    out_start = torch.cumsum(ext, 0) - ext  # each request's first output position
+    page_start = torch.cumsum(pages, 0) - pages  # and its first page on the free list
+    # Page k of the batch: its request, and the first position it holds in that request.
+    owner = torch.repeat_interleave(
+        torch.arange(bs, device=dev), pages, output_size=num_new_pages
     )
-    pos = torch.arange(extend_num_tokens, device=dev) + shift[req]
-    free_pages = _nonempty(
-        free_pages
-    )  # gathered values are only used where pages were counted
-    k = (first_page[req] + pos // page_size).clamp(0, len(free_pages) - 1)
-    fresh = free_pages[k] * page_size + pos % page_size
-    return torch.where(pos < old_page_end[req], cont[req] + pos, fresh)
+    k = torch.arange(num_new_pages, device=dev)
+    first_pos = (old_page_end - page_start * ps)[owner] + k * ps
+    # Request r's segments: part (1) at r + page_start[r], its new pages right after.
+    seg_count = torch.empty(bs + num_new_pages, dtype=torch.int64, device=dev)
+    seg_shift = torch.empty_like(seg_count)
+    part1, page_seg = torch.arange(bs, device=dev) + page_start, k + owner + 1
+    seg_count[part1] = torch.minimum(seq_lens, old_page_end) - prefix_lens
+    seg_shift[part1] = last_loc + 1 - out_start
+    seg_count[page_seg] = torch.clamp(seq_lens[owner] - first_pos, max=ps)
+    # position p of request r sits at output index out_start[r] + p - prefix_lens[r]
+    seg_shift[page_seg] = (
+        free_pages[:num_new_pages] * ps - (out_start - prefix_lens)[owner] - first_pos
+    )
+    return torch.arange(extend_num_tokens, device=dev) + torch.repeat_interleave(
+        seg_shift, seg_count, output_size=extend_num_tokens
+    )
 
 
 def alloc_decode_torch(seq_lens, last_loc, free_pages, page_size: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The token allocator, page size 1, one slot per token (sglang/srt/mem_cache/allocator/token.py)."""
+"""The token allocator, one slot per token (sglang/srt/mem_cache/allocator/token.py)."""
 
 from __future__ import annotations
 
@@ -62,14 +62,18 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give the slots back, to the tail (FIFO: with one slot per token there is no page to
-        keep warm); with ``need_sort`` they are staged; inside a free group only queued."""
+        keep warm); with ``need_sort`` they are staged; inside a free group only queued. A slot
+        freed twice is refused in debug mode only, as SGLang asserts it (see the paged free)."""
         _checks.free(self, free_index)
         if free_index.numel() == 0:
             return
         if self.free_group is not None:
-            self.free_group.append(
-                free_index.clone()
-            )  # the caller may reuse its buffer before the end
+            if self.debug_mode:  # a double free is refused now, not at the group's end
+                self._debug_release(
+                    torch.cat([*self.free_group, free_index]).cpu(), False
+                )
+            # the caller may reuse its buffer before the end
+            self.free_group.append(free_index.clone())
             return
         free_index = free_index.to(torch.int64)
         if self.debug_mode:
@@ -101,19 +105,17 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens,
     ):
         """Page size 1 needs no continuation of a partial page: any free slots will do."""
-        if self.debug_mode:  # the batch's scans: alloc checks the count either way
-            _checks.alloc_extend(
-                self,
-                prefix_lens,
-                prefix_lens_cpu,
-                seq_lens,
-                seq_lens_cpu,
-                last_loc,
-                extend_num_tokens,
-            )
+        _checks.alloc_extend(
+            self,
+            prefix_lens,
+            prefix_lens_cpu,
+            seq_lens,
+            seq_lens_cpu,
+            last_loc,
+            extend_num_tokens,
+        )
         return self.alloc(extend_num_tokens)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
-        if self.debug_mode:
-            _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
+        _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
         return self.alloc(len(seq_lens))

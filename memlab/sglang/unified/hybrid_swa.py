@@ -1,4 +1,6 @@
-"""UnifiedSWATokenToKVPoolAllocator (sglang/srt/mem_cache/allocator/unified_hybrid_swa.py): full and sliding-window KV in one buffer, one id.
+"""UnifiedSWATokenToKVPoolAllocator (sglang/srt/mem_cache/allocator/unified_hybrid_swa.py).
+
+Full and sliding-window KV in one buffer, one id.
 
 Chapter 07's two-pool SWA allocator hands out a full-side id and an SWA-side id per token and keeps
 ``full_to_swa_index_mapping`` between them, with each pool's size fixed at start-up. Here both
@@ -20,18 +22,22 @@ from __future__ import annotations
 import torch
 
 from memlab.common import _checks
-from memlab.common.sizing import estimate_swa_kv_tokens
 from memlab.common.utils import ceil_div
 from memlab.sglang.allocator import BaseTokenToKVPoolAllocator
-from memlab.sglang.allocator.base import page_disjoint
 from memlab.sglang.allocator.reference import num_new_pages, num_new_pages_decode
+from memlab.sglang.sizing import estimate_swa_kv_tokens
 from memlab.sglang.swa import SWATokenToKVPoolAllocator
 from memlab.sglang.unified.pool import UnifiedKVPool
 from memlab.sglang.unified.sub_pool import MultiEndedAllocator
 from memlab.sglang.write_loc import KVWriteLoc
 
 
-class UnifiedSWATokenToKVPoolAllocator:
+class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
+    """Chapter 07's SWA allocator over one buffer. As SGLang's (``UnifiedSWAAllocatorBase``), it
+    derives from the two-pool ``SWATokenToKVPoolAllocator`` for its contract and its inherited
+    answers (``size``, ``release_out_of_window``, the free-segment loops) without running its
+    ``__init__``: both sides are ``MultiEndedAllocator``s and one virtual id replaces the map."""
+
     def __init__(
         self,
         *,
@@ -47,6 +53,7 @@ class UnifiedSWATokenToKVPoolAllocator:
             kvcache,
             page_size,
         )
+        self.need_sort = False
         kw = dict(
             unified_buffer=unified_buffer,
             device=device,
@@ -72,6 +79,7 @@ class UnifiedSWATokenToKVPoolAllocator:
         self.full_attn_allocator.bind_peer(self.swa_attn_allocator)
         self.swa_attn_allocator.bind_peer(self.full_attn_allocator)
         self.device, self.debug_mode = self.full_attn_allocator.device, debug_mode
+        self.dtype = self.full_attn_allocator.dtype
         self._empty_shared_gap_bytes = self.full_attn_allocator._current_gap_bytes()
         # What each side could take alone, from the empty buffer (the SWA side: at most
         # one page per virtual page).
@@ -80,21 +88,9 @@ class UnifiedSWATokenToKVPoolAllocator:
             self.swa_attn_allocator.available_size(),
             len(self.full_attn_allocator.free_virtual_ids) * page_size,
         )
-        self.free_group = None
+        self.free_group, self.full_free_group = None, []
 
-    # -- sizes: one byte budget for both sides ---------------------------------------------------
-    @property
-    def size(self) -> int:
-        return min(self._size_full, self._size_swa)
-
-    @property
-    def size_full(self) -> int:
-        return self._size_full
-
-    @property
-    def size_swa(self) -> int:
-        return self._size_swa
-
+    # -- sizes: one byte budget for both sides (size, size_full, size_swa: the parent's) ---------
     def available_size(self) -> int:
         """Tokens an ``alloc`` can still take: each needs a full page AND an SWA page (one virtual
         id), so it costs both entry sizes of the shared gap."""
@@ -120,13 +116,10 @@ class UnifiedSWATokenToKVPoolAllocator:
             self.swa_attn_allocator.schedulable_available_size(),
         )
 
-    def get_kvcache(self):
-        return self._kvcache
-
     def clear(self) -> None:
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
-        self.free_group = None
+        self.free_group, self.full_free_group = None, []
 
     # -- the byte envelope ---------------------------------------------------------------------
     def _fits_page_demand(self, num_full_pages: int, num_swa_pages: int) -> bool:
@@ -151,7 +144,8 @@ class UnifiedSWATokenToKVPoolAllocator:
 
     def ensure_capacity(self, full_tokens: int, swa_tokens: int) -> bool:
         """Whether ``full_tokens`` full-side and ``swa_tokens`` SWA-side tokens fit now. (SGLang's
-        lazy mode then tries once more after compacting both sides; eager has nothing to compact.)"""
+        lazy mode then tries once more after compacting both sides; eager has nothing to
+        compact.)"""
         if full_tokens < 0 or swa_tokens < 0:
             return False
         if full_tokens == 0 and swa_tokens == 0:
@@ -160,7 +154,7 @@ class UnifiedSWATokenToKVPoolAllocator:
             ceil_div(full_tokens, self.page_size), ceil_div(swa_tokens, self.page_size)
         )
 
-    # -- allocation: the full side's paged kernels, the SWA side binds the same pages ----------------
+    # -- allocation: the full side's paged kernels, the SWA side binds the same pages --------
     def alloc(self, need_size: int) -> torch.Tensor | None:
         fa = self.full_attn_allocator
         need_size = _checks.alloc(fa, need_size)
@@ -258,7 +252,7 @@ class UnifiedSWATokenToKVPoolAllocator:
         return v[self.swa_attn_allocator.virtual_to_physical[v // self.page_size] > 0]
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Both sides: the SWA pages still bound, then the full pages (which return the virtual ids)."""
+        """Both sides: the SWA pages still bound, then the full pages (they return the ids)."""
         _checks.free(self.full_attn_allocator, free_index)
         if free_index.numel() == 0:
             return
@@ -279,7 +273,12 @@ class UnifiedSWATokenToKVPoolAllocator:
             self.swa_attn_allocator.free(live)
 
     def free_full(self, free_index: torch.Tensor) -> None:
-        """The full side of tokens whose SWA pages already went (a finished request's old part)."""
+        """The full side of tokens whose SWA pages already went (a finished request's old part);
+        inside a free group, queued for the group's end, as SGLang's."""
+        _checks.free(self.full_attn_allocator, free_index)
+        if self.free_group is not None:
+            self.full_free_group.append(free_index.clone())
+            return
         self.full_attn_allocator.free(free_index.to(torch.int64))
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
@@ -294,28 +293,20 @@ class UnifiedSWATokenToKVPoolAllocator:
         _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
         self.free_full(free_index)
 
-    def free_segments(self, segments) -> None:
-        """Several page-disjoint ``(slots, start_pos)`` segments of one row (see the base allocator)."""
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_segment(free_index, start_pos=start_pos)
-
-    def free_full_segments(self, segments) -> None:
-        for free_index, start_pos in page_disjoint(segments, self.page_size):
-            self.free_full_segment(free_index, start_pos=start_pos)
-
+    # Not the two-pool parent's group: that one opens the full side's own group, and this
+    # composite queues its frees itself (the base allocator's group, as SGLang's).
     def free_group_begin(self) -> None:
-        _checks.free_group_begin(self)
-        self.free_group = []
+        BaseTokenToKVPoolAllocator.free_group_begin(self)
+        self.full_free_group = []
 
     def free_group_end(self) -> None:
-        _checks.free_group_end(self)
-        group, self.free_group = self.free_group, None
-        if group:
-            self.free(torch.cat(group))
+        full_free_group, self.full_free_group = self.full_free_group, []
+        BaseTokenToKVPoolAllocator.free_group_end(self)
+        if full_free_group:
+            self.full_attn_allocator.free(torch.cat(full_free_group).to(torch.int64))
 
-    # The window's release is chapter 07's, through this class's free_swa_segment: the SWA v2p
-    # entries of the released pages become -1, the full side keeps them.
-    release_out_of_window = SWATokenToKVPoolAllocator.release_out_of_window
+    # The window's release is chapter 07's (inherited), through this class's free_swa_segment:
+    # the SWA v2p entries of the released pages become -1, the full side keeps them.
 
     def check_books(self) -> None:
         """Debug mode: each side's books; and no SWA page without a full page under the same id."""
@@ -324,10 +315,9 @@ class UnifiedSWATokenToKVPoolAllocator:
         sa.check_books()
         _check_unified_swa_books(fa.virtual_to_physical, sa.virtual_to_physical)
 
-    # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) -------------------
+    # -- the scheduler's questions (SGLang 0.5.23, allocator/unified_hybrid_swa.py) ---------
     # Both sides are cut from one buffer, so no per-side token budget can say what fits: each
     # question is priced in bytes against the shared gap, both sides together.
-    request_slot_reserve = BaseTokenToKVPoolAllocator.request_slot_reserve
 
     def _fits_pages_after(
         self,
@@ -338,9 +328,9 @@ class UnifiedSWATokenToKVPoolAllocator:
         swa_reclaim_pages: int = 0,
         empty_pool: bool = False,
     ) -> bool:
-        """Whether new pages fit once ``*_reclaim_pages`` live pages are given back (or from an empty
-        pool): the wheel's ``_fits_page_demand`` on a compacted snapshot, which is what memlab's
-        eager pool always is (live pages sit at each end; the rest of the buffer is gap)."""
+        """Whether new pages fit once ``*_reclaim_pages`` live pages are given back (or from an
+        empty pool): the wheel's ``_fits_page_demand`` on a compacted snapshot, which is what
+        memlab's eager pool always is (live pages at each end, the rest of the buffer is gap)."""
         if min(num_full_pages, num_swa_pages) < 0:
             return False
         fa, sa, ps = self.full_attn_allocator, self.swa_attn_allocator, self.page_size
@@ -441,7 +431,8 @@ class UnifiedSWATokenToKVPoolAllocator:
         require_token_slack: bool = False,
     ) -> bool:
         """Whether a full/SWA demand fits the shared byte envelope, after reclaiming what is
-        evictable; ``require_token_slack``: the scheduler's one-token strict slack at an empty pool."""
+        evictable; ``require_token_slack``: the scheduler's one-token strict slack at an empty
+        pool."""
         if full_tokens < 0 or swa_tokens < 0:
             return False
         if require_token_slack and (
@@ -471,6 +462,13 @@ class UnifiedSWATokenToKVPoolAllocator:
         """The most new tokens (up to ``max_new_tokens``) an empty pool could hold with the prompt,
         both sides priced in bytes (the SWA side keeps about a window); None: the prompt alone does
         not fit. ``token_capacity`` is not read: the buffer's bytes are the bound."""
+        _checks.token_question(
+            input_tokens,
+            max_new_tokens,
+            token_capacity,
+            sliding_window_size,
+            chunk_size,
+        )
 
         def fits(candidate: int) -> bool:
             swa = estimate_swa_kv_tokens(
@@ -526,6 +524,7 @@ class UnifiedSWATokenToKVPoolAllocator:
         is priced. (SGLang reads ``full_evictable_size`` / ``swa_evictable_size``;
         memlab's trees free a node on
         both sides, so ``evictable_size`` stands for both.)"""
+        _checks.budgets(full_tokens, swa_tokens, full_budget_tokens, swa_budget_tokens)
         evictable = tree_cache.evictable_size()
         full_tokens += self.full_available_size() + evictable - full_budget_tokens
         if swa_budget_tokens is not None:
@@ -543,6 +542,7 @@ class UnifiedSWATokenToKVPoolAllocator:
         """Evict what the reclaim plan says both sides need, then answer whether the demand fits
         (None: no prefix sharing, or even evicting everything is not enough). memlab's trees free a
         node on both sides, so they are asked for the larger of the two reclaims."""
+        _checks.counts(num_tokens=num_tokens, **{"swa_num_tokens?": swa_num_tokens})
         if tree_cache is None or not tree_cache.supports_prefix_sharing():
             return None
         required_swa = num_tokens if swa_num_tokens is None else swa_num_tokens

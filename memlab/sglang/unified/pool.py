@@ -1,4 +1,4 @@
-"""The unified byte buffer (sglang/srt/mem_cache/unified_memory_pool.py): one uint8 buffer, each sub-pool with its own stride.
+"""The unified byte buffer (sglang/srt/mem_cache/unified_memory_pool.py): one uint8 buffer.
 
 ``--enable-unified-memory`` (SGLang 0.5.23) replaces the fixed split of a hybrid model's
 pools (chapter 07: a full-attention pool and a sliding-window pool, each sized at
@@ -230,12 +230,6 @@ class UnifiedKVPool:
         ]
         return k, v
 
-    def page_envelopes(self, name: str, page_size: int) -> torch.Tensor:
-        """The buffer as this sub-pool's pages: ``(pages, page_size * entry_bytes)`` bytes."""
-        page_bytes = page_size * self.spec(name).entry_bytes()
-        pages = self._max_slots[name] // page_size
-        return self._raw[: pages * page_bytes].view(pages, page_bytes)
-
 
 class UnifiedMHATokenToKVPool(MHATokenToKVPool):
     """An MHA pool whose per-layer ``k_buffer``/``v_buffer`` are views into a UnifiedKVPool,
@@ -286,25 +280,35 @@ class UnifiedMHATokenToKVPool(MHATokenToKVPool):
             self._sub_pool_name
         ).entry_bytes()  # the padding included
 
-    def kv_size_bytes(self) -> int:
-        return 0  # the views overlap the other sub-pool's: UnifiedKVPool counts the bytes once
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return (
+            0,
+            0,
+        )  # the views overlap the other sub-pool's: UnifiedKVPool counts the bytes once
+
+    def get_page_envelope_buffer(self) -> torch.Tensor:
+        """This sub-pool's pages over the shared buffer: ``(pages, page_size * entry_bytes)``
+        bytes, a page's every layer in one row (SGLang's page envelope)."""
+        buf = self._unified_buffer
+        page_bytes = self.page_size * buf.spec(self._sub_pool_name).entry_bytes()
+        return buf._raw[: self._num_pages * page_bytes].view(
+            self._num_pages, page_bytes
+        )
 
     def move_physical_pages(
         self, tgt_pages: torch.Tensor, src_pages: torch.Tensor, page_size: int
     ) -> None:
-        """Copy whole page envelopes ``src_pages[i] -> tgt_pages[i]`` (disjoint sets: a compaction)."""
+        """Copy whole page envelopes ``src_pages[i] -> tgt_pages[i]`` (disjoint: a compaction)."""
         assert page_size == self.page_size, (
             f"pages of {page_size} slots for a pool of {self.page_size}"
         )
-        env = self._unified_buffer.page_envelopes(self._sub_pool_name, page_size)
+        env = self.get_page_envelope_buffer()
         copy_pages(env, env, src_pages, tgt_pages, 1, backend=self.backend)
 
     def zero_physical_pages(self, phys_pages: torch.Tensor) -> None:
         """Zero pages as they are handed out: kernels that load whole pages must not read a NaN
         left behind by the other sub-pool's bytes (its state, seen through this dtype)."""
-        self._unified_buffer.page_envelopes(self._sub_pool_name, self.page_size)[
-            phys_pages
-        ] = 0
+        self.get_page_envelope_buffer()[phys_pages] = 0
 
 
 class UnifiedSWAKVPool(SWAKVPool):
@@ -361,56 +365,55 @@ class UnifiedSWAKVPool(SWAKVPool):
             sub = KVWriteLoc(ids if full_loc is None else full_loc, physical=physical)
         pool.set_kv_buffer(i, sub, cache_k, cache_v, k_scale, v_scale)
 
-    def kv_size_bytes(self) -> int:
-        return self.unified_buffer.total_bytes
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return (
+            0,
+            0,
+        )  # the UnifiedKVPool counts its bytes once (total_bytes), as SGLang's
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
 
 def _check_sub_pool_spec(spec) -> None:
-    if not isinstance(spec.name, str) or not spec.name:
-        raise ValueError(f"a sub-pool needs a name, got {spec.name!r}")
+    _checks.instance("name", spec.name, str, "a sub-pool's name (a str)")
     _checks.positive_ints(layer_num=spec.layer_num)
+    # one END at each end of the buffer; SGLang's float middle pool is not in memlab
     if spec.grow_direction not in ("up", "down"):
         raise ValueError(
-            f"sub-pool {spec.name!r}: grow_direction {spec.grow_direction!r} is not 'up' or 'down' ('float' middle pool: not in memlab)"
+            f"{spec.name!r}: grow_direction {spec.grow_direction!r}: 'up' or 'down'"
         )
 
 
 def _check_mha_sub_pool_spec(spec) -> None:
-    _checks.positive_ints(
-        head_num=spec.head_num, head_dim=spec.head_dim, v_head_dim=spec.v_head_dim
-    )
+    _checks.positive_ints(head_num=spec.head_num, head_dim=spec.head_dim)
+    _checks.positive_ints(v_head_dim=spec.v_head_dim)
     want = torch.uint8 if spec.kv_cache_dtype in FP8_DTYPES else spec.kv_cache_dtype
     if spec.store_dtype != want:
         raise ValueError(
-            f"sub-pool {spec.name!r}: a {spec.kv_cache_dtype} cache is stored as {want}, not {spec.store_dtype}"
+            f"{spec.name!r}: a {spec.kv_cache_dtype} cache is stored as {want}"
         )
 
 
 def _check_unified_kv_pool(total_bytes, specs: list, page_size) -> None:
-    (
-        _checks.integer("total_bytes", total_bytes, 1),
-        _checks.integer("page_size", page_size, 1),
-    )
-    if len({getattr(s, "name", None) for s in specs}) != len(specs):
-        raise ValueError(
-            f"sub-pool names must be unique, got {[getattr(s, 'name', None) for s in specs]}"
-        )
+    _checks.integer("total_bytes", total_bytes, 1)
+    _checks.integer("page_size", page_size, 1)
+    names = [getattr(s, "name", None) for s in specs]
+    if len(set(names)) != len(specs):
+        raise ValueError(f"sub-pool names must be unique, got {names}")
     directions = sorted(getattr(s, "grow_direction", None) for s in specs)
     if directions != ["down", "up"]:
         raise ValueError(
-            f"a UnifiedKVPool needs exactly one 'up' and one 'down' sub-pool, got {directions}"
+            f"a UnifiedKVPool needs one 'up' and one 'down' sub-pool: {directions}"
         )
 
 
 def _check_unified_row_alignment(spec, align: int) -> None:
+    """Rows of whole 16-byte vectors; a model with others runs without --enable-unified-memory."""
     for part, nbytes in (("K", spec.k_row_bytes()), ("V", spec.v_row_bytes())):
         if nbytes % align:
             raise ValueError(
-                f"the unified pool needs per-layer rows in multiples of {align} bytes; sub-pool {spec.name!r} "
-                f"has a {nbytes}-byte {part} row. Run this model without --enable-unified-memory."
+                f"{spec.name!r}: a {nbytes}-byte {part} row, not {align}-aligned"
             )
 
 
@@ -419,10 +422,8 @@ def _check_unified_swa_kv_pool(buffer, full_ids: list, swa_ids: list) -> None:
     for name, ids in (("full", full_ids), ("swa", swa_ids)):
         spec = buffer._specs_by_name.get(name)
         if spec is None or not hasattr(spec, "head_num"):
-            raise ValueError(
-                f"a UnifiedSWAKVPool needs an MHA sub-pool named {name!r}; the buffer has {sorted(buffer._specs_by_name)}"
-            )
+            raise ValueError(f"a UnifiedSWAKVPool needs an MHA sub-pool named {name!r}")
         if spec.layer_num != len(ids):
             raise ValueError(
-                f"sub-pool {name!r} holds {spec.layer_num} layers, {len(ids)} layer ids given"
+                f"sub-pool {name!r} holds {spec.layer_num} layers, not {len(ids)}"
             )

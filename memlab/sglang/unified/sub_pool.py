@@ -1,4 +1,6 @@
-"""MultiEndedAllocator (sglang/srt/mem_cache/allocator/unified_sub_pool.py): one allocator per sub-pool, virtual pages bound to physical ones.
+"""MultiEndedAllocator (sglang/srt/mem_cache/allocator/unified_sub_pool.py): one per sub-pool.
+
+Virtual pages bound to physical ones.
 
 Above the allocator every id is VIRTUAL: the request table, the radix tree and the scheduler hold
 virtual token ids. ``alloc``, ``alloc_extend`` and ``alloc_decode`` are chapter 04-05's paged
@@ -102,7 +104,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         )
 
     def bind_peer(self, peer: MultiEndedAllocator) -> None:
-        """The other END is this one's growth-side neighbour: above a grow-up pool, below a grow-down one."""
+        """The other END is this one's growth-side neighbour: above a grow-up pool, below a
+        grow-down one."""
         if self.grow_direction == "up":
             self.high_peer = peer
         else:
@@ -139,7 +142,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         return self.free_pages
 
     def _ledger(self) -> torch.Tensor:
-        """Debug mode's held virtual pages: the bound ones (a non-owner's free list is the owner's)."""
+        """Debug mode's held virtual pages: the bound ones (a non-owner's free list is the
+        owner's)."""
         if self._held is None:
             self._held = torch.zeros(self.num_virtual_ids + 1, dtype=torch.bool)
             self._held[:-1] = self.virtual_to_physical[:-1].cpu() > 0
@@ -202,11 +206,12 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
     # -- allocation: chapter 04-05's paged allocator in virtual space -------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
         assert self.is_id_owner, (
-            f"alloc on the non-owner {self.sub_pool_name!r}: use alloc_with_virtual"
+            f"alloc on non-owner {self.sub_pool_name!r}: alloc_with_virtual"
         )
         need_size = _checks.alloc(self, need_size)
         if need_size > self.available_size():
-            return None  # SGLang's shortfall ladder first flushes the neighbour: nothing to flush when eager
+            # SGLang's shortfall ladder first flushes the neighbour: nothing to flush when eager
+            return None
         return super().alloc(need_size)
 
     def alloc_extend(
@@ -277,9 +282,9 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             start, self.watermark_physical = wm, wm + n
         else:
             start, self.watermark_physical = wm - n + 1, wm - n
-        assert self.min_page_index - 1 <= self.watermark_physical <= self.num_pages, (
-            f"[{self.sub_pool_name}] out of physical pages: the byte-capacity check should have caught this"
-        )
+        # the byte-capacity check, made first, keeps it inside the pages
+        inside = self.min_page_index - 1 <= self.watermark_physical <= self.num_pages
+        assert inside, f"[{self.sub_pool_name}] out of physical pages"
         phys = torch.arange(start, start + n, dtype=torch.int64, device=self.device)
         self.virtual_to_physical[v_pages] = phys
         self.physical_to_virtual[phys] = v_pages
@@ -289,13 +294,16 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
 
     # -- translation ---------------------------------------------------------------------------
     def translate_kv_loc(self, virt_tokens: torch.Tensor) -> torch.Tensor:
-        """Virtual token ids -> physical token ids, the rows the per-layer views are indexed by."""
+        """Virtual token ids -> physical token ids, the rows the per-layer views are indexed by
+        (an id that is no one's reads the padding sink)."""
+        _checks.index_tensor("loc", virt_tokens, self.device)
         return translate_token_ids(
             virt_tokens, self.virtual_to_physical, self.page_size
         )
 
     def translate_write_loc(self, loc: torch.Tensor) -> torch.Tensor:
-        """The same for a batch's write locations (SGLang differs only under decode context parallelism)."""
+        """The same for a batch's write locations (SGLang's differs only under decode context
+        parallelism)."""
         return self.translate_kv_loc(loc)
 
     # -- freeing: unbind, then compact at once ------------------------------------------------
@@ -303,17 +311,18 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Every free of the base allocator (free, free_page_ids, free_segment, a free group's
         end) lands here with distinct virtual pages."""
         freed_p_pages = self.virtual_to_physical[page_ids]
-        if bool(
-            (freed_p_pages < 0).any()
-        ):  # SGLang's own check on every eager free (a device sync)
+        unbound = page_ids[
+            freed_p_pages < 0
+        ]  # SGLang's own check on every eager free (a sync)
+        if len(unbound):
             raise AssertionError(
-                f"[{self.sub_pool_name}] free of unbound virtual pages "
-                f"{page_ids[freed_p_pages < 0].tolist()}: a double free"
+                f"[{self.sub_pool_name}] double free: {unbound.tolist()}"
             )
         if self.debug_mode:
             self._debug_release(page_ids)
         self.virtual_to_physical[page_ids] = -1
-        if self.is_id_owner:  # to the back (FIFO): where a page sits is the watermark's business, not the id's
+        # to the back (FIFO): where a page sits is the watermark's business, not the id's
+        if self.is_id_owner:
             self.free_pages = torch.cat((self.free_pages, page_ids))
         self._compact_pending(freed_p_pages)
         if self.debug_mode:

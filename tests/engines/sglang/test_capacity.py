@@ -222,9 +222,8 @@ def test_two_pool_swa_questions_match_sglang(ps, tally):
 
 @pytest.mark.parametrize("ps", [1, 2, 4])
 def test_unified_questions_match_sglang(ps, tally):
-    import test_sglang_unified as tu
-
     from memlab.sglang.unified import UnifiedSWATokenToKVPoolAllocator
+    from memlab_tests.engines.sglang import test_unified as tu
 
     u = load()
     from memlab_tests.tools.engines import unified_loader

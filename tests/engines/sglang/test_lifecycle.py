@@ -29,7 +29,6 @@ from array import array
 import pytest
 import torch
 
-from memlab.common.sizing import RunningReq, check_decode_mem
 from memlab.sglang.allocation import (
     alloc_for_decode,
     alloc_for_extend,
@@ -39,8 +38,10 @@ from memlab.sglang.allocation import (
     release_kv_cache,
 )
 from memlab.sglang.allocator import make_allocator
-from memlab.sglang.radix_cache import RadixCache, match_and_lock
+from memlab.sglang.radix_cache import RadixCache
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.schedule_policy import match_and_lock
+from memlab.sglang.sizing import RunningReq, check_decode_mem
 from memlab_tests.tools.engines.sglang_loader import load
 
 ROWS, WIDTH = 4, 64
@@ -296,7 +297,7 @@ class Stream:
         ]
         self.steps = self.tie_skips = self.finished = self.retracted = (
             self.duplicates
-        ) = self.checkpoints = 0
+        ) = self.checkpoints = self.floors = 0
         self.evicted = self.decode_checks = self.decode_refusals = (
             self.evicted_in_checks
         ) = 0
@@ -378,6 +379,12 @@ class Stream:
             return
         self.mine.extend(rm, n, r["prefix"])
         self.theirs.extend(r["theirs"], n, r["prefix"])
+        if self.rng.random() < 0.3:
+            # prefill-aware SWA: SGLang's scheduler shields the prefill from the window, and
+            # later checkpoints key nothing past it (RadixCache.checkpoint's key_limit)
+            for req in (rm, r["theirs"]):
+                req.kv.swa_evict_floor = req.extend_end
+            self.floors += 1
         self.checkpoints += 1
         self.duplicates += self.mine.rewrote
         if (
@@ -523,6 +530,7 @@ def test_request_lifecycle_streams_match_sglang(page_size, disable, tally):
         finished=0,
         retracted=0,
         checkpoints=0,
+        floors=0,
         duplicates=0,
         tie_skips=0,
         evicted=0,
@@ -556,6 +564,7 @@ def test_request_lifecycle_streams_match_sglang(page_size, disable, tally):
         totals["finished"] > 10
         and totals["retracted"] > 5
         and totals["checkpoints"] > 50
+        and totals["floors"] > 10
     )
     assert (totals["duplicates"] > 0) != disable and (totals["evicted"] > 0) != disable
     assert totals["tie_skips"] < totals["steps"] // 20 and totals["decode_checks"] > 20

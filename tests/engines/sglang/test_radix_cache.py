@@ -15,6 +15,7 @@ from array import array
 import pytest
 import torch
 
+from memlab.sglang import radix_cache as ml
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.radix_cache import RadixCache
 from memlab_tests.tools.engines.radix_loader import load
@@ -78,6 +79,9 @@ class Pair:
         )
         self.locks: list[tuple] = []
         self.steps = 0
+        # memlab is called as SGLang is (its parameter objects, a RadixKey over an array) on
+        # every other call, with memlab's short calls in between: both must give the same
+        self.sglang_style = False
 
     def key(self, tokens):
         return self.rc.RadixKey(array("q", tokens))
@@ -95,8 +99,13 @@ class Pair:
         assert self.mine_alloc.freed == self.theirs_alloc.freed
         self.steps += 1
 
+    def _style(self) -> bool:
+        self.sglang_style = not self.sglang_style
+        return self.sglang_style
+
     def evict(self, n):
-        a = self.mine.evict(n).num_tokens_evicted
+        params = ml.EvictParams(num_tokens=n) if self._style() else n
+        a = self.mine.evict(params).num_tokens_evicted
         b = self.theirs.evict(self.base.EvictParams(num_tokens=n)).num_tokens_evicted
         assert a == b, f"evict({n}) freed {a} here, {b} in SGLang"
 
@@ -108,7 +117,12 @@ class Pair:
         value = self.mine_alloc.alloc(n)
         if value is None:
             return  # everything left is locked: neither side may insert
-        a = self.mine.insert(tokens, value)
+        if self._style():
+            a = self.mine.insert(
+                ml.InsertParams(key=ml.RadixKey(array("q", tokens)), value=value)
+            )
+        else:
+            a = self.mine.insert(tokens, value)
         b = self.theirs.insert(
             self.base.InsertParams(key=self.key(tokens), value=value.clone())
         )
@@ -119,7 +133,12 @@ class Pair:
         )  # the caller frees the duplicates
 
     def match(self, tokens, lock: bool):
-        a = self.mine.match_prefix(tokens)
+        if self._style():
+            a = self.mine.match_prefix(
+                ml.MatchPrefixParams(key=ml.RadixKey(array("q", tokens)))
+            )
+        else:
+            a = self.mine.match_prefix(tokens)
         b = self.theirs.match_prefix(self.base.MatchPrefixParams(key=self.key(tokens)))
         assert a.device_prefix_len == b.device_prefix_len
         assert (

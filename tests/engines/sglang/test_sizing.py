@@ -1,4 +1,4 @@
-"""memlab.common.sizing's per-step rules against SGLang 0.5.23's own functions.
+"""memlab.sglang.sizing's per-step rules against SGLang 0.5.23's own functions.
 
 KV per decode step, the reserve (always twice that), the request-table headroom, the next
 decode step's demand, and the retraction order, over a grid of speculative configurations,
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memlab.common.sizing import (
+from memlab.sglang.sizing import (
     RunningReq,
     SpeculativeConfig,
     alloc_len_per_decode,

@@ -46,6 +46,8 @@ class Side:
             swa=swa_books,
             mapping=a.full_to_swa_index_mapping.tolist(),
             available=a.available_size(),
+            # SGLang's size is min(full, swa); size_full and size_swa give each side
+            sizes=(a.size, a.size_full, a.size_swa),
             rows=list(self.rt.free_slots),
             generation=self.rt.req_generation.tolist(),
         )

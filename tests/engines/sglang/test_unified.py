@@ -521,3 +521,32 @@ def test_the_streams_catch_a_wrong_free_list(monkeypatch):
     monkeypatch.setattr(MultiEndedAllocator, "_release_page_ids", lifo)
     with pytest.raises(AssertionError, match="free"):
         end_stream(u, 7, 2, False)
+
+
+def _ancestors(cls) -> list[str]:
+    return [c.__name__ for c in cls.__mro__ if c.__name__ not in ("object", "ABC")]
+
+
+def test_the_class_trees_are_sglangs():
+    """memlab's composites derive as SGLang 0.5.23's do: the two-pool SWA allocator from the
+    base allocator, the unified one from the two-pool one (SGLang puts its
+    ``UnifiedSWAAllocatorBase`` between them, memlab has one unified class). Every ancestor memlab
+    names is one of SGLang's, in SGLang's order."""
+    from memlab.sglang.swa import SWATokenToKVPoolAllocator
+
+    u = load()
+    for ours, theirs in (
+        (SWATokenToKVPoolAllocator, u.hswa.SWATokenToKVPoolAllocator),
+        (UnifiedSWATokenToKVPoolAllocator, u.hswa.UnifiedSWATokenToKVPoolAllocator),
+    ):
+        mine, sg = _ancestors(ours), _ancestors(theirs)
+        assert [n for n in sg if n in mine] == mine, (mine, sg)
+        assert "BaseTokenToKVPoolAllocator" in mine
+    # one free_segments / free_full_segments, written in the base allocator only
+    for name in ("free_segments", "free_full_segments"):
+        owners = {
+            c.__name__
+            for c in UnifiedSWATokenToKVPoolAllocator.__mro__
+            if name in vars(c)
+        }
+        assert owners == {"BaseTokenToKVPoolAllocator"}, (name, owners)

@@ -220,9 +220,10 @@ def test_debug_mode_catches_double_free_and_padding():
         pag.free(T(1, 2))
     pag.free_group_begin()
     pag.free(got[4:8])
-    pag.free(got[:1])  # page 1 is already free: caught when the group releases
     with pytest.raises(ValueError, match="double free: page 1"):
-        pag.free_group_end()
+        pag.free(got[:1])  # page 1 is already free: refused at once, inside a group too
+    pag.free_group_end()  # the group survives and releases what it queued
+    assert pag.available_size() == 16
 
 
 def test_a_free_group_dedups_once_over_all_its_frees():
@@ -520,4 +521,22 @@ def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page
         2,
     ]  # row[4:6] freed page 2 whole
     with pytest.raises(AssertionError, match="shares a page"):
-        PagedTokenToKVPoolAllocator(64, 4).free_segments([(T(4, 5, 6), 0), (T(8), 3)])
+        PagedTokenToKVPoolAllocator(64, 4).free_segments(
+            [(T(4, 5, 6, 7, 8), 0), (T(12), 4)]
+        )
+
+
+def test_a_counted_num_new_pages_is_used_and_a_wrong_one_refused():
+    """SGLang's ``alloc_extend(..., num_new_pages=...)``: the caller's host count saves the
+    allocator counting again; a count that disagrees with the lengths changes nothing."""
+    T = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    args = (T(0, 3), T(0, 3), T(5, 9), T(5, 9), T(-1, 50), 11)
+    a, b = PagedTokenToKVPoolAllocator(64, 4), PagedTokenToKVPoolAllocator(64, 4)
+    a.alloc(48)
+    b.alloc(48)  # both hold the prefix's page 12 (slots 48..51)
+    assert torch.equal(a.alloc_extend(*args), b.alloc_extend(*args, num_new_pages=4))
+    assert a.free_pages.tolist() == b.free_pages.tolist()
+    before = snapshot(b)
+    with pytest.raises(ValueError, match="num_new_pages is 5 but the lengths need 4"):
+        b.alloc_extend(*args, num_new_pages=5)
+    assert same(before, snapshot(b))

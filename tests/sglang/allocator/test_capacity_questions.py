@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from memlab.capstone.engine import Engine, TinyConfig, TinyLlama
-from memlab.common.sizing import estimate_swa_kv_tokens
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from memlab.sglang.sizing import estimate_swa_kv_tokens
 from memlab.sglang.swa import SWATokenToKVPoolAllocator
 from memlab.sglang.unified import (
     MHASubPoolSpec,

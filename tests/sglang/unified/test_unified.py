@@ -140,7 +140,7 @@ def test_views_put_slot_t_at_t_times_entry_bytes():
 
 
 def test_bad_pools_are_refused_by_name():
-    with pytest.raises(ValueError, match="'float' middle pool"):
+    with pytest.raises(ValueError, match="grow_direction 'float': 'up' or 'down'"):
         mha("x", "float")
     with pytest.raises(ValueError, match="one 'up' and one 'down'"):
         UnifiedKVPool(total_bytes=1024, sub_pool_specs=[mha("a", "up"), mha("b", "up")])
@@ -476,6 +476,8 @@ def test_the_unified_pool_refuses_a_write_not_marked_physical():
 def test_the_unified_sub_pool_reports_its_true_cost():
     pool, kv, _ = swa_setup()
     assert kv.full_kv_pool.bytes_per_token == pool.spec("full").entry_bytes()
-    assert (
-        kv.kv_size_bytes() == pool.total_bytes and kv.full_kv_pool.kv_size_bytes() == 0
-    )
+    # SGLang's pools report (0, 0): the buffer's bytes are counted once, by the UnifiedKVPool
+    assert kv.get_kv_size_bytes() == (0, 0) == kv.full_kv_pool.get_kv_size_bytes()
+    envelope = kv.full_kv_pool.get_page_envelope_buffer()
+    assert envelope.shape[1] == pool.spec("full").entry_bytes() * kv.page_size
+    assert envelope.untyped_storage().data_ptr() == pool._raw.data_ptr()

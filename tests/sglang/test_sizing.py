@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memlab.common.sizing import (
+from memlab.sglang.sizing import (
     GiB,
     GPUConfig,
     ParallelConfig,
