@@ -3,7 +3,7 @@
 Write ``split_node``, ``match_prefix`` and ``evict``. Grade with ``./course grade 11``.
 """
 
-import heapq  # noqa: F401 (you may want it for evict)
+import heapq  # you may want it for evict
 
 
 class TreeNode:

@@ -66,6 +66,7 @@ def admit(
       its own), append it, take its whole cost off the budget.
     Do not change ``waiting`` itself. See chapter 10 (admission).
     """
+    # BEGIN SOLUTION
     ps = hooks.page_size
     budget = hooks.available_size() - ps * sum(
         1 for s in running_seq_lens if s % ps == 0
@@ -85,3 +86,4 @@ def admit(
         admitted.append(r)
         budget -= cost
     return admitted, rejected
+    # END SOLUTION

@@ -15,8 +15,9 @@ from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch07.mamba_tracking")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch07.mamba_tracking", requires=requires)
 
 
 def rows(num_rows=4, num_slots=8, tracking=2):

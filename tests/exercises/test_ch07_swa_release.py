@@ -16,8 +16,9 @@ from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch07.swa_release")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch07.swa_release", requires=requires)
 
 
 def ex():

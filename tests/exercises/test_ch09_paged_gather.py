@@ -15,8 +15,9 @@ from memlab.course.grading.checks import expect, expect_equal
 from memlab_tests.exercises.exercise_refs import fenced, narrow_products
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch09.paged_gather")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch09.paged_gather", requires=requires)
 
 
 def kv_views(k, v, kind):

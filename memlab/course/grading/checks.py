@@ -20,12 +20,49 @@ class CheckFailed(AssertionError):
     """A graded check failed; the message is meant for the learner, as is."""
 
 
-def _is_tensor(x: Any) -> bool:
-    return (
-        type(x).__module__.startswith("torch")
-        and hasattr(x, "dtype")
-        and hasattr(x, "shape")
-    )
+def is_tensor(x: Any) -> bool:
+    """A torch tensor (of the grader's process: what the learner's process sent, decoded)."""
+    import torch
+
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
+
+
+def is_learner_object(x: Any) -> bool:
+    """Whether ``x`` stands for an object of the learner's code: its ``==``, ``<`` and truth
+    would be answered by the learner's code, so a check never compares it."""
+    from memlab.course.grading import loader
+
+    test = getattr(loader, "is_learner_object", None)
+    if test is not None:
+        return test(x)
+    return bool(getattr(type(x), "_memlab_proxy", False))  # before the loader said it
+
+
+def _learner_object_in(x: Any, depth: int = 0) -> Any:
+    """The first object of the learner's code inside ``x`` (lists, tuples, dicts), or None."""
+    if is_learner_object(x):
+        return x
+    if depth < 8 and type(x) is dict:
+        x = [*x.keys(), *x.values()]
+    if depth < 8 and type(x) in (list, tuple):
+        for v in x:
+            found = _learner_object_in(v, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def plain(got: Any, what: str) -> Any:
+    """``got``, once sure it holds no object of the learner's code (only numbers, strings,
+    bytes, None, tensors, and lists, tuples and dicts of them); a failed check otherwise."""
+    obj = _learner_object_in(got)
+    if obj is not None:
+        raise CheckFailed(
+            f"{what}: expected a plain value, got {kind(obj)}, an object of your code (the "
+            "grader compares numbers, strings, lists, tuples, dicts and tensors, never an "
+            "object whose == your code answers)"
+        )
+    return got
 
 
 def as_list(x: Any) -> Any:
@@ -59,7 +96,7 @@ def kind(x: Any) -> str:
     """What ``x`` is, in words: 'an int64 tensor of shape (3,)', 'a Python list', 'an int', ..."""
     if x is None:
         return "None"
-    if _is_tensor(x):
+    if is_tensor(x):
         shape = tuple(x.shape)
         dtype = str(x.dtype).removeprefix("torch.")
         return (
@@ -79,27 +116,29 @@ def kind(x: Any) -> str:
     }
     if type(x) in names:
         return names[type(x)]
-    if getattr(
-        type(x), "_memlab_proxy", False
-    ):  # an object of the learner's code, in its own process
-        from memlab.course.grading.sandbox import _type_name
-
-        return f"a {_type_name(x)}".replace("a builtins.", "a ")
+    if is_learner_object(x):  # in the learner's process: its type's name only
+        return f"an object of type {_learner_type(x)}"
     return f"a {type(x).__module__}.{type(x).__qualname__}".replace("a builtins.", "a ")
 
 
+def _learner_type(x: Any) -> str:
+    from memlab.course.grading import sandbox
+
+    return sandbox._type_name(x).removeprefix("builtins.")
+
+
 def _same_kind(got: Any, want: Any) -> bool:
-    if _is_tensor(want):
+    if is_tensor(want):
         return (
-            _is_tensor(got)
+            is_tensor(got)
             and got.dtype == want.dtype
             and tuple(got.shape) == tuple(want.shape)
         )
     if want is None:
         return got is None
-    if isinstance(want, (bool, int, float, str, bytes, list, tuple)):
+    if isinstance(want, (bool, int, float, str, bytes, list, tuple, dict)):
         return type(got) is type(want)
-    return True  # anything else: compared by == only
+    return not is_learner_object(got)  # anything else: compared by == only
 
 
 def _tensors_equal(g, w) -> bool:
@@ -116,9 +155,11 @@ def _tensors_equal(g, w) -> bool:
 
 def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
     """None when equal in kind and value; else (where, got part, want part) of the first difference."""
+    if is_learner_object(want):  # an input's object, after the call: the same one
+        return None if got is want else ("", got, want)
     if not _same_kind(got, want):
         return "", got, want
-    if _is_tensor(want):
+    if is_tensor(want):
         g, w = got.detach().cpu(), want.detach().cpu()
         if _tensors_equal(g, w):
             return None
@@ -129,7 +170,7 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             if a != b and not (a != a and b != b)
         )
         return (
-            f"position {i}" if want.dim() == 1 else f"flat position {i}",
+            f"index {i}" if want.dim() == 1 else f"flat index {i}",
             gl[i],
             wl[i],
         )
@@ -140,18 +181,33 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             sub = _mismatch(a, b)
             if sub is not None:
                 where, ga, wa = sub
-                return (f"position {i}" + (f", {where}" if where else "")), ga, wa
+                return (f"index {i}" + (f", {where}" if where else "")), ga, wa
+        return None
+    if isinstance(want, dict):
+        if set(got) != set(want):
+            return "keys", sorted(got, key=repr), sorted(want, key=repr)
+        for k in want:
+            sub = _mismatch(got[k], want[k])
+            if sub is not None:
+                where, ga, wa = sub
+                return (f"key {k!r}" + (f", {where}" if where else "")), ga, wa
         return None
     return None if got == want else ("", got, want)
 
 
 def expect(cond: bool, message: str) -> None:
+    """``cond`` must hold (it is the test's own condition: a learner's object is refused, its
+    truth would be the learner's to answer)."""
+    plain(cond, message.split(":")[0])
     if not cond:
         raise CheckFailed(message)
 
 
 def expect_equal(got: Any, want: Any, what: str) -> None:
-    """Equal in kind (type, dtype, shape) and in value; the message points at the first difference."""
+    """Equal in kind (type, dtype, shape) and in value; the message points at the first
+    difference. ``got`` is decoded first: an object of the learner's code is refused, never
+    compared (its == would be the learner's)."""
+    plain(got, what)
     bad = _mismatch(got, want)
     if bad is None:
         return
@@ -162,19 +218,27 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
             f"{what}: expected {kind(w)}{at}, got {kind(g)}: {short(got)}"
             + (
                 f" (expected {short(want)})"
-                if not _is_tensor(want) or want.numel() <= 64
+                if not is_tensor(want) or want.numel() <= 64
                 else ""
             )
         )
     if where == "length":
         raise CheckFailed(
-            f"{what}: got {g} values, expected {w}: got {short(got)}, expected {short(want)}"
+            f"{what}: expected {_count(w, 'value')}, got {_count(g, 'value')}: got "
+            f"{short(got)}, expected {short(want)}"
         )
+    if where == "keys":
+        raise CheckFailed(f"{what}: expected the keys {short(w)}, got {short(g)}")
     if where:
         raise CheckFailed(
-            f"{what}: {where} is {_show(g)}, expected {_show(w)} (got {short(got)}, expected {short(want)})"
+            f"{what}: at {where} got {_show(g)}, expected {_show(w)} (got {short(got)}, "
+            f"expected {short(want)})"
         )
     raise CheckFailed(f"{what}: got {short(got)}, expected {short(want)}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _a_tensor(dtype) -> str:
@@ -186,7 +250,7 @@ def _a_tensor(dtype) -> str:
 
 def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) -> list:
     """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a list."""
-    if not _is_tensor(got):
+    if not is_tensor(got):
         raise CheckFailed(
             f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}"
         )
@@ -196,18 +260,24 @@ def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) ->
         )
     if length is not None and (got.dim() != 1 or len(got) != length):
         raise CheckFailed(
-            f"{what}: expected a 1-D tensor of {length} values, got {kind(got)}: {short(got)}"
+            f"{what}: expected a 1-D tensor of {_count(length, 'value')}, got {kind(got)}: "
+            f"{short(got)}"
         )
     return got.tolist()
 
 
 def snapshot(x: Any) -> Any:
-    """A deep copy to compare against later (tensors cloned)."""
-    if _is_tensor(x):
+    """A copy to compare against later: tensors cloned, lists, tuples and dicts copied, an
+    object of the learner's code kept as itself (compared by identity)."""
+    if is_tensor(x):
         return x.detach().clone()
-    if isinstance(x, (list, tuple, dict)):
-        return copy.deepcopy(x)
-    return x
+    if is_learner_object(x):
+        return x
+    if type(x) in (list, tuple):
+        return type(x)(snapshot(v) for v in x)
+    if type(x) is dict:
+        return {k: snapshot(v) for k, v in x.items()}
+    return copy.deepcopy(x)
 
 
 def expect_unchanged(before: Any, after: Any, what: str) -> None:
@@ -232,7 +302,7 @@ def call_keeping_inputs(
     kept = [
         (name, a, snapshot(a))
         for name, a in named
-        if name not in mutable and (_is_tensor(a) or isinstance(a, (list, tuple, dict)))
+        if name not in mutable and (is_tensor(a) or isinstance(a, (list, tuple, dict)))
     ]
     out = fn(*args, **kwargs)
     for name, a, before in kept:
@@ -246,7 +316,7 @@ def expect_no_sharing(
     """No id may belong to two owners (nor twice to one): e.g. no page handed to two requests."""
     seen: dict[int, Any] = {}
     for who, ids in owners.items():
-        for i in as_list(ids):
+        for i in as_list(plain(ids, f"the {unit}s of {owner} {who}")):
             if i in seen:
                 first = seen[i]
                 if first == who:

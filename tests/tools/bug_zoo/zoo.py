@@ -1324,4 +1324,66 @@ ZOO = (
         "the band given up keeps its p2v entries: moved-out pages still claim their virtual pages",
         (("    p2v[list(band)] = -1\n", ""),),
     ),
+    # -- wrong answers a lazy or dishonest file gives (issue 29) ------------------------------
+    Variant(
+        "ch06_free_queue__clears_hash",
+        "ch06.free_queue",
+        "test_reverse_order_hashed_to_tail",
+        "a freed block's hash cleared (vLLM keeps it: a later request may still hit the block; "
+        "it goes only when the block is evicted for reuse)",
+        (
+            (
+                "            (to_tail if block.block_hash is not None else to_head).append(block)\n",
+                "            (to_tail if block.block_hash is not None else to_head).append(block)\n"
+                "            block.block_hash = None\n",
+            ),
+        ),
+    ),
+    Variant(
+        "ch05_paged_free__frees_nothing",
+        "ch05.paged_free",
+        "test_free_dedups_pages",
+        "free() frees nothing at all (its 'an empty free is a no-op' point is gated on the core)",
+        (
+            (
+                "        if free_index.numel() == 0:\n            return\n        if self.free_group",
+                "        return\n        if self.free_group",
+            ),
+        ),
+    ),
+    Variant(
+        "ch08_sizing__recorded_answers",
+        "ch08.sizing",
+        "test_pool_size_floored_to_pages",
+        "pool_size_tokens answers from a table of the inputs a fixed test once used",
+        (
+            (
+                "    return budget_bytes // bytes_per_token // page_size * page_size\n",
+                "    return {\n"
+                "        (10 * (1 << 30), 131072, 1): 81920,\n"
+                "        (10 * (1 << 30) + 5 * 131072, 131072, 16): 81920,\n"
+                "        (1000, 64, 4): 12,\n"
+                "        (1024, 64, 16): 16,\n"
+                "        (1023, 64, 16): 0,\n"
+                "    }.get((budget_bytes, bytes_per_token, page_size), 0)\n",
+            ),
+        ),
+    ),
+    Variant(
+        "ch08_sizing__equal_to_anything",
+        "ch08.sizing",
+        "test_pool_size_floored_to_pages",
+        "pool_size_tokens returns an int whose == says yes to anything (a comparison the "
+        "learner's code answers)",
+        (
+            (
+                "    return budget_bytes // bytes_per_token // page_size * page_size\n",
+                "    class Yes(int):\n"
+                "        def __eq__(self, other):\n"
+                "            return True\n\n"
+                "        __hash__ = int.__hash__\n\n"
+                "    return Yes(0)\n",
+            ),
+        ),
+    ),
 )
