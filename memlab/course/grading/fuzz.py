@@ -44,6 +44,7 @@ from memlab.course.grading.checks import (
     as_list,
     expect_equal,
     is_tensor,
+    plain,
     short,
     snapshot,
 )
@@ -291,8 +292,16 @@ class Draw:
     def fail(self, kind: str, message: str) -> None:
         raise Differs(kind, message)
 
+    def _plain(self, what: str, got: Any) -> None:
+        """``got`` holds no object of the learner's code (its == would be the learner's)."""
+        try:
+            plain(got, what)
+        except CheckFailed as exc:
+            self.fail("not a plain value", f"on {self.words()}, {exc}")
+
     def returns(self, what: str, got: Any, want: Any, note: str = "") -> None:
         """The learner's ``what`` returned ``got`` where the engine's returned ``want``."""
+        self._plain(f"your `{what}` returned a value", got)
         if not _differ(got, want):
             return
         how = (
@@ -310,6 +319,7 @@ class Draw:
 
     def books(self, what: str, field: str, got: Any, want: Any, note: str = "") -> None:
         """After the learner's ``what``, its ``field`` is ``got`` where the engine's is ``want``."""
+        self._plain(f"after your `{what}`, `{field}`", got)
         if not _differ(got, want):
             return
         self.fail(
@@ -321,6 +331,7 @@ class Draw:
 
     def same(self, what: str, got: Any, want: Any, note: str = "") -> None:
         """Any other value that must agree (``what`` in words)."""
+        self._plain(what, got)
         if _differ(got, want):
             self.fail(
                 what,
