@@ -7,6 +7,7 @@ from memlab.course.grading.checks import (
     expect_equal,
     expect_no_sharing,
     expect_raises,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
@@ -30,7 +31,7 @@ def test_alloc_takes_from_tail(rng):
     expect_equal(
         rows,
         list(range(size - n + 1, size + 1)),
-        f"alloc_rows({n}) on a fresh table of {size} rows must take the last {n} free "
+        f"alloc_rows({n}) on a fresh table of {plural(size, 'row')} must take the last {n} free "
         "rows, as a list of ints",
     )
     left = list(range(1, size - n + 1))
@@ -62,7 +63,7 @@ def test_alloc_zero_returns_empty(rng):
     expect_equal(
         t.free_slots,
         list(range(1, size + 1)),
-        f"alloc_rows(0) on a fresh table of {size} rows must leave free_slots alone",
+        f"alloc_rows(0) on a fresh table of {plural(size, 'row')} must leave free_slots alone",
     )
     expect_equal(
         t.req_generation,
@@ -72,7 +73,9 @@ def test_alloc_zero_returns_empty(rng):
     taken = rng.randint(1, size)
     t.alloc_rows(taken)
     expect_equal(
-        t.alloc_rows(0), [], f"alloc_rows(0) with {size - taken} of {size} rows free"
+        t.alloc_rows(0),
+        [],
+        f"alloc_rows(0) with {size - taken} of {plural(size, 'row')} free",
     )
     expect_equal(
         t.free_slots,
@@ -91,7 +94,7 @@ def test_all_or_nothing(rng):
     got = t.alloc_rows(free + 1)
     expect(
         got is None,
-        f"alloc_rows({free + 1}) with {free} free rows must return None, got {got!r}",
+        f"alloc_rows({free + 1}) with {plural(free, 'free row')} must return None, got {got!r}",
     )
     expect_equal(
         t.free_slots,
@@ -106,7 +109,7 @@ def test_all_or_nothing(rng):
     expect_equal(
         t.alloc_rows(free),
         list(range(1, free + 1)),
-        f"alloc_rows({free}) with exactly {free} free rows must succeed (all of them)",
+        f"alloc_rows({free}) with exactly {plural(free, 'free row')} must succeed (all of them)",
     )
     expect_equal(t.free_slots, [], "free_slots after taking the last rows")
     got = t.alloc_rows(1)
@@ -197,13 +200,13 @@ def test_random_stream_never_shares_a_row(rng):
         if rows is None:
             expect(
                 n > len(before),
-                f"alloc_rows({n}) returned None with {len(before)} rows free",
+                f"alloc_rows({n}) returned None with {plural(len(before), 'row')} free",
             )
             continue
         expect_equal(
             rows,
             before[len(before) - n :],
-            f"alloc_rows({n}) with free_slots {before}: the last {n} entries",
+            f"alloc_rows({n}) with free_slots {before}: the last {plural(n, 'entry')}",
         )
         held[req] = rows
         expect_no_sharing(held, "row")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memlab.course.grading.checks import expect_equal, expect_raises
+from memlab.course.grading.checks import expect_equal, expect_raises, plural
 from memlab.course.grading.loader import load
 
 
@@ -47,7 +47,8 @@ def test_mha_llama3_8b(rng):
         expect_equal(
             ex().mha_bytes_per_token(layers, heads, dim, dtype_bytes=nbytes),
             2 * layers * heads * dim * nbytes,
-            f"{layers} layers, {heads} KV heads of {dim}, {nbytes} bytes a value: K and V",
+            f"{plural(layers, 'layer')}, {plural(heads, 'KV head')} of {dim}, "
+            f"{plural(nbytes, 'byte')} a value: K and V",
         )
 
 
@@ -63,7 +64,7 @@ def test_mha_v_head_dim(rng):
         expect_equal(
             ex().mha_bytes_per_token(layers, heads, dk, dv),
             layers * heads * (dk + dv) * 2,
-            f"{layers} layers, {heads} heads, K width {dk} and V width {dv} "
+            f"{plural(layers, 'layer')}, {plural(heads, 'head')}, K width {dk} and V width {dv} "
             "(positional), 2 bytes",
         )
         expect_equal(
@@ -71,7 +72,8 @@ def test_mha_v_head_dim(rng):
                 layers, heads, dk, v_head_dim=dv, dtype_bytes=nbytes
             ),
             layers * heads * (dk + dv) * nbytes,
-            f"{layers} layers, {heads} heads, K width {dk}, V width {dv}, {nbytes} bytes",
+            f"{plural(layers, 'layer')}, {plural(heads, 'head')}, K width {dk}, V width "
+            f"{dv}, {plural(nbytes, 'byte')}",
         )
 
 
@@ -89,8 +91,8 @@ def test_mla_deepseek_v3(rng):
         expect_equal(
             ex().mla_bytes_per_token(layers, rank, rope, dtype_bytes=nbytes),
             layers * (rank + rope) * nbytes,
-            f"MLA: {layers} layers, kv_lora_rank {rank}, qk_rope_head_dim {rope}, "
-            f"{nbytes} bytes (one latent row, no V)",
+            f"MLA: {plural(layers, 'layer')}, kv_lora_rank {rank}, qk_rope_head_dim {rope}, "
+            f"{plural(nbytes, 'byte')} (one latent row, no V)",
         )
 
 
@@ -112,8 +114,8 @@ def test_matches_real_buffers(rng):
         expect_equal(
             got,
             real,
-            f"MHA bytes per token vs real buffers ({layers} layers, {heads} heads, K {dk}, "
-            f"V {dv}, {dtype})",
+            f"MHA bytes per token vs real buffers ({plural(layers, 'layer')}, "
+            f"{plural(heads, 'head')}, K {dk}, V {dv}, {dtype})",
         )
     rank, rope = rng.randint(1, 64), rng.randint(1, 16)
     latent = [

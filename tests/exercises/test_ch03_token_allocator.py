@@ -9,6 +9,7 @@ from memlab.course.grading.checks import (
     expect_equal,
     expect_no_sharing,
     expect_tensor,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
@@ -41,19 +42,19 @@ def test_fresh_allocation_from_head(rng):
     expect_equal(
         a.alloc(k),
         i64(*range(1, k + 1)),
-        f"alloc({k}) on a fresh allocator of {size} slots (slot 0 is padding): an int64 "
+        f"alloc({k}) on a fresh allocator of {plural(size, 'slot')} (slot 0 is padding): an int64 "
         "tensor",
     )
     expect_equal(a.alloc(0), i64(), "alloc(0): an EMPTY int64 tensor")
     expect_equal(
         a.available_size(),
         size - k,
-        f"available_size() after taking {k} of {size} slots (an int)",
+        f"available_size() after taking {k} of {plural(size, 'slot')} (an int)",
     )
     expect_equal(
         a.alloc(size - k),
         i64(*range(k + 1, size + 1)),
-        f"alloc({size - k}) with exactly {size - k} slots free takes them all",
+        f"alloc({size - k}) with exactly {plural(size - k, 'slot')} free takes them all",
     )
     got = a.alloc(1)
     expect(got is None, f"alloc(1) with no slot free must return None, got {got!r}")
@@ -111,7 +112,7 @@ def test_refusal(rng):
     got = a.alloc(need)
     expect(
         got is None,
-        f"alloc({need}) with 1 free and {len(back)} staged slots (need_sort) must return "
+        f"alloc({need}) with 1 free and {plural(len(back), 'staged slot')} (need_sort) must return "
         f"None, got {got!r}",
     )
     expect_equal(
@@ -227,7 +228,7 @@ def test_no_merge_when_enough(rng):
     expect_equal(
         a.alloc(first),
         i64(*range(taken + 1, taken + 1 + first)),
-        f"alloc({first}) with {left} slots in free_pages takes them: merging (a sort) is "
+        f"alloc({first}) with {plural(left, 'slot')} in free_pages takes them: merging (a sort) is "
         "for when it runs short",
     )
     expect_equal(
@@ -239,7 +240,7 @@ def test_no_merge_when_enough(rng):
     expect_equal(
         a.alloc(rest),
         i64(*range(taken + 1 + first, size + 1)),
-        f"alloc({rest}) with EXACTLY {rest} slots in free_pages takes them: free_pages "
+        f"alloc({rest}) with EXACTLY {plural(rest, 'slot')} in free_pages takes them: free_pages "
         f"does not hold fewer than {rest}, so there is nothing to merge",
     )
     expect_equal(

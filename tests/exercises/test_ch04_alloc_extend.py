@@ -10,6 +10,7 @@ from memlab.course.grading.checks import (
     expect_no_sharing,
     expect_raises,
     expect_tensor,
+    plural,
     snapshot,
 )
 from memlab.course.grading.loader import load
@@ -81,18 +82,18 @@ def test_fresh_requests_whole_and_partial(rng):
     expect_equal(
         got[0],
         slots(free[0], free[1])[: seq[0]],
-        f"request 0 (0 -> {seq[0]} tokens, page size {ps}) takes the first 2 free pages, "
+        f"request 0 (0 -> {plural(seq[0], 'token')}, page size {ps}) takes the first 2 free pages, "
         f"{free[0]} and {free[1]} (free_pages {free[:6]}...)",
     )
     expect_equal(
         got[1],
         slots(free[2], free[3]),
-        f"request 1 (0 -> {seq[1]} tokens) takes the next 2, {free[2]} and {free[3]}",
+        f"request 1 (0 -> {plural(seq[1], 'token')}) takes the next 2, {free[2]} and {free[3]}",
     )
     expect_equal(
         got[2],
         slots(free[4])[: seq[2]],
-        f"request 2 (0 -> {seq[2]} tokens) takes page {free[4]}",
+        f"request 2 (0 -> {plural(seq[2], 'token')}) takes page {free[4]}",
     )
     expect_equal(
         out, i64(*got[0], *got[1], *got[2]), "the batch's slots: an int64 tensor"
@@ -187,7 +188,7 @@ def test_refusal_takes_nothing(rng):
     out, free_before = run(a, [0, 0], [seq0, seq1], [-1, -1])
     expect(
         out is None,
-        f"{pages + 1} pages needed, {pages} free: alloc_extend must return None, got "
+        f"{plural(pages + 1, 'page')} needed, {pages} free: alloc_extend must return None, got "
         f"{out!r}",
     )
     expect_equal(
@@ -202,7 +203,7 @@ def test_refusal_takes_nothing(rng):
     out, _ = run(a, [0, pre1], [seq0, seq1], [-1, last1])
     expect(
         out is not None,
-        f"{pages} pages needed, {pages} free: alloc_extend must succeed",
+        f"{plural(pages, 'page')} needed, {pages} free: alloc_extend must succeed",
     )
     expect_equal(
         out,
@@ -221,7 +222,7 @@ def test_refusal_takes_nothing(rng):
     expect_equal(
         out,
         i64(last + 1),
-        f"{ps - 1} -> {ps} tokens with page size {ps} and no page free: the token fits in "
+        f"{ps - 1} -> {plural(ps, 'token')} with page size {ps} and no page free: the token fits in "
         "the old page",
     )
     b = allocator(
@@ -269,7 +270,7 @@ def test_matches_reference_on_random_batches(rng):
             expect_equal(
                 g,
                 w,
-                f"request {i} (prefix {pre[i]} -> {seq[i]} tokens, last_loc {last[i]}, "
+                f"request {i} (prefix {pre[i]} -> {plural(seq[i], 'token')}, last_loc {last[i]}, "
                 f"page size {ps})",
             )
         expect_no_sharing({i: g for i, g in enumerate(got)}, "slot")
@@ -277,7 +278,7 @@ def test_matches_reference_on_random_batches(rng):
         expect_equal(
             a.free_pages,
             free_before[used:],
-            f"free_pages after taking {used} pages from its head",
+            f"free_pages after taking {plural(used, 'page')} from its head",
         )
 
 

@@ -7,7 +7,7 @@ around the output, which the Triton interpreter's missing bounds checks would no
 import pytest
 import torch
 
-from memlab.course.grading.checks import expect_equal
+from memlab.course.grading.checks import expect_equal, plural
 from memlab_tests.exercises.exercise_refs import (
     alloc_extend_python,
     fenced,
@@ -71,8 +71,8 @@ def compare(pre, seq, last, free_pages, ps, device=None):
         expect_equal(
             g,
             w,
-            f"request {i} (prefix {pre[i]} -> {seq[i]} tokens, last_loc {last[i]}, page size {ps}; "
-            f"its part 1 is its first {min(seq[i], -(-pre[i] // ps) * ps) - pre[i]} tokens)",
+            f"request {i} (prefix {pre[i]} -> {plural(seq[i], 'token')}, last_loc {last[i]}, page size {ps}; "
+            f"its part 1 is its first {plural(min(seq[i], -(-pre[i] // ps) * ps) - pre[i], 'token')})",
         )
 
 

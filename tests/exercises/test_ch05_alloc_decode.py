@@ -8,6 +8,7 @@ from memlab.course.grading.checks import (
     expect,
     expect_equal,
     expect_no_sharing,
+    plural,
     snapshot,
 )
 from memlab.course.grading.loader import load
@@ -159,7 +160,7 @@ def test_pages_in_batch_order(rng):
         expect_equal(
             a.free_pages,
             before[opened:],
-            f"free_pages after {opened} requests opened a page",
+            f"free_pages after {plural(opened, 'request')} opened a page",
         )
 
 
@@ -174,7 +175,8 @@ def test_refusal(rng):
     out = decode(a, opening, lasts)
     expect(
         out is None,
-        f"{pages + 1} requests open a page, {pages} pages free: alloc_decode must return "
+        f"{plural(pages + 1, 'request')} open a page, {plural(pages, 'page')} free: "
+        "alloc_decode must return "
         f"None, got {out!r}",
     )
     expect_equal(
@@ -189,7 +191,8 @@ def test_refusal(rng):
     expect_equal(
         out,
         i64(*[p * ps for p in free], lasts[-1] + 1),
-        f"{pages} requests open a page, exactly {pages} pages free: alloc_decode must "
+        f"{plural(pages, 'request')} open a page, exactly {plural(pages, 'page')} free: "
+        "alloc_decode must "
         "succeed",
     )
     expect_equal(a.free_pages, i64(), "every page taken")

@@ -10,6 +10,7 @@ from memlab.course.grading.checks import (
     expect_no_sharing,
     expect_raises,
     expect_tensor,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
@@ -57,13 +58,13 @@ def test_free_dedups_pages(rng):
     got = expect_tensor(f.free_pages, "free_pages after a free", torch.int64)
     expect(
         len(got) == len(set(got)),
-        f"freeing the {tokens} slots of pages {a} and {b} (page size {ps}) put {got} in "
+        f"freeing the {plural(tokens, 'slot')} of pages {a} and {b} (page size {ps}) put {got} in "
         "free_pages: each page must be freed ONCE (unique of slot // page_size)",
     )
     expect_equal(
         f.free_pages,
         i64(*sorted((a, b))),
-        f"pages freed by a request holding {tokens} tokens on pages {a} and {b} (an int64 "
+        f"pages freed by a request holding {plural(tokens, 'token')} on pages {a} and {b} (an int64 "
         "tensor, ascending)",
     )
     # Hand the pages out again: with duplicates, two requests would share a page.

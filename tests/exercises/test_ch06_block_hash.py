@@ -2,7 +2,12 @@
 
 import pytest
 
-from memlab.course.grading.checks import call_keeping_inputs, expect, expect_equal
+from memlab.course.grading.checks import (
+    call_keeping_inputs,
+    expect,
+    expect_equal,
+    plural,
+)
 from memlab.course.grading.loader import load
 
 
@@ -53,14 +58,15 @@ def test_full_blocks_only(rng):
         got = hashes(m, tokens(rng, n), bs)
         expect(
             len(got) == want,
-            f"{n} tokens in blocks of {bs} make {want} full blocks, got {len(got)} "
-            "hashes (a partial block is still growing: it gets no hash)",
+            f"{plural(n, 'token')} in blocks of {bs} make {plural(want, 'full block')}, "
+            f"got {plural(len(got), 'hash')} (a partial block is still growing: it gets no "
+            "hash)",
         )
     ids = tokens(rng, 2 * bs + rng.randint(1, bs - 1))
     expect_equal(
         hashes(m, ids, bs),
         chain(ids, bs, [None, None]),
-        f"hashes of {len(ids)} tokens in blocks of {bs} (no extra keys): a list of bytes",
+        f"hashes of {plural(len(ids), 'token')} in blocks of {bs} (no extra keys): a list of bytes",
     )
     expect_equal(hashes(m, [], bs), [], "no token: an empty list")
     ids = tokens(rng, 3)

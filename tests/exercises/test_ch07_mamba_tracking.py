@@ -10,6 +10,7 @@ from memlab.course.grading.checks import (
     expect_equal,
     expect_no_sharing,
     expect_raises,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
@@ -77,7 +78,9 @@ def test_alloc_gives_state_and_tracking(rng):
     m = rows(num_rows=6, num_slots=n, tracking=2, rng=rng)
     free = m.free_slots.tolist()
     r1, r2, r3 = rng.sample(range(1, 7), 3)
-    expect_equal(m.alloc_row(r1), True, f"alloc_row({r1}) with {n} free slots")
+    expect_equal(
+        m.alloc_row(r1), True, f"alloc_row({r1}) with {plural(n, 'free slot')}"
+    )
     expect_equal(
         m.state_slot[r1],
         i64(free[0])[0],
@@ -94,7 +97,9 @@ def test_alloc_gives_state_and_tracking(rng):
         (i64(*[0] * 7), i64(*[-1] * 7)),
         "alloc_row leaves next_track_idx and last_track_seqlen alone (fresh: 0 and -1)",
     )
-    expect_equal(m.alloc_row(r2), True, f"alloc_row({r2}) with {n - 3} free slots")
+    expect_equal(
+        m.alloc_row(r2), True, f"alloc_row({r2}) with {plural(n - 3, 'free slot')}"
+    )
     expect_no_sharing(
         {r: [int(m.state_slot[r])] + m.track_slots[r].tolist() for r in (r1, r2)},
         "mamba slot",
@@ -103,7 +108,9 @@ def test_alloc_gives_state_and_tracking(rng):
     m.free_slots = m.free_slots[: rng.randint(0, 2)]  # fewer than the 3 a row needs
     left = len(m.free_slots)
     expect_equal(
-        m.alloc_row(r3), False, f"alloc_row({r3}) with {left} free slots (it needs 3)"
+        m.alloc_row(r3),
+        False,
+        f"alloc_row({r3}) with {plural(left, 'free slot')} (it needs 3)",
     )
     none = rows(num_slots=2, tracking=0, rng=rng)  # no extra buffer: a state slot only
     two = none.free_slots.tolist()

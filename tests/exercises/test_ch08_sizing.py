@@ -2,7 +2,7 @@
 
 import pytest
 
-from memlab.course.grading.checks import expect, expect_equal
+from memlab.course.grading.checks import expect, expect_equal, plural
 from memlab.course.grading.loader import load
 
 
@@ -41,12 +41,12 @@ def test_pool_size_floored_to_pages(rng):
         expect_equal(
             f(exact, per_token, ps),
             k * ps,
-            f"{exact} bytes at {per_token} per token: exactly {k} pages of {ps}",
+            f"{plural(exact, 'byte')} at {per_token} per token: exactly {plural(k, 'page')} of {ps}",
         )
         expect_equal(
             f(exact - 1, per_token, ps),
             (k - 1) * ps,
-            f"{exact - 1} bytes at {per_token} per token ({k * ps - 1} tokens): floored "
+            f"{plural(exact - 1, 'byte')} at {per_token} per token ({plural(k * ps - 1, 'token')}): floored "
             f"to whole pages of {ps}",
         )
         spare = (
@@ -55,14 +55,14 @@ def test_pool_size_floored_to_pages(rng):
         expect_equal(
             f(spare, per_token, ps),
             k * ps,
-            f"{spare} bytes at {per_token} per token, page size {ps}: floored to whole "
+            f"{plural(spare, 'byte')} at {per_token} per token, page size {ps}: floored to whole "
             "pages",
         )
         small = rng.randint(0, per_token * ps - 1)
         expect_equal(
             f(small, per_token, ps),
             0,
-            f"{small} bytes at {per_token} per token: not one whole page of {ps}",
+            f"{plural(small, 'byte')} at {per_token} per token: not one whole page of {ps}",
         )
 
 
@@ -143,23 +143,23 @@ def test_decode_len_chain_and_page_one(rng):
         expect_equal(
             f(1, num_steps=steps, topk=topk, num_draft_tokens=draft),
             max(steps * topk, draft),
-            f"page size 1, {steps} steps x topk {topk}, {draft} draft tokens",
+            f"page size 1, {plural(steps, 'step')} x topk {topk}, {plural(draft, 'draft token')}",
         )
         ps = rng.choice((2, 3, 16, 64))
         expect_equal(
             f(ps, num_steps=steps, topk=1, num_draft_tokens=draft),
             max(steps, draft),
-            f"a chain (topk 1) of {steps} steps on pages of {ps}, {draft} draft tokens",
+            f"a chain (topk 1) of {plural(steps, 'step')} on pages of {ps}, {plural(draft, 'draft token')}",
         )
         expect_equal(
             f(ps, num_steps=steps),
             steps,
-            f"a chain of {steps} steps with topk and draft tokens unset",
+            f"a chain of {plural(steps, 'step')} with topk and draft tokens unset",
         )
         expect_equal(
             f(1, num_steps=steps, topk=topk),
             steps * topk,
-            f"page size 1, {steps} steps x topk {topk}, draft tokens unset",
+            f"page size 1, {plural(steps, 'step')} x topk {topk}, draft tokens unset",
         )
 
 
@@ -195,14 +195,14 @@ def test_decode_len_tree_on_pages(rng):
         expect_equal(
             f(ps, num_steps=steps, topk=topk, num_draft_tokens=draft),
             max(tree, draft),
-            f"a tree (topk {topk}, {steps} steps) on pages of {ps}, {draft} draft tokens: "
-            f"each branch may need ceil(({ps} - 1 + {steps}) / {ps}) = {pages} pages of "
-            f"its own, {tree} slots; the larger of that and the verify block wins",
+            f"a tree (topk {topk}, {plural(steps, 'step')}) on pages of {ps}, {plural(draft, 'draft token')}: "
+            f"each branch may need ceil(({ps} - 1 + {steps}) / {ps}) = {plural(pages, 'page')} of "
+            f"its own, {plural(tree, 'slot')}; the larger of that and the verify block wins",
         )
         expect_equal(
             f(ps, num_steps=steps, topk=topk),
             tree,
-            f"a tree on pages of {ps} (topk {topk}, {steps} steps, draft tokens unset)",
+            f"a tree on pages of {ps} (topk {topk}, {plural(steps, 'step')}, draft tokens unset)",
         )
 
 
@@ -226,12 +226,12 @@ def test_reserve_doubled(rng):
         expect_equal(
             f(ps, num_steps=steps, topk=topk, num_draft_tokens=draft),
             2 * tree,
-            f"reserve for a tree on pages of {ps} ({tree} slots a step): doubled",
+            f"reserve for a tree on pages of {ps} ({plural(tree, 'slot')} a step): doubled",
         )
         expect_equal(
             f(ps, steps, 1, draft),
             2 * max(steps, draft),
-            f"reserve for a chain of {steps} steps with {draft} draft tokens (arguments "
+            f"reserve for a chain of {plural(steps, 'step')} with {plural(draft, 'draft token')} (arguments "
             "by position)",
         )
 

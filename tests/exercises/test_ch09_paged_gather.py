@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from memlab.course.grading.checks import expect, expect_equal
+from memlab.course.grading.checks import expect, expect_equal, plural
 from memlab_tests.exercises.exercise_refs import fenced, narrow_products
 
 
@@ -149,7 +149,7 @@ def run(
         err = (got[b] - want[b]).abs().max().item()
         expect(
             err <= atol,
-            f"request {b} (row {rows[b]}, {lens[b]} tokens; K strides {tuple(kd.stride())}, V strides "
+            f"request {b} (row {rows[b]}, {plural(lens[b], 'token')}; K strides {tuple(kd.stride())}, V strides "
             f"{tuple(vd.stride())}, req_to_token row stride {table.stride(0)}): output differs from "
             f"attention over its own KV by {err:.3g} (tolerance {atol:g}); does the gather read row "
             "req_pool_indices[b], the right KV head, and V with V's own strides?",
@@ -324,7 +324,7 @@ def test_gpu_pool_past_2_31_elements(rng):
         torch.cuda.empty_cache()
     expect(
         err <= 2e-2,
-        f"a pool of {num_slots:,} slots x {per_slot} values (past 2^31 elements): the output differs "
+        f"a pool of {num_slots:,} slots x {plural(per_slot, 'value')} (past 2^31 elements): the output differs "
         f"from attention by {err:.3g}; is slot * stride computed in int64?",
     )
 

@@ -14,6 +14,7 @@ from memlab.course.grading.checks import (
     call_keeping_inputs,
     expect_equal,
     expect_tensor,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab.sglang.unified import (
@@ -239,9 +240,10 @@ def test_available_tokens_by_hand(rng):
         expect_equal(
             f(grow, wm, num_pages, low, entry, ps, frontier),
             min(pages, never) * ps,
-            f"{grow}, {used} pages in use (watermark {wm}) of page numbers "
-            f"{low}..{num_pages - 1}, entries of {entry} bytes, a gap of {gap} bytes: "
-            f"{pages} whole pages of gap, {never} page numbers never used; in tokens of "
+            f"{grow}, {plural(used, 'page')} in use (watermark {wm}) of page numbers "
+            f"{low}..{num_pages - 1}, entries of {plural(entry, 'byte')}, a gap of {plural(gap, 'byte')}: "
+            f"{plural(pages, 'whole page')} of gap, {plural(never, 'page number')} never "
+            "used; in tokens of "
             f"pages of {ps}",
         )
 
@@ -424,7 +426,7 @@ def stream(d):
             n = d.int(1, 5) * ps
             got = a.alloc(n)
             d.step(
-                f"the {side} side allocates {n} tokens"
+                f"the {side} side allocates {plural(n, 'token')}"
                 + ("" if got is not None else " (refused: full)")
             )
             if got is not None:
@@ -432,7 +434,7 @@ def stream(d):
             yield a, peer, None
         else:
             ids = live[i].pop(d.int(0, len(live[i]) - 1))
-            d.step(f"the {side} side frees {len(ids)} tokens")
+            d.step(f"the {side} side frees {plural(len(ids), 'token')}")
             yield a, peer, d.shuffled(ids)
 
 

@@ -224,7 +224,7 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
         )
     if where == "length":
         raise CheckFailed(
-            f"{what}: expected {_count(w, 'value')}, got {_count(g, 'value')}: got "
+            f"{what}: expected {plural(w, 'value')}, got {plural(g, 'value')}: got "
             f"{short(got)}, expected {short(want)}"
         )
     if where == "keys":
@@ -237,8 +237,13 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
     raise CheckFailed(f"{what}: got {short(got)}, expected {short(want)}")
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def plural(n: int, noun: str) -> str:
+    """``3 pages``, ``1 page``, ``2 hashes``: a count and its noun (never "1 values")."""
+    if n == 1:
+        return f"{n} {noun}"
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return f"{n} {noun[:-1]}ies"
+    return f"{n} {noun}{'es' if noun.endswith(('s', 'sh', 'ch')) else 's'}"
 
 
 def _a_tensor(dtype) -> str:
@@ -260,7 +265,7 @@ def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) ->
         )
     if length is not None and (got.dim() != 1 or len(got) != length):
         raise CheckFailed(
-            f"{what}: expected a 1-D tensor of {_count(length, 'value')}, got {kind(got)}: "
+            f"{what}: expected a 1-D tensor of {plural(length, 'value')}, got {kind(got)}: "
             f"{short(got)}"
         )
     return got.tolist()
