@@ -465,7 +465,7 @@ def random_case(d):
 
 @pytest.mark.kernel
 @points(2)
-def test_random_batches_match_the_engine(rng):
+def test_random_batches_match_the_engine():
     from memlab.course.grading.fuzz import check
 
     check(random_case, trials=8, name="ch09_paged_gather")

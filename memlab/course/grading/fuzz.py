@@ -51,10 +51,10 @@ from memlab.course.grading.checks import (
 
 SEED_ENV = "MEMLAB_GRADE_SEED"
 PROFILE_ENV = "MEMLAB_GRADE_PROFILE"
-HIDDEN_TRIALS = (
-    4  # Gradescope's runs: this many times the public number of random cases
-)
-HIDDEN_SIZE = 3  # ... and sizes (``d.size``, ``d.count``) up to this many times larger
+# Gradescope's runs: 3 times the public number of random cases, sizes (``d.size``, ``d.count``)
+# up to twice as large: about 6 times the public run's time, within a test's time limit.
+HIDDEN_TRIALS = 3
+HIDDEN_SIZE = 2
 SHOWN = 24  # list items shown in words before "..." (the code to paste is never cut)
 SHRINK_CALLS = 1500  # replays a shrink may spend
 SHRINK_SECONDS = 4.0  # ... and wall time (kernels in the interpreter are slow)
