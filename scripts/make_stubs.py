@@ -21,7 +21,9 @@ from memlab.course.grading.loader import ROOT
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("exercises", nargs="*", help="exercise files or ids (all when none)")
+    ap.add_argument(
+        "exercises", nargs="*", help="exercise files or ids (all when none)"
+    )
     ap.add_argument(
         "--check", action="store_true", help="write nothing: exit 1 when not in step"
     )

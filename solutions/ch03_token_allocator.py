@@ -24,7 +24,8 @@ class TokenToKVPoolAllocator:
         self.release_pages = torch.empty(0, dtype=torch.int64)
 
     def available_size(self) -> int:
-        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged frees)."""
+        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged
+        frees)."""
         # BEGIN SOLUTION
         return len(self.free_pages) + len(self.release_pages)
         # END SOLUTION

@@ -65,7 +65,8 @@ class PagedFreeList:
             return
         if start_pos % self.page_size:
             raise ValueError(
-                f"free_segment: start_pos {start_pos} is not a multiple of page_size {self.page_size}"
+                f"free_segment: start_pos {start_pos} is not a multiple of page_size "
+                f"{self.page_size}"
             )
         self.free_pages = torch.cat(
             (free_index[:: self.page_size] // self.page_size, self.free_pages)
@@ -73,7 +74,8 @@ class PagedFreeList:
         # END SOLUTION
 
     def free_group_begin(self) -> None:
-        """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no nesting)."""
+        """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no
+        nesting)."""
         # BEGIN SOLUTION
         if self.free_group is not None:
             raise RuntimeError(

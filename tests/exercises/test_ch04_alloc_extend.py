@@ -40,7 +40,8 @@ def t(values, strided=False):
 
 
 def run(a, pre, seq, last, strided=False):
-    """alloc_extend on int64 tensors; the inputs must come back unchanged. Returns (out, free_pages before)."""
+    """alloc_extend on int64 tensors; the inputs must come back unchanged. Returns (out,
+    free_pages before)."""
     free_before = snapshot(a.free_pages)
     out = call_keeping_inputs(
         a.alloc_extend,
@@ -222,7 +223,8 @@ def test_refusal_takes_nothing(rng):
     expect_equal(
         out,
         i64(last + 1),
-        f"{ps - 1} -> {plural(ps, 'token')} with page size {ps} and no page free: the token fits in "
+        f"{ps - 1} -> {plural(ps, 'token')} with page size {ps} and no page free: the token fits "
+        "in "
         "the old page",
     )
     b = allocator(

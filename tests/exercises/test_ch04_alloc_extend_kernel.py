@@ -1,4 +1,5 @@
-"""Graded: chapter 04, the whole-page part of the alloc_extend kernel (exercises/ch04_alloc_extend_kernel.py).
+"""Graded: chapter 04, the whole-page part of the alloc_extend kernel
+(exercises/ch04_alloc_extend_kernel.py).
 
 Each check compares the kernel with a plain-Python reference, with guard bands (sentinel values)
 around the output, which the Triton interpreter's missing bounds checks would not catch.
@@ -71,8 +72,10 @@ def compare(pre, seq, last, free_pages, ps, device=None):
         expect_equal(
             g,
             w,
-            f"request {i} (prefix {pre[i]} -> {plural(seq[i], 'token')}, last_loc {last[i]}, page size {ps}; "
-            f"its part 1 is its first {plural(min(seq[i], -(-pre[i] // ps) * ps) - pre[i], 'token')})",
+            f"request {i} (prefix {pre[i]} -> {plural(seq[i], 'token')}, last_loc {last[i]}, page "
+            f"size {ps}; "
+            "its part 1 is its first "
+            f"{plural(min(seq[i], -(-pre[i] // ps) * ps) - pre[i], 'token')})",
         )
 
 

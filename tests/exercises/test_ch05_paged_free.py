@@ -64,7 +64,8 @@ def test_free_dedups_pages(rng):
     expect_equal(
         f.free_pages,
         i64(*sorted((a, b))),
-        f"pages freed by a request holding {plural(tokens, 'token')} on pages {a} and {b} (an int64 "
+        f"pages freed by a request holding {plural(tokens, 'token')} on pages {a} and {b} (an "
+        "int64 "
         "tensor, ascending)",
     )
     # Hand the pages out again: with duplicates, two requests would share a page.
@@ -244,8 +245,9 @@ def test_free_group_batches_once(rng):
 
 
 class Engine:
-    """SGLang's paged free as the docstrings state it (memlab's allocator checks page ranges against a
-    real pool, which this test does not build): pages deduplicated and sorted, released at the head;
+    """SGLang's paged free as the docstrings state it (memlab's allocator checks page ranges
+    against a real pool, which this test does not build): pages deduplicated and sorted, released
+    at the head;
     free groups queue copies and release them as one free."""
 
     def __init__(self, free_pages, ps):

@@ -243,7 +243,8 @@ def random_case(d):
     for r in d.shuffled(range(len(reqs))):  # requests finish in any order
         table = reqs[r]
         d.step(
-            f"free request {r}: free_request_blocks(q, {[ids[i] if i >= 0 else 'null' for i in table]})"
+            f"free request {r}: free_request_blocks(q, "
+            f"{[ids[i] if i >= 0 else 'null' for i in table]})"
         )
         d.code(
             "ex.free_request_blocks(q, ["

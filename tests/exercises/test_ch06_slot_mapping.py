@@ -141,7 +141,7 @@ def test_compiled_on_gpu(rng):
         compare(table, qsl, positions + [0] * 37, bs, padded, device="cuda")
 
 
-# -- the learner's kernel against vLLM's slot_mapping (memlab.vllm.block_table), on random batches --
+# -- the learner's kernel against vLLM's slot_mapping (memlab.vllm.block_table), random batches --
 
 
 def random_case(d):

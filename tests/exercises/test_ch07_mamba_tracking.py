@@ -1,4 +1,5 @@
-"""Graded: chapter 07, Mamba state slots and ping-pong tracking (exercises/ch07_mamba_tracking.py)."""
+"""Graded: chapter 07, Mamba state slots and ping-pong tracking
+(exercises/ch07_mamba_tracking.py)."""
 
 import itertools
 
@@ -294,9 +295,9 @@ def test_next_track_slot_ping_pong(rng):
 
 
 class Engine:
-    """SGLang's HybridReqToTokenPool books for one model, as the docstrings state them (memlab's pool
-    allocates rows and slots together; the exercise gives the row): slots from the head, freed to
-    the tail, state rows zeroed when handed out, every field of a freed row reset."""
+    """SGLang's HybridReqToTokenPool books for one model, as the docstrings state them (memlab's
+    pool allocates rows and slots together; the exercise gives the row): slots from the head,
+    freed to the tail, state rows zeroed when handed out, every field of a freed row reset."""
 
     def __init__(self, rows, num_slots, state_dim, tracking):
         self.tracking = tracking

@@ -1,4 +1,5 @@
-"""Graded: chapter 07, sliding-window release and the SWA side of a free (exercises/ch07_swa_release.py)."""
+"""Graded: chapter 07, sliding-window release and the SWA side of a free
+(exercises/ch07_swa_release.py)."""
 
 import pytest
 import torch
@@ -265,7 +266,8 @@ def test_take_swa_slots_clears_whole_pages(rng):
 
 
 def engine_take(m, full, ps):
-    """SGLang's free_swa on the map (memlab.sglang.swa: read the map, forget whole pages), as lists."""
+    """SGLang's free_swa on the map (memlab.sglang.swa: read the map, forget whole pages), as
+    lists."""
     swa = [m[s] for s in full]
     for s in full:
         for o in range(ps):
@@ -295,7 +297,8 @@ def random_case(d):
             cache_protected_len=protected,
         )
         d.code(
-            f"print(ex.swa_release_range({seq}, {evicted}, {window}, {ps}, cache_protected_len={protected}))"
+            f"print(ex.swa_release_range({seq}, {evicted}, {window}, {ps}, "
+            f"cache_protected_len={protected}))"
         )
         got = d.call(
             "swa_release_range",

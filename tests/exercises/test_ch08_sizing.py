@@ -41,12 +41,14 @@ def test_pool_size_floored_to_pages(rng):
         expect_equal(
             f(exact, per_token, ps),
             k * ps,
-            f"{plural(exact, 'byte')} at {per_token} per token: exactly {plural(k, 'page')} of {ps}",
+            f"{plural(exact, 'byte')} at {per_token} per token: exactly {plural(k, 'page')} of "
+            f"{ps}",
         )
         expect_equal(
             f(exact - 1, per_token, ps),
             (k - 1) * ps,
-            f"{plural(exact - 1, 'byte')} at {per_token} per token ({plural(k * ps - 1, 'token')}): floored "
+            f"{plural(exact - 1, 'byte')} at {per_token} per token "
+            f"({plural(k * ps - 1, 'token')}): floored "
             f"to whole pages of {ps}",
         )
         spare = (
@@ -149,7 +151,8 @@ def test_decode_len_chain_and_page_one(rng):
         expect_equal(
             f(ps, num_steps=steps, topk=1, num_draft_tokens=draft),
             max(steps, draft),
-            f"a chain (topk 1) of {plural(steps, 'step')} on pages of {ps}, {plural(draft, 'draft token')}",
+            f"a chain (topk 1) of {plural(steps, 'step')} on pages of {ps}, "
+            f"{plural(draft, 'draft token')}",
         )
         expect_equal(
             f(ps, num_steps=steps),
@@ -195,7 +198,8 @@ def test_decode_len_tree_on_pages(rng):
         expect_equal(
             f(ps, num_steps=steps, topk=topk, num_draft_tokens=draft),
             max(tree, draft),
-            f"a tree (topk {topk}, {plural(steps, 'step')}) on pages of {ps}, {plural(draft, 'draft token')}: "
+            f"a tree (topk {topk}, {plural(steps, 'step')}) on pages of {ps}, "
+            f"{plural(draft, 'draft token')}: "
             f"each branch may need ceil(({ps} - 1 + {steps}) / {ps}) = {plural(pages, 'page')} of "
             f"its own, {plural(tree, 'slot')}; the larger of that and the verify block wins",
         )
@@ -231,7 +235,8 @@ def test_reserve_doubled(rng):
         expect_equal(
             f(ps, steps, 1, draft),
             2 * max(steps, draft),
-            f"reserve for a chain of {plural(steps, 'step')} with {plural(draft, 'draft token')} (arguments "
+            f"reserve for a chain of {plural(steps, 'step')} with {plural(draft, 'draft token')} "
+            "(arguments "
             "by position)",
         )
 

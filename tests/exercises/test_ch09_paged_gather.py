@@ -149,9 +149,12 @@ def run(
         err = (got[b] - want[b]).abs().max().item()
         expect(
             err <= atol,
-            f"request {b} (row {rows[b]}, {plural(lens[b], 'token')}; K strides {tuple(kd.stride())}, V strides "
-            f"{tuple(vd.stride())}, req_to_token row stride {table.stride(0)}): output differs from "
-            f"attention over its own KV by {err:.3g} (tolerance {atol:g}); does the gather read row "
+            f"request {b} (row {rows[b]}, {plural(lens[b], 'token')}; K strides "
+            f"{tuple(kd.stride())}, V strides "
+            f"{tuple(vd.stride())}, req_to_token row stride {table.stride(0)}): output differs "
+            "from "
+            f"attention over its own KV by {err:.3g} (tolerance {atol:g}); does the gather read "
+            "row "
             "req_pool_indices[b], the right KV head, and V with V's own strides?",
         )
 
@@ -280,8 +283,8 @@ def test_compiled_on_gpu_fp16(rng):
 @pytest.mark.gpu
 @points(1)
 def test_gpu_pool_past_2_31_elements(rng):
-    """K and V in one fp16 buffer of more than 2^31 elements (4.3 GB); the requests' slots lie at its end,
-    where slot * stride_ks no longer fits in 32 bits."""
+    """K and V in one fp16 buffer of more than 2^31 elements (4.3 GB); the requests' slots lie at
+    its end, where slot * stride_ks no longer fits in 32 bits."""
     from memlab.course.grading.loader import load
 
     kv_heads, dim = 2, 64
@@ -324,15 +327,17 @@ def test_gpu_pool_past_2_31_elements(rng):
         torch.cuda.empty_cache()
     expect(
         err <= 2e-2,
-        f"a pool of {num_slots:,} slots x {plural(per_slot, 'value')} (past 2^31 elements): the output differs "
+        f"a pool of {num_slots:,} slots x {plural(per_slot, 'value')} (past 2^31 elements): the "
+        "output differs "
         f"from attention by {err:.3g}; is slot * stride computed in int64?",
     )
 
 
-# -- the learner's kernel against the engine's attention (memlab.common.attention), on random batches
+# -- the learner's kernel against the engine's attention (memlab.common.attention), random batches
 
 VIEW_CODE = {  # the layouts of kv_views, as code to paste
-    "in_wider": "w = torch.full((x.shape[0], x.shape[1] + 1, x.shape[2]), float('nan')); w[:, 1:] = x; x = w[:, 1:]",
+    "in_wider": "w = torch.full((x.shape[0], x.shape[1] + 1, x.shape[2]), float('nan')); "
+    "w[:, 1:] = x; x = w[:, 1:]",
     "heads_outer": "x = x.transpose(0, 1).contiguous().transpose(0, 1)",
 }
 
@@ -412,7 +417,8 @@ def random_case(d):
     for name, view in zip("kv", views):
         d.code(f"x = {name}; {VIEW_CODE[view]}; {name} = x")
     d.code(
-        f"print(ex.decode_attention(q, k, v, torch.tensor({table}, dtype=torch.int32), torch.tensor({rows}), "
+        f"print(ex.decode_attention(q, k, v, torch.tensor({table}, dtype=torch.int32), "
+        f"torch.tensor({rows}), "
         f"torch.tensor({lens})))"
     )
     dev = kernel_device()
@@ -458,8 +464,10 @@ def random_case(d):
         d.fail(
             "decode_attention output",
             f"your `decode_attention` differs from the engine's on {d.words()}: "
-            f"request {b}'s output is off by {float(err[b]):.3g} (tolerance {atol:g}); does the gather read row "
-            "req_pool_indices[b], the right KV head, only the request's own slots, and V with V's own strides?",
+            f"request {b}'s output is off by {float(err[b]):.3g} (tolerance {atol:g}); does the "
+            "gather read row "
+            "req_pool_indices[b], the right KV head, only the request's own slots, and V with V's "
+            "own strides?",
         )
 
 

@@ -90,7 +90,8 @@ def test_split_keeps_locks(rng):
         (top.lock_ref, new.lock_ref, leaf.lock_ref),
         (1, 1, 1),
         "after splitting (3, 4, 5) below (1, 2) "
-        "with one request locking the path: (1, 2), the new (3,) and (4, 5) each hold that one lock "
+        "with one request locking the path: (1, 2), the new (3,) and (4, 5) each hold that one "
+        "lock "
         "(copy lock_ref; taking a lock through tree.lock would lock the ancestors again)",
     )
 
@@ -163,7 +164,8 @@ def test_match_whole_pages(rng):
     )
     expect(
         node.children == {(3, 4): rest} and rest.key == (3, 4),
-        f"with pages the rest (3, 4) hangs below the split under its first PAGE (3, 4); got children "
+        "with pages the rest (3, 4) hangs below the split under its first PAGE (3, 4); got "
+        "children "
         f"{node.children}",
     )
     n, node = call_keeping_inputs(
@@ -242,7 +244,8 @@ def test_evict_skips_locked_and_climbs(rng):
     expect_equal(
         freed,
         [S(102, 103), S(104, 105), S(100, 101)],
-        "(1, 2) is older than its children, but while (5, 6) hangs below it, it is no leaf: it goes last",
+        "(1, 2) is older than its children, but while (5, 6) hangs below it, it is no leaf: it "
+        "goes last",
     )
     expect(
         tree.root.children == {},
@@ -283,8 +286,10 @@ def test_evict_skips_locked_and_climbs(rng):
         freed,
         [S(102), S(70), S(100, 101)],
         "(3,) (time 2) goes first; its parent (1, 2) then becomes a leaf "
-        "and competes at once, with its own time 4 (not its child's 2), so (7,) (time 3) goes before it "
-        "and (8,) (time 5) stays: push the parent with (parent.last_access_time, id(parent), parent)",
+        "and competes at once, with its own time 4 (not its child's 2), so (7,) (time 3) goes "
+        "before it "
+        "and (8,) (time 5) stays: push the parent with (parent.last_access_time, id(parent), "
+        "parent)",
     )
     expect_equal(n, 4, "4 tokens asked, 4 freed")
 
@@ -348,7 +353,8 @@ def test_evict_exact_fit_and_ties(rng):
     m.evict(tree, 10, freed.append)
     expect(
         freed[:1] == [S(20)] and sorted(freed[1:]) == [S(10), S(30), S(40)],
-        f"(2,) (time 1) first, then its parent (1,), now a leaf, and (3,), (4,): all three at time 5, in any "
+        "(2,) (time 1) first, then its parent (1,), now a leaf, and (3,), (4,): all three at "
+        "time 5, in any "
         f"order (the parent is pushed as (time, id(node), node) like the others); freed {freed}",
     )
 

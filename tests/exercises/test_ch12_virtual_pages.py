@@ -241,7 +241,8 @@ def test_available_tokens_by_hand(rng):
             f(grow, wm, num_pages, low, entry, ps, frontier),
             min(pages, never) * ps,
             f"{grow}, {plural(used, 'page')} in use (watermark {wm}) of page numbers "
-            f"{low}..{num_pages - 1}, entries of {plural(entry, 'byte')}, a gap of {plural(gap, 'byte')}: "
+            f"{low}..{num_pages - 1}, entries of {plural(entry, 'byte')}, a gap of "
+            f"{plural(gap, 'byte')}: "
             f"{plural(pages, 'whole page')} of gap, {plural(never, 'page number')} never "
             "used; in tokens of "
             f"pages of {ps}",
@@ -363,7 +364,7 @@ def test_compact_at_the_frontier_moves_nothing(rng):
     )
 
 
-# -- random streams against memlab's own allocators -------------------------------------------------
+# -- random streams against memlab's own allocators ---------------------------------------------
 
 
 class Recording:

@@ -75,7 +75,8 @@ def missing_builds(kernels_dir: Path, builds: dict[str, set[str]]) -> list[str]:
 def test_every_kernel_has_an_ahead_of_time_build():
     builds = aot_builds()
     assert missing_builds(ROOT / "kernels", builds) == [], (
-        "add these @triton.jit kernels to BUILDS in tests/tools/compile_kernels.py (signature and constexprs)"
+        "add these @triton.jit kernels to BUILDS in tests/tools/compile_kernels.py (signature and "
+        "constexprs)"
     )
     assert set(builds) <= {f.name for f in (ROOT / "kernels").glob("*.py")}, (
         "BUILDS names a file kernels/ lacks"
@@ -244,5 +245,6 @@ def test_every_model_config_is_in_the_table():
     import memlab.common.models as models
 
     assert defined and {getattr(models, n).name for n in defined} == set(MODELS), (
-        "every ModelConfig constant in memlab/common/models.py belongs in MODELS (chapters 02 and 08 list MODELS)"
+        "every ModelConfig constant in memlab/common/models.py belongs in MODELS (chapters 02 and "
+        "08 list MODELS)"
     )

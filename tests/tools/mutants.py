@@ -768,7 +768,8 @@ def score_table(scores: list[Score]) -> str:
     ]
     for s in scores:
         rows.append(
-            f"| {s.file} | {s.total} | {s.equivalent} | {s.killed} / {s.non_equivalent} | {100 * s.ratio:.1f} % |"
+            f"| {s.file} | {s.total} | {s.equivalent} | {s.killed} / {s.non_equivalent} | "
+            f"{100 * s.ratio:.1f} % |"
         )
     t = Score(
         "all",
@@ -777,7 +778,8 @@ def score_table(scores: list[Score]) -> str:
         sum(s.equivalent for s in scores),
     )
     rows.append(
-        f"| **all** | {t.total} | {t.equivalent} | {t.killed} / {t.non_equivalent} | {100 * t.ratio:.1f} % |"
+        f"| **all** | {t.total} | {t.equivalent} | {t.killed} / {t.non_equivalent} | "
+        f"{100 * t.ratio:.1f} % |"
     )
     return "\n".join(rows)
 
@@ -785,7 +787,8 @@ def score_table(scores: list[Score]) -> str:
 def update_note(table: str, seconds: float, jobs: int) -> None:
     text = NOTE.read_text()
     block = (
-        f"<!-- score:begin -->\nMeasured with `./course mutants --jobs {jobs}` on {time.strftime('%Y-%m-%d')} "
+        f"<!-- score:begin -->\nMeasured with `./course mutants --jobs {jobs}` on "
+        f"{time.strftime('%Y-%m-%d')} "
         f"({seconds / 60:.1f} min):\n\n{table}\n<!-- score:end -->"
     )
     text = re.sub(
@@ -898,7 +901,8 @@ def main(argv=None) -> int:
             print(f"  {done[0]}/{len(jobs)}", end="\r", flush=True)
 
     print(
-        f"{len(by_key)} mutants in {len(files)} exercise files, {len(by_key) - len(jobs)} listed as equivalent; "
+        f"{len(by_key)} mutants in {len(files)} exercise files, {len(by_key) - len(jobs)} listed "
+        "as equivalent; "
         f"grading the rest with {a.jobs} workers",
         flush=True,
     )

@@ -154,7 +154,8 @@ def _tensors_equal(g, w) -> bool:
 
 
 def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
-    """None when equal in kind and value; else (where, got part, want part) of the first difference."""
+    """None when equal in kind and value; else (where, got part, want part) of the first
+    difference."""
     if is_learner_object(want):  # an input's object, after the call: the same one
         return None if got is want else ("", got, want)
     if not _same_kind(got, want):
@@ -254,7 +255,8 @@ def _a_tensor(dtype) -> str:
 
 
 def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) -> list:
-    """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a list."""
+    """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a
+    list."""
     if not is_tensor(got):
         raise CheckFailed(
             f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}"
@@ -290,7 +292,8 @@ def expect_unchanged(before: Any, after: Any, what: str) -> None:
     if _mismatch(after, before) is None:
         return
     raise CheckFailed(
-        f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the caller "
+        f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the "
+        "caller "
         "still uses it: work on a copy, e.g. x = x - y rather than x -= y)"
     )
 

@@ -200,12 +200,14 @@ class Draw:
         return options[self._choose(len(options) - 1)]
 
     def big(self, lo: int, hi: int) -> int:
-        """In [lo, hi], spread over magnitudes (as many near 2**30 as near 10); shrinks towards lo."""
+        """In [lo, hi], spread over magnitudes (as many near 2**30 as near 10); shrinks towards
+        lo."""
         bits = self.int(0, max(0, (hi - lo).bit_length()))
         return lo + self._choose(min(hi - lo, (1 << bits) - 1))
 
     def sample(self, population, k: int) -> list:
-        """``k`` distinct items of ``population`` in random order; shrinks towards its first k in order."""
+        """``k`` distinct items of ``population`` in random order; shrinks towards its first k in
+        order."""
         pool = list(population)
         return [pool.pop(self._choose(len(pool) - 1)) for _ in range(k)]
 
@@ -223,7 +225,8 @@ class Draw:
         return self.sample(items, len(items))
 
     def ids(self, k: int, hi: int, lo: int = 1) -> list[int]:
-        """``k`` distinct ids in [lo, hi] in random order, small and large (shrinks to lo, lo + 1, ...)."""
+        """``k`` distinct ids in [lo, hi] in random order, small and large (shrinks to lo,
+        lo + 1, ...)."""
         out: list[int] = []
         seen = set()
         while len(out) < k:

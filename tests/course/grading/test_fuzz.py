@@ -52,7 +52,9 @@ def test_gradescope_adds_more_and_larger_cases(monkeypatch):
     hidden = draws(monkeypatch, 7, "gradescope")
     assert len(hidden) == fuzz.HIDDEN_TRIALS * len(public)
     assert {n for _, n in public} == {10}  # d.count(10, 10): 10 items; hidden: 10 to 20
-    assert {n for _, n in hidden} <= set(range(10, 21)) and max(n for _, n in hidden) > 10
+    assert {n for _, n in hidden} <= set(range(10, 21)) and max(
+        n for _, n in hidden
+    ) > 10
 
 
 def test_the_header_names_the_seed_and_a_failure_reproduces(tmp_path):
