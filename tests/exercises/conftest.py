@@ -13,7 +13,7 @@ gradescope adds more and larger cases.
 
 Gating: ``@pytest.mark.points(1, exercise=..., requires="test_core")`` earns its points only
 when the exercise's core test passes (an edge case passed by code that does nothing earns
-nothing). In one session, a gated test whose core test has already failed here fails at once
+nothing). In one session, a gated test that passes while its core test has failed here fails
 and says why; the grader's report applies the same rule to tests run in other sessions.
 """
 
@@ -66,8 +66,11 @@ def pytest_runtest_setup(item):
             pytest.skip("GPU-only check: needs a CUDA device")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
+    """A gated test runs as any other (its own failure, "not written yet" included, is the one
+    to read); passed while its core test failed here, it fails and says why."""
+    result = yield
     for name in requires(item):
         outcome = _outcomes.get(f"{item.nodeid.rsplit('::', 1)[0]}::{name}")
         if outcome not in (None, "passed"):
@@ -75,6 +78,7 @@ def pytest_runtest_call(item):
                 f"not counted yet: this edge case earns its points once {name} (the "
                 f"exercise's core behaviour) passes, and it {outcome}: fix that first"
             )
+    return result
 
 
 def pytest_runtest_logreport(report):
