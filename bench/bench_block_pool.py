@@ -1,65 +1,296 @@
-"""vLLM's block pool against a deque-based free list, and against itself in debug mode, measured
-side by side in one run.
+"""memlab's BlockPool against vLLM 0.33's own BlockPool, side by side in one run.
 
-  python bench/bench_block_pool.py            # 100,000 blocks; 10, 100, 1,000 blocks per call
-  python bench/bench_block_pool.py --blocks 20000 --min-time 0.2   # a quicker run
+  python bench/bench_block_pool.py            # 100,000 blocks, 8 hits + 24 new per request
+  python bench/bench_block_pool.py --smoke    # a small pool and one short round: that it runs
+  python bench/bench_block_pool.py --deque    # also the free queue against a deque
 
-One cycle of n blocks, the same work for both:
-  allocate  take n blocks from the head (evicting any that still carry a hash), cache them
-            (give each a hash), free them in reverse (hashed -> tail);
-  hit       look the n hashes up, take a reference on each (a free block leaves the queue
-            wherever it is), free them again.
-BlockPool unlinks a hit block in O(1); a deque must find it first (deque.remove scans), which
-is why vLLM wrote its own intrusive list. The deque is the faster list for plain pops and
-appends, since its loop runs in C: the table shows both sides of that trade.
+A request of the cycle makes the calls vLLM's manager makes, the same on both pools:
+  lookup    get_cached_block for the 8 block hashes of a shared prefix (one of 64 prefixes)
+  touch     the 8 hit blocks (a free one leaves the middle of the free queue)
+  allocate  get_new_blocks(24)
+  cache     cache_full_blocks for the 24 new blocks (new hashes: sha256-sized bytes)
+  free      free_blocks, last block first (the hashed blocks go to the queue's tail)
 
-BlockPool runs twice: with debug mode off (vLLM's hot path: no per-block check) and on (memlab's
-per-block scans: each block this pool's, none freed twice, none hashed twice, none queued twice).
-"debug cost" is how many times slower a whole cycle is with the scans on. The pools take turns,
-``--rounds`` times, and each keeps its best round, so that a noisy neighbour slows all of them.
+Two phases. ``fill``: a fresh pool, whose new blocks come from never-used space, so nothing is
+evicted (about 4,100 requests for 100,000 blocks). ``steady``: the pool is full of cached
+blocks, so every new block evicts one (a hash leaves the map for each block handed out).
+
+vLLM's classes come from its published wheel (tests/tools/engines/vllm_loader.py: the wheel is
+downloaded once into ~/.cache/memlab/engines). Before anything is timed, both pools run the same
+requests with every block id they hand out recorded: the ids, the evictions and the books at the
+end must be equal. Then the pools take turns in short rounds, debug mode off; each phase is run
+``--repeats`` times from fresh pools and every round keeps its best time (CPU time of this
+process, so waiting for a busy machine's cores counts for neither). memlab with debug mode on
+runs in the same rounds of the first run, apart: its cost is printed as a factor and is in no
+ratio (its scans walk the free queue from each hit to the tail, so it grows with the pool).
+
+The last line reads: ``block pool vs vLLM 0.33: fill N.NNx, steady N.NNx``.
 """
 
+from __future__ import annotations
+
 import argparse
+import runpy
 import sys
 import time
 from collections import deque
+from pathlib import Path
 
 from memlab.vllm.block_pool import BlockPool
 
+ROOT = Path(__file__).resolve().parents[1]
+HITS, NEW, PREFIXES = 8, 24, 64
+
+
+class Request:
+    """What both pools read of a request: its block hashes."""
+
+    __slots__ = ("request_id", "block_hashes")
+
+    def __init__(self, request_id: str, block_hashes: list[bytes]):
+        self.request_id = request_id
+        self.block_hashes = block_hashes
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(32, "little")  # the size of a sha256 digest
+
+
+PREFIX_HASHES = [[key(p * HITS + i) for i in range(HITS)] for p in range(PREFIXES)]
+
+
+def make_requests(first: int, n: int) -> list[Request]:
+    """Requests first..first+n: one of the shared prefixes, then NEW blocks of new content."""
+    out = []
+    for r in range(first, first + n):
+        new = [key(10**9 + r * NEW + i) for i in range(NEW)]
+        out.append(Request(str(r), PREFIX_HASHES[r % PREFIXES] + new))
+    return out
+
+
+# ---- the cycle, as each engine's manager calls its pool ------------------------------------------
+
+
+def memlab_cycle(pool, requests, record=None) -> None:
+    get_cached_block = pool.get_cached_block
+    for req in requests:
+        hits = [get_cached_block(h) for h in req.block_hashes[:HITS]]
+        pool.touch(hits)
+        blocks = hits + pool.get_new_blocks(NEW)
+        pool.cache_full_blocks(req, blocks, HITS, HITS + NEW)
+        pool.free_blocks(blocks[::-1])
+        if record is not None:
+            record.append([b.block_id for b in blocks])
+
+
+def vllm_cycle(pool, requests, record=None) -> None:
+    get_cached_block = pool.get_cached_block
+    for req in requests:
+        hits = [get_cached_block(h, [0])[0] for h in req.block_hashes[:HITS]]
+        pool.touch(hits)
+        blocks = hits + pool.get_new_blocks(NEW)
+        pool.cache_full_blocks(req, blocks, HITS, HITS + NEW, 1, 0)
+        pool.free_blocks(reversed(blocks))
+        if record is not None:
+            record.append([b.block_id for b in blocks])
+
+
+def cache_prefixes(pool, is_vllm: bool) -> None:
+    """The shared prefixes, computed once and freed: cached, in the free queue's tail."""
+    for p, hashes in enumerate(PREFIX_HASHES):
+        blocks = pool.get_new_blocks(HITS)
+        req = Request(f"prefix {p}", hashes)
+        if is_vllm:
+            pool.cache_full_blocks(req, blocks, 0, HITS, 1, 0)
+        else:
+            pool.cache_full_blocks(req, blocks, 0, HITS)
+        pool.free_blocks(blocks[::-1])
+
+
+def fill_requests(num_blocks: int) -> int:
+    """Requests a fresh pool serves before its head reaches a cached block."""
+    return (num_blocks - 1 - PREFIXES * HITS) // NEW
+
+
+# ---- the engines' pools ------------------------------------------------------------------
+
+
+def load_vllm():
+    """vLLM's block_pool and kv_cache_utils modules from the wheel, or None and why not."""
+    import pytest
+
+    runpy.run_path(str(ROOT / "tests" / "tools" / "loading.py"))["register"]()
+    from memlab_tests.tools.engines.vllm_loader import load
+
+    try:
+        return load(), ""
+    except pytest.skip.Exception as exc:  # no wheel and no network: the loader's words
+        return None, str(exc.msg)
+
+
+def contenders(V, num_blocks: int) -> dict:
+    """name -> (pool, cycle), each pool with the shared prefixes cached."""
+    out = {
+        "memlab": (BlockPool(num_blocks), memlab_cycle),
+        "vLLM": (
+            V.block_pool.BlockPool(num_blocks, enable_caching=True, hash_block_size=1),
+            vllm_cycle,
+        ),
+        "memlab debug": (BlockPool(num_blocks, debug_mode=True), memlab_cycle),
+    }
+    for name, (pool, _) in out.items():
+        cache_prefixes(pool, name == "vLLM")
+    return out
+
+
+def books(V, pool, evictions: int) -> dict:
+    from memlab_tests.tools.engines.vllm_loader import pool_books
+
+    if type(pool) is BlockPool:
+        out = pool_books(pool)
+    else:  # vLLM's map keys: the hash and a 4-byte KV cache group id
+        out = pool_books(pool, V.kv_cache_utils.get_block_hash)
+    out["evictions"] = evictions
+    return out
+
+
+def evictions_of(pool, num_requests: int) -> int:
+    """Hashes given minus hashes still held: the blocks whose cached content was evicted."""
+    cached = PREFIXES * HITS + num_requests * NEW
+    return cached - sum(b.block_hash is not None for b in pool.blocks)
+
+
+def check_same(V, num_blocks: int, num_requests: int) -> str:
+    """Every pool runs the same requests, recording the blocks it hands out; all must agree."""
+    runs = {}
+    for name, (pool, cycle) in contenders(V, num_blocks).items():
+        record = []
+        cycle(pool, make_requests(0, num_requests), record)
+        runs[name] = (record, books(V, pool, evictions_of(pool, num_requests)))
+        if type(pool) is BlockPool:
+            assert pool.num_evictions == evictions_of(pool, num_requests)
+            pool.check_invariants()
+    ref_record, ref_books = runs["vLLM"]
+    for name, (record, pool_books) in runs.items():
+        assert record == ref_record, f"{name} handed out other blocks than vLLM"
+        for part, value in pool_books.items():
+            assert value == ref_books[part], f"{name}: {part} differs from vLLM's"
+    return (
+        f"same blocks handed out by every pool ({num_requests:,} requests), "
+        f"same evictions ({ref_books['evictions']:,}), same books at the end"
+    )
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+
+def timed_phases(V, num_blocks: int, rounds: int, repeats: int) -> dict:
+    """{(phase, name): seconds}: each round's best time over ``repeats`` runs from fresh pools,
+    summed over the rounds."""
+    fill = fill_requests(num_blocks)
+    per_round = max(1, fill // rounds)
+    best: dict[tuple, list[float]] = {}
+    for repeat in range(repeats):
+        pools = contenders(V, num_blocks)
+        if (
+            repeat
+        ):  # debug mode's scans make it slow: its cost is read from the first run
+            del pools["memlab debug"]
+        first = 0
+        for phase in ("fill", "steady"):
+            if (
+                phase == "steady"
+            ):  # finish the fill untimed: from here every block evicts
+                for pool, cycle in pools.values():
+                    cycle(pool, make_requests(first, fill - first + 1))
+                first = fill + 1
+            for r in range(rounds):
+                requests = make_requests(first, per_round)
+                for name, (pool, cycle) in pools.items():
+                    t0 = time.process_time()
+                    cycle(pool, requests)
+                    dt = time.process_time() - t0
+                    times = best.setdefault((phase, name), [float("inf")] * rounds)
+                    times[r] = min(times[r], dt)
+                first += per_round
+    return {k: (sum(v), per_round * rounds) for k, v in best.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=40, help="rounds per phase")
+    ap.add_argument("--repeats", type=int, default=3, help="runs from fresh pools")
+    ap.add_argument("--smoke", action="store_true", help="4,000 blocks, one short run")
+    ap.add_argument("--deque", action="store_true", help="also the deque comparison")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.blocks, args.rounds, args.repeats = 4_000, 4, 1
+    least = (PREFIXES + 2) * (HITS + NEW)  # fewer, and the shared prefixes get evicted
+    if args.blocks < least:
+        ap.error(f"--blocks must be at least {least}")
+    V, why = load_vllm()
+    if V is None:
+        print(f"vLLM's BlockPool is out of reach: {why}")
+        return 2
+    print(
+        f"pool of {args.blocks:,} blocks; a request: {HITS} hits (get_cached_block, touch), "
+        f"{NEW} new blocks (get_new_blocks, cache_full_blocks), free_blocks"
+    )
+    print(check_same(V, args.blocks, fill_requests(args.blocks) * 2))
+    t = timed_phases(V, args.blocks, args.rounds, args.repeats)
+    print(
+        f"best of {args.repeats} runs per round, {args.rounds} rounds a phase; "
+        "debug mode off in memlab and vLLM, on in 'memlab debug' (in no ratio)"
+    )
+    print(
+        f"{'phase':>7} {'requests':>9} | {'memlab req/s':>12} {'vLLM req/s':>11} "
+        f"{'ratio':>6} | {'memlab debug req/s':>18} {'debug cost':>10}"
+    )
+    ratios = {}
+    for phase in ("fill", "steady"):
+        (ours, n), (theirs, _), (dbg, _) = (
+            t[(phase, name)] for name in ("memlab", "vLLM", "memlab debug")
+        )
+        ratios[phase] = theirs / ours
+        print(
+            f"{phase:>7} {n:>9,} | {n / ours:>12,.0f} {n / theirs:>11,.0f} "
+            f"{ratios[phase]:>5.2f}x | {n / dbg:>18,.0f} {dbg / ours:>9.2f}x"
+        )
+    if args.deque:
+        deque_table(args.blocks)
+    print(
+        f"block pool vs vLLM 0.33: fill {ratios['fill']:.2f}x, "
+        f"steady {ratios['steady']:.2f}x"
+    )
+    return 0
+
+
+# ---- the free queue against a deque (--deque) ---------------------------------------------------
+
 
 class DequeBlockPool:
-    """The same books with collections.deque as the free list (ids), lists for ref counts/hashes."""
+    """The same books with collections.deque as the free list (of ids)."""
 
     def __init__(self, num_gpu_blocks):
-        self.free = deque(
-            range(1, num_gpu_blocks)
-        )  # block 0: the null block, as in BlockPool
+        self.free = deque(range(1, num_gpu_blocks))  # block 0: the null block
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash = [None] * num_gpu_blocks
         self.cached = {}
 
     def get_new_blocks(self, n):
-        if n > len(self.free):
-            raise ValueError(f"Cannot get {n} free blocks")
-        popleft, ret = self.free.popleft, []
-        for _ in range(n):
-            b = popleft()
+        ret = [self.free.popleft() for _ in range(n)]
+        for b in ret:
             if self.block_hash[b] is not None:  # lazy eviction, as in BlockPool
                 del self.cached[self.block_hash[b]]
                 self.block_hash[b] = None
             self.ref_cnt[b] = 1
-            ret.append(b)
         return ret
-
-    def cache(self, blocks, hashes):
-        for b, h in zip(blocks, hashes):
-            self.block_hash[b] = h
-            self.cached[h] = b
 
     def touch(self, blocks):
         for b in blocks:
             if self.ref_cnt[b] == 0:
-                self.free.remove(b)  # O(n): a scan from the head
+                self.free.remove(b)  # a scan from the head: O(pool size)
             self.ref_cnt[b] += 1
 
     def free_blocks(self, blocks):
@@ -72,134 +303,40 @@ class DequeBlockPool:
         self.free.extend(last)
 
 
-class _Req:
-    __slots__ = ("block_hashes",)
+def deque_cycle(pool, requests) -> None:
+    for req in requests:
+        hits = [pool.cached[h] for h in req.block_hashes[:HITS]]
+        pool.touch(hits)
+        blocks = hits + pool.get_new_blocks(NEW)
+        for b, h in zip(blocks[HITS:], req.block_hashes[HITS:]):
+            pool.block_hash[b] = h
+            pool.cached[h] = b
+        pool.free_blocks(blocks[::-1])
 
 
-def cycle_block_pool(pool, n, counter):
-    hashes = list(range(counter, counter + n))
-    blocks = pool.get_new_blocks(n)
-    req = _Req()
-    req.block_hashes = hashes
-    pool.cache_full_blocks(req, blocks, 0, n)
-    pool.free_blocks(blocks[::-1])
-    return hashes
-
-
-def hit_block_pool(pool, hashes):
-    get = pool.get_cached_block
-    hits = [get(h) for h in hashes]
-    pool.touch(hits)
-    pool.free_blocks(hits[::-1])
-
-
-def cycle_deque(pool, n, counter):
-    hashes = list(range(counter, counter + n))
-    blocks = pool.get_new_blocks(n)
-    pool.cache(blocks, hashes)
-    pool.free_blocks(blocks[::-1])
-    return hashes
-
-
-def hit_deque(pool, hashes):
-    hits = [pool.cached[h] for h in hashes]
-    pool.touch(hits)
-    pool.free_blocks(hits[::-1])
-
-
-def measure(pool, cycle, hit, n, min_time):
-    """Microseconds per call of the allocate phase and of the hit phase (steady state)."""
-    counter = 0
-    t_alloc = t_hit = 0.0
-    calls = 0
-    start = time.perf_counter()
-    while calls < 1 or time.perf_counter() - start < min_time:
-        t0 = time.perf_counter()
-        hashes = cycle(pool, n, counter)
-        t1 = time.perf_counter()
-        hit(pool, hashes)
-        t2 = time.perf_counter()
-        t_alloc += t1 - t0
-        t_hit += t2 - t1
-        counter += n
-        calls += 1
-    return t_alloc / calls * 1e6, t_hit / calls * 1e6
-
-
-def best_of(rounds, contenders, n, min_time):
-    """Each contender (pool, cycle, hit) measured in turn, ``rounds`` times; the best (alloc, hit) of each."""
-    best = [(float("inf"), float("inf"))] * len(contenders)
-    for _ in range(rounds):
-        for i, (pool, cycle, hit) in enumerate(contenders):
-            a, h = measure(pool, cycle, hit, n, min_time / rounds)
-            if a + h < sum(best[i]):
-                best[i] = (a, h)
-    return best
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=100_000)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
-    ap.add_argument(
-        "--min-time",
-        type=float,
-        default=0.5,
-        help="seconds per contender and size, all rounds",
-    )
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args(argv)
+def deque_table(num_blocks: int) -> None:
+    """Why vLLM wrote its own list: a hit on a free block leaves the queue's middle in O(1)."""
+    ours, dq = BlockPool(num_blocks), DequeBlockPool(num_blocks)
+    cache_prefixes(ours, False)
+    for hashes in PREFIX_HASHES:
+        blocks = dq.get_new_blocks(HITS)
+        for b, h in zip(blocks, hashes):
+            dq.block_hash[b] = h
+            dq.cached[h] = b
+        dq.free_blocks(blocks[::-1])
+    requests = make_requests(0, 200)
+    t = {}
+    for name, pool, cycle in (
+        ("BlockPool", ours, memlab_cycle),
+        ("deque", dq, deque_cycle),
+    ):
+        t0 = time.process_time()
+        cycle(pool, requests)
+        t[name] = time.process_time() - t0
     print(
-        f"pool of {args.blocks:,} blocks; us per call (alloc, hit); throughput = blocks through a whole cycle "
-        f"per second; best of {args.rounds} rounds"
+        f"free queue: BlockPool {len(requests) / t['BlockPool']:,.0f} req/s, a deque "
+        f"{len(requests) / t['deque']:,.0f} req/s (each hit scans the deque from its head)"
     )
-    print(
-        f"{'n/call':>7} | {'BlockPool alloc':>15} {'hit':>8} {'blocks/s':>11} | {'debug on alloc':>14} {'hit':>8} "
-        f"{'blocks/s':>11} | {'deque alloc':>11} {'hit':>10} {'blocks/s':>11} | {'debug cost':>10} | {'vs deque':>8}"
-    )
-    per_call = {}
-    for n in args.sizes:
-        # Fresh pools per size, warmed until allocation evicts (the head reaches hashed blocks).
-        pool, dbg, dq = (
-            BlockPool(args.blocks),
-            BlockPool(args.blocks, debug_mode=True),
-            DequeBlockPool(args.blocks),
-        )
-        warm = args.blocks // n + 2
-        for i in range(warm):
-            for p in (pool, dbg):
-                hit_block_pool(p, cycle_block_pool(p, n, -(i + 1) * n - 10**9))
-            cycle_deque(
-                dq, n, -(i + 1) * n - 10**9
-            )  # no hits in the warm-up: they are slow
-        (pa, ph), (ga, gh), (da, dh) = best_of(
-            args.rounds,
-            [
-                (pool, cycle_block_pool, hit_block_pool),
-                (dbg, cycle_block_pool, hit_block_pool),
-                (dq, cycle_deque, hit_deque),
-            ],
-            n,
-            args.min_time,
-        )
-        bp_rate, dbg_rate, dq_rate = (
-            n / (a + h) * 1e6 for a, h in ((pa, ph), (ga, gh), (da, dh))
-        )
-        print(
-            f"{n:>7} | {pa:>15.1f} {ph:>8.1f} {bp_rate:>11,.0f} | {ga:>14.1f} {gh:>8.1f} {dbg_rate:>11,.0f} | "
-            f"{da:>11.1f} {dh:>10.1f} {dq_rate:>11,.0f} | {bp_rate / dbg_rate:>9.2f}x | {bp_rate / dq_rate:>7.0f}x"
-        )
-        assert pool.num_evictions > 0 and dbg.num_evictions > 0, (
-            "the warm-up should have reached eviction"
-        )
-        pool.check_invariants(), dbg.check_invariants()
-        per_call[n] = (pa + ph, da + dh)
-    lo, hi = min(per_call), max(per_call)
-    print(
-        f"time per call from {lo} to {hi} blocks ({hi // lo}x the work): BlockPool x{per_call[hi][0] / per_call[lo][0]:.0f}, "
-        f"deque x{per_call[hi][1] / per_call[lo][1]:.0f} (each hit scans the deque: O(pool size) per block)"
-    )
-    return 0
 
 
 if __name__ == "__main__":

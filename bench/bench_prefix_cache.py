@@ -35,7 +35,8 @@ def main(argv=None):
     stream = shared_prefix_conversations(args.conversations, args.turns)
     unlimited = replay_radix(stream, 1 << 22, 1)
     print(
-        f"stream: {len(stream)} requests of {args.conversations} conversations x {args.turns} turns; "
+        f"stream: {len(stream)} requests of {args.conversations} conversations x "
+        f"{args.turns} turns; "
         f"a cache that never evicts would hit {unlimited.hit_rate:.1%}"
     )
     t0 = time.perf_counter()

@@ -1,10 +1,11 @@
 """The workload simulator on real-sized streams, and its speed against the per-iteration reference.
 
-  python bench/bench_sim.py                  # every policy on ShareGPT-like 20k, Azure
-  conv, Azure code python bench/bench_sim.py --sweep          # plus paged block sizes
-  1..256 on ShareGPT-like python bench/bench_sim.py --plots DIR      # and save the
-  figures as PNG files in DIR python bench/bench_sim.py --n 2000         # fewer
-  requests per stream
+  python bench/bench_sim.py                  every policy on ShareGPT-like 20k, Azure conv,
+                                             Azure code
+  python bench/bench_sim.py --sweep          plus paged block sizes 1..256 on ShareGPT-like
+  python bench/bench_sim.py --plots DIR      and save the figures as PNG files in DIR
+  python bench/bench_sim.py --n 2000         fewer requests per stream
+  python bench/bench_sim.py --fig2 1000      fewer requests in the Figure 2 replays
 
 Prints the vLLM paper's Figure 2 beside memlab's (buddy allocator and first fit), each stream's
 breakdown (% of the pool, averaged over iterations) with its wall time, reservations placed by
@@ -31,7 +32,8 @@ def replay_table(wl, pool, policies):
         ) as e:  # a buddy block larger than the pool's largest power-of-two block
             refused.append(f"{p.name}: {e}")
     print(
-        f"\n{wl.describe()}; pool {pool:,} slots; {time.perf_counter() - t0:.1f} s for {len(results)} replays"
+        f"\n{wl.describe()}; pool {pool:,} slots; {time.perf_counter() - t0:.1f} s for "
+        f"{len(results)} replays"
     )
     print(sim.breakdown_table(results))
     print(
@@ -47,21 +49,22 @@ def replay_table(wl, pool, policies):
     return results
 
 
-def figure2():
+def figure2(n: int = sim.FIG2_REQUESTS):
     t0 = time.perf_counter()
     buddy, first_fit = (
-        sim.figure2(progress=True),
-        sim.figure2("first_fit", progress=True),
+        sim.figure2(n=n, progress=True),
+        sim.figure2("first_fit", n=n, progress=True),
     )
     print(
-        f"\nvLLM paper, Fig. 2 beside memlab ({sim.FIG2_REQUESTS:,} ShareGPT-like requests, "
+        f"\nvLLM paper, Fig. 2 beside memlab ({n:,} ShareGPT-like requests, "
         f"{sim.FIG2_POOL_SIZE:,} slots); {time.perf_counter() - t0:.1f} s for 8 replays"
     )
     print(sim.figure2_table(buddy, first_fit))
     # the stream's tail fitted to the Max bar (not the default: see memlab.capstone.sim.figure2)
-    fitted = sim.figure2(sigma=0.8, progress=True)
+    fitted = sim.figure2(n=n, sigma=0.8, progress=True)
     print(
-        "\nthe same, buddy allocator, lengths with sigma 0.8 (the tail the Max bar implies): token states "
+        "\nthe same, buddy allocator, lengths with sigma 0.8 (the tail the Max bar implies): "
+        "token states "
         + ", ".join(f"{r.policy} {sim.paper_categories(r)[0]:.1f}" for r in fitted)
     )
     return buddy, first_fit
@@ -81,7 +84,8 @@ def speed_vs_reference(pool):
             and fast.iterations == slow.iterations
         )
         print(
-            f"  {fast.policy:>18}: replay {1e3 * (t1 - t0):8.1f} ms, reference {1e3 * (t2 - t1):8.1f} ms, "
+            f"  {fast.policy:>18}: replay {1e3 * (t1 - t0):8.1f} ms, "
+            f"reference {1e3 * (t2 - t1):8.1f} ms, "
             f"ratio {(t2 - t1) / (t1 - t0):6.1f}x, same books: {same}"
         )
 
@@ -95,13 +99,19 @@ def main():
     )
     ap.add_argument("--pool", type=int, default=sim.DEFAULT_POOL_SIZE)
     ap.add_argument(
+        "--fig2",
+        type=int,
+        default=sim.FIG2_REQUESTS,
+        help=f"requests of the Figure 2 replays (default {sim.FIG2_REQUESTS:,}, the paper's)",
+    )
+    ap.add_argument(
         "--sweep", action="store_true", help="paged block sizes 1..256 on ShareGPT-like"
     )
     ap.add_argument("--plots", metavar="DIR", help="save figures as PNG files in DIR")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    fig2 = figure2()
+    fig2 = figure2(args.fig2)
     policies = [
         cls(placement)
         for placement in ("buddy", "first_fit")

@@ -13,7 +13,10 @@ class Request:
         self.max_new_tokens = max_new_tokens
 
     def __repr__(self):
-        return f"Request({self.rid!r}, input_len={self.input_len}, max_new_tokens={self.max_new_tokens})"
+        return (
+            f"Request({self.rid!r}, input_len={self.input_len}, "
+            f"max_new_tokens={self.max_new_tokens})"
+        )
 
 
 class CapacityHooks:
@@ -65,5 +68,16 @@ def admit(
     - Otherwise admit it: set ``r.max_new_tokens = clip`` (only now: a request that waits keeps
       its own), append it, take its whole cost off the budget.
     Do not change ``waiting`` itself. See chapter 10 (admission).
+
+    Where this simplifies the engine: memlab's engine admits as SGLang 0.5.23's ``PrefillAdder``
+    does (``memlab.sglang.schedule_policy``). Its budget also holds back what the running
+    requests will still write (each one's remaining ``max_new_tokens``, at most 4096, times
+    ``new_token_ratio``, which starts at 0.7, decays every decode step and rises after a
+    retraction), and a request costs its prompt, one page and its own ``max_new_tokens`` (at
+    most 4096), admitted only while that stays below the budget. Here the budget keeps back only
+    the running requests' next decode step and a request costs only its prompt and its first
+    decode step: the check SGLang makes before each decode step (``check_decode_mem``), used as
+    the admission rule. It admits more than the engine would, so a scheduler built on it
+    retracts more often once the outputs grow.
     """
     raise NotImplementedError

@@ -5,7 +5,9 @@
 #
 # An LLM serving engine keeps the keys and values (the KV cache) of every running request in one
 # big block of GPU memory. Most of what SGLang and vLLM do with that memory is bookkeeping: who
-# owns which piece, and where the piece lives. This course opens those books one layer at a time.
+# owns which piece, and where the piece lives (SGLang's [`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)
+# and its allocators, vLLM's [`BlockPool`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)). Each chapter links the engine
+# file it talks about, at the release this course follows (SGLang 0.5.23, vLLM 0.33). This course opens those books one layer at a time.
 # A word you have not met yet is in the [glossary](glossary.md): each chapter links a word there
 # where it first uses it.
 #
@@ -72,8 +74,11 @@ for key, value in report():
 # ## See it: three requests, step by step
 #
 # The widget replays a short story on real memlab objects: a request table with 4 rows, a paged
-# allocator with 8 pages of 4 slots, and a KV pool with 2 layers. Requests A, B and C arrive, each
-# decodes one token, B finishes, and D arrives in B's place. Move the slider or press play.
+# allocator with 8 pages of 4 slots (pages 1 to 8: the picture also draws page 0, the padding page,
+# never handed out), and a KV pool with 2 layers. Requests A, B and C arrive with their prompts
+# (their [prefill](glossary.md#prefill)), each then [decodes](glossary.md#decode) one token (a decode
+# step adds one generated token to every running request), B finishes, and D arrives in B's place.
+# Move the slider or press play.
 #
 # - Left: the request table. Each row is a request; cell `pos` holds the slot of its token `pos`.
 #   `gen` beside a row counts how many times that row has been handed out, its
@@ -143,12 +148,14 @@ print(
 # %% [markdown]
 # ## Run it: a real kernel on the same state
 #
-# When a [prefill](glossary.md#prefill) batch arrives and pages are bigger than one token, SGLang
-# works out the slot of every new token in one kernel, `alloc_extend`, which runs one GPU program
-# per request. (With a page size of 1 it just takes the first free slots, no kernel.) Here A
-# continues its prefill with 6 more tokens and D with 3 (a
-# [chunked prefill](glossary.md#chunked-prefill): a long prompt fed in pieces). Each request's new
-# tokens come in up to [three parts](glossary.md#the-three-parts): the rest of its last page,
+# When a batch of several new tokens per request arrives (an [extend](glossary.md#extend): a
+# prefill, or the next piece of a [chunked prefill](glossary.md#chunked-prefill)) and pages are
+# bigger than one token, SGLang works out the slot of every new token in one kernel,
+# [`alloc_extend_kernel`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/memory/allocator.py), which runs one GPU program per request. (With
+# a page size of 1, [`TokenToKVPoolAllocator.alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/token.py) just takes the
+# first free slots, no kernel.) Here one extend batch gives A 6 more tokens (after its decode step:
+# the tokens of a follow-up message, say) and D 3 more (the next piece of its prompt). Each request's
+# new tokens come in up to [three parts](glossary.md#the-three-parts): the rest of its last page,
 # whole new pages, and a new partial page. Chapter 04 builds this kernel from scratch; here we only
 # run it.
 #
@@ -208,19 +215,23 @@ viz.show(
 # %% [markdown]
 # ## The same books in vLLM
 #
-# vLLM keeps the same three mappings under other names. Its [block table](glossary.md#block-table)
-# has a row per request listing the request's [block](glossary.md#block) ids (a block is a page),
-# and before each step it computes a per-token [`slot_mapping`](glossary.md#slot-mapping):
+# vLLM keeps the same three mappings under other names: its [block table](glossary.md#block-table)
+# ([`BlockTable`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py)) has a row per request listing the request's
+# [block](glossary.md#block) ids (a block is a page of $B$ tokens, $B$ = vLLM's `block_size`), and
+# before each step it computes a per-token [`slot_mapping`](glossary.md#slot-mapping)
+# ([`BlockTable.compute_slot_mapping`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py)):
 #
 # $$\text{slot} = \text{block\_table}[\text{req}, \lfloor \text{pos} / B \rfloor] \cdot B + \text{pos} \bmod B$$
 #
-# SGLang's `req_to_token` stores that slot directly for every position; vLLM stores one id per
+# SGLang's `req_to_token` ([`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) stores that slot
+# directly for every position; vLLM's [`BlockTable`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py) stores one id per
 # block and derives the slots. Chapter 06 shows both spellings side by side.
 #
 # ## Where things are
 #
 # - `chapters/`: these notebooks (and `chapters/py/`, the same text as plain Python for review).
-# - `memlab/`: the library, one module per layer, with SGLang's and vLLM's names.
+# - `memlab/`: the library, one module per layer, named as the engine file it mirrors (its first
+#   docstring line names that file).
 # - `kernels/`: the Triton kernels; import them as `from memlab.kernels import alloc_extend`.
 # - `exercises/`: the stubs you fill in; `solutions/`: the filled-in twins (look only when stuck).
 # - `tests/`: the test suite; `tests/exercises/` holds the graded tests.

@@ -5,10 +5,12 @@
 #
 # The first mapping: a running request -> one [row](glossary.md#row) of a table. The row holds, for
 # every position of the request, the physical [slot](glossary.md#slot) of that token's KV. SGLang
-# calls this table, the [request table](glossary.md#request-table), `ReqToTokenPool`.
+# calls this table, the [request table](glossary.md#request-table),
+# [`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py).
 #
 # **After this chapter you can**
-# - allocate and free rows the way SGLang does (from the tail of a plain list, all or nothing);
+# - allocate and free rows the way SGLang's [`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) does (from the tail of a plain list,
+#   all or nothing);
 # - explain why row 0 is never handed out, and why `free_slots[-0:]` is a bug;
 # - use the generation counter to tell that a row changed hands, even across `clear()`;
 # - say why a request continuing a chunked prefill keeps its row;
@@ -113,7 +115,8 @@ print("pool.alloc_rows(0) ->", pool.alloc_rows(0))
 #
 # Some readers of the table run a step behind: with the overlap scheduler (the CPU prepares the
 # next batch while the GPU runs this one), SGLang's speculative decoding keeps per-row data from
-# one step and uses it in the next. Such a reader may remember "row 5" and come back later. By
+# one step and uses it in the next ([`ConfidenceRelay`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/overlap_utils.py) copies
+# `req_generation` beside it). Such a reader may remember "row 5" and come back later. By
 # then the row may belong to someone else.
 #
 # `req_generation[row]` is bumped every time the row is handed out, and **never reset**, not even
@@ -144,8 +147,9 @@ assert again == row and now == seen[1] + 1
 # A long prompt is prefilled in chunks ([chunked prefill](glossary.md#chunked-prefill)), one
 # scheduling step each. `alloc(reqs)` gives rows only to requests that have none; a request that
 # already holds a row (and already wrote KV through it) keeps it. A request that holds a row but
-# owns no KV yet is a scheduler bug, and `alloc` says so (SGLang checks it with an `assert`;
-# memlab raises `ValueError` with a message).
+# owns no KV yet is a scheduler bug, and `alloc` says so (SGLang's
+# [`ReqToTokenPool.alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) checks it with an `assert`; memlab raises `ValueError` with a
+# message).
 
 # %%
 e = Req("E")
@@ -167,13 +171,15 @@ except ValueError as exc:
 # %% [markdown]
 # ## What the engines do differently
 #
-# SGLang gives a request one row for its whole life and writes a slot per token into it. vLLM's
-# worker keeps a **[block table](glossary.md#block-table)** instead: one entry per
-# *[block](glossary.md#block)* (page), not per token. In vLLM 0.33's default model runner (V2) a
-# request keeps its row for its whole life too, and each step the rows of the running requests
-# are gathered into a batch-ordered copy. The older V1 runner instead compacts the batch when
-# requests finish and moves rows (`BlockTable.move_row`, mirrored in `memlab.vllm.block_table`),
-# so there a row is only a place in this step's batch. Chapter 06 covers vLLM's side.
+# SGLang gives a request one row for its whole life and writes a slot per token into it
+# ([`ReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)). vLLM's worker keeps a **[block table](glossary.md#block-table)**
+# instead: one entry per *[block](glossary.md#block)* (page), not per token. In vLLM 0.33's default
+# model runner (V2, [`BlockTables`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/gpu/block_table.py)) a request keeps its row for
+# its whole life too, and each step the rows of the running requests are gathered into a
+# batch-ordered copy. The older V1 runner instead compacts the batch when requests finish and moves
+# rows ([`BlockTable.move_row`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py), mirrored in
+# `memlab.vllm.block_table`), so there a row is only a place in this step's batch. Chapter 06
+# covers vLLM's side.
 #
 # ## Exercise: `exercises/ch01_alloc_rows.py`
 #

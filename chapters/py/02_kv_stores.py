@@ -139,7 +139,7 @@ print("DeepSeek-V3:", MODELS["DeepSeek-V3"].kv_bytes_per_token(), "bytes per tok
 # DeepSeek-V3.2 keeps V3's latent and adds **DeepSeek sparse attention**: a small "lightning
 # indexer" scores every cached token for each query and the attention reads only the top 2,048.
 # To score, the indexer keeps a key of its own per token and layer: 128 values in fp8 plus one
-# fp32 scale per 128 values, 132 bytes whatever the latent's dtype. SGLang's `DSATokenToKVPool`
+# fp32 scale per 128 values, 132 bytes whatever the latent's dtype. SGLang's [`DSATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)
 # is an MLA pool with one more per-layer buffer, `index_k_with_scale_buffer`, page-major: a row
 # per page, all the page's fp8 keys first, then their scales. `MHATokenToKOnlyPool` is the other
 # new shape: K without V, for MiniMax's sparse layers whose index branch never reads V (one head
@@ -194,14 +194,15 @@ print(
 # %% [markdown]
 # | pool (SGLang 0.5.23) | one token, one layer | bytes | on a real config |
 # |---|---|---|---|
-# | `MHATokenToKVPool` | K and V of every KV head | $2 H d b$ | Llama-3.1-8B: 4,096 (bf16), 131,072 over 32 layers |
-# | `MLATokenToKVPool` | one latent, $r + d_r$ | $(r + d_r) b$ | DeepSeek-V3: 1,152 (bf16), 70,272 over 61 layers |
-# | `DSATokenToKVPool` | the latent + the indexer's key (128 fp8 + one fp32 scale) | $(r + d_r) b + 132$ | DeepSeek-V3.2: 1,284 (bf16), **78,324** over 61 layers; fp8 latent 708, 43,188 |
-# | `MHATokenToKOnlyPool` | K of one head, no V | $H d b$ | a MiniMax sparse index layer: 1 head of 128, 256 (bf16) |
+# | [`MHATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) | K and V of every KV head | $2 H d b$ | Llama-3.1-8B: 4,096 (bf16), 131,072 over 32 layers |
+# | [`MLATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) | one latent, $r + d_r$ | $(r + d_r) b$ | DeepSeek-V3: 1,152 (bf16), 70,272 over 61 layers |
+# | [`DSATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) | the latent + the indexer's key (128 fp8 + one fp32 scale) | $(r + d_r) b + 132$ | DeepSeek-V3.2: 1,284 (bf16), **78,324** over 61 layers; fp8 latent 708, 43,188 |
+# | [`MHATokenToKOnlyPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py) | K of one head, no V | $H d b$ | a MiniMax sparse index layer: 1 head of 128, 256 (bf16) |
 #
 # With an fp8 KV cache, SGLang's default CUDA backends for DeepSeek store the latent in a *scaled*
 # layout rather than as 576 raw bytes: 512 fp8 values, four fp32 scales (one per 128) and the
-# rotary part kept in bf16, 512 + 16 + 128 = 656 bytes (`calculate_mla_kv_cache_dim`), so
+# rotary part kept in bf16, 512 + 16 + 128 = 656 bytes
+# ([`calculate_mla_kv_cache_dim`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py)), so
 # DeepSeek-V3.2 takes 61 x (656 + 132) = 48,068 bytes a token there. memlab's pools store fp8
 # as raw bytes (the 43,188 above). The indexer has its own constraints on a GPU too: 64-token
 # physical pages, and layers that reuse the previous top-k keep no indexer keys.
@@ -237,7 +238,8 @@ print("read as fp8  :", fp8.get_key_buffer(0)[3].float().tolist(), "(x / k_scale
 # With pipeline parallelism each GPU runs a range of layers and keeps KV only for those (its
 # [layer range](glossary.md#layer-range)). A pool holds layers `start_layer..end_layer` and is
 # indexed by the model's layer id, which it turns into `layer_id - start_layer`. memlab refuses a
-# layer outside the range. SGLang does not check: a layer id below `start_layer` becomes a
+# layer outside the range. SGLang does not check
+# ([`MHATokenToKVPool.get_key_buffer`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)): a layer id below `start_layer` becomes a
 # negative list index and quietly reads another of the pool's layers (only an index far out of
 # range raises `IndexError`).
 
@@ -274,17 +276,20 @@ except IndexError as exc:
 # %% [markdown]
 # ## What the engines do differently
 #
-# SGLang allocates one tensor per layer (`k_buffer[layer]`), rows indexed by slot. vLLM 0.33
+# SGLang allocates one tensor per layer (`k_buffer[layer]`, [`MHATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)), rows indexed
+# by slot. vLLM 0.33
 # describes its cache with one **logical** shape, `[layer, block, head, token, content]` (`[L, B, H,
-# N, C]` in `vllm/v1/kv_cache_layout.py`), where the content axis holds a token's K *and* V side by
+# N, C]` in [`KVCacheLayout`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/kv_cache_layout.py)), where the content axis holds a token's K *and* V side by
 # side. A layer sees the 4-D view `[num_blocks, num_kv_heads, block_size, 2 * head_size]`, and the
-# FlashAttention backend splits it into K and V at every step (`kv_cache.transpose(1, 2).split(...)`).
+# FlashAttention backend splits it into K and V at every step (`kv_cache.transpose(1, 2).split(...)`
+# in [`FlashAttentionImpl.forward`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/backends/flash_attn.py)).
 # Where the five axes sit in memory is a separate choice, a `KVCacheLayout`: the axes listed
-# outermost first. FlashAttention states no preference, so vLLM takes the first of its default
-# list, `LBNHC`: inside a block the tokens follow one another, each with all its heads' K|V. A
+# outermost first. FlashAttention states no preference, so vLLM takes the first of its default list
+# ([`get_supported_kv_cache_layouts`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/backends/utils.py)),
+# `LBNHC`: inside a block the tokens follow one another, each with all its heads' K|V. A
 # slot is `(block, offset)` rather than a flat row; the bytes per token are the same formula.
-# `memlab.vllm.kv_layout` builds the same views (`./course engines` checks its strides against
-# vLLM's own code):
+# `memlab.vllm.kv_layout` builds the same views (`tests/engines/vllm/test_kv_layout.py`, run by
+# `./course engines`, checks its strides against vLLM's own code):
 
 # %%
 from memlab.vllm.kv_layout import allocate_kv_cache, layout_strides, split_kv
@@ -321,10 +326,10 @@ print("bytes per token:", 4 * 8 * 256 * 2, "=", mha_bytes_per_token(4, 8, 128))
 #
 # | | the engine (SGLang 0.5.23 / vLLM 0.33) | memlab |
 # |---|---|---|
-# | SGLang's K and V tensors | one allocation per layer when $d_v = d$, `(2, rows, H, d)`, K and V its two halves (rows padded to whole pages), so a paged kernel reaches V from one base; a page-major `hnd` layout on request | two separate tensors per layer, `(size + page_size, H, d)`: the same rows and bytes, no shared base |
-# | SGLang's write | a fused `store_cache` kernel on CUDA; when that kernel is not available, plain indexed writes, with K and V on two streams while a CUDA graph is being captured | `k_buffer[layer][loc] = k`, SGLang's fallback path |
-# | a layer outside the pool's range | no check: `k_buffer[layer_id - start_layer]`, so a layer below the range reads another local layer | refused (`IndexError`) with a message naming the layer and the range |
-# | vLLM's cache | one buffer, logical `[L, B, H, N, C]`, physical order from `KVCacheLayout`; written by `reshape_and_cache_flash` (CUDA C++) through the split K and V views | `memlab.vllm.kv_layout` builds the same views; chapter 06 writes into them with memlab's Triton `store_kv` |
+# | SGLang's K and V tensors | one allocation per layer when $d_v = d$, `(2, rows, H, d)`, K and V its two halves (rows padded to whole pages), so a paged kernel reaches V from one base; a page-major `hnd` layout on request ([`MHATokenToKVPool._create_buffers`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | two separate tensors per layer, `(size + page_size, H, d)`: the same rows and bytes, no shared base |
+# | SGLang's write | a fused [`store_cache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/kvcache/kvcache.py) kernel on CUDA; when that kernel is not available, plain indexed writes, with K and V on two streams while a CUDA graph is being captured ([`MHATokenToKVPool.set_kv_buffer`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | `k_buffer[layer][loc] = k`, SGLang's fallback path |
+# | a layer outside the pool's range | no check: `k_buffer[layer_id - start_layer]` ([`MHATokenToKVPool.get_key_buffer`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)), so a layer below the range reads another local layer | refused (`IndexError`) with a message naming the layer and the range |
+# | vLLM's cache | one buffer, logical `[L, B, H, N, C]`, physical order from [`KVCacheLayout`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/kv_cache_layout.py); written by [`reshape_and_cache_flash`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/_custom_ops.py) (CUDA C++) through the split K and V views | `memlab.vllm.kv_layout` builds the same views; chapter 06 writes into them with memlab's Triton `store_kv` |
 #
 # ## Exercise: `exercises/ch02_bytes_per_token.py`
 #

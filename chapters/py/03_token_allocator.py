@@ -5,7 +5,8 @@
 #
 # The second mapping, in its simplest form: with a page size of 1, every token gets one slot, any
 # free slot will do, and the [allocator](glossary.md#allocator) is a list of free slot ids, its
-# [free list](glossary.md#free-list). SGLang calls it `TokenToKVPoolAllocator`.
+# [free list](glossary.md#free-list). SGLang calls it
+# [`TokenToKVPoolAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/token.py).
 #
 # **After this chapter you can**
 # - say which end of the free list allocation takes from and which end frees go to, and why;
@@ -109,7 +110,8 @@ print("next 11 slots  :", alloc.alloc(11).tolist(), "(A's slots come last)")
 # each other's KV, with no error anywhere. Checking every free would cost a scan on every step, so
 # the engines check only on request ([debug mode](glossary.md#debug-mode)): SGLang's paged
 # allocator (not this token allocator, which has no such mode) asserts after each free, when
-# `SGLANG_DEBUG_MEMORY_POOL=1`, that no page is on its free list twice; memlab's allocators take
+# `SGLANG_DEBUG_MEMORY_POOL=1`, that no page is on its free list twice
+# ([`PagedTokenToKVPoolAllocator._debug_check_no_duplicate_pages`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)); memlab's allocators take
 # `debug_mode=True`, which the tests turn on. When books look wrong, run with it first.
 
 # %%
@@ -140,7 +142,8 @@ else:
 # With `need_sort=True`, `free` does not touch the free list: it appends to `release_pages`, a
 # staging area. `available_size()` counts both, because staged slots are free; leaving them out
 # would make the scheduler think memory is short when it is not. (SGLang turns `need_sort` on only
-# when prefill and decode run on separate servers, PD disaggregation.)
+# when prefill and decode run on separate servers, PD disaggregation:
+# [`KVCacheConfigurator._build_token_to_kv_pool_allocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py).)
 
 # %%
 alloc = TokenToKVPoolAllocator(size=16, need_sort=True)
@@ -179,11 +182,13 @@ print(
 # %% [markdown]
 # ## What the engines do differently
 #
-# SGLang's *paged* allocator (chapter 04) puts freed pages at the **head** instead (LIFO): the
-# pages just released are the next handed out, so the live set stays on few, recently used
-# pages. vLLM's block pool (chapter 06) keeps a doubly linked [free queue](glossary.md#free-queue): freed blocks without a
-# cached hash go to the head, cached ones to the tail, so the prefix cache keeps them as long as
-# possible.
+# SGLang's *paged* allocator (chapter 04) puts freed pages at the **head** instead (LIFO,
+# [`PagedTokenToKVPoolAllocator._release_page_ids`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)): the pages just released are the next
+# handed out, so the live set stays on few, recently used pages. vLLM's block pool (chapter 06)
+# keeps a doubly linked [free queue](glossary.md#free-queue)
+# ([`FreeKVCacheBlockQueue`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py)): freed blocks without a cached hash go
+# to the head, cached ones to the tail ([`BlockPool.free_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)), so the
+# prefix cache keeps them as long as possible.
 #
 # ## Exercise: `exercises/ch03_token_allocator.py`
 #

@@ -6,15 +6,16 @@
 # With [pages](glossary.md#page), slots are handed out [`page_size`](glossary.md#page-size) at a
 # time and a request's tokens fill its pages in order. A prefill batch (an
 # [extend](glossary.md#extend)) then needs, for every new token, the slot it lands in. SGLang
-# computes all of them in one GPU [kernel](glossary.md#kernel), `alloc_extend`, one program per
-# request.
+# computes all of them in one GPU [kernel](glossary.md#kernel), [`alloc_extend_kernel`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/memory/allocator.py), one program per request, called
+# from [`PagedTokenToKVPoolAllocator.alloc_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py).
 #
 # **After this chapter you can**
 # - compute how many new pages a request needs, and where each of its new tokens lands;
 # - split a request's new tokens into the three parts (rest of the old page, whole new pages, a
 #   new partial page) and find each request's place in the output and in the free list with
 #   prefix sums;
-# - explain why capacity is checked on the host before the kernel runs;
+# - explain why capacity is settled on the host before the kernel runs (a cheap bound first, the
+#   exact count only when the bound cannot prove room);
 # - run the Triton kernel, its torch reference and its plain-Python reference on one batch;
 # - write `alloc_extend` in torch and the kernel's whole-page part (exercises `ch04_alloc_extend`
 #   and `ch04_alloc_extend_kernel`).
@@ -61,12 +62,19 @@ viz.Stepper(
 # ### Your own batch
 #
 # The instrument below starts where the story ends: A, B and C hold 11, 12 and 11 tokens, three
-# pages are free. Type a batch (a name, its prefix length and its sequence length per request;
-# a request's prefix is what it already holds) and press `alloc_extend`. It runs the scheduler's
-# `alloc_for_extend` on the real allocator and shows the `alloc_extend` call that made, the slots
-# coloured by part, the two prefix sums, and the Triton kernel and both references run on that
-# batch. A batch the pool cannot hold is refused, with nothing taken; `release_kv_cache` gives a
-# request's pages back. Hover a cell to read what it is; `undo`, `reset` and another page size
+# pages are free. Two scheduler functions drive it. `alloc_for_extend` is the scheduler's side of an
+# extend (SGLang's [`alloc_for_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation.py)): it gives each new request a
+# row, calls the allocator's `alloc_extend` and writes the slots into the request table.
+# `release_kv_cache` (SGLang's [`release_kv_cache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py)) is what the scheduler
+# calls when a request finishes: its pages go back to the free list and its row to the free rows.
+#
+# Type a batch (a name, its prefix length and its sequence length per request; a request's prefix
+# is what it already holds: the instrument fills it in when you name the requests, and leaves alone
+# a value you typed yourself) and press `alloc_extend`. It runs `alloc_for_extend` on the real
+# allocator and shows the `alloc_extend` call that made, the slots coloured by part, the two prefix
+# sums, and the Triton kernel and both references run on that batch. A batch the pool cannot hold
+# is refused, with nothing taken; `release_kv_cache` gives a request's pages back (their slots get
+# a dashed edge). Hover a cell to read what it is; `undo`, `reset` and another page size
 # replay your steps on fresh objects. To run a call yourself, `undo` it and paste it into a cell
 # under `import copy; from torch import tensor; allocator = copy.deepcopy(inst.world.allocator)`:
 # the same slots come back.
@@ -115,11 +123,11 @@ print("new pages per request:", [num_new_pages(p, s, P) for p, s in zip(prefix, 
 #    of its last token (-1 for an empty prefix). A request that ends inside its old page gets only
 #    this part, and takes no new page (5 -> 7 tokens with $P = 4$: positions 5 and 6 go to
 #    `last_loc + 1` and `last_loc + 2`);
-# 2. **whole new pages**: positions $\lceil p_i / P \rceil P$ up to $\lfloor s_i / P \rfloor P - 1$;
-# 3. **one new partial page**: positions $\lfloor s_i / P \rfloor P$ to $s_i - 1$ when $s_i$ is not a
-#    multiple of $P$, starting at offset 0 of one more new page.
-#
-# Parts 2 and 3 exist only for a request that grows past the end of its old page.
+# 2. **whole new pages**, only for a request that grows past the end of its old page: positions
+#    $\lceil p_i / P \rceil P$ up to $\lfloor s_i / P \rfloor P - 1$;
+# 3. **one new partial page**, only for a request that grows past the end of its old page and whose
+#    $s_i$ is not a multiple of $P$: positions $\lfloor s_i / P \rfloor P$ to $s_i - 1$, starting at
+#    offset 0 of one more new page.
 #
 # Every request writes its slots at an output offset and takes pages from a free-list offset that
 # depend only on the requests before it: two **prefix sums** over the batch.
@@ -151,7 +159,9 @@ for name, p, s in zip("ABC", prefix, seq):
 #
 # `kernels/alloc_extend.py` runs one program per request. Each program sums the new tokens and
 # new pages of the requests before it (its prefix sums), then writes its three parts with masked
-# stores. The loop over whole pages has a *runtime* bound, so one compiled kernel serves every
+# stores (a Triton program works on a block of positions at once; a masked store writes only the
+# lanes whose mask is true, so a block of 8 lanes for a part of 3 slots writes 3). SGLang's
+# [`alloc_extend_kernel`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/memory/allocator.py) is built the same way. The loop over whole pages has a *runtime* bound, so one compiled kernel serves every
 # extend length. `memlab.sglang.allocator.reference` holds a vectorised torch version (no loop over
 # requests) and a plain-Python version that reads like the definition. All three must agree.
 #
@@ -196,12 +206,13 @@ assert torch.equal(kernel.cpu(), ref_t) and ref_t.tolist() == ref_py
 # The kernel trusts the free list to be deep enough: a program reads `free_pages[page_start + k]`
 # without a bound. So the allocator decides on the host **before** anything runs (the
 # [capacity check](glossary.md#capacity-check)). First it tries a
-# [cheap bound](glossary.md#cheap-bound) from two numbers it already has
-# ($\lfloor \text{extend\_num\_tokens} / P \rfloor$ + batch size + 1 pages, never fewer than
-# the batch needs). Only if that does not prove there is room does it make the exact count, from
-# CPU copies of the lengths, before the launch. Short means `None`, with no page taken. When the
-# bound does prove room, SGLang launches right away and makes the exact count afterwards, while
-# the GPU works, to know how many pages to drop from the free list (chapter 05). What must never
+# [cheap bound](glossary.md#cheap-bound) from two numbers it already has: the batch can never
+# need more than $\lfloor \text{extend\_num\_tokens} / P \rfloor$ + batch size + 1 pages, so a free
+# list at least that long certainly has room. Only if the free list is shorter than that bound does
+# it make the exact count, from CPU copies of the lengths, before the launch. Short means `None`,
+# with no page taken. When the bound does prove room, SGLang launches right away and makes the exact
+# count afterwards, while the GPU works, to know how many pages to drop from the free list
+# ([`PagedTokenToKVPoolAllocator.alloc_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py); chapter 05). What must never
 # happen is a launch before the host knows there are enough pages: the kernel would read past the
 # end of the free list. Chapter 05 says why the bound comes first, and what `need_sort` does when
 # it fails.
@@ -237,27 +248,29 @@ assert same
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM never computes a slot per token at allocation time. Its scheduler asks the KV cache manager
-# for whole *blocks* (plain Python over a block pool, chapter 06) and sends the new block ids to
-# the workers, which append them to the block table. Before each step a small kernel derives
-# `slot_mapping` for the batch's tokens from the block table. SGLang works per token from the
-# start: its kernel computes every new token's slot from the pages at the head of the free list,
-# the allocator then drops those pages from the list, and a second kernel
-# (`write_cache_indices`, called by the scheduler's `alloc_for_extend`) copies the slots into
-# each request's row of `req_to_token`.
+# vLLM never computes a slot per token at allocation time: its scheduler asks the KV cache manager
+# for whole *blocks* ([`KVCacheManager.allocate_slots`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py), plain
+# Python over a block pool, chapter 06) and sends the new block ids to the workers, which append
+# them to the block table. Before each step a small kernel derives `slot_mapping` for the batch's
+# tokens from the block table ([`BlockTable.compute_slot_mapping`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py)).
+# SGLang works per token from the start: its kernel ([`alloc_extend_kernel`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/memory/allocator.py)) computes every new token's slot from
+# the pages at the head of the free list, the allocator then drops those pages from the list, and a
+# second kernel ([`write_cache_indices`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation.py), called by the scheduler's
+# `alloc_for_extend`) copies the slots into each request's row of `req_to_token`.
 #
 # ## Where memlab differs from the engine
 #
-# memlab hands out the same slots as SGLang 0.5.23 for every batch: `./course engines` checks it
-# stream by stream, for both of SGLang's backends against all three of memlab's (chapter 05).
+# memlab hands out the same slots as SGLang 0.5.23 for every batch:
+# `tests/engines/sglang/test_allocators.py` (run by `./course engines`) checks it stream by stream,
+# for both of SGLang's backends against all three of memlab's (chapter 05).
 # What differs is around the algorithm, not in it:
 #
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
-# | backends | `backend="torch" / "triton" / "python"`, chosen per allocator | its Triton kernel where the platform has Triton, else a torch fallback | the chapter compares all three |
-# | the kernel's loops | prefix sums over earlier requests in blocks of 128; page size a compile-time constant, parts 1 and 3 in blocks of its next power of two; part 2 in blocks of 256 | loads `next_power_of_2(bs)` lengths at once (one compiled variant per power of two of the batch size); page size a compile-time constant, powers of two only; part 2 in blocks of 4096 | one compiled kernel per page size serves every batch, any page size works, fewer registers; same output |
-# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix), by one validator per method in `memlab/common/_checks.py`, so `alloc_extend` in `memlab/sglang/allocator/paged.py` reads like SGLang's | assumed correct; a debug-mode assert on `last_loc` | mistakes in a notebook should explain themselves |
-# | page size 1 | `TokenToKVPoolAllocator.alloc_extend` exists and takes any free slots | the token allocator has only `alloc(n)`; the scheduler calls it for a prefill | one interface for the chapters |
+# | backends | `backend="torch" / "triton" / "python"`, chosen per allocator | its Triton kernel where the platform has Triton, else a torch fallback ([`PagedTokenToKVPoolAllocator.alloc_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)) | the chapter compares all three |
+# | the kernel's loops | prefix sums over earlier requests in blocks of 128; page size a compile-time constant, parts 1 and 3 in blocks of its next power of two; part 2 in blocks of 256 | loads `next_power_of_2(bs)` lengths at once (one compiled variant per power of two of the batch size); page size a compile-time constant, powers of two only; part 2 in blocks of 4096 ([`alloc_extend_kernel`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/memory/allocator.py)) | one compiled kernel per page size serves every batch, any page size works, fewer registers; same output |
+# | bad arguments | refused with a message naming the value (lengths, `last_loc` that cannot end its prefix), by one validator per method in `memlab/common/_checks.py`, so `alloc_extend` in `memlab/sglang/allocator/paged.py` reads like SGLang's | assumed correct; a debug-mode assert on `last_loc` ([`PagedTokenToKVPoolAllocator.alloc_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)) | mistakes in a notebook should explain themselves |
+# | page size 1 | `TokenToKVPoolAllocator.alloc_extend` exists and takes any free slots | the token allocator has only `alloc(n)` ([`TokenToKVPoolAllocator.alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/token.py)); the scheduler calls it for a prefill | one interface for the chapters |
 #
 # ## Exercises
 #

@@ -165,7 +165,8 @@ except ValueError as exc:
 # [free group](glossary.md#free-group)) queues their frees and releases them as one: one
 # concatenation of the free list instead of many. Queued tensors are copied (the caller may reuse
 # its buffers). Groups do not nest. SGLang's scheduler opens a group around the processing of each
-# batch's results, so every request that finishes in a step is freed inside one.
+# batch's results ([`SchedulerBatchResultProcessor.process_batch_result_prefill`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler_components/batch_result_processor.py)
+# and its decode twin), so every request that finishes in a step is freed inside one.
 #
 # A group queues the **raw slots** and removes duplicate pages **once**, at `free_group_end`:
 # `unique(cat(slots) // P)` over the whole group. That matters whenever two `free` calls of one
@@ -174,7 +175,8 @@ except ValueError as exc:
 # would release that page twice: it would sit on the free list twice, `available_size()` would
 # count a page someone still holds, and two requests would later be handed the same page.
 # (SGLang 0.5.23 also avoids the case where it starts: it frees a finished request's row and its
-# over-allocated tail as page-aligned segments, the tail from the next page boundary on.)
+# over-allocated tail as page-aligned segments, the tail from the next page boundary on:
+# [`release_kv_cache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py) and [`free_kv_row_segments`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py).)
 #
 # Besides `free(slots)` the allocator has a lower-level door, `free_page_ids(pages)`: it releases
 # exactly the pages it is given, with no dedup, so the caller must not name a page twice.
@@ -183,7 +185,8 @@ except ValueError as exc:
 # `free_segment` is only called outside groups.)
 #
 # In debug mode memlab's allocator also checks its books after each release: no page free twice,
-# free + held = capacity. (SGLang's debug mode checks the first of the two.)
+# free + held = capacity. (SGLang's debug mode checks the first of the two:
+# [`PagedTokenToKVPoolAllocator._debug_check_no_duplicate_pages`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py).)
 
 # %%
 b, c = al.alloc(4), al.alloc(8)
@@ -202,10 +205,12 @@ except ValueError as exc:
 # %% [markdown]
 # ## need_sort: when the staged pages come back
 #
-# With `need_sort=True` (chapter 03) SGLang's paged allocator stages freed pages in a list,
-# `staged_pages` (their count in `num_staged_pages`): the [staged pages](glossary.md#staged-pages).
-# They are merged into the free list and sorted when an allocation runs short. "Runs short" is decided by the same two-step test
-# as the capacity check, and SGLang merges as soon as the **cheap bound** fails:
+# With `need_sort=True` (chapter 03) SGLang's paged allocator
+# ([`PagedTokenToKVPoolAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)) stages freed pages in a list, `staged_pages` (their count
+# in `num_staged_pages`): the [staged pages](glossary.md#staged-pages). They are merged into the free
+# list and sorted when an allocation runs short. "Runs short" is decided by the same two-step test
+# as the capacity check, and SGLang merges as soon as the **cheap bound** fails
+# ([`PagedTokenToKVPoolAllocator.alloc_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py), [`PagedTokenToKVPoolAllocator.alloc_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)):
 #
 # - `alloc_extend`: merge when `extend_num_tokens // P + bs + 1 > len(free_pages)`;
 # - `alloc_decode`: merge when `bs > len(free_pages)` (at most one new page per request).
@@ -251,17 +256,18 @@ print(
 # %% [markdown]
 # ## memlab and SGLang, stream by stream
 #
-# memlab's allocators are not a paraphrase of SGLang's: run
+# memlab's allocators are not a paraphrase of SGLang's: run (or `pytest tests/engines/sglang/test_allocators.py`)
 #
 # ```
 # ./course engines
 # ```
 #
-# and a differential suite (`tests/engines/`) downloads SGLang 0.5.23's published wheel, loads its
+# and a differential suite (`tests/engines/`, here `tests/engines/sglang/test_allocators.py`) downloads SGLang 0.5.23's published wheel, loads its
 # allocator modules (never copying them into the course), and drives random scheduler streams on
 # both in lockstep: extend batches mixing new and continuing requests, decode batches, frees,
-# free groups that free one page from two calls, `need_sort` staging, `clear()`. SGLang runs with
-# its torch fallback and with its Triton kernels, memlab with all three backends. After every
+# free groups that free one page from two calls, `need_sort` staging, `clear()`. In
+# `tests/engines/sglang/test_allocators.py` SGLang runs with its torch fallback and with its Triton
+# kernels, memlab with all three backends. After every
 # step each slot handed out, each refusal, the free list (content and order) and
 # `available_size()` must be identical. The run ends with a table of what was compared:
 #
@@ -279,19 +285,21 @@ print(
 #
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
-# | bad ids | `free` refuses page 0 and ids past the pool at once (ids on the CPU, or debug mode) | no check | a learner's bug gets a message, not a corrupt list |
-# | double free | debug mode keeps a ledger of held pages and names the page freed twice | debug mode asserts that no page is on the free list twice | the same bug, caught with its page number |
-# | `free_segment` in debug mode | checks that every `P`-th slot starts a page | compares the page set with `unique(slot // P)` | same guarantee |
-# | decode page count at `P = 1` | counts every token (each opens a page) | the paged class counts none (`seq_len % 1 == 1` never holds); SGLang uses the token allocator there | memlab's paged class stays correct at every page size |
+# | bad ids | `free` refuses page 0 and ids past the pool at once (ids on the CPU, or debug mode) | no check ([`PagedTokenToKVPoolAllocator.free`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)) | a learner's bug gets a message, not a corrupt list |
+# | double free | debug mode keeps a ledger of held pages and names the page freed twice | debug mode asserts that no page is on the free list twice ([`PagedTokenToKVPoolAllocator._debug_check_no_duplicate_pages`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)) | the same bug, caught with its page number |
+# | `free_segment` in debug mode | checks that every `P`-th slot starts a page | compares the page set with `unique(slot // P)` ([`PagedTokenToKVPoolAllocator.free_segment`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)) | same guarantee |
+# | decode page count at `P = 1` | counts every token (each opens a page) | the paged class counts none (`seq_len % 1 == 1` never holds, [`PagedTokenToKVPoolAllocator.alloc_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/paged.py)); SGLang uses the token allocator there | memlab's paged class stays correct at every page size |
 #
-# Everything else on this page (which page goes where, when, in which order) is SGLang's.
+# Everything else on this page (which page goes where, when, in which order) is SGLang's, as
+# `tests/engines/sglang/test_allocators.py` checks.
 
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM frees per request too, but by block object and reference count: a block shared by several
-# requests (a prefix-cache hit) only becomes free when the last one lets go, and it keeps its hash
-# so it can be hit again until it is reused. Chapter 06 shows the order in which a finished
+# vLLM frees per request too, but by block object and reference count
+# ([`BlockPool.free_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)): a block shared by several requests (a
+# prefix-cache hit) only becomes free when the last one lets go, and it keeps its hash so it can be
+# hit again until it is reused. Chapter 06 shows the order in which a finished
 # request's blocks join the free queue, and why it is reversed.
 #
 # ## Exercises

@@ -3,8 +3,8 @@
 #
 # [Open in Colab](https://colab.research.google.com/github/memlab-course/memlab/blob/v0.1.0/chapters/06_vllm_block_pool.ipynb)
 #
-# vLLM keeps the same three mappings as SGLang with different objects. Its scheduler owns a
-# **block pool** (a [block](glossary.md#block) is a page of `block_size` tokens) whose
+# vLLM keeps the same three mappings as SGLang with different objects: its scheduler owns a
+# **block pool** ([`BlockPool`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py); a [block](glossary.md#block) is a page of `block_size` tokens) whose
 # [free queue](glossary.md#free-queue) doubles as the [eviction](glossary.md#eviction) order of a
 # **[prefix cache](glossary.md#prefix-cache)**; its workers keep a
 # **[block table](glossary.md#block-table)** and derive a per-token
@@ -109,15 +109,16 @@ queue.append(pool.blocks[5])
 # `hash(parent hash, its token ids, extra keys)`. The parent makes the chain:
 # one hash stands for the whole prefix up to that block, so a lookup compares one value per block.
 # Only full blocks are hashed (a partial block's content is still growing). The first block's
-# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`), so with the
+# parent is `NONE_HASH`, the hash of a fixed seed string (`"vllm-none-hash"`, [`init_none_hash`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py)), so with the
 # default `sha256` every process and every machine computes the same hashes and could share
 # cached KV. (The fast `xxhash` options draw a random seed per process instead, unless
 # `PYTHONHASHSEED` is set: a predictable seed would let an attacker make colliding blocks.) The extra keys hold
 # whatever else decides the KV: the LoRA adapter (`("lora", name, path)`), multimodal items
 # overlapping the block (`("mm", content hash, offset in the block)`), and a per-user **cache
 # salt** on the first block only (`("cache_salt", salt)`), which through the chain changes every
-# later hash too. `sha256` is vLLM's default: SHA-256 of the pickled key. memlab's hashes are vLLM
-# 0.33's, byte for byte.
+# later hash too ([`generate_block_hash_extra_keys`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py), [`hash_block_tokens`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py)). `sha256` is
+# vLLM's default ([`sha256`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/utils/hashing.py)): SHA-256 of the pickled key. memlab's hashes are
+# vLLM 0.33's, byte for byte (`tests/engines/vllm/test_hashing.py`).
 
 # %%
 from memlab.vllm import Request, get_request_block_hasher, sha256
@@ -181,8 +182,9 @@ print(
 # %% [markdown]
 # ## Block table and slot_mapping
 #
-# The worker's block table has a row of block ids per request (`BlockTables` in vLLM 0.33's
-# default model runner, one per group of layers; `BlockTable` in the older V1 runner, which memlab
+# The worker's block table has a row of block ids per request
+# ([`BlockTables`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/gpu/block_table.py) in vLLM 0.33's default model runner, one per
+# group of layers; [`BlockTable`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/block_table.py) in the older V1 runner, which memlab
 # mirrors). Before each step a kernel turns every scheduled token (request row, position) into a
 # slot:
 #
@@ -227,7 +229,7 @@ assert by_kernel.tolist() == by_torch.tolist() == by_python
 
 # %% [markdown]
 # The KV-store kernel writes each token's K and V at its slot, and skips the padding. The cache is
-# laid out as vLLM 0.33 lays it out (chapter 02): one layer's view `[block, head, token, K|V]`,
+# laid out as vLLM 0.33 lays it out (chapter 02, [`KVCacheLayout`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/kv_cache_layout.py)): one layer's view `[block, head, token, K|V]`,
 # split into K and V views shaped `(num_blocks, block_size, heads, head_dim)`, whose heads sit
 # `2 * head_dim` apart because each token's K and V are side by side:
 
@@ -269,7 +271,7 @@ print(
 # progress bar counts requests over all capacities. Fast mode replays the first requests only.
 
 # %%
-from memlab.capstone.trace_replay import hit_rate_curve, load_trace
+from memlab.vllm.trace_replay import hit_rate_curve, load_trace
 from memlab.course.viz.style import new_figure
 
 trace = load_trace("conversation", limit=300 if FAST else None)
@@ -286,20 +288,22 @@ print(curve.table())
 # %% [markdown]
 # ## What the engines do differently
 #
-# The same request stream through SGLang's token allocator, SGLang's paged allocator and vLLM's
-# block pool: how many slots each reserves, how many it wastes in the last page, and where its
-# free puts what it releases (`memlab.capstone.compare`). SGLang's prefix cache is a radix tree over
-# token ids instead of a hash map over blocks; its allocators know nothing of caching.
+# The same request stream through chapter 03's token allocator, chapter 04's paged allocator and
+# this chapter's block pool: how many slots each reserves, how many it wastes in the last page,
+# and where its free puts what it releases (`memlab.course.compare`). SGLang's prefix cache is a
+# radix tree over token ids ([`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py), chapter 11) instead of a
+# hash map over blocks; its allocators know nothing of caching.
 
 # %%
-from memlab.capstone.compare import compare, format_table, make_stream
+from memlab.course.compare import compare, format_table, make_stream
 
 print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 
 # %% [markdown]
 # ### memlab next to the real vLLM
 #
-# `./course engines` downloads vLLM 0.33's published wheel, loads its block pool, free queue,
+# `./course engines` (`tests/engines/vllm/test_block_pool.py`, `test_kv_cache_manager.py`,
+# `test_hashing.py`) downloads vLLM 0.33's published wheel, loads its block pool, free queue,
 # hashing and KV cache manager (pure Python), and runs them side by side with memlab's: random
 # streams of admissions with prefix hits, chunked prefills, decode steps, twins, preemptions,
 # frees and resets, compared after every step (every block id handed out, every refusal, the
@@ -309,16 +313,16 @@ print(format_table(compare(make_stream(6, seed=1), block_size=16)))
 #
 # | | vLLM 0.33 | memlab |
 # |---|---|---|
-# | managers | `KVCacheManager` + a coordinator + one `SingleTypeKVCacheManager` per KV cache group (hybrid models) | one group: `KVCacheManager` over vLLM's `UnitaryKVCacheCoordinator` and one `FullAttentionManager` or `SlidingWindowManager` |
-# | hash map keys | the block hash plus a 4-byte KV cache group id | the block hash |
-# | partial blocks | in hybrid Mamba models (Mamba's `align` mode, Mamba blocks larger than the hash unit), a hit may end inside a block (finer hash units, copy-on-write of the shared tail) | only whole blocks are cached and hit |
-# | `allocate_slots` | also KV-connector (external) tokens, EAGLE's dropped last hit, delayed caching, a full-sequence admission gate | new tokens, hits and lookahead only |
-# | watermark | waived while no other request is scheduled in the step | applied to every admission |
-# | sliding window | may skip caching blocks no later hit can use (retention settings) | caches every full block (vLLM's default for one group) |
-# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed; without it the xxhash variants use a random seed per process | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
-# | extra keys | LoRA, multimodal items, cache salt, prompt-embedding digests | LoRA, multimodal items, cache salt |
-# | a free of a free block | not checked | refused with an error, nothing changed |
-# | KV store | `reshape_and_cache_flash`, a CUDA C++ op | a Triton kernel (`store_kv`) |
+# | managers | [`KVCacheManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py) + a coordinator + one [`SingleTypeKVCacheManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py) per KV cache group (hybrid models) | one group: `KVCacheManager` over vLLM's `UnitaryKVCacheCoordinator` and one `FullAttentionManager` or `SlidingWindowManager` |
+# | hash map keys | the block hash plus a 4-byte KV cache group id ([`make_block_hash_with_group_id`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py)) | the block hash |
+# | partial blocks | in hybrid Mamba models (Mamba's `align` mode, Mamba blocks larger than the hash unit), a hit may end inside a block (finer hash units, copy-on-write of the shared tail; [`MambaManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py)) | only whole blocks are cached and hit |
+# | `allocate_slots` | also KV-connector (external) tokens, EAGLE's dropped last hit, delayed caching, a full-sequence admission gate ([`KVCacheManager.allocate_slots`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py)) | new tokens, hits and lookahead only |
+# | watermark | waived while no other request is scheduled in the step ([`KVCacheManager.allocate_slots`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py)) | applied to every admission |
+# | sliding window | may skip caching blocks no later hit can use (retention settings, [`SlidingWindowManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py)) | caches every full block (vLLM's default for one group) |
+# | hash functions | `sha256` (default), `sha256_cbor`, `xxhash`, `xxhash_cbor`; `PYTHONHASHSEED` overrides the seed; without it the xxhash variants use a random seed per process ([`get_hash_fn_by_name`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/utils/hashing.py), [`init_none_hash`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py)) | `sha256` (the same digests) and `fast_hash` (memlab's own, a built-in hash); always the fixed seed |
+# | extra keys | LoRA, multimodal items, cache salt, prompt-embedding digests ([`generate_block_hash_extra_keys`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_utils.py)) | LoRA, multimodal items, cache salt |
+# | a free of a free block | not checked ([`BlockPool.free_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)) | refused with an error, nothing changed |
+# | KV store | [`reshape_and_cache_flash`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/_custom_ops.py), a CUDA C++ op | a Triton kernel (`store_kv`) |
 
 # %% [markdown]
 # ## Exercises

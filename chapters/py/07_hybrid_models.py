@@ -6,7 +6,8 @@
 # Not every layer needs every token's KV. Sliding-window layers (Gemma-3: 52 of its 62 layers)
 # read only the last `sliding_window` tokens (the model's own count, the current token included);
 # linear-attention layers (Qwen3-Next: 36 of 48) keep a fixed-size state per request instead of KV
-# per token. SGLang gives each kind its own ledger.
+# per token. SGLang gives each kind its own ledger
+# ([`SWATokenToKVPoolAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py), [`MambaPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)).
 #
 # **After this chapter you can**
 # - run two allocators side by side with a map from full-side slots to sliding-window slots, and
@@ -33,7 +34,7 @@ from memlab.course.notebook import exercise, start; FAST = start("07", REF, driv
 # %% [markdown]
 # ## See it: a sliding window
 #
-# Full pool: 16 pages of 2 slots; sliding-window pool: 6 pages; window: 4 tokens (SGLang's count,
+# Full pool: 16 pages of 2 slots; sliding-window pool: 6 pages; window: 4 tokens (the tokens before the current one,
 # see "Two ways to count a window" below). A and B arrive,
 # decode three tokens, B finishes. Left: the request table, which stores **full-side** slots.
 # Middle and right: the two ledgers, each with its own free list and its own slot numbers. Bottom:
@@ -53,8 +54,8 @@ viz.Stepper(swa_scene.frames, draw_swa)
 # %% [markdown]
 # ### Your own steps
 #
-# The instrument below starts where the story ends: A holds 10 tokens, its first 6 SWA slots
-# released. `extend` a request (a new one gets a row), run a `decode step` for the requests you
+# The instrument below starts where the story ends: A holds 9 tokens, its first 4 SWA slots
+# released (`swa_evicted_len` 4: positions 0-3 show a dot). `extend` a request (a new one gets a row), run a `decode step` for the requests you
 # name, `finish` one; after each extend and decode the scheduler calls `release_out_of_window`,
 # and the instrument shows every call it made. Each position shows its full slot on top and its
 # SWA slot below (a dot: released); pick another window and your steps are replayed under it. A
@@ -74,7 +75,8 @@ swa
 # $$\text{available} = \min(\text{full available}, \text{SWA available})$$
 #
 # and capacity is settled for both before either takes anything (SGLang settles it before a
-# prefill; for a decode step its scheduler checks first, see the table at the end). The map has `size + page_size + 1`
+# prefill, [`SWATokenToKVPoolAllocator.alloc_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py); for a decode step its scheduler checks
+# first, see the table at the end). The map has `size + page_size + 1`
 # entries; the last is -1, so that `last_loc = -1` (an empty prefix) maps to -1 by Python's negative
 # indexing and the SWA side sees "no prefix" too.
 
@@ -113,26 +115,45 @@ print("A's full slots:", a_full, "-> SWA:", m[a_full].tolist(), "(0 = released)"
 #
 # The run is page-aligned and contiguous, so it is released without a `unique` (chapter 05:
 # one slot per page names the SWA page). Positions a prefix cache protects (a page-aligned
-# `cache_protected_len`) are left to it. With a **prefix-sharing** cache SGLang keeps more:
+# `cache_protected_len`) are left to it. With a **prefix-sharing** cache SGLang keeps more
+# ([`free_swa_out_of_window_slots`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py)):
 #
 # $$\text{end} = \left\lfloor \left(s - \lceil \max(w, P) \rceil_P\right) / P \right\rfloor \cdot P$$
 #
 # ($\lceil x \rceil_P$: rounded up to whole pages), so that a cached key ending at the last page
 # boundary still has a whole window of live SWA behind it.
 #
-# SGLang batches these releases: by default its scheduler waits until 128 more tokens
-# (`SGLANG_SWA_EVICTION_INTERVAL`) have left the window since the last release, then gives back
-# every whole page behind the window at once. The widget and the cell below release at every step
-# so that you can see it happen.
+# When does SGLang release? Its scheduler calls [`ScheduleBatch.maybe_evict_swa`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py) for every
+# batch. In a **decode** batch it waits until 128 more tokens
+# ([`SGLANG_SWA_EVICTION_INTERVAL`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/environ.py)) have left the window since the last release,
+# then gives back every whole page behind the window at once. In a **prefill** batch on a cache
+# that does not share prefixes, it releases after every chunk, with no interval. And the window it
+# keeps is not always the model's: a speculative draft model that reads the SWA pool too widens it
+# to `max(w, draft window)` ([`BasePrefixCache.swa_retain_window`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/base_prefix_cache.py)).
+# The widget and the cell below release at every step, with the model's window, so that you can
+# see it happen.
 #
 # ### Two ways to count a window
 #
 # The engines count the window differently. SGLang's window $w$ counts the tokens *before* the
-# current one: a query at position $q$ reads $q - w \ldots q$, $w + 1$ tokens, and SGLang sets $w$
-# to the model's `sliding_window` $- 1$. vLLM's `sliding_window` counts the current token too: a
-# query at $q$ reads $q - w + 1 \ldots q$. So window 4 here and `sliding_window=4` in vLLM's cell
+# current one: a query at position $q$ reads $q - w \ldots q$, $w + 1$ tokens
+# ([`free_swa_out_of_window_slots`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py) takes it as `sliding_window_size`). Where $w$ comes from
+# is up to each model file: Gemma-3's
+# [`get_attention_sliding_window_size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/models/gemma3_causal.py) returns the config's
+# `sliding_window` $- 1$; a model file without that method gets the config's value as it is
+# ([`resolve_sliding_window_size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/model_executor/model_runner_components/load_model_utils.py)).
+# vLLM's `sliding_window` counts the current token too, as the model configs do: a query at $q$
+# reads $q - w + 1 \ldots q$.
+#
+# Why two counts? The attention kernels (FlashAttention, FlashInfer) take a *left window*: how many
+# tokens before the current one a query may see. A config's `sliding_window` counts the current
+# token, so someone must subtract 1. SGLang does it once, in the model file, and from then on its
+# whole stack (scheduler, allocator, kernels) speaks in the kernel's count. vLLM keeps the config's
+# count everywhere and subtracts 1 only inside its attention backend
+# ([`FlashAttentionImpl`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/backends/flash_attn.py): `(sliding_window - 1, 0)`). So window 4 here and `sliding_window=4` in vLLM's cell
 # at the end are not the same window. After 10 tokens (positions 0-9), SGLang keeps positions 6-9
-# for the next query (position 10), while vLLM needs only 7-9 and frees whole blocks only.
+# for the next query (position 10), while vLLM needs only 7-9 and frees whole blocks only
+# ([`SlidingWindowManager.get_num_skipped_tokens`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py)).
 # SGLang's window 4 is vLLM's (and the model config's) `sliding_window=5`: for one model, say
 # `sliding_window=4096`, SGLang's $w$ is 4095 and both read the same 4096 tokens.
 
@@ -173,8 +194,9 @@ for sharing in (False, True):
 # group, the prefix cache may point that full slot at a different SWA slot.
 # Map entries of 0 (already released out of the window) are skipped: 0 is the SWA pool's padding
 # slot and must never reach its free list. (SGLang's scheduler frees a finished request in
-# page-aligned segments instead: the out-of-window part with `free_full_segment`, the full side
-# only, the rest with `free_segment`; memlab has both too.) Inside a free group the SWA ids are
+# page-aligned segments instead: the out-of-window part with
+# [`SWATokenToKVPoolAllocator.free_full_segment`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py), the full side only, the rest with
+# [`SWATokenToKVPoolAllocator.free_segment`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py); memlab has both too.) Inside a free group the SWA ids are
 # read, and the map cleared, at each call; the SWA pages go back at the group's end, deduplicated
 # once, as on the full side.
 
@@ -239,12 +261,15 @@ mamba
 # request across its 36 linear layers (bf16 conv state, fp32 recurrent state), whatever the context. So the ledger counts **request slots**.
 # Slot 0 is padding. A state left by the previous owner must never be read as the new request's
 # history, yet SGLang does not zero a slot when it hands it out: it marks the request
-# (`mamba_needs_clear`) and zeroes the slot on the GPU's forward stream just before the request's
-# first prefill runs its Mamba layers; if the prefix cache supplies a saved state, that state is
-# copied in instead. (memlab zeroes the slot when it hands it out.) Layers are sparse among the model's layers, so a
-# dense map turns a model layer id into a Mamba layer index.
+# (`mamba_needs_clear`, [`HybridReqToTokenPool.alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) and zeroes the slot on the GPU's
+# forward stream just before the request's first prefill runs its Mamba layers
+# ([`ScheduleBatch._collect_deferred_mamba_cow_and_clear`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py)); if the prefix cache supplies a
+# saved state, that state is copied in instead. memlab does the same: its
+# `HybridReqToTokenPool.alloc` only marks the request, and
+# `execute_deferred_mamba_cow_and_clear(reqs)` zeroes (or copies) before the extend. Layers are
+# sparse among the model's layers, so a dense map turns a model layer id into a Mamba layer index.
 #
-# The layout is SGLang's: `MambaPool.conv` is a **list over the conv-state components** (most
+# The layout is SGLang's ([`MambaPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)): `MambaPool.conv` is a **list over the conv-state components** (most
 # models have one, `(channels, kernel - 1)`: the last inputs of the causal convolution), each
 # stacked over the mamba layers as `(num_mamba_layers, size + 1, *shape)`; `temporal` is one tensor
 # `(num_mamba_layers, size + 1, heads, head_dim, state)`. All mamba layers of a model share the
@@ -279,15 +304,17 @@ print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 # %% [markdown]
 # ## Ping-pong
 #
-# How many tracking slots does a request take besides its state slot?
+# How many tracking slots does a request take besides its state slot? The columns follow
+# `mamba_tracking_slots(extra_buffer, overlap, lazy)` (SGLang's
+# [`get_mamba_tracking_slots`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation_sizing.py)):
 #
-# | extra buffer | lazy | overlap scheduler | tracking slots |
+# | extra buffer | overlap scheduler | lazy | tracking slots |
 # |---|---|---|---|
 # | no | - | - | 0 |
-# | yes | yes | yes | 1, and a second when first needed |
-# | yes | yes | no | 1 |
 # | yes | no | no | 1 |
-# | yes | no | yes | 2 |
+# | yes | yes | no | 2 |
+# | yes | no | yes | 1 |
+# | yes | yes | yes | 1, and a second when first needed |
 #
 # With the overlap scheduler, step $t$ is prepared while step $t-1$ still runs and may still read
 # the last snapshot; writing the next one into the *other* slot (ping-pong) keeps them apart.
@@ -295,31 +322,34 @@ print("layer 1:", [tuple(c.shape) for c in conv], tuple(temporal.shape))
 # %%
 from memlab.sglang.mamba import mamba_tracking_slots
 
-for extra, lazy, overlap in (
-    (False, False, True),
-    (True, True, True),
+for extra, overlap, lazy in (
+    (False, True, False),
     (True, False, False),
-    (True, False, True),
+    (True, True, False),
+    (True, True, True),
 ):
     print(
-        f"extra={extra!s:<5} lazy={lazy!s:<5} overlap={overlap!s:<5} -> {mamba_tracking_slots(extra, overlap, lazy)}"
+        f"extra={extra!s:<5} overlap={overlap!s:<5} lazy={lazy!s:<5} -> {mamba_tracking_slots(extra, overlap, lazy)}"
     )
 
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM handles sliding windows inside one block pool. Its `KVCacheManager` works through a
-# coordinator, which keeps one manager per group of layers (a `SingleTypeKVCacheManager`); for the
-# sliding-window group that manager is `SlidingWindowManager`. Before each allocation it replaces
-# the blocks that fell out of the window with the **[null block](glossary.md#null-block)** in the
-# request's list (the block table stays append-only) and frees them, and a prefix hit only needs
-# the blocks inside the window. (The cell below uses memlab's class, which plays both parts for
+# vLLM handles sliding windows inside one block pool: its `KVCacheManager` works through a
+# coordinator ([`KVCacheCoordinator`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_coordinator.py)), which keeps one manager
+# per group of layers (a [`SingleTypeKVCacheManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py)); for the sliding-window group that
+# manager is [`SlidingWindowManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py). Before each allocation it replaces the blocks that fell
+# out of the window with the **[null block](glossary.md#null-block)** in the request's list (the
+# block table stays append-only) and frees them
+# ([`SingleTypeKVCacheManager.remove_skipped_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py)), and a prefix hit only needs the blocks
+# inside the window. (The cell below uses memlab's class, which plays both parts for
 # one group; `sliding_window=4` there is vLLM's count, see "Two ways to count a window".)
 # SGLang keeps a separate pool for the SWA layers, a configurable fraction of the full pool's size
-# (`swa_full_tokens_ratio`, chapter 08), so tokens that left the window cost those layers nothing.
-# For Mamba-style layers SGLang keeps per-request state in a pool of its own, outside the token
-# pool; vLLM stores it in blocks of the same block pool, handed out by a Mamba manager (one block
-# holds one request's state).
+# (`swa_full_tokens_ratio`, [`HybridSWAPoolConfigurator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/model_executor/pool_configurator.py),
+# chapter 08), so tokens that left the window cost those layers nothing. For Mamba-style layers
+# SGLang keeps per-request state in a pool of its own, outside the token pool
+# ([`MambaPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)); vLLM stores it in blocks of the same block pool, handed out by a Mamba
+# manager ([`MambaManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py); one block holds one request's state).
 
 # %%
 from memlab.vllm import KVCacheManager, Request
@@ -342,18 +372,19 @@ print(
 # ## Where memlab differs from the engine
 #
 # `./course engines` drives SGLang 0.5.23's `SWATokenToKVPoolAllocator`, `ReqToTokenPool`,
-# `HybridReqToTokenPool` and `MambaPool` next to memlab's (chapter 05 tells how): same rows, slots,
-# free lists, map and evicted lengths after every step. Where memlab departs on purpose:
+# `HybridReqToTokenPool` and `MambaPool` next to memlab's (`tests/engines/sglang/test_swa.py`,
+# `tests/engines/sglang/test_mamba.py`; chapter 05 tells how): same rows, slots, free lists, map and
+# evicted lengths after every step. Where memlab departs on purpose:
 #
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
-# | SWA decode refused | both sides are checked first: a refusal takes nothing | takes the full side's page, then returns `None` when the SWA side is short (its scheduler checks capacity before, so it does not happen there) | an allocator never leaks on a refused request |
-# | `free()` at page size 1 after an out-of-window release | skips map entries of 0 | would hand SWA slot 0 back; the caller must use `free_full` for those slots | a plain `free` of a request is always safe |
-# | a Mamba row short of state slots | `alloc` returns `None` before taking a row | takes the rows, then asserts (the scheduler checks state slots first) | all or nothing, as for rows |
-# | a freed row | its map entries are reset to 0 | left as they were until the row is reused | a stale slot never shows in a picture |
-# | lazy second tracking slot | `ensure_tracking_slots(rows)` | taken by the scheduler's tracking code when needed | the chapter's one entry point |
-# | the window under a prefix cache | the capstone engine slides windows only without one (`maybe_evict_swa` before each decode step and each later chunk); a cached node keeps its SWA slots until the tree evicts it | a hybrid model's tree (`UnifiedRadixCache` with an SWA component) always slides, and tombstones the SWA side of the nodes it shares | memlab's radix tree (chapter 11) has one component: a node is all there or gone |
-# | ring mode (`swa_req_ring_size`) | `ring_loc(row, position)` gives each token's ring slot | the ring lives in its DeepSeek-V4 pool and backend | shown, not compared stream by stream |
+# | SWA decode refused | both sides are checked first: a refusal takes nothing | takes the full side's page, then returns `None` when the SWA side is short (its scheduler checks capacity before, so it does not happen there; [`SWATokenToKVPoolAllocator.alloc_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py)) | an allocator never leaks on a refused request |
+# | `free()` at page size 1 after an out-of-window release | skips map entries of 0 | would hand SWA slot 0 back; the caller must use `free_full` for those slots ([`SWATokenToKVPoolAllocator.free`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py)) | a plain `free` of a request is always safe |
+# | a Mamba row short of state slots | `alloc` returns `None` before taking a row | takes the rows, then asserts (the scheduler checks state slots first; [`HybridReqToTokenPool.alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | all or nothing, as for rows |
+# | a freed row | its map entries are reset to 0 | left as they were until the row is reused ([`HybridReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | a stale slot never shows in a picture |
+# | lazy second tracking slot | `ensure_tracking_slots(rows)` | taken by the scheduler's tracking code when needed ([`HybridReqToTokenPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | the chapter's one entry point |
+# | the window under a prefix cache | the capstone engine slides windows only without one (`maybe_evict_swa` before each decode step and each later chunk); a cached node keeps its SWA slots until the tree evicts it | a hybrid model's tree ([`UnifiedRadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_radix_cache.py) with an SWA component) always slides, and tombstones the SWA side of the nodes it shares | memlab's radix tree (chapter 11) has one component: a node is all there or gone |
+# | ring mode (`swa_req_ring_size`) | `ring_loc(row, position)` gives each token's ring slot | the ring lives in its DeepSeek-V4 pool and backend ([`DeepSeekV4TokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py)) | shown, not compared stream by stream |
 #
 # ## Exercises
 #

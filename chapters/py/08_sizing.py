@@ -5,14 +5,16 @@
 #
 # Before serving, an engine turns its GPU's memory into numbers: how many tokens the KV pool
 # holds, how many pages, how wide a request-table row is, how much each decode step must keep in
-# reserve. `memlab.common.sizing` derives them the way SGLang does, from configuration objects: change one
+# reserve. `memlab.common.sizing` derives them the way SGLang does
+# ([`KVCacheConfigurator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py), [`get_alloc_reserve_per_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation_sizing.py)), from configuration objects: change one
 # knob and every derived number moves.
 #
 # **After this chapter you can**
 # - size a KV pool from a memory budget and a model's bytes per token, floored to whole pages;
 # - clip a request's generation to what the pool could ever hold;
 # - compute the KV a decode step may take, with and without speculative decoding, and why SGLang
-#   0.5.23 reserves twice that when it decodes speculatively;
+#   0.5.23 reserves twice that when it decodes speculatively
+#   (`tests/engines/sglang/test_sizing.py` compares the rules with SGLang's own);
 # - decide which requests to retract when the next decode step does not fit;
 # - write the scheduler's planning numbers yourself (exercise `ch08_sizing`).
 
@@ -86,8 +88,8 @@ viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 # %% [markdown]
 # ## From memory to tokens
 #
-# SGLang measures the GPU's free memory twice: $F_\text{before}$, before it loads the weights, and
-# $F_\text{after}$, after. `mem_fraction_static` ($f$) is the share of $F_\text{before}$ that the
+# SGLang measures the GPU's free memory twice ([`KVCacheConfigurator._profile_available_bytes`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py)):
+# $F_\text{before}$, before it loads the weights, and $F_\text{after}$, after. `mem_fraction_static` ($f$) is the share of $F_\text{before}$ that the
 # weights and the KV pool may use together; the remaining $(1 - f) \cdot F_\text{before}$ stays
 # free for activations and CUDA graphs. The KV pool gets what is left, divided by the bytes one
 # token costs:
@@ -165,7 +167,7 @@ for name, spec in SPECS.items():
 # ## The doubled reserve
 #
 # With speculative decoding, SGLang 0.5.23 keeps each running request's allocation ahead of its
-# committed length by **twice** the step's footprint (`get_alloc_reserve_per_decode`). The code
+# committed length by **twice** the step's footprint ([`get_alloc_reserve_per_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation_sizing.py)). The code
 # says the 2x absorbs the overlap scheduler's one-step lag (the CPU prepares step $t+1$ while the
 # GPU runs step $t$, so the host's view of each length lags by one step), but the same reserve is
 # used with overlap off. With speculative decoding and pages, the request-table row gets a
@@ -175,7 +177,7 @@ for name, spec in SPECS.items():
 # Without speculative decoding there is no reserve at all: each decode step allocates exactly one
 # slot per request, and a request needs a new page only when its committed length sits on a page
 # boundary. The 1x column below is only a *what if* (`what_if_reserve_without_overlap_lag`): what the speculative reserve would be if no
-# lag had to be absorbed. SGLang does not do it.
+# lag had to be absorbed, which memlab computes for comparison only.
 
 # %%
 from memlab.common.sizing import (
@@ -199,14 +201,15 @@ for name, spec in SPECS.items():
 # ## When the next step does not fit
 #
 # Before each decode step the scheduler checks that the next step fits
-# (`new_tokens_required_next_decode`): without speculative decoding, a page for each request whose
+# ([`ScheduleBatch.new_tokens_required_next_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py), [`ScheduleBatch.check_decode_mem`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py)): without speculative decoding, a page for each request whose
 # next token opens one; with it, each request must be able to grow to its committed length plus the
 # reserve, in whole pages past what it holds. If not, it **retracts** requests (frees their KV,
 # puts them back in the queue) until the rest fit: fewest decoded tokens first (least work lost),
 # ties broken by the longest prompt (most memory back), the same order with or without
 # speculative decoding. The check has already failed when retraction starts, so the first request
 # goes without a second check. It always keeps at least one request, or nothing would make
-# progress (SGLang aborts that last one if it still does not fit).
+# progress (SGLang aborts that last one if it still does not fit:
+# [`ScheduleBatch.retract_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py)).
 
 # %%
 from memlab.common.sizing import (
@@ -245,26 +248,26 @@ print(
 # %% [markdown]
 # ## Where memlab differs from the engine
 #
-# `./course engines` compares these rules with SGLang 0.5.23's own functions over hundreds of
+# `./course engines` (`tests/engines/sglang/test_sizing.py`) compares these rules with SGLang 0.5.23's own functions over hundreds of
 # configurations and random batches (chapter 05 tells how): KV per decode step, the reserve, the
 # row headroom, the next step's demand and the retraction order. What memlab leaves out:
 #
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
-# | configuration | frozen dataclasses passed in | process-wide configuration "bags" read by each function | one knob, every number moves, no globals |
-# | pool size | `(M * f - W - A) // bytes per token`, floored to pages: the GPU's total memory, a computed weight size and an explicit activation reserve | `F_after - (1 - f) * F_before` from two measurements of free memory (activations live in the `1 - f` share), caps by `--max-total-tokens`, and sizes draft and hybrid pools by more rules | each part of the budget can be seen and moved |
-# | the last request that does not fit | `retract_decode` returns `fits=False` | aborts it | the caller decides |
-# | retraction policies | length order only | also a priority order (`--retraction-policy priority`) and beam groups | the default policy |
+# | configuration | frozen dataclasses passed in | process-wide configuration "bags" read by each function ([`get_alloc_len_per_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation_sizing.py)) | one knob, every number moves, no globals |
+# | pool size | `(M * f - W - A) // bytes per token`, floored to pages: the GPU's total memory, a computed weight size and an explicit activation reserve | `F_after - (1 - f) * F_before` from two measurements of free memory (activations live in the `1 - f` share), caps by `--max-total-tokens`, and sizes draft and hybrid pools by more rules ([`KVCacheConfigurator._profile_available_bytes`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py)) | each part of the budget can be seen and moved |
+# | the last request that does not fit | `retract_decode` returns `fits=False` | aborts it ([`ScheduleBatch.retract_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py)) | the caller decides |
+# | retraction policies | length order only | also a priority order (`--retraction-policy priority`) and beam groups ([`ScheduleBatch.retract_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py)) | the default policy |
 
 # %% [markdown]
 # ## What the engines do differently
 #
-# vLLM measures instead of computing. Its `gpu_memory_utilization` is a share of the GPU's
-# **total** memory. It runs a dummy forward pass at the largest batch, records the weights, the
+# vLLM measures instead of computing ([`Worker.determine_available_memory`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/worker/gpu_worker.py)):
+# its `gpu_memory_utilization` is a share of the GPU's **total** memory. It runs a dummy forward pass at the largest batch, records the weights, the
 # peak activation memory and (by default) an estimate of the CUDA graphs, and gives the rest of
 # that share to the KV cache as a number of blocks (`available bytes // bytes per block`). SGLang
 # computes its budget from `mem_fraction_static`, a share of the free memory before loading, and
-# two measurements of free memory. Both floor to whole blocks or pages; both keep the numbers in
+# two measurements of free memory ([`KVCacheConfigurator._profile_available_bytes`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py)). Both floor to whole blocks or pages; both keep the numbers in
 # configuration objects.
 #
 # ## Exercise: `exercises/ch08_sizing.py`

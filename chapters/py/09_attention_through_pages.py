@@ -10,8 +10,9 @@
 #
 # **After this chapter you can**
 # - write K and V through a write location, and say why a hybrid pool insists on physical ids;
-# - run paged decode attention reading through `req_to_token` (SGLang) and through a block table
-#   (vLLM), on the same pool, and check both against dense attention;
+# - run paged decode attention reading through `req_to_token` (as SGLang's
+#   [`decode_attention_fwd`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/attention/decode_attention.py) does) and through a block table
+#   (as vLLM's [`unified_attention`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/ops/triton_unified_attention.py) does), on the same pool, and check both against dense attention;
 # - explain how the kernel walks a request's scattered slots block by block with an online softmax;
 # - write the kernel's gather yourself (exercise `ch09_paged_gather`).
 
@@ -79,15 +80,19 @@ inst
 # id space takes the slots as they are. A hybrid sliding-window pool has two (full and
 # sliding-window, chapter 07): its full layers write at `loc`, its SWA layers at the same tokens'
 # SWA-side ids. Those are translated **once per batch**: SGLang's attention backend looks up the
-# batch's SWA-side ids when it builds its metadata (`kv_index_translator.write_ids(...)`) and hands
-# them with `loc` to the pool as one `KVWriteLoc` (`KVWriteLoc.for_batch(forward_batch,
-# swa_loc=...)`); the pool never translates. (memlab's allocator does the lookup in one call,
+# batch's SWA-side ids when it builds its metadata
+# ([`KVIndexTranslator.write_ids`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_index_translator.py)) and hands them with `loc`
+# to the pool as one `KVWriteLoc` ([`KVWriteLoc.for_batch`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)`(forward_batch, swa_loc=...)`);
+# the pool never translates. (memlab's allocator does the lookup in one call,
 # `write_loc(out_cache_loc)`, below.) An SWA layer handed a bare tensor has no SWA ids and refuses
-# it (SGLang asserts; memlab raises `ValueError` with a message).
+# it (SGLang asserts, [`SWAKVPool.set_kv_buffer`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/swa_memory_pool.py); memlab raises
+# `ValueError` with a message).
 #
-# `KVWriteLoc` also carries a **physical** mark. It guards something else: SGLang's *unified* pools
-# hand out **virtual** ids, which a per-batch plan maps to physical slots; their write doors
-# (`requires_physical_write_loc = True`) refuse a location not marked physical, so an
+# `KVWriteLoc` also carries a **physical** mark, which guards something else: SGLang's *unified*
+# pools hand out **virtual** ids, which a per-batch plan maps to physical slots; their write doors
+# ([`UnifiedMHATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_memory_pool.py):
+# `requires_physical_write_loc = True`, checked by [`KVCache._check_physical_write_loc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py))
+# refuse a location not marked physical, so an
 # untranslated virtual id never lands in somebody else's rows. Every other pool, the SWA pool
 # included, holds physical ids by allocation and needs no mark. Chapter 12 builds the unified
 # pool and shows its door refusing an unmarked write.
@@ -139,9 +144,9 @@ print(
 # $$m' = \max(m, \max_j s_j), \quad \ell' = \ell\, e^{m - m'} + \sum_j e^{s_j - m'}, \quad
 # o' = o\, e^{m - m'} + \sum_j e^{s_j - m'} v_j$$
 #
-# The slot lookup is the only place the engines differ: SGLang reads the slot from
-# `req_to_token[row, pos]` (through a per-batch index list, see the end of the chapter); vLLM
-# reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
+# The slot lookup is the only place the engines differ: SGLang's [`decode_attention_fwd`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/attention/decode_attention.py) reads the slot from
+# `req_to_token[row, pos]` (through a per-batch index list, see the end of the chapter); vLLM's
+# [`unified_attention`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/ops/triton_unified_attention.py) reads `block_table[b, pos // B] * B + pos % B`. The pool is the same: a flat
 # `(slots, heads, dim)` tensor is a free view as `(blocks, B, heads, dim)`.
 
 # %%
@@ -219,21 +224,24 @@ for name, x in (
 # ## What the engines do differently
 #
 # SGLang's attention backends copy each request's slots out of `req_to_token` (row
-# `req_pool_indices[b]`) into a per-batch index list once per step (`kv_indices`, with
-# `kv_indptr` offsets), and the decode kernels read a token's slot from that list: one load per
-# token. (memlab's `decode_attention_fwd` reads `req_to_token` directly, the same lookup without
-# the copy.) vLLM's kernels take the block table: one load per block, then arithmetic. With page
-# size 1 the block table *is* a per-token table. MLA models read one latent buffer for both K and V
-# (SGLang passes the same buffer, and a view of its first `kv_lora_rank` columns as V; memlab's
-# version is `mla_decode_attention_fwd`); the mappings are the same.
+# `req_pool_indices[b]`) into a per-batch index list once per step (`kv_indices`, with `kv_indptr`
+# offsets: [`TritonAttnBackend.init_forward_metadata`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/layers/attention/triton_backend.py) with
+# [`create_flashinfer_kv_indices_triton`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/attention/kv_indices.py)), and the decode kernel
+# ([`decode_attention_fwd`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/attention/decode_attention.py)) reads a token's slot from that list: one load per token. (memlab's `decode_attention_fwd`
+# reads `req_to_token` directly, the same lookup without the copy.) vLLM's kernels take the block
+# table ([`unified_attention`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/ops/triton_unified_attention.py)): one load per block, then arithmetic. With page size 1 the block table *is* a
+# per-token table. MLA models read one latent buffer for both K and V: SGLang passes the same
+# buffer to [`decode_attention_fwd`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/attention/decode_attention.py) (its `has_mla` argument), with a view of its first `kv_lora_rank` columns as V.
+# memlab spells that case as a function of its own, `mla_decode_attention_fwd`; the mappings are
+# the same.
 #
 # ## Where memlab differs from the engine
 #
 # | | memlab | SGLang 0.5.23 | why |
 # |---|---|---|---|
-# | unified pools (virtual ids) | in chapter 12 (`memlab.sglang.unified`): its pools refuse a write loc not marked physical; the pools here keep `requires_physical_write_loc` off | the unified pools refuse a write loc not marked physical | this chapter's pools hold physical ids |
-# | decode attention | one Triton kernel, one program per (request, query head), an online softmax over blocks of positions | FlashInfer, FlashAttention or its own Triton kernels (split-K decode) | the slot lookup is what the chapter is about |
-# | KV writes | `buffer[loc] = k` per layer | fused store kernels, fp8 quantization, write checks in debug mode | same rows written |
+# | unified pools (virtual ids) | in chapter 12 (`memlab.sglang.unified`): its pools refuse a write loc not marked physical; the pools here keep `requires_physical_write_loc` off | the unified pools refuse a write loc not marked physical ([`KVCache._check_physical_write_loc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | this chapter's pools hold physical ids |
+# | decode attention | one Triton kernel, one program per (request, query head), an online softmax over blocks of positions | FlashInfer, FlashAttention or its own Triton kernels (split-K decode, [`decode_attention_fwd`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/kernels/ops/attention/decode_attention.py)) | the slot lookup is what the chapter is about |
+# | KV writes | `buffer[loc] = k` per layer | fused store kernels, fp8 quantization, write checks in debug mode ([`MHATokenToKVPool.set_kv_buffer`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)) | same rows written |
 #
 # ## Exercise: `exercises/ch09_paged_gather.py`
 #

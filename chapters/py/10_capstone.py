@@ -82,12 +82,14 @@ viz.Stepper(frames, draw_engine, interval_ms=700)
 #    short (chapter 08's `check_decode_mem`), requests still prefilling are retracted first (they
 #    hold pages but take no part in this step), then chapter 08's `retract_decode` picks victims
 #    among the decoding ones (fewest decoded tokens first), always keeping one.
-# 3. Allocate: `memlab.sglang.allocation.alloc_for_extend` / `alloc_for_decode` (SGLang's names) give new
+# 3. Allocate: `memlab.sglang.allocation.alloc_for_extend` / `alloc_for_decode` (SGLang's
+#    [`alloc_for_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation.py) / [`alloc_for_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation.py)) give new
 #    requests a row, take slots with `alloc_extend` / `alloc_decode` (evicting from the prefix
 #    cache first when the pool is short) and write them into the request table; then write K/V
 #    at those slots (`set_kv_buffer`) and attend through `req_to_token`.
 # 4. A finished request hands its pages to the prefix cache (SGLang 0.5.23:
-#    `release_kv_cache(req, tree_cache, checkpoint=True)`, which calls the tree's `checkpoint`),
+#    [`release_kv_cache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py)`(req, tree_cache, checkpoint=True)`, which calls
+#    the tree's `checkpoint`),
 #    which keeps the full pages it did not have and frees the rest; a retracted one frees its own
 #    pages.
 #
@@ -198,7 +200,7 @@ if run is not None:
 # `memlab.capstone.sim` replays a request stream on a pool of slots under four policies: reserve the model's
 # maximum length per request (`max`, what systems did before paging), reserve the prompt plus the
 # output rounded up to a power of two (`pow2`), know the exact final length (`oracle`,
-# unattainable), and allocate blocks on demand (`paged`, SGLang and vLLM). A reservation must sit
+# unattainable), and allocate blocks on demand (`paged`, as the engines of chapters 04-06 do). A reservation must sit
 # in one contiguous run of slots; its *placement* finds the run: a **buddy allocator** (the
 # default, what the vLLM paper assumes its Orca baselines use) or **first fit**. Every iteration
 # the pool's slots split into five shares: **used** (real KV), **reserved** (held, to be written
@@ -301,7 +303,7 @@ print(sim.figure2_table(buddy, first_fit))
 viz.show(plot_figure2(buddy, first_fit))
 
 # %% [markdown]
-# | % of KV memory holding token states | Orca (Max) | Orca (Pow2) | Orca (Oracle) | vLLM |
+# | % of KV memory holding token states | Orca (Max) | Orca (Pow2) | Orca (Oracle) | paging (the paper's vLLM) |
 # |---|---|---|---|---|
 # | the paper (Fig. 2) | 20.4 | 26.8 | 38.2 | 96.3 |
 # | memlab, buddy allocator | 22.7 | 31.6 | 40.1 | 96.2 |
@@ -326,30 +328,45 @@ viz.show(plot_figure2(buddy, first_fit))
 # slots free than the buddy allocator (17 % against 9 to 10 %, nearly all of it while the next
 # request waits for a run long enough: external fragmentation), but that is far less than the
 # buddy allocator's rounding (24 % and 22 % of the pool), which is most of what the paper calls
-# "external fragmentation and others". Orca (Max) and vLLM do not change: 2,048
+# "external fragmentation and others". Orca (Max) and paging do not change: 2,048
 # is already a power of two, and paging places no reservations.
 
 # %% [markdown]
 # ## What the engines do differently
 #
 # Both engines page. SGLang's prefix cache is a radix tree over token ids that shares any common
-# prefix (in whole pages when pages are larger than one token); vLLM hashes full blocks and shares
-# whole blocks of a prefix. SGLang's scheduler admits a request only if the free and evictable
-# pool, minus an estimate of what the running requests will still generate (their remaining
-# `max_new_tokens`, capped at 4096 each and scaled by a `new_token_ratio` that adapts to
-# retractions), still holds the new request's prompt plus its own remaining `max_new_tokens`; it
-# also clips each request's `max_new_tokens` to what the pool could ever hold (memlab's engine and
-# the exercise below use a simpler budget, see Admission). vLLM's admits on the blocks needed now and,
-# when a decode step runs short, preempts running requests and recomputes them later. memlab's engine follows
-# SGLang's scheduling; its prefix cache is a choice: `Engine(..., prefix_cache="hash")` (the default)
-# indexes full pages by chapter 06's chained block hashes; chapter 11 adds `"radix"` (SGLang's
-# radix tree) and `"hicache"` (the tree with a host tier) and serves these requests through both.
+# prefix (in whole pages when pages are larger than one token;
+# [`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)); vLLM hashes full blocks and shares whole blocks of
+# a prefix ([`KVCacheManager.get_computed_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py)).
+#
+# SGLang's scheduler ([`PrefillAdder`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py)) admits a request only if the free and evictable pool,
+# minus an estimate of what the running requests will still generate (their remaining
+# `max_new_tokens`, capped at 4096 each ([`CLIP_MAX_NEW_TOKENS`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py)) and scaled by a
+# `new_token_ratio` that adapts to retractions), still holds the new request's prompt plus its own
+# `max_new_tokens`, that one capped at 4096 too ([`PrefillAdder.add_one_req`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py)); it also clips
+# each request's `max_new_tokens` to what the pool could ever hold (memlab's engine and the exercise
+# below use a simpler budget, see Admission).
+#
+# vLLM's scheduler, by default, admits a new request only when blocks for its whole current
+# sequence (its prompt, minus what the prefix cache holds) fit, even when chunked prefill will
+# compute only its first chunk in this step: `scheduler_reserve_full_isl=True`
+# ([`SchedulerConfig`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/config/scheduler.py)) makes it call
+# [`KVCacheManager.allocate_slots`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py) with
+# `full_sequence_must_fit`. It reserves nothing for the tokens a request will generate: when a
+# decode step runs short, it preempts running requests and recomputes them later
+# ([`Scheduler._preempt_request`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/sched/scheduler.py)).
+#
+# memlab's engine follows SGLang's scheduling ([`PrefillAdder`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py)); its prefix cache is a choice: `Engine(..., prefix_cache="hash")` (the default)
+# indexes full pages by chapter 06's chained block hashes; chapter 11 adds `"radix"` (memlab's
+# mirror of SGLang's radix tree) and `"hicache"` (the tree with a host tier) and serves these
+# requests through both.
 #
 # The hash cache reuses chapter 06's hashing but not its `BlockPool`: in vLLM the free queue is
 # at the same time the cache's eviction order (a cached block waits among the free blocks until
-# it is handed out again), so the block pool must be the allocator. Here SGLang's allocators of
-# chapters 03 to 05 own the free pages; cached pages nobody maps wait in an LRU list beside the
-# allocator and are evicted into it when the pool runs short, the way SGLang's radix tree does.
+# it is handed out again, [`BlockPool.get_new_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)), so the block
+# pool must be the allocator. Here the allocators of chapters 03 to 05 own the free pages; cached
+# pages nobody maps wait in an LRU list beside the allocator and are evicted into it when the pool
+# runs short, the way SGLang's radix tree does ([`RadixCache.evict`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)).
 
 # %% [markdown]
 # ## Admission
@@ -357,13 +374,13 @@ viz.show(plot_figure2(buddy, first_fit))
 # The scheduler's admission step, first come, first served: the budget is what is free minus what
 # the running requests' next decode step needs. Without speculative decoding that step writes one
 # token per request and opens a page only for a request whose committed length sits on a page
-# boundary (SGLang 0.5.23's `new_tokens_required_next_decode`; chapter 08's doubled
+# boundary (SGLang 0.5.23's [`ScheduleBatch.new_tokens_required_next_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py); chapter 08's doubled
 # `alloc_reserve_per_decode` is read only when decoding speculatively). Each request costs its
 # prompt in whole pages, plus a page when its prompt ends on a page boundary (its first decode
 # step opens one); a request that could never fit even an empty pool is rejected; the first one
 # that does not fit now stops admission, so a later, smaller request cannot overtake it and starve
-# it. (SGLang's `PrefillAdder` also holds back what the running requests may still generate; this
-# step leaves that out.)
+# it. (SGLang's [`PrefillAdder`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py) also holds back what the running requests may still
+# generate; this step leaves that out.)
 #
 # ## Exercise: `exercises/ch10_admission.py`
 #

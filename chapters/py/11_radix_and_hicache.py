@@ -5,9 +5,10 @@
 #
 # The allocator is not alone. **Above** it, SGLang's [prefix cache](glossary.md#prefix-cache)
 # decides which prefixes are reused: a radix tree over token ids whose nodes hold the KV slots the
-# allocator handed out. (SGLang 0.5.23's scheduler builds a `UnifiedRadixCache` for this by
-# default. This chapter follows `RadixCache`, SGLang's classic version of the same tree in
-# `radix_cache.py`, which memlab mirrors name for name.) **Below** it, HiCache moves pages between
+# allocator handed out ([`TreeNode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)). (SGLang 0.5.23's scheduler builds a
+# [`UnifiedRadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_radix_cache.py) for this by default. This chapter follows
+# [`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py), SGLang's classic version of the same tree, which memlab mirrors method by
+# method; `tests/engines/sglang/test_radix_cache.py` drives both side by side.) **Below** it, HiCache moves pages between
 # GPU memory and host memory (and storage): a node evicted from the GPU can keep its KV in a host
 # pool and come back later. Both sides lean on the allocator's free pages. The scheduler admits a
 # new request only if enough pages are free, or can be freed from the tree; and HiCache, to bring
@@ -22,8 +23,8 @@
 #   it frees;
 # - build a host pool from the device pool's declaration, move pages with a Triton gather/scatter
 #   kernel, and follow a node from the device to the host and back (write-through, write-back);
-# - say where SGLang's radix tree and vLLM's block hashes differ, with measured hit rates and
-#   evictions on one stream of shared-prefix conversations;
+# - say where SGLang's radix tree ([`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) and vLLM's block hashes differ, with
+#   measured hit rates and evictions on one stream of shared-prefix conversations;
 # - write `match_prefix` with its split and `evict` (exercise `ch11_radix_match`).
 
 # %%
@@ -92,7 +93,11 @@ inst
 # %% [markdown]
 # ## The radix tree
 #
-# `memlab/sglang/radix_cache.py` follows SGLang's `sglang/srt/mem_cache/radix_cache.py` name for name:
+# `memlab/sglang/radix_cache.py` follows SGLang's [`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py) method by method, with one
+# difference in how they are called: SGLang's `match_prefix`, `insert` and `evict` each take one
+# parameter object ([`MatchPrefixParams`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/base_prefix_cache.py), [`InsertParams`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/base_prefix_cache.py), [`EvictParams`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/base_prefix_cache.py))
+# and its keys are [`RadixKey`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py) objects (token ids, `extra_key`, `is_bigram`, `limit`,
+# `cache_salt`); memlab's take the key (a list of token ids), the value or the count directly:
 #
 # - `match_prefix(key)` walks down from the root, one child per step (a child is found by its
 #   first token). A match that ends **inside** a node splits it, so the match always ends
@@ -165,7 +170,8 @@ print(
 # %% [markdown]
 # **The idle check.** With no request running, every slot of the pool is free, held by the tree
 # (evictable) or locked (protected): SGLang's scheduler checks `available + evictable +
-# protected == total` whenever it is idle (plus the tokens streaming sessions hold, when there are
+# protected == total` whenever it is idle
+# ([`SchedulerInvariantChecker`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler_components/invariant_checker.py)) (plus the tokens streaming sessions hold, when there are
 # any), and a leak (a slot nobody owns) shows up there. In
 # `debug_mode`, memlab's tree also recounts its books from the tree after every change.
 #
@@ -202,8 +208,9 @@ drv.finish(b)
 #
 # memlab's host pool mirrors the device pool: one tensor per layer for each buffer the device
 # pool holds (MHA: K and V; MLA: one latent buffer). (SGLang keeps one host tensor for all layers,
-# by default with all layers of a page side by side, the `page_first` layout.) SGLang's device
-# pools declare what they need (`KVCache.host_pool_decls()`), and so do memlab's:
+# by default with all layers of a page side by side, the `page_first` layout:
+# [`MHATokenToKVPoolHost`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/pool_host/mha.py).) SGLang's device pools declare what they
+# need ([`KVCache.host_pool_decls`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)), and so do memlab's:
 # `pool.host_pool_decls()` names each per-layer buffer with its row shape and dtype. The host pool
 # is sized in tokens, in whole pages, and hands out its slots from its own free list, a whole
 # number of pages at a time.
@@ -236,7 +243,7 @@ for dev_pool in (
 # On a GPU the kernel only touches device memory: device to host, it gathers the pages into a
 # contiguous device buffer, one bulk copy moves that to pinned host memory, and the host scatters
 # it into the host pool's pages; host to device runs the other way. (SGLang's `kernel` io backend
-# lets its CUDA kernels read and write pinned host memory directly; memlab stages, so every step
+# lets its CUDA kernels read and write pinned host memory directly, [`HiCacheController`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/cache_controller.py); memlab stages, so every step
 # also runs, and is tested, in the Triton interpreter.) Here it is against its torch and Python
 # references:
 
@@ -355,7 +362,8 @@ hi.check_idle(16)
 # full pages by chapter 06's chained block hashes, `"radix"` is this chapter's `RadixCache`, and
 # `"hicache"` the tree with a host tier. A new request matches its prompt in the tree and locks the
 # hit; a finished one hands its pages to the tree (SGLang 0.5.23:
-# `release_kv_cache(req, tree_cache, checkpoint=True)`, which calls the tree's `checkpoint`: it
+# [`release_kv_cache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/common.py)`(req, tree_cache, checkpoint=True)`, which calls the
+# tree's [`RadixCache.checkpoint`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py): it
 # inserts the page-aligned part, frees the slots the tree already had, and the rest of the row is
 # freed after); when the pool runs short,
 # the scheduler evicts from the tree before it refuses. Chapter 10's eight requests (a shared
@@ -394,16 +402,17 @@ assert served["hash"] == served["radix"] == served["hicache"]
 # %% [markdown]
 # ## Radix tree or block hashes?
 #
-# Chapter 06's vLLM prefix cache and SGLang's radix tree solve the same problem differently:
+# Chapter 06's vLLM prefix cache ([`KVCacheManager`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py), [`BlockPool`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)) and SGLang's radix
+# tree ([`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) solve the same problem differently:
 #
 # | | SGLang: radix tree | vLLM: block hashes |
 # |---|---|---|
-# | what is shared | any common prefix of tokens (with pages: of whole pages) | whole blocks, by a chained hash of the prefix up to each |
-# | a lookup | walk the tree, compare tokens; the match may split a node | one hash per block, stop at the first miss |
-# | duplicates | a finished request's duplicate slots are freed at insert | two requests that computed a block both keep it; block tables stay append-only |
-# | when a prefix becomes hittable | after the request's step (insert) | as soon as its blocks are allocated in a step |
-# | eviction | whole unlocked leaves (a node is the unit), LRU by access time | block by block from the free queue's head (LRU; a request's tail first) |
-# | below the GPU | HiCache: host (and storage) tiers under the same tree | a separate KV connector / offloading layer |
+# | what is shared | any common prefix of tokens (with pages: of whole pages; [`RadixCache.match_prefix`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) | whole blocks, by a chained hash of the prefix up to each ([`BlockPool.cache_full_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)) |
+# | a lookup | walk the tree, compare tokens; the match may split a node ([`RadixCache.match_prefix`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) | one hash per block, stop at the first miss ([`KVCacheManager.get_computed_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py)) |
+# | duplicates | a finished request's duplicate slots are freed at insert ([`RadixCache.checkpoint`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) | two requests that computed a block both keep it; block tables stay append-only ([`BlockPool.cache_full_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)) |
+# | when a prefix becomes hittable | after the request's step (insert, [`RadixCache.insert`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) | as soon as its blocks are allocated in a step ([`KVCacheManager.allocate_slots`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/kv_cache_manager.py)) |
+# | eviction | whole unlocked leaves (a node is the unit), LRU by access time ([`RadixCache.evict`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)) | block by block from the free queue's head (LRU; a request's tail first; [`BlockPool.get_new_blocks`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/block_pool.py)) |
+# | below the GPU | HiCache: host (and storage) tiers under the same tree ([`HiCacheController`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/cache_controller.py)) | a separate KV connector / offloading layer ([`KVConnectorBase_V1`](https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/distributed/kv_transfer/kv_connector/v1/base.py)) |
 #
 # `memlab.capstone.prefix_compare` replays one stream of multi-turn conversations through both, one
 # request after another, at a few cache sizes (tokens of KV the device pool holds), and counts
@@ -413,7 +422,7 @@ assert served["hash"] == served["radix"] == served["hicache"]
 # conversations of 4 turns, each opening with one of 4 system prompts of 384 tokens; a turn adds
 # a user message and an answer of 24 to 160 random tokens each, and its prompt is the whole
 # conversation so far plus the new message; the turns of different conversations arrive
-# interleaved in a random order. vLLM's blocks and the radix tree's pages hold 16 tokens; the
+# interleaved in a random order. memlab's hashed blocks (chapter 06) and the radix tree's pages hold 16 tokens; the
 # radix tree also runs with pages of 1 token, and with a HiCache host tier of 32,768 tokens (its
 # "evicted" tokens were demoted to the host, not lost). In fast mode the cell below replays a
 # shorter stream (30 conversations of 3 turns, 90 requests) at two sizes without the host tier:
@@ -434,7 +443,7 @@ viz.show(cmp.plot())
 #
 # | cache (tokens) | 2,048 | 4,096 | 8,192 | 16,384 |
 # |---|---|---|---|---|
-# | vLLM hashes, blocks of 16 | 31.3 % / 288,880 | 45.8 % / 234,096 | 57.3 % / 187,968 | 65.4 % / 150,128 |
+# | block hashes (chapter 06's), blocks of 16 | 31.3 % / 288,880 | 45.8 % / 234,096 | 57.3 % / 187,968 | 65.4 % / 150,128 |
 # | radix, pages of 16 | 26.5 % / 306,560 | 44.7 % / 238,080 | 57.1 % / 189,264 | 65.2 % / 151,536 |
 # | radix, pages of 1 | 26.4 % / 310,555 | 44.7 % / 241,529 | 57.2 % / 192,399 | 65.5 % / 154,178 |
 # | radix, pages of 16 + host tier of 32,768 | 75.3 % / 295,888 | 75.3 % / 237,200 | 75.3 % / 188,720 | 75.3 % / 151,152 |
@@ -442,9 +451,9 @@ viz.show(cmp.plot())
 #
 # On this stream the two caches hit almost the same once the cache holds a few conversations:
 # both share the system prompts and each conversation's history (requests run one at a time here,
-# so vLLM's earlier sharing within a step does not show). At the smallest cache the radix tree
-# hits less and evicts more: it evicts whole leaves (a conversation's whole last turn) where vLLM
-# frees exactly the blocks it needs, tail first. Between 41 % and 48 % of the tokens the radix
+# so the block hashes' earlier sharing within a step does not show). At the smallest cache the
+# radix tree hits less and evicts more: it evicts whole leaves (a conversation's whole last turn)
+# where the block pool frees exactly the blocks it needs, tail first. Between 41 % and 48 % of the tokens the radix
 # tree evicts are more than its `evict` calls asked for (the last row): a leaf goes whole even
 # when fewer of its tokens were needed. Freed early, they delay
 # the next eviction, which is why the totals stay close once the cache is larger. Pages of 1 token
@@ -454,34 +463,36 @@ viz.show(cmp.plot())
 # the host can hold.
 #
 # **Against the real engine.** `./course engines` runs `tests/engines/sglang/test_radix_cache.py`: it
-# loads SGLang 0.5.23's own `RadixCache` (`sglang/srt/mem_cache/radix_cache.py`) from its
+# loads SGLang 0.5.23's own [`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py) from its
 # published wheel and drives it and memlab's tree with the same random streams of insert, match,
 # lock, unlock and evict (page sizes 1 and 4). After every step both must agree: the same matched
 # lengths and slots, the same evicted slots in the same order, the same sizes and the same tree.
 #
 # ## Where memlab differs from SGLang
 #
-# memlab's radix tree is SGLang's `RadixCache`, name for name. Its host tier keeps HiCache's
+# memlab's radix tree is SGLang's [`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py), method by method (the calling convention
+# aside, see above; `tests/engines/sglang/test_radix_cache.py`). Its host tier keeps HiCache's
 # names and order of operations, but SGLang 0.5.23 builds HiCache on a larger structure: the
-# scheduler's tree is a `UnifiedRadixCache` (`unified_radix_cache.py`) over a `UnifiedTreeCore`
-# (`unified_cache/`), and `init_hicache` gives it a `HiCacheController`
-# (`managers/cache_controller.py`) that moves the KV.
+# scheduler's tree is a [`UnifiedRadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_radix_cache.py) over a
+# [`UnifiedTreeCore`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_cache/unified_tree_core.py), and
+# [`UnifiedRadixCache.init_hicache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_radix_cache.py) gives it a [`HiCacheController`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/cache_controller.py) that moves the KV.
 #
 # | | what differs, in plain words | SGLang 0.5.23's names |
 # |---|---|---|
-# | the tree | memlab has one tree class, plus a subclass with a host tier. SGLang's server runs a more general tree that can also keep sliding-window and Mamba state on each node, with its core written in Rust; SGLang also keeps a simple reference tree, the one memlab mirrors and the engine tests compare with memlab's. | `RadixCache` (`mem_cache/radix_cache.py`); `UnifiedRadixCache` (`unified_radix_cache.py`), built by `create_unified_radix_cache`, components FULL / SWA / MAMBA; the Rust `TreeCore`, Python as the fallback |
-# | keys | memlab's keys are plain lists of token ids. SGLang's keys also carry a namespace (the LoRA adapter, a per-user salt), so requests that must not share KV never match, and a special view for speculative decoding. | `RadixKey(token_ids, extra_key, cache_salt, is_bigram)`; the bigram view is EAGLE's |
-# | LRU order | Both evict the least recently used leaf first. memlab orders by a counter; SGLang's classic tree by clock timestamps, and its unified tree keeps nodes in linked lists sorted by use. SGLang can also be told to evict in other orders. | `TreeNode.last_access_time = time.monotonic()` and a heap in `evict`; `UnifiedLRUList`; `--radix-eviction-policy` `lru` (default), `lfu`, `slru`, `priority`, `tlru` |
-# | transfers | memlab copies KV between GPU and host at once and waits for the copy. SGLang queues copies and runs them in the background on their own GPU streams; it keeps a node locked until its copy is done, lets layer 0's attention start before later layers have arrived, and makes all tensor-parallel GPUs agree on which copies are done. | `HiCacheController` (`managers/cache_controller.py`) with CUDA events (`HiCacheAck`), one event per layer on a load (`LayerDoneCounter`), an all-reduce across ranks |
-# | the copy | memlab copies pages with a Triton kernel plus one bulk copy through a staging buffer, so it also runs without a GPU. SGLang's default copy kernels read and write host memory directly, and its host memory can be laid out in several ways. | `--hicache-io-backend kernel` (default) or `direct`; `--hicache-mem-layout` `page_first` (default), `layer_first`, `page_first_direct`, ... |
-# | pools | memlab backs up only the KV pool. SGLang backs up every kind of state a device pool declares (KV, sliding-window KV, Mamba state, indexer keys) and moves them together. | `KVCache.host_pool_decls()`; `HybridCacheController` |
-# | host size | memlab takes the host pool's size in tokens. SGLang makes it twice the device pool by default (smaller when the machine is short of host memory), or takes a size in GB. | `--hicache-ratio` (2.0 in cache mode), `--hicache-size` (GB), `--hicache-host-memory-fraction` (0.8) |
-# | below the host | memlab stops at host memory. SGLang can add a third tier, a disk or a remote store, where pages are saved under a hash of all the tokens before them and fetched ahead of time while a request waits. | `--hicache-storage-backend` (`file`, `mooncake`, `hf3fs`, `nixl`, ...); `--hicache-storage-prefetch-policy` |
+# | the tree | memlab has one tree class, plus a subclass with a host tier. SGLang's server runs a more general tree that can also keep sliding-window and Mamba state on each node, with its core written in Rust; SGLang also keeps a simple reference tree, the one memlab mirrors and the engine tests compare with memlab's. | [`RadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py); [`UnifiedRadixCache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_radix_cache.py), built by [`create_unified_radix_cache`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/registry.py), components FULL / SWA / MAMBA; the Rust `TreeCore`, Python as the fallback |
+# | keys | memlab's keys are plain lists of token ids. SGLang's keys also carry a namespace (the LoRA adapter, a per-user salt), so requests that must not share KV never match, and a special view for speculative decoding. | [`RadixKey`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)`(token_ids, extra_key, is_bigram, limit, cache_salt)`; the bigram view is EAGLE's |
+# | LRU order | Both evict the least recently used leaf first. memlab orders by a counter; SGLang's classic tree by clock timestamps, and its unified tree keeps nodes in linked lists sorted by use. SGLang can also be told to evict in other orders. | [`TreeNode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py)`.last_access_time = time.monotonic()` and a heap in [`RadixCache.evict`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/radix_cache.py); [`UnifiedLRUList`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_cache/unified_tree_core.py); `--radix-eviction-policy` ([`Memory`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/arg_groups/fields/memory.py)) `lru` (default), `lfu`, `slru`, `priority`, `tlru` |
+# | transfers | memlab copies KV between GPU and host at once and waits for the copy. SGLang queues copies and runs them in the background on their own GPU streams; it keeps a node locked until its copy is done, lets layer 0's attention start before later layers have arrived, and makes all tensor-parallel GPUs agree on which copies are done. | [`HiCacheController`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/cache_controller.py) with CUDA events ([`HiCacheAck`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/cache_controller.py)), one event per layer on a load ([`LayerDoneCounter`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/cache_controller.py)), an all-reduce across ranks |
+# | the copy | memlab copies pages with a Triton kernel plus one bulk copy through a staging buffer, so it also runs without a GPU. SGLang's default copy kernels read and write host memory directly, and its host memory can be laid out in several ways. | `--hicache-io-backend kernel` (default) or `direct`; `--hicache-mem-layout` `page_first` (default), `layer_first`, `page_first_direct`, ... (both in [`Memory`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/arg_groups/fields/memory.py)) |
+# | pools | memlab backs up only the KV pool. SGLang backs up every kind of state a device pool declares (KV, sliding-window KV, Mamba state, indexer keys) and moves them together. | [`KVCache.host_pool_decls`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py); [`HybridCacheController`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py) |
+# | host size | memlab takes the host pool's size in tokens. SGLang makes it twice the device pool by default (smaller when the machine is short of host memory), or takes a size in GB. | `--hicache-ratio` (2.0 in cache mode), `--hicache-size` (GB), `--hicache-host-memory-fraction` (0.8), in [`Memory`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/arg_groups/fields/memory.py) |
+# | below the host | memlab stops at host memory. SGLang can add a third tier, a disk or a remote store, where pages are saved under a hash of all the tokens before them and fetched ahead of time while a request waits. | `--hicache-storage-backend` (`file`, `mooncake`, `hf3fs`, `nixl`, ...); `--hicache-storage-prefetch-policy` ([`Memory`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/arg_groups/fields/memory.py)) |
 #
 # What stays the same: the three write policies (`write_through`, `write_through_selective`,
 # `write_back`), device pages taken *before* a load copies into them, slot ids translated to
 # buffer rows before every copy (the device pool's `host_transfer_translate`, set only by pools
-# with virtual ids; SGLang's allocators carry the same idea as `translate_kv_indices_for_transfer`
+# with virtual ids; SGLang's allocators carry the same idea as
+# [`BaseTokenToKVPoolAllocator.translate_kv_indices_for_transfer`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/base.py)
 # for PD-disaggregation transfers, which memlab leaves out), and the rule that a
 # node on the host never hangs below a node that is only on the device.
 #

@@ -5,14 +5,15 @@
 #
 # Chapter 07 gave a sliding-window model two pools: full attention and sliding window, each sized
 # once at start-up, with a map from every full-side slot to its SWA-side slot. SGLang 0.5.23's
-# `--enable-unified-memory` puts both in **one byte buffer**: the full-attention sub-pool grows
+# `--enable-unified-memory` puts both in **one byte buffer** ([`UnifiedKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_memory_pool.py)): the full-attention sub-pool grows
 # down from the top, the sliding-window sub-pool up from the bottom, and whatever lies between
 # their frontiers is free for either. Above the allocator every id is **virtual**: the request
 # table, the radix tree and the scheduler never see where a page physically sits. The allocator
 # hands out virtual ids with the very `alloc_extend` / `alloc_decode` of chapters 04-05, binds each
 # virtual page to a physical page on each side, and translates ids just before KV is written or
-# read. The seed article names the trade-off: the mapping table disappears, and the allocator
-# must manage both pools' byte budgets.
+# read. The trade-off, in one sentence: chapter 07's full-to-SWA map is no longer needed (one
+# virtual id names a token's slot on both sides), and in exchange the allocator must manage both
+# pools' byte budgets at once.
 #
 # **After this chapter you can**
 # - lay out sub-pools in one byte buffer (bytes per entry, grow direction, the padding floor) and
@@ -47,8 +48,8 @@ from memlab.course.notebook import exercise, start; FAST = start("12", REF, driv
 #
 # A 3,072-byte buffer for a tiny hybrid model: one full-attention layer (K and V of 16 fp16
 # values: 64 bytes a slot) and two sliding-window layers (64 bytes a slot too), pages of 2 slots.
-# Top: the buffer itself. The dark grey floor is the padding sink; SWA pages (hatched) grow up
-# from it, full pages grow down from the top, each in its request's colour and labelled with its
+# Top: the buffer itself. The dark grey band at the bottom is the **padding floor** (every
+# sub-pool's slot 0 lies there: padded tokens write into it); SWA pages (hatched) grow up from it, full pages grow down from the top, each in its request's colour and labelled with its
 # physical page number; between the two frontiers lies the gap. Middle: the request table, one
 # cell per virtual page with the virtual token ids it holds (pale: its SWA page already went,
 # out of the window). Bottom: each side's page table, virtual page over physical page. A black
@@ -84,14 +85,14 @@ inst
 # %% [markdown]
 # ## One buffer, two ends
 #
-# `memlab/sglang/unified/pool.py` follows SGLang's `unified_memory_pool.py`. A sub-pool is a
+# `memlab/sglang/unified/pool.py` follows SGLang's [`UnifiedKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_memory_pool.py). A sub-pool is a
 # `SubPoolSpec`: a name, its layers, and the end it grows from. Its **entry** is one slot holding
 # every one of its layers, token-major (`[K_0 | V_0 | K_1 | V_1 | ...]`, rounded up to 32 bytes),
 # and every sub-pool sees the *whole* buffer as an array of its own entries: physical slot `t` of
 # sub-pool X starts at byte `t * entry_bytes(X)`. The sub-pools overlap as address spaces; only
-# their allocators keep the pages in use apart. The lowest bytes are the padding sink, where
-# every sub-pool's slot 0 lies (padded tokens write there), so each sub-pool's first usable slot,
-# `min_slot_index`, starts past the reserved floor.
+# their allocators keep the pages in use apart. The lowest bytes are the padding floor
+# (`reserved_floor` bytes), where every sub-pool's slot 0 lies (padded tokens write there), so each
+# sub-pool's first usable slot, `min_slot_index`, starts past it.
 
 # %%
 import torch
@@ -137,7 +138,7 @@ print(
 # %% [markdown]
 # ## Virtual ids and their translation
 #
-# `memlab/sglang/unified/sub_pool.py` follows SGLang's `allocator/unified_sub_pool.py`. A
+# `memlab/sglang/unified/sub_pool.py` follows SGLang's [`MultiEndedAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_sub_pool.py). A
 # `MultiEndedAllocator` **is** chapter 04-05's paged allocator: `alloc_extend` and `alloc_decode`
 # run the same code path and the same Triton kernels, on a free list of **virtual** pages
 # (`free_virtual_ids`). The kernel computes `page * page_size + offset` and cannot tell what a
@@ -147,13 +148,13 @@ print(
 #
 # $$\text{physical}(t) = \text{v2p}[t \,/\!/\, ps] \cdot ps + t \bmod ps$$
 #
-# and an id that is unbound, negative or past the table goes to 0, the sink.
+# and an id that is unbound, negative or past the table goes to 0, a slot of the padding floor.
 #
-# `UnifiedSWATokenToKVPoolAllocator` (`allocator/unified_hybrid_swa.py`) puts a full side (grows
-# down, **owns** the virtual ids) and an SWA side (grows up, owns none) over one buffer. Every
-# virtual page the full side hands out is bound on both sides, so one virtual id names a full
-# slot and an SWA slot: the SWA side's v2p table *is* chapter 07's `full_to_swa_index_mapping`,
-# and that table disappears. Here are two requests through the chapter 04 kernel (`backend="triton"`):
+# [`UnifiedSWATokenToKVPoolAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_hybrid_swa.py) puts a full side (grows down, **owns** the virtual ids)
+# and an SWA side (grows up, owns none) over one buffer. Every virtual page the full side hands out
+# is bound on both sides, so one virtual id names a full slot and an SWA slot: the SWA side's v2p
+# table does the job of chapter 07's `full_to_swa_index_mapping` (it maps the same id to the SWA
+# slot), so no separate full-to-SWA map is kept. Here are two requests through the chapter 04 kernel (`backend="triton"`):
 
 # %%
 from memlab.sglang.unified import UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
@@ -195,17 +196,23 @@ print(
 # %% [markdown]
 # The first request's pages are 1, 2 and 3 (ids 2-6), the second's 4 and 5 (ids 8-11): the
 # chapter 04 kernel, page by page from the head of the free list. The full side bound them to
-# its top pages, the SWA side to its bottom pages, both in ascending order. (SGLang's scheduler
-# calls `alloc(n)` instead at page size 1, where a page is a token.)
+# its top pages, the SWA side to its bottom pages, both in ascending order. (At page size 1, where a
+# page is a token, SGLang's scheduler calls `alloc(n)` instead: [`alloc_for_extend`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation.py).)
 #
 # ## Capacity in bytes
 #
-# Each side can take the pages that fit between its frontier and the other side's:
-# `available_size() = min(gap // bytes_per_page, pages it has never used) * page_size`. A token of
-# the composite needs a page on **both** sides, so it costs both entries of the shared gap:
-# `available_size() = gap // (e_full + e_swa) pages`. A token that has left the sliding window
-# keeps its full slot and gives its SWA bytes back (`free_swa`: the SWA v2p entry becomes -1, the
-# whole tombstone), so a long request costs ever less than a short one per token. The split
+# Each side can take as many pages as fit in the gap between its frontier and the other side's,
+# and no more than its own page ids allow:
+# `available_size() = min(gap_bytes // entry_bytes_per_page, num_pages - min_page_index - pages in use) * page_size`
+# (the second term is the room left in the side's own index space; SGLang:
+# [`MultiEndedAllocator._available_tokens`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_sub_pool.py)). A token of the composite needs a page on
+# **both** sides, so a page of tokens costs one full page and one SWA page of the shared gap,
+# $e_\text{full} + e_\text{swa}$ bytes (each side's `entry_bytes_per_page`): the composite's
+# `available_size()` is `gap_bytes // (e_full + e_swa)` pages times `page_size` tokens (capped by
+# both sides' page ids; [`UnifiedSWATokenToKVPoolAllocator._compute_available_size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_hybrid_swa.py)). A token
+# that has left the sliding window keeps its full slot and gives its SWA bytes back (`free_swa`: its
+# SWA v2p entry becomes -1 and the SWA page goes back, while its virtual id and full page stay), so
+# a long request costs ever less than a short one per token. The split
 # between the two sides floats with the load; it is never fixed.
 
 # %%
@@ -236,9 +243,11 @@ print(
 # %% [markdown]
 # ## A free compacts at once
 #
-# memlab keeps SGLang's **eager** compaction (`SGLANG_DISABLE_LAZY_COMPACTION=1`). When pages
-# are freed, the frontier retreats by that many pages, and the pages still in use in the band it
-# gave up move into the freed ones further in (sources and holes both in ascending order). The
+# memlab compacts **eagerly**, as SGLang does when `SGLANG_DISABLE_LAZY_COMPACTION=1` is set
+# ([`SGLANG_DISABLE_LAZY_COMPACTION`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/environ.py); SGLang's default is lazy, below). When pages
+# are freed, the frontier retreats by that many pages; the pages still in use in the band of pages
+# the frontier just gave up move into the freed ones further in (sources and holes both in
+# ascending order). The
 # pages in use always form one dense run at each end, so the gap stays one band. A move copies
 # the page's bytes and rewrites v2p and p2v; the virtual ids, hence the request table, the radix
 # tree and the scheduler's books, stay exactly as they were. Below: the second request's KV is
@@ -268,13 +277,18 @@ print(
 alloc.check_books()
 
 # %% [markdown]
-# SGLang's default is **lazy** compaction: a free only marks the pages as holes (a hole inside the
-# run is still taken first by the next allocation on that side), and pages move on demand: an
-# urgent flush when the other side is short, and a bounded, opportunistic one whenever the
-# scheduler is idle (which must wait for the forward pass still reading the pages: CUDA events).
+# SGLang's default is **lazy** compaction ([`_should_enable_lazy_compaction`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py)): a free only
+# marks the pages as holes (a hole inside the run is still taken first by the next allocation on
+# that side), and pages move on demand. An **urgent** flush compacts both sides whenever an
+# allocation is short ([`_relieve_for_alloc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_sub_pool.py), [`UnifiedSWAAllocatorBase.ensure_capacity`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_hybrid_swa.py)).
+# A bounded, **opportunistic** one runs whenever the scheduler is idle ([`Scheduler.on_idle`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler.py))
+# and, when the overlap scheduler is off for a batch, at the sync point between two batches
+# ([`Scheduler.event_loop_overlap`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler.py)); a move must wait for the forward pass still reading
+# the pages (CUDA events).
 # Lazy mode copies fewer pages and never stalls a free, at the price of that machinery. Both
 # accept and refuse exactly the same requests: lazy counts its own holes as room, and the flush
-# turns the neighbour's holes into gap before it answers. `./course engines` checks it: it runs
+# turns the neighbour's holes into gap before it answers. `./course engines` checks it
+# (`tests/engines/sglang/test_unified.py`): it runs
 # SGLang's lazy allocator beside memlab's eager one and compares every accept and refusal, and
 # its `schedulable_available_size()` (room after the neighbour's flush) with memlab's
 # `available_size()`.
@@ -283,9 +297,9 @@ alloc.check_books()
 #
 # Above the allocator the ids are virtual, and a unified pool's write door cannot tell a virtual
 # id from a physical one: it never translates. So SGLang's unified KV pools
-# (`UnifiedMHATokenToKVPool`, `UnifiedMLATokenToKVPool`) set `requires_physical_write_loc = True`
-# and their `set_kv_buffer` refuses anything but a `KVWriteLoc` marked physical
-# (`_check_physical_write_loc`). The per-batch plan translates the batch's `out_cache_loc` once
+# ([`UnifiedMHATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_memory_pool.py), [`UnifiedMLATokenToKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_memory_pool.py)) set
+# `requires_physical_write_loc = True` and their `set_kv_buffer` refuses anything but a `KVWriteLoc`
+# marked physical ([`KVCache._check_physical_write_loc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/memory_pool.py)). The per-batch plan translates the batch's `out_cache_loc` once
 # and binds it to the batch (`KVWriteLoc.for_batch` reads `out_cache_loc_is_physical`); ids
 # translated some other way must say so: `KVWriteLoc(loc, physical=True)`. memlab's
 # `alloc.write_loc(out_cache_loc)` is that plan in one call: the translated full-side ids and
@@ -323,7 +337,7 @@ print(
 # What the shared buffer buys: the split between the two sides is no longer fixed. Below, the
 # same byte budget serves a model with one full-attention layer and five sliding-window layers
 # (a Gemma-like 5:1; 64 and 320 bytes a slot), window 8, page size 1. Chapter 07's two pools are
-# sized the way SGLang sizes them (`--swa-full-tokens-ratio 0.8`: 0.8 SWA slots per full slot,
+# sized the way SGLang sizes them (`--swa-full-tokens-ratio 0.8`, [`HybridSWAPoolConfigurator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/model_executor/pool_configurator.py): 0.8 SWA slots per full slot,
 # chapter 08); the unified buffer has the same bytes. Requests of one prompt length arrive until
 # one is refused, and after every third arrival the oldest request finishes; each keeps only its
 # last 8 tokens on the SWA side. The table counts the requests admitted before the first refusal,
@@ -397,8 +411,7 @@ for prompt in (8, 32, 96):
 # prompts most of a request's tokens are out of the window; the two pools then fill up on the full
 # side while the SWA pool sits nearly empty, and the unified buffer gives those bytes to the full
 # side. The price is on the right: every free compacts, copying pages. And the allocator now
-# answers the scheduler's capacity questions in bytes for both sides at once, the part of the
-# seed's sentence the code makes concrete.
+# answers the scheduler's capacity questions in bytes for both sides at once.
 #
 # **Against the real engine.** `./course engines` runs `tests/engines/sglang/test_unified.py`: it
 # loads 0.5.23's `UnifiedKVPool`, `MultiEndedAllocator`, `UnifiedSWATokenToKVPoolAllocator` and
@@ -418,9 +431,12 @@ for prompt in (8, 32, 96):
 # %% [markdown]
 # ## The scheduler's side
 #
-# Who reads these byte budgets? SGLang's scheduler, and it never asks what kind of allocator it
-# holds. The base allocator defines the questions; a single pool answers for itself, a composite
-# (two pools, or one buffer with two ends) for all its sides at once:
+# Who reads these byte budgets? SGLang's scheduler ([`PrefillAdder`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py)): the base allocator
+# ([`BaseTokenToKVPoolAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/base.py)) defines the questions, and its
+# hooks carry no type branches: a single pool answers for itself, a composite (two pools, or one
+# buffer with two ends) for all its sides at once. The scheduler is not wholly type-blind, though:
+# [`PrefillAdder`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py) checks with `isinstance` whether it holds an SWA allocator (to budget the
+# SWA side) or a unified Mamba allocator (to charge each new state slot):
 #
 # | question | what the scheduler does with the answer |
 # |---|---|
@@ -470,7 +486,7 @@ allocators = {
 print(
     f"{'':22}{'available':>10}{'reserve':>8}{'max_new':>8}{'ceiling':>8}{'reclaim?':>9}"
 )
-for name, a in allocators.items():  # no isinstance anywhere: the scheduler's view
+for name, a in allocators.items():  # the same questions, whatever the allocator
     max_new = a.max_new_tokens_for_memory(
         100, 400, token_capacity=a.size, sliding_window_size=8, chunk_size=None
     )
@@ -483,7 +499,12 @@ for name, a in allocators.items():  # no isinstance anywhere: the scheduler's vi
 # Read the columns. The token and paged pools clip the request to what is left after the prompt,
 # one page and one slot kept spare (154, and 151 once the prompt is rounded up to whole pages).
 # The two pools can hand out only as much as their smaller side holds (128 SWA slots), yet clip
-# like one pool of 256: out-of-window tokens leave the SWA side. The unified buffer answers in
+# like one pool of 256: out-of-window tokens leave the SWA side. (The loop passes
+# `token_capacity=a.size`, and memlab's `SWATokenToKVPoolAllocator.size` is the full side's 256: the
+# number SGLang's scheduler passes there, its `max_total_num_tokens`
+# ([`Scheduler`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler.py)). SGLang's own
+# [`SWATokenToKVPoolAllocator.size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py) returns `min(full, swa)`, 128:
+# memlab differs there.) The unified buffer answers in
 # bytes: 191 tokens fit now (the padding floor takes a slot), 181 new tokens fit after the prompt
 # with a window's worth on the SWA side, and it is the only one with a ceiling of its own (300
 # full and 16 SWA slots fit the empty buffer's bytes) and the only one whose `prealloc_fits`
@@ -491,13 +512,13 @@ for name, a in allocators.items():  # no isinstance anywhere: the scheduler's vi
 # `evict_to_free_tokens`. memlab's engine (chapter 10) asks only these questions
 # (`Engine._can_ever_fit`, `Engine._fits`), which is why it serves a hybrid model through chapter
 # 07's two pools or through this buffer with the same scheduler. One difference: SGLang clips
-# `max_new_tokens` to the answer; memlab refuses a request it would have to clip, so an output never
+# `max_new_tokens` to the answer ([`BaseTokenToKVPoolAllocator.max_new_tokens_for_memory`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/base.py)); memlab refuses a request it would have to clip, so an output never
 # depends on the pool's size.
 #
 # ### Cache-aware scheduling: the longest prefix first
 #
 # The scheduler also decides who goes first. With `--schedule-policy lpm` (0.5.23's default is
-# `fcfs`), `SchedulePolicy.calc_priority` matches every waiting request against the prefix cache
+# `fcfs`), [`SchedulePolicy.calc_priority`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py) matches every waiting request against the prefix cache
 # and sorts the queue by the length of its cached prefix, longest first. Two refinements: a
 # request whose cached prefix is short (at most 32 tokens) but that shares at least 32 tokens with
 # an earlier waiting one goes last this round (in-batch prefix caching: let the first compute the
@@ -574,22 +595,25 @@ print(
 #
 # | | memlab | SGLang 0.5.23 |
 # |---|---|---|
-# | compaction | eager: every free moves the pages in the band it gives up | lazy by default: holes, an urgent flush when the other side is short, an opportunistic one when idle, CUDA events guarding pages a forward may still read; eager with `SGLANG_DISABLE_LAZY_COMPACTION=1`. The same accept and refuse decisions |
-# | sub-pools | two ends: full + SWA (the allocators also take a Mamba-state end) | also the three-pool layout Mamba + SWA + full, the SWA side a "float" between the ends, with `make_room` and leapfrog moves; the Mamba composite `UnifiedMambaTokenToKVPoolAllocator` and its slot allocator |
-# | the write path | `alloc.write_loc(out_cache_loc)`: translate once, mark physical | `KVIndexTranslator` and a per-batch `KVLocPlan` that rebinds `out_cache_loc` to physical ids and keeps the virtual ones in `out_cache_loc_virtual`; read-side translation tables for attention |
-# | views | MHA sub-pools; MLA and Mamba specs give their entry bytes | views for MLA and Mamba state too; a fused speculative-draft region inside each entry |
-# | capacity | recomputed at each call | memoised on an epoch the capacity fields bump; `schedulable_available_size` credits the neighbour's lazy holes; `can_reserve` / `reclaim_plan` price evictions in bytes for the scheduler |
-# | scheduling | `fcfs` and `lpm` (in-batch prefix caching and the 128-request fallback included); a request whose `max_new_tokens` would need clipping is refused | also `dfs-weight`, `hrrn`, `shortest-prefill-first`, `lof`, `random`, `routing-key` and priority scheduling; `max_new_tokens` is clipped to `max_new_tokens_for_memory`; the in-batch check matches against a simulated radix tree of waiting prefixes (memlab compares prefixes pairwise: the same answer, in O(n²)) |
-# | the rest | none of it | decode context parallelism (`translate_write_loc` drops ids another rank owns), move gates for PD disaggregation and HiCache, post-capture virtual-memory backing of the buffer, NaN poisoning in debug runs |
+# | compaction | eager: every free moves the pages in the band it gives up | lazy by default: holes, an urgent flush when the other side is short, an opportunistic one when idle, CUDA events guarding pages a forward may still read; eager with `SGLANG_DISABLE_LAZY_COMPACTION=1` ([`MultiEndedAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_sub_pool.py)). The same accept and refuse decisions |
+# | sub-pools | two ends: full + SWA (the allocators also take a Mamba-state end) | also the three-pool layout Mamba + SWA + full, the SWA side a "float" between the ends, with `make_room` and leapfrog moves; the Mamba composite [`UnifiedMambaTokenToKVPoolAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_mamba.py) and its slot allocator |
+# | the write path | `alloc.write_loc(out_cache_loc)`: translate once, mark physical | [`KVIndexTranslator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_index_translator.py) and a per-batch [`KVLocPlan`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_loc_plan.py) that rebinds `out_cache_loc` to physical ids and keeps the virtual ones in `out_cache_loc_virtual`; read-side translation tables for attention |
+# | views | MHA sub-pools; MLA and Mamba specs give their entry bytes | views for MLA and Mamba state too; a fused speculative-draft region inside each entry ([`UnifiedKVPool`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/unified_memory_pool.py)) |
+# | capacity | recomputed at each call | memoised on an epoch the capacity fields bump; [`MultiEndedAllocator.schedulable_available_size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_sub_pool.py) credits the neighbour's lazy holes; `can_reserve` / `reclaim_plan` price evictions in bytes for the scheduler |
+# | scheduling | `fcfs` and `lpm` (in-batch prefix caching and the 128-request fallback included); a request whose `max_new_tokens` would need clipping is refused | also `dfs-weight`, `hrrn`, `shortest-prefill-first`, `lof`, `random`, `routing-key` and priority scheduling; `max_new_tokens` is clipped to `max_new_tokens_for_memory`; [`SchedulePolicy`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_policy.py); the in-batch check matches against a simulated radix tree of waiting prefixes (memlab compares prefixes pairwise: the same answer, in O(n²)) |
+# | the rest | none of it | decode context parallelism ([`UnifiedSWAAllocatorBase.translate_write_loc`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_hybrid_swa.py) drops ids another rank owns), move gates for PD disaggregation and HiCache, post-capture virtual-memory backing of the buffer, NaN poisoning in debug runs |
 #
-# SGLang turns the flag down for any model that is not hybrid (full + SWA, full + Mamba, or all
-# three): a plain model has nothing to share a buffer with.
+# SGLang refuses the flag, with a `ValueError` at start-up ("fail loud", not a silent fall-back to
+# the usual pools), for a model that is neither hybrid sliding-window nor hybrid Mamba, and for
+# DeepSeek-V4 even though it is hybrid ([`KVCacheConfigurator._init_pools`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py)): a plain model
+# has nothing to share a buffer with.
 #
 # ## Exercise: `exercises/ch12_virtual_pages.py`
 #
 # Write one sub-pool's books (10 points): `translate` (virtual token ids to physical ones through
-# a v2p table, the sink for the unbound and the out-of-range), `available_tokens` (an END
-# sub-pool's capacity from its watermark and its neighbour's frontier, in bytes) and
+# a v2p table, slot 0 for the unbound and the out-of-range), `available_tokens` (the capacity of
+# an END sub-pool, SGLang's name ([`MultiEndedAllocator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/unified_sub_pool.py)) for a sub-pool that grows from one end of the buffer, from its
+# watermark and its neighbour's frontier, in bytes) and
 # `compact_after_free` (the eager compaction after a free: the new watermark, the pages that move
 # and where, both page tables rewritten). The references are `translate_token_ids`,
 # `MultiEndedAllocator.available_size` and `MultiEndedAllocator._compact_pending` in
@@ -632,6 +656,7 @@ with exercise("ch12_virtual_pages") as ex:
     assert torch.equal(v2p, fa.virtual_to_physical) and torch.equal(
         p2v, fa.physical_to_virtual
     ), "compact_after_free"
+    print("translate, available_tokens and compact_after_free agree with memlab's")
 
 # %% [markdown]
 # ## Grade

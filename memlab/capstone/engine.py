@@ -4,33 +4,40 @@ The model is ``memlab.capstone.tiny_llama.TinyLlama`` (re-exported here), random
 from a fixed seed or a Hugging Face Llama checkpoint's (``memlab.capstone.checkpoint``;
 the tests check it against transformers). ``generate_reference`` keeps each request's
 K/V in one contiguous tensor; ``Engine`` serves a batch through the request table, a KV
-pool, an allocator (page size 1 or more), a prefix cache and a scheduler with chunked
-prefill, decode batches, admission against the allocator's capacity and retraction when
-a decode step cannot fit. Greedy outputs of the two must agree token for token; a
-request ends after ``max_new_tokens`` or on one of the model's end-of-sequence tokens.
+pool, an allocator (page size 1 or more), a prefix cache and SGLang 0.5.23's scheduler:
+chunked prefill, decode batches, admission by ``PrefillAdder`` and retraction when a
+decode step cannot fit. Greedy outputs of the two must agree token for token; a request
+ends after ``max_new_tokens`` or on one of the model's end-of-sequence tokens.
 
 What the chapters taught, reused: the rows and slots go through
 ``memlab.sglang.allocation`` (SGLang's ``alloc_for_extend`` / ``alloc_for_decode``), the
-decode check and retraction through ``sizing.check_decode_mem`` /
-``sizing.retract_decode`` (chapter 08). A request meets the prefix cache the way SGLang
-0.5.23's scheduler has it meet the tree: matched and locked at admission
-(``match_and_lock``), checkpointed after every prefill chunk (``checkpoint_kv_cache``:
-the tree takes what it computed, the lock moves), released when it finishes
-(``release_kv_cache(req, tree, checkpoint=True)``) or is retracted
-(``checkpoint=False``: the tree keeps what was checkpointed). The prefix cache is one of
-four, driven the same way: SGLang's ``RadixCache``, disabled (no prefix cache: 0.5.23
-builds a disabled tree, it has no ``ChunkCache``) or not, ``HiRadixCache`` with a host
-tier (chapter 11), or vLLM's block hashes on SGLang's pages (``HashPrefixCache``,
-chapter 06's hashing).
+admission through ``memlab.sglang.schedule_policy`` (``SchedulePolicy`` orders the waiting
+queue, ``PrefillAdder`` admits against the free and evictable slots less what the running
+requests will still write, times ``new_token_ratio``), the decode check and retraction
+through ``sizing.check_decode_mem`` / ``sizing.retract_decode`` (chapter 08). A request
+meets the prefix cache the way SGLang 0.5.23's scheduler has it meet the tree: matched
+before the adder looks at it (``match_kv_cache``), locked when admitted, checkpointed
+after every prefill chunk (``checkpoint_kv_cache``: the tree takes what it computed, the
+lock moves), released when it finishes (``release_kv_cache(req, tree, checkpoint=True)``)
+or is retracted (``checkpoint=False``: the tree keeps what was checkpointed). The prefix
+cache is one of four, driven the same way: SGLang's ``RadixCache``, disabled (no prefix
+cache: 0.5.23 builds a disabled tree, it has no ``ChunkCache``) or not, ``HiRadixCache``
+with a host tier (chapter 11), or vLLM's block hashes on SGLang's pages
+(``HashPrefixCache``, chapter 06's hashing).
+
+Where the scheduler differs from SGLang's: one batch at a time (no overlap scheduler, no
+mixed prefill and decode batches), greedy sampling only, and when even one request cannot
+decode memlab raises where SGLang aborts it.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 
 import torch
+import torch.nn.functional as F
 
 # The model lives in its own module (memlab.capstone.checkpoint fills it); chapters
 # import it from here too.
@@ -43,7 +50,6 @@ from memlab.common.sizing import (
     RunningReq,
     check_decode_mem,
     estimate_swa_kv_tokens,
-    new_tokens_required_next_decode,
     retract_decode,
 )
 from memlab.common.utils import ceil_align
@@ -60,14 +66,19 @@ from memlab.sglang.allocator import make_allocator
 from memlab.sglang.hicache import HiRadixCache, HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool
 from memlab.sglang.page_copy import page_rows
-from memlab.sglang.radix_cache import (
-    EvictResult,
-    MatchResult,
-    RadixCache,
-    TreeLock,
-    match_and_lock,
-)
+from memlab.sglang.radix_cache import EvictResult, MatchResult, RadixCache, TreeLock
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.schedule_policy import (
+    CLIP_MAX_NEW_TOKENS,
+    IGNORE_EOS_RESERVE_TOKENS,
+    POLICIES,
+    AddReqResult,
+    NewTokenRatioTracker,
+    PrefillAdder,
+    SamplingParams,
+    SchedulePolicy,
+    match_kv_cache,
+)
 from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
 from memlab.sglang.write_loc import KVWriteLoc
 from memlab.vllm.hashing import (
@@ -91,6 +102,9 @@ class HashPrefixCache:
     the engine drives either one the same way; a match's "node" is the tuple of its pages.
     """
 
+    disable = (
+        False  # an enabled cache, as SGLang's scheduler asks (``tree_cache.disable``)
+    )
     __slots__ = (
         "token_to_kv_pool_allocator",
         "req_to_token_pool",
@@ -236,15 +250,30 @@ class HashPrefixCache:
 
 class EngineReq(Req):
     """A request the engine serves: SGLang's request books (``memlab.sglang.req_to_token.Req``,
-    with ``req.kv``) plus when it stops."""
+    with ``req.kv``), its ``sampling_params`` (when it stops) and what the scheduler's match and
+    admission leave on it (``memlab.sglang.schedule_policy``)."""
 
-    __slots__ = ("max_new_tokens", "prefix_indices", "finished")
+    __slots__ = (
+        "sampling_params",
+        "prefix_indices",
+        "last_host_node",
+        "host_hit_length",
+        "host_loaded_length",
+        "finished",
+    )
 
-    def __init__(self, rid, prompt, max_new_tokens):
+    def __init__(self, rid, prompt, max_new_tokens, ignore_eos=False):
         super().__init__(rid, prompt)
-        self.max_new_tokens = max_new_tokens
-        self.prefix_indices = None  # admitted, not yet allocated: the matched slots its new row starts with
+        self.sampling_params = SamplingParams(max_new_tokens, ignore_eos)
+        # admitted, not yet allocated: the matched slots its new row starts with
+        self.prefix_indices = None
+        self.last_host_node = None
+        self.host_hit_length = self.host_loaded_length = 0
         self.finished = False
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
 
     @property
     def prompt(self) -> list[int]:
@@ -262,34 +291,11 @@ class EngineReq(Req):
     def kv_len(self) -> int:
         return self.kv.kv_allocated_len
 
-    @property
-    def prefilling(self) -> bool:
-        """Still computing its prompt (or, after a retraction, prompt and output again)."""
-        return (
-            not self.output_ids
-            or self.kv.kv_committed_len
-            < len(self.origin_input_ids) + len(self.output_ids) - 1
-        )
-
 
 PREFIX_CACHES = (None, "hash", "radix", "hicache")
-SCHEDULE_POLICIES = ("fcfs", "lpm")
-# SGLang 0.5.23's schedule_policy.py: past this many waiting requests LPM falls back to FCFS (the
-# matching is too expensive); a request whose cached prefix is at most CHECK tokens and that shares
-# at least DEPRIORITIZE tokens with an earlier waiting request goes last this round (in-batch
-# prefix caching: the earlier one computes the shared part, the later one then finds it cached).
-WAITING_QUEUE_PREFIX_MATCH_MAX = 128
-IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
-IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
-
-
-def _common_prefix_len(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+SCHEDULE_POLICIES = POLICIES
+# SGLang's default --max-prefill-tokens: the prefill tokens of one batch (the chunk binds first)
+MAX_PREFILL_TOKENS = 16384
 
 
 class Engine:
@@ -299,7 +305,14 @@ class Engine:
     ``"radix"`` SGLang's radix tree (chapter 11); ``"hicache"`` the radix tree with a host tier of
     ``host_tokens`` slots (chapter 11: evicted pages move to the host, a later hit loads them
     back); None (or False) no prefix cache (a disabled radix tree, as SGLang 0.5.23 builds).
-    ``schedule_policy``: ``"fcfs"`` (the default) or ``"lpm"``, SGLang's longest prefix match first.
+    ``schedule_policy``: ``"fcfs"`` (the default) or ``"lpm"``, SGLang's longest prefix match
+    first. ``chunk_size`` is SGLang's ``chunked_prefill_size`` (a multiple of the page); at most
+    one request is prefilled in chunks at a time (``chunked_req``), the others wait or decode
+    (``running``). ``ignore_eos``: requests run to ``max_new_tokens`` (the scheduler then counts
+    their whole remaining output, not ``new_token_ratio`` of it). ``enable_mixed_chunk``:
+    SGLang's ``--enable-mixed-chunk`` (off by default there too), the running requests decode in
+    the same pass as a prefill instead of waiting for it. ``step_times`` adds up the
+    seconds each step spends scheduling, allocating, in the model and on the requests' books.
     A model with sliding-window layers is served through chapter 07's two pools (``size_swa`` SWA
     slots, ``num_tokens`` by default), or through ``memory``: a (KV pool, allocator) pair built by
     the caller, such as chapter 12's unified pool. Without a prefix cache each running request's
@@ -331,6 +344,7 @@ class Engine:
         schedule_policy: str = "fcfs",
         size_swa: int | None = None,
         memory: tuple | None = None,
+        enable_mixed_chunk: bool = False,
         debug_mode: bool = False,
     ):
         kind = _validate_engine(
@@ -352,6 +366,7 @@ class Engine:
             attention,
         )
         self.debug_mode = debug_mode
+        self.enable_mixed_chunk = enable_mixed_chunk
         self.req_to_token_pool = ReqToTokenPool(max_running, max_context, device=dev)
         self.swa_layers = [i for i in range(c.num_layers) if c.is_sliding(i)]
         if self.swa_layers and attention != "torch":
@@ -411,22 +426,32 @@ class Engine:
         # (config.sliding_window - 1)
         window = c.sliding_window - 1 if self.swa_layers else None
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy, window)
+        self.empty_pool_tokens = (
+            self.allocator.available_size()
+        )  # what an idle pool offers
         # SGLang turns a cache-aware policy into FCFS when there is no prefix cache to be aware of
-        self.schedule_policy = (
-            schedule_policy if self.tree_cache.supports_prefix_sharing() else "fcfs"
-        )
+        self.policy = SchedulePolicy(schedule_policy, self.tree_cache)
+        self.schedule_policy = self.policy.policy
+        self.new_token_ratio_tracker = NewTokenRatioTracker()
         # The allocator's questions count on the window only where the tree slides it (supports_swa)
         self.sliding_window_size = window if self.tree_cache.supports_swa() else None
         # A request finishes at max_new_tokens or on an end-of-sequence token (SGLang's ignore_eos)
+        self.ignore_eos = ignore_eos
         self.stop_token_ids = frozenset(() if ignore_eos else c.eos_token_ids)
-        self.waiting: deque[EngineReq] = deque()
-        self.running: list[EngineReq] = []
+        self.waiting: list[EngineReq] = []
+        self.running: list[EngineReq] = []  # the decode batch (SGLang's running_batch)
+        self.chunked_req: EngineReq | None = (
+            None  # its prompt is being computed in chunks
+        )
         self.finished: list[EngineReq] = []  # in the order they finished
         # The last forward pass's logits: one row per request (its last token), or, with
         # all_logits, every token's (the tests compare a whole prefill with transformers).
         self.all_logits = all_logits
         self.last_logits: torch.Tensor | None = None
         self.stats = Counter()
+        # seconds per part of the steps so far: scheduling, allocation, model, the rest (the
+        # requests' books: outputs, checkpoints, releases); the bench prints them
+        self.step_times = Counter()
 
     def _make_tree_cache(self, kind, host_tokens, write_policy, window):
         pool = self.req_to_token_pool
@@ -463,13 +488,14 @@ class Engine:
         )
 
     def _enqueue(self, prompt: list[int], max_new_tokens: int) -> EngineReq:
-        r = EngineReq(self.stats["requests"], prompt, max_new_tokens)
+        r = EngineReq(self.stats["requests"], prompt, max_new_tokens, self.ignore_eos)
         self.stats["requests"] += 1
         self.waiting.append(r)
         return r
 
     def _swa_demand(self, input_tokens: int, max_new_tokens: int) -> int:
-        """The most sliding-window slots a request holds at once (all of its slots without a window)."""
+        """The most sliding-window slots a request holds at once (all of its slots without a
+        window)."""
         return estimate_swa_kv_tokens(
             input_tokens,
             max_new_tokens,
@@ -524,15 +550,15 @@ class Engine:
         return prompt
 
     def _can_ever_fit(self, input_tokens: int, max_new_tokens: int) -> bool:
-        """Two of the allocator's questions about an empty pool. SGLang's scheduler clips
-        max_new_tokens to max_new_tokens_for_memory and aborts a prompt it answers None for;
-        memlab never clips (an output must not depend on the pool's size), so it refuses the
-        None, then asks whether the whole request could ever be held: prealloc_ceiling_fits,
-        where None means the pool has no ceiling of its own and its token count is the bound."""
+        """Whether the request could ever run. SGLang's scheduler clips max_new_tokens to
+        max_new_tokens_for_memory and aborts a prompt it answers None for; memlab never clips (an
+        output must not depend on the pool's size), so it refuses the None. Then two bounds on an
+        empty pool: the adder's admission (``PrefillAdder``: the prompt, its whole output and a
+        page, less than the pool holds; the walk of fixed-length requests without a prefix cache
+        keeps one slot more), and the whole request held with a page spare
+        (prealloc_ceiling_fits, where None means the pool has no ceiling of its own and its token
+        count is the bound)."""
         alloc, ps = self.allocator, self.page_size
-        demand = (
-            ceil_align(input_tokens + max_new_tokens, ps) + ps
-        )  # a page spare: the next token may open one
         if (
             alloc.max_new_tokens_for_memory(
                 input_tokens,
@@ -544,6 +570,19 @@ class Engine:
             is None
         ):
             return False
+        if self.ignore_eos and self.tree_cache.disable:
+            admission = ceil_align(input_tokens, ps) + ps + max_new_tokens
+            admission += IGNORE_EOS_RESERVE_TOKENS
+        else:
+            admission = input_tokens + min(max_new_tokens, CLIP_MAX_NEW_TOKENS) + ps
+        admission += alloc.request_slot_reserve(
+            has_req_pool_slot=False, prefill_tokens=input_tokens
+        )
+        if admission >= self.empty_pool_tokens:
+            return False
+        demand = (
+            ceil_align(input_tokens + max_new_tokens, ps) + ps
+        )  # the next token may open a page
         ceiling = alloc.prealloc_ceiling_fits(
             demand, self._swa_demand(input_tokens, max_new_tokens)
         )
@@ -555,137 +594,128 @@ class Engine:
 
     # -- scheduling ------------------------------------------------------------------------
     def step(self) -> bool:
-        """One forward pass: a prefill batch if one can be formed, else a decode batch."""
-        batch = self._schedule_prefill()
-        decoding = [r for r in self.running if not r.prefilling]
-        if batch:
-            self._run_extend(batch)
-        elif decoding:
-            self._run_decode(decoding)
-        elif len(self.running) > 1:
-            # Only prefills that cannot go on: the newest gives its pages back to the older ones.
-            self._retract(self.running[-1])
-        elif self.waiting or self.running:
+        """One forward pass (SGLang's ``get_next_batch_to_run``, without the overlap scheduler):
+        a prefill batch when the adder forms one (with ``enable_mixed_chunk``, the running
+        requests decode in the same pass when their tokens fit), else a decode step of the
+        running batch."""
+        t0 = time.perf_counter()
+        batch = self.get_new_batch_prefill()
+        decoding = [] if batch else self.update_running_batch()
+        self.step_times["scheduling"] += time.perf_counter() - t0
+        if batch or decoding:
+            self._run_batch(batch, decoding)
+        elif self.waiting or self.chunked_req is not None:
             raise RuntimeError(
-                f"stuck: {len(self.waiting)} waiting and {len(self.running)} running, none can run"
+                f"stuck: {len(self.waiting)} waiting and a chunked prefill "
+                f"{'' if self.chunked_req else 'not '}in progress, nothing can run"
             )
         else:
+            self.new_token_ratio_tracker.reset()  # idle: SGLang resets it in its idle check
             return False
         if self.debug_mode:
             self.check_books()
         return True
 
-    def _schedule_prefill(self) -> list[tuple[EngineReq, int]]:
-        """Chunks to compute this step as (request, tokens): unfinished chunked prefills first, then
-        waiting requests in order while the pool can hold them (nobody overtakes). A new
-        request first looks its tokens up in the prefix cache and locks what it finds;
-        cut short, its chunk ends on a page boundary (SGLang's ``PrefillAdder``; a
-        continuing chunk is not cut to a page, nor a chunk shorter than a page). Room is
-        kept for the next decode step: a page for each decoding request
-        whose committed length sits on a page boundary (``new_tokens_required_next_decode``)."""
-        self._calc_priority()
-        ps, budget, batch, taken = self.page_size, self.chunk_size, [], 0
-        rows_left = self.req_to_token_pool.available_size()
-        reserve = new_tokens_required_next_decode(
-            self._decode_views([r for r in self.running if not r.prefilling]), ps
+    def get_new_batch_prefill(self) -> list[EngineReq]:
+        """The next prefill batch (SGLang's ``Scheduler.get_new_batch_prefill``): the waiting queue
+        ordered by the policy, then a ``PrefillAdder`` built on the running batch (their future
+        output reserved through ``new_token_ratio``) takes the continuing chunked prefill first,
+        then waiting requests in order, each matched against the prefix cache, until one does
+        not fit (nobody overtakes) or the rows run out. Each request in the batch has its
+        ``extend_end``; one cut short becomes ``chunked_req``."""
+        if not self.waiting and self.chunked_req is None:
+            return []
+        rows = self.req_to_token_pool.available_size()
+        if rows <= 0 and self.chunked_req is None:
+            return []
+        self.policy.calc_priority(self.waiting)
+        adder = PrefillAdder(
+            self.page_size,
+            self.tree_cache,
+            self.allocator,
+            self.running,
+            self.new_token_ratio_tracker.current,
+            MAX_PREFILL_TOKENS,
+            self.chunk_size,
+            len(self.running) if self.enable_mixed_chunk else 0,
+            sliding_window_size=self.sliding_window_size,
         )
-        for r in [r for r in self.running if r.prefilling] + list(self.waiting):
-            if budget <= 0:
+        if self.chunked_req is not None:
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        for req in self.waiting:
+            if adder.budget_state() == AddReqResult.OTHER:
                 break
-            new = not r.kv.holds_kv
-            if new and rows_left == 0:
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= rows + held:
+                break  # no row left
+            match_kv_cache(req, self.tree_cache)
+            res = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None)
+            if res != AddReqResult.CONTINUE:
                 break
-            if new:
-                r.prefix_indices, loaded = match_and_lock(self.tree_cache, r)
-            start = r.prefix_len
-            n = min(len(r.tokens) - start, budget)
-            if new and start + n < len(r.tokens):
-                # unless that leaves nothing: no progress is worse than a partial page
-                # (SGLang's rule for its chunk grid, floor_chunked_tokens)
-                n = (start + n) // ps * ps - start or n
-            need = ceil_align(start + n, ps) - ceil_align(start, ps)
-            need += self.allocator.request_slot_reserve(
-                has_req_pool_slot=not new, prefill_tokens=start + n
-            )
-            if n <= 0 or not self._fits(need, self.available() - reserve - taken):
-                if new:
-                    self._unmatch(r)
-                break
-            if new:
-                self._admit(r, loaded)
-                rows_left -= 1
-            r.extend_end = start + n
-            if r.extend_end == len(r.tokens) and r.extend_end % ps == 0:
-                reserve += ps  # it decodes next step, and its next token opens a page
-            batch.append((r, n))
-            budget -= n
-            taken += need
+        batch = adder.can_run_list
+        admitted = [r for r in batch if not r.kv.holds_kv]
+        if admitted:
+            taken = set(map(id, admitted))
+            self.waiting = [r for r in self.waiting if id(r) not in taken]
+        for r in admitted:
+            r.prefix_indices = self.tree_cache.path_device_indices(r.last_node)
+            self.stats["prompt_tokens"] += len(r.tokens)
+            self.stats["cached_tokens"] += r.prefix_len
+            self.stats["loaded_back_tokens"] += r.host_loaded_length
+        if adder.new_chunked_req is not None:
+            self.chunked_req = adder.new_chunked_req
         return batch
 
-    def _calc_priority(self) -> None:
-        """Order the waiting queue (SGLang's ``SchedulePolicy.calc_priority``). FCFS: as they came
-        (a retracted request is at the front). LPM: longest cached prefix first, each request
-        matched against the prefix cache without a lock (the match refreshes the path's LRU time,
-        as SGLang's does); a request that would only recompute what an earlier waiting one is
-        about to compute goes last (in-batch prefix caching). The sort is stable: ties stay FCFS."""
-        if (
-            self.schedule_policy != "lpm"
-            or len(self.waiting) > WAITING_QUEUE_PREFIX_MATCH_MAX
-        ):
-            return
-        matched, deprioritized, waiting_prefixes = {}, set(), []
-        for r in self.waiting:
-            fill = r.full_untruncated_fill_ids
-            m = self.tree_cache.match_prefix(fill[: len(fill) - 1])
-            matched[r.rid] = m.device_prefix_len + m.host_hit_length
-            if matched[r.rid] <= IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD:
-                shared = max(
-                    (_common_prefix_len(fill, p) for p in waiting_prefixes), default=0
-                )
-                if shared >= IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD:
-                    deprioritized.add(r.rid)
-                else:
-                    waiting_prefixes.append(fill)
-        self.waiting = deque(
-            sorted(
-                self.waiting,
-                key=lambda r: math.inf if r.rid in deprioritized else -matched[r.rid],
+    def update_running_batch(self) -> list[EngineReq]:
+        """The decode batch of this step (SGLang's ``update_running_batch``): when its next
+        tokens do not fit (``check_decode_mem``, which evicts from the prefix cache first),
+        requests are retracted (``retract_decode``: fewest decoded tokens first, always keeping
+        one) and ``new_token_ratio`` is raised to what the kept ones have decoded; otherwise it
+        decays a step. When even one request does not fit, SGLang aborts it; memlab raises."""
+        if not self.running:
+            return []
+        if self._decode_fits():
+            self.new_token_ratio_tracker.decay_step()
+            return self.running
+        ps, free = self.page_size, self.allocator.available_size
+        views = self._decode_views(self.running)
+        by_rid = {r.rid: r for r in self.running}
+        kept, _, fits = retract_decode(
+            views,
+            free,
+            ps,
+            release=lambda v: self._retract(by_rid[v.rid]),
+            evict=self._evict,
+        )
+        if not fits:  # SGLang aborts the last request here
+            raise RuntimeError(
+                f"the pool ({self.allocator.size} slots) cannot hold one more token of a "
+                "single request"
             )
+        self.new_token_ratio_tracker.current = (
+            NewTokenRatioTracker.estimate_new_token_ratio_after_retract(self.running)
         )
-
-    def _fits(self, need: int, budget: int) -> bool:
-        """The allocator's answer: does a chunk of ``need`` slots fit what the step has left (free and
-        evictable slots, less the decode reserve and this step's earlier chunks)? A single pool
-        compares the two; a composite prices both of its sides at once. (SGLang's decode side asks
-        ``prealloc_fits`` this way; its prefill adder keeps per-side budgets.)"""
-        return self.allocator.prealloc_fits(
-            self.tree_cache, need, need, full_budget_tokens=budget
-        )
-
-    def _unmatch(self, r: EngineReq) -> None:
-        """A matched request that is not admitted this step gives its lock back."""
-        self.tree_cache.unlock(r.lock)
-        r.lock = r.last_node = r.prefix_indices = None
-        r.prefix_len = r.kv.cache_protected_len = 0
-
-    def _admit(self, r: EngineReq, loaded: int) -> None:
-        self.waiting.remove(r)
-        self.running.append(r)
-        self.stats["prompt_tokens"] += len(r.tokens)
-        self.stats["cached_tokens"] += r.prefix_len
-        self.stats["loaded_back_tokens"] += loaded
+        return self.running
 
     # -- forward passes --------------------------------------------------------------------
     def _forward(
-        self, ids, positions, rows, out_cache_loc, logits_rows=None, extend=None
+        self,
+        ids,
+        positions,
+        rows,
+        out_cache_loc,
+        logits_rows=None,
+        extend=None,
+        lens=None,
     ):
         """Write each token's K/V to its slot, then let each token attend to its row up to itself.
 
         Triton: every token is a one-query decode through chapter 09's kernel (a prefill chunk
-        too: causal by construction). Torch: a decode batch goes through ``attention_over_slots``;
-        a prefill batch (``extend``: per request, its row, its first token in the batch, its token
-        count and how many were already in the pool) attends request by request with a causal mask,
-        SGLang's extend attention, so a prefill gathers each row once instead of once per token.
+        too: causal by construction). Torch: a decode batch (``lens``: each request's length, a
+        host tensor) gathers its keys once per step (``_decode_attention``); a prefill batch
+        (``extend``: per request, its row, its first token in the batch, its token count and how
+        many were already in the pool) attends request by request with a causal mask, SGLang's
+        extend attention, so a prefill gathers each row once instead of once per token.
         """
         from memlab.common import attention
 
@@ -696,11 +726,14 @@ class Engine:
         loc = KVWriteLoc(out_cache_loc, physical=True)
         seq_lens = (positions + 1).to(torch.int32)
         table = self.req_to_token_pool.req_to_token
-        if (
-            self.attention == "torch" and extend is None
-        ):  # the same slots for every layer: gather once
-            slots, mask = attention.slots_from_req_to_token(table, rows, seq_lens)
-        elif self.attention == "torch":
+        first = 0 if extend is None else sum(e[2] for e in extend)
+        if self.attention == "torch" and lens is not None:
+            # every request's keys in one flat list (no padding to the longest), gathered once
+            # per step for all layers; the lengths come from the host: nothing waits on the device
+            tok_req, _, key_pos = extend_positions(torch.zeros_like(lens), lens)
+            tok_req = tok_req.to(rows.device)
+            slots = table[rows[first:][tok_req], key_pos.to(rows.device)].long()
+        if self.attention == "torch" and extend is not None:
             segments = [self._extend_segment(*e) for e in extend]
 
         def attend(layer, q, k, v):
@@ -711,10 +744,16 @@ class Engine:
                     q, k_buf, v_buf, table, rows, seq_lens
                 )
             if extend is None:
-                return attention.attention_over_slots(
-                    q, k_buf, v_buf, slots, mask, 1 / math.sqrt(q.shape[-1])
-                )
-            return self._extend_attention(q, k_buf, v_buf, segments)
+                return self._decode_attention(q, k_buf, v_buf, slots, tok_req)
+            if lens is None:
+                return self._extend_attention(q, k_buf, v_buf, segments)
+            # a mixed batch: the prefill tokens, then one query per decoding request
+            out = torch.empty_like(q)
+            out[:first] = self._extend_attention(q[:first], k_buf, v_buf, segments)
+            out[first:] = self._decode_attention(
+                q[first:], k_buf, v_buf, slots, tok_req
+            )
+            return out
 
         logits = self.last_logits = self.model.forward(
             ids, positions, attend, None if self.all_logits else logits_rows
@@ -725,13 +764,35 @@ class Engine:
             else logits
         )
 
+    @staticmethod
+    def _decode_attention(q, k_buf, v_buf, slots, tok_req):
+        """One query per request over its keys, in float32 (``attention_over_slots``' result,
+        chapter 09): the keys of all requests in one flat list (``slots``, each key's request in
+        ``tok_req``), a softmax per request (its largest score, its sum, its weighted values
+        added up by request), so a batch of short rows beside a long one costs what its keys
+        cost; grouped query heads share their KV head through a view."""
+        bs, h, d = q.shape
+        kvh = k_buf.shape[1]
+        k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
+        # each key's query, viewed (keys, kv heads, group, d)
+        qs = q.float().reshape(bs, kvh, h // kvh, d)[tok_req]
+        s = (qs * k[:, :, None]).sum(-1) / math.sqrt(d)  # (keys, kv heads, group)
+        idx = tok_req[:, None, None].expand_as(s)
+        top = s.new_full((bs, *s.shape[1:]), float("-inf"))
+        top = top.scatter_reduce(0, idx, s, "amax")
+        e = (s - top[tok_req]).exp()
+        z = e.new_zeros(top.shape).index_add_(0, tok_req, e)
+        o = e.new_zeros((*top.shape, v.shape[-1]))
+        o.index_add_(0, tok_req, e[..., None] * v[:, :, None])
+        return (o / z[..., None]).reshape(bs, h, -1).to(q.dtype)
+
     def _forward_swa(self, ids, positions, rows, out_cache_loc, logits_rows, extend):
-        """A model with sliding-window layers: the allocator's write location carries both sides' ids
-        (translated once per batch, marked physical by the unified pool); each layer
-        reads its own side (a full layer its slots, translated to physical ones by a
-        unified pool; a sliding layer the SWA slots mapped from them) and a sliding
-        layer masks what left its window. Every request
-        goes through the extend path (a decode is an extend of one token)."""
+        """A model with sliding-window layers: the allocator's write location carries both
+        sides' ids (translated once per batch, marked physical by the unified pool); each layer
+        reads its own side (a full layer its slots, translated to physical ones by a unified
+        pool; a sliding layer the SWA slots mapped from them) and a sliding layer masks what
+        left its window. Every request goes through the extend path (a decode is an extend of
+        one token)."""
         loc = self.allocator.write_loc(out_cache_loc)
         if extend is None:
             extend = [
@@ -770,8 +831,9 @@ class Engine:
         )
 
     def _extend_segment(self, row: int, off: int, n: int, pre: int):
-        """One request of a prefill batch: its slots (what was in the pool and this chunk) and which
-        keys each of its ``n`` queries must not see (key j is visible to query t iff j <= pre + t)."""
+        """One request of a prefill batch: its slots (what was in the pool and this chunk) and
+        which keys each of its ``n`` queries must not see (key j is visible to query t iff
+        j <= pre + t)."""
         dev = self.model.device
         slots = self.req_to_token_pool.req_to_token[row, : pre + n].to(torch.int64)
         future = (
@@ -782,156 +844,205 @@ class Engine:
 
     @staticmethod
     def _extend_attention(q, k_buf, v_buf, segments):
-        """Causal attention of each request's new queries over its slots, in float32."""
-        _, h, d = q.shape
-        kvh = k_buf.shape[1]
+        """Causal attention of each request's new queries over its slots, in float32: one fused
+        ``scaled_dot_product_attention`` per request, grouped query heads sharing their KV
+        head (``enable_gqa``), ``future`` the keys each query must not see."""
         out = torch.empty_like(q)
         for off, n, slots, future in segments:
-            qs = (
-                q[off : off + n].float().view(n, kvh, h // kvh, d)
-            )  # grouped query heads share a KV head
-            k, v = k_buf[slots].float(), v_buf[slots].float()  # (keys, kv heads, d)
-            s = torch.einsum("nkgd,skd->kgns", qs, k) / math.sqrt(d)
-            p = s.masked_fill(future, float("-inf")).softmax(-1)
-            out[off : off + n] = (
-                torch.einsum("kgns,skd->nkgd", p, v).reshape(n, h, -1).to(q.dtype)
+            qs = q[off : off + n].float().transpose(0, 1)  # (heads, n, d)
+            k = k_buf[slots].float().transpose(0, 1)  # (kv heads, keys, d)
+            v = v_buf[slots].float().transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                qs, k, v, attn_mask=~future, enable_gqa=True
             )
+            out[off : off + n] = o.transpose(0, 1).to(q.dtype)
         return out
 
-    def _run_extend(self, batch) -> None:
-        dev = self.model.device
-        ext = torch.tensor([n for _, n in batch])
-        # Rows for the new requests, slots for every chunk, all written into the request table
-        # (after evicting from the prefix cache if the pool is short).
-        out = alloc_for_extend(
-            self.req_to_token_pool,
-            self.allocator,
-            [r for r, _ in batch],
-            ext.tolist(),
-            [r.prefix_indices for r, _ in batch],
-            self.tree_cache,
-        )
-        if out is None:
-            raise RuntimeError(
-                "alloc_for_extend refused a batch the scheduler admitted"
+    def _run_batch(self, batch: list[EngineReq], decoding: list[EngineReq]) -> None:
+        """One forward pass: the prefill chunks of ``batch``, then one token of each request in
+        ``decoding`` (a decode step, or the running batch mixed into a prefill when
+        ``enable_mixed_chunk`` is on and its tokens fit after the prefill took its slots, as
+        SGLang's ``mix_with_running``; otherwise it sits this pass out, nothing retracted)."""
+        t0 = time.perf_counter()
+        pre_list = [r.prefix_len for r in batch]  # where each chunk starts
+        ext_list = [r.extend_end - p for r, p in zip(batch, pre_list)]
+        outs = []
+        if batch:
+            # Rows for the new requests, slots for every chunk, all written into the request
+            # table (after evicting from the prefix cache if the pool is short).
+            outs.append(
+                alloc_for_extend(
+                    self.req_to_token_pool,
+                    self.allocator,
+                    batch,
+                    ext_list,
+                    [r.prefix_indices for r in batch],
+                    self.tree_cache,
+                )
             )
-        for r, _ in batch:
-            r.prefix_indices = None
-        pre = torch.tensor([r.prefix_len for r, _ in batch])  # where each chunk starts
-        rows = torch.tensor([r.kv.req_pool_idx for r, _ in batch], device=dev)
-        total = int(ext.sum())
-        tok_req, starts, pos = extend_positions(pre, ext)
-        pos = pos.to(dev)
-        tok_rows = rows[tok_req.to(dev)]
-        ids = torch.tensor(
-            [t for (r, n), p in zip(batch, pre.tolist()) for t in r.tokens[p : p + n]],
-            device=dev,
-        )
-        ends = (starts + ext - 1).to(dev)
-        extend = [
-            (r.kv.req_pool_idx, off, n, p)
-            for (r, n), off, p in zip(batch, starts.tolist(), pre.tolist())
-        ]
-        picks = (
-            self._forward(ids, pos, tok_rows, out, logits_rows=ends, extend=extend)
-            .argmax(-1)
-            .tolist()
-        )
-        self.stats["prefill_tokens"] += total
-        for (r, _n), nxt in zip(batch, picks):
-            if r.extend_end == len(
-                r.tokens
-            ):  # the whole sequence is in: its last logits give the next token
-                if not self._append(r, nxt):
-                    checkpoint_kv_cache(
-                        r, self.tree_cache
-                    )  # prefill done: the tree takes it, decoding goes on
-            else:  # a chunk of a longer prefill: the tree takes it before the next chunk
-                checkpoint_kv_cache(r, self.tree_cache)
-
-    def _run_decode(self, decoding: list[EngineReq]) -> None:
-        decoding = self._retract_for_decode(decoding)
-        dev = self.model.device
-        out = alloc_for_decode(
-            self.req_to_token_pool, self.allocator, decoding, self.tree_cache
-        )
-        if out is None:
-            raise RuntimeError(
-                f"the pool ({self.allocator.size} slots) cannot hold one more token of a single request"
+            if outs[-1] is None:
+                raise RuntimeError(
+                    "alloc_for_extend refused a batch the scheduler admitted"
+                )
+            if self.enable_mixed_chunk and self.running and self._decode_fits():
+                decoding = self.running
+        if decoding:
+            outs.append(
+                alloc_for_decode(
+                    self.req_to_token_pool, self.allocator, decoding, self.tree_cache
+                )
             )
-        rows = torch.tensor([r.kv.req_pool_idx for r in decoding], device=dev)
-        positions = torch.tensor([r.kv_len - 1 for r in decoding], device=dev)
-        ids = torch.tensor([r.tokens[-1] for r in decoding], device=dev)
-        logits = self._forward(ids, positions, rows, out)
+            if outs[-1] is None:
+                raise RuntimeError(
+                    f"the pool ({self.allocator.size} slots) cannot hold one more token "
+                    "of a single request"
+                )
+        t1 = time.perf_counter()
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        ids, positions, rows, logits_rows, extend, lens = self._batch_tensors(
+            batch, pre_list, ext_list, decoding
+        )
+        logits = self._forward(
+            ids, positions, rows, out, logits_rows, extend=extend, lens=lens
+        )
+        picks = logits.argmax(-1).tolist()
+        t2 = time.perf_counter()
+        self.stats["prefill_tokens"] += sum(ext_list)
         self.stats["decode_tokens"] += len(decoding)
-        for r, nxt in zip(decoding, logits.argmax(-1).tolist()):
-            self._append(r, nxt)
+        finished = 0
+        for r, nxt in zip(decoding, picks[len(batch) :]):
+            finished += self._append(r, nxt)
+        if finished:
+            self.running = [r for r in self.running if not r.finished]
+        for r, nxt in zip(batch, picks):
+            r.prefix_indices = None
+            if r is self.chunked_req:  # a chunk of a longer prefill: the tree takes it
+                checkpoint_kv_cache(r, self.tree_cache)
+            elif not self._append(r, nxt):
+                # prefill done: the tree takes it, decoding goes on
+                checkpoint_kv_cache(r, self.tree_cache)
+                self.running.append(r)
+        self._time(t0, t1, t2)
+
+    def _batch_tensors(self, batch, pre_list, ext_list, decoding):
+        """The forward pass's inputs, the prefill tokens first: token ids, positions, rows,
+        which rows' logits to keep (None: all), the prefill segments and the decode lengths."""
+        dev = self.model.device
+        ids, positions, rows, logits_rows, extend, lens = [], [], [], None, None, None
+        if batch:
+            pre, ext = torch.tensor(pre_list), torch.tensor(ext_list)
+            tok_req, starts, pos = extend_positions(pre, ext)
+            batch_rows = torch.tensor([r.kv.req_pool_idx for r in batch])
+            ids.append(
+                torch.tensor(
+                    [
+                        t
+                        for r, p, n in zip(batch, pre_list, ext_list)
+                        for t in r.tokens[p : p + n]
+                    ]
+                )
+            )
+            positions.append(pos)
+            rows.append(batch_rows[tok_req])
+            extend = [
+                (r.kv.req_pool_idx, off, n, p)
+                for r, off, n, p in zip(batch, starts.tolist(), ext_list, pre_list)
+            ]
+            logits_rows = starts + ext - 1
+        if decoding:
+            # one tensor from the host: each request's row, length and last token
+            books = (
+                torch.tensor(
+                    [
+                        (r.kv.req_pool_idx, r.kv.kv_allocated_len, r.output_ids[-1])
+                        for r in decoding
+                    ]
+                ).T.contiguous()
+            )  # each field contiguous: the Triton kernel reads plain arrays
+            lens = books[1]
+            ids.append(books[2])
+            positions.append(lens - 1)
+            rows.append(books[0])
+            if logits_rows is not None:
+                first = int(ext.sum())
+                logits_rows = torch.cat(
+                    (logits_rows, first + torch.arange(len(decoding)))
+                )
+        if (
+            self.swa_layers and decoding
+        ):  # the SWA path: a decode is an extend of one token
+            first = sum(ext_list)
+            extend = (extend or []) + [
+                (r.kv.req_pool_idx, first + i, 1, r.kv.kv_allocated_len - 1)
+                for i, r in enumerate(decoding)
+            ]
+            lens = None
+        cat = (lambda xs: xs[0]) if len(ids) == 1 else torch.cat
+        return (
+            cat(ids).to(dev),
+            cat(positions).to(dev),
+            cat(rows).to(dev),
+            None if logits_rows is None else logits_rows.to(dev),
+            extend,
+            lens,
+        )
+
+    def _time(self, t0: float, t1: float, t2: float) -> None:
+        self.step_times["allocation"] += t1 - t0
+        self.step_times["model"] += t2 - t1
+        self.step_times["books"] += time.perf_counter() - t2
+
+    def _decode_fits(self) -> bool:
+        """Whether the running batch's next tokens fit (SGLang's ``check_decode_mem``, which
+        evicts from the prefix cache when it must). A page per request is the most a step can
+        need: when that many are free, the exact count is not worth a pass over the batch."""
+        ps, free = self.page_size, self.allocator.available_size
+        if free() >= len(self.running) * ps:
+            return True
+        views = self._decode_views(self.running)
+        return check_decode_mem(views, free, ps, evict=self._evict)
 
     @staticmethod
     def _decode_views(decoding) -> list[RunningReq]:
         # seq_len is the committed length: every token but the newest, whose KV this step computes
         return [
-            RunningReq(r.rid, len(r.prompt), len(r.output) - 1, r.kv_len)
+            RunningReq(
+                r.rid,
+                len(r.origin_input_ids),
+                len(r.output_ids) - 1,
+                r.kv.kv_allocated_len,
+            )
             for r in decoding
         ]
 
     def _evict(self, num_tokens: int) -> None:
         evict_from_tree_cache(self.tree_cache, num_tokens)
 
-    def _retract_for_decode(self, decoding: list[EngineReq]) -> list[EngineReq]:
-        """The requests that keep decoding when this step's pages are short (chapter 08).
-
-        The check is SGLang's ``check_decode_mem``: a page for each request whose committed length
-        sits on a page boundary, evicting from the prefix cache inside the check. When it fails,
-        first the requests still prefilling go: they hold pages, take no part in this step, and
-        retracting them loses least (memlab's order; SGLang's admission keeps a larger reserve
-        for future decode tokens and rarely gets here). Then ``sizing.retract_decode`` over the
-        decode batch, as SGLang: fewest decoded tokens first, releasing each victim at once and
-        reading the books again, always keeping one. (SGLang also evicts 20 tokens per request
-        left from the tree after each victim; memlab does not.)
-        """
-        ps, free = self.page_size, self.allocator.available_size
-        views = self._decode_views(decoding)
-        if check_decode_mem(views, free, ps, evict=self._evict):
-            return decoding
-        for r in [r for r in reversed(self.running) if r.prefilling]:
-            self._retract(r)
-            if check_decode_mem(views, free, ps, evict=self._evict):
-                return decoding
-        by_rid = {r.rid: r for r in decoding}
-        kept, _, fits = retract_decode(
-            views,
-            free,
-            ps,
-            release=lambda v: self._retract(by_rid[v.rid]),
-            evict=self._evict,
-        )
-        if not fits:
-            raise RuntimeError(
-                f"the pool ({self.allocator.size} slots) cannot hold one more token of a single request"
-            )
-        return [by_rid[v.rid] for v in kept]
-
     def _append(self, r: EngineReq, token: int) -> bool:
         """The request's next token; True when it finished, and then its KV is released into the
         prefix cache (``release_kv_cache(..., checkpoint=True)``: the tree keeps what it can key,
-        the rest goes back to the allocator, the row to the request table)."""
+        the rest goes back to the allocator, the row to the request table). The caller takes it
+        out of the running batch."""
         r.output_ids.append(token)
         if len(r.output_ids) < r.max_new_tokens and token not in self.stop_token_ids:
             return False
         r.finished = True
-        self.running.remove(r)
         self.finished.append(r)
         release_kv_cache(r, self.tree_cache, checkpoint=True)
         return True
 
     def _retract(self, r: EngineReq) -> None:
-        """Give back a running request's memory; the prefix cache keeps what earlier checkpoints gave
-        it (its prompt, once prefilled). It waits at the front and recomputes the rest later."""
-        self.running.remove(r)
+        """Give back a running request's memory (the chunked prefill's too); the prefix cache
+        keeps what earlier checkpoints gave it (its prompt, once prefilled). It joins the back
+        of the waiting queue, as SGLang's ``_add_request_to_queue`` puts it, and computes its
+        prompt and output again later."""
+        if r is self.chunked_req:
+            self.chunked_req = None
+        else:
+            self.running.remove(r)
         release_kv_cache(r, self.tree_cache, checkpoint=False)
         r.reset_for_retract()
-        self.waiting.appendleft(r)
+        self.waiting.append(r)
         self.stats["retracted"] += 1
 
     # -- books -----------------------------------------------------------------------------
@@ -940,9 +1051,8 @@ class Engine:
         cache holds, cached page -> how many running requests map it)."""
         ps, table = self.page_size, self.req_to_token_pool.req_to_token
         owned, shared = {}, Counter()
-        for r in self.running:
-            if not r.kv.holds_kv:  # matched, not yet allocated: it holds only its lock
-                continue
+        holders = self.running + ([self.chunked_req] if self.chunked_req else [])
+        for r in holders:
             row = table[r.kv.req_pool_idx, : r.kv_len].tolist()
             cpl = r.kv.cache_protected_len  # the prefix cache owns the row up to here
             for s in row[cpl:]:
@@ -968,12 +1078,13 @@ class Engine:
         used = set(free) & (cached | set(owned))
         assert not used, f"pages {sorted(used)} are free and in use"
         assert len(free) + len(cached) + len(owned) == self.allocator.num_pages, (
-            f"{len(free)} free + {len(cached)} cached + {len(owned)} owned != {self.allocator.num_pages} pages"
+            f"{len(free)} free + {len(cached)} cached + {len(owned)} owned != "
+            f"{self.allocator.num_pages} pages"
         )
         assert set(shared) <= cached, (
             f"prefix pages {sorted(set(shared) - cached)} are not in the cache"
         )
-        if not self.running:
+        if not self.running and self.chunked_req is None:
             total = self.allocator.num_pages * self.page_size
             assert self.available() == total, (
                 f"idle: {self.available()} available + evictable != {total} slots"
@@ -1004,6 +1115,10 @@ def _validate_engine(
         ("chunk_size", chunk_size),
     ):
         _checks.integer(name, v, 1, limit)
+    if chunk_size % page_size:  # SGLang's server refuses it too: chunks end on pages
+        raise ValueError(
+            f"chunk_size ({chunk_size}) must be a multiple of page_size ({page_size})"
+        )
     if attention not in ("triton", "torch"):
         raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
     if schedule_policy not in SCHEDULE_POLICIES:

@@ -35,8 +35,9 @@ import torch
 from memlab.common.utils import ceil_align
 from memlab.sglang.allocation import checkpoint_kv_cache, release_kv_cache
 from memlab.sglang.allocator import make_allocator
-from memlab.sglang.radix_cache import RadixCache, match_and_lock
+from memlab.sglang.radix_cache import RadixCache
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.schedule_policy import match_and_lock
 
 
 class Turn(NamedTuple):
@@ -337,8 +338,8 @@ class Comparison:
     def table(self) -> str:
         head = f"{'':32}" + "".join(f"{s:>20,}" for s in self.cache_sizes)
         lines = [
-            f"{self.num_requests} requests, {self.prompt_tokens:,} prompt tokens; per cache size (tokens): "
-            "hit rate / tokens evicted",
+            f"{self.num_requests} requests, {self.prompt_tokens:,} prompt tokens; "
+            "per cache size (tokens): hit rate / tokens evicted",
             head,
         ]
         for name, stats in self.rows.items():

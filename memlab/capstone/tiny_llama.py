@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from memlab.common.env import resolve_device
 
@@ -106,18 +107,32 @@ class TinyLlama:
         self.layers = [
             {name: put(t) for name, t in layer.items()} for layer in w["layers"]
         ]
+        self._fused: list = [None] * len(self.layers)
         self.norm = put(w["norm"])
         # A tied head is a view of the embedding, not a copy (Hugging Face ties them the same way).
         self.lm_head = self.embed.T if cfg.tie_word_embeddings else put(w["lm_head"])
         self.inv_freq = rope_inv_freq(cfg).to(self.device)
 
     def _rms(self, x, weight):
-        xf = (
-            x.float()
-        )  # the norm in float32 whatever the model dtype, as Hugging Face computes it
+        """RMSNorm, in float32 whatever the model dtype, as Hugging Face computes it."""
         return (
-            xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)
-        ).to(x.dtype) * weight
+            F.rms_norm(x.float(), (x.shape[-1],), eps=self.cfg.rms_eps).to(x.dtype)
+            * weight
+        )
+
+    _FUSED = dict(wqkv=("wq", "wk", "wv"), w_gate_up=("w_gate", "w_up"))
+
+    def _fused_weights(self, i: int) -> dict:
+        """Layer ``i``'s projections that read the same input, side by side: one matmul instead
+        of three and of two (a tiny model's step is mostly per-operation overhead). Built again
+        when a weight of the layer was replaced."""
+        p, f = self.layers[i], self._fused[i]
+        if f is None or any(f["from"][n] is not p[n] for n in f["from"]):
+            names = [n for group in self._FUSED.values() for n in group]
+            f = self._fused[i] = {"from": {n: p[n] for n in names}}
+            for fused, group in self._FUSED.items():
+                f[fused] = torch.cat([p[n] for n in group], dim=1)
+        return f
 
     def _rope_cos_sin(self, positions):
         """cos and sin of each position's rotation angles, (T, 1, D/2): once per forward."""
@@ -139,20 +154,17 @@ class TinyLlama:
         c = self.cfg
         x = self.embed[input_ids]
         cos, sin = self._rope_cos_sin(positions)
+        nq, nkv = c.num_heads, c.num_kv_heads
         for i, p in enumerate(self.layers):
-            hn = self._rms(x, p["attn_norm"])
-            q = self._rope((hn @ p["wq"]).view(-1, c.num_heads, c.head_dim), cos, sin)
-            k = self._rope(
-                (hn @ p["wk"]).view(-1, c.num_kv_heads, c.head_dim), cos, sin
+            f = self._fused_weights(i)
+            qkv = (self._rms(x, p["attn_norm"]) @ f["wqkv"]).view(
+                -1, nq + 2 * nkv, c.head_dim
             )
-            v = (hn @ p["wv"]).view(-1, c.num_kv_heads, c.head_dim)
+            qk = self._rope(qkv[:, : nq + nkv], cos, sin)  # q and k rotate alike
+            q, k, v = qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv :]
             x = x + attend(i, q, k, v).reshape(len(x), -1) @ p["wo"]
-            hn = self._rms(x, p["mlp_norm"])
-            x = (
-                x
-                + (torch.nn.functional.silu(hn @ p["w_gate"]) * (hn @ p["w_up"]))
-                @ p["w_down"]
-            )
+            gate, up = (self._rms(x, p["mlp_norm"]) @ f["w_gate_up"]).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ p["w_down"]
         if logits_rows is not None:
             x = x[logits_rows]
         return self._rms(x, self.norm) @ self.lm_head

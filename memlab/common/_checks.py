@@ -428,3 +428,13 @@ def alloc_decode(alloc, seq_lens, seq_lens_cpu, last_loc) -> None:
             f"decode seq_lens count the new token, so must be >= 1: {seq_lens_cpu.tolist()}"
         )
     _last_loc(alloc, last_loc, seq_lens_cpu - 1)
+
+
+# ---- vLLM's side: the functions a caller hands in (a hash function, a block hasher) --------------
+
+
+def function(name: str, fn) -> None:
+    """``fn`` callable: a hash function or a block hasher, called later where a wrong one would
+    fail far from the call that passed it."""
+    if not callable(fn):
+        raise TypeError(f"{name} must be a function, got {type(fn).__name__} {fn!r}")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -127,22 +128,17 @@ class TreeLock(NamedTuple):
 
 
 def match_and_lock(tree_cache, req) -> tuple:
-    """What the scheduler does with a new request: match its tokens but the last (computed again
-    for its logits), load a host-only part back to the device first (HiCache), lock the node the
-    device part ends at. Sets ``req.prefix_len``, ``req.last_node``, ``req.lock`` and
-    ``req.kv.cache_protected_len`` (SGLang's ``match_kv_cache`` in ``init_next_round_input``, then
-    ``init_load_back`` and ``_commit_prefill_admission``'s lock). Returns (the matched slots, how
-    many tokens came back from the host). Any of the course's prefix caches."""
-    fill = req.full_untruncated_fill_ids
-    m = tree_cache.match_prefix(fill[: len(fill) - 1])
-    node, loaded = m.last_device_node, 0
-    if m.host_hit_length:  # the load-back locks what it needs meanwhile
-        indices, node = tree_cache.init_load_back(m.last_host_node, m.host_hit_length)
-        loaded = len(indices)
-    prefix = tree_cache.path_device_indices(node)
-    req.prefix_len = req.kv.cache_protected_len = len(prefix)
-    req.last_node, req.lock = node, tree_cache.lock(node)
-    return prefix, loaded
+    """Moved: the scheduler's step lives with the scheduler,
+    ``memlab.sglang.schedule_policy.match_and_lock``. This alias stays until its callers move."""
+    warnings.warn(
+        "memlab.sglang.radix_cache.match_and_lock moved to "
+        "memlab.sglang.schedule_policy.match_and_lock",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from memlab.sglang.schedule_policy import match_and_lock as moved
+
+    return moved(tree_cache, req)
 
 
 class InsertResult(NamedTuple):

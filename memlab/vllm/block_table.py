@@ -1,4 +1,4 @@
-"""The worker side of vLLM's books (vllm/v1/worker/block_table.py): block table, slot_mapping, storing K/V.
+"""vLLM's worker-side books (vllm/v1/worker/block_table.py): block table, slot_mapping, K/V.
 
 The scheduler (block pool, manager) sends each request's NEW block ids; the worker appends
 them to the request's row of an int32 block table (rows only grow: a block id once given never
@@ -184,8 +184,8 @@ class BlockTable:
             self.max_num_blocks_per_req
         )  # a refusal only ever reports a total above it
         _checks.integer(
-            f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed max_num_blocks_per_req={cap}: "
-            "the total",
+            f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed "
+            f"max_num_blocks_per_req={cap}: the total",
             start + len(block_ids),
             0,
             cap,
@@ -291,7 +291,7 @@ class BlockTable:
         self.slot_mapping.fill_(PAD_SLOT_ID)
 
 
-# -- argument checks at the boundary: shapes and dtypes, values only on the CPU (no device sync) ----
+# -- argument checks at the boundary: shapes and dtypes, values only on the CPU (no device sync)
 
 
 def _check_slot_mapping(
@@ -304,57 +304,44 @@ def _check_slot_mapping(
         _checks.index_tensor(name, t, block_table.device, ndim=1, owner="block table")
     _checks.integer("block_size", block_size, 1, MAX_SIZE)
     _checks.tensor("req_indices (one per position)", req_indices, shape=positions.shape)
-    n = (
-        positions.numel()
-        if num_tokens is None
-        else _checks.integer("num_tokens", num_tokens, 0, positions.numel())
-    )
+    n = positions.numel() if num_tokens is None else num_tokens
+    _checks.integer("num_tokens", n, 0, positions.numel())
     if positions.device.type == "cpu" and n:
         req = req_indices[:n].long()
         _checks.values_in("req_indices", req, 0, block_table.shape[0] - 1)
-        blocks = (
-            block_table.shape[1]
-            if per_row is None
-            else torch.as_tensor(per_row, dtype=torch.long)[req]
-        )
-        _checks.values_in(
-            "positions // block_size (the block a position needs)",
-            positions[:n] // block_size,
-            0,
-            torch.as_tensor(blocks) - 1,
-        )
+        width = torch.full((block_table.shape[0],), block_table.shape[1])
+        rows = width if per_row is None else per_row
+        need = positions[:n] // block_size
+        name = "positions // block_size (the block a position needs)"
+        _checks.values_in(name, need, 0, rows[req] - 1)
     return n
 
 
 def _check_store_kv(key, value, key_cache, value_cache, slot_mapping, backend) -> None:
     _checks.one_of("backend", backend, BACKENDS)
-    kv = (key, value, slot_mapping, key_cache, value_cache)
-    for name, t, ndim in zip(
-        ("key", "value", "slot_mapping", "key_cache", "value_cache"),
-        kv,
-        (3, 3, 1, 4, 4),
-    ):
-        _checks.tensor(name, t, ndim=ndim)
-    _checks.index_tensor(
-        "slot_mapping", slot_mapping, key_cache.device, ndim=1, owner="cache"
-    )
+    kv = {
+        "key": key,
+        "value": value,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+    }
+    for name, t in kv.items():
+        _checks.tensor(name, t, ndim=4 if name.endswith("cache") else 3)
+    _checks.index_tensor("slot_mapping", slot_mapping, key_cache.device, 1, "cache")
     if (
         key_cache.shape[:2] != value_cache.shape[:2]
         or key.shape[1:] != key_cache.shape[2:]
         or value.shape[1:] != value_cache.shape[2:]
         or not slot_mapping.numel() <= key.shape[0] == value.shape[0]
     ):
+        shapes = [tuple(t.shape) for t in kv.values()]
         raise ValueError(
-            f"shapes disagree: key, value, slot_mapping, caches {[tuple(t.shape) for t in kv]}"
+            f"shapes disagree (key, value, key_cache, value_cache): {shapes}"
         )
     if key.dtype != key_cache.dtype or value.dtype != value_cache.dtype:
         raise TypeError(
             f"dtypes differ: key {key.dtype}, value {value.dtype}, caches {key_cache.dtype}"
         )
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
     if slot_mapping.device.type == "cpu":  # -1 is padding
-        _checks.values_in(
-            "slot_mapping",
-            slot_mapping,
-            PAD_SLOT_ID,
-            key_cache.shape[0] * key_cache.shape[1] - 1,
-        )
+        _checks.values_in("slot_mapping", slot_mapping, PAD_SLOT_ID, num_slots - 1)

@@ -43,7 +43,13 @@ def sha256(obj: Any) -> bytes:
     None and tuples of them, whose pickled bytes are the same in every process. Pickle writes an
     object it has already written as a back-reference, so a key holding one string object twice
     hashes unlike one holding two equal copies; vLLM's hash does the same."""
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        raise TypeError(
+            f"sha256 pickles its key, and {type(obj).__name__}: {exc}"
+        ) from None
+    return hashlib.sha256(data).digest()
 
 
 @lru_cache(maxsize=4096)
@@ -98,6 +104,8 @@ def get_hash_fn_by_name(name: str) -> HashFn:
 
 def init_none_hash(hash_fn: HashFn, seed: str = NONE_HASH_SEED) -> BlockHash:
     """The parent of every request's first block: the hash of the seed string itself."""
+    _checks.function("hash_fn", hash_fn)
+    _checks.instance("seed", seed, str)
     return hash_fn(seed)
 
 
@@ -111,6 +119,8 @@ def hash_block_tokens(
     extra_keys: tuple | None = None,
 ) -> BlockHash:
     """hash(parent, token ids, extra keys); a None parent means this is a request's first block."""
+    _checks.function("hash_fn", hash_fn)
+    _checks.instance("extra_keys", extra_keys, (tuple, type(None)), "a tuple or None")
     token_ids = tuple(
         _checks.int_list("curr_block_token_ids (token ids)", curr_block_token_ids)
     )
@@ -128,6 +138,26 @@ class MultiModalFeature(NamedTuple):
     identifier: str
     offset: int
     length: int
+
+
+def _validate_mm_features(mm_features, num_tokens: int) -> list[MultiModalFeature]:
+    """Items as (identifier, offset, length): sorted, disjoint, inside the prompt."""
+    _checks.instance("mm_features", mm_features, (list, tuple))
+    for f in mm_features:
+        _checks.instance("an mm_features item", f, (tuple, list))
+        if len(f) != 3 or not isinstance(f[0], str):
+            raise TypeError(f"an mm item is (identifier: str, offset, length), got {f}")
+        _checks.int_list("an mm item's (offset, length)", f[1:])
+    items = [MultiModalFeature(*f) for f in mm_features]
+    ends = [0] + [f.offset + f.length for f in items]
+    if (
+        any(f.offset < end or f.length <= 0 for f, end in zip(items, ends))
+        or ends[-1] > num_tokens
+    ):
+        raise ValueError(
+            f"mm items unsorted, overlapping or outside the prompt: {items}"
+        )
+    return items
 
 
 def _gen_mm_extra_hash_keys(
@@ -193,6 +223,7 @@ def get_request_block_hasher(
     one token per decode step hashes each block once, when it fills.
     """
     _checks.integer("block_size", block_size, 1, MAX_BLOCKS)
+    _checks.function("hash_fn", hash_fn)
     none_hash = init_none_hash(hash_fn)
 
     def request_block_hasher(request) -> list[BlockHash]:

@@ -1,4 +1,7 @@
-"""vLLM's KV cache manager for one KV cache group (vllm/v1/core/kv_cache_manager.py, kv_cache_coordinator.py, single_type_kv_cache_manager.py).
+"""vLLM's KV cache manager (vllm/v1/core/kv_cache_manager.py), for one KV cache group.
+
+With its coordinator (kv_cache_coordinator.py) and single-type managers
+(single_type_kv_cache_manager.py).
 
 The scheduler calls only ``KVCacheManager``. It hands each step to a coordinator, which fans out
 to one ``SingleTypeKVCacheManager`` per KV cache group: ``FullAttentionManager`` keeps every block
@@ -453,6 +456,8 @@ class KVCacheManager:
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int
     ) -> None:
+        _validate_request_id(request_id)
+        _checks.integer("processed_computed_tokens", processed_computed_tokens, 0)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def reset_prefix_cache(self) -> bool:
@@ -461,10 +466,11 @@ class KVCacheManager:
     # ---- views -------------------------------------------------------------------------------
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        _validate_request_id(request_id)
         return self.coordinator.get_blocks(request_id)
 
     def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.coordinator.get_blocks(request_id)]
+        return [b.block_id for b in self.get_blocks(request_id)]
 
     @property
     def usage(self) -> float:
@@ -497,13 +503,18 @@ def _validate_init(
         _checks.integer("sliding_window", sliding_window, 1)
 
 
+def _validate_request_id(request_id) -> None:
+    _checks.instance("request_id", request_id, str)
+
+
 def _validate_request(request) -> None:
-    if not isinstance(getattr(request, "request_id", None), str) or not hasattr(
-        request, "block_hashes"
-    ):
-        raise TypeError(
-            f"request must be a memlab.vllm.Request, got {type(request).__name__}"
-        )
+    """What the manager reads of a request (a memlab.vllm.Request, or any object with these):
+    its id, its block hashes and its token counts."""
+    _checks.instance("request.request_id", getattr(request, "request_id", None), str)
+    _checks.instance("request.block_hashes", getattr(request, "block_hashes", 0), list)
+    _checks.integer("request.num_tokens", getattr(request, "num_tokens", None))
+    num_computed_tokens = getattr(request, "num_computed_tokens", None)
+    _checks.integer("request.num_computed_tokens", num_computed_tokens)
 
 
 def _validate_allocate_slots(
@@ -515,12 +526,14 @@ def _validate_allocate_slots(
     num_lookahead_tokens,
 ) -> None:
     _validate_request(request)
-    _checks.integer(
-        "num_new_tokens", num_new_tokens, 1
-    )  # vLLM: "num_new_tokens must be greater than 0"
+    # vLLM: "num_new_tokens must be greater than 0"
+    _checks.integer("num_new_tokens", num_new_tokens, 1)
     _checks.integer("num_lookahead_tokens", num_lookahead_tokens, 0)
     _checks.integer("num_new_computed_tokens", num_new_computed_tokens, 0)
-    blocks = new_computed_blocks or []
+    blocks = [] if new_computed_blocks is None else new_computed_blocks
+    _checks.instance(
+        "new_computed_blocks", blocks, (list, tuple), "a list of KVCacheBlocks or None"
+    )
     if blocks and not mgr.enable_caching:
         raise ValueError("computed blocks given while prefix caching is disabled")
     if num_new_computed_tokens > len(blocks) * mgr.block_size:
@@ -528,15 +541,31 @@ def _validate_allocate_slots(
             f"num_new_computed_tokens={num_new_computed_tokens} does not fit "
             f"{len(blocks)} computed blocks of {mgr.block_size} tokens"
         )
+    if blocks and mgr.block_pool.debug_mode:  # scans: debug mode only, as the pool's
+        _check_hits(mgr, request, blocks)
+
+
+def _check_hits(mgr, request, blocks) -> None:
+    """The hits get_computed_blocks found for this request, still holding its prefix: blocks
+    of this pool, each (but the null blocks of a window) cached under the request's hash at its
+    position, and the request not running yet (a running request's hits are in its table)."""
+    if mgr.get_blocks(request.request_id):
+        raise ValueError(
+            f"new_computed_blocks for request {request.request_id!r}, which holds blocks "
+            "already: hits are for a request being admitted"
+        )
     own = mgr.block_pool.blocks
-    for block in (
-        blocks if mgr.block_pool.debug_mode else ()
-    ):  # a scan: debug mode only, as the pool's
-        if (
-            not isinstance(block, KVCacheBlock)
-            or not 0 <= block.block_id < len(own)
-            or own[block.block_id] is not block
-        ):
+    for i, block in enumerate(blocks):
+        _checks.instance(f"new_computed_blocks[{i}]", block, KVCacheBlock)
+        if not 0 <= block.block_id < len(own) or own[block.block_id] is not block:
             raise ValueError(
                 f"new_computed_blocks holds {block!r}, which is not a block of this pool"
+            )
+        if not block.is_null and (
+            i >= len(request.block_hashes)
+            or block.block_hash != request.block_hashes[i]
+        ):
+            raise ValueError(
+                f"new_computed_blocks[{i}] (block {block.block_id}) no longer holds the "
+                f"request's block {i}: a stale hit (look it up again)"
             )

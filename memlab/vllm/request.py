@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from memlab.common import _checks
-from memlab.vllm.hashing import BlockHash, MultiModalFeature
+from memlab.vllm.hashing import BlockHash, MultiModalFeature, _validate_mm_features
 
 
 class Request:
@@ -40,8 +40,11 @@ class Request:
         mm_features: Sequence[MultiModalFeature] = (),
         cache_salt: str | None = None,
     ):
-        mm_features = [MultiModalFeature(*f) for f in mm_features]
-        _validate_request(request_id, prompt_token_ids, mm_features, cache_salt)
+        _validate_request(
+            request_id, prompt_token_ids, block_hasher, lora_name, lora_path
+        )
+        _checks.instance("cache_salt", cache_salt, (str, type(None)), "a str or None")
+        mm_features = _validate_mm_features(mm_features, len(prompt_token_ids))
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)
@@ -70,19 +73,25 @@ class Request:
 
     def _update_block_hashes(self) -> None:
         if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+            new_hashes = self._block_hasher(self)
+            _checks.instance(
+                "block_hasher(request)", new_hashes, list, "a list of hashes"
+            )
+            self.block_hashes.extend(new_hashes)
 
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
-            f"num_computed_tokens={self.num_computed_tokens}, block_hashes={len(self.block_hashes)})"
+            f"num_computed_tokens={self.num_computed_tokens}, "
+            f"block_hashes={len(self.block_hashes)})"
         )
 
 
 # -- argument checks at the boundary (memlab's, not vLLM's) --------------------------------------
 
 
-def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> None:
+def _validate_request(request_id, prompt_token_ids, block_hasher, *lora) -> None:
+    _checks.instance("request_id", request_id, str)
     if (
         prompt_token_ids is None
     ):  # vLLM's message; an empty prompt is a request, as in vLLM
@@ -90,14 +99,7 @@ def _validate_request(request_id, prompt_token_ids, mm_features, cache_salt) -> 
     _checks.int_list(
         f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids
     )
-    _checks.instance("cache_salt", cache_salt, (str, type(None)), "a str or None")
-    ends = [0] + [
-        f.offset + f.length for f in mm_features
-    ]  # sorted, disjoint, inside the prompt
-    if any(
-        f.offset < end or f.length <= 0 for f, end in zip(mm_features, ends)
-    ) or ends[-1] > len(prompt_token_ids):
-        raise ValueError(
-            f"mm items not sorted and disjoint, or outside the {len(prompt_token_ids)}-token "
-            f"prompt: {mm_features}"
-        )
+    if block_hasher is not None:
+        _checks.function("block_hasher", block_hasher)
+    for name, value in zip(("lora_name", "lora_path"), lora):
+        _checks.instance(name, value, (str, type(None)), "a str or None")

@@ -4,6 +4,7 @@ with each prefix cache: none, vLLM's block hashes, SGLang's radix tree, the radi
 import random
 
 import pytest
+import torch
 
 from memlab.capstone.engine import (
     Engine,
@@ -12,10 +13,10 @@ from memlab.capstone.engine import (
     TinyLlama,
     generate_reference,
 )
-from memlab.common.sizing import check_decode_mem, retract_decode
 from memlab.sglang.allocation import alloc_for_extend, release_kv_cache
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
+from memlab.sglang.schedule_policy import PrefillAdder
 
 MODEL = TinyLlama(TinyConfig())
 RNG = random.Random(0)
@@ -45,11 +46,20 @@ def test_engine_matches_the_reference(ps, cache):
     assert len(e.req_to_token_pool.free_slots) == e.req_to_token_pool.size
 
 
+# Eight requests, for pages of 16: four cannot outgrow what admission reserves for them.
+MORE = PROMPTS + [[RNG.randrange(128) for _ in range(n)] for n in (11, 3, 14, 7)]
+
+
 @pytest.mark.parametrize("cache", CACHES)
-@pytest.mark.parametrize("ps,tokens,new", [(1, 64, NEW), (16, 64, 24)])
-def test_retraction_under_a_small_pool_keeps_the_outputs(ps, tokens, new, cache):
-    # The pool cannot hold every request at its final length, so decode steps must retract.
-    want = REF if new == NEW else generate_reference(MODEL, PROMPTS, new)
+@pytest.mark.parametrize(
+    "ps,tokens,new,prompts", [(1, 64, NEW, PROMPTS), (16, 128, 32, MORE)]
+)
+def test_retraction_under_a_small_pool_keeps_the_outputs(
+    ps, tokens, new, prompts, cache
+):
+    # Admission reserves 0.7 of what each running request will still write (new_token_ratio);
+    # they write all of it, so a decode step comes up short and must retract.
+    want = generate_reference(MODEL, prompts, new)
     e = Engine(
         MODEL,
         page_size=ps,
@@ -59,65 +69,11 @@ def test_retraction_under_a_small_pool_keeps_the_outputs(ps, tokens, new, cache)
         prefix_cache=cache,
         debug_mode=True,
     )
-    assert e.generate(PROMPTS, new) == want
+    assert e.generate(prompts, new) == want
     assert e.stats["retracted"] > 0
     e.check_books()
     if cache is None:
         assert e.allocator.available_size() == e.allocator.num_pages * ps
-
-
-# A request retracted earlier and prefilling again in chunks holds pages but is not in
-# the decode batch: found by helper "model" (the engine raised "cannot hold one more
-# token of a single request").
-LONG = [[RNG.randrange(128) for _ in range(n)] for n in (23, 29, 21, 23)]
-
-
-class DecodeBatchOnlyRetraction(Engine):
-    """The bug: only the decode batch may be retracted; a prefill in progress keeps its pages."""
-
-    def _retract_for_decode(self, decoding):
-        views, free = self._decode_views(decoding), self.allocator.available_size
-        if check_decode_mem(views, free, self.page_size, evict=self._evict):
-            return decoding
-        by_rid = {r.rid: r for r in decoding}
-        kept, _, fits = retract_decode(
-            views,
-            free,
-            self.page_size,
-            release=lambda v: self._retract(by_rid[v.rid]),
-            evict=self._evict,
-        )
-        if not fits:
-            raise RuntimeError(
-                "the pool cannot hold one more token of a single request"
-            )
-        return [by_rid[v.rid] for v in kept]
-
-
-@pytest.mark.parametrize("num_tokens", [64, 48])
-def test_a_prefill_in_progress_is_retracted_when_a_decode_step_cannot_fit(num_tokens):
-    want = generate_reference(MODEL, LONG, 12)
-    for cache in (None, "hash", "radix"):
-        e = Engine(
-            MODEL,
-            page_size=1,
-            num_tokens=num_tokens,
-            chunk_size=16,
-            attention="torch",
-            prefix_cache=cache,
-            debug_mode=True,
-        )
-        assert e.generate(LONG, 12) == want
-        assert e.stats["retracted"] > 0
-    with pytest.raises(RuntimeError, match="cannot hold one more token"):
-        DecodeBatchOnlyRetraction(
-            MODEL,
-            page_size=1,
-            num_tokens=num_tokens,
-            chunk_size=16,
-            attention="torch",
-            prefix_cache=None,
-        ).generate(LONG, 12)
 
 
 @pytest.mark.parametrize("cache", ["hash", "radix", "hicache"])
@@ -323,3 +279,204 @@ def test_the_engine_books_catch_a_page_owned_twice():
     ]  # b maps a's own page
     with pytest.raises(AssertionError, match="held by requests"):
         e.check_books()
+
+
+# -- admission: SGLang's PrefillAdder (memlab.sglang.schedule_policy) --------------------------------
+
+
+def issue_32_prompts():
+    """23, 11, 29 and 60 prompt tokens; the first and third share their first 20."""
+    rng = random.Random(0)
+    shared = [rng.randrange(1, 128) for _ in range(20)]
+
+    def tail(n):
+        return [rng.randrange(1, 128) for _ in range(n)]
+
+    return [shared + tail(3), tail(11), shared + tail(9), tail(60)]
+
+
+def admission_steps(e, prompts, new) -> dict:
+    """Serve; the step at which each request first holds KV."""
+    reqs = [e.add_request(p, new) for p in prompts]
+    first, step = {}, 0
+    while e.step():
+        step += 1
+        for r in e.running + ([e.chunked_req] if e.chunked_req else []):
+            first.setdefault(r.rid, step)
+    assert [r.output for r in reqs] == generate_reference(MODEL, prompts, new)
+    return first
+
+
+def issue_32_engine():
+    return Engine(
+        MODEL,
+        page_size=16,
+        num_tokens=7 * 16,
+        attention="torch",
+        prefix_cache="radix",
+        debug_mode=True,
+    )
+
+
+def test_issue_32_case_queues_instead_of_admitting_all(monkeypatch):
+    """Issue 32: a radix cache, pages of 16, 7 pages, 16 new tokens each. The old engine admitted
+    all four in its first step and retracted one later. SGLang's adder admits A and B (B leaves
+    no room for what A and B will still write), C at step 4 once the reserve has shrunk (its
+    first page cached by A), D alone after A, B and C finished; nothing is retracted.
+    tests/sglang/test_schedule_policy.py traces the rounds by hand and against the wheel."""
+    e = issue_32_engine()
+    assert admission_steps(e, issue_32_prompts(), 16) == {0: 1, 1: 1, 2: 4, 3: 20}
+    assert e.stats["retracted"] == 0 and e.stats["cached_tokens"] == 16
+    # Without the running requests' remaining output in the budget (the issue's mistake), C
+    # comes in at step 2, when A and B still have 15 tokens each to write.
+    monkeypatch.setattr(
+        PrefillAdder, "_get_running_request_total_token_offset", lambda self, r: 0
+    )
+    assert admission_steps(issue_32_engine(), issue_32_prompts(), 16)[2] == 2
+
+
+class Watched(Engine):
+    """Keeps the decode batch each step left after its fit check (and retractions)."""
+
+    def update_running_batch(self):
+        self.kept = list(super().update_running_batch())
+        return self.kept
+
+
+def test_new_token_ratio_decays_rises_on_retraction_and_resets_idle():
+    """SGLang's scheduler: each decode step that fits lowers the ratio by (0.7 - 0.098) / 600
+    (``NewTokenRatioTracker.decay_step``), a retraction sets it to what the kept requests decoded
+    as if 20 more steps had run (``estimate_new_token_ratio_after_retract``), a prefill step
+    leaves it, and the idle scheduler resets it to 0.7."""
+    e = Watched(
+        MODEL, num_tokens=64, chunk_size=16, attention="torch", prefix_cache=None
+    )
+    t = e.new_token_ratio_tracker
+    for p in PROMPTS:
+        e.add_request(p, NEW)
+    seen = set()
+    while True:
+        before, retracted, e.kept = t.current, e.stats["retracted"], None
+        if not e.step():
+            assert t.current == 0.7
+            break
+        if e.kept is None:  # a prefill step
+            seen.add("prefill")
+            assert t.current == before
+        elif e.stats["retracted"] == retracted:
+            seen.add("decode")
+            assert t.current == pytest.approx(max(before - t.decay, t.min))
+        else:
+            seen.add("retract")
+            decoded = sum(len(r.output) - 1 for r in e.kept)  # before this step's token
+            want = (decoded + 20 * len(e.kept)) / (NEW * len(e.kept) + 1)
+            assert t.current == min(1.0, want) > before
+    assert seen == {"prefill", "decode", "retract"}
+
+
+def test_a_retracted_request_joins_the_back_of_the_queue():
+    """SGLang's ``_add_request_to_queue`` appends a retracted request: under FCFS the requests
+    still waiting go first."""
+    e = Engine(
+        MODEL, num_tokens=64, chunk_size=16, attention="torch", prefix_cache=None
+    )
+    for p in PROMPTS + PROMPTS[:2]:
+        e.add_request(p, NEW)
+    while e.stats["retracted"] == 0:
+        assert e.step()
+    victim = e.waiting[
+        -1
+    ]  # it came before the ones still waiting, and waits behind them
+    assert victim.output and len(e.waiting) > 1
+    assert all(r.rid > victim.rid for r in e.waiting[:-1])
+
+
+def test_chunk_size_must_be_a_multiple_of_the_page():
+    with pytest.raises(ValueError, match="multiple of page_size"):
+        Engine(MODEL, page_size=16, chunk_size=24, attention="torch")
+
+
+# -- SGLang's --enable-mixed-chunk, and the torch attention paths --------------------------------
+
+
+def serve_counting_mixed_steps(e, prompts, new):
+    """Serve with newcomers arriving while others decode; (outputs, steps, mixed steps)."""
+    reqs = [e.add_request(p, new) for p in prompts[:2]]
+    steps = mixed = 0
+    late = list(prompts[2:])
+    while True:
+        before = dict(e.stats)
+        if not e.step():
+            break
+        steps += 1
+        grew = [
+            e.stats[k] > before.get(k, 0) for k in ("prefill_tokens", "decode_tokens")
+        ]
+        mixed += all(grew)
+        if late and steps % 2:
+            reqs.append(e.add_request(late.pop(0), new))
+    return [r.output for r in reqs], steps, mixed
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("ps", [1, 16])
+def test_mixed_chunks_decode_in_the_prefill_pass(ps, cache):
+    """With ``enable_mixed_chunk`` the running requests decode in the pass that prefills a
+    newcomer (SGLang's ``mix_with_running``), with the same outputs. (The chunk is larger than
+    a page: the adder takes one token per running request off it first.)"""
+    prompts = MORE
+    want = generate_reference(MODEL, prompts, NEW)
+    runs = {}
+    for mixed in (False, True):
+        e = Engine(
+            MODEL,
+            page_size=ps,
+            num_tokens=512,
+            chunk_size=64,
+            attention="torch",
+            prefix_cache=cache,
+            enable_mixed_chunk=mixed,
+            debug_mode=True,
+        )
+        runs[mixed] = serve_counting_mixed_steps(e, prompts, NEW)
+        assert sorted(runs[mixed][0]) == sorted(want)
+        e.check_books()
+    assert runs[False][2] == 0 < runs[True][2]
+
+
+@pytest.mark.kernel
+def test_mixed_chunks_through_the_triton_attention_kernel():
+    prompts = [PROMPTS[0], PROMPTS[3][:4], PROMPTS[2][:6]]
+    e = Engine(
+        MODEL,
+        page_size=16,
+        num_tokens=128,
+        chunk_size=64,
+        attention="triton",
+        enable_mixed_chunk=True,
+    )
+    outs, _, mixed = serve_counting_mixed_steps(e, prompts, 3)
+    assert mixed and outs == generate_reference(MODEL, prompts, 3)
+
+
+def test_decode_attention_equals_chapter_09s_reference():
+    """The engine's flat decode attention (every request's keys in one list, a softmax per
+    request) against ``attention_over_slots`` (rows padded to the longest), on rows of very
+    different lengths, grouped query heads."""
+    from memlab.common import attention
+
+    g = torch.Generator().manual_seed(0)
+    lens = torch.tensor([1, 37, 5, 120, 2])
+    table = torch.randint(1, 601, (5, 128), generator=g)
+    k_buf, v_buf = (
+        torch.randn(601, 2, 16, generator=g),
+        torch.randn(601, 2, 16, generator=g),
+    )
+    q = torch.randn(5, 4, 16, generator=g)
+    rows = torch.arange(5)
+    slots, mask = attention.slots_from_req_to_token(table, rows, lens)
+    want = attention.attention_over_slots(q, k_buf, v_buf, slots, mask, 16**-0.5)
+    tok_req = torch.repeat_interleave(torch.arange(5), lens)
+    key_pos = torch.cat([torch.arange(n) for n in lens.tolist()])
+    got = Engine._decode_attention(q, k_buf, v_buf, table[tok_req, key_pos], tok_req)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

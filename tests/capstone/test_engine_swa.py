@@ -142,6 +142,11 @@ def swa_held(alloc) -> int:
     )
 
 
+def holding(e) -> list:
+    """The requests that hold KV: the decode batch and a prefill in chunks."""
+    return e.running + ([e.chunked_req] if e.chunked_req is not None else [])
+
+
 def serve_watching_the_window(e, p):
     """Serve ``p`` step by step; after each step, every running request's SWA cursor must be where
     SGLang's free_swa_out_of_window_slots leaves it (the batch's first position for the request,
@@ -151,11 +156,11 @@ def serve_watching_the_window(e, p):
     reqs = [e.add_request(x, NEW) for x in p]
     want = {}
     while True:
-        before = {r.rid: r.kv.kv_allocated_len for r in e.running}
+        before = {r.rid: r.kv.kv_allocated_len for r in holding(e)}
         if not e.step():
             break
         held = 0
-        for r in e.running:
+        for r in holding(e):
             kv, pre_len = r.kv, before.get(r.rid, 0)
             if (
                 kv.kv_allocated_len != pre_len

@@ -779,3 +779,26 @@ def test_policy_widget_names_what_a_buddy_pool_cannot_run():
     ]
     fig = draw_policies("Azure 2023 conv", 16, n=200, placement="first_fit")
     assert not fig.texts and len(fig.axes[0].get_yticklabels()) == 4
+
+
+def test_azure_arrivals_are_the_trace_timestamps_in_seconds():
+    """The TIMESTAMP column as seconds after the first request (bench/bench_engine.py replays
+    the conversation trace at these times): read here from the file's own text."""
+    import gzip
+
+    from memlab.capstone.sim.workload import DATA_DIR
+
+    with gzip.open(DATA_DIR / "azure_llm_2023_conv.csv.gz", "rt") as f:
+        rows = [next(f) for _ in range(4)][1:]  # the header, then three requests
+    # 18:15:46.6805900, 18:15:50.9951690, 18:15:51.2224670: to the microsecond
+    assert [r.split(",")[0][11:] for r in rows] == [
+        "18:15:46.6805900",
+        "18:15:50.9951690",
+        "18:15:51.2224670",
+    ]
+    at = sim.load_azure_arrivals("conv", 3)
+    assert at.tolist() == pytest.approx([0.0, 4.314579, 4.541877], abs=1e-6)
+    every = sim.load_azure_arrivals("code")
+    assert len(every) == len(sim.load_azure("code")) and (every[1:] >= every[:-1]).all()
+    with pytest.raises(ValueError, match="kind must be"):
+        sim.load_azure_arrivals("chat")

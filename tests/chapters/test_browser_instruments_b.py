@@ -1,22 +1,17 @@
-"""Chapters 06, 07, 09 and 11's instruments in a real browser: JupyterLab on a free local port,
-each chapter opened in headless Chromium and run down to its instrument; then an
-operation typed or picked and clicked, a bad input refused with the library's message
-(books and picture unchanged), undo, a cell hovered. After each, the picture is checked
-and the books shown are compared with the books read from the live objects in the
-kernel. Screenshots go to artifacts/browser/ (git-ignored). Every wait is for a
-condition, never a fixed time. Needs Chromium and Playwright (skips, naming what is
-missing), as tests/chapters/test_browser_instruments.py, whose helpers it uses.
+"""Chapters 06, 07, 09 and 11's instruments in a real browser (the harness:
+tests/tools/browser.py; one JupyterLab and one Chromium for the session). Each chapter is opened
+in its own tab and run down to its instrument; then an operation typed or picked and clicked, a
+bad input refused with the library's message (books and picture unchanged), undo, a cell
+hovered. After each, the picture is checked and the books shown are compared with the books read
+from the live objects in the kernel. Screenshots go to artifacts/browser/.
 """
 
-import pytest
-
-from memlab_tests.chapters.test_browser_instruments import (
-    ARTIFACTS,
-    CHROMIUM_FLAGS,
+from memlab_tests.tools.browser import (
     WAIT,
-    kernel_eval,
-    serve_lab,
-    wait_idle,
+    Inst,
+    close_notebook,
+    no_error_output,
+    open_instrument,
 )
 
 CHAPTERS = (
@@ -27,181 +22,15 @@ CHAPTERS = (
 )
 
 
-@pytest.fixture(scope="module")
-def lab():
-    with serve_lab("lab-instruments-b", CHAPTERS) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def browser(lab):
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(lab["state"] / "chromium"),
-            executable_path=lab["chromium"],
-            headless=True,
-            args=CHROMIUM_FLAGS,
-            viewport={"width": 1300, "height": 1700},
-        )
-        try:
-            yield ctx
-        finally:
-            ctx.close()
-
-
-# -- one instrument on the page -----------------------------------------------------------------------
-
-
-class Inst:
-    """The ``index``-th instrument of the open notebook, and the kernel variable that holds it."""
-
-    def __init__(self, page, index: int, var: str, books_fn: str):
-        self.page, self.var, self.books_fn = page, var, books_fn
-        self.loc = page.locator(".memlab-instrument").nth(index)
-        self.sel = f"document.querySelectorAll('.memlab-instrument')[{index}]"
-
-    def svg(self) -> str:
-        return self.loc.locator("svg.memlab-svg").first.evaluate("e => e.outerHTML")
-
-    def view(self) -> str:
-        """Every picture of the instrument (chapter 09 draws two SVGs)."""
-        return self.page.evaluate(
-            f"() => [...{self.sel}.querySelectorAll('svg.memlab-svg')].map(e => e.outerHTML).join('')"
-        )
-
-    def shown(self) -> dict:
-        return self.page.evaluate(f"""() => Object.fromEntries([...{self.sel}.querySelectorAll('.memlab-books .memlab-book')]
-            .map(b => [b.querySelector('.memlab-book-key').textContent, b.querySelector('.memlab-book-value').textContent]))""")
-
-    def real(self) -> dict:
-        """The books read in the kernel from the live objects, by the chapter's books function."""
-        return kernel_eval(
-            self.page,
-            "import json; from memlab.course.viz.instrument import books_value; "
-            f"print(json.dumps({{k: books_value(v) for k, v in {self.books_fn}({self.var}.world).items()}}))",
-        )
-
-    def row(self, op: str):
-        return self.loc.locator(
-            ".widget-hbox", has=self.page.locator(f".memlab-op-{op}")
-        )
-
-    def type(self, op: str, *values) -> None:
-        """Fill the text boxes of operation ``op``'s row, in order, committing each (Enter)."""
-        boxes = self.row(op).locator("input[type=text], .widget-text input")
-        for i, v in enumerate(values):
-            if v is None:
-                continue
-            box = boxes.nth(i)
-            box.fill(v)
-            box.press("Enter")
-
-    def pick(self, op: str, i: int, label: str) -> None:
-        self.row(op).locator("select").nth(i).select_option(label=label)
-
-    def click(self, op: str) -> None:
-        self.loc.locator(f".memlab-op-{op}").click()
-
-    def wait_call(self, words: str) -> None:
-        self.page.wait_for_function(
-            f"(w) => {{ const e = {self.sel}.querySelector('.memlab-call');"
-            " return e && e.textContent.includes(w); }",
-            arg=words,
-            timeout=WAIT,
-        )
-
-    def wait_error(self, words: str) -> str:
-        self.page.wait_for_function(
-            f"(w) => {{ const e = {self.sel}.querySelector('.memlab-error');"
-            " return e && e.textContent.includes(w); }",
-            arg=words,
-            timeout=WAIT,
-        )
-        wait_idle(self.page)
-        return self.loc.locator(".memlab-error").text_content()
-
-    def wait_view_changed(self, old: str) -> str:
-        self.page.wait_for_function(
-            f"(old) => [...{self.sel}.querySelectorAll('svg.memlab-svg')]"
-            ".map(e => e.outerHTML).join('') !== old",
-            arg=old,
-            timeout=WAIT,
-        )
-        wait_idle(self.page)
-        return self.view()
-
-    def shot(self, name: str) -> None:
-        self.loc.screenshot(path=str(ARTIFACTS / name))
-        assert (ARTIFACTS / name).stat().st_size > 10_000
-
-
-def open_chapter(browser, lab, name: str, marker: str):
-    """Open chapter ``name`` and run it down to (and including) the cell whose source has ``marker``."""
-    page = browser.new_page()
-    page.goto(
-        lab["url"](name, "instruments-b"), wait_until="domcontentloaded", timeout=WAIT
-    )
-    # the workspace may restore the chapter opened before: wait for this one to be the
-    # current widget
-    page.wait_for_function(
-        "(n) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-        " return w && w.sessionContext && w.context && w.context.path.endsWith(n); }",
-        arg=name,
-        timeout=WAIT,
-    )
-    page.evaluate("""async () => { const p = window.jupyterapp.shell.currentWidget;
-        await p.context.ready; await p.sessionContext.ready; }""")
-    page.add_style_tag(content=".Toastify { display: none !important; }")
-    cell = page.evaluate(
-        """(m) => { const nb = window.jupyterapp.shell.currentWidget.content;
-        const i = nb.widgets.findIndex(c => c.model.sharedModel.getSource().includes(m));
-        if (i >= 0) nb.activeCellIndex = i + 1;
-        return i; }""",
-        marker,
-    )
-    assert cell > 0, f"{name} has no cell with {marker!r}"
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-above')")
-    return page
-
-
-def wait_instruments(page, n: int) -> None:
-    page.wait_for_function(
-        f"() => document.querySelectorAll('.memlab-instrument svg.memlab-svg').length >= {n}",
-        timeout=WAIT,
-    )
-    wait_idle(page)
-
-
-def no_error_output(page, name: str) -> None:
-    errors = page.locator(
-        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-    )
-    texts = [errors.nth(i).text_content() or "" for i in range(errors.count())]
-    bad = [t for t in texts if "Error" in t or "Traceback" in t]
-    assert not bad, f"error output in {name}: {bad[0][:500]}"
-
-
 def hover(inst: Inst, gid: str) -> str:
-    cell = inst.loc.locator(f'g.memlab-cell[data-gid="{gid}"]').first
-    cell.scroll_into_view_if_needed()
-    cell.locator("rect.memlab-box").hover()
-    inst.page.wait_for_function(
-        f"""() => {{ const t = {inst.sel}.querySelector('g.memlab-cell[data-gid="{gid}"] > .memlab-tip');
-        return t && getComputedStyle(t).visibility === 'visible'; }}""",
-        timeout=WAIT,
-    )
-    return cell.locator("title").text_content()
+    return inst.hover(gid)
 
 
 # -- the chapters ---------------------------------------------------------------------------------------
 
 
 def test_chapter_06_block_pool_instrument(browser, lab):
-    page = open_chapter(browser, lab, CHAPTERS[0], "block_pool_instrument(")
-    wait_instruments(page, 1)
+    page = open_instrument(browser, lab, CHAPTERS[0], "block_pool_instrument(")
     inst = Inst(page, 0, "inst", "viz.vllm_books.vllm_books")
     inst.loc.scroll_into_view_if_needed()
     assert "the story's last step" in inst.loc.locator(".memlab-call").text_content()
@@ -209,7 +38,7 @@ def test_chapter_06_block_pool_instrument(browser, lab):
     assert books == inst.real() and books["free queue (head -> tail)"] == "[4, 2, 1]"
     inst.shot("06_instrument_open.png")
 
-    inst.type("submit", "E", "0 1 2 3 4 5 6 7 60 61")
+    inst.type_row("submit", "E", "0 1 2 3 4 5 6 7 60 61")
     inst.click("submit")
     inst.wait_call("blocks [1, 2], 8 tokens")
     after = inst.wait_view_changed(opening)
@@ -231,7 +60,7 @@ def test_chapter_06_block_pool_instrument(browser, lab):
         and freed["free queue (head -> tail)"] == "[10, 9, 8, 7, 6, 5]"
     )  # reversed: the tail of C first
 
-    inst.type("submit", "F", "-1 2")
+    inst.type_row("submit", "F", "-1 2")
     inst.click("submit")
     error = inst.wait_error("must hold ints >= 0")
     assert (
@@ -252,19 +81,18 @@ def test_chapter_06_block_pool_instrument(browser, lab):
     ), tip
     inst.shot("06_instrument_hover.png")
     no_error_output(page, CHAPTERS[0])
-    page.close()
+    close_notebook(page)
 
 
 def test_chapter_07_window_and_mamba_instruments(browser, lab):
-    page = open_chapter(browser, lab, CHAPTERS[1], "mamba_instrument(")
-    wait_instruments(page, 2)
+    page = open_instrument(browser, lab, CHAPTERS[1], "mamba_instrument(", count=2)
     swa = Inst(page, 0, "swa", "viz.hybrid_books.swa_books")
     swa.loc.scroll_into_view_if_needed()
     opening, books = swa.view(), swa.shown()
     assert books == swa.real() and "swa_evicted_len 4" in books["request A"]
     swa.shot("07_instrument_open.png")
 
-    swa.type("extend", "C", "3")
+    swa.type_row("extend", "C", "3")
     swa.click("extend")
     swa.wait_call("extend_lens=[3]")
     after = swa.wait_view_changed(opening)
@@ -276,7 +104,7 @@ def test_chapter_07_window_and_mamba_instruments(browser, lab):
     )
     swa.shot("07_instrument_after_extend.png")
 
-    swa.type("extend", "E", "-2")
+    swa.type_row("extend", "E", "-2")
     swa.click("extend")
     error = swa.wait_error("shorter than its prefix")
     assert (
@@ -306,7 +134,7 @@ def test_chapter_07_window_and_mamba_instruments(browser, lab):
     m_open = mamba.view()
     assert mamba.shown() == mamba.real()
     mamba.pick("track", 0, "C")
-    mamba.type("track", "64")
+    mamba.type_row("track", "64")
     mamba.click("track")
     mamba.wait_call("track_state([3], [64])")
     mamba.wait_view_changed(m_open)
@@ -316,12 +144,11 @@ def test_chapter_07_window_and_mamba_instruments(browser, lab):
     )
     mamba.shot("07_mamba_instrument_after_track.png")
     no_error_output(page, CHAPTERS[1])
-    page.close()
+    close_notebook(page)
 
 
 def test_chapter_09_attention_instrument(browser, lab):
-    page = open_chapter(browser, lab, CHAPTERS[2], "attention_instrument(")
-    wait_instruments(page, 1)
+    page = open_instrument(browser, lab, CHAPTERS[2], "attention_instrument(")
     inst = Inst(page, 0, "inst", "viz.draw_attention.attn_books")
     inst.loc.scroll_into_view_if_needed()
     page.wait_for_function(
@@ -350,7 +177,7 @@ def test_chapter_09_attention_instrument(browser, lab):
     assert inst.shown() == books == inst.real()  # reading changes no book
     inst.shot("09_instrument_after_read.png")
 
-    inst.type("extend", "B", "-1")
+    inst.type_row("extend", "B", "-1")
     inst.click("extend")
     error = inst.wait_error("shorter than its prefix")
     assert (
@@ -374,12 +201,11 @@ def test_chapter_09_attention_instrument(browser, lab):
     )
     inst.shot("09_instrument_hover.png")
     no_error_output(page, CHAPTERS[2])
-    page.close()
+    close_notebook(page)
 
 
 def test_chapter_11_radix_instrument(browser, lab):
-    page = open_chapter(browser, lab, CHAPTERS[3], "radix_instrument(")
-    wait_instruments(page, 1)
+    page = open_instrument(browser, lab, CHAPTERS[3], "radix_instrument(")
     inst = Inst(page, 0, "inst", "viz.radix_books.radix_books_of")
     inst.loc.scroll_into_view_if_needed()
     assert "the story's last step" in inst.loc.locator(".memlab-call").text_content()
@@ -387,7 +213,7 @@ def test_chapter_11_radix_instrument(browser, lab):
     assert books == inst.real() and books["device available_size()"] == "24"
     inst.shot("11_instrument_open.png")
 
-    inst.type("load_back", "<s> You are brief . What is KV ?")
+    inst.type_row("load_back", "<s> You are brief . What is KV ?")
     inst.click("load_back")
     inst.wait_call("tree.load_back(m.last_host_node)")
     after = inst.wait_view_changed(opening)
@@ -402,7 +228,7 @@ def test_chapter_11_radix_instrument(browser, lab):
     assert inst.shown() == shown == inst.real() and inst.view() == after
     inst.shot("11_instrument_refused.png")
 
-    inst.type(
+    inst.type_row(
         "arrive",
         "E",
         "<s> You are brief . What is KV ? and a very long question that wraps",
@@ -424,4 +250,4 @@ def test_chapter_11_radix_instrument(browser, lab):
     assert tip.startswith("node 1 · key 'KV ?' (2 tokens: ids [7, 9])"), tip
     inst.shot("11_instrument_hover.png")
     no_error_output(page, CHAPTERS[3])
-    page.close()
+    close_notebook(page)

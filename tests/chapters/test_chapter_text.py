@@ -352,3 +352,48 @@ def test_chapter_00_opens_the_glossary_in_jupyterlab_github_and_colab():
     # JupyterLab and GitHub follow the relative link; Colab opens the GitHub page
     # (set_home moves it).
     assert f"]({github_url('chapters/glossary.md')})" in md
+
+
+def test_issue_30_engine_and_memlab_facts_stay_corrected():
+    """Each sentence here was wrong or misleading once (issue 30), checked against the SGLang
+    0.5.23 / vLLM 0.33 wheels and against memlab itself."""
+    ch = {
+        n: " ".join(markdown_of(twin(n)).split())
+        for n in ("00", "04", "07", "10", "11", "12")
+    }
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    # 12: the flag is refused loudly, DeepSeek-V4 too; the scheduler does branch on types.
+    assert "turns the flag down" not in ch["12"] and "`ValueError`" in ch["12"]
+    assert "DeepSeek-V4" in ch["12"] and "never asks what kind" not in ch["12"]
+    assert "`isinstance`" in ch["12"] and "pages it has never used" not in ch["12"]
+    assert "seed" not in ch["12"] and "padding sink" not in ch["12"]
+    assert "SGLang's default is **lazy** compaction" in ch["12"]
+    assert "memlab keeps SGLang's **eager** compaction" not in ch["12"]
+    assert "`min(full, swa)`" in ch["12"]
+    # 10: vLLM admits only when the whole current sequence fits; SGLang's 4096 caps.
+    assert (
+        "full_sequence_must_fit" in ch["10"]
+        and "scheduler_reserve_full_isl" in ch["10"]
+    )
+    assert "admits on the blocks needed now" not in ch["10"]
+    assert ch["10"].count("4096") >= 2
+    # 07: the release cadence and window, why two counts, the deferred zeroing, the real state.
+    assert "max(w, draft window)" in ch["07"] and "every chunk" in ch["07"]
+    assert "(memlab zeroes the slot when it hands it out.)" not in ch["07"]
+    assert "Why two counts?" in ch["07"] and "A holds 9 tokens" in ch["07"]
+    assert "| extra buffer | overlap scheduler | lazy | tracking slots |" in ch["07"]
+    # 11: RadixKey's fields and SGLang's parameter objects.
+    assert "name for name" not in ch["11"] and "`MatchPrefixParams`" in ch["11"]
+    assert "(token_ids, extra_key, is_bigram, limit, cache_salt)" in ch["11"]
+    # 00, 04: words defined before use.
+    assert ch["00"].index("[decodes](glossary.md#decode)") < ch["00"].index("## Run it")
+    assert "A continues its prefill with 6 more tokens" not in ch["00"]
+    assert "page 0, the padding page" in ch["00"] and "vLLM's `block_size`" in ch["00"]
+    assert ch["04"].index("`alloc_for_extend` is the scheduler's side") < ch[
+        "04"
+    ].index("## Pages")
+    assert "masked store writes only the lanes" in ch["04"]
+    assert "never fewer than the batch needs" not in ch["04"]
+    # README: what memlab names and what the engines name.
+    assert "SGLang has no `mla_decode_attention_fwd`" in readme
+    assert "vLLM 0.33 has no `paged_attention`" in readme

@@ -47,6 +47,7 @@ CORE = [
     "memlab/common/sizing.py",
     "memlab/sglang/write_loc.py",
     "memlab/common/attention.py",
+    "memlab/sglang/schedule_policy.py",
     "memlab/sglang/radix_cache.py",
     "memlab/sglang/hicache.py",
     "memlab/sglang/unified/pool.py",

@@ -1,4 +1,4 @@
-"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, duplicates, debug mode.
+"""vLLM's free queue and block pool: exact orders, lazy eviction, the null block, copies, debug.
 
 Pools and queues are built with ``debug_mode=True`` (memlab's per-block scans), but where a test
 says otherwise: debug mode off is vLLM's trusting hot path.
@@ -81,33 +81,39 @@ def test_queue_append_prepend_keep_the_given_order():
 
 def test_queue_errors_on_empty_pop_and_unlinked_remove():
     blocks, q = make_queue(2)
-    with pytest.raises(
-        AssertionError
-    ):  # vLLM's bare assert: its callers check the count first
+    # vLLM's queue has a bare assert here; memlab says it in the words of get_new_blocks.
+    with pytest.raises(ValueError, match="^Cannot get 3 free blocks from the pool$"):
         q.popleft_n(3)
     assert q.num_free_blocks == 2  # refused: nothing popped
+    assert ids(q.get_all_free_blocks()) == [0, 1]
     with pytest.raises(ValueError, match="n must be an int >= 0"):
         q.popleft_n(-1)
     q.popleft_n(2)
     with pytest.raises(ValueError, match="^No free blocks available$"):  # vLLM's words
         q.popleft()
     assert q.popleft_n(0) == []
-    with pytest.raises(ValueError, match="block 1.*not in the free queue"):
+    with pytest.raises(ValueError, match="block 1: not queued"):
         q.remove(blocks[1])
     q.append(blocks[1])
-    with pytest.raises(ValueError, match="block 1.*already in the free queue"):
+    with pytest.raises(ValueError, match="append.*queued already"):
         q.append(blocks[1])
     assert q.num_free_blocks == 1
 
 
-def test_block_is_slotted_and_its_hash_is_set_once():
+def test_block_is_slotted_and_its_hash_is_set_once_through_set_block_hash():
     b = KVCacheBlock(3)
     assert not hasattr(b, "__dict__")
-    b.block_hash = b"h"
-    with pytest.raises(ValueError, match="block 3 already has hash"):
-        b.block_hash = b"other"
+    with pytest.raises(AttributeError):
+        b.block_hash = b"h"  # vLLM's property is read-only: set_block_hash() sets it
+    b.set_block_hash(b"h")
+    assert b.block_hash == b"h"
+    with pytest.raises(AssertionError, match="The block already has a hash"):
+        b.set_block_hash(b"other")  # vLLM's assert, word for word
+    assert b.block_hash == b"h"
     b.reset_hash()
     assert b.block_hash is None
+    b.set_block_hash(b"again")
+    assert b.block_hash == b"again"
 
 
 # ---- the pool ------------------------------------------------------------------------------
@@ -236,16 +242,15 @@ def test_duplicate_blocks_for_one_hash():
     cache(pool, a, ["same"])
     cache(pool, b, ["same"])  # a second request computed the same prefix meanwhile
     assert len(pool.cached_block_hash_to_block) == 1
-    assert sorted(ids(blk for _, blk in pool.cached_block_hash_to_block.items())) == [
-        1,
-        2,
-    ]
-    assert pool.get_cached_block("same").block_id in (1, 2)
+    assert pool.cached_block_hash_to_block._cache == {"same": {1: a[0], 2: b[0]}}
+    assert pool.get_cached_block("same") is a[0]  # the first copy cached
     pool.free_blocks(b)
     pool.free_blocks(a)
     assert queue_ids(pool) == [3, 4, 5, 2, 1]
     pool.get_new_blocks(4)  # reaches block 2: evicts that copy only
     assert pool.get_cached_block("same").block_id == 1
+    # vLLM keeps the dict of the one copy left (its union type turns back only when empty).
+    assert pool.cached_block_hash_to_block._cache == {"same": {1: a[0]}}
     pool.check_invariants()
 
 
@@ -256,12 +261,13 @@ def test_hash_map_pop_removes_only_the_named_copy():
         m.insert("k", b)
     assert m.pop("k", 9) is None and m.pop("nope", 1) is None
     assert m.pop("k", 2) is b2 and m.pop("k", 1) is b1
-    assert (
-        m.get_one_block("k") is b3
-        and m.pop("k", 3) is b3
-        and m.get_one_block("k") is None
-    )
+    assert m._cache == {"k": {3: b3}}  # as vLLM: a map of the one block left
+    assert m.get_one_block("k") is b3
+    assert m.pop("k", 3) is b3 and m.get_one_block("k") is None
     assert len(m) == 0
+    m.insert("k", b1)
+    assert m._cache == {"k": b1}  # one copy: the block itself
+    assert m.pop("k", 2) is None and m._cache == {"k": b1}  # another block's: kept
 
 
 def test_reset_prefix_cache_refused_while_blocks_are_in_use():
@@ -282,7 +288,9 @@ def test_double_free_raises_and_changes_nothing():
     pool = BlockPool(6, debug_mode=True)
     a, b = pool.get_new_blocks(2)
     pool.free_blocks([a])
-    with pytest.raises(ValueError, match=f"block {a.block_id} with ref_cnt 0"):
+    with pytest.raises(
+        ValueError, match=f"block {a.block_id} freed more often than taken"
+    ):
         pool.free_blocks([b, a])
     assert b.ref_cnt == 1 and b.block_id not in queue_ids(pool)
     pool.check_invariants()
@@ -298,7 +306,9 @@ def test_caching_disabled_sends_every_freed_block_to_the_head():
 def test_cache_full_blocks_checks_it_has_the_hashes():
     pool = BlockPool(6, debug_mode=True)
     blocks = pool.get_new_blocks(2)
-    with pytest.raises(ValueError, match="cannot cache 2 full blocks.*1 block hashes"):
+    with pytest.raises(
+        ValueError, match="num_full_blocks 2: more than blocks or hashes"
+    ):
         pool.cache_full_blocks(SimpleNamespace(block_hashes=["x"]), blocks, 0, 2)
 
 
@@ -307,7 +317,7 @@ def test_a_refused_cache_full_blocks_changes_nothing():
     blocks = pool.get_new_blocks(3)
     cache(pool, blocks[2:], ["c"])  # the third block is hashed already
     with pytest.raises(
-        ValueError, match=f"block {blocks[2].block_id} already has hash 'c'"
+        ValueError, match=f"cache of block {blocks[2].block_id}: hashed"
     ):
         pool.cache_full_blocks(
             SimpleNamespace(block_hashes=["a", "b", "x"]), blocks, 0, 3
@@ -315,7 +325,9 @@ def test_a_refused_cache_full_blocks_changes_nothing():
     assert blocks[0].block_hash is None and blocks[1].block_hash is None
     assert pool.get_cached_block("a") is None and pool.get_cached_block("b") is None
     a, b = blocks[:2]
-    with pytest.raises(ValueError, match=f"block {a.block_id} appears twice"):
+    with pytest.raises(
+        ValueError, match=f"cache of block {a.block_id}: hashed or listed twice"
+    ):
         pool.cache_full_blocks(SimpleNamespace(block_hashes=["a", "b"]), [a, a], 0, 2)
     assert a.block_hash is None and pool.get_cached_block("a") is None
     pool.check_invariants()
@@ -325,13 +337,11 @@ def test_check_invariants_catches_a_corrupted_pool():
     pool = BlockPool(6, debug_mode=True)
     (b,) = pool.get_new_blocks(1)
     b.ref_cnt = 0  # out of the queue but unreferenced: a leak
-    with pytest.raises(
-        AssertionError, match=f"block {b.block_id} is out of the queue with ref_cnt 0"
-    ):
+    with pytest.raises(AssertionError, match=f"block {b.block_id} is out of the queue"):
         pool.check_invariants()
     pool = BlockPool(6, debug_mode=True)
     pool.blocks[2]._block_hash = "ghost"  # hashed but not in the map
-    with pytest.raises(AssertionError, match="hashed but not mapped"):
+    with pytest.raises(AssertionError, match="hashed and mapped differ"):
         pool.check_invariants()
 
 
@@ -345,7 +355,7 @@ def test_a_hundred_thousand_blocks_are_cheap():
 
 # ---- debug mode: the per-block scans run there only -------------------------------------------
 
-SCANS = ("_check_blocks", "_check_freeable", "_check_unqueued", "_check_unhashed")
+SCANS = ("_check_blocks", "_check_unqueued", "_check_queued")
 
 
 def count_scans(monkeypatch):
@@ -396,8 +406,8 @@ def scans_per_call(pool, calls):
 
 
 def test_the_scans_run_in_debug_mode_only_and_the_mode_is_read_per_call(monkeypatch):
-    calls = count_scans(monkeypatch)
     pool = BlockPool(8)  # debug mode off: vLLM's hot path, which trusts its caller
+    calls = count_scans(monkeypatch)  # (the queue checks its blocks once, when built)
     off = scans_per_call(pool, calls)
     assert all(n == 0 for _, n in off), (
         f"a per-block scan ran outside debug mode: {off}"
@@ -412,7 +422,8 @@ def test_the_scans_run_in_debug_mode_only_and_the_mode_is_read_per_call(monkeypa
 
 
 def bad_calls():
-    """(what, the bad call on a pool holding ``held``): refused in debug mode, trusted outside it."""
+    """(what, the bad call on a pool holding ``held``): refused in debug mode, trusted outside
+    it."""
     return [
         (
             "free of a block of another pool",
@@ -449,7 +460,104 @@ def test_remove_checks_the_type_of_its_block_in_debug_mode_only():
     _, q = make_queue(2)  # debug mode on
     with pytest.raises(TypeError, match="block must be KVCacheBlock, got NoneType"):
         q.remove(None)
-    q.debug_mode = False  # vLLM's remove: the free-queue check only (a touch calls it per hit block)
+    # vLLM's remove: the free-queue check only (a touch calls it per hit block)
+    q.debug_mode = False
     with pytest.raises(AttributeError):
         q.remove(None)
+    assert q.num_free_blocks == 2
+
+
+# ---- vLLM 0.33's names, asserts and calling conventions -----------------------------------------
+
+
+def test_get_new_blocks_keeps_vllms_ref_cnt_assert():
+    """vLLM asserts that a block popped from the free queue has ref_cnt 0 (block_pool.py,
+    get_new_blocks); a queue holding a referenced block is a broken book, caught there."""
+    pool = BlockPool(4)
+    pool.blocks[1].ref_cnt = 2  # referenced, yet at the head of the free queue
+    with pytest.raises(AssertionError):
+        pool.get_new_blocks(1)
+
+
+class NoRefAssertPool(BlockPool):
+    """Bug zoo: get_new_blocks without vLLM's assert (memlab's before issue 31)."""
+
+    def get_new_blocks(self, num_blocks):
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        for block in ret:
+            self._maybe_evict_cached_block(block)
+            block.ref_cnt = 1
+        return ret
+
+
+def test_the_ref_cnt_check_can_fail():
+    pool = NoRefAssertPool(4)
+    pool.blocks[1].ref_cnt = 2
+    assert pool.get_new_blocks(1)[0].ref_cnt == 1  # the broken book passes unnoticed
+
+
+def test_vllms_calls_need_no_adapter():
+    """vLLM 0.33's own calls (tests/v1/core/test_prefix_caching.py's): the pool built with
+    hash_block_size, cache_full_blocks by keyword with block_size and kv_cache_group_id,
+    get_cached_block with kv_cache_group_ids (a list per group, None on a miss)."""
+    pool = BlockPool(num_gpu_blocks=5, enable_caching=True, hash_block_size=4)
+    req = SimpleNamespace(block_hashes=[b"a", b"b", b"c"])
+    blocks = [KVCacheBlock(block_id=i) for i in range(2)]
+    pool.cache_full_blocks(
+        request=req,
+        blocks=blocks,
+        num_cached_blocks=0,
+        num_full_blocks=2,
+        block_size=4,
+        kv_cache_group_id=0,
+    )
+    assert len(pool.cached_block_hash_to_block) == 2
+    assert pool.get_cached_block(b"a", kv_cache_group_ids=[0]) == [blocks[0]]
+    assert pool.get_cached_block(b"c", kv_cache_group_ids=[0]) is None
+    assert pool.get_cached_block(b"b") is blocks[1]  # memlab's short call
+    with pytest.raises(ValueError, match="kv_cache_group_ids"):
+        pool.get_cached_block(b"a", kv_cache_group_ids=[1])  # memlab's pool: one group
+    with pytest.raises(ValueError, match="kv_cache_group_id"):
+        pool.cache_full_blocks(
+            req, [*blocks, KVCacheBlock(3)], 2, 3, 4, kv_cache_group_id=1
+        )
+    with pytest.raises(ValueError, match="block_size 16 is not hash_block_size"):
+        pool.cache_full_blocks(req, [*blocks, KVCacheBlock(3)], 2, 3, 16, 0)
+    assert len(pool.cached_block_hash_to_block) == 2  # the refusals changed nothing
+
+
+def test_what_debug_mode_off_trusts_is_vllms_and_documented():
+    """With debug mode off the pool trusts its caller's blocks as vLLM does: a double free
+    leaves ref_cnt -1, a hashed block stops cache_full_blocks at vLLM's assert after the
+    blocks before it were cached. The docstrings say so; debug mode refuses both first."""
+    assert "ref_cnt goes to -1" in BlockPool.free_blocks.__doc__
+    assert "vLLM's" in BlockPool.cache_full_blocks.__doc__
+    pool = BlockPool(6)
+    (a,) = pool.get_new_blocks(1)
+    pool.free_blocks([a, a])
+    assert a.ref_cnt == -1
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(2)
+    cache(pool, blocks[1:], ["b"])
+    with pytest.raises(AssertionError, match="The block already has a hash"):
+        cache(pool, blocks, ["a", "x"])
+    assert blocks[0].block_hash == "a"  # cached before the assert: vLLM's order
+    pool = BlockPool(6, debug_mode=True)
+    blocks = pool.get_new_blocks(2)
+    cache(pool, blocks[1:], ["b"])
+    with pytest.raises(ValueError, match="hashed"):
+        cache(pool, blocks, ["a", "x"])
+    assert blocks[0].block_hash is None  # refused first
+    with pytest.raises(ValueError, match="freed more often than taken"):
+        pool.free_blocks([blocks[0], blocks[0]])
+    pool.check_invariants()
+
+
+def test_debug_mode_refuses_removing_a_block_of_another_queue():
+    _, q = make_queue(3)
+    other_blocks, other = make_queue(2)
+    with pytest.raises(ValueError, match="in another free queue"):
+        q.remove(other_blocks[1])
+    assert q.num_free_blocks == 3 and other.num_free_blocks == 2
+    q.remove(q.fake_free_list_tail.prev_free_block)  # its own last block: fine
     assert q.num_free_blocks == 2

@@ -147,7 +147,8 @@ def test_store_kv_kernel_masks_slots_the_host_did_not_check():
 @pytest.mark.kernel
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_block_table_to_slot_mapping_to_store(backend):
-    """The worker's path: rows appended as blocks arrive, slot_mapping for a padded batch, KV stored."""
+    """The worker's path: rows appended as blocks arrive, slot_mapping for a padded batch, KV
+    stored."""
     dev = kernel_device()
     bt = BlockTable(
         block_size=4,

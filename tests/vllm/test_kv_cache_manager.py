@@ -142,15 +142,9 @@ def test_at_most_num_tokens_minus_one_tokens_hit_and_the_recomputed_block_is_a_d
         n == 4
     )  # the last token is recomputed for its logits, so block 1 is not a hit
     assert mgr.get_block_ids("b") == [1, 3]
-    copies = [
-        blk.block_id
-        for h, blk in mgr.block_pool.cached_block_hash_to_block.items()
-        if h == a.block_hashes[1]
-    ]
-    assert sorted(copies) == [
-        2,
-        3,
-    ]  # two blocks for one hash: block tables stay append-only
+    copies = mgr.block_pool.cached_block_hash_to_block._cache[a.block_hashes[1]]
+    # Two blocks for one hash: block tables stay append-only.
+    assert sorted(copies) == [2, 3]
     mgr.block_pool.check_invariants()
 
 
@@ -540,7 +534,8 @@ def test_random_streams_keep_the_books_consistent(window, ops, num_blocks, block
             req = running[a % len(running)]
             for _ in range(b):
                 if decode(mgr, req, 10 + c) is None:
-                    req.all_token_ids.pop()  # the scheduler would preempt; keep the request as it was
+                    # The scheduler would preempt; keep the request as it was.
+                    req.all_token_ids.pop()
                     req.block_hashes[:] = req.block_hashes[
                         : req.num_tokens // block_size
                     ]

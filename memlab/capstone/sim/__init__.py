@@ -55,6 +55,7 @@ from memlab.capstone.sim.workload import (
     WORKLOADS,
     Workload,
     load_azure,
+    load_azure_arrivals,
     load_workload,
     sharegpt_like,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "WORKLOADS",
     "sharegpt_like",
     "load_azure",
+    "load_azure_arrivals",
     "load_workload",
     "Policy",
     "Reservation",

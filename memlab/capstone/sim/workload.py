@@ -124,6 +124,19 @@ def load_azure(
     )
 
 
+def load_azure_arrivals(kind: str = "conv", n: int | None = None) -> np.ndarray:
+    """Arrival times of the first ``n`` requests of an Azure 2023 trace (all when None), in
+    seconds after the first one (its TIMESTAMP column, which ``load_azure`` drops)."""
+    if kind not in ("conv", "code"):
+        raise ValueError(f"kind must be 'conv' or 'code', got {kind!r}")
+    with gzip.open(DATA_DIR / f"azure_llm_2023_{kind}.csv.gz", "rt") as f:
+        next(f)  # the header
+        stamps = [line.split(",", 1)[0] for _, line in zip(range(n or 1 << 62), f)]
+    # "2023-11-16 18:15:46.6805900": numpy reads the ISO form to the microsecond
+    t = np.array([s.replace(" ", "T")[:26] for s in stamps], dtype="datetime64[us]")
+    return (t - t[0]).astype(np.int64) / 1e6
+
+
 WORKLOADS = (
     "ShareGPT-like",
     "Azure 2023 conv",

@@ -2,9 +2,11 @@
 
 Tests never import exercise files; they call ``load("ch04_alloc_extend")``, which runs that file
 from the folder chosen by ``MEMLAB_EXERCISES`` (``exercises``, the default, ``solutions``, or any
-folder path) in a learner process of its own and returns a proxy of its module
+folder path) in a learner process of its own and returns a stand-in for its module
 (memlab.course.grading.sandbox): the learner's code is reached only through it, with data,
 learner objects and callbacks, and nothing of the grader runs where the learner's code runs.
+What comes back is plain data, or an object of the learner's code that a check must not compare
+(``is_learner_object``).
 
 ``load_here`` imports a file into this process instead, for code that trusts it: a notebook's
 exercise cell (the learner's own check of their own file) and the course's own tools (the
@@ -50,8 +52,10 @@ def source_dir(source: str | None = None) -> Path:
 
 
 def _path(name: str, source: str | None) -> Path:
-    path = (source_dir(source) / f"{name}.py").resolve()
-    if not path.is_file():
+    path = (
+        source_dir(source) / f"{name}.py"
+    )  # not resolved: a link is the sandbox's to refuse
+    if not os.path.lexists(path):
         raise FileNotFoundError(
             f"exercise file {path} is missing (expected {name}.py in {path.parent})"
         )
@@ -70,16 +74,25 @@ def load(name: str, source: str | None = None) -> ModuleType:
     from memlab.course.grading import sandbox
 
     path = _path(name, source)
-    stamp = path.stat().st_mtime_ns, path.stat().st_size
+    st = path.lstat()
+    stamp = st.st_mtime_ns, st.st_size
     mod = _sandboxed.get(path)
     if mod is None or mod._stamp != stamp:
         if mod is not None and mod._session is not None:
             mod._session.stop("its file changed")
         mod = sandbox.LearnerModule(path, _modname(path))
-        object.__setattr__(mod, "_stamp", stamp)
+        mod._stamp = stamp
         _sandboxed[path] = mod
     mod._live()  # raises what importing it raised, in each test that loads it
     return mod
+
+
+def is_learner_object(x) -> bool:
+    """Whether ``x`` stands for an object of the learner's code (an instance, a function, a
+    class, a method, the module): checks must not compare it, since its process would answer."""
+    from memlab.course.grading import sandbox
+
+    return isinstance(x, (sandbox.LearnerObject, sandbox.LearnerModule))
 
 
 def load_here(name: str, source: str | None = None) -> ModuleType:

@@ -16,87 +16,79 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def format_table(report: GradeReport, width: int = 118) -> str:
-    try:
-        where = report.source.relative_to(ROOT)
-    except ValueError:
-        where = report.source
+def _s(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def format_table(report: GradeReport) -> str:
+    where = report.source
+    if where.is_relative_to(ROOT):
+        where = where.relative_to(ROOT)
+    rule = "-" * 100
     lines = [f"memlab grade: {where}/ on {report.device}", ""]
-    head = f"{'ch':>2}  {'exercise':<26} {'points':>7}  first failing check"
-    lines += [head, "-" * min(width, 100)]
+    lines += [f"ch  {'exercise':<26} {'points':>7}  first failing check", rule]
     for s in report.scores:
-        fail = s.first_failure
-        pts = f"{s.earned}/{s.possible}"
+        fail, e = s.first_failure, s.exercise
+        check = "-" if fail is None else _clip(fail.message or fail.outcome, 77)
         if s.not_started:
-            check = (
-                f"not started: {where}/{s.exercise.file}.py raises NotImplementedError"
-            )
-        else:
-            check = (
-                "-" if fail is None else _clip(fail.message or fail.outcome, width - 41)
-            )
-        lines.append(f"{s.exercise.chapter:02d}  {s.exercise.id:<26} {pts:>7}  {check}")
-    lines.append("-" * min(width, 100))
-    lines.append(
-        f"{'':>2}  {'total (CPU)':<26} {f'{report.earned}/{report.possible}':>7}"
-    )
-    if report.gpu_possible:
-        if report.gpu_ran:
-            lines.append(
-                f"{'':>2}  {'GPU-only':<26} {f'{report.gpu_earned}/{report.gpu_possible}':>7}"
-            )
-        else:
-            lines.append(
-                f"    GPU-only checks ({report.gpu_possible} points) skipped: no CUDA device here "
-                "(run the grader in Colab on a GPU for them)"
-            )
-    lines.append(f"    graded in {report.seconds:.1f} s")
-    tried = [s for s in report.scores if not s.not_started]
-    idle = len(report.scores) - len(tried)
-    if idle:
+            check = f"not started: {where}/{e.file}.py raises NotImplementedError"
         lines.append(
-            f"    {idle} exercise{'s' if idle != 1 else ''} not started yet: fill in a stub, then grade again"
+            f"{e.chapter:02d}  {e.id:<26} {f'{s.earned}/{s.possible}':>7}  {check}"
         )
-    failing = [t for s in tried for t in s.tests if t.outcome == "failed"]
-    if failing:
-        lines += ["", "What failed (fix the first one in each exercise first):"]
-        for s in tried:
-            if s.course_code:  # one reason for every test: say it once
-                lines.append(
-                    f"  {s.exercise.id} (all {s.possible} points): {_clip(s.course_code, 400)}"
-                )
-                continue
-            for t in s.tests:
-                if t.outcome == "failed":
-                    lines.append(
-                        f"  {t.exercise} · {t.name} ({t.points} pt{'s' if t.points != 1 else ''}): "
-                        f"{_clip(t.message, 400)}"
-                    )
-            after = [t for t in s.tests if t.outcome == "skipped" and not t.gpu]
-            if after:
-                lines.append(
-                    f"  {s.exercise.id} · {len(after)} more test{'s' if len(after) != 1 else ''}: "
-                    f"{_clip(after[0].message, 300)}"
-                )
-        stuck = next(
-            (
-                s.exercise.file
-                for s in tried
-                if s.earned < s.possible and not s.course_code
-            ),
-            None,
+    lines += [
+        rule,
+        f"    {'total (CPU)':<26} {f'{report.earned}/{report.possible}':>7}",
+    ]
+    if report.gpu_ran:
+        lines.append(
+            f"    {'GPU-only':<26} {f'{report.gpu_earned}/{report.gpu_possible}':>7}"
         )
-        if stuck:
-            lines += [
-                "",
-                f"Stuck? ./course hint {stuck} shows a hint, one more each time (in a notebook: "
-                f'from memlab.course.notebook import hint; hint("{stuck}")).',
-            ]
+    elif report.gpu_possible:
+        lines.append(
+            f"    GPU-only checks ({report.gpu_possible} points) skipped: no CUDA device here "
+            "(run the grader in Colab on a GPU for them)"
+        )
+    lines.append(
+        f"    graded in {report.seconds:.1f} s; random cases from seed {report.seed} "
+        f"(--seed {report.seed} draws the same cases again)"
+    )
+    tried = [s for s in report.scores if not s.not_started]
+    if len(tried) < len(report.scores):
+        idle = _s(len(report.scores) - len(tried), "exercise")
+        lines.append(f"    {idle} not started yet: fill in a stub, then grade again")
+    if not any(t.outcome == "failed" for s in tried for t in s.tests):
+        return "\n".join(lines)
+    lines += ["", "What failed (fix the first one in each exercise first):"]
+    for s in tried:
+        if s.course_code:  # one reason for every test: said once
+            lines.append(
+                f"  {s.exercise.id} (all {s.possible} points): {_clip(s.course_code, 400)}"
+            )
+            continue
+        for t in s.tests:
+            if t.outcome == "failed":
+                pts = _s(t.points, "pt")
+                lines.append(
+                    f"  {t.exercise} · {t.name} ({pts}): {_clip(t.message, 400)}"
+                )
+        after = [t for t in s.tests if t.outcome == "skipped" and not t.gpu]
+        if after:
+            more = _s(len(after), "more test")
+            lines.append(f"  {s.exercise.id} · {more}: {_clip(after[0].message, 300)}")
+    stuck = [
+        s.exercise.file for s in tried if s.earned < s.possible and not s.course_code
+    ]
+    if stuck:
+        lines += [
+            "",
+            f"Stuck? ./course hint {stuck[0]} shows a hint, one more each time (in a notebook: "
+            f'from memlab.course.notebook import hint; hint("{stuck[0]}")).',
+        ]
     return "\n".join(lines)
 
 
 def gradescope_results(report: GradeReport, table: str) -> dict:
-    """Gradescope's results.json: one entry per graded test; GPU-only tests only where they ran."""
+    """Gradescope's results.json: one entry per graded test, GPU-only ones where they ran."""
     tests = []
     for t in report.tests:
         if t.gpu and t.outcome == "skipped":
@@ -119,40 +111,33 @@ def gradescope_results(report: GradeReport, table: str) -> dict:
                 },
             }
         )
-    score = report.earned + (report.gpu_earned if report.gpu_ran else 0)
+    gpu = [report.gpu_earned, report.gpu_possible] if report.gpu_ran else None
     return {
-        "score": score,
+        "score": report.earned + (report.gpu_earned if report.gpu_ran else 0),
         "execution_time": round(report.seconds, 2),
         "output": table,
         "visibility": "visible",
-        "stdout_visibility": "visible",
         "tests": tests,
-        "extra_data": {
-            "cpu": [report.earned, report.possible],
-            "gpu_only": [report.gpu_earned, report.gpu_possible]
-            if report.gpu_ran
-            else None,
-            "device": report.device,
-        },
+        "extra_data": dict(
+            seed=report.seed,
+            cpu=[report.earned, report.possible],
+            gpu_only=gpu,
+            device=report.device,
+        ),
     }
 
 
-def write_results(
-    report: GradeReport, path: str | os.PathLike, table: str | None = None
-) -> None:
-    data = gradescope_results(
-        report, table if table is not None else format_table(report)
-    )
+def write_results(report: GradeReport, path: str | os.PathLike) -> None:
+    data = gradescope_results(report, format_table(report))
     Path(path).write_text(json.dumps(data, indent=1))
 
 
 def format_catalog() -> str:
-    lines = [f"{'ch':>2}  {'exercise':<26} {'points':>6}  {'file':<38} title"]
+    lines = [f"ch  {'exercise':<26} {'points':>6}  {'file':<38} title"]
     for e in catalog.EXERCISES:
         pts = f"{e.points}" + (f"+{e.gpu_points}" if e.gpu_points else "")
-        lines.append(
-            f"{e.chapter:02d}  {e.id:<26} {pts:>6}  exercises/{e.file + '.py':<28} {e.title}"
-        )
+        file = f"exercises/{e.file}.py"
+        lines.append(f"{e.chapter:02d}  {e.id:<26} {pts:>6}  {file:<38} {e.title}")
     cpu = sum(e.points for e in catalog.EXERCISES)
     gpu = sum(e.gpu_points for e in catalog.EXERCISES)
     lines.append(

@@ -119,7 +119,7 @@ def draw_engine(frame: EngineFrame, width: float = 11.0):
             label,
             gid=f"page:{p}",
             hatch="///" if p in frame.shared else None,
-            fontsize=6,
+            fontsize=8.5,
         )
     lines = ceil_div(frame.num_pages + 1, per_line)
     grid.set_xlim(-0.2, per_line + 0.2)
@@ -147,7 +147,7 @@ def draw_engine(frame: EngineFrame, width: float = 11.0):
     )
     twin.set_ylim(0, max(max(x[0] + x[1] for x in h), 1) + 1)
     twin.set_ylabel("requests")
-    plot.legend(loc="upper left", fontsize=7)
-    twin.legend(loc="upper right", fontsize=7)
+    plot.legend(loc="upper left", fontsize=8.5)
+    twin.legend(loc="upper right", fontsize=8.5)
     fig.suptitle(caption_text(frame.caption, fig=fig), fontsize=10, x=0.01, ha="left")
     return fig

@@ -111,7 +111,9 @@ def plot_sweep(results, ax=None, title=None):
         )
         bottom += h
     for xi, u in zip(x, used):
-        ax.text(xi, u - 0.5, f"{u:.1f}", ha="center", va="top", fontsize=7, rotation=90)
+        ax.text(
+            xi, u - 0.5, f"{u:.1f}", ha="center", va="top", fontsize=8.5, rotation=90
+        )
     ax.set_xticks(x, labels)
     ax.set_xlabel("block size B (slots)")
     ax.set_ylabel(f"% of the pool (axis from {lo} %)")
@@ -180,7 +182,7 @@ def plot_timeline(result, ax=None, title=None, bins: int = 300):
         loc="upper center",
         bbox_to_anchor=(0.5, -0.2),
         ncol=4,
-        fontsize=7,
+        fontsize=8.5,
         frameon=False,
     )
     preempted = f", {result.preemptions:,} preemptions" if result.preemptions else ""
@@ -214,7 +216,7 @@ def plot_figure2(*runs, ax=None, title=None):
             ax.barh(yi, w, left=left, color=FIG2_COLORS[cat], edgecolor="white")
             if w >= 6:
                 ax.text(
-                    left + w / 2, yi, f"{w:.1f}", ha="center", va="center", fontsize=7
+                    left + w / 2, yi, f"{w:.1f}", ha="center", va="center", fontsize=8.5
                 )
             left += w
         if left < 99.95:
@@ -278,5 +280,7 @@ def draw_policies(
         f"{placement.replace('_', ' ')} placement",
     )
     if refused:
-        fig.text(0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=7, wrap=True)
+        fig.text(
+            0.01, 0.01, "cannot run: " + "; ".join(refused), fontsize=8.5, wrap=True
+        )
     return fig

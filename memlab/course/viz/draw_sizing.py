@@ -135,7 +135,7 @@ def draw_sizing(seq_len=8192, **kw):
         loc="left",
     )
     left.set_ylim(-0.5, 1.25)
-    left.legend(loc="upper left", ncol=3, fontsize=7, frameon=False)
+    left.legend(loc="upper left", ncol=3, fontsize=8.5, frameon=False)
     for side in ("top", "right", "left"):
         left.spines[side].set_visible(False)
 

@@ -317,7 +317,7 @@ def draw_swa(frame: SwaFrame, width: float = 11.5):
             f"{f}\n{s}",
             gid=f"pair:{f}:{s}",
             w=1.1,
-            fontsize=6,
+            fontsize=8.5,
         )
     if not frame.pairs:
         ax.text(0, 0.5, "(no mapped slot)", fontsize=8, va="center")
@@ -352,7 +352,7 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
             fill,
             label,
             gid=f"mslot:{s}",
-            fontsize=6,
+            fontsize=8.5,
             edge=HIGHLIGHT if star else "white",
             lw=1.5 if star else 1,
         )
@@ -369,7 +369,7 @@ def draw_mamba(frame: MambaFrame, width: float = 10.0):
         f"{row:>4} {owner or '-':>6} {state:>6} {str(list(tr)):>10} {nxt:>5} {last:>17}"
         for row, owner, state, tr, nxt, last in frame.rows
     ]
-    tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=7, va="top")
+    tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=8.5, va="top")
     fig.suptitle(
         caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
     )

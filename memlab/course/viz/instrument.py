@@ -154,6 +154,8 @@ class Field:
     parse: Callable = str
     options: Callable | None = None
     follow: tuple | None = None
+    # refresh(world, value) -> the value to show after each step (e.g. drop a freed request)
+    refresh: Callable | None = None
 
 
 @dataclass
@@ -463,12 +465,20 @@ class Instrument(W.VBox):
         if not self._busy:
             self._resettle()
 
-    def _follow(self, f: Field) -> None:
+    def _follow(self, f: Field, force: bool = False) -> None:
+        """Fill ``f`` from the field it follows, unless the learner typed a value of their own
+        there (it differs from what the instrument last wrote): that value is theirs until a step
+        uses it (``force``, after a step went through)."""
+        written = getattr(self, "_followed", {})
+        self._followed = written
+        if not force and f.name in written and f.widget.value != written[f.name]:
+            return
         src = self.fields[f.follow[0]]
         try:
             f.widget.value = f.follow[1](self.world, src.parse(src.widget.value))
         except (InputError, KeyError, ValueError):
-            pass  # the learner is still typing; the call will say what is wrong
+            return  # the learner is still typing; the call will say what is wrong
+        written[f.name] = f.widget.value
 
     def _show(self, step: Step | None, note: str = "") -> None:
         """Redraw everything from the live world; ``step`` is the one the call box reports."""
@@ -482,12 +492,15 @@ class Instrument(W.VBox):
                 )
                 f.widget.options = opts
                 f.widget.value = keep
+        for f in self.fields.values():
+            if f.refresh is not None:
+                f.widget.value = f.refresh(self.world, f.widget.value)
         if step is not None and step.ok and step is self.last:
             for f in (
                 self.fields.values()
             ):  # e.g. the prefix lengths the next batch continues from
                 if f.follow:
-                    self._follow(f)
+                    self._follow(f, force=True)
         self.call_box.value = call_html(
             step, note, opening=any(step is s for s in self.opening_steps)
         )

@@ -436,7 +436,7 @@ def _layout(books: RadixBooks) -> dict:
     return pos
 
 
-def _label(books: RadixBooks, n: NodeView, width: int = 22) -> str:
+def _label(books: RadixBooks, n: NodeView, width: int = 18) -> str:
     """A node's tokens in full, wrapped at ``width`` characters (never cut: the split point a step
     teaches may be the last word), then where its KV lives and its lock count."""
     import textwrap
@@ -448,7 +448,7 @@ def _label(books: RadixBooks, n: NodeView, width: int = 22) -> str:
         where.append(f"dev {_span(n.value)}")
     if n.host_value is not None:
         where.append(f"host {_span(n.host_value)}")
-    lock = f"  lock {n.lock_ref}" if n.lock_ref else ""
+    lock = f"\nlock {n.lock_ref}" if n.lock_ref else ""
     return f"{words}\n{' | '.join(where)}{lock}"
 
 
@@ -466,6 +466,11 @@ def _page_fill(owner, books: RadixBooks):
         return FREE
     kind, who = owner
     return STATE_FILL[books.node(who).state] if kind == "node" else owner_color(who)
+
+
+LEGEND_DX = (
+    2.7  # the legend's swatches, left to right: wide enough for "evictable leaf"
+)
 
 
 def draw_radix(books: RadixBooks, width: float = 12.0):
@@ -487,14 +492,16 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
     pos = _layout(books)
     labels = {n.id: _label(books, n) for n in books.nodes}
     lines = max([lb.count("\n") + 1 for lb in labels.values()] + [2])
-    w, h, dx = 2.7, 0.2 + 0.4 * lines, 3.0  # every node as tall as the tallest label
+    w, h, dx = 3.2, 0.2 + 0.4 * lines, 3.5  # every node as tall as the tallest label
     dy = h + 0.8
     top = [pos[n.id][0] for n in books.nodes if n.parent is None]
     root_x = dx * sum(top) / len(top) if top else 0.0
-    right = max([x * dx for x, _ in pos.values()] + [(len(STATE_FILL) + 1) * 2.0 - w])
-    tree_ax.add_patch(Circle((root_x, 0.3), 0.3, facecolor=PADDING, gid="node:root"))
+    right = max(
+        [x * dx for x, _ in pos.values()] + [(len(STATE_FILL) + 1) * LEGEND_DX - w]
+    )
+    tree_ax.add_patch(Circle((root_x, 0.3), 0.42, facecolor=PADDING, gid="node:root"))
     tree_ax.text(
-        root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=6
+        root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=8.5
     )
     for n in books.nodes:
         x, d = pos[n.id]
@@ -520,7 +527,7 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
             else ("#333" if n.host_value is not None else "white"),
             lw=2.0 if new else 1.0,
             hatch="///" if n.state == "host" else None,
-            fontsize=6,
+            fontsize=8.5,
         )
     depth = max([d for _, d in pos.values()] + [1])
     tree_ax.set_xlim(-w / 2 - 0.3, right + w / 2 + 0.3)
@@ -535,27 +542,27 @@ def draw_radix(books: RadixBooks, width: float = 12.0):
         }[state]
         cell(
             tree_ax,
-            -w / 2 + i * 2.0,
+            -w / 2 + i * LEGEND_DX,
             legend_y,
             fill,
             label,
             gid=f"legend:{state}",
-            w=1.9,
+            w=LEGEND_DX - 0.1,
             h=0.3,
-            fontsize=6,
+            fontsize=8.5,
             hatch="///" if state == "host" else None,
         )
     # the pools' cross-hatched pages, drawn like them (in a request's colour on the right)
     cell(
         tree_ax,
-        -w / 2 + len(STATE_FILL) * 2.0,
+        -w / 2 + len(STATE_FILL) * LEGEND_DX,
         legend_y,
         "#c8c8c8",
         "a request's own",
         gid="legend:request",
-        w=1.9,
+        w=LEGEND_DX - 0.1,
         h=0.3,
-        fontsize=6,
+        fontsize=8.5,
         hatch="xx",
     )
 

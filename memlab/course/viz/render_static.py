@@ -16,6 +16,13 @@ from memlab.course.viz.sglang_books import draw_books
 from memlab.course.viz.style import figure_png
 
 OUT = Path(__file__).resolve().parents[3] / "chapters" / "img"
+DPI = 80  # the static pictures' resolution: a figure 11 inches wide is 880 px
+# JupyterLab's notebook column on a 1300 px window with its file browser open: a wider picture
+# is shown scaled down to it, its text with it.
+SHOWN_WIDTH = 900
+MIN_TEXT_PX = (
+    8.5  # the smallest text a static picture may show at SHOWN_WIDTH, in pixels
+)
 
 
 def token_allocator_books():
@@ -132,7 +139,22 @@ PICTURES = {
 }
 
 
-def render(names=None, out: Path = OUT, dpi: int = 80) -> list[Path]:
+def smallest_text_px(fig, dpi: int = DPI, shown_width: int = SHOWN_WIDTH):
+    """The smallest text of a figure as a reader sees it: its size in points at ``dpi``, scaled
+    down with the picture when it is wider than ``shown_width`` pixels; and that text."""
+    from matplotlib.text import Text
+
+    scale = min(1.0, shown_width / (fig.get_figwidth() * dpi))
+    texts = [
+        t
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.get_alpha() != 0
+    ]
+    t = min(texts, key=lambda t: t.get_fontsize())
+    return t.get_fontsize() * dpi / 72 * scale, t.get_text()
+
+
+def render(names=None, out: Path = OUT, dpi: int = DPI) -> list[Path]:
     unknown = [n for n in names or () if n not in PICTURES]
     if unknown:
         raise ValueError(

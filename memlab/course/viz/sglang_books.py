@@ -26,7 +26,7 @@ Every side of the books in memlab.course.viz (this module, ``vllm_books``, ``hyb
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ipywidgets as W
 import torch
@@ -108,6 +108,8 @@ class Books:
     )  # slot -> alloc_extend part (1, 2, 3), when shown
     buffers: tuple[Buffer, ...] = ()  # the KV pool's per-layer tensors, when shown
     note: str = ""
+    # "new": new_slots were handed out by the step; "freed": they were given back by it
+    new_kind: str = "new"
 
     @property
     def slot_owner(self) -> dict[int, str]:
@@ -681,7 +683,7 @@ def draw_request_table(
         y = r.row
         free = r.row in set(books.free_rows)
         name = "pad" if r.row == 0 else f"row {r.row}"
-        ax.text(x0 - 0.15, y + 0.5, name, ha="right", va="center", fontsize=7)
+        ax.text(x0 - 0.15, y + 0.5, name, ha="right", va="center", fontsize=8.5)
         for pos in range(cols):
             if r.row == 0:
                 fill, label = PADDING, ""
@@ -705,7 +707,7 @@ def draw_request_table(
         right = f"{tag}" + (
             f"  gen {r.generation}" if show_generation and r.row else ""
         )
-        ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=7)
+        ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=8.5)
     for pos in range(cols):
         ax.text(
             x0 + pos + 0.5,
@@ -713,10 +715,15 @@ def draw_request_table(
             str(pos),
             ha="center",
             va="bottom",
-            fontsize=6,
+            fontsize=8.5,
             color="#666",
         )
     frame_axes(ax, x0 + cols + 3.2, len(books.rows))
+
+
+PAGE_PITCH = (
+    1.9  # cells from one line of pages to the next: room for the 'page N' labels
+)
 
 
 def _page_layout(books: Books, pages_per_line: int | None):
@@ -752,7 +759,7 @@ def draw_slot_grid(
     for page in range(books.num_pages + 1):
         line, col = divmod(page, ppl)
         x = col * (ps + gap)
-        y = line * 1.5
+        y = line * PAGE_PITCH
         if ps > 1:
             ax.text(
                 x + ps / 2,
@@ -760,7 +767,7 @@ def draw_slot_grid(
                 f"page {page}",
                 ha="center",
                 va="bottom",
-                fontsize=6,
+                fontsize=8.5,
                 color="#666",
             )
         for off in range(ps):
@@ -797,7 +804,7 @@ def draw_slot_grid(
         if books.num_pages + 1 >= ppl
         else (books.num_pages + 1) * (ps + gap) - gap
     )
-    frame_axes(ax, width, lines * 1.5 - 0.5)
+    frame_axes(ax, width, lines * PAGE_PITCH - (PAGE_PITCH - 1))
 
 
 def draw_free_list(
@@ -818,13 +825,17 @@ def draw_free_list(
             0.5,
             f"... {len(items) - max_items} more",
             va="center",
-            fontsize=7,
+            fontsize=8.5,
         )
     if not items:
         ax.text(0, 0.5, "(empty)", va="center", fontsize=8)
     if books.staged_pages:
         ax.text(
-            len(books.free_pages) + 0.1, 1.35, "staged ->", fontsize=7, color="#996600"
+            len(books.free_pages) + 0.1,
+            1.35,
+            "staged ->",
+            fontsize=8.5,
+            color="#996600",
         )
     frame_axes(ax, max(len(shown), 1) + (3 if len(items) > max_items else 0), 1.6)
 
@@ -846,7 +857,7 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
     n = books.num_slots
     x0 = 3.2
     for j, b in enumerate(books.buffers):
-        ax.text(x0 - 0.2, j + 0.5, b.name, ha="right", va="center", fontsize=7)
+        ax.text(x0 - 0.2, j + 0.5, b.name, ha="right", va="center", fontsize=8.5)
         for s in range(n):
             fill = PADDING if s < books.page_size else owner_color(slot_owner.get(s))
             mark = s == slot
@@ -866,7 +877,7 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
             str(s),
             ha="center",
             va="bottom",
-            fontsize=6,
+            fontsize=8.5,
             color="#666",
         )
     if slot is not None and books.buffers:
@@ -876,7 +887,7 @@ def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
             len(books.buffers) / 2,
             f"slot {slot} -> bytes\n[{slot * b.row_bytes}, "
             f"{(slot + 1) * b.row_bytes})\nof each tensor\n({b.row_bytes} B a row,\nshape {b.shape})",
-            fontsize=7,
+            fontsize=8.5,
             va="center",
         )
     frame_axes(ax, x0 + n + (9 if slot is not None else 0), max(len(books.buffers), 1))
@@ -956,7 +967,11 @@ def _positions(books: Books) -> dict[int, tuple[str, int]]:
 
 
 def _new_edge(books: Books, s) -> dict:
-    return dict(stroke=HIGHLIGHT, stroke_width=2.0) if s in books.new_slots else {}
+    """The edge of a slot the last step touched: solid when handed out, dashed when given back."""
+    if s not in books.new_slots:
+        return {}
+    dash = "4 2" if books.new_kind == "freed" else None
+    return dict(stroke=HIGHLIGHT, stroke_width=2.0, dash=dash)
 
 
 def svg_request_table(
@@ -1101,7 +1116,8 @@ def svg_slot_grid(
                     py,
                     FREE,
                     s,
-                    tip=f"{words} · free: free_pages[{free_at[page]}]",
+                    tip=f"{words} · free: free_pages[{free_at[page]}]"
+                    + (" · given back by the last call" if kw else ""),
                     gid=f"slot:{s}",
                     **kw,
                 )
@@ -1194,12 +1210,16 @@ def svg_legend(c, books: Books, x: float, y: float) -> float:
     if books.part_of:
         sw += [Swatch(PART_NAMES[k], "#4e79a7", PART_FILL[k]) for k in (1, 2, 3)]
     if books.new_slots:
+        freed = books.new_kind == "freed"
         sw.append(
             Swatch(
-                "handed out by the last call",
+                "given back by the last call"
+                if freed
+                else "handed out by the last call",
                 "#ffffff",
                 stroke=HIGHLIGHT,
                 stroke_width=2,
+                dash="4 2" if freed else None,
             )
         )
     sw += [
@@ -1281,7 +1301,7 @@ def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
         return (
             f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
             f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
-            "slots); capacity is checked before anything is taken, so nothing was"
+            "slots); capacity is checked before anything is taken, so nothing was taken"
         )
     return (
         f"refused (the library returns None): {new_rows} new requests need a row each, "
@@ -1406,14 +1426,16 @@ def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
     if len(set(requests)) != len(requests):
         raise InputError("a request appears twice in one batch")
     held = {r: _held(sc, r) for r in requests}
-    wrong = [r for r, p in zip(requests, prefix_lens) if p != held[r]]
+    wrong = [(r, p) for r, p in zip(requests, prefix_lens) if p != held[r]]
     if wrong:
-        says = ", ".join(
-            f"{r} holds {held[r]}" if r in sc.reqs else f"{r} is new (0)" for r in wrong
+        says = "; ".join(
+            f"you gave {r} a prefix of {p}, but {r} "
+            + (f"holds {held[r]} tokens" if r in sc.reqs else "is new (0 tokens)")
+            for r, p in wrong
         )
         raise InputError(
-            f"prefix_lens: a request's prefix is the tokens it already holds (chapter 04 has no "
-            f"prefix cache): {says}"
+            f"prefix_lens: {says} (a request's prefix is the tokens it already holds: chapter 04 "
+            "has no prefix cache)"
         )
     batch = {r: s - p for r, p, s in zip(requests, prefix_lens, seq_lens)}
     al, ps = sc.allocator, sc.allocator.page_size
@@ -1467,7 +1489,9 @@ def _op_release(sc: Scene, step, request) -> None:
             "allocator.free_segment", **c["args"]
         ).replace("\n", "\n#   ")
     step.result = f"pages {pages} back at the head of free_pages; its row is free"
-    step.marks = dict(new_slots=slots)
+    # every slot of the pages given back, the unwritten tail of the last one included
+    freed = [p * ps + off for p in pages for off in range(ps)]
+    step.marks = dict(new_slots=freed, new_kind="freed")
     step.caption = f"{request} finishes: its pages {pages} go back"
 
 
@@ -1507,9 +1531,10 @@ def extend_instrument(
 
     def draw(sc, step):
         marks = step.marks if step is not None else {}
-        return svg_books(
-            sc.books(new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of"))
+        books = sc.books(
+            new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of")
         )
+        return svg_books(replace(books, new_kind=marks.get("new_kind", "new")))
 
     rids, prefix, seq = batch
     if prefix is None:

@@ -88,7 +88,7 @@ def cell(
     edge="white",
     lw=1.0,
     alpha=1.0,
-    fontsize=7,
+    fontsize=8.5,
     hatch=None,
 ):
     """One labelled box with its top-left corner at (x, y); ``gid`` names it for the tests."""
@@ -117,11 +117,17 @@ def cell(
             color=text_color(fill) if alpha > 0.5 else "black",
         )
         t.set_gid(None if gid is None else f"label:{gid}")
+        if hatch:  # a halo keeps the label readable over the hatching
+            from matplotlib import patheffects
+
+            ink = t.get_color()
+            halo = "white" if same_color(ink, "black") else "black"
+            t.set_path_effects([patheffects.withStroke(linewidth=2.2, foreground=halo)])
     return r
 
 
 def swatch_legend(
-    ax, items, anchor=(0.0, 0.0), loc="upper left", ncol=None, fontsize=7
+    ax, items, anchor=(0.0, 0.0), loc="upper left", ncol=None, fontsize=8.5
 ):
     """A legend of drawn swatches, each a small cell like the ones it explains (fill and hatch),
     below the axes by default: ``items`` are (words, fill, hatch) triples."""

@@ -52,6 +52,7 @@ class Swatch:
     stroke: str = "#999"
     stroke_width: float = 1.0
     opacity: float = 1.0
+    dash: str | None = None  # an SVG stroke-dasharray, e.g. "4 2"
 
 
 class Canvas:
@@ -105,12 +106,16 @@ class Canvas:
         opacity: float = 1.0,
         pattern: str | None = None,
         size: float = 10,
+        dash: str | None = None,
     ) -> None:
-        """A box with its top-left corner at (x, y), its label centred, its description in ``tip``."""
+        """A box with its top-left corner at (x, y), its label centred, its description in ``tip``;
+        ``dash`` draws its edge dashed (an SVG stroke-dasharray)."""
         data = f' data-gid="{esc(gid)}"' if gid else ""
+        dashed = f' stroke-dasharray="{dash}"' if dash else ""
         body = [
             f'<rect class="memlab-box" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" '
-            f'fill="{fill}" fill-opacity="{opacity}" stroke="{stroke}" stroke-width="{stroke_width}"/>'
+            f'fill="{fill}" fill-opacity="{opacity}" stroke="{stroke}" '
+            f'stroke-width="{stroke_width}"{dashed}/>'
         ]
         if pattern:
             body.append(
@@ -142,9 +147,11 @@ class Canvas:
             width = 16 + 6 + 6.6 * len(s.label)
             if cx > x and cx + width > right:
                 cx, cy = x, cy + 22
+            dashed = f' stroke-dasharray="{s.dash}"' if s.dash else ""
             body = (
                 f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.fill}" '
-                f'fill-opacity="{s.opacity}" stroke="{s.stroke}" stroke-width="{s.stroke_width}"/>'
+                f'fill-opacity="{s.opacity}" stroke="{s.stroke}" '
+                f'stroke-width="{s.stroke_width}"{dashed}/>'
             )
             if s.pattern:
                 body += f'<rect x="{cx:.1f}" y="{cy:.1f}" width="16" height="16" fill="{s.pattern}"/>'

@@ -24,6 +24,7 @@ import torch
 from memlab.course.viz.instrument import (
     InputError,
     Verbatim,
+    names,
     recording,
     spell,
     spell_value,
@@ -327,10 +328,10 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
         0,
         0,
         PADDING,
-        "sink",
+        "floor",
         gid="byte:floor",
         w=frame.reserved_floor * scale,
-        fontsize=6,
+        fontsize=8.5,
     )
     for side, hatch in ((frame.swa, "///"), (frame.full, None)):
         for v, p in side.bound:
@@ -347,7 +348,7 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
                 edge=edge,
                 lw=1.6 if edge == HIGHLIGHT else 0.8,
                 hatch=hatch,
-                fontsize=6,
+                fontsize=8.5,
             )
     lo = (
         frame.swa.used[1] * frame.swa.page_bytes
@@ -364,13 +365,13 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
             f"gap {frame.gap_bytes} B",
             gid="byte:gap",
             w=(hi - lo) * scale,
-            fontsize=7,
+            fontsize=8.5,
             edge="#999",
         )
     step = 1 << max(6, (frame.total_bytes // 6).bit_length() - 1)
     for b in range(0, frame.total_bytes + 1, step):
         ax.text(
-            b * scale, 1.15, str(b), ha="center", va="top", fontsize=6, color="#666"
+            b * scale, 1.15, str(b), ha="center", va="top", fontsize=8.5, color="#666"
         )
     ax.text(
         lo * scale,
@@ -378,7 +379,7 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
         f"{frame.swa.name} grows up ->",
         ha="left",
         va="bottom",
-        fontsize=7,
+        fontsize=8.5,
     )
     ax.text(
         hi * scale,
@@ -386,7 +387,7 @@ def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
         f"<- {frame.full.name} grows down",
         ha="right",
         va="bottom",
-        fontsize=7,
+        fontsize=8.5,
     )
     ax.set_xlim(-1.5, width + 0.5)
     ax.set_ylim(1.7, -0.8)
@@ -410,7 +411,7 @@ def _request_table(ax, frame: UnifiedFrame) -> None:
                 label,
                 gid=f"vpage:{owner}:{i}",
                 w=1.2,
-                fontsize=6,
+                fontsize=8.5,
                 alpha=1.0 if v in swa_bound else 0.45,
                 edge=HIGHLIGHT if new else "white",
                 lw=1.5 if new else 1,
@@ -437,7 +438,7 @@ def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
             f"{v}\n{p}",
             gid=f"v2p:{side.name}:{v}",
             w=1.2,
-            fontsize=6,
+            fontsize=8.5,
             edge=edge,
             lw=1.6 if edge == HIGHLIGHT else 1,
         )
@@ -498,7 +499,7 @@ def svg_unified(
         y,
         PADDING,
         "",
-        tip=f"bytes 0-{frame.reserved_floor - 1}: the padding sink (slot 0 of every view)",
+        tip=f"bytes 0-{frame.reserved_floor - 1}: the padding floor (slot 0 of every view)",
         gid="byte:floor",
         w=max(frame.reserved_floor * scale, 3),
         h=30,
@@ -661,7 +662,7 @@ def svg_unified(
                 stroke_width=2,
             ),
             Swatch("gap", FREE),
-            Swatch("padding sink", PADDING),
+            Swatch("padding floor", PADDING),
             Swatch("SWA page gone", "#4e79a7", opacity=0.4),
         ],
     )
@@ -748,15 +749,24 @@ def _op_u_window(sc, step, request, window) -> None:
         if calls
         else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)"
     )
+    _mark(step, before, sc)
+    moves = list(step.marks["moves"])
     step.result = (
-        f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay"
+        f"SWA pages of virtual ids {gone} back; their full pages and virtual ids stay; "
+        + (_moves_text(moves) if moves else "nothing moved")
         if gone
         else "no call"
     )
-    _mark(step, before, sc)
-    step.caption = f"{request}'s window of {window}: " + (
-        f"{gone} leave the SWA side" if gone else "nothing leaves"
+    step.caption = (
+        f"{request}'s window of {window}: "
+        + (f"{gone} leave the SWA side" if gone else "nothing leaves")
+        + (f"; {len(moves)} page(s) moved" if moves else "")
     )
+
+
+def _moves_text(moves) -> str:
+    """The pages a compaction moved, as the allocator did them: side, page from -> to."""
+    return ", ".join(f"{s} page {a} -> {b} (virtual page {v})" for s, v, a, b in moves)
 
 
 def _op_u_free(sc, step, request) -> None:
@@ -773,13 +783,30 @@ def _op_u_free(sc, step, request) -> None:
     _mark(step, before, sc)
     moves = [m for m in step.marks["moves"]]
     step.result = f"virtual pages {pages} back; " + (
-        ", ".join(f"{s} page {a} -> {b} (virtual page {v})" for s, v, a, b in moves)
-        if moves
-        else "nothing moved"
+        _moves_text(moves) if moves else "nothing moved"
     )
     step.caption = f"{request} finishes: virtual pages {pages} back" + (
         f"; {len(moves)} page(s) moved" if moves else ""
     )
+
+
+def _page_span(lo_hi) -> str:
+    """A side's pages in use, ``used_page_range()``'s half-open (lo, hi), written as the pages."""
+    lo, hi = lo_hi
+    if hi <= lo:
+        return "none"
+    return f"page {lo}" if hi == lo + 1 else f"pages {lo} to {hi - 1}"
+
+
+def _still_held(sc, typed: str) -> str:
+    """The decode field after a step: the requests typed that still hold a row (all that do, when
+    none of those typed is left), so it never suggests a request that was just freed."""
+    try:
+        named = names(typed)
+    except InputError:
+        return typed
+    kept = [r for r in named if r in sc.reqs]
+    return ", ".join(kept or list(sc.reqs))
 
 
 def unified_books_dict(sc) -> dict:
@@ -790,8 +817,8 @@ def unified_books_dict(sc) -> dict:
         "full_available_size()": al.full_available_size(),
         "swa_available_size()": al.swa_available_size(),
         "gap bytes": fa._current_gap_bytes(),
-        "full used pages": list(fa.used_page_range()),
-        "swa used pages": list(sa.used_page_range()),
+        "full pages in use": _page_span(fa.used_page_range()),
+        "swa pages in use": _page_span(sa.used_page_range()),
     }
     ps = al.page_size
     full_v2p, swa_v2p = fa.virtual_to_physical.tolist(), sa.virtual_to_physical.tolist()
@@ -829,7 +856,6 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
         Instrument,
         Operation,
         integer,
-        names,
     )
 
     def box(name, value, width="150px"):
@@ -859,7 +885,14 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
         Operation(
             "decode",
             _op_u_decode,
-            [Field("requests", box("decode", "B, C"), names)],
+            [
+                Field(
+                    "requests",
+                    box("decode", "B, C"),
+                    names,
+                    refresh=_still_held,
+                )
+            ],
             label="alloc_decode",
             help="one decode step for these requests",
         ),

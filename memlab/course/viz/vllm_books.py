@@ -277,7 +277,7 @@ def draw_vllm(books: VllmBooks, width: float = 11.0):
                 x * 1.1 + 0.95,
                 y * 1.1 + 0.1,
                 f"x{books.ref_cnt[b]}",
-                fontsize=6,
+                fontsize=8.5,
                 ha="right",
                 va="top",
             )

@@ -41,10 +41,13 @@ class Stepper(W.VBox):
             raise ValueError("a Stepper needs at least one state in every story")
         self.draw = draw
         self._cache: dict[tuple, str] = {}
+        # wide enough for the longest story's name: a cut label hides what the story is
+        longest = max(len(str(name)) for name in self.stories)
         self.story = W.Dropdown(
             options=list(self.stories),
             description="story",
             value=list(self.stories)[0] if story is None else story,
+            layout=W.Layout(width=f"{max(300, min(760, 90 + 8 * longest))}px"),
         )
         self.states = list(self.stories[self.story.value])
         self.slider = W.IntSlider(

@@ -1,8 +1,8 @@
 """Tests of the grader itself: the catalog, the seam, the score table, results.json, the bug zoo
 (patches in tests/tools/bug_zoo/zoo.py, built into a copy of solutions/), the command
-from any working folder, survival of learner code that loops, crashes or floods the
-output, and dishonest files (tests/course/grading/dishonest/) that earn nothing. (A
-learner's checkout in every state: test_learner_states.)
+from any working folder, a seed per run, and survival of learner code that loops, crashes or
+floods the output. (Dishonest files: test_dishonest; a learner's checkout in every state:
+test_learner_states.)
 
 Each grade() call runs a child pytest over tests/exercises; the expensive ones are marked slow
 but stay in the normal suite (about a minute in all on 2 cores).
@@ -151,8 +151,8 @@ def committed_stub(file: str) -> str:
     got = stubs.course_stub(file)
     if got is None:
         _skip_or_fail(
-            f"exercises/{file}.py is not the course's stub, and this checkout has no git history that "
-            "holds it"
+            f"exercises/{file}.py is not the course's stub, and this checkout has no git "
+            "history that holds it"
         )
     return got[0]
 
@@ -176,7 +176,8 @@ def api(text: str):
 
 @pytest.mark.parametrize("exercise", catalog.EXERCISES, ids=lambda e: e.id)
 def test_stub_and_solution_are_twins(exercise):
-    """Same classes, functions, signatures and docstrings; the stub's bodies raise NotImplementedError."""
+    """Same classes, functions, signatures and docstrings; the stub's bodies raise
+    NotImplementedError."""
     stub = committed_stub(exercise.file)
     assert api(stub) == api((ROOT / "solutions" / f"{exercise.file}.py").read_text()), (
         f"exercises/{exercise.file}.py and its solution differ in their API or docstrings"
@@ -185,7 +186,8 @@ def test_stub_and_solution_are_twins(exercise):
 
 
 def test_stub_detection():
-    """What counts as the course's stub: the committed twin of each solution does; edited ones do not."""
+    """What counts as the course's stub: the committed twin of each solution does; edited ones
+    do not."""
     sol = (ROOT / "solutions" / "ch03_token_allocator.py").read_text()
     stub = committed_stub("ch03_token_allocator")
     assert looks_like_stub(stub, sol) and not looks_like_stub(sol, sol)
@@ -295,7 +297,7 @@ def test_bug_zoo_patch_applies_as_one_small_edit(variant):
         )
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
-    assert 0 < len(changed) <= 8, changed
+    assert 0 < len(changed) <= 10, changed  # a formatted statement may span three lines
     compile(bug, variant.name, "exec")  # a mistake of meaning, not of syntax
     names = {n for n, _, _ in collected_markers()[variant.exercise]}
     assert variant.catches in names
@@ -334,16 +336,18 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 folder = pathlib.Path(sys.argv[1])
 P64, I32 = "*i64", "i32"
+STRIDES = ("kv_group_num", "stride_qb", "stride_qh", "stride_ks", "stride_kh", "stride_vs",
+           "stride_vh", "stride_ob", "stride_oh", "stride_r2t")
 BUILDS = [
-    ("ch04_alloc_extend_kernel", "alloc_extend_kernel", dict(prefix_lens_ptr=P64, seq_lens_ptr=P64, last_loc_ptr=P64,
-     free_pages_ptr=P64, out_ptr=P64, page_size=I32), dict(BS_BLOCK=64, PAGE_BLOCK=16, TOK_BLOCK=64)),
-    ("ch06_slot_mapping", "slot_mapping_kernel", dict(block_table_ptr="*i32", block_table_stride=I32,
-     query_start_loc_ptr="*i32", positions_ptr=P64, out_ptr=P64, num_reqs=I32, num_tokens_padded=I32,
-     block_size=I32), dict(BLOCK=64)),
-] + [("ch09_paged_gather", "decode_attention_kernel", dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt,
-      req_to_token_ptr="*i32", req_pool_indices_ptr=P64, seq_lens_ptr=P64, sm_scale="fp32",
-      **{n: I32 for n in ("kv_group_num", "stride_qb", "stride_qh", "stride_ks", "stride_kh", "stride_vs",
-                          "stride_vh", "stride_ob", "stride_oh", "stride_r2t")}), dict(HEAD_DIM=64, BLOCK_N=16))
+    ("ch04_alloc_extend_kernel", "alloc_extend_kernel", dict(prefix_lens_ptr=P64,
+     seq_lens_ptr=P64, last_loc_ptr=P64, free_pages_ptr=P64, out_ptr=P64, page_size=I32),
+     dict(BS_BLOCK=64, PAGE_BLOCK=16, TOK_BLOCK=64)),
+    ("ch06_slot_mapping", "slot_mapping_kernel", dict(block_table_ptr="*i32",
+     block_table_stride=I32, query_start_loc_ptr="*i32", positions_ptr=P64, out_ptr=P64,
+     num_reqs=I32, num_tokens_padded=I32, block_size=I32), dict(BLOCK=64)),
+] + [("ch09_paged_gather", "decode_attention_kernel", dict(q_ptr=dt, k_ptr=dt, v_ptr=dt,
+      o_ptr=dt, req_to_token_ptr="*i32", req_pool_indices_ptr=P64, seq_lens_ptr=P64,
+      sm_scale="fp32", **{n: I32 for n in STRIDES}), dict(HEAD_DIM=64, BLOCK_N=16))
      for dt in ("*fp16", "*fp32")]
 failed = 0
 for fname, name, sig, cx in BUILDS:
@@ -352,7 +356,8 @@ for fname, name, sig, cx in BUILDS:
     spec.loader.exec_module(mod)
     for cap in (75, 90):
         try:
-            src = ASTSource(fn=getattr(mod, name), signature=sig | {k: "constexpr" for k in cx}, constexprs=cx)
+            full = sig | {k: "constexpr" for k in cx}
+            src = ASTSource(fn=getattr(mod, name), signature=full, constexprs=cx)
             triton.compile(src, target=GPUTarget("cuda", cap, 32))
             print("ok", fname, name, sig["q_ptr"] if "q_ptr" in sig else "", "sm_%d" % cap)
         except Exception as exc:
@@ -388,33 +393,40 @@ def test_solution_kernels_compile_for_a_t4_and_a_hopper():
 
 @pytest.mark.slow
 def test_solutions_score_full_marks_through_the_cli(tmp_path):
-    """Run from a folder outside the repository (a notebook runs in chapters/ or /content)."""
-    out = tmp_path / "results.json"
+    """Run from a folder outside the repository (a notebook runs in chapters/ or /content), with
+    the seed given: the tests' process gets it, the table and results.json say it. (Every
+    exercise's full marks: test_gradescope, through the bundle.)"""
+    chosen = [e for e in catalog.EXERCISES if e.chapter in (2, 8)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "memlab.grade",
+        "02",
+        "08",
+        "--solutions",
+        "--seed",
+        "1234",
+    ]
+    cmd += ["--results", "results.json"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memlab.grade",
-            "--solutions",
-            "--results",
-            "results.json",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("memlab grade: solutions/ on "), proc.stdout[
-        :200
-    ]  # no progress characters
-    data = json.loads(out.read_text())
-    total = sum(e.points for e in catalog.EXERCISES)
+    assert proc.stdout.startswith("memlab grade: solutions/ on "), proc.stdout[:200]
+    data = json.loads((tmp_path / "results.json").read_text())
+    total = sum(e.points for e in chosen)
     check_results_json(data, [total, total])
     assert all(t["status"] == "passed" for t in data["tests"]), proc.stdout
-    assert f"{total}/{total}" in proc.stdout
-    for e in catalog.EXERCISES:
-        assert e.id in proc.stdout
+    assert f"{total}/{total}" in proc.stdout and data["extra_data"]["seed"] == 1234
+    assert (
+        "random cases from seed 1234 (--seed 1234 draws the same cases again)"
+        in proc.stdout
+    )
+
+
+def test_a_seed_is_drawn_for_each_run_unless_given():
+    assert runner.draw_seed(7) == 7
+    assert len({runner.draw_seed() for _ in range(20)}) > 15
 
 
 @pytest.mark.slow
@@ -432,8 +444,8 @@ def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsy
         earned and not AUTHOR
     ):  # a function a learner wrote and committed, word for word the solution's
         pytest.skip(
-            f"author-only check skipped: exercises/ as committed earns {earned} points, so it holds your own "
-            "work; the check is for the course's stubs"
+            f"author-only check skipped: exercises/ as committed earns {earned} points, so it "
+            "holds your own work; the check is for the course's stubs"
         )
     assert code == 1, table
     total = sum(e.points for e in catalog.EXERCISES)
@@ -484,7 +496,7 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
     assert (
         loader.source_dir("exercises") == ROOT / "exercises"
     )  # the names are the repository's folders
-    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[5]
+    assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[3]
     monkeypatch.setattr(
         runner, "ROOT", tmp_path
     )  # memlab installed without the course around it
@@ -510,8 +522,8 @@ def zoo_rounds():
 
 @pytest.mark.slow
 def test_every_zoo_variant_fails_its_test():
-    """Each variant, graded by the test it names (in a worker process of tests/tools/mutants.py, which
-    survives a variant that crashes or loops), fails it."""
+    """Each variant, graded by the test it names (in a worker process of tests/tools/mutants.py,
+    which survives a variant that crashes or loops), fails it."""
     mutants = load_file("tests/tools/mutants.py")
     jobs = [
         {
@@ -577,8 +589,8 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
             "ch02_bytes_per_token": broken(
                 "ch02_bytes_per_token",
                 (
-                    "    _check_positive(layer_num=layer_num, kv_lora_rank",
-                    "    while True:\n        pass\n    _check_positive(layer_num=layer_num, kv_lora_rank",
+                    "    return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes",
+                    "    while True:\n        pass",
                 ),
             ),
             "ch08_sizing": broken(
@@ -605,7 +617,7 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
                 (
                     "        if need_size > len(self.free_slots):\n",
                     '        if need_size == 3 and not __import__("os").environ.get("FLOODED"):\n'
-                    '            __import__("os").environ["FLOODED"] = "1"  # once per process: a random stream calls it often\n'
+                    '            __import__("os").environ["FLOODED"] = "1"  # once a process\n'
                     '            print("x" * 3_000_000)  # in tests that pass\n'
                     "        if need_size > len(self.free_slots):\n",
                 ),
@@ -693,79 +705,6 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
         "ch02.bytes_per_token · 3 more tests: not run: test_mla_deepseek_v3 of this exercise"
         in data["output"]
     )
-
-
-# Four ways to earn points without writing the code (tests/course/grading/dishonest/):
-# forge the grader's event log and leave; import memlab's own implementation; read a
-# solution from disk and run it; patch the grader from inside. Before the sandbox, a
-# folder of them earned 115/115.
-DISHONEST = {
-    "ch01.alloc_rows": "imports memlab.course.grading.plugin",
-    "ch02.bytes_per_token": "reads /proc/",
-    "ch04.alloc_extend": "imports memlab.sglang.allocator.reference",
-    "ch08.sizing": "solutions/ch08_sizing.py (the course's own files)",
-}
-
-
-def checkouts_to_block() -> str:
-    """This checkout, and the one this Python's environment lives in when that is another (a
-    learner's clone run with a shared .venv): its solutions are the course's too. A learner's own
-    .venv lives in their clone; a Gradescope image holds no solutions at all."""
-    venv = next(
-        (p for p in Path(sys.prefix).resolve().parents if (p / "solutions").is_dir()),
-        None,
-    )
-    return os.pathsep.join(str(p) for p in {ROOT, venv} if p is not None)
-
-
-def dishonest_folder(dest: Path) -> Path:
-    from memlab.course.grading.stubs import write_stubs
-
-    write_stubs(dest)
-    for f in (ROOT / "tests" / "course" / "grading" / "dishonest").glob("ch*.py"):
-        shutil.copyfile(f, dest / f.name)
-    return dest
-
-
-@pytest.mark.slow
-def test_dishonest_files_earn_nothing(tmp_path):
-    learner = dishonest_folder(tmp_path / "learner")
-    results = tmp_path / "results.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memlab.grade",
-            "01",
-            "02",
-            "04",
-            "08",
-            "--from",
-            str(learner),
-            "--results",
-            str(results),
-            "-q",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, MEMLAB_SANDBOX_BLOCK=checkouts_to_block()),
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    data = json.loads(results.read_text())
-    assert data["score"] == 0, proc.stdout
-    for exercise, why in DISHONEST.items():
-        tests = [t for t in data["tests"] if t["extra_data"]["exercise"] == exercise]
-        assert tests and all(t["score"] == 0 for t in tests), exercise
-        assert all(
-            t["output"].startswith("write it yourself: your file ")
-            and why in t["output"]
-            for t in tests
-        ), [t["output"][:300] for t in tests]
-        assert f"{exercise} (all " in proc.stdout, (
-            proc.stdout
-        )  # said once, not once per test
 
 
 def test_table_for_tried_and_untried_exercises():
@@ -982,13 +921,17 @@ def test_solutions_agree_with_the_library(monkeypatch):
 # Correct ways to write chapter 09's gather that its 64-bit check must accept (the zoo holds the
 # wrong ones it must refuse): a cast on its own line, a tl.where over int64 slots, tl.cast, a
 # renamed stride over cast slots.
-CH09_SLOTS = "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+LOAD = "tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)"
+CH09_SLOTS = (
+    "        slots = tl.load(\n"
+    "            req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0\n"
+    "        ).to(tl.int64)\n"
+)
 CH09_CORRECT = {
-    "cast on the next line": "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n"
-    "        slots = slots.to(tl.int64)\n",
-    "tl.where over int64": "        raw = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0).to(tl.int64)\n"
+    "cast on the next line": f"        slots = {LOAD}\n        slots = slots.to(tl.int64)\n",
+    "tl.where over int64": f"        raw = {LOAD}.to(tl.int64)\n"
     "        slots = tl.where(live, raw, 0)\n",
-    "tl.cast": "        slots = tl.cast(tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0), tl.int64)\n",
+    "tl.cast": f"        slots = tl.cast({LOAD}, tl.int64)\n",
     "renamed stride": CH09_SLOTS + "        sk = stride_ks\n",
 }
 

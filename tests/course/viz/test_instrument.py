@@ -415,7 +415,10 @@ def test_every_cell_says_what_it_is(inst):
     inst.do("release", request="C")
     tips = cells(inst.picture)
     assert tips["free:0"] == "free_pages[0] = page 7 (slots 28-31) · taken next"
-    assert tips["slot:28"] == "slot 28 = page 7 × 4 + offset 0 · free: free_pages[0]"
+    assert (
+        tips["slot:28"]
+        == "slot 28 = page 7 × 4 + offset 0 · free: free_pages[0] · given back by the last call"
+    )
 
 
 def test_text_is_escaped_never_markup(inst):
@@ -492,3 +495,41 @@ def test_recording_sees_the_call_and_puts_the_method_back():
         got = al.alloc(8)
     assert calls == [{"args": {"need_size": 8}, "result": got}]
     assert "alloc" not in vars(al) and al.alloc(4).tolist() == [12, 13, 14, 15]
+
+
+def test_released_pages_are_marked_as_given_back_not_handed_out():
+    """After release_kv_cache the freed slots carry a dashed edge and the legend says what it means
+    (a solid edge is 'handed out by the last call')."""
+    from memlab.course.viz import sglang_books as sb
+
+    inst = sb.extend_instrument(page_size=4)
+    assert "handed out by the last call" in inst.picture  # the opening batch
+    inst.do("release", request="A")
+    pic = inst.picture
+    assert (
+        "given back by the last call" in pic
+        and "handed out by the last call" not in pic
+    )
+    freed = re.findall(
+        r'data-gid="slot:(\d+)">(?:<title>[^<]*</title>)?<rect[^>]*dasharray', pic
+    )
+    assert freed and {int(s) // 4 for s in freed} == {1, 2, 4}, (
+        freed
+    )  # A held pages 1, 2, 4
+
+
+def test_a_prefix_the_learner_typed_is_kept_and_named_in_the_refusal():
+    from memlab.course.viz import sglang_books as sb
+
+    inst = sb.extend_instrument(page_size=4)
+    f = inst.fields
+    f["requests"].widget.value = "A"
+    assert f["prefix_lens"].widget.value == "11"  # filled in: what A holds
+    f["prefix_lens"].widget.value = "5"
+    f["requests"].widget.value = "B"  # another request: the typed value stays
+    assert f["prefix_lens"].widget.value == "5"
+    f["seq_lens"].widget.value = "20"
+    step = inst.press("alloc_extend")
+    assert "you gave B a prefix of 5, but B holds 12 tokens" in step.error, step.error
+    big = inst.do("alloc_extend", requests=["B"], prefix_lens=[12], seq_lens=[99])
+    assert big.error.endswith("so nothing was taken"), big.error

@@ -746,7 +746,7 @@ def node_label_words(fig, books):
         tokens = " ".join(
             line
             for line in drawn
-            if not line.startswith(("dev ", "host ")) and "|" not in line
+            if not line.startswith(("dev ", "host ", "lock ")) and "|" not in line
         )
         assert tokens == words, (
             f"node {n.id}: drawn {tokens!r}, its tokens are {words!r}"

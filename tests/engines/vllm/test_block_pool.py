@@ -275,9 +275,11 @@ def outcome(call):
 
 
 def test_an_empty_free_queue_refuses_as_vllms_does(tally):
-    """``popleft`` on an empty queue: ValueError "No free blocks available"; ``popleft_n`` past the
-    free count: a bare AssertionError, the count untouched; ``popleft_n(0)``: nothing, even empty;
-    ``BlockPool.get_new_blocks`` says it first ("Cannot get N free blocks from the pool")."""
+    """``popleft`` on an empty queue: ValueError "No free blocks available"; ``popleft_n(0)``:
+    nothing, even empty; ``BlockPool.get_new_blocks`` past the free count: "Cannot get N free
+    blocks from the pool". ``popleft_n`` past the free count is vLLM's bare AssertionError
+    (its one caller counts first); memlab refuses it with get_new_blocks' ValueError and words,
+    and both leave the queue as it was."""
     V = load()
     steps = 0
     for size in (2, 3):
@@ -297,22 +299,13 @@ def test_an_empty_free_queue_refuses_as_vllms_does(tally):
             "popleft_n(0)",
             "popleft_n(2)",
         ):
-            a, b = (
-                outcome(lambda: _call(qo, call, size)),
-                outcome(lambda: _call(qt, call, size)),
-            )
-
-            def norm(r):
-                return (
-                    r[0],
-                    [blk.block_id for blk in r[1]]
-                    if r[0] == "ok" and isinstance(r[1], list)
-                    else r[1].block_id
-                    if r[0] == "ok"
-                    else r[1],
-                )
-
-            assert norm(a) == norm(b), f"{call} on {size} blocks: memlab {a}, vLLM {b}"
+            a = norm(outcome(lambda: _call(qo, call, size)))
+            b = norm(outcome(lambda: _call(qt, call, size)))
+            if call.startswith("popleft_n") and b == ("AssertionError", ""):
+                n = size if "size" in call else int(call[10:-1])
+                b = ("ValueError", f"Cannot get {n} free blocks from the pool")
+            assert a == b, f"{call} on {size} blocks: memlab {a}, vLLM {b}"
+            assert queue_ids(qo) == queue_ids(qt)
             assert qo.num_free_blocks == qt.num_free_blocks
             steps += 1
         for n in (1, 5):
@@ -323,6 +316,168 @@ def test_an_empty_free_queue_refuses_as_vllms_does(tally):
     tally("FreeKVCacheBlockQueue / BlockPool on an empty queue (errors)", 2, steps)
 
 
+def norm(result):
+    """An outcome with the blocks it returned as their ids."""
+    kind, value = result
+    if kind != "ok":
+        return kind, value
+    if isinstance(value, list):
+        return kind, [blk.block_id for blk in value]
+    return kind, value.block_id
+
+
+def queue_ids(queue) -> list[int]:
+    return [blk.block_id for blk in queue.get_all_free_blocks()]
+
+
 def _call(q, call: str, size: int):
     name, arg = call.rstrip(")").split("(")
     return getattr(q, name)(*([] if not arg else [size if arg == "size" else int(arg)]))
+
+
+# ---- the two behaviours issue 32 found apart from vLLM's, now the same ---------------------------
+
+
+def map_shape(hash_map, strip=lambda key: key) -> dict:
+    """The map as vLLM lays it out: {hash: block id} for one copy, {hash: {ids}} for copies."""
+    out = {}
+    for key, blocks in hash_map._cache.items():
+        out[strip(key)] = (
+            ("dict", sorted(blocks)) if isinstance(blocks, dict) else blocks.block_id
+        )
+    return out
+
+
+def hash_map_lockstep(seed: int, steps: int = 300) -> int:
+    """Random inserts (copies of one hash included), pops of copies that are there and that are
+    not, and lookups, on memlab's map and vLLM's; the layout and every answer must be equal.
+    A block is inserted only while it is in no entry, as a pool inserts it (set_block_hash
+    refuses a block that has a hash)."""
+    from memlab.vllm.block_pool import BlockHashToBlockMap, KVCacheBlock
+
+    V = load()
+    rng = random.Random(seed)
+    ours, theirs = BlockHashToBlockMap(), V.block_pool.BlockHashToBlockMap()
+    key = V.kv_cache_utils.make_block_hash_with_group_id
+    blocks = [(KVCacheBlock(i), V.kv_cache_utils.KVCacheBlock(i)) for i in range(12)]
+    hashes = [bytes([h]) * 4 for h in range(4)]
+    mapped: dict[int, bytes] = {}
+    for step in range(steps):
+        h = rng.choice(hashes)
+        i = rng.randrange(len(blocks))
+        op = rng.choice(["insert", "insert", "pop", "get"])
+        if op == "insert" and i not in mapped:
+            ours.insert(h, blocks[i][0])
+            theirs.insert(key(h, 0), blocks[i][1])
+            mapped[i] = h
+            a = b = None
+        elif op == "pop":
+            a, b = ours.pop(h, i), theirs.pop(key(h, 0), i)
+            if a is not None:
+                del mapped[i]
+        else:
+            a, b = ours.get_one_block(h), theirs.get_one_block(key(h, 0))
+        a = None if a is None else a.block_id
+        b = None if b is None else b.block_id
+        assert a == b, f"seed {seed} step {step}: {op} answered {a} vs vLLM's {b}"
+        shape = map_shape(theirs, V.kv_cache_utils.get_block_hash)
+        assert map_shape(ours) == shape, f"seed {seed} step {step}: after {op}"
+        assert len(ours) == len(theirs)
+    return steps
+
+
+def test_the_hash_map_keeps_vllms_layout_after_a_copy_is_popped(tally):
+    """vLLM's BlockHashToBlockMap (vllm/v1/core/block_pool.py) turns two inserts under one hash
+    into a dict and keeps the dict when one copy is popped ({h: {id: block}}); memlab kept the
+    bare block until issue 32. A hand-made case, then random streams."""
+    from memlab.vllm.block_pool import BlockHashToBlockMap, KVCacheBlock
+
+    V = load()
+    key = V.kv_cache_utils.make_block_hash_with_group_id(b"h", 0)
+    ours, theirs = BlockHashToBlockMap(), V.block_pool.BlockHashToBlockMap()
+    for i in (1, 2):
+        ours.insert(b"h", KVCacheBlock(i))
+        theirs.insert(key, V.kv_cache_utils.KVCacheBlock(i))
+    assert ours.pop(b"h", 1).block_id == theirs.pop(key, 1).block_id == 1
+    strip = V.kv_cache_utils.get_block_hash
+    assert map_shape(ours) == map_shape(theirs, strip) == {b"h": ("dict", [2])}
+    steps = sum(hash_map_lockstep(seed) for seed in range(8))
+    tally("BlockHashToBlockMap (vLLM)", 8, steps)
+
+
+def test_the_map_comparison_catches_a_collapsed_copy(monkeypatch):
+    """Bug zoo: the pre-issue-32 pop, which turned a dict of one copy back into the bare block."""
+    from memlab.vllm.block_pool import BlockHashToBlockMap
+
+    real_pop = BlockHashToBlockMap.pop
+
+    def collapsing_pop(self, key, block_id):
+        block = real_pop(self, key, block_id)
+        blocks = self._cache.get(key)
+        if isinstance(blocks, dict) and len(blocks) == 1:
+            self._cache[key] = next(iter(blocks.values()))
+        return block
+
+    monkeypatch.setattr(BlockHashToBlockMap, "pop", collapsing_pop)
+    with pytest.raises(AssertionError, match="after pop|== map_shape"):
+        for seed in range(8):
+            hash_map_lockstep(seed)
+
+
+def broken_queues(V):
+    """(memlab's, vLLM's) queues of two blocks with one sentinel link cut, as vLLM's own test
+    cuts it (tests/v1/core/test_kv_cache_utils.py)."""
+    from memlab.vllm.block_pool import FreeKVCacheBlockQueue, KVCacheBlock
+
+    for end in ("tail", "head"):
+        ours = FreeKVCacheBlockQueue([KVCacheBlock(0), KVCacheBlock(1)])
+        theirs = V.kv_cache_utils.FreeKVCacheBlockQueue(
+            [V.kv_cache_utils.KVCacheBlock(0), V.kv_cache_utils.KVCacheBlock(1)]
+        )
+        for q in (ours, theirs):
+            if end == "tail":
+                q.fake_free_list_tail.prev_free_block = None
+            else:
+                q.fake_free_list_head.next_free_block = None
+        yield end, ours, theirs
+
+
+def test_append_n_and_prepend_n_on_a_broken_queue_raise_vllms_assertion(tally):
+    """vLLM's append_n asserts the fake tail's link (and prepend_n the fake head's) before it
+    links anything: AssertionError, nothing changed. memlab raised AttributeError half-way."""
+    from memlab.vllm.block_pool import KVCacheBlock
+
+    V = load()
+    steps = 0
+    for end, ours, theirs in broken_queues(V):
+        call = "append_n" if end == "tail" else "prepend_n"
+        results = []
+        for q, block in (
+            (ours, KVCacheBlock(5)),
+            (theirs, V.kv_cache_utils.KVCacheBlock(5)),
+        ):
+            results.append(outcome(lambda: getattr(q, call)([block])))
+            assert q.num_free_blocks == 2, f"{call} changed the count before refusing"
+            assert block.prev_free_block is None and block.next_free_block is None
+        assert results[0] == results[1], f"{call} on a broken queue: {results}"
+        assert results[0][0] == "AssertionError"
+        steps += 1
+    tally("FreeKVCacheBlockQueue on a broken queue (errors)", 2, steps)
+
+
+def test_the_broken_queue_comparison_catches_linking_before_the_assert(monkeypatch):
+    """Bug zoo: append_n linking without vLLM's assert (memlab's pre-issue-32 append_n)."""
+    from memlab.vllm.block_pool import FreeKVCacheBlockQueue
+
+    def unchecked_append_n(self, blocks):
+        last = self.fake_free_list_tail.prev_free_block
+        for block in blocks:
+            last.next_free_block = block  # AttributeError on None, as before
+            block.prev_free_block = last
+            last = block
+
+    monkeypatch.setattr(FreeKVCacheBlockQueue, "append_n", unchecked_append_n)
+    with pytest.raises(AssertionError, match="append_n on a broken queue"):
+        test_append_n_and_prepend_n_on_a_broken_queue_raise_vllms_assertion(
+            lambda *a: None
+        )

@@ -1,12 +1,13 @@
-"""Cache-aware scheduling (SGLang 0.5.23's ``SchedulePolicy``, ``lpm``) in the engine, and the claims
-bench/bench_schedule.py prints: LPM reorders, FCFS does not, and the outputs do not change."""
+"""memlab.capstone.schedule_compare: cache-aware scheduling (SGLang 0.5.23's ``SchedulePolicy``,
+``lpm``) in the engine, and the claims bench/bench_schedule.py prints: LPM reorders, FCFS does
+not, and the outputs do not change."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from memlab.capstone.engine import Engine, TinyConfig, TinyLlama
+from memlab.capstone.schedule_compare import measure
 
 MODEL = TinyLlama(TinyConfig())
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,18 +74,9 @@ def test_lpm_defers_a_request_that_an_earlier_waiting_one_will_compute():
     assert e.stats["cached_tokens"] == 40
 
 
-def bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_schedule", ROOT / "bench" / "bench_schedule.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.slow
 def test_the_bench_claims_hold_on_a_cut_of_the_trace():
-    r = bench().measure(requests=32)
+    r = measure(requests=32)
     f, lpm = r["fcfs"], r["lpm"]
     assert f["outputs"] == lpm["outputs"]
     assert f["order"] == sorted(f["order"]) and lpm["order"] != f["order"]
@@ -132,7 +124,7 @@ def test_chapter_12_families_lpm_keeps_each_system_prompt_while_its_family_is_se
 @pytest.mark.slow
 def test_chapter_12_quotes_the_bench_as_measured():
     """The table of chapter 12 is what ``python bench/bench_schedule.py`` prints (96 requests)."""
-    r = bench().measure()
+    r = measure()
     f, lpm = r["fcfs"], r["lpm"]
     text = (ROOT / "chapters" / "py" / "12_unified_pool.py").read_text()
     rows = {

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.capstone.compare import (
+from memlab.course.compare import (
     StreamRequest,
     compare,
     describe_free,

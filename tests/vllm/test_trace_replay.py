@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.capstone.trace_replay import (
+from memlab.vllm.trace_replay import (
     TRACES,
     TraceRequest,
     hit_rate_curve,
