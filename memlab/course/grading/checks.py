@@ -6,7 +6,10 @@ len(x)``, so the learner reads "page 7 was handed to requests 2 and 5", not a ba
 The comparisons are strict about types: ``expect_equal(got, want)`` with an int64 tensor as
 ``want`` fails for a Python list, a float32 tensor or a tensor of another shape, and with an int
 ``want`` fails for a float, a bool or a 0-d tensor. Nothing is converted before it is compared:
-a docstring that promises an int64 tensor is checked for one.
+a docstring that promises an int64 tensor is checked for one. And nothing the learner's code
+could answer for is compared: a value is decoded first (``plain``), and an object of the
+learner's code (``loader.is_learner_object``: its ``==``, ``<`` and truth would be the learner's)
+where a value is expected fails the check; an input's own objects are compared by identity.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from memlab.course.grading.loader import is_learner_object
 
 
 class CheckFailed(AssertionError):
@@ -25,17 +30,6 @@ def is_tensor(x: Any) -> bool:
     import torch
 
     return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
-
-
-def is_learner_object(x: Any) -> bool:
-    """Whether ``x`` stands for an object of the learner's code: its ``==``, ``<`` and truth
-    would be answered by the learner's code, so a check never compares it."""
-    from memlab.course.grading import loader
-
-    test = getattr(loader, "is_learner_object", None)
-    if test is not None:
-        return test(x)
-    return bool(getattr(type(x), "_memlab_proxy", False))  # before the loader said it
 
 
 def _learner_object_in(x: Any, depth: int = 0) -> Any:
