@@ -147,6 +147,21 @@ def _tensors_equal(g, w) -> bool:
     return torch.equal(g, w)
 
 
+def _at(step: str, where: str) -> str:
+    """The path to a difference: ``[0][2]``; a sub-value's length or keys are told by their
+    values, so the path stops there."""
+    return step + (where if where.startswith("[") else "")
+
+
+def _where(path: str) -> str:
+    """A path in words: ``index 3`` (a flat list's), ``flat index 7`` (a tensor's), ``[0][2]``."""
+    if path.startswith("flat "):
+        return f"flat index {path[6:-1]}"
+    if path.count("[") == 1 and path[1:-1].lstrip("-").isdigit():
+        return f"index {path[1:-1]}"
+    return path
+
+
 def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
     """None when equal in kind and value; else (where, got part, want part) of the first
     difference."""
@@ -164,11 +179,7 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             for i, (a, b) in enumerate(zip(gl, wl))
             if a != b and not (a != a and b != b)
         )
-        return (
-            f"index {i}" if want.dim() == 1 else f"flat index {i}",
-            gl[i],
-            wl[i],
-        )
+        return (f"[{i}]" if want.dim() == 1 else f"flat [{i}]"), gl[i], wl[i]
     if isinstance(want, (list, tuple)):
         if len(got) != len(want):
             return "length", len(got), len(want)
@@ -176,7 +187,9 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             sub = _mismatch(a, b)
             if sub is not None:
                 where, ga, wa = sub
-                return (f"index {i}" + (f", {where}" if where else "")), ga, wa
+                if where in ("length", "keys"):  # show the sub-values, not their lengths
+                    ga, wa = a, b
+                return _at(f"[{i}]", where), ga, wa
         return None
     if isinstance(want, dict):
         if set(got) != set(want):
@@ -185,7 +198,9 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             sub = _mismatch(got[k], want[k])
             if sub is not None:
                 where, ga, wa = sub
-                return (f"key {k!r}" + (f", {where}" if where else "")), ga, wa
+                if where in ("length", "keys"):
+                    ga, wa = got[k], want[k]
+                return _at(f"[{k!r}]", where), ga, wa
         return None
     return None if got == want else ("", got, want)
 
@@ -208,7 +223,7 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
         return
     where, g, w = bad
     if not _same_kind(g, w):
-        at = f" at {where}" if where else ""
+        at = f" at {_where(where)}" if where else ""
         raise CheckFailed(
             f"{what}: expected {kind(w)}{at}, got {kind(g)}: {short(got)}"
             + (
@@ -226,7 +241,8 @@ def expect_equal(got: Any, want: Any, what: str) -> None:
         raise CheckFailed(f"{what}: expected the keys {short(w)}, got {short(g)}")
     if where:
         raise CheckFailed(
-            f"{what}: at {where} got {_show(g)}, expected {_show(w)} (got {short(got)}, "
+            f"{what}: at {_where(where)} got {_show(g)}, expected {_show(w)} (got "
+            f"{short(got)}, "
             f"expected {short(want)})"
         )
     raise CheckFailed(f"{what}: got {short(got)}, expected {short(want)}")

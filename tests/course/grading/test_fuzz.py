@@ -152,6 +152,12 @@ def test_messages_say_index_and_count_their_nouns():
         expect_equal([5], [5, 9, 1], "slots")
     assert str(e.value).startswith("slots: expected 3 values, got 1 value:")
     assert "position" not in str(e.value)
+    with pytest.raises(CheckFailed) as e:
+        expect_equal([[1, 2, None]], [[1, 2, b"h"]], "blocks")
+    assert str(e.value).startswith("blocks: expected bytes at [0][2], got None:")
+    with pytest.raises(CheckFailed) as e:
+        expect_equal([[1], [3]], [[1], [3, 4]], "tables")
+    assert str(e.value).startswith("tables: at index 1 got [3], expected [3, 4]")
     assert [plural(n, w) for n, w in ((1, "entry"), (2, "entry"), (2, "hash"))] == [
         "1 entry",
         "2 entries",
