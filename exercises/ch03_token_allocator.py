@@ -24,7 +24,8 @@ class TokenToKVPoolAllocator:
         self.release_pages = torch.empty(0, dtype=torch.int64)
 
     def available_size(self) -> int:
-        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged frees)."""
+        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged
+        frees)."""
         raise NotImplementedError
 
     def alloc(self, need_size: int) -> torch.Tensor | None:

@@ -54,7 +54,8 @@ class PagedFreeList:
         raise NotImplementedError
 
     def free_group_begin(self) -> None:
-        """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no nesting)."""
+        """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no
+        nesting)."""
         raise NotImplementedError
 
     def free_group_end(self) -> None:

@@ -60,8 +60,9 @@ class MambaRows:
         raise NotImplementedError
 
     def next_track_slot(self, row: int) -> int:
-        """The tracking slot the row's next snapshot goes to: ``track_slots[row, next_track_idx[row]]``;
-        then advance ``next_track_idx[row]`` by one, modulo ``tracking`` (with 2 slots: ping-pong).
-        Raise ValueError when there are no tracking slots (``tracking == 0``) or the row has none.
+        """The tracking slot the row's next snapshot goes to:
+        ``track_slots[row, next_track_idx[row]]``; then advance ``next_track_idx[row]`` by one,
+        modulo ``tracking`` (with 2 slots: ping-pong). Raise ValueError when there are no tracking
+        slots (``tracking == 0``) or the row has none.
         """
         raise NotImplementedError

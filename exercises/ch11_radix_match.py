@@ -3,7 +3,7 @@
 Write ``split_node``, ``match_prefix`` and ``evict``. Grade with ``./course grade 11``.
 """
 
-import heapq  # noqa: F401 (you may want it for evict)
+import heapq  # you may want it for evict
 
 
 class TreeNode:
@@ -18,11 +18,15 @@ class TreeNode:
         self.last_access_time = last_access_time
 
     def __repr__(self):
-        return f"TreeNode(key={self.key}, value={self.value}, lock_ref={self.lock_ref}, t={self.last_access_time})"
+        return (
+            f"TreeNode(key={self.key}, value={self.value}, lock_ref={self.lock_ref}, "
+            f"t={self.last_access_time})"
+        )
 
 
 class RadixTree:
-    """Given: the tree's state and its small helpers (memlab.sglang.radix_cache.RadixCache has them all)."""
+    """Given: the tree's state and its small helpers (memlab.sglang.radix_cache.RadixCache has
+    them all)."""
 
     def __init__(self, page_size: int = 1):
         self.page_size = page_size
@@ -36,7 +40,8 @@ class RadixTree:
         return self.clock
 
     def child_key(self, key, offset: int = 0):
-        """How a parent finds the child for ``key[offset:]``: its first token, or first page as a tuple."""
+        """How a parent finds the child for ``key[offset:]``: its first token, or first page as a
+        tuple."""
         return (
             key[offset]
             if self.page_size == 1

@@ -1,4 +1,5 @@
-"""Chapter 12 exercise: one sub-pool's books in a unified buffer: translation, capacity in bytes, compaction.
+"""Chapter 12 exercise: one sub-pool's books in a unified buffer: translation, capacity in
+bytes, compaction.
 
 Write ``translate``, ``available_tokens`` and ``compact_after_free``. Grade with
 ``./course grade 12``."""

@@ -29,6 +29,7 @@ class RowTable:
 
         See chapter 01 (rows from the tail; the generation counter).
         """
+        # BEGIN SOLUTION
         if need_size > len(self.free_slots):
             return None
         if need_size == 0:
@@ -37,17 +38,20 @@ class RowTable:
         del self.free_slots[-need_size:]
         self.req_generation[rows] += 1
         return rows
+        # END SOLUTION
 
     def free(self, row: int) -> None:
         """Give ``row`` back: append it to ``free_slots``.
 
         Raise ValueError (naming the row) when ``row`` is not in 1..size: row 0 is padding.
         """
+        # BEGIN SOLUTION
         if not 1 <= row <= self.size:
             raise ValueError(
                 f"cannot free row {row}: rows are 1..{self.size}, row 0 is padding"
             )
         self.free_slots.append(row)
+        # END SOLUTION
 
     def clear(self) -> None:
         """Make every row free again: ``free_slots = [1, 2, ..., size]``.
@@ -55,4 +59,6 @@ class RowTable:
         Never reset ``req_generation``: a reader that stored (row, generation) must see a changed
         generation when the row is handed out again, even across a clear.
         """
+        # BEGIN SOLUTION
         self.free_slots = list(range(1, self.size + 1))
+        # END SOLUTION

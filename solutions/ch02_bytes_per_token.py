@@ -25,6 +25,7 @@ def mha_bytes_per_token(
     Raise ValueError (naming it) for an argument that is not a positive int (bools are not ints
     here). See chapter 02 (MHA: K and V).
     """
+    # BEGIN SOLUTION
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
     _check_positive(
         layer_num=layer_num,
@@ -34,6 +35,7 @@ def mha_bytes_per_token(
         dtype_bytes=dtype_bytes,
     )
     return layer_num * head_num * (head_dim + v_head_dim) * dtype_bytes
+    # END SOLUTION
 
 
 def mla_bytes_per_token(
@@ -45,6 +47,7 @@ def mla_bytes_per_token(
     heads; there is no separate V. Raise ValueError (naming it) for an argument that is not a
     positive int. See chapter 02 (MLA: one latent row).
     """
+    # BEGIN SOLUTION
     _check_positive(
         layer_num=layer_num,
         kv_lora_rank=kv_lora_rank,
@@ -52,3 +55,4 @@ def mla_bytes_per_token(
         dtype_bytes=dtype_bytes,
     )
     return layer_num * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+    # END SOLUTION

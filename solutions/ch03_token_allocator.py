@@ -24,8 +24,11 @@ class TokenToKVPoolAllocator:
         self.release_pages = torch.empty(0, dtype=torch.int64)
 
     def available_size(self) -> int:
-        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged frees)."""
+        """Free slots, the staged ones in ``release_pages`` included. See chapter 03 (staged
+        frees)."""
+        # BEGIN SOLUTION
         return len(self.free_pages) + len(self.release_pages)
+        # END SOLUTION
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """Hand out the first ``need_size`` slots of ``free_pages`` (an int64 tensor), or None.
@@ -37,6 +40,7 @@ class TokenToKVPoolAllocator:
         - ``need_size == 0`` returns an empty int64 tensor.
         See chapter 03 (allocation takes the head).
         """
+        # BEGIN SOLUTION
         if self.need_sort and need_size > len(self.free_pages):
             self.merge_and_sort_free()
         if need_size > len(self.free_pages):
@@ -44,6 +48,7 @@ class TokenToKVPoolAllocator:
         out = self.free_pages[:need_size]
         self.free_pages = self.free_pages[need_size:]
         return out
+        # END SOLUTION
 
     def free(self, free_index: torch.Tensor) -> None:
         """Give slots back. An empty tensor changes nothing.
@@ -53,12 +58,14 @@ class TokenToKVPoolAllocator:
         ``release_pages`` instead. Keep no reference to ``free_index`` itself: the caller may reuse
         that tensor afterwards (``torch.cat`` makes a new one). See chapter 03 (FIFO reuse).
         """
+        # BEGIN SOLUTION
         if free_index.numel() == 0:
             return
         if self.need_sort:
             self.release_pages = torch.cat((self.release_pages, free_index))
         else:
             self.free_pages = torch.cat((self.free_pages, free_index))
+        # END SOLUTION
 
     def merge_and_sort_free(self) -> None:
         """Move the staged slots into ``free_pages`` and sort it ascending; empty ``release_pages``
@@ -67,9 +74,11 @@ class TokenToKVPoolAllocator:
         Sorted, the next allocations get runs of neighbouring slots. See chapter 03
         (merge and sort).
         """
+        # BEGIN SOLUTION
         if len(self.release_pages) == 0:
             return
         self.free_pages = torch.sort(
             torch.cat((self.free_pages, self.release_pages))
         ).values
         self.release_pages = torch.empty(0, dtype=torch.int64)
+        # END SOLUTION

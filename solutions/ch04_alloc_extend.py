@@ -43,6 +43,7 @@ class PagedAllocator:
         batch raises even when it is also short of pages (memlab's allocator checks its
         arguments before its capacity test). See chapter 04 (three parts).
         """
+        # BEGIN SOLUTION
         ps = self.page_size
         if bool((seq_lens < prefix_lens).any()):
             raise ValueError(
@@ -72,3 +73,4 @@ class PagedAllocator:
         )
         self.free_pages = self.free_pages[num_pages:]
         return out
+        # END SOLUTION

@@ -10,7 +10,9 @@ import triton
 import triton.language as tl
 
 # ===== EXERCISE 04b: set to True once part 2 below is written =====
+# BEGIN SOLUTION (stub: PART2_WRITTEN = False)
 PART2_WRITTEN = True
+# END SOLUTION
 # ===== END EXERCISE 04b =====
 
 
@@ -63,6 +65,7 @@ def alloc_extend_kernel(
     # free_pages[page_start + k // page_size], at offset k % page_size; its output position is
     # out_start + n1 + k. Write them TOK_BLOCK tokens at a time with a loop whose bound is the
     # runtime value n2 (for t in range(0, n2, TOK_BLOCK)), and mask every load and store.
+    # BEGIN SOLUTION (stub: # YOUR CODE HERE)
     for t in range(0, n2, TOK_BLOCK):
         k = t + tl.arange(0, TOK_BLOCK)
         live = k < n2
@@ -70,6 +73,7 @@ def alloc_extend_kernel(
         tl.store(
             out_ptr + out_start + n1 + k, page * page_size + k % page_size, mask=live
         )
+    # END SOLUTION
     # ===== END EXERCISE 04b =====
 
     # Part 3: the first n3 slots of one more new page, the one after the whole pages.

@@ -32,6 +32,7 @@ class PagedAllocator:
         - Too few free pages: return None and change nothing. Otherwise drop the pages taken.
         See chapter 05 (one token per step).
         """
+        # BEGIN SOLUTION
         ps = self.page_size
         opens = (seq_lens - 1) % ps == 0
         need = int(opens.sum())
@@ -43,3 +44,4 @@ class PagedAllocator:
         )  # the k-th request that opens a page takes the k-th page
         self.free_pages = self.free_pages[need:]
         return out
+        # END SOLUTION

@@ -37,6 +37,7 @@ class PagedFreeList:
           ``free_index`` to ``free_group`` (the caller may reuse its tensor afterwards).
         See chapter 05 (freeing whole pages).
         """
+        # BEGIN SOLUTION
         if free_index.numel() == 0:
             return
         if self.free_group is not None:
@@ -45,6 +46,7 @@ class PagedFreeList:
         self.free_pages = torch.cat(
             (torch.unique(free_index // self.page_size), self.free_pages)
         )
+        # END SOLUTION
 
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """Free a contiguous run of one request's slots without the unique().
@@ -58,31 +60,39 @@ class PagedFreeList:
         queues a segment's pages inside a free group; here it is called outside groups only.)
         See chapter 05 (free_segment).
         """
+        # BEGIN SOLUTION
         if free_index.numel() == 0:
             return
         if start_pos % self.page_size:
             raise ValueError(
-                f"free_segment: start_pos {start_pos} is not a multiple of page_size {self.page_size}"
+                f"free_segment: start_pos {start_pos} is not a multiple of page_size "
+                f"{self.page_size}"
             )
         self.free_pages = torch.cat(
             (free_index[:: self.page_size] // self.page_size, self.free_pages)
         )
+        # END SOLUTION
 
     def free_group_begin(self) -> None:
-        """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no nesting)."""
+        """Start a free group: ``free_group = []``. Raise RuntimeError if one is open (no
+        nesting)."""
+        # BEGIN SOLUTION
         if self.free_group is not None:
             raise RuntimeError(
                 "free_group_begin: a free group is already open (groups do not nest)"
             )
         self.free_group = []
+        # END SOLUTION
 
     def free_group_end(self) -> None:
         """Close the group (``free_group = None``) and free everything queued in it as ONE
         ``free`` of the concatenated slots (so pages shared across the queued tensors are freed
         once). Raise RuntimeError when no group is open. See chapter 05 (free groups).
         """
+        # BEGIN SOLUTION
         if self.free_group is None:
             raise RuntimeError("free_group_end: no free group is open")
         queued, self.free_group = self.free_group, None
         if queued:
             self.free(torch.cat(queued))
+        # END SOLUTION

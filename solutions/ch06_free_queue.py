@@ -61,6 +61,7 @@ def free_request_blocks(queue: FreeQueue, blocks: list[Block]) -> None:
       ``queue.append_n(tail_bound)``.
     The tail of a prefix is then evicted before its start. See chapter 06 (freeing in reverse).
     """
+    # BEGIN SOLUTION
     to_head, to_tail = [], []
     for block in reversed(blocks):
         if block.is_null:
@@ -70,3 +71,4 @@ def free_request_blocks(queue: FreeQueue, blocks: list[Block]) -> None:
             (to_tail if block.block_hash is not None else to_head).append(block)
     queue.prepend_n(to_head)
     queue.append_n(to_tail)
+    # END SOLUTION

@@ -13,7 +13,9 @@ PAD_SLOT_ID = (
 )  # padded tokens write nowhere: the KV-store kernel skips negative slots
 
 # ===== EXERCISE 06c: set to True once the section below is written =====
+# BEGIN SOLUTION (stub: SECTION_WRITTEN = False)
 SECTION_WRITTEN = True
+# END SOLUTION
 # ===== END EXERCISE 06c =====
 
 
@@ -40,12 +42,15 @@ def slot_mapping_kernel(
                 out_ptr + i, tl.full((BLOCK,), -1, tl.int64), mask=i < num_tokens_padded
             )  # PAD_SLOT_ID
     else:
+        # BEGIN SOLUTION (stub: tl.load(query_start_loc_ptr + req + 1).to(tl.int64))
         end = tl.load(query_start_loc_ptr + req + 1).to(tl.int64)
+        # END SOLUTION
         # ===== EXERCISE 06c: the slots of this request's tokens =====
         # For each token index i in [start, end), BLOCK at a time (masked):
         #   pos = positions[i]; the token's block is block_table[req, pos // block_size]
         #   (row req starts at block_table_ptr + req * block_table_stride); its slot is
         #   block * block_size + pos % block_size. Store it, as int64, at out_ptr + i.
+        # BEGIN SOLUTION (stub: # YOUR CODE HERE)
         for t in range(start, end, BLOCK):
             i = t + tl.arange(0, BLOCK)
             live = i < end
@@ -60,6 +65,7 @@ def slot_mapping_kernel(
                 block.to(tl.int64) * block_size + pos % block_size,
                 mask=live,
             )
+        # END SOLUTION
         # ===== END EXERCISE 06c =====
 
 

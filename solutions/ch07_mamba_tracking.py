@@ -16,11 +16,13 @@ def get_mamba_tracking_slots(
     under the overlap scheduler (while step t-1 still reads one snapshot, step t writes the
     other: ping-pong) and 1 without it. See chapter 07 (ping-pong).
     """
+    # BEGIN SOLUTION
     if not extra_buffer:
         return 0
     if lazy:
         return 1
     return 2 if overlap else 1
+    # END SOLUTION
 
 
 class MambaRows:
@@ -54,6 +56,7 @@ class MambaRows:
         alone: ``next_track_idx[row]`` and ``last_track_seqlen[row]`` keep the fresh values
         ``free_row`` left (0 and -1). See chapter 07 (state per request).
         """
+        # BEGIN SOLUTION
         need = 1 + self.tracking
         if need > len(self.free_slots):
             return False
@@ -62,24 +65,29 @@ class MambaRows:
         self.state_slot[row] = slots[0]
         self.track_slots[row] = slots[1:]
         return True
+        # END SOLUTION
 
     def free_row(self, row: int) -> None:
         """Give back every slot the row owns (non-zero ones, appended to the tail of
         ``free_slots``) and reset ALL four per-row fields to their fresh values (0, zeros, 0,
         -1): a reused row must not see a stale slot or ping-pong index. See chapter 07 (freeing).
         """
+        # BEGIN SOLUTION
         owned = torch.cat((self.state_slot[row : row + 1], self.track_slots[row]))
         self.free_slots = torch.cat((self.free_slots, owned[owned > 0]))
         self.state_slot[row] = 0
         self.track_slots[row] = 0
         self.next_track_idx[row] = 0
         self.last_track_seqlen[row] = -1
+        # END SOLUTION
 
     def next_track_slot(self, row: int) -> int:
-        """The tracking slot the row's next snapshot goes to: ``track_slots[row, next_track_idx[row]]``;
-        then advance ``next_track_idx[row]`` by one, modulo ``tracking`` (with 2 slots: ping-pong).
-        Raise ValueError when there are no tracking slots (``tracking == 0``) or the row has none.
+        """The tracking slot the row's next snapshot goes to:
+        ``track_slots[row, next_track_idx[row]]``; then advance ``next_track_idx[row]`` by one,
+        modulo ``tracking`` (with 2 slots: ping-pong). Raise ValueError when there are no tracking
+        slots (``tracking == 0``) or the row has none.
         """
+        # BEGIN SOLUTION
         if self.tracking == 0:
             raise ValueError("no tracking slots: built without the extra buffer")
         idx = int(self.next_track_idx[row])
@@ -88,3 +96,4 @@ class MambaRows:
             raise ValueError(f"row {row} holds no tracking slot")
         self.next_track_idx[row] = (idx + 1) % self.tracking
         return slot
+        # END SOLUTION

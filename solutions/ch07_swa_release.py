@@ -28,6 +28,7 @@ def swa_release_range(
     ValueError (naming it) when ``swa_evicted_len`` is not page-aligned, checked first (even when
     nothing would be released). See chapter 07 (out of the window).
     """
+    # BEGIN SOLUTION
     ps = page_size
     if swa_evicted_len % ps:
         raise ValueError(
@@ -38,6 +39,7 @@ def swa_release_range(
     if end <= start:
         return swa_evicted_len, swa_evicted_len
     return start, end
+    # END SOLUTION
 
 
 def take_swa_slots(
@@ -55,6 +57,7 @@ def take_swa_slots(
     the whole page, and drops the zeros there; here only the slots asked for are returned.)
     See chapter 07 (two ledgers).
     """
+    # BEGIN SOLUTION
     swa = full_to_swa[full_indices]
     swa = swa[swa > 0]
     pages = (
@@ -64,3 +67,4 @@ def take_swa_slots(
         pages[:, None] * page_size + torch.arange(page_size, device=pages.device)
     ] = 0
     return swa
+    # END SOLUTION

@@ -11,7 +11,9 @@ def pool_size_tokens(budget_bytes: int, bytes_per_token: int, page_size: int) ->
     ``budget_bytes // bytes_per_token`` tokens, rounded DOWN to a multiple of ``page_size``.
     See chapter 08 (from memory to tokens).
     """
+    # BEGIN SOLUTION
     return budget_bytes // bytes_per_token // page_size * page_size
+    # END SOLUTION
 
 
 def max_new_tokens_for_memory(
@@ -24,8 +26,10 @@ def max_new_tokens_for_memory(
     page more for the page a decode step may open, and one slot more. Chapter 08,
     "max_new_tokens_for_memory".
     """
+    # BEGIN SOLUTION
     paged_input = -(-input_tokens // page_size) * page_size
     return max(0, min(max_new_tokens, token_capacity - paged_input - page_size - 1))
+    # END SOLUTION
 
 
 def alloc_len_per_decode(
@@ -43,6 +47,7 @@ def alloc_len_per_decode(
       of its own: ``max(pages_per_branch * page_size * topk, num_draft_tokens)``.
     See chapter 08 (KV per decode step).
     """
+    # BEGIN SOLUTION
     if num_steps is None:
         return 1
     topk = topk or 1
@@ -51,6 +56,7 @@ def alloc_len_per_decode(
         return max(num_steps * topk, tokens)
     pages_per_branch = -(-(page_size - 1 + num_steps) // page_size)
     return max(pages_per_branch * page_size * topk, tokens)
+    # END SOLUTION
 
 
 def alloc_reserve_per_decode(
@@ -68,5 +74,7 @@ def alloc_reserve_per_decode(
     a step takes one slot per request, and its fit check counts a page only for a request whose
     committed length sits on a page boundary (chapter 10). See chapter 08 (the doubled reserve).
     """
+    # BEGIN SOLUTION
     n = alloc_len_per_decode(page_size, num_steps, topk, num_draft_tokens)
     return 2 * n
+    # END SOLUTION

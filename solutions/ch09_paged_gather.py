@@ -12,7 +12,9 @@ import triton
 import triton.language as tl
 
 # ===== EXERCISE 09: set to True once the gather below is written =====
+# BEGIN SOLUTION (stub: GATHER_WRITTEN = False)
 GATHER_WRITTEN = True
+# END SOLUTION
 # ===== END EXERCISE 09 =====
 
 
@@ -42,7 +44,9 @@ def decode_attention_kernel(
     """Program (b, h): query head h of batch entry b over that request's seq_len tokens."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    # BEGIN SOLUTION (stub: h // kv_group_num  # grouped query heads share a KV head)
     kv_h = h // kv_group_num  # grouped query heads share a KV head
+    # END SOLUTION
     seq_len = tl.load(seq_lens_ptr + b)
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + d).to(tl.float32)
@@ -64,6 +68,7 @@ def decode_attention_kernel(
         # computed in 32 bits unless the slot was cast first. Past 2^31 elements (a pool of 2
         # million tokens at 8 KV heads x 128 dims) it wraps to a negative offset: the kernel reads
         # another token's KV or faults. Cast the slots, not the product (too late).
+        # BEGIN SOLUTION (stub: # YOUR CODE HERE)
         row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
         slots = tl.load(
             req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0
@@ -78,6 +83,7 @@ def decode_attention_kernel(
             mask=live[:, None],
             other=0.0,
         )
+        # END SOLUTION
         # ===== END EXERCISE 09 =====
         s = tl.sum(q[None, :] * k.to(tl.float32), 1) * sm_scale
         s = tl.where(live, s, -float("inf"))

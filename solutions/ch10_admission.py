@@ -80,6 +80,7 @@ def admit(
     the admission rule. It admits more than the engine would, so a scheduler built on it
     retracts more often once the outputs grow.
     """
+    # BEGIN SOLUTION
     ps = hooks.page_size
     budget = hooks.available_size() - ps * sum(
         1 for s in running_seq_lens if s % ps == 0
@@ -99,3 +100,4 @@ def admit(
         admitted.append(r)
         budget -= cost
     return admitted, rejected
+    # END SOLUTION

@@ -3,7 +3,10 @@
 Write ``split_node``, ``match_prefix`` and ``evict``. Grade with ``./course grade 11``.
 """
 
+# BEGIN SOLUTION (stub: import heapq  # you may want it for evict)
 import heapq
+
+# END SOLUTION
 
 
 class TreeNode:
@@ -18,11 +21,15 @@ class TreeNode:
         self.last_access_time = last_access_time
 
     def __repr__(self):
-        return f"TreeNode(key={self.key}, value={self.value}, lock_ref={self.lock_ref}, t={self.last_access_time})"
+        return (
+            f"TreeNode(key={self.key}, value={self.value}, lock_ref={self.lock_ref}, "
+            f"t={self.last_access_time})"
+        )
 
 
 class RadixTree:
-    """Given: the tree's state and its small helpers (memlab.sglang.radix_cache.RadixCache has them all)."""
+    """Given: the tree's state and its small helpers (memlab.sglang.radix_cache.RadixCache has
+    them all)."""
 
     def __init__(self, page_size: int = 1):
         self.page_size = page_size
@@ -36,7 +43,8 @@ class RadixTree:
         return self.clock
 
     def child_key(self, key, offset: int = 0):
-        """How a parent finds the child for ``key[offset:]``: its first token, or first page as a tuple."""
+        """How a parent finds the child for ``key[offset:]``: its first token, or first page as a
+        tuple."""
         return (
             key[offset]
             if self.page_size == 1
@@ -97,6 +105,7 @@ def split_node(tree: RadixTree, child: TreeNode, split_len: int) -> TreeNode:
       registered under ``tree.child_key`` of its new key.
     - The parent's entry that pointed at ``child`` now points at the new node (same child key).
     """
+    # BEGIN SOLUTION
     new_node = TreeNode(
         child.key[:split_len], child.value[:split_len], child.parent, tree.tick()
     )
@@ -106,6 +115,7 @@ def split_node(tree: RadixTree, child: TreeNode, split_len: int) -> TreeNode:
     child.parent = new_node
     child.key, child.value = child.key[split_len:], child.value[split_len:]
     return new_node
+    # END SOLUTION
 
 
 def match_prefix(tree: RadixTree, key) -> tuple:
@@ -120,6 +130,7 @@ def match_prefix(tree: RadixTree, key) -> tuple:
       tokens, add ``n``, and stop at the new node, so the match always ends exactly on a node.
     See chapter 11 (The radix tree).
     """
+    # BEGIN SOLUTION
     key = list(key)[: len(key) // tree.page_size * tree.page_size]
     now = tree.tick()
     node, matched = tree.root, 0
@@ -135,6 +146,7 @@ def match_prefix(tree: RadixTree, key) -> tuple:
             break
         node, matched = child, matched + n
     return matched, node
+    # END SOLUTION
 
 
 def evict(tree: RadixTree, num_tokens: int, free) -> int:
@@ -151,6 +163,7 @@ def evict(tree: RadixTree, num_tokens: int, free) -> int:
       ``last_access_time``.
     See chapter 11 (The radix tree).
     """
+    # BEGIN SOLUTION
     heap = [(n.last_access_time, id(n), n) for n in tree.evictable_leaves()]
     heapq.heapify(heap)
     evicted = 0
@@ -163,3 +176,4 @@ def evict(tree: RadixTree, num_tokens: int, free) -> int:
         if parent is not tree.root and not parent.children and parent.lock_ref == 0:
             heapq.heappush(heap, (parent.last_access_time, id(parent), parent))
     return evicted
+    # END SOLUTION

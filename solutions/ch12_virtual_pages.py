@@ -1,4 +1,5 @@
-"""Chapter 12 exercise: one sub-pool's books in a unified buffer: translation, capacity in bytes, compaction.
+"""Chapter 12 exercise: one sub-pool's books in a unified buffer: translation, capacity in
+bytes, compaction.
 
 Write ``translate``, ``available_tokens`` and ``compact_after_free``. Grade with
 ``./course grade 12``."""
@@ -16,11 +17,13 @@ def translate(loc: torch.Tensor, v2p: torch.Tensor, page_size: int) -> torch.Ten
     translates to 0, the sink (a write there harms nobody). Return a new int64 tensor as long as
     ``loc``; change neither input. See chapter 12 (virtual ids and their translation).
     """
+    # BEGIN SOLUTION
     t = loc.to(torch.int64)
     page = t // page_size
     keep = (t >= 0) & (page < len(v2p))
     phys = v2p[torch.where(keep, page, 0)] * page_size + t % page_size
     return torch.where(keep & (phys >= 0), phys, 0)
+    # END SOLUTION
 
 
 def available_tokens(
@@ -43,6 +46,7 @@ def available_tokens(
     whole pages, where its own page numbers run ``min_page_index .. num_pages - 1``; in tokens.
     See chapter 12 (capacity in bytes).
     """
+    # BEGIN SOLUTION
     if grow_direction == "up":
         used = watermark - min_page_index
         gap = neighbour_frontier_bytes - watermark * entry_bytes_per_page
@@ -51,6 +55,7 @@ def available_tokens(
         gap = (watermark + 1) * entry_bytes_per_page - neighbour_frontier_bytes
     pages = min(max(gap, 0) // entry_bytes_per_page, num_pages - min_page_index - used)
     return pages * page_size
+    # END SOLUTION
 
 
 def compact_after_free(
@@ -72,6 +77,7 @@ def compact_after_free(
     ``(new watermark, sources, holes)`` as an int and two lists of ints. See chapter 12 (a free
     compacts at once).
     """
+    # BEGIN SOLUTION
     k = len(freed_pages)
     if grow_direction == "up":
         new = watermark - k
@@ -89,3 +95,4 @@ def compact_after_free(
         p2v[dst] = v
     p2v[list(band)] = -1
     return new, sources, holes
+    # END SOLUTION

@@ -175,7 +175,8 @@ def narrow_products(source: str) -> list[str]:
     ]
     if not products:
         return [
-            "(nothing: no product of a slot and stride_ks / stride_vs was found; address the rows as "
+            "(nothing: no product of a slot and stride_ks / stride_vs was found; address the rows "
+            "as "
             "k_ptr + slot * stride_ks + ..., as the comments say)"
         ]
     return [

@@ -1,7 +1,5 @@
 """Graded: chapter 01, request-table rows (exercises/ch01_alloc_rows.py)."""
 
-import random
-
 import pytest
 
 from memlab.course.grading.checks import (
@@ -9,13 +7,15 @@ from memlab.course.grading.checks import (
     expect_equal,
     expect_no_sharing,
     expect_raises,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch01.alloc_rows")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch01.alloc_rows", requires=requires)
 
 
 def table(size=8):
@@ -23,63 +23,93 @@ def table(size=8):
 
 
 @points(1)
-def test_alloc_takes_from_tail():
-    t = table(8)
-    rows = t.alloc_rows(3)
+def test_alloc_takes_from_tail(rng):
+    size = rng.randint(4, 64)
+    n = rng.randint(2, size - 2)
+    t = table(size)
+    rows = t.alloc_rows(n)
     expect_equal(
         rows,
-        [6, 7, 8],
-        "alloc_rows(3) on a fresh table of 8 rows must take the last 3 free rows, "
-        "as a list of ints",
+        list(range(size - n + 1, size + 1)),
+        f"alloc_rows({n}) on a fresh table of {plural(size, 'row')} must take the last {n} free "
+        "rows, as a list of ints",
     )
-    expect_equal(t.free_slots, [1, 2, 3, 4, 5], "free_slots after alloc_rows(3)")
-    t.free(7)
+    left = list(range(1, size - n + 1))
+    expect_equal(t.free_slots, left, f"free_slots after alloc_rows({n})")
+    back = rng.choice(rows)
+    t.free(back)
     expect_equal(
         t.alloc_rows(2),
-        [5, 7],
-        "alloc_rows(2) after free(7): the last 2 entries of free_slots, in list order",
+        [left[-1], back],
+        f"alloc_rows(2) after free({back}): the last 2 entries of free_slots, in list "
+        "order",
     )
+    gen = [0] + [0] * (size - n - 1) + [1] * (n + 1)
+    gen[back] = 2
     expect_equal(
         t.req_generation,
-        i64(0, 0, 0, 0, 0, 1, 1, 2, 1),
-        "req_generation after taking rows 6, 7, 8, "
-        "then 5 and 7 again (one bump per row taken; an int64 tensor)",
+        i64(*gen),
+        f"req_generation after taking rows {rows[0]}..{rows[-1]}, then {left[-1]} and "
+        f"{back} again (one bump per row taken; an int64 tensor)",
     )
 
 
-@points(1)
-def test_alloc_zero_returns_empty():
-    t = table(8)
+@points(1, requires="test_alloc_takes_from_tail")
+def test_alloc_zero_returns_empty(rng):
+    size = rng.randint(1, 64)
+    t = table(size)
     rows = t.alloc_rows(0)
     expect_equal(rows, [], "alloc_rows(0) (free_slots[-0:] is the WHOLE list)")
     expect_equal(
-        t.free_slots, list(range(1, 9)), "alloc_rows(0) must leave free_slots alone"
-    )
-    expect_equal(
-        t.req_generation, i64(*[0] * 9), "alloc_rows(0) must bump no generation"
-    )
-    t.alloc_rows(8)
-    expect_equal(t.alloc_rows(0), [], "alloc_rows(0) with no free row left")
-
-
-@points(1)
-def test_all_or_nothing():
-    t = table(4)
-    t.alloc_rows(2)
-    got = t.alloc_rows(3)
-    expect(got is None, f"alloc_rows(3) with 2 free rows must return None, got {got!r}")
-    expect_equal(
-        t.free_slots, [1, 2], "a refused alloc_rows must leave free_slots alone"
+        t.free_slots,
+        list(range(1, size + 1)),
+        f"alloc_rows(0) on a fresh table of {plural(size, 'row')} must leave free_slots alone",
     )
     expect_equal(
         t.req_generation,
-        i64(0, 0, 0, 1, 1),
+        i64(*[0] * (size + 1)),
+        "alloc_rows(0) must bump no generation",
+    )
+    taken = rng.randint(1, size)
+    t.alloc_rows(taken)
+    expect_equal(
+        t.alloc_rows(0),
+        [],
+        f"alloc_rows(0) with {size - taken} of {plural(size, 'row')} free",
+    )
+    expect_equal(
+        t.free_slots,
+        list(range(1, size - taken + 1)),
+        f"alloc_rows(0) after alloc_rows({taken}) must leave free_slots alone",
+    )
+
+
+@points(1, requires="test_alloc_takes_from_tail")
+def test_all_or_nothing(rng):
+    size = rng.randint(3, 64)
+    held = rng.randint(1, size - 2)
+    free = size - held
+    t = table(size)
+    t.alloc_rows(held)
+    got = t.alloc_rows(free + 1)
+    expect(
+        got is None,
+        f"alloc_rows({free + 1}) with {plural(free, 'free row')} must return None, got {got!r}",
+    )
+    expect_equal(
+        t.free_slots,
+        list(range(1, free + 1)),
+        "a refused alloc_rows must leave free_slots alone",
+    )
+    expect_equal(
+        t.req_generation,
+        i64(*[0] * (free + 1), *[1] * held),
         "a refused alloc_rows must bump no generation",
     )
     expect_equal(
-        t.alloc_rows(2),
-        [1, 2],
-        "alloc_rows(2) with exactly 2 free rows must succeed (all of them)",
+        t.alloc_rows(free),
+        list(range(1, free + 1)),
+        f"alloc_rows({free}) with exactly {plural(free, 'free row')} must succeed (all of them)",
     )
     expect_equal(t.free_slots, [], "free_slots after taking the last rows")
     got = t.alloc_rows(1)
@@ -87,8 +117,9 @@ def test_all_or_nothing():
 
 
 @points(2)
-def test_generation_survives_clear():
-    t = table(4)
+def test_generation_survives_clear(rng):
+    size = rng.randint(2, 48)
+    t = table(size)
     (row,) = t.alloc_rows(1)
     expect_equal(
         int(t.req_generation[row]),
@@ -105,13 +136,16 @@ def test_generation_survives_clear():
         f"row {row}'s generation after its second allocation",
     )
     t.clear()
-    expect_equal(t.free_slots, [1, 2, 3, 4], "free_slots after clear() (a list)")
+    expect_equal(
+        t.free_slots, list(range(1, size + 1)), "free_slots after clear() (a list)"
+    )
     expect(
         int(t.req_generation[row]) == 2,
-        f"clear() changed row {row}'s generation from 2 to {int(t.req_generation[row])}: it must never "
-        "be reset, or a reader that stored (row, generation) would mistake the next owner for the old one",
+        f"clear() changed row {row}'s generation from 2 to {int(t.req_generation[row])}: "
+        "it must never be reset, or a reader that stored (row, generation) would mistake "
+        "the next owner for the old one",
     )
-    t.alloc_rows(4)
+    t.alloc_rows(size)
     expect_equal(
         int(t.req_generation[row]),
         3,
@@ -119,36 +153,41 @@ def test_generation_survives_clear():
     )
     expect_equal(
         t.req_generation,
-        i64(0, 1, 1, 1, 3),
+        i64(0, *[1] * (size - 1), 3),
         "req_generation after clear() and taking every row",
     )
 
 
-@points(1)
-def test_free_checks_the_row():
-    t = table(4)
-    t.alloc_rows(4)
+@points(1, requires="test_alloc_takes_from_tail")
+def test_free_checks_the_row(rng):
+    size = rng.randint(2, 64)
+    t = table(size)
+    t.alloc_rows(size)
+    past = size + rng.randint(1, 3)
+    below = -rng.randint(1, 3)
     expect_raises(
         ValueError, lambda: t.free(0), "free(0) (row 0 is the padding row)", naming="0"
     )
-    expect_raises(
-        ValueError, lambda: t.free(5), "free(5) on a table of rows 1..4", naming="5"
-    )
-    expect_raises(
-        ValueError, lambda: t.free(-1), "free(-1) on a table of rows 1..4", naming="-1"
-    )
+    for bad in (past, below):
+        expect_raises(
+            ValueError,
+            lambda bad=bad: t.free(bad),
+            f"free({bad}) on a table of rows 1..{size}",
+            naming=str(bad),
+        )
     expect_equal(t.free_slots, [], "refused frees must leave free_slots alone")
-    for row in (4, 1, 2):  # the first and the last row are rows too
+    rows = [size, 1, *rng.sample(range(2, size), min(size - 2, 3))]
+    for row in rows:  # the first and the last row are rows too
         t.free(row)
-    expect_equal(t.free_slots, [4, 1, 2], "free() appends to free_slots")
+    expect_equal(t.free_slots, rows, "free() appends to free_slots")
 
 
 @points(1)
-def test_random_stream_never_shares_a_row():
-    rng = random.Random(1)
-    t = table(16)
+def test_random_stream_never_shares_a_row(rng):
+    size = rng.randint(4, 24)
+    t = table(size)
     held: dict[int, list[int]] = {}
-    gen = [0] * 17
+    gen = [0] * (size + 1)
     for req in range(300):
         if held and rng.random() < 0.45:
             victim = rng.choice(list(held))
@@ -161,13 +200,13 @@ def test_random_stream_never_shares_a_row():
         if rows is None:
             expect(
                 n > len(before),
-                f"alloc_rows({n}) returned None with {len(before)} rows free",
+                f"alloc_rows({n}) returned None with {plural(len(before), 'row')} free",
             )
             continue
         expect_equal(
             rows,
             before[len(before) - n :],
-            f"alloc_rows({n}) with free_slots {before}: the last {n} entries",
+            f"alloc_rows({n}) with free_slots {before}: the last {plural(n, 'entry')}",
         )
         held[req] = rows
         expect_no_sharing(held, "row")
@@ -176,9 +215,10 @@ def test_random_stream_never_shares_a_row():
         expect_equal(
             t.req_generation, i64(*gen), "req_generation: one bump per row taken"
         )
+        in_use = sum(map(len, held.values()))
         expect(
-            len(t.free_slots) + sum(map(len, held.values())) == 16,
-            f"free ({len(t.free_slots)}) + held ({sum(map(len, held.values()))}) rows must be 16",
+            len(t.free_slots) + in_use == size,
+            f"free ({len(t.free_slots)}) + held ({in_use}) rows must be {size}",
         )
 
 
@@ -189,7 +229,7 @@ def random_case(d):
     from memlab.course.grading.fuzz import raised
     from memlab.sglang.req_to_token import ReqToTokenPool
 
-    size = d.int(1, 12)
+    size = d.size(1, 12)
     mine, engine = table(size), ReqToTokenPool(size, 1)
     d.given(size=size)
     d.code(f"t = ex.RowTable({size})")
@@ -230,4 +270,4 @@ def random_case(d):
 def test_random_streams_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=101, trials=150, name="ch01_alloc_rows")
+    check(random_case, trials=150, name="ch01_alloc_rows")

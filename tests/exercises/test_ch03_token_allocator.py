@@ -1,7 +1,5 @@
 """Graded: chapter 03, the token allocator (exercises/ch03_token_allocator.py)."""
 
-import random
-
 import pytest
 import torch
 
@@ -11,13 +9,15 @@ from memlab.course.grading.checks import (
     expect_equal,
     expect_no_sharing,
     expect_tensor,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch03.token_allocator")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch03.token_allocator", requires=requires)
 
 
 def allocator(size=8, need_sort=False):
@@ -35,21 +35,26 @@ def free(a, slots, what="free"):
 
 
 @points(1)
-def test_fresh_allocation_from_head():
-    a = allocator(8)
+def test_fresh_allocation_from_head(rng):
+    size = rng.randint(4, 64)
+    k = rng.randint(1, size - 1)
+    a = allocator(size)
     expect_equal(
-        a.alloc(3),
-        i64(1, 2, 3),
-        "alloc(3) on a fresh allocator (slot 0 is padding): an int64 tensor",
+        a.alloc(k),
+        i64(*range(1, k + 1)),
+        f"alloc({k}) on a fresh allocator of {plural(size, 'slot')} (slot 0 is padding): an int64 "
+        "tensor",
     )
     expect_equal(a.alloc(0), i64(), "alloc(0): an EMPTY int64 tensor")
     expect_equal(
-        a.available_size(), 5, "available_size() after taking 3 of 8 slots (an int)"
+        a.available_size(),
+        size - k,
+        f"available_size() after taking {k} of {plural(size, 'slot')} (an int)",
     )
     expect_equal(
-        a.alloc(5),
-        i64(4, 5, 6, 7, 8),
-        "alloc(5) with exactly 5 slots free takes them all",
+        a.alloc(size - k),
+        i64(*range(k + 1, size + 1)),
+        f"alloc({size - k}) with exactly {plural(size - k, 'slot')} free takes them all",
     )
     got = a.alloc(1)
     expect(got is None, f"alloc(1) with no slot free must return None, got {got!r}")
@@ -58,156 +63,189 @@ def test_fresh_allocation_from_head():
 
 
 @points(1)
-def test_free_appends_fifo():
-    a = allocator(8)
-    a.alloc(4)  # 1..4 held, 5..8 free
-    free(a, i64(2, 1))
+def test_free_appends_fifo(rng):
+    size = rng.randint(6, 64)
+    held = rng.randint(3, size - 2)
+    a = allocator(size)
+    a.alloc(held)  # 1..held taken
+    back = rng.sample(range(1, held + 1), rng.randint(2, 3))
+    free(a, i64(*back))
+    want = [*range(held + 1, size + 1), *back]
     expect_equal(
         a.free_pages,
-        i64(5, 6, 7, 8, 2, 1),
-        "free_pages after freeing [2, 1]: freed slots go to the TAIL (FIFO reuse)",
+        i64(*want),
+        f"free_pages after freeing {back}: freed slots go to the TAIL (FIFO reuse)",
     )
     for empty in (i64(), torch.tensor([])):
         free(a, empty, "free of an empty tensor")
-        expect_equal(
-            a.free_pages, i64(5, 6, 7, 8, 2, 1), f"free({empty!r}) must change nothing"
-        )
+        expect_equal(a.free_pages, i64(*want), f"free({empty!r}) must change nothing")
     expect_equal(a.release_pages, i64(), "without need_sort nothing is staged")
     expect_equal(
-        a.alloc(6),
-        i64(5, 6, 7, 8, 2, 1),
+        a.alloc(len(want)),
+        i64(*want),
         "the next allocation takes the older free slots first",
     )
 
 
-@points(1)
-def test_refusal():
-    a = allocator(4)
-    a.alloc(3)
-    free(a, i64(2))
+@points(1, requires="test_fresh_allocation_from_head")
+def test_refusal(rng):
+    size = rng.randint(4, 64)
+    a = allocator(size)
+    a.alloc(size - 1)
+    back = rng.randint(1, size - 1)
+    free(a, i64(back))
     got = a.alloc(3)
     expect(got is None, f"alloc(3) with 2 slots free must return None, got {got!r}")
     expect_equal(
         books(a),
-        (i64(4, 2), i64()),
+        (i64(size, back), i64()),
         "(free_pages, release_pages) after a refused alloc: unchanged",
     )
     expect_equal(a.available_size(), 2, "available_size() after a refused alloc")
     # need_sort: the merge happens before the refusal and stays done (as in SGLang).
-    a = allocator(6, need_sort=True)
-    a.alloc(5)
-    free(a, i64(4, 2))
-    got = a.alloc(4)
+    size = rng.randint(6, 64)
+    a = allocator(size, need_sort=True)
+    a.alloc(size - 1)
+    back = rng.sample(range(1, size), rng.randint(2, 4))
+    free(a, i64(*back))
+    need = len(back) + 2
+    got = a.alloc(need)
     expect(
         got is None,
-        f"alloc(4) with 1 free and 2 staged slots (need_sort) must return None, got {got!r}",
+        f"alloc({need}) with 1 free and {plural(len(back), 'staged slot')} (need_sort) must return "
+        f"None, got {got!r}",
     )
     expect_equal(
         books(a),
-        (i64(2, 4, 6), i64()),
-        "(free_pages, release_pages) after a refused alloc(4) with "
-        "need_sort: free_pages was short, so the staged slots were merged and sorted first; the merge "
-        "stays done",
+        (i64(*sorted([size, *back])), i64()),
+        f"(free_pages, release_pages) after a refused alloc({need}) with need_sort: "
+        "free_pages was short, so the staged slots were merged and sorted first; the "
+        "merge stays done",
     )
     expect_equal(
-        a.available_size(), 3, "available_size() after a refused alloc (need_sort)"
+        a.available_size(),
+        len(back) + 1,
+        "available_size() after a refused alloc (need_sort)",
     )
 
 
 @points(1)
-def test_staged_frees_counted():
-    a = allocator(8, need_sort=True)
-    a.alloc(6)
-    free(a, i64(3, 1))
-    free(a, i64(5))
+def test_staged_frees_counted(rng):
+    size = rng.randint(8, 64)
+    taken = rng.randint(6, size - 1)
+    a = allocator(size, need_sort=True)
+    a.alloc(taken)
+    picked = rng.sample(range(1, taken + 1), 3)
+    first, second = picked[:2], picked[2:]
+    free(a, i64(*first))
+    free(a, i64(*second))
     free(a, i64(), "free of an empty tensor")
     expect_equal(
-        a.free_pages, i64(7, 8), "with need_sort a free must not touch free_pages"
+        a.free_pages,
+        i64(*range(taken + 1, size + 1)),
+        "with need_sort a free must not touch free_pages",
     )
     expect_equal(
         a.release_pages,
-        i64(3, 1, 5),
+        i64(*first, *second),
         "with need_sort freed slots are appended to release_pages",
     )
+    staged = len(first) + len(second)
     expect_equal(
         a.available_size(),
-        5,
-        "available_size() must count the 2 free AND the 3 staged slots",
+        size - taken + staged,
+        f"available_size() must count the {size - taken} free AND the {staged} staged "
+        "slots",
     )
-    b = allocator(8, need_sort=True)
-    b.alloc(4)
-    buf = i64(2, 4)
+    b = allocator(size, need_sort=True)
+    b.alloc(taken)
+    slots = rng.sample(range(1, taken + 1), 2)
+    buf = i64(*slots)
     free(b, buf)
     buf[:] = (
-        0  # the caller reuses its buffer: the allocator must have kept no reference to it
+        0  # the caller reuses its buffer: the allocator must have kept no reference
     )
     expect_equal(
         b.release_pages,
-        i64(2, 4),
-        "release_pages after free([2, 4]) into an empty stage, the caller "
-        "then overwriting its tensor: keep a copy (torch.cat makes one), not the caller's tensor",
+        i64(*slots),
+        f"release_pages after free({slots}) into an empty stage, the caller then "
+        "overwriting its tensor: keep a copy (torch.cat makes one), not the caller's "
+        "tensor",
     )
 
 
 @points(2)
-def test_merge_when_short():
-    a = allocator(10, need_sort=True)
-    a.alloc(10)
-    free(a, i64(9, 3))
-    free(a, i64(5))
-    got = a.alloc(2)
+def test_merge_when_short(rng):
+    size = rng.randint(6, 64)
+    a = allocator(size, need_sort=True)
+    a.alloc(size)
+    staged = rng.sample(range(1, size + 1), rng.randint(3, 5))
+    free(a, i64(*staged[:-1]))
+    free(a, i64(staged[-1]))
+    n = rng.randint(1, len(staged) - 1)
+    order = sorted(staged)
     expect_equal(
-        got,
-        i64(3, 5),
-        "alloc(2) with nothing in free_pages must merge and sort the staged slots [9, 3, 5] first",
+        a.alloc(n),
+        i64(*order[:n]),
+        f"alloc({n}) with nothing in free_pages must merge and sort the staged slots "
+        f"{staged} first",
     )
     expect_equal(
         books(a),
-        (i64(9), i64()),
-        "(free_pages, release_pages) after merging [9, 3, 5] and taking 2",
+        (i64(*order[n:]), i64()),
+        f"(free_pages, release_pages) after merging {staged} and taking {n}",
     )
     # Called directly: with nothing staged nothing changes, not even the order (no sort).
-    a.free_pages = i64(8, 2, 6)
+    unsorted = rng.sample(range(1, size + 1), 3)
+    a.free_pages = i64(*unsorted)
     a.merge_and_sort_free()
     expect_equal(
         books(a),
-        (i64(8, 2, 6), i64()),
+        (i64(*unsorted), i64()),
         "merge_and_sort_free() with nothing staged must change nothing",
     )
-    free(a, i64(7, 1))
+    more = rng.sample([x for x in range(1, size + 1) if x not in unsorted], 2)
+    free(a, i64(*more))
     a.merge_and_sort_free()
     expect_equal(
         books(a),
-        (i64(1, 2, 6, 7, 8), i64()),
-        "merge_and_sort_free() with [7, 1] staged: one sorted "
-        "free list, release_pages emptied (an empty int64 tensor)",
+        (i64(*sorted(unsorted + more)), i64()),
+        f"merge_and_sort_free() with {more} staged: one sorted free list, release_pages "
+        "emptied (an empty int64 tensor)",
     )
 
 
-@points(1)
-def test_no_merge_when_enough():
-    a = allocator(10, need_sort=True)
-    a.alloc(5)
-    free(a, i64(4, 2))
+@points(1, requires="test_merge_when_short")
+def test_no_merge_when_enough(rng):
+    size = rng.randint(10, 64)
+    taken = rng.randint(4, size - 5)
+    a = allocator(size, need_sort=True)
+    a.alloc(taken)
+    staged = rng.sample(range(1, taken + 1), 2)
+    free(a, i64(*staged))
+    left = size - taken
+    first = rng.randint(1, left - 2)
     expect_equal(
-        a.alloc(2),
-        i64(6, 7),
-        "alloc(2) with 5 slots in free_pages takes them: merging (a sort) is for when it runs short",
+        a.alloc(first),
+        i64(*range(taken + 1, taken + 1 + first)),
+        f"alloc({first}) with {plural(left, 'slot')} in free_pages takes them: merging (a sort) is "
+        "for when it runs short",
     )
     expect_equal(
         a.release_pages,
-        i64(4, 2),
+        i64(*staged),
         "staged slots must stay staged while free_pages suffices",
     )
+    rest = left - first
     expect_equal(
-        a.alloc(3),
-        i64(8, 9, 10),
-        "alloc(3) with EXACTLY 3 slots in free_pages takes them: free_pages "
-        "does not hold fewer than 3, so there is nothing to merge",
+        a.alloc(rest),
+        i64(*range(taken + 1 + first, size + 1)),
+        f"alloc({rest}) with EXACTLY {plural(rest, 'slot')} in free_pages takes them: free_pages "
+        f"does not hold fewer than {rest}, so there is nothing to merge",
     )
     expect_equal(
         a.release_pages,
-        i64(4, 2),
+        i64(*staged),
         "staged slots after an exact-fit alloc: still staged",
     )
 
@@ -231,10 +269,10 @@ class Model:
 
 
 @points(1)
-def test_random_stream_invariants():
-    rng = random.Random(3)
+def test_random_stream_invariants(rng):
     for need_sort in (False, True):
-        a, model = allocator(32, need_sort), Model(32, need_sort)
+        size = rng.randint(8, 48)
+        a, model = allocator(size, need_sort), Model(size, need_sort)
         held: dict[int, list[int]] = {}
         for req in range(200):
             if held and rng.random() < 0.4:
@@ -272,7 +310,7 @@ def random_case(d):
     from memlab.sglang.allocator import TokenToKVPoolAllocator
     from memlab_tests.exercises.exercise_refs import scribble, tensor
 
-    size, need_sort = d.int(1, 40), d.chance(0.5)
+    size, need_sort = d.size(1, 40), d.chance(0.5)
     mine, engine = (
         allocator(size, need_sort),
         TokenToKVPoolAllocator(size, need_sort=need_sort),
@@ -328,4 +366,4 @@ def random_case(d):
 def test_random_streams_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=303, trials=120, name="ch03_token_allocator")
+    check(random_case, trials=120, name="ch03_token_allocator")

@@ -1,7 +1,5 @@
 """Graded: chapter 04, paged alloc_extend in torch (exercises/ch04_alloc_extend.py)."""
 
-import random
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from memlab.course.grading.checks import (
     expect_no_sharing,
     expect_raises,
     expect_tensor,
+    plural,
     snapshot,
 )
 from memlab.course.grading.loader import load
@@ -22,8 +21,9 @@ from memlab_tests.exercises.exercise_refs import (
 )
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch04.alloc_extend")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch04.alloc_extend", requires=requires)
 
 
 def allocator(size, page_size):
@@ -40,7 +40,8 @@ def t(values, strided=False):
 
 
 def run(a, pre, seq, last, strided=False):
-    """alloc_extend on int64 tensors; the inputs must come back unchanged. Returns (out, free_pages before)."""
+    """alloc_extend on int64 tensors; the inputs must come back unchanged. Returns (out,
+    free_pages before)."""
     free_before = snapshot(a.free_pages)
     out = call_keeping_inputs(
         a.alloc_extend,
@@ -54,153 +55,210 @@ def run(a, pre, seq, last, strided=False):
     return out, free_before
 
 
+def shuffled_pages(a, rng, pages):
+    """The free pages 1..pages in a random order (a well-used pool); returns them."""
+    order = rng.sample(range(1, pages + 1), pages)
+    a.free_pages = t(order)
+    return order
+
+
+def old_slot(rng, prefix, ps, far=1000):
+    """last_loc of a request holding ``prefix`` tokens: the last one's slot, on a page of its
+    own far from the free pages (-1 for an empty prefix)."""
+    return -1 if prefix == 0 else (far + rng.randint(0, 99)) * ps + (prefix - 1) % ps
+
+
 @points(2)
-def test_fresh_requests_whole_and_partial():
-    a = allocator(64, 4)
-    out, _ = run(a, [0, 0, 0], [5, 8, 3], [-1, -1, -1])
-    got = split_by_request(out, [0, 0, 0], [5, 8, 3])
+def test_fresh_requests_whole_and_partial(rng):
+    ps = rng.choice((2, 3, 4, 5, 8))
+    a = allocator(64 * ps, ps)
+    free = shuffled_pages(a, rng, 64)
+    seq = [ps + rng.randint(1, ps - 1), 2 * ps, rng.randint(1, ps - 1)]
+    out, _ = run(a, [0, 0, 0], seq, [-1, -1, -1])
+    got = split_by_request(out, [0, 0, 0], seq)
+
+    def slots(*pages):
+        return [p * ps + o for p in pages for o in range(ps)]
+
     expect_equal(
         got[0],
-        [4, 5, 6, 7, 8],
-        "request 0 (0 -> 5 tokens, page size 4) takes pages 1 and 2",
+        slots(free[0], free[1])[: seq[0]],
+        f"request 0 (0 -> {plural(seq[0], 'token')}, page size {ps}) takes the first 2 free pages, "
+        f"{free[0]} and {free[1]} (free_pages {free[:6]}...)",
     )
     expect_equal(
         got[1],
-        [12, 13, 14, 15, 16, 17, 18, 19],
-        "request 1 (0 -> 8 tokens) takes the next pages, 3 and 4",
+        slots(free[2], free[3]),
+        f"request 1 (0 -> {plural(seq[1], 'token')}) takes the next 2, {free[2]} and {free[3]}",
     )
-    expect_equal(got[2], [20, 21, 22], "request 2 (0 -> 3 tokens) takes page 5")
     expect_equal(
-        out,
-        i64(*range(4, 9), *range(12, 20), 20, 21, 22),
-        "the batch's slots: an int64 tensor",
+        got[2],
+        slots(free[4])[: seq[2]],
+        f"request 2 (0 -> {plural(seq[2], 'token')}) takes page {free[4]}",
     )
-    expect_equal(a.free_pages, i64(*range(6, 17)), "free_pages after taking 5 pages")
+    expect_equal(
+        out, i64(*got[0], *got[1], *got[2]), "the batch's slots: an int64 tensor"
+    )
+    expect_equal(a.free_pages, i64(*free[5:]), "free_pages after taking 5 pages")
 
 
 @points(2)
-def test_continues_from_last_loc():
-    a = allocator(64, 4)
-    # Request 0 holds 6 tokens; its last one is in slot 29 (page 7, offset 1).
-    out, _ = run(a, [6], [13], [29], strided=True)
+def test_continues_from_last_loc(rng):
+    ps = rng.choice((3, 4, 5, 8))
+    a = allocator(64 * ps, ps)
+    free = shuffled_pages(a, rng, 64)
+    # Request 0 holds ps + 2 tokens; its last one is at offset 1 of a page of its own.
+    pre = ps + 2
+    last = old_slot(rng, pre, ps)
+    seq = 3 * ps + 1
+    out, _ = run(a, [pre], [seq], [last], strided=True)
     got = out.tolist()
+    room = ps - 2
     expect_equal(
-        got[:2],
-        [30, 31],
-        "the first new tokens must fill the old page from last_loc + 1 = 30 (part 1)",
+        got[:room],
+        list(range(last + 1, last + 1 + room)),
+        f"the first new tokens must fill the old page from last_loc + 1 = {last + 1} "
+        "(part 1)",
     )
     expect_equal(
-        got[2:],
-        [4, 5, 6, 7, 8],
-        "then whole page 1 and the start of page 2 (parts 2 and 3)",
+        got[room:],
+        [free[0] * ps + o for o in range(ps)] + [free[1] * ps],
+        f"then whole page {free[0]} and the start of page {free[1]} (parts 2 and 3)",
     )
     expect_equal(
-        a.free_pages, i64(*range(3, 17)), "exactly 2 new pages: ceil(13/4) - ceil(6/4)"
+        a.free_pages,
+        i64(*free[2:]),
+        f"exactly 2 new pages: ceil({seq}/{ps}) - ceil({pre}/{ps})",
     )
-    # A request whose old page ends exactly at its prefix (prefix 8, page size 4) has no part 1.
-    out, _ = run(a, [8, 5], [10, 9], [43, 200])
+    # A request whose old page ends exactly at its prefix has no part 1.
+    pres, seqs = [2 * ps, ps + 1], [2 * ps + 2, 2 * ps + 1]
+    lasts = [old_slot(rng, p, ps, 2000 + 200 * i) for i, p in enumerate(pres)]
+    out, _ = run(a, pres, seqs, lasts)
     expect_equal(
         out,
-        i64(12, 13, 201, 202, 203, 16),
-        "prefix 8 -> 10 (page-aligned prefix: a new page at once) "
-        "and prefix 5 -> 9 (slots 201, 202, 203 fill its old page, then a new one)",
+        i64(*alloc_extend_python(pres, seqs, lasts, free[2:], ps)),
+        f"prefix {pres[0]} -> {seqs[0]} (page-aligned prefix: a new page at once, "
+        f"{free[2]}) and prefix {pres[1]} -> {seqs[1]} (slots {lasts[1] + 1}.. fill its "
+        f"old page, then a new one, {free[3]})",
     )
 
 
-@points(1)
-def test_no_new_page_when_old_page_has_room():
-    a = allocator(64, 8)
-    out, free_before = run(a, [3, 8], [6, 8], [42, 77])
+@points(1, requires="test_fresh_requests_whole_and_partial")
+def test_no_new_page_when_old_page_has_room(rng):
+    ps = rng.choice((4, 6, 8, 16))
+    a = allocator(64 * ps, ps)
+    shuffled_pages(a, rng, 64)
+    pre = rng.randint(1, ps - 3)
+    last0, last1 = old_slot(rng, pre, ps), old_slot(rng, ps, ps, 3000)
+    out, free_before = run(a, [pre, ps], [pre + 3, ps], [last0, last1])
     expect_equal(
         out,
-        i64(43, 44, 45),
-        "request 0 (3 -> 6, page size 8) stays on its page: slots 43, 44, 45; "
-        "request 1 (8 -> 8) gets nothing",
+        i64(last0 + 1, last0 + 2, last0 + 3),
+        f"request 0 ({pre} -> {pre + 3}, page size {ps}) stays on its page: slots "
+        f"{last0 + 1}, {last0 + 2}, {last0 + 3}; request 1 ({ps} -> {ps}) gets nothing",
     )
     expect_equal(
         a.free_pages,
         free_before,
         "no page may be taken when every token fits in an old page",
     )
-    out, _ = run(a, [5, 0], [8, 0], [44, -1])
+    pre = rng.randint(1, ps - 1)
+    last0 = old_slot(rng, pre, ps)
+    out, _ = run(a, [pre, 0], [ps, 0], [last0, -1])
     expect_equal(
         out,
-        i64(45, 46, 47),
-        "request 0 (5 -> 8, page size 8) fills its page to the last slot; "
+        i64(*range(last0 + 1, last0 + 1 + ps - pre)),
+        f"request 0 ({pre} -> {ps}, page size {ps}) fills its page to the last slot; "
         "request 1 (0 -> 0) gets nothing",
     )
-    out, _ = run(a, [4, 0], [4, 0], [3, -1])
+    out, _ = run(a, [ps, 0], [ps, 0], [last1, -1])
     expect_equal(out, i64(), "a batch with no new token: an EMPTY int64 tensor")
     expect_equal(
         a.free_pages, free_before, "no page may be taken for a batch with no new page"
     )
 
 
-@points(2)
-def test_refusal_takes_nothing():
-    a = allocator(32, 4)  # 8 pages
-    out, free_before = run(a, [0, 0], [16, 20], [-1, -1])  # needs 4 + 5 pages
+@points(2, requires="test_fresh_requests_whole_and_partial")
+def test_refusal_takes_nothing(rng):
+    ps = rng.choice((2, 3, 4, 5))
+    pages = rng.randint(6, 12)
+    a = allocator(pages * ps, ps)
+    free = shuffled_pages(a, rng, pages)
+    whole = rng.randint(1, pages - 2)  # request 0's pages; request 1 needs the rest
+    seq0, seq1 = whole * ps, (pages - whole + 1) * ps  # one page too many
+    out, free_before = run(a, [0, 0], [seq0, seq1], [-1, -1])
     expect(
         out is None,
-        f"9 pages needed, 8 free: alloc_extend must return None, got {out!r}",
+        f"{plural(pages + 1, 'page')} needed, {pages} free: alloc_extend must return None, got "
+        f"{out!r}",
     )
     expect_equal(
         a.free_pages,
         free_before,
-        "a refused alloc_extend must leave free_pages as it was "
-        "(decide capacity BEFORE taking pages)",
+        "a refused alloc_extend must leave free_pages as it was (decide capacity BEFORE "
+        "taking pages)",
     )
-    out, _ = run(a, [0, 3], [16, 20], [-1, 202])
-    expect(out is not None, "8 pages needed (4 + 4), 8 free: alloc_extend must succeed")
+    # The same batch, request 1 holding tokens on a page of its own: an exact fit.
+    pre1 = rng.randint(1, ps - 1)
+    last1 = old_slot(rng, pre1, ps)
+    out, _ = run(a, [0, pre1], [seq0, seq1], [-1, last1])
+    expect(
+        out is not None,
+        f"{plural(pages, 'page')} needed, {pages} free: alloc_extend must succeed",
+    )
     expect_equal(
-        out[15:18],
-        i64(19, 203, 20),
-        "the end of request 0 (page 4), then request 1: its old page's "
-        "last slot 203 and its first new page, 5",
+        out,
+        i64(*alloc_extend_python([0, pre1], [seq0, seq1], [-1, last1], free, ps)),
+        f"request 0 takes pages {free[:whole]}; request 1 fills its old page from "
+        f"{last1 + 1}, then takes the rest, {free[whole:]}",
     )
     expect_equal(
         out[-1:],
-        i64(35),
-        "the last slot of an exact fit: the last slot of the last free page, 8",
+        i64(free[-1] * ps + ps - 1),
+        "the last slot of an exact fit: the last slot of the last free page",
     )
     expect_equal(a.free_pages, i64(), "every page taken")
-    out, _ = run(a, [7], [8], [58])
+    last = old_slot(rng, ps - 1, ps)
+    out, _ = run(a, [ps - 1], [ps], [last])
     expect_equal(
         out,
-        i64(59),
-        "7 -> 8 tokens with page size 4 and no page free: the token fits in the old page",
+        i64(last + 1),
+        f"{ps - 1} -> {plural(ps, 'token')} with page size {ps} and no page free: the token fits "
+        "in "
+        "the old page",
     )
     b = allocator(
-        8, 4
-    )  # 2 pages; the last request of an exact fit only fills its old page
-    out, _ = run(b, [0, 5], [8, 7], [-1, 20])
+        2 * ps, ps
+    )  # 2 pages; the last request of an exact fit fills its page
+    two = shuffled_pages(b, rng, 2)
+    pre1 = rng.randint(1, ps - 1)
+    last1 = old_slot(rng, pre1, ps)
+    out, _ = run(b, [0, pre1], [2 * ps, ps], [-1, last1])
     expect_equal(
         out,
-        i64(4, 5, 6, 7, 8, 9, 10, 11, 21, 22),
-        "prefix 0 -> 8 takes both free pages; prefix 5 -> 7 "
-        "fills its old page (slots 21, 22) and needs no page",
+        i64(*alloc_extend_python([0, pre1], [2 * ps, ps], [-1, last1], two, ps)),
+        f"prefix 0 -> {2 * ps} takes both free pages {two}; prefix {pre1} -> {ps} fills "
+        "its old page and needs no page",
     )
     expect_equal(b.free_pages, i64(), "every page taken")
     for pre, seq in (([5], [4]), ([0, 9], [3, 8]), ([0, 9], [9, 8])):
         expect_raises(
             ValueError,
             lambda: a.alloc_extend(t(pre), t(seq), t([3] * len(pre))),
-            f"alloc_extend with prefix_lens {pre} and seq_lens {seq} (a seq_len below its prefix_len; "
-            "no page is free either: the ValueError for invalid input comes first)",
+            f"alloc_extend with prefix_lens {pre} and seq_lens {seq} (a seq_len below its "
+            "prefix_len; no page is free either: the ValueError for invalid input comes "
+            "first)",
         )
     expect_equal(a.free_pages, i64(), "free_pages after refused calls")
 
 
 @points(2)
-def test_matches_reference_on_random_batches():
-    rng = random.Random(4)
+def test_matches_reference_on_random_batches(rng):
     for trial in range(60):
         ps = rng.choice([1, 2, 4, 16])
         bs = rng.randint(1, 6)
         a = allocator(4096 * ps, ps)
-        a.free_pages = t(
-            rng.sample(range(1, 4097), 4096)
-        )  # a well-used pool: pages in any order
+        shuffled_pages(a, rng, 4096)  # a well-used pool: pages in any order
         pre = [rng.choice([0, rng.randint(0, 40)]) for _ in range(bs)]
         seq = [p + rng.randint(0, 40) for p in pre]
         # each request's old page lies far away from the new pages
@@ -214,14 +272,15 @@ def test_matches_reference_on_random_batches():
             expect_equal(
                 g,
                 w,
-                f"request {i} (prefix {pre[i]} -> {seq[i]} tokens, last_loc {last[i]}, page size {ps})",
+                f"request {i} (prefix {pre[i]} -> {plural(seq[i], 'token')}, last_loc {last[i]}, "
+                f"page size {ps})",
             )
         expect_no_sharing({i: g for i, g in enumerate(got)}, "slot")
         used = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
         expect_equal(
             a.free_pages,
             free_before[used:],
-            f"free_pages after taking {used} pages from its head",
+            f"free_pages after taking {plural(used, 'page')} from its head",
         )
 
 
@@ -306,4 +365,4 @@ def random_case(d):
 def test_random_batches_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=404, trials=150, name="ch04_alloc_extend")
+    check(random_case, trials=150, name="ch04_alloc_extend")

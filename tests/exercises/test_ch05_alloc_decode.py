@@ -1,7 +1,5 @@
 """Graded: chapter 05, alloc_decode (exercises/ch05_alloc_decode.py)."""
 
-import random
-
 import pytest
 import torch
 
@@ -10,14 +8,16 @@ from memlab.course.grading.checks import (
     expect,
     expect_equal,
     expect_no_sharing,
+    plural,
     snapshot,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import alloc_decode_python, i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch05.alloc_decode")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch05.alloc_decode", requires=requires)
 
 
 def allocator(size, page_size):
@@ -43,82 +43,107 @@ def decode(a, seq, last, strided=False):
     )
 
 
-@points(1)
-def test_within_page_continues():
-    a = allocator(64, 4)
-    out = decode(a, [3, 6], [41, 48])
-    expect_equal(
-        out,
-        i64(42, 49),
-        "seq_lens [3, 6] (after the step, page size 4): both tokens stay on their "
-        "pages, at last_loc + 1 (an int64 tensor)",
-    )
-    expect_equal(
-        a.free_pages,
-        i64(*range(1, 17)),
-        "no page may be taken when no token opens a page",
-    )
-    a.free_pages = i64()
-    expect_equal(
-        decode(a, [4, 2], [42, 8], strided=True),
-        i64(43, 9),
-        "seq_lens [4, 2] with no free page: no token opens a page, so nothing is missing",
-    )
+def shuffled_pages(a, rng, pages):
+    """The free pages 1..pages in a random order (a well-used pool); returns them."""
+    order = rng.sample(range(1, pages + 1), pages)
+    a.free_pages = t(order)
+    return order
+
+
+def last_slot(rng, seq, ps, far=1000):
+    """last_loc of a request whose seq_len after the step is ``seq``: its previous token's slot
+    (on a page of its own, far from the free pages); -1 for its first token."""
+    return -1 if seq == 1 else (far + rng.randint(0, 99)) * ps + (seq - 2) % ps
 
 
 @points(2)
-def test_crossing_boundary_takes_new_page():
-    a = allocator(64, 4)
-    out = decode(a, [5], [19])
+def test_crossing_boundary_takes_new_page(rng):
+    ps = rng.choice((3, 4, 5, 8))
+    a = allocator(64 * ps, ps)
+    free = shuffled_pages(a, rng, 64)
+    k = rng.randint(1, 20)
+    seq = k * ps + 1
+    out = decode(a, [seq], [last_slot(rng, seq, ps)])
     expect_equal(
         out,
-        i64(4),
-        "seq_len 5 with page size 4: the new token (position 4) opens a page, so it takes "
-        "the first slot of page 1 (seq_len % page_size == 1)",
+        i64(free[0] * ps),
+        f"seq_len {seq} with page size {ps}: the new token (position {seq - 1}) opens a "
+        f"page, so it takes the first slot of page {free[0]}, the first free one "
+        "(seq_len % page_size == 1)",
     )
-    out = decode(a, [8], [42])
+    seq = k * ps
+    last = last_slot(rng, seq, ps)
+    out = decode(a, [seq], [last])
     expect_equal(
         out,
-        i64(43),
-        "seq_len 8 with page size 4: the new token (position 7) is the LAST slot of its "
-        "page, not the first of a new one",
+        i64(last + 1),
+        f"seq_len {seq} with page size {ps}: the new token (position {seq - 1}) is the "
+        "LAST slot of its page, not the first of a new one",
     )
-    out = decode(a, [1, 9, 2], [-1, 63, 76])
+    seqs = [1, 2 * ps + 1, 2]
+    lasts = [last_slot(rng, s, ps, 2000 + 200 * i) for i, s in enumerate(seqs)]
+    out = decode(a, seqs, lasts)
     expect_equal(
         out,
-        i64(8, 12, 77),
-        "seq_lens [1, 9, 2] with page size 4: the first token of a request and the "
-        "first of its third page open pages 2 and 3, in batch order",
+        i64(free[1] * ps, free[2] * ps, lasts[2] + 1),
+        f"seq_lens {seqs} with page size {ps}: the first token of a request and the first "
+        f"of its third page open pages {free[1]} and {free[2]}, in batch order",
     )
     expect_equal(
-        a.free_pages,
-        i64(*range(4, 17)),
-        "exactly three pages taken over the three steps",
+        a.free_pages, i64(*free[3:]), "exactly three pages taken over the three steps"
     )
 
 
-@points(1)
-def test_page_size_one():
+@points(1, requires="test_crossing_boundary_takes_new_page")
+def test_within_page_continues(rng):
+    ps = rng.choice((3, 4, 5, 8))
+    a = allocator(64 * ps, ps)
+    free = shuffled_pages(a, rng, 64)
+    seqs = [rng.randint(0, 9) * ps + rng.randint(2, ps) for _ in range(2)]
+    lasts = [last_slot(rng, s, ps, 1000 + 200 * i) for i, s in enumerate(seqs)]
+    out = decode(a, seqs, lasts)
+    expect_equal(
+        out,
+        i64(lasts[0] + 1, lasts[1] + 1),
+        f"seq_lens {seqs} (after the step, page size {ps}): both tokens stay on their "
+        "pages, at last_loc + 1 (an int64 tensor)",
+    )
+    expect_equal(
+        a.free_pages, i64(*free), "no page may be taken when no token opens a page"
+    )
+    a.free_pages = i64()
+    expect_equal(
+        decode(a, seqs, lasts, strided=True),
+        i64(lasts[0] + 1, lasts[1] + 1),
+        f"seq_lens {seqs} with no free page: no token opens a page, so nothing is missing",
+    )
+
+
+@points(1, requires="test_crossing_boundary_takes_new_page")
+def test_page_size_one(rng):
     a = allocator(16, 1)
-    out = decode(a, [1, 7, 3], [-1, 9, 2])
+    free = shuffled_pages(a, rng, 16)
+    seqs = [1, rng.randint(2, 40), rng.randint(2, 40)]
+    lasts = [-1, rng.randint(100, 200), rng.randint(300, 400)]
+    out = decode(a, seqs, lasts)
     expect_equal(
         out,
-        i64(1, 2, 3),
-        "with page size 1 every token opens a page: pages 1, 2, 3 in batch order",
+        i64(*free[:3]),
+        f"with page size 1 every token opens a page: pages {free[:3]}, the first free "
+        "ones, in batch order",
     )
     expect_equal(
-        a.free_pages, i64(*range(4, 17)), "free_pages after three pages were taken"
+        a.free_pages, i64(*free[3:]), "free_pages after three pages were taken"
     )
 
 
 @points(1)
-def test_pages_in_batch_order():
-    rng = random.Random(11)
+def test_pages_in_batch_order(rng):
     for _ in range(40):
         ps = rng.choice([1, 2, 4, 16])
         bs = rng.randint(1, 8)
         a = allocator(1024 * ps, ps)
-        a.free_pages = t(rng.sample(range(1, 1025), 1024))
+        shuffled_pages(a, rng, 1024)
         seq = [rng.randint(1, 40) for _ in range(bs)]
         last = [
             (2000 + i) * ps + (s - 2) % ps if s > 1 else -1 for i, s in enumerate(seq)
@@ -135,34 +160,47 @@ def test_pages_in_batch_order():
         expect_equal(
             a.free_pages,
             before[opened:],
-            f"free_pages after {opened} requests opened a page",
+            f"free_pages after {plural(opened, 'request')} opened a page",
         )
 
 
-@points(1)
-def test_refusal():
-    a = allocator(8, 4)  # 2 pages
-    out = decode(a, [1, 5, 9], [-1, 3, 7])
+@points(1, requires="test_crossing_boundary_takes_new_page")
+def test_refusal(rng):
+    ps = rng.choice((2, 3, 4, 5))
+    pages = rng.randint(2, 5)
+    a = allocator(pages * ps, ps)
+    free = shuffled_pages(a, rng, pages)
+    opening = [1] + [rng.randint(1, 9) * ps + 1 for _ in range(pages)]  # pages + 1
+    lasts = [last_slot(rng, s, ps, 1000 + 200 * i) for i, s in enumerate(opening)]
+    out = decode(a, opening, lasts)
     expect(
         out is None,
-        f"3 requests open a page, 2 pages free: alloc_decode must return None, got {out!r}",
+        f"{plural(pages + 1, 'request')} open a page, {plural(pages, 'page')} free: "
+        "alloc_decode must return "
+        f"None, got {out!r}",
     )
     expect_equal(
         a.free_pages,
-        i64(1, 2),
+        i64(*free),
         "a refused alloc_decode must leave free_pages as it was",
     )
-    out = decode(a, [1, 6, 9], [-1, 40, 7])
+    stays = rng.randint(0, 9) * ps + 2
+    seqs = opening[:-1] + [stays]  # one request stays on its page instead
+    lasts[-1] = last_slot(rng, stays, ps, 3000)
+    out = decode(a, seqs, lasts)
     expect_equal(
         out,
-        i64(4, 41, 8),
-        "2 requests open a page, exactly 2 pages free: alloc_decode must succeed",
+        i64(*[p * ps for p in free], lasts[-1] + 1),
+        f"{plural(pages, 'request')} open a page, exactly {plural(pages, 'page')} free: "
+        "alloc_decode must "
+        "succeed",
     )
     expect_equal(a.free_pages, i64(), "every page taken")
     out = decode(a, [1], [-1])
     expect(
         out is None,
-        f"1 request opens a page, no page free: alloc_decode must return None, got {out!r}",
+        "1 request opens a page, no page free: alloc_decode must return None, got "
+        f"{out!r}",
     )
 
 
@@ -217,4 +255,4 @@ def random_case(d):
 def test_random_decode_steps_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=505, trials=150, name="ch05_alloc_decode")
+    check(random_case, trials=150, name="ch05_alloc_decode")

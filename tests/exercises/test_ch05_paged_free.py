@@ -10,13 +10,15 @@ from memlab.course.grading.checks import (
     expect_no_sharing,
     expect_raises,
     expect_tensor,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch05.paged_free")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch05.paged_free", requires=requires)
 
 
 def free_list(num_pages=8, page_size=4):
@@ -38,25 +40,32 @@ def free_segment(f, slots, start_pos):
     )
 
 
+def in_use(rng, pages=None):
+    """A free list with every page in use: (it, page size, number of pages)."""
+    ps = rng.choice((2, 3, 4, 5, 8))
+    n = pages or rng.randint(8, 40)
+    f = free_list(n, ps)
+    f.alloc_pages(n)
+    return f, ps, n
+
+
 @points(2)
-def test_free_dedups_pages():
-    f = free_list(8, 4)
-    f.alloc_pages(
-        8
-    )  # everything in use: request 1 holds pages 7 and 3, request 2 page 5
-    free(
-        f, i64(*slots_of([7, 3], 4, 6))
-    )  # request 1's 6 tokens: 4 slots on page 7, 2 on page 3
+def test_free_dedups_pages(rng):
+    f, ps, n = in_use(rng)
+    a, b = rng.sample(range(1, n + 1), 2)
+    tokens = ps + rng.randint(1, ps - 1)  # page a whole, page b in part
+    free(f, i64(*slots_of([a, b], ps, tokens)))
     got = expect_tensor(f.free_pages, "free_pages after a free", torch.int64)
     expect(
         len(got) == len(set(got)),
-        f"freeing the 6 slots of pages 7 and 3 put {got} in free_pages: each page "
-        "must be freed ONCE (unique of slot // page_size)",
+        f"freeing the {plural(tokens, 'slot')} of pages {a} and {b} (page size {ps}) put {got} in "
+        "free_pages: each page must be freed ONCE (unique of slot // page_size)",
     )
     expect_equal(
         f.free_pages,
-        i64(3, 7),
-        "pages freed by a request holding 6 tokens on pages 7 and 3 (an int64 "
+        i64(*sorted((a, b))),
+        f"pages freed by a request holding {plural(tokens, 'token')} on pages {a} and {b} (an "
+        "int64 "
         "tensor, ascending)",
     )
     # Hand the pages out again: with duplicates, two requests would share a page.
@@ -66,119 +75,129 @@ def test_free_dedups_pages():
         if pages is not None:
             owners[req] = pages.tolist()
     expect_no_sharing(owners, "page")
-    g = free_list(8, 1)  # page size 1: a slot is a page
-    g.alloc_pages(8)
-    free(g, i64(6, 2, 6))
+    g = free_list(n, 1)  # page size 1: a slot is a page
+    g.alloc_pages(n)
+    x, y = rng.sample(range(1, n + 1), 2)
+    free(g, i64(x, y, x))
     expect_equal(
         g.free_pages,
-        i64(2, 6),
-        "page size 1, freeing slots [6, 2, 6]: pages 2 and 6, once each",
+        i64(*sorted((x, y))),
+        f"page size 1, freeing slots [{x}, {y}, {x}]: pages {x} and {y}, once each",
     )
 
 
 @points(1)
-def test_free_prepends_lifo():
-    f = free_list(8, 4)
-    f.alloc_pages(4)  # pages 1..4 in use, 5..8 free
-    free(f, i64(13, 12, 5))  # pages 3 and 1
+def test_free_prepends_lifo(rng):
+    ps = rng.choice((2, 3, 4, 5, 8))
+    n = rng.randint(8, 40)
+    taken = rng.randint(4, n - 2)
+    f = free_list(n, ps)
+    f.alloc_pages(taken)  # pages 1..taken in use, the rest free
+    p, q, r = rng.sample(range(1, taken + 1), 3)
+    slots = [q * ps + ps - 1, p * ps + 1, q * ps]
+    free(f, i64(*slots))
+    rest = list(range(taken + 1, n + 1))
     expect_equal(
         f.free_pages,
-        i64(1, 3, 5, 6, 7, 8),
-        "free_pages after freeing pages 3 and 1: freed pages go to "
-        "the HEAD (LIFO reuse), in ascending order (unique sorts)",
+        i64(*sorted((p, q)), *rest),
+        f"free_pages after freeing slots {slots} (pages {q} and {p}, page size {ps}): "
+        "freed pages go to the HEAD (LIFO reuse), in ascending order (unique sorts)",
     )
-    free(f, i64(8, 9))  # page 2
+    free(f, i64(r * ps, r * ps + 1))
     expect_equal(
         f.free_pages,
-        i64(2, 1, 3, 5, 6, 7, 8),
-        "after freeing page 2 too: the latest free comes first",
+        i64(r, *sorted((p, q)), *rest),
+        f"after freeing page {r} too: the latest free comes first",
     )
 
 
-@points(1)
-def test_free_empty_noop():
-    f = free_list(8, 4)
-    f.alloc_pages(3)
+@points(1, requires="test_free_dedups_pages")
+def test_free_empty_noop(rng):
+    ps = rng.choice((2, 3, 4, 5, 8))
+    n = rng.randint(4, 40)
+    taken = rng.randint(1, n - 1)
+    f = free_list(n, ps)
+    f.alloc_pages(taken)
+    rest = i64(*range(taken + 1, n + 1))
     free(f, i64(), "free of an empty tensor")
-    expect_equal(
-        f.free_pages, i64(4, 5, 6, 7, 8), "free of an empty tensor must change nothing"
-    )
-    free_segment(f, i64(), 8)
-    expect_equal(
-        f.free_pages,
-        i64(4, 5, 6, 7, 8),
-        "free_segment of an empty tensor must change nothing",
-    )
-    free_segment(f, i64(), 3)
+    expect_equal(f.free_pages, rest, "free of an empty tensor must change nothing")
+    aligned = ps * rng.randint(0, 9)
+    free_segment(f, i64(), aligned)
     expect_equal(
         f.free_pages,
-        i64(4, 5, 6, 7, 8),
-        "free_segment of an empty tensor at start_pos 3 changes nothing "
-        "(the empty check comes first, as in SGLang)",
+        rest,
+        f"free_segment of an empty tensor at start_pos {aligned} must change nothing",
+    )
+    unaligned = aligned + rng.randint(1, ps - 1)
+    free_segment(f, i64(), unaligned)
+    expect_equal(
+        f.free_pages,
+        rest,
+        f"free_segment of an empty tensor at start_pos {unaligned} changes nothing (the "
+        "empty check comes first, as in SGLang)",
     )
 
 
 @points(1)
-def test_free_segment_aligned():
-    f = free_list(8, 4)
-    f.alloc_pages(8)
-    # Positions 8..17 of a request (page-aligned start), on pages 6, 2 and 8 (the last one partly).
-    free_segment(f, i64(*slots_of([6, 2, 8], 4, 10)), start_pos=8)
+def test_free_segment_aligned(rng):
+    f, ps, n = in_use(rng)
+    # Positions from a page-aligned start, on three pages (the last one partly).
+    pages = rng.sample(range(1, n + 1), 5)
+    first, second = pages[:3], pages[3:]
+    start = ps * rng.randint(0, 9)
+    count = 2 * ps + rng.randint(1, ps - 1)
+    free_segment(f, i64(*slots_of(first, ps, count)), start_pos=start)
     expect_equal(
         f.free_pages,
-        i64(6, 2, 8),
-        "free_segment of positions 8..17 on pages 6, 2, 8: one page per "
-        "page_size slots, in run order, at the head",
+        i64(*first),
+        f"free_segment of positions {start}..{start + count - 1} on pages {first}: one "
+        "page per page_size slots, in run order, at the head",
     )
-    free_segment(f, i64(*slots_of([3, 1], 4, 8)), start_pos=0)
+    free_segment(f, i64(*slots_of(second, ps)), start_pos=0)
     expect_equal(
         f.free_pages,
-        i64(3, 1, 6, 2, 8),
-        "free_segment of positions 0..7 on pages 3 and 1 (two whole "
-        "pages), at the head",
+        i64(*second, *first),
+        f"free_segment of positions 0..{2 * ps - 1} on pages {second} (two whole pages), "
+        "at the head",
     )
-    g = free_list(8, 1)
-    g.alloc_pages(8)
-    free_segment(g, i64(5, 7, 2), start_pos=3)
+    g = free_list(n, 1)
+    g.alloc_pages(n)
+    run = rng.sample(range(1, n + 1), 3)
+    free_segment(g, i64(*run), start_pos=rng.randint(1, 99))
     expect_equal(
         g.free_pages,
-        i64(5, 7, 2),
+        i64(*run),
         "page size 1: every slot is a page, every start is aligned",
     )
 
 
-@points(1)
-def test_free_segment_rejects_unaligned():
-    f = free_list(8, 4)
-    f.alloc_pages(8)
-    # Positions 2..9 of a request: slots 26, 27 on page 6, then page 2, then 32, 33 on page 8.
-    run = [26, 27] + slots_of([2], 4) + [32, 33]
+@points(1, requires="test_free_segment_aligned")
+def test_free_segment_rejects_unaligned(rng):
+    f, ps, n = in_use(rng)
+    a, b, c = rng.sample(range(1, n + 1), 3)
+    skip = rng.randint(1, ps - 1)  # the run starts that far into page a
+    start = ps * rng.randint(0, 9) + skip
+    run = slots_of([a], ps)[skip:] + slots_of([b], ps) + slots_of([c], ps)[:skip]
     expect_raises(
         ValueError,
-        lambda: f.free_segment(i64(*run), start_pos=2),
-        "free_segment(start_pos=2) with page size 4 (taking every 4th slot would give pages 6 and 2 "
-        "and miss page 8)",
-        naming="2",
-    )
-    expect_raises(
-        ValueError,
-        lambda: f.free_segment(i64(*slots_of([5], 4)[1:]), start_pos=5),
-        "free_segment(start_pos=5) with page size 4",
-        naming="5",
+        lambda: f.free_segment(i64(*run), start_pos=start),
+        f"free_segment(start_pos={start}) with page size {ps} (taking every "
+        f"{ps}th slot would give pages {a} and {b} and miss page {c})",
+        naming=str(start),
     )
     expect_equal(f.free_pages, i64(), "a refused free_segment must free nothing")
 
 
 @points(1)
-def test_free_group_batches_once():
-    f = free_list(8, 4)
-    f.alloc_pages(8)
+def test_free_group_batches_once(rng):
+    f, ps, n = in_use(rng)
+    a, b, c = rng.sample(range(1, n + 1), 3)
     f.free_group_begin()
     expect_equal(f.free_group, [], "free_group right after free_group_begin()")
-    a = i64(*slots_of([5], 4), 8)  # page 5 and slot 8 of page 2
-    f.free(a)
-    a[:] = 0  # the caller reuses its tensor: the group must have kept a copy
-    free(f, i64(9, 10))  # the rest of page 2: shared with the first call
+    first = i64(*slots_of([a], ps), b * ps)  # page a and the first slot of page b
+    f.free(first)
+    first[:] = 0  # the caller reuses its tensor: the group must have kept a copy
+    free(f, i64(*slots_of([b], ps)[1:]))  # the rest of page b: shared with the first
     free(f, i64(), "free of an empty tensor inside a group")
     expect_equal(f.free_pages, i64(), "inside a free group nothing may be released yet")
     expect_equal(
@@ -196,26 +215,29 @@ def test_free_group_batches_once():
         f.free_group is None,
         f"free_group after free_group_end() must be None, got {f.free_group!r}",
     )
+    both = sorted((a, b))
     expect_equal(
         f.free_pages,
-        i64(2, 5),
-        "free_group_end() must free pages 2 and 5 once each (one free of "
-        "everything queued; the first tensor was changed by its owner after queuing)",
+        i64(*both),
+        f"free_group_end() must free pages {a} and {b} once each (one free of everything "
+        "queued; the first tensor was changed by its owner after queuing)",
     )
     expect_raises(RuntimeError, f.free_group_end, "free_group_end() with no group open")
     f.free_group_begin()
     expect_raises(
         RuntimeError,
         f.free_group_begin,
-        "free_group_begin() while an EMPTY group is open (an open "
-        "group is free_group is not None, even when nothing is queued yet)",
+        "free_group_begin() while an EMPTY group is open (an open group is free_group is "
+        "not None, even when nothing is queued yet)",
     )
     f.free_group_end()  # an empty group: nothing to free
     expect(f.free_group is None, "free_group after closing an empty group must be None")
-    expect_equal(f.free_pages, i64(2, 5), "an empty free group must change nothing")
-    free(f, i64(13))  # outside a group: released at once again
+    expect_equal(f.free_pages, i64(*both), "an empty free group must change nothing")
+    free(f, i64(c * ps))  # outside a group: released at once again
     expect_equal(
-        f.free_pages, i64(3, 2, 5), "a free after the group closed is released at once"
+        f.free_pages,
+        i64(c, *both),
+        "a free after the group closed is released at once",
     )
 
 
@@ -223,8 +245,9 @@ def test_free_group_batches_once():
 
 
 class Engine:
-    """SGLang's paged free as the docstrings state it (memlab's allocator checks page ranges against a
-    real pool, which this test does not build): pages deduplicated and sorted, released at the head;
+    """SGLang's paged free as the docstrings state it (memlab's allocator checks page ranges
+    against a real pool, which this test does not build): pages deduplicated and sorted, released
+    at the head;
     free groups queue copies and release them as one free."""
 
     def __init__(self, free_pages, ps):
@@ -275,9 +298,8 @@ def random_case(d):
     from memlab_tests.exercises.exercise_refs import INT31, SIZES, scribble, tensor
 
     ps = d.pick(SIZES)
-    ids = d.ids(
-        d.int(1, 10), INT31 // ps
-    )  # page ids in random order: small (1 and 8 sort apart in a set) and large
+    # page ids in random order: small (1 and 8 sort apart in a set) and large
+    ids = d.ids(d.size(1, 10), INT31 // ps)
     f, engine = free_list(8, ps), Engine(ids, ps)
     f.free_pages = tensor(ids)
     d.given(page_size=ps, free_pages=ids)
@@ -377,4 +399,4 @@ def random_case(d):
 def test_random_frees_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=550, trials=150, name="ch05_paged_free")
+    check(random_case, trials=150, name="ch05_paged_free")

@@ -2,12 +2,18 @@
 
 import pytest
 
-from memlab.course.grading.checks import call_keeping_inputs, expect, expect_equal
+from memlab.course.grading.checks import (
+    call_keeping_inputs,
+    expect,
+    expect_equal,
+    plural,
+)
 from memlab.course.grading.loader import load
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch06.block_hash")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch06.block_hash", requires=requires)
 
 
 def ex():
@@ -21,182 +27,198 @@ def hashes(m, token_ids, bs, **kwargs):
     )
 
 
-def chain(m, token_ids, bs, extras):
-    """The reference: hash_fn((parent, tokens, extra)) block by block, extras given per block."""
-    out, parent = [], m.NONE_HASH
+def chain(token_ids, bs, extras):
+    """The reference, with the engine's hash (memlab.vllm.hashing, vLLM's sha256 and seed):
+    hash((parent, tokens, extra)) block by block, extras given per block."""
+    from memlab.vllm.hashing import init_none_hash, sha256
+
+    out, parent = [], init_none_hash(sha256)
     for i in range(len(token_ids) // bs):
-        parent = m.hash_fn((parent, tuple(token_ids[i * bs : (i + 1) * bs]), extras[i]))
+        parent = sha256((parent, tuple(token_ids[i * bs : (i + 1) * bs]), extras[i]))
         out.append(parent)
     return out
 
 
-TOKENS = list(range(100, 110))
+def tokens(rng, n):
+    return [rng.randint(0, 2**31 - 1) for _ in range(n)]
 
 
 @points(2)
-def test_full_blocks_only():
+def test_full_blocks_only(rng):
     m = ex()
-    for n, want in ((10, 2), (12, 3), (3, 0), (4, 1), (0, 0)):
-        got = hashes(m, list(range(n)), 4)
+    bs = rng.choice((2, 3, 4, 5, 8))
+    k = rng.randint(1, 6)
+    for n, want in (
+        (k * bs + rng.randint(1, bs - 1), k),
+        ((k + 1) * bs, k + 1),
+        (bs - 1, 0),
+        (bs, 1),
+        (0, 0),
+    ):
+        got = hashes(m, tokens(rng, n), bs)
         expect(
             len(got) == want,
-            f"{n} tokens in blocks of 4 make {want} full blocks, got {len(got)} hashes "
-            "(a partial block is still growing: it gets no hash)",
+            f"{plural(n, 'token')} in blocks of {bs} make {plural(want, 'full block')}, "
+            f"got {plural(len(got), 'hash')} (a partial block is still growing: it gets no "
+            "hash)",
         )
+    ids = tokens(rng, 2 * bs + rng.randint(1, bs - 1))
     expect_equal(
-        hashes(m, TOKENS, 4),
-        chain(m, TOKENS, 4, [None, None]),
-        "hashes of 10 tokens in blocks of 4 (no extra keys): a list of bytes",
+        hashes(m, ids, bs),
+        chain(ids, bs, [None, None]),
+        f"hashes of {plural(len(ids), 'token')} in blocks of {bs} (no extra keys): a list of bytes",
     )
-    expect_equal(hashes(m, [], 4), [], "no token: an empty list")
+    expect_equal(hashes(m, [], bs), [], "no token: an empty list")
+    ids = tokens(rng, 3)
     expect_equal(
-        hashes(m, TOKENS[:3], 1),
-        chain(m, TOKENS[:3], 1, [None] * 3),
-        "3 tokens in blocks of 1",
+        hashes(m, ids, 1), chain(ids, 1, [None] * 3), "3 tokens in blocks of 1"
     )
 
 
 @points(1)
-def test_chain_stands_for_the_prefix():
+def test_chain_stands_for_the_prefix(rng):
     m = ex()
-    a = hashes(m, [1, 2, 3, 4, 5, 6, 7, 8], 4)
-    b = hashes(m, [9, 9, 9, 9, 5, 6, 7, 8], 4)
+    bs = rng.choice((2, 3, 4, 5, 8))
+    first, second, other = tokens(rng, bs), tokens(rng, bs), tokens(rng, bs)
+    a = hashes(m, first + second, bs)
+    b = hashes(m, other + second, bs)
     expect(
         a[1] != b[1],
         "two requests with the same SECOND block but different first blocks got the same "
         "second hash: each block's hash must include its parent's",
     )
     expect_equal(
-        a[1],
-        m.hash_fn((a[0], (5, 6, 7, 8), None)),
+        a,
+        chain(first + second, bs, [None, None]),
         "block 1's hash = hash_fn((block 0's hash, tokens, None))",
     )
 
 
 @points(2)
-def test_salt_first_block_only():
+def test_salt_first_block_only(rng):
     m = ex()
-    got = hashes(m, TOKENS, 4, cache_salt="tenant-a")
-    want = chain(m, TOKENS, 4, [(("cache_salt", "tenant-a"),), None])
+    bs = rng.choice((2, 3, 4, 5, 8))
+    ids = tokens(rng, 2 * bs + rng.randint(0, bs - 1))
+    salt = f"tenant-{rng.randint(0, 999)}"
+    got = hashes(m, ids, bs, cache_salt=salt)
+    want = chain(ids, bs, [(("cache_salt", salt),), None])
     expect_equal(
         got[0],
         want[0],
-        "block 0 with cache_salt='tenant-a' (extra keys (('cache_salt', 'tenant-a'),))",
+        f"block 0 with cache_salt={salt!r} (extra keys (('cache_salt', {salt!r}),))",
     )
     expect_equal(
         got[1],
         want[1],
-        "block 1 with a salt: the salt is on block 0 only (extra keys None); "
-        "it still changes block 1's hash through the parent",
+        "block 1 with a salt: the salt is on block 0 only (extra keys None); it still "
+        "changes block 1's hash through the parent",
     )
-    plain = hashes(m, TOKENS, 4)
+    plain = hashes(m, ids, bs)
     expect(
         got[1] != plain[1],
         "a salt must change every later hash too (through the chain)",
     )
     expect_equal(
-        hashes(m, TOKENS, 4, cache_salt=""),
+        hashes(m, ids, bs, cache_salt=""),
         plain,
         "cache_salt='' is no salt (vLLM tests its truth)",
     )
-    item = m.MMItem("img", 1, 2)
-    got = hashes(m, TOKENS, 4, mm_items=(item,), cache_salt="tenant-a")
+    image = f"img{rng.randint(0, 99)}"
+    start = rng.randint(0, bs - 1)
+    item = m.MMItem(image, start, 1)
+    got = hashes(m, ids, bs, mm_items=(item,), cache_salt=salt)
     expect_equal(
         got[0],
-        chain(m, TOKENS, 4, [(("mm", "img", 1), ("cache_salt", "tenant-a")), None])[0],
+        chain(ids, bs, [(("mm", image, start), ("cache_salt", salt)), None])[0],
         "block 0 with an image and a salt: the salt comes last, after the items",
     )
 
 
 @points(1)
-def test_lora_on_every_block():
+def test_lora_on_every_block(rng):
     m = ex()
-    got = hashes(m, TOKENS, 4, lora_name="sql-adapter", cache_salt="s")
-    key = ("lora", "sql-adapter", None)
+    bs = rng.choice((2, 3, 4, 5, 8))
+    ids = tokens(rng, 2 * bs + rng.randint(0, bs - 1))
+    name, salt = f"adapter-{rng.randint(0, 99)}", f"s{rng.randint(0, 9)}"
+    got = hashes(m, ids, bs, lora_name=name, cache_salt=salt)
+    key = ("lora", name, None)
     expect_equal(
         got,
-        chain(m, TOKENS, 4, [(key, ("cache_salt", "s")), (key,)]),
-        "hashes with lora_name='sql-adapter' and cache_salt='s' (lora on every block, then the salt "
-        "on block 0)",
+        chain(ids, bs, [(key, ("cache_salt", salt)), (key,)]),
+        f"hashes with lora_name={name!r} and cache_salt={salt!r} (lora on every block, "
+        "then the salt on block 0)",
     )
     expect_equal(
-        hashes(m, TOKENS, 4, lora_name=""),
-        chain(m, TOKENS, 4, [(("lora", "", None),)] * 2),
+        hashes(m, ids, bs, lora_name=""),
+        chain(ids, bs, [(("lora", "", None),)] * 2),
         "lora_name='' is a name (the key is there whenever lora_name is not None)",
     )
-    key = ("lora", "sql-adapter", "/adapters/v2")
+    path = f"/adapters/v{rng.randint(0, 9)}"
+    key = ("lora", name, path)
     expect_equal(
-        hashes(m, TOKENS, 4, lora_name="sql-adapter", lora_path="/adapters/v2"),
-        chain(m, TOKENS, 4, [(key,)] * 2),
-        "lora_path='/adapters/v2': the key is ('lora', name, path), so a name re-pointed at another "
-        "adapter does not reuse KV",
+        hashes(m, ids, bs, lora_name=name, lora_path=path),
+        chain(ids, bs, [(key,)] * 2),
+        f"lora_path={path!r}: the key is ('lora', name, path), so a name re-pointed at "
+        "another adapter does not reuse KV",
     )
     expect_equal(
-        hashes(m, TOKENS, 4, lora_path="/adapters/v2"),
-        hashes(m, TOKENS, 4),
+        hashes(m, ids, bs, lora_path=path),
+        hashes(m, ids, bs),
         "a lora_path without a lora_name adds no key",
     )
 
 
 @points(1)
-def test_multimodal_items_overlapping():
+def test_multimodal_items_overlapping(rng):
     m = ex()
-    tokens = list(range(16))
-    items = (
-        m.MMItem("img-a", 2, 5),
-        m.MMItem("img-b", 9, 2),
-    )  # positions 2..6 and 9..10
-    got = hashes(m, tokens, 4, mm_items=items)
-    want = chain(
-        m,
-        tokens,
-        4,
-        [(("mm", "img-a", 2),), (("mm", "img-a", -2),), (("mm", "img-b", 1),), None],
-    )
+    ids = tokens(rng, 16)
+    a, b = (f"img-{c}{rng.randint(0, 99)}" for c in "ab")
+    items = (m.MMItem(a, 2, 5), m.MMItem(b, 9, 2))  # positions 2..6 and 9..10
+    got = hashes(m, ids, 4, mm_items=items)
+    want = chain(ids, 4, [(("mm", a, 2),), (("mm", a, -2),), (("mm", b, 1),), None])
     for i in range(4):
         expect_equal(
             got[i],
             want[i],
-            f"block {i} of 16 tokens with images at positions 2..6 and 9..10 "
-            "(extra keys: ('mm', identifier, item offset - block start) per overlapping item)",
+            f"block {i} of 16 tokens with images at positions 2..6 and 9..10 (extra keys: "
+            "('mm', identifier, item offset - block start) per overlapping item)",
         )
     # Items that end exactly where a block starts, or start exactly where it ends, do
     # not overlap it; two items in one block keep their order; the lora key comes first.
+    names = [f"{c}{rng.randint(0, 9)}" for c in "abcd"]
     items = [
-        m.MMItem("a", 0, 4),
-        m.MMItem("b", 4, 1),
-        m.MMItem("c", 7, 1),
-        m.MMItem("d", 8, 8),
+        m.MMItem(names[0], 0, 4),
+        m.MMItem(names[1], 4, 1),
+        m.MMItem(names[2], 7, 1),
+        m.MMItem(names[3], 8, 8),
     ]
-    got = hashes(m, tokens, 4, mm_items=items, lora_name="L")
+    got = hashes(m, ids, 4, mm_items=items, lora_name="L")
     lora = ("lora", "L", None)
     want = chain(
-        m,
-        tokens,
+        ids,
         4,
         [
-            (lora, ("mm", "a", 0)),
-            (lora, ("mm", "b", 0), ("mm", "c", 3)),
-            (lora, ("mm", "d", 0)),
-            (lora, ("mm", "d", -4)),
+            (lora, ("mm", names[0], 0)),
+            (lora, ("mm", names[1], 0), ("mm", names[2], 3)),
+            (lora, ("mm", names[3], 0)),
+            (lora, ("mm", names[3], -4)),
         ],
     )
-    got2 = hashes(
-        m, tokens[:4], 4, mm_items=(m.MMItem("img-z", 0, 1), m.MMItem("img-a", 2, 1))
-    )
+    z = f"img-z{rng.randint(0, 99)}"
+    got2 = hashes(m, ids[:4], 4, mm_items=(m.MMItem(z, 0, 1), m.MMItem(a, 2, 1)))
     expect_equal(
         got2,
-        chain(m, tokens[:4], 4, [(("mm", "img-z", 0), ("mm", "img-a", 2))]),
-        "two items in one block, img-z at 0 and img-a at 2: their keys in offset order (the order of "
-        "mm_items), never sorted by identifier",
+        chain(ids[:4], 4, [(("mm", z, 0), ("mm", a, 2))]),
+        f"two items in one block, {z} at 0 and {a} at 2: their keys in offset order (the "
+        "order of mm_items), never sorted by identifier",
     )
     for i in range(4):
         expect_equal(
             got[i],
             want[i],
-            f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: "
-            "an item overlaps a block when it starts before the block's end and ends "
-            "after its start",
+            f"block {i} of 16 tokens with items at 0..3, 4, 7 and 8..15 and a lora: an "
+            "item overlaps a block when it starts before the block's end and ends after "
+            "its start",
         )
 
 
@@ -219,9 +241,8 @@ def random_case(d):
         kwargs["lora_name"] = f"adapter{d.int(0, 9)}"
         kwargs["lora_path"] = d.pick((None, f"/loras/{d.int(0, 9)}"))
     items, pos = [], d.int(0, bs + 1)
-    for k in d.count(
-        0, 5, 0.5
-    ):  # sorted by offset, disjoint; identifiers in another order
+    # sorted by offset, disjoint; identifiers in another order
+    for k in d.count(0, 5, 0.5):
         length = d.int(1, bs + 2)
         items.append(m.MMItem(f"{d.pick('qbxma')}-image{k}", pos, length))
         pos += length + d.int(0, bs)
@@ -230,23 +251,19 @@ def random_case(d):
     salt = d.pick((None, "", "tenant-a", "tenant-b"))
     if salt is not None:
         kwargs["cache_salt"] = salt
-    tokens = [
-        d.big(0, INT31) for _ in range(n)
-    ]  # drawn last: shrinking the list keeps the rest
+    ids = [d.big(0, INT31) for _ in range(n)]  # drawn last: shrinking keeps the rest
     d.given(
-        token_ids=tokens,
+        token_ids=ids,
         block_size=bs,
         **{k: (list(v) if k == "mm_items" else v) for k, v in kwargs.items()},
     )
-    args = ", ".join(
-        [repr(tokens), str(bs)] + [f"{k}={v!r}" for k, v in kwargs.items()]
-    )
+    args = ", ".join([repr(ids), str(bs)] + [f"{k}={v!r}" for k, v in kwargs.items()])
     d.code(f"print(ex.request_block_hashes({args.replace('MMItem(', 'ex.MMItem(')}))")
-    got = d.call("request_block_hashes", m.request_block_hashes, tokens, bs, **kwargs)
+    got = d.call("request_block_hashes", m.request_block_hashes, ids, bs, **kwargs)
     request = SimpleNamespace(
         block_hashes=[],
         num_tokens=n,
-        all_token_ids=tokens,
+        all_token_ids=ids,
         lora_name=kwargs.get("lora_name"),
         lora_path=kwargs.get("lora_path"),
         mm_features=list(items),
@@ -264,4 +281,4 @@ def random_case(d):
 def test_random_requests_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=660, trials=150, name="ch06_block_hash")
+    check(random_case, trials=150, name="ch06_block_hash")

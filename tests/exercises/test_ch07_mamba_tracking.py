@@ -1,4 +1,5 @@
-"""Graded: chapter 07, Mamba state slots and ping-pong tracking (exercises/ch07_mamba_tracking.py)."""
+"""Graded: chapter 07, Mamba state slots and ping-pong tracking
+(exercises/ch07_mamba_tracking.py)."""
 
 import itertools
 
@@ -10,17 +11,23 @@ from memlab.course.grading.checks import (
     expect_equal,
     expect_no_sharing,
     expect_raises,
+    plural,
 )
 from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch07.mamba_tracking")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch07.mamba_tracking", requires=requires)
 
 
-def rows(num_rows=4, num_slots=8, tracking=2):
-    return load("ch07_mamba_tracking").MambaRows(num_rows, num_slots, 3, tracking)
+def rows(num_rows=4, num_slots=8, tracking=2, rng=None):
+    """A MambaRows; with ``rng``, its free slots in a random order (a well-used pool)."""
+    m = load("ch07_mamba_tracking").MambaRows(num_rows, num_slots, 3, tracking)
+    if rng is not None:
+        m.free_slots = i64(*rng.sample(range(1, num_slots + 1), num_slots))
+    return m
 
 
 def fields(m, row):
@@ -56,7 +63,8 @@ def test_tracking_slot_counts():
         expect_equal(
             f(extra, overlap, lazy),
             want,
-            f"get_mamba_tracking_slots(extra_buffer={extra}, overlap={overlap}, lazy={lazy}) (an int)",
+            f"get_mamba_tracking_slots(extra_buffer={extra}, overlap={overlap}, "
+            f"lazy={lazy}) (an int)",
         )
     expect_equal(
         f(True, True),
@@ -66,193 +74,219 @@ def test_tracking_slot_counts():
 
 
 @points(1)
-def test_alloc_gives_state_and_tracking():
-    m = rows(tracking=2)
-    expect_equal(m.alloc_row(3), True, "alloc_row(3) with 8 free slots")
+def test_alloc_gives_state_and_tracking(rng):
+    n = rng.randint(8, 30)
+    m = rows(num_rows=6, num_slots=n, tracking=2, rng=rng)
+    free = m.free_slots.tolist()
+    r1, r2, r3 = rng.sample(range(1, 7), 3)
     expect_equal(
-        m.state_slot[3], i64(1)[0], "row 3's state slot (the first slot from the head)"
+        m.alloc_row(r1), True, f"alloc_row({r1}) with {plural(n, 'free slot')}"
     )
     expect_equal(
-        m.track_slots[3],
-        i64(2, 3),
-        "row 3's two tracking slots (the next ones, in column order)",
+        m.state_slot[r1],
+        i64(free[0])[0],
+        f"row {r1}'s state slot (the first slot from the head of free_slots {free[:6]}...)",
     )
     expect_equal(
-        m.free_slots, i64(4, 5, 6, 7, 8), "free_slots after handing out 3 slots"
+        m.track_slots[r1],
+        i64(*free[1:3]),
+        f"row {r1}'s two tracking slots (the next ones, in column order)",
     )
+    expect_equal(m.free_slots, i64(*free[3:]), "free_slots after handing out 3 slots")
     expect_equal(
         (m.next_track_idx, m.last_track_seqlen),
-        (i64(0, 0, 0, 0, 0), i64(-1, -1, -1, -1, -1)),
+        (i64(*[0] * 7), i64(*[-1] * 7)),
         "alloc_row leaves next_track_idx and last_track_seqlen alone (fresh: 0 and -1)",
     )
-    expect_equal(m.alloc_row(1), True, "alloc_row(1) with 5 free slots")
+    expect_equal(
+        m.alloc_row(r2), True, f"alloc_row({r2}) with {plural(n - 3, 'free slot')}"
+    )
     expect_no_sharing(
-        {
-            3: [int(m.state_slot[3])] + m.track_slots[3].tolist(),
-            1: [int(m.state_slot[1])] + m.track_slots[1].tolist(),
-        },
+        {r: [int(m.state_slot[r])] + m.track_slots[r].tolist() for r in (r1, r2)},
         "mamba slot",
         "row",
     )
-    expect_equal(m.alloc_row(2), False, "alloc_row(2) with 2 free slots (it needs 3)")
-    none = rows(num_slots=2, tracking=0)  # no extra buffer: a state slot only
-    expect_equal(none.alloc_row(2), True, "alloc_row(2) without tracking slots")
+    m.free_slots = m.free_slots[: rng.randint(0, 2)]  # fewer than the 3 a row needs
+    left = len(m.free_slots)
     expect_equal(
-        none.alloc_row(4),
-        True,
-        "alloc_row(4) with exactly 1 free slot and no tracking slots",
+        m.alloc_row(r3),
+        False,
+        f"alloc_row({r3}) with {plural(left, 'free slot')} (it needs 3)",
     )
+    none = rows(num_slots=2, tracking=0, rng=rng)  # no extra buffer: a state slot only
+    two = none.free_slots.tolist()
+    r1, r2 = rng.sample(range(1, 5), 2)
+    expect_equal(none.alloc_row(r1), True, f"alloc_row({r1}) without tracking slots")
+    expect_equal(
+        none.alloc_row(r2),
+        True,
+        f"alloc_row({r2}) with exactly 1 free slot and no tracking slots",
+    )
+    want = [0] * 5
+    want[r1], want[r2] = two
     expect_equal(
         none.state_slot,
-        i64(0, 0, 1, 0, 2),
-        "state_slot after rows 2 and 4 took slots 1 and 2",
+        i64(*want),
+        f"state_slot after rows {r1} and {r2} took slots {two[0]} and {two[1]}",
     )
     expect_equal(none.free_slots, i64(), "free_slots after handing out every slot")
 
 
-@points(1)
-def test_alloc_all_or_nothing():
-    m = rows(num_slots=4, tracking=2)
-    m.alloc_row(1)
-    m.state[1] = (
-        5.0  # row 1's recurrent state, which later allocations must leave alone
-    )
-    got = m.alloc_row(2)
+@points(1, requires="test_alloc_gives_state_and_tracking")
+def test_alloc_all_or_nothing(rng):
+    m = rows(num_slots=4, tracking=2, rng=rng)
+    r1, r2 = rng.sample(range(1, 5), 2)
+    m.alloc_row(r1)
+    left = m.free_slots.tolist()
+    mine = [int(m.state_slot[r1])] + m.track_slots[r1].tolist()
+    m.state[mine] = 5.0  # row r1's recurrent state, which later allocations must keep
+    got = m.alloc_row(r2)
     expect(
         got is False,
-        f"alloc_row(2) needs 3 slots with 1 free: must return False, got {got!r}",
+        f"alloc_row({r2}) needs 3 slots with 1 free: must return False, got {got!r}",
     )
     expect_equal(
-        m.free_slots, i64(4), "a refused alloc_row must leave free_slots alone"
+        m.free_slots, i64(*left), "a refused alloc_row must leave free_slots alone"
     )
-    expect_fresh(m, 2, "a refused alloc_row(2)")
-    m = rows(num_slots=6, tracking=2)
-    m.alloc_row(1)
-    m.state[1:4] = 5.0
+    expect_fresh(m, r2, f"a refused alloc_row({r2})")
+    m = rows(num_slots=6, tracking=2, rng=rng)
+    free = m.free_slots.tolist()
+    m.alloc_row(r1)
+    m.state[free[:3]] = 5.0
     expect_equal(
-        m.alloc_row(2), True, "alloc_row(2) with exactly 3 free slots (it needs 3)"
+        m.alloc_row(r2),
+        True,
+        f"alloc_row({r2}) with exactly 3 free slots (it needs 3)",
     )
     expect_equal(
-        m.track_slots[2], i64(5, 6), "row 2's tracking slots: the last two slots"
+        m.track_slots[r2],
+        i64(*free[4:]),
+        f"row {r2}'s tracking slots: the last two slots",
     )
     expect_equal(m.free_slots, i64(), "free_slots after an exact fit")
     expect_equal(
-        m.state[1:4],
+        m.state[free[:3]],
         torch.full((3, 3), 5.0),
-        "row 1's state after row 2 was allocated: only the slots "
-        "handed out may be zeroed",
+        f"row {r1}'s state after row {r2} was allocated: only the slots handed out may "
+        "be zeroed",
     )
 
 
 @points(2)
-def test_free_resets_every_field():
-    m = rows(num_slots=10, tracking=2)
-    m.alloc_row(2)
-    m.alloc_row(3)  # neighbours that keep their slots
-    m.alloc_row(1)
-    m.next_track_slot(2)
-    m.last_track_seqlen[2] = 17  # a snapshot was taken at length 17
-    neighbours = {r: fields(m, r) for r in (1, 3)}
-    m.free_row(2)
-    expect_fresh(m, 2, "after free_row(2)")
+def test_free_resets_every_field(rng):
+    m = rows(num_rows=6, num_slots=10, tracking=2, rng=rng)
+    free = m.free_slots.tolist()
+    a, b, c, idle = rng.sample(range(1, 7), 4)
+    for r in (a, b, c):  # b and c: neighbours that keep their slots
+        m.alloc_row(r)
+    m.next_track_slot(a)
+    seqlen = rng.randint(1, 500)
+    m.last_track_seqlen[a] = seqlen  # a snapshot was taken at that length
+    neighbours = {r: fields(m, r) for r in (b, c)}
+    m.free_row(a)
+    expect_fresh(m, a, f"after free_row({a})")
     expect_equal(
         m.free_slots,
-        i64(10, 1, 2, 3),
-        "after free_row(2) the row's slots go to the tail of "
-        "free_slots: state slot first, then the tracking slots (and nothing of rows 1 and 3)",
+        i64(*free[9:], *free[:3]),
+        f"after free_row({a}) the row's slots go to the tail of free_slots: state slot "
+        f"first, then the tracking slots (and nothing of rows {b} and {c})",
     )
     for r, before in neighbours.items():
         for name, value in before.items():
             expect_equal(
-                fields(m, r)[name], value, f"row {r}'s {name} after free_row(2)"
+                fields(m, r)[name], value, f"row {r}'s {name} after free_row({a})"
             )
-    m.free_row(3)
+    m.free_row(b)
     expect_equal(
-        m.free_slots, i64(10, 1, 2, 3, 4, 5, 6), "free_slots after free_row(3) too"
+        m.free_slots,
+        i64(*free[9:], *free[:6]),
+        f"free_slots after free_row({b}) too",
     )
     # A row that holds nothing (never allocated, or freed already): nothing to give back. Its
     # zeros are "no slot", and slot 0 is the padding slot: it must never reach the free list.
-    m.free_row(2)
-    m.free_row(4)
+    m.free_row(a)
+    m.free_row(idle)
     expect_equal(
         m.free_slots,
-        i64(10, 1, 2, 3, 4, 5, 6),
+        i64(*free[9:], *free[:6]),
         "free_row of rows that hold no slot must free nothing",
     )
-    expect_fresh(m, 4, "after free_row(4) of an empty row")
+    expect_fresh(m, idle, f"after free_row({idle}) of an empty row")
 
 
 @points(1)
-def test_slots_zeroed_before_reuse():
-    m = rows(num_slots=3, tracking=2)
-    m.alloc_row(1)
+def test_slots_zeroed_before_reuse(rng):
+    m = rows(num_slots=3, tracking=2, rng=rng)
+    r1, r2 = rng.sample(range(1, 5), 2)
+    m.alloc_row(r1)
     m.state[1:4] = 7.0  # the request's recurrent state and snapshots
-    m.free_row(1)
-    m.alloc_row(2)
+    m.free_row(r1)
+    m.alloc_row(r2)
     expect_equal(
         m.state[1:4],
         torch.zeros(3, 3),
-        "slots handed to a new request must be zeroed: the old "
-        "owner's state would be read as its history",
+        "slots handed to a new request must be zeroed: the old owner's state would be "
+        "read as its history",
     )
     m = rows(num_slots=4, tracking=2)
-    m.alloc_row(1)  # slots 1, 2, 3
+    m.alloc_row(r1)  # slots 1, 2, 3
     state = m.state.clone()
     state[1:4] = 7.0
     m.state = state
-    m.free_row(1)  # free_slots: 4, 1, 2, 3
-    m.alloc_row(2)  # slots 4, 1, 2: not consecutive, not ascending
+    m.free_row(r1)  # free_slots: 4, 1, 2, 3
+    m.alloc_row(r2)  # slots 4, 1, 2: not consecutive, not ascending
     expect_equal(
         m.state[:, 0],
         torch.tensor([0.0, 0.0, 0.0, 7.0, 0.0]),
-        "row 2 took slots 4, 1, 2 (not "
-        "consecutive): exactly their state rows must be zeroed (state[slots] = 0, not a span from the "
-        "first to the last), and free slot 3 keeps its old state",
+        f"row {r2} took slots 4, 1, 2 (not consecutive): exactly their state rows must "
+        "be zeroed (state[slots] = 0, not a span from the first to the last), and free "
+        "slot 3 keeps its old state",
     )
 
 
 @points(1)
-def test_next_track_slot_ping_pong():
-    m = rows(tracking=2)
-    m.alloc_row(1)
-    a, b = m.track_slots[1].tolist()
-    got = [m.next_track_slot(1) for _ in range(4)]
+def test_next_track_slot_ping_pong(rng):
+    r1, r2 = rng.sample(range(1, 5), 2)
+    m = rows(tracking=2, rng=rng)
+    m.alloc_row(r1)
+    a, b = m.track_slots[r1].tolist()
+    got = [m.next_track_slot(r1) for _ in range(4)]
     expect_equal(
         got,
         [a, b, a, b],
         "four snapshots with two tracking slots alternate (ping-pong), as ints",
     )
-    single = rows(tracking=1)
-    single.alloc_row(1)
-    (only,) = single.track_slots[1].tolist()
+    single = rows(tracking=1, rng=rng)
+    single.alloc_row(r1)
+    (only,) = single.track_slots[r1].tolist()
     expect_equal(
-        [single.next_track_slot(1) for _ in range(3)],
+        [single.next_track_slot(r1) for _ in range(3)],
         [only] * 3,
         "one tracking slot is reused every time",
     )
-    three = rows(tracking=3)
-    three.alloc_row(2)
-    a, b, c = three.track_slots[2].tolist()
+    three = rows(tracking=3, rng=rng)
+    three.alloc_row(r2)
+    a, b, c = three.track_slots[r2].tolist()
     expect_equal(
-        [three.next_track_slot(2) for _ in range(4)],
+        [three.next_track_slot(r2) for _ in range(4)],
         [a, b, c, a],
         "with three tracking slots the snapshots go round them in column order",
     )
     expect_raises(
         ValueError,
-        lambda: m.next_track_slot(3),
-        "next_track_slot(3) for a row that holds no slot",
+        lambda: m.next_track_slot(r2),
+        f"next_track_slot({r2}) for a row that holds no slot",
     )
     expect_equal(
-        m.next_track_idx[3],
+        m.next_track_idx[r2],
         i64(0)[0],
         "a refused next_track_slot must not advance next_track_idx",
     )
-    none = rows(tracking=0)
-    none.alloc_row(1)
+    none = rows(tracking=0, rng=rng)
+    none.alloc_row(r1)
     expect_raises(
         ValueError,
-        lambda: none.next_track_slot(1),
+        lambda: none.next_track_slot(r1),
         "next_track_slot without tracking slots",
     )
 
@@ -261,9 +295,9 @@ def test_next_track_slot_ping_pong():
 
 
 class Engine:
-    """SGLang's HybridReqToTokenPool books for one model, as the docstrings state them (memlab's pool
-    allocates rows and slots together; the exercise gives the row): slots from the head, freed to
-    the tail, state rows zeroed when handed out, every field of a freed row reset."""
+    """SGLang's HybridReqToTokenPool books for one model, as the docstrings state them (memlab's
+    pool allocates rows and slots together; the exercise gives the row): slots from the head,
+    freed to the tail, state rows zeroed when handed out, every field of a freed row reset."""
 
     def __init__(self, rows, num_slots, state_dim, tracking):
         self.tracking = tracking
@@ -320,7 +354,8 @@ def random_case(d):
             mamba_tracking_slots(**flags),
         )
         return
-    n_rows, n_slots, dim, tracking = d.int(1, 5), d.int(1, 10), d.int(1, 3), d.int(0, 2)
+    n_rows, n_slots = d.size(1, 5), d.size(1, 10)
+    dim, tracking = d.int(1, 3), d.int(0, 2)
     mine, engine = (
         m.MambaRows(n_rows, n_slots, dim, tracking),
         Engine(n_rows, n_slots, dim, tracking),
@@ -378,7 +413,8 @@ def random_case(d):
             )
             what = "next_track_slot"
         d.code(
-            "print(r.free_slots, r.state_slot, r.track_slots, r.next_track_idx, r.last_track_seqlen, r.state)"
+            "print(r.free_slots, r.state_slot, r.track_slots, r.next_track_idx, "
+            "r.last_track_seqlen, r.state)"
         )
         d.books(what, "free_slots", mine.free_slots, tensor(engine.free_slots))
         d.books(what, "state_slot", mine.state_slot, tensor(engine.state_slot))
@@ -405,4 +441,4 @@ def random_case(d):
 def test_random_sequences_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=770, trials=120, name="ch07_mamba_tracking")
+    check(random_case, trials=120, name="ch07_mamba_tracking")

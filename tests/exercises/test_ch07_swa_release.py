@@ -1,6 +1,5 @@
-"""Graded: chapter 07, sliding-window release and the SWA side of a free (exercises/ch07_swa_release.py)."""
-
-import random
+"""Graded: chapter 07, sliding-window release and the SWA side of a free
+(exercises/ch07_swa_release.py)."""
 
 import pytest
 import torch
@@ -16,106 +15,13 @@ from memlab.course.grading.loader import load
 from memlab_tests.exercises.exercise_refs import i64
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch07.swa_release")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch07.swa_release", requires=requires)
 
 
 def ex():
     return load("ch07_swa_release")
-
-
-@points(2)
-def test_release_whole_pages_out_of_window():
-    f = ex().swa_release_range
-    expect_equal(
-        f(30, 0, 8, 4),
-        (0, 20),
-        "seq_len 30, window 8, page size 4, nothing released yet: positions "
-        "below 22 are out of the window, whole pages of them end at 20 (a tuple of two ints)",
-    )
-    expect_equal(f(30, 0, 8, 1), (0, 22), "the same with page size 1")
-    expect_equal(
-        f(31, 20, 8, 4),
-        (20, 20),
-        "seq_len 31 with 20 already released: the next whole page (20..23) "
-        "is not yet out of the window, so nothing (returned as (20, 20))",
-    )
-    expect_equal(
-        f(32, 20, 8, 4),
-        (20, 24),
-        "seq_len 32 with 20 already released: page 20..23 is now out",
-    )
-    expect_equal(
-        f(24, 0, 8, 4),
-        (0, 16),
-        "seq_len 24, window 8: positions below 16 are out, 16 is a page "
-        "boundary: release 0..15",
-    )
-
-
-@points(1)
-def test_nothing_while_inside_window():
-    f = ex().swa_release_range
-    expect_equal(
-        f(5, 0, 8, 4), (0, 0), "seq_len 5 with window 8: every token is in the window"
-    )
-    expect_equal(
-        f(8, 0, 8, 4), (0, 0), "seq_len 8 with window 8: every token is in the window"
-    )
-    expect_equal(
-        f(11, 0, 8, 4),
-        (0, 0),
-        "seq_len 11 with window 8: positions 0..2 are out, but no WHOLE page",
-    )
-    expect_equal(
-        f(12, 4, 8, 4),
-        (4, 4),
-        "seq_len 12 with 4 already released: page 4..7 is still in the window",
-    )
-
-
-@points(1)
-def test_prefix_cache_keeps_its_part():
-    f = ex().swa_release_range
-    expect_equal(
-        f(40, 0, 8, 4, cache_protected_len=10),
-        (12, 32),
-        "seq_len 40, window 8, page size 4, the "
-        "prefix cache owning the first 10 tokens: start at 10 rounded UP to a page",
-    )
-    expect_equal(
-        f(40, 0, 8, 4, cache_protected_len=12),
-        (12, 32),
-        "the prefix cache owning exactly 3 pages (12)",
-    )
-    expect_equal(
-        f(40, 16, 8, 4, cache_protected_len=12),
-        (16, 32),
-        "16 already released, 12 protected: start at 16",
-    )
-    expect_equal(
-        f(40, 0, 8, 4, cache_protected_len=36),
-        (0, 0),
-        "when the prefix cache owns everything out of the window nothing is released",
-    )
-    expect_equal(
-        f(40, 0, 8, 4, cache_protected_len=32),
-        (0, 0),
-        "protected up to exactly the end: nothing",
-    )
-    expect_raises(
-        ValueError,
-        lambda: f(40, 6, 8, 4),
-        "swa_release_range with swa_evicted_len 6, not page-aligned",
-        naming="6",
-    )
-    expect_raises(
-        ValueError,
-        lambda: f(9, 6, 8, 4),
-        "swa_release_range(9, 6, 8, 4): swa_evicted_len 6 is not "
-        "page-aligned, and that is checked first, even when nothing would be released",
-        naming="6",
-    )
 
 
 def release_reference(seq, evicted, window, ps, protected):
@@ -124,19 +30,127 @@ def release_reference(seq, evicted, window, ps, protected):
     return (start, end) if end > start else (evicted, evicted)
 
 
-@points(1)
-def test_random_release_invariants():
+def expect_release(rng_case, what):
+    """swa_release_range on one case, against the docstring's rule."""
+    seq, evicted, window, ps, protected = rng_case
+    expect_equal(
+        ex().swa_release_range(seq, evicted, window, ps, cache_protected_len=protected),
+        release_reference(seq, evicted, window, ps, protected),
+        f"swa_release_range({seq}, {evicted}, sliding_window={window}, page_size={ps}, "
+        f"cache_protected_len={protected}): {what}",
+    )
+
+
+@points(2)
+def test_release_whole_pages_out_of_window(rng):
     f = ex().swa_release_range
-    rng = random.Random(14)
+    expect_equal(
+        f(30, 0, 8, 4),
+        (0, 20),
+        "seq_len 30, window 8, page size 4, nothing released yet: positions below 22 are "
+        "out of the window, whole pages of them end at 20 (a tuple of two ints)",
+    )
+    expect_equal(f(30, 0, 8, 1), (0, 22), "the same with page size 1")
+    expect_equal(
+        f(32, 20, 8, 4),
+        (20, 24),
+        "seq_len 32 with 20 already released: page 20..23 is now out",
+    )
+    for _ in range(4):
+        ps, window = rng.choice((1, 2, 3, 4, 5, 16)), rng.randint(1, 64)
+        k, evicted = rng.randint(2, 20), ps * rng.randint(0, 1)
+        for r in (0, rng.randint(0, ps - 1), ps - 1):  # on a page boundary, and past it
+            expect_release(
+                (window + k * ps + r, evicted, window, ps, 0),
+                f"positions below {k * ps + r} are out of the window: whole pages end at "
+                f"{k * ps}",
+            )
+
+
+@points(1, requires="test_release_whole_pages_out_of_window")
+def test_nothing_while_inside_window(rng):
+    f = ex().swa_release_range
+    expect_equal(
+        f(8, 0, 8, 4), (0, 0), "seq_len 8 with window 8: every token is in the window"
+    )
+    expect_equal(
+        f(12, 4, 8, 4),
+        (4, 4),
+        "seq_len 12 with 4 already released: page 4..7 is still in the window",
+    )
+    for _ in range(4):
+        ps, window = rng.choice((2, 3, 4, 5, 16)), rng.randint(1, 64)
+        evicted = ps * rng.randint(0, 3)
+        expect_release(
+            (rng.randint(0, window), 0, window, ps, 0),
+            "every token is in the window: (0, 0)",
+        )
+        expect_release(
+            (window + evicted + rng.randint(0, ps - 1), evicted, window, ps, 0),
+            f"{evicted} released, the next whole page is not out of the window yet: "
+            f"({evicted}, {evicted})",
+        )
+
+
+@points(1)
+def test_prefix_cache_keeps_its_part(rng):
+    f = ex().swa_release_range
+    expect_equal(
+        f(40, 0, 8, 4, cache_protected_len=10),
+        (12, 32),
+        "seq_len 40, window 8, page size 4, the prefix cache owning the first 10 tokens: "
+        "start at 10 rounded UP to a page",
+    )
+    expect_equal(
+        f(40, 0, 8, 4, cache_protected_len=32),
+        (0, 0),
+        "protected up to exactly the end: nothing",
+    )
+    for _ in range(4):
+        ps, window = rng.choice((2, 3, 4, 5, 16)), rng.randint(1, 64)
+        end = ps * rng.randint(4, 20)
+        seq = window + end + rng.randint(0, ps - 1)
+        evicted = ps * rng.randint(0, 2)
+        for protected in (
+            rng.randint(1, end - 1),  # some pages left to release
+            ps * rng.randint(1, end // ps - 1),  # exactly whole pages protected
+            end,  # up to exactly the end
+            end + rng.randint(1, 9),  # past it
+        ):
+            expect_release(
+                (seq, evicted, window, ps, protected),
+                "the prefix cache's part (rounded UP to a page) is never released",
+            )
+        bad = evicted + rng.randint(1, ps - 1)
+        expect_raises(
+            ValueError,
+            lambda: f(seq, bad, window, ps),
+            f"swa_release_range with swa_evicted_len {bad}, not a multiple of page size "
+            f"{ps}",
+            naming=str(bad),
+        )
+        expect_raises(
+            ValueError,
+            lambda: f(rng.randint(0, window), bad, window, ps),
+            f"swa_release_range with swa_evicted_len {bad} (page size {ps}): not "
+            "page-aligned, and that is checked first, even when nothing would be released",
+            naming=str(bad),
+        )
+
+
+@points(1)
+def test_random_release_invariants(rng):
     for _ in range(300):
-        ps = rng.choice([1, 2, 4, 16])
+        ps = rng.choice([1, 2, 3, 4, 16])
         window = rng.randint(1, 64)
-        evicted = rng.randint(0, 20) * ps
-        protected = rng.randint(0, 100)
-        seq = rng.randint(0, 300)
-        got = f(seq, evicted, window, ps, cache_protected_len=protected)
-        what = f"swa_release_range({seq}, {evicted}, window={window}, page_size={ps}, cache_protected_len={protected})"
-        expect_equal(got, release_reference(seq, evicted, window, ps, protected), what)
+        case = (
+            rng.randint(0, 300),
+            rng.randint(0, 20) * ps,
+            window,
+            ps,
+            rng.randint(0, 100),
+        )
+        expect_release(case, "the docstring's rule")
 
 
 def mapping(size, ps):
@@ -157,28 +171,36 @@ def take(m, full_indices, ps):
     )
 
 
+def swa_slots(rng, n):
+    return rng.sample(range(1, 10_000), n)
+
+
 @points(2)
-def test_take_swa_slots_skips_padding():
-    ps = 4
-    m = mapping(32, ps)
-    # Full pages 2 and 3 (slots 8..15) map to SWA slots 20..27; slots 8..11 were released out of
-    # the window before (map 0).
-    m[12:16] = torch.tensor([26, 24, 27, 25])
-    got = take(m, torch.arange(8, 16), ps)
+def test_take_swa_slots_skips_padding(rng):
+    ps = rng.choice((2, 3, 4, 5, 8))
+    m = mapping(16 * ps, ps)
+    # Full pages a and b map to SWA slots; page a's were released out of the window
+    # before (map 0).
+    a, b = rng.sample(range(1, 16), 2)
+    held = swa_slots(rng, ps)
+    m[b * ps : (b + 1) * ps] = torch.tensor(held)
+    full = list(range(a * ps, (a + 1) * ps)) + list(range(b * ps, (b + 1) * ps))
+    got = take(m, torch.tensor(full), ps)
     values = expect_tensor(got, "take_swa_slots's result", torch.int64)
     expect(
         0 not in values,
-        f"take_swa_slots returned {values}: 0 means 'no SWA slot' and is the SWA "
-        "pool's padding slot; it must never be freed",
+        f"take_swa_slots returned {values}: 0 means 'no SWA slot' and is the SWA pool's "
+        "padding slot; it must never be freed",
     )
     expect_equal(
         got,
-        i64(26, 24, 27, 25),
-        "the SWA slots under full slots 8..15, in their order (an int64 tensor)",
+        i64(*held),
+        f"the SWA slots under full slots {full} (page size {ps}), in their order (an "
+        "int64 tensor)",
     )
-    expect_equal(m[8:16], i64(*[0] * 8), "the map must forget the freed slots")
-    m = mapping(32, ps)
-    got = take(m, torch.tensor([9, 10, 11]), ps)
+    expect_equal(m[full], i64(*[0] * len(full)), "the map must forget the freed slots")
+    m = mapping(16 * ps, ps)
+    got = take(m, torch.tensor(full[:ps]), ps)
     expect_equal(
         got,
         i64(),
@@ -187,46 +209,55 @@ def test_take_swa_slots_skips_padding():
 
 
 @points(1)
-def test_take_swa_slots_clears_whole_pages():
-    ps = 4
-    m = mapping(32, ps)
-    m[16:24] = torch.arange(40, 48)
-    m[28:32] = torch.arange(60, 64)
-    wide = torch.tensor([21, -5, 17, -5, 18, -5])
-    got = take(m, wide[::2], ps)  # a strided view: slots 21, 17, 18
+def test_take_swa_slots_clears_whole_pages(rng):
+    ps = rng.choice((2, 3, 4, 5, 8))
+    m = mapping(16 * ps, ps)
+    a, b, kept = rng.sample(range(1, 16), 3)
+    two = swa_slots(rng, 3 * ps)
+    m[a * ps : (a + 1) * ps] = torch.tensor(two[:ps])
+    m[b * ps : (b + 1) * ps] = torch.tensor(two[ps : 2 * ps])
+    m[kept * ps : (kept + 1) * ps] = torch.tensor(two[2 * ps :])
+    slots = [b * ps + rng.randint(0, ps - 1), a * ps, a * ps + ps - 1]
+    m_before = m.clone()
+    wide = torch.tensor([v for x in slots for v in (x, -5)])
+    got = take(m, wide[::2], ps)  # a strided view
     expect_equal(
         got,
-        i64(45, 41, 42),
-        "the SWA slots under full slots 21, 17, 18 (given as a strided view)",
+        i64(*[int(m_before[s]) for s in slots]),
+        f"the SWA slots under full slots {slots} (given as a strided view)",
     )
+    for page in (a, b):
+        expect_equal(
+            m[page * ps : (page + 1) * ps],
+            i64(*[0] * ps),
+            f"the map entries of every slot of full page {page} must be cleared (a paged "
+            "free gives back whole pages)",
+        )
     expect_equal(
-        m[16:24],
-        i64(*[0] * 8),
-        "the map entries of every slot of full pages 4 and 5 must be cleared (a "
-        "paged free gives back whole pages)",
-    )
-    expect_equal(
-        m[28:32],
-        i64(60, 61, 62, 63),
-        "the map of page 7, untouched by the free, must stay",
+        m[kept * ps : (kept + 1) * ps],
+        i64(*two[2 * ps :]),
+        f"the map of page {kept}, untouched by the free, must stay",
     )
     expect_equal(
         int(m[-1]), -1, "the map's last entry (-1, read for last_loc = -1) must stay"
     )
     expect_equal(take(m, i64(), ps), i64(), "take_swa_slots of no slot")
     expect_equal(
-        m[28:32], i64(60, 61, 62, 63), "take_swa_slots of no slot must change nothing"
+        m[kept * ps : (kept + 1) * ps],
+        i64(*two[2 * ps :]),
+        "take_swa_slots of no slot must change nothing",
     )
     m1 = mapping(8, 1)
-    m1[3], m1[5] = 1, 9  # SWA slot 1 is a real slot (only 0 is padding)
+    x, y = rng.sample(range(2, 999), 2)
+    m1[3], m1[5], m1[6] = 1, x, y  # SWA slot 1 is a real slot (only 0 is padding)
     expect_equal(
         take(m1, i64(5, 4, 3), 1),
-        i64(9, 1),
+        i64(x, 1),
         "page size 1: the SWA slots under full slots 5, 4, 3",
     )
     expect_equal(
         m1,
-        i64(0, 0, 0, 0, 0, 0, 0, 0, 0, -1),
+        i64(0, 0, 0, 0, 0, 0, y, 0, 0, -1),
         "page size 1: only the freed slots are cleared",
     )
 
@@ -235,7 +266,8 @@ def test_take_swa_slots_clears_whole_pages():
 
 
 def engine_take(m, full, ps):
-    """SGLang's free_swa on the map (memlab.sglang.swa: read the map, forget whole pages), as lists."""
+    """SGLang's free_swa on the map (memlab.sglang.swa: read the map, forget whole pages), as
+    lists."""
     swa = [m[s] for s in full]
     for s in full:
         for o in range(ps):
@@ -265,7 +297,8 @@ def random_case(d):
             cache_protected_len=protected,
         )
         d.code(
-            f"print(ex.swa_release_range({seq}, {evicted}, {window}, {ps}, cache_protected_len={protected}))"
+            f"print(ex.swa_release_range({seq}, {evicted}, {window}, {ps}, "
+            f"cache_protected_len={protected}))"
         )
         got = d.call(
             "swa_release_range",
@@ -322,4 +355,4 @@ def random_case(d):
 def test_random_windows_and_maps_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=707, trials=150, name="ch07_swa_release")
+    check(random_case, trials=150, name="ch07_swa_release")

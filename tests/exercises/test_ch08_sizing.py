@@ -2,20 +2,30 @@
 
 import pytest
 
-from memlab.course.grading.checks import expect, expect_equal
+from memlab.course.grading.checks import expect, expect_equal, plural
 from memlab.course.grading.loader import load
 
 
-def points(n):
-    return pytest.mark.points(n, exercise="ch08.sizing")
+def points(n, requires=None):
+    """Worth n points; with ``requires``, only once that (core) test passes."""
+    return pytest.mark.points(n, exercise="ch08.sizing", requires=requires)
 
 
 def ex():
     return load("ch08_sizing")
 
 
+def ceil_to(x, ps):
+    return -(-x // ps) * ps
+
+
+def room(inp, cap, ps):
+    """The docstring's formula: capacity - the prompt in whole pages - one page - 1."""
+    return cap - ceil_to(inp, ps) - ps - 1
+
+
 @points(1)
-def test_pool_size_floored_to_pages():
+def test_pool_size_floored_to_pages(rng):
     f = ex().pool_size_tokens
     gib = 1 << 30
     expect_equal(
@@ -23,83 +33,143 @@ def test_pool_size_floored_to_pages():
         81920,
         "10 GiB at 128 KiB per token (Llama-3-8B), page size 1",
     )
-    expect_equal(
-        f(10 * gib + 5 * 131072, 131072, 16),
-        81920,
-        "81925 tokens' worth of bytes, page size 16: floored to whole pages",
-    )
-    expect_equal(
-        f(1000, 64, 4), 12, "1000 bytes at 64 per token (15 tokens), page size 4"
-    )
-    expect_equal(
-        f(1024, 64, 16), 16, "1024 bytes at 64 per token: exactly one page of 16"
-    )
-    expect_equal(
-        f(1023, 64, 16),
-        0,
-        "1023 bytes at 64 per token (15 tokens): not one whole page of 16",
-    )
+    for _ in range(3):
+        per_token = rng.choice((rng.randint(1, 2**20), 131072, 576 * 61 * 2))
+        ps = rng.choice((1, 2, 3, 5, 16, 64))
+        k = rng.randint(1, 2**20)
+        exact = per_token * ps * k
+        expect_equal(
+            f(exact, per_token, ps),
+            k * ps,
+            f"{plural(exact, 'byte')} at {per_token} per token: exactly {plural(k, 'page')} of "
+            f"{ps}",
+        )
+        expect_equal(
+            f(exact - 1, per_token, ps),
+            (k - 1) * ps,
+            f"{plural(exact - 1, 'byte')} at {per_token} per token "
+            f"({plural(k * ps - 1, 'token')}): floored "
+            f"to whole pages of {ps}",
+        )
+        spare = (
+            exact + rng.randint(1, per_token * ps - 1) if per_token * ps > 1 else exact
+        )
+        expect_equal(
+            f(spare, per_token, ps),
+            k * ps,
+            f"{plural(spare, 'byte')} at {per_token} per token, page size {ps}: floored to whole "
+            "pages",
+        )
+        small = rng.randint(0, per_token * ps - 1)
+        expect_equal(
+            f(small, per_token, ps),
+            0,
+            f"{plural(small, 'byte')} at {per_token} per token: not one whole page of {ps}",
+        )
 
 
 @points(2)
-def test_max_new_tokens_formula():
+def test_max_new_tokens_formula(rng):
     f = ex().max_new_tokens_for_memory
     expect_equal(
         f(100, 2000, 1000, 16),
         871,
         "input 100 (112 in pages of 16), capacity 1000: 1000 - 112 - 16 - 1",
     )
-    expect_equal(
-        f(100, 500, 1000, 16),
-        500,
-        "a request asking for less than the room keeps its max_new_tokens",
-    )
-    expect_equal(
-        f(96, 2000, 1000, 16),
-        887,
-        "input 96 is 6 whole pages of 16: 1000 - 96 - 16 - 1",
-    )
-    expect_equal(f(7, 100, 50, 1), 41, "page size 1: 50 - 7 - 1 - 1")
-    expect_equal(f(7, 41, 50, 1), 41, "page size 1, asking for exactly the room (41)")
-    expect_equal(f(0, 10, 50, 16), 10, "an empty prompt (0 pages)")
-    expect_equal(f(16, 0, 50, 16), 0, "max_new_tokens 0 stays 0")
+    for _ in range(4):
+        ps = rng.choice((1, 2, 3, 16, 64))
+        cap = rng.randint(10 * ps + 10, 2**24)
+        inp = rng.choice((ps * rng.randint(0, 9), rng.randint(0, cap // 2)))
+        left = room(inp, cap, ps)
+        expect_equal(
+            f(inp, left + rng.randint(1, 999), cap, ps),
+            left,
+            f"input {inp} ({ceil_to(inp, ps)} in pages of {ps}), capacity {cap}: {cap} - "
+            f"{ceil_to(inp, ps)} - {ps} - 1",
+        )
+        asked = rng.randint(0, left - 1)
+        expect_equal(
+            f(inp, asked, cap, ps),
+            asked,
+            f"a request asking for {asked}, less than the room ({left}), keeps it",
+        )
+        expect_equal(
+            f(inp, left, cap, ps),
+            left,
+            f"page size {ps}, asking for exactly the room ({left})",
+        )
+        expect_equal(f(inp, 0, cap, ps), 0, "max_new_tokens 0 stays 0")
 
 
-@points(1)
-def test_max_new_tokens_never_negative():
+@points(1, requires="test_max_new_tokens_formula")
+def test_max_new_tokens_never_negative(rng):
     f = ex().max_new_tokens_for_memory
     got = f(5000, 100, 1000, 16)
     expect(
         got == 0,
-        f"a prompt longer than the pool leaves no room: max_new_tokens_for_memory must return 0, got {got}",
+        "a prompt longer than the pool leaves no room: max_new_tokens_for_memory must "
+        f"return 0, got {got}",
     )
-    expect_equal(f(5000, 100, 1000, 16), 0, "a prompt longer than the pool (an int)")
-    expect_equal(
-        f(967, 100, 1000, 16),
-        7,
-        "input 967 (976 in pages of 16), capacity 1000: 1000 - 976 - 16 - 1 = 7",
-    )
-    expect_equal(
-        f(983, 100, 1000, 16),
-        0,
-        "input 983 (992 in pages of 16), capacity 1000: 1000 - 992 - 17 < 0",
-    )
-    expect_equal(
-        f(998, 100, 1000, 1),
-        0,
-        "page size 1, capacity 1000, input 998: 1000 - 998 - 1 - 1 = 0",
-    )
-    expect_equal(
-        f(997, 100, 1000, 1),
-        1,
-        "page size 1, capacity 1000, input 997: 1000 - 997 - 1 - 1 = 1",
-    )
+    for _ in range(4):
+        ps = rng.choice((1, 2, 3, 16, 64))
+        cap = rng.randint(4 * ps + 4, 2**24)
+        # the largest prompt that leaves room, then prompts that leave exactly 0 and less
+        inp = (cap - ps - 2) // ps * ps if ps > 1 else cap - 3
+        for prompt in (
+            inp,
+            cap - ps - 1 - ceil_to(1, ps),
+            cap,
+            cap + rng.randint(1, 99),
+        ):
+            want = max(0, room(prompt, cap, ps))
+            expect_equal(
+                f(prompt, 100, cap, ps),
+                min(100, want),
+                f"input {prompt} ({ceil_to(prompt, ps)} in pages of {ps}), capacity "
+                f"{cap}: {cap} - {ceil_to(prompt, ps)} - {ps} - 1 = "
+                f"{room(prompt, cap, ps)}, never below 0 (an int)",
+            )
 
 
 @points(1)
-def test_decode_len_without_speculation():
+def test_decode_len_chain_and_page_one(rng):
     f = ex().alloc_len_per_decode
-    for ps in (1, 16, 64):
+    expect_equal(
+        f(1, num_steps=3, topk=4, num_draft_tokens=8),
+        12,
+        "page size 1, 3 steps x topk 4, 8 draft tokens",
+    )
+    for _ in range(3):
+        steps, topk = rng.randint(1, 9), rng.randint(1, 8)
+        draft = rng.randint(1, 80)
+        expect_equal(
+            f(1, num_steps=steps, topk=topk, num_draft_tokens=draft),
+            max(steps * topk, draft),
+            f"page size 1, {plural(steps, 'step')} x topk {topk}, {plural(draft, 'draft token')}",
+        )
+        ps = rng.choice((2, 3, 16, 64))
+        expect_equal(
+            f(ps, num_steps=steps, topk=1, num_draft_tokens=draft),
+            max(steps, draft),
+            f"a chain (topk 1) of {plural(steps, 'step')} on pages of {ps}, "
+            f"{plural(draft, 'draft token')}",
+        )
+        expect_equal(
+            f(ps, num_steps=steps),
+            steps,
+            f"a chain of {plural(steps, 'step')} with topk and draft tokens unset",
+        )
+        expect_equal(
+            f(1, num_steps=steps, topk=topk),
+            steps * topk,
+            f"page size 1, {plural(steps, 'step')} x topk {topk}, draft tokens unset",
+        )
+
+
+@points(1, requires="test_decode_len_chain_and_page_one")
+def test_decode_len_without_speculation(rng):
+    f = ex().alloc_len_per_decode
+    for ps in (1, rng.choice((2, 3, 16)), 64):
         expect_equal(
             f(ps),
             1,
@@ -108,81 +178,67 @@ def test_decode_len_without_speculation():
 
 
 @points(1)
-def test_decode_len_chain_and_page_one():
-    f = ex().alloc_len_per_decode
-    expect_equal(
-        f(1, num_steps=3, topk=4, num_draft_tokens=8),
-        12,
-        "page size 1, 3 steps x topk 4, 8 draft tokens",
-    )
-    expect_equal(
-        f(16, num_steps=5, topk=1, num_draft_tokens=6),
-        6,
-        "a chain (topk 1) of 5 steps, 6 draft tokens",
-    )
-    expect_equal(
-        f(16, num_steps=3), 3, "a chain of 3 steps with topk and draft tokens unset"
-    )
-    expect_equal(
-        f(1, num_steps=2, topk=3),
-        6,
-        "page size 1, 2 steps x topk 3, draft tokens unset",
-    )
-    expect_equal(
-        f(1, num_steps=1, topk=1, num_draft_tokens=1),
-        1,
-        "the smallest speculative step: 1 step, topk 1",
-    )
-
-
-@points(1)
-def test_decode_len_tree_on_pages():
+def test_decode_len_tree_on_pages(rng):
     f = ex().alloc_len_per_decode
     expect_equal(
         f(16, num_steps=3, topk=4, num_draft_tokens=8),
         128,
-        "a tree (topk 4, 3 steps) on pages of 16: "
-        "each branch may need ceil((16 - 1 + 3) / 16) = 2 pages of its own: 2 * 16 * 4",
+        "a tree (topk 4, 3 steps) on pages of 16: each branch may need "
+        "ceil((16 - 1 + 3) / 16) = 2 pages of its own: 2 * 16 * 4",
     )
-    expect_equal(
-        f(4, num_steps=8, topk=2, num_draft_tokens=64),
-        64,
-        "when the verify block (64 draft tokens) is "
-        "larger than the tree's pages (ceil(11/4) * 4 * 2 = 24) it wins",
-    )
-    expect_equal(
-        f(2, num_steps=2, topk=2),
-        8,
-        "a tree on pages of 2 (topk 2, 2 steps, draft tokens unset): "
-        "ceil((2 - 1 + 2) / 2) = 2 pages per branch: 2 * 2 * 2",
-    )
-    expect_equal(
-        f(4, num_steps=1, topk=3, num_draft_tokens=12),
-        12,
-        "topk 3, 1 step on pages of 4: 1 page per "
-        "branch (12 slots), equal to the 12 draft tokens",
-    )
+    for _ in range(3):
+        ps, steps, topk = (
+            rng.choice((2, 3, 4, 16)),
+            rng.randint(1, 9),
+            rng.randint(2, 8),
+        )
+        pages = -(-(ps - 1 + steps) // ps)
+        tree = pages * ps * topk
+        draft = rng.choice((rng.randint(1, tree), tree + rng.randint(1, 64)))
+        expect_equal(
+            f(ps, num_steps=steps, topk=topk, num_draft_tokens=draft),
+            max(tree, draft),
+            f"a tree (topk {topk}, {plural(steps, 'step')}) on pages of {ps}, "
+            f"{plural(draft, 'draft token')}: "
+            f"each branch may need ceil(({ps} - 1 + {steps}) / {ps}) = {plural(pages, 'page')} of "
+            f"its own, {plural(tree, 'slot')}; the larger of that and the verify block wins",
+        )
+        expect_equal(
+            f(ps, num_steps=steps, topk=topk),
+            tree,
+            f"a tree on pages of {ps} (topk {topk}, {plural(steps, 'step')}, draft tokens unset)",
+        )
 
 
 @points(2)
-def test_reserve_doubled():
+def test_reserve_doubled(rng):
     f = ex().alloc_reserve_per_decode
-    expect_equal(f(1), 2, "reserve per decode step without speculation: twice 1")
-    expect_equal(
-        f(64),
-        2,
-        "reserve per decode step without speculation on pages of 64: still twice 1 slot",
-    )
-    expect_equal(
-        f(16, num_steps=3, topk=4, num_draft_tokens=8),
-        256,
-        "reserve for a tree on pages of 16 (128 slots a step): doubled",
-    )
-    expect_equal(
-        f(16, 5, 1, 6),
-        12,
-        "reserve for a chain of 5 steps with 6 draft tokens (arguments by position)",
-    )
+    for ps in (1, rng.choice((2, 16)), 64):
+        expect_equal(
+            f(ps),
+            2,
+            f"reserve per decode step without speculation on pages of {ps}: twice 1 slot",
+        )
+    for _ in range(3):
+        ps, steps, topk = (
+            rng.choice((2, 3, 4, 16)),
+            rng.randint(1, 9),
+            rng.randint(2, 8),
+        )
+        draft = rng.randint(1, 80)
+        tree = max(-(-(ps - 1 + steps) // ps) * ps * topk, draft)
+        expect_equal(
+            f(ps, num_steps=steps, topk=topk, num_draft_tokens=draft),
+            2 * tree,
+            f"reserve for a tree on pages of {ps} ({plural(tree, 'slot')} a step): doubled",
+        )
+        expect_equal(
+            f(ps, steps, 1, draft),
+            2 * max(steps, draft),
+            f"reserve for a chain of {plural(steps, 'step')} with {plural(draft, 'draft token')} "
+            "(arguments "
+            "by position)",
+        )
 
 
 # -- the learner's numbers against the engine's (memlab.common.sizing), on random configurations ---
@@ -267,4 +323,4 @@ def random_case(d):
 def test_random_configurations_match_the_engine():
     from memlab.course.grading.fuzz import check
 
-    check(random_case, seed=808, trials=300, name="ch08_sizing")
+    check(random_case, trials=300, name="ch08_sizing")

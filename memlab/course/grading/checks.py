@@ -6,7 +6,10 @@ len(x)``, so the learner reads "page 7 was handed to requests 2 and 5", not a ba
 The comparisons are strict about types: ``expect_equal(got, want)`` with an int64 tensor as
 ``want`` fails for a Python list, a float32 tensor or a tensor of another shape, and with an int
 ``want`` fails for a float, a bool or a 0-d tensor. Nothing is converted before it is compared:
-a docstring that promises an int64 tensor is checked for one.
+a docstring that promises an int64 tensor is checked for one. And nothing the learner's code
+could answer for is compared: a value is decoded first (``plain``), and an object of the
+learner's code (``loader.is_learner_object``: its ``==``, ``<`` and truth would be the learner's)
+where a value is expected fails the check; an input's own objects are compared by identity.
 """
 
 from __future__ import annotations
@@ -15,17 +18,45 @@ import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from memlab.course.grading.loader import is_learner_object
+
 
 class CheckFailed(AssertionError):
     """A graded check failed; the message is meant for the learner, as is."""
 
 
-def _is_tensor(x: Any) -> bool:
-    return (
-        type(x).__module__.startswith("torch")
-        and hasattr(x, "dtype")
-        and hasattr(x, "shape")
-    )
+def is_tensor(x: Any) -> bool:
+    """A torch tensor (of the grader's process: what the learner's process sent, decoded)."""
+    import torch
+
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
+
+
+def _learner_object_in(x: Any, depth: int = 0) -> Any:
+    """The first object of the learner's code inside ``x`` (lists, tuples, dicts), or None."""
+    if is_learner_object(x):
+        return x
+    if depth < 8 and type(x) is dict:
+        x = [*x.keys(), *x.values()]
+    if depth < 8 and type(x) in (list, tuple):
+        for v in x:
+            found = _learner_object_in(v, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def plain(got: Any, what: str) -> Any:
+    """``got``, once sure it holds no object of the learner's code (only numbers, strings,
+    bytes, None, tensors, and lists, tuples and dicts of them); a failed check otherwise."""
+    obj = _learner_object_in(got)
+    if obj is not None:
+        raise CheckFailed(
+            f"{what}: expected a plain value, got {kind(obj)}, an object of your code (the "
+            "grader compares numbers, strings, lists, tuples, dicts and tensors, never an "
+            "object whose == your code answers)"
+        )
+    return got
 
 
 def as_list(x: Any) -> Any:
@@ -59,7 +90,7 @@ def kind(x: Any) -> str:
     """What ``x`` is, in words: 'an int64 tensor of shape (3,)', 'a Python list', 'an int', ..."""
     if x is None:
         return "None"
-    if _is_tensor(x):
+    if is_tensor(x):
         shape = tuple(x.shape)
         dtype = str(x.dtype).removeprefix("torch.")
         return (
@@ -79,27 +110,29 @@ def kind(x: Any) -> str:
     }
     if type(x) in names:
         return names[type(x)]
-    if getattr(
-        type(x), "_memlab_proxy", False
-    ):  # an object of the learner's code, in its own process
-        from memlab.course.grading.sandbox import _type_name
-
-        return f"a {_type_name(x)}".replace("a builtins.", "a ")
+    if is_learner_object(x):  # in the learner's process: its type's name only
+        return f"an object of type {_learner_type(x)}"
     return f"a {type(x).__module__}.{type(x).__qualname__}".replace("a builtins.", "a ")
 
 
+def _learner_type(x: Any) -> str:
+    from memlab.course.grading import sandbox
+
+    return sandbox._type_name(x).removeprefix("builtins.")
+
+
 def _same_kind(got: Any, want: Any) -> bool:
-    if _is_tensor(want):
+    if is_tensor(want):
         return (
-            _is_tensor(got)
+            is_tensor(got)
             and got.dtype == want.dtype
             and tuple(got.shape) == tuple(want.shape)
         )
     if want is None:
         return got is None
-    if isinstance(want, (bool, int, float, str, bytes, list, tuple)):
+    if isinstance(want, (bool, int, float, str, bytes, list, tuple, dict)):
         return type(got) is type(want)
-    return True  # anything else: compared by == only
+    return not is_learner_object(got)  # anything else: compared by == only
 
 
 def _tensors_equal(g, w) -> bool:
@@ -114,11 +147,29 @@ def _tensors_equal(g, w) -> bool:
     return torch.equal(g, w)
 
 
+def _at(step: str, where: str) -> str:
+    """The path to a difference: ``[0][2]``; a sub-value's length or keys are told by their
+    values, so the path stops there."""
+    return step + (where if where.startswith("[") else "")
+
+
+def _where(path: str) -> str:
+    """A path in words: ``index 3`` (a flat list's), ``flat index 7`` (a tensor's), ``[0][2]``."""
+    if path.startswith("flat "):
+        return f"flat index {path[6:-1]}"
+    if path.count("[") == 1 and path[1:-1].lstrip("-").isdigit():
+        return f"index {path[1:-1]}"
+    return path
+
+
 def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
-    """None when equal in kind and value; else (where, got part, want part) of the first difference."""
+    """None when equal in kind and value; else (where, got part, want part) of the first
+    difference."""
+    if is_learner_object(want):  # an input's object, after the call: the same one
+        return None if got is want else ("", got, want)
     if not _same_kind(got, want):
         return "", got, want
-    if _is_tensor(want):
+    if is_tensor(want):
         g, w = got.detach().cpu(), want.detach().cpu()
         if _tensors_equal(g, w):
             return None
@@ -128,11 +179,7 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             for i, (a, b) in enumerate(zip(gl, wl))
             if a != b and not (a != a and b != b)
         )
-        return (
-            f"position {i}" if want.dim() == 1 else f"flat position {i}",
-            gl[i],
-            wl[i],
-        )
+        return (f"[{i}]" if want.dim() == 1 else f"flat [{i}]"), gl[i], wl[i]
     if isinstance(want, (list, tuple)):
         if len(got) != len(want):
             return "length", len(got), len(want)
@@ -140,41 +187,74 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             sub = _mismatch(a, b)
             if sub is not None:
                 where, ga, wa = sub
-                return (f"position {i}" + (f", {where}" if where else "")), ga, wa
+                if where in ("length", "keys"):  # show the sub-values, not their lengths
+                    ga, wa = a, b
+                return _at(f"[{i}]", where), ga, wa
+        return None
+    if isinstance(want, dict):
+        if set(got) != set(want):
+            return "keys", sorted(got, key=repr), sorted(want, key=repr)
+        for k in want:
+            sub = _mismatch(got[k], want[k])
+            if sub is not None:
+                where, ga, wa = sub
+                if where in ("length", "keys"):
+                    ga, wa = got[k], want[k]
+                return _at(f"[{k!r}]", where), ga, wa
         return None
     return None if got == want else ("", got, want)
 
 
 def expect(cond: bool, message: str) -> None:
+    """``cond`` must hold (it is the test's own condition: a learner's object is refused, its
+    truth would be the learner's to answer)."""
+    plain(cond, message.split(":")[0])
     if not cond:
         raise CheckFailed(message)
 
 
 def expect_equal(got: Any, want: Any, what: str) -> None:
-    """Equal in kind (type, dtype, shape) and in value; the message points at the first difference."""
+    """Equal in kind (type, dtype, shape) and in value; the message points at the first
+    difference. ``got`` is decoded first: an object of the learner's code is refused, never
+    compared (its == would be the learner's)."""
+    plain(got, what)
     bad = _mismatch(got, want)
     if bad is None:
         return
     where, g, w = bad
     if not _same_kind(g, w):
-        at = f" at {where}" if where else ""
+        at = f" at {_where(where)}" if where else ""
         raise CheckFailed(
             f"{what}: expected {kind(w)}{at}, got {kind(g)}: {short(got)}"
             + (
                 f" (expected {short(want)})"
-                if not _is_tensor(want) or want.numel() <= 64
+                if not is_tensor(want) or want.numel() <= 64
                 else ""
             )
         )
     if where == "length":
         raise CheckFailed(
-            f"{what}: got {g} values, expected {w}: got {short(got)}, expected {short(want)}"
+            f"{what}: expected {plural(w, 'value')}, got {plural(g, 'value')}: got "
+            f"{short(got)}, expected {short(want)}"
         )
+    if where == "keys":
+        raise CheckFailed(f"{what}: expected the keys {short(w)}, got {short(g)}")
     if where:
         raise CheckFailed(
-            f"{what}: {where} is {_show(g)}, expected {_show(w)} (got {short(got)}, expected {short(want)})"
+            f"{what}: at {_where(where)} got {_show(g)}, expected {_show(w)} (got "
+            f"{short(got)}, "
+            f"expected {short(want)})"
         )
     raise CheckFailed(f"{what}: got {short(got)}, expected {short(want)}")
+
+
+def plural(n: int, noun: str) -> str:
+    """``3 pages``, ``1 page``, ``2 hashes``: a count and its noun (never "1 values")."""
+    if n == 1:
+        return f"{n} {noun}"
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return f"{n} {noun[:-1]}ies"
+    return f"{n} {noun}{'es' if noun.endswith(('s', 'sh', 'ch')) else 's'}"
 
 
 def _a_tensor(dtype) -> str:
@@ -185,8 +265,9 @@ def _a_tensor(dtype) -> str:
 
 
 def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) -> list:
-    """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a list."""
-    if not _is_tensor(got):
+    """``got`` must be a tensor (of ``dtype``, 1-D of ``length`` when given); its values as a
+    list."""
+    if not is_tensor(got):
         raise CheckFailed(
             f"{what}: expected {_a_tensor(dtype)}, got {kind(got)}: {short(got)}"
         )
@@ -196,18 +277,24 @@ def expect_tensor(got: Any, what: str, dtype=None, length: int | None = None) ->
         )
     if length is not None and (got.dim() != 1 or len(got) != length):
         raise CheckFailed(
-            f"{what}: expected a 1-D tensor of {length} values, got {kind(got)}: {short(got)}"
+            f"{what}: expected a 1-D tensor of {plural(length, 'value')}, got {kind(got)}: "
+            f"{short(got)}"
         )
     return got.tolist()
 
 
 def snapshot(x: Any) -> Any:
-    """A deep copy to compare against later (tensors cloned)."""
-    if _is_tensor(x):
+    """A copy to compare against later: tensors cloned, lists, tuples and dicts copied, an
+    object of the learner's code kept as itself (compared by identity)."""
+    if is_tensor(x):
         return x.detach().clone()
-    if isinstance(x, (list, tuple, dict)):
-        return copy.deepcopy(x)
-    return x
+    if is_learner_object(x):
+        return x
+    if type(x) in (list, tuple):
+        return type(x)(snapshot(v) for v in x)
+    if type(x) is dict:
+        return {k: snapshot(v) for k, v in x.items()}
+    return copy.deepcopy(x)
 
 
 def expect_unchanged(before: Any, after: Any, what: str) -> None:
@@ -215,7 +302,8 @@ def expect_unchanged(before: Any, after: Any, what: str) -> None:
     if _mismatch(after, before) is None:
         return
     raise CheckFailed(
-        f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the caller "
+        f"{what} was changed in place: it was {short(before)}, it is now {short(after)} (the "
+        "caller "
         "still uses it: work on a copy, e.g. x = x - y rather than x -= y)"
     )
 
@@ -232,7 +320,7 @@ def call_keeping_inputs(
     kept = [
         (name, a, snapshot(a))
         for name, a in named
-        if name not in mutable and (_is_tensor(a) or isinstance(a, (list, tuple, dict)))
+        if name not in mutable and (is_tensor(a) or isinstance(a, (list, tuple, dict)))
     ]
     out = fn(*args, **kwargs)
     for name, a, before in kept:
@@ -246,7 +334,7 @@ def expect_no_sharing(
     """No id may belong to two owners (nor twice to one): e.g. no page handed to two requests."""
     seen: dict[int, Any] = {}
     for who, ids in owners.items():
-        for i in as_list(ids):
+        for i in as_list(plain(ids, f"the {unit}s of {owner} {who}")):
             if i in seen:
                 first = seen[i]
                 if first == who:

@@ -1,19 +1,138 @@
-"""The course's stubs, as the course ships them, whatever a learner has done to exercises/.
+"""The course's stubs, generated from the solutions (one source per exercise).
 
-A learner edits ``exercises/`` (and may commit there, or delete a file); whatever needs the stubs
-themselves (the Gradescope bundle, the author-only checks of the test suite, the mutation run's
-learner lines, a chapter run the way Colab runs it) reads them from here: the working copy while
-it is untouched, else the newest commit in git's history where the file is still the stub.
+A solution marks the code a learner writes as regions, as otter-grader and nbgrader do::
+
+    def alloc(self, need_size):
+        \"\"\"The docstring stays in the stub.\"\"\"
+        # BEGIN SOLUTION
+        ...the answer...
+        # END SOLUTION
+
+``generate`` writes the stub: each region becomes ``raise NotImplementedError`` at the marker's
+indentation, or the one line the marker names (``# BEGIN SOLUTION (stub: # YOUR CODE HERE)``, a
+kernel's section; ``(stub: SECTION_WRITTEN = False)``, its flag). ``scripts/make_stubs.py``
+writes ``exercises/`` from ``solutions/``; ``in_step`` tells whether ``exercises/<file>.py`` is
+the generated stub, reading git's history so that a learner's own edits, committed or not, never
+count against the course: the working copy, or any commit since the solution's last change, that
+holds the generated stub will do.
+
+Whatever needs the stubs themselves (the Gradescope bundle, the style check, the mutation run's
+learner lines, a chapter run the way Colab runs it) reads them from here, never from
+``exercises/``, which is the learner's.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 from memlab.course.grading.loader import ROOT
+
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?: \(stub: (?P<stub>.+)\))?$")
+END = re.compile(r"^[ \t]*# END SOLUTION$")
+
+
+class StubError(ValueError):
+    """A solution's regions are malformed (unclosed, nested, missing)."""
+
+
+def generate(solution: str, name: str = "solution") -> str:
+    """The stub of a solution's text: each ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` region
+    replaced by its stub line (``raise NotImplementedError`` unless the marker names one)."""
+    out: list[str] = []
+    region: tuple[int, re.Match] | None = None
+    count = 0
+    for n, line in enumerate(solution.splitlines(keepends=True), 1):
+        text = line.rstrip("\n")
+        begin, end = BEGIN.match(text), END.match(text)
+        if region is None:
+            if end:
+                raise StubError(f"{name}:{n}: # END SOLUTION without # BEGIN SOLUTION")
+            if begin:
+                region = (n, begin)
+            else:
+                out.append(line)
+            continue
+        if begin:
+            raise StubError(
+                f"{name}:{n}: # BEGIN SOLUTION inside the region opened at line {region[0]}"
+            )
+        if end:
+            m = region[1]
+            out.append(f"{m['indent']}{m['stub'] or 'raise NotImplementedError'}\n")
+            region, count = None, count + 1
+    if region is not None:
+        raise StubError(f"{name}:{region[0]}: # BEGIN SOLUTION is never closed")
+    if not count:
+        raise StubError(
+            f"{name}: no # BEGIN SOLUTION region: nothing for a learner to write"
+        )
+    return "".join(out)
+
+
+def course_stub(file: str, root: Path = ROOT) -> tuple[str, str]:
+    """(text, where it came from) of ``exercises/<file>.py`` as the course ships it: generated
+    from ``solutions/<file>.py``."""
+    path = root / "solutions" / f"{file}.py"
+    return generate(
+        path.read_text(), f"solutions/{file}.py"
+    ), f"generated from {path.name}"
+
+
+def write_stubs(folder: Path, root: Path = ROOT) -> dict[str, str]:
+    """Every exercise's course stub written into ``folder``; returns file -> where it came from."""
+    from memlab.course.grading import catalog
+
+    folder.mkdir(parents=True, exist_ok=True)
+    where = {}
+    for e in catalog.EXERCISES:
+        text, where[e.file] = course_stub(e.file, root)
+        (folder / f"{e.file}.py").write_text(text)
+    return where
+
+
+# -- in step: exercises/ holds the generated stubs (a learner's edits aside) ----------------------
+
+
+def _git(root: Path, *args: str) -> str | None:
+    if shutil.which("git") is None:
+        return None
+    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def in_step(file: str, root: Path = ROOT) -> tuple[bool | None, str]:
+    """Whether ``exercises/<file>.py`` is the stub generated from its solution, and where that
+    was seen: True when the working copy holds it, or a commit since the solution's last change
+    (the learner may have written in it since, and committed); False when none does; None when
+    git cannot tell (no history) and the working copy is not the stub."""
+    want = course_stub(file, root)[0]
+    working = root / "exercises" / f"{file}.py"
+    if working.is_file() and working.read_text() == want:
+        return True, "the working copy"
+    stub, solution = f"exercises/{file}.py", f"solutions/{file}.py"
+    if _git(root, "rev-parse", "HEAD") is None:
+        return None, "no git history here, and the working copy is not the stub"
+    last = (_git(root, "log", "-n", "1", "--format=%H", "--", solution) or "").strip()
+    if not last or _git(root, "diff", "--quiet", "HEAD", "--", solution) is None:
+        # A solution not committed, or changed since: only the working copy can follow it.
+        return (
+            False,
+            f"{solution} has changes not committed; the working copy is not its stub",
+        )
+    commits = [last] + (
+        _git(root, "rev-list", f"{last}..HEAD", "--", stub) or ""
+    ).split()
+    for commit in commits:
+        if _git(root, "show", f"{commit}:{stub}") == want:
+            return True, f"commit {commit[:10]}"
+    return (
+        False,
+        f"no commit since {solution}'s last change ({last[:10]}) holds its stub",
+    )
 
 
 def looks_like_stub(stub: str, solution: str) -> bool:
@@ -24,7 +143,7 @@ def looks_like_stub(stub: str, solution: str) -> bool:
     except SyntaxError:
         return False
     if ast.dump(st) == ast.dump(so):
-        return False  # the solution itself (a learner who copied it, or an author's slip: CI fails on it)
+        return False  # the solution itself (a learner who copied it)
     for node in st.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id.endswith("_WRITTEN") for t in node.targets
@@ -63,47 +182,3 @@ def looks_like_stub(stub: str, solution: str) -> bool:
             ):
                 return False
     return True
-
-
-def _git(root: Path, *args: str) -> str | None:
-    if shutil.which("git") is None:
-        return None
-    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-    return r.stdout if r.returncode == 0 else None
-
-
-def course_stub(file: str, root: Path = ROOT) -> tuple[str, str] | None:
-    """(text, where it came from) of ``exercises/<file>.py`` as the course ships it: the working
-    copy while it is the stub, else the newest commit of git's history where it is; None when
-    neither holds it (no git, or no commit ever had the stub)."""
-    solution = (root / "solutions" / f"{file}.py").read_text()
-    working = root / "exercises" / f"{file}.py"
-    if working.is_file() and looks_like_stub(working.read_text(), solution):
-        return working.read_text(), "the working copy"
-    commits = _git(
-        root, "log", "--format=%H", "-n", "200", "--", f"exercises/{file}.py"
-    )
-    for commit in (commits or "").split():
-        text = _git(root, "show", f"{commit}:exercises/{file}.py")
-        if text is not None and looks_like_stub(text, solution):
-            return text, f"commit {commit[:10]}"
-    return None
-
-
-def write_stubs(folder: Path, root: Path = ROOT) -> dict[str, str]:
-    """Every exercise's course stub written into ``folder``; returns file -> where it came from.
-    Raises FileNotFoundError naming a stub that neither the working copy nor git holds."""
-    from memlab.course.grading import catalog
-
-    folder.mkdir(parents=True, exist_ok=True)
-    where = {}
-    for e in catalog.EXERCISES:
-        got = course_stub(e.file, root)
-        if got is None:
-            raise FileNotFoundError(
-                f"exercises/{e.file}.py is not the course's stub, and git's history has none "
-                f"(restore it: git checkout <the course's commit> -- exercises/{e.file}.py)"
-            )
-        (folder / f"{e.file}.py").write_text(got[0])
-        where[e.file] = got[1]
-    return where

@@ -68,7 +68,8 @@ ZOO = (
         (
             (
                 "        self.free_slots = list(range(1, self.size + 1))\n",
-                "        self.free_slots = list(range(1, self.size + 1))\n        self.req_generation.zero_()\n",
+                "        self.free_slots = list(range(1, self.size + 1))\n        "
+                "self.req_generation.zero_()\n",
             ),
         ),
     ),
@@ -140,11 +141,14 @@ ZOO = (
         "merge_and_sort_free merges without sorting",
         (
             (
-                "        Sorted, the next allocations get runs of neighbouring slots. See chapter 03\n        (merge and sort).\n",
-                "        Sorted, the next allocations get runs of neighbouring slots. See chapter 03 (merge and sort).\n",
+                "        Sorted, the next allocations get runs of neighbouring slots. See chapter "
+                "03\n        (merge and sort).\n",
+                "        Sorted, the next allocations get runs of neighbouring slots. See chapter "
+                "03 (merge and sort).\n",
             ),
             (
-                "        self.free_pages = torch.sort(\n            torch.cat((self.free_pages, self.release_pages))\n        ).values\n",
+                "        self.free_pages = torch.sort(\n            torch.cat((self.free_pages, "
+                "self.release_pages))\n        ).values\n",
                 "        self.free_pages = torch.cat((self.free_pages, self.release_pages))\n",
             ),
         ),
@@ -169,7 +173,8 @@ ZOO = (
         (
             (
                 "        if num_pages > len(self.free_pages):\n",
-                "        taken, self.free_pages = self.free_pages[:num_pages], self.free_pages[num_pages:]\n"
+                "        taken, self.free_pages = self.free_pages[:num_pages], "
+                "self.free_pages[num_pages:]\n"
                 "        if len(taken) < num_pages:\n",
             ),
             ("fresh = self.free_pages[k] * ps", "fresh = taken[k] * ps"),
@@ -195,8 +200,10 @@ ZOO = (
         "part 2 stores at out_start + k, forgetting the n1 tokens of part 1",
         (
             (
-                "        tl.store(\n            out_ptr + out_start + n1 + k, page * page_size + k % page_size, mask=live\n        )\n",
-                "        tl.store(out_ptr + out_start + k, page * page_size + k % page_size, mask=live)\n",
+                "        tl.store(\n            out_ptr + out_start + n1 + k, page * page_size + "
+                "k % page_size, mask=live\n        )\n",
+                "        tl.store(out_ptr + out_start + k, page * page_size + k % page_size, "
+                "mask=live)\n",
             ),
         ),
     ),
@@ -223,7 +230,8 @@ ZOO = (
         "ch05_paged_free__no_dedup",
         "ch05.paged_free",
         "test_free_dedups_pages",
-        "free without page dedup: a page is freed once per slot and later handed to several requests",
+        "free without page dedup: a page is freed once per slot and later handed to several "
+        "requests",
         (
             (
                 "torch.unique(free_index // self.page_size)",
@@ -235,10 +243,16 @@ ZOO = (
         "ch05_paged_free__segment_unaligned",
         "ch05.paged_free",
         "test_free_segment_rejects_unaligned",
-        "free_segment accepts an unaligned run, where every page_size-th slot misses or repeats pages",
+        "free_segment accepts an unaligned run, where every page_size-th slot misses or repeats "
+        "pages",
         (
             (
-                '        if start_pos % self.page_size:\n            raise ValueError(\n                f"free_segment: start_pos {start_pos} is not a multiple of page_size {self.page_size}"\n            )\n',
+                "        if start_pos % self.page_size:\n"
+                "            raise ValueError(\n"
+                '                f"free_segment: start_pos {start_pos} is not a multiple of '
+                'page_size "\n'
+                '                f"{self.page_size}"\n'
+                "            )\n",
                 "",
             ),
         ),
@@ -300,8 +314,10 @@ ZOO = (
         "every block hashed with the seed as parent: a hash no longer stands for its prefix",
         (
             (
-                "        parent = hash_fn(\n            (parent, tuple(token_ids[start:end]), tuple(keys) if keys else None)\n",
-                "        hashes.append(\n            hash_fn(\n                (parent, tuple(token_ids[start:end]), tuple(keys) if keys else None)\n            )\n",
+                "        parent = hash_fn(\n            (parent, tuple(token_ids[start:end]), "
+                "tuple(keys) if keys else None)\n",
+                "        hashes.append(\n            hash_fn(\n                (parent, "
+                "tuple(token_ids[start:end]), tuple(keys) if keys else None)\n            )\n",
             ),
             ("        hashes.append(parent)\n", ""),
         ),
@@ -410,7 +426,8 @@ ZOO = (
         "admission forgets the decode reserve of the requests already running",
         (
             (
-                "    budget = hooks.available_size() - ps * sum(\n        1 for s in running_seq_lens if s % ps == 0\n    )\n",
+                "    budget = hooks.available_size() - ps * sum(\n        1 for s in "
+                "running_seq_lens if s % ps == 0\n    )\n",
                 "    budget = hooks.available_size()\n",
             ),
         ),
@@ -458,7 +475,8 @@ ZOO = (
         "ch03_token_allocator__merge_undone",
         "ch03.token_allocator",
         "test_refusal",
-        "need_sort merges only when the merge would make the call succeed (SGLang merges, then refuses)",
+        "need_sort merges only when the merge would make the call succeed (SGLang merges, then "
+        "refuses)",
         (
             (
                 "if self.need_sort and need_size > len(self.free_pages):",
@@ -474,7 +492,8 @@ ZOO = (
         (
             (
                 "        self.free_pages = self.free_pages[num_pages:]\n        return out\n",
-                "        self.free_pages = self.free_pages[num_pages:]\n        return out.tolist()\n",
+                "        self.free_pages = self.free_pages[num_pages:]\n        return "
+                "out.tolist()\n",
             ),
         ),
     ),
@@ -494,7 +513,8 @@ ZOO = (
         "ch04_alloc_extend_kernel__unmasked_page_load",
         "ch04.alloc_extend_kernel",
         "test_whole_pages_only",
-        "part 2 loads free_pages without the mask: past the pages the batch owns (the store is masked)",
+        "part 2 loads free_pages without the mask: past the pages the batch owns (the store is "
+        "masked)",
         (
             (
                 "page = tl.load(free_pages_ptr + page_start + k // page_size, mask=live, other=0)",
@@ -537,11 +557,14 @@ ZOO = (
         "ch05_paged_free__group_truthiness",
         "ch05.paged_free",
         "test_free_group_batches_once",
-        "an open free group tested by truthiness: while it is still empty ([]) frees are released at once",
+        "an open free group tested by truthiness: while it is still empty ([]) frees are released "
+        "at once",
         (
             (
-                "        if self.free_group is not None:\n            self.free_group.append(free_index.clone())",
-                "        if self.free_group:\n            self.free_group.append(free_index.clone())",
+                "        if self.free_group is not None:\n            "
+                "self.free_group.append(free_index.clone())",
+                "        if self.free_group:\n            "
+                "self.free_group.append(free_index.clone())",
             ),
         ),
     ),
@@ -568,7 +591,8 @@ ZOO = (
         "ch06_slot_mapping__inclusive_mask",
         "ch06.slot_mapping",
         "test_padding_only_after_requests",
-        "the request's tokens masked with i <= end: one slot written past them (hidden when padding follows)",
+        "the request's tokens masked with i <= end: one slot written past them (hidden when "
+        "padding follows)",
         (("            live = i < end\n", "            live = i <= end\n"),),
     ),
     Variant(
@@ -587,7 +611,8 @@ ZOO = (
         "ch07_mamba_tracking__frees_empty_row_padding",
         "ch07.mamba_tracking",
         "test_free_resets_every_field",
-        "free_row gives back every entry of the row, zeros included: slot 0 (padding) reaches the free list",
+        "free_row gives back every entry of the row, zeros included: slot 0 (padding) reaches the "
+        "free list",
         (
             (
                 "self.free_slots = torch.cat((self.free_slots, owned[owned > 0]))",
@@ -635,11 +660,14 @@ ZOO = (
         "ch09_paged_gather__int32_addresses",
         "ch09.paged_gather",
         "test_addresses_in_64_bit",
-        "the slots kept int32: slot * stride_ks wraps past 2^31 elements (a pool of a few million tokens)",
+        "the slots kept int32: slot * stride_ks wraps past 2^31 elements (a pool of a few million "
+        "tokens)",
         (
             (
-                "        slots = tl.load(\n            req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0\n        ).to(tl.int64)\n",
-                "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n",
+                "        slots = tl.load(\n            req_to_token_ptr + row * stride_r2t + pos, "
+                "mask=live, other=0\n        ).to(tl.int64)\n",
+                "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, "
+                "other=0)\n",
             ),
         ),
     ),
@@ -650,8 +678,10 @@ ZOO = (
         "the slots kept int32, the strides renamed: sk = stride_ks still multiplies in 32 bits",
         (
             (
-                "        slots = tl.load(\n            req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0\n        ).to(tl.int64)\n",
-                "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n        sk = stride_ks\n        sv = stride_vs\n",
+                "        slots = tl.load(\n            req_to_token_ptr + row * stride_r2t + pos, "
+                "mask=live, other=0\n        ).to(tl.int64)\n",
+                "        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, "
+                "other=0)\n        sk = stride_ks\n        sv = stride_vs\n",
             ),
             (
                 "            k_ptr + slots[:, None] * stride_ks + kv_h * stride_kh + d[None, :],\n",
@@ -671,7 +701,8 @@ ZOO = (
         (
             (
                 "        ).to(tl.int64)\n        k = tl.load(\n",
-                "        ).to(tl.int64)\n        slots = tl.load(req_to_token_ptr + row * stride_r2t + pos, mask=live, other=0)\n        k = tl.load(\n",
+                "        ).to(tl.int64)\n        slots = tl.load(req_to_token_ptr + row * "
+                "stride_r2t + pos, mask=live, other=0)\n        k = tl.load(\n",
             ),
         ),
     ),
@@ -703,7 +734,8 @@ ZOO = (
         "ch11_radix_match__split_parent_not_relinked",
         "ch11.radix_match",
         "test_split_by_hand",
-        "the split forgets to point the parent's entry at the new node: the prefix hangs in the air",
+        "the split forgets to point the parent's entry at the new node: the prefix hangs in the "
+        "air",
         (("    child.parent.children[tree.child_key(child.key)] = new_node\n", ""),),
     ),
     Variant(
@@ -717,7 +749,8 @@ ZOO = (
         "ch11_radix_match__child_by_token",
         "ch11.radix_match",
         "test_match_whole_pages",
-        "children looked up by their first token even with pages (they are keyed by their first page)",
+        "children looked up by their first token even with pages (they are keyed by their first "
+        "page)",
         (
             (
                 "        child = node.children.get(tree.child_key(key, matched))\n",
@@ -755,7 +788,8 @@ ZOO = (
         "a parent left without children is not considered in the same call: evict frees too little",
         (
             (
-                "        if parent is not tree.root and not parent.children and parent.lock_ref == 0:\n"
+                "        if parent is not tree.root and not parent.children and parent.lock_ref "
+                "== 0:\n"
                 "            heapq.heappush(heap, (parent.last_access_time, id(parent), parent))\n",
                 "",
             ),
@@ -768,8 +802,10 @@ ZOO = (
         "the new node of a split copies the old node's access time instead of being stamped now",
         (
             (
-                "        child.key[:split_len], child.value[:split_len], child.parent, tree.tick()\n",
-                "        child.key[:split_len],\n        child.value[:split_len],\n        child.parent,\n        child.last_access_time,\n",
+                "        child.key[:split_len], child.value[:split_len], child.parent, "
+                "tree.tick()\n",
+                "        child.key[:split_len],\n        child.value[:split_len],\n        "
+                "child.parent,\n        child.last_access_time,\n",
             ),
         ),
     ),
@@ -777,7 +813,8 @@ ZOO = (
         "ch11_radix_match__split_value_not_cut",
         "ch11.radix_match",
         "test_split_by_hand",
-        "the split cuts the old node's key but leaves it all its slots: tokens and slots no longer pair up",
+        "the split cuts the old node's key but leaves it all its slots: tokens and slots no "
+        "longer pair up",
         (
             (
                 "    child.key, child.value = child.key[split_len:], child.value[split_len:]\n",
@@ -789,7 +826,8 @@ ZOO = (
         "ch11_radix_match__split_rest_by_token",
         "ch11.radix_match",
         "test_match_whole_pages",
-        "the split registers the rest under its first token even with pages (children are keyed by a page)",
+        "the split registers the rest under its first token even with pages (children are keyed "
+        "by a page)",
         (
             (
                 "    new_node.children = {tree.child_key(child.key, split_len): child}\n",
@@ -813,7 +851,8 @@ ZOO = (
         "ch11_radix_match__key_cut_in_place",
         "ch11.radix_match",
         "test_match_whole_pages",
-        "the key is cut to whole pages in place (del key[...]): the caller's prompt loses its last tokens",
+        "the key is cut to whole pages in place (del key[...]): the caller's prompt loses its "
+        "last tokens",
         (
             (
                 "    key = list(key)[: len(key) // tree.page_size * tree.page_size]\n",
@@ -837,7 +876,8 @@ ZOO = (
         "ch11_radix_match__exact_fit_overshoots",
         "ch11.radix_match",
         "test_evict_exact_fit_and_ties",
-        "evict goes on while it freed num_tokens or fewer (<=): an exact fit evicts one leaf too many",
+        "evict goes on while it freed num_tokens or fewer (<=): an exact fit evicts one leaf too "
+        "many",
         (
             (
                 "    while evicted < num_tokens and heap:\n",
@@ -849,7 +889,8 @@ ZOO = (
         "ch11_radix_match__heap_without_tiebreak",
         "ch11.radix_match",
         "test_evict_exact_fit_and_ties",
-        "a heap of (time, node): two leaves used at the same time make it compare nodes, a TypeError",
+        "a heap of (time, node): two leaves used at the same time make it compare nodes, a "
+        "TypeError",
         (
             ("(n.last_access_time, id(n), n)", "(n.last_access_time, n)"),
             ("_, _, node = heapq.heappop(heap)", "_, node = heapq.heappop(heap)"),
@@ -870,7 +911,8 @@ ZOO = (
         "ch11_radix_match__climb_with_children_left",
         "ch11.radix_match",
         "test_evict_skips_locked_and_climbs",
-        "a parent becomes a candidate as soon as one child goes: it is evicted under its other children",
+        "a parent becomes a candidate as soon as one child goes: it is evicted under its other "
+        "children",
         (
             (
                 "parent is not tree.root and not parent.children and",
@@ -882,7 +924,8 @@ ZOO = (
         "ch11_radix_match__unlink_by_first_token",
         "ch11.radix_match",
         "test_evict_skips_locked_and_climbs",
-        "an evicted leaf is removed from its parent under its first token even with pages (a KeyError)",
+        "an evicted leaf is removed from its parent under its first token even with pages (a "
+        "KeyError)",
         (
             (
                 "        del parent.children[tree.child_key(node.key)]\n",
@@ -898,7 +941,8 @@ ZOO = (
         "ch04_alloc_extend__bitmask_offset",
         "ch04.alloc_extend",
         "test_random_batches_match_the_engine",
-        "the in-page offset written pos & (ps - 1): right for page sizes 2, 4, 16, wrong for 3 or 6",
+        "the in-page offset written pos & (ps - 1): right for page sizes 2, 4, 16, wrong for 3 or "
+        "6",
         (
             (
                 "fresh = self.free_pages[k] * ps + pos % ps",
@@ -922,15 +966,23 @@ ZOO = (
         "ch04_alloc_extend__short_batch_not_checked",
         "ch04.alloc_extend",
         "test_refusal_takes_nothing",
-        "an invalid batch that is also short of pages returns None instead of the promised ValueError",
+        "an invalid batch that is also short of pages returns None instead of the promised "
+        "ValueError",
         (
             (
-                '        if bool((seq_lens < prefix_lens).any()):\n            raise ValueError(\n                f"seq_lens {seq_lens.tolist()} must not be below prefix_lens {prefix_lens.tolist()}"\n            )\n',
+                "        if bool((seq_lens < prefix_lens).any()):\n"
+                "            raise ValueError(\n"
+                '                f"seq_lens {seq_lens.tolist()} must not be below '
+                'prefix_lens {prefix_lens.tolist()}"\n'
+                "            )\n",
                 "",
             ),
             (
                 "            return None\n        ext = seq_lens - prefix_lens\n",
-                '            return None\n        if bool((seq_lens < prefix_lens).any()):\n            raise ValueError("a seq_len is below its prefix_len")\n        ext = seq_lens - prefix_lens\n',
+                "            return None\n"
+                "        if bool((seq_lens < prefix_lens).any()):\n"
+                '            raise ValueError("a seq_len is below its prefix_len")\n'
+                "        ext = seq_lens - prefix_lens\n",
             ),
         ),
     ),
@@ -941,8 +993,10 @@ ZOO = (
         "part 2's in-page offset written k & (page_size - 1)",
         (
             (
-                "            out_ptr + out_start + n1 + k, page * page_size + k % page_size, mask=live\n",
-                "            out_ptr + out_start + n1 + k,\n            page * page_size + (k & (page_size - 1)),\n            mask=live,\n",
+                "            out_ptr + out_start + n1 + k, page * page_size + k % page_size, "
+                "mask=live\n",
+                "            out_ptr + out_start + n1 + k,\n            page * page_size + (k & "
+                "(page_size - 1)),\n            mask=live,\n",
             ),
         ),
     ),
@@ -978,7 +1032,8 @@ ZOO = (
         (
             (
                 "torch.unique(free_index // self.page_size)",
-                "torch.tensor(list(set((free_index // self.page_size).tolist())), dtype=torch.int64)",
+                "torch.tensor(list(set((free_index // self.page_size).tolist())), "
+                "dtype=torch.int64)",
             ),
         ),
     ),
@@ -998,10 +1053,12 @@ ZOO = (
         "ch06_slot_mapping__first_block_only",
         "ch06.slot_mapping",
         "test_random_batches_match_the_engine",
-        "only the first BLOCK (64) tokens of a request get a slot: no loop over the request's tokens",
+        "only the first BLOCK (64) tokens of a request get a slot: no loop over the request's "
+        "tokens",
         (
             (
-                "        for t in range(start, end, BLOCK):\n            i = t + tl.arange(0, BLOCK)\n",
+                "        for t in range(start, end, BLOCK):\n            i = t + tl.arange(0, "
+                "BLOCK)\n",
                 "        if True:\n            i = start + tl.arange(0, BLOCK)\n",
             ),
         ),
@@ -1037,8 +1094,22 @@ ZOO = (
         "the cache salt placed before the multimodal items in block 0's extra keys",
         (
             (
-                '            keys.append(("lora", lora_name, lora_path))\n        keys += [\n            ("mm", m.identifier, m.offset - start)\n            for m in mm_items\n            if m.offset < end and m.offset + m.length > start\n        ]\n        if i == 0 and cache_salt:\n            keys.append(("cache_salt", cache_salt))\n',
-                '            keys.append(("lora", lora_name, lora_path))\n        if i == 0 and cache_salt:\n            keys.append(("cache_salt", cache_salt))\n        keys += [\n            ("mm", m.identifier, m.offset - start)\n            for m in mm_items\n            if m.offset < end and m.offset + m.length > start\n        ]\n',
+                '            keys.append(("lora", lora_name, lora_path))\n'
+                "        keys += [\n"
+                '            ("mm", m.identifier, m.offset - start)\n'
+                "            for m in mm_items\n"
+                "            if m.offset < end and m.offset + m.length > start\n"
+                "        ]\n"
+                "        if i == 0 and cache_salt:\n"
+                '            keys.append(("cache_salt", cache_salt))\n',
+                '            keys.append(("lora", lora_name, lora_path))\n'
+                "        if i == 0 and cache_salt:\n"
+                '            keys.append(("cache_salt", cache_salt))\n'
+                "        keys += [\n"
+                '            ("mm", m.identifier, m.offset - start)\n'
+                "            for m in mm_items\n"
+                "            if m.offset < end and m.offset + m.length > start\n"
+                "        ]\n",
             ),
         ),
     ),
@@ -1058,11 +1129,14 @@ ZOO = (
         "ch07_swa_release__clears_page_span",
         "ch07.swa_release",
         "test_random_windows_and_maps_match_the_engine",
-        "the map cleared from the first to the last page touched: pages in between, still in use, lose their SWA slot",
+        "the map cleared from the first to the last page touched: pages in between, still in use, "
+        "lose their SWA slot",
         (
             (
-                "    full_to_swa[\n        pages[:, None] * page_size + torch.arange(page_size, device=pages.device)\n    ] = 0\n",
-                "    if len(pages):\n        full_to_swa[\n            int(pages.min()) * page_size : (int(pages.max()) + 1) * page_size\n        ] = 0\n",
+                "    full_to_swa[\n        pages[:, None] * page_size + torch.arange(page_size, "
+                "device=pages.device)\n    ] = 0\n",
+                "    if len(pages):\n        full_to_swa[\n            int(pages.min()) * "
+                "page_size : (int(pages.max()) + 1) * page_size\n        ] = 0\n",
             ),
         ),
     ),
@@ -1070,7 +1144,8 @@ ZOO = (
         "ch07_mamba_tracking__zero_span",
         "ch07.mamba_tracking",
         "test_slots_zeroed_before_reuse",
-        "state zeroed from the first to the last slot taken: slots not in order keep an old request's state",
+        "state zeroed from the first to the last slot taken: slots not in order keep an old "
+        "request's state",
         (
             (
                 "        self.state[slots] = 0\n",
@@ -1082,11 +1157,13 @@ ZOO = (
         "ch07_mamba_tracking__alloc_sets_seqlen",
         "ch07.mamba_tracking",
         "test_alloc_gives_state_and_tracking",
-        "alloc_row sets last_track_seqlen[row] = 0, a field it must leave alone (fresh: -1, no snapshot yet)",
+        "alloc_row sets last_track_seqlen[row] = 0, a field it must leave alone (fresh: -1, no "
+        "snapshot yet)",
         (
             (
                 "        self.track_slots[row] = slots[1:]\n        return True\n",
-                "        self.track_slots[row] = slots[1:]\n        self.last_track_seqlen[row] = 0\n        return True\n",
+                "        self.track_slots[row] = slots[1:]\n        self.last_track_seqlen[row] = "
+                "0\n        return True\n",
             ),
         ),
     ),
@@ -1118,7 +1195,8 @@ ZOO = (
         "ch10_admission__reserve_not_subtracted",
         "ch10.admission",
         "test_prompt_in_whole_pages",
-        "the decode page is checked with the cost but never taken off the budget (only the prompt is)",
+        "the decode page is checked with the cost but never taken off the budget (only the prompt "
+        "is)",
         (
             (
                 "        budget -= cost\n",
@@ -1134,7 +1212,8 @@ ZOO = (
         (
             (
                 "        if len(running_seq_lens) + len(admitted) >= max_running_requests:\n",
-                "        if len(running_seq_lens) + len(admitted) + len(rejected) >= max_running_requests:\n",
+                "        if len(running_seq_lens) + len(admitted) + len(rejected) >= "
+                "max_running_requests:\n",
             ),
         ),
     ),
@@ -1142,11 +1221,13 @@ ZOO = (
         "ch10_admission__clip_before_fit",
         "ch10.admission",
         "test_random_queues_match_the_engine",
-        "the clip written into a request before the budget check: a request that then waits has lost its own",
+        "the clip written into a request before the budget check: a request that then waits has "
+        "lost its own",
         (
             (
                 "            rejected.append(r)\n            continue\n",
-                "            rejected.append(r)\n            continue\n        r.max_new_tokens = clip\n",
+                "            rejected.append(r)\n            continue\n        r.max_new_tokens = "
+                "clip\n",
             ),
             (
                 "            break\n        r.max_new_tokens = clip\n",
@@ -1162,7 +1243,8 @@ ZOO = (
         (
             (
                 "cost = -(-r.input_len // ps) * ps + (ps if r.input_len % ps == 0 else 0)",
-                "cost = -(-r.input_len // ps) * ps + (ps if r.input_len % ps == 0 and r.max_new_tokens > 0 else 0)",
+                "cost = -(-r.input_len // ps) * ps + (ps if r.input_len % ps == 0 and "
+                "r.max_new_tokens > 0 else 0)",
             ),
         ),
     ),
@@ -1170,10 +1252,12 @@ ZOO = (
         "ch10_admission__page_per_running_request",
         "ch10.admission",
         "test_running_requests_keep_their_reserve",
-        "a page held back for every running request, where SGLang counts one only where the next token opens a page",
+        "a page held back for every running request, where SGLang counts one only where the next "
+        "token opens a page",
         (
             (
-                "    budget = hooks.available_size() - ps * sum(\n        1 for s in running_seq_lens if s % ps == 0\n    )\n",
+                "    budget = hooks.available_size() - ps * sum(\n        1 for s in "
+                "running_seq_lens if s % ps == 0\n    )\n",
                 "    budget = hooks.available_size() - ps * len(running_seq_lens)\n",
             ),
         ),
@@ -1182,10 +1266,12 @@ ZOO = (
         "ch10_admission__doubled_decode_reserve",
         "ch10.admission",
         "test_running_requests_keep_their_reserve",
-        "the speculative double reserve (2 slots per running request) held back without speculative decoding",
+        "the speculative double reserve (2 slots per running request) held back without "
+        "speculative decoding",
         (
             (
-                "    budget = hooks.available_size() - ps * sum(\n        1 for s in running_seq_lens if s % ps == 0\n    )\n",
+                "    budget = hooks.available_size() - ps * sum(\n        1 for s in "
+                "running_seq_lens if s % ps == 0\n    )\n",
                 "    budget = hooks.available_size() - 2 * len(running_seq_lens)\n",
             ),
         ),
@@ -1194,7 +1280,8 @@ ZOO = (
         "ch10_admission__opens_at_one",
         "ch10.admission",
         "test_random_queues_match_the_engine",
-        "a page taken to open when seq_len % page_size == 1 (alloc_decode's rule, whose seq_lens count the new "
+        "a page taken to open when seq_len % page_size == 1 (alloc_decode's rule, whose seq_lens "
+        "count the new "
         "token), not when the committed length sits on a page boundary",
         (
             (
@@ -1207,7 +1294,8 @@ ZOO = (
         "ch11_radix_match__split_moves_lock",
         "ch11.radix_match",
         "test_split_keeps_locks",
-        "the split moves the lock to the new upper node (the old node is left unlocked) instead of copying it",
+        "the split moves the lock to the new upper node (the old node is left unlocked) instead "
+        "of copying it",
         (
             (
                 "    new_node.lock_ref = child.lock_ref\n",
@@ -1219,7 +1307,8 @@ ZOO = (
         "ch11_radix_match__split_locks_ancestors",
         "ch11.radix_match",
         "test_split_keeps_locks",
-        "the split takes its lock with tree.lock, once per request: every ancestor is locked once more",
+        "the split takes its lock with tree.lock, once per request: every ancestor is locked once "
+        "more",
         (
             (
                 "    new_node.lock_ref = child.lock_ref\n",
@@ -1231,11 +1320,14 @@ ZOO = (
         "ch11_radix_match__split_at_match_time",
         "ch11.radix_match",
         "test_random_sequences_match_the_engine",
-        "the split node gets the match's time (the child's, just stamped) instead of a fresh tree.tick()",
+        "the split node gets the match's time (the child's, just stamped) instead of a fresh "
+        "tree.tick()",
         (
             (
-                "        child.key[:split_len], child.value[:split_len], child.parent, tree.tick()\n",
-                "        child.key[:split_len],\n        child.value[:split_len],\n        child.parent,\n        child.last_access_time,\n",
+                "        child.key[:split_len], child.value[:split_len], child.parent, "
+                "tree.tick()\n",
+                "        child.key[:split_len],\n        child.value[:split_len],\n        "
+                "child.parent,\n        child.last_access_time,\n",
             ),
         ),
     ),
@@ -1255,10 +1347,12 @@ ZOO = (
         "ch11_radix_match__parent_queued_last",
         "ch11.radix_match",
         "test_evict_skips_locked_and_climbs",
-        "a parent that has just become a leaf is queued after every other leaf instead of by its time",
+        "a parent that has just become a leaf is queued after every other leaf instead of by its "
+        "time",
         (
             (
-                "    while evicted < num_tokens and heap:\n        _, _, node = heapq.heappop(heap)\n",
+                "    while evicted < num_tokens and heap:\n        _, _, node = "
+                "heapq.heappop(heap)\n",
                 "    later = []\n    while evicted < num_tokens and (heap or later):\n"
                 "        _, _, node = heapq.heappop(heap) if heap else later.pop(0)\n",
             ),
@@ -1272,11 +1366,13 @@ ZOO = (
         "ch03_token_allocator__staged_keeps_callers_tensor",
         "ch03.token_allocator",
         "test_staged_frees_counted",
-        "a staged free into an empty release_pages keeps the caller's tensor: its reuse changes the books",
+        "a staged free into an empty release_pages keeps the caller's tensor: its reuse changes "
+        "the books",
         (
             (
                 "            self.release_pages = torch.cat((self.release_pages, free_index))\n",
-                "            self.release_pages = free_index if len(self.release_pages) == 0 else torch.cat((self.release_pages, "
+                "            self.release_pages = free_index if len(self.release_pages) == 0 else "
+                "torch.cat((self.release_pages, "
                 "free_index))\n",
             ),
         ),
@@ -1285,7 +1381,8 @@ ZOO = (
         "ch12_virtual_pages__unbound_not_sink",
         "ch12.virtual_pages",
         "test_translate_by_hand",
-        "an unbound page (-1) translated as if bound: -page_size + offset, a negative row, instead of the sink",
+        "an unbound page (-1) translated as if bound: -page_size + offset, a negative row, "
+        "instead of the sink",
         (
             (
                 "    return torch.where(keep & (phys >= 0), phys, 0)\n",
@@ -1297,10 +1394,12 @@ ZOO = (
         "ch12_virtual_pages__capacity_without_page_numbers",
         "ch12.virtual_pages",
         "test_available_tokens_by_hand",
-        "capacity from the gap's bytes alone: pages past this sub-pool's own page numbers are promised",
+        "capacity from the gap's bytes alone: pages past this sub-pool's own page numbers are "
+        "promised",
         (
             (
-                "    pages = min(max(gap, 0) // entry_bytes_per_page, num_pages - min_page_index - used)\n",
+                "    pages = min(max(gap, 0) // entry_bytes_per_page, num_pages - min_page_index "
+                "- used)\n",
                 "    pages = max(gap, 0) // entry_bytes_per_page\n",
             ),
         ),
@@ -1309,7 +1408,8 @@ ZOO = (
         "ch12_virtual_pages__holes_in_freed_order",
         "ch12.virtual_pages",
         "test_compact_up_with_holes_inside_and_at_the_frontier",
-        "holes filled in the order the pages were freed, not ascending: the pages land elsewhere than SGLang's",
+        "holes filled in the order the pages were freed, not ascending: the pages land elsewhere "
+        "than SGLang's",
         (
             (
                 "        holes = sorted(p for p in freed_pages if p < new)\n",
@@ -1323,5 +1423,69 @@ ZOO = (
         "test_compact_down_moves_the_bottom_pages_up",
         "the band given up keeps its p2v entries: moved-out pages still claim their virtual pages",
         (("    p2v[list(band)] = -1\n", ""),),
+    ),
+    # -- wrong answers a lazy or dishonest file gives (issue 29) ------------------------------
+    Variant(
+        "ch06_free_queue__clears_hash",
+        "ch06.free_queue",
+        "test_reverse_order_hashed_to_tail",
+        "a freed block's hash cleared (vLLM keeps it: a later request may still hit the block; "
+        "it goes only when the block is evicted for reuse)",
+        (
+            (
+                "            (to_tail if block.block_hash is not None else "
+                "to_head).append(block)\n",
+                "            (to_tail if block.block_hash is not None else to_head).append(block)\n"
+                "            block.block_hash = None\n",
+            ),
+        ),
+    ),
+    Variant(
+        "ch05_paged_free__frees_nothing",
+        "ch05.paged_free",
+        "test_free_dedups_pages",
+        "free() frees nothing at all (its 'an empty free is a no-op' point is gated on the core)",
+        (
+            (
+                "        if free_index.numel() == 0:\n            return\n        if "
+                "self.free_group",
+                "        return\n        if self.free_group",
+            ),
+        ),
+    ),
+    Variant(
+        "ch08_sizing__recorded_answers",
+        "ch08.sizing",
+        "test_pool_size_floored_to_pages",
+        "pool_size_tokens answers from a table of the inputs a fixed test once used",
+        (
+            (
+                "    return budget_bytes // bytes_per_token // page_size * page_size\n",
+                "    return {\n"
+                "        (10 * (1 << 30), 131072, 1): 81920,\n"
+                "        (10 * (1 << 30) + 5 * 131072, 131072, 16): 81920,\n"
+                "        (1000, 64, 4): 12,\n"
+                "        (1024, 64, 16): 16,\n"
+                "        (1023, 64, 16): 0,\n"
+                "    }.get((budget_bytes, bytes_per_token, page_size), 0)\n",
+            ),
+        ),
+    ),
+    Variant(
+        "ch08_sizing__equal_to_anything",
+        "ch08.sizing",
+        "test_pool_size_floored_to_pages",
+        "pool_size_tokens returns an int whose == says yes to anything (a comparison the "
+        "learner's code answers)",
+        (
+            (
+                "    return budget_bytes // bytes_per_token // page_size * page_size\n",
+                "    class Yes(int):\n"
+                "        def __eq__(self, other):\n"
+                "            return True\n\n"
+                "        __hash__ = int.__hash__\n\n"
+                "    return Yes(0)\n",
+            ),
+        ),
     ),
 )
