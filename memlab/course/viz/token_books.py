@@ -10,7 +10,7 @@ and the real token and paged allocators (memlab.course.viz.instrument; chapter 0
   ``free_segment`` of a run of a request's positions, and a double free under ``debug_mode``.
 
 Each opens on the state its chapter's story ends in (the story's steps are its opening steps),
-drives the scenes of ``sglang_books`` (the real objects) and draws them with ``svg_books``. The
+drives the scenes of ``sglang_books`` (the real objects) and draws them with ``draw_books``. The
 one place that reads an allocator's staged pages is ``staged_pages``.
 """
 
@@ -32,7 +32,7 @@ from memlab.course.viz.instrument import (
     spell,
     spell_value,
 )
-from memlab.course.viz.sglang_books import Scene, svg_books
+from memlab.course.viz.sglang_books import Scene, draw_books
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
@@ -85,7 +85,7 @@ def _held_reqs(sc: Scene) -> list[str]:
 def _draw(panels):
     def draw(sc, step):
         marks = step.marks if step is not None else {}
-        return svg_books(sc.books(new_slots=marks.get("new_slots", ())), panels=panels)
+        return draw_books(sc.books(new_slots=marks.get("new_slots", ())), panels=panels)
 
     return draw
 
@@ -157,62 +157,13 @@ def _release(sc: Scene, step, request) -> list[int]:
 
 def draw_rows(sc: Scene, step) -> str:
     """The request table, then ``free_slots`` in list order (the tail is taken next)."""
-    from memlab.course.viz.sglang_books import svg_request_table
-    from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING
-    from memlab.course.viz.svg import CELL, Canvas, Swatch
-
     marks = step.marks if step is not None else {}
     books = sc.books(new_slots=marks.get("new_slots", ()))
-    c = Canvas("hover a cell: its row, generation, position, slot")
-    y = svg_request_table(c, books, 4, 4) + 8
-    free = books.free_rows
-    c.text(
-        4,
-        y + 13,
-        f"free_slots: {len(free)} free rows, in list order; alloc_rows takes from the tail",
-        size=12.5,
-        weight="bold",
-        color="#222",
+    return draw_books(
+        books,
+        ("table", "rows"),
+        readout="hover a cell: its row, generation, position, slot",
     )
-    gens = {r.row: r.generation for r in books.rows}
-    for i, row in enumerate(free):
-        nxt = " · the tail: taken next" if i == len(free) - 1 else ""
-        c.cell(
-            4 + i * (CELL + 4),
-            y + 20,
-            FREE,
-            row,
-            tip=f"free_slots[{i}] = row {row} (generation {gens[row]}){nxt}",
-            gid=f"freerow:{i}",
-            stroke="#999",
-        )
-    if free:
-        c.text(
-            4 + (len(free) - 1) * (CELL + 4) + CELL / 2,
-            y + 20 + CELL + 12,
-            "tail: next",
-            size=9.5,
-            anchor="middle",
-            color="#444",
-        )
-    if not free:
-        c.text(4, y + 35, "(empty: every row is taken)", size=11, color="#777")
-    y += 20 + CELL + 20
-    c.legend(
-        4,
-        y,
-        [
-            Swatch(
-                "handed out by the last call",
-                "#ffffff",
-                stroke=HIGHLIGHT,
-                stroke_width=2,
-            ),
-            Swatch("free", FREE),
-            Swatch("row 0: padding, never handed out", PADDING),
-        ],
-    )
-    return c.html()
 
 
 def _op_rows(sc: Scene, step, requests, tokens) -> None:

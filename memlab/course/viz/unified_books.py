@@ -11,8 +11,9 @@ The same four parts as every side of memlab.course.viz (see ``sglang_books``):
    ``free_swa``, a finished request's ``free``) and snaps a frame after each step; the page moves of
    a step are read off the page tables (a virtual page bound before and after, to another page);
 3. the chapter's story: ``unified_story``;
-4. the drawing: ``draw_unified(frame)``, a pure function of the frame (cells carry gids
-   ``byte:SIDE:PAGE``, ``vpage:ROW:I``, ``v2p:SIDE:VPAGE``).
+4. the drawing: ``draw_unified(frame)``, inline SVG, a pure function of the frame (cells
+   carry gids ``byte:SIDE:PAGE``, ``vpage:ROW:I``, ``v2p:SIDE:VPAGE``); the Stepper, the
+   instrument and the static PNG all show it.
 """
 
 from __future__ import annotations
@@ -30,16 +31,7 @@ from memlab.course.viz.instrument import (
     spell_value,
 )
 from memlab.course.viz.sglang_books import Scene
-from memlab.course.viz.style import (
-    FREE,
-    HIGHLIGHT,
-    PADDING,
-    caption_text,
-    cell,
-    grid_axes,
-    new_figure,
-    owner_color,
-)
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color
 from memlab.sglang.req_to_token import ReqToTokenPool
 from memlab.sglang.unified import (
     MHASubPoolSpec,
@@ -312,172 +304,18 @@ def unified_story(
     return sc
 
 
-# -- 4. the drawing ---------------------------------------------------------------------------
+# -- 4. the drawing: inline SVG, every page saying what it is ----------------------------------
 
 
-def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
-    grid_axes(
-        ax,
-        f"the byte buffer ({frame.total_bytes} B): SWA pages (hatched) from byte "
-        f"{frame.reserved_floor}, full pages from the top; gap {frame.gap_bytes} B",
-    )
-    scale = width / frame.total_bytes
-    owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
-    cell(
-        ax,
-        0,
-        0,
-        PADDING,
-        "floor",
-        gid="byte:floor",
-        w=frame.reserved_floor * scale,
-        fontsize=8.5,
-    )
-    for side, hatch in ((frame.swa, "///"), (frame.full, None)):
-        for v, p in side.bound:
-            x = p * side.page_bytes * scale
-            edge = HIGHLIGHT if (side.name, p) in moved else "white"
-            cell(
-                ax,
-                x,
-                0,
-                owner_color(owner.get(v)),
-                f"{p}",
-                gid=f"byte:{side.name}:{p}",
-                w=side.page_bytes * scale,
-                edge=edge,
-                lw=1.6 if edge == HIGHLIGHT else 0.8,
-                hatch=hatch,
-                fontsize=8.5,
-            )
-    lo = (
-        frame.swa.used[1] * frame.swa.page_bytes
-        if frame.swa.grow == "up"
-        else frame.full.used[1] * frame.full.page_bytes
-    )
-    hi = lo + frame.gap_bytes
-    if frame.gap_bytes:
-        cell(
-            ax,
-            lo * scale,
-            0,
-            FREE,
-            f"gap {frame.gap_bytes} B",
-            gid="byte:gap",
-            w=(hi - lo) * scale,
-            fontsize=8.5,
-            edge="#999",
-        )
-    step = 1 << max(6, (frame.total_bytes // 6).bit_length() - 1)
-    for b in range(0, frame.total_bytes + 1, step):
-        ax.text(
-            b * scale, 1.15, str(b), ha="center", va="top", fontsize=8.5, color="#666"
-        )
-    ax.text(
-        lo * scale,
-        -0.15,
-        f"{frame.swa.name} grows up ->",
-        ha="left",
-        va="bottom",
-        fontsize=8.5,
-    )
-    ax.text(
-        hi * scale,
-        -0.15,
-        f"<- {frame.full.name} grows down",
-        ha="right",
-        va="bottom",
-        fontsize=8.5,
-    )
-    ax.set_xlim(-1.5, width + 0.5)
-    ax.set_ylim(1.7, -0.8)
-
-
-def _request_table(ax, frame: UnifiedFrame) -> None:
-    grid_axes(ax, "request table: virtual token ids, one cell per virtual page")
-    ps = frame.page_size
-    swa_bound = dict(frame.swa.bound)
-    for y, (owner, ids) in enumerate(frame.rows):
-        ax.text(-0.2, y + 0.5, owner, ha="right", va="center", fontsize=8)
-        for i, v in enumerate(_pages(ids, ps)):
-            first, last = max(v * ps, ids[0]), min(v * ps + ps - 1, ids[-1])
-            label = f"{first}" if first == last else f"{first}-{last}"
-            new = v in frame.new_pages
-            cell(
-                ax,
-                i * 1.3,
-                y,
-                owner_color(owner),
-                label,
-                gid=f"vpage:{owner}:{i}",
-                w=1.2,
-                fontsize=8.5,
-                alpha=1.0 if v in swa_bound else 0.45,
-                edge=HIGHLIGHT if new else "white",
-                lw=1.5 if new else 1,
-            )
-    if not frame.rows:
-        ax.text(0, 0.5, "(no request)", fontsize=8, va="center")
-    ax.set_xlim(-1.5, 24.5)
-    ax.set_ylim(max(len(frame.rows), 3) + 0.2, -0.4)
-
-
-def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
-    grid_axes(
-        ax,
-        f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
-    )
-    owner, moved = frame.page_owner(), {(m[0], m[1]) for m in frame.moves}
-    for i, (v, p) in enumerate(side.bound[:18]):
-        edge = HIGHLIGHT if (side.name, v) in moved else "white"
-        cell(
-            ax,
-            i * 1.3,
-            0,
-            owner_color(owner.get(v)),
-            f"{v}\n{p}",
-            gid=f"v2p:{side.name}:{v}",
-            w=1.2,
-            fontsize=8.5,
-            edge=edge,
-            lw=1.6 if edge == HIGHLIGHT else 1,
-        )
-    if not side.bound:
-        ax.text(0, 0.5, "(nothing bound)", fontsize=8, va="center")
-    ax.set_xlim(-1.5, 24.5)
-    ax.set_ylim(1.2, -0.5)
-
-
-def draw_unified(frame: UnifiedFrame, width: float = 11.5):
-    """The buffer with both sub-pools and the gap, the request table (virtual ids; pale: SWA pages
-    gone), and the two page tables (virtual page over physical page; black edge: moved or new)."""
-    fig, (bx, rx, fx, sx) = new_figure(
-        width, 4.6, nrows=4, height_ratios=[1.3, 1.6, 0.9, 0.9]
-    )
-    _bytes_lane(bx, frame, 24)
-    _request_table(rx, frame)
-    _page_table(fx, frame.full, frame)
-    _page_table(sx, frame.swa, frame)
-    for ax in (bx, rx, fx, sx):
-        ax.set_aspect("auto")  # lanes of cells: fill the figure's width
-    fig.suptitle(
-        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
-    )
-    return fig
-
-
-# -- 5. the instrument: the learner's own calls on the real unified allocator ------------------------
-
-
-def svg_unified(
-    frame: UnifiedFrame,
-    readout: str = "hover a page: its side, bytes, virtual page, owner",
-) -> str:
-    """The frame as inline SVG, every page saying what it is: the byte buffer (both sides and the
-    gap), the request table in virtual pages, and each side's page table (virtual -> physical)."""
+def draw_unified(frame: UnifiedFrame, still: bool = False) -> str:
+    """The frame as inline SVG under its caption, every page saying what it is: the byte buffer
+    (both sides and the gap), the request table in virtual pages (pale: its SWA page is gone),
+    and each side's page table (virtual -> physical; black edge: moved or bound by the step)."""
     from memlab.course.viz.svg import Canvas, Swatch
 
-    c, ps = Canvas(readout), frame.page_size
+    c = Canvas("hover a page: its side, bytes, virtual page, owner")
+    ps = frame.page_size
+    y0 = c.caption(4, 4.0, frame.caption, frame.note, 760)
     owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
     moved_v = {(m[0], m[1]): m for m in frame.moves}
     rows = {v: (o, ids) for o, ids in frame.rows for v in _pages(ids, ps)}
@@ -486,14 +324,14 @@ def svg_unified(
     scale = lane_w / frame.total_bytes
     c.text(
         4,
-        14,
-        f"the byte buffer ({frame.total_bytes} B): SWA pages from byte {frame.reserved_floor} up, full pages "
-        f"from the top down; gap {frame.gap_bytes} B",
+        y0 + 13,
+        f"the byte buffer ({frame.total_bytes} B): SWA pages from byte "
+        f"{frame.reserved_floor} up, full pages from the top down; gap {frame.gap_bytes} B",
         size=12.5,
         weight="bold",
         color="#222",
     )
-    y = 40.0
+    y = y0 + 36
     c.cell(
         4,
         y,
@@ -666,7 +504,7 @@ def svg_unified(
             Swatch("SWA page gone", "#4e79a7", opacity=0.4),
         ],
     )
-    return c.html()
+    return c.html(still)
 
 
 CELL_H = 26
@@ -920,7 +758,7 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
     def draw(sc, step):
         f = sc.books()
         marks = step.marks if step is not None else {}
-        return svg_unified(
+        return draw_unified(
             UnifiedFrame(
                 **{
                     **f.__dict__,
