@@ -554,12 +554,14 @@ def draw_radix(books: RadixBooks, still: bool = False) -> str:
             pattern=PART_FILL[1] if n.state == "host" else None,
         )
         ink = "#fff" if n.state == "locked" else "#000"
-        # over the node's box: the pointer goes through to it
+        # over the node's box (the pointer goes through to it), grouped: a test reads it whole
+        c.parts.append(f'<g data-label="node:{n.id}">')
         for k, line in enumerate(labels[n.id]):
             c.parts.append(
                 f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" '
                 f'font-size="10.5" fill="{ink}" pointer-events="none">{esc(line)}</text>'
             )
+        c.parts.append("</g>")
         c.text(
             cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555"
         )

@@ -983,7 +983,7 @@ def draw_legend(c: Canvas, books: Books, x: float, y: float, panels) -> float:
         Swatch("free", FREE),
         Swatch("padding" if pages else "row 0: padding, never handed out", PADDING),
     ]
-    if "slots" in panels:
+    if "slots" in panels and books.page_size > 1:
         sw.append(Swatch("a held page's unwritten tail", PALETTE[0], opacity=0.3))
     if books.staged_pages and pages:
         sw.append(Swatch("staged", STAGED))

@@ -175,8 +175,10 @@ class Canvas:
             )
             if s.pattern:
                 body += f'<rect {box} fill="{s.pattern}"/>'
-            self.parts.append(f'<g class="memlab-swatch">{body}</g>')
             self.text(cx + 22, cy + 12.5, s.label, size=11)
+            # the swatch and its words in one group: a test reads a legend entry whole
+            words = self.parts.pop()
+            self.parts.append(f'<g class="memlab-swatch">{body}{words}</g>')
             cx += width + gap
         return cy + 22
 
