@@ -179,7 +179,8 @@ def _read_args(w: AttnWorld):
 
 
 def dense_attention(q, k, v):
-    """One head over one request's K and V copied into dense (L, D) tensors: softmax(q k^T / sqrt(D)) v."""
+    """One head over one request's K and V copied into dense (L, D) tensors: softmax(q k^T /
+    sqrt(D)) v."""
     w = torch.softmax((k.float() @ q.float()) / math.sqrt(q.shape[-1]), dim=0)
     return w, w @ v.float()
 
@@ -251,7 +252,10 @@ def _op_read(w: AttnWorld, step, request, layer, head) -> None:
     got = o[b, head].float()
     diff = float((got - dense).abs().max())
     step.marks["diff"] = diff
-    step.result = f"reads pages {pages}; output {spell_value([round(x, 4) for x in got.tolist()[:4]])}... ; max |paged - dense| = {diff:.2e}"
+    step.result = (
+        f"reads pages {pages}; output {spell_value([round(x, 4) for x in got.tolist()[:4]])}... ; "
+        f"max |paged - dense| = {diff:.2e}"
+    )
     verdict = (
         '<b style="color:#2e7d32">paged and dense agree</b>'
         if diff < 1e-4
@@ -322,7 +326,10 @@ def _op_extend(w: AttnWorld, step, requests, extend_lens) -> None:
             torch.randn(shape, generator=w.gen),
             torch.randn(shape, generator=w.gen),
         )
-    step.call += "\n# then, per layer: kv.set_kv_buffer(layer, out_cache_loc, k, v) with random k, v"
+    step.call += (
+        "\n# then, per layer: kv.set_kv_buffer(layer, out_cache_loc, k, v) "
+        "with random k, v"
+    )
     step.result = spell_value(out)
     step.marks = dict(new=set(out.tolist()))
     step.caption = f"extend {dict(zip(rids, lens))}: slots {out.tolist()}"

@@ -183,18 +183,20 @@ def sliding_window(
     al = SWATokenToKVPoolAllocator(size, size_swa, page_size, debug_mode=True)
     sc = SwaScene(ReqToTokenPool(4, 16), al, window)
     sc.snap(
-        f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window {window} tokens)"
+        f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window "
+        f"{window} tokens)"
     )
     out = sc.extend_batch({"A": 6, "B": 4})
     sc.snap(
-        "A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in the map",
+        "A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in "
+        "the map",
         new_slots=_slots(out),
     )
     for rid in ("A", "B"):
         freed = sc.release(rid)
         sc.snap(
-            f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole pages); "
-            "the full side keeps them"
+            f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole "
+            "pages); the full side keeps them"
             if freed
             else f"{rid}: nothing wholly outside the window yet"
         )
@@ -202,7 +204,8 @@ def sliding_window(
         out = sc.decode(["A", "B"])
         freed = [s for rid in ("A", "B") for s in sc.release(rid)]
         sc.snap(
-            f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} released",
+            f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} "
+            "released",
             new_slots=_slots(out),
         )
     slots = sc.finish("B")
@@ -250,8 +253,9 @@ def mamba_slots(
         reqs[rid] = r
         pool.execute_deferred_mamba_cow_and_clear([r])  # before its first extend
         snap(
-            f"{rid} arrives: row {r.kv.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} "
-            "(marked new, zeroed before its first extend: no stale recurrent state)"
+            f"{rid} arrives: row {r.kv.req_pool_idx}, state slot "
+            f"{int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} (marked new, zeroed before "
+            "its first extend: no stale recurrent state)"
         )
     if extra_buffer:
         row = reqs["A"].kv.req_pool_idx
@@ -539,7 +543,8 @@ def _release_all(sc: SwaScene, rids, step_lines: list) -> dict:
         a = c["args"]
         step_lines.append(
             f"allocator.release_out_of_window(req_to_token, {a['req_pool_idx']}, {a['pre_len']}, "
-            f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len {c['result']}"
+            f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len "
+            f"{c['result']}"
         )
     return freed
 
@@ -566,9 +571,10 @@ def _op_swa_extend(sc: SwaScene, step, requests, extend_lens) -> None:
         step.result = "None"
         al = sc.allocator
         step.refuse(
-            f"refused (alloc_for_extend returns None): full side {al.full_attn_allocator.available_size()} "
-            f"slots free, SWA side {al.swa_attn_allocator.available_size()}, "
-            f"{sc.req_pool.available_size()} row(s); nothing was taken"
+            "refused (alloc_for_extend returns None): full side "
+            f"{al.full_attn_allocator.available_size()} slots free, SWA side "
+            f"{al.swa_attn_allocator.available_size()}, {sc.req_pool.available_size()} row(s); "
+            "nothing was taken"
         )
         return
     _release_after(sc, step, rids, out, f"extend {dict(zip(rids, lens))}")
@@ -775,7 +781,8 @@ def _op_mamba_arrive(w: MambaWorld, step, request) -> None:
     )
     row = r.kv.req_pool_idx
     pp = w.pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
-    step.result = f"row {got[0]}; state slot {int(w.pool.get_mamba_indices([row])[0])}, tracking slots {pp}"
+    state = int(w.pool.get_mamba_indices([row])[0])
+    step.result = f"row {got[0]}; state slot {state}, tracking slots {pp}"
     step.caption = f"{request} arrives: " + step.result
 
 
@@ -788,7 +795,8 @@ def _op_mamba_track(w: MambaWorld, step, tracking, seq_len) -> None:
     row = w.reqs[tracking].kv.req_pool_idx
     step.call = f"req_to_token_pool.track_state([{row}], [{n}])"
     dst = w.pool.track_state([row], [n])
-    step.result = f"tensor({dst.tolist()}); next_track_idx now {int(w.pool.mamba_next_track_idx[row])}"
+    nxt = int(w.pool.mamba_next_track_idx[row])
+    step.result = f"tensor({dst.tolist()}); next_track_idx now {nxt}"
     step.marks = dict(slots={int(dst[0])})
     step.caption = (
         f"{tracking} snapshots its state at {n} tokens into slot {int(dst[0])}"

@@ -122,7 +122,8 @@ def _pages(slots, page_size: int) -> set:
 def read_radix_books(
     tree, caption: str, requests=None, highlight=(), words=(), note: str = ""
 ) -> RadixBooks:
-    """A frozen snapshot of a (Hi)RadixCache, its allocators, and the running requests' own pages."""
+    """A frozen snapshot of a (Hi)RadixCache, its allocators, and the running requests' own
+    pages."""
     ps = tree.page_size
     nodes, stack = [], [(c, None) for c in tree.root_node.children.values()]
     while stack:
@@ -346,8 +347,8 @@ def story(page_size: int = 1) -> list[RadixBooks]:
         "A",
         a,
         "A arrives: nothing cached, it computes every token into slots of its own; its prefill "
-        f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; write-through also "
-        "copies them to the host at once.",
+        f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; "
+        "write-through also copies them to the host at once.",
     )
     sc.finish(
         "A",
@@ -359,9 +360,9 @@ def story(page_size: int = 1) -> list[RadixBooks]:
     sc.arrive(
         "B",
         b,
-        f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, so "
-        "the match SPLITS the node there; B maps the shared slots, and its checkpoint adds its own tail "
-        "as a second leaf under the split node; B locks the path to it.",
+        f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, "
+        "so the match SPLITS the node there; B maps the shared slots, and its checkpoint adds "
+        "its own tail as a second leaf under the split node; B locks the path to it.",
     )
     sc.finish(
         "B", "B finishes: its lock is gone; its tail stays a leaf under the split node."
@@ -407,7 +408,8 @@ def story(page_size: int = 1) -> list[RadixBooks]:
 
 
 def _layout(books: RadixBooks) -> dict:
-    """x, y of each node: leaves side by side in tree order, a parent above the middle of its children."""
+    """x, y of each node: leaves side by side in tree order, a parent above the middle of its
+    children."""
     children: dict = {}
     for n in books.nodes:
         children.setdefault(n.parent, []).append(n.id)
@@ -641,7 +643,8 @@ def scene_words(sc: RadixScene) -> list:
 
 
 def tokens_of(sc: RadixScene, text) -> list[int]:
-    """The learner's words as token ids: the story's words keep theirs, a new word gets the next id."""
+    """The learner's words as token ids: the story's words keep theirs, a new word gets the next
+    id."""
     from memlab.course.viz.instrument import InputError
 
     words = scene_words(sc)
@@ -743,20 +746,25 @@ def _op_finish(sc: RadixScene, step, request) -> None:
 
 def _match_text(r, sc) -> str:
     return (
-        f"MatchResult(device_prefix_len={r.device_prefix_len}, last_device_node={_node_name(sc, r.last_device_node)}, "
+        f"MatchResult(device_prefix_len={r.device_prefix_len}, "
+        f"last_device_node={_node_name(sc, r.last_device_node)}, "
         f"last_host_node={_node_name(sc, r.last_host_node)}, host_hit_length={r.host_hit_length})"
     )
 
 
 def _op_insert(sc: RadixScene, step, text) -> None:
     """``tree.insert(key, value)`` with slots of the learner's own: the caller allocates them,
-    writes the KV, inserts, and frees its copies of what the tree held already (the caller's job)."""
+    writes the KV, inserts, and frees its copies of what the tree held already (the caller's
+    job)."""
     from memlab.course.viz.instrument import spell_value
 
     ids, before = tokens_of(sc, text), _snapshot_ids(sc)
     tree, al = sc.tree, sc.tree.token_to_kv_pool_allocator
     key = tree.page_aligned(ids)
-    step.call = f"key = {spell_value(list(key))}  # '{_words(sc, key)}', cut to whole pages\nvalue = allocator.alloc({len(key)})"
+    step.call = (
+        f"key = {spell_value(list(key))}  # '{_words(sc, key)}', cut to whole pages\nvalue = "
+        f"allocator.alloc({len(key)})"
+    )
     if not key:
         step.refuse(
             f"nothing to insert: {len(ids)} token(s) is less than one page of {tree.page_size}"
@@ -775,7 +783,10 @@ def _op_insert(sc: RadixScene, step, text) -> None:
     step.call += "\nresult = tree.insert(key, value)"
     if result.prefix_len:
         al.free_segment(value[: result.prefix_len], start_pos=0)
-        step.call += f"\nallocator.free_segment(value[:{result.prefix_len}], start_pos=0)  # duplicates of the tree's"
+        step.call += (
+            f"\nallocator.free_segment(value[:{result.prefix_len}], start_pos=0)  # duplicates of "
+            "the tree's"
+        )
     step.result = (
         f"value {spell_value(value)}; InsertResult(prefix_len={result.prefix_len}, "
         f"last_device_node={_node_name(sc, result.last_device_node)})"
@@ -855,7 +866,10 @@ def _op_evict(sc: RadixScene, step, num_tokens) -> None:
     r = sc.tree.evict(n)
     step.result = f"EvictResult(num_tokens_evicted={r.num_tokens_evicted})"
     step.marks = dict(changed=_changed(sc, before))
-    step.caption = f"evict({n}): {r.num_tokens_evicted} device slots freed (demoted to the host where backed up)"
+    step.caption = (
+        f"evict({n}): {r.num_tokens_evicted} device slots freed (demoted to the host where backed "
+        "up)"
+    )
 
 
 def _op_evict_host(sc: RadixScene, step, host_tokens) -> None:
@@ -869,7 +883,8 @@ def _op_evict_host(sc: RadixScene, step, host_tokens) -> None:
 
 
 def _op_backup(sc: RadixScene, step, node) -> None:
-    """``write_backup(node)``: copy a device node (and, write-through, its unbacked ancestors) to the host."""
+    """``write_backup(node)``: copy a device node (and, write-through, its unbacked ancestors) to
+    the host."""
     from memlab.course.viz.instrument import InputError
 
     n = _node(sc, node)

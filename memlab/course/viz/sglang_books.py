@@ -247,7 +247,8 @@ class Scene:
 
     # -- scheduling ----------------------------------------------------------------------------
     def extend_batch(self, lens: dict) -> torch.Tensor | None:
-        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a row),
+        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a
+        row),
         through the scheduler's ``alloc_for_extend`` (pages checked first, then rows). Returns the
         new slots in batch order, or None when pages or rows are short; a refused batch changes
         nothing."""
@@ -266,7 +267,8 @@ class Scene:
         )
 
     def clear(self) -> None:
-        """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets them)."""
+        """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets
+        them)."""
         for r in self.reqs.values():
             r.kv.req_pool_idx, r.kv.kv_allocated_len = None, 0
         self.reqs.clear()
@@ -310,7 +312,8 @@ def orientation(
     dtype=torch.float16,
     head_dim: int = 8,
 ) -> Scene:
-    """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its room."""
+    """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its
+    room."""
     kv = MHATokenToKVPool(
         size, page_size, dtype, head_num=2, head_dim=head_dim, layer_num=2
     )
@@ -320,14 +323,15 @@ def orientation(
         kv,
     )
     sc.snap(
-        f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never handed out"
+        f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never "
+        "handed out"
     )
     for rid, n in (("A", 5), ("B", 3), ("C", 8)):
         out = sc.extend_batch({rid: n})
         r = sc.reqs[rid]
         sc.snap(
-            f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the free rows), "
-            f"slots {out.tolist()}",
+            f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the "
+            f"free rows), slots {out.tolist()}",
             new_slots=out.tolist(),
         )
     lens = [sc.reqs[r].kv.kv_allocated_len + 1 for r in "ABC"]
@@ -350,8 +354,8 @@ def orientation(
         else "B's row again"
     )
     sc.snap(
-        f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
-        "and pages are the next handed out)",
+        f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: "
+        f"{again} (freed rows and pages are the next handed out)",
         new_slots=out.tolist(),
     )
     return sc
@@ -362,15 +366,17 @@ def _slots(out) -> list[int]:
 
 
 def request_table(rows: int = 5, width: int = 8) -> Scene:
-    """Chapter 01: rows from the tail, reuse and generations, a chunked prefill keeping its row, clear()."""
+    """Chapter 01: rows from the tail, reuse and generations, a chunked prefill keeping its row,
+    clear()."""
     sc = Scene(ReqToTokenPool(rows, width), TokenToKVPoolAllocator(rows * width))
     sc.snap(
         f"{rows} free rows; alloc_rows takes from the tail of free_slots, so row {rows} goes first"
     )
     sc.extend_batch({"A": 3, "B": 2})
     sc.snap(
-        f"A and B arrive together: alloc_rows(2) takes the last two free rows, "
-        f"A -> row {sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each generation is now 1"
+        "A and B arrive together: alloc_rows(2) takes the last two free rows, A -> row "
+        f"{sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each "
+        "generation is now 1"
     )
     sc.extend_batch({"C": 4})
     sc.snap(f"C arrives: row {sc.reqs['C'].kv.req_pool_idx}")
@@ -382,8 +388,8 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     sc.extend_batch({"D": 2})
     d = sc.reqs["D"]
     sc.snap(
-        f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader that stored "
-        f"(row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused"
+        f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader "
+        f"that stored (row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused"
     )
     sc.extend_batch({"E": 3})
     e_row = sc.reqs["E"].kv.req_pool_idx
@@ -393,7 +399,8 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     before = sc.req_pool.available_size()
     sc.extend_batch({"E": 3})
     sc.snap(
-        f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at {before}"
+        f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at "
+        f"{before}"
     )
     rows0 = sc.req_pool.alloc_rows(0)
     sc.snap(
@@ -401,8 +408,8 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     )
     short = sc.extend_batch({"F": 1, "G": 1, "H": 1})
     sc.snap(
-        f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc returns "
-        f"{short}, and nothing changes (all or nothing)"
+        f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc "
+        f"returns {short}, and nothing changes (all or nothing)"
     )
     sc.clear()
     sc.snap(
@@ -435,7 +442,8 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
     out = sc.extend_batch({"D": 4})
     if need_sort:
         how = (
-            f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted first"
+            f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted "
+            "first"
             if free_now < 4
             else "free_pages is deep enough: nothing is merged"
         )
@@ -455,7 +463,8 @@ PART_NAMES = {
 
 
 def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
-    """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
+    """Which part (1, 2, 3) each new token of one request falls in: for colouring, not
+    allocating."""
     old_end = ceil_align(prefix, page_size)
     full_end = seq // page_size * page_size
     return [
@@ -486,7 +495,8 @@ def extend_marks(
     prefix: dict, batch: dict, out, page_size: int
 ) -> tuple[dict, list[str]]:
     """Which part each slot an extend handed out falls in (slot -> 1, 2, 3), and a line per request
-    (``A 6->11 (parts 2/4/1)``); ``prefix``: each request's length before, ``batch``: its new tokens."""
+    (``A 6->11 (parts 2/4/1)``); ``prefix``: each request's length before, ``batch``: its new
+    tokens."""
     part_of, i, desc = {}, 0, []
     for r, n in batch.items():
         parts = extend_parts(prefix[r], prefix[r] + n, page_size)
@@ -508,8 +518,8 @@ def paged_extend(
     ``device``: where the allocator's free list lives (the kernel's device for backend="triton")."""
     sc = extend_scene(page_size, size, backend, device)
     sc.snap(
-        f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
-        "page, 2 = whole new pages, 3 = a new partial page"
+        f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the "
+        "old page, 2 = whole new pages, 3 = a new partial page"
     )
     for batch in EXTEND_BATCHES:
         pre = {r: sc.reqs[r].kv.kv_allocated_len if r in sc.reqs else 0 for r in batch}
@@ -527,7 +537,8 @@ def paged_extend(
 def decode_steps(
     page_size: int = 4, steps: int = 6, prompts=(("A", 3), ("B", 4), ("C", 6))
 ) -> Scene:
-    """Chapter 05: decode steps; a request opens a page exactly when its new length % page_size == 1."""
+    """Chapter 05: decode steps; a request opens a page exactly when its new length % page_size ==
+    1."""
     sc = Scene(ReqToTokenPool(4, 16), PagedTokenToKVPoolAllocator(64, page_size))
     out = sc.extend_batch(dict(prompts))
     sc.snap(
@@ -583,8 +594,8 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         pages = sorted({s // page_size for s in slots})
         sc.finish("A")
         sc.snap(
-            f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // {page_size}), "
-            "at the HEAD of the free list (LIFO: the next allocation reuses them)"
+            f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // "
+            f"{page_size}), at the HEAD of the free list (LIFO: the next allocation reuses them)"
         )
         out = sc.extend_batch({"D": 5})
         sc.snap(f"D takes A's pages again: slots {_slots(out)}", new_slots=_slots(out))
@@ -594,8 +605,9 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         run = c[:n]
         al.free_segment(torch.tensor(run), start_pos=0)
         sc.snap(
-            f"C's first {n} positions leave a sliding window: free_segment(slots {run}, start_pos=0) takes "
-            f"{_every(page_size)} ({run[::page_size]}), one per page, with no unique()"
+            f"C's first {n} positions leave a sliding window: free_segment(slots {run}, "
+            f"start_pos=0) takes {_every(page_size)} ({run[::page_size]}), one per page, with no "
+            "unique()"
         )
         start = next(
             (p for p in range(10, n, -1) if p % page_size), None
@@ -611,8 +623,8 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
                 )
             )
             sc.snap(
-                f"An unaligned run (positions {start}..{start + 2}) is refused: {_every(page_size)} from there "
-                "would not be one per page",
+                f"An unaligned run (positions {start}..{start + 2}) is refused: "
+                f"{_every(page_size)} from there would not be one per page",
                 note=err,
             )
     elif story == "free group":
@@ -1041,7 +1053,8 @@ def draw_books_on(
 
 
 def _batch_fields(requests: str, prefix: str, seq: str) -> list:
-    """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each holds)."""
+    """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each
+    holds)."""
 
     def box(name, value):
         return W.Text(
@@ -1078,9 +1091,10 @@ def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
     free = al.available_size() // ps
     if need > free:
         return (
-            f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
-            f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
-            "slots); capacity is checked before anything is taken, so nothing was taken"
+            f"refused (the library returns None): the batch needs {need} new "
+            f"page{'s' * (need != 1)} (num_new_pages), the allocator has {free} free "
+            f"(available_size() = {al.available_size()} slots); capacity is checked before "
+            "anything is taken, so nothing was taken"
         )
     return (
         f"refused (the library returns None): {new_rows} new requests need a row each, "
@@ -1128,8 +1142,8 @@ def three_way(
             "same"
             if diff is None
             else (
-                f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} instead of "
-                f"{want[diff] if diff < len(want) else 'nothing'}"
+                f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} "
+                f"instead of {want[diff] if diff < len(want) else 'nothing'}"
             )
         )
         rows.append((name, v, verdict))
@@ -1140,7 +1154,8 @@ def three_way(
     )
     mode = "the interpreter" if str(dev) == "cpu" else "compiled"
     return (
-        f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} (the kernel on {esc(dev)}: {mode})'
+        f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} '
+        f"(the kernel on {esc(dev)}: {mode})"
         f"{table_html(('', 'slots', ''), rows)}</div>",
         agree,
     )
@@ -1189,8 +1204,9 @@ def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int)
         )
     return (
         table_html(head, rows, "memlab-prefix-sums")
-        + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the requests before it; '
-        "free-list start = their new pages (two exclusive prefix sums)</div>"
+        + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the '
+        "requests before it; free-list start = their new pages (two exclusive prefix "
+        "sums)</div>"
     )
 
 

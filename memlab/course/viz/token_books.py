@@ -51,10 +51,13 @@ def group_state(allocator) -> str:
     """What an open free group holds, in words: the only read of the group's queues."""
     if allocator.free_group is None:
         return "closed"
-    return f"open: {len(allocator.free_group)} free() and {len(allocator.free_page_ids_group)} page-id call(s) queued"
+    return (
+        f"open: {len(allocator.free_group)} free() and {len(allocator.free_page_ids_group)} "
+        "page-id call(s) queued"
+    )
 
 
-# -- shared pieces ------------------------------------------------------------------------------------
+# -- shared pieces -----------------------------------------------------------------------------
 
 
 def _box(name: str, value: str, width: str = "170px") -> W.Text:
@@ -152,7 +155,7 @@ def _release(sc: Scene, step, request) -> list[int]:
     return slots
 
 
-# -- chapter 01: the request table ---------------------------------------------------------------------
+# -- chapter 01: the request table -------------------------------------------------------------
 
 
 def draw_rows(sc: Scene, step) -> str:
@@ -217,7 +220,10 @@ def _op_free_row(sc: Scene, step, request) -> None:
     with recording(sc.req_pool, "free") as calls:
         slots = _release(sc, step, request)
     step.call += "\n# called req_to_token_pool.free(" + request + ")" if calls else ""
-    step.result = f"row {row} appended to free_slots (the next handed out); its slots {slots} go back"
+    step.result = (
+        f"row {row} appended to free_slots (the next handed out); "
+        f"its slots {slots} go back"
+    )
     step.caption = f"{request} finishes: row {row} goes back to the tail of free_slots"
 
 
@@ -303,16 +309,19 @@ def request_instrument(
     )
 
 
-# -- chapter 03: the token allocator ------------------------------------------------------------------
+# -- chapter 03: the token allocator -----------------------------------------------------------
 
 
 def _op_token_alloc(sc: Scene, step, request, n) -> None:
-    """``n`` slots for a request (new: it takes a row), through the scheduler's path to ``alloc``."""
+    """``n`` slots for a request (new: it takes a row), through the scheduler's path to
+    ``alloc``."""
     al = sc.allocator
     step.call = spell("allocator.alloc", n)
     if (
         n < 0
-    ):  # alloc's own refusal, the one allocator.alloc(n) gives (the batch check would speak of seq_len)
+        # alloc's own refusal, the one allocator.alloc(n) gives (the batch check would speak
+        # of seq_len)
+    ):
         al.alloc(n)
     out, calls = _extend(sc, step, [request], [n], (al, "alloc"))
     if calls:
@@ -320,8 +329,8 @@ def _op_token_alloc(sc: Scene, step, request, n) -> None:
     step.result = spell_value(out)
     if out is None:
         step.refuse(
-            f"refused (the library returns None): {n} slots asked, available_size() = {al.available_size()}"
-            "; nothing was taken"
+            f"refused (the library returns None): {n} slots asked, available_size() = "
+            f"{al.available_size()}; nothing was taken"
         )
         return
     step.marks = dict(new_slots=out.tolist())
@@ -345,7 +354,10 @@ def _op_merge(sc: Scene, step) -> None:
     before = staged_pages(al)
     step.call = "allocator.merge_and_sort_free()"
     al.merge_and_sort_free()
-    step.result = f"None; {len(before)} staged slot(s) merged, free_pages sorted ({_runs_text(al.free_pages.tolist())})"
+    step.result = (
+        f"None; {len(before)} staged slot(s) merged, free_pages sorted "
+        f"({_runs_text(al.free_pages.tolist())})"
+    )
     step.caption = (
         f"merge_and_sort_free(): {len(before)} staged slots folded in and sorted"
     )
@@ -389,7 +401,8 @@ def token_scene(need_sort: bool, size: int = 16) -> Scene:
 def token_instrument(
     need_sort: bool = True, size: int = 16, opening=TOKEN_STORY
 ) -> Instrument:
-    """Chapter 03: alloc(n) for a request, free a request, merge_and_sort_free; need_sort on and off."""
+    """Chapter 03: alloc(n) for a request, free a request, merge_and_sort_free; need_sort on and
+    off."""
     alloc = Operation(
         "alloc",
         _op_token_alloc,
@@ -432,7 +445,7 @@ def token_instrument(
     )
 
 
-# -- chapter 05: decode and free on the paged allocator ----------------------------------------------
+# -- chapter 05: decode and free on the paged allocator ----------------------------------------
 
 
 def _op_decode(sc: Scene, step, requests) -> None:
@@ -464,8 +477,8 @@ def _op_decode(sc: Scene, step, requests) -> None:
     step.result = spell_value(out)
     if out is None:
         step.refuse(
-            f"refused (the library returns None): {sum((n - 1) % ps == 0 for n in lens.values())} request(s) "
-            f"open a page, {len(al.free_pages)} page(s) are free; nothing was taken"
+            f"refused (the library returns None): {sum((n - 1) % ps == 0 for n in lens.values())} "
+            f"request(s) open a page, {len(al.free_pages)} page(s) are free; nothing was taken"
         )
         return
     opened = [r for r, n in lens.items() if (n - 1) % ps == 0]
@@ -520,7 +533,9 @@ def _op_segment(sc: Scene, step, request, start_pos, count) -> None:
     run = torch.tensor(slots[start_pos : start_pos + count], dtype=torch.int64)
     step.call = spell("allocator.free_segment", run, start_pos=start_pos)
     sc.allocator.free_segment(run, start_pos=start_pos)
-    step.result = f"None; pages {run[:: sc.allocator.page_size].div(sc.allocator.page_size, rounding_mode='floor').tolist()}"
+    ps = sc.allocator.page_size
+    pages = run[::ps].div(ps, rounding_mode="floor").tolist()
+    step.result = f"None; pages {pages}"
     step.marks = dict(new_slots=run.tolist())
     step.caption = (
         f"free_segment of {request}'s positions {start_pos}..{start_pos + count - 1}"
@@ -598,7 +613,8 @@ def paged_scene(page_size: int = 4) -> Scene:
 def paged_free_instrument(
     page_size: int = 4, page_sizes=(1, 2, 4, 8), opening=DECODE_STORY
 ) -> Instrument:
-    """Chapter 05: decode steps, free a request, free groups, free_segment, a double free (debug mode)."""
+    """Chapter 05: decode steps, free a request, free groups, free_segment, a double free (debug
+    mode)."""
     decode = Operation(
         "decode",
         _op_decode,

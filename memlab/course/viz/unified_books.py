@@ -240,21 +240,22 @@ def unified_story(
     fa, sa = al.full_attn_allocator, al.swa_attn_allocator
     e = fa.entry_bytes_per_page + sa.entry_bytes_per_page
     sc.snap(
-        f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages ({fa.entry_bytes_per_page} B) grow down "
-        f"from the top, SWA pages ({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
+        f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages "
+        f"({fa.entry_bytes_per_page} B) grow down from the top, SWA pages "
+        f"({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
         f"padding floor; a token needs both, so {al.available_size()} tokens fit "
         f"({fa._current_gap_bytes()} B of gap // {e} B a page pair, x {page_size})"
     )
     out = sc.extend_batch({"A": 7})
     sc.snap(
-        f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} from the free "
-        "list of virtual pages; each new virtual page is then bound to a full page at the top and an SWA page "
-        "at the bottom"
+        f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} "
+        "from the free list of virtual pages; each new virtual page is then bound to a full page "
+        "at the top and an SWA page at the bottom"
     )
     out = sc.extend_batch({"B": 5})
     sc.snap(
-        f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap between them "
-        f"shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page"
+        f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap "
+        f"between them shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page"
     )
     lens = {r: sc.reqs[r].kv.kv_allocated_len + 1 for r in ("A", "B")}
     out = sc.decode(["A", "B"])
@@ -269,16 +270,16 @@ def unified_story(
     )
     gone = sc.release_window("A", window)
     sc.snap(
-        f"A's next token reads only its last {window}: the SWA pages of {gone} go back (free_swa); their SWA "
-        "v2p entries become -1, their full pages and virtual ids stay, and the freed SWA pages are "
-        "compacted at once"
+        f"A's next token reads only its last {window}: the SWA pages of {gone} go back "
+        "(free_swa); their SWA v2p entries become -1, their full pages and virtual ids stay, and "
+        "the freed SWA pages are compacted at once"
     )
     a_pages = _pages(sc.slots("A"), page_size)
     sc.finish("A")
     f = sc.snap(
-        f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side gives up "
-        "move into A's old ones (the black edges), and only the page tables change: B's virtual ids "
-        "in the request table stay as they were"
+        f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side "
+        "gives up move into A's old ones (the black edges), and only the page tables change: B's "
+        "virtual ids in the request table stay as they were"
     )
     moved = [m for m in f.moves if m[0] == "full"]
     if moved:
@@ -294,8 +295,9 @@ def unified_story(
     want = al.available_size() + page_size
     if sc.extend_batch({"C": want}) is None:
         sc.snap(
-            f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} tokens of room "
-            f"and virtual ids to spare: the shared gap pays for {al.available_size()} tokens on both sides"
+            f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} "
+            "tokens of room and virtual ids to spare: the shared gap pays for "
+            f"{al.available_size()} tokens on both sides"
         )
     out = sc.extend_batch({"C": al.available_size()})
     sc.snap(
@@ -375,7 +377,8 @@ def draw_unified(frame: UnifiedFrame, still: bool = False) -> str:
                 owner_color(owner.get(v)),
                 p,
                 gid=f"byte:{side.name}:{p}",
-                tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- {vwords(v)}{how}",
+                tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- "
+                f"{vwords(v)}{how}",
                 w=side.page_bytes * scale,
                 h=30,
                 opacity=1.0 if side.name == "full" else 0.75,
@@ -397,8 +400,9 @@ def draw_unified(frame: UnifiedFrame, still: bool = False) -> str:
             w=frame.gap_bytes * scale,
             h=30,
             stroke="#999",
-            tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where both sides grow; "
-            f"{frame.joint_available} tokens fit with a full AND an SWA slot each",
+            tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where "
+            f"both sides grow; {frame.joint_available} tokens fit with a full AND an SWA slot "
+            "each",
         )
     # each label outside the gap, at its side's frontier: they cannot overlap however narrow the gap
     up, down = f"{frame.swa.name} grows up ->", f"<- {frame.full.name} grows down"
@@ -462,7 +466,8 @@ def draw_unified(frame: UnifiedFrame, still: bool = False) -> str:
         c.text(
             4,
             y + 13,
-            f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
+            f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room "
+            "alone)",
             size=12.5,
             weight="bold",
             color="#222",
@@ -541,8 +546,8 @@ def _op_u_extend(sc, step, request, tokens) -> None:
     if out is None:
         step.refuse(
             f"refused (the library returns None): {tokens} tokens asked, available_size() = "
-            f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the shared gap); "
-            "nothing was taken"
+            f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the "
+            "shared gap); nothing was taken"
         )
         return
     _mark(step, before, sc)
@@ -559,8 +564,8 @@ def _op_u_decode(sc, step, requests) -> None:
         out = sc.decode(requests)
     step.call = (
         (
-            f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) called:\n"
-            + spell("allocator.alloc_decode", **calls[0]["args"])
+            f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) "
+            "called:\n" + spell("allocator.alloc_decode", **calls[0]["args"])
         )
         if calls
         else "alloc_for_decode(...)"
@@ -568,7 +573,8 @@ def _op_u_decode(sc, step, requests) -> None:
     step.result = spell_value(out)
     if out is None:
         step.refuse(
-            f"refused (the library returns None): available_size() = {sc.allocator.available_size()}"
+            "refused (the library returns None): available_size() = "
+            f"{sc.allocator.available_size()}"
         )
         return
     _mark(step, before, sc)
@@ -585,7 +591,8 @@ def _op_u_window(sc, step, request, window) -> None:
     step.call = (
         spell("allocator.free_swa", calls[0]["args"]["free_index"])
         if calls
-        else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)"
+        else f"# nothing of {request} is wholly before its last {window} tokens (and not yet "
+        "released)"
     )
     _mark(step, before, sc)
     moves = list(step.marks["moves"])
@@ -685,8 +692,10 @@ def unified_opening(page_size: int = 2, window: int = 4) -> list:
 
 
 def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
-    """Chapter 12: prefill or extend a request, decode, let a window go (``free_swa``), free a request
-    (its pages compacted at once): on the real unified allocator, opening on the story's last state."""
+    """Chapter 12: prefill or extend a request, decode, let a window go (``free_swa``), free a
+    request
+    (its pages compacted at once): on the real unified allocator, opening on the story's last
+    state."""
     import ipywidgets as W
 
     from memlab.course.viz.instrument import (

@@ -176,7 +176,8 @@ def prefix_cache(
         r = sc.arrive(rid, tokens)
         if r is None:
             sc.snap(
-                f"{rid} needs more blocks than are free: allocate_slots returns None, nothing changes"
+                f"{rid} needs more blocks than are free: allocate_slots returns None, nothing "
+                "changes"
             )
             return
         hit = (
@@ -451,7 +452,10 @@ def _op_submit(sc: VllmScene, step, request, prompt) -> None:
             f"request {request!r} is running: finish it first (a request id is unique)"
         )
     tokens = prompt_ids(sc, prompt)
-    step.call = f"req = Request({request!r}, {spell_value(tokens)}, block_hasher=manager.request_block_hasher)"
+    step.call = (
+        f"req = Request({request!r}, {spell_value(tokens)}, "
+        "block_hasher=manager.request_block_hasher)"
+    )
     m = sc.manager
     with (
         recording(m, "get_computed_blocks") as looked,
@@ -460,11 +464,15 @@ def _op_submit(sc: VllmScene, step, request, prompt) -> None:
         got = sc.arrive(request, tokens)
     if looked:
         hits, n = looked[0]["result"]
-        step.call += f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, {n} tokens"
+        step.call += (
+            f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, "
+            f"{n} tokens"
+        )
     if alloc:
         a = alloc[0]["args"]
         step.call += (
-            f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, {a.get('num_new_computed_tokens', 0)}"
+            f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, "
+            f"{a.get('num_new_computed_tokens', 0)}"
             + (", hits)" if a.get("new_computed_blocks") else ")")
         )
         new = alloc[0]["result"]

@@ -21,7 +21,8 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 
 def cells(svg: str) -> dict:
-    """gid -> tooltip of every cell of an instrument's SVG (parsed as XML: it must be well-formed)."""
+    """gid -> tooltip of every cell of an instrument's SVG (parsed as XML: it must be
+    well-formed)."""
     root = ET.fromstring(svg)
     found = {}
     for g in root.iter(f"{SVG}g"):
@@ -280,7 +281,7 @@ def test_06_words_share_ids_and_every_block_says_what_it_is():
     assert all(t for t in tips.values()), "a cell without a tooltip"
 
 
-# -- chapter 11: the radix tree and HiCache ---------------------------------------------------------
+# -- chapter 11: the radix tree and HiCache ----------------------------------------------------
 
 from memlab.course.viz import radix_books
 from memlab.course.viz.radix_books import RadixScene, encode, radix_instrument

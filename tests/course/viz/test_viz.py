@@ -813,7 +813,7 @@ def test_unified_story_reads_the_real_books_and_marks_moves():
     al.check_books()
 
 
-# -- labels never cut, legends drawn, captions escaped (issue 18, section 5) ------------------------
+# -- labels never cut, legends drawn, captions escaped (issue 18, section 5) -------------------
 
 
 def node_label_words(svg, books):
