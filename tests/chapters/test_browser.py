@@ -31,14 +31,16 @@ from memlab_tests.tools.browser import (
 CHAPTER = "01_request_table.ipynb"  # a Stepper widget, no kernel launch: quick in the interpreter
 RADIX = "11_radix_and_hicache.ipynb"  # the radix tree's Stepper: two stories, twelve steps each
 OPEN = """async (path) => {
-    const panel = await window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'});
+    const panel = await window.jupyterapp.commands.execute(
+        'docmanager:open', {path, factory: 'Notebook'});
     await panel.context.ready;
     await panel.sessionContext.ready;
     return panel.content.widgets.length; }"""
 PAGE_CHECK = """() => {
     const nb = window.jupyterapp.shell.currentWidget.content;
     const pictures = [...nb.node.querySelectorAll('.jp-RenderedMarkdown img')];
-    const broken = pictures.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt || i.src.slice(0, 60));
+    const broken = pictures.filter(i => !(i.complete && i.naturalWidth > 0))
+        .map(i => i.alt || i.src.slice(0, 60));
     const struck = [...nb.node.querySelectorAll('.jp-RenderedMarkdown :is(s, del, strike)')]
         .map(e => e.textContent.slice(0, 60));
     // A token the markdown prints (in code, or written &lt;s&gt;) must be in the rendered text.
@@ -55,9 +57,10 @@ PAGE_CHECK = """() => {
     const glossary = [...nb.node.querySelectorAll('.jp-RenderedMarkdown a')]
         .map(a => a.getAttribute('href') || '').filter(h => /(^|\\/)glossary\\.md([?#]|$)/.test(h));
     // The pictures' widths as shown: a picture squeezed below its drawn width has smaller text.
-    const shown_at = pictures.map(i => [i.alt.slice(0, 40), i.naturalWidth, i.getBoundingClientRect().width]);
-    return {pictures: pictures.length, broken, struck, dropped, collapsed: first.inputHidden, glossary,
-            shown_at}; }"""
+    const shown_at = pictures.map(
+        i => [i.alt.slice(0, 40), i.naturalWidth, i.getBoundingClientRect().width]);
+    return {pictures: pictures.length, broken, struck, dropped, collapsed: first.inputHidden,
+            glossary, shown_at}; }"""
 
 
 def follow_a_glossary_link(page, term: str) -> None:
@@ -94,8 +97,10 @@ def test_every_chapter_shows_its_pictures_and_text_offline(lab, browser):
         for name in CHAPTERS:
             assert page.evaluate(OPEN, name) > 5, f"{name} opened with too few cells"
             page.wait_for_function(RENDERED)
-            page.evaluate("""() => Promise.all([...document.querySelectorAll('.jp-RenderedMarkdown img')]
-                               .map(i => i.decode().catch(() => null)))""")  # loaded, or failed
+            # every picture loaded, or failed
+            page.evaluate("""() => Promise.all(
+                [...document.querySelectorAll('.jp-RenderedMarkdown img')]
+                .map(i => i.decode().catch(() => null)))""")
             found[name] = page.evaluate(PAGE_CHECK)
             page.screenshot(path=str(ARTIFACTS / f"{name[:-6]}_top.png"))
             if name == CHAPTER:

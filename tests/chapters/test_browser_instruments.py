@@ -137,7 +137,7 @@ def free_swa_lists_its_moves_and_decode_drops_the_freed(inst) -> None:
     inst.shot("12_instrument_after_free_swa.png")
 
 
-# -- chapter 04, further -----------------------------------------------------------------------------
+# -- chapter 04, further -----------------------------------------------------------------------
 
 REAL_04 = "viz.sglang_books.extend_books"
 

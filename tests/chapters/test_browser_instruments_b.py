@@ -26,7 +26,7 @@ def hover(inst: Inst, gid: str) -> str:
     return inst.hover(gid)
 
 
-# -- the chapters ---------------------------------------------------------------------------------------
+# -- the chapters ------------------------------------------------------------------------------
 
 
 def test_chapter_06_block_pool_instrument(browser, lab):

@@ -133,7 +133,9 @@ def test_widget_captions_escape_their_text():
 
 # Names a chapter may only give as memlab's own: SGLang 0.5.23 and vLLM 0.33 have no such thing.
 NOT_THE_ENGINES = {
-    "SlidingWindowKVCacheManager": "vLLM's manager is SlidingWindowManager, reached through a coordinator",
+    "SlidingWindowKVCacheManager": (
+        "vLLM's manager is SlidingWindowManager, reached through a coordinator"
+    ),
     "cache_finished_req": "SGLang 0.5.23 releases with release_kv_cache(..., checkpoint=True)",
     "mla_decode_attention_fwd": "SGLang passes the latent buffer to decode_attention_fwd",
     "allocator.write_loc": "SGLang's backend builds KVWriteLoc.for_batch",
@@ -306,7 +308,8 @@ def test_the_glossary_holds_every_term_and_anchors_agree_everywhere():
     heads = headings()
     for term in TERMS:
         assert term in heads, f"the glossary has no entry for {term!r}"
-    for h in heads:  # JupyterLab keeps case, GitHub lowers it: only a lower-case heading works in both
+    # JupyterLab keeps case, GitHub lowers it: only a lower-case heading works in both
+    for h in heads:
         assert re.fullmatch(r"[a-z0-9_ -]+", h), (
             f"glossary heading {h!r}: lower case, letters, digits, '_', '-' only"
         )

@@ -1,9 +1,11 @@
 """memlab.course.viz: pictures of the books and the widgets that step through them.
 
-Drawings are pure functions from a state (a frozen snapshot read from real memlab
-objects) to a matplotlib Figure; widgets are thin ipywidgets wrappers that re-draw when
-a control moves. The same drawings make the static pictures under chapters/img/
-(``python -m memlab.course.viz.render_static``).
+A picture of the books has one renderer: a pure function from a state (a frozen snapshot
+read from real memlab objects) to inline SVG (``svg``), whose every cell says what it is
+when hovered. The Steppers show it, the instruments show it after each call, and the static
+pictures under chapters/img/ are the same SVG rasterised
+(``python -m memlab.course.viz.render_static``). Charts (plots of numbers) are matplotlib
+Figures. Widgets are thin ipywidgets wrappers that re-draw when a control moves.
 
 One module per side of the books, each in the same four parts (snapshot, scene, the
 chapters' stories, drawings): ``sglang_books`` (chapters 00-05), ``vllm_books`` (06),
@@ -13,9 +15,9 @@ draw one picture each: ``draw_models`` (02), ``draw_sizing`` (08), ``draw_attent
 plumbing, ``cell``) and ``widgets`` (``Stepper``, ``Explorer``).
 
 Instruments (``instrument``): the learner calls the engine's operations on the real
-objects and sees the books redrawn after each call, as inline SVG (``svg``) whose every
-cell says what it is when hovered. A books module defines its chapter's instrument (its
-operations, its drawing, its books) next to its stories:
+objects and sees the books redrawn after each call, by the same drawing. A books module
+defines its chapter's instrument (its operations, its drawing, its books) next to its
+stories:
 ``sglang_books.extend_instrument`` (04), ``vllm_books.block_pool_instrument`` (06),
 ``hybrid_books.swa_instrument`` and ``mamba_instrument`` (07),
 ``draw_attention.attention_instrument`` (09), ``radix_books.radix_instrument`` (11)."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.course.viz.sglang_books import Books, draw_slot_grid
-from memlab.course.viz.style import caption_text, new_figure, owner_color
+from memlab.course.viz.sglang_books import Books
+from memlab.course.viz.style import PADDING, owner_color
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,10 @@ class AttnFrame:
     books: Books  # the pool's books; new_slots = the slots read in this step
     rid: str
     positions: tuple  # positions read in this step
-    weights: tuple  # the query's attention weight on each of the request's positions (head 0)
+    weights: tuple  # the query's attention weight on each of the request's positions
     note: str = ""
+    layer: int = 0
+    head: int = 0
 
 
 def attention_frames(
@@ -62,34 +64,69 @@ def attention_frames(
     return stories
 
 
-def draw_attention(frame: AttnFrame, width: float = 11.0):
-    fig, (grid, bars) = new_figure(width, 3.4, ncols=2, width_ratios=[1.4, 1])
-    draw_slot_grid(
-        grid, frame.books, title="the pool: slots read in this step have a black edge"
+def draw_attention(frame: AttnFrame, still: bool = False) -> str:
+    """The pool (the slots read in this step: black edges), then the weight of each of the
+    request's positions: read before (dark), now (its colour), later (light). Inline SVG under
+    the caption; without weights, the pool alone."""
+    from memlab.course.viz.sglang_books import draw_books_on
+    from memlab.course.viz.svg import CELL, Canvas
+
+    c = Canvas("hover a slot or a bar: its request, position, slot, page, weight")
+    y = c.caption(4, 4.0, frame.caption, frame.note, 640)
+    books = frame.books  # with weights, the black edges are the slots the query read
+    books = dataclasses.replace(books, new_kind="read") if frame.weights else books
+    y = draw_books_on(c, books, ("table", "slots"), y)
+    if not frame.weights:
+        return c.html(still)
+    rid, ws, ps = frame.rid, frame.weights, frame.books.page_size
+    row = next(r for r in frame.books.rows if r.owner == rid)
+    c.text(
+        4,
+        y + 13,
+        f"{rid}'s query, layer {frame.layer}, head {frame.head}: the weight of each "
+        "position it reads",
+        size=12.5,
+        weight="bold",
     )
-    n = len(frame.weights)
-    color = owner_color(frame.rid)
-    cols = [
-        color
-        if p in frame.positions
-        else ("#555555" if p < frame.positions[0] else "#dddddd")
-        for p in range(n)
-    ]
-    rects = bars.bar(range(n), frame.weights, color=cols)
-    for p, r in enumerate(rects):
-        r.set_gid(f"weight:{p}")
-    bars.set_xlabel(f"position in request {frame.rid}")
-    bars.set_ylabel("attention weight (head 0)")
-    bars.set_title(
-        "weights: read before (dark), now (colour), later (light)",
-        fontsize=9,
-        loc="left",
+    c.text(
+        4,
+        y + 28,
+        "read before (dark), in this step (colour), later (light); the slots read in this "
+        "step have a black edge above",
+        size=10.5,
+        color="#555",
     )
-    bars.set_ylim(0, max(frame.weights) * 1.15)
-    fig.suptitle(
-        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+    top, hmax = y + 36, 90
+    big = max(ws) or 1.0
+    for p, (wt, s) in enumerate(zip(ws, row.slots)):
+        h = max(2.0, hmax * wt / big)
+        x = 4 + p * (CELL + 4)
+        if p in frame.positions:
+            fill, when = owner_color(rid), "read in this step"
+        elif p < frame.positions[0]:
+            fill, when = PADDING, "read before"
+        else:
+            fill, when = "#dddddd", "read later"
+        c.cell(
+            x,
+            top + hmax - h,
+            fill,
+            "",
+            tip=f"{rid} position {p} · slot {s} = page {s // ps} × {ps} + offset "
+            f"{s % ps} · weight {wt:.4f} · {when}",
+            gid=f"weight:{p}",
+            h=h,
+            stroke="#fff",
+        )
+        c.text(x + CELL / 2, top + hmax + 12, p, size=9.5, anchor="middle")
+        page = f"p{s // ps}"
+        c.text(
+            x + CELL / 2, top + hmax + 24, page, size=9, anchor="middle", color="#555"
+        )
+    c.text(
+        4, top + hmax + 38, "position (top) and page (bottom)", size=10, color="#555"
     )
-    return fig
+    return c.html(still)
 
 
 def fill_kv(scene, seed: int = 0) -> None:
@@ -142,7 +179,8 @@ def _read_args(w: AttnWorld):
 
 
 def dense_attention(q, k, v):
-    """One head over one request's K and V copied into dense (L, D) tensors: softmax(q k^T / sqrt(D)) v."""
+    """One head over one request's K and V copied into dense (L, D) tensors: softmax(q k^T /
+    sqrt(D)) v."""
     w = torch.softmax((k.float() @ q.float()) / math.sqrt(q.shape[-1]), dim=0)
     return w, w @ v.float()
 
@@ -214,7 +252,10 @@ def _op_read(w: AttnWorld, step, request, layer, head) -> None:
     got = o[b, head].float()
     diff = float((got - dense).abs().max())
     step.marks["diff"] = diff
-    step.result = f"reads pages {pages}; output {spell_value([round(x, 4) for x in got.tolist()[:4]])}... ; max |paged - dense| = {diff:.2e}"
+    step.result = (
+        f"reads pages {pages}; output {spell_value([round(x, 4) for x in got.tolist()[:4]])}... ; "
+        f"max |paged - dense| = {diff:.2e}"
+    )
     verdict = (
         '<b style="color:#2e7d32">paged and dense agree</b>'
         if diff < 1e-4
@@ -285,7 +326,10 @@ def _op_extend(w: AttnWorld, step, requests, extend_lens) -> None:
             torch.randn(shape, generator=w.gen),
             torch.randn(shape, generator=w.gen),
         )
-    step.call += "\n# then, per layer: kv.set_kv_buffer(layer, out_cache_loc, k, v) with random k, v"
+    step.call += (
+        "\n# then, per layer: kv.set_kv_buffer(layer, out_cache_loc, k, v) "
+        "with random k, v"
+    )
     step.result = spell_value(out)
     step.marks = dict(new=set(out.tolist()))
     step.caption = f"extend {dict(zip(rids, lens))}: slots {out.tolist()}"
@@ -303,71 +347,25 @@ def _op_finish(w: AttnWorld, step, finishing) -> None:
     step.caption = f"{finishing} finishes"
 
 
-def draw_attention_svg(w: AttnWorld, step=None) -> str:
-    """The pool (slots read by the query: black edges), then the weight of every position."""
-    from memlab.course.viz.sglang_books import svg_books
-    from memlab.course.viz.svg import CELL, Canvas
-
+def attention_view(w: AttnWorld, step=None) -> str:
+    """The instrument's picture: the pool with the slots the last call read or took, and the
+    weights of the query it ran (every position read at once)."""
     marks = step.marks if step is not None else {}
     read = marks.get("read", set()) | marks.get("new", set())
-    sc = w.scene
-    books = dataclasses.replace(sc.books(), new_slots=frozenset(read))
-    pool = svg_books(
-        books, ("table", "slots"), readout="hover a slot: its request, position, page"
-    )
+    books = dataclasses.replace(w.scene.books(), new_slots=frozenset(read))
     if "weights" not in marks:
-        return pool
-    rid, ws, slots, head = (
+        return draw_attention(AttnFrame("", books, "", (), ()))
+    weights = tuple(marks["weights"])
+    frame = AttnFrame(
+        "",
+        books,
         marks["request"],
-        marks["weights"],
-        marks["slots"],
-        marks["head"],
+        tuple(range(len(weights))),
+        weights,
+        layer=marks["layer"],
+        head=marks["head"],
     )
-    ps = sc.allocator.page_size
-    c = Canvas("hover a bar: position, slot, page, weight")
-    c.text(
-        4,
-        16,
-        f"{rid}'s query, layer {marks['layer']}, head {head}: the weight of each position it reads",
-        size=12.5,
-        weight="bold",
-    )
-    c.text(
-        4,
-        30,
-        "(the slots it reads have a black edge in the pool above)",
-        size=10.5,
-        color="#555",
-    )
-    top, hmax = 38, 90
-    big = max(ws) or 1.0
-    for p, (wt, s) in enumerate(zip(ws, slots)):
-        h = max(2.0, hmax * wt / big)
-        x = 4 + p * (CELL + 4)
-        c.cell(
-            x,
-            top + hmax - h,
-            owner_color(rid),
-            "",
-            tip=f"{rid} position {p} · slot {s} = page {s // ps} × {ps} + "
-            f"offset {s % ps} · weight {wt:.4f}",
-            gid=f"weight:{p}",
-            h=h,
-            stroke="#fff",
-        )
-        c.text(x + CELL / 2, top + hmax + 12, p, size=9.5, anchor="middle")
-        c.text(
-            x + CELL / 2,
-            top + hmax + 24,
-            f"p{s // ps}",
-            size=9,
-            anchor="middle",
-            color="#555",
-        )
-    c.text(
-        4, top + hmax + 38, "position (top) and page (bottom)", size=10, color="#555"
-    )
-    return pool + c.html()
+    return draw_attention(frame)
 
 
 def attn_books(w: AttnWorld) -> dict:
@@ -450,7 +448,7 @@ def attention_instrument(request: str = "A", layer: int = 0, head: int = 0):
     inst = Instrument(
         lambda: AttnWorld(),
         ops,
-        draw_attention_svg,
+        attention_view,
         attn_books,
         title="attention through the pages: your request, layer, head",
     )

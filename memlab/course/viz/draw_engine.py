@@ -1,5 +1,6 @@
 """Chapter 10's live view: the capstone engine's pool, page by page, and its occupancy over the
-steps so far. ``engine_frames`` runs a real ``memlab.capstone.engine.Engine`` and snapshots it per step."""
+steps so far. ``engine_frames`` runs a real ``memlab.capstone.engine.Engine`` and snapshots it per
+step."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
 
     frames = [
         snap(
-            f"{len(prompts)} requests waiting; {engine.allocator.num_pages} pages of {engine.page_size}",
+            f"{len(prompts)} requests waiting; {engine.allocator.num_pages} pages of "
+            f"{engine.page_size}",
             0,
         )
     ]
@@ -88,7 +90,8 @@ def engine_frames(engine, prompts, max_new_tokens: int) -> list[EngineFrame]:
         extra = f", {ret} retracted" if ret else ""
         frames.append(
             snap(
-                f"step {step}: {kind}{extra}; {len(engine.running)} running, {len(engine.waiting)} waiting",
+                f"step {step}: {kind}{extra}; {len(engine.running)} running, "
+                f"{len(engine.waiting)} waiting",
                 step,
             )
         )

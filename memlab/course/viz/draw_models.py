@@ -1,4 +1,5 @@
-"""Chapter 02's pictures: KV bytes per token for real model configs, and one token's row to scale."""
+"""Chapter 02's pictures: KV bytes per token for real model configs, and one token's row to
+scale."""
 
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ def draw_kv_bytes(
         left.text(v, y, f" {v:,.0f} KiB", va="center", fontsize=8)
     left.invert_yaxis()
     left.set_xlabel(
-        f"KV per token, all layers, KiB ({dtype_bytes} byte{'s' if dtype_bytes > 1 else ''} a value, "
-        f"TP {tp_size})"
+        f"KV per token, all layers, KiB ({dtype_bytes} byte{'s' if dtype_bytes > 1 else ''} a "
+        f"value, TP {tp_size})"
     )
     left.set_xlim(0, max(vals) * 1.35)
     left.set_title("bytes per token", fontsize=10, loc="left")

@@ -75,16 +75,22 @@ def sizing_text(seq_len=8192, **kw) -> str:
     r = report(cfg.model, cfg.gpu, seq_len, cfg.schedule, cfg.spec, cfg.parallel)
     ps = alloc_page_size(cfg.schedule, cfg.parallel)
     if not r.sizes.fits:
-        return f"<b>{cfg.model.name} does not fit on {cfg.gpu.name}</b> (per rank, TP {cfg.parallel.tp_size})"
+        return (
+            f"<b>{cfg.model.name} does not fit on {cfg.gpu.name}</b> (per rank, TP "
+            f"{cfg.parallel.tp_size})"
+        )
     if (
         cfg.spec.algorithm is None
     ):  # SGLang reads the decode reserve on its speculative paths only
         step = "a decode step takes <b>1</b> token a request (a new page only on a page boundary)"
     else:
-        step = f"reserve per decode step <b>{alloc_reserve_per_decode(cfg.spec, ps)}</b> slots a request"
+        step = (
+            f"reserve per decode step <b>{alloc_reserve_per_decode(cfg.spec, ps)}</b> slots a "
+            "request"
+        )
     return (
-        f"<b>{r.sizes.full_tokens + r.sizes.swa_tokens:,} tokens</b> of KV ({r.pages:,} pages of {ps}); "
-        f"<b>{r.requests:,} requests</b> of {seq_len:,} tokens at once; {step}; "
+        f"<b>{r.sizes.full_tokens + r.sizes.swa_tokens:,} tokens</b> of KV ({r.pages:,} pages of "
+        f"{ps}); <b>{r.requests:,} requests</b> of {seq_len:,} tokens at once; {step}; "
         f"request-table row {r.row_width:,} wide"
     )
 

@@ -9,7 +9,7 @@ The same four parts as every side of memlab.course.viz (see ``sglang_books``): t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,16 +23,8 @@ from memlab.course.viz.sglang_books import (
     draw_slot_grid,
     read_books,
 )
-from memlab.course.viz.style import (
-    FREE,
-    HIGHLIGHT,
-    PADDING,
-    caption_text,
-    cell,
-    grid_axes,
-    new_figure,
-    owner_color,
-)
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color
+from memlab.course.viz.svg import CELL, Canvas, Swatch
 from memlab.sglang.allocation import release_kv_row
 from memlab.sglang.mamba import HybridReqToTokenPool
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -49,6 +41,7 @@ class SwaFrame:
     pairs: tuple  # (full slot, swa slot) for every mapped held slot
     window: int
     note: str = ""
+    swa_evicted_len: dict = field(default_factory=dict)  # rid -> positions released
 
 
 @dataclass(frozen=True)
@@ -56,8 +49,10 @@ class MambaFrame:
     caption: str
     size: int  # state slots 1..size; 0 is padding
     free_slots: tuple
-    rows: tuple  # (row, owner, state slot, tracking slots tuple, next_track_idx, last_track_seqlen)
+    # (row, owner, state slot, tracking slots tuple, next_track_idx, last_track_seqlen)
+    rows: tuple
     note: str = ""
+    hot: frozenset = frozenset()  # slots the step wrote (a snapshot's target)
 
     def slot_roles(self) -> dict[int, tuple[str, str]]:
         """slot -> (owner, role): 'state', 'track 0', 'track 1' (a * marks the next snapshot's)."""
@@ -143,7 +138,15 @@ class SwaScene(Scene):
             staged_pages=tuple(sw.get_all_free_pages()[len(sw.free_pages) :].tolist()),
             new_slots=frozenset(new_swa),
         )
-        return SwaFrame(caption, full, swa, tuple(pairs), self.window, note)
+        return SwaFrame(
+            caption,
+            full,
+            swa,
+            tuple(pairs),
+            self.window,
+            note,
+            dict(self.swa_evicted_len),
+        )
 
     def release(self, rid: str) -> list[int]:
         """SWA pages wholly before the request's window go back; the full side keeps its slots."""
@@ -180,18 +183,20 @@ def sliding_window(
     al = SWATokenToKVPoolAllocator(size, size_swa, page_size, debug_mode=True)
     sc = SwaScene(ReqToTokenPool(4, 16), al, window)
     sc.snap(
-        f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window {window} tokens)"
+        f"Two ledgers: {size // page_size} full pages, {size_swa // page_size} SWA pages (window "
+        f"{window} tokens)"
     )
     out = sc.extend_batch({"A": 6, "B": 4})
     sc.snap(
-        "A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in the map",
+        "A (6 tokens) and B (4) arrive: every token gets a full slot AND an SWA slot, paired in "
+        "the map",
         new_slots=_slots(out),
     )
     for rid in ("A", "B"):
         freed = sc.release(rid)
         sc.snap(
-            f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole pages); "
-            "the full side keeps them"
+            f"{rid}'s next token reads only the last {window}: SWA slots {freed} go back (whole "
+            "pages); the full side keeps them"
             if freed
             else f"{rid}: nothing wholly outside the window yet"
         )
@@ -199,7 +204,8 @@ def sliding_window(
         out = sc.decode(["A", "B"])
         freed = [s for rid in ("A", "B") for s in sc.release(rid)]
         sc.snap(
-            f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} released",
+            f"decode step {step}: new full slots {_slots(out)}; out of window, SWA slots {freed} "
+            "released",
             new_slots=_slots(out),
         )
     slots = sc.finish("B")
@@ -228,8 +234,9 @@ def mamba_slots(
     reqs = {}
     frames = []
 
-    def snap(caption, note=""):
-        frames.append(read_mamba(caption, pool, reqs.values(), note))
+    def snap(caption, note="", hot=()):
+        frame = read_mamba(caption, pool, reqs.values(), note)
+        frames.append(replace(frame, hot=frozenset(hot)))
 
     per_row = 1 + pool.mamba_initial_tracking_slots
     snap(
@@ -246,16 +253,19 @@ def mamba_slots(
         reqs[rid] = r
         pool.execute_deferred_mamba_cow_and_clear([r])  # before its first extend
         snap(
-            f"{rid} arrives: row {r.kv.req_pool_idx}, state slot {int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} "
-            "(marked new, zeroed before its first extend: no stale recurrent state)"
+            f"{rid} arrives: row {r.kv.req_pool_idx}, state slot "
+            f"{int(pool.get_mamba_indices([r.kv.req_pool_idx])[0])} (marked new, zeroed before "
+            "its first extend: no stale recurrent state)"
         )
     if extra_buffer:
         row = reqs["A"].kv.req_pool_idx
         for seq in (16, 32, 48):
             dst = int(pool.track_state([row], [seq])[0])
             snap(
-                f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * moves to the other "
-                "slot (ping-pong: the next write never hits the one still being read)"
+                f"A snapshots its state at {seq} tokens into tracking slot {dst}; the * "
+                "moves to the other slot (ping-pong: the next write never hits the one "
+                "still being read)",
+                hot=[dst],
             )
     a = reqs.pop("A")
     row = a.kv.req_pool_idx
@@ -280,100 +290,234 @@ def mamba_slots(
     return frames
 
 
-# -- 4. the drawings --------------------------------------------------------------------------
+# -- 4. the drawings: inline SVG, every cell saying what it is -----------------------------------
 
 
-def draw_swa(frame: SwaFrame, width: float = 11.5):
-    """Request table (full-side slots), the full ledger, the SWA ledger, and the full -> SWA map."""
-    fig = new_figure(width, 4.6)[0]
-    fig.clear()
-    top, bottom = fig.subfigures(2, 1, height_ratios=[4, 1])
-    a1, a2, a3 = top.subplots(1, 3, width_ratios=[frame.full.row_width + 5, 12, 9])
-    draw_request_table(a1, frame.full, show_generation=False)
-    draw_slot_grid(
-        a2,
-        frame.full,
-        pages_per_line=4,
-        title=f"full-attention ledger ({frame.full.num_pages} pages)",
+def _swa_map(frame: SwaFrame) -> dict:
+    """rid -> [(position, full slot, SWA slot or 0: released)] for every running request."""
+    pairs = dict(frame.pairs)
+    return {
+        r.owner: [(pos, s, pairs.get(s, 0)) for pos, s in enumerate(r.slots)]
+        for r in frame.full.rows
+        if r.owner is not None
+    }
+
+
+def draw_swa(frame: SwaFrame, still: bool = False) -> str:
+    """Left, the request table (full-side slots); middle and right, the two ledgers, each with
+    its own slot numbers; below, the map: each position's full slot over its SWA slot (a dot:
+    released); then both free lists. Inline SVG under the caption."""
+    full, swa, ps = frame.full, frame.swa, frame.full.page_size
+    c = Canvas("hover a cell: request, position, full slot, SWA slot")
+    y = c.caption(4, 4.0, frame.caption, frame.note, 860)
+    table_w = 58 + full.row_width * CELL + 90
+    x_full = 4 + table_w + 12
+    x_swa = x_full + 4 * (ps * CELL + 10) + 6
+    rows = _swa_map(frame)
+    on_swa = {m: (rid, pos) for rid, cells in rows.items() for pos, _, m in cells if m}
+    bottom = draw_request_table(c, full, 4, y)
+    full_title = f"full ledger ({full.num_pages} pages)"
+    bottom = max(
+        bottom,
+        draw_slot_grid(c, full, x_full, y, 4 * (ps * CELL + 10) - 10, full_title),
     )
-    draw_slot_grid(
-        a3,
-        frame.swa,
-        pages_per_line=3,
-        title=f"sliding-window ledger ({frame.swa.num_pages} pages)",
+    swa_title = f"SWA ledger ({swa.num_pages} pages)"
+    bottom = max(
+        bottom,
+        draw_slot_grid(
+            c, swa, x_swa, y, 3 * (ps * CELL + 10) - 10, swa_title, on_swa, "swaslot"
+        ),
     )
-    ax = bottom.subplots()
-    grid_axes(
-        ax,
-        f"full_to_swa_index_mapping (window {frame.window} tokens): full slot -> SWA slot",
+    y = bottom + 8
+    c.text(
+        4,
+        y + 13,
+        f"full_to_swa_index_mapping, window {frame.window} tokens: each position's full "
+        "slot (top) and SWA slot (bottom)",
+        size=12.5,
+        weight="bold",
     )
-    owner = frame.full.slot_owner
-    for i, (f, s) in enumerate(frame.pairs[:20]):
-        cell(
-            ax,
-            i * 1.3,
-            0,
-            owner_color(owner.get(f)),
-            f"{f}\n{s}",
-            gid=f"pair:{f}:{s}",
-            w=1.1,
-            fontsize=8.5,
+    y += 28.0
+    if not rows:
+        c.text(4, y + 14, "(no running request)", size=11, color="#777")
+        y += 24
+    for rid, cells in rows.items():
+        ev = frame.swa_evicted_len.get(rid, 0)
+        c.text(4, y + 15, rid, size=12, weight="bold")
+        c.text(4, y + 15 + CELL + 2, "swa", size=9, color="#555")
+        n = len(cells)
+        for pos, s, m in cells:
+            x = 34 + pos * CELL
+            in_window = pos >= n - frame.window
+            tip = f"{rid}, position {pos} · full slot {s} (page {s // ps}) · SWA slot "
+            tip += (
+                f"{m} (page {m // ps})"
+                if m
+                else f"none: released (position < swa_evicted_len {ev})"
+            )
+            tip += (
+                " · in the window of the next token"
+                if in_window
+                else " · out of the window"
+            )
+            new = s in full.new_slots
+            c.cell(
+                x,
+                y,
+                owner_color(rid),
+                s,
+                tip=tip,
+                gid=f"full:{rid}:{pos}",
+                stroke=HIGHLIGHT if new else "#fff",
+                stroke_width=2 if new else 1,
+            )
+            c.cell(
+                x,
+                y + CELL + 2,
+                owner_color(rid) if m else FREE,
+                m if m else "·",
+                tip=tip,
+                gid=f"swa:{rid}:{pos}",
+                stroke="#999" if not in_window else "#000",
+            )
+        c.text(
+            38 + n * CELL,
+            y + 15,
+            f"{n} tokens, swa_evicted_len {ev}",
+            size=10.5,
+            color="#555",
         )
-    if not frame.pairs:
-        ax.text(0, 0.5, "(no mapped slot)", fontsize=8, va="center")
-    ax.set_xlim(-0.2, 26)
-    ax.set_ylim(1.2, -0.5)
-    fig.suptitle(
-        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+        y += 2 * CELL + 12
+    for name, books in (("full", full), ("SWA", swa)):
+        free = books.free_pages
+        available = (len(free) + len(books.staged_pages)) * ps
+        c.text(
+            4,
+            y + 13,
+            f"{name} free_pages: {len(free)} of {books.num_pages} pages free "
+            f"(available_size() = {available})",
+            size=12,
+            weight="bold",
+        )
+        y += 18
+        for i, p in enumerate(free):
+            c.cell(
+                4 + i * CELL,
+                y,
+                FREE,
+                p,
+                tip=f"{name} free_pages[{i}] = page {p} (slots {p * ps}-{p * ps + ps - 1})",
+                gid=f"{name.lower()}free:{i}",
+                stroke="#999",
+            )
+        if not free:
+            c.text(4, y + 15, "(empty)", size=11, color="#777")
+        y += CELL + 8
+    c.legend(
+        4,
+        y,
+        [
+            Swatch("a request's slot", owner_color("A")),
+            Swatch("free, or SWA slot released", FREE),
+            Swatch("padding", PADDING),
+            Swatch("in the next token's window", "#fff", stroke="#000"),
+            Swatch("handed out by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
+        ],
     )
-    return fig
+    return c.html(still)
 
 
-def draw_mamba(frame: MambaFrame, width: float = 10.0):
-    """The state slots coloured by owner and role, the free slots in order, and the rows' fields."""
-    fig, (ax, fx, tx) = new_figure(width, 3.6, nrows=3, height_ratios=[1.3, 0.8, 1.6])
-    grid_axes(
-        ax, "mamba state slots (conv + temporal state per layer, one set per slot)"
-    )
+def draw_mamba(frame: MambaFrame, still: bool = False) -> str:
+    """The state slots coloured by owner and role (* marks the next snapshot's), the free list
+    in order, and each row's fields, as inline SVG under the caption."""
     roles = frame.slot_roles()
+    tracks = max((len(r[3]) for r in frame.rows), default=0)
+    c = Canvas("hover a slot: its owner and role")
+    y = c.caption(4, 4.0, frame.caption, frame.note, 600)
+    c.text(
+        4,
+        y + 13,
+        f"Mamba state slots (0 is padding): {len(frame.free_slots)} free · "
+        f"{tracks} tracking slot(s) per request",
+        size=12.5,
+        weight="bold",
+    )
+    y += 22
     for s in range(frame.size + 1):
+        x = 4 + s * (CELL + 12)
         if s == 0:
-            fill, label = PADDING, "0\npad"
+            fill, tip, lab = PADDING, "slot 0: padding, never handed out", ""
         elif s in roles:
             owner, role = roles[s]
-            fill, label = owner_color(owner), f"{s}\n{role}"
+            fill = owner_color(owner)
+            lab = role.replace("track ", "t").replace("state", "S")
+            tip = f"slot {s} · {owner}'s {role.rstrip('*')}"
+            if role.endswith("*"):
+                tip += " · the next snapshot's target (*)"
         else:
-            fill, label = FREE, str(s)
-        star = s in roles and roles[s][1].endswith("*")
-        cell(
-            ax,
-            s * 1.15,
-            0,
+            fill, lab = FREE, ""
+            tip = f"slot {s}"
+            if s in frame.free_slots:
+                tip += f" · free (free list position {frame.free_slots.index(s)})"
+        hot = s in frame.hot
+        c.cell(
+            x,
+            y,
             fill,
-            label,
+            s,
+            tip=tip,
             gid=f"mslot:{s}",
-            fontsize=8.5,
-            edge=HIGHLIGHT if star else "white",
-            lw=1.5 if star else 1,
+            w=CELL + 8,
+            stroke=HIGHLIGHT if hot else "#999",
+            stroke_width=2.5 if hot else 1,
         )
-    ax.set_xlim(-0.2, (frame.size + 1) * 1.15)
-    ax.set_ylim(1.2, -0.6)
-    grid_axes(fx, "free slots: head (taken next) -> tail")
-    for i, s in enumerate(frame.free_slots):
-        cell(fx, i, 0, FREE, s, gid=f"mfree:{i}", edge="#999")
-    fx.set_xlim(-0.2, max(frame.size, 8))
-    fx.set_ylim(1.2, -0.6)
-    tx.set_axis_off()
-    head = f"{'row':>4} {'owner':>6} {'state':>6} {'tracking':>10} {'next':>5} {'last snapshot at':>17}"
-    lines = [head] + [
-        f"{row:>4} {owner or '-':>6} {state:>6} {str(list(tr)):>10} {nxt:>5} {last:>17}"
-        for row, owner, state, tr, nxt, last in frame.rows
-    ]
-    tx.text(0, 1, "\n".join(lines), family="monospace", fontsize=8.5, va="top")
-    fig.suptitle(
-        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
+        c.text(x + (CELL + 8) / 2, y + CELL + 12, lab, size=10, anchor="middle")
+    y += CELL + 24
+    c.text(
+        4,
+        y + 13,
+        "free slots: head (taken next) -> tail",
+        size=12,
+        weight="bold",
     )
-    return fig
+    y += 18
+    for i, s in enumerate(frame.free_slots):
+        tip = f"free list position {i}: slot {s}" + (" · taken next" if i == 0 else "")
+        c.cell(4 + i * CELL, y, FREE, s, tip=tip, gid=f"mfree:{i}", stroke="#999")
+    if not frame.free_slots:
+        c.text(4, y + 15, "(empty)", size=11, color="#777")
+    y += CELL + 8
+    c.text(
+        4,
+        y + 13,
+        "rows: state slot, tracking slots (* = next), last_track_seqlen",
+        size=12,
+        weight="bold",
+    )
+    y += 18
+    for row, owner, state, tr, nxt, last in frame.rows:
+        text = f"row {row}: "
+        if owner is None:
+            text += "free"
+        else:
+            marked = ", ".join(
+                f"{t}*" if i == nxt else str(t) for i, t in enumerate(tr)
+            )
+            text += f"{owner} · state {state} · tracks [{marked}] · "
+            text += f"last_track_seqlen {last}"
+        c.text(4, y + 13, text, size=11)
+        y += 17
+    c.legend(
+        4,
+        y + 4,
+        [
+            Swatch("free", FREE),
+            Swatch("padding", PADDING),
+            Swatch("a request's", owner_color("A")),
+            Swatch("written by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
+        ],
+    )
+    return c.html(still)
 
 
 # -- 5. the instruments: the learner's own steps on the real allocators --------------------------
@@ -399,7 +543,8 @@ def _release_all(sc: SwaScene, rids, step_lines: list) -> dict:
         a = c["args"]
         step_lines.append(
             f"allocator.release_out_of_window(req_to_token, {a['req_pool_idx']}, {a['pre_len']}, "
-            f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len {c['result']}"
+            f"{a['swa_evicted_len']}, {a['sliding_window']})  # {rid} -> swa_evicted_len "
+            f"{c['result']}"
         )
     return freed
 
@@ -426,9 +571,10 @@ def _op_swa_extend(sc: SwaScene, step, requests, extend_lens) -> None:
         step.result = "None"
         al = sc.allocator
         step.refuse(
-            f"refused (alloc_for_extend returns None): full side {al.full_attn_allocator.available_size()} "
-            f"slots free, SWA side {al.swa_attn_allocator.available_size()}, "
-            f"{sc.req_pool.available_size()} row(s); nothing was taken"
+            "refused (alloc_for_extend returns None): full side "
+            f"{al.full_attn_allocator.available_size()} slots free, SWA side "
+            f"{al.swa_attn_allocator.available_size()}, {sc.req_pool.available_size()} row(s); "
+            "nothing was taken"
         )
         return
     _release_after(sc, step, rids, out, f"extend {dict(zip(rids, lens))}")
@@ -498,113 +644,6 @@ def swa_books(sc: SwaScene) -> dict:
             swa=[int(m[s]) for s in slots],
         )
     return out
-
-
-def draw_swa_svg(sc: SwaScene, step=None) -> str:
-    """Each request's positions with their full slot and SWA slot (0: released), then both free lists."""
-    from memlab.course.viz.svg import CELL, Canvas, Swatch
-
-    new = set((step.marks if step is not None else {}).get("new_slots", ()))
-    al, m = sc.allocator, sc.allocator.full_to_swa_index_mapping
-    c = Canvas("hover a cell: request, position, full slot, SWA slot")
-    c.text(
-        4,
-        17,
-        f"window {sc.window} tokens · page size {al.page_size} · {al.swa_attn_allocator.size} SWA slots · each position: full slot (top), SWA slot "
-        "(bottom)",
-        size=12.5,
-        weight="bold",
-    )
-    y = 28.0
-    if not sc.reqs:
-        c.text(4, y + 14, "(no running request)", size=11, color="#777")
-        y += 24
-    for rid, _r in sc.reqs.items():
-        slots = sc.slots(rid)
-        ev = sc.swa_evicted_len.get(rid, 0)
-        c.text(4, y + 15, rid, size=12, weight="bold")
-        c.text(4, y + 15 + CELL + 2, "swa", size=9, color="#555")
-        n = len(slots)
-        for pos, s in enumerate(slots):
-            x = 34 + pos * CELL
-            w_ = int(m[s])
-            in_window = pos >= n - sc.window
-            tip = (
-                f"{rid}, position {pos} · full slot {s} (page {s // al.page_size}) · SWA slot "
-                + (
-                    f"{w_} (page {w_ // al.page_size})"
-                    if w_
-                    else f"none: released (position < swa_evicted_len {ev})"
-                )
-                + (
-                    " · in the window of the next token"
-                    if in_window
-                    else " · out of the window"
-                )
-            )
-            c.cell(
-                x,
-                y,
-                owner_color(rid),
-                s,
-                tip=tip,
-                gid=f"full:{rid}:{pos}",
-                stroke=HIGHLIGHT if s in new else "#fff",
-                stroke_width=2 if s in new else 1,
-            )
-            c.cell(
-                x,
-                y + CELL + 2,
-                owner_color(rid) if w_ else FREE,
-                w_ if w_ else "·",
-                tip=tip,
-                gid=f"swa:{rid}:{pos}",
-                stroke="#999" if not in_window else "#000",
-            )
-        c.text(
-            38 + n * CELL,
-            y + 15,
-            f"{n} tokens, swa_evicted_len {ev}",
-            size=10.5,
-            color="#555",
-        )
-        y += 2 * CELL + 12
-    for name, sub in (("full", al.full_attn_allocator), ("SWA", al.swa_attn_allocator)):
-        free = sub.free_pages.tolist()
-        c.text(
-            4,
-            y + 13,
-            f"{name} free_pages: {len(free)} of {sub.num_pages} pages free "
-            f"(available_size() = {sub.available_size()})",
-            size=12,
-            weight="bold",
-        )
-        y += 18
-        for i, p in enumerate(free):
-            c.cell(
-                4 + i * CELL,
-                y,
-                FREE,
-                p,
-                tip=f"{name} free_pages[{i}] = page {p} (slots {p * sub.page_size}-"
-                f"{p * sub.page_size + sub.page_size - 1})",
-                gid=f"{name.lower()}free:{i}",
-                stroke="#999",
-            )
-        if not free:
-            c.text(4, y + 15, "(empty)", size=11, color="#777")
-        y += CELL + 8
-    c.legend(
-        4,
-        y,
-        [
-            Swatch("a request's slot", owner_color("A")),
-            Swatch("SWA slot released", FREE),
-            Swatch("in the next token's window", "#fff", stroke="#000"),
-            Swatch("handed out by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
-        ],
-    )
-    return c.html()
 
 
 def swa_instrument(
@@ -680,7 +719,9 @@ def swa_instrument(
     return Instrument(
         build,
         ops,
-        draw_swa_svg,
+        lambda sc, step: draw_swa(
+            sc.books(new_slots=(step.marks if step else {}).get("new_slots", ()))
+        ),
         swa_books,
         settings={"window": win},
         opening=opening,
@@ -740,7 +781,8 @@ def _op_mamba_arrive(w: MambaWorld, step, request) -> None:
     )
     row = r.kv.req_pool_idx
     pp = w.pool.req_index_to_mamba_ping_pong_track_buffer_mapping[row].tolist()
-    step.result = f"row {got[0]}; state slot {int(w.pool.get_mamba_indices([row])[0])}, tracking slots {pp}"
+    state = int(w.pool.get_mamba_indices([row])[0])
+    step.result = f"row {got[0]}; state slot {state}, tracking slots {pp}"
     step.caption = f"{request} arrives: " + step.result
 
 
@@ -753,7 +795,8 @@ def _op_mamba_track(w: MambaWorld, step, tracking, seq_len) -> None:
     row = w.reqs[tracking].kv.req_pool_idx
     step.call = f"req_to_token_pool.track_state([{row}], [{n}])"
     dst = w.pool.track_state([row], [n])
-    step.result = f"tensor({dst.tolist()}); next_track_idx now {int(w.pool.mamba_next_track_idx[row])}"
+    nxt = int(w.pool.mamba_next_track_idx[row])
+    step.result = f"tensor({dst.tolist()}); next_track_idx now {nxt}"
     step.marks = dict(slots={int(dst[0])})
     step.caption = (
         f"{tracking} snapshots its state at {n} tokens into slot {int(dst[0])}"
@@ -791,91 +834,6 @@ def mamba_books(w: MambaWorld) -> dict:
             last_track_seqlen=int(p.mamba_last_track_seqlen[row]),
         )
     return out
-
-
-def draw_mamba_svg(w: MambaWorld, step=None) -> str:
-    from memlab.course.viz.svg import CELL, Canvas, Swatch
-
-    hot = set((step.marks if step is not None else {}).get("slots", ()))
-    f = read_mamba("", w.pool, w.reqs.values())
-    roles = f.slot_roles()
-    c = Canvas("hover a slot: its owner and role")
-    c.text(
-        4,
-        17,
-        f"Mamba state slots (0 is padding): {len(f.free_slots)} free · "
-        f"{w.pool.mamba_ping_pong_track_buffer_size} tracking slot(s) per request",
-        size=12.5,
-        weight="bold",
-    )
-    for s in range(f.size + 1):
-        x = 4 + s * (CELL + 12)
-        if s == 0:
-            fill, tip, lab = PADDING, "slot 0: padding, never handed out", ""
-        elif s in roles:
-            owner, role = roles[s]
-            fill, lab = (
-                owner_color(owner),
-                role.replace("track ", "t").replace("state", "S"),
-            )
-            tip = f"slot {s} · {owner}'s {role.rstrip('*')}" + (
-                " · the next snapshot's target (*)" if role.endswith("*") else ""
-            )
-        else:
-            fill, lab = FREE, ""
-            tip = (
-                f"slot {s} · free (free list position {f.free_slots.index(s)})"
-                if s in f.free_slots
-                else f"slot {s}"
-            )
-        c.cell(
-            x,
-            26,
-            fill,
-            s,
-            tip=tip,
-            gid=f"mslot:{s}",
-            w=CELL + 8,
-            stroke=HIGHLIGHT if s in hot else "#999",
-            stroke_width=2.5 if s in hot else 1,
-        )
-        c.text(
-            x + (CELL + 8) / 2,
-            26 + CELL + 12,
-            lab,
-            size=10,
-            anchor="middle",
-            color="#333",
-        )
-    y = 26 + CELL + 24
-    c.text(
-        4,
-        y + 13,
-        "rows: state slot, tracking slots (* = next), last_track_seqlen",
-        size=12,
-        weight="bold",
-    )
-    y += 18
-    for row, owner, state, tracks, nxt, last in f.rows:
-        text = f"row {row}: " + (
-            "free"
-            if owner is None
-            else f"{owner} · state {state} · tracks [{', '.join(f'{t}*' if i == nxt else str(t) for i, t in enumerate(tracks))}] · "
-            f"last_track_seqlen {last}"
-        )
-        c.text(4, y + 13, text, size=11)
-        y += 17
-    c.legend(
-        4,
-        y + 4,
-        [
-            Swatch("free", FREE),
-            Swatch("padding", PADDING),
-            Swatch("a request's", owner_color("A")),
-            Swatch("written by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
-        ],
-    )
-    return c.html()
 
 
 def mamba_instrument(overlap: bool = True, opening=MAMBA_STORY):
@@ -944,7 +902,12 @@ def mamba_instrument(overlap: bool = True, opening=MAMBA_STORY):
     return Instrument(
         lambda overlap: MambaWorld(overlap == "on"),
         ops,
-        draw_mamba_svg,
+        lambda w, step: draw_mamba(
+            replace(
+                read_mamba("", w.pool, w.reqs.values()),
+                hot=frozenset((step.marks if step else {}).get("slots", ())),
+            )
+        ),
         mamba_books,
         settings={"overlap": ov},
         opening=opening,

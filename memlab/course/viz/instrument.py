@@ -107,7 +107,7 @@ def recording(obj, method: str):
             delattr(obj, method)
 
 
-# -- parsing what the learner typed -----------------------------------------------------------------
+# -- parsing what the learner typed ------------------------------------------------------------
 
 
 class InputError(ValueError):
@@ -115,7 +115,8 @@ class InputError(ValueError):
 
 
 def ints(text) -> list[int]:
-    """``"6, 3, 0"`` (commas or spaces) -> ``[6, 3, 0]``; negative numbers pass (the library judges them)."""
+    """``"6, 3, 0"`` (commas or spaces) -> ``[6, 3, 0]``; negative numbers pass (the library judges
+    them)."""
     if isinstance(text, (list, tuple)):
         return [int(x) for x in text]
     out = []
@@ -167,7 +168,7 @@ class Operation:
     help: str = ""  # the button's tooltip
 
 
-# -- one step -----------------------------------------------------------------------------------------
+# -- one step ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -189,7 +190,7 @@ class Step:
         self.ok, self.error = False, why
 
 
-# -- the instrument -------------------------------------------------------------------------------------
+# -- the instrument ----------------------------------------------------------------------------
 
 
 class Instrument(W.VBox):
@@ -289,7 +290,7 @@ class Instrument(W.VBox):
         self._rebuild()
         self._show(self.last)
 
-    # -- the Python API ------------------------------------------------------------------------------
+    # -- the Python API ------------------------------------------------------------------------
     @property
     def setting_values(self) -> dict:
         return {k: c.value for k, c in self.settings.items()}
@@ -390,7 +391,7 @@ class Instrument(W.VBox):
         self.story_box.children = [W.HTML("<b>your steps as a story</b>"), stepper]
         return stepper
 
-    # -- the machinery -------------------------------------------------------------------------------
+    # -- the machinery -------------------------------------------------------------------------
     def _fresh(self, keep: bool = True):
         """A new world with the opening steps applied (when in use); ``keep``: remember those steps
         as the ones the widget reports."""
@@ -406,7 +407,8 @@ class Instrument(W.VBox):
         return world
 
     def _apply(self, world, step: Step) -> None:
-        """Replay a step that succeeded before: it must succeed again (same settings, same library)."""
+        """Replay a step that succeeded before: it must succeed again (same settings, same
+        library)."""
         self.operations[step.op].run(world, step, **step.args)
         if not step.ok:
             raise RuntimeError(f"replaying {step.op}{step.args} failed: {step.error}")
@@ -452,8 +454,8 @@ class Instrument(W.VBox):
         note = ""
         if dropped:
             note = (
-                f"under {self._settings_text()} step {len(self.history) + 1} ({dropped[0].op}) is refused: "
-                f"{len(dropped)} step(s) from there were dropped"
+                f"under {self._settings_text()} step {len(self.history) + 1} ({dropped[0].op}) is "
+                f"refused: {len(dropped)} step(s) from there were dropped"
             )
         self._show(self.last, note=note)
         return dropped
@@ -524,7 +526,10 @@ BOX = "font-size:12.5px;line-height:1.45"  # ipywidgets' HTML gives its content 
 def call_html(step: Step | None, note: str = "", opening: bool = False) -> str:
     """The call box: the call in a copyable block, what came back, or the library's message."""
     if step is None:
-        body = f'<div class="memlab-call" style="{BOX}">no step yet: type your values and press an operation</div>'
+        body = (
+            f'<div class="memlab-call" style="{BOX}">no step yet: type your values and press an '
+            "operation</div>"
+        )
     else:
         who = (
             "the story's last step"
@@ -538,7 +543,8 @@ def call_html(step: Step | None, note: str = "", opening: bool = False) -> str:
         result = f"\n-> {esc(step.result)}" if step.result else ""
         colour = "#2e7d32" if step.ok else "#c62828"
         err = (
-            f'<div class="memlab-error" style="color:#c62828;font-weight:bold;white-space:pre-wrap">'
+            '<div class="memlab-error" '
+            'style="color:#c62828;font-weight:bold;white-space:pre-wrap">'
             f"{esc(step.error)}</div>"
             if step.error
             else ""
@@ -549,10 +555,10 @@ def call_html(step: Step | None, note: str = "", opening: bool = False) -> str:
             else '<div style="color:#555">nothing changed: the books are as before this call</div>'
         )
         body = (
-            f'<div class="memlab-call" style="{BOX};border-left:4px solid {colour};padding:2px 8px">'
-            f'<span style="color:#555">{who}:</span>'
-            f'<pre style="margin:2px 0;white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;'
-            f'line-height:1.35">{code}{result}</pre>{err}{keep}</div>'
+            f'<div class="memlab-call" style="{BOX};border-left:4px solid {colour};'
+            f'padding:2px 8px"><span style="color:#555">{who}:</span>'
+            '<pre style="margin:2px 0;white-space:pre-wrap;word-break:normal;'
+            f'overflow-wrap:anywhere;line-height:1.35">{code}{result}</pre>{err}{keep}</div>'
         )
     if note:
         body += (
@@ -571,8 +577,9 @@ def books_value(v) -> str:
 def books_html(books: dict) -> str:
     """The books, one line each: the name, then the value read from the objects (escaped)."""
     lines = "".join(
-        f'<div class="memlab-book"><span class="memlab-book-key" style="display:inline-block;'
-        f'min-width:140px;margin-right:1ch;color:#555">{esc(k)}</span><code class="memlab-book-value">'
+        '<div class="memlab-book"><span class="memlab-book-key" style="display:inline-block;'
+        f'min-width:140px;margin-right:1ch;color:#555">{esc(k)}</span>'
+        '<code class="memlab-book-value">'
         f"{esc(books_value(v))}</code></div>"
         for k, v in books.items()
     )
@@ -590,4 +597,7 @@ def table_html(head, rows, cls: str = "") -> str:
         "<tr>" + "".join(f'<td style="{td}">{esc(v)}</td>' for v in r) + "</tr>"
         for r in rows
     )
-    return f'<table class="{cls}" style="{BOX};border-collapse:collapse"><tr>{th}</tr>{body}</table>'
+    return (
+        f'<table class="{cls}" style="{BOX};border-collapse:collapse">'
+        f"<tr>{th}</tr>{body}</table>"
+    )

@@ -18,19 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from matplotlib.patches import Circle
 
 from memlab.capstone.prefix_compare import RadixDriver
-from memlab.course.viz.style import (
-    FREE,
-    HIGHLIGHT,
-    PADDING,
-    caption_text,
-    cell,
-    grid_axes,
-    new_figure,
-    owner_color,
-)
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color
+from memlab.course.viz.svg import CELL, PART_FILL, Canvas, Swatch, esc
 from memlab.sglang.allocator import make_allocator
 from memlab.sglang.hicache import HiRadixCache, HostKVCache
 from memlab.sglang.kv_pool import MHATokenToKVPool
@@ -131,7 +122,8 @@ def _pages(slots, page_size: int) -> set:
 def read_radix_books(
     tree, caption: str, requests=None, highlight=(), words=(), note: str = ""
 ) -> RadixBooks:
-    """A frozen snapshot of a (Hi)RadixCache, its allocators, and the running requests' own pages."""
+    """A frozen snapshot of a (Hi)RadixCache, its allocators, and the running requests' own
+    pages."""
     ps = tree.page_size
     nodes, stack = [], [(c, None) for c in tree.root_node.children.values()]
     while stack:
@@ -355,8 +347,8 @@ def story(page_size: int = 1) -> list[RadixBooks]:
         "A",
         a,
         "A arrives: nothing cached, it computes every token into slots of its own; its prefill "
-        f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; write-through also "
-        "copies them to the host at once.",
+        f"done, the tree takes them as one node{tail} (a checkpoint) and A locks it; "
+        "write-through also copies them to the host at once.",
     )
     sc.finish(
         "A",
@@ -368,9 +360,9 @@ def story(page_size: int = 1) -> list[RadixBooks]:
     sc.arrive(
         "B",
         b,
-        f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, so "
-        "the match SPLITS the node there; B maps the shared slots, and its checkpoint adds its own tail "
-        "as a second leaf under the split node; B locks the path to it.",
+        f"B arrives: its prompt matches A's node through '{shared_b}'{_aligned(a, b, page_size)}, "
+        "so the match SPLITS the node there; B maps the shared slots, and its checkpoint adds "
+        "its own tail as a second leaf under the split node; B locks the path to it.",
     )
     sc.finish(
         "B", "B finishes: its lock is gone; its tail stays a leaf under the split node."
@@ -416,7 +408,8 @@ def story(page_size: int = 1) -> list[RadixBooks]:
 
 
 def _layout(books: RadixBooks) -> dict:
-    """x, y of each node: leaves side by side in tree order, a parent above the middle of its children."""
+    """x, y of each node: leaves side by side in tree order, a parent above the middle of its
+    children."""
     children: dict = {}
     for n in books.nodes:
         children.setdefault(n.parent, []).append(n.id)
@@ -436,20 +429,27 @@ def _layout(books: RadixBooks) -> dict:
     return pos
 
 
-def _label(books: RadixBooks, n: NodeView, width: int = 18) -> str:
-    """A node's tokens in full, wrapped at ``width`` characters (never cut: the split point a step
-    teaches may be the last word), then where its KV lives and its lock count."""
+def _key_words(books: RadixBooks, key) -> str:
+    words = books.words
+    return " ".join(words[t] if t < len(words) else str(t) for t in key)
+
+
+def _label(books: RadixBooks, n: NodeView, chars: int = 24) -> list[str]:
+    """A node's lines: its tokens in full, wrapped at ``chars`` characters (never cut: the split
+    point a step teaches may be the last word), then where its KV lives and its lock count."""
     import textwrap
 
-    words = " ".join(books.words[t] if t < len(books.words) else str(t) for t in n.key)
-    words = "\n".join(textwrap.wrap(words, width, break_long_words=True)) or "(empty)"
+    key = _key_words(books, n.key)
+    lines = textwrap.wrap(key, chars, break_long_words=True) or ["(empty)"]
     where = []
     if n.value is not None:
         where.append(f"dev {_span(n.value)}")
     if n.host_value is not None:
         where.append(f"host {_span(n.host_value)}")
-    lock = f"\nlock {n.lock_ref}" if n.lock_ref else ""
-    return f"{words}\n{' | '.join(where)}{lock}"
+    lines.append(" | ".join(where))
+    if n.lock_ref:
+        lines.append(f"lock_ref {n.lock_ref}")
+    return lines
 
 
 def _span(slots) -> str:
@@ -468,140 +468,157 @@ def _page_fill(owner, books: RadixBooks):
     return STATE_FILL[books.node(who).state] if kind == "node" else owner_color(who)
 
 
-LEGEND_DX = (
-    2.7  # the legend's swatches, left to right: wide enough for "evictable leaf"
-)
-
-
-def draw_radix(books: RadixBooks, width: float = 12.0):
-    """The tree (left), the device pool's pages (top right) and the host pool's pages (bottom right)."""
-    fig, axes = new_figure(
-        width, 5.6, ncols=2, nrows=2, width_ratios=[1.9, 1], height_ratios=[1, 1]
+def node_tip(books: RadixBooks, n: NodeView) -> str:
+    state = {
+        "locked": "locked (on the device)",
+        "evictable": "an evictable leaf (on the device)",
+        "device": "on the device, a child on the device",
+        "host": "host only (evicted from the device)",
+    }[n.state]
+    dev = list(n.value) if n.value is not None else "none"
+    host = list(n.host_value) if n.host_value is not None else "none"
+    return (
+        f"node {n.id} · key '{_key_words(books, n.key)}' ({len(n.key)} tokens: ids "
+        f"{list(n.key)}) · device slots {dev} · host slots {host} · lock_ref "
+        f"{n.lock_ref} · {state} · last access {n.last_access_time}"
     )
-    gs = axes[0, 0].get_gridspec()
-    axes[0, 0].remove()
-    axes[1, 0].remove()
-    tree_ax = fig.add_subplot(gs[:, 0])
-    dev_ax, host_ax = axes[0, 1], axes[1, 1]
 
+
+def _page_tip(books: RadixBooks, owner, p: int, device: bool) -> tuple[str, str | None]:
+    """What a pool's page holds, and the pattern drawn over it."""
+    if owner == "padding":
+        return "padding: never handed out", None
+    if owner == "free" or owner is None:
+        return "free", None
+    if owner[0] == "request":
+        return f"request {owner[1]}'s own (not in the tree yet)", PART_FILL[3]
+    nv = books.node(owner[1])
+    slots = nv.value if device else nv.host_value
+    offs = [i for i, x in enumerate(slots) if x // books.page_size == p]
+    words = _key_words(books, [nv.key[i] for i in offs])
+    pattern = PART_FILL[1] if nv.state == "host" and device else None
+    return f"node {nv.id}'s tokens {offs}: '{words}'", pattern
+
+
+def draw_radix(books: RadixBooks, still: bool = False) -> str:
+    """The tree (every node's whole key, wrapped; its slots and lock), then the device and host
+    pools page by page, as inline SVG under the caption; what the step changed has a black
+    edge."""
+    c = Canvas("hover a node or a slot: its key, slots, lock count, owner")
+    y0 = c.caption(4, 4.0, books.caption, books.note, 760)
     s = books.sizes
-    grid_axes(
-        tree_ax,
-        f"radix tree: evictable {s.get('evictable', 0)}, protected {s.get('protected', 0)} tokens",
+    c.text(
+        4,
+        y0 + 13,
+        f"radix tree: evictable_size() {s.get('evictable', 0)}, protected_size() "
+        f"{s.get('protected', 0)} tokens",
+        size=12.5,
+        weight="bold",
     )
     pos = _layout(books)
+    w, line_h = 170, 13
     labels = {n.id: _label(books, n) for n in books.nodes}
-    lines = max([lb.count("\n") + 1 for lb in labels.values()] + [2])
-    w, h, dx = 3.2, 0.2 + 0.4 * lines, 3.5  # every node as tall as the tallest label
-    dy = h + 0.8
-    top = [pos[n.id][0] for n in books.nodes if n.parent is None]
-    root_x = dx * sum(top) / len(top) if top else 0.0
-    right = max(
-        [x * dx for x, _ in pos.values()] + [(len(STATE_FILL) + 1) * LEGEND_DX - w]
+    h = max([len(v) for v in labels.values()] + [2]) * line_h + 8
+    dx, dy, top0 = w + 14, h + 30, y0 + 56
+    tops = [pos[n.id][0] for n in books.nodes if n.parent is None]
+    root_x = 4 + w / 2 + dx * (sum(tops) / len(tops) if tops else 0)
+    root_y = y0 + 34
+    c.parts.append(
+        f'<circle data-gid="node:root" cx="{root_x:.1f}" cy="{root_y:.1f}" r="12" '
+        f'fill="{PADDING}"/>'
     )
-    tree_ax.add_patch(Circle((root_x, 0.3), 0.42, facecolor=PADDING, gid="node:root"))
-    tree_ax.text(
-        root_x, 0.3, "root", color="white", ha="center", va="center", fontsize=8.5
-    )
+    c.text(root_x, root_y + 4, "root", size=9, anchor="middle", color="#fff")
     for n in books.nodes:
         x, d = pos[n.id]
-        cx, top = x * dx, d * dy
-        px, pbottom = (
-            (root_x, 0.6)
-            if n.parent is None
-            else (pos[n.parent][0] * dx, pos[n.parent][1] * dy + h)
+        cx, top = 4 + w / 2 + x * dx, top0 + (d - 1) * dy
+        if n.parent is None:
+            px, py = root_x, root_y + 12
+        else:
+            px = 4 + w / 2 + pos[n.parent][0] * dx
+            py = top0 + (pos[n.parent][1] - 1) * dy + h
+        c.parts.append(
+            f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{top:.1f}" '
+            'stroke="#888"/>'
         )
-        tree_ax.plot([px, cx], [pbottom, top], color="#888", lw=0.8, zorder=0)
         new = n.id in books.highlight
-        cell(
-            tree_ax,
+        edge = HIGHLIGHT if new else "#333" if n.host_value is not None else "#fff"
+        c.cell(
             cx - w / 2,
             top,
             STATE_FILL[n.state],
-            labels[n.id],
+            "",
+            tip=node_tip(books, n),
             gid=f"node:{n.id}",
             w=w,
             h=h,
-            edge=HIGHLIGHT
-            if new
-            else ("#333" if n.host_value is not None else "white"),
-            lw=2.0 if new else 1.0,
-            hatch="///" if n.state == "host" else None,
-            fontsize=8.5,
+            stroke=edge,
+            stroke_width=2.5 if new else 1,
+            pattern=PART_FILL[1] if n.state == "host" else None,
+        )
+        ink = "#fff" if n.state == "locked" else "#000"
+        # over the node's box (the pointer goes through to it), grouped: a test reads it whole
+        c.parts.append(f'<g data-label="node:{n.id}">')
+        for k, line in enumerate(labels[n.id]):
+            c.parts.append(
+                f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" '
+                f'font-size="10.5" fill="{ink}" pointer-events="none">{esc(line)}</text>'
+            )
+        c.parts.append("</g>")
+        c.text(
+            cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555"
         )
     depth = max([d for _, d in pos.values()] + [1])
-    tree_ax.set_xlim(-w / 2 - 0.3, right + w / 2 + 0.3)
-    legend_y = depth * dy + h + 0.4  # a row of its own below the deepest nodes
-    tree_ax.set_ylim(legend_y + 0.5, -0.2)
-    for i, (state, fill) in enumerate(STATE_FILL.items()):
-        label = {
-            "locked": "locked",
-            "evictable": "evictable leaf",
-            "device": "on device",
-            "host": "host only",
-        }[state]
-        cell(
-            tree_ax,
-            -w / 2 + i * LEGEND_DX,
-            legend_y,
-            fill,
-            label,
-            gid=f"legend:{state}",
-            w=LEGEND_DX - 0.1,
-            h=0.3,
-            fontsize=8.5,
-            hatch="///" if state == "host" else None,
-        )
-    # the pools' cross-hatched pages, drawn like them (in a request's colour on the right)
-    cell(
-        tree_ax,
-        -w / 2 + len(STATE_FILL) * LEGEND_DX,
-        legend_y,
-        "#c8c8c8",
-        "a request's own",
-        gid="legend:request",
-        w=LEGEND_DX - 0.1,
-        h=0.3,
-        fontsize=8.5,
-        hatch="xx",
+    y = top0 + (depth - 1) * dy + h + 16
+    if not books.nodes:
+        c.text(4, top0 + 10, "(an empty tree)", size=11, color="#777")
+        y = top0 + 24
+    pools = (
+        ("device pool", books.device_pages, books.device_owner, "dpage"),
+        ("host pool", books.host_pages, books.host_owner, "hpage"),
     )
-
-    for ax, name, pages, owner_of, prefix in (
-        (dev_ax, "device pool", books.device_pages, books.device_owner, "dpage"),
-        (host_ax, "host pool", books.host_pages, books.host_owner, "hpage"),
-    ):
-        free = s.get("available" if prefix == "dpage" else "host_available", 0)
+    for name, pages, owner_of, prefix in pools:
+        device = prefix == "dpage"
+        free = s.get("available" if device else "host_available", 0)
         unit = f"pages of {books.page_size}" if books.page_size > 1 else "slots"
-        grid_axes(ax, f"{name}: {pages} {unit}, {free} tokens free")
-        per_line = 8
+        c.text(
+            4,
+            y + 13,
+            f"{name}: {pages} {unit}, {free} tokens free",
+            size=12.5,
+            weight="bold",
+        )
+        y += 20
+        per_line = 25
+        ps = books.page_size
         for p in range(pages + 1):
-            y, x = divmod(p, per_line)
+            line, col = divmod(p, per_line)
             owner = owner_of(p)
-            label = p if books.page_size == 1 else f"p{p}"
-            hatch = None
-            if isinstance(owner, tuple):
-                hatch = (
-                    "xx"
-                    if owner[0] == "request"
-                    else "///"
-                    if books.node(owner[1]).state == "host"
-                    else None
-                )
-            cell(
-                ax,
-                x * 1.05,
-                y * 1.05,
+            what, pattern = _page_tip(books, owner, p, device)
+            span = f"slot {p}" if ps == 1 else f"slots {p * ps}-{p * ps + ps - 1}"
+            c.cell(
+                4 + col * CELL,
+                y + line * (CELL + 4),
                 _page_fill(owner, books),
-                label,
+                p,
+                tip=f"{name} page {p} ({span}) · {what}",
                 gid=f"{prefix}:{p}",
-                hatch=hatch,
+                stroke="#999",
+                pattern=pattern,
             )
-        ax.set_xlim(-0.1, per_line * 1.05)
-        ax.set_ylim((pages // per_line + 1) * 1.05 + 0.1, -0.4)
-    fig.suptitle(
-        caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left"
+        y += ((pages // per_line) + 1) * (CELL + 4) + 8
+    c.legend(
+        4,
+        y,
+        [
+            Swatch("locked", LOCKED),
+            Swatch("evictable leaf", EVICTABLE),
+            Swatch("on device", DEVICE),
+            Swatch("host only", HOST_ONLY, PART_FILL[1]),
+            Swatch("a request's own", "#c8c8c8", PART_FILL[3]),
+            Swatch("changed by this step", "#fff", stroke=HIGHLIGHT, stroke_width=2),
+        ],
     )
-    return fig
+    return c.html(still)
 
 
 # -- 5. the instrument: the learner's own token strings on a real HiRadixCache --------------------
@@ -626,7 +643,8 @@ def scene_words(sc: RadixScene) -> list:
 
 
 def tokens_of(sc: RadixScene, text) -> list[int]:
-    """The learner's words as token ids: the story's words keep theirs, a new word gets the next id."""
+    """The learner's words as token ids: the story's words keep theirs, a new word gets the next
+    id."""
     from memlab.course.viz.instrument import InputError
 
     words = scene_words(sc)
@@ -728,20 +746,25 @@ def _op_finish(sc: RadixScene, step, request) -> None:
 
 def _match_text(r, sc) -> str:
     return (
-        f"MatchResult(device_prefix_len={r.device_prefix_len}, last_device_node={_node_name(sc, r.last_device_node)}, "
+        f"MatchResult(device_prefix_len={r.device_prefix_len}, "
+        f"last_device_node={_node_name(sc, r.last_device_node)}, "
         f"last_host_node={_node_name(sc, r.last_host_node)}, host_hit_length={r.host_hit_length})"
     )
 
 
 def _op_insert(sc: RadixScene, step, text) -> None:
     """``tree.insert(key, value)`` with slots of the learner's own: the caller allocates them,
-    writes the KV, inserts, and frees its copies of what the tree held already (the caller's job)."""
+    writes the KV, inserts, and frees its copies of what the tree held already (the caller's
+    job)."""
     from memlab.course.viz.instrument import spell_value
 
     ids, before = tokens_of(sc, text), _snapshot_ids(sc)
     tree, al = sc.tree, sc.tree.token_to_kv_pool_allocator
     key = tree.page_aligned(ids)
-    step.call = f"key = {spell_value(list(key))}  # '{_words(sc, key)}', cut to whole pages\nvalue = allocator.alloc({len(key)})"
+    step.call = (
+        f"key = {spell_value(list(key))}  # '{_words(sc, key)}', cut to whole pages\nvalue = "
+        f"allocator.alloc({len(key)})"
+    )
     if not key:
         step.refuse(
             f"nothing to insert: {len(ids)} token(s) is less than one page of {tree.page_size}"
@@ -760,7 +783,10 @@ def _op_insert(sc: RadixScene, step, text) -> None:
     step.call += "\nresult = tree.insert(key, value)"
     if result.prefix_len:
         al.free_segment(value[: result.prefix_len], start_pos=0)
-        step.call += f"\nallocator.free_segment(value[:{result.prefix_len}], start_pos=0)  # duplicates of the tree's"
+        step.call += (
+            f"\nallocator.free_segment(value[:{result.prefix_len}], start_pos=0)  # duplicates of "
+            "the tree's"
+        )
     step.result = (
         f"value {spell_value(value)}; InsertResult(prefix_len={result.prefix_len}, "
         f"last_device_node={_node_name(sc, result.last_device_node)})"
@@ -840,7 +866,10 @@ def _op_evict(sc: RadixScene, step, num_tokens) -> None:
     r = sc.tree.evict(n)
     step.result = f"EvictResult(num_tokens_evicted={r.num_tokens_evicted})"
     step.marks = dict(changed=_changed(sc, before))
-    step.caption = f"evict({n}): {r.num_tokens_evicted} device slots freed (demoted to the host where backed up)"
+    step.caption = (
+        f"evict({n}): {r.num_tokens_evicted} device slots freed (demoted to the host where backed "
+        "up)"
+    )
 
 
 def _op_evict_host(sc: RadixScene, step, host_tokens) -> None:
@@ -854,7 +883,8 @@ def _op_evict_host(sc: RadixScene, step, host_tokens) -> None:
 
 
 def _op_backup(sc: RadixScene, step, node) -> None:
-    """``write_backup(node)``: copy a device node (and, write-through, its unbacked ancestors) to the host."""
+    """``write_backup(node)``: copy a device node (and, write-through, its unbacked ancestors) to
+    the host."""
     from memlab.course.viz.instrument import InputError
 
     n = _node(sc, node)
@@ -908,175 +938,11 @@ def _op_load_back(sc: RadixScene, step, text) -> None:
     step.caption = f"load back '{text}': {len(got)} tokens copied host -> device"
 
 
-def node_tip(sc: RadixScene, n: NodeView, books: RadixBooks) -> str:
-    state = {
-        "locked": "locked (on the device)",
-        "evictable": "an evictable leaf (on the device)",
-        "device": "on the device, a child on the device",
-        "host": "host only (evicted from the device)",
-    }[n.state]
-    return (
-        f"node {n.id} · key '{_words(sc, n.key)}' ({len(n.key)} tokens: ids {list(n.key)}) · "
-        f"device slots {list(n.value) if n.value is not None else 'none'} · host slots "
-        f"{list(n.host_value) if n.host_value is not None else 'none'} · lock_ref {n.lock_ref} · {state} · "
-        f"last access {n.last_access_time}"
-    )
-
-
-def draw_radix_svg(sc: RadixScene, step=None) -> str:
-    """The tree (every node's whole key, wrapped; its slots and lock), the device and host pools."""
-    import textwrap
-
-    from memlab.course.viz.svg import CELL, Canvas, Swatch, esc
-
+def radix_view(sc: RadixScene, step=None) -> str:
+    """The instrument's picture: the live tree's books, what the last call changed marked."""
     changed = set((step.marks if step is not None else {}).get("changed", ()))
-    books = read_radix_books(sc.tree, "", sc.running, changed, tuple(scene_words(sc)))
-    c = Canvas("hover a node or a slot: its key, slots, lock count, owner")
-    s = books.sizes
-    c.text(
-        4,
-        17,
-        f"radix tree: evictable_size() {s['evictable']}, protected_size() {s['protected']} tokens",
-        size=12.5,
-        weight="bold",
-    )
-    pos = _layout(books)
-    w, line_h, chars = 170, 13, 24
-    labels = {}
-    for n in books.nodes:
-        lines = textwrap.wrap(_words(sc, n.key), chars, break_long_words=True) or [
-            "(empty)"
-        ]
-        where = []
-        if n.value is not None:
-            where.append(f"dev {_span(n.value)}")
-        if n.host_value is not None:
-            where.append(f"host {_span(n.host_value)}")
-        lines.append(" | ".join(where))
-        if n.lock_ref:
-            lines.append(f"lock_ref {n.lock_ref}")
-        labels[n.id] = lines
-    h = max([len(v) for v in labels.values()] + [2]) * line_h + 8
-    dx, dy, top0 = w + 14, h + 30, 60
-    tops = [pos[n.id][0] for n in books.nodes if n.parent is None]
-    root_x = 4 + w / 2 + dx * (sum(tops) / len(tops) if tops else 0)
-    c.parts.append(f'<circle cx="{root_x:.1f}" cy="38" r="12" fill="{PADDING}"/>')
-    c.text(root_x, 42, "root", size=9, anchor="middle", color="#fff")
-    for n in books.nodes:
-        x, d = pos[n.id]
-        cx, top = 4 + w / 2 + x * dx, top0 + (d - 1) * dy
-        if n.parent is None:
-            px, py = root_x, 50
-        else:
-            px, py = (
-                4 + w / 2 + pos[n.parent][0] * dx,
-                top0 + (pos[n.parent][1] - 1) * dy + h,
-            )
-        c.parts.append(
-            f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{top:.1f}" stroke="#888"/>'
-        )
-        new = n.id in changed
-        c.cell(
-            cx - w / 2,
-            top,
-            STATE_FILL[n.state],
-            "",
-            tip=node_tip(sc, n, books),
-            gid=f"node:{n.id}",
-            w=w,
-            h=h,
-            stroke=HIGHLIGHT if new else "#333" if n.host_value is not None else "#fff",
-            stroke_width=2.5 if new else 1,
-            pattern="url(#memlab-part1)" if n.state == "host" else None,
-        )
-        ink = "#fff" if n.state == "locked" else "#000"
-        for k, line in enumerate(
-            labels[n.id]
-        ):  # over the node's box: the pointer goes through to it
-            c.parts.append(
-                f'<text x="{cx - w / 2 + 5:.1f}" y="{top + 14 + k * line_h:.1f}" font-size="10.5" '
-                f'fill="{ink}" pointer-events="none">{esc(line)}</text>'
-            )
-        c.text(
-            cx + w / 2 - 4, top - 3, f"#{n.id}", size=9.5, anchor="end", color="#555"
-        )
-    depth = max([d for _, d in pos.values()] + [1])
-    y = top0 + (depth - 1) * dy + h + 16
-    if not books.nodes:
-        c.text(4, 70, "(an empty tree)", size=11, color="#777")
-        y = 84
-    for name, pages, owner_of, prefix, free in (
-        (
-            "device pool",
-            books.device_pages,
-            books.device_owner,
-            "dpage",
-            s["available"],
-        ),
-        ("host pool", books.host_pages, books.host_owner, "hpage", s["host_available"]),
-    ):
-        unit = f"pages of {books.page_size}" if books.page_size > 1 else "slots"
-        c.text(
-            4,
-            y + 13,
-            f"{name}: {pages} {unit}, {free} tokens free",
-            size=12.5,
-            weight="bold",
-        )
-        y += 20
-        per_line = 25
-        for p in range(pages + 1):
-            line, col = divmod(p, per_line)
-            owner = owner_of(p)
-            pattern = None
-            if owner == "padding":
-                what = "padding: never handed out"
-            elif owner == "free" or owner is None:
-                what = "free"
-            elif owner[0] == "request":
-                what, pattern = (
-                    f"request {owner[1]}'s own (not in the tree yet)",
-                    "url(#memlab-part3)",
-                )
-            else:
-                nv = books.node(owner[1])
-                slots = nv.value if prefix == "dpage" else nv.host_value
-                offs = [i for i, x in enumerate(slots) if x // books.page_size == p]
-                what = f"node {nv.id}'s tokens {offs}: '{_words(sc, [nv.key[i] for i in offs])}'"
-                pattern = (
-                    "url(#memlab-part1)"
-                    if nv.state == "host" and prefix == "dpage"
-                    else None
-                )
-            span = (
-                f"slot {p}"
-                if books.page_size == 1
-                else f"slots {p * books.page_size}-{p * books.page_size + books.page_size - 1}"
-            )
-            c.cell(
-                4 + col * CELL,
-                y + line * (CELL + 4),
-                _page_fill(owner, books),
-                p,
-                tip=f"{name} page {p} ({span}) · {what}",
-                gid=f"{prefix}:{p}",
-                stroke="#999",
-                pattern=pattern,
-            )
-        y += ((pages // per_line) + 1) * (CELL + 4) + 8
-    c.legend(
-        4,
-        y,
-        [
-            Swatch("locked", LOCKED),
-            Swatch("evictable leaf", EVICTABLE),
-            Swatch("on device", DEVICE),
-            Swatch("host only", HOST_ONLY, "url(#memlab-part1)"),
-            Swatch("a request's own", "#c8c8c8", "url(#memlab-part3)"),
-            Swatch("changed by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2),
-        ],
-    )
-    return c.html()
+    words = tuple(scene_words(sc))
+    return draw_radix(read_radix_books(sc.tree, "", sc.running, changed, words))
 
 
 def radix_books_of(sc: RadixScene) -> dict:
@@ -1216,7 +1082,7 @@ def radix_instrument(
     return Instrument(
         build,
         ops,
-        draw_radix_svg,
+        radix_view,
         radix_books_of,
         settings={"page_size": ps},
         opening=steps,

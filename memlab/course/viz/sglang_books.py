@@ -14,11 +14,11 @@ Every side of the books in memlab.course.viz (this module, ``vllm_books``, ``hyb
    ``request_table`` (01), ``token_allocator`` (03), ``paged_extend`` (04), ``decode_steps`` and
    ``paged_free`` (05). Each returns the scene, whose live objects the chapter keeps using, so
    "the real code on the same state" is literally the same state;
-4. the drawings: ``draw_request_table``, ``draw_slot_grid``, ``draw_free_list``, ``draw_row_list``,
-   ``draw_buffers``, each on an axes, with cells that carry a gid (``row:R:P``, ``slot:S``,
-   ``free:I``, ``buf:NAME:S``); ``draw_books`` puts panels side by side. The same books as inline
-   SVG for the instruments, every cell with its tooltip: ``svg_request_table``, ``svg_slot_grid``,
-   ``svg_free_list``, put together by ``svg_books``;
+4. the drawings, inline SVG (``memlab.course.viz.svg``): ``draw_request_table``,
+   ``draw_row_list``, ``draw_slot_grid``, ``draw_buffers``, ``draw_free_list``, each a panel
+   of cells that carry a gid (``row:R:P``, ``freerow:I``, ``slot:S``, ``buf:NAME:S``,
+   ``free:I``) and say what they are when hovered; ``draw_books`` stacks the panels under the
+   caption. The Steppers, the instruments and the static PNGs all show this one drawing;
 5. the instruments (memlab.course.viz.instrument): ``extend_instrument`` (04), the learner's own
    prefill batches through ``alloc_for_extend`` on the real allocator, with the kernel and both
    references run on each batch.
@@ -51,15 +51,8 @@ from memlab.course.viz.style import (
     HIGHLIGHT,
     PADDING,
     PALETTE,
-    PART_HATCH,
     STAGED,
-    caption_text,
-    cell,
-    frame_axes,
-    grid_axes,
-    new_figure,
     owner_color,
-    swatch_legend,
 )
 from memlab.course.viz.svg import CELL, PART_FILL, Canvas, Swatch, esc
 from memlab.sglang.allocation import alloc_for_decode, alloc_for_extend, release_kv_row
@@ -108,7 +101,8 @@ class Books:
     )  # slot -> alloc_extend part (1, 2, 3), when shown
     buffers: tuple[Buffer, ...] = ()  # the KV pool's per-layer tensors, when shown
     note: str = ""
-    # "new": new_slots were handed out by the step; "freed": they were given back by it
+    # "new": new_slots were handed out by the step; "freed": they were given back by it;
+    # "read": a query read them (chapter 09)
     new_kind: str = "new"
 
     @property
@@ -253,7 +247,8 @@ class Scene:
 
     # -- scheduling ----------------------------------------------------------------------------
     def extend_batch(self, lens: dict) -> torch.Tensor | None:
-        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a row),
+        """One prefill batch: request ``rid`` gets ``lens[rid]`` new tokens (new requests get a
+        row),
         through the scheduler's ``alloc_for_extend`` (pages checked first, then rows). Returns the
         new slots in batch order, or None when pages or rows are short; a refused batch changes
         nothing."""
@@ -272,7 +267,8 @@ class Scene:
         )
 
     def clear(self) -> None:
-        """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets them)."""
+        """Both tables back to empty (generations survive: ``ReqToTokenPool.clear`` never resets
+        them)."""
         for r in self.reqs.values():
             r.kv.req_pool_idx, r.kv.kv_allocated_len = None, 0
         self.reqs.clear()
@@ -316,7 +312,8 @@ def orientation(
     dtype=torch.float16,
     head_dim: int = 8,
 ) -> Scene:
-    """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its room."""
+    """Chapter 00: three requests arrive, decode one token each, one leaves, a fourth reuses its
+    room."""
     kv = MHATokenToKVPool(
         size, page_size, dtype, head_num=2, head_dim=head_dim, layer_num=2
     )
@@ -326,14 +323,15 @@ def orientation(
         kv,
     )
     sc.snap(
-        f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never handed out"
+        f"Empty books: row 0, page 0 and {_slot_span(0, page_size - 1)} are padding and never "
+        "handed out"
     )
     for rid, n in (("A", 5), ("B", 3), ("C", 8)):
         out = sc.extend_batch({rid: n})
         r = sc.reqs[rid]
         sc.snap(
-            f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the free rows), "
-            f"slots {out.tolist()}",
+            f"{rid} arrives with {n} tokens: row {r.kv.req_pool_idx} (taken from the tail of the "
+            f"free rows), slots {out.tolist()}",
             new_slots=out.tolist(),
         )
     lens = [sc.reqs[r].kv.kv_allocated_len + 1 for r in "ABC"]
@@ -356,8 +354,8 @@ def orientation(
         else "B's row again"
     )
     sc.snap(
-        f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: {again} (freed rows "
-        "and pages are the next handed out)",
+        f"D arrives with 4 tokens: row {sc.reqs['D'].kv.req_pool_idx}, slots {out.tolist()}: "
+        f"{again} (freed rows and pages are the next handed out)",
         new_slots=out.tolist(),
     )
     return sc
@@ -368,15 +366,17 @@ def _slots(out) -> list[int]:
 
 
 def request_table(rows: int = 5, width: int = 8) -> Scene:
-    """Chapter 01: rows from the tail, reuse and generations, a chunked prefill keeping its row, clear()."""
+    """Chapter 01: rows from the tail, reuse and generations, a chunked prefill keeping its row,
+    clear()."""
     sc = Scene(ReqToTokenPool(rows, width), TokenToKVPoolAllocator(rows * width))
     sc.snap(
         f"{rows} free rows; alloc_rows takes from the tail of free_slots, so row {rows} goes first"
     )
     sc.extend_batch({"A": 3, "B": 2})
     sc.snap(
-        f"A and B arrive together: alloc_rows(2) takes the last two free rows, "
-        f"A -> row {sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each generation is now 1"
+        "A and B arrive together: alloc_rows(2) takes the last two free rows, A -> row "
+        f"{sc.reqs['A'].kv.req_pool_idx}, B -> row {sc.reqs['B'].kv.req_pool_idx}; each "
+        "generation is now 1"
     )
     sc.extend_batch({"C": 4})
     sc.snap(f"C arrives: row {sc.reqs['C'].kv.req_pool_idx}")
@@ -388,8 +388,8 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     sc.extend_batch({"D": 2})
     d = sc.reqs["D"]
     sc.snap(
-        f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader that stored "
-        f"(row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused"
+        f"D arrives and gets row {d.kv.req_pool_idx} again, generation {d.generation}: a reader "
+        f"that stored (row {d.kv.req_pool_idx}, generation 1) for B now sees the row was reused"
     )
     sc.extend_batch({"E": 3})
     e_row = sc.reqs["E"].kv.req_pool_idx
@@ -399,7 +399,8 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     before = sc.req_pool.available_size()
     sc.extend_batch({"E": 3})
     sc.snap(
-        f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at {before}"
+        f"E's second chunk: alloc([E]) keeps row {e_row} (E already owns KV); free rows stay at "
+        f"{before}"
     )
     rows0 = sc.req_pool.alloc_rows(0)
     sc.snap(
@@ -407,8 +408,8 @@ def request_table(rows: int = 5, width: int = 8) -> Scene:
     )
     short = sc.extend_batch({"F": 1, "G": 1, "H": 1})
     sc.snap(
-        f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc returns "
-        f"{short}, and nothing changes (all or nothing)"
+        f"F, G, H arrive together but only {sc.req_pool.available_size()} row is free: alloc "
+        f"returns {short}, and nothing changes (all or nothing)"
     )
     sc.clear()
     sc.snap(
@@ -441,7 +442,8 @@ def token_allocator(need_sort: bool, size: int = 16) -> Scene:
     out = sc.extend_batch({"D": 4})
     if need_sort:
         how = (
-            f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted first"
+            f"only {free_now} slots are on free_pages, so the staged ones are merged and sorted "
+            "first"
             if free_now < 4
             else "free_pages is deep enough: nothing is merged"
         )
@@ -461,7 +463,8 @@ PART_NAMES = {
 
 
 def extend_parts(prefix: int, seq: int, page_size: int) -> list[int]:
-    """Which part (1, 2, 3) each new token of one request falls in: for colouring, not allocating."""
+    """Which part (1, 2, 3) each new token of one request falls in: for colouring, not
+    allocating."""
     old_end = ceil_align(prefix, page_size)
     full_end = seq // page_size * page_size
     return [
@@ -492,7 +495,8 @@ def extend_marks(
     prefix: dict, batch: dict, out, page_size: int
 ) -> tuple[dict, list[str]]:
     """Which part each slot an extend handed out falls in (slot -> 1, 2, 3), and a line per request
-    (``A 6->11 (parts 2/4/1)``); ``prefix``: each request's length before, ``batch``: its new tokens."""
+    (``A 6->11 (parts 2/4/1)``); ``prefix``: each request's length before, ``batch``: its new
+    tokens."""
     part_of, i, desc = {}, 0, []
     for r, n in batch.items():
         parts = extend_parts(prefix[r], prefix[r] + n, page_size)
@@ -514,8 +518,8 @@ def paged_extend(
     ``device``: where the allocator's free list lives (the kernel's device for backend="triton")."""
     sc = extend_scene(page_size, size, backend, device)
     sc.snap(
-        f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the old "
-        "page, 2 = whole new pages, 3 = a new partial page"
+        f"page_size {page_size}: pages 1..{size // page_size} free; part colours: 1 = rest of the "
+        "old page, 2 = whole new pages, 3 = a new partial page"
     )
     for batch in EXTEND_BATCHES:
         pre = {r: sc.reqs[r].kv.kv_allocated_len if r in sc.reqs else 0 for r in batch}
@@ -533,7 +537,8 @@ def paged_extend(
 def decode_steps(
     page_size: int = 4, steps: int = 6, prompts=(("A", 3), ("B", 4), ("C", 6))
 ) -> Scene:
-    """Chapter 05: decode steps; a request opens a page exactly when its new length % page_size == 1."""
+    """Chapter 05: decode steps; a request opens a page exactly when its new length % page_size ==
+    1."""
     sc = Scene(ReqToTokenPool(4, 16), PagedTokenToKVPoolAllocator(64, page_size))
     out = sc.extend_batch(dict(prompts))
     sc.snap(
@@ -589,8 +594,8 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         pages = sorted({s // page_size for s in slots})
         sc.finish("A")
         sc.snap(
-            f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // {page_size}), "
-            "at the HEAD of the free list (LIFO: the next allocation reuses them)"
+            f"A finishes: free({slots}) releases each page once, pages {pages} = unique(slot // "
+            f"{page_size}), at the HEAD of the free list (LIFO: the next allocation reuses them)"
         )
         out = sc.extend_batch({"D": 5})
         sc.snap(f"D takes A's pages again: slots {_slots(out)}", new_slots=_slots(out))
@@ -600,8 +605,9 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         run = c[:n]
         al.free_segment(torch.tensor(run), start_pos=0)
         sc.snap(
-            f"C's first {n} positions leave a sliding window: free_segment(slots {run}, start_pos=0) takes "
-            f"{_every(page_size)} ({run[::page_size]}), one per page, with no unique()"
+            f"C's first {n} positions leave a sliding window: free_segment(slots {run}, "
+            f"start_pos=0) takes {_every(page_size)} ({run[::page_size]}), one per page, with no "
+            "unique()"
         )
         start = next(
             (p for p in range(10, n, -1) if p % page_size), None
@@ -617,8 +623,8 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
                 )
             )
             sc.snap(
-                f"An unaligned run (positions {start}..{start + 2}) is refused: {_every(page_size)} from there "
-                "would not be one per page",
+                f"An unaligned run (positions {start}..{start + 2}) is refused: "
+                f"{_every(page_size)} from there would not be one per page",
                 note=err,
             )
     elif story == "free group":
@@ -668,283 +674,7 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
     return sc
 
 
-# -- 4. the drawings --------------------------------------------------------------------------
-
-
-def draw_request_table(
-    ax, books: Books, max_cols: int | None = None, show_generation: bool = True
-) -> None:
-    """req_to_token as a grid: a row per request-table row, the slot id of each position in it."""
-    cols = min(books.row_width, max_cols or books.row_width)
-    grid_axes(ax, "request table  req_to_token[row, pos] = slot")
-    released = books.released_slots
-    x0 = 1.6
-    for r in books.rows:
-        y = r.row
-        free = r.row in set(books.free_rows)
-        name = "pad" if r.row == 0 else f"row {r.row}"
-        ax.text(x0 - 0.15, y + 0.5, name, ha="right", va="center", fontsize=8.5)
-        for pos in range(cols):
-            if r.row == 0:
-                fill, label = PADDING, ""
-            elif r.owner is not None and pos < len(r.slots):
-                fill, label = owner_color(r.owner), r.slots[pos]
-            else:
-                fill, label = FREE, ""
-            edge = HIGHLIGHT if label != "" and label in books.new_slots else "white"
-            cell(
-                ax,
-                x0 + pos,
-                y,
-                fill,
-                label,
-                gid=f"row:{r.row}:{pos}",
-                edge=edge,
-                lw=1.5 if edge == HIGHLIGHT else 1,
-                alpha=0.3 if label in released else 1.0,
-            )
-        tag = r.owner if r.owner is not None else ("free" if free else "")
-        right = f"{tag}" + (
-            f"  gen {r.generation}" if show_generation and r.row else ""
-        )
-        ax.text(x0 + cols + 0.2, y + 0.5, right, ha="left", va="center", fontsize=8.5)
-    for pos in range(cols):
-        ax.text(
-            x0 + pos + 0.5,
-            -0.25,
-            str(pos),
-            ha="center",
-            va="bottom",
-            fontsize=8.5,
-            color="#666",
-        )
-    frame_axes(ax, x0 + cols + 3.2, len(books.rows))
-
-
-PAGE_PITCH = (
-    1.9  # cells from one line of pages to the next: room for the 'page N' labels
-)
-
-
-def _page_layout(books: Books, pages_per_line: int | None):
-    ps = books.page_size
-    if pages_per_line is None:
-        pages_per_line = (
-            min(books.num_pages + 1, 20)
-            if ps == 1
-            else (max(1, 16 // ps) if ps < 16 else 1)
-        )
-    return ps, pages_per_line, (0.4 if ps > 1 else 0.0)
-
-
-def draw_slot_grid(
-    ax, books: Books, pages_per_line: int | None = None, title: str | None = None
-) -> None:
-    """Physical slots grouped by page: owner colours, pale for a held page's unused tail."""
-    ps, ppl, gap = _page_layout(books, pages_per_line)
-    title = title or (
-        f"KV slots, {ps} per page (slot = page * {ps} + offset)"
-        if ps > 1
-        else "KV slots"
-    )
-    grid_axes(ax, title)
-    if books.part_of:  # drawn swatches, hatched like the slots they explain
-        swatch_legend(
-            ax, [(PART_NAMES[k], PALETTE[0], PART_HATCH[k]) for k in (1, 2, 3)], ncol=1
-        )
-    slot_owner = books.slot_owner
-    page_owner = books.page_owner
-    staged, free = set(books.staged_pages), set(books.free_pages)
-    lines = ceil_div(books.num_pages + 1, ppl)
-    for page in range(books.num_pages + 1):
-        line, col = divmod(page, ppl)
-        x = col * (ps + gap)
-        y = line * PAGE_PITCH
-        if ps > 1:
-            ax.text(
-                x + ps / 2,
-                y - 0.05,
-                f"page {page}",
-                ha="center",
-                va="bottom",
-                fontsize=8.5,
-                color="#666",
-            )
-        for off in range(ps):
-            s = page * ps + off
-            alpha, hatch = 1.0, None
-            if page == 0:
-                fill = PADDING
-            elif page in staged:
-                fill = STAGED
-            elif page in free:
-                fill = FREE
-            elif s in slot_owner:
-                fill = owner_color(slot_owner[s])
-                hatch = PART_HATCH.get(books.part_of.get(s))
-            elif page in page_owner:  # the unused tail of a page some request holds
-                fill, alpha = owner_color(page_owner[page]), 0.3
-            else:
-                fill = FREE
-            new = s in books.new_slots
-            cell(
-                ax,
-                x + off,
-                y,
-                fill,
-                s,
-                gid=f"slot:{s}",
-                alpha=alpha,
-                hatch=hatch,
-                edge=HIGHLIGHT if new else "white",
-                lw=1.5 if new else 1.0,
-            )
-    width = (
-        ppl * (ps + gap) - gap
-        if books.num_pages + 1 >= ppl
-        else (books.num_pages + 1) * (ps + gap) - gap
-    )
-    frame_axes(ax, width, lines * PAGE_PITCH - (PAGE_PITCH - 1))
-
-
-def draw_free_list(
-    ax, books: Books, title: str | None = None, max_items: int = 24
-) -> None:
-    """The free list head first, then what is staged (released but not merged yet)."""
-    unit = "slots" if books.page_size == 1 else "pages"
-    grid_axes(ax, title or f"free {unit}: head (taken next) -> tail")
-    items = [(p, FREE, "free") for p in books.free_pages] + [
-        (p, STAGED, "staged") for p in books.staged_pages
-    ]
-    shown = items[:max_items]
-    for i, (p, fill, kind) in enumerate(shown):
-        cell(ax, i, 0, fill, p, gid=f"free:{i}:{kind}", edge="#999")
-    if len(items) > max_items:
-        ax.text(
-            max_items + 0.2,
-            0.5,
-            f"... {len(items) - max_items} more",
-            va="center",
-            fontsize=8.5,
-        )
-    if not items:
-        ax.text(0, 0.5, "(empty)", va="center", fontsize=8)
-    if books.staged_pages:
-        ax.text(
-            len(books.free_pages) + 0.1,
-            1.35,
-            "staged ->",
-            fontsize=8.5,
-            color="#996600",
-        )
-    frame_axes(ax, max(len(shown), 1) + (3 if len(items) > max_items else 0), 1.6)
-
-
-def draw_row_list(ax, books: Books) -> None:
-    """ReqToTokenPool.free_slots: alloc_rows takes from the tail, free appends to the tail."""
-    grid_axes(ax, "free rows (alloc takes the tail)")
-    for i, row in enumerate(books.free_rows):
-        cell(ax, i, 0, FREE, row, gid=f"freerow:{i}", edge="#999")
-    if not books.free_rows:
-        ax.text(0, 0.5, "(no free row)", va="center", fontsize=8)
-    frame_axes(ax, max(len(books.free_rows), 1), 1)
-
-
-def draw_buffers(ax, books: Books, slot: int | None = None) -> None:
-    """Every layer's KV tensor as a strip of slot rows, coloured by owner; one slot traced to bytes."""
-    grid_axes(ax, "KV buffers: slot s is row s of every layer's tensor")
-    slot_owner = books.slot_owner
-    n = books.num_slots
-    x0 = 3.2
-    for j, b in enumerate(books.buffers):
-        ax.text(x0 - 0.2, j + 0.5, b.name, ha="right", va="center", fontsize=8.5)
-        for s in range(n):
-            fill = PADDING if s < books.page_size else owner_color(slot_owner.get(s))
-            mark = s == slot
-            cell(
-                ax,
-                x0 + s,
-                j,
-                fill,
-                gid=f"buf:{b.name}:{s}",
-                edge=HIGHLIGHT if mark else "white",
-                lw=1.5 if mark else 0.3,
-            )
-    for s in range(0, n, max(1, books.page_size)):
-        ax.text(
-            x0 + s + 0.5,
-            -0.15,
-            str(s),
-            ha="center",
-            va="bottom",
-            fontsize=8.5,
-            color="#666",
-        )
-    if slot is not None and books.buffers:
-        b = books.buffers[0]
-        ax.text(
-            x0 + n + 0.5,
-            len(books.buffers) / 2,
-            f"slot {slot} -> bytes\n[{slot * b.row_bytes}, "
-            f"{(slot + 1) * b.row_bytes})\nof each tensor\n({b.row_bytes} B a row,\nshape {b.shape})",
-            fontsize=8.5,
-            va="center",
-        )
-    frame_axes(ax, x0 + n + (9 if slot is not None else 0), max(len(books.buffers), 1))
-
-
-PANELS = {
-    "table": draw_request_table,
-    "slots": draw_slot_grid,
-    "free": draw_free_list,
-    "rows": draw_row_list,
-    "buffers": draw_buffers,
-}
-
-
-def draw_books(
-    books: Books,
-    panels=("table", "slots", "free"),
-    width: float = 11.0,
-    height: float = 3.6,
-    slot: int | None = None,
-):
-    """Panels side by side (``table``, ``slots``, ``buffers`` in a row; ``free``/``rows`` strips below)."""
-    top = [p for p in panels if p in ("table", "slots")]
-    strips = [p for p in panels if p in ("free", "rows", "buffers")]
-    unknown = [p for p in panels if p not in PANELS]
-    if unknown:
-        raise ValueError(f"unknown panel {unknown[0]!r}; known: {sorted(PANELS)}")
-    extra = sum(
-        0.35 * max(len(books.buffers), 2) if p == "buffers" else 0.7 for p in strips
-    )
-    if top == ["table"]:
-        width = min(width, 2.5 + 0.45 * books.row_width)
-    fig, _ = new_figure(width, height * bool(top) + extra, ncols=1)
-    fig.clear()
-    tall = {"free": 1, "rows": 1, "buffers": 0.4 * max(len(books.buffers), 2)}
-    ratios = [4] * bool(top) + [tall[p] for p in strips]
-    sub = fig.subfigures(len(ratios), 1, height_ratios=ratios, squeeze=False)[:, 0]
-    i = 0
-    if top:
-        widths = {"table": books.row_width + 5, "slots": 17.5}
-        axes = sub[0].subplots(
-            1, len(top), width_ratios=[widths[p] for p in top], squeeze=False
-        )[0]
-        for ax, p in zip(axes, top):
-            PANELS[p](ax, books)
-        i = 1
-    for p in strips:
-        ax = sub[i].subplots()
-        draw_buffers(ax, books, slot) if p == "buffers" else PANELS[p](ax, books)
-        i += 1
-    fig.suptitle(
-        caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left"
-    )
-    return fig
-
-
-# -- 4b. the same books as inline SVG (the instruments' pictures: every cell says what it is) -----
+# -- 4. the drawings: inline SVG, every cell saying what it is -----------------------------------
 
 
 def _slot_words(books: Books, s: int) -> str:
@@ -967,26 +697,36 @@ def _positions(books: Books) -> dict[int, tuple[str, int]]:
 
 
 def _new_edge(books: Books, s) -> dict:
-    """The edge of a slot the last step touched: solid when handed out, dashed when given back."""
+    """The edge of a slot the last step touched: solid when handed out, dashed when given
+    back."""
     if s not in books.new_slots:
         return {}
     dash = "4 2" if books.new_kind == "freed" else None
     return dict(stroke=HIGHLIGHT, stroke_width=2.0, dash=dash)
 
 
-def svg_request_table(
-    c, books: Books, x: float, y: float, max_cols: int | None = None
+# what a black edge means: the last step handed the slot out, gave it back, or read it
+NEW_WORDS = {
+    "new": "handed out by the last call",
+    "freed": "given back by the last call",
+    "read": "read by the query in this step",
+}
+
+
+def _new_tip(books: Books) -> str:
+    return "read by the query" if books.new_kind == "read" else "new"
+
+
+def _title(c: Canvas, x, y, words: str) -> None:
+    c.text(x, y + 13, words, size=12.5, weight="bold", color="#222")
+
+
+def draw_request_table(
+    c: Canvas, books: Books, x: float, y: float, max_cols: int | None = None
 ) -> float:
     """req_to_token as rows of cells (the slot of each position); returns the y below it."""
     cols = min(books.row_width, max_cols or books.row_width)
-    c.text(
-        x,
-        y + 13,
-        "request table: req_to_token[row, position] = slot",
-        size=12.5,
-        weight="bold",
-        color="#222",
-    )
+    _title(c, x, y, "request table: req_to_token[row, position] = slot")
     x0, y0 = x + 58, y + 36
     for pos in range(cols):
         c.text(
@@ -1000,35 +740,27 @@ def svg_request_table(
     released, free_rows = books.released_slots, set(books.free_rows)
     for r in books.rows:
         ry = y0 + r.row * (CELL + 2)
-        c.text(
-            x0 - 6,
-            ry + 15,
-            "pad" if r.row == 0 else f"row {r.row}",
-            size=10.5,
-            anchor="end",
-            color="#444",
-        )
-        who = (
-            f"row {r.row} · {r.owner} (generation {r.generation}, {len(r.slots)} tokens)"
-            if r.owner is not None
-            else "row 0 · padding: padded batch entries point here; never handed out"
-            if r.row == 0
-            else f"row {r.row} · free (generation {r.generation})"
-        )
+        name = "pad" if r.row == 0 else f"row {r.row}"
+        c.text(x0 - 6, ry + 15, name, size=10.5, anchor="end", color="#444")
+        if r.owner is not None:
+            who = f"row {r.row} · {r.owner} (generation {r.generation}, "
+            who += f"{len(r.slots)} tokens)"
+        elif r.row == 0:
+            who = "row 0 · padding: padded batch entries point here; never handed out"
+        else:
+            who = f"row {r.row} · free (generation {r.generation})"
         for pos in range(cols):
+            gid = f"row:{r.row}:{pos}"
             if r.row == 0:
-                c.cell(
-                    x0 + pos * CELL, ry, PADDING, tip=f"{who}", gid=f"row:{r.row}:{pos}"
-                )
+                c.cell(x0 + pos * CELL, ry, PADDING, tip=who, gid=gid)
             elif r.owner is not None and pos < len(r.slots):
                 s = r.slots[pos]
                 part = books.part_of.get(s) if s in books.new_slots else None
                 tip = f"{who} · position {pos} -> {_slot_words(books, s)}"
-                tip += (
-                    f" · new: {PART_NAMES[part]}"
-                    if part
-                    else (" · new" if s in books.new_slots else "")
-                )
+                if part:
+                    tip += f" · new: {PART_NAMES[part]}"
+                elif s in books.new_slots:
+                    tip += " · " + _new_tip(books)
                 tip += " · its page was given back" if s in released else ""
                 c.cell(
                     x0 + pos * CELL,
@@ -1036,44 +768,75 @@ def svg_request_table(
                     owner_color(r.owner),
                     s,
                     tip=tip,
-                    gid=f"row:{r.row}:{pos}",
+                    gid=gid,
                     opacity=0.3 if s in released else 1.0,
                     pattern=PART_FILL.get(part),
                     **_new_edge(books, s),
                 )
             else:
-                c.cell(
-                    x0 + pos * CELL,
-                    ry,
-                    FREE,
-                    tip=f"{who} · position {pos}: no slot",
-                    gid=f"row:{r.row}:{pos}",
-                )
-        tag = (
-            f"{r.owner} · gen {r.generation}"
-            if r.owner is not None
-            else (f"free · gen {r.generation}" if r.row in free_rows else "")
-        )
+                tip = f"{who} · position {pos}: no slot"
+                c.cell(x0 + pos * CELL, ry, FREE, tip=tip, gid=gid)
+        if r.owner is not None:
+            tag = f"{r.owner} · gen {r.generation}"
+        else:
+            tag = f"free · gen {r.generation}" if r.row in free_rows else ""
         c.text(x0 + cols * CELL + 8, ry + 15, tag, size=10.5, color="#444")
     return y0 + len(books.rows) * (CELL + 2) + 6
 
 
-def svg_slot_grid(
-    c, books: Books, x: float, y: float, width: float = 640, title: str | None = None
+def _slot_cell(books: Books, s: int, where, free_at) -> dict:
+    """How slot ``s`` is drawn: its fill, its opacity and pattern, and its description."""
+    page, words = s // books.page_size, _slot_words(books, s)
+    if page == 0:
+        return dict(fill=PADDING, tip=f"{words} · padding: never handed out")
+    if page in set(books.staged_pages):
+        return dict(
+            fill=STAGED, tip=f"{words} · freed, staged (not yet on the free list)"
+        )
+    if page in free_at:
+        back = " · given back by the last call" if s in books.new_slots else ""
+        return dict(fill=FREE, tip=f"{words} · free: free_pages[{free_at[page]}]{back}")
+    if s in where and s not in books.released_slots:
+        owner, pos = where[s]
+        part = books.part_of.get(s) if s in books.new_slots else None
+        tip = f"{words} · {owner}, position {pos}"
+        if part:
+            tip += f" · new: {PART_NAMES[part]}"
+        elif s in books.new_slots:
+            tip += " · " + _new_tip(books)
+        return dict(fill=owner_color(owner), tip=tip, pattern=PART_FILL.get(part))
+    owner = books.page_owner.get(page)
+    if owner is not None:  # the unwritten tail of a page some request holds
+        tip = f"{words} · {owner}'s page, not written yet (its next token lands here)"
+        return dict(fill=owner_color(owner), opacity=0.3, tip=tip)
+    return dict(fill=FREE, tip=f"{words} · not on the free list and held by no row")
+
+
+def draw_slot_grid(
+    c: Canvas,
+    books: Books,
+    x: float,
+    y: float,
+    width: float = 640,
+    title: str | None = None,
+    where: dict | None = None,
+    prefix: str = "slot",
 ) -> float:
-    """The KV slots page by page, coloured by who holds them; returns the y below it."""
+    """The KV slots page by page, coloured by who holds them; returns the y below it.
+    ``where``: slot -> (owner, position) when the rows do not hold these slots (another
+    ledger's); ``prefix``: the cells' gid, ``slot:S`` by default."""
     ps, gap = books.page_size, (10 if books.page_size > 1 else 0)
-    title = title or (
-        f"KV slots, {ps} per page: slot = page × {ps} + offset"
-        if ps > 1
-        else "KV slots (one per page)"
-    )
-    c.text(x, y + 13, title, size=12.5, weight="bold", color="#222")
+    if title is None:
+        title = (
+            f"KV slots, {ps} per page: slot = page × {ps} + offset"
+            if ps > 1
+            else "KV slots (one per page)"
+        )
+    _title(c, x, y, title)
     per_line = max(1, int((width + gap) // (ps * CELL + gap)))
     line_h = CELL + (16 if ps > 1 else 4)
     y0 = y + 22 + (12 if ps > 1 else 0)
-    where, page_owner = _positions(books), books.page_owner
-    staged, free = set(books.staged_pages), set(books.free_pages)
+    where = _positions(books) if where is None else where
     free_at = {p: i for i, p in enumerate(books.free_pages)}
     for page in range(books.num_pages + 1):
         line, col = divmod(page, per_line)
@@ -1089,97 +852,28 @@ def svg_slot_grid(
             )
         for off in range(ps):
             s = page * ps + off
-            kw = _new_edge(books, s)
-            words = _slot_words(books, s)
-            if page == 0:
-                c.cell(
-                    px + off * CELL,
-                    py,
-                    PADDING,
-                    s,
-                    tip=f"{words} · padding: never handed out",
-                    gid=f"slot:{s}",
-                )
-            elif page in staged:
-                c.cell(
-                    px + off * CELL,
-                    py,
-                    STAGED,
-                    s,
-                    tip=f"{words} · freed, staged (not yet on the free list)",
-                    gid=f"slot:{s}",
-                    **kw,
-                )
-            elif page in free:
-                c.cell(
-                    px + off * CELL,
-                    py,
-                    FREE,
-                    s,
-                    tip=f"{words} · free: free_pages[{free_at[page]}]"
-                    + (" · given back by the last call" if kw else ""),
-                    gid=f"slot:{s}",
-                    **kw,
-                )
-            elif s in where and s not in books.released_slots:
-                owner, pos = where[s]
-                part = books.part_of.get(s) if s in books.new_slots else None
-                tip = f"{words} · {owner}, position {pos}" + (
-                    f" · new: {PART_NAMES[part]}"
-                    if part
-                    else " · new"
-                    if s in books.new_slots
-                    else ""
-                )
-                c.cell(
-                    px + off * CELL,
-                    py,
-                    owner_color(owner),
-                    s,
-                    tip=tip,
-                    gid=f"slot:{s}",
-                    pattern=PART_FILL.get(part),
-                    **kw,
-                )
-            elif page in page_owner:
-                c.cell(
-                    px + off * CELL,
-                    py,
-                    owner_color(page_owner[page]),
-                    s,
-                    opacity=0.3,
-                    gid=f"slot:{s}",
-                    tip=f"{words} · {page_owner[page]}'s page, not written yet (its next token lands here)",
-                )
-            else:
-                c.cell(
-                    px + off * CELL,
-                    py,
-                    FREE,
-                    s,
-                    tip=f"{words} · not on the free list and held by no row",
-                    gid=f"slot:{s}",
-                )
+            edge = _new_edge(books, s) if page else {}
+            kw = {**_slot_cell(books, s, where, free_at), **edge}
+            c.cell(px + off * CELL, py, label=s, gid=f"{prefix}:{s}", **kw)
     lines = ceil_div(books.num_pages + 1, per_line)
     return y0 + lines * line_h - (12 if ps > 1 else 0) + 8
 
 
-def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> float:
+def draw_free_list(
+    c: Canvas, books: Books, x: float, y: float, width: float = 640
+) -> float:
     """free_pages head first, then what is staged; returns the y below it."""
     unit = "slots" if books.page_size == 1 else "pages"
-    c.text(
+    _title(
+        c,
         x,
-        y + 13,
+        y,
         f"free_pages: {len(books.free_pages)} free {unit}, head (taken next) -> tail",
-        size=12.5,
-        weight="bold",
-        color="#222",
     )
     per_line = max(1, int(width // CELL))
     items = [(p, FREE, f"free_pages[{i}]") for i, p in enumerate(books.free_pages)]
-    staged = (
-        "release_pages" if books.page_size == 1 else "staged_pages"
-    )  # the token and the paged allocator's names
+    # the token and the paged allocator's names for what is staged
+    staged = "release_pages" if books.page_size == 1 else "staged_pages"
     items += [
         (p, STAGED, f"{staged}: {i} (staged)") for i, p in enumerate(books.staged_pages)
     ]
@@ -1204,65 +898,163 @@ def svg_free_list(c, books: Books, x: float, y: float, width: float = 640) -> fl
     return y0 + lines * (CELL + 4) + 4
 
 
-def svg_legend(c, books: Books, x: float, y: float) -> float:
+def draw_row_list(c: Canvas, books: Books, x: float, y: float) -> float:
+    """ReqToTokenPool.free_slots in list order: alloc_rows takes from the tail, free appends to the
+    tail; returns the y below it."""
+    free = books.free_rows
+    _title(
+        c,
+        x,
+        y,
+        f"free_slots: {len(free)} free rows, in list order; alloc_rows takes from the tail",
+    )
+    gens = {r.row: r.generation for r in books.rows}
+    for i, row in enumerate(free):
+        nxt = " · the tail: taken next" if i == len(free) - 1 else ""
+        c.cell(
+            x + i * (CELL + 4),
+            y + 20,
+            FREE,
+            row,
+            tip=f"free_slots[{i}] = row {row} (generation {gens[row]}){nxt}",
+            gid=f"freerow:{i}",
+            stroke="#999",
+        )
+    if free:
+        c.text(
+            x + (len(free) - 1) * (CELL + 4) + CELL / 2,
+            y + 20 + CELL + 12,
+            "tail: next",
+            size=9.5,
+            anchor="middle",
+            color="#444",
+        )
+    else:
+        c.text(x, y + 35, "(empty: every row is taken)", size=11, color="#777")
+    return y + 20 + CELL + 20
 
+
+def draw_buffers(
+    c: Canvas, books: Books, x: float, y: float, slot: int | None = None
+) -> float:
+    """Every layer's KV tensor as a strip of slot rows, coloured by owner; ``slot`` traced to
+    its bytes. Returns the y below it."""
+    _title(c, x, y, "KV buffers: slot s is row s of every layer's tensor")
+    n, ps = books.num_slots, books.page_size
+    w = max(8.0, min(16.0, 560 / max(n, 1)))
+    x0, y0, owner = x + 96, y + 34, books.slot_owner
+    for s in range(0, n, max(1, ps)):
+        c.text(x0 + s * w + w / 2, y0 - 4, s, size=9, anchor="middle", color="#777")
+    for j, b in enumerate(books.buffers):
+        by = y0 + j * 18
+        c.text(x0 - 6, by + 12, b.name, size=10.5, anchor="end", color="#444")
+        for s in range(n):
+            who = (
+                "padding"
+                if s < ps
+                else (f"{owner[s]}'s" if s in owner else "no request's")
+            )
+            lo = s * b.row_bytes
+            c.cell(
+                x0 + s * w,
+                by,
+                PADDING if s < ps else owner_color(owner.get(s)),
+                tip=f"{b.name}[{s}]: bytes {lo}-{lo + b.row_bytes - 1}, {who} slot {s}",
+                gid=f"buf:{b.name}:{s}",
+                w=w,
+                h=16,
+                stroke=HIGHLIGHT if s == slot else "#fff",
+                stroke_width=2 if s == slot else 0.5,
+            )
+    y = y0 + len(books.buffers) * 18 + 4
+    if slot is not None and books.buffers:
+        b = books.buffers[0]
+        c.text(
+            x0,
+            y + 13,
+            f"slot {slot} -> bytes [{slot * b.row_bytes}, {(slot + 1) * b.row_bytes}) "
+            f"of each tensor ({b.row_bytes} B a row, shape {b.shape})",
+            size=11,
+        )
+        y += 20
+    return y + 4
+
+
+def draw_legend(c: Canvas, books: Books, x: float, y: float, panels) -> float:
+    """Swatches for what the panels show; returns the y below them."""
     sw = []
     if books.part_of:
-        sw += [Swatch(PART_NAMES[k], "#4e79a7", PART_FILL[k]) for k in (1, 2, 3)]
+        sw += [Swatch(PART_NAMES[k], PALETTE[0], PART_FILL[k]) for k in (1, 2, 3)]
     if books.new_slots:
         freed = books.new_kind == "freed"
-        sw.append(
-            Swatch(
-                "given back by the last call"
-                if freed
-                else "handed out by the last call",
-                "#ffffff",
-                stroke=HIGHLIGHT,
-                stroke_width=2,
-                dash="4 2" if freed else None,
-            )
-        )
+        words = NEW_WORDS.get(books.new_kind, NEW_WORDS["new"])
+        dash = "4 2" if freed else None
+        sw.append(Swatch(words, "#ffffff", stroke=HIGHLIGHT, stroke_width=2, dash=dash))
+    pages = {"slots", "buffers", "free"} & set(panels)
     sw += [
         Swatch("free", FREE),
-        Swatch("padding", PADDING),
-        Swatch("a held page's unwritten tail", "#4e79a7", opacity=0.3),
+        Swatch("padding" if pages else "row 0: padding, never handed out", PADDING),
     ]
-    if books.staged_pages:
+    if "slots" in panels and books.page_size > 1:
+        sw.append(Swatch("a held page's unwritten tail", PALETTE[0], opacity=0.3))
+    if books.staged_pages and pages:
         sw.append(Swatch("staged", STAGED))
     return c.legend(x, y, sw)
 
 
-SVG_PANELS = ("table", "slots", "free")
+PANELS = ("table", "rows", "slots", "buffers", "free")
 
 
-def svg_books(
+def draw_books(
     books: Books,
-    panels=SVG_PANELS,
+    panels=("table", "slots", "free"),
+    slot: int | None = None,
     readout: str = "hover a cell: its row, position, slot, page",
+    still: bool = False,
 ) -> str:
-    """The books as one inline SVG, panels stacked: the request table, the slots, the free list."""
-    unknown = [p for p in panels if p not in SVG_PANELS]
+    """The books as one inline SVG, its caption (and note) on top, then the panels stacked in
+    the order given: ``table`` (req_to_token), ``rows`` (the free rows), ``slots`` (the KV
+    slots page by page), ``buffers`` (every layer's tensor, ``slot`` traced to its bytes),
+    ``free`` (the free list), and a legend. ``still``: no read-out strip (a PNG)."""
+    unknown = [p for p in panels if p not in PANELS]
     if unknown:
-        raise ValueError(f"unknown panel {unknown[0]!r}; known: {SVG_PANELS}")
+        raise ValueError(f"unknown panel {unknown[0]!r}; known: {PANELS}")
     c = Canvas(readout)
-    width = max(58 + books.row_width * CELL + 90, 560) if "table" in panels else 640
-    y = 4.0
+    y = c.caption(4, 4.0, books.caption, books.note, _width(books, panels))
+    draw_books_on(c, books, panels, y, slot)
+    return c.html(still)
+
+
+def _width(books: Books, panels) -> float:
+    return max(58 + books.row_width * CELL + 90, 560) if "table" in panels else 640
+
+
+def draw_books_on(
+    c: Canvas, books: Books, panels, y: float, slot: int | None = None
+) -> float:
+    """``draw_books``'s panels and legend on a canvas from ``y`` down; returns the y below."""
+    width = _width(books, panels)
     for p in panels:
         if p == "table":
-            y = svg_request_table(c, books, 4, y) + 8
+            y = draw_request_table(c, books, 4, y)
+        elif p == "rows":
+            y = draw_row_list(c, books, 4, y)
         elif p == "slots":
-            y = svg_slot_grid(c, books, 4, y, width=width) + 8
+            y = draw_slot_grid(c, books, 4, y, width=width)
+        elif p == "buffers":
+            y = draw_buffers(c, books, 4, y, slot)
         else:
-            y = svg_free_list(c, books, 4, y, width=width) + 8
-    svg_legend(c, books, 4, y)
-    return c.html()
+            y = draw_free_list(c, books, 4, y, width=width)
+        y += 8
+    return draw_legend(c, books, 4, y, panels) + 8
 
 
 # -- 5. the instruments: the learner's own calls on the real objects ----------------------------
 
 
 def _batch_fields(requests: str, prefix: str, seq: str) -> list:
-    """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each holds)."""
+    """The three text boxes of a prefill batch; prefix_lens follows the requests typed (what each
+    holds)."""
 
     def box(name, value):
         return W.Text(
@@ -1299,9 +1091,10 @@ def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
     free = al.available_size() // ps
     if need > free:
         return (
-            f"refused (the library returns None): the batch needs {need} new page{'s' * (need != 1)} "
-            f"(num_new_pages), the allocator has {free} free (available_size() = {al.available_size()} "
-            "slots); capacity is checked before anything is taken, so nothing was taken"
+            f"refused (the library returns None): the batch needs {need} new "
+            f"page{'s' * (need != 1)} (num_new_pages), the allocator has {free} free "
+            f"(available_size() = {al.available_size()} slots); capacity is checked before "
+            "anything is taken, so nothing was taken"
         )
     return (
         f"refused (the library returns None): {new_rows} new requests need a row each, "
@@ -1349,8 +1142,8 @@ def three_way(
             "same"
             if diff is None
             else (
-                f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} instead of "
-                f"{want[diff] if diff < len(want) else 'nothing'}"
+                f"first difference at output {diff}: {v[diff] if diff < len(v) else 'nothing'} "
+                f"instead of {want[diff] if diff < len(want) else 'nothing'}"
             )
         )
         rows.append((name, v, verdict))
@@ -1361,7 +1154,8 @@ def three_way(
     )
     mode = "the interpreter" if str(dev) == "cpu" else "compiled"
     return (
-        f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} (the kernel on {esc(dev)}: {mode})'
+        f'<div class="memlab-three-way" style="{BOX};margin-top:4px">{head} '
+        f"(the kernel on {esc(dev)}: {mode})"
         f"{table_html(('', 'slots', ''), rows)}</div>",
         agree,
     )
@@ -1410,8 +1204,9 @@ def prefix_sums_html(rids, args: dict, free_pages: torch.Tensor, page_size: int)
         )
     return (
         table_html(head, rows, "memlab-prefix-sums")
-        + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the requests before it; '
-        "free-list start = their new pages (two exclusive prefix sums)</div>"
+        + f'<div style="{BOX};font-size:11px;color:#555">output start = the new tokens of the '
+        "requests before it; free-list start = their new pages (two exclusive prefix "
+        "sums)</div>"
     )
 
 
@@ -1534,7 +1329,7 @@ def extend_instrument(
         books = sc.books(
             new_slots=marks.get("new_slots", ()), part_of=marks.get("part_of")
         )
-        return svg_books(replace(books, new_kind=marks.get("new_kind", "new")))
+        return draw_books(replace(books, new_kind=marks.get("new_kind", "new")))
 
     rids, prefix, seq = batch
     if prefix is None:

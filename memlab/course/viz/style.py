@@ -1,8 +1,9 @@
-"""Colours, figure plumbing and the one drawing primitive (``cell``) shared by every drawing.
+"""Colours shared by every picture, and the matplotlib plumbing of the charts.
 
 Owners (requests) keep one colour across every picture of the course: "A" is always the same
-blue. Each drawn cell carries a ``gid`` such as ``"slot:13"`` so tests can find it and check its
-colour without looking at pixels.
+blue. The books are drawn as SVG (``memlab.course.viz.svg``); matplotlib draws the charts
+(plots of numbers: chapter 02's bytes, 08's sizing, 10's engine and policies), whose cells and
+bars carry a ``gid`` such as ``"page:3"`` so tests can find them without looking at pixels.
 """
 
 from __future__ import annotations
@@ -33,11 +34,6 @@ STAGED = "#fff2b3"  # freed but staged (need_sort) or queued in a free group
 NULL = "#bbbbbb"  # vLLM's null block
 EDGE = "#ffffff"
 HIGHLIGHT = "#000000"  # the edge of what changed in this step
-PART_HATCH = {
-    1: "///",
-    2: None,
-    3: "...",
-}  # alloc_extend's three parts, drawn over the owner colour
 
 
 def owner_color(owner) -> str:
@@ -61,7 +57,8 @@ def same_color(a, b) -> bool:
 
 
 def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw):
-    """A figure outside pyplot: nothing global to leak, nothing shown twice by the inline backend."""
+    """A figure outside pyplot: nothing global to leak, nothing shown twice by the inline
+    backend."""
     fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=True, **kw)
     return fig, axes
@@ -91,7 +88,8 @@ def cell(
     fontsize=8.5,
     hatch=None,
 ):
-    """One labelled box with its top-left corner at (x, y); ``gid`` names it for the tests."""
+    """One labelled box of a chart with its top-left corner at (x, y); ``gid`` names it for the
+    tests."""
     r = Rectangle(
         (x, y),
         w,
@@ -126,45 +124,6 @@ def cell(
     return r
 
 
-def swatch_legend(
-    ax, items, anchor=(0.0, 0.0), loc="upper left", ncol=None, fontsize=8.5
-):
-    """A legend of drawn swatches, each a small cell like the ones it explains (fill and hatch),
-    below the axes by default: ``items`` are (words, fill, hatch) triples."""
-    from matplotlib.patches import Patch
-
-    handles = [
-        Patch(
-            facecolor=fill,
-            edgecolor="white" if hatch else "#999",
-            hatch=hatch,
-            linewidth=0.6,
-            label=words,
-        )
-        for words, fill, hatch in items
-    ]
-    leg = ax.legend(
-        handles=handles,
-        loc=loc,
-        bbox_to_anchor=anchor,
-        ncol=ncol or len(handles),
-        fontsize=fontsize,
-        frameon=False,
-        handlelength=1.8,
-        handleheight=1.3,
-        columnspacing=1.2,
-        borderaxespad=0.2,
-    )
-    leg.set_gid("legend")
-    return leg
-
-
-def frame_axes(ax, width, height, pad=0.3):
-    """Fit a cell drawing's axes to ``width`` x ``height`` cells (room above for column labels)."""
-    ax.set_xlim(-pad, width + pad)
-    ax.set_ylim(height + pad, -pad - 0.6)
-
-
 def figure_png(fig, dpi: int = 90) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -174,7 +133,10 @@ def figure_png(fig, dpi: int = 90) -> bytes:
 def figure_html(fig, dpi: int = 90) -> str:
     """The figure as an inline <img> (works in ipywidgets.HTML of 7.x and 8.x alike)."""
     data = base64.b64encode(figure_png(fig, dpi)).decode()
-    return f'<img class="memlab-view" src="data:image/png;base64,{data}" style="max-width:100%"/>'
+    return (
+        f'<img class="memlab-view" src="data:image/png;base64,{data}" '
+        'style="max-width:100%"/>'
+    )
 
 
 def show(fig_or_html) -> None:

@@ -10,7 +10,7 @@ and the real token and paged allocators (memlab.course.viz.instrument; chapter 0
   ``free_segment`` of a run of a request's positions, and a double free under ``debug_mode``.
 
 Each opens on the state its chapter's story ends in (the story's steps are its opening steps),
-drives the scenes of ``sglang_books`` (the real objects) and draws them with ``svg_books``. The
+drives the scenes of ``sglang_books`` (the real objects) and draws them with ``draw_books``. The
 one place that reads an allocator's staged pages is ``staged_pages``.
 """
 
@@ -32,7 +32,7 @@ from memlab.course.viz.instrument import (
     spell,
     spell_value,
 )
-from memlab.course.viz.sglang_books import Scene, svg_books
+from memlab.course.viz.sglang_books import Scene, draw_books
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
 
@@ -51,10 +51,13 @@ def group_state(allocator) -> str:
     """What an open free group holds, in words: the only read of the group's queues."""
     if allocator.free_group is None:
         return "closed"
-    return f"open: {len(allocator.free_group)} free() and {len(allocator.free_page_ids_group)} page-id call(s) queued"
+    return (
+        f"open: {len(allocator.free_group)} free() and {len(allocator.free_page_ids_group)} "
+        "page-id call(s) queued"
+    )
 
 
-# -- shared pieces ------------------------------------------------------------------------------------
+# -- shared pieces -----------------------------------------------------------------------------
 
 
 def _box(name: str, value: str, width: str = "170px") -> W.Text:
@@ -85,7 +88,7 @@ def _held_reqs(sc: Scene) -> list[str]:
 def _draw(panels):
     def draw(sc, step):
         marks = step.marks if step is not None else {}
-        return svg_books(sc.books(new_slots=marks.get("new_slots", ())), panels=panels)
+        return draw_books(sc.books(new_slots=marks.get("new_slots", ())), panels=panels)
 
     return draw
 
@@ -152,67 +155,18 @@ def _release(sc: Scene, step, request) -> list[int]:
     return slots
 
 
-# -- chapter 01: the request table ---------------------------------------------------------------------
+# -- chapter 01: the request table -------------------------------------------------------------
 
 
 def draw_rows(sc: Scene, step) -> str:
     """The request table, then ``free_slots`` in list order (the tail is taken next)."""
-    from memlab.course.viz.sglang_books import svg_request_table
-    from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING
-    from memlab.course.viz.svg import CELL, Canvas, Swatch
-
     marks = step.marks if step is not None else {}
     books = sc.books(new_slots=marks.get("new_slots", ()))
-    c = Canvas("hover a cell: its row, generation, position, slot")
-    y = svg_request_table(c, books, 4, 4) + 8
-    free = books.free_rows
-    c.text(
-        4,
-        y + 13,
-        f"free_slots: {len(free)} free rows, in list order; alloc_rows takes from the tail",
-        size=12.5,
-        weight="bold",
-        color="#222",
+    return draw_books(
+        books,
+        ("table", "rows"),
+        readout="hover a cell: its row, generation, position, slot",
     )
-    gens = {r.row: r.generation for r in books.rows}
-    for i, row in enumerate(free):
-        nxt = " · the tail: taken next" if i == len(free) - 1 else ""
-        c.cell(
-            4 + i * (CELL + 4),
-            y + 20,
-            FREE,
-            row,
-            tip=f"free_slots[{i}] = row {row} (generation {gens[row]}){nxt}",
-            gid=f"freerow:{i}",
-            stroke="#999",
-        )
-    if free:
-        c.text(
-            4 + (len(free) - 1) * (CELL + 4) + CELL / 2,
-            y + 20 + CELL + 12,
-            "tail: next",
-            size=9.5,
-            anchor="middle",
-            color="#444",
-        )
-    if not free:
-        c.text(4, y + 35, "(empty: every row is taken)", size=11, color="#777")
-    y += 20 + CELL + 20
-    c.legend(
-        4,
-        y,
-        [
-            Swatch(
-                "handed out by the last call",
-                "#ffffff",
-                stroke=HIGHLIGHT,
-                stroke_width=2,
-            ),
-            Swatch("free", FREE),
-            Swatch("row 0: padding, never handed out", PADDING),
-        ],
-    )
-    return c.html()
 
 
 def _op_rows(sc: Scene, step, requests, tokens) -> None:
@@ -266,7 +220,10 @@ def _op_free_row(sc: Scene, step, request) -> None:
     with recording(sc.req_pool, "free") as calls:
         slots = _release(sc, step, request)
     step.call += "\n# called req_to_token_pool.free(" + request + ")" if calls else ""
-    step.result = f"row {row} appended to free_slots (the next handed out); its slots {slots} go back"
+    step.result = (
+        f"row {row} appended to free_slots (the next handed out); "
+        f"its slots {slots} go back"
+    )
     step.caption = f"{request} finishes: row {row} goes back to the tail of free_slots"
 
 
@@ -352,16 +309,19 @@ def request_instrument(
     )
 
 
-# -- chapter 03: the token allocator ------------------------------------------------------------------
+# -- chapter 03: the token allocator -----------------------------------------------------------
 
 
 def _op_token_alloc(sc: Scene, step, request, n) -> None:
-    """``n`` slots for a request (new: it takes a row), through the scheduler's path to ``alloc``."""
+    """``n`` slots for a request (new: it takes a row), through the scheduler's path to
+    ``alloc``."""
     al = sc.allocator
     step.call = spell("allocator.alloc", n)
     if (
         n < 0
-    ):  # alloc's own refusal, the one allocator.alloc(n) gives (the batch check would speak of seq_len)
+        # alloc's own refusal, the one allocator.alloc(n) gives (the batch check would speak
+        # of seq_len)
+    ):
         al.alloc(n)
     out, calls = _extend(sc, step, [request], [n], (al, "alloc"))
     if calls:
@@ -369,8 +329,8 @@ def _op_token_alloc(sc: Scene, step, request, n) -> None:
     step.result = spell_value(out)
     if out is None:
         step.refuse(
-            f"refused (the library returns None): {n} slots asked, available_size() = {al.available_size()}"
-            "; nothing was taken"
+            f"refused (the library returns None): {n} slots asked, available_size() = "
+            f"{al.available_size()}; nothing was taken"
         )
         return
     step.marks = dict(new_slots=out.tolist())
@@ -394,7 +354,10 @@ def _op_merge(sc: Scene, step) -> None:
     before = staged_pages(al)
     step.call = "allocator.merge_and_sort_free()"
     al.merge_and_sort_free()
-    step.result = f"None; {len(before)} staged slot(s) merged, free_pages sorted ({_runs_text(al.free_pages.tolist())})"
+    step.result = (
+        f"None; {len(before)} staged slot(s) merged, free_pages sorted "
+        f"({_runs_text(al.free_pages.tolist())})"
+    )
     step.caption = (
         f"merge_and_sort_free(): {len(before)} staged slots folded in and sorted"
     )
@@ -438,7 +401,8 @@ def token_scene(need_sort: bool, size: int = 16) -> Scene:
 def token_instrument(
     need_sort: bool = True, size: int = 16, opening=TOKEN_STORY
 ) -> Instrument:
-    """Chapter 03: alloc(n) for a request, free a request, merge_and_sort_free; need_sort on and off."""
+    """Chapter 03: alloc(n) for a request, free a request, merge_and_sort_free; need_sort on and
+    off."""
     alloc = Operation(
         "alloc",
         _op_token_alloc,
@@ -481,7 +445,7 @@ def token_instrument(
     )
 
 
-# -- chapter 05: decode and free on the paged allocator ----------------------------------------------
+# -- chapter 05: decode and free on the paged allocator ----------------------------------------
 
 
 def _op_decode(sc: Scene, step, requests) -> None:
@@ -513,8 +477,8 @@ def _op_decode(sc: Scene, step, requests) -> None:
     step.result = spell_value(out)
     if out is None:
         step.refuse(
-            f"refused (the library returns None): {sum((n - 1) % ps == 0 for n in lens.values())} request(s) "
-            f"open a page, {len(al.free_pages)} page(s) are free; nothing was taken"
+            f"refused (the library returns None): {sum((n - 1) % ps == 0 for n in lens.values())} "
+            f"request(s) open a page, {len(al.free_pages)} page(s) are free; nothing was taken"
         )
         return
     opened = [r for r, n in lens.items() if (n - 1) % ps == 0]
@@ -569,7 +533,9 @@ def _op_segment(sc: Scene, step, request, start_pos, count) -> None:
     run = torch.tensor(slots[start_pos : start_pos + count], dtype=torch.int64)
     step.call = spell("allocator.free_segment", run, start_pos=start_pos)
     sc.allocator.free_segment(run, start_pos=start_pos)
-    step.result = f"None; pages {run[:: sc.allocator.page_size].div(sc.allocator.page_size, rounding_mode='floor').tolist()}"
+    ps = sc.allocator.page_size
+    pages = run[::ps].div(ps, rounding_mode="floor").tolist()
+    step.result = f"None; pages {pages}"
     step.marks = dict(new_slots=run.tolist())
     step.caption = (
         f"free_segment of {request}'s positions {start_pos}..{start_pos + count - 1}"
@@ -647,7 +613,8 @@ def paged_scene(page_size: int = 4) -> Scene:
 def paged_free_instrument(
     page_size: int = 4, page_sizes=(1, 2, 4, 8), opening=DECODE_STORY
 ) -> Instrument:
-    """Chapter 05: decode steps, free a request, free groups, free_segment, a double free (debug mode)."""
+    """Chapter 05: decode steps, free a request, free groups, free_segment, a double free (debug
+    mode)."""
     decode = Operation(
         "decode",
         _op_decode,

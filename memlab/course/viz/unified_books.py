@@ -11,8 +11,9 @@ The same four parts as every side of memlab.course.viz (see ``sglang_books``):
    ``free_swa``, a finished request's ``free``) and snaps a frame after each step; the page moves of
    a step are read off the page tables (a virtual page bound before and after, to another page);
 3. the chapter's story: ``unified_story``;
-4. the drawing: ``draw_unified(frame)``, a pure function of the frame (cells carry gids
-   ``byte:SIDE:PAGE``, ``vpage:ROW:I``, ``v2p:SIDE:VPAGE``).
+4. the drawing: ``draw_unified(frame)``, inline SVG, a pure function of the frame (cells
+   carry gids ``byte:SIDE:PAGE``, ``vpage:ROW:I``, ``v2p:SIDE:VPAGE``); the Stepper, the
+   instrument and the static PNG all show it.
 """
 
 from __future__ import annotations
@@ -30,16 +31,7 @@ from memlab.course.viz.instrument import (
     spell_value,
 )
 from memlab.course.viz.sglang_books import Scene
-from memlab.course.viz.style import (
-    FREE,
-    HIGHLIGHT,
-    PADDING,
-    caption_text,
-    cell,
-    grid_axes,
-    new_figure,
-    owner_color,
-)
+from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color
 from memlab.sglang.req_to_token import ReqToTokenPool
 from memlab.sglang.unified import (
     MHASubPoolSpec,
@@ -248,21 +240,22 @@ def unified_story(
     fa, sa = al.full_attn_allocator, al.swa_attn_allocator
     e = fa.entry_bytes_per_page + sa.entry_bytes_per_page
     sc.snap(
-        f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages ({fa.entry_bytes_per_page} B) grow down "
-        f"from the top, SWA pages ({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
+        f"One buffer of {al.unified_buffer.total_bytes} bytes: full pages "
+        f"({fa.entry_bytes_per_page} B) grow down from the top, SWA pages "
+        f"({sa.entry_bytes_per_page} B) up from the {al.unified_buffer.reserved_floor}-byte "
         f"padding floor; a token needs both, so {al.available_size()} tokens fit "
         f"({fa._current_gap_bytes()} B of gap // {e} B a page pair, x {page_size})"
     )
     out = sc.extend_batch({"A": 7})
     sc.snap(
-        f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} from the free "
-        "list of virtual pages; each new virtual page is then bound to a full page at the top and an SWA page "
-        "at the bottom"
+        f"A arrives with 7 tokens: chapter 04's alloc_extend hands out virtual ids {out.tolist()} "
+        "from the free list of virtual pages; each new virtual page is then bound to a full page "
+        "at the top and an SWA page at the bottom"
     )
     out = sc.extend_batch({"B": 5})
     sc.snap(
-        f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap between them "
-        f"shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page"
+        f"B arrives with 5: virtual ids {out.tolist()}; both frontiers move inward, the gap "
+        f"between them shrinks by {fa.entry_bytes_per_page + sa.entry_bytes_per_page} B a page"
     )
     lens = {r: sc.reqs[r].kv.kv_allocated_len + 1 for r in ("A", "B")}
     out = sc.decode(["A", "B"])
@@ -277,16 +270,16 @@ def unified_story(
     )
     gone = sc.release_window("A", window)
     sc.snap(
-        f"A's next token reads only its last {window}: the SWA pages of {gone} go back (free_swa); their SWA "
-        "v2p entries become -1, their full pages and virtual ids stay, and the freed SWA pages are "
-        "compacted at once"
+        f"A's next token reads only its last {window}: the SWA pages of {gone} go back "
+        "(free_swa); their SWA v2p entries become -1, their full pages and virtual ids stay, and "
+        "the freed SWA pages are compacted at once"
     )
     a_pages = _pages(sc.slots("A"), page_size)
     sc.finish("A")
     f = sc.snap(
-        f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side gives up "
-        "move into A's old ones (the black edges), and only the page tables change: B's virtual ids "
-        "in the request table stay as they were"
+        f"A finishes: virtual pages {a_pages} go back; the pages left in the band the full side "
+        "gives up move into A's old ones (the black edges), and only the page tables change: B's "
+        "virtual ids in the request table stay as they were"
     )
     moved = [m for m in f.moves if m[0] == "full"]
     if moved:
@@ -302,8 +295,9 @@ def unified_story(
     want = al.available_size() + page_size
     if sc.extend_batch({"C": want}) is None:
         sc.snap(
-            f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} tokens of room "
-            f"and virtual ids to spare: the shared gap pays for {al.available_size()} tokens on both sides"
+            f"C asks for {want} tokens: refused, although the full side has {fa.available_size()} "
+            "tokens of room and virtual ids to spare: the shared gap pays for "
+            f"{al.available_size()} tokens on both sides"
         )
     out = sc.extend_batch({"C": al.available_size()})
     sc.snap(
@@ -312,172 +306,18 @@ def unified_story(
     return sc
 
 
-# -- 4. the drawing ---------------------------------------------------------------------------
+# -- 4. the drawing: inline SVG, every page saying what it is ----------------------------------
 
 
-def _bytes_lane(ax, frame: UnifiedFrame, width: float) -> None:
-    grid_axes(
-        ax,
-        f"the byte buffer ({frame.total_bytes} B): SWA pages (hatched) from byte "
-        f"{frame.reserved_floor}, full pages from the top; gap {frame.gap_bytes} B",
-    )
-    scale = width / frame.total_bytes
-    owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
-    cell(
-        ax,
-        0,
-        0,
-        PADDING,
-        "floor",
-        gid="byte:floor",
-        w=frame.reserved_floor * scale,
-        fontsize=8.5,
-    )
-    for side, hatch in ((frame.swa, "///"), (frame.full, None)):
-        for v, p in side.bound:
-            x = p * side.page_bytes * scale
-            edge = HIGHLIGHT if (side.name, p) in moved else "white"
-            cell(
-                ax,
-                x,
-                0,
-                owner_color(owner.get(v)),
-                f"{p}",
-                gid=f"byte:{side.name}:{p}",
-                w=side.page_bytes * scale,
-                edge=edge,
-                lw=1.6 if edge == HIGHLIGHT else 0.8,
-                hatch=hatch,
-                fontsize=8.5,
-            )
-    lo = (
-        frame.swa.used[1] * frame.swa.page_bytes
-        if frame.swa.grow == "up"
-        else frame.full.used[1] * frame.full.page_bytes
-    )
-    hi = lo + frame.gap_bytes
-    if frame.gap_bytes:
-        cell(
-            ax,
-            lo * scale,
-            0,
-            FREE,
-            f"gap {frame.gap_bytes} B",
-            gid="byte:gap",
-            w=(hi - lo) * scale,
-            fontsize=8.5,
-            edge="#999",
-        )
-    step = 1 << max(6, (frame.total_bytes // 6).bit_length() - 1)
-    for b in range(0, frame.total_bytes + 1, step):
-        ax.text(
-            b * scale, 1.15, str(b), ha="center", va="top", fontsize=8.5, color="#666"
-        )
-    ax.text(
-        lo * scale,
-        -0.15,
-        f"{frame.swa.name} grows up ->",
-        ha="left",
-        va="bottom",
-        fontsize=8.5,
-    )
-    ax.text(
-        hi * scale,
-        -0.15,
-        f"<- {frame.full.name} grows down",
-        ha="right",
-        va="bottom",
-        fontsize=8.5,
-    )
-    ax.set_xlim(-1.5, width + 0.5)
-    ax.set_ylim(1.7, -0.8)
-
-
-def _request_table(ax, frame: UnifiedFrame) -> None:
-    grid_axes(ax, "request table: virtual token ids, one cell per virtual page")
-    ps = frame.page_size
-    swa_bound = dict(frame.swa.bound)
-    for y, (owner, ids) in enumerate(frame.rows):
-        ax.text(-0.2, y + 0.5, owner, ha="right", va="center", fontsize=8)
-        for i, v in enumerate(_pages(ids, ps)):
-            first, last = max(v * ps, ids[0]), min(v * ps + ps - 1, ids[-1])
-            label = f"{first}" if first == last else f"{first}-{last}"
-            new = v in frame.new_pages
-            cell(
-                ax,
-                i * 1.3,
-                y,
-                owner_color(owner),
-                label,
-                gid=f"vpage:{owner}:{i}",
-                w=1.2,
-                fontsize=8.5,
-                alpha=1.0 if v in swa_bound else 0.45,
-                edge=HIGHLIGHT if new else "white",
-                lw=1.5 if new else 1,
-            )
-    if not frame.rows:
-        ax.text(0, 0.5, "(no request)", fontsize=8, va="center")
-    ax.set_xlim(-1.5, 24.5)
-    ax.set_ylim(max(len(frame.rows), 3) + 0.2, -0.4)
-
-
-def _page_table(ax, side: SubPoolView, frame: UnifiedFrame) -> None:
-    grid_axes(
-        ax,
-        f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
-    )
-    owner, moved = frame.page_owner(), {(m[0], m[1]) for m in frame.moves}
-    for i, (v, p) in enumerate(side.bound[:18]):
-        edge = HIGHLIGHT if (side.name, v) in moved else "white"
-        cell(
-            ax,
-            i * 1.3,
-            0,
-            owner_color(owner.get(v)),
-            f"{v}\n{p}",
-            gid=f"v2p:{side.name}:{v}",
-            w=1.2,
-            fontsize=8.5,
-            edge=edge,
-            lw=1.6 if edge == HIGHLIGHT else 1,
-        )
-    if not side.bound:
-        ax.text(0, 0.5, "(nothing bound)", fontsize=8, va="center")
-    ax.set_xlim(-1.5, 24.5)
-    ax.set_ylim(1.2, -0.5)
-
-
-def draw_unified(frame: UnifiedFrame, width: float = 11.5):
-    """The buffer with both sub-pools and the gap, the request table (virtual ids; pale: SWA pages
-    gone), and the two page tables (virtual page over physical page; black edge: moved or new)."""
-    fig, (bx, rx, fx, sx) = new_figure(
-        width, 4.6, nrows=4, height_ratios=[1.3, 1.6, 0.9, 0.9]
-    )
-    _bytes_lane(bx, frame, 24)
-    _request_table(rx, frame)
-    _page_table(fx, frame.full, frame)
-    _page_table(sx, frame.swa, frame)
-    for ax in (bx, rx, fx, sx):
-        ax.set_aspect("auto")  # lanes of cells: fill the figure's width
-    fig.suptitle(
-        caption_text(frame.caption, frame.note, fig), fontsize=10, x=0.01, ha="left"
-    )
-    return fig
-
-
-# -- 5. the instrument: the learner's own calls on the real unified allocator ------------------------
-
-
-def svg_unified(
-    frame: UnifiedFrame,
-    readout: str = "hover a page: its side, bytes, virtual page, owner",
-) -> str:
-    """The frame as inline SVG, every page saying what it is: the byte buffer (both sides and the
-    gap), the request table in virtual pages, and each side's page table (virtual -> physical)."""
+def draw_unified(frame: UnifiedFrame, still: bool = False) -> str:
+    """The frame as inline SVG under its caption, every page saying what it is: the byte buffer
+    (both sides and the gap), the request table in virtual pages (pale: its SWA page is gone),
+    and each side's page table (virtual -> physical; black edge: moved or bound by the step)."""
     from memlab.course.viz.svg import Canvas, Swatch
 
-    c, ps = Canvas(readout), frame.page_size
+    c = Canvas("hover a page: its side, bytes, virtual page, owner")
+    ps = frame.page_size
+    y0 = c.caption(4, 4.0, frame.caption, frame.note, 760)
     owner, moved = frame.page_owner(), {(m[0], m[3]) for m in frame.moves}
     moved_v = {(m[0], m[1]): m for m in frame.moves}
     rows = {v: (o, ids) for o, ids in frame.rows for v in _pages(ids, ps)}
@@ -486,14 +326,14 @@ def svg_unified(
     scale = lane_w / frame.total_bytes
     c.text(
         4,
-        14,
-        f"the byte buffer ({frame.total_bytes} B): SWA pages from byte {frame.reserved_floor} up, full pages "
-        f"from the top down; gap {frame.gap_bytes} B",
+        y0 + 13,
+        f"the byte buffer ({frame.total_bytes} B): SWA pages from byte "
+        f"{frame.reserved_floor} up, full pages from the top down; gap {frame.gap_bytes} B",
         size=12.5,
         weight="bold",
         color="#222",
     )
-    y = 40.0
+    y = y0 + 36
     c.cell(
         4,
         y,
@@ -537,7 +377,8 @@ def svg_unified(
                 owner_color(owner.get(v)),
                 p,
                 gid=f"byte:{side.name}:{p}",
-                tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- {vwords(v)}{how}",
+                tip=f"{side.name} page {p}, bytes {lo}-{lo + side.page_bytes - 1} <- "
+                f"{vwords(v)}{how}",
                 w=side.page_bytes * scale,
                 h=30,
                 opacity=1.0 if side.name == "full" else 0.75,
@@ -559,8 +400,9 @@ def svg_unified(
             w=frame.gap_bytes * scale,
             h=30,
             stroke="#999",
-            tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where both sides grow; "
-            f"{frame.joint_available} tokens fit with a full AND an SWA slot each",
+            tip=f"the gap: bytes {lo}-{lo + frame.gap_bytes - 1} ({frame.gap_bytes} B), where "
+            f"both sides grow; {frame.joint_available} tokens fit with a full AND an SWA slot "
+            "each",
         )
     # each label outside the gap, at its side's frontier: they cannot overlap however narrow the gap
     up, down = f"{frame.swa.name} grows up ->", f"<- {frame.full.name} grows down"
@@ -624,7 +466,8 @@ def svg_unified(
         c.text(
             4,
             y + 13,
-            f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room alone)",
+            f"{side.name} v2p: virtual page -> {side.name} page ({side.available} tokens of room "
+            "alone)",
             size=12.5,
             weight="bold",
             color="#222",
@@ -666,7 +509,7 @@ def svg_unified(
             Swatch("SWA page gone", "#4e79a7", opacity=0.4),
         ],
     )
-    return c.html()
+    return c.html(still)
 
 
 CELL_H = 26
@@ -703,8 +546,8 @@ def _op_u_extend(sc, step, request, tokens) -> None:
     if out is None:
         step.refuse(
             f"refused (the library returns None): {tokens} tokens asked, available_size() = "
-            f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the shared gap); "
-            "nothing was taken"
+            f"{sc.allocator.available_size()} (a token needs a full AND an SWA slot from the "
+            "shared gap); nothing was taken"
         )
         return
     _mark(step, before, sc)
@@ -721,8 +564,8 @@ def _op_u_decode(sc, step, requests) -> None:
         out = sc.decode(requests)
     step.call = (
         (
-            f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) called:\n"
-            + spell("allocator.alloc_decode", **calls[0]["args"])
+            f"# alloc_for_decode(req_to_token_pool, allocator, reqs=[{', '.join(requests)}]) "
+            "called:\n" + spell("allocator.alloc_decode", **calls[0]["args"])
         )
         if calls
         else "alloc_for_decode(...)"
@@ -730,7 +573,8 @@ def _op_u_decode(sc, step, requests) -> None:
     step.result = spell_value(out)
     if out is None:
         step.refuse(
-            f"refused (the library returns None): available_size() = {sc.allocator.available_size()}"
+            "refused (the library returns None): available_size() = "
+            f"{sc.allocator.available_size()}"
         )
         return
     _mark(step, before, sc)
@@ -747,7 +591,8 @@ def _op_u_window(sc, step, request, window) -> None:
     step.call = (
         spell("allocator.free_swa", calls[0]["args"]["free_index"])
         if calls
-        else f"# nothing of {request} is wholly before its last {window} tokens (and not yet released)"
+        else f"# nothing of {request} is wholly before its last {window} tokens (and not yet "
+        "released)"
     )
     _mark(step, before, sc)
     moves = list(step.marks["moves"])
@@ -847,8 +692,10 @@ def unified_opening(page_size: int = 2, window: int = 4) -> list:
 
 
 def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
-    """Chapter 12: prefill or extend a request, decode, let a window go (``free_swa``), free a request
-    (its pages compacted at once): on the real unified allocator, opening on the story's last state."""
+    """Chapter 12: prefill or extend a request, decode, let a window go (``free_swa``), free a
+    request
+    (its pages compacted at once): on the real unified allocator, opening on the story's last
+    state."""
     import ipywidgets as W
 
     from memlab.course.viz.instrument import (
@@ -920,7 +767,7 @@ def unified_instrument(page_size: int = 2, window: int = 4, opening=None):
     def draw(sc, step):
         f = sc.books()
         marks = step.marks if step is not None else {}
-        return svg_unified(
+        return draw_unified(
             UnifiedFrame(
                 **{
                     **f.__dict__,

@@ -11,17 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memlab.common.utils import ceil_div
-from memlab.course.viz.style import (
-    FREE,
-    HIGHLIGHT,
-    NULL,
-    caption_text,
-    cell,
-    grid_axes,
-    new_figure,
-    owner_color,
-)
+from memlab.course.viz.style import FREE, HIGHLIGHT, NULL, owner_color
+from memlab.course.viz.svg import PART_FILL, Canvas, Swatch
 from memlab.vllm.kv_cache_manager import KVCacheManager
 from memlab.vllm.request import Request
 
@@ -52,6 +43,13 @@ class VllmBooks:
         frozenset()
     )  # blocks whose hash this step dropped (lazy eviction)
     note: str = ""
+    hash_hex: dict = field(
+        default_factory=dict
+    )  # block id -> its hash's first 16 hex digits
+    # block id -> (prev, next) block ids in the free queue (None: the fake head or tail)
+    links: dict = field(default_factory=dict)
+    # request id -> (num_tokens, number of block hashes)
+    req_tokens: dict = field(default_factory=dict)
 
     def owner(self, block_id: int) -> str | None:
         """The first request (in table order) that holds the block."""
@@ -102,6 +100,19 @@ class VllmScene:
             frozenset(hit),
             frozenset(evicted),
             note,
+            {
+                b.block_id: _hash_hex(b.block_hash)
+                for b in pool.blocks
+                if b.block_hash is not None
+            },
+            {
+                b.block_id: (_link(b.prev_free_block), _link(b.next_free_block))
+                for b in pool.free_block_queue.get_all_free_blocks()
+            },
+            {
+                rid: (r.num_tokens, len(r.block_hashes))
+                for rid, r in self.requests.items()
+            },
         )
 
     def snap(self, caption: str, **kw) -> VllmBooks:
@@ -165,7 +176,8 @@ def prefix_cache(
         r = sc.arrive(rid, tokens)
         if r is None:
             sc.snap(
-                f"{rid} needs more blocks than are free: allocate_slots returns None, nothing changes"
+                f"{rid} needs more blocks than are free: allocate_slots returns None, nothing "
+                "changes"
             )
             return
         hit = (
@@ -231,110 +243,164 @@ def _block_fill(books: VllmBooks, b: int):
     return (CACHED, 1.0) if b in books.hashes else (FREE, 1.0)
 
 
-def draw_vllm(books: VllmBooks, width: float = 11.0):
-    """Blocks (top left), each request's blocks (top right), the free queue head -> tail (bottom)."""
-    fig, axes = new_figure(
-        width, 4.2, ncols=2, nrows=2, height_ratios=[2.2, 1], width_ratios=[1, 1]
-    )
-    pool_ax, table_ax = axes[0]
-    gs = axes[1, 0].get_gridspec()
-    axes[1, 0].remove()
-    axes[1, 1].remove()
-    queue_ax = fig.add_subplot(gs[1, :])
+def _link(block) -> int | None:
+    """A free-queue neighbour's block id; None for the queue's fake head or tail."""
+    return block.block_id if block is not None and block.block_id >= 0 else None
 
-    grid_axes(
-        pool_ax, f"block pool: {books.num_blocks} blocks of {books.block_size} tokens"
+
+def _hash_hex(h) -> str:
+    return h.hex()[:16] if isinstance(h, bytes) else f"{h:016x}"[:16]
+
+
+def block_tip(books: VllmBooks, b: int) -> str:
+    """What block ``b`` is: its id, ref count, hash, who holds it and where, its place in the
+    queue."""
+    if b == books.null_block:
+        return f"block {b}: the null block (popped at start, never freed)"
+    words = [f"block {b}", f"ref_cnt {books.ref_cnt[b]}"]
+    words.append(
+        f"hash {books.hashes[b]} = {books.hash_hex[b]}…"
+        if b in books.hashes
+        else "no hash"
     )
-    per_line = 8
+    bs = books.block_size
+    for rid, ids in books.req_blocks.items():
+        for j, x in enumerate(ids):
+            if x == b:
+                words.append(f"{rid}'s block {j} (tokens {j * bs}-{j * bs + bs - 1})")
+    if b in books.queue:
+        i = books.queue.index(b)
+        prev, nxt = books.links.get(b, (None, None))
+        if i == 0:
+            where = "head: reused first"
+        else:
+            where = "tail" if i == len(books.queue) - 1 else "middle"
+        prev = "fake head" if prev is None else prev
+        nxt = "fake tail" if nxt is None else nxt
+        words.append(f"free queue #{i} ({where}; prev {prev}, next {nxt})")
+        if b in books.hashes:
+            words.append("cached: a hit revives it, a reuse evicts its hash")
+    return " · ".join(words)
+
+
+def draw_vllm(books: VllmBooks, still: bool = False) -> str:
+    """The pool (every block with its hash and ref count), each request's block table, and the
+    free queue as the linked list it is, head -> tail, as inline SVG under the caption; the
+    step's new blocks (black edge), cache hits (hatched) and evictions (red edge) marked."""
+    c = Canvas(
+        "hover a block: its id, ref_cnt, hash, owner and place in the free queue"
+    )
+    new, hit, evicted = books.new, books.hit, books.evicted
+    w = 34
+
+    def block_cell(x, y, b, gid):
+        fill, _ = _block_fill(books, b)
+        edge = EVICTED if b in evicted else HIGHLIGHT if b in new | hit else "#999"
+        c.cell(
+            x,
+            y,
+            fill,
+            "null" if b == books.null_block else b,
+            tip=block_tip(books, b),
+            gid=gid,
+            w=w,
+            h=w,
+            stroke=edge,
+            stroke_width=2.5 if edge != "#999" else 1,
+            pattern=PART_FILL[1] if b in hit else None,
+        )
+
+    y = c.caption(4, 4.0, books.caption, books.note, 600)
+    c.text(
+        4,
+        y + 13,
+        f"block pool: {books.num_blocks} blocks of {books.block_size} tokens · "
+        f"get_num_free_blocks() = {len(books.queue)}",
+        size=12.5,
+        weight="bold",
+    )
+    y += 22
     for b in range(books.num_blocks):
-        y, x = divmod(b, per_line)
-        fill, _ = _block_fill(books, b)
-        label = (
-            "null"
-            if b == books.null_block
-            else f"{b}\n{books.hashes.get(b, '')}".rstrip()
+        x = 4 + b * (w + 6)
+        block_cell(x, y, b, f"block:{b}")
+        c.text(
+            x + w / 2,
+            y + w + 12,
+            books.hashes.get(b, ""),
+            size=10,
+            anchor="middle",
+            color="#00695c",
         )
-        edge = (
-            EVICTED
-            if b in books.evicted
-            else HIGHLIGHT
-            if b in books.new | books.hit
-            else "white"
-        )
-        cell(
-            pool_ax,
-            x * 1.1,
-            y * 1.1,
-            fill,
-            label,
-            gid=f"block:{b}",
-            edge=edge,
-            lw=2 if edge != "white" else 1,
-            hatch="///" if b in books.hit else None,
-        )
-        if books.ref_cnt[b] > 1:
-            pool_ax.text(
-                x * 1.1 + 0.95,
-                y * 1.1 + 0.1,
-                f"x{books.ref_cnt[b]}",
-                fontsize=8.5,
-                ha="right",
-                va="top",
-            )
-    lines = ceil_div(books.num_blocks, per_line)
-    pool_ax.set_xlim(-0.2, per_line * 1.1)
-    pool_ax.set_ylim(lines * 1.1 + 0.1, -0.4)
-
-    grid_axes(table_ax, "requests' blocks (block-table rows)")
-    for i, (rid, ids) in enumerate(books.req_blocks.items()):
-        table_ax.text(-0.2, i * 1.2 + 0.5, rid, ha="right", va="center", fontsize=8)
-        for j, b in enumerate(ids):
-            fill = NULL if b == books.null_block else owner_color(rid)
-            cell(
-                table_ax,
-                j,
-                i * 1.2,
-                fill,
-                b,
-                gid=f"table:{rid}:{j}",
-                hatch="///" if b in books.hit else None,
-            )
+        if b != books.null_block:
+            rc = f"rc {books.ref_cnt[b]}"
+            c.text(x + w / 2, y + w + 24, rc, size=9.5, anchor="middle", color="#555")
+    y += w + 36
+    c.text(4, y + 13, "requests' blocks (block-table rows)", size=12.5, weight="bold")
+    y += 20
     if not books.req_blocks:
-        table_ax.text(0, 0.5, "(no running request)", fontsize=8, va="center")
-    cols = max([len(v) for v in books.req_blocks.values()] + [8])
-    table_ax.set_xlim(-1.2, cols + 0.2)
-    table_ax.set_ylim(max(len(books.req_blocks), 2) * 1.2, -0.4)
-
-    grid_axes(
-        queue_ax, "free queue: head (reused, and evicted, first) <-> ... <-> tail"
-    )
-    for i, b in enumerate(books.queue):
-        fill, _ = _block_fill(books, b)
-        cell(
-            queue_ax,
-            i * 1.6,
-            0,
-            fill,
-            f"{b}\n{books.hashes.get(b, '')}".rstrip(),
-            gid=f"queue:{i}:{b}",
-            w=1.1,
-            edge="#999",
-        )
-        if i:
-            queue_ax.annotate(
-                "",
-                xy=(i * 1.6, 0.5),
-                xytext=(i * 1.6 - 0.5, 0.5),
-                arrowprops=dict(arrowstyle="<->", lw=0.8, color="#666"),
+        c.text(4, y + 14, "(no running request)", size=11, color="#777")
+        y += 24
+    for rid, ids in books.req_blocks.items():
+        c.text(4, y + 22, rid, size=12, weight="bold")
+        for j, b in enumerate(ids):
+            block_cell(40 + j * (w + 2), y, b, f"table:{rid}:{j}")
+        if rid in books.req_tokens:
+            tokens, hashed = books.req_tokens[rid]
+            c.text(
+                44 + len(ids) * (w + 2),
+                y + 22,
+                f"{tokens} tokens, {hashed} hashed",
+                size=10.5,
+                color="#555",
             )
-    if not books.queue:
-        queue_ax.text(0, 0.5, "(empty)", fontsize=8, va="center")
-    queue_ax.set_xlim(-0.3, max(len(books.queue), 12) * 1.6)
-    queue_ax.set_ylim(1.3, -0.4)
-    fig.suptitle(
-        caption_text(books.caption, books.note, fig), fontsize=10, x=0.01, ha="left"
+        y += w + 6
+    y += 8
+    c.text(
+        4,
+        y + 13,
+        "free queue: a doubly linked list, head (taken first) <-> ... <-> tail",
+        size=12.5,
+        weight="bold",
     )
-    return fig
+    y += 20
+    step_x = w + 22
+    per_line = max(1, int((max(c.width, 560) - 80) // step_x))
+    if not books.queue:
+        empty = "head <-> tail: empty, every block but the null one is held"
+        c.text(4, y + 22, empty, size=11, color="#777")
+    else:
+        c.text(4, y + 22, "head", size=11, color="#555")
+    for i, b in enumerate(books.queue):
+        line, col = divmod(i, per_line)
+        x, yy = 44 + col * step_x, y + line * (w + 10)
+        if col:
+            c.text(x - 11, yy + 21, "⇄", size=13, anchor="middle", color="#666")
+        block_cell(x, yy, b, f"queue:{i}:{b}")
+    last_line = max(0, (len(books.queue) - 1) // per_line)
+    if books.queue:
+        end_x = 44 + ((len(books.queue) - 1) % per_line + 1) * step_x
+        c.text(end_x - 14, y + last_line * (w + 10) + 22, "tail", size=11, color="#555")
+    y += (last_line + 1) * (w + 10) + 6
+    sw = [
+        Swatch("free", FREE),
+        Swatch("free, cached (a hash)", CACHED),
+        Swatch("null block", NULL),
+        Swatch("held (owner's colour)", owner_color("A")),
+    ]
+    if hit:
+        sw.append(Swatch("taken by a cache hit", owner_color("A"), PART_FILL[1]))
+    if new:
+        sw.append(
+            Swatch(
+                "taken or freed by this call", "#fff", stroke=HIGHLIGHT, stroke_width=2
+            )
+        )
+    if evicted:
+        sw.append(
+            Swatch("its hash evicted now", "#ffffff", stroke=EVICTED, stroke_width=2.5)
+        )
+    c.legend(4, y, sw)
+    return c.html(still)
 
 
 # -- 5. the instrument: the learner's own prompts on a real KVCacheManager --------------------
@@ -370,10 +436,6 @@ def prompt_ids(sc: VllmScene, text) -> list[int]:
     return out
 
 
-def _hash_hex(h) -> str:
-    return h.hex()[:16] if isinstance(h, bytes) else f"{h:016x}"[:16]
-
-
 def _ids(blocks) -> list[int]:
     return [b.block_id for b in blocks]
 
@@ -390,7 +452,10 @@ def _op_submit(sc: VllmScene, step, request, prompt) -> None:
             f"request {request!r} is running: finish it first (a request id is unique)"
         )
     tokens = prompt_ids(sc, prompt)
-    step.call = f"req = Request({request!r}, {spell_value(tokens)}, block_hasher=manager.request_block_hasher)"
+    step.call = (
+        f"req = Request({request!r}, {spell_value(tokens)}, "
+        "block_hasher=manager.request_block_hasher)"
+    )
     m = sc.manager
     with (
         recording(m, "get_computed_blocks") as looked,
@@ -399,11 +464,15 @@ def _op_submit(sc: VllmScene, step, request, prompt) -> None:
         got = sc.arrive(request, tokens)
     if looked:
         hits, n = looked[0]["result"]
-        step.call += f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, {n} tokens"
+        step.call += (
+            f"\nhits, num_hit_tokens = manager.get_computed_blocks(req)  # blocks {_ids(hits)}, "
+            f"{n} tokens"
+        )
     if alloc:
         a = alloc[0]["args"]
         step.call += (
-            f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, {a.get('num_new_computed_tokens', 0)}"
+            f"\nmanager.allocate_slots(req, {a['num_new_tokens']}, "
+            f"{a.get('num_new_computed_tokens', 0)}"
             + (", hits)" if a.get("new_computed_blocks") else ")")
         )
         new = alloc[0]["result"]
@@ -491,194 +560,6 @@ def _op_finish(sc: VllmScene, step, request) -> None:
     step.caption = (
         f"{request} finishes: blocks {freed[::-1]} go back (hashed ones to the tail)"
     )
-
-
-def block_tip(books: VllmBooks, sc: VllmScene, b: int) -> str:
-    """What block ``b`` is: its id, ref count, hash, who holds it and where, its place in the queue."""
-    if b == books.null_block:
-        return f"block {b}: the null block (popped at start, never freed)"
-    pool = sc.manager.block_pool
-    blk = pool.blocks[b]
-    words = [f"block {b}", f"ref_cnt {books.ref_cnt[b]}"]
-    words.append(
-        f"hash {books.hashes[b]} = {_hash_hex(blk.block_hash)}…"
-        if b in books.hashes
-        else "no hash"
-    )
-    bs = books.block_size
-    for rid, ids in books.req_blocks.items():
-        for j, x in enumerate(ids):
-            if x == b:
-                words.append(f"{rid}'s block {j} (tokens {j * bs}-{j * bs + bs - 1})")
-    if b in books.queue:
-        i = books.queue.index(b)
-        prev = (
-            blk.prev_free_block.block_id
-            if blk.prev_free_block is not None and blk.prev_free_block.block_id >= 0
-            else None
-        )
-        nxt = (
-            blk.next_free_block.block_id
-            if blk.next_free_block is not None and blk.next_free_block.block_id >= 0
-            else None
-        )
-        where = (
-            "head: reused first"
-            if i == 0
-            else "tail"
-            if i == len(books.queue) - 1
-            else "middle"
-        )
-        words.append(
-            f"free queue #{i} ({where}; prev {prev if prev is not None else 'fake head'}, "
-            f"next {nxt if nxt is not None else 'fake tail'})"
-        )
-        if b in books.hashes:
-            words.append("cached: a hit revives it, a reuse evicts its hash")
-    return " · ".join(words)
-
-
-def draw_vllm_svg(sc: VllmScene, step=None) -> str:
-    """The pool, each request's block table and the free queue as a linked list, as inline SVG."""
-    from memlab.course.viz.svg import Canvas, Swatch
-
-    marks = step.marks if step is not None else {}
-    new, hit, evicted = (
-        set(marks.get("new", ())),
-        set(marks.get("hit", ())),
-        set(marks.get("evicted", ())),
-    )
-    books = sc.books("")
-    c = Canvas(
-        "hover a block: its id, ref_cnt, hash, owner and place in the free queue"
-    )
-    w = 34
-
-    def block_cell(x, y, b, gid, label=None):
-        fill, _ = _block_fill(books, b)
-        edge = EVICTED if b in evicted else HIGHLIGHT if b in new | hit else "#999"
-        c.cell(
-            x,
-            y,
-            fill,
-            "null"
-            if b == books.null_block and label is None
-            else (b if label is None else label),
-            tip=block_tip(books, sc, b),
-            gid=gid,
-            w=w,
-            h=w,
-            stroke=edge,
-            stroke_width=2.5 if edge != "#999" else 1,
-            pattern="url(#memlab-part1)" if b in hit else None,
-        )
-
-    y = 4.0
-    c.text(
-        4,
-        y + 13,
-        f"block pool: {books.num_blocks} blocks of {books.block_size} tokens · "
-        f"get_num_free_blocks() = {sc.manager.block_pool.get_num_free_blocks()}",
-        size=12.5,
-        weight="bold",
-    )
-    y += 22
-    for b in range(books.num_blocks):
-        x = 4 + b * (w + 6)
-        block_cell(x, y, b, f"block:{b}")
-        c.text(
-            x + w / 2,
-            y + w + 12,
-            books.hashes.get(b, ""),
-            size=10,
-            anchor="middle",
-            color="#00695c",
-        )
-        if b != books.null_block:
-            c.text(
-                x + w / 2,
-                y + w + 24,
-                f"rc {books.ref_cnt[b]}",
-                size=9.5,
-                anchor="middle",
-                color="#555",
-            )
-    y += w + 36
-    c.text(4, y + 13, "requests' blocks (block-table rows)", size=12.5, weight="bold")
-    y += 20
-    if not books.req_blocks:
-        c.text(4, y + 14, "(no running request)", size=11, color="#777")
-        y += 24
-    for rid, ids in books.req_blocks.items():
-        c.text(4, y + 22, rid, size=12, weight="bold")
-        for j, b in enumerate(ids):
-            block_cell(40 + j * (w + 2), y, b, f"table:{rid}:{j}")
-        req = sc.requests[rid]
-        c.text(
-            44 + len(ids) * (w + 2),
-            y + 22,
-            f"{req.num_tokens} tokens, {len(req.block_hashes)} hashed",
-            size=10.5,
-            color="#555",
-        )
-        y += w + 6
-    y += 8
-    c.text(
-        4,
-        y + 13,
-        "free queue: a doubly linked list, head (taken first) <-> ... <-> tail",
-        size=12.5,
-        weight="bold",
-    )
-    y += 20
-    step_x = w + 22
-    per_line = max(1, int((max(c.width, 560) - 80) // step_x))
-    if not books.queue:
-        c.text(
-            4,
-            y + 22,
-            "head <-> tail: empty, every block but the null one is held",
-            size=11,
-            color="#777",
-        )
-    else:
-        c.text(4, y + 22, "head", size=11, color="#555")
-    for i, b in enumerate(books.queue):
-        line, col = divmod(i, per_line)
-        x, yy = 44 + col * step_x, y + line * (w + 10)
-        if col:
-            c.text(x - 11, yy + 21, "⇄", size=13, anchor="middle", color="#666")
-        block_cell(x, yy, b, f"queue:{i}:{b}")
-    last_line = max(0, (len(books.queue) - 1) // per_line)
-    end_x = 44 + ((len(books.queue) - 1) % per_line + 1) * step_x if books.queue else 44
-    if books.queue:
-        c.text(end_x - 14, y + last_line * (w + 10) + 22, "tail", size=11, color="#555")
-    y += (last_line + 1) * (w + 10) + 6
-    sw = [
-        Swatch("free", FREE),
-        Swatch("free, cached (a hash)", CACHED),
-        Swatch("null block", NULL),
-        Swatch("held (owner's colour)", owner_color("A")),
-    ]
-    if hit:
-        sw.append(
-            Swatch("taken by a cache hit", owner_color("A"), "url(#memlab-part1)")
-        )
-    if new:
-        sw.append(
-            Swatch(
-                "taken or freed by this call",
-                "#ffffff",
-                stroke=HIGHLIGHT,
-                stroke_width=2,
-            )
-        )
-    if evicted:
-        sw.append(
-            Swatch("its hash evicted now", "#ffffff", stroke=EVICTED, stroke_width=2.5)
-        )
-    c.legend(4, y, sw)
-    return c.html()
 
 
 def vllm_books(sc: VllmScene) -> dict:
@@ -779,7 +660,7 @@ def block_pool_instrument(
     return Instrument(
         build,
         [submit, decode, finish],
-        draw_vllm_svg,
+        lambda sc, step: draw_vllm(sc.books("", **(step.marks if step else {}))),
         vllm_books,
         settings={"prefix_caching": caching},
         opening=steps,

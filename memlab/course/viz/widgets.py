@@ -1,8 +1,9 @@
 """Thin ipywidgets wrappers around the pure drawings.
 
 Only core widgets present in ipywidgets 7.7 (Colab) and 8.x are used: IntSlider, Play, Button,
-Dropdown, HTML, HBox, VBox, and ``jslink``. A drawing is turned into an inline PNG inside an
-``HTML`` widget, which renders the same way in both versions, in JupyterLab, Notebook and Colab.
+Dropdown, HTML, HBox, VBox, and ``jslink``. A drawing (the books' inline SVG, or a chart's
+figure as an inline PNG) goes inside an ``HTML`` widget, which renders the same way in both
+versions, in JupyterLab, Notebook and Colab.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ def as_html(drawing) -> str:
 
 
 class Stepper(W.VBox):
-    """Step through precomputed states (each with a ``caption``, plain text): play, previous, slider, next.
+    """Step through precomputed states (each with a ``caption``, plain text): play, previous,
+    slider, next.
 
     ``states`` is a list, or a dict of named lists (stories) with a dropdown to pick one; ``story``
     names the one it opens on (default: the first).
-    ``draw(state)`` returns a matplotlib Figure or an HTML string; pictures are cached per step,
-    so playing back and forth redraws nothing.
+    ``draw(state)`` returns an HTML string (the books' SVG) or a matplotlib Figure (a chart);
+    pictures are cached per step, so playing back and forth redraws nothing.
     """
 
     def __init__(

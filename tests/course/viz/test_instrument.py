@@ -58,7 +58,8 @@ def direct(page_size, batches):
 
 
 def cells(svg: str) -> dict:
-    """gid -> tooltip of every cell of an instrument's SVG (parsed as XML: it must be well-formed)."""
+    """gid -> tooltip of every cell of an instrument's SVG (parsed as XML: it must be
+    well-formed)."""
     root = ET.fromstring(svg)
     found = {}
     for g in root.iter(f"{SVG}g"):
@@ -111,7 +112,7 @@ def test_chapter_04_stepper_opens_on_page_size_4():
     )  # the default stays the first
 
 
-# -- chapter 04: operations against the library driven directly --------------------------------------
+# -- chapter 04: operations against the library driven directly --------------------------------
 
 
 @pytest.mark.parametrize(
@@ -193,7 +194,7 @@ def test_release_gives_the_pages_back_like_the_library(inst):
     ) == ["A", "C"]
 
 
-# -- bad input: the library's message, nothing changed ------------------------------------------------
+# -- bad input: the library's message, nothing changed -----------------------------------------
 
 
 def library_error(batch_reqs, extend_lens):
@@ -297,7 +298,7 @@ def test_rows_short_and_wrong_prefixes_are_refused(inst):
     assert state(inst.world) == before
 
 
-# -- undo, reset, settings, story ---------------------------------------------------------------------------
+# -- undo, reset, settings, story --------------------------------------------------------------
 
 
 def test_undo_reset_and_another_page_size_replay_on_fresh_objects(inst):
@@ -347,7 +348,7 @@ def test_following_fields_fill_each_requests_prefix(inst):
     )  # ready to continue them
 
 
-# -- the three implementations -----------------------------------------------------------------------------
+# -- the three implementations -----------------------------------------------------------------
 
 
 @pytest.mark.kernel
@@ -390,7 +391,7 @@ def test_three_way_runs_kernel_and_references_on_the_batch(inst, monkeypatch):
     )
 
 
-# -- the pictures ------------------------------------------------------------------------------------------------
+# -- the pictures ------------------------------------------------------------------------------
 
 
 def test_every_cell_says_what_it_is(inst):
@@ -402,7 +403,8 @@ def test_every_cell_says_what_it_is(inst):
     }
     assert (
         tips["slot:19"]
-        == "slot 19 = page 4 × 4 + offset 3 · A, position 11 · new: part 1: the rest of its old page"
+        == "slot 19 = page 4 × 4 + offset 3 · A, position 11 · new: part 1: the rest of its old "
+        "page"
     )
     assert tips["slot:44"].endswith("D, position 0 · new: part 2: whole new pages")
     assert tips["slot:48"].endswith("D, position 4 · new: part 3: a new partial page")

@@ -56,7 +56,7 @@ def cells(svg: str) -> dict:
     }
 
 
-# -- chapter 01: the request table ---------------------------------------------------------------------
+# -- chapter 01: the request table -------------------------------------------------------------
 
 
 def test_01_opens_on_the_storys_last_state():
@@ -136,7 +136,7 @@ def test_01_more_rows_than_free_is_refused_all_or_nothing_and_undo_replays():
     assert state(inst.world) == state(sglang_books.request_table(rows=5, width=8))
 
 
-# -- chapter 03: the token allocator -----------------------------------------------------------------
+# -- chapter 03: the token allocator -----------------------------------------------------------
 
 
 def test_03_opens_on_the_storys_last_state_and_need_sort_replays():
@@ -200,7 +200,7 @@ def test_03_bad_n_and_too_many_change_nothing():
     assert state(inst.world) == before
 
 
-# -- chapter 05: decode and free ------------------------------------------------------------------------
+# -- chapter 05: decode and free ---------------------------------------------------------------
 
 
 def decode_story():
@@ -283,7 +283,7 @@ def test_05_page_size_replays_the_steps():
     assert state(inst.world) == state(sc)
 
 
-# -- chapter 12: the unified pool ------------------------------------------------------------------------
+# -- chapter 12: the unified pool --------------------------------------------------------------
 
 
 def test_12_opens_on_the_storys_last_state():
@@ -338,7 +338,7 @@ def test_12_refusals_and_undo():
     assert inst.undo() and state(inst.world) == before
 
 
-# -- the pictures: every cell says what it is, text escaped ------------------------------------------------
+# -- the pictures: every cell says what it is, text escaped ------------------------------------
 
 
 @pytest.mark.parametrize(

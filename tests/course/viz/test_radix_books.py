@@ -1,6 +1,8 @@
-"""memlab.course.viz.radix_books without a browser: the story replays the real HiRadixCache, snapshots
-read the real tree and pools, and the drawing paints each node and page the colour its state and
-owner give (derived here independently of the drawing code)."""
+"""memlab.course.viz.radix_books without a browser: the story replays the real HiRadixCache,
+snapshots read the real tree and pools, and the drawing (SVG) paints each node and page the
+colour its state and owner give (derived here independently of the drawing code)."""
+
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -15,15 +17,20 @@ from memlab.course.viz.radix_books import (
     story,
 )
 from memlab.course.viz.style import FREE, HIGHLIGHT, PADDING, owner_color, same_color
+from memlab.course.viz.svg import PART_FILL
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
-def by_gid(fig, prefix):
-    return {
-        a.get_gid(): a
-        for a in fig.findobj(
-            lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix)
-        )
-    }
+def by_gid(svg, prefix):
+    """The box of every element whose gid starts with ``prefix`` (a cell's first rect; the
+    root's circle), by gid."""
+    found = {}
+    for e in ET.fromstring(svg).iter():
+        gid = e.get("data-gid") or ""
+        if gid.startswith(prefix):
+            found[gid] = e if e.tag == f"{SVG}circle" else e.findall(f"{SVG}rect")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -54,27 +61,28 @@ def expected_page_fill(books, page, host):
 
 
 def check_drawing(books):
-    fig = draw_radix(books)
-    nodes = by_gid(fig, "node:")
+    svg = draw_radix(books)
+    nodes = by_gid(svg, "node:")
     assert len(nodes) == len(books.nodes) + 1  # and the root
     for n in books.nodes:
-        patch = nodes[f"node:{n.id}"]
-        assert same_color(patch.get_facecolor(), expected_node_fill(n)), (
+        box, *over = nodes[f"node:{n.id}"]
+        assert same_color(box.get("fill"), expected_node_fill(n)), (
             f"node {n.id} ({n.key}) has the wrong colour"
         )
-        assert (patch.get_hatch() == "///") == (n.value is None)
+        assert bool(over and over[0].get("fill") == PART_FILL[1]) == (n.value is None)
         assert (
-            same_color(patch.get_edgecolor(), HIGHLIGHT) and patch.get_linewidth() > 1
+            same_color(box.get("stroke"), HIGHLIGHT)
+            and float(box.get("stroke-width")) > 1
         ) == (n.id in books.highlight)
     for prefix, pages, host in (
         ("dpage", books.device_pages, False),
         ("hpage", books.host_pages, True),
     ):
-        cells = by_gid(fig, f"{prefix}:")
+        cells = by_gid(svg, f"{prefix}:")
         assert len(cells) == pages + 1
         for p in range(pages + 1):
             assert same_color(
-                cells[f"{prefix}:{p}"].get_facecolor(),
+                cells[f"{prefix}:{p}"][0].get("fill"),
                 expected_page_fill(books, p, host),
             ), f"{prefix} {p} has the wrong colour"
 

@@ -1,5 +1,9 @@
-"""memlab.course.viz without a browser: drawings show the right owners, colours and labels for a given
-state; widgets re-render through their observers; scenes replay the real library."""
+"""memlab.course.viz without a browser: drawings show the right owners, colours and labels for a
+given state (the books' SVG read cell by cell, the charts' matplotlib artists by gid); widgets
+re-render through their observers; scenes replay the real library."""
+
+import xml.etree.ElementTree as ET
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from memlab.course.viz.style import (
     same_color,
     text_color,
 )
+from memlab.course.viz.svg import PART_FILL
 from memlab.course.viz.widgets import Explorer, Stepper
 from memlab.sglang.allocator import TokenToKVPoolAllocator
 from memlab.sglang.req_to_token import ReqToTokenPool
@@ -23,7 +28,7 @@ from memlab.sglang.req_to_token import ReqToTokenPool
 
 
 def by_gid(fig, prefix):
-    """Artists whose gid starts with ``prefix``, by gid (the drawings tag every cell)."""
+    """A chart's artists whose gid starts with ``prefix``, by gid (the charts tag every bar)."""
     found = {}
     for a in fig.findobj(
         lambda a: isinstance(a.get_gid(), str) and a.get_gid().startswith(prefix)
@@ -32,8 +37,55 @@ def by_gid(fig, prefix):
     return found
 
 
-def text_of(fig, gid):
-    return by_gid(fig, f"label:{gid}")[f"label:{gid}"].get_text()
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+class Cell(NamedTuple):
+    """One cell of a books picture, as the SVG draws it."""
+
+    fill: str
+    opacity: float
+    stroke: str
+    stroke_width: float
+    dash: str | None
+    pattern: str | None  # the paint drawn over the fill (a part's hatching)
+    label: str
+    tip: str
+
+
+def cells_of(svg: str, prefix: str) -> dict[str, Cell]:
+    """The cells whose gid starts with ``prefix``, by gid (the SVG parsed: it must be
+    well-formed)."""
+    found = {}
+    for g in ET.fromstring(svg).iter(f"{SVG}g"):
+        gid = g.get("data-gid") or ""
+        if not gid.startswith(prefix):
+            continue
+        box, *over = g.findall(f"{SVG}rect")
+        text, title = g.find(f"{SVG}text"), g.find(f"{SVG}title")
+        found[gid] = Cell(
+            box.get("fill"),
+            float(box.get("fill-opacity")),
+            box.get("stroke"),
+            float(box.get("stroke-width")),
+            box.get("stroke-dasharray"),
+            over[0].get("fill") if over else None,
+            "" if text is None else text.text,
+            "" if title is None else title.text,
+        )
+    return found
+
+
+def texts_of(svg: str) -> list[str]:
+    """Every line of text the SVG draws (not the tooltips)."""
+    root = ET.fromstring(svg)
+    return [t.text for t in root.iter(f"{SVG}text") if t.text] + [
+        t.text for t in root.iter(f"{SVG}tspan") if t.text
+    ]
+
+
+def is_new(cell: Cell) -> bool:
+    return same_color(cell.stroke, HIGHLIGHT) and cell.stroke_width > 1
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +111,22 @@ def expected_slot_fill(books, s):
     return owner_color(page_owner[page]), 0.3  # the unfilled tail of a held page
 
 
-def check_slot_grid(fig, books):
-    cells = by_gid(fig, "slot:")
+def check_slot_grid(svg, books, prefix="slot"):
+    cells = cells_of(svg, f"{prefix}:")
     assert len(cells) == books.num_slots, (
         f"{len(cells)} slot cells for {books.num_slots} slots"
     )
     for s in range(books.num_slots):
-        patch = cells[f"slot:{s}"]
+        cell = cells[f"{prefix}:{s}"]
         fill, alpha = expected_slot_fill(books, s)
-        assert same_color(patch.get_facecolor(), fill), (
-            f"slot {s}: drawn {patch.get_facecolor()}, expected {fill}"
+        assert same_color(cell.fill, fill), (
+            f"slot {s}: drawn {cell.fill}, expected {fill}"
         )
-        assert patch.get_alpha() == pytest.approx(alpha), (
-            f"slot {s}: alpha {patch.get_alpha()}, expected {alpha}"
+        assert cell.opacity == pytest.approx(alpha), (
+            f"slot {s}: alpha {cell.opacity}, expected {alpha}"
         )
-        assert text_of(fig, f"slot:{s}") == str(s)
-        new = same_color(patch.get_edgecolor(), HIGHLIGHT) and patch.get_linewidth() > 1
+        assert cell.label == str(s)
+        new = is_new(cell)
         assert new == (s in books.new_slots), (
             f"slot {s}: highlighted={new}, new this step={s in books.new_slots}"
         )
@@ -138,8 +190,7 @@ def test_books_are_frozen_snapshots(orientation):
 
 def test_slot_grid_shows_owners_padding_tails_and_new_slots(orientation):
     for books in (orientation.frames[1], orientation.frames[4], orientation.frames[-1]):
-        fig = draw_books(books, ("slots",))
-        check_slot_grid(fig, books)
+        check_slot_grid(draw_books(books, ("slots",)), books)
 
 
 def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(
@@ -149,34 +200,31 @@ def test_slot_grid_check_catches_a_grid_that_ignores_page_tails(
     books = orientation.frames[1]
     import memlab.course.viz.sglang_books as d
 
-    real_cell = d.cell
+    real = d._slot_cell
 
-    def solid_cell(ax, x, y, fill, label="", gid=None, alpha=1.0, **kw):
-        return real_cell(ax, x, y, fill, label, gid=gid, alpha=1.0, **kw)
+    def solid(*args):
+        return {**real(*args), "opacity": 1.0}
 
-    monkeypatch.setattr(d, "cell", solid_cell)
+    monkeypatch.setattr(d, "_slot_cell", solid)
     with pytest.raises(AssertionError, match="alpha"):
         check_slot_grid(draw_books(books, ("slots",)), books)
 
 
 def test_request_table_cells_hold_the_slots(orientation):
     books = orientation.frames[-1]
-    fig = draw_books(books, ("table",))
-    cells = by_gid(fig, "row:")
+    svg = draw_books(books, ("table",))
+    cells = cells_of(svg, "row:")
     for r in books.rows:
         for pos in range(books.row_width):
-            patch = cells[f"row:{r.row}:{pos}"]
+            cell = cells[f"row:{r.row}:{pos}"]
             if r.row == 0:
-                assert same_color(patch.get_facecolor(), PADDING)
+                assert same_color(cell.fill, PADDING)
             elif r.owner and pos < len(r.slots):
-                assert same_color(patch.get_facecolor(), owner_color(r.owner))
-                assert text_of(fig, f"row:{r.row}:{pos}") == str(r.slots[pos])
+                assert same_color(cell.fill, owner_color(r.owner))
+                assert cell.label == str(r.slots[pos])
             else:
-                assert same_color(patch.get_facecolor(), FREE)
-    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
-    assert any("D  gen 2" in t for t in texts), (
-        "D's row was B's: its generation must read 2"
-    )
+                assert same_color(cell.fill, FREE)
+    assert "D · gen 2" in texts_of(svg), "D's row was B's: its generation must read 2"
 
 
 def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
@@ -184,62 +232,73 @@ def test_released_slots_are_pale_in_the_table_and_free_in_the_grid():
     books = sc.frames[1]
     released = books.released_slots
     assert released == frozenset(sc.slots("C")[:8])
-    fig = draw_books(books, ("table", "slots"))
+    svg = draw_books(books, ("table", "slots"))
     row = sc.reqs["C"].kv.req_pool_idx
-    cells = by_gid(fig, f"row:{row}:")
-    assert all(
-        cells[f"row:{row}:{p}"].get_alpha() == pytest.approx(0.3) for p in range(8)
-    )
-    assert cells[f"row:{row}:8"].get_alpha() == pytest.approx(1.0)
-    check_slot_grid(fig, books)
+    cells = cells_of(svg, f"row:{row}:")
+    assert all(cells[f"row:{row}:{p}"].opacity == pytest.approx(0.3) for p in range(8))
+    assert cells[f"row:{row}:8"].opacity == pytest.approx(1.0)
+    check_slot_grid(svg, books)
 
 
 def test_free_list_strip_in_order_with_staged_after():
     sc = sglang_books.token_allocator(need_sort=True)
     books = sc.frames[5]  # A and B freed: staged
     assert books.staged_pages
-    fig = draw_books(books, ("free",))
-    cells = by_gid(fig, "free:")
+    cells = cells_of(draw_books(books, ("free",)), "free:")
     order = [
-        (int(text_of(fig, g)), g.split(":")[2])
-        for g in sorted(cells, key=lambda g: int(g.split(":")[1]))
+        (int(c.label), "staged" if same_color(c.fill, STAGED) else "free")
+        for _, c in sorted(cells.items(), key=lambda kv: int(kv[0].split(":")[1]))
     ]
     assert order == [(p, "free") for p in books.free_pages] + [
         (p, "staged") for p in books.staged_pages
     ]
-    for g, patch in cells.items():
-        assert same_color(
-            patch.get_facecolor(), STAGED if g.endswith("staged") else FREE
-        )
+    assert all(
+        same_color(c.fill, STAGED) or same_color(c.fill, FREE) for c in cells.values()
+    )
 
 
 def test_buffers_colour_each_slot_row_by_owner_and_trace_bytes(orientation):
     books = orientation.frames[-1]
     slot = orientation.slots("D")[0]
-    fig = draw_books(books, ("buffers",), slot=slot)
-    cells = by_gid(fig, "buf:")
+    svg = draw_books(books, ("buffers",), slot=slot)
+    cells = cells_of(svg, "buf:")
     assert len(cells) == len(books.buffers) * books.num_slots
     owner = books.slot_owner
     for b in books.buffers:
         for s in range(books.num_slots):
             want = PADDING if s < books.page_size else owner_color(owner.get(s))
-            assert same_color(cells[f"buf:{b.name}:{s}"].get_facecolor(), want)
+            cell = cells[f"buf:{b.name}:{s}"]
+            assert same_color(cell.fill, want)
+            assert is_new(cell) == (s == slot), f"{b.name}[{s}]: the traced slot"
     row_bytes = books.buffers[0].row_bytes
-    texts = " ".join(
-        t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))
-    )
-    assert f"[{slot * row_bytes}, {(slot + 1) * row_bytes})" in texts
+    assert f"[{slot * row_bytes}, {(slot + 1) * row_bytes})" in " ".join(texts_of(svg))
 
 
 def test_part_hatching_follows_extend_parts():
     sc = sglang_books.paged_extend(page_size=4)
     books = sc.frames[2]
-    fig = draw_books(books, ("slots",))
-    cells = by_gid(fig, "slot:")
-    want = {1: "///", 2: None, 3: "..."}
+    cells = cells_of(draw_books(books, ("slots",)), "slot:")
     assert books.part_of
     for s, part in books.part_of.items():
-        assert cells[f"slot:{s}"].get_hatch() == want[part], f"slot {s} is part {part}"
+        assert cells[f"slot:{s}"].pattern == PART_FILL[part], f"slot {s} is part {part}"
+
+
+def test_free_rows_strip_in_list_order(orientation):
+    books = sglang_books.request_table().frames[4]
+    svg = draw_books(books, ("table", "rows"))
+    cells = cells_of(svg, "freerow:")
+    assert [cells[f"freerow:{i}"].label for i in range(len(cells))] == [
+        str(r) for r in books.free_rows
+    ]
+    assert cells[f"freerow:{len(cells) - 1}"].tip.endswith("the tail: taken next")
+
+
+def test_a_still_picture_has_no_readout_and_no_tips(orientation):
+    books = orientation.frames[-1]
+    live, still = draw_books(books), draw_books(books, still=True)
+    assert "memlab-tip" in live and "hover a cell" in live
+    assert "memlab-tip" not in still and "hover a cell" not in still
+    assert cells_of(still, "slot:") == cells_of(live, "slot:")  # the same drawing
 
 
 def test_extend_parts_agree_with_the_page_count():
@@ -343,10 +402,10 @@ def test_stepper_stories_switch_states_and_bounds():
         Stepper({"empty": []}, str)
 
 
-def test_stepper_on_a_real_scene_draws_pngs(orientation):
+def test_stepper_on_a_real_scene_draws_the_svg(orientation):
     w = Stepper(orientation.frames[:2], lambda b: draw_books(b, ("slots",)))
     first = w.view.value
-    assert first.startswith('<img class="memlab-view" src="data:image/png;base64,')
+    assert first.startswith('<svg class="memlab-svg"') and "slot:4" in first
     w.slider.value = 1
     assert w.view.value != first and "A arrives" in w.caption.value
 
@@ -513,10 +572,10 @@ def test_vllm_pictures_follow_the_block_pool():
     sc = vllm_books.prefix_cache(True)
     hit_frame = next(f for f in sc.frames if f.hit)
     assert hit_frame.hit == {1, 2}, "B's first two blocks come from A's cached prefix"
-    fig = draw_vllm(hit_frame)
-    blocks = by_gid(fig, "block:")
+    svg = draw_vllm(hit_frame)
+    blocks = cells_of(svg, "block:")
     for b in range(hit_frame.num_blocks):
-        patch = blocks[f"block:{b}"]
+        cell = blocks[f"block:{b}"]
         if b == hit_frame.null_block:
             want = "#bbbbbb"
         elif hit_frame.ref_cnt[b] > 0:
@@ -525,20 +584,20 @@ def test_vllm_pictures_follow_the_block_pool():
             want = CACHED
         else:
             want = FREE
-        assert same_color(patch.get_facecolor(), want), f"block {b}"
-        assert (patch.get_hatch() == "///") == (b in hit_frame.hit)
-    queue = by_gid(fig, "queue:")
+        assert same_color(cell.fill, want), f"block {b}"
+        assert (cell.pattern == PART_FILL[1]) == (b in hit_frame.hit)
+        assert is_new(cell) == (b in hit_frame.new | hit_frame.hit)
+    assert blocks["block:1"].tip.startswith("block 1 · ref_cnt 1 · hash h1 = ")
+    queue = cells_of(svg, "queue:")
     order = [
         int(g.split(":")[2]) for g in sorted(queue, key=lambda g: int(g.split(":")[1]))
     ]
     assert tuple(order) == hit_frame.queue
+    head = queue[f"queue:0:{hit_frame.queue[0]}"].tip
+    assert "free queue #0 (head: reused first; prev fake head" in head
     evict = next(f for f in sc.frames if f.evicted)
-    assert same_color(
-        by_gid(draw_vllm(evict), "block:")[
-            f"block:{min(evict.evicted)}"
-        ].get_edgecolor(),
-        EVICTED,
-    )
+    cell = cells_of(draw_vllm(evict), "block:")[f"block:{min(evict.evicted)}"]
+    assert same_color(cell.stroke, EVICTED)
 
 
 def test_vllm_frames_read_the_real_pool():
@@ -567,14 +626,28 @@ def test_swa_picture_pairs_two_ledgers():
     assert all(int(mapping[f]) == s for f, s in sc.frames[-1].pairs)
     held_swa = {s for _, s in frame.pairs}
     assert set(frame.swa.slot_owner) == held_swa
-    fig = draw_swa(frame)
-    pairs = by_gid(fig, "pair:")
-    assert len(pairs) == min(len(frame.pairs), 20)
-    for f, s in frame.pairs[:20]:
+    svg = draw_swa(frame)
+    check_slot_grid(svg, frame.full)  # the full ledger
+    swa = cells_of(svg, "swaslot:")  # the SWA ledger, its own slot numbers
+    assert len(swa) == frame.swa.num_slots
+    for f, s in frame.pairs:
         assert same_color(
-            pairs[f"pair:{f}:{s}"].get_facecolor(),
-            owner_color(frame.full.slot_owner[f]),
+            swa[f"swaslot:{s}"].fill, owner_color(frame.full.slot_owner[f])
         )
+    # the map: each position's full slot over its SWA slot, a dot where it was released
+    full, below = cells_of(svg, "full:"), cells_of(svg, "swa:")
+    pairs = dict(frame.pairs)
+    for r in frame.full.rows:
+        if r.owner is None:
+            continue
+        for pos, f in enumerate(r.slots):
+            top, bottom = full[f"full:{r.owner}:{pos}"], below[f"swa:{r.owner}:{pos}"]
+            assert top.label == str(f) and same_color(top.fill, owner_color(r.owner))
+            if f in pairs:
+                assert bottom.label == str(pairs[f])
+            else:
+                assert bottom.label == "·" and same_color(bottom.fill, FREE)
+    assert any(c.label == "·" for c in below.values()), "the window released some"
     sc.allocator.check_books()
     released = [
         c for c in (f.caption for f in sc.frames) if "released" in c and "[]" not in c
@@ -593,9 +666,16 @@ def test_mamba_picture_marks_state_and_ping_pong_slots():
     roles = f.slot_roles()
     a = next(r for r in f.rows if r[1] == "A")
     assert roles[a[2]] == ("A", "state") and roles[a[3][1]] == ("A", "track 1*")
-    cells = by_gid(draw_mamba(f), "mslot:")
-    assert same_color(cells[f"mslot:{a[2]}"].get_facecolor(), owner_color("A"))
-    assert same_color(cells["mslot:0"].get_facecolor(), PADDING)
+    svg = draw_mamba(f)
+    cells = cells_of(svg, "mslot:")
+    assert same_color(cells[f"mslot:{a[2]}"].fill, owner_color("A"))
+    assert same_color(cells["mslot:0"].fill, PADDING)
+    assert "t1*" in texts_of(svg), "the * marks the next snapshot's slot"
+    assert is_new(cells[f"mslot:{a[3][0]}"]), "the slot this snapshot wrote"
+    free = cells_of(svg, "mfree:")
+    assert [free[f"mfree:{i}"].label for i in range(len(free))] == [
+        str(x) for x in f.free_slots
+    ]
     assert all(
         len(r[3]) == 0 for r in hybrid_books.mamba_slots(extra_buffer=False)[-1].rows
     )
@@ -640,9 +720,15 @@ def test_attention_frames_walk_a_request_page_by_page():
         sc.slots("A")[i : i + 4] for i in range(0, 12, 4)
     ]
     assert sum(a[0].weights) == pytest.approx(1.0)
-    bars = by_gid(draw_attention(a[1]), "weight:")
-    assert same_color(bars["weight:5"].get_facecolor(), owner_color("A"))
-    assert not same_color(bars["weight:0"].get_facecolor(), owner_color("A"))
+    svg = draw_attention(a[1])
+    bars = cells_of(svg, "weight:")
+    assert same_color(bars["weight:5"].fill, owner_color("A"))  # read now
+    assert same_color(bars["weight:0"].fill, PADDING)  # read before
+    assert same_color(bars["weight:9"].fill, "#dddddd")  # read later
+    slots = cells_of(svg, "slot:")
+    assert {s for s, c in ((int(g[5:]), c) for g, c in slots.items()) if is_new(c)} == (
+        a[1].books.new_slots
+    ), "the slots read in this step have a black edge"
 
 
 @pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
@@ -711,19 +797,13 @@ def test_unified_story_reads_the_real_books_and_marks_moves():
     ]  # A finished: B's full pages moved up into A's; B's virtual ids did not change
     moved = [m for m in done.moves if m[0] == "full"]
     assert moved and dict(done.rows)["B"] == dict(frames[4].rows)["B"]
-    fig = draw_unified(done)
-    cells = by_gid(fig, "byte:full:")
+    svg = draw_unified(done)
+    cells, v2p = cells_of(svg, "byte:full:"), cells_of(svg, "v2p:full:")
     for _, v, _, p in moved:
-        assert same_color(cells[f"byte:full:{p}"].get_edgecolor(), HIGHLIGHT)
-        assert same_color(
-            by_gid(fig, "v2p:full:")[f"v2p:full:{v}"].get_edgecolor(), HIGHLIGHT
-        )
-    assert same_color(
-        cells[f"byte:full:{moved[0][3]}"].get_facecolor(), owner_color("B")
-    )
-    assert "byte:gap" in by_gid(fig, "byte:gap") and "byte:floor" in by_gid(
-        fig, "byte:floor"
-    )
+        assert is_new(cells[f"byte:full:{p}"]) and is_new(v2p[f"v2p:full:{v}"])
+    assert same_color(cells[f"byte:full:{moved[0][3]}"].fill, owner_color("B"))
+    assert "byte:gap" in cells_of(svg, "byte:gap")
+    assert "byte:floor" in cells_of(svg, "byte:floor")
     refused = frames[6]
     assert (
         "refused" in refused.caption
@@ -733,20 +813,24 @@ def test_unified_story_reads_the_real_books_and_marks_moves():
     al.check_books()
 
 
-# -- labels never cut, legends drawn, captions escaped (issue 18, section 5) ------------------------
+# -- labels never cut, legends drawn, captions escaped (issue 18, section 5) -------------------
 
 
-def node_label_words(fig, books):
+def node_label_words(svg, books):
     """Each node's drawn label, its lines joined: it must hold the node's tokens in full."""
+    labels = {
+        g.get("data-label"): [t.text for t in g.iter(f"{SVG}text")]
+        for g in ET.fromstring(svg).iter(f"{SVG}g")
+        if g.get("data-label")
+    }
     for n in books.nodes:
         words = " ".join(
             books.words[t] if t < len(books.words) else str(t) for t in n.key
         )
-        drawn = text_of(fig, f"node:{n.id}").split("\n")
         tokens = " ".join(
             line
-            for line in drawn
-            if not line.startswith(("dev ", "host ", "lock ")) and "|" not in line
+            for line in labels[f"node:{n.id}"]
+            if not line.startswith(("dev ", "host ", "lock_ref ")) and "|" not in line
         )
         assert tokens == words, (
             f"node {n.id}: drawn {tokens!r}, its tokens are {words!r}"
@@ -766,9 +850,9 @@ def test_radix_label_check_catches_a_cut_label(monkeypatch):
 
     real = radix_books._label
 
-    def cut(books, n, width=22):  # the old label: cut at 22 characters with a "~"
-        words, rest = real(books, n, width=1000).split("\n", 1)
-        return (words[:21] + "~" if len(words) > 22 else words) + "\n" + rest
+    def cut(books, n, chars=24):  # the old label: cut at 22 characters with a "~"
+        words, *rest = real(books, n, chars=1000)
+        return [words[:21] + "~" if len(words) > 22 else words, *rest]
 
     monkeypatch.setattr(radix_books, "_label", cut)
     frames = radix_books.story()
@@ -777,29 +861,35 @@ def test_radix_label_check_catches_a_cut_label(monkeypatch):
             node_label_words(radix_books.draw_radix(books), books)
 
 
+def legend_of(svg: str) -> list[tuple]:
+    """(pattern over the swatch, words) of every legend entry, in order."""
+    out = []
+    for g in ET.fromstring(svg).iter(f"{SVG}g"):
+        if g.get("class") == "memlab-swatch":
+            _, *over = g.findall(f"{SVG}rect")
+            out.append(
+                (over[0].get("fill") if over else None, g.find(f"{SVG}text").text)
+            )
+    return out
+
+
 def test_legends_are_drawn_swatches_not_text():
     from memlab.course.viz.radix_books import draw_radix, story
 
-    fig = draw_books(
+    svg = draw_books(
         sglang_books.paged_extend(page_size=4).frames[2], ("table", "slots", "free")
     )
-    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
-    assert not any("///" in t or "... part" in t for t in texts), (
+    assert not any("///" in t or "... part" in t for t in texts_of(svg)), (
         "a legend written as text"
     )
-    (legend,) = [a for a in fig.findobj(lambda a: a.get_gid() == "legend")]
-    assert [
-        (p.get_hatch(), t.get_text())
-        for p, t in zip(legend.get_patches(), legend.get_texts())
-    ] == [
-        ("///", "part 1: the rest of its old page"),
+    assert legend_of(svg)[:3] == [
+        (PART_FILL[1], "part 1: the rest of its old page"),
         (None, "part 2: whole new pages"),
-        ("...", "part 3: a new partial page"),
+        (PART_FILL[3], "part 3: a new partial page"),
     ]
-    fig = draw_radix(story()[3])  # B running: its own pages cross-hatched in the pools
-    assert by_gid(fig, "legend:request")["legend:request"].get_hatch() == "xx"
-    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
-    assert not any(t.startswith("xx:") for t in texts)
+    svg = draw_radix(story()[3])  # B running: its own pages dotted in the pools
+    assert (PART_FILL[3], "a request's own") in legend_of(svg)
+    assert not any(t.startswith("xx:") for t in texts_of(svg))
 
 
 def test_stepper_captions_are_text_not_markup():
