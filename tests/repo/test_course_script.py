@@ -59,8 +59,13 @@ def fake_bin(tmp_path: Path, **programs: str) -> Path:
 
 
 def env_with(bin_dir: Path, **extra) -> dict:
+    """The caller's environment less what the script reads (CI sets MEMLAB_FRESH, a learner may
+    have a venv active): each test names what it sets."""
+    read = ("DISPLAY", "WAYLAND_DISPLAY", "VIRTUAL_ENV", "CONDA_PREFIX")
     env = {
-        k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")
+        k: v
+        for k, v in os.environ.items()
+        if k not in read and not k.startswith("MEMLAB_")
     }
     env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
     env.update(extra)
