@@ -5,7 +5,7 @@
 #
 # Before serving, an engine turns its GPU's memory into numbers: how many tokens the KV pool
 # holds, how many pages, how wide a request-table row is, how much each decode step must keep in
-# reserve. `memlab.common.sizing` derives them the way SGLang does
+# reserve. `memlab.sglang.sizing` derives them the way SGLang does
 # ([`KVCacheConfigurator`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/kv_cache_configurator.py), [`get_alloc_reserve_per_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocation_sizing.py)), from configuration objects: change one
 # knob and every derived number moves.
 #
@@ -106,7 +106,7 @@ viz.Explorer(controls, draw_sizing, text=sizing_text, columns=3)
 # (sliding-window tokens per full token; a share for the Mamba state).
 
 # %%
-from memlab.common.sizing import (
+from memlab.sglang.sizing import (
     GPUConfig,
     ScheduleConfig,
     report,
@@ -139,7 +139,7 @@ print(
 # $$\text{max\_new} = \max\left(0, \min\left(\text{max\_new}, C - \lceil \text{input} \rceil_P - P - 1\right)\right)$$
 
 # %%
-from memlab.common.sizing import max_new_tokens_for_memory
+from memlab.sglang.sizing import max_new_tokens_for_memory
 
 for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512)):
     print(
@@ -156,7 +156,7 @@ for inp, want in ((1000, 512), (z.full_tokens - 100, 512), (z.full_tokens, 512))
 # $\lceil (P - 1 + \text{steps}) / P \rceil$ whole pages of its own.
 
 # %%
-from memlab.common.sizing import alloc_len_per_decode, alloc_reserve_per_decode
+from memlab.sglang.sizing import alloc_len_per_decode, alloc_reserve_per_decode
 
 for name, spec in SPECS.items():
     print(
@@ -180,7 +180,7 @@ for name, spec in SPECS.items():
 # lag had to be absorbed, which memlab computes for comparison only.
 
 # %%
-from memlab.common.sizing import (
+from memlab.sglang.sizing import (
     req_to_token_row_width,
     what_if_reserve_without_overlap_lag,
 )
@@ -212,7 +212,7 @@ for name, spec in SPECS.items():
 # [`ScheduleBatch.retract_decode`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/schedule_batch.py)).
 
 # %%
-from memlab.common.sizing import (
+from memlab.sglang.sizing import (
     RunningReq,
     new_tokens_required_next_decode,
     retract_decode,
@@ -273,7 +273,7 @@ print(
 # ## Exercise: `exercises/ch08_sizing.py`
 #
 # Write `pool_size_tokens`, `max_new_tokens_for_memory`, `alloc_len_per_decode` and
-# `alloc_reserve_per_decode` (11 points). The cell compares yours with `memlab.common.sizing`.
+# `alloc_reserve_per_decode` (11 points). The cell compares yours with `memlab.sglang.sizing`.
 
 # %%
 with exercise("ch08_sizing") as ex:
@@ -296,7 +296,7 @@ with exercise("ch08_sizing") as ex:
             assert ex.alloc_reserve_per_decode(ps, *args) == alloc_reserve_per_decode(
                 spec, ps
             ), (spec, ps)
-    print("same numbers as memlab.common.sizing")
+    print("same numbers as memlab.sglang.sizing")
 
 # %% [markdown]
 # ## Grade

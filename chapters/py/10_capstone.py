@@ -183,7 +183,7 @@ if run is not None:
 # %% [markdown]
 # The books of that run, step by step: each request's pages in its colour, the system prompt's
 # pages shared (hatched) once they are cached. Then the sizing of chapter 08 for this model: its KV
-# bytes per token, how many such requests a T4 would hold by `memlab.common.sizing`, and what the
+# bytes per token, how many such requests a T4 would hold by `memlab.sglang.sizing`, and what the
 # engine actually held. When an answer differs from `transformers`, the line says where and how
 # close the two best tokens were there: float32 sums in another order can flip a near tie.
 

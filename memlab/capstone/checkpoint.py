@@ -370,7 +370,7 @@ def sizing_model(
     max_position_embeddings: int = 4096,
     weight_dtype_bytes: int = 2,
 ):
-    """The checkpoint as a ``memlab.common.models.ModelConfig``, for ``memlab.common.sizing.report``."""
+    """The checkpoint as a ``memlab.common.models.ModelConfig``, for ``memlab.sglang.sizing.report``."""
     from memlab.common.models import ModelConfig
 
     return ModelConfig(

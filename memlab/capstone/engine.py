@@ -46,12 +46,6 @@ from memlab.capstone.tiny_llama import TinyLlama as TinyLlama
 from memlab.capstone.tiny_llama import generate_reference as generate_reference
 from memlab.capstone.tiny_llama import rope_inv_freq as rope_inv_freq
 from memlab.common import _checks
-from memlab.common.sizing import (
-    RunningReq,
-    check_decode_mem,
-    estimate_swa_kv_tokens,
-    retract_decode,
-)
 from memlab.common.utils import ceil_align
 from memlab.sglang.allocation import (
     alloc_for_decode,
@@ -78,6 +72,12 @@ from memlab.sglang.schedule_policy import (
     SamplingParams,
     SchedulePolicy,
     match_kv_cache,
+)
+from memlab.sglang.sizing import (
+    RunningReq,
+    check_decode_mem,
+    estimate_swa_kv_tokens,
+    retract_decode,
 )
 from memlab.sglang.swa import SWAKVPool, SWATokenToKVPoolAllocator
 from memlab.sglang.write_loc import KVWriteLoc

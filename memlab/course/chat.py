@@ -197,8 +197,8 @@ class ChatRun:
         ]
 
     def sizing(self, gpu_gib: float = T4_GIB) -> str:
-        """KV bytes per token, what ``memlab.common.sizing`` says a T4 holds, and what the engine used."""
-        from memlab.common import sizing
+        """KV bytes per token, what ``memlab.sglang.sizing`` says a T4 holds, and what the engine used."""
+        from memlab.sglang import sizing
 
         e, cfg = self.engine, self.engine.model.cfg
         served = e.model.dtype.itemsize
@@ -230,7 +230,7 @@ class ChatRun:
                 model, gpu, seq_len=self.max_position_embeddings, schedule=sched
             )
             lines.append(
-                f"T4 by memlab.common.sizing ({what}, mem_fraction_static {sched.mem_fraction_static}): "
+                f"T4 by memlab.sglang.sizing ({what}, mem_fraction_static {sched.mem_fraction_static}): "
                 f"{here.sizes.full_tokens:,} KV tokens = {here.requests:,} requests of {longest} tokens "
                 f"(this run's longest), {full.requests:,} at the full {self.max_position_embeddings:,}"
             )

@@ -9,8 +9,8 @@ Modules, in the order chapter 06 teaches them:
     BlockTable, slot_mapping and store_kv (kernel + torch + Python references) kv_layout
     the cache vLLM 0.33 stores into: logical [layer, block, head, token, content]
 
-The drivers that run a stream through both engines' books, or a trace through this one, are the
-capstone's: memlab.capstone.compare and memlab.capstone.trace_replay.
+Chapter 06's drivers: memlab.vllm.trace_replay runs a trace through these books;
+memlab.course.compare runs one stream through both engines' books, side by side.
 """
 
 from memlab.vllm.block_pool import (

@@ -241,11 +241,11 @@ def test_reserve_doubled(rng):
         )
 
 
-# -- the learner's numbers against the engine's (memlab.common.sizing), on random configurations ---
+# -- the learner's numbers against the engine's (memlab.sglang.sizing), on random configurations ---
 
 
 def random_case(d):
-    from memlab.common import sizing
+    from memlab.sglang import sizing
     from memlab_tests.exercises.exercise_refs import INT31, SIZES
 
     e = ex()

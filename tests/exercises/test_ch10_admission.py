@@ -240,9 +240,9 @@ def test_max_running_requests():
 
 def engine_admit(waiting, running, available, capacity, ps, max_running):
     """The docstring's admission (the next decode step counted as SGLang 0.5.23's
-    new_tokens_required_next_decode counts it, memlab.common.sizing): (admitted, rejected, clips)
+    new_tokens_required_next_decode counts it, memlab.sglang.sizing): (admitted, rejected, clips)
     as indices into ``waiting`` (pairs of input_len, max_new_tokens)."""
-    from memlab.common.sizing import (
+    from memlab.sglang.sizing import (
         RunningReq,
         max_new_tokens_for_memory,
         new_tokens_required_next_decode,

@@ -11,6 +11,9 @@ The layers are also import-linter's contract (``[tool.importlinter]`` in ``pypro
 
 import ast
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,14 +48,10 @@ FLOORS = {
     "memlab.vllm.block_table": 6,
     "memlab.vllm.kv_layout": 6,
     "memlab.vllm.trace_replay": 6,
-    # aliases of the two chapter 06 drivers that moved (to memlab.vllm and memlab.course)
-    "memlab.capstone.compare": 6,
-    "memlab.capstone.trace_replay": 6,
     "memlab.sglang.swa": 7,
     "memlab.sglang.mamba": 7,
     "memlab.sglang.write_loc": 7,  # write_loc: 07 to 09
     "memlab.sglang.sizing": 8,
-    "memlab.common.sizing": 8,  # the moved name, until its callers import memlab.sglang.sizing
     "memlab.common.attention": 9,
     "memlab.sglang.schedule_policy": 10,  # admission (10), the cache-aware order (12)
     "memlab.capstone.tiny_llama": 10,
@@ -68,16 +67,15 @@ FLOORS = {
     "memlab.capstone.prefix_compare": 11,
     "memlab.sglang.unified": 12,
     "memlab.capstone.schedule_compare": 12,
+    # moved modules: importing the old name raises an ImportError naming the new home
+    "memlab.capstone.compare": 6,
+    "memlab.capstone.trace_replay": 6,
+    "memlab.common.sizing": 8,
 }
 TOOLS = {"memlab", "memlab.__main__", "memlab.course", "memlab.grade"}
 
 # Floor violations still on main, each with what removes it. When one is gone, delete its line.
-PENDING: dict = {
-    (
-        "memlab.capstone.compare",
-        "memlab.course",
-    ): "the alias goes once chapter 06 imports memlab.course.compare",
-}
+PENDING: dict = {}
 
 # The layers, lowest first: a module may import its own section, its layer's siblings where they
 # share a layer on purpose (common and the kernels: memlab.kernels reads common.env, and
@@ -92,13 +90,7 @@ LAYERS = (
 SIBLINGS = {frozenset(("memlab.common", "memlab.kernels"))}
 # (importing module, imported section) allowed across the layers for now, each with what
 # removes it.
-LAYER_EXCEPTIONS = {
-    ("memlab.common.sizing", "memlab.sglang"): (
-        "the moved name's shim; delete memlab/common/sizing.py once chapter 08, "
-        "memlab.capstone.engine, memlab.course.chat, memlab.course.viz.draw_sizing and "
-        "tests/exercises import memlab.sglang.sizing"
-    ),
-}
+LAYER_EXCEPTIONS: dict = {}
 
 
 def modules(package_dir: Path) -> dict[str, Path]:
@@ -330,3 +322,45 @@ def test_the_layers_point_one_way(memlab_graph):
         "no longer imported: delete from LAYER_EXCEPTIONS "
         f"{sorted(set(LAYER_EXCEPTIONS) - crossing)}"
     )
+
+
+def test_import_linter_holds_the_same_layers(tmp_path):
+    """The contract in pyproject.toml ([tool.importlinter]), checked by import-linter itself."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    assert lint.exists(), (
+        f"import-linter is in the test extra and the lock: {lint} missing"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(lint), "--no-cache"],
+        cwd=ROOT,
+        env=env | {"PYTHONSAFEPATH": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 kept, 0 broken" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_import_linter_sees_an_upward_import(tmp_path):
+    """The same contract on a copy of the package with common importing the SGLang side."""
+    copy = tmp_path / "memlab"
+    shutil.copytree(ROOT / "memlab", copy, symlinks=False)
+    (copy / "common" / "utils.py").write_text(
+        (copy / "common" / "utils.py").read_text() + "\nimport memlab.sglang.kv_pool\n"
+    )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = Path(sys.executable).with_name("lint-imports")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(lint), "--no-cache"],
+        cwd=tmp_path,
+        env=env | {"PYTHONPATH": str(tmp_path), "PYTHONSAFEPATH": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "memlab.common.utils -> memlab.sglang.kv_pool" in (
+        proc.stdout
+    ), proc.stdout[-3000:]

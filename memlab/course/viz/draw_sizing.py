@@ -1,11 +1,12 @@
 """Chapter 08's picture: a GPU's memory split into what was in use before the weights loaded, the
 weights, the KV pools and the share left to activations, and how many requests of each length fit.
-Every number comes from ``memlab.common.sizing``."""
+Every number comes from ``memlab.sglang.sizing``."""
 
 from __future__ import annotations
 
 from memlab.common.models import FULL, LINEAR, MODELS, SLIDING
-from memlab.common.sizing import (
+from memlab.course.viz.style import PALETTE, new_figure
+from memlab.sglang.sizing import (
     GiB,
     GPUConfig,
     ParallelConfig,
@@ -17,7 +18,6 @@ from memlab.common.sizing import (
     max_requests_at,
     report,
 )
-from memlab.course.viz.style import PALETTE, new_figure
 
 GPUS = {
     "T4 (16 GB)": 15.0,

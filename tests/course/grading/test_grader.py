@@ -871,7 +871,7 @@ def test_solutions_agree_with_the_library(monkeypatch):
     # 07: tracking slots; 08: sizing.
     import itertools
 
-    from memlab.common import sizing
+    from memlab.sglang import sizing
     from memlab.sglang.mamba import mamba_tracking_slots
 
     m = sol("ch07_mamba_tracking")

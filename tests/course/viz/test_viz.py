@@ -683,8 +683,8 @@ def test_mamba_picture_marks_state_and_ping_pong_slots():
 
 def test_sizing_picture_uses_memlab_sizing():
     from memlab.common.models import MODELS
-    from memlab.common.sizing import GiB, report
     from memlab.course.viz.draw_sizing import draw_sizing, serving_config, sizing_text
+    from memlab.sglang.sizing import GiB, report
 
     kw = dict(model="Llama-3.1-8B", gpu="A100 / H100 80GB", page_size=16)
     cfg = serving_config(**kw)

@@ -20,8 +20,8 @@ found = None
 for root in roots:
     for rel in (
         "solutions/ch08_sizing.py",
-        "source/memlab/common/sizing.py",
-        "memlab/common/sizing.py",
+        "source/memlab/sglang/sizing.py",
+        "memlab/sglang/sizing.py",
     ):
         try:
             top = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
