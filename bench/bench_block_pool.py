@@ -30,6 +30,7 @@ The last line reads: ``block pool vs vLLM 0.33: fill N.NNx, steady N.NNx``.
 from __future__ import annotations
 
 import argparse
+import gc
 import runpy
 import sys
 import time
@@ -207,9 +208,12 @@ def timed_phases(V, num_blocks: int, rounds: int, repeats: int) -> dict:
             for r in range(rounds):
                 requests = make_requests(first, per_round)
                 for name, (pool, cycle) in pools.items():
+                    gc.collect()
+                    gc.disable()  # as timeit: a collection lands in no one's round
                     t0 = time.process_time()
                     cycle(pool, requests)
                     dt = time.process_time() - t0
+                    gc.enable()
                     times = best.setdefault((phase, name), [float("inf")] * rounds)
                     times[r] = min(times[r], dt)
                 first += per_round

@@ -31,6 +31,37 @@ import torch
 
 torch.set_num_threads(1)
 
+# The plain suite grades solutions/ wherever a test loads learner code without naming a folder
+# (python -m memlab.grade and ./course grade set MEMLAB_EXERCISES instead).
+from memlab.course.grading import loader
+
+loader.set_default("solutions")
+LEAKS = ("MEMLAB_EXERCISES", "MEMLAB_GRADE_SEED", "PYTHONPATH", "TRITON_INTERPRET")
+
+
+@pytest.fixture(autouse=True)
+def _no_leak_into_the_next_test(request):
+    """A test that changes which exercise files the next test grades (or how it imports) fails,
+    naming what it left: once, a leaked MEMLAB_EXERCISES made every later graded test grade the
+    stubs."""
+    before = [os.environ.get(k) for k in LEAKS], loader._default
+    yield
+    after = [os.environ.get(k) for k in LEAKS], loader._default
+    if after != before:
+        changed = [
+            f"{k}: {b!r} -> {a!r}"
+            for k, b, a in zip(LEAKS, before[0], after[0], strict=True)
+            if a != b
+        ]
+        if after[1] != before[1]:
+            changed.append(
+                f"the grader's default folder: {before[1]!r} -> {after[1]!r}"
+            )
+        pytest.fail(
+            f"{request.node.nodeid} left {'; '.join(changed)} for the tests after it "
+            "(use monkeypatch, set before it is changed)"
+        )
+
 
 def pytest_collection_modifyitems(config, items):
     if has_cuda():

@@ -578,7 +578,10 @@ def _check_swa_allocator(
     if kvcache is not None and swa_req_ring_size is None:
         swa_req_ring_size = kvcache.swa_req_ring_size
     if kvcache is not None and swa_req_ring_size != kvcache.swa_req_ring_size:
-        raise ValueError(f"SWA ring size {swa_req_ring_size}, the SWAKVPool's another")
+        raise ValueError(
+            f"SWA ring size {swa_req_ring_size}: the SWAKVPool's is ring size "
+            f"{kvcache.swa_req_ring_size}"
+        )
     # a per-request ring counts capacity in request rows
     if swa_req_ring_size is not None and req_to_token_pool is None:
         raise ValueError("per-request SWA ring: req_to_token_pool is required")

@@ -808,7 +808,10 @@ def fake_colab(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "google", google)
     monkeypatch.setitem(sys.modules, "google.colab", colab)
     monkeypatch.setenv("MEMLAB_DRIVE_MOUNT", str(mount))
-    monkeypatch.delenv("MEMLAB_EXERCISES", raising=False)
+    # Set, then removed: monkeypatch then knows to remove what notebook.start sets (a bare
+    # delenv of an unset name records nothing, and the test's own delenv would put it back).
+    monkeypatch.setenv("MEMLAB_EXERCISES", "")
+    monkeypatch.delenv("MEMLAB_EXERCISES")
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     return mount, calls
 

@@ -452,7 +452,7 @@ def random_case(d):
     ):
         d.same(f"{name} after the call", x, b, "decode_attention must only read it")
     slot_ids, mask = slots_from_req_to_token(
-        torch.tensor(table), torch.tensor(rows), torch.tensor(lens)
+        torch.tensor(table, dtype=torch.int32), torch.tensor(rows), torch.tensor(lens)
     )
     want = attention_over_slots(
         q.float(), k.float(), v.float(), slot_ids, mask, 1 / math.sqrt(head_dim)

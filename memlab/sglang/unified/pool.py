@@ -413,7 +413,8 @@ def _check_unified_row_alignment(spec, align: int) -> None:
     for part, nbytes in (("K", spec.k_row_bytes()), ("V", spec.v_row_bytes())):
         if nbytes % align:
             raise ValueError(
-                f"{spec.name!r}: a {nbytes}-byte {part} row, not {align}-aligned"
+                f"{spec.name!r}: a {nbytes}-byte {part} row, not {align}-aligned "
+                "(run such a model without --enable-unified-memory)"
             )
 
 
