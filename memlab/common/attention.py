@@ -351,10 +351,11 @@ _NO_ROWS = (
 )  # the block-table spelling has no row indices (None is a bad argument)
 
 
-def _ids(q, table, table_name, seq_lens, rows=_NO_ROWS) -> None:
-    """One length (and one row) per query, int ids on q's device; the table int32 and 2-D, as
-    the engines keep it, with a row per query when it has no row indices (vLLM's spelling)."""
-    _checks.tensor(table_name, table, (torch.int32,), 2, device=q.device)
+def _ids(q, table, table_name, seq_lens, rows=_NO_ROWS, dtypes=(torch.int32,)) -> None:
+    """One length (and one row) per query, int ids on q's device; the table 2-D and int32 for
+    the kernels, as the engines keep it, with a row per query when it has no row indices (vLLM's
+    spelling)."""
+    _checks.tensor(table_name, table, dtypes, 2, device=q.device)
     ids = {"seq_lens": seq_lens} | (
         {} if rows is _NO_ROWS else {"req_pool_indices": rows}
     )
@@ -473,7 +474,9 @@ def _check_mla_paged_attention(
 
 
 def _check_slots(table, seq_lens, rows=_NO_ROWS, block_size=1) -> None:
-    """The references' mappings: int tables, one length (and row) per request, inside them."""
+    """The references' mappings: int tables (int32 or int64: torch reads either), one length
+    (and row) per request, inside them. The slot ids' bound is the cache's, which
+    attention_over_slots checks."""
     _checks.index_tensor("seq_lens", seq_lens, ndim=1)
     _ids(
         torch.empty((len(seq_lens), 0, 0), device=seq_lens.device),
@@ -481,12 +484,12 @@ def _check_slots(table, seq_lens, rows=_NO_ROWS, block_size=1) -> None:
         "table",
         seq_lens,
         rows,
+        _checks.INDEX_DTYPES,
     )
     _checks.integer("block_size", block_size, 1, _checks.INT32_MAX)
     rows = None if rows is _NO_ROWS else rows
-    _ids_in_range(
-        seq_lens, table, "table", table.numel() * block_size + 1, rows, block_size
-    )
+    any_id = (_checks.INT32_MAX + 1) * block_size
+    _ids_in_range(seq_lens, table, "table", any_id, rows, block_size)
 
 
 def _check_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale) -> None:

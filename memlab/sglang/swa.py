@@ -594,7 +594,8 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     counts more slots than the buffers hold would hand out ids past their end."""
     if kvcache.page_size != alloc.page_size:
         raise ValueError(
-            f"the SWAKVPool's page_size {kvcache.page_size} is not the allocator's"
+            f"the SWAKVPool's page_size {kvcache.page_size} is not the allocator's "
+            f"page_size {alloc.page_size}"
         )
     for side, pool_n, own_n in (
         ("full", kvcache.size, alloc.size_full),
@@ -602,7 +603,7 @@ def _check_swa_kvcache_sizes(alloc, kvcache) -> None:
     ):
         if pool_n != own_n:
             raise ValueError(
-                f"the {side} pool holds {pool_n} slots, the allocator's {own_n}"
+                f"the {side} pool holds {pool_n} slots, the allocator's {side} side {own_n}"
             )
 
 
@@ -630,7 +631,10 @@ def _check_swa_free(alloc, free_index) -> None:
 
 def _check_swa_segment(alloc, start_pos) -> None:
     if _checks.integer("start_pos", start_pos) % alloc.page_size:
-        raise ValueError(f"free_swa_segment: start_pos {start_pos} is not page-aligned")
+        raise ValueError(
+            f"free_swa_segment: start_pos {start_pos} is not a multiple of page_size "
+            f"{alloc.page_size}"
+        )
 
 
 def _check_swa_release(

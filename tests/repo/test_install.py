@@ -83,7 +83,13 @@ def install(src: Path, target: Path, editable: bool) -> Path:
         )
     hook = "build_editable" if editable else "build_wheel"
     out = target.parent / "dist"
-    code = f"from setuptools import build_meta\nprint(build_meta.{hook}({str(out)!r}))"
+    # pip runs the hook as a script of its own: the source folder is the working folder, not on
+    # sys.path (where its kernels/ would hide an installed `kernels`, whose setuptools entry point
+    # the build loads).
+    code = (
+        "import sys\nsys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+        f"from setuptools import build_meta\nprint(build_meta.{hook}({str(out)!r}))"
+    )
     r = subprocess.run(
         [sys.executable, "-c", code],
         cwd=src,

@@ -424,7 +424,9 @@ def test_the_pool_and_the_allocator_must_agree_on_the_swa_side():
     pool = SWAKVPool(
         64, None, 4, torch.float32, 1, 2, [1], [0], swa_req_ring_size=10, num_req_rows=4
     )
-    with pytest.raises(ValueError, match="SWA pool holds 48 slots, the allocator's 60"):
+    with pytest.raises(
+        ValueError, match="SWA pool holds 48 slots, the allocator's SWA side 60"
+    ):
         SWATokenToKVPoolAllocator(
             64, None, 4, kvcache=pool, req_to_token_pool=rt
         )  # 4 rows vs 5
@@ -438,7 +440,9 @@ def test_the_pool_and_the_allocator_must_agree_on_the_swa_side():
             swa_req_ring_size=8,
         )
     pool = SWAKVPool(64, 16, 4, torch.float32, 1, 2, [1], [0])
-    with pytest.raises(ValueError, match="SWA pool holds 16 slots, the allocator's 32"):
+    with pytest.raises(
+        ValueError, match="SWA pool holds 16 slots.*allocator's SWA side 32"
+    ):
         SWATokenToKVPoolAllocator(64, 32, 4, kvcache=pool)
     with pytest.raises(
         ValueError, match="full pool holds 64 slots.*allocator's full side 32"
