@@ -901,12 +901,13 @@ def _check_node(tree, node, on_host: bool = False) -> None:
         attached = (
             n.parent is not None and n.parent.children.get(tree._child_key(n.key)) is n
         )
-        if (
-            not attached
-            or (n.evicted != on_host and n is node)
-            or (n.evicted and not on_host)
-        ):
+        if not attached:
             raise ValueError(
-                f"{node!r} is not this tree's, or not where it is asked for"
+                f"{node!r} is not in this tree (evicted, or another tree's)"
+            )
+        if (n.evicted != on_host and n is node) or (n.evicted and not on_host):
+            where = "on the host only" if n.evicted else "on the device"
+            raise ValueError(
+                f"{node!r}: its KV is {where}, not where this call needs it"
             )
         n = n.parent

@@ -213,45 +213,34 @@ def test_stub_detection():
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_the_course_stub_is_found_whatever_the_learner_did(tmp_path):
-    """Edited and committed: the stub comes from git's history; deleted: from HEAD; untouched: the
-    working copy; no git at all and no stub: None (the author-only checks then skip)."""
+    """The stub is generated from the solution: the same text whether the learner's copy is
+    untouched, edited, committed, deleted, or the clone has no git at all."""
     clone = tmp_path / "clone"
     subprocess.run(
         ["git", "clone", "-q", str(ROOT), str(clone)], check=True, capture_output=True
     )
-    stub = stubs.course_stub("ch03_token_allocator", clone)
-    assert stub[1] == "the working copy" and looks_like_stub(
-        stub[0], (ROOT / "solutions" / "ch03_token_allocator.py").read_text()
+    name = "ch03_token_allocator"
+    stub = stubs.course_stub(name, clone)
+    assert stub[1] == f"generated from {name}.py" and looks_like_stub(
+        stub[0], (ROOT / "solutions" / f"{name}.py").read_text()
     )
+    assert stub[0] == (clone / "exercises" / f"{name}.py").read_text()
     shutil.copyfile(
-        clone / "solutions" / "ch03_token_allocator.py",
-        clone / "exercises" / "ch03_token_allocator.py",
+        clone / "solutions" / f"{name}.py", clone / "exercises" / f"{name}.py"
     )
     (clone / "exercises" / "ch02_bytes_per_token.py").unlink()
-    assert stubs.course_stub("ch02_bytes_per_token", clone)[1].startswith(
-        "commit "
-    )  # HEAD's
-    subprocess.run(
-        [
-            "git",
-            "-c",
-            "user.name=l",
-            "-c",
-            "user.email=l@e",
-            "commit",
-            "-qam",
-            "my work",
-        ],
-        cwd=clone,
-        check=True,
-        capture_output=True,
+    assert stubs.course_stub(name, clone) == stub
+    assert looks_like_stub(
+        stubs.course_stub("ch02_bytes_per_token", clone)[0],
+        (ROOT / "solutions" / "ch02_bytes_per_token.py").read_text(),
     )
-    found = stubs.course_stub("ch03_token_allocator", clone)
-    assert found[0] == stub[0] and found[1].startswith("commit "), found[
-        1
-    ]  # from before the learner's commit
+    git = ["git", "-c", "user.name=l", "-c", "user.email=l@e"]
+    subprocess.run(
+        [*git, "commit", "-qam", "my work"], cwd=clone, check=True, capture_output=True
+    )
+    assert stubs.course_stub(name, clone) == stub
     shutil.rmtree(clone / ".git")
-    assert stubs.course_stub("ch03_token_allocator", clone) is None
+    assert stubs.course_stub(name, clone) == stub
 
 
 def test_loader_imports_by_path_under_private_names(tmp_path, monkeypatch):

@@ -406,8 +406,9 @@ def test_11_a_match_that_ends_inside_a_node_splits_it_and_says_so():
         (
             "unlock",
             dict(unlock_node="1"),
-            "ValueError: dec_lock_ref on TreeNode(id=1",
-        ),  # the debug-mode check
+            "ValueError: TreeNode(id=1, key=(7, 9), len=2, lock_ref=0, host): its KV is "
+            "on the host only",
+        ),  # the node check before any lock is touched
         (
             "insert",
             dict(insert_text=" ".join(f"w{i}" for i in range(30))),
