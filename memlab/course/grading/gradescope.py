@@ -354,6 +354,9 @@ def results_for(report, found, refused, missing, copies, user) -> dict:
         name = f"{s.exercise.file}.py"
         if name in held:
             held[name]["would_earn"] = s.earned
+            held[name]["would_fail"] = [
+                f"{t.name}: {t.message[:300]}" for t in s.tests if t.outcome == "failed"
+            ]
         for t in s.tests if name in held else ():
             if (
                 t.outcome == "skipped"

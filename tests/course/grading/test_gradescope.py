@@ -96,6 +96,7 @@ def test_solutions_earn_every_cpu_point_held_as_copies(gs, half):
         )
         assert got == e.points, (
             e.id,
+            similar[f"{e.file}.py"].get("would_fail"),
             [t["output"][:200] for t in tests if not t["score"]],
         )
     assert f"Maximum on this grader: {CPU_MAX} points" in data["output"]
