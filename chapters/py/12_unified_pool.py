@@ -488,7 +488,11 @@ print(
 )
 for name, a in allocators.items():  # the same questions, whatever the allocator
     max_new = a.max_new_tokens_for_memory(
-        100, 400, token_capacity=a.size, sliding_window_size=8, chunk_size=None
+        100,
+        400,
+        token_capacity=getattr(a, "size_full", a.size),
+        sliding_window_size=8,
+        chunk_size=None,
     )
     print(
         f"{name:22}{a.available_size():>10}{a.request_slot_reserve(has_req_pool_slot=False):>8}{max_new!s:>8}"
@@ -499,12 +503,13 @@ for name, a in allocators.items():  # the same questions, whatever the allocator
 # Read the columns. The token and paged pools clip the request to what is left after the prompt,
 # one page and one slot kept spare (154, and 151 once the prompt is rounded up to whole pages).
 # The two pools can hand out only as much as their smaller side holds (128 SWA slots), yet clip
-# like one pool of 256: out-of-window tokens leave the SWA side. (The loop passes
-# `token_capacity=a.size`, and memlab's `SWATokenToKVPoolAllocator.size` is the full side's 256: the
-# number SGLang's scheduler passes there, its `max_total_num_tokens`
-# ([`Scheduler`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler.py)). SGLang's own
-# [`SWATokenToKVPoolAllocator.size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py) returns `min(full, swa)`, 128:
-# memlab differs there.) The unified buffer answers in
+# like one pool of 256: out-of-window tokens leave the SWA side. (The loop passes the full side's
+# `size_full`, 256, where there are two sides: the number SGLang's scheduler passes there, its
+# `max_total_num_tokens`
+# ([`Scheduler`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/managers/scheduler.py)).
+# `size` itself is `min(full, swa)`, 128, as in SGLang's
+# [`SWATokenToKVPoolAllocator.size`](https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/mem_cache/allocator/swa.py).)
+# The unified buffer answers in
 # bytes: 191 tokens fit now (the padding floor takes a slot), 181 new tokens fit after the prompt
 # with a window's worth on the SWA side, and it is the only one with a ceiling of its own (300
 # full and 16 SWA slots fit the empty buffer's bytes) and the only one whose `prealloc_fits`
