@@ -36,6 +36,26 @@ torch.set_num_threads(1)
 from memlab.course.grading import loader
 
 loader.set_default("solutions")
+
+
+def pytest_configure(config):
+    from memlab.course.grading import fuzz
+
+    fuzz.grade_seed()  # drawn now, before any worker process starts: they inherit it
+
+
+def pytest_report_header(config):
+    from memlab.course.grading import fuzz
+
+    seed = fuzz.grade_seed()
+    return [
+        f"memlab graded tests: grading {loader.source_dir()} "
+        f"(MEMLAB_EXERCISES={os.environ.get(loader.ENV)})",
+        f"memlab graded tests: random cases of seed {seed} (MEMLAB_GRADE_SEED={seed} draws "
+        "them again)" + ("; Gradescope's hidden cases too" if fuzz.hidden() else ""),
+    ]
+
+
 LEAKS = ("MEMLAB_EXERCISES", "MEMLAB_GRADE_SEED", "PYTHONPATH", "TRITON_INTERPRET")
 
 

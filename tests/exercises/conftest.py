@@ -17,8 +17,6 @@ nothing). In one session, a gated test that passes while its core test has faile
 and says why; the grader's report applies the same rule to tests run in other sessions.
 """
 
-import os
-
 import pytest
 
 from memlab.course.grading import fuzz, loader, plugin
@@ -31,17 +29,6 @@ _outcomes: dict[str, str] = {}  # node id -> passed / failed / skipped, in this 
 
 def pytest_configure(config):
     plugin.register_markers(config)
-    fuzz.grade_seed()  # drawn now, before any worker process starts: they inherit it
-
-
-def pytest_report_header(config):
-    seed = fuzz.grade_seed()
-    return [
-        f"memlab graded tests: grading {loader.source_dir()} "
-        f"(MEMLAB_EXERCISES={os.environ.get(loader.ENV)})",
-        f"memlab graded tests: random cases of seed {seed} (MEMLAB_GRADE_SEED={seed} draws "
-        "them again)" + ("; Gradescope's hidden cases too" if fuzz.hidden() else ""),
-    ]
 
 
 @pytest.fixture

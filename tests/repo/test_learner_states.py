@@ -59,9 +59,24 @@ MARK = re.compile(
 )
 
 
-# Functions that read exercises/ only when their caller names it: the suite's default folder is
-# solutions/ (tests/conftest.py), and a caller that names exercises/ is marked itself.
-NAMED_BY_THE_CALLER = {("memlab.course.grading.loader", "source_dir")}
+# Functions whose text names exercises/ but that never read the learner's copy, each with why.
+NOT_READERS = {
+    (
+        "memlab.course.grading.loader",
+        "source_dir",
+    ): "reads exercises/ only when its caller "
+    "names it (the suite's default is solutions/, tests/conftest.py): such a caller is marked",
+    (
+        "memlab.course.grading.stubs",
+        "course_stub",
+    ): "generates the stub from solutions/",
+    ("memlab.course.grading.stubs", "write_stubs"): "writes course_stub's stubs",
+    ("memlab.course.grading.gradescope", "build_bundle"): "zips course_stub's stubs",
+    (
+        "memlab.course.grading.runner",
+        "check_checkout",
+    ): "checks that the folder is there",
+}
 
 
 def _marked(fn) -> bool:
@@ -177,7 +192,7 @@ def _readers() -> tuple[set[tuple[str, str]], dict[str, _Module]]:
         (m.name, name)
         for m in modules.values()
         for name, fn in m.functions.items()
-        if _marked(fn) and (m.name, name) not in NAMED_BY_THE_CALLER
+        if _marked(fn) and (m.name, name) not in NOT_READERS
     }
     edges = {}
     for m in modules.values():
@@ -198,7 +213,11 @@ def _readers() -> tuple[set[tuple[str, str]], dict[str, _Module]]:
             if attr is not None:
                 edges.setdefault((m.name, local), set()).add((mod, attr))
     while True:
-        more = {k for k, refs in edges.items() if k not in reads and refs & reads}
+        more = {
+            k
+            for k, refs in edges.items()
+            if k not in reads and k not in NOT_READERS and refs & reads
+        }
         if not more:
             return reads, modules
         reads |= more
@@ -236,7 +255,8 @@ def test_the_tests_that_read_exercises_are_found():
         "tests/chapters/test_notebooks.py::test_drive_gets_the_stubs_once_and_never_overwrites",
     ):
         assert must in found, must
-    assert {"course_stub", "write_stubs"} <= product_readers()
+    assert {"in_step", "download_exercises", "use_drive"} <= product_readers()
+    assert not {name for _, name in NOT_READERS} & product_readers()
 
 
 # -- the learner's clone --------------------------------------------------------------------------

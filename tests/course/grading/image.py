@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from memlab.course.grading.stubs import write_stubs
+
 ROOT = Path(__file__).resolve().parents[3]
 STUDENT = "memlab-student"  # the student's user on the Gradescope image
 TIMEOUT = 300
@@ -170,8 +172,12 @@ def run_autograder(root: Path, student: str | None = STUDENT, env_=None) -> dict
 def checkout() -> Path:
     """A learner's clone, readable by the learner's user: the course without its git history."""
     dest = folder() / "checkout"
-    for part in ("memlab", "kernels", "exercises", "solutions", "tests/exercises"):
+    for part in ("memlab", "kernels", "solutions", "tests/exercises"):
         shutil.copytree(ROOT / part, dest / part, symlinks=True, dirs_exist_ok=True)
+    # The stubs as the course ships them (generated from the solutions), not this working copy's
+    # exercises/, which may hold the learner's own work.
+    write_stubs(dest / "exercises")
+    shutil.copy2(ROOT / "exercises" / "README.md", dest / "exercises" / "README.md")
     from memlab.course.grading.gradescope import BUNDLE_FILES
 
     for part in BUNDLE_FILES:
