@@ -21,6 +21,7 @@ makes this hold; the chunks below keep each run under a minute.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -37,6 +38,9 @@ import pytest
 
 from memlab_tests.tools.loading import load_file
 from memlab_tests.tools.stored import stored
+
+# One worker builds the learner's clone (a module fixture) and runs every test that uses it.
+pytestmark = pytest.mark.xdist_group("learner_clone")
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ("ch04_alloc_extend", "ch05_paged_free")
@@ -61,21 +65,39 @@ MARK = re.compile(
 
 # Functions whose text names exercises/ but that never read the learner's copy, each with why.
 NOT_READERS = {
-    (
-        "memlab.course.grading.loader",
-        "source_dir",
-    ): "reads exercises/ only when its caller "
-    "names it (the suite's default is solutions/, tests/conftest.py): such a caller is marked",
-    (
-        "memlab.course.grading.stubs",
-        "course_stub",
-    ): "generates the stub from solutions/",
-    ("memlab.course.grading.stubs", "write_stubs"): "writes course_stub's stubs",
-    ("memlab.course.grading.gradescope", "build_bundle"): "zips course_stub's stubs",
-    (
-        "memlab.course.grading.runner",
-        "check_checkout",
-    ): "checks that the folder is there",
+    (module, function): why
+    for module, function, why in [
+        (
+            "memlab.course.grading.loader",
+            "source_dir",
+            "reads exercises/ only when its caller names it (the suite's default is "
+            "solutions/, tests/conftest.py): such a caller is marked itself",
+        ),
+        (
+            "memlab.course.grading.stubs",
+            "course_stub",
+            "generates the stub from solutions/",
+        ),
+        ("memlab.course.grading.stubs", "write_stubs", "writes course_stub's stubs"),
+        (
+            "memlab.course.grading.gradescope",
+            "build_bundle",
+            "zips course_stub's stubs",
+        ),
+        (
+            "memlab.course.grading.runner",
+            "check_checkout",
+            "checks the folder is there",
+        ),
+        ("tests.course.grading.image", "checkout", "writes the generated stubs"),
+        ("tests.tools.mutants", "main", "'exercises' is its command line's word"),
+        ("tests.tools.mutants", "learner_lines", "compares a solution with its stub"),
+        (
+            "tests.course.grading.test_gradescope",
+            "test_solutions_earn_every_cpu_point_held_as_copies",
+            "exercises/ of the submission folder it makes",
+        ),
+    ]
 }
 
 
@@ -168,6 +190,7 @@ class _Module:
         return out
 
 
+@functools.cache
 def _readers() -> tuple[set[tuple[str, str]], dict[str, _Module]]:
     paths = [
         *sorted((ROOT / "memlab").rglob("*.py")),
@@ -250,13 +273,13 @@ def test_the_tests_that_read_exercises_are_found():
     that read exercises/ are found through the calls."""
     found = set(readers())
     for must in (
-        "tests/course/grading/test_mutants.py::test_mutants_change_only_what_a_learner_writes",
+        "tests/course/grading/test_stubs.py::test_in_step_whatever_the_learner_did",
         "tests/chapters/test_notebooks.py::test_chapter_runs_like_colab",
         "tests/chapters/test_notebooks.py::test_drive_gets_the_stubs_once_and_never_overwrites",
     ):
         assert must in found, must
     assert {"in_step", "download_exercises", "use_drive"} <= product_readers()
-    assert not {name for _, name in NOT_READERS} & product_readers()
+    assert not set(NOT_READERS) & _readers()[0]
 
 
 # -- the learner's clone --------------------------------------------------------------------------
@@ -442,24 +465,20 @@ def chunks() -> dict[str, list[str]]:
     grading = [t for t in found if t.startswith("tests/course/grading/")]
     rest = [t for t in found if t not in grading]
     colab = "tests/chapters/test_notebooks.py::test_chapter_runs_like_colab"
-    half = len(grading) // 2
     return {
-        "notebooks as stored": [
-            "tests/chapters/test_notebooks.py", "-k", "not runs_like_colab and not fresh_python",
+        "notebooks as stored, lock and repository": [
+            "tests/chapters/test_notebooks.py", "tests/repo/test_lock.py",
+            "tests/repo/test_repo.py", "-k", "not runs_like_colab and not fresh_python",
         ],
-        "lock and repository": ["tests/repo/test_lock.py", "tests/repo/test_repo.py"],
-        "grading, first half": grading[:half],
-        "grading, second half": grading[half:],
+        "grading": grading,
         # the chapter whose exercises the learner committed still runs like Colab
         "other readers of exercises/": [*rest, f"{colab}[04_alloc_extend]"],
     }  # fmt: skip
 
 
 CHUNKS = (
-    "notebooks as stored",
-    "lock and repository",
-    "grading, first half",
-    "grading, second half",
+    "notebooks as stored, lock and repository",
+    "grading",
     "other readers of exercises/",
 )
 
