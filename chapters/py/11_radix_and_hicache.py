@@ -293,11 +293,16 @@ print(
 # %%
 from memlab.sglang.hicache import HiRadixCache
 
-pool = MHATokenToKVPool(16, 1, torch.float32, head_num=1, head_dim=2, layer_num=2)
-hi_alloc = TokenToKVPoolAllocator(16, kvcache=pool, debug_mode=True)
+from memlab.common.env import kernel_device
+
+dev = kernel_device()  # the copy kernel reads GPU memory (the interpreter: the CPU's)
+pool = MHATokenToKVPool(
+    16, 1, torch.float32, head_num=1, head_dim=2, layer_num=2, device=dev
+)
+hi_alloc = TokenToKVPoolAllocator(16, kvcache=pool, debug_mode=True, device=dev)
 hi = HiRadixCache(
     hi_alloc,
-    HostKVCache(pool.host_pool_decls()[0], 32, 1, pin_memory=False),
+    HostKVCache(pool.host_pool_decls()[0], 32, 1),  # pinned when there is a GPU
     write_policy="write_through",
     io_backend="triton",
     load_back_threshold=1,
@@ -309,7 +314,8 @@ def compute(
     slots, tokens, start
 ):  # the 'model': K of token i = (i, token id) in every layer
     kv = torch.tensor(
-        [[float(i), float(tokens[i])] for i in range(start, start + len(slots))]
+        [[float(i), float(tokens[i])] for i in range(start, start + len(slots))],
+        device=dev,
     )[:, None]
     for layer in range(2):
         pool.set_kv_buffer(layer, slots, kv, kv)

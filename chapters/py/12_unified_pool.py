@@ -157,18 +157,25 @@ print(
 # slot), so no separate full-to-SWA map is kept. Here are two requests through the chapter 04 kernel (`backend="triton"`):
 
 # %%
+from memlab.common.env import kernel_device
 from memlab.sglang.unified import UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
 
+dev = (
+    kernel_device()
+)  # where the Triton kernels run: the GPU (the interpreter: the CPU)
+kpool = UnifiedKVPool(
+    total_bytes=3072, sub_pool_specs=[full_spec, swa_spec], page_size=2, device=dev
+)  # the pool above, there
 kv = UnifiedSWAKVPool(
-    unified_buffer=pool,
+    unified_buffer=kpool,
     full_attention_layer_ids=[1],
     swa_attention_layer_ids=[0, 2],
     page_size=2,
 )
 alloc = UnifiedSWATokenToKVPoolAllocator(
-    unified_buffer=pool, kvcache=kv, page_size=2, debug_mode=True, backend="triton"
+    unified_buffer=kpool, kvcache=kv, page_size=2, debug_mode=True, backend="triton"
 )
-T = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+T = lambda *xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
 free_before = alloc.full_attn_allocator.free_virtual_ids[:6].tolist()
 a = alloc.alloc_extend(
     T(0, 0), T(0, 0), T(5, 4), T(5, 4), T(-1, -1), 9
@@ -257,7 +264,7 @@ print(
 # %%
 second = torch.cat((a[5:], d[1:]))
 full_pool = kv.full_kv_pool
-kv_in = torch.randn(len(second), 1, 16).half()
+kv_in = torch.randn(len(second), 1, 16).half().to(dev)
 kv.set_kv_buffer(1, alloc.write_loc(second), kv_in, -kv_in)
 before = {
     "full slots": alloc.translate_kv_loc(second).tolist(),
@@ -311,7 +318,7 @@ from memlab.sglang.swa import SWAKVPool
 from memlab.sglang.write_loc import KVWriteLoc
 
 ids = alloc.alloc(2)
-x = torch.ones(2, 1, 16).half()
+x = torch.ones(2, 1, 16, device=dev).half()
 for what, loc in (
     ("the virtual ids", ids),
     ("translated but unmarked", KVWriteLoc(alloc.translate_kv_loc(ids))),

@@ -1121,6 +1121,8 @@ def _validate_engine(
         )
     if attention not in ("triton", "torch"):
         raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
+    if attention == "triton":
+        _checks.on_kernel_device("attention", model.device)
     if schedule_policy not in SCHEDULE_POLICIES:
         raise ValueError(
             f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {schedule_policy!r}"

@@ -522,3 +522,23 @@ def function(name: str, fn) -> None:
     fail far from the call that passed it."""
     if not callable(fn):
         raise TypeError(f"{name} must be a function, got {type(fn).__name__} {fn!r}")
+
+
+def on_kernel_device(name: str, device) -> None:
+    """A 'triton' backend's tensors live where the kernels run: compiled kernels read GPU memory
+    only (the interpreter, on a machine without one, reads the CPU's)."""
+    from memlab.common.env import kernel_device
+
+    want = kernel_device()
+    try:
+        kind = torch.device(device).type
+    except (
+        RuntimeError,
+        TypeError,
+    ):  # not a device: the caller's device check names it
+        return
+    if kind != want:
+        raise ValueError(
+            f"{name}='triton' runs the Triton kernels on {want}, but the tensors are on "
+            f"{device}: build them with device=memlab.common.env.kernel_device(), or use 'torch'"
+        )

@@ -163,6 +163,8 @@ class HiCacheController:
             )
         self.mem_pool_device_allocator = token_to_kv_pool_allocator
         self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
+        if io_backend == "triton":
+            _checks.on_kernel_device("io_backend", self.mem_pool_device.device)
         self.mem_pool_host = mem_pool_host
         self.page_size = page_size
         self.write_policy = write_policy

@@ -1,6 +1,7 @@
 """The tiny engine serves a real model through memlab's books and matches a contiguous-KV reference,
 with each prefix cache: none, vLLM's block hashes, SGLang's radix tree, the radix tree with a host tier."""
 
+import functools
 import random
 
 import pytest
@@ -13,6 +14,7 @@ from memlab.capstone.engine import (
     TinyLlama,
     generate_reference,
 )
+from memlab.common.env import kernel_device
 from memlab.sglang.allocation import alloc_for_extend, release_kv_cache
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 from memlab.sglang.req_to_token import Req, ReqToTokenPool
@@ -171,19 +173,40 @@ def test_hicache_loads_an_evicted_prefix_back_from_the_host():
 
 
 @pytest.mark.kernel
+@functools.cache
+def kernel_model() -> TinyLlama:
+    """MODEL's weights where the Triton kernels run (the GPU; the interpreter: the CPU)."""
+    dev = kernel_device()
+    return MODEL if dev == "cpu" else TinyLlama(TinyConfig(), device=dev)
+
+
 def test_engine_with_the_triton_attention_kernel():
     prompts = [PROMPTS[0], PROMPTS[3][:4]]
     e = Engine(
-        MODEL,
+        kernel_model(),
         page_size=16,
         num_tokens=128,
         chunk_size=16,
         attention="triton",
         alloc_backend="triton",
     )
-    assert e.generate(prompts, 3) == [
-        r[:3] for r in (REF[0], generate_reference(MODEL, prompts[1:], 3)[0])
-    ]
+    assert e.generate(prompts, 3) == generate_reference(kernel_model(), prompts, 3)
+
+
+def test_a_triton_backend_refuses_tensors_where_the_kernels_cannot_read(monkeypatch):
+    """On a GPU the compiled kernels read GPU memory only: a model, a pool or an allocator on
+    the CPU with a 'triton' backend is refused at once, with what to do."""
+    from memlab.common import env
+
+    monkeypatch.setattr(env, "kernel_device", lambda: "cuda")
+    with pytest.raises(
+        ValueError, match="attention='triton' runs the Triton kernels on cuda"
+    ):
+        Engine(MODEL, page_size=16, num_tokens=128, attention="triton")
+    with pytest.raises(
+        ValueError, match="backend='triton' runs .* on cuda, but the tensors"
+    ):
+        PagedTokenToKVPoolAllocator(64, 4, backend="triton")
 
 
 def hash_cache(num_tokens=32, page_size=2):
@@ -448,7 +471,7 @@ def test_mixed_chunks_decode_in_the_prefill_pass(ps, cache):
 def test_mixed_chunks_through_the_triton_attention_kernel():
     prompts = [PROMPTS[0], PROMPTS[3][:4], PROMPTS[2][:6]]
     e = Engine(
-        MODEL,
+        kernel_model(),
         page_size=16,
         num_tokens=128,
         chunk_size=64,
@@ -456,7 +479,7 @@ def test_mixed_chunks_through_the_triton_attention_kernel():
         enable_mixed_chunk=True,
     )
     outs, _, mixed = serve_counting_mixed_steps(e, prompts, 3)
-    assert mixed and outs == generate_reference(MODEL, prompts, 3)
+    assert mixed and outs == generate_reference(kernel_model(), prompts, 3)
 
 
 def test_decode_attention_equals_chapter_09s_reference():

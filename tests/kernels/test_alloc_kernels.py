@@ -188,12 +188,14 @@ def test_allocator_backends_agree_with_torch(backend):
 
     runs = {}
     for b in ("torch", backend):
-        alloc = PagedTokenToKVPoolAllocator(256, 4, backend=b, debug_mode=True)
+        alloc = PagedTokenToKVPoolAllocator(
+            256, 4, backend=b, debug_mode=True, device=kernel_device()
+        )
         held = {}
         extend(alloc, held, "a", 5)
         extend(alloc, held, "b", 8)
         decode(alloc, held, ["a", "b"])
-        alloc.free(torch.tensor(held.pop("a")))
+        alloc.free(torch.tensor(held.pop("a"), device=alloc.device))
         extend(alloc, held, "b", 9)
         decode(alloc, held, ["b"])
         check_books(alloc, held)

@@ -179,7 +179,9 @@ def sig(x):
 
 # -- the codec, both sides -----------------------------------------------------------------
 
-MAX_STORAGE = 1 << 30  # bytes of one tensor storage that crosses
+# Bytes of one tensor storage that crosses: chapter 09's GPU check hands the learner a pool past
+# 2^31 elements (4.3 GB), so the bound is well above it.
+MAX_STORAGE = 1 << 34
 
 
 class _Message:

@@ -37,7 +37,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         debug_mode: bool = False,
         backend: str = "torch",
     ):
-        _check_backend(backend, BACKENDS)
+        _check_backend(backend, BACKENDS, device)
         self.backend = backend
         super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
         self.clear()
@@ -287,9 +287,11 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------
 
 
-def _check_backend(backend: str, choices) -> None:
+def _check_backend(backend: str, choices, device) -> None:
     if backend not in choices:
         raise ValueError(f"backend must be one of {choices}, got {backend!r}")
+    if backend == "triton":
+        _checks.on_kernel_device("backend", device)
 
 
 def _check_free_page_ids(alloc, page_ids) -> None:
