@@ -110,7 +110,8 @@ def problems(repo: str | None = None, ref: str | None = None) -> list[str]:
             for m in pattern.finditer(text):
                 if m.groups() != (repo, ref):
                     found.append(
-                        f"{name}: {what} names {m.group(1)} at {m.group(2)}, the home is {repo} at {ref}"
+                        f"{name}: {what} names {m.group(1)} at {m.group(2)}, "
+                        f"the home is {repo} at {ref}"
                     )
         for m in re.finditer(
             r"https://github\.com/([\w.-]+/[\w.-]+?)(?=[/)\s\"'`]|$)", text

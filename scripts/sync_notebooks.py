@@ -95,7 +95,8 @@ def inline_pictures(source: str, where: str = "") -> str:
 
 
 def named_pictures(source: str, where: str = "") -> str:
-    """The reverse, for --from-ipynb: each inline picture back to the chapters/img/ file it equals."""
+    """The reverse, for --from-ipynb: each inline picture back to the chapters/img/ file it
+    equals."""
     files = {p.read_bytes(): p.name for p in IMAGES.glob("*.png")}
 
     def name(m):
