@@ -98,7 +98,8 @@ def _pages(bs, ps, dev, gen, max_len):
 
 
 def _sglang_extend(sg, pre, seq, last, free, ps, n):
-    """SGLang's launch (PagedTokenToKVPoolAllocator.alloc_extend): bs_upper and page_size constexpr."""
+    """SGLang's launch (PagedTokenToKVPoolAllocator.alloc_extend): bs_upper and page_size
+    constexpr."""
     import triton
 
     out = torch.empty(n, dtype=torch.int64, device=seq.device)
@@ -288,7 +289,8 @@ def main(argv=None) -> int:
         )  # the interpreter runs one program at a time: the references too
         if not a.smoke:
             print(
-                "no GPU: the interpreter runs the smoke sizes only (the full sizes would take hours)"
+                "no GPU: the interpreter runs the smoke sizes only "
+                "(the full sizes would take hours)"
             )
             a.smoke = True
     dev = kernel_device()
@@ -300,8 +302,8 @@ def main(argv=None) -> int:
         )
     else:
         print(
-            "mode: Triton interpreter on the CPU (TRITON_INTERPRET=1), microseconds per call: the kernel "
-            "columns time interpreted programs, not GPU code"
+            "mode: Triton interpreter on the CPU (TRITON_INTERPRET=1), microseconds per call: the "
+            "kernel columns time interpreted programs, not GPU code"
         )
     print(
         "SGLang 0.5.23's kernels: "

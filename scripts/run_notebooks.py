@@ -31,7 +31,8 @@ def chapter_notebooks(only=()) -> list[Path]:
 
 
 def strip_tags(nb) -> None:
-    """Drop every cell tag (raises-exception and friends): Colab ignores them, so a run must not need them."""
+    """Drop every cell tag (raises-exception and friends): Colab ignores them, so a run must not
+    need them."""
     for c in nb.cells:
         c.metadata.pop("tags", None)
 

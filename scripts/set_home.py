@@ -1,9 +1,9 @@
 """Set the course's home (memlab/course/home.py) and rewrite every badge, link and clone cell.
 
-    python scripts/set_home.py OWNER/NAME [--ref TAG] [--published]   publish under
-    OWNER/NAME python scripts/set_home.py                                        REF :=
-    v<pyproject version> python scripts/set_home.py --check
-    exit 1 where anything disagrees
+    python scripts/set_home.py OWNER/NAME [--ref TAG] [--published]   publish under OWNER/NAME
+    python scripts/set_home.py                                        REF := v<pyproject version>
+    python scripts/set_home.py --check                                exit 1 where anything
+                                                                      disagrees
 
 What it rewrites, from memlab/course/home.py's REPO and REF:
 - the Colab badges and links in README.md, chapters/README.md and each chapter's first cell
@@ -110,7 +110,8 @@ def problems(repo: str | None = None, ref: str | None = None) -> list[str]:
             for m in pattern.finditer(text):
                 if m.groups() != (repo, ref):
                     found.append(
-                        f"{name}: {what} names {m.group(1)} at {m.group(2)}, the home is {repo} at {ref}"
+                        f"{name}: {what} names {m.group(1)} at {m.group(2)}, "
+                        f"the home is {repo} at {ref}"
                     )
         for m in re.finditer(
             r"https://github\.com/([\w.-]+/[\w.-]+?)(?=[/)\s\"'`]|$)", text

@@ -1,9 +1,9 @@
 """Keep chapters/NN_name.ipynb and chapters/py/NN_name.py (jupytext percent) in step.
 
     python scripts/sync_notebooks.py           rebuild every notebook from its .py twin
-    python scripts/sync_notebooks.py --check   exit 1 if any pair disagrees or a
-    notebook has outputs python scripts/sync_notebooks.py --from-ipynb NAME.ipynb
-    rewrite one twin from its notebook
+    python scripts/sync_notebooks.py --check   exit 1 if any pair disagrees or a notebook has
+                                               outputs
+    python scripts/sync_notebooks.py --from-ipynb NAME.ipynb   rewrite one twin from its notebook
 
 The .py twin is the source reviewers read and authors edit; notebooks are stored without outputs
 or execution counts, with metadata that asks Colab for a GPU runtime. Edited a notebook in
@@ -40,16 +40,12 @@ METADATA = {
     "colab": {"provenance": [], "gpuType": "T4"},
 }
 IMAGES = CHAPTERS / "img"
-PICTURE = re.compile(
-    r"(!\[[^\]]*\]\()img/([\w.-]+\.png)(\))"
-)  # ![alt](img/NAME.png) in a twin
-INLINE = re.compile(
-    r"(!\[[^\]]*\]\()data:image/png;base64,([A-Za-z0-9+/=]+)(\))"
-)  # the same, in a notebook
-SETUP_META = {
-    "jupyter": {"source_hidden": True},
-    "cellView": "form",
-}  # the first code cell, collapsed
+# ![alt](img/NAME.png) in a twin
+PICTURE = re.compile(r"(!\[[^\]]*\]\()img/([\w.-]+\.png)(\))")
+# the same, in a notebook
+INLINE = re.compile(r"(!\[[^\]]*\]\()data:image/png;base64,([A-Za-z0-9+/=]+)(\))")
+# the first code cell, collapsed
+SETUP_META = {"jupyter": {"source_hidden": True}, "cellView": "form"}
 # No jupytext pairing metadata (and no jupytext.toml): with pairing, JupyterLab's jupytext
 # extension refuses to open a notebook whose file is newer than its twin, which a fresh git
 # checkout can produce. The twins are kept in step by this script and checked in CI.
@@ -95,7 +91,8 @@ def inline_pictures(source: str, where: str = "") -> str:
 
 
 def named_pictures(source: str, where: str = "") -> str:
-    """The reverse, for --from-ipynb: each inline picture back to the chapters/img/ file it equals."""
+    """The reverse, for --from-ipynb: each inline picture back to the chapters/img/ file it
+    equals."""
     files = {p.read_bytes(): p.name for p in IMAGES.glob("*.png")}
 
     def name(m):

@@ -1,4 +1,5 @@
-"""Hugging Face Llama checkpoints in and out of memlab's model (``memlab.capstone.tiny_llama.TinyLlama``).
+"""Hugging Face Llama checkpoints in and out of memlab's model
+(``memlab.capstone.tiny_llama.TinyLlama``).
 
 A checkpoint folder holds ``config.json`` (the shapes) and ``*.safetensors`` files (the tensors,
 by name; a big model splits them over shards listed in ``model.safetensors.index.json``).
@@ -7,13 +8,14 @@ by name; a big model splits them over shards listed in ``model.safetensors.index
     model.embed_tokens.weight                       (vocab, hidden)
     model.layers.{i}.input_layernorm.weight         (hidden,)
     model.layers.{i}.self_attn.q_proj.weight        (heads * head_dim, hidden)
-    model.layers.{i}.self_attn.k_proj.weight        (kv_heads * head_dim, hidden)   and
-    v_proj model.layers.{i}.self_attn.o_proj.weight        (hidden, heads * head_dim)
+    model.layers.{i}.self_attn.k_proj.weight        (kv_heads * head_dim, hidden)   and v_proj
+    model.layers.{i}.self_attn.o_proj.weight        (hidden, heads * head_dim)
     model.layers.{i}.post_attention_layernorm.weight
-    model.layers.{i}.mlp.gate_proj.weight           (intermediate, hidden)          and
-    up_proj model.layers.{i}.mlp.down_proj.weight           (hidden, intermediate)
-    model.norm.weight lm_head.weight                                  (vocab, hidden);
-    absent when tied to the embedding
+    model.layers.{i}.mlp.gate_proj.weight           (intermediate, hidden)          and up_proj
+    model.layers.{i}.mlp.down_proj.weight           (hidden, intermediate)
+    model.norm.weight
+    lm_head.weight                                  (vocab, hidden); absent when tied
+                                                    to the embedding
 
 ``TinyLlama`` computes ``x @ w`` with ``w`` (in, out), so each matrix is used transposed (a view,
 not a copy). q/k rows are already laid out for rotating the two halves of a head, as memlab does.
@@ -182,7 +184,8 @@ def _rope(c: dict):
 
 
 def _eos_ids(folder: Path, c: dict) -> tuple[int, ...]:
-    """What transformers' generate stops on: generation_config.json's eos_token_id, else config.json's."""
+    """What transformers' generate stops on: generation_config.json's eos_token_id, else
+    config.json's."""
     gen = folder / "generation_config.json"
     eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None
     eos = c.get("eos_token_id") if eos is None else eos
@@ -203,7 +206,8 @@ def _safetensors():
 
 
 def read_tensors(folder) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's ``*.safetensors`` files (the shards an index names, if any), on the CPU."""
+    """Every tensor of the folder's ``*.safetensors`` files (the shards an index names, if any), on
+    the CPU."""
     st, folder = _safetensors(), Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.exists():
@@ -339,7 +343,8 @@ def save(model: TinyLlama, folder) -> Path:
 
 
 def _scaling_fields(rope_scaling):
-    """Only what memlab computes with (a stray rope_theta in the dict would override the config's)."""
+    """Only what memlab computes with (a stray rope_theta in the dict would override the
+    config's)."""
     if not rope_scaling:
         return None
     kind = rope_scaling.get("rope_type", "default")
@@ -370,7 +375,8 @@ def sizing_model(
     max_position_embeddings: int = 4096,
     weight_dtype_bytes: int = 2,
 ):
-    """The checkpoint as a ``memlab.common.models.ModelConfig``, for ``memlab.sglang.sizing.report``."""
+    """The checkpoint as a ``memlab.common.models.ModelConfig``, for
+    ``memlab.sglang.sizing.report``."""
     from memlab.common.models import ModelConfig
 
     return ModelConfig(

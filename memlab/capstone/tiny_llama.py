@@ -149,8 +149,9 @@ class TinyLlama:
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attend, logits_rows=None
     ) -> torch.Tensor:
-        """Logits (T, vocab) for tokens ``input_ids`` at ``positions``; only the rows ``logits_rows``
-        when given (a prefill needs the next token after each request's last one, not every token's)."""
+        """Logits (T, vocab) for tokens ``input_ids`` at ``positions``; only the rows
+        ``logits_rows`` when given (a prefill needs the next token after each request's last one,
+        not every token's)."""
         c = self.cfg
         x = self.embed[input_ids]
         cos, sin = self._rope_cos_sin(positions)

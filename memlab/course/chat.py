@@ -72,7 +72,8 @@ def download(
         return None
     try:
         return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=FILES))
-    except Exception as exc:  # the Hub answered but would not serve it: say so, do not stop the chapter
+    # The Hub answered but would not serve it: say so, do not stop the chapter.
+    except Exception as exc:
         skip(
             f"{repo_id} could not be downloaded ({type(exc).__name__}: {str(exc)[:120]})"
         )
@@ -151,7 +152,8 @@ class ChatRun:
         return sum(map(len, self.outputs))
 
     def agreement(self) -> list[str]:
-        """Per question: identical to transformers, or where they part and how close that step was."""
+        """Per question: identical to transformers, or where they part and how close that step
+        was."""
         lines = []
         for i, (ours, ref) in enumerate(zip(self.outputs, self.reference or [])):
             if ours == ref:
@@ -163,7 +165,8 @@ class ChatRun:
             )
             gap = self.gaps[i][k] if k < len(self.gaps[i]) else float("nan")
             lines.append(
-                f"  {i}: same first {k} tokens, then differs; transformers' top-2 logit gap there: {gap:.3g}"
+                f"  {i}: same first {k} tokens, then differs; "
+                f"transformers' top-2 logit gap there: {gap:.3g}"
             )
         return lines
 
@@ -173,17 +176,20 @@ class ChatRun:
             lines += [f"Q: {q}", f"A: {a.strip()}", ""]
         s = self.engine.stats
         lines.append(
-            f"engine: {self.generated} tokens in {self.seconds:.1f} s ({self.generated / self.seconds:.1f} "
-            f"tokens/s); {s['prompt_tokens']} prompt tokens, {s['cached_tokens']} of them prefix-cache "
-            f"hits, {s['prefill_tokens']} computed; {s['retracted']} retractions"
+            f"engine: {self.generated} tokens in {self.seconds:.1f} s "
+            f"({self.generated / self.seconds:.1f} tokens/s); "
+            f"{s['prompt_tokens']} prompt tokens, "
+            f"{s['cached_tokens']} of them prefix-cache hits, "
+            f"{s['prefill_tokens']} computed; {s['retracted']} retractions"
         )
         if self.reference is not None:
             same = sum(a == b for a, b in zip(self.outputs, self.reference))
             gen = sum(map(len, self.reference))
             lines.append(
-                f"transformers (greedy, one prompt at a time): {gen} tokens in {self.reference_seconds:.1f} s "
-                f"({gen / self.reference_seconds:.1f} tokens/s); {same} of {len(self.outputs)} answers "
-                f"token for token the same"
+                "transformers (greedy, one prompt at a time): "
+                f"{gen} tokens in {self.reference_seconds:.1f} s "
+                f"({gen / self.reference_seconds:.1f} tokens/s); "
+                f"{same} of {len(self.outputs)} answers token for token the same"
             )
             lines += self.agreement()
         return "\n".join(lines)
@@ -197,7 +203,8 @@ class ChatRun:
         ]
 
     def sizing(self, gpu_gib: float = T4_GIB) -> str:
-        """KV bytes per token, what ``memlab.sglang.sizing`` says a T4 holds, and what the engine used."""
+        """KV bytes per token, what ``memlab.sglang.sizing`` says a T4 holds, and what the engine
+        used."""
         from memlab.sglang import sizing
 
         e, cfg = self.engine, self.engine.model.cfg
@@ -212,8 +219,10 @@ class ChatRun:
         lines = [
             f"KV per token: {per_tok:,} B as served ({e.model.dtype}), {bf16:,} B in bfloat16 "
             f"(2 x {cfg.num_layers} layers x {cfg.num_kv_heads} KV heads x {cfg.head_dim} x bytes)",
-            f"engine: pool of {e.allocator.size:,} slots = {e.allocator.size * per_tok / 2**20:.1f} MiB; "
-            f"at most {peak} pages ({peak * ps * per_tok / 2**20:.2f} MiB) held at once (owned + cached); "
+            f"engine: pool of {e.allocator.size:,} slots "
+            f"= {e.allocator.size * per_tok / 2**20:.1f} MiB; "
+            f"at most {peak} pages ({peak * ps * per_tok / 2**20:.2f} MiB) "
+            "held at once (owned + cached); "
             f"pages per request at the end: {self.pages_per_request()}",
         ]
         for kvb, what in (
@@ -230,9 +239,11 @@ class ChatRun:
                 model, gpu, seq_len=self.max_position_embeddings, schedule=sched
             )
             lines.append(
-                f"T4 by memlab.sglang.sizing ({what}, mem_fraction_static {sched.mem_fraction_static}): "
-                f"{here.sizes.full_tokens:,} KV tokens = {here.requests:,} requests of {longest} tokens "
-                f"(this run's longest), {full.requests:,} at the full {self.max_position_embeddings:,}"
+                f"T4 by memlab.sglang.sizing ({what}, "
+                f"mem_fraction_static {sched.mem_fraction_static}): "
+                f"{here.sizes.full_tokens:,} KV tokens = {here.requests:,} requests "
+                f"of {longest} tokens (this run's longest), "
+                f"{full.requests:,} at the full {self.max_position_embeddings:,}"
             )
         return "\n".join(lines)
 

@@ -134,15 +134,16 @@ def _where_work_lives(drive: bool) -> list[str]:
             else "nothing copied"
         )
         return [
-            f"your exercise files: {folder} on Google Drive ({news}; files already there are never "
-            "overwritten). Edit them there: every chapter with DRIVE ticked (DRIVE = True) uses them."
+            f"your exercise files: {folder} on Google Drive ({news}; files already there are "
+            "never overwritten). Edit them there: every chapter with DRIVE ticked (DRIVE = True) "
+            "uses them."
         ]
     return [
-        f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when Colab "
-        "recycles it.",
-        "  Keep them: tick DRIVE in the first cell (DRIVE = True) and re-run it (a folder on your Google "
-        "Drive), or download them now and then: from memlab.course.notebook import download_exercises; "
-        "download_exercises()",
+        f"your exercise files: {ROOT / 'exercises'}, in this runtime ONLY: they are lost when "
+        "Colab recycles it.",
+        "  Keep them: tick DRIVE in the first cell (DRIVE = True) and re-run it (a folder on your "
+        "Google Drive), or download them now and then: from memlab.course.notebook import "
+        "download_exercises; download_exercises()",
     ]
 
 
@@ -219,7 +220,8 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
         print(
             "Colab without a GPU: Runtime > Change runtime type > T4 GPU runs the kernels compiled."
         )
-    if in_colab():  # the chapters' links to chapters/glossary.md are relative: JupyterLab's and GitHub's
+    # The chapters' links to chapters/glossary.md are relative: JupyterLab's and GitHub's.
+    if in_colab():
         from memlab.course.home import github_url
 
         print(
@@ -348,7 +350,8 @@ class exercise:
             check = self._check_text(tb)
             said = str(exc).strip()
             print(
-                f"{self.name}: your code ran without an error, but the chapter's check failed: {check}"
+                f"{self.name}: your code ran without an error, "
+                f"but the chapter's check failed: {check}"
                 + (f"\n  it expected: {said}" if said else "")
                 + f"\n  fix {self._file()} (then re-run this cell); the notebook goes on. "
                 f'Stuck? hint("{self.name}") (from memlab.course.notebook import hint)',

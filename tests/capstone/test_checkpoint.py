@@ -360,7 +360,8 @@ def test_the_course_imports_neither_transformers_nor_safetensors():
 
     code = (
         "import sys, memlab.capstone.engine, memlab.capstone.checkpoint, memlab.course.chat\n"
-        "print(sorted(m for m in ('transformers', 'safetensors', 'huggingface_hub') if m in sys.modules))"
+        "print(sorted(m for m in ('transformers', 'safetensors', 'huggingface_hub') "
+        "if m in sys.modules))"
     )
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300

@@ -1,5 +1,6 @@
 """The tiny engine serves a real model through memlab's books and matches a contiguous-KV reference,
-with each prefix cache: none, vLLM's block hashes, SGLang's radix tree, the radix tree with a host tier."""
+with each prefix cache: none, vLLM's block hashes, SGLang's radix tree, the radix tree with a host
+tier."""
 
 import functools
 import random
@@ -304,7 +305,7 @@ def test_the_engine_books_catch_a_page_owned_twice():
         e.check_books()
 
 
-# -- admission: SGLang's PrefillAdder (memlab.sglang.schedule_policy) --------------------------------
+# -- admission: SGLang's PrefillAdder (memlab.sglang.schedule_policy) ------------------------------
 
 
 def issue_32_prompts():

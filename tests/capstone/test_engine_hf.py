@@ -334,7 +334,7 @@ def test_a_loaded_checkpoint_through_the_triton_attention_kernel(cases):
     assert e.generate([prompt], 2) == want
 
 
-# ---- chapter 10's real-model section, with a local checkpoint instead of a download ----------------
+# ---- chapter 10's real-model section, with a local checkpoint instead of a download --------------
 CHAPTER = (
     __import__("pathlib").Path(__file__).resolve().parents[2]
     / "chapters"
@@ -344,7 +344,8 @@ CHAPTER = (
 
 
 def local_chat_checkpoint(case, folder):
-    """The case's model plus a word-level tokenizer with a chat template, saved like a Hub folder."""
+    """The case's model plus a word-level tokenizer with a chat template, saved like a Hub
+    folder."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     words = ["<unk>", "<|im_start|>", "<|im_end|>", "system", "user", "assistant"]
@@ -411,7 +412,8 @@ def test_serve_chat_matches_transformers_and_keeps_the_books(cases, tmp_path):
 
 
 def chapter_cells(marker: str) -> list[str]:
-    """The code cells of chapter 10's twin from the first one containing ``marker`` to the next section."""
+    """The code cells of chapter 10's twin from the first one containing ``marker`` to the next
+    section."""
     cells = [
         c
         for c in CHAPTER.read_text().split("\n# %%")

@@ -1,7 +1,7 @@
-"""The engine serves a tiny model with sliding-window layers (every other layer, Gemma-style) through
-chapter 07's two-pool SWA allocator and through chapter 12's unified pool, token for token as the
-model's own contiguous-KV reference with the same window; its scheduler asks only the allocator's
-capacity questions (tests/sglang/allocator/test_capacity_questions.py)."""
+"""The engine serves a tiny model with sliding-window layers (every other layer, Gemma-style)
+through chapter 07's two-pool SWA allocator and through chapter 12's unified pool, token for token
+as the model's own contiguous-KV reference with the same window; its scheduler asks only the
+allocator's capacity questions (tests/sglang/allocator/test_capacity_questions.py)."""
 
 import random
 
@@ -237,7 +237,8 @@ def test_a_sliding_swa_pool_smaller_than_the_requests():
 
 
 def test_with_a_prefix_cache_the_window_does_not_slide():
-    """memlab's tree has no SWA tombstones: a shared node keeps its SWA slots (the docstring says so)."""
+    """memlab's tree has no SWA tombstones: a shared node keeps its SWA slots (the docstring says
+    so)."""
     e = engine("two_pool", 2, prefix_cache="radix")
     assert not e.tree_cache.supports_swa() and e.sliding_window_size is None
     reqs = [e.add_request(x, NEW) for x in prompts(n=3, seed=4)]

@@ -1,6 +1,6 @@
-"""memlab.capstone.prefix_compare, the replay behind chapter 11's table: the stream is what its docstring
-says, a cache that never evicts hits exactly the longest earlier prefix (worked out here in plain
-Python, per cache kind), and the over-eviction count matches a case done by hand."""
+"""memlab.capstone.prefix_compare, the replay behind chapter 11's table: the stream is what its
+docstring says, a cache that never evicts hits exactly the longest earlier prefix (worked out here
+in plain Python, per cache kind), and the over-eviction count matches a case done by hand."""
 
 import pytest
 

@@ -539,8 +539,9 @@ FIG2_BAND = [
         marks=pytest.mark.xfail(
             strict=True,
             reason=(
-                "memlab 31.6 against 26.8: the synthetic stream's 512 token states per running request "
-                "against the 430 the paper's Pow2 bar implies at its own batch (see memlab.capstone.sim.figure2)"
+                "memlab 31.6 against 26.8: the synthetic stream's 512 token states per running "
+                "request against the 430 the paper's Pow2 bar implies at its own batch (see "
+                "memlab.capstone.sim.figure2)"
             ),
         ),
     ),

@@ -159,8 +159,8 @@ INLINE_PNG = "data:image/png;base64,"
 
 
 def picture_paths(nb) -> list[str]:
-    """Repository paths of the pictures a notebook carries inline: the chapters/img/ file each equals
-    byte for byte (a picture that equals no file there, or is not inline, is left out)."""
+    """Repository paths of the pictures a notebook carries inline: the chapters/img/ file each
+    equals byte for byte (a picture that equals no file there, or is not inline, is left out)."""
     files = {
         p.read_bytes(): f"chapters/img/{p.name}"
         for p in (CHAPTERS / "img").glob("*.png")
@@ -417,7 +417,8 @@ def test_sections_named_by_the_exercises_exist():
             for name in names.split(";"):
                 found += 1
                 assert name.strip().lower() in headings, (
-                    f"{stub.name} points to section {name.strip()!r} of {path.name}, which has no such heading"
+                    f"{stub.name} points to section {name.strip()!r} of {path.name}, "
+                    "which has no such heading"
                 )
     assert found, "no stub points to a chapter section any more: update this test"
 
@@ -498,7 +499,8 @@ def test_static_pictures_exist_and_are_shown():
     for p in NOTEBOOKS:
         for pic in picture_paths(load(p)):
             assert (ROOT / pic).is_file(), (
-                f"{p.name} shows {pic}, which is missing (python -m memlab.course.viz.render_static)"
+                f"{p.name} shows {pic}, which is missing "
+                "(python -m memlab.course.viz.render_static)"
             )
             shown[pic] = p
     drawn = {f"chapters/img/{name}.png" for name in PICTURES}
@@ -506,7 +508,8 @@ def test_static_pictures_exist_and_are_shown():
         p for p in shown if p.startswith("chapters/img/") and p not in drawn
     )
     assert not not_drawn, (
-        f"shown but not drawn by python -m memlab.course.viz.render_static (add to PICTURES): {not_drawn}"
+        "shown but not drawn by python -m memlab.course.viz.render_static "
+        f"(add to PICTURES): {not_drawn}"
     )
     for name in PICTURES:
         pic = f"chapters/img/{name}.png"
@@ -557,7 +560,7 @@ def test_twin_round_trips_through_the_notebook(tmp_path, monkeypatch):
     )
 
 
-# -- the setup cell: local checkout, clone, reuse, failures (run in this process) -------------------
+# -- the setup cell: local checkout, clone, reuse, failures (run in this process) ------------------
 
 
 def run_setup_cell(cwd, monkeypatch, url=None):
@@ -626,8 +629,9 @@ def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_pat
         "print('MEMLAB', memlab.__file__)\n"
         "print('KERNEL', canary.__file__)\n"
         "print('AXPB', canary.axpb(torch.arange(4, device=kernel_device()), a=3, b=2).tolist())\n"
-        "shell = subprocess.run([sys.executable, '-c', 'import memlab.kernels.canary as c; print(c.__file__)'],\n"
-        "                       capture_output=True, text=True, cwd='/')\n"
+        "shell = subprocess.run(\n"
+        "    [sys.executable, '-c', 'import memlab.kernels.canary as c; print(c.__file__)'],\n"
+        "    capture_output=True, text=True, cwd='/')\n"
         "print('SHELL', shell.stdout.strip() or shell.stderr)\n"
     )
     env = {

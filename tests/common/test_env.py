@@ -43,7 +43,8 @@ def test_importing_memlab_never_imports_triton():
         "import pkgutil, importlib, sys, memlab\n"
         "mods = [m.name for m in pkgutil.walk_packages(memlab.__path__, 'memlab.')\n"
         "        if not m.name.startswith('memlab.kernels') and m.name != 'memlab.__main__']\n"
-        "moved = {'memlab.common.sizing', 'memlab.capstone.compare', 'memlab.capstone.trace_replay'}\n"
+        "moved = {'memlab.common.sizing', 'memlab.capstone.compare', "
+        "'memlab.capstone.trace_replay'}\n"
         "for m in mods:\n"
         "    if m in moved:  # an ImportError naming the new home\n"
         "        try: importlib.import_module(m)\n"
@@ -60,7 +61,9 @@ def test_importing_memlab_never_imports_triton():
 
 def test_kernel_mode_is_set_before_the_first_kernel_import():
     r = run_py(
-        "import os, memlab.kernels\nfrom memlab.common import env\nprint(env.ensure_kernel_mode(), os.environ.get('TRITON_INTERPRET'))"
+        "import os, memlab.kernels\n"
+        "from memlab.common import env\n"
+        "print(env.ensure_kernel_mode(), os.environ.get('TRITON_INTERPRET'))"
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == (

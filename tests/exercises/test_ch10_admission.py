@@ -1,4 +1,5 @@
-"""Graded: chapter 10, admission against the allocator's capacity hooks (exercises/ch10_admission.py)."""
+"""Graded: chapter 10, admission against the allocator's capacity hooks
+(exercises/ch10_admission.py)."""
 
 import pytest
 
@@ -103,9 +104,9 @@ def test_running_requests_keep_their_reserve():
     expect_equal(
         ids(admitted),
         ["r0", "r1"],
-        "100 free slots; the running requests at 16 and 32 tokens sit on a "
-        "page boundary, so their next token opens a page (2 x 16), the one at 20 needs nothing: 68 left, "
-        "r0 and r1 cost 32 each",
+        "100 free slots; the running requests at 16 and 32 tokens sit on a page boundary, so their "
+        "next token opens a page (2 x 16), the one at 20 needs nothing: 68 left, r0 and r1 cost 32 "
+        "each",
     )
     m, hooks, reqs = setup(30, [(1, 5)])
     admitted, _ = admit(m, reqs, [32, 48], hooks, max_running_requests=10)
@@ -132,9 +133,8 @@ def test_prompt_in_whole_pages():
     expect_equal(
         ids(admitted),
         ["r0", "r1"],
-        "with 64 free slots: r0's 17-token prompt takes 2 pages (32); r1's "
-        "16-token prompt fills its page exactly, so its first decode step opens another: 16 + 16; r2 "
-        "(16) no longer fits",
+        "with 64 free slots: r0's 17-token prompt takes 2 pages (32); r1's 16-token prompt fills "
+        "its page exactly, so its first decode step opens another: 16 + 16; r2 (16) no longer fits",
     )
     m, hooks, reqs = setup(47, [(32, 0), (1, 3)], page_size=16)
     admitted, _ = admit(m, reqs, [], hooks, max_running_requests=10)
@@ -184,9 +184,9 @@ def test_reject_and_clip():
     expect_equal(
         ids(admitted),
         ["r0"],
-        "a prefill-only request (max_new_tokens 0) of 900 tokens in an empty pool "
-        "of 1000 must be admitted (its clip is 0 because it asks for 0, not because it cannot run); "
-        "r1 (5000 tokens, 0 new) then does not fit the budget and stops admission",
+        "a prefill-only request (max_new_tokens 0) of 900 tokens in an empty pool of 1000 must be "
+        "admitted (its clip is 0 because it asks for 0, not because it cannot run); r1 (5000 "
+        "tokens, 0 new) then does not fit the budget and stops admission",
     )
     expect_equal(
         ids(rejected),
@@ -279,7 +279,8 @@ def random_case(d):
     available = d.int(0, capacity)
     max_running = d.int(1, 8)
     running = [d.pick((d.int(1, 3) * ps, d.int(1, 4 * ps))) for _ in d.count(0, 4, 0.5)]
-    queue = []  # (rid, input_len, max_new_tokens): lengths on and around page boundaries, some too long
+    # (rid, input_len, max_new_tokens): lengths on and around page boundaries, some too long
+    queue = []
     for i in d.count(1, 8, 0.7):
         inp = d.pick(
             (
@@ -296,17 +297,17 @@ def random_case(d):
     reqs = {rid: m.Request(rid, inp, new) for rid, inp, new in queue}
     news = {rid: new for rid, _, new in queue}
     waiting = [rid for rid, _, _ in queue]
-    for _ in d.count(
-        1, 3, 0.6
-    ):  # scheduler steps: admit, then the running requests decode a token
+    # Scheduler steps: admit, then the running requests decode a token.
+    for _ in d.count(1, 3, 0.6):
         hooks = m.CapacityHooks(available, capacity, ps)
         d.step(
-            f"admit(waiting={[(r, reqs[r].input_len, news[r]) for r in waiting]}, running_seq_lens={running}, "
-            f"available={available})"
+            f"admit(waiting={[(r, reqs[r].input_len, news[r]) for r in waiting]}, "
+            f"running_seq_lens={running}, available={available})"
         )
         d.code(f"hooks.available = {available}")
         d.code(
-            f"admitted, rejected = ex.admit([r for r in waiting if r.rid in {waiting}], {running}, hooks, "
+            "admitted, rejected = "
+            f"ex.admit([r for r in waiting if r.rid in {waiting}], {running}, hooks, "
             f"{max_running}); print([r.rid for r in admitted], [r.rid for r in rejected])"
         )
         got = d.call(

@@ -60,9 +60,8 @@ def run_extend(pre, seq, last, free, ps):
     alloc_extend.alloc_extend(P, S, L, F, ps, n, out=out)
     check_guards(obuf, n, "alloc_extend")
     assert torch_out == want, "torch reference != Python reference"
-    assert out.tolist() == want, (
-        f"kernel != reference at {[i for i, (a, b) in enumerate(zip(out.tolist(), want)) if a != b][:5]}"
-    )
+    wrong = [i for i, (a, b) in enumerate(zip(out.tolist(), want)) if a != b]
+    assert out.tolist() == want, f"kernel != reference at {wrong[:5]}"
     return want
 
 

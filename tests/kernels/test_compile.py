@@ -1,5 +1,5 @@
-"""The kernels as a GPU compiles them (tests/tools/compile_kernels.py): every BUILDS entry compiles for
-a T4 and a Hopper, and the variants the allocator's launches need are BUILDS' own, one per page
+"""The kernels as a GPU compiles them (tests/tools/compile_kernels.py): every BUILDS entry compiles
+for a T4 and a Hopper, and the variants the allocator's launches need are BUILDS' own, one per page
 size whatever the free list's alignment (computed here the way Triton's JIT keys its cache; on a
 GPU, counted in that cache too)."""
 
@@ -39,7 +39,8 @@ def test_every_kernel_compiles_for_a_t4_and_a_hopper():
         if line.startswith("ok")
     }
     assert kernels <= listed, (
-        f"kernels with no ahead-of-time build listed in tests/tools/compile_kernels.py: {sorted(kernels - listed)}"
+        "kernels with no ahead-of-time build listed in tests/tools/compile_kernels.py: "
+        f"{sorted(kernels - listed)}"
     )
 
 

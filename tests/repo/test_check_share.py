@@ -1,4 +1,5 @@
-"""The readable-core rule stays true: no core file above 20 % checking lines (tests/tools/check_share.py)."""
+"""The readable-core rule stays true: no core file above 20 % checking lines
+(tests/tools/check_share.py)."""
 
 import subprocess
 import sys

@@ -48,7 +48,8 @@ def test_unknown_command_exits_1_and_says_so():
 
 
 def fake_bin(tmp_path: Path, **programs: str) -> Path:
-    """A bin folder of small bash programs (name -> body), first on PATH, then only /usr/bin:/bin."""
+    """A bin folder of small bash programs (name -> body), first on PATH, then only
+    /usr/bin:/bin."""
     b = tmp_path / "bin"
     b.mkdir(exist_ok=True)
     for name, body in programs.items():

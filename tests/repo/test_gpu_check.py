@@ -62,8 +62,12 @@ def _wheel(folder: Path) -> Path:
     """A one-module wheel, as pip download would leave it."""
     files = {
         "memlabprobe.py": b"OK = 1\n",
-        "memlabprobe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: memlabprobe\nVersion: 1.0\n",
-        "memlabprobe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "memlabprobe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\n"
+        b"Name: memlabprobe\n"
+        b"Version: 1.0\n",
+        "memlabprobe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\n"
+        b"Generator: test\n"
+        b"Root-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
     }
     record = (

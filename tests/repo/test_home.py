@@ -56,14 +56,13 @@ def test_the_check_catches_a_stray_link(tmp_path, monkeypatch):
 
 def test_rewrite_moves_links_and_mentions_but_not_other_repositories():
     old = (
-        f"see https://github.com/{home.REPO} or `{home.REPO}`; not https://github.com/{home.REPO}-extra "
-        f"nor x{home.REPO}"
+        f"see https://github.com/{home.REPO} or `{home.REPO}`; "
+        f"not https://github.com/{home.REPO}-extra nor x{home.REPO}"
     )
     new = set_home.rewrite(old, "alice/kv", "v1", home.REPO)
     assert (
-        new
-        == f"see https://github.com/alice/kv or `alice/kv`; not https://github.com/{home.REPO}-extra "
-        f"nor x{home.REPO}"
+        new == "see https://github.com/alice/kv or `alice/kv`; "
+        f"not https://github.com/{home.REPO}-extra nor x{home.REPO}"
     )
 
 

@@ -27,9 +27,12 @@ KERNELS = sorted(
 
 PROBE = """
 import importlib.util, os
-import memlab, memlab.kernels  # the package's __init__ fixes the kernel mode (no torch here: interpreter)
+# the package's __init__ fixes the kernel mode (no torch here: interpreter)
+import memlab, memlab.kernels
 print("MEMLAB", memlab.__file__)
-print("KERNELS", *(importlib.util.find_spec(f"memlab.kernels.{n}").origin for n in ("canary", "alloc_extend")))
+print("KERNELS", *(
+    importlib.util.find_spec(f"memlab.kernels.{n}").origin for n in ("canary", "alloc_extend")
+))
 print("MODE", os.environ.get("TRITON_INTERPRET"))
 print("TOPLEVEL", [n for n in ("kernels", "exercises", "solutions") if importlib.util.find_spec(n)])
 """
@@ -68,9 +71,9 @@ def course_copy(dest: Path) -> Path:
 
 
 def install(src: Path, target: Path, editable: bool) -> Path:
-    """Build the wheel pip would build (setuptools' PEP 517/660 hook, in this interpreter) and unpack
-    it into ``target``, as installing it does. No pip: ``pip install --prefix`` would uninstall
-    this checkout's own install first."""
+    """Build the wheel pip would build (setuptools' PEP 517/660 hook, in this interpreter) and
+    unpack it into ``target``, as installing it does. No pip: ``pip install --prefix`` would
+    uninstall this checkout's own install first."""
     try:
         have = tuple(
             int(x) for x in importlib.metadata.version("setuptools").split(".")[:2]

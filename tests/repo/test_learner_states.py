@@ -52,7 +52,7 @@ DELETED = "ch08_sizing"
 RAN = ("04", "07")  # run top to bottom in a kernel, then saved
 OPENED = ("00", "12")  # opened, the setup cell expanded, a cell added, saved
 
-# -- which tests read exercises/ or copy the course -------------------------------------------------
+# -- which tests read exercises/ or copy the course ------------------------------------------------
 # A function reads exercises/ when its source names the folder or copies the course (git clone /
 # archive / ls-files), or when it calls such a function: by name
 # in its module, through what the module imports (memlab's modules and the scripts loaded with

@@ -20,7 +20,8 @@ CONTRIBUTING_PENDING: dict = {}
 
 
 def contributing_paths(text: str) -> set[str]:
-    """Repository paths CONTRIBUTING.md names in backticks (templates such as kernels/<name>.py aside)."""
+    """Repository paths CONTRIBUTING.md names in backticks (templates such as kernels/<name>.py
+    aside)."""
     names = {
         m.split("::")[0]
         for m in re.findall(r"`([\w./<>-]+/[\w.<>-]+\.(?:py|md|toml))`", text)

@@ -65,7 +65,7 @@ def make_tree(
     return tree, pool, alloc, host
 
 
-# -- what a token's KV is: a function of the prefix it ends, so a wrong page shows ------------------
+# -- what a token's KV is: a function of the prefix it ends, so a wrong page shows -----------------
 
 
 def expected_rows(tokens, start, n, row_shape, layer, salt):
@@ -100,11 +100,12 @@ def check_kv(pool, req):
             bad = (got != want).reshape(n, -1).any(-1).nonzero()
             assert len(bad) == 0, (
                 f"{name}[{layer}]: token {bad[0].item()} of {req.tokens} reads the wrong KV "
-                f"(slot {req.kv_indices[bad[0]].item()}; {req.hit_tokens} hit, {req.host_hit_tokens} loaded)"
+                f"(slot {req.kv_indices[bad[0]].item()}; "
+                f"{req.hit_tokens} hit, {req.host_hit_tokens} loaded)"
             )
 
 
-# -- the host pool ----------------------------------------------------------------------------------
+# -- the host pool ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["mha", "mla"])
@@ -179,7 +180,7 @@ def test_unknown_write_policy_is_refused():
         make_tree(policy="write_sometimes")
 
 
-# -- the tree over two tiers, by hand ----------------------------------------------------------------
+# -- the tree over two tiers, by hand --------------------------------------------------------------
 
 
 def test_write_through_demote_then_load_back():

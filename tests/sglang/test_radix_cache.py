@@ -453,7 +453,8 @@ def test_debug_scan_finds_corrupt_counters():
 
 
 def check_owners(tree, alloc, running):
-    """Every page 1..num_pages is exactly one of: free, in a tree node, owned by one running request."""
+    """Every page 1..num_pages is exactly one of: free, in a tree node, owned by one running
+    request."""
     ps = tree.page_size
     owners = {}
 

@@ -1,4 +1,5 @@
-"""KVWriteLoc; the SWA pool takes a plain location, only a pool with virtual ids demands the mark."""
+"""KVWriteLoc; the SWA pool takes a plain location, only a pool with virtual ids demands the
+mark."""
 
 import pytest
 import torch

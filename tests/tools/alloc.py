@@ -9,7 +9,8 @@ from memlab.sglang.allocation import (
 
 
 def extend(alloc, held: dict, rid, n: int):
-    """Extend request ``rid`` (holding ``held[rid]`` slots) by ``n`` tokens; returns the new slots or None."""
+    """Extend request ``rid`` (holding ``held[rid]`` slots) by ``n`` tokens; returns the new slots
+    or None."""
     slots = held.get(rid, [])
     out = alloc_paged_token_slots_extend(
         alloc, [len(slots)], [len(slots) + n], [slots[-1] if slots else -1]
@@ -29,7 +30,8 @@ def decode(alloc, held: dict, rids):
 
 
 def check_books(alloc, held: dict):
-    """No slot or page held twice, padding never held, free + held == capacity, layout per request."""
+    """No slot or page held twice, padding never held, free + held == capacity, layout per
+    request."""
     ps = alloc.page_size
     owner = {}
     for rid, slots in held.items():

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Drive deliberately bad calls at the public entry points of memlab's core and classify each outcome.
+"""Drive deliberately bad calls at the public entry points of memlab's core and classify each
+outcome.
 
     python tests/tools/bad_input.py            # a table per entry point, then the totals per class
     python tests/tools/bad_input.py --totals   # the totals only
@@ -71,7 +72,7 @@ def _alarm(signum, frame):
     raise Hang("timed out")
 
 
-# ---- the snapshot: everything reachable from the objects, compared by value -------------------------
+# ---- the snapshot: everything reachable from the objects, compared by value ----------------------
 
 
 def snap(x, memo=None):
@@ -300,7 +301,8 @@ def each(entry, bads, names, make, call, **kw):
 
 
 def dev_cuda(entry, names, build):
-    """device "cuda" on a machine without one: a ValueError naming the device, not torch's own error."""
+    """device "cuda" on a machine without one: a ValueError naming the device, not torch's own
+    error."""
     if torch.cuda.is_available():
         return
     case(
@@ -959,7 +961,8 @@ def _sglang_cases():
         lambda env, v: env.tree.insert(v, env.slots),
     )
 
-    def tree_env_extra():  # two more slots, taken before the call (a call that allocates changes the books itself)
+    # Two more slots, taken before the call (a call that allocates changes the books itself).
+    def tree_env_extra():
         env = tree_env()
         env.extra = env.alloc.alloc(2)
         return env
@@ -1008,7 +1011,8 @@ def _sglang_cases():
         lambda env: env.tree.lock(None),
     )
 
-    def released_env():  # a lock taken and released before the call (a match in the call would tick the clock)
+    # A lock taken and released before the call (a match in the call would tick the clock).
+    def released_env():
         env = tree_env()
         env.lock = env.tree.lock(env.tree.match_prefix([1, 2, 3, 4]).last_device_node)
         env.tree.unlock(env.lock)
@@ -1298,7 +1302,7 @@ def _rtp_books(pool) -> None:
     assert not bool((pool.req_to_token[0] != 0).any()), "padding row 0 was written"
 
 
-# -- the vLLM side (chapter 06) ----------------------------------------------------------------------
+# -- the vLLM side (chapter 06) --------------------------------------------------------------------
 
 
 def _vllm_cases():
@@ -1897,7 +1901,7 @@ def _vllm_cases():
     )
 
 
-# -- what both share: sizing, models, attention ------------------------------------------------------
+# -- what both share: sizing, models, attention ----------------------------------------------------
 
 
 def _common_cases():
@@ -2467,7 +2471,8 @@ def _classify_in_child(case) -> tuple[str, str]:
     if os.WIFSIGNALED(status):
         return (
             "corrupt",
-            f"the process crashed (signal {os.WTERMSIG(status)}): the kernel read outside its buffers",
+            f"the process crashed (signal {os.WTERMSIG(status)}): "
+            "the kernel read outside its buffers",
         )
     return pickle.loads(data)
 

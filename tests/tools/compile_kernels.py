@@ -245,7 +245,8 @@ def variant(kernel, *args, capability: int = 90, **kwargs) -> tuple:
 
 
 def built(v: tuple) -> bool:
-    """Whether BUILDS compiles variant ``v``'s signature and constexprs (its specializations aside)."""
+    """Whether BUILDS compiles variant ``v``'s signature and constexprs (its specializations
+    aside)."""
     name, sig, cx, _ = v
     return any(
         n == name and s == dict(sig) and c == dict(cx)

@@ -1,12 +1,15 @@
-"""memlab.capstone.sim: how much of a KV pool each allocation policy wastes, replayed on request streams.
+"""memlab.capstone.sim: how much of a KV pool each allocation policy wastes, replayed on request
+streams.
 
 Notebook entry points (chapter 10)::
 
-    from memlab.capstone import sim wl = sim.sharegpt_like(20_000)                 # or
-    sim.load_azure("conv"), sim.load_azure("code") results = sim.compare_policies(wl,
-    pool_size=15_728)  # placement="buddy" (default) or "first_fit"
-    print(sim.breakdown_table(results)) sweep = sim.block_size_sweep(wl) buddy,
-    first_fit = sim.figure2(), sim.figure2("first_fit")   # the vLLM paper's Figure 2
+    from memlab.capstone import sim
+    wl = sim.sharegpt_like(20_000)    # or sim.load_azure("conv"), sim.load_azure("code")
+    results = sim.compare_policies(wl, pool_size=15_728)  # placement="buddy" (default)
+                                                          # or "first_fit"
+    print(sim.breakdown_table(results))
+    sweep = sim.block_size_sweep(wl)
+    buddy, first_fit = sim.figure2(), sim.figure2("first_fit")   # the vLLM paper's Figure 2
     print(sim.figure2_table(buddy, first_fit))
 
 Their pictures are memlab.course.viz.draw_sim's (``plot_breakdown(results)``, ``plot_sweep(sweep)``,

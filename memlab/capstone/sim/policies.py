@@ -135,7 +135,8 @@ class Paged(Policy):
 
 
 def make_policy(policy, block_size: int = 16, placement: str = "buddy") -> Policy:
-    """A Policy from itself or from a name: 'max', 'pow2', 'oracle' (placed by ``placement``), 'paged'."""
+    """A Policy from itself or from a name: 'max', 'pow2', 'oracle' (placed by ``placement``),
+    'paged'."""
     if isinstance(policy, Policy):
         return policy
     table = {"max": MaxContext, "pow2": Pow2, "oracle": Oracle}
@@ -192,7 +193,8 @@ class FirstFit:
         return n
 
     def alloc(self, n: int) -> int:
-        """Start of the first free run of >= n slots, taken from its front; -1 (nothing taken) if none."""
+        """Start of the first free run of >= n slots, taken from its front; -1 (nothing taken) if
+        none."""
         for i, (s, e) in enumerate(zip(self.starts, self.ends)):
             if e - s >= n:
                 if e - s == n:
@@ -299,7 +301,8 @@ class Buddy:
         # A block must be one alloc() could have returned, and none of its slots may be free yet.
         if start % (1 << k) or start < 0 or start + (1 << k) > self.size:
             raise ValueError(
-                f"no block of {1 << k} slots starts at {start} (blocks start at multiples of their size)"
+                f"no block of {1 << k} slots starts at {start} "
+                "(blocks start at multiples of their size)"
             )
         for j, free in enumerate(self.free_lists):
             lo = (

@@ -1,4 +1,5 @@
-"""The workload simulator: a pool of N token slots serving a request stream, one iteration at a time.
+"""The workload simulator: a pool of N token slots serving a request stream, one iteration at a
+time.
 
 Each iteration:
 1. admit waiting requests, first come first served, while the policy's need fits (a reservation
@@ -83,7 +84,8 @@ class SimResult:
 
     @property
     def shares(self) -> dict:
-        """used / reserved / internal / rounding / free as fractions of the pool, averaged over iterations."""
+        """used / reserved / internal / rounding / free as fractions of the pool, averaged over
+        iterations."""
         total = self.iterations * self.pool_size
         return {k: self.slot_iterations[k] / total for k in SHARES}
 
@@ -402,10 +404,11 @@ def block_size_sweep(
 
 
 def breakdown_table(results) -> str:
-    """The shares (% of the pool) and throughput-ish numbers of some results, as a markdown table."""
+    """The shares (% of the pool) and throughput-ish numbers of some results, as a markdown
+    table."""
     head = (
-        "| policy | used % | reserved % | internal % | rounding % | free % (external) | avg batch | iterations "
-        "| req / 1k it | preemptions |"
+        "| policy | used % | reserved % | internal % | rounding % | free % (external) | avg batch "
+        "| iterations | req / 1k it | preemptions |"
     )
     lines = [head, "|" + "---|" * 10]
     for r in results:

@@ -29,7 +29,8 @@ class Workload:
         out = np.asarray(self.output_lens, dtype=np.int64)
         if inp.ndim != 1 or inp.shape != out.shape:
             raise ValueError(
-                f"input_lens and output_lens must be 1-D of one length, got {inp.shape} and {out.shape}"
+                "input_lens and output_lens must be 1-D of one length, "
+                f"got {inp.shape} and {out.shape}"
             )
         if inp.size and (inp.min() < 0 or out.min() < 1):
             raise ValueError(

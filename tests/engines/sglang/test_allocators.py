@@ -22,7 +22,8 @@ def sglang_paged(sg, size, ps, need_sort, triton):
     a.use_triton_kernels = (
         triton  # what current_platform.capabilities.supports_triton decides
     )
-    a.debug_mode = True  # SGLANG_DEBUG_MEMORY_POOL: no page on its free list twice, after every free
+    # SGLANG_DEBUG_MEMORY_POOL: no page on its free list twice, after every free.
+    a.debug_mode = True
     return a
 
 

@@ -1,4 +1,5 @@
-"""The scheduler's capacity questions (chapter 12) against SGLang 0.5.23's own methods, step by step.
+"""The scheduler's capacity questions (chapter 12) against SGLang 0.5.23's own methods, step by
+step.
 
 The wheel's allocators (token, paged, two-pool SWA from ``allocator/{base,token,paged,swa}.py``,
 the unified SWA composite from ``allocator/unified_hybrid_swa.py``) and memlab's run the same

@@ -274,7 +274,8 @@ class Side:
         )
 
     def tie(self) -> bool:
-        """Two evictable leaves with one access time: the engines would break the tie differently."""
+        """Two evictable leaves with one access time: the engines would break the tie
+        differently."""
         times = [n.last_access_time for n in self.tree.evictable_leaves]
         return len(times) != len(set(times))
 

@@ -109,10 +109,11 @@ class Pair:
 
 
 def extend(sg, theirs, ours, pairs):
-    """The requests' next extend: SGLang collects the deferred clears and copies in prepare_for_extend
-    (its real ``_collect_deferred_mamba_cow_and_clear``) and runs them on the forward stream (its
-    real ``MambaPool.clear_slots``); memlab does both in ``execute_deferred_mamba_cow_and_clear``.
-    Every state slot holds garbage first, so a slot that was not zeroed shows."""
+    """The requests' next extend: SGLang collects the deferred clears and copies in
+    prepare_for_extend (its real ``_collect_deferred_mamba_cow_and_clear``) and runs them on the
+    forward stream (its real ``MambaPool.clear_slots``); memlab does both in
+    ``execute_deferred_mamba_cow_and_clear``. Every state slot holds garbage first, so a slot that
+    was not zeroed shows."""
     for pool in (theirs.mamba_pool.mamba_cache.temporal, ours.mamba_pool.temporal):
         pool.fill_(7.0)
     batch = SimpleNamespace()

@@ -24,7 +24,8 @@ STREAMS, STEPS = 12, 80
 
 
 class Recorder:
-    """An allocator front that records what the tree frees (memlab calls free, SGLang free_segment)."""
+    """An allocator front that records what the tree frees (memlab calls free, SGLang
+    free_segment)."""
 
     def __init__(self, allocator=None, page_size=1):
         self.allocator, self.page_size, self.device = (

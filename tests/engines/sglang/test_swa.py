@@ -196,11 +196,12 @@ def apply(side: Side, stream: SwaStream, op, sglang: bool, sg):
                 stream.protected[rid],
             )
             if op[2] and (stream.ps > 1 or ev <= protected):
-                a.free(
-                    slots
-                )  # at page size 1 SGLang's free() would hand page 0 to the SWA side for
-                # slots the window already released: its scheduler frees them as below
-            else:  # as SGLang's free_kv_row_segments: [protected, evicted) full side only, the rest both
+                # At page size 1 SGLang's free() would hand page 0 to the SWA side for
+                # slots the window already released: its scheduler frees them as below.
+                a.free(slots)
+            else:
+                # As SGLang's free_kv_row_segments: [protected, evicted) full side only, the
+                # rest both.
                 hi = max(ev, protected)
                 if protected:
                     a.free_segment(slots[:protected], start_pos=0)

@@ -61,9 +61,9 @@ def T(xs) -> torch.Tensor:
 
 
 def specs(mod, entry_down: int, entry_up: int, mamba_up: bool, names=("full", "up")):
-    """The same two sub-pools in the wheel's classes (mod = the picked unified_memory_pool) or memlab's:
-    an MHA entry of ``entry_down`` bytes (one layer, one head, bf16 K and V) growing down, and an
-    MHA or Mamba entry of ``entry_up`` bytes growing up."""
+    """The same two sub-pools in the wheel's classes (mod = the picked unified_memory_pool) or
+    memlab's: an MHA entry of ``entry_down`` bytes (one layer, one head, bf16 K and V) growing down,
+    and an MHA or Mamba entry of ``entry_up`` bytes growing up."""
     down = mod.MHASubPoolSpec(
         name=names[0],
         layer_num=1,
@@ -257,7 +257,8 @@ def test_end_pair_matches_sglang(ps, mamba_up, tally):
     )
     assert refusals > 0, "the streams never ran short: make the buffers smaller"
     tally(
-        f"MultiEndedAllocator pair, page {ps}, {'Mamba' if mamba_up else 'KV'} lower end (+ lazy wheel)",
+        f"MultiEndedAllocator pair, page {ps}, "
+        f"{'Mamba' if mamba_up else 'KV'} lower end (+ lazy wheel)",
         streams,
         streams * STEPS,
     )

@@ -457,7 +457,7 @@ def test_make_allocator_picks_the_class_sglang_picks():
     ) == (4, "python", True)
 
 
-# -- debug mode read per call, SGLang's asserts, free_segments ---------------------------------------
+# -- debug mode read per call, SGLang's asserts, free_segments -------------------------------------
 
 
 def test_debug_mode_turned_on_later_catches_a_double_free():

@@ -244,7 +244,7 @@ def test_the_unified_pool_evicts_by_plan_and_answers():
     assert a.evict_to_free_tokens(None, 8) is None
 
 
-# -- the engine asks only these ----------------------------------------------------------------------
+# -- the engine asks only these --------------------------------------------------------------------
 
 MODEL = TinyLlama(TinyConfig())
 

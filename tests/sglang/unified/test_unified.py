@@ -1,4 +1,5 @@
-"""memlab.sglang.unified (chapter 12): one byte buffer, two ends, virtual pages bound to physical ones.
+"""memlab.sglang.unified (chapter 12): one byte buffer, two ends, virtual pages bound to physical
+ones.
 
 The step-by-step agreement with SGLang 0.5.23 is tests/engines/sglang/test_unified.py; here are
 the arithmetic by hand, the bytes themselves (written through the views, moved by compaction,

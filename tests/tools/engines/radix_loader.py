@@ -144,7 +144,8 @@ _loaded: types.SimpleNamespace | None = None
 
 
 def load() -> types.SimpleNamespace:
-    """SGLang's radix_cache and base_prefix_cache modules (built once per process), with a tick clock.
+    """SGLang's radix_cache and base_prefix_cache modules (built once per process), with a tick
+    clock.
 
     They are built in isolation: every ``sglang*`` entry of sys.modules (another loader's) is set
     aside while they import, and put back after, so neither loader sees the other's stubs.

@@ -127,8 +127,8 @@ class _Loader:
     def pick(
         self, name: str, names, source: str | None = None, **provided
     ) -> types.ModuleType:
-        """A module holding only ``names`` (top-level defs, classes, assignments, or ``Class.method``
-        as a plain function under the method's name) of a wheel file.
+        """A module holding only ``names`` (top-level defs, classes, assignments, or
+        ``Class.method`` as a plain function under the method's name) of a wheel file.
 
         Kept besides them: ``from __future__`` and the file's imports of the standard library,
         torch, triton and numpy. ``provided`` fills in the other names they refer to.

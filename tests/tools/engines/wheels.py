@@ -37,7 +37,10 @@ PLATFORM = [
     "--platform",
     "manylinux_2_28_x86_64",
 ]
-HOW = "run `./course engines` on a machine that can reach PyPI (or set MEMLAB_ENGINES_CACHE to a folder holding the wheels)"
+HOW = (
+    "run `./course engines` on a machine that can reach PyPI "
+    "(or set MEMLAB_ENGINES_CACHE to a folder holding the wheels)"
+)
 
 
 def cache_dir() -> Path:
