@@ -2,12 +2,13 @@
 table and slot_mapping (worker side).
 
 Modules, in the order chapter 06 teaches them:
-    block_pool        KVCacheBlock, FreeKVCacheBlockQueue, BlockPool hashing
-    chained block hashes (vLLM 0.33's sha256 digests, a fast option), extra keys request
-    the slice of a request the books read kv_cache_manager  KVCacheManager over a
-    coordinator and a FullAttentionManager or SlidingWindowManager block_table
-    BlockTable, slot_mapping and store_kv (kernel + torch + Python references) kv_layout
-    the cache vLLM 0.33 stores into: logical [layer, block, head, token, content]
+    block_pool        KVCacheBlock, FreeKVCacheBlockQueue, BlockPool
+    hashing           chained block hashes (vLLM 0.33's sha256 digests, a fast option), extra keys
+    request           the slice of a request the books read
+    kv_cache_manager  KVCacheManager over a coordinator and a FullAttentionManager or
+                      SlidingWindowManager
+    block_table       BlockTable, slot_mapping and store_kv (kernel + torch + Python references)
+    kv_layout         the cache vLLM 0.33 stores into: logical [layer, block, head, token, content]
 
 Chapter 06's drivers: memlab.vllm.trace_replay runs a trace through these books;
 memlab.course.compare runs one stream through both engines' books, side by side.
