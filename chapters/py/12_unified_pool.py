@@ -173,12 +173,18 @@ kv = UnifiedSWAKVPool(
     page_size=2,
 )
 alloc = UnifiedSWATokenToKVPoolAllocator(
-    unified_buffer=kpool, kvcache=kv, page_size=2, debug_mode=True, backend="triton"
+    unified_buffer=kpool,
+    kvcache=kv,
+    device=dev,
+    page_size=2,
+    debug_mode=True,
+    backend="triton",
 )
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
+C = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731 (the host copies)
 free_before = alloc.full_attn_allocator.free_virtual_ids[:6].tolist()
 a = alloc.alloc_extend(
-    T(0, 0), T(0, 0), T(5, 4), T(5, 4), T(-1, -1), 9
+    T(0, 0), C(0, 0), T(5, 4), C(5, 4), T(-1, -1), 9
 )  # two new requests, 5 and 4 tokens
 print("free virtual pages before:", free_before, "-> virtual ids:", a.tolist())
 fa, sa = alloc.full_attn_allocator, alloc.swa_attn_allocator
@@ -191,7 +197,7 @@ print(
 print("full slots:", alloc.translate_kv_loc(a).tolist())
 print("swa slots: ", alloc.translate_loc_from_full_to_swa(a).tolist())
 d = alloc.alloc_decode(
-    T(6, 5), T(6, 5), T(a[4], a[8])
+    T(6, 5), C(6, 5), T(a[4], a[8])
 )  # one decode step each (chapter 05's kernel)
 print(
     "decode:",

@@ -160,11 +160,12 @@ def tensor(
 
 
 def values_in(name: str, t: torch.Tensor, lo: int, hi) -> None:
-    """Every value of ``t`` (read on the CPU: callers skip device tensors) in ``lo..hi``; ``hi`` a
-    number or a tensor of bounds, one per value. The message names the first value outside."""
-    v = t.reshape(-1).long()
+    """Every value of ``t`` in ``lo..hi``, read on the CPU (a device tensor only in debug mode,
+    where a sync is allowed); ``hi`` a number or a tensor of bounds, one per value. The message
+    names the first value outside."""
+    v = t.reshape(-1).long().cpu()
     hi = (
-        torch.as_tensor(hi, dtype=torch.long).expand_as(t).reshape(-1)
+        torch.as_tensor(hi, dtype=torch.long).cpu().expand(t.shape).reshape(-1)
         if hi is not None
         else None
     )
