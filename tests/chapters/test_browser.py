@@ -11,8 +11,6 @@
 
 import time
 
-import pytest
-
 from memlab_tests.tools.browser import (
     ARTIFACTS,
     CHAPTERS,
@@ -29,9 +27,6 @@ from memlab_tests.tools.browser import (
     stepper_ready,
     view_of,
 )
-
-# One worker runs the browser tests: one JupyterLab and one Chromium (tests/chapters/conftest.py).
-pytestmark = pytest.mark.xdist_group("browser")
 
 CHAPTER = "01_request_table.ipynb"  # a Stepper widget, no kernel launch: quick in the interpreter
 RADIX = "11_radix_and_hicache.ipynb"  # the radix tree's Stepper: two stories, twelve steps each

@@ -20,9 +20,6 @@ from memlab_tests.tools.browser import (
     shot,
 )
 
-# One worker runs the browser tests: one JupyterLab and one Chromium (tests/chapters/conftest.py).
-pytestmark = pytest.mark.xdist_group("browser")
-
 CHAPTERS = {
     "01": "01_request_table.ipynb",
     "03": "03_token_allocator.ipynb",

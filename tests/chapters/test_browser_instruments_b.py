@@ -6,8 +6,6 @@ hovered. After each, the picture is checked and the books shown are compared wit
 from the live objects in the kernel. Screenshots go to artifacts/browser/.
 """
 
-import pytest
-
 from memlab_tests.tools.browser import (
     WAIT,
     Inst,
@@ -15,9 +13,6 @@ from memlab_tests.tools.browser import (
     no_error_output,
     open_instrument,
 )
-
-# One worker runs the browser tests: one JupyterLab and one Chromium (tests/chapters/conftest.py).
-pytestmark = pytest.mark.xdist_group("browser")
 
 CHAPTERS = (
     "06_vllm_block_pool.ipynb",
