@@ -32,7 +32,14 @@ import pytest
 from memlab.course.grading.stubs import write_stubs
 
 ROOT = Path(__file__).resolve().parents[3]
-STUDENT = "memlab-student"  # the student's user on the Gradescope image
+# The student's user on the Gradescope image. Ending a grading run ends every process of that
+# user, so each pytest process that may grade at the same time as another (an xdist worker, the
+# learner-state run's own pytest) has a user of its own.
+STUDENT = "memlab-student" + (
+    f"-{os.environ['PYTEST_XDIST_WORKER']}"
+    if os.environ.get("PYTEST_XDIST_WORKER")
+    else ""
+)
 TIMEOUT = 300
 
 

@@ -18,11 +18,6 @@ import pytest
 
 from memlab_tests.course.grading import image
 
-# Gradescope's image has one student user, and ending a grading run ends every process of
-# that user: two such runs at once (two xdist workers) would end each other's. One worker runs
-# them all, one after another, as Gradescope runs one submission per container.
-pytestmark = pytest.mark.xdist_group("gradescope_student")
-
 HERE = Path(__file__).parent
 DISHONEST = HERE / "dishonest"
 KINDS = sorted(

@@ -126,12 +126,6 @@ def test_stubs_and_missing_files_earn_nothing(gs):
     )  # missing ones count too
 
 
-# Gradescope's image has one student user, and ending a grading run ends every process of
-# that user: two such runs at once (two xdist workers) would end each other's. One worker runs
-# them all, one after another, as Gradescope runs one submission per container.
-pytestmark = pytest.mark.xdist_group("gradescope_student")
-
-
 PROBE = """
 import json, os, resource, socket, sys
 
