@@ -185,14 +185,23 @@ MAX_STORAGE = 1 << 34
 
 
 class _Message:
-    """One message being written: new objects' definitions, blobs, the memo of one tree."""
+    """One message being written: new objects' definitions, blobs, the memo of one tree; the
+    shared ids it names (never forgotten by it) and the snapshots it takes once it is sent."""
 
     def __init__(self):
         self.defs, self.blobs, self.made, self.memo, self.keep = [], [], [], {}, []
+        self.used, self.seen = set(), []
 
     def blob(self, b) -> int:
         self.blobs.append(b)
         return len(self.blobs) - 1
+
+
+def storage_key(s) -> tuple:
+    """A storage by its identity (its StorageImpl), never by its address: empty storages all
+    sit at address 0, and a storage's address changes when it is resized. A shared storage is
+    held by its table, so no other storage can take its key while it is shared."""
+    return ("S", s._cdata)
 
 
 def _int(x, lo=0, hi=1 << 62) -> int:
@@ -216,7 +225,7 @@ class Peer:
     def __init__(self, sign: int):
         self.sign = sign  # +1 the grader, -1 the learner
         self.entries = {}  # id -> [a list, dict or set, its signature] or [uint8, [ranges, snap]]
-        self.sid_of = {}  # id(container), or (device, address) of a storage -> id
+        self.sid_of = {}  # id(container), or storage_key of a storage -> id
         self.count = 0
         self.forget, self.release = [], []
         self.tuples, self.tuple_key = {}, {}  # named tuple classes: key <-> class
@@ -231,8 +240,13 @@ class Peer:
         except BaseException:
             self.drop(m.made)  # nothing of a message that is not sent is known there
             raise
+        # Its changes are told: the next message's count from here (not from a message that
+        # failed half way and was never sent).
+        for where, i, snap in m.seen:
+            where[i] = snap
+        dropping = [sid for sid in dropping if sid not in m.used]  # it still names them
         self.drop(dropping)
-        forget, self.forget = self.forget + list(dropping), []
+        forget, self.forget = self.forget + dropping, []
         release, self.release = self.release, []
         return [kind, body, [m.defs, upd, forget, release], []], m.blobs
 
@@ -304,6 +318,7 @@ class Peer:
     def share(self, x, m) -> int:
         sid = self.sid_of.get(id(x))
         if sid is not None and self.entries[sid][0] is x:
+            m.used.add(sid)
             return sid
         sid = self.new_id(m)
         self.entries[sid], self.sid_of[id(x)] = [x, sig(x)], sid
@@ -323,9 +338,10 @@ class Peer:
         import torch
 
         s = x.untyped_storage()
-        key = (str(x.device), s.data_ptr())
+        key = storage_key(s)
         sid = self.sid_of.get(key)
         if sid is not None:
+            m.used.add(sid)
             return sid
         u8 = torch.empty(0, dtype=torch.uint8, device=x.device).set_(s)
         ranges = readable_ranges(u8)
@@ -345,20 +361,22 @@ class Peer:
                 continue
             if type(x) in (list, dict, set):
                 if sig(x) != e[1]:
-                    e[1] = sig(x)
+                    m.seen.append((e, 1, sig(x)))
                     out.append([sid, self.content(x, m)])
             elif not all(_same(x[a:b], s) for (a, b), s in zip(*e[1])):
-                e[1][1] = _snap(x, e[1][0])
+                m.seen.append((e[1], 1, _snap(x, e[1][0])))
                 out.append([sid, _parts(x, e[1][0], m)])
         return out
 
     def drop(self, sids):
         for sid in sids:
             x = self.entries.pop(sid, [None])[0]
-            if x is not None and type(x) in (list, dict, set):
-                self.sid_of.pop(id(x), None)
-            elif x is not None:
-                self.sid_of.pop((str(x.device), x.untyped_storage().data_ptr()), None)
+            if x is None:
+                continue
+            shared = type(x) in (list, dict, set)
+            key = id(x) if shared else storage_key(x.untyped_storage())
+            if self.sid_of.get(key) == sid:
+                del self.sid_of[key]
 
     # -- reading: everything checked, nothing trusted
     def receive(self, header, blobs):
@@ -374,7 +392,7 @@ class Peer:
             if kind_ == "B":
                 u8 = self.new_storage(_list(content), blobs)
                 self.entries[sid] = [u8, [content[2], None]]
-                self.sid_of[(str(u8.device), u8.untyped_storage().data_ptr())] = sid
+                self.sid_of[storage_key(u8.untyped_storage())] = sid
                 fill.append([sid, content[4]])
             else:
                 x = {"L": list, "D": dict, "S": set}[kind_]()

@@ -162,6 +162,65 @@ def test_forgotten_objects_still_send_their_last_change():
     assert theirs == [1, 2] and sid not in learner.entries and sid not in g.entries
 
 
+def test_a_new_empty_tensor_never_takes_the_id_of_one_being_forgotten():
+    """Every empty storage sits at address 0. Keyed by address, the grader sent a new empty
+    tensor under the id of a dead one that the same message told the learner to forget: the
+    learner's process died ("a tensor on a storage that is not there") under a solution."""
+    g, learner = Grader(), Learner()
+    cross(g, learner, torch.tensor([], dtype=torch.int64))  # then nothing here holds it
+    dropping = sandbox.Session._collect(g)
+    assert len(dropping) == 1
+    again = torch.tensor([], dtype=torch.int64)
+    header, blobs = g.message("a", again, dropping=dropping)
+    got = learner.receive(json.loads(json.dumps(header)), blobs)[1]
+    assert got.tolist() == [] and got.dtype == torch.int64
+    assert g.entries.keys() == learner.entries.keys() and dropping[0] not in g.entries
+
+
+def test_a_message_never_forgets_an_id_it_names():
+    """Whatever ``dropping`` says, an id the message itself names stays known on both sides."""
+    g, learner = Grader(), Learner()
+    xs, t = [1], torch.arange(3)
+    cross(g, learner, (xs, t))
+    named = list(g.entries)  # the list's id and the storage's
+    assert len(named) == 2
+    header, blobs = g.message("a", (xs, t[1:]), dropping=named)
+    got = learner.receive(json.loads(json.dumps(header)), blobs)[1]
+    assert got[0] == [1] and got[1].tolist() == [1, 2]
+    assert set(named) <= g.entries.keys() and set(named) <= learner.entries.keys()
+
+
+def test_a_resized_storage_leaves_no_stale_key_behind():
+    """A storage's address changes when it is resized (the learner's code may resize its copy
+    of a grader's storage; one this side has sent may not be): the table must still forget it
+    by its identity, else a later storage at its old address would be sent under a forgotten
+    id."""
+    g, learner = Grader(), Learner()
+    t = torch.arange(4)
+    theirs = cross(g, learner, t)
+    theirs.untyped_storage().resize_(1 << 16)
+    del t, theirs
+    cross(g, learner, None)  # no dropping: the resize alone changes nothing shared
+    header, blobs = g.message("a", None, dropping=sandbox.Session._collect(g))
+    learner.receive(json.loads(json.dumps(header)), blobs)
+    assert g.entries == {} == learner.entries
+    assert g.sid_of == {} == learner.sid_of
+
+
+def test_a_change_in_a_message_that_was_not_sent_is_sent_with_the_next():
+    """A message whose encoding fails is not sent: the changes it saw are still to be told."""
+    g, learner = Grader(), Learner()
+    xs, ys = [1], [2]
+    theirs = cross(g, learner, (xs, ys))
+    xs.append(3)  # a change, seen first by a message that fails on ys
+    ys.append(torch.zeros(2).to_sparse())
+    with pytest.raises(wire.NotData):
+        g.message("a", None)
+    ys.pop()
+    cross(g, learner, None)
+    assert theirs[0] == [1, 3] and theirs[1] == [2]
+
+
 def test_what_is_not_data_stays_out():
     learner = Learner()
     deep = 1
@@ -235,7 +294,7 @@ def test_a_view_of_a_fenced_tensor_may_not_reach_its_fence():
     g, learner = Grader(), Learner()
     t = fenced([1, 2, 3], torch.int64)
     got = cross(g, learner, t)
-    sid = g.sid_of[(str(t.device), t.untyped_storage().data_ptr())]
+    sid = g.sid_of[wire.storage_key(t.untyped_storage())]
     assert got.tolist() == [1, 2, 3] and g.entries[sid][1][0] != [
         [0, g.entries[sid][0].numel()]
     ]
