@@ -286,10 +286,56 @@ class Zygote:
         if self.ctl is not None:
             self.ctl.close()
             self.proc.wait()
+        if self.user:  # what the learner's code started outside its process group too
+            end_processes_of(self.user)
         if (
             not self.user
         ):  # the learner's user owns its folders: they stay (Gradescope's go)
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def running_as(uid: int) -> list[int]:
+    """The processes of ``uid`` still running (a zombie has stopped: it only waits to be
+    reaped by its parent)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # gone meanwhile
+            continue
+        uids = {int(u) for u in fields.get("Uid", "").split()}
+        if uid in uids and fields.get("State", "Z").split()[0] not in ("Z", "X"):
+            out.append(int(pid))
+    return out
+
+
+def end_processes_of(user, timeout: float = 30.0) -> list[int]:
+    """Kill every process of ``user`` (uid, gid, ...) and wait until none runs: what is still
+    running at the deadline. The kill is sent as that user (``kill(-1)``: every process it may
+    signal at once, so none forks away meanwhile), and a killed process goes on until the
+    kernel has torn it down, longer on a loaded machine: the grader waits for that, else a
+    process of the student's outlives grading."""
+    uid, gid = user[0], user[1]
+    deadline = time.monotonic() + timeout
+    while True:
+        # The shell's kill (any user may run /bin/sh, not every Python): all of its own, not
+        # itself.
+        subprocess.run(
+            ["/bin/sh", "-c", "kill -KILL -1"],
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            cwd="/",
+            env={},
+            timeout=60,
+            check=False,
+        )
+        again = min(deadline, time.monotonic() + 1.0)  # then kill again (a root fork)
+        while (left := running_as(uid)) and time.monotonic() < again:
+            time.sleep(0.005)
+        if not left or time.monotonic() >= deadline:
+            return left
 
 
 _zygote: Zygote | None = None

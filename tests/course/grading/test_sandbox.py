@@ -12,9 +12,13 @@ environment. (The learner's process as another user: tests/course/grading/test_g
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 import signal
+import tempfile
 import textwrap
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -585,3 +589,50 @@ def test_without_fork_each_learner_process_starts_afresh(tmp_path, monkeypatch):
         mod._session.stop()
         sandbox._zygote.close()
         monkeypatch.setattr(sandbox, "_zygote", None)
+
+
+# -- the end of grading: no process of the student's user outlives it -----------------------
+
+LEAVER = """
+import os, sys, time
+if os.fork() == 0:  # a daemon in a session of its own (as dishonest/write_results/ leaves)
+    os.setsid()
+    for _ in range(3):
+        if os.fork() == 0:
+            break
+    hold = bytearray(b"x" * (256 << 20))  # touched: its teardown after SIGKILL takes a while
+    open(f"{sys.argv[1]}/{os.getpid()}", "w").close()
+    while True:
+        time.sleep(1)
+os._exit(0)
+"""
+
+
+def test_no_process_of_the_students_user_runs_once_it_is_ended():
+    """``end_processes_of`` returns once every process of the user is gone: a process killed
+    goes on until the kernel has torn it down (a while for a large one, longer under load), and
+    the grader used to return with the kill sent, leaving one to be seen running after grading
+    (test_dishonest's "the student's processes outlived grading")."""
+    from memlab_tests.course.grading import image
+
+    name = "memlab-gs-end"  # a user of its own: every process of it is killed
+    image.need(image.user(name) is not None, "needs root and useradd")
+    python = image._runnable_python(name)
+    image.need(python is not None, "needs a Python the user may run")
+    ready = Path(tempfile.mkdtemp(prefix="memlab-end-"))  # where the user may write
+    os.chmod(ready, 0o777)
+    try:
+        for _ in range(3):
+            image.as_user(name, [python, "-I", "-c", LEAVER, str(ready)])
+            deadline = time.monotonic() + 60
+            while len(list(ready.iterdir())) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(list(ready.iterdir())) == 4
+            assert sandbox.running_as(image.user(name)[0])  # the check sees them
+            assert sandbox.end_processes_of((*image.user(name), name)) == []
+            assert sandbox.running_as(image.user(name)[0]) == []
+            for f in ready.iterdir():
+                f.unlink()
+    finally:
+        image.clean_up_after(name)
+        shutil.rmtree(ready, ignore_errors=True)
