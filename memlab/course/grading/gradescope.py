@@ -38,7 +38,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import time
 import traceback
@@ -267,22 +266,15 @@ def _student(root: Path) -> tuple[dict, str | None]:
 
 
 def end_processes_of(user: str | None) -> None:
-    """Kill every process of ``user`` (what the student's code left running), as that user."""
+    """Kill every process of ``user`` (what the student's code left running), as that user,
+    and wait until none runs (sandbox.end_processes_of)."""
     if user:
         import pwd
 
+        from memlab.course.grading import sandbox
+
         pw = pwd.getpwnam(user)
-        code = "import os, signal; os.kill(-1, signal.SIGKILL)"  # all of its own, not itself
-        subprocess.run(
-            [sys.executable, "-I", "-c", code],
-            user=pw.pw_uid,
-            group=pw.pw_gid,
-            extra_groups=[],
-            cwd="/",
-            env={},
-            timeout=60,
-            check=False,
-        )
+        sandbox.end_processes_of((pw.pw_uid, pw.pw_gid))
 
 
 def held_copies(found: dict[str, bytes]) -> dict[str, dict]:
