@@ -1,8 +1,9 @@
 """CI builds what a newcomer builds and loses no test: .ci/run makes both virtual environments
-from nothing and prints the suite's time; with CI set, a skip is a failure
-(tests/tools/ci_skips.py)."""
+from nothing and prints the suite's time; with CI set, a skip is a failure and so is a test
+over the time limit (tests/tools/ci_skips.py)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,45 @@ def test_a_skip_fails_in_ci_but_a_gpu_skip_and_an_xfail_do_not(tmp_path):
     assert "1 failed, 1 passed, 1 skipped, 1 xfailed" in out, out
     assert "FAILED test_probe.py::test_would_skip_without_its_wheel" in out, out
     assert "skipped in CI, which must run every test: Skipped: no wheel" in out, out
+
+
+SLOW = """
+import time
+
+def test_quick():
+    pass
+
+def test_slow():
+    time.sleep(1.2)
+"""
+
+
+def run_slow_probe(tmp_path: Path, ci: bool) -> str:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_slow.py").write_text(SLOW)
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | (
+        {"CI": "true"} if ci else {}
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env | {"MEMLAB_TEST_LIMIT_S": "1"},
+        timeout=120,
+    )
+    return r.stdout + r.stderr
+
+
+def test_a_test_over_the_limit_fails_in_ci(tmp_path):
+    out = run_slow_probe(tmp_path, ci=True)
+    assert "1 failed, 1 passed" in out, out
+    assert "FAILED test_slow.py::test_slow" in out, out
+    assert re.search(r"call took 1\.\d s, over the 1 s a test may take", out), out
+
+
+def test_outside_ci_a_slow_test_passes(tmp_path):
+    assert "2 passed" in run_slow_probe(tmp_path, ci=False)
 
 
 def test_outside_ci_a_skip_stays_a_skip(tmp_path):
