@@ -3,6 +3,7 @@
   python bench/bench_block_pool.py            # 100,000 blocks, 8 hits + 24 new per request
   python bench/bench_block_pool.py --smoke    # a small pool and one short round: that it runs
   python bench/bench_block_pool.py --deque    # also the free queue against a deque
+  python bench/bench_block_pool.py --ops      # also where a request's time goes, call by call
 
 A request of the cycle makes the calls vLLM's manager makes, the same on both pools:
   lookup    get_cached_block for the 8 block hashes of a shared prefix (one of 64 prefixes)
@@ -18,9 +19,10 @@ blocks, so every new block evicts one (a hash leaves the map for each block hand
 vLLM's classes come from its published wheel (tests/tools/engines/vllm_loader.py: the wheel is
 downloaded once into ~/.cache/memlab/engines). Before anything is timed, both pools run the same
 requests with every block id they hand out recorded: the ids, the evictions and the books at the
-end must be equal. Then the pools take turns in short rounds, debug mode off; each phase is run
-``--repeats`` times from fresh pools and every round keeps its best time (CPU time of this
-process, so waiting for a busy machine's cores counts for neither). memlab with debug mode on
+end must be equal. Then the pools take turns in short rounds, each on fresh request objects
+of its own (shared ones would be brought into the cache by whichever pool came first), debug
+mode off; each phase is run ``--repeats`` times from fresh pools and every round keeps its best
+time (CPU time of this process, so waiting for a busy machine's cores counts for neither). memlab with debug mode on
 runs in the same rounds of the first run, apart: its cost is printed as a factor and is in no
 ratio (its scans walk the free queue from each hit to the tail, so it grows with the pool).
 
@@ -206,8 +208,10 @@ def timed_phases(V, num_blocks: int, rounds: int, repeats: int) -> dict:
                     cycle(pool, make_requests(first, fill - first + 1))
                 first = fill + 1
             for r in range(rounds):
-                requests = make_requests(first, per_round)
                 for name, (pool, cycle) in pools.items():
+                    # Requests of its own for each pool: the first pool to touch shared ones
+                    # would pay for bringing them into the cache and hashing their keys.
+                    requests = make_requests(first, per_round)
                     gc.collect()
                     gc.disable()  # as timeit: a collection lands in no one's round
                     t0 = time.process_time()
@@ -227,6 +231,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs from fresh pools")
     ap.add_argument("--smoke", action="store_true", help="4,000 blocks, one short run")
     ap.add_argument("--deque", action="store_true", help="also the deque comparison")
+    ap.add_argument("--ops", action="store_true", help="also the time of each call")
     args = ap.parse_args(argv)
     if args.smoke:
         args.blocks, args.rounds, args.repeats = 4_000, 4, 1
@@ -263,11 +268,71 @@ def main(argv=None) -> int:
         )
     if args.deque:
         deque_table(args.blocks)
+    if args.ops:
+        ops_table(V, args.blocks)
     print(
         f"block pool vs vLLM 0.33: fill {ratios['fill']:.2f}x, "
         f"steady {ratios['steady']:.2f}x"
     )
     return 0
+
+
+# ---- where a request's time goes (--ops) ------------------------------------------------------
+
+OPS = ("lookup", "touch", "allocate", "cache", "free")
+
+
+def timed_ops(pool, is_vllm: bool, first: int, n: int) -> list[float]:
+    """The cycle of ``memlab_cycle`` / ``vllm_cycle`` with a clock between the calls: seconds
+    per op, summed over n requests (made in rounds of 200, as fresh as the timed rounds')."""
+    clock, total = time.perf_counter, [0.0] * len(OPS)
+    get_cached_block = pool.get_cached_block
+    for start in range(first, first + n, 200):
+        for req in make_requests(start, min(200, first + n - start)):
+            t0 = clock()
+            if is_vllm:
+                hits = [get_cached_block(h, [0])[0] for h in req.block_hashes[:HITS]]
+            else:
+                hits = [get_cached_block(h) for h in req.block_hashes[:HITS]]
+            t1 = clock()
+            pool.touch(hits)
+            t2 = clock()
+            blocks = hits + pool.get_new_blocks(NEW)
+            t3 = clock()
+            if is_vllm:
+                pool.cache_full_blocks(req, blocks, HITS, HITS + NEW, 1, 0)
+            else:
+                pool.cache_full_blocks(req, blocks, HITS, HITS + NEW)
+            t4 = clock()
+            pool.free_blocks(blocks[::-1])
+            t5 = clock()
+            for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                total[i] += dt
+    return total
+
+
+def ops_table(V, num_blocks: int) -> None:
+    """Microseconds per request in each call, both phases: an eviction and an insertion are a
+    dict operation on a map of num_blocks entries in both pools, and cost about the same."""
+    fill = fill_requests(num_blocks)
+    print(
+        f"microseconds per request, by call ({', '.join(OPS)}; the clock's cost included)"
+    )
+    for name, (pool, _) in contenders(V, num_blocks).items():
+        if name == "memlab debug":
+            continue
+        gc.collect()
+        gc.disable()
+        phases = {
+            "fill": timed_ops(pool, name == "vLLM", 0, fill),
+            "steady": timed_ops(pool, name == "vLLM", fill, fill),
+        }
+        gc.enable()
+        for phase, total in phases.items():
+            cells = " ".join(f"{op} {t / fill * 1e6:5.2f}" for op, t in zip(OPS, total))
+            print(
+                f"  {name:>6} {phase:>6}: {cells} | all {sum(total) / fill * 1e6:5.2f}"
+            )
 
 
 # ---- the free queue against a deque (--deque) ---------------------------------------------------

@@ -26,6 +26,7 @@ from memlab.common import _checks
 
 BlockHash = Hashable  # bytes (sha256) or int (the fast hash), or a trace's own block id
 MAX_BLOCKS = 2**31 - 1  # block ids are int32 in the worker's block table
+HASHED = "The block already has a hash. This should not happen."  # vLLM's assert
 
 
 class KVCacheBlock:
@@ -59,9 +60,7 @@ class KVCacheBlock:
         return self._block_hash
 
     def set_block_hash(self, block_hash: BlockHash) -> None:
-        assert self._block_hash is None, (
-            "The block already has a hash. This should not happen."
-        )
+        assert self._block_hash is None, HASHED
         self._block_hash = block_hash
 
     def reset_hash(self) -> None:
@@ -385,12 +384,17 @@ class BlockPool:
         if self.free_block_queue.debug_mode:
             _check_blocks("blocks", new_full_blocks, self, "cache")
         new_block_hashes = request.block_hashes[num_cached_blocks:num_full_blocks]
+        # blk.set_block_hash and the map's insert, written out: two calls per cached block are
+        # a third of this loop's time. A second copy of a content goes through insert.
         insert = self.cached_block_hash_to_block.insert
+        first_copy = self.cached_block_hash_to_block._cache.setdefault
         for blk, block_hash in zip(new_full_blocks, new_block_hashes):
             if blk.is_null:  # a sliding window already dropped it
                 continue
-            blk.set_block_hash(block_hash)
-            insert(block_hash, blk)
+            assert blk._block_hash is None, HASHED
+            blk._block_hash = block_hash
+            if first_copy(block_hash, blk) is not blk:
+                insert(block_hash, blk)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue; a popped block that still has a hash is
@@ -418,8 +422,13 @@ class BlockPool:
         block_hash = block._block_hash
         if block_hash is None:
             return False
-        block.reset_hash()
-        if self.cached_block_hash_to_block.pop(block_hash, block.block_id) is None:
+        # block.reset_hash() and the map's pop, written out for the common case (the block is
+        # the only copy of its content): this runs for every block a full pool hands out.
+        block._block_hash = None
+        cache = self.cached_block_hash_to_block._cache
+        if cache.get(block_hash) is block:
+            del cache[block_hash]
+        elif self.cached_block_hash_to_block.pop(block_hash, block.block_id) is None:
             return False
         self.num_evictions += 1
         return True
@@ -563,15 +572,23 @@ def _check_blocks(name: str, blocks, pool=None, op: str = "") -> None:
 
 
 def _check_cache_full_blocks(pool, request, blocks, num_cached, num_full, size, group):
-    """The call's own arguments, O(1), checked on every call (the blocks: debug mode)."""
-    _checks.instance("request.block_hashes", getattr(request, "block_hashes", 0), list)
-    _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
-    _checks.integer("num_cached_blocks", num_cached)
-    _checks.integer("num_full_blocks", num_full)
-    if num_full > max(num_cached, min(len(blocks), len(request.block_hashes))):
+    """The call's own arguments, O(1), checked on every call (the blocks: debug mode). Each
+    check tests the common case inline and calls the checker, with its message, only when that
+    fails: this runs once per scheduled request."""
+    hashes = getattr(request, "block_hashes", None)
+    if type(hashes) is not list:
+        _checks.instance("request.block_hashes", hashes, list)
+    if type(blocks) is not list:
+        _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+    if type(num_cached) is not int or num_cached < 0:
+        _checks.integer("num_cached_blocks", num_cached)
+    if type(num_full) is not int or num_full < 0:
+        _checks.integer("num_full_blocks", num_full)
+    if num_full > max(num_cached, min(len(blocks), len(hashes))):
         raise ValueError(f"num_full_blocks {num_full}: more than blocks or hashes")
     if size is not None:
         _checks.integer("block_size", size, 1, MAX_BLOCKS)
-    if size is not None and pool.hash_block_size not in (None, size):
-        raise ValueError(f"block_size {size} is not hash_block_size (whole blocks)")
-    _checks.integer("kv_cache_group_id (one group: 0)", group, 0, 0)
+        if pool.hash_block_size not in (None, size):
+            raise ValueError(f"block_size {size} is not hash_block_size (whole blocks)")
+    if type(group) is not int or group != 0:
+        _checks.integer("kv_cache_group_id (one group: 0)", group, 0, 0)

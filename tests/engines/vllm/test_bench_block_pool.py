@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_the_bench_runs_and_prints_both_ratios():
     load()  # the wheel first: without it this skips (CI: fails) like the other engine tests
     r = subprocess.run(
-        [sys.executable, "bench/bench_block_pool.py", "--smoke"],
+        [sys.executable, "bench/bench_block_pool.py", "--smoke", "--ops"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -30,6 +30,8 @@ def test_the_bench_runs_and_prints_both_ratios():
     assert any(
         line.startswith("same blocks handed out by every pool") for line in lines
     )
+    ops = [line.split(":")[0].split() for line in lines if "| all " in line]
+    assert ops == [[n, p] for n in ("memlab", "vLLM") for p in ("fill", "steady")], lines
     assert re.fullmatch(
         r"block pool vs vLLM 0\.33: fill \d+\.\d\dx, steady \d+\.\d\dx", lines[-1]
     ), lines[-1]
