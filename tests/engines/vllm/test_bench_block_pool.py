@@ -31,7 +31,9 @@ def test_the_bench_runs_and_prints_both_ratios():
         line.startswith("same blocks handed out by every pool") for line in lines
     )
     ops = [line.split(":")[0].split() for line in lines if "| all " in line]
-    assert ops == [[n, p] for n in ("memlab", "vLLM") for p in ("fill", "steady")], lines
+    assert ops == [[n, p] for n in ("memlab", "vLLM") for p in ("fill", "steady")], (
+        lines
+    )
     assert re.fullmatch(
         r"block pool vs vLLM 0\.33: fill \d+\.\d\dx, steady \d+\.\d\dx", lines[-1]
     ), lines[-1]
