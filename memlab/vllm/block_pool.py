@@ -125,7 +125,8 @@ class FreeKVCacheBlockQueue:
         """Pop the first n free blocks. Asking for more than are free is refused before anything
         is popped, in the words of vLLM's ``BlockPool.get_new_blocks`` (vLLM's queue has only a
         bare assert: its one caller counts first)."""
-        n = _checks.integer("n", n, 0)
+        if type(n) is not int or n < 0:  # the check's call only when needed: a hot path
+            n = _checks.integer("n", n, 0)
         if n == 0:
             return []
         if n > self.num_free_blocks:
@@ -399,7 +400,8 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue; a popped block that still has a hash is
         evicted now (lazy eviction: a freed block stays hittable until its space is needed)."""
-        num_blocks = _checks.integer("num_blocks", num_blocks, 0)
+        if type(num_blocks) is not int or num_blocks < 0:
+            num_blocks = _checks.integer("num_blocks", num_blocks, 0)
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
