@@ -574,14 +574,12 @@ def _check_blocks(name: str, blocks, pool=None, op: str = "") -> None:
 
 
 def _check_cache_full_blocks(pool, request, blocks, num_cached, num_full, size, group):
-    """The call's own arguments, O(1), checked on every call (the blocks: debug mode). Each
-    check tests the common case inline and calls the checker, with its message, only when that
-    fails: this runs once per scheduled request."""
+    """The call's own arguments, O(1), checked on every call (the blocks: debug mode). The counts
+    are tested inline and go to the checker, with its message, only when that fails: this runs
+    once per scheduled request."""
     hashes = getattr(request, "block_hashes", None)
-    if type(hashes) is not list:
-        _checks.instance("request.block_hashes", hashes, list)
-    if type(blocks) is not list:
-        _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
+    _checks.instance("request.block_hashes", hashes, list)
+    _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
     if type(num_cached) is not int or num_cached < 0:
         _checks.integer("num_cached_blocks", num_cached)
     if type(num_full) is not int or num_full < 0:
