@@ -35,9 +35,9 @@ from memlab_tests.tools.ci_skips import pytest_runtest_makereport  # noqa: F401
 """
 
 
-def run_probe(tmp_path: Path, ci: bool) -> str:
+def run_probe(tmp_path: Path, ci: bool, probe: str = PROBE, **env_extra: str) -> str:
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_probe.py").write_text(PROBE)
+    (tmp_path / "test_probe.py").write_text(probe)
     env = {k: v for k, v in os.environ.items() if k != "CI"} | (
         {"CI": "true"} if ci else {}
     )
@@ -47,7 +47,7 @@ def run_probe(tmp_path: Path, ci: bool) -> str:
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=env,
+        env=env | env_extra,
         timeout=120,
     )
     return r.stdout + r.stderr
@@ -72,26 +72,13 @@ def test_slow():
 
 
 def run_slow_probe(tmp_path: Path, ci: bool) -> str:
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_slow.py").write_text(SLOW)
-    env = {k: v for k, v in os.environ.items() if k != "CI"} | (
-        {"CI": "true"} if ci else {}
-    )
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env | {"MEMLAB_TEST_LIMIT_S": "1"},
-        timeout=120,
-    )
-    return r.stdout + r.stderr
+    return run_probe(tmp_path, ci, SLOW, MEMLAB_TEST_LIMIT_S="1")
 
 
 def test_a_test_over_the_limit_fails_in_ci(tmp_path):
     out = run_slow_probe(tmp_path, ci=True)
     assert "1 failed, 1 passed" in out, out
-    assert "FAILED test_slow.py::test_slow" in out, out
+    assert "FAILED test_probe.py::test_slow" in out, out
     assert re.search(r"call took 1\.\d s, over the 1 s a test may take", out), out
 
 
