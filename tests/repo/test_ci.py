@@ -97,6 +97,7 @@ def test_ci_builds_both_environments_from_nothing_and_times_the_suite():
     assert (
         ci.index("rm -rf .venv")
         < ci.index("./course doctor")
+        < ci.index("tests/tools/engines/wheels.py")
         < ci.index("./course test")
     )
     assert "./course test" in ci and "./course pairing" in ci
