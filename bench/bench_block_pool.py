@@ -200,9 +200,8 @@ def timed_phases(V, num_blocks: int, rounds: int, repeats: int) -> dict:
     best: dict[tuple, list[float]] = {}
     for repeat in range(repeats):
         pools = contenders(V, num_blocks)
-        if (
-            repeat
-        ):  # debug mode's scans make it slow: its cost is read from the first run
+        # debug mode's scans make it slow: its cost is read from the first run
+        if repeat:
             del pools["memlab debug"]
         # The pools' blocks out of the collector's sight: a collection between rounds would
         # otherwise walk all of them and push the next pool's books out of the CPU caches.
@@ -210,9 +209,8 @@ def timed_phases(V, num_blocks: int, rounds: int, repeats: int) -> dict:
         gc.freeze()
         first = 0
         for phase in ("fill", "steady"):
-            if (
-                phase == "steady"
-            ):  # finish the fill untimed: from here every block evicts
+            # finish the fill untimed: from here every block evicts
+            if phase == "steady":
                 for pool, cycle in pools.values():
                     cycle(pool, make_requests(first, fill - first + 1))
                 first = fill + 1

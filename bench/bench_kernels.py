@@ -53,9 +53,8 @@ def sglang_kernels():
 
     try:
         path = extracted("sglang", [SGLANG_KERNELS]) / SGLANG_KERNELS
-    except (
-        pytest.skip.Exception
-    ) as exc:  # no wheel and no network: the loader's own message
+    # no wheel and no network: the loader's own message
+    except pytest.skip.Exception as exc:
         return None, str(exc.msg)
     spec = importlib.util.spec_from_file_location("sglang_allocator_kernels", path)
     mod = importlib.util.module_from_spec(spec)
@@ -173,9 +172,8 @@ def slot_mapping_row(gen, dev, smoke, sg):
     table = torch.randint(
         0, 10**5, (reqs, blocks), generator=gen, dtype=torch.int32
     ).to(dev)
-    req = torch.randint(0, reqs, (tokens,), generator=gen, dtype=torch.int32).to(
-        dev
-    )  # vLLM's dtypes
+    # vLLM's dtypes
+    req = torch.randint(0, reqs, (tokens,), generator=gen, dtype=torch.int32).to(dev)
     pos = torch.randint(0, blocks * bsz, (tokens,), generator=gen).to(dev)
     real = tokens - tokens // 8  # the rest is padding (-1)
     kernel = lambda: slot_mapping.compute_slot_mapping(table, req, pos, bsz, real)  # noqa: E731
@@ -246,9 +244,8 @@ def paged_attention_row(gen, dev, smoke, sg):
             q, k.flatten(0, 1), v.flatten(0, 1), slots, mask, scale
         )
 
-    atol = (
-        2e-3 if dtype == torch.float16 else 1e-5
-    )  # memlab.common.attention's tolerances
+    # memlab.common.attention's tolerances
+    atol = 2e-3 if dtype == torch.float16 else 1e-5
     close = lambda a, b: torch.allclose(a.float(), b.float(), atol=atol)  # noqa: E731
     return Row(
         f"paged_attention bs={bs} {heads}/{kv_heads} heads d={dim} len={seq_len} {str(dtype)[6:]}",
@@ -284,9 +281,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     gpu = ensure_kernel_mode() == "gpu"
     if not gpu:
-        torch.set_num_threads(
-            1
-        )  # the interpreter runs one program at a time: the references too
+        # the interpreter runs one program at a time: the references too
+        torch.set_num_threads(1)
         if not a.smoke:
             print(
                 "no GPU: the interpreter runs the smoke sizes only "

@@ -27,9 +27,8 @@ def replay_table(wl, pool, policies):
     for p in policies:
         try:
             results.append(sim.simulate(wl, pool, p))
-        except (
-            ValueError
-        ) as e:  # a buddy block larger than the pool's largest power-of-two block
+        # a buddy block larger than the pool's largest power-of-two block
+        except ValueError as e:
             refused.append(f"{p.name}: {e}")
     print(
         f"\n{wl.describe()}; pool {pool:,} slots; {time.perf_counter() - t0:.1f} s for "

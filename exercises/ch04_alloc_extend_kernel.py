@@ -45,9 +45,8 @@ def alloc_extend_kernel(
             (s + page_size - 1) // page_size - (p + page_size - 1) // page_size, axis=0
         )
 
-    old_end = (
-        (pre + page_size - 1) // page_size * page_size
-    )  # end of the old, partly filled page
+    # end of the old, partly filled page
+    old_end = (pre + page_size - 1) // page_size * page_size
     full_end = seq // page_size * page_size  # end of the last whole page
 
     # Part 1: the rest of the old page, from last_loc + 1.

@@ -89,9 +89,8 @@ def local_torch_hashes(version: str) -> list[str]:
     ).stdout
     folders = re.findall(r"find-links='([^']+)'", got)
     hashes: list[str] = []
-    for folder in dict.fromkeys(
-        folders
-    ):  # pip lists a setting once per place it is set
+    # pip lists a setting once per place it is set
+    for folder in dict.fromkeys(folders):
         for wheel in sorted(
             Path(folder.removeprefix("file://")).glob(f"torch-{version}+*.whl")
         ):

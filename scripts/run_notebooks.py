@@ -65,9 +65,8 @@ def execute(
 def _run_one(path: Path, fast: bool, timeout: int):
     try:
         return path, execute(path, fast=fast, timeout=timeout)[1], None
-    except (
-        Exception
-    ) as exc:  # report and go on: one broken chapter should not hide the rest
+    # report and go on: one broken chapter should not hide the rest
+    except Exception as exc:
         return path, 0.0, (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
 
 
@@ -87,9 +86,8 @@ def main(argv=None) -> int:
 
     total, failed = 0.0, 0
     paths = chapter_notebooks(a.chapters)
-    with ProcessPoolExecutor(
-        max(1, a.jobs)
-    ) as pool:  # one process per chapter at a time
+    # one process per chapter at a time
+    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
         for path, secs, error in pool.map(
             _run_one, paths, [not a.full] * len(paths), [a.timeout] * len(paths)
         ):

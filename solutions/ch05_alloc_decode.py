@@ -39,9 +39,8 @@ class PagedAllocator:
         if need > len(self.free_pages):
             return None
         out = last_loc + 1
-        out[opens] = (
-            self.free_pages[:need] * ps
-        )  # the k-th request that opens a page takes the k-th page
+        # the k-th request that opens a page takes the k-th page
+        out[opens] = self.free_pages[:need] * ps
         self.free_pages = self.free_pages[need:]
         return out
         # END SOLUTION

@@ -13,9 +13,8 @@ def hash_fn(obj) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-NONE_HASH = hash_fn(
-    "vllm-none-hash"
-)  # the parent of every request's first block (vLLM's fixed seed)
+# the parent of every request's first block (vLLM's fixed seed)
+NONE_HASH = hash_fn("vllm-none-hash")
 
 
 class MMItem(NamedTuple):

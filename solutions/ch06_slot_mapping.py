@@ -8,9 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-PAD_SLOT_ID = (
-    -1
-)  # padded tokens write nowhere: the KV-store kernel skips negative slots
+# padded tokens write nowhere: the KV-store kernel skips negative slots
+PAD_SLOT_ID = -1
 
 # ===== EXERCISE 06c: set to True once the section below is written =====
 # BEGIN SOLUTION (stub: SECTION_WRITTEN = False)
@@ -38,9 +37,10 @@ def slot_mapping_kernel(
         # Tokens past the last request's are padding: slot -1.
         for t in range(start, num_tokens_padded, BLOCK):
             i = t + tl.arange(0, BLOCK)
+            # PAD_SLOT_ID
             tl.store(
                 out_ptr + i, tl.full((BLOCK,), -1, tl.int64), mask=i < num_tokens_padded
-            )  # PAD_SLOT_ID
+            )
     else:
         # BEGIN SOLUTION (stub: tl.load(query_start_loc_ptr + req + 1).to(tl.int64))
         end = tl.load(query_start_loc_ptr + req + 1).to(tl.int64)

@@ -60,9 +60,8 @@ def take_swa_slots(
     # BEGIN SOLUTION
     swa = full_to_swa[full_indices]
     swa = swa[swa > 0]
-    pages = (
-        full_indices // page_size
-    )  # a page touched twice is cleared twice: cheaper than a unique (a sync)
+    # a page touched twice is cleared twice: cheaper than a unique (a sync)
+    pages = full_indices // page_size
     full_to_swa[
         pages[:, None] * page_size + torch.arange(page_size, device=pages.device)
     ] = 0

@@ -181,9 +181,8 @@ seq_r = prefix_r + torch.randint(0, 40, (bs,), generator=gen)
 free_r = (
     torch.randperm(400, generator=gen)[: int(num_new_pages(prefix_r, seq_r, P))] + 1
 )
-last_r = torch.where(
-    prefix_r > 0, 1000 * P + prefix_r - 1, -1
-)  # any slot works for the check
+# any slot works for the check
+last_r = torch.where(prefix_r > 0, 1000 * P + prefix_r - 1, -1)
 n = int((seq_r - prefix_r).sum())
 
 buf = torch.full((n + 16,), -7, dtype=torch.int64, device=dev)
@@ -235,9 +234,8 @@ print("free pages unchanged:", al.free_pages.tolist())
 # kernel serves the widget's scenario end to end, on the GPU or in the interpreter:
 
 # %%
-kscene = viz.sglang_books.paged_extend(
-    page_size=P, backend="triton", device=dev
-)  # free list where the kernel runs
+# free list where the kernel runs
+kscene = viz.sglang_books.paged_extend(page_size=P, backend="triton", device=dev)
 same = all(
     a.rows == b.rows and a.free_pages == b.free_pages
     for a, b in zip(kscene.frames, scene.frames)

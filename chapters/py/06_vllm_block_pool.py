@@ -152,9 +152,8 @@ a = Request("A", list(range(12)), block_hasher=mgr.request_block_hasher)
 mgr.allocate_slots(a, a.num_tokens)
 a.num_computed_tokens = a.num_tokens
 mgr.free(a)
-b = Request(
-    "B", list(range(12)), block_hasher=mgr.request_block_hasher
-)  # the very same prompt
+# the very same prompt
+b = Request("B", list(range(12)), block_hasher=mgr.request_block_hasher)
 hits, n = mgr.get_computed_blocks(b)
 print(
     f"B's prompt: 12 tokens in 3 full blocks; hit {n} tokens ({len(hits)} blocks): at most 11 may hit, and "

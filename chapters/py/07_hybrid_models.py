@@ -354,9 +354,8 @@ for extra, overlap, lazy in (
 # %%
 from memlab.vllm import KVCacheManager, Request
 
-sw = KVCacheManager(
-    num_gpu_blocks=16, block_size=2, sliding_window=4
-)  # its group: a SlidingWindowManager
+# its group: a SlidingWindowManager
+sw = KVCacheManager(num_gpu_blocks=16, block_size=2, sliding_window=4)
 r = Request("A", list(range(6)), block_hasher=sw.request_block_hasher)
 sw.allocate_slots(r, 6)
 r.num_computed_tokens = 6

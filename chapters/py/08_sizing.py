@@ -112,9 +112,8 @@ from memlab.sglang.sizing import (
     report,
 )
 
-gpu = GPUConfig.gib(
-    80, in_use=0.5
-)  # 0.5 GiB in use before the weights load (the CUDA context)
+# 0.5 GiB in use before the weights load (the CUDA context)
+gpu = GPUConfig.gib(80, in_use=0.5)
 r = report(
     MODELS["Llama-3.1-8B"], gpu, seq_len=8192, schedule=ScheduleConfig(page_size=16)
 )

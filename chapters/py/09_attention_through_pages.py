@@ -47,14 +47,12 @@ from memlab.course import viz
 from memlab.course.viz.draw_attention import attention_frames, draw_attention, fill_kv
 
 scene = viz.sglang_books.orientation(dtype=torch.float32, head_dim=16)
-scene.extend_batch(
-    {"A": 6, "D": 3}
-)  # the chunked prefill of chapter 00: A and D get scattered pages
+# the chunked prefill of chapter 00: A and D get scattered pages
+scene.extend_batch({"A": 6, "D": 3})
 fill_kv(scene)
 rids = list(scene.reqs)
-q = torch.randn(
-    len(rids), 4, 16, generator=torch.Generator().manual_seed(1)
-)  # 4 query heads, 2 KV heads
+# 4 query heads, 2 KV heads
+q = torch.randn(len(rids), 4, 16, generator=torch.Generator().manual_seed(1))
 viz.Stepper(attention_frames(scene, q), draw_attention)
 
 # %% [markdown]
@@ -113,13 +111,11 @@ pool = SWAKVPool(
 al = SWATokenToKVPoolAllocator(16, 8, 1, kvcache=pool)
 out_cache_loc = al.alloc(3)
 kv_new = torch.ones(3, 1, 4)
-pool.set_kv_buffer(
-    0, out_cache_loc, kv_new, kv_new
-)  # a full layer: the bare slots will do
+# a full layer: the bare slots will do
+pool.set_kv_buffer(0, out_cache_loc, kv_new, kv_new)
 try:
-    pool.set_kv_buffer(
-        1, out_cache_loc, kv_new, kv_new
-    )  # an SWA layer: which SWA slots?
+    # an SWA layer: which SWA slots?
+    pool.set_kv_buffer(1, out_cache_loc, kv_new, kv_new)
 except ValueError as exc:
     print("SWA layer, bare tensor refused:", str(exc)[:100], "...")
 loc = al.write_loc(out_cache_loc)
@@ -164,9 +160,8 @@ qd = q.to(dev)
 sglang = attention.decode_attention_fwd(qd, k_buf, v_buf, table, rows, seq_lens)
 
 P = scene.allocator.page_size
-block_table = (table[rows, ::P] // P).to(
-    torch.int32
-)  # the slot at each page start, divided by P: one id per page
+# the slot at each page start, divided by P: one id per page
+block_table = (table[rows, ::P] // P).to(torch.int32)
 vllm = attention.paged_attention(
     qd,
     k_buf.view(-1, P, *k_buf.shape[1:]),
@@ -190,9 +185,8 @@ import math
 dense = []
 for b, rid in enumerate(rids):
     idx = torch.tensor(scene.slots(rid))
-    k_seq = kv.get_key_buffer(0)[idx].repeat_interleave(
-        2, dim=1
-    )  # (L, 4 heads, 16): GQA groups of 2
+    # (L, 4 heads, 16): GQA groups of 2
+    k_seq = kv.get_key_buffer(0)[idx].repeat_interleave(2, dim=1)
     v_seq = kv.get_value_buffer(0)[idx].repeat_interleave(2, dim=1)
     w = torch.softmax(torch.einsum("hd,lhd->hl", q[b], k_seq) / math.sqrt(16), dim=-1)
     dense.append(torch.einsum("hl,lhd->hd", w, v_seq))

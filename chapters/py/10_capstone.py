@@ -113,9 +113,8 @@ from memlab.common.env import kernel_device
 
 few = [p[:20] for p in prompts[: 2 if FAST else 4]]
 new_tokens = 4 if FAST else 8
-kmodel = TinyLlama(
-    device=kernel_device()
-)  # the same weights (one seed), where the kernels run
+# the same weights (one seed), where the kernels run
+kmodel = TinyLlama(device=kernel_device())
 kernel_engine = Engine(
     kmodel,
     page_size=4,
@@ -162,9 +161,8 @@ QUESTIONS = [
     "What does a page table do?",
     "Name one way to save memory when serving many users.",
 ]
-path = chat.download(
-    chat.SMOLLM2, offline=FAST
-)  # None after one line when nothing can be downloaded
+# None after one line when nothing can be downloaded
+path = chat.download(chat.SMOLLM2, offline=FAST)
 run = (
     None
     if path is None
@@ -276,9 +274,8 @@ print("free blocks (start, size):", space.blocks())
 a = space.alloc(3)  # 4 slots: the top block of 4
 b = space.alloc(1)  # 1 slot: splits [0,8) into 0 | 1 | [2,4) | [4,8)
 print(f"alloc(3) -> {a}, alloc(1) -> {b}; free blocks:", space.blocks())
-space.release(
-    b, 1
-)  # its buddy, slot 1, is free: 0 + 1 -> [0,2), then [0,4), then [0,8)
+# its buddy, slot 1, is free: 0 + 1 -> [0,2), then [0,4), then [0,8)
+space.release(b, 1)
 print("after release(0, 1):", space.blocks())
 
 # %% [markdown]

@@ -121,9 +121,8 @@ from memlab.sglang.allocator import TokenToKVPoolAllocator
 from memlab.sglang.radix_cache import RadixCache
 
 alloc = TokenToKVPoolAllocator(32, debug_mode=True)
-tree = RadixCache(
-    alloc, debug_mode=True
-)  # 0.5.23's scheduler builds UnifiedRadixCache; RadixCache is its reference class
+# 0.5.23's scheduler builds UnifiedRadixCache; RadixCache is its reference class
+tree = RadixCache(alloc, debug_mode=True)
 
 
 def finished(tokens):
@@ -185,9 +184,8 @@ from memlab.capstone.prefix_compare import RadixDriver
 from memlab.sglang.allocator import PagedTokenToKVPoolAllocator
 
 ptree = RadixCache(PagedTokenToKVPoolAllocator(64, 4, debug_mode=True), debug_mode=True)
-drv = RadixDriver(
-    ptree
-)  # admit: match, lock, allocate, checkpoint; finish: release_kv_cache(checkpoint=True)
+# admit: match, lock, allocate, checkpoint; finish: release_kv_cache(checkpoint=True)
+drv = RadixDriver(ptree)
 a = drv.admit(list(range(10)))
 drv.finish(a)
 print(
@@ -252,9 +250,8 @@ from memlab.common.env import kernel_device
 from memlab.sglang.page_copy import copy_pages_python, copy_pages_torch
 
 dev = kernel_device()
-src = torch.randn(
-    8 * 4, 2, 8, device=dev
-)  # 8 pages of 4 rows, MHA-like rows (2 heads of 8)
+# 8 pages of 4 rows, MHA-like rows (2 heads of 8)
+src = torch.randn(8 * 4, 2, 8, device=dev)
 sp, dp = torch.tensor([5, 0, 7], device=dev), torch.tensor([1, 3, 2], device=dev)
 outs = []
 for how in ("kernel", "torch", "python"):
@@ -310,9 +307,8 @@ hi = HiRadixCache(
 )
 
 
-def compute(
-    slots, tokens, start
-):  # the 'model': K of token i = (i, token id) in every layer
+# the 'model': K of token i = (i, token id) in every layer
+def compute(slots, tokens, start):
     kv = torch.tensor(
         [[float(i), float(tokens[i])] for i in range(start, start + len(slots))],
         device=dev,

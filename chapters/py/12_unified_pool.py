@@ -160,12 +160,12 @@ print(
 from memlab.common.env import kernel_device
 from memlab.sglang.unified import UnifiedSWAKVPool, UnifiedSWATokenToKVPoolAllocator
 
-dev = (
-    kernel_device()
-)  # where the Triton kernels run: the GPU (the interpreter: the CPU)
+# where the Triton kernels run: the GPU (the interpreter: the CPU)
+dev = kernel_device()
+# the pool above, there
 kpool = UnifiedKVPool(
     total_bytes=3072, sub_pool_specs=[full_spec, swa_spec], page_size=2, device=dev
-)  # the pool above, there
+)
 kv = UnifiedSWAKVPool(
     unified_buffer=kpool,
     full_attention_layer_ids=[1],
@@ -183,9 +183,8 @@ alloc = UnifiedSWATokenToKVPoolAllocator(
 T = lambda *xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
 C = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731 (the host copies)
 free_before = alloc.full_attn_allocator.free_virtual_ids[:6].tolist()
-a = alloc.alloc_extend(
-    T(0, 0), C(0, 0), T(5, 4), C(5, 4), T(-1, -1), 9
-)  # two new requests, 5 and 4 tokens
+# two new requests, 5 and 4 tokens
+a = alloc.alloc_extend(T(0, 0), C(0, 0), T(5, 4), C(5, 4), T(-1, -1), 9)
 print("free virtual pages before:", free_before, "-> virtual ids:", a.tolist())
 fa, sa = alloc.full_attn_allocator, alloc.swa_attn_allocator
 print(
@@ -196,9 +195,8 @@ print(
 )
 print("full slots:", alloc.translate_kv_loc(a).tolist())
 print("swa slots: ", alloc.translate_loc_from_full_to_swa(a).tolist())
-d = alloc.alloc_decode(
-    T(6, 5), C(6, 5), T(a[4], a[8])
-)  # one decode step each (chapter 05's kernel)
+# one decode step each (chapter 05's kernel)
+d = alloc.alloc_decode(T(6, 5), C(6, 5), T(a[4], a[8]))
 print(
     "decode:",
     d.tolist(),
@@ -334,9 +332,8 @@ for what, loc in (
     except ValueError as exc:
         print(f"{what}: refused ({str(exc).split(';')[0]})")
 full_pool.set_kv_buffer(0, KVWriteLoc(alloc.translate_kv_loc(ids), physical=True), x, x)
-kv.set_kv_buffer(
-    0, alloc.write_loc(ids), x[:, :, :8], x[:, :, :8]
-)  # an SWA layer: its swa_loc, the same mark
+# an SWA layer: its swa_loc, the same mark
+kv.set_kv_buffer(0, alloc.write_loc(ids), x[:, :, :8], x[:, :, :8])
 print(
     "marked physical: written; requires_physical_write_loc: unified",
     kv.requires_physical_write_loc,

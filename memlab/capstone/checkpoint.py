@@ -142,9 +142,8 @@ def _check_supported(c: dict) -> None:
             raise UnsupportedCheckpoint(
                 f"{field} is true: memlab's Llama has no biases"
             )
-    if c.get(
-        "rope_interleaved"
-    ):  # nanotron's field (SmolLM2 writes false): rotate adjacent pairs
+    # nanotron's field (SmolLM2 writes false): rotate adjacent pairs
+    if c.get("rope_interleaved"):
         raise UnsupportedCheckpoint(
             "rope_interleaved is true: memlab rotates the two halves of each head"
         )
@@ -257,9 +256,8 @@ def weights_from_tensors(cfg: TinyConfig, tensors: dict) -> dict:
         layer = {}
         for ours, theirs in _LAYER_TENSORS.items():
             t = take(f"model.layers.{i}.{theirs}.weight", shapes[ours])
-            layer[ours] = (
-                t if ours in _NORMS else t.T
-            )  # Linear keeps (out, in); TinyLlama multiplies by (in, out)
+            # Linear keeps (out, in); TinyLlama multiplies by (in, out)
+            layer[ours] = t if ours in _NORMS else t.T
         layers.append(layer)
     weights = dict(
         embed=take("model.embed_tokens.weight", (v, h)),
@@ -268,9 +266,8 @@ def weights_from_tensors(cfg: TinyConfig, tensors: dict) -> dict:
         lm_head=None if cfg.tie_word_embeddings else take("lm_head.weight", (v, h)).T,
     )
     if cfg.tie_word_embeddings:
-        used.add(
-            "lm_head.weight"
-        )  # some tied checkpoints store the copy anyway; the embedding is what counts
+        # some tied checkpoints store the copy anyway; the embedding is what counts
+        used.add("lm_head.weight")
     extra = sorted(
         n for n in tensors if n not in used and not n.endswith(_IGNORED_SUFFIXES)
     )

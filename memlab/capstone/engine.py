@@ -124,9 +124,8 @@ class HashPrefixCache:
         self.page_of: dict = {}  # block hash -> page id
         self.hash_of: dict = {}  # page id -> block hash
         self.ref: Counter = Counter()  # running requests mapping each cached page
-        self.lru: OrderedDict = (
-            OrderedDict()
-        )  # cached pages nobody maps, next to be evicted first
+        # cached pages nobody maps, next to be evicted first
+        self.lru: OrderedDict = OrderedDict()
 
     def match_prefix(self, key) -> MatchResult:
         """The cached pages of ``key``'s longest prefix of full pages; a miss ends the chain."""
@@ -154,9 +153,8 @@ class HashPrefixCache:
             self.lru.pop(page, None)
 
     def dec_lock_ref(self, node: tuple) -> None:
-        for page in reversed(
-            node
-        ):  # the prefix's head goes last: a chain's tail is evicted first
+        # the prefix's head goes last: a chain's tail is evicted first
+        for page in reversed(node):
             self.ref[page] -= 1
             if self.ref[page] == 0:
                 del self.ref[page]
@@ -234,9 +232,8 @@ class HashPrefixCache:
                 slots.to(row.device, torch.int32),
             )
         node = tuple(pages)
-        new_lock = self.lock(
-            node
-        )  # before the unlock: pages on both paths never pass through the LRU list
+        # before the unlock: pages on both paths never pass through the LRU list
+        new_lock = self.lock(node)
         self.unlock(req.lock)
         req.lock, req.last_node = new_lock, node
         kv.cache_protected_len = full * ps
@@ -373,13 +370,11 @@ class Engine:
             raise ValueError(
                 "a model with sliding-window layers is served with attention='torch'"
             )
-        if (
-            memory is not None
-        ):  # a KV pool and its allocator built by the caller (the unified pool, chapter 12)
+        # a KV pool and its allocator built by the caller (the unified pool, chapter 12)
+        if memory is not None:
             self.kv_pool, self.allocator = memory
-        elif (
-            self.swa_layers
-        ):  # chapter 07's two pools: full layers and sliding-window layers
+        # chapter 07's two pools: full layers and sliding-window layers
+        elif self.swa_layers:
             full = [i for i in range(c.num_layers) if not c.is_sliding(i)]
             size_swa = num_tokens if size_swa is None else size_swa
             self.kv_pool = SWAKVPool(
@@ -426,9 +421,8 @@ class Engine:
         # (config.sliding_window - 1)
         window = c.sliding_window - 1 if self.swa_layers else None
         self.tree_cache = self._make_tree_cache(kind, host_tokens, write_policy, window)
-        self.empty_pool_tokens = (
-            self.allocator.available_size()
-        )  # what an idle pool offers
+        # what an idle pool offers
+        self.empty_pool_tokens = self.allocator.available_size()
         # SGLang turns a cache-aware policy into FCFS when there is no prefix cache to be aware of
         self.policy = SchedulePolicy(schedule_policy, self.tree_cache)
         self.schedule_policy = self.policy.policy
@@ -580,9 +574,8 @@ class Engine:
         )
         if admission >= self.empty_pool_tokens:
             return False
-        demand = (
-            ceil_align(input_tokens + max_new_tokens, ps) + ps
-        )  # the next token may open a page
+        # the next token may open a page
+        demand = ceil_align(input_tokens + max_new_tokens, ps) + ps
         ceiling = alloc.prealloc_ceiling_fits(
             demand, self._swa_demand(input_tokens, max_new_tokens)
         )
@@ -800,9 +793,8 @@ class Engine:
                 for i, (row, p) in enumerate(zip(rows.tolist(), positions.tolist()))
             ]
         alloc, window = self.allocator, self.model.cfg.sliding_window
-        full_ids = getattr(
-            alloc, "translate_kv_loc", lambda s: s
-        )  # only virtual ids need translating
+        # only virtual ids need translating
+        full_ids = getattr(alloc, "translate_kv_loc", lambda s: s)
         segments, swa_segments = [], []
         for e in extend:
             off, n, slots, future = self._extend_segment(*e)
@@ -968,9 +960,8 @@ class Engine:
                 logits_rows = torch.cat(
                     (logits_rows, first + torch.arange(len(decoding)))
                 )
-        if (
-            self.swa_layers and decoding
-        ):  # the SWA path: a decode is an extend of one token
+        # the SWA path: a decode is an extend of one token
+        if self.swa_layers and decoding:
             first = sum(ext_list)
             extend = (extend or []) + [
                 (r.kv.req_pool_idx, first + i, 1, r.kv.kv_allocated_len - 1)
@@ -1066,9 +1057,8 @@ class Engine:
         """Every page is exactly one of: free, owned by a running request, or held by the prefix
         cache; running requests map only cached pages in their prefixes; idle, the cache and the
         free list hold the whole pool."""
-        if not hasattr(
-            self.allocator, "free_pages"
-        ):  # a composite keeps books per side: it checks them
+        # a composite keeps books per side: it checks them
+        if not hasattr(self.allocator, "free_pages"):
             self.allocator.check_books()
             return
         owned, cached, shared = self.page_books()

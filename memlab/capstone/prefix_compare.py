@@ -155,9 +155,8 @@ class RadixDriver:
         prefix, req.host_hit_tokens = match_and_lock(tree, req)
         req.hit_tokens = len(prefix)
         need = len(tokens) - len(prefix)
-        short = (
-            ceil_align(need, ps) - self.allocator.available_size()
-        )  # the prefix is whole pages
+        # the prefix is whole pages
+        short = ceil_align(need, ps) - self.allocator.available_size()
         if short > 0:
             self.evict_requested += short
             tree.evict(short)
@@ -196,9 +195,10 @@ class VllmDriver:
     def __init__(self, num_blocks: int, block_size: int, hash_fn: str = "sha256"):
         from memlab.vllm.kv_cache_manager import KVCacheManager
 
+        # + the null block
         self.manager = KVCacheManager(
             num_blocks + 1, block_size=block_size, hash_fn=hash_fn
-        )  # + the null block
+        )
         self.block_size = block_size
 
     def run(self, turn: Turn) -> int | None:
@@ -211,9 +211,8 @@ class VllmDriver:
         if mgr.allocate_slots(req, req.num_tokens - n, n, hits) is None:
             return None
         req.num_computed_tokens = req.num_tokens
-        if (
-            len(turn.answer) > 1
-        ):  # the last answer token is sampled, its KV never computed
+        # the last answer token is sampled, its KV never computed
+        if len(turn.answer) > 1:
             req.append_output_token_ids(turn.answer[:-1])
             if mgr.allocate_slots(req, len(turn.answer) - 1) is None:
                 mgr.free(req)

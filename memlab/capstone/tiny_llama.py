@@ -199,9 +199,8 @@ def random_weights(cfg: TinyConfig) -> dict:
         )
         for _ in range(cfg.num_layers)
     ]
-    lm_head = (
-        None if cfg.tie_word_embeddings else w(h, cfg.vocab_size) * 4
-    )  # sharp logits
+    # sharp logits
+    lm_head = None if cfg.tie_word_embeddings else w(h, cfg.vocab_size) * 4
     return dict(embed=embed, layers=layers, norm=torch.ones(h), lm_head=lm_head)
 
 
@@ -229,9 +228,8 @@ def generate_reference(
             key_pos = torch.arange(len(kk), device=q.device)[None, :]
             q_pos = past + torch.arange(len(q), device=q.device)[:, None]
             visible = key_pos <= q_pos
-            if c.is_sliding(
-                i
-            ):  # only the last sliding_window positions, the query's own included
+            # only the last sliding_window positions, the query's own included
+            if c.is_sliding(i):
                 visible &= q_pos - key_pos < c.sliding_window
             s = s.masked_fill(~visible, float("-inf"))
             return torch.einsum("hts,shd->thd", s.softmax(-1), vv.float()).to(q.dtype)

@@ -22,9 +22,8 @@ import numbers
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-INT32_MAX = (
-    2**31 - 1
-)  # slot ids and rows live in SGLang's int32 request table: no pool or table is larger
+# slot ids and rows live in SGLang's int32 request table: no pool or table is larger
+INT32_MAX = 2**31 - 1
 
 
 # ---- shared validators ------------------------------------------------------------------------
@@ -186,9 +185,8 @@ def positive_ints(**values) -> None:
             raise TypeError(
                 f"{name} must be a positive int, got {type(v).__name__} {v!r}"
             )
-        if (
-            not 0 < v <= INT32_MAX
-        ):  # a buffer dimension: anything larger could never be allocated
+        # a buffer dimension: anything larger could never be allocated
+        if not 0 < v <= INT32_MAX:
             raise ValueError(f"{name} must be a positive int <= {INT32_MAX}, got {v!r}")
 
 

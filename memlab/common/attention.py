@@ -81,9 +81,8 @@ def attention_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale):
     keep = mask[
         :, :, None, None
     ]  # padding positions may hold anything (NaN included): drop them
-    k = torch.where(keep, k_buffer[slots].float(), 0.0).repeat_interleave(
-        group, dim=2
-    )  # (bs, L, H, Dk)
+    # (bs, L, H, Dk)
+    k = torch.where(keep, k_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)
     v = torch.where(keep, v_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)
     scores = torch.einsum("bhd,blhd->bhl", q.float(), k) * sm_scale
     scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
@@ -346,9 +345,8 @@ def _float(name, t, like=None) -> None:
     )
 
 
-_NO_ROWS = (
-    object()
-)  # the block-table spelling has no row indices (None is a bad argument)
+# the block-table spelling has no row indices (None is a bad argument)
+_NO_ROWS = object()
 
 
 def _ids(q, table, table_name, seq_lens, rows=_NO_ROWS, dtypes=(torch.int32,)) -> None:

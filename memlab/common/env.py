@@ -36,9 +36,8 @@ def resolve_device(device):
         d = torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"device {device!r} is no torch device: {exc}") from None
-    if (
-        d.type == "cuda" and not torch.cuda.is_available()
-    ):  # torch's own error would come later, mid-build
+    # torch's own error would come later, mid-build
+    if d.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"device {device!r}: this machine has no CUDA device; use device='cpu'"
         )

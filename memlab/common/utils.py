@@ -9,9 +9,8 @@ from __future__ import annotations
 
 def ceil_div(a, b):
     """``ceil(a / b)`` for ints >= 0 and b > 0; works elementwise on integer tensors too."""
-    if not (
-        type(a) is int or hasattr(a, "dtype")
-    ):  # an int, or a NumPy or torch integer
+    # an int, or a NumPy or torch integer
+    if not (type(a) is int or hasattr(a, "dtype")):
         raise TypeError(f"ceil_div: a must be an int or an integer tensor, got {a!r}")
     if type(b) is not int or b < 1:
         raise ValueError(f"ceil_div: b must be a positive int, got {b!r}")

@@ -270,9 +270,8 @@ def serve_chat(
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = chat_prompts(tokenizer, system, questions)
     model = checkpoint.load(folder, device=device)
-    cuda = (
-        model.device.type == "cuda"
-    )  # the device the model resolved (memlab.common.env.resolve_device)
+    # the device the model resolved (memlab.common.env.resolve_device)
+    cuda = model.device.type == "cuda"
     engine = Engine(
         model,
         page_size=page_size,

@@ -121,9 +121,8 @@ class _SGLangBooks:
         slots = release_kv_row(self.pool, self.allocator, self.reqs.pop(r.rid))
         n, ps = len(slots), self.allocator.page_size
         units = len(torch.unique(slots // ps))
-        head = (
-            units if ps > 1 else 0
-        )  # the paged allocator frees to the head (LIFO), the token one to the tail
+        # the paged allocator frees to the head (LIFO), the token one to the tail
+        head = units if ps > 1 else 0
         return ComparisonRow(
             self.engine,
             r.rid,

@@ -258,9 +258,8 @@ class _Yours:
             from memlab.course.grading import loader
 
             path = (loader.source_dir() / f"{self._name}.py").resolve()
-            loader._cache.pop(
-                path, None
-            )  # loaded once per process; a notebook wants the latest edit
+            # loaded once per process; a notebook wants the latest edit
+            loader._cache.pop(path, None)
             self._module = loader.load_here(self._name)
         return getattr(self._module, attr)
 
@@ -274,9 +273,8 @@ class exercise:
         from memlab.course.grading import catalog
 
         try:
-            self.name = catalog.find(
-                name
-            ).file  # ch04_alloc_extend, or its id ch04.alloc_extend
+            # ch04_alloc_extend, or its id ch04.alloc_extend
+            self.name = catalog.find(name).file
         except ValueError:  # a file of your own beside the course's: its name as given
             self.name = name
 
@@ -317,9 +315,8 @@ class exercise:
         while tb.tb_next is not None:
             tb = tb.tb_next
         code, line = tb.tb_frame.f_code, tb.tb_lineno
-        linecache.checkcache(
-            code.co_filename
-        )  # a file edited since (IPython's cells have names of their own)
+        # a file edited since (IPython's cells have names of their own)
+        linecache.checkcache(code.co_filename)
         source = "".join(linecache.getlines(code.co_filename, tb.tb_frame.f_globals))
         try:
             tree = ast.parse(source)

@@ -149,9 +149,8 @@ def alloc_for_extend(
         req_to_token_pool, allocator, reqs, extend_lens, prefix_indices, tree_cache
     )
     prefix_indices = [None] * len(reqs) if prefix_indices is None else prefix_indices
-    if (
-        tree_cache is not None
-    ):  # a continuing chunk's window has moved on since its last chunk
+    # a continuing chunk's window has moved on since its last chunk
+    if tree_cache is not None:
         maybe_evict_swa(
             tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=False
         )
@@ -205,17 +204,15 @@ def alloc_for_decode(
     dev = req_to_token_pool.device
     rows = torch.tensor([r.kv.req_pool_idx for r in reqs], device=dev)
     seq = torch.tensor([r.kv.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
-    pos = (seq - 1).to(
-        dev
-    )  # the new token's position; a decoding request holds KV before it
+    # the new token's position; a decoding request holds KV before it
+    pos = (seq - 1).to(dev)
     last = req_to_token_pool.req_to_token[rows, pos - 1].to(torch.int64)
     out = alloc_paged_token_slots_decode(allocator, seq, last, tree_cache)
     if out is None:
         return None
     req_to_token_pool.write((rows, pos), out.to(torch.int32))
-    for (
-        r
-    ) in reqs:  # one token per request without speculative decoding: written this step
+    # one token per request without speculative decoding: written this step
+    for r in reqs:
         r.kv.kv_allocated_len += 1
         r.kv.kv_committed_len += 1
     return out
@@ -355,15 +352,13 @@ def release_kv_cache(req: Req, tree_cache, *, checkpoint: bool) -> None:
     owned_kv_len = kv.kv_committed_len
     if checkpoint:
         tree_cache.checkpoint(req, up_to=owned_kv_len)
-    tree_cache.free_kv_row(
-        kv, [(kv.cache_protected_len, owned_kv_len)]
-    )  # the protected prefix is the tree's
+    # the protected prefix is the tree's
+    tree_cache.free_kv_row(kv, [(kv.cache_protected_len, owned_kv_len)])
     tree_cache.unlock(req.lock)
     req.lock = None
     ps = tree_cache.token_to_kv_pool_allocator.page_size
-    start = ceil_align(
-        owned_kv_len, ps
-    )  # allocated past the commit: whole pages after the last one used
+    # allocated past the commit: whole pages after the last one used
+    start = ceil_align(owned_kv_len, ps)
     if start < kv.kv_allocated_len:
         tree_cache.free_kv_row(kv, [(start, kv.kv_allocated_len)])
     tree_cache.req_to_token_pool.free(req)
@@ -458,9 +453,8 @@ def _check_running(req, where: str) -> None:
 def _check_release(req, tree, checkpoint) -> None:
     _checks.duck("tree_cache", tree, *TREE)
     _checks.instance("checkpoint", checkpoint, bool)
-    n = (
-        req.kv.cache_protected_len
-    )  # the tree protects them: the request holds their lock
+    # the tree protects them: the request holds their lock
+    n = req.kv.cache_protected_len
     if req.lock is None and n > 0 and not getattr(tree, "disable", False):
         raise ValueError(
             f"{req!r}: no lock (req.lock None) on its {n} protected tokens"

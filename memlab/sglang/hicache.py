@@ -443,9 +443,8 @@ class HiRadixCache(RadixCache):
         available = self.token_to_kv_pool_allocator.available_size()
         if available < len(host_indices):
             self.evict(len(host_indices) - available)
-        device_indices = self.cache_controller.load(
-            host_indices
-        )  # device pages first, then the copy
+        # device pages first, then the copy
+        device_indices = self.cache_controller.load(host_indices)
         for n in nodes_to_load:
             n.host_lock_ref -= 1
         self.dec_lock_ref(ancestor)

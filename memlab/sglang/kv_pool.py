@@ -401,9 +401,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
         )
         _check_dsa_index_head_dim(index_head_dim)
         self.index_head_dim = index_head_dim
-        num_pages = (
-            size + page_size + 1
-        ) // page_size  # SGLang's IndexKeyCache: the padding page, rounded
+        # SGLang's IndexKeyCache: the padding page, rounded
+        num_pages = (size + page_size + 1) // page_size
         row = page_size * (index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4)
         self.index_k_with_scale_buffer = [
             torch.zeros(
@@ -474,9 +473,8 @@ def _check_kv_cache(size, page_size, dtype, layer_num, start_layer, end_layer) -
 
 def _check_dsa_index_head_dim(index_head_dim) -> None:
     _checks.positive_ints(index_head_dim=index_head_dim)
-    if (
-        index_head_dim != 128
-    ):  # SGLang's DSATokenToKVPool asserts it: one head of 128 for DeepSeek's indexer
+    # SGLang's DSATokenToKVPool asserts it: one head of 128 for DeepSeek's indexer
+    if index_head_dim != 128:
         raise ValueError(
             f"the DSA indexer keeps one key of 128 values per token and layer, got {index_head_dim}"
         )

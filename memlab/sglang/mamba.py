@@ -82,15 +82,13 @@ class MambaSlotAllocator:
 
     def free(self, slots: torch.Tensor) -> None:
         """Give slots back (to the tail). A slot freed twice is refused in debug mode only."""
-        _checks.index_tensor(
-            "slots", slots, self.device, ndim=1
-        )  # a tensor, as SGLang's MambaPool.free takes
+        # a tensor, as SGLang's MambaPool.free takes
+        _checks.index_tensor("slots", slots, self.device, ndim=1)
         slots = slots.to(torch.int64)
         if slots.numel() == 0:
             return
-        if (
-            self.debug_mode or slots.device.type == "cpu"
-        ):  # on a GPU the range check would sync
+        # on a GPU the range check would sync
+        if self.debug_mode or slots.device.type == "cpu":
             lo, hi = int(slots.min()), int(slots.max())
             if lo < 1 or hi > self.size:
                 raise ValueError(
@@ -359,9 +357,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         if not select_index:  # None (rows short) or no request at all
             return select_index
         for r in reqs:
-            if (
-                not r.kv.holds_mamba
-            ):  # a state kept across rows (a chunk going on, a tree's) is reused
+            # a state kept across rows (a chunk going on, a tree's) is reused
+            if not r.kv.holds_mamba:
                 r.kv.mamba_pool_idx = self.mamba_allocator.alloc(1)[0]
                 r.kv.mamba_needs_clear = True
             if (
@@ -433,9 +430,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         """Give back the row only (SGLang's ``ReqToTokenPool.free``): the request keeps its state
         slot and tracking slots until ``free_mamba_cache``. The row's entries are reset."""
         row = row_or_req.kv.req_pool_idx if isinstance(row_or_req, Req) else row_or_req
-        super().free(
-            row_or_req
-        )  # a bad or free row is refused here, before anything changed
+        # a bad or free row is refused here, before anything changed
+        super().free(row_or_req)
         self._reset_rows(int(row))
 
     def free_mamba_cache(

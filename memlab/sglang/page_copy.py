@@ -193,9 +193,8 @@ def _check_copy(src, dst, src_pages, dst_pages, page_size, backend) -> None:
         _checks.index_tensor(
             name, pages, buf.device, ndim=1, owner=f"{name[:3]} buffer"
         )
-        if (
-            pages.device.type == "cpu"
-        ):  # on a GPU reading the ids would sync: there the kernel masks them
+        # on a GPU reading the ids would sync: there the kernel masks them
+        if pages.device.type == "cpu":
             _checks.values_in(
                 f"{name} (page ids of a buffer of {buf.shape[0] // page_size} pages)",
                 pages,

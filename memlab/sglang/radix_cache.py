@@ -252,9 +252,8 @@ class RadixCache:
         self.device = token_to_kv_pool_allocator.device
         self.disable = disable
         self.debug_mode = debug_mode
-        self._clock = (
-            itertools.count()
-        )  # the LRU clock: one tick per access or new node
+        # the LRU clock: one tick per access or new node
+        self._clock = itertools.count()
         self._ids = itertools.count()
         self.evictable_leaves: set[TreeNode] = set()
         self.num_evicted_tokens = (
@@ -424,9 +423,8 @@ class RadixCache:
         # With page_size > 1 the partial last page stays in the row, not in the tree: the
         # request still owns it, and the next checkpoint or release_kv_cache frees it.
         kv.cache_protected_len = len(new_indices)
-        if (
-            req.lock is None or req.lock.node is not new_last_node
-        ):  # the same node: the lock stays as it is
+        # the same node: the lock stays as it is
+        if req.lock is None or req.lock.node is not new_last_node:
             self.unlock(req.lock)
             req.lock = self.lock(new_last_node)
         req.last_node = new_last_node
@@ -778,9 +776,10 @@ def _validate_init(allocator, page_size, sliding_window_size) -> None:
     _checks.duck("token_to_kv_pool_allocator", allocator, *ALLOCATOR)
     if sliding_window_size is not None:
         _checks.integer("sliding_window_size", sliding_window_size, 1)
+    # the tree would cut keys to pages the allocator does not hand out
     if page_size is not None and _checks.integer("page_size", page_size, 1) != (
         allocator.page_size
-    ):  # the tree would cut keys to pages the allocator does not hand out
+    ):
         raise ValueError(
             f"page_size {page_size} is not the allocator's {allocator.page_size}"
         )
@@ -791,9 +790,8 @@ def _validate_key(key) -> tuple:
     ids: a list, tuple, range or array of ints, or a 1-D integer tensor. The ids are read into an
     int64 array on the way (in C: a float, None or a huge id is refused without a Python step per
     token)."""
-    if isinstance(
-        key, RadixKey
-    ):  # extra_key, cache_salt: LoRA, salts; is_bigram: EAGLE
+    # extra_key, cache_salt: LoRA, salts; is_bigram: EAGLE
+    if isinstance(key, RadixKey):
         if key.extra_key is not None or key.cache_salt is not None or key.is_bigram:
             raise ValueError(
                 f"{key!r}: the tree keeps one namespace and no bigram view"

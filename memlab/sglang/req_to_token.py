@@ -121,9 +121,8 @@ class Req:
         self.origin_input_ids = list(origin_input_ids)
         self.output_ids: list[int] = []
         self.kv = ReqKvInfo()
-        self.generation = (
-            -1
-        )  # row generation seen when the row was taken (memlab's, for chapter 01)
+        # row generation seen when the row was taken (memlab's, for chapter 01)
+        self.generation = -1
         self.priority = priority
         self.prefix_len = 0
         self.extend_end: int | None = None
@@ -176,12 +175,10 @@ class ReqToTokenPool:
     def clear(self) -> None:
         # Allocation takes from the tail (O(k)); which row a request gets does not matter.
         self.free_slots = list(range(1, self.size + 1))
-        self._row_free = (
-            bytearray([0]) + bytearray([1]) * self.size
-        )  # O(1) double-free check
-        self._row_owner: list = [None] * (
-            self.size + 1
-        )  # the Req given each row by alloc (memlab's check)
+        # O(1) double-free check
+        self._row_free = bytearray([0]) + bytearray([1]) * self.size
+        # the Req given each row by alloc (memlab's check)
+        self._row_owner: list = [None] * (self.size + 1)
 
     def available_size(self) -> int:
         return len(self.free_slots)
@@ -233,9 +230,8 @@ class ReqToTokenPool:
         self._check_write(indices, values)
         try:
             self.req_to_token[indices] = values
-        except (
-            RuntimeError
-        ) as exc:  # torch compares the shapes before it writes anything
+        # torch compares the shapes before it writes anything
+        except RuntimeError as exc:
             raise ValueError(
                 f"values of shape {tuple(values.shape)} do not fit req_to_token[indices]: {exc}"
             ) from None

@@ -457,9 +457,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_segment(self, free_index: torch.Tensor, start_pos: int) -> None:
         """``free`` for a page-aligned run of one request's slots: both sides without a dedup."""
         _check_swa_free(self, free_index)
-        _checks.free_segment(
-            self.full_attn_allocator, free_index, start_pos
-        )  # before either side changes
+        # before either side changes
+        _checks.free_segment(self.full_attn_allocator, free_index, start_pos)
         self.free_swa_segment(free_index, start_pos)
         self.full_attn_allocator.free_segment(free_index, start_pos)
 
@@ -623,9 +622,8 @@ def _check_swa_free(alloc, free_index) -> None:
     the SWA side gives anything back: a refused free must change neither side."""
     full = alloc.full_attn_allocator
     _checks.free(full, free_index)
-    if (
-        alloc.debug_mode and free_index.numel()
-    ):  # checked, not marked: the full side frees them
+    # checked, not marked: the full side frees them
+    if alloc.debug_mode and free_index.numel():
         full._debug_release(torch.unique(free_index.cpu() // alloc.page_size), False)
 
 

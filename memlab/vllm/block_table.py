@@ -180,9 +180,8 @@ class BlockTable:
         _checks.integer("row_idx", row_idx, 0, self.max_num_reqs - 1)
         start = int(self.num_blocks_per_row[row_idx])
         _checks.int_list("block_ids", block_ids, 0, MAX_SIZE)
-        cap = (
-            self.max_num_blocks_per_req
-        )  # a refusal only ever reports a total above it
+        # a refusal only ever reports a total above it
+        cap = self.max_num_blocks_per_req
         _checks.integer(
             f"row {row_idx} holds {start} blocks; {len(block_ids)} more exceed "
             f"max_num_blocks_per_req={cap}: the total",

@@ -177,9 +177,8 @@ def _gen_mm_extra_hash_keys(
             idx += 1
             continue
         keys.append(("mm", item.identifier, item.offset - start))
-        if (
-            item.offset + item.length > end
-        ):  # runs on into the next block: start there next time
+        # runs on into the next block: start there next time
+        if item.offset + item.length > end:
             break
         idx += 1  # ends inside this block; the next item may start in it too
     return keys, idx

@@ -92,9 +92,8 @@ class Request:
 
 def _validate_request(request_id, prompt_token_ids, block_hasher, *lora) -> None:
     _checks.instance("request_id", request_id, str)
-    if (
-        prompt_token_ids is None
-    ):  # vLLM's message; an empty prompt is a request, as in vLLM
+    # vLLM's message; an empty prompt is a request, as in vLLM
+    if prompt_token_ids is None:
         raise ValueError("Neither prompt_token_ids nor prompt_embeds were defined.")
     _checks.int_list(
         f"request {request_id!r}: prompt_token_ids (token ids)", prompt_token_ids

@@ -100,12 +100,10 @@ def unlimited_bound(
         while k < max_hit and ids[k] in cached:
             k += 1
         num_full = r.num_tokens // block_size
-        peak = max(
-            peak, num_cached + len(ids) - k
-        )  # the new blocks sit beside everything cached
-        num_cached += (
-            num_full - k
-        )  # recomputed full blocks are cached again (duplicates)
+        # the new blocks sit beside everything cached
+        peak = max(peak, num_cached + len(ids) - k)
+        # recomputed full blocks are cached again (duplicates)
+        num_cached += num_full - k
         cached.update(ids[:num_full])
         hit_tokens += k * block_size
         prompt_tokens += r.num_tokens
@@ -143,9 +141,10 @@ def replay(
         r.num_computed_tokens = 0
         hits, n = mgr.get_computed_blocks(r)
         if mgr.allocate_slots(r, r.num_tokens - n, n, hits) is None:
+            # cannot happen: checked above
             raise RuntimeError(
                 f"request {r.request_id} did not fit {num_blocks} blocks"
-            )  # cannot happen: checked above
+            )
         mgr.free(r)
         if progress is not None and i % 512 == 511:
             progress.update(512)

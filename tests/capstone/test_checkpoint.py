@@ -87,9 +87,8 @@ def test_smollm2_published_config_is_read_and_sized():
         and cfg.tie_word_embeddings
     )
     assert cfg.rms_eps == 1e-5 and cfg.eos_token_ids == (2,)
-    assert (
-        checkpoint.num_params(cfg) == 134_515_008
-    )  # the parameter count the model's loaders report
+    # the parameter count the model's loaders report
+    assert checkpoint.num_params(cfg) == 134_515_008
     m = checkpoint.sizing_model(cfg, "SmolLM2-135M-Instruct", 8192)
     assert m.kv_bytes_per_token(dtype_bytes=2) == 2 * 30 * 3 * 64 * 2 == 23_040
     assert m.kv_bytes_per_token(dtype_bytes=4) == 46_080
@@ -335,9 +334,8 @@ def test_the_engine_stops_a_request_at_an_end_of_sequence_token():
     stop_at = full[0].index(eos)
     model = TinyLlama(TinyConfig(eos_token_ids=(eos,)))
     want = generate_reference(model, prompts, 10)
-    assert (
-        want[0] == full[0][: stop_at + 1]
-    )  # the end-of-sequence token is kept, as transformers does
+    # the end-of-sequence token is kept, as transformers does
+    assert want[0] == full[0][: stop_at + 1]
     for ps in (1, 16):
         e = Engine(
             model,

@@ -98,9 +98,8 @@ def test_prefix_sharing_reuses_pages_and_counts_hits(ps, cache):
     e.check_books()
     assert e.stats["cached_tokens"] == 0
     assert e.generate(second, NEW) == want[1:]
-    assert e.stats["cached_tokens"] == 2 * (
-        20 // ps * ps
-    )  # both reuse the shared whole pages
+    # both reuse the shared whole pages
+    assert e.stats["cached_tokens"] == 2 * (20 // ps * ps)
     e.check_books()
 
 
@@ -116,9 +115,8 @@ def test_a_repeated_prompt_recomputes_its_last_token():
         )
         assert e.generate([PROMPTS[1]], NEW) == [REF[1]]
         assert e.generate([PROMPTS[1]], NEW) == [REF[1]]
-        assert (
-            e.stats["cached_tokens"] == len(PROMPTS[1]) - 1
-        )  # its logits need the last one computed
+        # its logits need the last one computed
+        assert e.stats["cached_tokens"] == len(PROMPTS[1]) - 1
 
 
 @pytest.mark.parametrize("cache", ["hash", "radix", "hicache"])
@@ -132,9 +130,8 @@ def test_cache_eviction_makes_room_and_books_balance(cache):
         prefix_cache=cache,
         debug_mode=True,
     )
-    for p in (
-        PROMPTS
-    ):  # each finished request leaves cached pages that later ones must evict
+    # each finished request leaves cached pages that later ones must evict
+    for p in PROMPTS:
         assert e.generate([p], NEW) == [REF[PROMPTS.index(p)]]
         e.check_books()
     assert e.tree_cache.evictable_size() > 0
@@ -234,9 +231,8 @@ def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
     assert c.match_prefix([1, 2, 3]).last_device_node == (
         1,
     )  # only full pages of the key
-    m = c.match_prefix(
-        [1, 2, 9, 9, 5, 6]
-    )  # a miss ends the chain: later equal pages do not count
+    # a miss ends the chain: later equal pages do not count
+    m = c.match_prefix([1, 2, 9, 9, 5, 6])
     assert m.device_prefix_len == 2 and c.path_device_indices(
         m.last_device_node
     ).tolist() == [2, 3]
@@ -252,15 +248,13 @@ def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
 
 def test_hash_cache_frees_duplicate_pages_and_the_partial_tail():
     c, alloc, pool = hash_cache()
-    release_kv_cache(
-        computed(c, pool, alloc, [1, 2, 3, 4, 5]), c, checkpoint=True
-    )  # 2 full pages, a partial 3rd
+    # 2 full pages, a partial 3rd
+    release_kv_cache(computed(c, pool, alloc, [1, 2, 3, 4, 5]), c, checkpoint=True)
     assert c.device_pages() == {1, 2} and alloc.available_size() == 28
     r = computed(c, pool, alloc, [1, 2, 3, 4, 7])  # computed the same prefix again
     row = pool.req_to_token[r.kv.req_pool_idx, :5].tolist()
-    c.checkpoint(
-        r, up_to=5
-    )  # a chunk checkpointed: its copies go back, the row maps the cached pages
+    # a chunk checkpointed: its copies go back, the row maps the cached pages
+    c.checkpoint(r, up_to=5)
     assert pool.req_to_token[r.kv.req_pool_idx, :5].tolist() == [2, 3, 4, 5, row[4]]
     assert (
         r.kv.cache_protected_len == 4

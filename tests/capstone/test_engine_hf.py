@@ -86,21 +86,18 @@ def build(config: dict, seed: int):
         **config,
     )
     model = transformers.LlamaForCausalLM(cfg)
-    assert (
-        model.config._attn_implementation == "eager"
-    )  # the plainest attention as the reference
+    # the plainest attention as the reference
+    assert model.config._attn_implementation == "eager"
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for (
             name,
             p,
-        ) in (
-            model.named_parameters()
-        ):  # a tied head is the embedding's parameter: listed once
+            # a tied head is the embedding's parameter: listed once
+        ) in model.named_parameters():
             r = torch.randn(p.shape, generator=g)
-            if (
-                p.ndim == 1
-            ):  # norms: random around 1, so a skipped or swapped norm shows
+            # norms: random around 1, so a skipped or swapped norm shows
+            if p.ndim == 1:
                 p.copy_(1 + 0.2 * r)
             elif "embed_tokens" in name:
                 p.copy_(r)
@@ -173,9 +170,8 @@ def test_greedy_steps_are_far_from_ties(cases, name):
     assert min(c.gaps) > MIN_GAP, (
         f"{name}: a greedy step is a near tie ({min(c.gaps):.2e})"
     )
-    assert len(set(map(tuple, c.ref))) == len(
-        PROMPTS
-    )  # the answers differ: no degenerate model
+    # the answers differ: no degenerate model
+    assert len(set(map(tuple, c.ref))) == len(PROMPTS)
 
 
 @pytest.mark.parametrize("ps", [1, 16])
@@ -199,13 +195,11 @@ def test_chunked_prefill_logits_match_transformers(cases, name, ps):
 def test_greedy_tokens_match_transformers_with_prefix_sharing(cases, name, ps):
     c = cases(name)
     e = engine(c, ps)
-    assert (
-        e.generate(PROMPTS[:1], NEW) == c.ref[:1]
-    )  # its pages, shared prefix included, go to the cache
+    # its pages, shared prefix included, go to the cache
+    assert e.generate(PROMPTS[:1], NEW) == c.ref[:1]
     assert e.generate(PROMPTS[1:], NEW) == c.ref[1:]
-    assert e.stats["cached_tokens"] == 2 * (
-        20 // ps * ps
-    )  # prompts 1 and 2 reuse the shared whole pages
+    # prompts 1 and 2 reuse the shared whole pages
+    assert e.stats["cached_tokens"] == 2 * (20 // ps * ps)
     e.check_books()
 
 
@@ -374,9 +368,8 @@ def test_serve_chat_matches_transformers_and_keeps_the_books(cases, tmp_path):
     from memlab.course import chat
 
     folder = local_chat_checkpoint(cases("gqa-untied"), tmp_path)
-    system = " ".join(
-        f"w{i}" for i in range(10, 30)
-    )  # 20 words: with the template's 3 tokens, 5 pages of 4
+    # 20 words: with the template's 3 tokens, 5 pages of 4
+    system = " ".join(f"w{i}" for i in range(10, 30))
     questions = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9", "w40"]
     run = chat.serve_chat(
         folder,
@@ -393,9 +386,8 @@ def test_serve_chat_matches_transformers_and_keeps_the_books(cases, tmp_path):
     ] * 4  # one shared system prompt
     assert min(g for gaps in run.gaps for g in gaps) > MIN_GAP
     assert run.outputs == run.reference
-    assert (
-        run.engine.stats["cached_tokens"] == 2 * 24
-    )  # the two later requests map 6 shared pages each
+    # the two later requests map 6 shared pages each
+    assert run.engine.stats["cached_tokens"] == 2 * 24
     assert len(run.frames) > 4 and run.pages_per_request() == [
         -(-(len(p) + 6) // 4) for p in run.prompts
     ]
@@ -430,9 +422,8 @@ def test_chapter_10_real_model_cells_run_with_a_local_checkpoint(
     from memlab.course.viz.draw_engine import draw_engine
 
     folder = local_chat_checkpoint(cases("gqa-untied"), tmp_path)
-    monkeypatch.setattr(
-        chat, "download", lambda repo, offline: folder
-    )  # the cell's own call, no network
+    # the cell's own call, no network
+    monkeypatch.setattr(chat, "download", lambda repo, offline: folder)
     ns = {"FAST": False, "viz": viz, "draw_engine": draw_engine}
     for cell in chapter_cells("chat.download("):
         exec(compile(cell, str(CHAPTER), "exec"), ns)
@@ -468,9 +459,8 @@ def test_download_says_in_one_line_why_it_cannot(monkeypatch, capsys):
     monkeypatch.setattr(socket, "create_connection", unreachable)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert chat.download(chat.SMOLLM2) is None
-    out = (
-        capsys.readouterr().out
-    )  # the host is huggingface.co unless HF_ENDPOINT names a mirror
+    # the host is huggingface.co unless HF_ENDPOINT names a mirror
+    out = capsys.readouterr().out
     assert out.startswith("real model skipped: ") and out.endswith(
         " cannot be reached from this runtime\n"
     )

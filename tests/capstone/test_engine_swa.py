@@ -16,9 +16,8 @@ from memlab.sglang.unified import (
 )
 
 WINDOW = 8
-CFG = TinyConfig(
-    num_layers=4, sliding_window=WINDOW
-)  # layers 0 and 2 slide, 1 and 3 see everything
+# layers 0 and 2 slide, 1 and 3 see everything
+CFG = TinyConfig(num_layers=4, sliding_window=WINDOW)
 MODEL = TinyLlama(CFG)
 NEW = 8
 
@@ -85,9 +84,8 @@ def engine(kind, ps, num_tokens=512, prefix_cache=None, **kw):
 
 def test_the_window_changes_the_reference():
     ps = prompts()
-    full = TinyLlama(
-        TinyConfig(num_layers=4)
-    )  # the same weights (same seed and shapes), no window
+    # the same weights (same seed and shapes), no window
+    full = TinyLlama(TinyConfig(num_layers=4))
     assert generate_reference(full, ps, NEW) != generate_reference(MODEL, ps, NEW)
 
 
@@ -126,9 +124,8 @@ def test_swa_models_need_torch_attention():
 
 # -- the window slides while a request runs (SGLang's maybe_evict_swa) ---------------------------
 
-SWS = (
-    WINDOW - 1
-)  # SGLang's sliding_window_size: what a query reads before its own position
+# SGLang's sliding_window_size: what a query reads before its own position
+SWS = WINDOW - 1
 
 
 def swa_held(alloc) -> int:
@@ -162,9 +159,8 @@ def serve_watching_the_window(e, p):
         held = 0
         for r in holding(e):
             kv, pre_len = r.kv, before.get(r.rid, 0)
-            if (
-                kv.kv_allocated_len != pre_len
-            ):  # in this batch, computing from pre_len on
+            # in this batch, computing from pre_len on
+            if kv.kv_allocated_len != pre_len:
                 want[r.rid] = max(want.get(r.rid, 0), max(0, pre_len - SWS) // ps * ps)
             assert kv.swa_evicted_seqlen == want.get(r.rid, 0), (
                 r,
@@ -201,9 +197,8 @@ def test_the_slide_is_what_keeps_the_swa_side_small(monkeypatch):
     monkeypatch.setattr(RadixCache, "supports_swa", lambda self: False)
     e = engine("two_pool", 1)
     peak = 0
-    assert e.generate(p, NEW) == generate_reference(
-        MODEL, p, NEW
-    )  # the outputs do not show it
+    # the outputs do not show it
+    assert e.generate(p, NEW) == generate_reference(MODEL, p, NEW)
     e = engine("two_pool", 1)
     reqs = [e.add_request(x, NEW) for x in p]
     while e.step():

@@ -29,9 +29,8 @@ def expected_hits(stream, unit: int) -> int:
     for t in stream:
         best = max((lcp(t.prompt[: len(t.prompt) - 1], d) for d in done), default=0)
         hits += best - best % unit
-        done.append(
-            t.prompt + t.answer[:-1]
-        )  # the last answer token is sampled, never computed
+        # the last answer token is sampled, never computed
+        done.append(t.prompt + t.answer[:-1])
     return hits
 
 
@@ -108,6 +107,5 @@ def test_table_reports_over_eviction_for_device_only_radix_rows(stream):
     table = compare(stream, (160, 1 << 14), page_size=4, host_tokens=256).table()
     lines = [line for line in table.splitlines() if "beyond the ask" in line]
     assert [line.split(":")[0] for line in lines] == ["radix, page 4", "radix, page 1"]
-    assert (
-        lines[0].split()[-1] == "-"
-    )  # the big cache evicts nothing: no share to report
+    # the big cache evicts nothing: no share to report
+    assert lines[0].split()[-1] == "-"

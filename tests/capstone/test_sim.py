@@ -89,9 +89,8 @@ def test_toy_oracle_buddy_by_hand():
     r = run_both(toy(), 8, Oracle("buddy"))
     assert r.iterations == 5
     assert r.slot_iterations == shares(21, 4, 0, 9, 6)
-    assert (
-        r.external_slot_iterations == 0
-    )  # B was refused with no slot free: not fragmentation
+    # B was refused with no slot free: not fragmentation
+    assert r.external_slot_iterations == 0
 
 
 def test_toy_max_context_by_hand():
@@ -340,9 +339,8 @@ def test_buddy_external_fragmentation_and_refusals_by_hand():
     space.release(0, 4)
     space.release(8, 4)
     before = space.blocks()
-    assert (
-        space.free == 8 and space.alloc(5) == -1
-    )  # 8 free, no block of 8: fragmentation
+    # 8 free, no block of 8: fragmentation
+    assert space.free == 8 and space.alloc(5) == -1
     assert space.blocks() == before and space.free == 8  # a refusal takes nothing
     space.release(4, 4)  # [0,4) + [4,8) coalesce
     assert space.alloc(5) == 0
@@ -363,9 +361,8 @@ def check_buddy(space, live):
         assert size & (size - 1) == 0 and start % size == 0, (
             f"block {start}+{size} not aligned to its size"
         )
-        assert start == pos, (
-            f"blocks overlap or leave a hole at {pos}"
-        )  # together they tile the pool
+        # together they tile the pool
+        assert start == pos, f"blocks overlap or leave a hole at {pos}"
         pos += size
     assert pos == space.size
     assert (
@@ -469,22 +466,19 @@ def test_bug_zoo_off_by_one_last_block_is_caught():
     r = sim.simulate(toy(), 8, PagedLastBlockOffByOne(2), progress=False)
     assert r.slot_iterations != TOY_PAGED
     # ...and a request ending on a block boundary holds a whole block it never writes
-    wl = Workload(
-        "aligned", [3, 5], [1, 3], max_context=8
-    )  # finals 4 and 8: multiples of B = 4
+    # finals 4 and 8: multiples of B = 4
+    wl = Workload("aligned", [3, 5], [1, 3], max_context=8)
     r = sim.simulate(wl, 64, PagedLastBlockOffByOne(4), progress=False)
     assert r.max_request_internal > 4 - 1  # the B - 1 property fails
 
 
 def test_bug_zoo_pow2_rounding_down_is_refused():
-    wl = Workload(
-        "w", [10, 10], [5, 8], max_context=64
-    )  # 5 -> 4 < 5: short by one slot
+    # 5 -> 4 < 5: short by one slot
+    wl = Workload("w", [10, 10], [5, 8], max_context=64)
     with pytest.raises(ValueError, match="request 0 reserves 14 slots but ends at 15"):
         sim.simulate(wl, 64, Pow2RoundsDown(), progress=False)
-    assert (
-        sim.simulate(wl, 64, Pow2(), progress=False).max_request_internal == 3
-    )  # 8 for 5
+    # 8 for 5
+    assert sim.simulate(wl, 64, Pow2(), progress=False).max_request_internal == 3
 
 
 def test_bug_zoo_buddies_that_do_not_coalesce_properly_are_caught():
@@ -756,9 +750,8 @@ def test_timeline_is_binned_and_keeps_the_totals():
     fig = draw_sim.plot_timeline(r, bins=200)
     ax, twin = fig.axes
     drawn = sum(len(p.vertices) for c in ax.collections for p in c.get_paths())
-    assert drawn <= len(sim.SHARES) * (
-        4 * 200 + 8
-    )  # bounded by the bins, not by the iterations
+    # bounded by the bins, not by the iterations
+    assert drawn <= len(sim.SHARES) * (4 * 200 + 8)
     assert all(len(line.get_xdata()) <= 2 * 200 for line in twin.lines)
     # a short replay keeps one bin per iteration: nothing averaged away
     toy_run = sim.simulate(toy(), 8, Paged(2), progress=False)

@@ -123,9 +123,8 @@ def test_every_chapter_shows_its_pictures_and_text_offline(lab, browser):
     assert not browser.outside, (
         f"the chapters asked the network for {sorted(set(browser.outside))[:5]}"
     )
-    assert (
-        lab.api(f"contents/{GLOSSARY}")["name"] == GLOSSARY
-    )  # the link's target is served
+    # the link's target is served
+    assert lab.api(f"contents/{GLOSSARY}")["name"] == GLOSSARY
 
 
 def test_chapter_01_stepper_draws_and_reacts(lab, browser):

@@ -361,9 +361,8 @@ def test_the_sentence_check_catches_an_unlinked_claim_in_prose_lists_and_tables(
     assert not unlinked(cited + " SGLang does it for every free.")
     assert unlinked("SGLang does it for every free. " + cited)
     assert unlinked(cited + "\n\nSGLang does it for every free.")  # another paragraph
-    assert not unlinked(
-        "The vLLM paper's Figure 2 measures Orca."
-    )  # a paper, not the source
+    # a paper, not the source
+    assert not unlinked("The vLLM paper's Figure 2 measures Orca.")
 
 
 def test_without_the_wheels_ci_fails_and_a_laptop_skips(monkeypatch):

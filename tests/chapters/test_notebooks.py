@@ -101,9 +101,8 @@ def home_repo(tmp_path_factory):
         capture_output=True,
         check=True,
     )
-    with tarfile.open(
-        fileobj=io.BytesIO(archive.stdout)
-    ) as tar:  # memlab/kernels stays a link
+    # memlab/kernels stays a link
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(
             src, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {})
         )
@@ -195,14 +194,12 @@ def test_chapter_runs_like_colab(path, home_repo, tmp_path):
     assert f"repository {clone.name}/" in first, (
         f"memlab was not imported from the clone:\n{first}"
     )
-    assert (
-        "in this runtime ONLY" not in first
-    )  # not Colab: no warning about a recycled runtime
+    # not Colab: no warning about a recycled runtime
+    assert "in this runtime ONLY" not in first
     from memlab.course.grading.stubs import course_stub
 
-    for e in (
-        catalog.EXERCISES
-    ):  # the clone's stubs are the course's, and the run left them alone
+    # the clone's stubs are the course's, and the run left them alone
+    for e in catalog.EXERCISES:
         assert (clone / "exercises" / f"{e.file}.py").read_text() == course_stub(
             e.file
         )[0], f"{e.file} changed"
@@ -294,9 +291,8 @@ ABSOLUTE = re.compile(
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
 def test_no_absolute_paths(path):
     for i, c in enumerate(load(path).cells):
-        m = ABSOLUTE.search(
-            re.sub(r"data:image/png;base64,[\w+/=]+", "", c.source)
-        )  # a picture's bytes are no path
+        # a picture's bytes are no path
+        m = ABSOLUTE.search(re.sub(r"data:image/png;base64,[\w+/=]+", "", c.source))
         assert m is None, f"{path.name} cell {i} has an absolute path: {m.group(0)!r}"
 
 
@@ -399,9 +395,8 @@ def test_sections_named_by_the_exercises_exist():
     found = 0
     from memlab.course.grading.stubs import course_stub
 
-    for (
-        e
-    ) in catalog.EXERCISES:  # the stubs as the course ships them, not a learner's file
+    # the stubs as the course ships them, not a learner's file
+    for e in catalog.EXERCISES:
         stub = Path(f"{e.file}.py")
         text = " ".join(course_stub(e.file)[0].split())
         for nn, names in refs.findall(text):
@@ -568,9 +563,8 @@ def run_setup_cell(cwd, monkeypatch, url=None):
     monkeypatch.chdir(cwd)
     # the cell appends the course (the test's own checkout first leaves so it can)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(ROOT)])
-    monkeypatch.setenv(
-        "PYTHONPATH", os.environ.get("PYTHONPATH", "")
-    )  # start() extends it
+    # start() extends it
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     if url is not None:
         monkeypatch.setenv("MEMLAB_REPO_URL", url)
     ns = {}
@@ -581,9 +575,10 @@ def run_setup_cell(cwd, monkeypatch, url=None):
 def test_setup_cell_uses_the_checkout_around_the_notebook(
     monkeypatch, capsys, tmp_path
 ):
+    # never cloned
     ns = run_setup_cell(
         ROOT / "chapters", monkeypatch, url=(tmp_path / "nowhere").as_uri()
-    )  # never cloned
+    )
     assert ns["root"] == ROOT and sys.path[-1] == str(ROOT)
     assert f"repository {ROOT.name}/" in capsys.readouterr().out
 
@@ -596,9 +591,8 @@ def test_setup_cell_clones_its_version_once_and_reuses_it(
     assert ns["root"] == clone and sys.path[-1] == str(clone)
     assert git("describe", "--tags", "--exact-match", cwd=clone).strip() == home.REF
     (clone / "exercises" / "mine.txt").write_text("work")
-    run_setup_cell(
-        tmp_path, monkeypatch, url=(tmp_path / "gone").as_uri()
-    )  # no second clone needed
+    # no second clone needed
+    run_setup_cell(tmp_path, monkeypatch, url=(tmp_path / "gone").as_uri())
     assert (clone / "exercises" / "mine.txt").read_text() == "work"
     assert not (tmp_path / f"{clone.name}.partial").exists()
 
@@ -663,9 +657,8 @@ def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_pat
             Path(got[key]).resolve()
             == (clone / "memlab" / "kernels" / "canary.py").resolve()
         ), f"{key}: {got[key]}"
-        assert (
-            Path(got[key]).resolve() == clone / "kernels" / "canary.py"
-        )  # the clone's own kernels/ folder
+        # the clone's own kernels/ folder
+        assert Path(got[key]).resolve() == clone / "kernels" / "canary.py"
     assert got["AXPB"] == "[2, 5, 8, 11]"
 
 
@@ -768,15 +761,13 @@ def test_a_wrong_answer_or_a_broken_file_is_shown_and_the_cell_goes_on(learner, 
         in out
     )
     assert "it expected: want 2" in out and "raised AssertionError" not in out
-    (learner / "ch98_demo.py").write_text(
-        "def f(:\n"
-    )  # does not compile: reported inside the block
+    # does not compile: reported inside the block
+    (learner / "ch98_demo.py").write_text("def f(:\n")
     with exercise("ch98_demo") as ex:
         ex.f()
     assert "raised SyntaxError" in capsys.readouterr().out
-    (learner / "ch98_demo.py").write_text(
-        "def f():\n    return 2\n"
-    )  # the edit is picked up
+    # the edit is picked up
+    (learner / "ch98_demo.py").write_text("def f():\n    return 2\n")
     with exercise("ch98_demo") as ex:
         assert ex.f() == 2
 
@@ -839,9 +830,8 @@ def test_drive_gets_the_stubs_once_and_never_overwrites(
     (folder / "ch04_alloc_extend.py").write_text("# my work\n")
     (folder / "ch05_alloc_decode.py").unlink()
     monkeypatch.delenv("MEMLAB_EXERCISES")
-    notebook.start(
-        "05", drive=True
-    )  # another chapter, a new runtime: Drive already mounted
+    # another chapter, a new runtime: Drive already mounted
+    notebook.start("05", drive=True)
     assert (folder / "ch04_alloc_extend.py").read_text() == "# my work\n"
     assert (folder / "ch05_alloc_decode.py").read_bytes() == (
         ROOT / "exercises/ch05_alloc_decode.py"
@@ -851,9 +841,8 @@ def test_drive_gets_the_stubs_once_and_never_overwrites(
     )
     from memlab.course.grading import loader
 
-    assert (
-        loader.source_dir() == folder
-    )  # the exercise cells and the grader read the Drive folder
+    # the exercise cells and the grader read the Drive folder
+    assert loader.source_dir() == folder
 
 
 def test_without_drive_colab_says_the_work_lives_in_the_runtime(
@@ -880,9 +869,8 @@ def test_without_drive_colab_says_the_work_lives_in_the_runtime(
     monkeypatch.chdir(tmp_path)
     from memlab.course.grading import loader
 
-    monkeypatch.setattr(
-        loader, "_default", "exercises"
-    )  # as in a notebook (the graded tests' conftest grades solutions/)
+    # as in a notebook (the graded tests' conftest grades solutions/)
+    monkeypatch.setattr(loader, "_default", "exercises")
     zipped = notebook.download_exercises()
     import zipfile
 

@@ -37,9 +37,8 @@ def make_layout(seed, seq_lens, page_size, num_pages=None, table_rows=8, device=
     pages_per_req = [-(-n // page_size) for n in seq_lens]
     need = sum(pages_per_req)
     num_pages = num_pages or need + 4
-    order = (
-        torch.randperm(num_pages - 1, generator=g) + 1
-    ).tolist()  # pages 1.., shuffled
+    # pages 1.., shuffled
+    order = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()
     poison_page = order.pop()
     max_blocks = max(pages_per_req) + 1
     block_table = torch.full(
@@ -146,9 +145,8 @@ def buggy_slots_forgets_page_scale(block_table, seq_lens, block_size):
     slots, mask = A.slots_from_block_table(block_table, seq_lens, block_size)
     pos = torch.arange(slots.shape[1])
     blocks = (slots - pos % block_size) // block_size
-    return torch.where(
-        mask, blocks + pos % block_size, 0
-    ), mask  # block id + offset: no * block_size
+    # block id + offset: no * block_size
+    return torch.where(mask, blocks + pos % block_size, 0), mask
 
 
 def buggy_gqa_head_map(q, k, v, slots, mask, sm_scale):
@@ -214,9 +212,8 @@ def test_bad_inputs_raise_clear_errors():
             q, q[..., :2], torch.randn(10, 1, 8), r2t, rows, lens, sm_scale=0.1
         )
     with pytest.raises(ValueError, match="contiguously"):
-        cache = torch.randn(4, 8, 2, 8).transpose(
-            0, 1
-        )  # (8, 4, 2, 8) whose blocks are not contiguous
+        # (8, 4, 2, 8) whose blocks are not contiguous
+        cache = torch.randn(4, 8, 2, 8).transpose(0, 1)
         A.paged_attention(q, cache, cache, r2t, lens)
 
 
@@ -418,9 +415,8 @@ def test_kernel_reads_what_memlabs_books_wrote():
     gone = prefill([6])[0]
     for _ in range(6):
         decode(rows)
-    alloc.free(
-        table.req_to_token[gone, :6].long()
-    )  # its pages come back first (LIFO) ...
+    # its pages come back first (LIFO) ...
+    alloc.free(table.req_to_token[gone, :6].long())
     table.free(gone)
     del kept[gone]
     rows += prefill([7])  # ... and a new request lands on them

@@ -133,8 +133,7 @@ def test_resolve_device_fills_in_the_cuda_index():
     import torch
 
     assert env.resolve_device("cpu") == torch.device("cpu")
-    assert torch.device("cuda") != torch.device(
-        "cuda:0"
-    )  # why the books keep the resolved form
+    # why the books keep the resolved form
+    assert torch.device("cuda") != torch.device("cuda:0")
     if env.has_cuda():
         assert env.resolve_device("cuda") == torch.empty(1, device="cuda").device

@@ -46,9 +46,8 @@ def test_qwen2_5_kv_bytes_per_token_by_hand():
 def test_deepseek_mla_is_one_latent_per_layer_and_not_split_by_tp():
     # 61 layers x (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 bytes
     assert DEEPSEEK_V3.kv_bytes_per_token() == 61 * (512 + 64) * 2 == 70272
-    assert (
-        DEEPSEEK_V3.kv_bytes_per_token(tp_size=8) == 70272
-    )  # every rank keeps the whole latent
+    # every rank keeps the whole latent
+    assert DEEPSEEK_V3.kv_bytes_per_token(tp_size=8) == 70272
     mha_equivalent = 61 * 128 * (192 + 128) * 2  # 128 heads of K (192) and V (128)
     assert mha_equivalent // DEEPSEEK_V3.kv_bytes_per_token() == 71
 
@@ -56,17 +55,15 @@ def test_deepseek_mla_is_one_latent_per_layer_and_not_split_by_tp():
 def test_deepseek_v3_2_adds_the_indexer_keys():
     # 61 layers x (latent 576 x 2 bytes + indexer key 128 fp8 + one fp32 scale per 128 = 132)
     assert DEEPSEEK_V3_2.kv_bytes_per_token() == 61 * (576 * 2 + 132) == 78324
-    assert (
-        DEEPSEEK_V3_2.kv_bytes_per_token(dtype_bytes=1) == 61 * (576 + 132) == 43188
-    )  # fp8 latent, raw layout
+    # fp8 latent, raw layout
+    assert DEEPSEEK_V3_2.kv_bytes_per_token(dtype_bytes=1) == 61 * (576 + 132) == 43188
     assert (
         DEEPSEEK_V3_2.kv_bytes_per_token() - DEEPSEEK_V3.kv_bytes_per_token()
         == 61 * 132
         == 8052
     )
-    assert (
-        DEEPSEEK_V3_2.kv_bytes_per_token(tp_size=8) == 78324
-    )  # latent and indexer keys: every rank
+    # latent and indexer keys: every rank
+    assert DEEPSEEK_V3_2.kv_bytes_per_token(tp_size=8) == 78324
 
 
 def test_gemma3_layer_pattern_five_local_one_global():
@@ -100,24 +97,20 @@ def test_qwen3_next_pattern_and_linear_state_by_hand():
     assert (
         m.layer_ids(FULL) == tuple(range(3, 48, 4)) and len(m.layer_ids(LINEAR)) == 36
     )
-    assert (
-        m.kv_bytes_per_token() == 12 * 2 * 256 * 2 * 2 == 24576
-    )  # linear layers keep no per-token KV
-    conv_dim = (
-        2 * 16 * 128 + 32 * 128
-    )  # q and k channels (16 heads x 128) + v channels (32 x 128)
+    # linear layers keep no per-token KV
+    assert m.kv_bytes_per_token() == 12 * 2 * 256 * 2 * 2 == 24576
+    # q and k channels (16 heads x 128) + v channels (32 x 128)
+    conv_dim = 2 * 16 * 128 + 32 * 128
     assert m.conv_state_shape() == (conv_dim, 4 - 1) == (8192, 3)
     assert m.temporal_state_shape() == (32, 128, 128)
-    per_layer = (
-        8192 * 3 * 2 + 32 * 128 * 128 * 4
-    )  # bf16 conv state + fp32 recurrent state
+    # bf16 conv state + fp32 recurrent state
+    per_layer = 8192 * 3 * 2 + 32 * 128 * 128 * 4
     assert m.state_bytes_per_request() == 36 * per_layer == 77_266_944
     assert m.conv_state_shape(tp_size=4) == (2048, 3) and m.temporal_state_shape(
         tp_size=4
     ) == (8, 128, 128)
-    assert (
-        m.kv_heads_per_rank(4) == 1
-    )  # 2 KV heads over 4 ranks: each rank keeps a replica
+    # 2 KV heads over 4 ranks: each rank keeps a replica
+    assert m.kv_heads_per_rank(4) == 1
 
 
 def _dense_params(
@@ -180,9 +173,8 @@ def test_mla_table_agrees_with_real_pool_tensors():
 def test_dsa_table_agrees_with_real_pool_tensors(page_size):
     pool = DSATokenToKVPool(4 * page_size, page_size, torch.bfloat16, 512, 64, 61)
     latent = sum(t[0].nbytes for t in pool.kv_buffer)
-    index = (
-        sum(t[0].nbytes for t in pool.index_k_with_scale_buffer) // page_size
-    )  # one page-major row per page
+    # one page-major row per page
+    index = sum(t[0].nbytes for t in pool.index_k_with_scale_buffer) // page_size
     assert latent + index == pool.bytes_per_token == DEEPSEEK_V3_2.kv_bytes_per_token()
     assert pool.index_k_with_scale_buffer[0].shape == (
         (4 * page_size + page_size + 1) // page_size,

@@ -69,7 +69,6 @@ def pytest_runtest_call(item):
 
 
 def pytest_runtest_logreport(report):
-    if (
-        _outcomes.get(report.nodeid, "passed") == "passed"
-    ):  # a test's first failing phase
+    # a test's first failing phase
+    if _outcomes.get(report.nodeid, "passed") == "passed":
         _outcomes[report.nodeid] = report.outcome

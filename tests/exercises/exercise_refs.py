@@ -192,9 +192,8 @@ def narrow_products(source: str) -> list[str]:
 # x & -page_size is right for 2, 4, 16 and wrong for 3, 5, 6, 7). The simplest comes first: a
 # shrunk case uses the smallest size that still shows the difference.
 SIZES = (1, 2, 3, 4, 5, 6, 7, 16, 64)
-INT31 = (
-    2**31 - 1
-)  # ids and lengths up to here where no pool is needed (float32 is exact below 2**24)
+# ids and lengths up to here where no pool is needed (float32 is exact below 2**24)
+INT31 = 2**31 - 1
 
 
 def tensor(values, strided=False):

@@ -182,9 +182,8 @@ def random_case(d):
     if bad:  # one argument that is not a positive int: the docstring's ValueError
         name = d.pick(list(args) + (["v_head_dim"] if not mla else []))
         args[name] = d.pick((0, -1, True, False, 2.0, -(2**31)))
-    positional = d.int(
-        0, len(names)
-    )  # the first arguments by position, the rest by name
+    # the first arguments by position, the rest by name
+    positional = d.int(0, len(names))
     pos = [args.pop(n) for n in names[:positional]]
     d.given(**dict(zip(names, pos)), **args)
     shown = ", ".join([repr(v) for v in pos] + [f"{k}={v!r}" for k, v in args.items()])

@@ -338,9 +338,8 @@ def random_case(d):
             d.returns(
                 "free", d.call("free", mine.free, buf), engine.free(tensor(slots))
             )
-            scribble(
-                buf
-            )  # the caller reuses its buffer: the allocator must not have kept it
+            # the caller reuses its buffer: the allocator must not have kept it
+            scribble(buf)
             what = "free"
         else:
             d.step("merge_and_sort_free()")

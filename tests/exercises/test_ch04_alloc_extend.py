@@ -227,9 +227,8 @@ def test_refusal_takes_nothing(rng):
         "in "
         "the old page",
     )
-    b = allocator(
-        2 * ps, ps
-    )  # 2 pages; the last request of an exact fit fills its page
+    # 2 pages; the last request of an exact fit fills its page
+    b = allocator(2 * ps, ps)
     two = shuffled_pages(b, rng, 2)
     pre1 = rng.randint(1, ps - 1)
     last1 = old_slot(rng, pre1, ps)
@@ -293,9 +292,8 @@ def engine_alloc_extend(pre, seq, last, free_pages, ps):
     from memlab.course.grading.fuzz import Raised
     from memlab.sglang.allocator.reference import alloc_extend_python as engine
 
-    if any(
-        s < p for p, s in zip(pre, seq)
-    ):  # the engine's boundary check comes before capacity
+    # the engine's boundary check comes before capacity
+    if any(s < p for p, s in zip(pre, seq)):
         return Raised(ValueError("a seq_len below its prefix_len")), free_pages
     need = sum(-(-s // ps) - -(-p // ps) for p, s in zip(pre, seq))
     if need > len(free_pages):
@@ -317,9 +315,8 @@ def draw_batch(d, ps, big):
         )
         pre.append(p)
         seq.append(p + d.int(0, 2 * 64 + 3 * ps + 8))
-    if d.chance(
-        0.08
-    ):  # an invalid request: the docstring's ValueError must win, even when pages are short
+    # an invalid request: the docstring's ValueError must win, even when pages are short
+    if d.chance(0.08):
         i = d.int(0, len(pre) - 1)
         pre[i], seq[i] = pre[i] + d.int(1, 5), pre[i]
     last = [

@@ -213,9 +213,8 @@ def random_case(d):
     from memlab_tests.exercises.exercise_refs import INT31, SIZES, scribble, tensor
 
     ps = d.pick(SIZES)
-    big = d.chance(
-        0.25
-    )  # lengths near 2**31: alloc_decode only computes with them (no pool needed)
+    # lengths near 2**31: alloc_decode only computes with them (no pool needed)
+    big = d.chance(0.25)
     seq = [
         (d.big(1, INT31 - 10) if big else d.int(1, 3 * ps + 3)) for _ in d.count(1, 6)
     ]
@@ -226,9 +225,8 @@ def random_case(d):
     ]
     steps = list(d.count(1, 4, 0.5))
     opens = sum((s + k - 1) % ps == 0 for s in seq for k in range(len(steps)))
-    free = d.ids(
-        max(0, opens + d.int(-2, 2)), INT31
-    )  # page ids in random order, small and large
+    # page ids in random order, small and large
+    free = d.ids(max(0, opens + d.int(-2, 2)), INT31)
     a = allocator(64 * ps, ps)
     a.free_pages = tensor(free)
     d.given(page_size=ps, seq_lens=seq, last_loc=last, free_pages=free)

@@ -317,16 +317,14 @@ def random_case(d):
             got = d.call("alloc_pages", f.alloc_pages, n)
             d.returns("alloc_pages", got, None if pages is None else tensor(pages))
             if pages:
-                length = len(pages) * ps - d.int(
-                    0, ps - 1
-                )  # the last page may be partly filled
+                # the last page may be partly filled
+                length = len(pages) * ps - d.int(0, ps - 1)
                 reqs.append([pages[p // ps] * ps + p % ps for p in range(length)])
             what = "alloc_pages"
         elif op in ("free", "free part") and reqs:
             slots = reqs.pop(d.int(0, len(reqs) - 1))
-            if (
-                op == "free part" and len(slots) > 1
-            ):  # a request freed in two pieces: they share a page
+            # a request freed in two pieces: they share a page
+            if op == "free part" and len(slots) > 1:
                 cut = d.int(1, len(slots) - 1)
                 slots, rest = slots[:cut], slots[cut:]
                 reqs.append(rest)
@@ -336,19 +334,16 @@ def random_case(d):
             d.code(f"f.free({tensor_code(slots)})")
             buf = tensor(slots)
             d.returns("free", d.call("free", f.free, buf), engine.free(slots))
-            scribble(
-                buf
-            )  # the caller reuses its buffer (a free group must have kept a copy)
+            # the caller reuses its buffer (a free group must have kept a copy)
+            scribble(buf)
             what = "free"
-        elif (
-            op == "segment" and reqs and engine.free_group is None
-        ):  # outside groups only (the docstring)
+        # outside groups only (the docstring)
+        elif op == "segment" and reqs and engine.free_group is None:
             i = d.int(0, len(reqs) - 1)
             start = d.int(0, len(reqs[i]) - 1)
             if d.chance(0.7):
-                start = (
-                    start // ps * ps
-                )  # mostly aligned; else the ValueError (and nothing freed)
+                # mostly aligned; else the ValueError (and nothing freed)
+                start = start // ps * ps
             slots = reqs[i][start:]
             d.step(f"free_segment({slots}, start_pos={start})")
             d.code(f"f.free_segment({tensor_code(slots)}, {start})")

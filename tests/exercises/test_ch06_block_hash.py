@@ -233,9 +233,8 @@ def random_case(d):
 
     m = ex()
     bs = d.pick(SIZES)
-    n = (
-        d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(0, 3 * bs + 3)
-    )  # past a 64-token block too
+    # past a 64-token block too
+    n = d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(0, 3 * bs + 3)
     kwargs = {}
     if d.chance(0.4):
         kwargs["lora_name"] = f"adapter{d.int(0, 9)}"

@@ -154,9 +154,8 @@ def random_case(d):
     bs = d.pick(SIZES)
     reqs, cols = [], 0
     for _ in d.count(1, 4, 0.5):  # (tokens before this step, tokens this step computes)
-        new = (
-            d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(1, 2 * bs + 2)
-        )  # past a 64-token block too
+        # past a 64-token block too
+        new = d.int(64, 2 * 64 + bs) if d.chance(0.3) else d.int(1, 2 * bs + 2)
         ctx = new + (d.int(0, 3 * bs) if d.chance(0.5) else 0)
         reqs.append((ctx - new, new))
         cols = max(cols, -(-ctx // bs))
@@ -187,9 +186,8 @@ def random_case(d):
     )
     dev = kernel_device()
     buf = torch.full((padded + 2 * GUARD,), SENTINEL, dtype=torch.int64, device=dev)
-    full = fenced(
-        [r + [-7] * wide for r in table], torch.int32, dev
-    )  # a load past the table crashes
+    # a load past the table crashes
+    full = fenced([r + [-7] * wide for r in table], torch.int32, dev)
     bt = full[:, :cols] if wide else full
     q, pos = (
         torch.tensor(qsl, dtype=torch.int32, device=dev),

@@ -317,9 +317,8 @@ def random_case(d):
         d.returns("swa_release_range", got, want)
         return
     pages = d.int(1, 8)
-    size = (
-        pages + 1
-    ) * ps  # full slots 0 .. size - 1 (page 0 is padding), then the -1 entry
+    # full slots 0 .. size - 1 (page 0 is padding), then the -1 entry
+    size = (pages + 1) * ps
     m = [0] * size + [-1]
     for s in range(ps, size):
         if d.chance(0.7):
@@ -328,9 +327,8 @@ def random_case(d):
     d.given(page_size=ps, full_to_swa=m)
     d.code(f"m = {tensor_code(m)}")
     for _ in d.count(1, 3, 0.5):
-        touched = d.sample(
-            range(1, pages + 1), d.int(0, pages)
-        )  # pages in any order, not consecutive
+        # pages in any order, not consecutive
+        touched = d.sample(range(1, pages + 1), d.int(0, pages))
         full = [
             p * ps + o for p in touched for o in range(ps) if o == 0 or d.chance(0.7)
         ]

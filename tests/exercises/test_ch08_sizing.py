@@ -278,9 +278,8 @@ def random_case(d):
         want = sizing.max_new_tokens_for_memory(*args)
     else:
         spec = {}
-        if d.chance(
-            0.7
-        ):  # speculative decoding: a chain or a tree; the keywords or None
+        # speculative decoding: a chain or a tree; the keywords or None
+        if d.chance(0.7):
             spec = {
                 "num_steps": d.int(1, 9),
                 "topk": d.pick((None, 1, 2, 3, 4, 8)),

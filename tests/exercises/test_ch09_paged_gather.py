@@ -114,9 +114,8 @@ def run(
     q = torch.randn(
         len(lens), heads, head_dim, generator=torch.Generator().manual_seed(seed + 1)
     ).to(dtype)
-    kd, vd = kv_views(
-        k.to(dev), v.to(dev), kv
-    )  # the views are made where the kernel runs
+    # the views are made where the kernel runs
+    kd, vd = kv_views(k.to(dev), v.to(dev), kv)
     table = fenced(r2t, torch.int32, dev)
     if wide_table:
         table = table[
@@ -228,15 +227,13 @@ def test_reads_only_its_own_slots(rng):
 def test_addresses_in_64_bit(rng):
     from memlab.course.grading.loader import load
 
-    run(
-        [2, 3], [1, 0], seed=rng.randrange(2**31)
-    )  # the gather works at all (the stub raises NotImplementedError here)
+    # the gather works at all (the stub raises NotImplementedError here)
+    run([2, 3], [1, 0], seed=rng.randrange(2**31))
     from memlab.course.grading.loader import source_dir
 
     load("ch09_paged_gather")  # the file imports (else its error is the message)
-    source = (
-        source_dir() / "ch09_paged_gather.py"
-    ).read_text()  # the file, read from disk
+    # the file, read from disk
+    source = (source_dir() / "ch09_paged_gather.py").read_text()
     bad = narrow_products(source)
     expect(
         not bad or not bad[0].startswith("(nothing"),
@@ -288,9 +285,8 @@ def test_gpu_pool_past_2_31_elements(rng):
     from memlab.course.grading.loader import load
 
     kv_heads, dim = 2, 64
-    per_slot = (
-        2 * kv_heads * dim
-    )  # K and V interleaved per slot: stride_ks = stride_vs = 256
+    # K and V interleaved per slot: stride_ks = stride_vs = 256
+    per_slot = 2 * kv_heads * dim
     num_slots = (1 << 31) // per_slot + 4096
     try:
         kv = torch.empty(
@@ -358,12 +354,10 @@ def random_case(d):
     num_rows = len(lens) + d.int(0, 3)
     rows = d.sample(range(num_rows), len(lens))  # batch entry b is not row b
     num_slots = sum(lens) + d.int(1, 40)
-    slots = d.sample(
-        range(1, num_slots), sum(lens)
-    )  # each token on a random slot of the pool
-    cols = max(lens) + d.pick(
-        (0, 3)
-    )  # 0: the last row ends the table's memory (the fence)
+    # each token on a random slot of the pool
+    slots = d.sample(range(1, num_slots), sum(lens))
+    # 0: the last row ends the table's memory (the fence)
+    cols = max(lens) + d.pick((0, 3))
     table = [[0] * cols for _ in range(num_rows)]
     i = 0
     for row, n in zip(rows, lens):

@@ -484,9 +484,8 @@ def random_case(d):
                 d.int(0, 4) * ps + (d.int(0, ps - 1) if d.chance(0.2) else 0)
             )
         ]
-        if (
-            op == "prefix" and keys
-        ):  # a request sharing only the first pages of an earlier one
+        # a request sharing only the first pages of an earlier one
+        if op == "prefix" and keys:
             old = keys[d.int(0, len(keys) - 1)]
             key, op = old[: d.int(0, len(old) // ps) * ps], "match"
         keys += [key] if op == "insert" else []
@@ -514,9 +513,8 @@ def random_case(d):
                 )
             else:
                 d.returns("match_prefix", got, (n, "a node"))
-            if (
-                op == "insert" and n < len(key) // ps * ps
-            ):  # SGLang's insert: the match, then a new leaf
+            # SGLang's insert: the match, then a new leaf
+            if op == "insert" and n < len(key) // ps * ps:
                 rest = key[n : len(key) // ps * ps]
                 value = [next(slots) for _ in rest]
                 d.code(f"node{step} = tree.add_child(node{step}, {rest}, {value})")
@@ -524,9 +522,8 @@ def random_case(d):
                     (n, tree.add_child(got[1], rest, value)),
                     engine.add_child(node, rest, value),
                 )
-            if node is not engine.root and d.chance(
-                0.6
-            ):  # a running request locks its prefix
+            # a running request locks its prefix
+            if node is not engine.root and d.chance(0.6):
                 d.step("tree.lock(that node)")
                 d.code(f"tree.lock(node{step})")
                 tree.lock(got[1])

@@ -228,9 +228,8 @@ def test_available_tokens_by_hand(rng):
         used = rng.randint(0, num_pages - low - 1)
         never = num_pages - low - used  # page numbers it has never used
         pages = rng.choice((rng.randint(0, never), never + rng.randint(1, 50)))
-        gap = pages * entry + rng.randint(
-            0, entry - 1
-        )  # whole pages, and a part of one
+        # whole pages, and a part of one
+        gap = pages * entry + rng.randint(0, entry - 1)
         if grow == "up":
             wm = low + used
             frontier = wm * entry + gap

@@ -80,9 +80,8 @@ def test_alloc_extend_matches_references(ps, bs, kind):
     rng = random.Random(f"{ps}-{bs}-{kind}")
     pre, seq, last = random_batch(rng, bs, ps, kind)
     need = ref.num_new_pages(torch.tensor(pre), torch.tensor(seq), ps)
-    free = rng.sample(
-        range(1, need + 50), need + rng.randint(0, 10)
-    )  # a shuffled, longer free list
+    # a shuffled, longer free list
+    free = rng.sample(range(1, need + 50), need + rng.randint(0, 10))
     out = run_extend(pre, seq, last, free, ps)
     assert len(set(out)) == len(out)
 
@@ -92,9 +91,8 @@ def test_alloc_extend_batch_of_512_exhausting_the_pool(ps):
     rng = random.Random(ps)
     pre, seq, last = random_batch(rng, 512, ps, "unaligned")
     need = ref.num_new_pages(torch.tensor(pre), torch.tensor(seq), ps)
-    free = rng.sample(
-        range(1, need + 1), need
-    )  # exactly as many pages as the batch needs
+    # exactly as many pages as the batch needs
+    free = rng.sample(range(1, need + 1), need)
     out = run_extend(pre, seq, last, free, ps)
     new = {s // ps for s in out if s // ps < 100_000}
     assert new == set(free), "an exhausting batch must use every free page exactly"
@@ -169,9 +167,8 @@ def test_guard_check_catches_an_out_of_bounds_write():
 def test_reference_forgetting_last_loc_continuation_is_caught():
     pre, seq, last, free, ps = [6], [9], [13], [5], 4
 
-    def buggy(
-        pre, seq, last, free, ps
-    ):  # opens a new page instead of continuing the old one
+    # opens a new page instead of continuing the old one
+    def buggy(pre, seq, last, free, ps):
         return [free[0] * ps + i for i in range(seq[0] - pre[0])]
 
     assert ref.alloc_extend_python(pre, seq, last, free, ps) == [14, 15, 20]

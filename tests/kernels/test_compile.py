@@ -82,9 +82,8 @@ def drive(page_size: int) -> None:
         debug_mode=True,
     )
     held = {}
-    extend(
-        alloc, held, "a", page_size
-    )  # one page: the next launch sees the list 8 bytes on
+    # one page: the next launch sees the list 8 bytes on
+    extend(alloc, held, "a", page_size)
     extend(alloc, held, "b", 2 * page_size + 1)
     extend(alloc, held, "a", page_size + 2)
     for _ in range(page_size + 1):
@@ -126,9 +125,8 @@ def test_one_compiled_variant_per_page_size_and_each_one_built(name, monkeypatch
     )
     variants = {aot.variant(kernel, *args, **kwargs) for args, kwargs in rec.launches}
     page_sizes = {dict(cx)["page_size"] for _, _, cx, _ in variants}
-    lens = (
-        2 if name == "alloc_decode" else 1
-    )  # decode also ran with SGLang's int32 last_loc
+    # decode also ran with SGLang's int32 last_loc
+    lens = 2 if name == "alloc_decode" else 1
     assert page_sizes == set(aot.PAGE_SIZES) and len(variants) == lens * len(
         aot.PAGE_SIZES
     ), sorted(variants)
@@ -167,9 +165,8 @@ def test_variant_tells_apart_what_the_jit_compiles_apart():
     )
     assert v(seq, last, free, out) != v(seq, last, free, out, ps=3)
     assert v(seq, last, free, out) != v(seq, last.to(torch.int32), free, out)
-    assert v(seq, last, free, out) != v(
-        seq, last[1:], free, out
-    )  # last_loc keeps its alignment key
+    # last_loc keeps its alignment key
+    assert v(seq, last, free, out) != v(seq, last[1:], free, out)
     assert not aot.built(v(seq, last, free, out, ps=5)) and aot.built(
         v(seq, last, free, out)
     )

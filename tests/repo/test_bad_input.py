@@ -85,9 +85,8 @@ def _sort_of(case):
         return st.floats(allow_nan=True, allow_infinity=True), TypeError
     if case.want is TypeError and isinstance(v, str):
         return st.text(max_size=4), TypeError
-    if case.want is TypeError and isinstance(
-        v, bool
-    ):  # where None may be a default, a bool is still wrong
+    # where None may be a default, a bool is still wrong
+    if case.want is TypeError and isinstance(v, bool):
         return st.booleans(), TypeError
     if case.want is TypeError and (v is None or isinstance(v, dict)):
         return NOT_A_NUMBER, TypeError
@@ -124,9 +123,8 @@ SHAPE_DRAWN = {
 )  # no shrinking: the message names the drawn value
 @given(data=st.data())
 def test_random_bad_values_are_refused_cleanly(entry, data):
-    if (
-        entry in SHAPE_DRAWN
-    ):  # the listed values first, so an xfail here fails for sure while it is not clean
+    # the listed values first, so an xfail here fails for sure while it is not clean
+    if entry in SHAPE_DRAWN:
         assert not _failures([c for c, _ in DRAWABLE[entry]])
     case, (values, want) = data.draw(st.sampled_from(DRAWABLE[entry]), label="case")
     v = data.draw(values, label="value")

@@ -198,9 +198,8 @@ def test_setup_prints_a_line_per_step_and_nothing_once_done(tmp_path):
         assert re.search(r"--require-hashes (--no-index )?-r requirements/", call) or (
             call.endswith("--no-deps --no-build-isolation -e .")
         ), call
-    assert (
-        "Collecting" not in proc.stderr
-    )  # pip's own lines stay in its log (a terminal sees one live line)
+    # pip's own lines stay in its log (a terminal sees one live line)
+    assert "Collecting" not in proc.stderr
     again = setup_run(tmp_path)
     assert again.returncode == 0 and again.stderr == "", again.stderr
 

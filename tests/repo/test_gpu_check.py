@@ -92,9 +92,8 @@ def test_dry_run_finds_every_command_and_installs_a_folder_of_wheels_without_net
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     (wheels / "engines").mkdir(parents=True)
     _wheel(wheels)
-    sglang = (
-        wheels / "engines" / "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
-    )  # brought along, not installed
+    # brought along, not installed
+    sglang = wheels / "engines" / "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
     sglang.write_bytes(b"")
     r = run(
         "--dry-run",
@@ -139,9 +138,8 @@ def test_the_kernel_benchmark_checks_every_kernel_against_torch_and_sglang():
 
     from memlab_tests.tools.engines.wheels import extracted
 
-    extracted(
-        "sglang", ["sglang/kernels/ops/memory/allocator.py"]
-    )  # skips without the wheel and network
+    # skips without the wheel and network
+    extracted("sglang", ["sglang/kernels/ops/memory/allocator.py"])
     r = subprocess.run(
         [sys.executable, "bench/bench_kernels.py", "--smoke", "--rounds", "1"],
         cwd=ROOT,

@@ -79,9 +79,8 @@ def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     shutil.copytree(ROOT / "chapters" / "py", tmp_path / "chapters" / "py")
-    shutil.copytree(
-        ROOT / "chapters" / "img", tmp_path / "chapters" / "img"
-    )  # the notebooks carry them
+    # the notebooks carry them
+    shutil.copytree(ROOT / "chapters" / "img", tmp_path / "chapters" / "img")
     for nb in (ROOT / "chapters").glob("*.ipynb"):
         shutil.copy(nb, tmp_path / "chapters" / nb.name)
     script = tmp_path / "scripts" / "set_home.py"
@@ -113,13 +112,11 @@ def test_publishing_under_a_new_home_rewrites_everything(tmp_path):
         "https://colab.research.google.com/github/alice/kv-course/blob/v9.9/chapters/04_alloc_extend.ipynb"
         in nb
     )
-    assert (
-        "raw.githubusercontent.com" not in nb and "](data:image/png;base64," in nb
-    )  # pictures stay inside
+    # pictures stay inside
+    assert "raw.githubusercontent.com" not in nb and "](data:image/png;base64," in nb
     ch00 = (tmp_path / "chapters" / "py" / "00_orientation.py").read_text()
-    assert (
-        "https://github.com/alice/kv-course/blob/v9.9/chapters/glossary.md" in ch00
-    )  # Colab's glossary link
+    # Colab's glossary link
+    assert "https://github.com/alice/kv-course/blob/v9.9/chapters/glossary.md" in ch00
     assert 'HOME, REF = \\"alice/kv-course\\", \\"v9.9\\"' in nb
     setting = (tmp_path / "memlab" / "course" / "home.py").read_text()
     assert (

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = sorted(
-    p.name for p in (ROOT / "kernels").glob("*.py")
-)  # __init__.py among them
+# __init__.py among them
+KERNELS = sorted(p.name for p in (ROOT / "kernels").glob("*.py"))
 
 PROBE = """
 import importlib.util, os
@@ -131,9 +130,8 @@ def probe(setup: str, cwd: Path) -> dict:
 def test_an_editable_install_finds_the_kernels_and_sees_edits(tmp_path):
     src = course_copy(tmp_path / "course")
     site_dir = install(src, tmp_path / "site", editable=True)
-    (src / "kernels" / "added_later.py").write_text(
-        "X = 1\n"
-    )  # editable: a new kernel file is seen at once
+    # editable: a new kernel file is seen at once
+    (src / "kernels" / "added_later.py").write_text("X = 1\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # site.addsitedir reads the install's .pth file, as Python's start-up does in an environment

@@ -133,9 +133,8 @@ def test_the_course_script_installs_only_from_the_lock():
             or call == '"$MEMLAB_TORCH"'
             or call == "--no-deps --no-build-isolation -e ."
         ), call
-    assert (
-        '"$MEMLAB_TORCH"' in calls
-    )  # a learner's own torch, by name, and only by name
+    # a learner's own torch, by name, and only by name
+    assert '"$MEMLAB_TORCH"' in calls
 
 
 def test_the_readme_says_which_versions_the_course_was_tested_with():

@@ -126,9 +126,8 @@ def test_host_pool_mirrors_the_device_pool(kind, dtype):
             if dtype == torch.float8_e4m3fn
             else hst[0].shape[1:] == dev[0].shape[1:]
         )
-    assert (
-        host.size_per_token == pool.bytes_per_token
-    )  # the host pool is counted in tokens like the device's
+    # the host pool is counted in tokens like the device's
+    assert host.size_per_token == pool.bytes_per_token
     assert HostKVCache(decl, 102, 4, pin_memory=False).size == 100  # whole pages
 
 
@@ -163,16 +162,14 @@ def test_round_trip_returns_every_byte(kind, page_size, backend, dtype):
     alloc.free(slots)
     for buf in pool.buffers():
         buf.zero_()
-    back = ctl.load(
-        host_indices
-    )  # device pages are taken first; here the same ones come back LIFO/FIFO
+    # device pages are taken first; here the same ones come back LIFO/FIFO
+    back = ctl.load(host_indices)
     for before, buf in zip(sent, pool.buffers()):
         assert torch.equal(buf[back].view(torch.uint8), before.view(torch.uint8)), (
             "a byte changed on the round trip"
         )
-    assert (
-        ctl.load(host.alloc(6 * page_size - 3 * page_size).repeat(3)) is None
-    )  # more than the device holds
+    # more than the device holds
+    assert ctl.load(host.alloc(6 * page_size - 3 * page_size).repeat(3)) is None
 
 
 def test_unknown_write_policy_is_refused():
@@ -190,16 +187,14 @@ def test_write_through_demote_then_load_back():
     drv.finish(a)  # 8 tokens (two pages) cached, backed up at once (write_through)
     (node,) = tree.root_node.children.values()
     assert node.backuped and host.available_size() == 64 - 8
-    assert (
-        tree.evict(8).num_tokens_evicted == 8
-    )  # demoted: the device copy goes, the node stays
+    # demoted: the device copy goes, the node stays
+    assert tree.evict(8).num_tokens_evicted == 8
     assert node.evicted and node.backuped and alloc.available_size() == 32
     m = tree.match_prefix(list(range(9)))
     assert (m.device_prefix_len, m.host_hit_length) == (0, 8)
     assert m.last_device_node is tree.root_node and m.last_host_node is node
-    b = drv.admit(
-        list(range(9)) + [42]
-    )  # loads the two pages back into new device pages
+    # loads the two pages back into new device pages
+    b = drv.admit(list(range(9)) + [42])
     assert (b.hit_tokens, b.host_hit_tokens) == (8, 8) and not node.evicted
     assert node.value.tolist() == b.kv_indices[:8].tolist()
     check_kv(pool, b)  # every byte came back
@@ -213,9 +208,8 @@ def test_write_through_selective_waits_for_a_second_hit():
     drv.finish(drv.admit([1, 2, 3]))
     (node,) = tree.root_node.children.values()
     assert not node.backuped
-    drv.finish(
-        drv.admit([1, 2, 3])
-    )  # the insert walks over it again: second hit, backed up
+    # the insert walks over it again: second hit, backed up
+    drv.finish(drv.admit([1, 2, 3]))
     assert node.backuped and host.available_size() == 61
 
 
@@ -235,17 +229,15 @@ def test_write_back_copies_on_eviction_only():
 def test_write_through_backs_up_unbacked_ancestors_first():
     tree, pool, alloc, host = make_tree(host_tokens=3)
     drv = RadixDriver(tree, writer(pool))
-    drv.finish(
-        drv.admit([1, 2, 3, 4])
-    )  # 4 tokens do not fit a host of 3: not backed up
+    # 4 tokens do not fit a host of 3: not backed up
+    drv.finish(drv.admit([1, 2, 3, 4]))
     (a,) = tree.root_node.children.values()
     assert not a.backuped
     host.allocator.clear()  # (make room by hand) now the chain (a) + (5, 6) needs 6 > 3: still no
     drv.finish(drv.admit([1, 2, 3, 4, 5, 6]))
     (b,) = a.children.values()
-    assert (
-        not a.backuped and not b.backuped
-    )  # a host node may never hang below a device-only one
+    # a host node may never hang below a device-only one
+    assert not a.backuped and not b.backuped
     tree.evict(100)
     assert tree.root_node.children == {}  # neither could be demoted: both dropped
     tree.check_idle(32)
@@ -260,9 +252,8 @@ def test_write_back_drops_a_node_the_host_cannot_take():
     drv.finish(r)
     (a,) = tree.root_node.children.values()
     (b,) = a.children.values()  # (5, 6, 7): device only
-    assert (
-        tree.evict(3).num_tokens_evicted == 3
-    )  # b cannot get a host copy (no host-only leaf to evict): dropped
+    # b cannot get a host copy (no host-only leaf to evict): dropped
+    assert tree.evict(3).num_tokens_evicted == 3
     assert a.children == {} and a.backuped and not a.evicted
     assert host.available_size() == 0 and alloc.available_size() == 28
 
@@ -284,23 +275,20 @@ def test_host_eviction_never_drops_a_device_nodes_copy():
     tree, pool, alloc, host = make_tree(host_tokens=4)
     drv = RadixDriver(tree, writer(pool))
     drv.finish(drv.admit([1, 2, 3, 4]))
-    assert (
-        tree.evict_host(4) == 0
-    )  # the node is on the device: its copy stays, its next eviction is free
+    # the node is on the device: its copy stays, its next eviction is free
+    assert tree.evict_host(4) == 0
 
 
 def test_insert_revives_a_host_only_node_with_the_requests_slots():
-    tree, pool, alloc, host = make_tree(
-        threshold=100
-    )  # load-back refused: the request recomputes
+    # load-back refused: the request recomputes
+    tree, pool, alloc, host = make_tree(threshold=100)
     drv = RadixDriver(tree, writer(pool))
     drv.finish(drv.admit([1, 2, 3, 4]))
     tree.evict(4)
     (node,) = tree.root_node.children.values()
     host_before = node.host_value.clone()
-    r = drv.admit(
-        [1, 2, 3, 4, 5]
-    )  # computes all 5; its prefill checkpoint inserts them
+    # computes all 5; its prefill checkpoint inserts them
+    r = drv.admit([1, 2, 3, 4, 5])
     assert (r.hit_tokens, r.host_hit_tokens) == (0, 0)
     # the revived part is not a duplicate: the node adopts the request's slots, nothing is freed
     assert node.value.tolist() == r.kv_indices[:4].tolist() and torch.equal(
@@ -335,24 +323,20 @@ def test_load_back_of_a_path_of_host_only_nodes():
     tree, pool, alloc, host = make_tree()
     drv = RadixDriver(tree, writer(pool))
     drv.finish(drv.admit([1, 2, 3, 4, 5, 6, 7, 8]))
-    drv.finish(
-        drv.admit([1, 2, 3, 4, 9, 9])
-    )  # splits: (1, 2, 3, 4) -> (5, 6, 7, 8), (9, 9)
+    # splits: (1, 2, 3, 4) -> (5, 6, 7, 8), (9, 9)
+    drv.finish(drv.admit([1, 2, 3, 4, 9, 9]))
     tree.evict(100)
     m = tree.match_prefix([1, 2, 3, 4, 5, 6, 7, 8, 0])
     assert m.host_hit_length == 8 and m.last_device_node is tree.root_node
-    r = drv.admit(
-        [1, 2, 3, 4, 5, 6, 7, 8, 0]
-    )  # two nodes come back in one load, in path order
+    # two nodes come back in one load, in path order
+    r = drv.admit([1, 2, 3, 4, 5, 6, 7, 8, 0])
     assert r.host_hit_tokens == 8
     check_kv(pool, r)
     (top,) = tree.root_node.children.values()
-    assert (
-        not top.evicted and top not in tree.evictable_leaves
-    )  # its child is on the device again
-    assert (
-        tree.protected_size() == 9 and tree.evictable_size() == 0
-    )  # its own token too: checkpointed
+    # its child is on the device again
+    assert not top.evicted and top not in tree.evictable_leaves
+    # its own token too: checkpointed
+    assert tree.protected_size() == 9 and tree.evictable_size() == 0
     drv.finish(r)
     tree.check_idle(32)
 
@@ -363,16 +347,14 @@ def test_load_back_refused_below_threshold_or_without_room():
     drv.finish(drv.admit([1, 2]))
     tree.evict(2)
     (node,) = tree.root_node.children.values()
-    assert (
-        tree.load_back(node) is None and node.evicted
-    )  # 2 tokens: cheaper to recompute
+    # 2 tokens: cheaper to recompute
+    assert tree.load_back(node) is None and node.evicted
     drv.finish(drv.admit([5, 6, 7, 8, 9]))
     tree.evict(100)
     (big,) = [c for c in tree.root_node.children.values() if c.key[0] == 5]
     held = drv.admit([7] * 5)  # 5 of the 8 device slots locked by a running request
-    assert (
-        tree.load_back(big) is None and big.evicted
-    )  # 5 tokens, 3 slots free, nothing evictable
+    # 5 tokens, 3 slots free, nothing evictable
+    assert tree.load_back(big) is None and big.evicted
     drv.finish(held)
     assert tree.load_back(big) is not None and not big.evicted
 
@@ -482,9 +464,8 @@ def run_stream(
     seqs = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 9, 9], [5] * 10]
     for op, x in steps:
         rng = random.Random(x)
-        base = rng.choice(
-            seqs
-        )  # mostly a long piece of a sequence seen before: hits on both tiers
+        # mostly a long piece of a sequence seen before: hits on both tiers
+        base = rng.choice(seqs)
         tokens = base[: rng.randrange(len(base) // 2, len(base) + 1)] + [
             rng.randrange(3) for _ in range(rng.randrange(1, 2 + 2 * page_size))
         ]

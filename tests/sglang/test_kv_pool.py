@@ -56,9 +56,8 @@ def test_fp8_is_stored_as_uint8_and_viewed_back():
     assert pool.get_key_buffer(0).dtype == FP8
     k = torch.tensor([0.5, -1.0, 2.0, 0.25]).repeat(1, 2, 1)
     pool.set_kv_buffer(0, torch.tensor([2]), k * 4, k, k_scale=4.0)
-    assert torch.equal(
-        pool.get_key_buffer(0)[2].float(), k[0]
-    )  # written through the scale, exact in fp8
+    # written through the scale, exact in fp8
+    assert torch.equal(pool.get_key_buffer(0)[2].float(), k[0])
     assert torch.equal(pool.get_value_buffer(0)[2].float(), k[0])
 
 
@@ -153,12 +152,10 @@ def test_a_wrong_head_dim_is_named_before_torch_sees_it():
     ):
         pool.set_kv_buffer(0, loc, torch.ones(2, 2, 4), torch.ones(2, 2, 4))
     with pytest.raises(ValueError, match=r"head_num, head_dim\) = \(tokens, 2, 4\)"):
-        pool.set_kv_buffer(
-            0, loc, torch.ones(2, 8), torch.ones(2, 2, 3)
-        )  # heads flattened
-    assert (
-        not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
-    )  # refused before writing
+        # heads flattened
+        pool.set_kv_buffer(0, loc, torch.ones(2, 8), torch.ones(2, 2, 3))
+    # refused before writing
+    assert not pool.k_buffer[0].any() and not pool.v_buffer[0].any()
     mla = MLATokenToKVPool(
         8, 1, torch.float32, kv_lora_rank=4, qk_rope_head_dim=2, layer_num=1
     )

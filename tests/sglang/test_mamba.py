@@ -123,9 +123,8 @@ def test_conv_state_is_a_list_over_components_each_stacked_over_layers():
 
 
 class BuggyNoDeferredClear(HybridReqToTokenPool):
-    def execute_deferred_mamba_cow_and_clear(
-        self, reqs
-    ):  # forgets the flag: the slot keeps its old state
+    # forgets the flag: the slot keeps its old state
+    def execute_deferred_mamba_cow_and_clear(self, reqs):
         for r in reqs:
             r.kv.mamba_needs_clear = False
 
@@ -141,9 +140,8 @@ def _reuse_sees_stale_state(pool_cls):
     pool.free(a)
     b = Req("b")
     pool.alloc([b])
-    assert (
-        int(b.kv.mamba_pool_idx) == int(s) and b.kv.mamba_needs_clear
-    )  # the only slot comes back, marked
+    # the only slot comes back, marked
+    assert int(b.kv.mamba_pool_idx) == int(s) and b.kv.mamba_needs_clear
     pool.execute_deferred_mamba_cow_and_clear([b])  # before b's first extend
     assert not b.kv.mamba_needs_clear
     return bool(
@@ -171,9 +169,8 @@ def test_a_cached_state_copied_in_wins_over_the_clear():
     assert not pool.mamba_pool.temporal[
         :, a.kv.mamba_pool_idx
     ].any()  # a's new slot: zeroed
-    assert (
-        pool.mamba_pool.temporal[:, b.kv.mamba_pool_idx] == 0
-    ).all()  # copied from a, after a's clear
+    # copied from a, after a's clear
+    assert (pool.mamba_pool.temporal[:, b.kv.mamba_pool_idx] == 0).all()
     assert b.kv.mamba_cow_src_index is None and not b.kv.mamba_needs_clear
 
 
@@ -284,9 +281,8 @@ def test_rows_come_with_state_slots_all_or_nothing():
         enable_overlap_schedule=True,
     )
     reqs = [Req("a")]
-    assert (
-        pool.alloc(reqs) is not None
-    )  # 1 state + 2 ping-pong slots: the whole mamba pool
+    # 1 state + 2 ping-pong slots: the whole mamba pool
+    assert pool.alloc(reqs) is not None
     assert reqs[0].kv.mamba_needs_clear and reqs[
         0
     ].kv.mamba_ping_pong_track_buffer.tolist() == [2, 3]
@@ -321,17 +317,15 @@ def test_free_gives_back_the_row_only_and_alloc_reuses_the_state_still_held():
     )
     pool.execute_deferred_mamba_cow_and_clear([r])
     slots_free = pool.mamba_allocator.available_size()
-    pool.free(
-        r
-    )  # e.g. a tree adopts the state: the row goes, the state stays with the request
+    # e.g. a tree adopts the state: the row goes, the state stays with the request
+    pool.free(r)
     assert (
         not r.kv.holds_kv
         and r.kv.holds_mamba
         and pool.mamba_allocator.available_size() == slots_free
     )
-    rows = pool.alloc(
-        [r]
-    )  # back again: a new row, the same state and tracking slots, no clear
+    # back again: a new row, the same state and tracking slots, no clear
+    rows = pool.alloc([r])
     assert pool.get_mamba_indices(rows).item() == state and not r.kv.mamba_needs_clear
     assert (
         pool.req_index_to_mamba_ping_pong_track_buffer_mapping[rows[0]].tolist()
@@ -340,9 +334,8 @@ def test_free_gives_back_the_row_only_and_alloc_reuses_the_state_still_held():
     assert pool.mamba_allocator.available_size() == slots_free
     pool.free_mamba_cache(r)
     pool.free(r)
-    assert (
-        pool.mamba_allocator.free_slots.tolist()[-3:] == [state] + tracking
-    )  # the state first, at the tail
+    # the state first, at the tail
+    assert pool.mamba_allocator.free_slots.tolist()[-3:] == [state] + tracking
     with pytest.raises(ValueError, match="holds no mamba state"):
         pool.free_mamba_cache(r)
 
@@ -409,9 +402,8 @@ def test_ensure_tracking_slots_takes_one_slot_per_row_even_for_a_repeated_row():
     pool.alloc([q])  # state + 1 tracking slot
     free = pool.mamba_allocator.available_size()
     assert pool.ensure_tracking_slots([q, q])
-    assert (
-        pool.mamba_allocator.available_size() == free - 1
-    )  # one missing slot, one taken: no leak
+    # one missing slot, one taken: no leak
+    assert pool.mamba_allocator.available_size() == free - 1
     held = pool.held_mamba_slots().tolist()
     assert len(held) + pool.mamba_allocator.available_size() == 6
 
@@ -491,9 +483,8 @@ def test_a_refused_state_free_changes_nothing():
     r = Req("a")
     (row,) = pool.alloc([r])
     slot = pool.get_mamba_indices([row])
-    pool.mamba_allocator.free(
-        slot
-    )  # a bookkeeping bug elsewhere: the request's state slot is free already
+    # a bookkeeping bug elsewhere: the request's state slot is free already
+    pool.mamba_allocator.free(slot)
     rows_free, mapping = (
         list(pool.free_slots),
         pool.req_index_to_mamba_index_mapping.clone(),
@@ -504,9 +495,8 @@ def test_a_refused_state_free_changes_nothing():
     )
     with pytest.raises(ValueError, match=f"mamba slot {slot.item()} freed twice"):
         pool.free_mamba_cache(r)
-    assert (
-        pool.free_slots == rows_free and row not in pool.free_slots
-    )  # the row is still held
+    # the row is still held
+    assert pool.free_slots == rows_free and row not in pool.free_slots
     assert (
         torch.equal(pool.req_index_to_mamba_index_mapping, mapping) and r.kv.holds_mamba
     )

@@ -84,15 +84,13 @@ def test_kernel_masks_page_ids_outside_either_buffer():
     from memlab.kernels import page_copy
 
     dev = kernel_device()
-    src = torch.arange(4 * 2 * 3, dtype=torch.float32, device=dev).reshape(
-        8, 1, 3
-    )  # 4 pages of 2 rows
+    # 4 pages of 2 rows
+    src = torch.arange(4 * 2 * 3, dtype=torch.float32, device=dev).reshape(8, 1, 3)
     dst, big = guarded(6, (1, 3), torch.float32, dev, -1.0)  # 3 pages
     dst.zero_()
     sp = torch.tensor([0, 4, -1, 3, 1], device=dev)
-    dp = torch.tensor(
-        [2, 0, 1, 3, -2], device=dev
-    )  # only (0 -> 2) is inside both buffers
+    # only (0 -> 2) is inside both buffers
+    dp = torch.tensor([2, 0, 1, 3, -2], device=dev)
     page_copy.copy_pages(src, dst, sp, dp, 2)
     assert (big[:GUARD] == -1).all() and (big[-GUARD:] == -1).all()
     assert torch.equal(dst[4:6].cpu(), src[0:2].cpu()) and (dst[:4] == 0).all()
@@ -127,9 +125,8 @@ def test_device_and_pinned_host_round_trip_on_a_gpu():
         torch.tensor([19, 0, 7]),
         torch.tensor([1, 2, 3]),
     )
-    transfer_pages(
-        dev_buf, host_buf, sp, hp, 16
-    )  # device -> host: staged through the GPU
+    # device -> host: staged through the GPU
+    transfer_pages(dev_buf, host_buf, sp, hp, 16)
     transfer_pages(host_buf, out, hp, dp, 16)
     torch.cuda.synchronize()
     for s, d in zip(sp.tolist(), dp.tolist()):

@@ -55,9 +55,8 @@ def test_insert_then_split_on_a_partial_match():
     v1, r1 = insert_fresh(tree, alloc, [1, 2, 3, 4, 5])
     assert r1.prefix_len == 0 and v1.tolist() == [1, 2, 3, 4, 5]
     v2, r2 = insert_fresh(tree, alloc, [1, 2, 3, 9, 9])
-    assert (
-        r2.prefix_len == 3
-    )  # (1, 2, 3) was there: the caller's slots 6, 7, 8 were duplicates, freed
+    # (1, 2, 3) was there: the caller's slots 6, 7, 8 were duplicates, freed
+    assert r2.prefix_len == 3
     assert shape(tree) == {
         (1, 2, 3): ([1, 2, 3], 0, {(4, 5): ([4, 5], 0, {}), (9, 9): ([9, 10], 0, {})})
     }
@@ -86,9 +85,8 @@ def test_lru_eviction_order_and_parents_becoming_leaves():
     insert_fresh(tree, alloc, [2, 2, 2])
     insert_fresh(tree, alloc, [3])
     tree.match_prefix([1, 1])  # refreshed: now the most recent
-    assert (
-        tree.evict(1).num_tokens_evicted == 3
-    )  # (2, 2, 2) goes whole: a node is the unit
+    # (2, 2, 2) goes whole: a node is the unit
+    assert tree.evict(1).num_tokens_evicted == 3
     assert sorted(shape(tree)) == [(1, 1), (3,)]
     assert tree.evict(1).num_tokens_evicted == 1 and sorted(shape(tree)) == [(1, 1)]
     # A parent whose last child goes becomes a leaf and may go in the same call.
@@ -109,9 +107,8 @@ def test_locks_protect_the_whole_path():
     assert sorted(shape(tree)[(1, 2)][2]) == [(3, 4)]
     m2 = tree.match_prefix([1, 2])
     assert tree.inc_lock_ref(m2.last_device_node).delta == 0  # already protected
-    assert (
-        tree.dec_lock_ref(m.last_device_node).delta == 2
-    )  # (3, 4) free again, (1, 2) still locked
+    # (3, 4) free again, (1, 2) still locked
+    assert tree.dec_lock_ref(m.last_device_node).delta == 2
     assert tree.evict(100).num_tokens_evicted == 2
     assert tree.dec_lock_ref(m2.last_device_node).delta == 2
     assert tree.evict(100).num_tokens_evicted == 2 and tree.total_size() == 0
@@ -159,9 +156,8 @@ def test_page_aligned_keys():
             {(4, 5, 6, 7): (value[4:].tolist(), 0, {})},
         )
     }
-    assert (
-        tree.match_prefix([0, 1, 2]).device_prefix_len == 0
-    )  # less than a page matches nothing
+    # less than a page matches nothing
+    assert tree.match_prefix([0, 1, 2]).device_prefix_len == 0
     tree.check_idle(64)
 
 
@@ -245,9 +241,8 @@ def test_finished_request_keeps_its_prompt_under_its_output_page_1():
         12,
         0,
     )
-    assert (
-        tree.evict(1).num_tokens_evicted == 5
-    )  # the output leaf goes; the prompt stays
+    # the output leaf goes; the prompt stays
+    assert tree.evict(1).num_tokens_evicted == 5
     assert (
         nodes(tree) == [(7, [1, 2, 3, 4, 5, 6, 7], 1, 0)]
         and alloc.available_size() == 57
@@ -268,9 +263,8 @@ def test_finished_request_keeps_its_prompt_under_its_output_page_4():
     assert (alloc.available_size(), tree.evictable_size()) == (48, 16)
     assert tree.evict(1).num_tokens_evicted == 8 and alloc.available_size() == 56
     tree, alloc, _ = table_tree(64, 4)
-    serve(
-        tree, 9, 8
-    )  # 17 committed: the key is still 16, the last page (position 16) goes back
+    # 17 committed: the key is still 16, the last page (position 16) goes back
+    serve(tree, 9, 8)
     assert (alloc.available_size(), tree.evict(1).num_tokens_evicted) == (48, 8)
 
 
@@ -332,9 +326,8 @@ def test_chunks_enter_the_tree_between_chunks_and_duplicates_go_back():
         6,
         7,
     ]  # the row points at the tree
-    assert (
-        alloc.free_pages[0].item() == 4 and alloc.available_size() == 64 - 12
-    )  # its own page 4 went back
+    # its own page 4 went back
+    assert alloc.free_pages[0].item() == 4 and alloc.available_size() == 64 - 12
     assert (b.kv.cache_protected_len, b.kv.cache_inserted_len, b.prefix_len) == (
         4,
         4,
@@ -361,9 +354,8 @@ def test_a_node_counts_one_hit_per_request():
     assert top.hit_count == 1 and next(iter(top.children.values())).hit_count == 1
     release_kv_cache(r, tree, checkpoint=True)
     assert top.hit_count == 1
-    s_, prefix = admit(
-        tree, "S", range(8)
-    )  # another request: hits 7, computes 1, inserts all 8
+    # another request: hits 7, computes 1, inserts all 8
+    s_, prefix = admit(tree, "S", range(8))
     extend(tree, s_, 1, prefix)
     assert top.hit_count == 2  # it counts again
     release_kv_cache(s_, tree, checkpoint=True)
@@ -377,9 +369,8 @@ def test_a_retracted_request_leaves_its_prompt_in_the_tree():
     decode(tree, r, 3)
     release_kv_cache(r, tree, checkpoint=False)
     r.reset_for_retract()
-    assert (
-        tree.total_size() == 7 and alloc.available_size() == 64 - 7
-    )  # its decode KV went back
+    # its decode KV went back
+    assert tree.total_size() == 7 and alloc.available_size() == 64 - 7
     assert r.kv.cache_protected_len == 0 and r.lock is None and not r.kv.holds_kv
     again, prefix = admit(tree, "R", r.full_untruncated_fill_ids)
     assert len(prefix) == 7  # the prompt hits
@@ -415,9 +406,8 @@ def test_a_request_never_hits_its_last_prompt_token():
     tree, alloc = tree_of()
     drv = RadixDriver(tree)
     drv.finish(drv.admit([1, 2, 3, 4]))
-    assert (
-        drv.admit([1, 2, 3, 4]).hit_tokens == 3
-    )  # the last token's logits must be computed
+    # the last token's logits must be computed
+    assert drv.admit([1, 2, 3, 4]).hit_tokens == 3
 
 
 def test_disabled_cache_holds_nothing():

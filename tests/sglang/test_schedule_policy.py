@@ -177,9 +177,8 @@ def play_round(side, sg, spec) -> list:
     adder (scheduler.py, ``_get_new_batch_prefill_raw``): the continuing chunk first, then the
     waiting requests in order until one comes back other than CONTINUE. Returns the books after
     each call."""
-    spec = copy.deepcopy(
-        spec
-    )  # nodes and requests shared by the round's objects stay shared
+    # nodes and requests shared by the round's objects stay shared
+    spec = copy.deepcopy(spec)
     tree, nodes = spec["tree"], spec["nodes"]
     alloc = Allocator(sg, spec["ps"], spec["available"])
     adder = adder_of(
@@ -398,9 +397,8 @@ def rounds(draw):
         prompt = draw(st.integers(1, 300))
         max_new = draw(st.sampled_from([1, draw(st.integers(1, 200)), 5000]))
         out = draw(st.integers(1, max_new)) if running else 0
-        if not running and draw(
-            st.booleans()
-        ):  # a retracted one comes back with its output
+        # a retracted one comes back with its output
+        if not running and draw(st.booleans()):
             out = draw(st.integers(0, max_new - 1))
         ignore_eos = draw(st.booleans())
         fill = prompt + out

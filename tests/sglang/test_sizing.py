@@ -117,9 +117,8 @@ def test_reserve_is_always_doubled_and_the_buggy_variant_is_caught(spec):
 def test_uno_keeps_one_more_position():
     uno = SpeculativeConfig(algorithm="UNO", num_steps=3, num_draft_tokens=6)
     assert alloc_len_per_decode(uno, 1) == alloc_len_per_decode(uno, 16) == 7
-    assert (
-        req_to_token_row_width(4096, uno, 1) == 4096 + 14 + 0
-    )  # reserve 14 at every page size
+    # reserve 14 at every page size
+    assert req_to_token_row_width(4096, uno, 1) == 4096 + 14 + 0
 
 
 def test_request_table_row_headroom():
@@ -239,18 +238,16 @@ def test_an_engine_releases_each_victim_and_reads_its_books_again():
 
 def test_retraction_always_keeps_one_request():
     reqs = [RunningReq("A", 100, 5), RunningReq("B", 50, 1)]
-    kept, gone, fits = retract_decode(
-        reqs, 0, 1, reserve=10_000
-    )  # nothing could ever fit
+    # nothing could ever fit
+    kept, gone, fits = retract_decode(reqs, 0, 1, reserve=10_000)
     assert (
         [r.rid for r in kept] == ["A"] and [r.rid for r in gone] == ["B"] and not fits
     )
     # SGLang calls retract_decode only after the check failed: its first pass retracts unchecked
     kept, gone, fits = retract_decode(reqs, 10, 1, reserve=2)
     assert [r.rid for r in gone] == ["B"] and fits
-    kept, gone, fits = retract_decode(
-        reqs[:1], 0, 1
-    )  # one request: kept, whatever happens
+    # one request: kept, whatever happens
+    kept, gone, fits = retract_decode(reqs[:1], 0, 1)
     assert gone == [] and not fits
 
 

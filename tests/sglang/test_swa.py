@@ -55,9 +55,8 @@ def test_a_fresh_request_maps_last_loc_minus_one_and_both_sides_fill(ps):
     assert torch.equal(full % ps, swa % ps)  # lockstep: same offsets inside pages
     full2 = extend(a, held, "r", 3)  # continue: last_loc goes through the map
     swa2 = a.translate_loc_from_full_to_swa(full2)
-    if (
-        ps > 1
-    ):  # the rest of the partial page continues from the mapped last slot on both sides
+    # the rest of the partial page continues from the mapped last slot on both sides
+    if ps > 1:
         assert full2[:2].tolist() == [full[-1].item() + 1, full[-1].item() + 2]
         assert swa2[:2].tolist() == [swa[-1].item() + 1, swa[-1].item() + 2]
     a.check_books()
@@ -85,9 +84,8 @@ def test_a_refusal_on_either_side_takes_nothing_from_both(size, size_swa):
     held = {}
     extend(a, held, "r", 8)  # both sides now full on the small side
     before = books(a)
-    assert decode(a, held, ["r"]) is None and unchanged(
-        a, before
-    )  # token 9 would open a page
+    # token 9 would open a page
+    assert decode(a, held, ["r"]) is None and unchanged(a, before)
 
 
 def test_decode_opens_pages_on_both_sides_together():
@@ -106,9 +104,8 @@ def test_decode_opens_pages_on_both_sides_together():
 
 # ---- freeing ------------------------------------------------------------------------------
 class BuggyFullFirst(SWATokenToKVPoolAllocator):
-    def free(
-        self, free_index
-    ):  # the full side first, forgetting the map before the SWA side reads it
+    # the full side first, forgetting the map before the SWA side reads it
+    def free(self, free_index):
         self.full_attn_allocator.free(free_index)
         self._clear_mapping(free_index)
         self.free_swa(free_index)
@@ -148,9 +145,8 @@ def test_padding_never_reaches_a_free_list_and_the_buggy_variant_is_caught(ps):
         a = cls(64, 32, ps, debug_mode=True)
         held = {}
         extend(a, held, "r", 20)
-        a.release_out_of_window(
-            row(held["r"]), 0, 20, 0, sliding_window=6
-        )  # some SWA slots map to 0 now
+        # some SWA slots map to 0 now
+        a.release_out_of_window(row(held["r"]), 0, 20, 0, sliding_window=6)
         if cls is BuggyFreesPadding:
             with pytest.raises(ValueError, match="padding"):
                 a.free(T(*held["r"]))
@@ -202,9 +198,8 @@ def test_a_free_the_full_side_refuses_changes_neither_side(ps):
     before = books(a)
     with pytest.raises(ValueError, match="double free"):
         a.free(T(held["a"][0], gone[0]))  # a's page is held, b's is free already
-    assert unchanged(
-        a, before
-    )  # a's SWA page was not given back, its map entries stand
+    # a's SWA page was not given back, its map entries stand
+    assert unchanged(a, before)
     a.check_books()
 
 
@@ -230,9 +225,8 @@ def test_freeing_slots_of_one_page_twice_in_a_call_clears_the_page_once():
     a = SWATokenToKVPoolAllocator(32, 16, 4, debug_mode=True)
     held = {}
     extend(a, held, "r", 8)
-    a.free(
-        T(held["r"][5], held["r"][6], held["r"][5])
-    )  # repeats: writing 0 twice is harmless
+    # repeats: writing 0 twice is harmless
+    a.free(T(held["r"][5], held["r"][6], held["r"][5]))
     m = a.full_to_swa_index_mapping
     assert not m[T(*held["r"][4:8])].any() and (m[T(*held["r"][:4])] > 0).all()
     assert a.full_available_size() == 28 and a.swa_available_size() == 12
@@ -254,23 +248,19 @@ def test_release_frees_exactly_the_pages_wholly_outside_the_window():
         3,
         4,
     ]  # pages of positions 0..15
-    assert (
-        a.swa_available_size() == 32 - 24 + 16 and a.full_available_size() == 64 - 24
-    )  # full side keeps all
+    # full side keeps all
+    assert a.swa_available_size() == 32 - 24 + 16 and a.full_available_size() == 64 - 24
     m = a.full_to_swa_index_mapping[T(*held["r"])]
     assert not m[:16].any() and torch.equal(m[16:], swa[16:])
-    assert (
-        a.release_out_of_window(row(held["r"]), 0, 25, ev, 6) == 16
-    )  # 19 is mid-page: nothing new
-    assert (
-        a.release_out_of_window(row(held["r"]), 0, 23, 16, 6) == 16
-    )  # repeat: nothing twice
+    # 19 is mid-page: nothing new
+    assert a.release_out_of_window(row(held["r"]), 0, 25, ev, 6) == 16
+    # repeat: nothing twice
+    assert a.release_out_of_window(row(held["r"]), 0, 23, 16, 6) == 16
     for _ in range(3):
         decode(a, held, ["r"])
     assert len(held["r"]) == 26
-    assert (
-        a.release_out_of_window(row(held["r"]), 0, 26, 16, 6) == 20
-    )  # positions 16..19 now dead
+    # positions 16..19 now dead
+    assert a.release_out_of_window(row(held["r"]), 0, 26, 16, 6) == 20
     a.check_books()
 
 
@@ -305,18 +295,16 @@ def test_release_with_a_prefix_sharing_cache_keeps_a_whole_window_of_pages():
         )
     a = SWATokenToKVPoolAllocator(64, 32, 8)
     held = {}
-    extend(
-        a, held, "r", 30
-    )  # window 3 < page 8: sharing keeps a whole page, 30 - 8 = 22 -> 16
+    # window 3 < page 8: sharing keeps a whole page, 30 - 8 = 22 -> 16
+    extend(a, held, "r", 30)
     assert (
         a.release_out_of_window(
             row(held["r"]), 0, 30, 0, 3, supports_prefix_sharing=True
         )
         == 16
     )
-    assert (
-        a.release_out_of_window(row(held["r"]), 0, 30, 16, 3) == 24
-    )  # without sharing: 27 -> 24
+    # without sharing: 27 -> 24
+    assert a.release_out_of_window(row(held["r"]), 0, 30, 16, 3) == 24
 
 
 def test_release_needs_page_aligned_lengths():
@@ -361,9 +349,8 @@ def test_ring_mode_counts_swa_capacity_in_request_rows():
     )
     rt.alloc_rows(2)
     assert a.swa_available_size() == 3 * 12
-    assert (
-        a.available_size() == 64
-    )  # tokens are gated by the full side; rings by the rows
+    # tokens are gated by the full side; rings by the rows
+    assert a.available_size() == 64
     out = extend(a, {}, "r", 9)
     assert (
         a.full_available_size() == 64 - 12
@@ -379,9 +366,8 @@ def test_ring_slots_cycle_inside_each_rows_ring():
         64, None, 4, torch.float32, 1, 2, [1], [0], swa_req_ring_size=10, num_req_rows=5
     )
     a = SWATokenToKVPoolAllocator(64, None, 4, kvcache=pool, req_to_token_pool=rt)
-    assert (
-        pool.size_swa == 60 and pool.swa_kv_pool.k_buffer[0].shape[0] == 64
-    )  # + the padding page
+    # + the padding page
+    assert pool.size_swa == 60 and pool.swa_kv_pool.k_buffer[0].shape[0] == 64
     ids = a.ring_loc(T(1, 1, 1, 5), T(0, 11, 12, 11))
     assert ids.tolist() == [
         4,
@@ -427,9 +413,8 @@ def test_the_pool_and_the_allocator_must_agree_on_the_swa_side():
     with pytest.raises(
         ValueError, match="SWA pool holds 48 slots, the allocator's SWA side 60"
     ):
-        SWATokenToKVPoolAllocator(
-            64, None, 4, kvcache=pool, req_to_token_pool=rt
-        )  # 4 rows vs 5
+        # 4 rows vs 5
+        SWATokenToKVPoolAllocator(64, None, 4, kvcache=pool, req_to_token_pool=rt)
     with pytest.raises(ValueError, match="ring size 8.*ring size 10"):
         SWATokenToKVPoolAllocator(
             64,

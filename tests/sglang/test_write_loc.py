@@ -152,9 +152,8 @@ def test_swa_pool_takes_a_plain_location_and_needs_the_swa_ids_for_swa_layers():
 def test_swa_pool_writes_each_layer_in_its_own_id_space():
     pool, alloc, loc = _swa_setup()
     w = alloc.write_loc(loc)
-    assert not w.physical and not torch.equal(
-        w.swa_loc, loc
-    )  # the id spaces really differ here
+    # the id spaces really differ here
+    assert not w.physical and not torch.equal(w.swa_loc, loc)
     k, v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
     pool.set_kv_buffer(1, w, k, v)  # full layer
     pool.set_kv_buffer(2, w, 2 * k, 2 * v)  # SWA layer

@@ -664,9 +664,8 @@ def _sglang_cases():
             lambda env: env.alloc.free(torch.tensor([5 * ps])),
             books=books,
         )
-        if (
-            ps == 1
-        ):  # SGLang's paged free takes the unique pages of its slots: a repeat there is harmless
+        # SGLang's paged free takes the unique pages of its slots: a repeat there is harmless
+        if ps == 1:
             case(
                 f"{name}.free",
                 "the same slots twice in one call",
@@ -733,9 +732,8 @@ def _sglang_cases():
             p = env.alloc.page_size
             prefix = torch.tensor([p - 1]) if prefix is DEFAULT else prefix
             seq = torch.tensor([p + 2]) if seq is DEFAULT else seq
-            if (
-                last is DEFAULT
-            ):  # where the prefix ends (page size 1: an empty prefix, last_loc -1)
+            # where the prefix ends (page size 1: an empty prefix, last_loc -1)
+            if last is DEFAULT:
                 last = env.held[p - 2 : p - 1] if p > 1 else torch.tensor([-1])
             pcpu = prefix if pcpu is DEFAULT else pcpu
             scpu = seq if scpu is DEFAULT else scpu
@@ -2440,9 +2438,8 @@ def build_cases() -> list[Case]:
 
 
 def classify_safe(case) -> tuple[str, str]:
-    if getattr(
-        case, "isolate", False
-    ):  # a kernel fed bad ids may crash the process: run it in a child
+    # a kernel fed bad ids may crash the process: run it in a child
+    if getattr(case, "isolate", False):
         return _classify_in_child(case)
     try:
         return classify(case)

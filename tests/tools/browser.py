@@ -122,9 +122,8 @@ def wait_for_server(url: str, proc, timeout: float = 120) -> None:
                 if r.status == 200:
                     return
         except OSError:
-            time.sleep(
-                0.3
-            )  # polling a server that is starting: the one place a pause is the wait
+            # polling a server that is starting: the one place a pause is the wait
+            time.sleep(0.3)
     raise TimeoutError(f"JupyterLab did not answer {url} within {timeout:.0f} s")
 
 
@@ -138,9 +137,8 @@ class Lab:
         self.base, self.token, self.state, self.chromium = base, token, state, chromium
 
     def url(self, name: str, workspace: str | None = None) -> str:
-        ws = (
-            workspace or name[:2]
-        )  # a workspace per notebook: opening one restores no other
+        # a workspace per notebook: opening one restores no other
+        ws = workspace or name[:2]
         return f"{self.base}/lab/workspaces/{ws}/tree/{name}?token={self.token}"
 
     def api(self, path: str):
@@ -182,9 +180,8 @@ def serve_lab():
         JUPYTERLAB_WORKSPACES_DIR=str(state / "workspaces"),
         JUPYTERLAB_SETTINGS_DIR=str(state / "settings"),
     )
-    env.pop(
-        "TRITON_INTERPRET", None
-    )  # the kernel picks its own mode, as a learner's would
+    # the kernel picks its own mode, as a learner's would
+    env.pop("TRITON_INTERPRET", None)
     log = open(state / "lab.log", "w")
     root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     proc = subprocess.Popen(

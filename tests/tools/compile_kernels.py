@@ -256,9 +256,8 @@ def built(v: tuple) -> bool:
 
 
 def main() -> int:
-    os.environ.pop(
-        "TRITON_INTERPRET", None
-    )  # before the kernel files run: triton.jit reads it then
+    # before the kernel files run: triton.jit reads it then
+    os.environ.pop("TRITON_INTERPRET", None)
     failed = 0
     for fname, builds in BUILDS.items():
         mod = load(ROOT / "kernels" / fname)

@@ -268,9 +268,8 @@ def _stmt_variants(node: ast.stmt) -> list[str]:
         node,
         (ast.Assign, ast.AugAssign, ast.Expr, ast.If, ast.For, ast.Raise, ast.While),
     ):
-        if not (
-            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-        ):  # not a docstring
+        # not a docstring
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             out.append("pass")
     if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
         n = copy.deepcopy(node)
@@ -290,9 +289,8 @@ def _stmt_variants(node: ast.stmt) -> list[str]:
             node.value, (ast.Constant, ast.Tuple, ast.List, ast.Compare, ast.BoolOp)
         ):
             v = ast.unparse(node.value)
-            out.append(
-                f"return {v if _atom(node.value) else f'({v})'}.tolist()"
-            )  # a list where a tensor is promised
+            # a list where a tensor is promised
+            out.append(f"return {v if _atom(node.value) else f'({v})'}.tolist()")
     if (
         isinstance(node, ast.Assign)
         and len(node.targets) == 1
@@ -667,9 +665,8 @@ def run_jobs(jobs: list[dict], n_workers: int, progress=None) -> dict[str, dict]
             for key, _ in sel.select(timeout=0.5):
                 w = key.data
                 line = w.proc.stdout.readline()
-                if (
-                    not line
-                ):  # the worker died: a crash in the mutant (a segfault, os._exit)
+                # the worker died: a crash in the mutant (a segfault, os._exit)
+                if not line:
                     rc = w.proc.wait()
                     retire(
                         w,

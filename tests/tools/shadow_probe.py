@@ -29,9 +29,8 @@ def where(name: str) -> Path:
 def test_installed_distributions_win_over_the_repository_folders():
     site.addsitedir(os.environ["MEMLAB_STANDINS"])  # installed: after site-packages
     for name in TOP:
-        folder = (
-            ROOT / name
-        )  # the repository's own folder of that name (.venv is elsewhere)
+        # the repository's own folder of that name (.venv is elsewhere)
+        folder = ROOT / name
         assert folder not in where(name).parents, f"{name} comes from {folder}"
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

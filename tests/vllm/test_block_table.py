@@ -73,9 +73,8 @@ def test_slot_mapping_kernel_masks_reads_it_cannot_make():
     dev = kernel_device()
     table = guarded_table(2, 3, dev)
     R = torch.tensor([0, 5, -1, 1], dtype=torch.int32, device=dev)
-    P = torch.tensor(
-        [3, 0, 0, 3 * 4], dtype=torch.int64, device=dev
-    )  # row 5, row -1, block 3 of 3
+    # row 5, row -1, block 3 of 3
+    P = torch.tensor([3, 0, 0, 3 * 4], dtype=torch.int64, device=dev)
     out = slot_mapping.compute_slot_mapping(table, R, P, 4)
     assert out.tolist() == [int(table[0, 0]) * 4 + 3, -1, -1, -1]
 
@@ -170,9 +169,8 @@ def test_block_table_to_slot_mapping_to_store(backend):
     vc = torch.zeros(10, 4, 1, 2, device=dev)
     store_kv(key, key, kc, vc, slots, backend=backend)
     assert kc[7, 0].tolist() == [[0.0, 1.0]] and kc[9, 0].tolist() == [[10.0, 11.0]]
-    assert (
-        int((kc.reshape(-1, 2) != 0).any(-1).sum()) == 6
-    )  # the two padded tokens wrote nothing
+    # the two padded tokens wrote nothing
+    assert int((kc.reshape(-1, 2) != 0).any(-1).sum()) == 6
 
 
 def test_block_table_rows_are_append_only_and_refusals_change_nothing():

@@ -42,9 +42,8 @@ def test_only_full_blocks_are_hashed(hash_fn):
 def test_the_chain_makes_each_hash_stand_for_the_whole_prefix(hash_fn):
     base = hashes(list(range(16)), hash_fn)
     early = hashes([99] + list(range(1, 16)), hash_fn)  # one token of block 0 differs
-    late = hashes(
-        list(range(8)) + [99] + list(range(9, 16)), hash_fn
-    )  # one token of block 2
+    # one token of block 2
+    late = hashes(list(range(8)) + [99] + list(range(9, 16)), hash_fn)
     assert all(a != b for a, b in zip(base, early))
     assert late[:2] == base[:2] and all(a != b for a, b in zip(base[2:], late[2:]))
     # Same block content after a different prefix: different hash.
@@ -218,9 +217,8 @@ def test_lora_identity_separates_adapters():
     a, a2, b = (
         hashes(list(range(8)), lora_name=n, lora_path="/p") for n in ("a", "a", "b")
     )
-    moved = hashes(
-        list(range(8)), lora_name="a", lora_path="/q"
-    )  # the name re-pointed at another adapter
+    # the name re-pointed at another adapter
+    moved = hashes(list(range(8)), lora_name="a", lora_path="/q")
     assert a == a2 and len({base[0], a[0], b[0], moved[0]}) == 4
     r = Request("r", list(range(8)), lora_name="a", lora_path="/p")
     assert generate_block_hash_extra_keys(r, 4, 8)[0] == (
@@ -266,9 +264,8 @@ def test_multimodal_index_advances_past_finished_items():
     ]
     r = Request("r", list(range(12)), mm_features=items)
     keys, nxt = generate_block_hash_extra_keys(r, 0, 4)
-    assert (
-        keys == (("mm", "a", 0), ("mm", "b", 3)) and nxt == 1
-    )  # "b" runs into the next block
+    # "b" runs into the next block
+    assert keys == (("mm", "a", 0), ("mm", "b", 3)) and nxt == 1
     keys, nxt = generate_block_hash_extra_keys(r, 4, 8, nxt)
     assert keys == (("mm", "b", -1),) and nxt == 2
     keys, nxt = generate_block_hash_extra_keys(r, 8, 12, nxt)
@@ -296,6 +293,5 @@ def test_request_accepts_an_empty_prompt_as_vllms_does():
     r = Request("r", [], block_hasher=get_request_block_hasher(2, sha256))
     assert (r.num_tokens, r.block_hashes) == (0, [])
     r.append_output_token_ids([5, 6, 7])
-    assert (
-        r.num_tokens == 3 and len(r.block_hashes) == 1
-    )  # the first block filled: hashed now
+    # the first block filled: hashed now
+    assert r.num_tokens == 3 and len(r.block_hashes) == 1

@@ -122,9 +122,8 @@ def test_lookup_stops_at_the_first_miss():
     a = new_request(mgr, "a", list(range(16)))
     admit(mgr, a)
     mgr.free(a)
-    b = new_request(
-        mgr, "b", list(range(8)) + [99] * 4 + list(range(12, 17))
-    )  # block 2 differs
+    # block 2 differs
+    b = new_request(mgr, "b", list(range(8)) + [99] * 4 + list(range(12, 17)))
     hits, n = mgr.get_computed_blocks(b)
     assert [h.block_id for h in hits] == [
         1,
@@ -138,9 +137,8 @@ def test_at_most_num_tokens_minus_one_tokens_hit_and_the_recomputed_block_is_a_d
     admit(mgr, a)
     b = new_request(mgr, "b", list(range(8)))  # the same 2-block prompt
     new, n = admit(mgr, b)
-    assert (
-        n == 4
-    )  # the last token is recomputed for its logits, so block 1 is not a hit
+    # the last token is recomputed for its logits, so block 1 is not a hit
+    assert n == 4
     assert mgr.get_block_ids("b") == [1, 3]
     copies = mgr.block_pool.cached_block_hash_to_block._cache[a.block_hashes[1]]
     # Two blocks for one hash: block tables stay append-only.
@@ -176,9 +174,8 @@ def two_cached_prefixes(cls):
 
 def hits_are_touched_before_new_blocks_are_taken(cls):
     mgr = two_cached_prefixes(cls)
-    d = new_request(
-        mgr, "D", [1, 2, 3, 4, 9]
-    )  # hits A's blocks 1, 2, which sit at the queue head
+    # hits A's blocks 1, 2, which sit at the queue head
+    d = new_request(mgr, "D", [1, 2, 3, 4, 9])
     new, n = admit(mgr, d)
     assert n == 4
     assert mgr.get_block_ids("D") == [1, 2, 4], mgr.get_block_ids("D")
@@ -197,14 +194,12 @@ def test_the_touch_order_check_catches_allocating_first():
 def evictable_hits_count_against_capacity(cls):
     mgr = two_cached_prefixes(cls)
     before = snapshot(mgr)
-    e = new_request(
-        mgr, "E", [1, 2, 3, 4, 9, 9, 9, 9, 9]
-    )  # 2 free hits + 3 new > 4 free
+    # 2 free hits + 3 new > 4 free
+    e = new_request(mgr, "E", [1, 2, 3, 4, 9, 9, 9, 9, 9])
     new, n = admit(mgr, e)
     assert new is None and snapshot(mgr) == before  # refused: nothing changed
-    f = new_request(
-        mgr, "F", [1, 2, 3, 4, 9, 9, 9]
-    )  # 2 free hits + 2 new = 4: fits exactly
+    # 2 free hits + 2 new = 4: fits exactly
+    f = new_request(mgr, "F", [1, 2, 3, 4, 9, 9, 9])
     new, _ = admit(mgr, f)
     assert len(new) == 2 and mgr.block_pool.get_num_free_blocks() == 0
     mgr.block_pool.check_invariants()
@@ -223,9 +218,8 @@ def test_hits_held_by_a_running_request_cost_nothing():
     mgr = KVCacheManager(7, block_size=2)
     a = new_request(mgr, "a", [1, 2, 3, 4, 5])
     admit(mgr, a)  # holds blocks 1, 2, 3; 1 and 2 cached
-    b = new_request(
-        mgr, "b", [1, 2, 3, 4, 8, 8, 8]
-    )  # 2 hits with ref_cnt 1, 2 new; 3 free
+    # 2 hits with ref_cnt 1, 2 new; 3 free
+    b = new_request(mgr, "b", [1, 2, 3, 4, 8, 8, 8])
     new, n = admit(mgr, b)
     assert n == 4 and len(new) == 2 and mgr.block_pool.blocks[1].ref_cnt == 2
 
@@ -242,16 +236,14 @@ def test_short_pool_returns_none_and_changes_nothing():
 
 
 def test_watermark_holds_back_new_requests_only():
-    mgr = KVCacheManager(
-        11, block_size=1, watermark=0.2
-    )  # 0.2 of all 11 blocks: 2 held back
+    # 0.2 of all 11 blocks: 2 held back
+    mgr = KVCacheManager(11, block_size=1, watermark=0.2)
     assert mgr.watermark_blocks == 2
     assert admit(mgr, new_request(mgr, "big", list(range(9))))[0] is None
     a = new_request(mgr, "a", list(range(8)))
     assert len(admit(mgr, a)[0]) == 8
-    assert (
-        len(decode(mgr, a)) == 1 and len(decode(mgr, a)) == 1
-    )  # a running request may use them
+    # a running request may use them
+    assert len(decode(mgr, a)) == 1 and len(decode(mgr, a)) == 1
     assert decode(mgr, a) is None
 
 
@@ -261,9 +253,8 @@ def test_decode_hashes_each_block_when_it_fills():
     admit(mgr, a)
     assert group(mgr).num_cached_block["a"] == 1
     assert decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 1  # 7 tokens
-    assert (
-        decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 2
-    )  # 8 tokens: block 2 full
+    # 8 tokens: block 2 full
+    assert decode(mgr, a) == [] and group(mgr).num_cached_block["a"] == 2
     assert len(decode(mgr, a)) == 1  # 9th token opens block 3
     b = new_request(mgr, "b", a.all_token_ids[:8] + [0])
     assert mgr.get_computed_blocks(b)[1] == 8  # the decoded tokens' block is a hit
@@ -309,13 +300,11 @@ def test_allocate_slots_is_the_managers_steps_through_the_coordinator():
     )
     a.num_computed_tokens = 12
     a.append_output_token_ids(7)
-    m.remove_skipped_blocks(
-        "a", 12
-    )  # the next token (12) reads back to 5: block 0 (tokens 0..3) goes
+    # the next token (12) reads back to 5: block 0 (tokens 0..3) goes
+    m.remove_skipped_blocks("a", 12)
     assert mgr.get_block_ids("a") == [0, 2, 3] and mgr.block_pool.blocks[1].ref_cnt == 0
-    assert (
-        m.get_num_blocks_to_allocate("a", 13, [], 12) == 1
-    )  # running: what its list lacks
+    # running: what its list lacks
+    assert m.get_num_blocks_to_allocate("a", 13, [], 12) == 1
     assert mgr.allocate_slots(a, 1) is not None and mgr.get_block_ids("a") == [
         0,
         2,
@@ -350,9 +339,8 @@ def test_a_refused_call_still_gives_back_out_of_window_blocks():
     mgr = KVCacheManager(4, block_size=2, sliding_window=3)  # 3 usable blocks
     c = new_request(mgr, "c", list(range(6)))
     admit(mgr, c)  # blocks 1, 2, 3: the pool is full
-    c.append_output_token_ids(
-        [7, 7, 7, 7, 7]
-    )  # 11 tokens: 6 blocks, 2 of them skipped: 1 more than there are
+    # 11 tokens: 6 blocks, 2 of them skipped: 1 more than there are
+    c.append_output_token_ids([7, 7, 7, 7, 7])
     assert mgr.allocate_slots(c, 5) is None  # refused ...
     assert (
         mgr.get_block_ids("c") == [0, 0, 3]
@@ -380,9 +368,8 @@ def test_free_in_reverse_order_keeps_the_shared_start_longest():
 
 
 def test_the_reverse_free_check_catches_forward_free():
-    assert (
-        prefix_survives_pressure(ForwardFreeManager) == 0
-    )  # the start went first: nothing hits
+    # the start went first: nothing hits
+    assert prefix_survives_pressure(ForwardFreeManager) == 0
 
 
 # ---- sliding window ------------------------------------------------------------------------
@@ -404,9 +391,8 @@ def test_out_of_window_blocks_become_null_blocks():
         and pool.free_block_queue.fake_free_list_tail.prev_free_block is pool.blocks[1]
     )
     for _ in range(4):
-        decode(
-            mgr, a
-        )  # with 16 tokens computed, the next reads back to 9: block 1 (4..7) goes
+        # with 16 tokens computed, the next reads back to 9: block 1 (4..7) goes
+        decode(mgr, a)
     assert mgr.get_block_ids("a")[:2] == [0, 0]
     assert pool.null_block.ref_cnt == 0 and pool.null_block.prev_free_block is None
     pool.check_invariants()
@@ -433,9 +419,8 @@ def test_computed_blocks_without_prefix_caching_are_refused_before_anything_chan
     a.append_output_token_ids(7)
     before = snapshot(mgr)
     with pytest.raises(ValueError, match="prefix caching is disabled"):
-        mgr.allocate_slots(
-            a, 1, 0, [mgr.block_pool.blocks[9]]
-        )  # block 0 (positions 0..3) is out of window
+        # block 0 (positions 0..3) is out of window
+        mgr.allocate_slots(a, 1, 0, [mgr.block_pool.blocks[9]])
     assert snapshot(mgr) == before
 
 
@@ -453,9 +438,8 @@ def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
         and [h.block_id for h in hits[2:]] == [3, 4]
     )
     mgr.block_pool.get_new_blocks(mgr.block_pool.get_num_free_blocks() - 4)
-    mgr.block_pool.get_new_blocks(
-        2
-    )  # evicts a's blocks 4 and 3 (the prefix's tail goes first)
+    # evicts a's blocks 4 and 3 (the prefix's tail goes first)
+    mgr.block_pool.get_new_blocks(2)
     hits, n = mgr.get_computed_blocks(b)
     assert n == 8 and [h.block_id for h in hits] == [
         1,
@@ -471,9 +455,8 @@ def test_sliding_window_hit_fills_skipped_blocks_with_null():
     admit(mgr, a)
     mgr.free(a)
     pool = mgr.block_pool
-    pool.touch(
-        [pool.blocks[1]]
-    )  # keep block 1 out of the queue's way, then evict block 2 only
+    # keep block 1 out of the queue's way, then evict block 2 only
+    pool.touch([pool.blocks[1]])
     pool._maybe_evict_cached_block(pool.blocks[2])
     pool.free_blocks([pool.blocks[1]])
     hits, n = mgr.get_computed_blocks(new_request(mgr, "b", list(range(16)) + [1]))

@@ -46,17 +46,15 @@ def test_split_kv_views_the_halves_of_each_token_and_store_kv_writes_through_the
     layer = allocate_kv_cache(1, B, H, N, D, head_size_v=6, dtype=torch.float32)[0]
     k_cache, v_cache = split_kv(layer, D)
     assert k_cache.shape == (B, N, H, D) and v_cache.shape == (B, N, H, 6)
-    assert (
-        k_cache.data_ptr() == layer.data_ptr() and k_cache.stride(2) == D + 6
-    )  # heads interleave K|V
+    # heads interleave K|V
+    assert k_cache.data_ptr() == layer.data_ptr() and k_cache.stride(2) == D + 6
     key, value = torch.randn(3, H, D), torch.randn(3, H, 6)
     slots = torch.tensor([9, -1, 0])
     for backend in ("torch", "python"):
         layer.zero_()
         store_kv(key, value, k_cache, v_cache, slots, backend=backend)
-        assert torch.equal(
-            layer[9 // N, :, 9 % N, :D], key[0]
-        )  # logical [B, H, N, C]: K first
+        # logical [B, H, N, C]: K first
+        assert torch.equal(layer[9 // N, :, 9 % N, :D], key[0])
         assert torch.equal(layer[9 // N, :, 9 % N, D:], value[0])
         assert torch.equal(layer[0, :, 0, :D], key[2]) and int(
             (layer != 0).sum()

@@ -108,9 +108,8 @@ def test_run_shows_progress_and_plots(capsys):
 
     matplotlib.use("Agg")
     curve = run("synthetic", fractions=(0.1, 1.0), limit=200, progress=True, plot=True)
-    assert (
-        "replay synthetic: 200 requests x 2 capacities" in capsys.readouterr().err
-    )  # 400 ticks, labelled
+    # 400 ticks, labelled
+    assert "replay synthetic: 200 requests x 2 capacities" in capsys.readouterr().err
     fig = curve.plot()
     assert fig.axes[0].get_lines()[0].get_ydata().tolist() == curve.hit_rates
     import matplotlib.pyplot as plt

@@ -305,9 +305,8 @@ class Buddy:
                 "(blocks start at multiples of their size)"
             )
         for j, free in enumerate(self.free_lists):
-            lo = (
-                start & ~((1 << j) - 1) if j >= k else start
-            )  # a larger free block would start here
+            # a larger free block would start here
+            lo = start & ~((1 << j) - 1) if j >= k else start
             i = bisect.bisect_left(free, lo)
             if i < len(free) and free[i] < start + (1 << k):
                 raise ValueError(

@@ -78,9 +78,8 @@ class SimResult:
         int  # the most internal fragmentation one request held at one snapshot
     )
     wall_seconds: float = 0.0
-    timeline: np.ndarray | None = field(
-        default=None, repr=False
-    )  # per stretch: TIMELINE_COLUMNS
+    # per stretch: TIMELINE_COLUMNS
+    timeline: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def shares(self) -> dict:
@@ -194,16 +193,14 @@ def simulate(
     _check_fits(policy, workload, N, reserve)
     B = policy.block_size if paged else 1
     blocks_for = policy.blocks_for if paged else None
-    held = (
-        None if paged else policy.held(reserve)
-    )  # slots the placement takes per request
+    # slots the placement takes per request
+    held = None if paged else policy.held(reserve)
 
     # A request's only moving part is how many tokens it has left to generate (kept across a
     # preemption); while it runs it holds final - left tokens of KV.
     left = out.copy()
-    admitted = np.zeros(
-        n, bool
-    )  # admitted before (a readmission re-prefills: recompute)
+    # admitted before (a readmission re-prefills: recompute)
+    admitted = np.zeros(n, bool)
     blocks = np.zeros(n, np.int64)  # paged: blocks held
     start = np.zeros(n, np.int64)  # reservation: where the placement put it
     free_blocks = N // B if paged else 0
@@ -231,9 +228,8 @@ def simulate(
         blocked_by_fragmentation = False
         while waiting and (max_running is None or len(running) < max_running):
             rid = waiting[0]
-            tokens = int(
-                final[rid] - left[rid]
-            )  # a preempted request re-prefills what it generated
+            # a preempted request re-prefills what it generated
+            tokens = int(final[rid] - left[rid])
             if paged:
                 need = int(blocks_for(tokens + 1))
                 if need > free_blocks - keep_free:
@@ -249,9 +245,8 @@ def simulate(
             waiting.popleft()
             running.append(rid)
             prefill += tokens
-            recomputed += (
-                tokens if admitted[rid] else 0
-            )  # a readmission after a preemption
+            # a readmission after a preemption
+            recomputed += tokens if admitted[rid] else 0
             admitted[rid] = True
         peak = max(peak, len(running))
 
@@ -265,13 +260,11 @@ def simulate(
                 c = final[idx] - lf
                 # A request takes at least one block every B steps, so no more than this many fit:
                 k = min(int(lf.min()), B * (free_blocks // m + 1))
-                hold = blocks_for(
-                    c[:, None] + steps[:k]
-                )  # blocks held at each of the k steps
+                # blocks held at each of the k steps
+                hold = blocks_for(c[:, None] + steps[:k])
                 had = blocks[idx]
-                taken = hold.sum(0) - int(
-                    had.sum()
-                )  # new blocks taken by steps 1..s, cumulative
+                # new blocks taken by steps 1..s, cumulative
+                taken = hold.sum(0) - int(had.sum())
                 if taken[0] <= free_blocks:
                     break
                 # The next step does not fit: preempt the youngest until it does (one request alone
@@ -436,16 +429,14 @@ def bin_timeline(result: SimResult, bins: int = 300) -> dict:
     tl = {c: result.timeline[:, i] for i, c in enumerate(TIMELINE_COLUMNS)}
     total = result.iterations
     edges = np.linspace(0, total, min(int(bins), total) + 1)
-    bounds = np.append(
-        tl["start"], total
-    )  # stretch i covers [bounds[i], bounds[i + 1])
+    # stretch i covers [bounds[i], bounds[i + 1])
+    bounds = np.append(tl["start"], total)
     width = np.diff(edges)
     out = {"edges": edges}
     for c in ("running",) + SHARES:
         integral = np.concatenate([[0.0], np.cumsum(tl["length"] * tl[c])])
-        out[c] = (
-            np.diff(np.interp(edges, bounds, integral)) / width
-        )  # exact: the values are flat per stretch
+        # exact: the values are flat per stretch
+        out[c] = np.diff(np.interp(edges, bounds, integral)) / width
     first = np.searchsorted(bounds, edges[:-1], side="right") - 1
     last = np.searchsorted(bounds, edges[1:], side="left") - 1
     out["running_min"] = np.array(

@@ -72,9 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     repository is found from memlab's own location, so any working folder will do."""
     try:
         return _main(parser().parse_args(argv))
-    except (
-        SystemExit
-    ) as exc:  # --help and usage errors: a notebook cell must survive them
+    # --help and usage errors: a notebook cell must survive them
+    except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
 
 

@@ -126,9 +126,8 @@ def _requirements() -> tuple[str, list[str]]:
 def bundle_files() -> list[Path]:
     """Repository files the autograder needs (relative paths), never a solution."""
     out = []
-    for d in (
-        BUNDLE_DIRS
-    ):  # through links: memlab/kernels (a link to kernels/) goes in as files
+    # through links: memlab/kernels (a link to kernels/) goes in as files
+    for d in BUNDLE_DIRS:
         for folder, dirs, files in os.walk(ROOT / d, followlinks=True):
             dirs[:] = sorted(x for x in dirs if x not in SKIP)
             rel = Path(folder).relative_to(ROOT)
@@ -163,9 +162,8 @@ def build_bundle(out: str | os.PathLike) -> Path:
     files["run_autograder"] = RUN_AUTOGRADER.encode()
     with zipfile.ZipFile(out, "w") as z:
         for name in sorted(files):
-            info = zipfile.ZipInfo(
-                name, (2020, 1, 1, 0, 0, 0)
-            )  # the same files, the same zip
+            # the same files, the same zip
+            info = zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0))
             mode = 0o755 if name in ("setup.sh", "run_autograder") else 0o644
             info.external_attr = (0o100000 | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -299,9 +297,8 @@ def run(root: str | os.PathLike | None = None, timeout: float | None = None) -> 
         env, user = _student(root)
         end_processes_of(user)
         found, refused, missing = find_submitted(root / "submission")
-        work = (
-            root / "work"
-        )  # root's own: made here, before any of the student's code ran
+        # root's own: made here, before any of the student's code ran
+        work = root / "work"
         shutil.rmtree(work, ignore_errors=True)
         (work / "exercises").mkdir(parents=True, mode=0o700)
         for name, data in found.items():
@@ -343,9 +340,8 @@ def results_for(report, found, refused, missing, copies, user) -> dict:
                 f"{t.name}: {t.message[:300]}" for t in s.tests if t.outcome == "failed"
             ]
         for t in s.tests if name in held else ():
-            if (
-                t.outcome == "skipped"
-            ):  # a GPU-only test not run here: neither earned nor held
+            # a GPU-only test not run here: neither earned nor held
+            if t.outcome == "skipped":
                 continue
             t.outcome, t.exc_type = "failed", "HeldCopy"
             t.message = (
@@ -435,9 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument("--timeout", type=float, help="seconds per test")
     a = p.parse_args(argv)  # the zip itself: python -m memlab.grade --gradescope-bundle
-    if sys.platform.startswith(
-        "linux"
-    ):  # no process of the student may open /proc/<this>/fd
+    # no process of the student may open /proc/<this>/fd
+    if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0

@@ -52,9 +52,8 @@ def source_dir(source: str | None = None) -> Path:
 
 
 def _path(name: str, source: str | None) -> Path:
-    path = (
-        source_dir(source) / f"{name}.py"
-    )  # not resolved: a link is the sandbox's to refuse
+    # not resolved: a link is the sandbox's to refuse
+    path = source_dir(source) / f"{name}.py"
     if not os.path.lexists(path):
         raise FileNotFoundError(
             f"exercise file {path} is missing (expected {name}.py in {path.parent})"

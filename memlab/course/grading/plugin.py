@@ -154,9 +154,8 @@ class Recorder:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         pts = points_of(item)
-        if (
-            pts and pts[1] in self.timed_out
-        ):  # the skipping plugin reads the mark at setup
+        # the skipping plugin reads the mark at setup
+        if pts and pts[1] in self.timed_out:
             item.add_marker(
                 pytest.mark.skip(reason=skip_after_timeout(self.timed_out[pts[1]]))
             )
@@ -233,9 +232,8 @@ def pytest_configure(config):
     log = os.environ.get("MEMLAB_GRADE_LOG_FD")
     if not log:
         return
-    if sys.platform.startswith(
-        "linux"
-    ):  # no process of this user may open /proc/<this>/fd
+    # no process of this user may open /proc/<this>/fd
+    if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0

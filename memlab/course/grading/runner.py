@@ -208,9 +208,8 @@ def run_tests(files, src: Path, timeout: float, env: dict, progress=None):
     ]
     env = dict(env, PYTHONPATH=os.pathsep.join([str(work), *path]))
     env.update(MEMLAB_EXERCISES=str(src), MEMLAB_GRADE_LOG_FD=str(w))
-    env.setdefault(
-        "MEMLAB_SANDBOX_DIR", str(work)
-    )  # the zygote's folder goes with this one
+    # the zygote's folder goes with this one
+    env.setdefault("MEMLAB_SANDBOX_DIR", str(work))
     env.update(
         MEMLAB_GRADE_TIMEOUT=str(timeout), PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg"
     )
@@ -393,9 +392,8 @@ def grade(
         )
     seed = draw_seed(seed)
     env = dict(os.environ if env is None else env, **{SEED_ENV: str(seed)})
-    env.pop(
-        "CI", None
-    )  # the suite's "a skip fails in CI" is not the grader's: a skip is 0
+    # the suite's "a skip fails in CI" is not the grader's: a skip is 0
+    env.pop("CI", None)
     env["MEMLAB_GRADE_ONLY"] = ",".join(e.id for e in chosen)
     env["MEMLAB_GRADE_TESTS"] = ",".join(tests or ())
     files = sorted({str(ROOT / e.test_file) for e in chosen})
@@ -405,9 +403,8 @@ def grade(
     for e in chosen:
         got = [r for r in results.values() if r.exercise == e.id]
         missing = e.points - sum(t.points for t in got if not t.gpu)
-        if (
-            missing > 0 and not tests
-        ):  # a test file that did not import: its points count
+        # a test file that did not import: its points count
+        if missing > 0 and not tests:
             why = f"{missing} points of tests could not be collected (a broken test file?)"
             got.append(
                 TestResult(

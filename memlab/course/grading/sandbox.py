@@ -214,12 +214,10 @@ class Zygote:
         self.user, self.count, self.ready = _user(), 0, False
         base = os.environ.get("MEMLAB_SANDBOX_DIR")
         self.dir = Path(tempfile.mkdtemp(prefix="memlab-sandbox-", dir=base))
-        os.chmod(
-            self.dir, 0o711 if self.user else 0o700
-        )  # each learner finds its own folder
-        self.cache = self.folder(
-            "triton"
-        )  # one Triton cache: a GPU builds its helpers once
+        # each learner finds its own folder
+        os.chmod(self.dir, 0o711 if self.user else 0o700)
+        # one Triton cache: a GPU builds its helpers once
+        self.cache = self.folder("triton")
         self.fork = sys.platform.startswith("linux")
         self.proc = self.ctl = None
         if self.fork:
@@ -288,9 +286,8 @@ class Zygote:
             self.proc.wait()
         if self.user:  # what the learner's code started outside its process group too
             end_processes_of(self.user)
-        if (
-            not self.user
-        ):  # the learner's user owns its folders: they stay (Gradescope's go)
+        # the learner's user owns its folders: they stay (Gradescope's go)
+        if not self.user:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -339,9 +336,8 @@ def end_processes_of(user, timeout: float = 30.0) -> list[int]:
 
 
 _zygote: Zygote | None = None
-_live: collections.OrderedDict = (
-    collections.OrderedDict()
-)  # Session -> None, oldest first
+# Session -> None, oldest first
+_live: collections.OrderedDict = collections.OrderedDict()
 
 
 def zygote() -> Zygote:
@@ -431,9 +427,8 @@ class Session(wire.Peer):
             wire.send_msg(self.sock, header, blobs)
         except OSError:
             self._crashed()
-        except (
-            BaseException
-        ):  # the alarm while a message went out: the stream is broken
+        # the alarm while a message went out: the stream is broken
+        except BaseException:
             self._abort("interrupted")
             raise
 
@@ -447,9 +442,8 @@ class Session(wire.Peer):
             if type(e[0]) in (list, dict, set):
                 if sys.getrefcount(e[0]) <= 2:  # this table's and the call's
                     out.append(sid)
-            elif (
-                count and count(e[0].untyped_storage()._cdata) <= 2
-            ):  # its view, the ask
+            # its view, the ask
+            elif count and count(e[0].untyped_storage()._cdata) <= 2:
                 out.append(sid)
         return out
 
@@ -553,9 +547,8 @@ class Session(wire.Peer):
         fn = self.callbacks[fid]
         try:
             value = fn(*args, **dict(kwargs))
-        except (
-            Exception
-        ) as exc:  # the learner's code may catch it; if not, it comes back
+        # the learner's code may catch it; if not, it comes back
+        except Exception as exc:
             self.errors[id(exc)] = exc
             return self._send("e", wire.error_info(exc)[:5] + [id(exc)], raw=True)
         self._send("a", value)
@@ -635,9 +628,8 @@ class Session(wire.Peer):
         """Stop a learner process in the middle of a call; where it was, from its traceback."""
         text = ""
         if self.dead is None and self.zygote.alive():
-            os.kill(
-                self.pid, signal.SIGUSR1
-            )  # not reaped yet: the pid is still its own
+            # not reaped yet: the pid is still its own
+            os.kill(self.pid, signal.SIGUSR1)
             end = time.monotonic() + 0.5
             while time.monotonic() < end and not self._where(self.out_text):
                 select.select([self.out], [], [], 0.05)
@@ -698,9 +690,8 @@ class LearnerObject:
             "lists, tuples, dicts or tensors there"
         )
 
-    def __eq__(
-        self, other
-    ):  # the very same object, decided here: a deep copy is itself
+    # the very same object, decided here: a deep copy is itself
+    def __eq__(self, other):
         return other is self or self._refuse("compare (==)")
 
     def __ne__(self, other):

@@ -27,9 +27,8 @@ import struct
 import sys
 import traceback
 
-HEAD = struct.Struct(
-    "<QI"
-)  # header bytes, blob count; then each blob: 8 bytes of length
+# header bytes, blob count; then each blob: 8 bytes of length
+HEAD = struct.Struct("<QI")
 LEN = struct.Struct("<Q")
 MAX_DEPTH = 64
 DTYPES = (
@@ -400,9 +399,8 @@ class Peer:
                 fill.append([sid, content])
         for sid, content in fill + _list(upd):
             self.apply(_int(sid, -(1 << 62)), _list(content), blobs)
-        self.drop(
-            [_int(s, -(1 << 62)) for s in _list(forget)]
-        )  # after their last changes
+        # after their last changes
+        self.drop([_int(s, -(1 << 62)) for s in _list(forget)])
         if kind == "e":
             return kind, body
         return kind, self.dec(body, blobs, [], 0)
@@ -673,9 +671,8 @@ class Learner(Peer):
         if op == "getattr":
             value = getattr(obj, args[0])
             if getattr(value, "__self__", None) is obj and hasattr(value, "__func__"):
-                return _Method(
-                    obj, args[0]
-                )  # a.method(...) costs one round trip, not two
+                # a.method(...) costs one round trip, not two
+                return _Method(obj, args[0])
             return value
         if op == "call":
             return obj(*args[0], **dict(args[1]))
@@ -737,9 +734,8 @@ def _watch(roots, python, seen):
             return
         if event == "open" and isinstance(args[0], (str, bytes)):
             plain = "".join([args[0]]) if isinstance(args[0], str) else bytes(args[0])
-            path = os.path.realpath(
-                os.fsdecode(plain)
-            )  # a str subclass's methods may lie
+            # a str subclass's methods may lie
+            path = os.path.realpath(os.fsdecode(plain))
             if under(path, roots) and not under(path, python) and path != program:
                 seen.append(f"reads {path}")
         elif event == "import" and args[0].partition(".")[0] in FORBIDDEN:
@@ -766,9 +762,8 @@ def _isolate(config) -> list[str]:
 
     done, libc = [], ctypes.CDLL(None, use_errno=True)
     user = config.get("user")
-    if (
-        user and libc.unshare(0x40000000) == 0
-    ):  # CLONE_NEWNET: no network, where allowed
+    # CLONE_NEWNET: no network, where allowed
+    if user and libc.unshare(0x40000000) == 0:
         done.append("no network")
     for key, value in (config.get("limits") or {}).items():
         limit = getattr(resource, f"RLIMIT_{key.upper()}")
@@ -780,9 +775,8 @@ def _isolate(config) -> list[str]:
         os.setuid(user[0])
         done.append(f"user {user[2]}")
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid program raises it again
-    libc.prctl(
-        1, int(signal.SIGKILL), 0, 0, 0
-    )  # PR_SET_PDEATHSIG: it dies with the zygote
+    # PR_SET_PDEATHSIG: it dies with the zygote
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)
     return done
 
 
@@ -806,9 +800,8 @@ def learner(sock: socket.socket, out_fd: int, config: dict) -> None:
     import faulthandler
 
     faulthandler.enable(all_threads=True)
-    faulthandler.register(
-        signal.SIGUSR1, all_threads=True
-    )  # where it is, when it hangs
+    # where it is, when it hangs
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     path = os.path.join(config["work"], config["name"] + ".py")
     with open(path, "w", encoding="utf-8") as f:
         f.write(config["source"])

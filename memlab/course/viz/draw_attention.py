@@ -42,9 +42,8 @@ def attention_frames(
         ]
         top = max(scores)
         e = [math.exp(x - top) for x in scores]
-        weights = tuple(
-            x / sum(e) for x in e
-        )  # for the picture only; the kernels compute their own
+        # for the picture only; the kernels compute their own
+        weights = tuple(x / sum(e) for x in e)
         frames = []
         for start in range(0, len(slots), block):
             pos = tuple(range(start, min(start + block, len(slots))))
@@ -160,13 +159,11 @@ class AttnWorld:
         self.scene.extend_batch({"A": 6, "D": 3})
         fill_kv(self.scene)
         rids = list(self.scene.reqs)
-        q = torch.randn(
-            len(rids), 4, 16, generator=torch.Generator().manual_seed(1)
-        )  # the chapter's q
+        # the chapter's q
+        q = torch.randn(len(rids), 4, 16, generator=torch.Generator().manual_seed(1))
         self.q = {r: q[i] for i, r in enumerate(rids)}
-        self.gen = torch.Generator().manual_seed(
-            2
-        )  # K, V and queries of what the learner adds
+        # K, V and queries of what the learner adds
+        self.gen = torch.Generator().manual_seed(2)
 
 
 def _read_args(w: AttnWorld):
@@ -453,7 +450,6 @@ def attention_instrument(request: str = "A", layer: int = 0, head: int = 0):
         title="attention through the pages: your request, layer, head",
     )
     inst.fields["request"].widget.value = request
-    inst.press(
-        "read"
-    )  # a first read, kernel included (an opening step would replay without it)
+    # a first read, kernel included (an opening step would replay without it)
+    inst.press("read")
     return inst

@@ -91,9 +91,8 @@ def draw_kv_bytes(
             ("rope part", m.qk_rope_head_dim * b, PALETTE[4]),
         ]
         label = f"kv_buffer row: (1, {m.kv_lora_rank} + {m.qk_rope_head_dim})"
-        if (
-            m.index_head_dim
-        ):  # DeepSeek sparse attention: the indexer's fp8 key and its scales
+        # DeepSeek sparse attention: the indexer's fp8 key and its scales
+        if m.index_head_dim:
             segs.append(
                 (
                     "indexer key",

@@ -200,9 +200,8 @@ def plot_figure2(*runs, ax=None, title=None):
     for i, system in enumerate(SYSTEMS):
         rows.append(PAPER_FIG2[system])
         labels.append(f"{system}: paper")
-        mine = (
-            runs if system != "vLLM" else runs[:1]
-        )  # paging has no placement: draw it once
+        # paging has no placement: draw it once
+        mine = runs if system != "vLLM" else runs[:1]
         for run in mine:
             rows.append(paper_categories(run[i]))
             labels.append(f"memlab: {run[i].policy}")

@@ -79,9 +79,8 @@ def sizing_text(seq_len=8192, **kw) -> str:
             f"<b>{cfg.model.name} does not fit on {cfg.gpu.name}</b> (per rank, TP "
             f"{cfg.parallel.tp_size})"
         )
-    if (
-        cfg.spec.algorithm is None
-    ):  # SGLang reads the decode reserve on its speculative paths only
+    # SGLang reads the decode reserve on its speculative paths only
+    if cfg.spec.algorithm is None:
         step = "a decode step takes <b>1</b> token a request (a new page only on a page boundary)"
     else:
         step = (

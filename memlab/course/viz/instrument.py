@@ -94,9 +94,8 @@ def recording(obj, method: str):
         call["result"] = real(*args, **kwargs)
         return call["result"]
 
-    own = method in vars(
-        obj
-    )  # an attribute of the instance itself (else the class's method)
+    # an attribute of the instance itself (else the class's method)
+    own = method in vars(obj)
     setattr(obj, method, spy)
     try:
         yield calls
@@ -210,9 +209,8 @@ class Instrument(W.VBox):
     ):
         self.build, self.draw_world, self.read_books = build, draw, books
         self.operations = {op.name: op for op in operations}
-        self.settings = dict(
-            settings or {}
-        )  # name -> control (its value is passed to build)
+        # name -> control (its value is passed to build)
+        self.settings = dict(settings or {})
         self.opening = [(name, dict(args)) for name, args in opening]
         self.max_steps = max_steps
         self.use_opening = True
@@ -498,9 +496,8 @@ class Instrument(W.VBox):
             if f.refresh is not None:
                 f.widget.value = f.refresh(self.world, f.widget.value)
         if step is not None and step.ok and step is self.last:
-            for f in (
-                self.fields.values()
-            ):  # e.g. the prefix lengths the next batch continues from
+            # e.g. the prefix lengths the next batch continues from
+            for f in self.fields.values():
                 if f.follow:
                     self._follow(f, force=True)
         self.call_box.value = call_html(

@@ -73,15 +73,12 @@ class RadixBooks:
     free_device: frozenset
     host_pages: int
     free_host: frozenset
-    requests: dict = field(
-        default_factory=dict
-    )  # running request -> the device pages it owns (not the tree's)
-    highlight: frozenset = (
-        frozenset()
-    )  # nodes this step created, split, moved or re-pointed
-    sizes: dict = field(
-        default_factory=dict
-    )  # evictable, protected, available, host available (tokens)
+    # running request -> the device pages it owns (not the tree's)
+    requests: dict = field(default_factory=dict)
+    # nodes this step created, split, moved or re-pointed
+    highlight: frozenset = frozenset()
+    # evictable, protected, available, host available (tokens)
+    sizes: dict = field(default_factory=dict)
     words: tuple = ()  # token id -> word, for labels
     note: str = ""
 

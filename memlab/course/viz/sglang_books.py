@@ -93,12 +93,10 @@ class Books:
     staged_pages: tuple[
         int, ...
     ] = ()  # released but not yet on the free list (need_sort, free group)
-    new_slots: frozenset = (
-        frozenset()
-    )  # slots handed out (or freed) by the step this snapshot follows
-    part_of: dict = field(
-        default_factory=dict
-    )  # slot -> alloc_extend part (1, 2, 3), when shown
+    # slots handed out (or freed) by the step this snapshot follows
+    new_slots: frozenset = frozenset()
+    # slot -> alloc_extend part (1, 2, 3), when shown
+    part_of: dict = field(default_factory=dict)
     buffers: tuple[Buffer, ...] = ()  # the KV pool's per-layer tensors, when shown
     note: str = ""
     # "new": new_slots were handed out by the step; "freed": they were given back by it;
@@ -181,9 +179,8 @@ def read_books(
         slots = tuple(table[row, :n].tolist()) if n else ()
         rows.append(RowView(row, owner, slots, gens[row]))
     staged = allocator.get_all_free_pages()[len(allocator.free_pages) :].tolist()
-    if (
-        getattr(allocator, "free_group", None) is not None
-    ):  # an open group queues slots and page ids
+    # an open group queues slots and page ids
+    if getattr(allocator, "free_group", None) is not None:
         ps = allocator.page_size
         queued = {s // ps for t in allocator.free_group for s in t.tolist()}
         queued |= {
@@ -609,9 +606,8 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
             f"start_pos=0) takes {_every(page_size)} ({run[::page_size]}), one per page, with no "
             "unique()"
         )
-        start = next(
-            (p for p in range(10, n, -1) if p % page_size), None
-        )  # a run that starts mid-page
+        # a run that starts mid-page
+        start = next((p for p in range(10, n, -1) if p % page_size), None)
         if start is None:
             sc.snap(
                 f"With page_size {page_size} no run of C's starts mid-page: nothing to refuse"
@@ -636,13 +632,11 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         sc.finish("B")
         sc.snap("B finishes inside the same group: queued too")
         c = sc.slots("C")
-        cut = next(
-            (p for p in range(10, 0, -1) if p % page_size), 10
-        )  # mid-page where there are pages
+        # mid-page where there are pages
+        cut = next((p for p in range(10, 0, -1) if p % page_size), 10)
         al.free(torch.tensor(c[:cut]))
-        al.free(
-            torch.tensor(c[cut:])
-        )  # as a scheduler frees a request and its over-allocated tail apart
+        # as a scheduler frees a request and its over-allocated tail apart
+        al.free(torch.tensor(c[cut:]))
         r = sc.reqs.pop("C")
         sc.req_pool.free(r)
         r.kv.kv_allocated_len = 0
@@ -1247,9 +1241,8 @@ def _op_alloc_extend(sc: Scene, step, requests, prefix_lens, seq_lens) -> None:
         try:
             out = sc.extend_batch(batch)
         finally:
-            if (
-                calls
-            ):  # the scheduler reached the allocator: show that call, the engine's own
+            # the scheduler reached the allocator: show that call, the engine's own
+            if calls:
                 step.call = f"# {step.call} called:\n" + spell(
                     "allocator.alloc_extend", **calls[0]["args"]
                 )

@@ -31,21 +31,17 @@ class VllmBooks:
     null_block: int
     queue: tuple[int, ...]  # the free queue, head (reused first) to tail
     ref_cnt: tuple[int, ...]  # per block id
-    hashes: dict = field(
-        default_factory=dict
-    )  # block id -> short label of the hash it carries
-    req_blocks: dict = field(
-        default_factory=dict
-    )  # request id -> its block ids, block-table order
+    # block id -> short label of the hash it carries
+    hashes: dict = field(default_factory=dict)
+    # request id -> its block ids, block-table order
+    req_blocks: dict = field(default_factory=dict)
     new: frozenset = frozenset()  # blocks popped from the free queue by this step
     hit: frozenset = frozenset()  # blocks a prefix-cache hit took by this step
-    evicted: frozenset = (
-        frozenset()
-    )  # blocks whose hash this step dropped (lazy eviction)
+    # blocks whose hash this step dropped (lazy eviction)
+    evicted: frozenset = frozenset()
     note: str = ""
-    hash_hex: dict = field(
-        default_factory=dict
-    )  # block id -> its hash's first 16 hex digits
+    # block id -> its hash's first 16 hex digits
+    hash_hex: dict = field(default_factory=dict)
     # block id -> (prev, next) block ids in the free queue (None: the fake head or tail)
     links: dict = field(default_factory=dict)
     # request id -> (num_tokens, number of block hashes)
@@ -484,9 +480,8 @@ def _op_submit(sc: VllmScene, step, request, prompt) -> None:
             f"{pool.get_num_free_blocks()} free (get_num_free_blocks()); nothing was taken"
         )
         return
-    sc.books(
-        ""
-    )  # names the new hashes h1, h2, ... in the order they appear, as the story does
+    # names the new hashes h1, h2, ... in the order they appear, as the story does
+    sc.books("")
     step.marks = dict(new=set(got["new"]), hit=got["hit"], evicted=got["evicted"])
     ev = (
         f"; block {sorted(got['evicted'])} carried a hash: evicted"

@@ -111,9 +111,8 @@ class Stepper(W.VBox):
         key = (self.story.value, i)
         if key not in self._cache:
             self._cache[key] = as_html(self.draw(self.states[i]))
-        caption = esc(
-            getattr(self.states[i], "caption", "")
-        )  # a token like <s> is text, not markup
+        # a token like <s> is text, not markup
+        caption = esc(getattr(self.states[i], "caption", ""))
         self.caption.value = f"<b>step {i} of {len(self.states) - 1}</b>: {caption}"
         self.view.value = self._cache[key]
 

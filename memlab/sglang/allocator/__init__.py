@@ -19,8 +19,7 @@ def make_allocator(
     """The allocator SGLang's scheduler builds for a page size: the token allocator at page size 1,
     the paged one above it (``backend`` applies to the paged one only). ``kw``: dtype, device,
     kvcache, need_sort, debug_mode."""
-    if (
-        _checks.integer("page_size", page_size, 1) == 1
-    ):  # a bool is no page size (True == 1)
+    # a bool is no page size (True == 1)
+    if _checks.integer("page_size", page_size, 1) == 1:
         return TokenToKVPoolAllocator(size, **kw)
     return PagedTokenToKVPoolAllocator(size, page_size, backend=backend, **kw)

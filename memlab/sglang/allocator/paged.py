@@ -111,9 +111,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 prefix_lens, seq_lens, last_loc, self.free_pages, ps, extend_num_tokens
             )
         elif self.backend == "torch":
-            if (
-                num_new_pages is None
-            ):  # it sizes the page-level arrays: on the host, no sync
+            # it sizes the page-level arrays: on the host, no sync
+            if num_new_pages is None:
                 num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
             out_indices = ref.alloc_extend_torch(
                 prefix_lens,
@@ -140,9 +139,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             assert len(torch.unique(out_indices)) == len(out_indices), (
                 "alloc_extend handed out a slot twice"
             )
-        if (
-            num_new_pages is None
-        ):  # the fast path counts after the launch, while the device works
+        # the fast path counts after the launch, while the device works
+        if num_new_pages is None:
             num_new_pages = ref.num_new_pages(prefix_lens_cpu, seq_lens_cpu, ps)
         self._take(num_new_pages)
         return out_indices
@@ -151,9 +149,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """One slot per request for its new token; ``seq_lens`` already count that token."""
         _checks.alloc_decode(self, seq_lens, seq_lens_cpu, last_loc)
         bs, ps = len(seq_lens), self.page_size
-        if bs > len(
-            self.free_pages
-        ):  # the cheap bound: at most one new page per request
+        # the cheap bound: at most one new page per request
+        if bs > len(self.free_pages):
             self.merge_and_sort_free()
         num_new_pages = ref.num_new_pages_decode(seq_lens_cpu, ps)
         if num_new_pages > len(self.free_pages):
@@ -188,9 +185,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         the pages here, and debug mode enters them in the ledger)."""
         out_pages = self.free_pages[:num_pages]
         if self.debug_mode:
-            self._debug_take(
-                out_pages
-            )  # before the cut: a ledger built now must see these pages free
+            # before the cut: a ledger built now must see these pages free
+            self._debug_take(out_pages)
         self.free_pages = self.free_pages[num_pages:]
         return out_pages
 
@@ -212,9 +208,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 torch.unique(free_index.to(torch.int64) // self.page_size)
             )
         else:
-            if (
-                self.debug_mode
-            ):  # a page already free is refused now, not at the group's end
+            # a page already free is refused now, not at the group's end
+            if self.debug_mode:
                 self._debug_release(
                     torch.unique(free_index.cpu() // self.page_size), False
                 )
@@ -247,9 +242,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         # Freed pages go to the head (LIFO): the pages just released are the next handed out, so the
         # live set stays on few, recently touched pages.
         if self.debug_mode:
-            self._debug_release(
-                page_ids
-            )  # refuses a double free before anything changes
+            # refuses a double free before anything changes
+            self._debug_release(page_ids)
         if self.need_sort:
             self.staged_pages.append(page_ids)
             self.num_staged_pages += page_ids.numel()

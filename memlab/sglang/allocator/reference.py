@@ -34,9 +34,8 @@ def alloc_extend_python(
 ) -> list[int]:
     out, next_page = [], 0
     for pre, seq, last in zip(prefix_lens, seq_lens, last_loc):
-        old_page_end = (
-            ceil_div(pre, page_size) * page_size
-        )  # where the last partial page ends
+        # where the last partial page ends
+        old_page_end = ceil_div(pre, page_size) * page_size
         part1 = min(seq, old_page_end) - pre
         out += [last + 1 + i for i in range(part1)]
         pos = pre + part1

@@ -54,9 +54,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return None
         select_index = self.free_pages[:need_size]
         if self.debug_mode:
-            self._debug_take(
-                select_index
-            )  # before the cut: a ledger built now must see these slots free
+            # before the cut: a ledger built now must see these slots free
+            self._debug_take(select_index)
         self.free_pages = self.free_pages[need_size:]
         return select_index
 
@@ -87,9 +86,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         _checks.free(self, page_ids, "page_ids")
-        self.free(
-            page_ids
-        )  # page_size == 1: page ids are slot ids; in a group they queue with the rest
+        # page_size == 1: page ids are slot ids; in a group they queue with the rest
+        self.free(page_ids)
 
     # memlab's convenience: SGLang's TokenToKVPoolAllocator has no alloc_extend /
     # alloc_decode; its scheduler calls alloc(extend_num_tokens) and alloc(batch size)

@@ -404,9 +404,8 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         if not fits(max_full, max_swa):
             return None
 
-        def first_fit(
-            high: int, ok
-        ) -> int:  # the least value in [0, high] that ok accepts (ok(high) holds)
+        # the least value in [0, high] that ok accepts (ok(high) holds)
+        def first_fit(high: int, ok) -> int:
             low = 0
             while low < high:
                 mid = (low + high) // 2

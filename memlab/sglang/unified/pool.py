@@ -162,15 +162,13 @@ class UnifiedKVPool:
         self.sub_pool_specs = sorted(specs, key=lambda s: s.grow_direction != "up")
         self._specs_by_name = {s.name: s for s in specs}
         self._reserved_floor = reserved_floor_bytes(specs, page_size)
-        self._raw = torch.zeros(
-            total_bytes, dtype=torch.uint8, device=device
-        )  # unset slots read as zeros
+        # unset slots read as zeros
+        self._raw = torch.zeros(total_bytes, dtype=torch.uint8, device=device)
         self._max_slots, self._min_slot_index = {}, {}
         for spec in self.sub_pool_specs:
             entry_bytes = spec.entry_bytes()
-            max_slots = (
-                total_bytes // entry_bytes
-            )  # the whole buffer, in this sub-pool's entries
+            # the whole buffer, in this sub-pool's entries
+            max_slots = total_bytes // entry_bytes
             min_slot_index = ceil_div(self._reserved_floor, entry_bytes)
             if max_slots <= min_slot_index:
                 raise RuntimeError(
@@ -276,9 +274,8 @@ class UnifiedMHATokenToKVPool(MHATokenToKVPool):
 
     @property
     def bytes_per_token(self) -> int:
-        return self._unified_buffer.spec(
-            self._sub_pool_name
-        ).entry_bytes()  # the padding included
+        # the padding included
+        return self._unified_buffer.spec(self._sub_pool_name).entry_bytes()
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
         return (

@@ -123,9 +123,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
             (self.num_pages + 1,), -1, dtype=torch.int64, device=self.device
         )
         self.virtual_to_physical[0] = self.physical_to_virtual[0] = 0
-        first = (
-            self.min_page_index if self.is_id_owner else self.num_pages
-        )  # a non-owner mints no ids
+        # a non-owner mints no ids
+        first = self.min_page_index if self.is_id_owner else self.num_pages
         self.free_pages = torch.arange(
             first, self.num_pages, dtype=torch.int64, device=self.device
         )
@@ -332,9 +331,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Eager compaction: the watermark retreats by the K pages freed; the live pages left in the
         band it gave up move into the freed pages below it (sources and holes both ascending)."""
         k, old_wm = freed_physical_pages.numel(), self.watermark_physical
-        if (
-            self.grow_direction == "up"
-        ):  # in use: [min_page_index, old_wm) -> [min_page_index, new_wm)
+        # in use: [min_page_index, old_wm) -> [min_page_index, new_wm)
+        if self.grow_direction == "up":
             new_wm = old_wm - k
             band = torch.arange(new_wm, old_wm, device=self.device)
             holes = freed_physical_pages[freed_physical_pages < new_wm]

@@ -118,9 +118,8 @@ def venv() -> Path | None:
     target = target / "site-packages"
     source = sysconfig.get_path("purelib") or site.getsitepackages()[0]
     if subprocess.run(["cp", "-al", f"{source}/.", str(target)]).returncode != 0:
-        shutil.copytree(
-            source, target, dirs_exist_ok=True
-        )  # another file system: copies
+        # another file system: copies
+        shutil.copytree(source, target, dirs_exist_ok=True)
     for p in target.glob("*"):  # no path from the venv into the checkout
         if p.name.startswith(("__editable__", "memlab")):
             p.unlink() if p.is_file() else shutil.rmtree(p)
@@ -142,9 +141,8 @@ def autograder(name: str) -> Path:
     shutil.rmtree(root.parent, ignore_errors=True)
     with zipfile.ZipFile(bundle()) as z:
         z.extractall(root / "source")
-        for (
-            info
-        ) in z.infolist():  # zipfile drops the mode bits: put the executable ones back
+        # zipfile drops the mode bits: put the executable ones back
+        for info in z.infolist():
             if (info.external_attr >> 16) & stat.S_IXUSR:
                 os.chmod(root / "source" / info.filename, 0o755)
     shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")

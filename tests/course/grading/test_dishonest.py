@@ -111,9 +111,8 @@ def test_no_dishonest_file_earns_a_point_on_gradescope(round_):
         held = similar[RENAMED]
         assert held["verdict"] == "held" and held["would_earn"] == 12, held
     else:
-        assert (
-            similar["ch03_token_allocator.py"]["verdict"] == "held"
-        )  # memlab's, pasted
+        # memlab's, pasted
+        assert similar["ch03_token_allocator.py"]["verdict"] == "held"
     # Nothing planted where the grader imports from: the venv, the course, its own folders.
     names = ("sitecustomize.py", "usercustomize.py", "memlab_persist.pth")
     site = next(image.venv().glob("lib/python*/site-packages"))
@@ -134,9 +133,8 @@ def test_no_dishonest_file_earns_a_point_locally(round_):
         image.venv() is not None, "needs root, useradd and a Python users may run"
     )
     handed = handed_in(round_)
-    folder = (
-        image.folder() / f"local-{round_}"
-    )  # only the exercises graded: no stub needed
+    # only the exercises graded: no stub needed
+    folder = image.folder() / f"local-{round_}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     for name, text in handed.items():

@@ -123,9 +123,8 @@ def test_catalog_matches_the_tests():
             f"{e.id}: tests give {cpu} CPU + {gpu} GPU points"
         )
         assert (ROOT / "solutions" / f"{e.file}.py").is_file()
-        assert (
-            stubs.course_stub(e.file) is not None
-        )  # the stub: in exercises/, or in git (a learner deleted it)
+        # the stub: in exercises/, or in git (a learner deleted it)
+        assert stubs.course_stub(e.file) is not None
         assert (ROOT / e.test_file).is_file()
 
 
@@ -197,15 +196,15 @@ def test_stub_detection():
         1,
     )
     assert not looks_like_stub(worked, sol)  # one function written by a learner
+    # a helper added
     assert not looks_like_stub(
         stub + "\n\ndef _helper():\n    raise NotImplementedError\n", sol
-    )  # a helper added
+    )
     # (A function written word for word as in the solution is not seen here: the points it earns
     # are, by test_stubs_score_zero_with_not_implemented_only.)
     kernel = (ROOT / "solutions" / "ch09_paged_gather.py").read_text()
-    assert not looks_like_stub(
-        kernel, kernel
-    )  # GATHER_WRITTEN = True: a learner's (or an answer)
+    # GATHER_WRITTEN = True: a learner's (or an answer)
+    assert not looks_like_stub(kernel, kernel)
     assert looks_like_stub(
         kernel.replace("GATHER_WRITTEN = True", "GATHER_WRITTEN = False"), kernel
     )
@@ -429,9 +428,8 @@ def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsy
     code = main(["--from", str(stubs), "--timeout", "60", "--results", "r.json"])
     table = capsys.readouterr().out
     earned = json.loads((tmp_path / "r.json").read_text())["score"]
-    if (
-        earned and not AUTHOR
-    ):  # a function a learner wrote and committed, word for word the solution's
+    # a function a learner wrote and committed, word for word the solution's
+    if earned and not AUTHOR:
         pytest.skip(
             f"author-only check skipped: exercises/ as committed earns {earned} points, so it "
             "holds your own work; the check is for the course's stubs"
@@ -479,16 +477,13 @@ def test_main_returns_the_exit_code_and_never_exits(tmp_path, monkeypatch, capsy
         and "no such folder" in capsys.readouterr().err
     )
     (tmp_path / "mine").mkdir()
-    assert (
-        loader.source_dir("mine") == tmp_path / "mine"
-    )  # --from DIR is relative to the working folder
-    assert (
-        loader.source_dir("exercises") == ROOT / "exercises"
-    )  # the names are the repository's folders
+    # --from DIR is relative to the working folder
+    assert loader.source_dir("mine") == tmp_path / "mine"
+    # the names are the repository's folders
+    assert loader.source_dir("exercises") == ROOT / "exercises"
     assert runner.check_checkout() == ROOT == Path(runner.__file__).resolve().parents[3]
-    monkeypatch.setattr(
-        runner, "ROOT", tmp_path
-    )  # memlab installed without the course around it
+    # memlab installed without the course around it
+    monkeypatch.setattr(runner, "ROOT", tmp_path)
     assert (
         main(["02", "-q"]) == 2
         and "exercises, solutions, tests/exercises are not next to"
@@ -734,9 +729,8 @@ def test_table_for_tried_and_untried_exercises():
     ]
     table = format_table(GradeReport(ROOT / "exercises", scores, 1.0, "CPU"))
     lines = table.splitlines()
-    assert sum("not started" in line for line in lines) == 2, (
-        table
-    )  # a's row, and the count
+    # a's row, and the count
+    assert sum("not started" in line for line in lines) == 2, table
     assert (
         "not written yet: x" not in table
         and "not written yet: z" in table

@@ -121,9 +121,8 @@ def test_stubs_and_missing_files_earn_nothing(gs):
     assert graded and all(t["output"].startswith("not written yet") for t in graded), (
         graded[:2]
     )
-    assert (
-        sum(t["max_score"] for t in data["tests"]) == CPU_MAX
-    )  # missing ones count too
+    # missing ones count too
+    assert sum(t["max_score"] for t in data["tests"]) == CPU_MAX
 
 
 PROBE = """

@@ -56,17 +56,19 @@ def test_every_exercise_has_two_or_three_hints_and_none_is_its_solution():
 def test_hints_come_one_at_a_time_and_are_remembered(state):
     first = hints.next_hint("ch04_alloc_extend")
     assert first.startswith("ch04_alloc_extend: hint 1/3") and "run it again" in first
+    # the id works too
     assert hints.next_hint("ch04.alloc_extend").startswith(
         "ch04_alloc_extend: hint 2/3"
-    )  # the id works too
+    )
     assert json.loads(state.read_text()) == {"ch04_alloc_extend": 2}
     third = hints.next_hint("exercises/ch04_alloc_extend.py")
     assert "hint 3/3" in third and "that was the last" in third
     again = hints.next_hint("ch04_alloc_extend")
     assert "no more hints" in again and "--all" in again
+    # its own count
     assert hints.next_hint("ch02_bytes_per_token").startswith(
         "ch02_bytes_per_token: hint 1/3"
-    )  # its own count
+    )
     assert hints.reset("ch04_alloc_extend").endswith("start over at 1")
     assert hints.next_hint("ch04_alloc_extend").startswith(
         "ch04_alloc_extend: hint 1/3"
@@ -94,13 +96,11 @@ def test_the_command_and_the_notebook_show_the_same_hints(state, capsys):
 
 def test_hints_survive_a_home_they_cannot_write(tmp_path, monkeypatch):
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setenv(
-        hints.STATE_ENV, str(tmp_path / "a-file" / "hints.json")
-    )  # its folder is a file
+    # its folder is a file
+    monkeypatch.setenv(hints.STATE_ENV, str(tmp_path / "a-file" / "hints.json"))
     assert hints.next_hint("ch01_alloc_rows").startswith("ch01_alloc_rows: hint 1/3")
-    assert hints.next_hint("ch01_alloc_rows").startswith(
-        "ch01_alloc_rows: hint 1/3"
-    )  # not remembered, no crash
+    # not remembered, no crash
+    assert hints.next_hint("ch01_alloc_rows").startswith("ch01_alloc_rows: hint 1/3")
 
 
 def test_exercises_are_named_by_their_file_everywhere(tmp_path, monkeypatch, capsys):

@@ -92,9 +92,8 @@ def test_data_crosses_exactly():
         for a, b in zip(back, values, strict=True):
             assert type(a) is type(b) and (a == b or a != a), (a, b)
     Item = namedtuple("Item", "identifier offset length")
-    mirror = cross(
-        g, learner, Item("img", 2, 5)
-    )  # the tests' named tuple: one of its own there
+    # the tests' named tuple: one of its own there
+    mirror = cross(g, learner, Item("img", 2, 5))
     assert mirror._fields == Item._fields and type(mirror) is not Item
     assert (
         type(cross(learner, g, mirror)) is Item and cross(learner, g, mirror) == mirror
@@ -135,9 +134,8 @@ def test_lists_dicts_sets_and_tensors_are_shared_both_ways():
     cross(g, learner, None)
     assert got_xs == [7]
     base = torch.arange(12)
-    t = cross(
-        g, learner, base[2:8:2]
-    )  # the whole storage: a store past the view lands there
+    # the whole storage: a store past the view lands there
+    t = cross(g, learner, base[2:8:2])
     assert t.tolist() == [2, 4, 6] and t.stride() == (2,) and t.storage_offset() == 2
     torch.as_strided(t, (1,), (1,), 11).fill_(-1)
     t[0] = 100
@@ -159,9 +157,8 @@ def test_forgotten_objects_still_send_their_last_change():
     theirs = cross(g, learner, xs)
     xs.append(2)
     sid = g.sid_of[id(xs)]
-    header, blobs = g.message(
-        "a", None, dropping=[sid]
-    )  # dropped: its change goes first
+    # dropped: its change goes first
+    header, blobs = g.message("a", None, dropping=[sid])
     learner.receive(json.loads(json.dumps(header)), blobs)
     assert theirs == [1, 2] and sid not in learner.entries and sid not in g.entries
 
@@ -419,9 +416,8 @@ def test_learner_objects_keep_their_identity_and_refuse_comparisons(toy):
     leaf.key = 4  # set on the learner's object
     assert leaf.key == 4 and toy.call_back(lambda n: n.key, leaf) == 5
     assert loader.is_learner_object(leaf) and loader.is_learner_object(toy.Node)
-    assert (
-        not loader.is_learner_object(leaf.key) and leaf == leaf
-    )  # itself, decided here
+    # itself, decided here
+    assert not loader.is_learner_object(leaf.key) and leaf == leaf
     for refused in (
         lambda: leaf == root,
         lambda: leaf != root,

@@ -107,9 +107,8 @@ def test_chapter_04_stepper_opens_on_page_size_4():
     stories = {f"page_size {ps}": [object()] for ps in (1, 2, 4, 8)}
     s = Stepper(stories, lambda _: "<i>x</i>", story="page_size 4")
     assert s.story.value == "page_size 4"
-    assert (
-        Stepper(stories, lambda _: "<i>x</i>").story.value == "page_size 1"
-    )  # the default stays the first
+    # the default stays the first
+    assert Stepper(stories, lambda _: "<i>x</i>").story.value == "page_size 1"
 
 
 # -- chapter 04: operations against the library driven directly --------------------------------
@@ -169,9 +168,8 @@ def test_the_call_shown_is_the_call_made(inst):
     ]
     inst.undo()
     allocator = copy.deepcopy(inst.world.allocator)
-    pasted = eval(
-        step.call, {"tensor": torch.tensor, "allocator": allocator}
-    )  # the comment line is harmless
+    # the comment line is harmless
+    pasted = eval(step.call, {"tensor": torch.tensor, "allocator": allocator})
     assert spell_value(pasted) == step.result
     assert (
         allocator.free_pages.tolist() == []
@@ -256,9 +254,8 @@ def test_a_raising_call_that_changed_the_books_is_replayed_away(inst, monkeypatc
         not step.ok and step.error == "ValueError: injected: raised after taking pages"
     ), step.error
     assert state(inst.world) == before
-    monkeypatch.setattr(
-        Instrument, "_rebuild", lambda self: None
-    )  # the buggy variant: trust the library
+    # the buggy variant: trust the library
+    monkeypatch.setattr(Instrument, "_rebuild", lambda self: None)
     armed[0] = True
     inst.do("alloc_extend", requests=["A"], prefix_lens=[11], seq_lens=[14])
     assert state(inst.world) != before
@@ -311,9 +308,8 @@ def test_undo_reset_and_another_page_size_replay_on_fresh_objects(inst):
     dropped = inst.set(page_size=2)
     assert dropped == [] and state(inst.world) == state(direct(2, [{"A": 3}])[0])
     inst.do("alloc_extend", requests=["D"], prefix_lens=[0], seq_lens=[8])
-    dropped = inst.set(
-        page_size=8
-    )  # 6 pages of 8: the story fills them; A 11 -> 14 stays in its page, D does not fit
+    # 6 pages of 8: the story fills them; A 11 -> 14 stays in its page, D does not fit
+    dropped = inst.set(page_size=8)
     assert [(s.op, s.args["requests"]) for s in dropped] == [("alloc_extend", ["D"])]
     assert state(inst.world) == state(direct(8, [{"A": 3}])[0])
     assert "dropped" in inst.call_box.value
@@ -343,9 +339,8 @@ def test_following_fields_fill_each_requests_prefix(inst):
     assert step.ok and step.args == dict(
         requests=["C", "B", "Z"], prefix_lens=[11, 12, 0], seq_lens=[12, 13, 1]
     )
-    assert (
-        inst.fields["prefix_lens"].widget.value == "12, 13, 1"
-    )  # ready to continue them
+    # ready to continue them
+    assert inst.fields["prefix_lens"].widget.value == "12, 13, 1"
 
 
 # -- the three implementations -----------------------------------------------------------------
@@ -374,9 +369,8 @@ def test_three_way_runs_kernel_and_references_on_the_batch(inst, monkeypatch):
 
     real = reference.alloc_extend_torch
 
-    def off_by_one(
-        *a, **k
-    ):  # a broken reference: the instrument must name the first difference
+    # a broken reference: the instrument must name the first difference
+    def off_by_one(*a, **k):
         out = real(*a, **k).clone()
         out[2] += 1
         return out
@@ -430,9 +424,8 @@ def test_text_is_escaped_never_markup(inst):
     assert "<s>" not in svg and "&lt;s&gt;" in svg
     assert "<s>" not in inst.call_box.value + inst.books_box.value + inst.details.value
     ET.fromstring(svg)  # still well-formed
-    assert cells(svg)["row:1:0"].startswith(
-        "row 1 · <s> (generation 1"
-    )  # the tooltip reads the token
+    # the tooltip reads the token
+    assert cells(svg)["row:1:0"].startswith("row 1 · <s> (generation 1")
 
 
 def test_spell_writes_python_a_cell_can_run():
@@ -515,9 +508,8 @@ def test_released_pages_are_marked_as_given_back_not_handed_out():
     freed = re.findall(
         r'data-gid="slot:(\d+)">(?:<title>[^<]*</title>)?<rect[^>]*dasharray', pic
     )
-    assert freed and {int(s) // 4 for s in freed} == {1, 2, 4}, (
-        freed
-    )  # A held pages 1, 2, 4
+    # A held pages 1, 2, 4
+    assert freed and {int(s) // 4 for s in freed} == {1, 2, 4}, freed
 
 
 def test_a_prefix_the_learner_typed_is_kept_and_named_in_the_refusal():

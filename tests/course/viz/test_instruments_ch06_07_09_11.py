@@ -191,9 +191,8 @@ def test_06_a_hit_comes_out_of_the_middle_and_the_call_is_the_managers():
 
 def test_06_a_reused_hashed_block_is_evicted():
     inst = block_pool_instrument()
-    step = inst.do(
-        "submit", request="E", prompt="70 71 72 73 74 75 76 77 78"
-    )  # three blocks: 4, 2, 1
+    # three blocks: 4, 2, 1
+    step = inst.do("submit", request="E", prompt="70 71 72 73 74 75 76 77 78")
     assert step.ok and step.result == "blocks [4, 2, 1]"
     assert step.marks["evicted"] == {1, 2}
     assert inst.books()["num_evictions"] == 3 and 1 not in inst.books()["hashed blocks"]
@@ -447,9 +446,8 @@ def test_11_write_back_backup_undo_and_reset():
     step = inst.do("insert", insert_text="a radix tree")
     assert step.ok and "InsertResult(prefix_len=0" in step.result
     nid = next(k for k in inst.books() if k.startswith("node ")).split()[1]
-    assert (
-        inst.books()[f"node {nid}"]["host"] is not None
-    )  # write-through backed it up on insert
+    # write-through backed it up on insert
+    assert inst.books()[f"node {nid}"]["host"] is not None
     step = inst.do("backup", backup_node=nid)
     assert not step.ok and "has a host copy already" in step.error
     assert inst.undo() and not [k for k in inst.books() if k.startswith("node ")]
@@ -621,9 +619,8 @@ def test_07_swa_undo_window_and_tooltips():
     assert inst.undo() and swa_state(inst.world) == opening
     inst.set(window=2)
     assert swa_state(inst.world) == swa_state(swa_direct(2))
-    assert (
-        inst.books()["request A"]["swa_evicted_len"] == 6
-    )  # 9 tokens, window 2: positions < 7, whole pages of 2
+    # 9 tokens, window 2: positions < 7, whole pages of 2
+    assert inst.books()["request A"]["swa_evicted_len"] == 6
 
 
 def mamba_state(w: MambaWorld) -> dict:
@@ -796,9 +793,8 @@ def test_09_extend_finish_refusal_and_undo(attn):
     opening = attn_state(attn.world)
     picture = attn.picture
     step = attn.do("extend", requests="B", extend_lens="5")
-    assert (
-        not step.ok and "alloc_for_extend returns None" in step.error
-    )  # the pool is full
+    # the pool is full
+    assert not step.ok and "alloc_for_extend returns None" in step.error
     step = attn.do("extend", requests="B", extend_lens="-1")
     assert (
         not step.ok

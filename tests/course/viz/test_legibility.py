@@ -31,9 +31,8 @@ def test_static_picture_text_is_legible_where_jupyterlab_shows_it(name):
         f"{name}: {text[:40]!r} is {px:.1f} px where JupyterLab shows the picture "
         f"(at least {MIN_TEXT_PX} px)"
     )
-    if isinstance(
-        picture, str
-    ):  # the measure is the PNG's: drawn at the zoom it assumes
+    # the measure is the PNG's: drawn at the zoom it assumes
+    if isinstance(picture, str):
         import xml.etree.ElementTree as ET
 
         width = float(ET.fromstring(picture).get("width"))

@@ -130,9 +130,8 @@ def test_snapshots_read_the_real_tree_and_pools():
     assert books.requests["B"] == frozenset(
         sc.running["B"].kv_indices[sc.running["B"].kv.cache_protected_len :].tolist()
     )
-    assert (
-        books.sizes["protected"] == tree.protected_size() == 9
-    )  # the shared 7 and B's own 2, checkpointed
+    # the shared 7 and B's own 2, checkpointed
+    assert books.sizes["protected"] == tree.protected_size() == 9
 
 
 def test_load_back_in_the_story_brings_back_the_right_kv():
@@ -169,9 +168,8 @@ def test_page_size_two_keeps_whole_pages():
     for f in frames:
         for n in f.nodes:
             assert len(n.key) % 2 == 0
-    assert sorted(n.key for n in frames[5].nodes)[0] == tuple(
-        encode("<s> You")
-    )  # the split falls on a page
+    # the split falls on a page
+    assert sorted(n.key for n in frames[5].nodes)[0] == tuple(encode("<s> You"))
 
 
 @pytest.mark.parametrize(

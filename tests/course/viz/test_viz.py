@@ -138,9 +138,8 @@ def check_slot_grid(svg, books, prefix="slot"):
 def test_owner_colours_are_stable_and_distinct():
     assert owner_color("A") == owner_color("A") and owner_color("A") != owner_color("B")
     assert len({owner_color(c) for c in "ABCDEFGHIJ"}) == 10
-    assert owner_color("req-17") == owner_color(
-        "req-17"
-    )  # hashed names: stable across calls
+    # hashed names: stable across calls
+    assert owner_color("req-17") == owner_color("req-17")
     assert owner_color(None) == FREE
     assert text_color(PADDING) == "white" and text_color(FREE) == "black"
 

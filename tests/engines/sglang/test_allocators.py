@@ -80,9 +80,8 @@ def test_paged_allocator_streams_match_sglang(ps, need_sort, tally):
 def token_ext(a, prefix, prefix_cpu, seq, seq_cpu, last, n):
     if isinstance(a, TokenToKVPoolAllocator):
         return a.alloc_extend(prefix, prefix_cpu, seq, seq_cpu, last, n)
-    return a.alloc(
-        n
-    )  # SGLang's scheduler at page size 1: alloc_token_slots -> alloc(extend_num_tokens)
+    # SGLang's scheduler at page size 1: alloc_token_slots -> alloc(extend_num_tokens)
+    return a.alloc(n)
 
 
 def token_dec(a, seq, seq_cpu, last):

@@ -188,9 +188,8 @@ def test_two_pool_swa_questions_match_sglang(ps, tally):
     for seed in range(streams):
         rng = random.Random(200 * ps + seed)
         size, size_swa = rng.choice([24, 32]) * ps, rng.choice([8, 16]) * ps
-        kv = object.__new__(
-            sg.SWAKVPool
-        )  # only its mapping registry is used; no KV buffers are built
+        # only its mapping registry is used; no KV buffers are built
+        kv = object.__new__(sg.SWAKVPool)
         kv.full_kv_pool = kv.swa_kv_pool = None
         wheel = sg.SWATokenToKVPoolAllocator(
             size, size_swa, ps, torch.float16, "cpu", kv, False

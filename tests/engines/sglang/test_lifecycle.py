@@ -121,9 +121,8 @@ class Side:
             if self.theirs
             else Req(rid, tokens[:prompt_len])
         )
-        r.output_ids.extend(
-            tokens[prompt_len:]
-        )  # a retracted request comes back with its output
+        # a retracted request comes back with its output
+        r.output_ids.extend(tokens[prompt_len:])
         if self.theirs:
             r.refresh_fill_ids()
         return r
@@ -223,9 +222,8 @@ class Side:
 
     # -- the books ------------------------------------------------------------------------------
     def free_list(self) -> list[int]:
-        return (
-            self.alloc.get_all_free_pages().tolist()
-        )  # both engines' allocators have it
+        # both engines' allocators have it
+        return self.alloc.get_all_free_pages().tolist()
 
     def nodes(self) -> list:
         key = (
@@ -369,9 +367,8 @@ class Stream:
         rm, ps = r["mine"], self.ps
         total, start = len(r["tokens"]), rm.prefix_len
         n = self.rng.randrange(1, total - start + 1)
-        if (
-            not rm.kv.holds_kv and start + n < total
-        ):  # a new request cut short: its chunk ends on a page
+        # a new request cut short: its chunk ends on a page
+        if not rm.kv.holds_kv and start + n < total:
             n = (start + n) // ps * ps - start
             if n <= 0:
                 return
@@ -388,9 +385,8 @@ class Stream:
             self.floors += 1
         self.checkpoints += 1
         self.duplicates += self.mine.rewrote
-        if (
-            rm.prefix_len == total
-        ):  # prefill done: its first output token comes with the last chunk
+        # prefill done: its first output token comes with the last chunk
+        if rm.prefix_len == total:
             tok = self.rng.randrange(4)
             for side, req in ((self.mine, rm), (self.theirs, r["theirs"])):
                 req.output_ids.append(tok)

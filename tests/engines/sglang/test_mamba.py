@@ -255,6 +255,5 @@ def test_mamba_streams_match_sglang(extra, overlap, lazy, tally):
         STEPS,
     )
     assert skipped < STEPS // 4 and zero_checks > 5
-    assert (readmitted > 0) != extra and (kept > 0) == (
-        extra and overlap
-    )  # every path of the mode was taken
+    # every path of the mode was taken
+    assert (readmitted > 0) != extra and (kept > 0) == (extra and overlap)

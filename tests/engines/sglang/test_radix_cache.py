@@ -129,9 +129,8 @@ class Pair:
         )
         assert a.prefix_len == b.prefix_len
         assert a.last_device_node.key == tuple(b.last_device_node.key.token_ids)
-        self.mine_alloc.allocator.free(
-            value[: a.prefix_len]
-        )  # the caller frees the duplicates
+        # the caller frees the duplicates
+        self.mine_alloc.allocator.free(value[: a.prefix_len])
 
     def match(self, tokens, lock: bool):
         if self._style():

@@ -54,9 +54,8 @@ class Side:
 
 
 def sglang_side(sg, size, size_swa, ps, need_sort, triton):
-    kv = object.__new__(
-        sg.SWAKVPool
-    )  # only its mapping registry is used; no KV buffers are built
+    # only its mapping registry is used; no KV buffers are built
+    kv = object.__new__(sg.SWAKVPool)
     kv.full_kv_pool = kv.swa_kv_pool = None
     alloc = sg.SWATokenToKVPoolAllocator(
         size, size_swa, ps, torch.float16, "cpu", kv, need_sort
@@ -315,21 +314,18 @@ def test_swa_decode_refusal_is_where_memlab_differs_on_purpose():
         memlab_side(16, 8, ps, False, "torch"),
     ]  # 4 and 2 pages
     for side in sides:
-        a = side.alloc.alloc_extend(
-            T([0]), T([0]), T([4]), T([4]), T([-1]), 4
-        )  # A: a page on each side
-        side.alloc.alloc_extend(
-            T([0]), T([0]), T([4]), T([4]), T([-1]), 4
-        )  # B: the SWA pool is now full
+        # A: a page on each side
+        a = side.alloc.alloc_extend(T([0]), T([0]), T([4]), T([4]), T([-1]), 4)
+        # B: the SWA pool is now full
+        side.alloc.alloc_extend(T([0]), T([0]), T([4]), T([4]), T([-1]), 4)
         side.last = T([a[-1].item()])
     theirs, ours = (s.alloc for s in sides)
     assert theirs.swa_available_size() == ours.swa_available_size() == 0
     assert theirs.full_available_size() == ours.full_available_size() == 8
     # A's 5th token opens a page: there is one on the full side, none on the SWA side
     assert theirs.alloc_decode(T([5]), T([5]), sides[0].last) is None
-    assert (
-        theirs.full_available_size() == 4
-    )  # SGLang: the full side's page is gone all the same
+    # SGLang: the full side's page is gone all the same
+    assert theirs.full_available_size() == 4
     assert ours.alloc_decode(T([5]), T([5]), sides[1].last) is None
     assert ours.full_available_size() == 8  # memlab: nothing taken
 
@@ -379,9 +375,8 @@ def test_swa_pool_writes_where_sglang_writes():
         assert ours.is_swa_layer(layer) == (name == "swa") and torch.equal(
             sub.get_key_buffer(index)[ids], k
         )
-    with pytest.raises(
-        AssertionError
-    ):  # an SWA layer without SWA-side ids: both refuse
+    # an SWA layer without SWA-side ids: both refuse
+    with pytest.raises(AssertionError):
         theirs.set_kv_buffer(SimpleNamespace(layer_id=0), loc, k, k)
     with pytest.raises(ValueError, match="no swa_loc"):
         ours.set_kv_buffer(0, loc, k, k)

@@ -197,9 +197,8 @@ def end_stream(u, seed, ps, mamba_up, steps=STEPS):
         end_pair(u, wpool, names, ps, up_ps),
         end_pair(u, mpool, names, ps, up_ps, wheel=False),
     )
-    lazy = end_pair(
-        u, wpool, names, ps, up_ps, lazy=True
-    )  # a second wheel pair on the same specs
+    # a second wheel pair on the same specs
+    lazy = end_pair(u, wpool, names, ps, up_ps, lazy=True)
     live = [[], []]
     refusals = 0
     for step in range(steps):
@@ -220,9 +219,8 @@ def end_stream(u, seed, ps, mamba_up, steps=STEPS):
                 live[side].append((a.tolist(), c.tolist()))
         else:
             ids, lazy_ids = live[side].pop(rng.randrange(len(live[side])))
-            order = rng.sample(
-                ids, len(ids)
-            )  # a free need not come in allocation order
+            # a free need not come in allocation order
+            order = rng.sample(ids, len(ids))
             (
                 w.free(T(order)),
                 m.free(T(order)),
@@ -342,9 +340,8 @@ def composite_step(rng, ps, engines, reqs, kernels):
     r = rng.random()
     if r < 0.45 or not reqs:
         n = rng.randint(1, 9)
-        if (
-            not kernels
-        ):  # the scheduler's path at page size 1 (and alloc(k * ps) above it)
+        # the scheduler's path at page size 1 (and alloc(k * ps) above it)
+        if not kernels:
             n = -(-n // ps) * ps
             outs = [e.alloc(n) for e in engines]
             return ("alloc", n, None), outs

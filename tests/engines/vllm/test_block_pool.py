@@ -66,9 +66,8 @@ class Lockstep:
         return list(range(self.next_cid - n, self.next_cid))
 
     def pick_doc(self, n_blocks: int) -> list[int]:
-        if (
-            self.docs and self.rng.random() < 0.6
-        ):  # share a prefix with an earlier request
+        # share a prefix with an earlier request
+        if self.docs and self.rng.random() < 0.6:
             base = self.rng.choice(self.docs)
             keep = self.rng.randint(1, len(base))
             return base[:keep] + self.fresh(max(0, n_blocks - keep))
@@ -175,9 +174,8 @@ class Lockstep:
         assert str(ours.value) == str(theirs.value)  # vLLM's words
 
     def reset(self) -> None:
-        if (
-            self.held and self.rng.random() < 0.5
-        ):  # also the accepted case: everything freed
+        # also the accepted case: everything freed
+        if self.held and self.rng.random() < 0.5:
             for req in list(self.held):
                 self.free(req)
         ok_ours, ok_theirs = (

@@ -29,9 +29,8 @@ REQUESTS = 300
 @pytest.fixture
 def V(monkeypatch):
     V = load()
-    monkeypatch.delenv(
-        "PYTHONHASHSEED", raising=False
-    )  # vLLM then seeds sha256 with its fixed string
+    # vLLM then seeds sha256 with its fixed string
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     V.kv_cache_utils.init_none_hash(V.hashing.sha256)
     return V
 

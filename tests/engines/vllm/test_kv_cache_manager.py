@@ -73,9 +73,8 @@ class Lockstep:
         sliding_window: int | None = None,
     ):
         self.V = V = load()
-        monkeypatch.delenv(
-            "PYTHONHASHSEED", raising=False
-        )  # vLLM's seed for sha256 is then fixed
+        # vLLM's seed for sha256 is then fixed
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
         V.kv_cache_utils.init_none_hash(V.hashing.sha256)
         self.engine_hasher = V.kv_cache_utils.get_request_block_hasher(
             block_size, V.hashing.sha256
@@ -128,9 +127,8 @@ class Lockstep:
 
     def pick_prompt(self) -> list[int]:
         n = self.rng.randint(1, 6 * self.block_size)
-        if (
-            self.prompts and self.rng.random() < 0.6
-        ):  # a shared prefix, sometimes the whole prompt
+        # a shared prefix, sometimes the whole prompt
+        if self.prompts and self.rng.random() < 0.6:
             base = self.rng.choice(self.prompts)
             keep = self.rng.randint(1, len(base))
             return base[:keep] + [
@@ -224,9 +222,8 @@ class Lockstep:
         if self.allocate(pair, chunk, hit):
             pair[
                 1
-            ].status = (
-                self.V.RequestStatus.RUNNING
-            )  # the watermark spares it from now on
+                # the watermark spares it from now on
+            ].status = self.V.RequestStatus.RUNNING
             self.running.append(pair)
             self.prompts.append(list(ours.all_token_ids))
 
@@ -234,12 +231,10 @@ class Lockstep:
         """One more prefill chunk, or one decode token."""
         ours, theirs = pair
         remaining = ours.num_tokens - ours.num_computed_tokens
-        if (
-            remaining == 0
-        ):  # decode: the sampled token joins the request, then gets a slot
-            token = (
-                self.rng.randrange(1000) if self.rng.random() < 0.8 else 7
-            )  # twins may agree
+        # decode: the sampled token joins the request, then gets a slot
+        if remaining == 0:
+            # twins may agree
+            token = self.rng.randrange(1000) if self.rng.random() < 0.8 else 7
             ours.append_output_token_ids(token)
             theirs.append_output_token_ids([token])
             remaining = 1
@@ -306,9 +301,8 @@ def run_stream(seed: int, monkeypatch, sliding: bool = False) -> None:
 
 @pytest.mark.parametrize("seed", range(STREAMS))
 def test_kv_cache_manager_streams_match_vllm(seed, monkeypatch, tally):
-    run_stream(
-        seed, monkeypatch
-    )  # ls.check raises at the first step where the books differ
+    # ls.check raises at the first step where the books differ
+    run_stream(seed, monkeypatch)
     tally("KVCacheManager, full attention (vLLM)", 1, STEPS)
 
 

@@ -94,9 +94,8 @@ def test_zero_length_extend_takes_nothing():
 def test_alloc_decode_opens_a_page_exactly_when_seq_len_mod_ps_is_1(ps):
     pag = PagedTokenToKVPoolAllocator(64, ps)
     pag.free_pages = T(9, 4)
-    seqs = T(
-        ps + 1, 2 * ps, 1, 3
-    )  # opens, continues, opens, continues (3 % ps != 1 for ps in 2, 4 ... )
+    # opens, continues, opens, continues (3 % ps != 1 for ps in 2, 4 ... )
+    seqs = T(ps + 1, 2 * ps, 1, 3)
     lasts = T(5 * ps + ps - 1, 6 * ps + ps - 2, -1, 7 * ps + 1)
     out = pag.alloc_decode(seqs, seqs, lasts)
     want = (
@@ -104,9 +103,8 @@ def test_alloc_decode_opens_a_page_exactly_when_seq_len_mod_ps_is_1(ps):
         if ps == 4
         else [9 * ps, 6 * ps + 1, 4 * ps, None]
     )
-    if (
-        ps == 2
-    ):  # 3 % 2 == 1: the fourth request opens a page too, and there is none left
+    # 3 % 2 == 1: the fourth request opens a page too, and there is none left
+    if ps == 2:
         assert out is None and pag.free_pages.tolist() == [9, 4]
     else:
         assert out.tolist() == want and pag.free_pages.numel() == 0
@@ -115,13 +113,11 @@ def test_alloc_decode_opens_a_page_exactly_when_seq_len_mod_ps_is_1(ps):
 def test_refused_extend_changes_nothing_and_exact_exhaustion_succeeds():
     pag = PagedTokenToKVPoolAllocator(16, 4, debug_mode=True)
     before = snapshot(pag)
-    assert (
-        pag.alloc_extend(T(0, 0), T(0, 0), T(9, 8), T(9, 8), T(-1, -1), 17) is None
-    )  # needs 5 pages of 4
+    # needs 5 pages of 4
+    assert pag.alloc_extend(T(0, 0), T(0, 0), T(9, 8), T(9, 8), T(-1, -1), 17) is None
     assert same(before, snapshot(pag))
-    out = pag.alloc_extend(
-        T(0, 0), T(0, 0), T(8, 8), T(8, 8), T(-1, -1), 16
-    )  # exactly 4 pages
+    # exactly 4 pages
+    out = pag.alloc_extend(T(0, 0), T(0, 0), T(8, 8), T(8, 8), T(-1, -1), 16)
     assert len(set(out.tolist())) == 16 and pag.available_size() == 0
     pag.check_books()
 
@@ -239,9 +235,8 @@ def test_a_free_group_dedups_once_over_all_its_frees():
         [10, 11],
     ]  # raw slots
     pag.free_group_end()
-    assert (
-        pag.free_pages.tolist() == [1, 2, 3, 4] and pag.available_size() == 16
-    )  # page 2 once
+    # page 2 once
+    assert pag.free_pages.tolist() == [1, 2, 3, 4] and pag.available_size() == 16
     pag.check_books()
 
 
@@ -317,9 +312,8 @@ def test_bad_batches_are_named():
         pag.alloc_extend(T(0), T(0), torch.tensor([3.0]), T(3), T(-1), 3)
     with pytest.raises(ValueError, match="meta"):
         pag.free(torch.tensor([4], device="meta"))
-    with pytest.raises(
-        TypeError, match="seq_lens_cpu must be a torch.Tensor"
-    ):  # a wrong type: TypeError
+    # a wrong type: TypeError
+    with pytest.raises(TypeError, match="seq_lens_cpu must be a torch.Tensor"):
         pag.alloc_decode(T(3), [3], T(5))
     with pytest.raises(ValueError, match=r"must be >= 1: \[0\]"):
         pag.alloc_decode(T(0), T(0), T(-1))
@@ -335,9 +329,8 @@ def test_last_loc_must_end_its_prefix():
     with pytest.raises(
         ValueError, match="request 0: last_loc -1 cannot end a prefix of 3 tokens"
     ):
-        pag.alloc_extend(
-            T(3), T(3), T(5), T(5), T(-1), 2
-        )  # would hand out padding slot 0
+        # would hand out padding slot 0
+        pag.alloc_extend(T(3), T(3), T(5), T(5), T(-1), 2)
     with pytest.raises(
         ValueError, match="request 1: last_loc 6 cannot end a prefix of 0"
     ):
@@ -345,9 +338,8 @@ def test_last_loc_must_end_its_prefix():
     with pytest.raises(
         ValueError, match="request 0: last_loc 8 cannot end a prefix of 2"
     ):
-        pag.alloc_decode(
-            T(3), T(3), T(8)
-        )  # prefix 2 ends at offset 1, slot 8 is offset 0
+        # prefix 2 ends at offset 1, slot 8 is offset 0
+        pag.alloc_decode(T(3), T(3), T(8))
     assert same(before, snapshot(pag))
 
 
@@ -390,16 +382,13 @@ def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
     pag = PagedTokenToKVPoolAllocator(32, 4, need_sort=True)  # 8 pages
     got = pag.alloc(24)  # pages 1..6 held, 7 and 8 free
     pag.free(got[4:8])  # page 2 staged
-    assert (
-        pag.alloc_extend(T(0), T(0), T(16), T(16), T(-1), 16) is None
-    )  # needs 4 pages, 3 free
-    assert (
-        pag.free_pages.tolist() == [2, 7, 8] and pag.num_staged_pages == 0
-    )  # merged all the same
+    # needs 4 pages, 3 free
+    assert pag.alloc_extend(T(0), T(0), T(16), T(16), T(-1), 16) is None
+    # merged all the same
+    assert pag.free_pages.tolist() == [2, 7, 8] and pag.num_staged_pages == 0
     pag.free(got[:4])  # page 1 staged
-    seq = T(
-        5, 9, 13, 17, 21
-    )  # five new tokens, each opening a page; 4 pages free in all
+    # five new tokens, each opening a page; 4 pages free in all
+    seq = T(5, 9, 13, 17, 21)
     assert pag.alloc_decode(seq, seq, T(7, 11, 15, 19, 23)) is None
     assert pag.free_pages.tolist() == [
         1,
@@ -479,9 +468,8 @@ def test_debug_mode_asserts_the_handed_out_slots_are_unique(monkeypatch):
     from memlab.sglang.allocator import reference as ref
 
     pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
-    monkeypatch.setattr(
-        ref, "alloc_extend_torch", lambda *a: T(4, 4)
-    )  # a broken kernel: one slot twice
+    # a broken kernel: one slot twice
+    monkeypatch.setattr(ref, "alloc_extend_torch", lambda *a: T(4, 4))
     with pytest.raises(AssertionError, match="twice"):
         pag.alloc_extend(T(0), T(0), T(2), T(2), T(-1), 2)
     monkeypatch.setattr(ref, "alloc_decode_torch", lambda *a: T(8, 8))
@@ -493,9 +481,8 @@ def test_debug_mode_refuses_a_last_loc_in_a_page_nobody_holds_and_lengths_that_d
     pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
     mine = pag.alloc_extend(T(0), T(0), T(3), T(3), T(-1), 3)  # one page, 3 slots used
     before = snapshot(pag)
-    free_page_slot = (
-        int(pag.free_pages[0]) * 4 + 2
-    )  # ends a 3-token prefix, but in a free page
+    # ends a 3-token prefix, but in a free page
+    free_page_slot = int(pag.free_pages[0]) * 4 + 2
     with pytest.raises(ValueError, match="which no request holds"):
         pag.alloc_extend(T(3), T(3), T(5), T(5), T(free_page_slot), 2)
     with pytest.raises(ValueError, match="which no request holds"):
@@ -511,9 +498,8 @@ def test_debug_mode_refuses_a_last_loc_in_a_page_nobody_holds_and_lengths_that_d
 def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page():
     pag = PagedTokenToKVPoolAllocator(64, 4, debug_mode=True)
     row = pag.alloc(16)  # pages of positions 0-3, 4-7, 8-11, 12-15
-    pag.free_segments(
-        [(row[0:6], 0), (T(), 6), (row[8:16], 8)]
-    )  # the end of a segment may fall mid-page
+    # the end of a segment may fall mid-page
+    pag.free_segments([(row[0:6], 0), (T(), 6), (row[8:16], 8)])
     assert pag.available_size() == 64 and pag.free_pages.tolist()[:4] == [
         3,
         4,

@@ -27,9 +27,8 @@ def test_the_bench_runs_and_prints_the_ratio_against_sglang(bench, capsys):
 
 def test_the_bench_refuses_to_time_a_wrong_reference(bench, monkeypatch):
     right = bench.ref.alloc_extend_torch
-    monkeypatch.setattr(
-        bench.ref, "alloc_extend_torch", lambda *a: right(*a).flip(0)
-    )  # every slot, in the wrong order
+    # every slot, in the wrong order
+    monkeypatch.setattr(bench.ref, "alloc_extend_torch", lambda *a: right(*a).flip(0))
     naive, _ = bench.sglang_naive()
     with pytest.raises(AssertionError, match="disagrees"):
         bench.extend_row(4, 16, False, naive, rounds=1, min_time=0.001)

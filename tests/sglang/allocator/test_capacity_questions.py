@@ -109,9 +109,8 @@ def test_a_single_pool_clips_new_tokens_to_its_capacity(kind, ps):
         == 64 - (12 if ps == 4 else 10) - ps - 1
     )
     assert a.max_new_tokens_for_memory(10, 5, token_capacity=64, **kw) == 5
-    assert (
-        a.max_new_tokens_for_memory(70, 5, token_capacity=64, **kw) == 0
-    )  # clipped to 0, never None
+    # clipped to 0, never None
+    assert a.max_new_tokens_for_memory(70, 5, token_capacity=64, **kw) == 0
     assert (
         a.max_new_tokens_for_memory(10, 100, token_capacity=32, **kw)
         == 32 - (12 if ps == 4 else 10) - ps - 1
@@ -125,9 +124,8 @@ def test_separate_pools_have_no_ceiling_and_check_each_budget(make):
     assert a.prealloc_fits_assumes_reclaim() is False
     assert a.prealloc_fits(None, 8, 8, full_budget_tokens=8)
     assert not a.prealloc_fits(None, 9, 8, full_budget_tokens=8)
-    assert a.prealloc_fits(
-        None, 8, 100, full_budget_tokens=8
-    )  # no SWA budget: the SWA side is not checked
+    # no SWA budget: the SWA side is not checked
+    assert a.prealloc_fits(None, 8, 100, full_budget_tokens=8)
     assert not a.prealloc_fits(None, 8, 5, full_budget_tokens=8, swa_budget_tokens=4)
     assert a.prealloc_fits(None, 8, 4, full_budget_tokens=8, swa_budget_tokens=4)
 
@@ -138,9 +136,8 @@ def test_a_single_pool_evicts_its_shortfall(kind):
     ps = a.page_size
     held = a.alloc(48)
     tree = Tree(a, held, piece=ps)
-    assert (
-        a.evict_to_free_tokens(tree, 10) is None and tree.asked == []
-    )  # 16 free: nothing to evict
+    # 16 free: nothing to evict
+    assert a.evict_to_free_tokens(tree, 10) is None and tree.asked == []
     assert a.evict_to_free_tokens(tree, 30) is None and tree.asked == [30 - 16]
     assert a.available_size() >= 30
     a.evict_to_free_tokens(Tree(a, sharing=False), 64)  # a disabled tree is never asked
@@ -168,9 +165,8 @@ def test_the_unified_pool_prices_new_tokens_in_bytes():
     a = unified(4096, 2)
     ps, kw = 2, dict(token_capacity=10**6, chunk_size=None)
 
-    def fits(
-        n, prompt, window
-    ):  # an empty pool: full pages and SWA pages against the whole gap
+    # an empty pool: full pages and SWA pages against the whole gap
+    def fits(n, prompt, window):
         swa = estimate_swa_kv_tokens(
             prompt, n, sliding_window_size=window, page_size=ps
         )
@@ -195,16 +191,14 @@ def test_the_unified_pool_prices_new_tokens_in_bytes():
     assert a.max_new_tokens_for_memory(
         10, 10**4, sliding_window_size=8, **kw
     ) > a.max_new_tokens_for_memory(10, 10**4, sliding_window_size=None, **kw)
-    assert (
-        a.max_new_tokens_for_memory(10**4, 1, sliding_window_size=None, **kw) is None
-    )  # the prompt alone
+    # the prompt alone
+    assert a.max_new_tokens_for_memory(10**4, 1, sliding_window_size=None, **kw) is None
 
 
 def test_the_unified_pool_has_a_ceiling_and_prices_both_sides_together():
     a = unified(4096, 2)
-    pages = (
-        a._empty_shared_gap_bytes // 128
-    )  # pages the gap holds, either side's (2 x 64 B a page)
+    # pages the gap holds, either side's (2 x 64 B a page)
+    pages = a._empty_shared_gap_bytes // 128
     assert a.prealloc_fits_assumes_reclaim() is True
     for full in (
         1,
@@ -238,9 +232,8 @@ def test_the_unified_pool_evicts_by_plan_and_answers():
     assert a.evict_to_free_tokens(tree, 8) is True and tree.asked == [
         8
     ]  # fits now: nothing asked
-    assert (
-        a.evict_to_free_tokens(tree, 10**5) is None
-    )  # even evicting everything is not enough
+    # even evicting everything is not enough
+    assert a.evict_to_free_tokens(tree, 10**5) is None
     assert a.evict_to_free_tokens(None, 8) is None
 
 
@@ -274,9 +267,8 @@ def test_the_engine_evicts_through_the_allocator(monkeypatch):
         "evict_to_free_tokens",
         lambda self, tree, n: asked.append(n),
     )
-    with pytest.raises(
-        RuntimeError
-    ):  # nothing is evicted: the cached prompts block the pool
+    # nothing is evicted: the cached prompts block the pool
+    with pytest.raises(RuntimeError):
         engine().generate(prompts, 6)
     assert asked
 

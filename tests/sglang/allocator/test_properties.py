@@ -58,9 +58,8 @@ def run(alloc, steps):
             slots = held.pop(rid)
             cut = n % len(slots)
             alloc.free_group_begin()
-            alloc.free(
-                torch.tensor(slots[cut:], dtype=torch.int64)
-            )  # the tail first, then the rest
+            # the tail first, then the rest
+            alloc.free(torch.tensor(slots[cut:], dtype=torch.int64))
             alloc.free(torch.tensor(slots[:cut], dtype=torch.int64))
             alloc.free_group_end()
         check_books(alloc, held)
@@ -92,9 +91,8 @@ def test_a_group_freeing_one_page_twice_is_caught():
     stream = [("extend", 0, 5), ("split", 0, 3)]
     run(make(4, False), stream)  # the real allocator: page 2 released once
     with pytest.raises(AssertionError, match="a page is on the free list twice"):
-        run(
-            DedupPerFree(48, 4), stream
-        )  # no debug mode: the test's own books check must see it
+        # no debug mode: the test's own books check must see it
+        run(DedupPerFree(48, 4), stream)
 
 
 def test_the_random_streams_find_the_bug_on_their_own():

@@ -76,9 +76,8 @@ def swa_setup(total=4096, ps=2, full_d=16, swa_d=8, debug=True, backend="torch")
 def test_entry_bytes_and_the_floor_by_hand():
     full = mha("full", "down", layers=3, heads=2, d=8)  # 3 x 2 x (8 + 8) x 2 B = 192
     assert full.entry_bytes() == 192
-    odd = mha(
-        "swa", "up", layers=1, heads=1, d=8
-    )  # 32 B; 1 x 1 x 12 x 2 = 48 would round to 64
+    # 32 B; 1 x 1 x 12 x 2 = 48 would round to 64
+    odd = mha("swa", "up", layers=1, heads=1, d=8)
     assert odd.entry_bytes() == 32 and mha("x", "up", d=12).entry_bytes() == 64
     mla = MLASubPoolSpec(
         name="mla",
@@ -123,15 +122,12 @@ def test_views_put_slot_t_at_t_times_entry_bytes():
     k[1][5] = torch.full((1, 8), 1.5, dtype=torch.bfloat16)  # slot 5, layer 1, K
     v[0][5] = torch.full((1, 8), -2.0, dtype=torch.bfloat16)  # slot 5, layer 0, V
     raw = pool._raw
-    assert (
-        raw[5 * e + 32 : 5 * e + 48].view(torch.bfloat16).tolist() == [1.5] * 8
-    )  # layer 1 starts 32 B in
-    assert (
-        raw[5 * e + 16 : 5 * e + 32].view(torch.bfloat16).tolist() == [-2.0] * 8
-    )  # V after layer 0's K
-    assert (
-        int(raw.view(torch.bfloat16).count_nonzero()) == 16
-    )  # nothing else was touched
+    # layer 1 starts 32 B in
+    assert raw[5 * e + 32 : 5 * e + 48].view(torch.bfloat16).tolist() == [1.5] * 8
+    # V after layer 0's K
+    assert raw[5 * e + 16 : 5 * e + 32].view(torch.bfloat16).tolist() == [-2.0] * 8
+    # nothing else was touched
+    assert int(raw.view(torch.bfloat16).count_nonzero()) == 16
     # The other sub-pool's slot 10 starts at byte 10 x 32: the same bytes, another stride.
     ks, _ = pool.mha_views_for("swa")
     assert (
@@ -206,9 +202,8 @@ def end_pair(total=2048, ps=1, e_down=16, e_up=8, debug=True):
 
 
 def test_two_ends_grow_toward_each_other_and_share_the_gap():
-    pool, down, up = (
-        end_pair()
-    )  # 2048 B; full entries 64 B (32 slots), swa 32 B (64 slots); floor 64 B
+    # 2048 B; full entries 64 B (32 slots), swa 32 B (64 slots); floor 64 B
+    pool, down, up = end_pair()
     assert (down.min_page_index, up.min_page_index) == (1, 2)
     gap = 2048 - 64
     assert down._current_gap_bytes() == up._current_gap_bytes() == gap
@@ -254,9 +249,8 @@ def test_a_free_compacts_at_once_and_rewrites_only_the_tables():
         down.alloc(4),
     )  # full pages 15,14 | 13 | 12,11 (from the top)
     assert down.translate_kv_loc(c).tolist() == [22, 23, 24, 25]
-    down.free(
-        a
-    )  # pages 14, 15 become holes; the two live pages at the bottom (11, 12) move up into them
+    # pages 14, 15 become holes; the two live pages at the bottom (11, 12) move up into them
+    down.free(a)
     assert down.translate_kv_loc(c).tolist() == [
         28,
         29,
@@ -292,9 +286,8 @@ def test_compaction_moves_the_bytes_with_the_pages():
 
 
 def test_translation_sends_the_unbound_and_the_out_of_range_to_the_sink():
-    v2p = T(
-        0, 5, -1, 2, -1
-    )  # page 0 sink, virtual page 1 -> 5, 2 unbound, 3 -> 2; last: the -1 sentinel
+    # page 0 sink, virtual page 1 -> 5, 2 unbound, 3 -> 2; last: the -1 sentinel
+    v2p = T(0, 5, -1, 2, -1)
     got = translate_token_ids(T(0, 1, 2, 3, 4, 5, 6, 7, 9, -1, -3, 99), v2p, 2)
     assert got.tolist() == [0, 1, 10, 11, 0, 0, 4, 5, 0, 0, 0, 0]
     assert translate_token_ids(T(1, 3), v2p, 1).tolist() == [5, 2]
@@ -330,9 +323,8 @@ def test_virtual_ids_come_from_the_chapter_04_kernel_path():
         _, _, al = swa_setup(ps=4, backend=backend)
         fa = al.full_attn_allocator
         first = al.alloc_extend(T(0, 0), T(0, 0), T(6, 3), T(6, 3), T(-1, -1), 9)
-        nxt = al.alloc_extend(
-            T(6), T(6), T(9), T(9), first[5:6], 3
-        )  # continues the partly filled page
+        # continues the partly filled page
+        nxt = al.alloc_extend(T(6), T(6), T(9), T(9), first[5:6], 3)
         dec = al.alloc_decode(T(10, 4), T(10, 4), torch.cat((nxt[-1:], first[-1:])))
         outs.append(
             (
@@ -390,9 +382,8 @@ def test_one_virtual_id_two_physical_slots_and_no_mapping_table():
 
 
 def test_joint_capacity_costs_both_entries():
-    _, _, al = swa_setup(
-        total=4096, ps=1, full_d=16, swa_d=16
-    )  # full 64 B, swa 2 x 64 = 128 B an entry
+    # full 64 B, swa 2 x 64 = 128 B an entry
+    _, _, al = swa_setup(total=4096, ps=1, full_d=16, swa_d=16)
     fa, sa = al.full_attn_allocator, al.swa_attn_allocator
     gap = fa._current_gap_bytes()
     assert al.available_size() == gap // (64 + 128)
@@ -450,16 +441,14 @@ def test_the_unified_pool_refuses_a_write_not_marked_physical():
     with pytest.raises(ValueError, match="not marked physical"):
         kv.set_kv_buffer(1, v, k, k)  # bare virtual ids
     with pytest.raises(ValueError, match="not marked physical"):
-        kv.full_kv_pool.set_kv_buffer(
-            0, KVWriteLoc(al.translate_kv_loc(v)), k, k
-        )  # translated, unmarked
+        # translated, unmarked
+        kv.full_kv_pool.set_kv_buffer(0, KVWriteLoc(al.translate_kv_loc(v)), k, k)
     kv.full_kv_pool.set_kv_buffer(
         0, KVWriteLoc(al.translate_kv_loc(v), physical=True), k, k
     )
     ks = torch.full((3, 1, 8), 2.0, dtype=torch.bfloat16)
-    kv.set_kv_buffer(
-        2, al.write_loc(v), ks, ks
-    )  # an SWA layer: swa_loc, under the batch's mark
+    # an SWA layer: swa_loc, under the batch's mark
+    kv.set_kv_buffer(2, al.write_loc(v), ks, ks)
     assert torch.equal(kv.get_key_buffer(2)[al.translate_loc_from_full_to_swa(v)], ks)
     # Chapter 07's two-pool layout holds physical ids by allocation: a plain location is fine.
     plain = SWAKVPool(8, 8, 1, torch.bfloat16, 1, 16, [1], [0])

@@ -153,9 +153,8 @@ class _Loader:
             ):
                 keep.append(node)
                 wanted.discard(node.name)
-            elif isinstance(
-                node, ast.ClassDef
-            ):  # "Class.method": the method alone, as a function
+            # "Class.method": the method alone, as a function
+            elif isinstance(node, ast.ClassDef):
                 for item in node.body:
                     if (
                         isinstance(item, ast.FunctionDef)
@@ -272,9 +271,8 @@ def load() -> types.SimpleNamespace:
     utils.__dict__.update(
         {k: v for k, v in vars(common).items() if not k.startswith("__")}
     )
-    utils.cpu_has_amx_support = lambda: (
-        False
-    )  # AMX kernels are a CPU-engine option, off here
+    # AMX kernels are a CPU-engine option, off here
+    utils.cpu_has_amx_support = lambda: False
     L.module("sglang.srt.utils.invariants")
     L.module("sglang.srt.utils.torch_memory_saver_adapter")
     L.pick("sglang.srt.distributed.utils", ["ensure_divisibility", "divide"])

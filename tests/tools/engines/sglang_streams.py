@@ -21,9 +21,8 @@ def T(xs) -> torch.Tensor:
 
 def books(a) -> tuple[list, list, int]:
     """(free list, staged pages, available_size) of a memlab or an SGLang allocator."""
-    staged = getattr(
-        a, "staged_pages", None
-    )  # SGLang's paged allocator stages a list of tensors
+    # SGLang's paged allocator stages a list of tensors
+    staged = getattr(a, "staged_pages", None)
     staged = (
         torch.cat(staged).tolist()
         if staged
@@ -54,9 +53,8 @@ class Stream:
         if r < 0.64:
             rids = self.rng.sample(sorted(held), self.rng.randint(1, min(6, len(held))))
             return ("decode", rids)
-        if (
-            r < 0.78
-        ):  # a whole request: free(), or free_segment() from position 0 (no dedup)
+        # a whole request: free(), or free_segment() from position 0 (no dedup)
+        if r < 0.78:
             return ("free", self.rng.choice(sorted(held)), self.rng.random() < 0.3)
         if r < 0.93:
             return self.draw_group()
@@ -80,9 +78,8 @@ class Stream:
         ):
             n = len(self.held[rid])
             cut = rng.randint(0, n)
-            if (
-                rng.random() < 0.3 and n
-            ):  # an aligned tail goes through free_segment (page ids)
+            # an aligned tail goes through free_segment (page ids)
+            if rng.random() < 0.3 and n:
                 cut = rng.randint(0, (n - 1) // ps) * ps
                 frees += [("free", rid, 0, cut), ("segment", rid, cut, n)]
             else:

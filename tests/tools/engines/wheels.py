@@ -70,9 +70,8 @@ def wheel(name: str) -> Path:
 
 def _wheel(name: str) -> Path:
     version, d = ENGINES[name], cache_dir()
-    with _locked(
-        f"{name}.download"
-    ):  # one worker downloads; the others wait, then find the file
+    # one worker downloads; the others wait, then find the file
+    with _locked(f"{name}.download"):
         return _download(name, version, d)
 
 

@@ -38,9 +38,8 @@ def payloads(me):
 def attack():
     me = learner()
     wire = sys.modules[type(me).__module__]
-    counter = os.path.join(
-        os.environ["TRITON_CACHE_DIR"], "crash-counter"
-    )  # this run's
+    # this run's
+    counter = os.path.join(os.environ["TRITON_CACHE_DIR"], "crash-counter")
     try:
         n = int(open(counter).read())
     except (OSError, ValueError):

@@ -7,9 +7,8 @@ plugin = sys.modules.get("memlab.course.grading.plugin")
 if plugin is None:
     import importlib
 
-    plugin = importlib.import_module(
-        "memlab.course.grading.plugin"
-    )  # the grader, if it is not loaded
+    # the grader, if it is not loaded
+    plugin = importlib.import_module("memlab.course.grading.plugin")
 write = plugin.Recorder.write
 
 
