@@ -635,6 +635,9 @@ class Session(wire.Peer):
                 select.select([self.out], [], [], 0.05)
                 self._read_output()
             text = self.out_text
+            # The dump is the grader's, and the kill may cut it anywhere, even mid-line, so the
+            # learner's output is what came before its first line.
+            self.out_text = _before_dump(text)
         self.stop(f"it was stopped ({why})")
         return self._where(text)
 
@@ -670,6 +673,21 @@ _DUMP = re.compile(
     r"(?:.*\(total: \d+\)\n)?",
     re.M,
 )
+
+
+_DUMP_START = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]", re.M)
+
+
+def _before_dump(text: str) -> str:
+    """The output before a faulthandler dump that a stop may have cut short (even in its first
+    line: then the last line is the start of one)."""
+    start = _DUMP_START.search(text)
+    if start is not None:
+        return text[: start.start()]
+    last = text.rpartition("\n")[2]
+    if last and any(h.startswith(last) for h in ("Current thread 0x", "Thread 0x")):
+        return text[: len(text) - len(last)]
+    return text
 
 
 # -- what the tests hold -----------------------------------------------------------------------

@@ -16,6 +16,8 @@ import os
 import pickle
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -632,3 +634,29 @@ def test_no_process_of_the_students_user_runs_once_it_is_ended():
     finally:
         image.clean_up_after(name)
         shutil.rmtree(ready, ignore_errors=True)
+
+
+def test_a_dump_cut_short_by_the_stop_is_not_shown_as_the_learners_output():
+    """A timed-out learner process is sent SIGUSR1 (faulthandler dumps its threads) and killed
+    as soon as its own line is read, so the dump the grader holds may end anywhere, even mid-line.
+    Whatever of it was read is the grader's: the learner's output is what came before it. Seen in
+    a full run: a dump cut after '  File ".../wire.py"' reached a report as "your code printed"."""
+    code = (
+        "import faulthandler, os, signal, sys, threading\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "print('my own line', flush=True)\n"
+        "threading.Thread(target=lambda: __import__('time').sleep(5), daemon=True).start()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    text = out.stdout + out.stderr
+    mine = "my own line\n"
+    assert text.startswith(mine) and "File " in text, text
+    cuts = range(len(mine), len(text) + 1)
+    for cut in cuts:
+        assert sandbox._before_dump(text[:cut]) == mine, text[:cut]
+    # the whole-dump pattern alone leaves a cut line behind: why the stop cuts at the header
+    leaked = [c for c in cuts if "File" in sandbox._DUMP.sub("", text[:c])]
+    assert leaked, "every cut dump was removed by _DUMP alone"
