@@ -419,8 +419,8 @@ def _check_extend(pool, allocator, reqs, extend_lens, prefix_indices, tree) -> N
         raise ValueError(f"{len(extend_lens)} extend_lens, {len(hits)} prefix_indices")
     for i, (r, n, hit) in enumerate(zip(reqs, extend_lens, hits)):
         _check_hit(allocator, hit)
-        p = 0 if hit is None else len(hit)  # the prefix: the hit's, or a chunk's so far
-        p = r.kv.kv_allocated_len if r.kv.holds_kv else p
+        # the prefix: a continuing chunk's so far, or the hit's
+        p = r.kv.kv_allocated_len if r.kv.holds_kv else (0 if hit is None else len(hit))
         if n < 0:
             raise ValueError(
                 f"request {i}: seq_len {p + n} is shorter than its prefix {p} "
