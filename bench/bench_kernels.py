@@ -69,9 +69,8 @@ def side_by_side(fns: dict, gpu: bool, rounds: int = 3, min_time: float = 0.05) 
     if gpu:
         import triton.testing
 
-        return {
-            k: triton.testing.do_bench(fn) * 1e3 for k, fn in fns.items()
-        }  # ms -> us
+        # ms -> us
+        return {k: triton.testing.do_bench(fn) * 1e3 for k, fn in fns.items()}
     best = dict.fromkeys(fns, math.inf)
     for fn in fns.values():
         fn()  # warm up

@@ -130,9 +130,8 @@ def main():
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     speed_vs_reference(args.pool)
     if args.plots:
-        from memlab.course.viz import (
-            draw_sim,
-        )  # matplotlib only when figures are asked for
+        # matplotlib only when figures are asked for
+        from memlab.course.viz import draw_sim
 
         os.makedirs(args.plots, exist_ok=True)
         draw_sim.plot_figure2(*fig2).savefig(

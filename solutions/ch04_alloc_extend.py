@@ -57,13 +57,11 @@ class PagedAllocator:
         n = int(ext.sum())
         req = torch.repeat_interleave(torch.arange(len(seq_lens)), ext, output_size=n)
         pos = prefix_lens[req] + torch.arange(n) - (torch.cumsum(ext, 0) - ext)[req]
-        old_end = ((prefix_lens + ps - 1) // ps * ps)[
-            req
-        ]  # where the old partial page ends
+        # where the old partial page ends
+        old_end = ((prefix_lens + ps - 1) // ps * ps)[req]
         if num_pages:
-            first = (torch.cumsum(new_pages, 0) - new_pages)[
-                req
-            ]  # the request's first new page
+            # the request's first new page
+            first = (torch.cumsum(new_pages, 0) - new_pages)[req]
             k = (first + (pos - old_end).clamp_min(0) // ps).clamp_max(num_pages - 1)
             fresh = self.free_pages[k] * ps + pos % ps
         else:

@@ -113,9 +113,8 @@ viz.Stepper(
 req_pool, allocator, kv = scene.req_pool, scene.allocator, scene.kvcache
 a = scene.reqs["A"]
 row = a.kv.req_pool_idx  # mapping 1: request -> row
-slots = req_pool.req_to_token[
-    row, : a.kv.kv_allocated_len
-]  # mapping 2: position -> slot
+# mapping 2: position -> slot
+slots = req_pool.req_to_token[row, : a.kv.kv_allocated_len]
 print(
     f"A owns row {row} (handed out {int(req_pool.req_generation[row])} time(s) so far: the row's generation, "
     f"chapter 01); its slots: {slots.tolist()}"

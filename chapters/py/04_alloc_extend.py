@@ -106,10 +106,8 @@ from memlab.sglang.allocator.reference import (
 )
 
 P = 4
-prefix, seq = (
-    [6, 3, 0],
-    [11, 12, 4],
-)  # the second batch of the widget: A, B continue, C is new
+# the second batch of the widget: A, B continue, C is new
+prefix, seq = ([6, 3, 0], [11, 12, 4])
 print("new pages per request:", [num_new_pages(p, s, P) for p, s in zip(prefix, seq)])
 
 # %% [markdown]

@@ -52,9 +52,8 @@ _LAYER_TENSORS = {  # TinyLlama's name -> the checkpoint's, under model.layers.{
     "w_down": "mlp.down_proj",
 }
 _NORMS = ("attn_norm", "mlp_norm")
-_IGNORED_SUFFIXES = (
-    "rotary_emb.inv_freq",
-)  # a buffer old checkpoints saved; recomputed from the config
+# a buffer old checkpoints saved; recomputed from the config
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class UnsupportedCheckpoint(ValueError):

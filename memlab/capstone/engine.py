@@ -943,14 +943,13 @@ class Engine:
             logits_rows = starts + ext - 1
         if decoding:
             # one tensor from the host: each request's row, length and last token
-            books = (
-                torch.tensor(
-                    [
-                        (r.kv.req_pool_idx, r.kv.kv_allocated_len, r.output_ids[-1])
-                        for r in decoding
-                    ]
-                ).T.contiguous()
-            )  # each field contiguous: the Triton kernel reads plain arrays
+            # each field contiguous: the Triton kernel reads plain arrays
+            books = torch.tensor(
+                [
+                    (r.kv.req_pool_idx, r.kv.kv_allocated_len, r.output_ids[-1])
+                    for r in decoding
+                ]
+            ).T.contiguous()
             lens = books[1]
             ids.append(books[2])
             positions.append(lens - 1)

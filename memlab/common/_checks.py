@@ -349,9 +349,8 @@ def segments(alloc, segments) -> list:
         if len(seg) != 2:
             raise TypeError(f"a segment is (slots, start_pos), got {seg!r}")
         index_tensor("a segment's slots", seg[0], alloc.device, ndim=1)
-        if seg[
-            0
-        ].numel():  # an empty segment is skipped, wherever it starts (as SGLang's)
+        # an empty segment is skipped, wherever it starts (as SGLang's)
+        if seg[0].numel():
             free_segment(alloc, *seg)
     return list(segments)
 
@@ -531,10 +530,8 @@ def on_kernel_device(name: str, device) -> None:
     want = kernel_device()
     try:
         kind = torch.device(device).type
-    except (
-        RuntimeError,
-        TypeError,
-    ):  # not a device: the caller's device check names it
+    # not a device: the caller's device check names it
+    except (RuntimeError, TypeError):
         return
     if kind != want:
         raise ValueError(

@@ -78,9 +78,8 @@ def attention_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale):
     _check_over_slots(q, k_buffer, v_buffer, slots, mask, sm_scale)
     bs, num_heads, _ = q.shape
     group = num_heads // k_buffer.shape[1]
-    keep = mask[
-        :, :, None, None
-    ]  # padding positions may hold anything (NaN included): drop them
+    # padding positions may hold anything (NaN included): drop them
+    keep = mask[:, :, None, None]
     # (bs, L, H, Dk)
     k = torch.where(keep, k_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)
     v = torch.where(keep, v_buffer[slots].float(), 0.0).repeat_interleave(group, dim=2)
@@ -170,9 +169,8 @@ def _scale(sm_scale, dim):
 
 
 def _launch(**kw):
-    from memlab.kernels import (
-        paged_decode_attention as kernel,
-    )  # lazy: memlab imports without Triton
+    # lazy: memlab imports without Triton
+    from memlab.kernels import paged_decode_attention as kernel
 
     return kernel.launch(**kw)
 

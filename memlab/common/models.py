@@ -195,10 +195,11 @@ class ModelConfig:
     def conv_state_shape(self, tp_size: int = 1) -> tuple[int, int]:
         """Conv state of one linear layer: (channels, kernel - 1) past inputs per channel."""
         _check_linear(self, tp_size)
+        # q, k and v channels
         conv_dim = (
             2 * self.linear_num_key_heads * self.linear_key_head_dim
             + self.linear_num_value_heads * self.linear_value_head_dim
-        )  # q, k and v channels
+        )
         return conv_dim // tp_size, self.linear_conv_kernel_dim - 1
 
     def temporal_state_shape(self, tp_size: int = 1) -> tuple[int, int, int]:

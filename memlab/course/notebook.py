@@ -23,9 +23,8 @@ import traceback
 import zipfile
 from pathlib import Path
 
-from memlab.course.grading.loader import (
-    ENV as EXERCISES_ENV,
-)  # where the grader looks for a learner's files
+# where the grader looks for a learner's files
+from memlab.course.grading.loader import ENV as EXERCISES_ENV
 from memlab.course.grading.loader import (
     ROOT,
 )
@@ -192,10 +191,8 @@ def start(chapter: str, ref: str | None = None, drive: bool = False) -> bool:
     from memlab.common.env import ensure_kernel_mode, has_cuda
 
     here = Path.cwd().resolve()
-    if ref is not None and ROOT not in (
-        here,
-        *here.parents,
-    ):  # a clone beside the notebook (Colab)
+    # a clone beside the notebook (Colab)
+    if ref is not None and ROOT not in (here, *here.parents):
         check_clone(ROOT, ref)
     expose_to_new_processes(ROOT)
     try:

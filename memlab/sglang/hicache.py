@@ -34,9 +34,9 @@ import torch
 
 from memlab.common import _checks
 from memlab.sglang.allocator import make_allocator
-from memlab.sglang.kv_pool import (
-    HostPoolDecl,
-)  # the declaration lives with the device pool
+
+# the declaration lives with the device pool
+from memlab.sglang.kv_pool import HostPoolDecl
 from memlab.sglang.page_copy import transfer_pages
 from memlab.sglang.radix_cache import (
     MatchResult,
@@ -455,10 +455,8 @@ class HiRadixCache(RadixCache):
             n.value = device_indices[offset : offset + len(n.host_value)].clone()
             offset += len(n.value)
             self.evictable_size_ += len(n.value)
-        for n in [
-            *reversed(nodes_to_load),
-            ancestor,
-        ]:  # bottom up: only the deepest can be a leaf
+        # bottom up: only the deepest can be a leaf
+        for n in [*reversed(nodes_to_load), ancestor]:
             self._update_leaf_status(n)
         if self.debug_mode:
             self._check_tree()

@@ -191,9 +191,8 @@ class ReqToTokenPool:
         if n == 0:
             return []  # free_slots[-0:] would be the whole list
         rows = self.free_slots[-n:]
-        del self.free_slots[
-            -n:
-        ]  # O(n) from the tail; popping the head would shift the whole list
+        # O(n) from the tail; popping the head would shift the whole list
+        del self.free_slots[-n:]
         for r in rows:
             self._row_free[r] = 0
         self.req_generation[rows] += 1

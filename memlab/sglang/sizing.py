@@ -266,9 +266,8 @@ class RunningReq:
             _nonneg_int("kv_allocated_len", self.kv_allocated_len)
 
     @property
-    def seq_len(
-        self,
-    ) -> int:  # SGLang's kv_committed_len: the tokens whose KV is written
+    # SGLang's kv_committed_len: the tokens whose KV is written
+    def seq_len(self) -> int:
         return self.input_len + self.output_len
 
     @property

@@ -322,9 +322,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         )
         if full is None or self._swa_req_ring:
             return full
-        swa_last_loc = self.full_to_swa_index_mapping[
-            last_loc
-        ]  # -1 stays -1 (the trailing entry)
+        # -1 stays -1 (the trailing entry)
+        swa_last_loc = self.full_to_swa_index_mapping[last_loc]
         swa = self.swa_attn_allocator.alloc_extend(
             prefix_lens,
             prefix_lens_cpu,

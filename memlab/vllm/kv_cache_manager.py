@@ -152,9 +152,8 @@ class SingleTypeKVCacheManager:
         num_skipped_tokens = self.get_num_skipped_tokens(processed_computed_tokens)
         if num_skipped_tokens <= 0:
             return
-        blocks = self.req_to_blocks[
-            request_id
-        ]  # a defaultdict: a new request gets its (empty) entry, as in vLLM
+        # a defaultdict: a new request gets its (empty) entry, as in vLLM
+        blocks = self.req_to_blocks[request_id]
         self._remove_blocks_in_range(
             request_id, 0, min(num_skipped_tokens // self.block_size, len(blocks))
         )
@@ -233,9 +232,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if run >= needed:
                 del computed[i + run :]
                 return computed, len(computed) * self.block_size
-        del computed[
-            run:
-        ]  # no run long enough: only a run from the prompt's start counts
+        # no run long enough: only a run from the prompt's start counts
+        del computed[run:]
         return computed, run * self.block_size
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:

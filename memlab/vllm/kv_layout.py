@@ -26,14 +26,8 @@ from memlab.common.env import resolve_device
 
 LOGICAL_AXES = ("layer", "block", "head", "token", "content")  # vLLM's [L, B, H, N, C]
 # Each layout names the logical axes from outermost to innermost in memory.
-KV_CACHE_LAYOUTS = (
-    "LBNHC",
-    "LBHNC",
-    "BLNHC",
-    "BLHNC",
-    "BHLNC",
-    "LHBNC",
-)  # vLLM's default preference order
+# vLLM's default preference order
+KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC")
 DEFAULT_LAYOUT = "LBNHC"
 
 

@@ -178,10 +178,8 @@ def test_both_rope_spellings_and_the_defaults(tmp_path):
 def test_llama3_rope_scaling_matches_its_piecewise_definition():
     cfg = TinyConfig(head_dim=16, rope_theta=1e4, rope_scaling=LLAMA3)
     got = rope_inv_freq(cfg).tolist()
-    low_wl, high_wl = (
-        256 / 1.0,
-        256 / 4.0,
-    )  # wavelengths (tokens) bounding the blended band
+    # wavelengths (tokens) bounding the blended band
+    low_wl, high_wl = (256 / 1.0, 256 / 4.0)
     bands = set()
     for i, ours in enumerate(got):
         f = 1.0 / 1e4 ** (2 * i / 16)
@@ -195,11 +193,8 @@ def test_llama3_rope_scaling_matches_its_piecewise_definition():
             want, band = (1 - s) * f / 8.0 + s * f, "blended"
         bands.add(band)
         assert ours == pytest.approx(want, rel=1e-6), (i, band)
-    assert bands == {
-        "kept",
-        "scaled",
-        "blended",
-    }  # the test frequencies cross all three bands
+    # the test frequencies cross all three bands
+    assert bands == {"kept", "scaled", "blended"}
     linear = rope_inv_freq(
         TinyConfig(rope_scaling={"rope_type": "linear", "factor": 2.0})
     )

@@ -228,9 +228,8 @@ def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
     r = computed(c, pool, alloc, [1, 2, 3, 4, 5, 6])  # pages 1, 2, 3
     release_kv_cache(r, c, checkpoint=True)
     assert c.evictable_size() == 6 and c.device_pages() == {1, 2, 3}
-    assert c.match_prefix([1, 2, 3]).last_device_node == (
-        1,
-    )  # only full pages of the key
+    # only full pages of the key
+    assert c.match_prefix([1, 2, 3]).last_device_node == (1,)
     # a miss ends the chain: later equal pages do not count
     m = c.match_prefix([1, 2, 9, 9, 5, 6])
     assert m.device_prefix_len == 2 and c.path_device_indices(
@@ -238,9 +237,8 @@ def test_hash_cache_match_stops_at_the_first_miss_and_evicts_the_tail_first():
     ).tolist() == [2, 3]
     lock = c.lock(m.last_device_node)
     assert c.evictable_size() == 4
-    assert c.evict(3).num_tokens_evicted == 4 and c.device_pages() == {
-        1
-    }  # pages 3 then 2: the chain's tail
+    # pages 3 then 2: the chain's tail
+    assert c.evict(3).num_tokens_evicted == 4 and c.device_pages() == {1}
     c.unlock(lock)
     assert c.evict(1).num_tokens_evicted == 2 and alloc.available_size() == 32
     alloc.check_books()
@@ -292,9 +290,8 @@ def test_the_engine_books_catch_a_page_owned_twice():
     a, b = e.running
     table = e.req_to_token_pool.req_to_token
     cpl_a, cpl_b = a.kv.cache_protected_len, b.kv.cache_protected_len
-    table[b.kv.req_pool_idx, cpl_b] = table[
-        a.kv.req_pool_idx, cpl_a
-    ]  # b maps a's own page
+    # b maps a's own page
+    table[b.kv.req_pool_idx, cpl_b] = table[a.kv.req_pool_idx, cpl_a]
     with pytest.raises(AssertionError, match="held by requests"):
         e.check_books()
 
@@ -402,9 +399,8 @@ def test_a_retracted_request_joins_the_back_of_the_queue():
         e.add_request(p, NEW)
     while e.stats["retracted"] == 0:
         assert e.step()
-    victim = e.waiting[
-        -1
-    ]  # it came before the ones still waiting, and waits behind them
+    # it came before the ones still waiting, and waits behind them
+    victim = e.waiting[-1]
     assert victim.output and len(e.waiting) > 1
     assert all(r.rid > victim.rid for r in e.waiting[:-1])
 

@@ -36,13 +36,14 @@ LOGIT_ATOL, LOGIT_RTOL = 1e-4, 1e-5
 # a greedy choice can flip only where the best logit beats the second by less than twice that.
 MIN_GAP = 2e-3
 NEW = 12
+# with head_dim 16 the frequencies span all three bands
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 256,
-}  # with head_dim 16 the frequencies span all three bands
+}
 CONFIGS = {
     "gqa-untied": dict(num_attention_heads=4, num_key_value_heads=2),
     "mha-tied-theta5e5": dict(
@@ -62,12 +63,13 @@ CONFIGS = {
 }
 _rng = random.Random(0)
 SHARED = [_rng.randrange(4, 128) for _ in range(20)]  # a 20-token "system prompt"
+# shares nothing
 PROMPTS = [
     SHARED + [1] + [_rng.randrange(128) for _ in range(2)],
     SHARED + [2] + [_rng.randrange(128) for _ in range(8)],
     SHARED + [3],
     [SHARED[0] + 1] + [_rng.randrange(128) for _ in range(22)],
-]  # shares nothing
+]
 
 
 def build(config: dict, seed: int):
@@ -239,9 +241,8 @@ def test_an_end_of_sequence_token_stops_both_alike(cases, tmp_path):
 def mutants():
     """Plausible loading mistakes; each must move the logits far past the tolerance."""
 
-    def halves_interleaved(
-        m,
-    ):  # rotate adjacent pairs instead of the two halves of a head
+    # rotate adjacent pairs instead of the two halves of a head
+    def halves_interleaved(m):
         d = m.cfg.head_dim
         perm = torch.arange(d).view(2, d // 2).T.reshape(-1)
         for layer in m.layers:
@@ -312,9 +313,8 @@ def test_a_loaded_checkpoint_through_the_triton_attention_kernel(cases):
     from memlab.common.env import kernel_device
 
     model = checkpoint.load(c.folder, device=kernel_device())
-    prompt = PROMPTS[2][
-        :6
-    ]  # short: the interpreter runs one program per token and head
+    # short: the interpreter runs one program per token and head
+    prompt = PROMPTS[2][:6]
     want, gaps = hf_generate(c.hf, [prompt], 2)
     assert min(gaps) > MIN_GAP
     e = Engine(
@@ -381,9 +381,8 @@ def test_serve_chat_matches_transformers_and_keeps_the_books(cases, tmp_path):
         max_running=2,
         name="tiny",
     )
-    assert [p[:25] for p in run.prompts] == [
-        run.prompts[0][:25]
-    ] * 4  # one shared system prompt
+    # one shared system prompt
+    assert [p[:25] for p in run.prompts] == [run.prompts[0][:25]] * 4
     assert min(g for gaps in run.gaps for g in gaps) > MIN_GAP
     assert run.outputs == run.reference
     # the two later requests map 6 shared pages each

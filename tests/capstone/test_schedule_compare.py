@@ -46,12 +46,8 @@ def served_order(policy, **kw):
 def test_lpm_serves_the_longest_cached_prefix_first():
     assert served_order("fcfs")[0] == [0, 1, 2, 3]
     order, e = served_order("lpm")
-    assert order == [
-        2,
-        0,
-        1,
-        3,
-    ]  # the cached one first; the rest (no match) stay in arrival order
+    # the cached one first; the rest (no match) stay in arrival order
+    assert order == [2, 0, 1, 3]
     assert e.stats["cached_tokens"] >= 40
 
 

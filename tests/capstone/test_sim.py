@@ -365,11 +365,12 @@ def check_buddy(space, live):
         assert start == pos, f"blocks overlap or leave a hole at {pos}"
         pos += size
     assert pos == space.size
+    # total conserved
     assert (
         space.free
         == sum(size for _, size in free)
         == space.size - sum(h for _, h in held)
-    )  # total conserved
+    )
     listed = set(free)
     assert not [b for b in free if (b[0] ^ b[1], b[1]) in listed], (
         "two free buddies left unmerged"
@@ -482,12 +483,8 @@ def test_bug_zoo_pow2_rounding_down_is_refused():
 
 
 def test_bug_zoo_buddies_that_do_not_coalesce_properly_are_caught():
-    ops = [
-        ("alloc", 0),
-        ("alloc", 0),
-        ("release", 0),
-        ("release", 0),
-    ]  # two slots of a pool of 4
+    # two slots of a pool of 4
+    ops = [("alloc", 0), ("alloc", 0), ("release", 0), ("release", 0)]
     run_buddy_ops(Buddy, 4, ops)
     with pytest.raises(AssertionError, match="unmerged"):
         run_buddy_ops(BuddyNeverCoalesces, 4, ops)

@@ -55,10 +55,11 @@ def test_chapter_06_block_pool_instrument(browser, lab):
     inst.wait_call("manager.free(req)  # req = the Request 'C'")
     after = inst.wait_view_changed(after)
     freed = inst.shown()
+    # reversed: the tail of C first
     assert (
         freed == inst.real()
         and freed["free queue (head -> tail)"] == "[10, 9, 8, 7, 6, 5]"
-    )  # reversed: the tail of C first
+    )
 
     inst.type_row("submit", "F", "-1 2")
     inst.click("submit")

@@ -215,9 +215,8 @@ def test_execution_check_catches_an_unexpected_error():
     ]
     with pytest.raises(AssertionError, match="ZeroDivisionError"):
         check_executed(nb, "00_bad.ipynb")
-    nb.cells[0].metadata["tags"] = [
-        "raises-exception"
-    ]  # a tag excuses nothing: Colab ignores it
+    # a tag excuses nothing: Colab ignores it
+    nb.cells[0].metadata["tags"] = ["raises-exception"]
     with pytest.raises(AssertionError, match="ZeroDivisionError"):
         check_executed(nb, "00_bad.ipynb")
     nb.cells[0].outputs = []
@@ -649,10 +648,8 @@ def test_setup_cell_in_a_fresh_python_runs_the_clones_kernels(home_repo, tmp_pat
     )
     clone = tmp_path / home.clone_folder()
     assert got["MEMLAB"] == str(clone / "memlab" / "__init__.py")
-    for key in (
-        "KERNEL",
-        "SHELL",
-    ):  # a shell cell finds it through a link to the clone's memlab
+    # a shell cell finds it through a link to the clone's memlab
+    for key in ("KERNEL", "SHELL"):
         assert (
             Path(got[key]).resolve()
             == (clone / "memlab" / "kernels" / "canary.py").resolve()
@@ -683,11 +680,12 @@ def untagged_repo(tmp_path_factory):
 def test_setup_cell_says_why_a_clone_failed(
     case, says, untagged_repo, monkeypatch, tmp_path
 ):
+    # port 9 (discard) refuses the connection
     url = {
         "missing": (tmp_path / "no-such-repo").as_uri(),
         "untagged": untagged_repo.as_uri(),
         "offline": "http://127.0.0.1:9/memlab",
-    }[case]  # port 9 (discard) refuses the connection
+    }[case]
     with pytest.raises(RuntimeError, match=says) as err:
         run_setup_cell(tmp_path, monkeypatch, url=url)
     assert f"at version {home.REF}" in str(err.value) and "git said:" in str(err.value)

@@ -68,18 +68,8 @@ def test_deepseek_v3_2_adds_the_indexer_keys():
 
 def test_gemma3_layer_pattern_five_local_one_global():
     full, swa = GEMMA_3_27B.layer_ids(FULL), GEMMA_3_27B.layer_ids(SLIDING)
-    assert full == (
-        5,
-        11,
-        17,
-        23,
-        29,
-        35,
-        41,
-        47,
-        53,
-        59,
-    )  # every 6th layer, starting local
+    # every 6th layer, starting local
+    assert full == (5, 11, 17, 23, 29, 35, 41, 47, 53, 59)
     assert (
         len(swa) == 52
         and GEMMA_3_27B.layer_kind(0) == SLIDING

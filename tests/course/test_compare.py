@@ -75,11 +75,8 @@ def test_side_by_side_on_a_fixed_stream():
         "block",
     )
     b_vllm = rows["vllm block 4"]["b"]
-    assert (b_vllm.freed_to_head, b_vllm.freed_to_tail, b_vllm.tail_waste) == (
-        0,
-        2,
-        0,
-    )  # 8 tokens: 2 full blocks
+    # 8 tokens: 2 full blocks
+    assert (b_vllm.freed_to_head, b_vllm.freed_to_tail, b_vllm.tail_waste) == (0, 2, 0)
     assert describe_free(a_vllm) == "1 block -> head, 1 block -> tail"
     table = format_table(res)
     assert (

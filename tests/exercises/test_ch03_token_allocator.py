@@ -329,9 +329,10 @@ def random_case(d):
             held += [] if want is None else want.tolist()
             what = "alloc"
         elif op == "free":
+            # any order
             slots = [
                 held.pop(d.int(0, len(held) - 1)) for _ in range(d.int(0, len(held)))
-            ]  # any order
+            ]
             d.step(f"free({slots})")
             d.code(f"a.free({tensor_code(slots)})")
             buf = tensor(slots)

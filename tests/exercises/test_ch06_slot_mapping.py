@@ -163,9 +163,8 @@ def random_case(d):
         d.int(0, 70) if d.chance(0.3) else d.int(0, 3),
         d.int(0, 3) if d.chance(0.3) else 0,
     )
-    table = [
-        d.ids(cols, INT31) for _ in reqs
-    ]  # block ids of a big pool in random order: slots past 2**31
+    # block ids of a big pool in random order: slots past 2**31
+    table = [d.ids(cols, INT31) for _ in reqs]
     qsl, positions = [0], []
     for done, new in reqs:
         positions += list(range(done, done + new))

@@ -366,13 +366,14 @@ def random_case(d):
     for _ in d.count(1, 16, 0.9):
         op = d.pick(("alloc", "write", "free", "track"))
         every = list(range(1, n_rows + 1))
+        # free_row of a row holding nothing too
         pool = (
             sorted(set(every) - held)
             if op == "alloc"
             else sorted(held)
             if op == "write"
             else (sorted(held) if op == "free" and d.chance(0.8) else every)
-        )  # free_row of a row holding nothing too
+        )
         if not pool:
             continue
         row = d.pick(pool)

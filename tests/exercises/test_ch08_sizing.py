@@ -289,12 +289,13 @@ def random_case(d):
         kwargs = {} if len(args) > 1 else spec
         config = sizing.SpeculativeConfig()
         if spec:
+            # unset draft tokens: never the max
             config = sizing.SpeculativeConfig(
                 "EAGLE",
                 spec["num_steps"],
                 spec["topk"] or 1,
                 spec["num_draft_tokens"] or 1,
-            )  # unset draft tokens: never the max
+            )
         rule = (
             sizing.alloc_len_per_decode
             if fn == "alloc_len_per_decode"

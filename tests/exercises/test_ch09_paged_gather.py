@@ -31,9 +31,8 @@ def kv_views(k, v, kind):
         wide[:, 1:] = x
         return wide[:, 1:]
 
-    def heads_outer(
-        x,
-    ):  # a (slots, heads, dim) view of a (heads, slots, dim) tensor: stride d, n * d, 1
+    # a (slots, heads, dim) view of a (heads, slots, dim) tensor: stride d, n * d, 1
+    def heads_outer(x):
         return x.transpose(0, 1).contiguous().transpose(0, 1)
 
     if kind == "strided":
@@ -118,9 +117,8 @@ def run(
     kd, vd = kv_views(k.to(dev), v.to(dev), kv)
     table = fenced(r2t, torch.int32, dev)
     if wide_table:
-        table = table[
-            :, : r2t.shape[1] - wide_table
-        ]  # a view: its row stride is wider than its rows
+        # a view: its row stride is wider than its rows
+        table = table[:, : r2t.shape[1] - wide_table]
     inputs = [
         q.to(dev),
         kd,
@@ -312,9 +310,8 @@ def test_gpu_pool_past_2_31_elements(rng):
             q, k, v, r2t.cuda(), torch.tensor(rows).cuda(), torch.tensor(lens).cuda()
         )
         torch.cuda.synchronize()
-        small = {
-            s: j for j, s in enumerate(slots)
-        }  # the same KV in a small pool, for the reference
+        # the same KV in a small pool, for the reference
+        small = {s: j for j, s in enumerate(slots)}
         r2t_small = r2t.clone().apply_(lambda s: small.get(s, 0))
         want = reference(q.cpu(), k[used].cpu(), v[used].cpu(), r2t_small, rows, lens)
         err = (got.float().cpu() - want).abs().max().item()
@@ -348,9 +345,10 @@ def random_case(d):
         d.pick((16, 4, 8, 32)),
     )
     heads = kv_heads * group
+    # past a block of 16
     lens = [
         d.int(17, 40) if d.chance(0.3) else d.int(1, 16) for _ in d.count(1, 3, 0.4)
-    ]  # past a block of 16
+    ]
     num_rows = len(lens) + d.int(0, 3)
     rows = d.sample(range(num_rows), len(lens))  # batch entry b is not row b
     num_slots = sum(lens) + d.int(1, 40)

@@ -113,6 +113,7 @@ SHAPE_DRAWN = {
 @pytest.mark.parametrize(
     "entry", [_param(e, SHAPE_DRAWN) for e in DRAWABLE if DRAWABLE[e]]
 )
+# no shrinking: the message names the drawn value
 @settings(
     max_examples=8,
     deadline=None,
@@ -120,7 +121,7 @@ SHAPE_DRAWN = {
     database=None,
     phases=[Phase.generate],
     suppress_health_check=list(HealthCheck),
-)  # no shrinking: the message names the drawn value
+)
 @given(data=st.data())
 def test_random_bad_values_are_refused_cleanly(entry, data):
     # the listed values first, so an xfail here fails for sure while it is not clean

@@ -67,10 +67,8 @@ def test_a_validator_counts_with_the_one_module_that_uses_it(tmp_path, monkeypat
     }
     assert rows["a.py"] == (3 + 3, 3)  # its 3 lines, the validator's 3 (all checking)
     assert rows["b.py"] == (2, 0)
-    assert rows["memlab/common/_checks.py (shared)"] == (
-        2,
-        2,
-    )  # what both use stays the boundary's
+    # what both use stays the boundary's
+    assert rows["memlab/common/_checks.py (shared)"] == (2, 2)
     assert rows["total (boundary included)"] == (10, 5)
 
 
@@ -95,8 +93,6 @@ def _check_pages(p):
     return p
 '''
     code, checks = check_share.measure(src)
-    assert (code, checks) == (
-        8,
-        5,
-    )  # the if-raise (2), the assert (1) and the _check function (2)
+    # the if-raise (2), the assert (1) and the _check function (2)
+    assert (code, checks) == (8, 5)
     assert check_share.main(["--max", "100"]) == 0

@@ -127,9 +127,8 @@ class _Module:
             for n in ast.walk(self.tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         }
-        self.names: dict[
-            str, tuple[str, str | None]
-        ] = {}  # local name -> (module, attribute or None)
+        # local name -> (module, attribute or None)
+        self.names: dict[str, tuple[str, str | None]] = {}
         package = self.name.rsplit(".", 1)[0] if "." in self.name else ""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
@@ -229,10 +228,8 @@ def _readers() -> tuple[set[tuple[str, str]], dict[str, _Module]]:
                 if f[0] in (m.name, "tests.conftest")
             }
             edges[(m.name, name)] = refs
-        for local, (
-            mod,
-            attr,
-        ) in m.names.items():  # a name a module imports stands for the original
+        # a name a module imports stands for the original
+        for local, (mod, attr) in m.names.items():
             if attr is not None:
                 edges.setdefault((m.name, local), set()).add((mod, attr))
     while True:

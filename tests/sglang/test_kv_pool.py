@@ -23,11 +23,8 @@ def test_mha_shapes_rows_and_layer_range():
         start_layer=5,
     )
     assert len(pool.k_buffer) == len(pool.v_buffer) == 3
-    assert pool.k_buffer[0].shape == (48, 4, 8) and pool.v_buffer[0].shape == (
-        48,
-        4,
-        6,
-    )  # size + page_size rows
+    # size + page_size rows
+    assert pool.k_buffer[0].shape == (48, 4, 8) and pool.v_buffer[0].shape == (48, 4, 6)
     assert (
         pool.get_key_buffer(5) is pool.k_buffer[0]
         and pool.get_value_buffer(7) is pool.v_buffer[2]

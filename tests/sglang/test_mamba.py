@@ -16,10 +16,8 @@ from memlab.sglang.mamba import (
 )
 from memlab.sglang.req_to_token import Req
 
-CONV = [
-    (6, 3),
-    (4, 2),
-]  # two conv-state components, shared by every mamba layer (as SGLang's)
+# two conv-state components, shared by every mamba layer (as SGLang's)
+CONV = [(6, 3), (4, 2)]
 TEMPORAL = (2, 3, 3)
 LAYERS = 3
 
@@ -58,12 +56,8 @@ def test_slot_allocator_takes_the_head_and_frees_to_the_tail():
     a = MambaSlotAllocator(5)
     assert a.alloc(2).tolist() == [1, 2]  # slot 0 is padding
     a.free(torch.tensor([1]))
-    assert a.free_slots.tolist() == [
-        3,
-        4,
-        5,
-        1,
-    ]  # FIFO: the oldest free slots go out first
+    # FIFO: the oldest free slots go out first
+    assert a.free_slots.tolist() == [3, 4, 5, 1]
     assert a.alloc(0).numel() == 0 and a.available_size() == 4
 
 
@@ -115,10 +109,11 @@ def test_conv_state_is_a_list_over_components_each_stacked_over_layers():
     assert [tuple(c.shape) for c in p.conv] == [(3, 5, 6, 3), (3, 5, 4, 2)]
     assert tuple(p.temporal.shape) == (3, 5, 2, 3, 3)
     conv, temporal = p.get_state(1)
+    # views
     assert [c.data_ptr() for c in conv] == [
         p.conv[0][1].data_ptr(),
         p.conv[1][1].data_ptr(),
-    ]  # views
+    ]
     assert temporal.shape == (5, 2, 3, 3)
 
 
@@ -166,9 +161,8 @@ def test_a_cached_state_copied_in_wins_over_the_clear():
     )
     b.kv.mamba_cow_src_index = a.kv.mamba_pool_idx.reshape(1)
     pool.execute_deferred_mamba_cow_and_clear([a, b])
-    assert not pool.mamba_pool.temporal[
-        :, a.kv.mamba_pool_idx
-    ].any()  # a's new slot: zeroed
+    # a's new slot: zeroed
+    assert not pool.mamba_pool.temporal[:, a.kv.mamba_pool_idx].any()
     # copied from a, after a's clear
     assert (pool.mamba_pool.temporal[:, b.kv.mamba_pool_idx] == 0).all()
     assert b.kv.mamba_cow_src_index is None and not b.kv.mamba_needs_clear

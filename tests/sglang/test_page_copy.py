@@ -9,10 +9,8 @@ from memlab.common.env import kernel_device
 from memlab.sglang.page_copy import copy_pages_python, copy_pages_torch, transfer_pages
 
 GUARD = 3  # guard rows around each buffer
-LAYOUTS = {
-    "mha": (2, 8),
-    "mla": (1, 24),
-}  # one token's row: (heads, head_dim) / (1, r + d_r)
+# one token's row: (heads, head_dim) / (1, r + d_r)
+LAYOUTS = {"mha": (2, 8), "mla": (1, 24)}
 
 
 def random_buffer(rows, row_shape, dtype, gen):

@@ -143,9 +143,8 @@ def test_page_aligned_keys():
     assert tree.page_aligned(key) == tuple(range(8))
     value, r = insert_fresh(tree, alloc, key)
     assert len(value) == 8 and tree.total_size() == 8
-    assert list(tree.root_node.children) == [
-        (0, 1, 2, 3)
-    ]  # children are found by their first page
+    # children are found by their first page
+    assert list(tree.root_node.children) == [(0, 1, 2, 3)]
     # A match counts whole pages only: tokens 4 and 5 agree but page (4, 5, 6, 7) does not.
     m = tree.match_prefix([0, 1, 2, 3, 4, 5, 99, 99, 8])
     assert m.device_prefix_len == 4
@@ -320,12 +319,8 @@ def test_chunks_enter_the_tree_between_chunks_and_duplicates_go_back():
         and a.kv.cache_protected_len == 12
     )
     extend(tree, b, 4, pb)  # B's first chunk: the tree has it already
-    assert pool.req_to_token[b.kv.req_pool_idx, :4].tolist() == [
-        4,
-        5,
-        6,
-        7,
-    ]  # the row points at the tree
+    # the row points at the tree
+    assert pool.req_to_token[b.kv.req_pool_idx, :4].tolist() == [4, 5, 6, 7]
     # its own page 4 went back
     assert alloc.free_pages[0].item() == 4 and alloc.available_size() == 64 - 12
     assert (b.kv.cache_protected_len, b.kv.cache_inserted_len, b.prefix_len) == (

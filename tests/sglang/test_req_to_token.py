@@ -220,12 +220,8 @@ def test_a_request_claiming_a_free_or_foreign_row_is_refused_and_write_needs_row
     a.kv.kv_allocated_len = 2  # a chunked prefill that wrote KV keeps its row
     assert pool.alloc([a]) == [a.kv.req_pool_idx]
     free_row = pool.free_slots[-1]
-    for claim in (
-        free_row,
-        a.kv.req_pool_idx,
-        0,
-        9,
-    ):  # a free row, another request's, padding, past the pool
+    # a free row, another request's, padding, past the pool
+    for claim in (free_row, a.kv.req_pool_idx, 0, 9):
         b.kv.req_pool_idx, b.kv.kv_allocated_len = claim, 2
         before = (list(pool.free_slots), bytes(pool._row_free))
         with pytest.raises(ValueError, match=f"claims row {claim}"):

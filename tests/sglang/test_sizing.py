@@ -161,11 +161,8 @@ def test_clipped_generation_always_fits_an_empty_pool(inp, new, cap, ps):
 
 def test_new_tokens_required_next_decode_by_hand():
     # no speculative decoding: a page for each request whose next token opens one
-    reqs = [
-        RunningReq("a", 10, 6),
-        RunningReq("b", 10, 5),
-        RunningReq("c", 4, 4),
-    ]  # lengths 16, 15, 8
+    # lengths 16, 15, 8
+    reqs = [RunningReq("a", 10, 6), RunningReq("b", 10, 5), RunningReq("c", 4, 4)]
     assert new_tokens_required_next_decode(reqs, 4) == 2 * 4
     assert new_tokens_required_next_decode(reqs, 1) == 3
     # with a reserve (speculative decoding): grow to seq_len + reserve, in pages past what is held
@@ -308,10 +305,8 @@ def test_the_decode_check_evicts_the_shortfall_then_reads_the_free_slots():
     # page size 4, committed lengths 16, 15, 8: only 16 and 8 sit on a boundary, 2 pages
     reqs = [RunningReq("a", 10, 6), RunningReq("b", 10, 5), RunningReq("c", 4, 4)]
     assert check_decode_mem(reqs, lambda: books["free"], 4, evict=evict)
-    assert asked == [8] and books == {
-        "free": 8,
-        "cached": 8,
-    }  # the check itself evicted one page
+    # the check itself evicted one page
+    assert asked == [8] and books == {"free": 8, "cached": 8}
     books.update(free=0, cached=4)
     assert (
         not check_decode_mem(reqs, lambda: books["free"], 4, evict=evict)

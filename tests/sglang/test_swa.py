@@ -242,12 +242,8 @@ def test_release_frees_exactly_the_pages_wholly_outside_the_window():
     # the next query (position 23) reads positions >= 17: pages holding positions 0..15 are dead
     ev = a.release_out_of_window(row(held["r"]), 0, 23, 0, sliding_window=6)
     assert ev == 16
-    assert a.swa_attn_allocator.free_pages[:4].tolist() == [
-        1,
-        2,
-        3,
-        4,
-    ]  # pages of positions 0..15
+    # pages of positions 0..15
+    assert a.swa_attn_allocator.free_pages[:4].tolist() == [1, 2, 3, 4]
     # full side keeps all
     assert a.swa_available_size() == 32 - 24 + 16 and a.full_available_size() == 64 - 24
     m = a.full_to_swa_index_mapping[T(*held["r"])]
@@ -369,12 +365,8 @@ def test_ring_slots_cycle_inside_each_rows_ring():
     # + the padding page
     assert pool.size_swa == 60 and pool.swa_kv_pool.k_buffer[0].shape[0] == 64
     ids = a.ring_loc(T(1, 1, 1, 5), T(0, 11, 12, 11))
-    assert ids.tolist() == [
-        4,
-        4 + 11,
-        4,
-        4 + 4 * 12 + 11,
-    ]  # position 12 wraps to the ring's start
+    # position 12 wraps to the ring's start
+    assert ids.tolist() == [4, 4 + 11, 4, 4 + 4 * 12 + 11]
     w = a.write_loc(T(5, 6), req_pool_indices=T(2, 2), positions=T(0, 1))
     assert not w.physical and w.swa_loc.tolist() == [16, 17]
     pool.set_kv_buffer(0, w, torch.ones(2, 1, 2), torch.ones(2, 1, 2))
@@ -470,10 +462,8 @@ def check_ledgers(a, held, evicted):
             0 not in free and len(set(free)) == len(free) and not set(free) & held_pages
         )
         assert len(free) + len(held_pages) == n, "free + held != capacity"
-    for (
-        rid,
-        slots,
-    ) in held.items():  # released positions map to nothing, the rest to an SWA slot
+    # released positions map to nothing, the rest to an SWA slot
+    for rid, slots in held.items():
         mapped = (m[T(*slots)] > 0).tolist()
         assert mapped == [p >= evicted[rid] for p in range(len(slots))]
     others = torch.ones(len(m) - 1, dtype=torch.bool)

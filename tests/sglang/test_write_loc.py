@@ -135,10 +135,8 @@ def test_swa_pool_takes_a_plain_location_and_needs_the_swa_ids_for_swa_layers():
     k = torch.ones(2, 2, 4)
     pool.set_kv_buffer(1, loc, k, k)  # a full layer: a bare location, no mark
     assert torch.equal(pool.get_key_buffer(1)[loc], k)
-    for bad in (
-        loc,
-        KVWriteLoc(loc, physical=True),
-    ):  # an SWA layer without the SWA-side ids
+    # an SWA layer without the SWA-side ids
+    for bad in (loc, KVWriteLoc(loc, physical=True)):
         with pytest.raises(
             ValueError, match="layer 0 is a sliding-window layer.*no swa_loc"
         ):

@@ -815,6 +815,7 @@ def _sglang_cases():
             ),
             books=books,
         )
+        # (ps here would be the loop's last)
         case(
             E,
             "cpu lengths None",
@@ -823,7 +824,7 @@ def _sglang_cases():
             mkx,
             lambda env: extend(env, pcpu=None, scpu=None),
             books=books,
-        )  # (ps here would be the loop's last)
+        )
         case(
             E,
             "last_loc past the pool",

@@ -229,9 +229,9 @@ def variant(kernel, *args, capability: int = 90, **kwargs) -> tuple:
     keys its cache (a pointer's 16-byte alignment, an int's divisibility by 16 or being 1, each
     constexpr's value). Two launches with different tuples compile twice."""
     from triton.compiler import make_backend
-    from triton.runtime.jit import (
-        create_function_from_signature,
-    )  # the JIT's own binder
+
+    # the JIT's own binder
+    from triton.runtime.jit import create_function_from_signature
 
     jit = as_jit(kernel)
     binder = create_function_from_signature(

@@ -196,10 +196,8 @@ def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
         ):
             out.append(copy.deepcopy(node.args[0]))  # f(x) -> x
         if isinstance(f, ast.Name) and f.id == "range" and node.args:
-            for op in (
-                ast.Add,
-                ast.Sub,
-            ):  # range(a, b) -> range(a, b + 1), range(a, b - 1)
+            # range(a, b) -> range(a, b + 1), range(a, b - 1)
+            for op in (ast.Add, ast.Sub):
                 n = c()
                 i = 1 if len(n.args) > 1 else 0
                 n.args[i] = ast.BinOp(n.args[i], op(), ast.Constant(1))
@@ -232,10 +230,8 @@ def _expr_variants(node: ast.AST, names: set[str]) -> list[ast.AST]:
             n.slice.lower, n.slice.upper = s.upper, s.lower  # x[:n] <-> x[n:]
             out.append(n)
         if isinstance(s, ast.Slice):
-            for bound in (
-                "lower",
-                "upper",
-            ):  # x[:n] -> x[:n + 1], x[:n - 1] (constants are mutated anyway)
+            # x[:n] -> x[:n + 1], x[:n - 1] (constants are mutated anyway)
+            for bound in ("lower", "upper"):
                 b = getattr(s, bound)
                 if b is not None and not isinstance(b, ast.Constant):
                     for op in (ast.Add, ast.Sub):
@@ -428,10 +424,11 @@ def make_mutants(file: str) -> list[Mutant]:
                         isinstance(node, (ast.Constant, ast.Name))
                         and parent is not None
                     ):
+                        # "0 => 1" says little
                         before, after = (
                             _text(parent),
                             _text(_replaced(parent, node, new)),
-                        )  # "0 => 1" says little
+                        )
                     add(
                         qual,
                         node,

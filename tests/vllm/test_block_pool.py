@@ -208,17 +208,8 @@ def test_hit_on_a_free_block_takes_it_out_of_the_middle():
     pool.free_blocks([hit])
     assert queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1]  # still referenced
     pool.free_blocks([hit])
-    assert queue_ids(pool) == [
-        5,
-        4,
-        6,
-        7,
-        8,
-        9,
-        3,
-        1,
-        2,
-    ]  # most recently used: evicted last
+    # most recently used: evicted last
+    assert queue_ids(pool) == [5, 4, 6, 7, 8, 9, 3, 1, 2]
     pool.check_invariants()
 
 

@@ -96,9 +96,8 @@ def test_store_kv_kernel_equals_references(dtype, T, H, D, Dv, bs, nb):
     torch.manual_seed(T * 7 + bs)
     num_slots = nb * bs
     slots = torch.randperm(num_slots)[:T].tolist()
-    slots = [
-        s if random.Random(s).random() > 0.2 else -1 for s in slots
-    ]  # some padding
+    # some padding
+    slots = [s if random.Random(s).random() > 0.2 else -1 for s in slots]
     slots += [-1] * (T - len(slots))
     S = torch.tensor(slots, dtype=torch.int64, device=dev)
     key = torch.randn(T, H, D, dtype=dtype, device=dev)

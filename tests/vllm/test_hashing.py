@@ -221,15 +221,13 @@ def test_lora_identity_separates_adapters():
     moved = hashes(list(range(8)), lora_name="a", lora_path="/q")
     assert a == a2 and len({base[0], a[0], b[0], moved[0]}) == 4
     r = Request("r", list(range(8)), lora_name="a", lora_path="/p")
-    assert generate_block_hash_extra_keys(r, 4, 8)[0] == (
-        ("lora", "a", "/p"),
-    )  # every block, unlike salt
+    # every block, unlike salt
+    assert generate_block_hash_extra_keys(r, 4, 8)[0] == (("lora", "a", "/p"),)
 
 
 def test_multimodal_items_key_the_blocks_they_overlap_with_their_offset():
-    tokens = [
-        0
-    ] * 16  # placeholder tokens are all alike; only the extra keys tell images apart
+    # placeholder tokens are all alike; only the extra keys tell images apart
+    tokens = [0] * 16
     img = MultiModalFeature("img-A", offset=2, length=7)  # tokens 2..8: blocks 0, 1, 2
     r = Request("r", tokens, mm_features=[img])
     keys = [

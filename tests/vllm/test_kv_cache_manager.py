@@ -125,10 +125,8 @@ def test_lookup_stops_at_the_first_miss():
     # block 2 differs
     b = new_request(mgr, "b", list(range(8)) + [99] * 4 + list(range(12, 17)))
     hits, n = mgr.get_computed_blocks(b)
-    assert [h.block_id for h in hits] == [
-        1,
-        2,
-    ] and n == 8  # block 3's tokens match, but not its prefix
+    # block 3's tokens match, but not its prefix
+    assert [h.block_id for h in hits] == [1, 2] and n == 8
 
 
 def test_at_most_num_tokens_minus_one_tokens_hit_and_the_recomputed_block_is_a_duplicate():
@@ -288,10 +286,11 @@ def test_allocate_slots_is_the_managers_steps_through_the_coordinator():
         and mgr.coordinator.block_pool is mgr.block_pool
     )
     a = new_request(mgr, "a", list(range(12)))
+    # pure
     assert (
         m.get_num_blocks_to_allocate("a", 12, [], 0) == 3
         and mgr.block_pool.get_num_free_blocks() == 7
-    )  # pure
+    )
     assert [b.block_id for b in m.allocate_new_blocks("a", 12)] == [1, 2, 3]
     m.cache_blocks(a, 12)
     assert (
@@ -327,12 +326,8 @@ def test_a_hit_after_the_window_moved_is_padded_with_nulls_and_counts_only_what_
     assert m.get_num_blocks_to_allocate("b", 18, hits, 16) == 1 + 2
     m.add_local_computed_blocks("b", hits, 16)
     assert mgr.get_block_ids("b") == [0, 0, 3, 4] and m.num_cached_block["b"] == 4
-    assert [mgr.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [
-        0,
-        0,
-        1,
-        1,
-    ]  # only the window's are touched
+    # only the window's are touched
+    assert [mgr.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [0, 0, 1, 1]
 
 
 def test_a_refused_call_still_gives_back_out_of_window_blocks():
@@ -342,10 +337,11 @@ def test_a_refused_call_still_gives_back_out_of_window_blocks():
     # 11 tokens: 6 blocks, 2 of them skipped: 1 more than there are
     c.append_output_token_ids([7, 7, 7, 7, 7])
     assert mgr.allocate_slots(c, 5) is None  # refused ...
+    # ... after the release
     assert (
         mgr.get_block_ids("c") == [0, 0, 3]
         and mgr.block_pool.get_num_free_blocks() == 2
-    )  # ... after the release
+    )
 
 
 # ---- free ----------------------------------------------------------------------------------
@@ -441,10 +437,8 @@ def test_sliding_window_hit_needs_only_the_blocks_in_the_window():
     # evicts a's blocks 4 and 3 (the prefix's tail goes first)
     mgr.block_pool.get_new_blocks(2)
     hits, n = mgr.get_computed_blocks(b)
-    assert n == 8 and [h.block_id for h in hits] == [
-        1,
-        2,
-    ]  # a run from the start still counts
+    # a run from the start still counts
+    assert n == 8 and [h.block_id for h in hits] == [1, 2]
     c = new_request(mgr, "c", list(range(8)) + [5] * 9)
     assert mgr.get_computed_blocks(c)[1] == 8
 

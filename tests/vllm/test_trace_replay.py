@@ -57,12 +57,13 @@ def test_blocks_needed_is_tight(conversation):
 
 def test_unlimited_bound_by_hand():
     bs = 4
+    # nothing
     reqs = [
         TraceRequest("a", 10, [1, 2, 3]),  # blocks 1, 2 full and cached; 3 partial
         TraceRequest("b", 9, [1, 2, 4]),  # hits 1, 2 (8 tokens); 4 partial
         TraceRequest("c", 8, [1, 2]),  # at most 7 tokens may hit: only block 1
         TraceRequest("d", 5, [7, 8]),
-    ]  # nothing
+    ]
     b = unlimited_bound(reqs, bs)
     assert (b.hit_tokens, b.prompt_tokens, b.max_request_blocks) == (
         0 + 8 + 4 + 0,

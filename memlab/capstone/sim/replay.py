@@ -115,12 +115,8 @@ class SimResult:
         }
 
 
-TIMELINE_COLUMNS = (
-    "start",
-    "length",
-    "running",
-    "preempted",
-) + SHARES  # shares: slots per iteration
+# shares: slots per iteration
+TIMELINE_COLUMNS = ("start", "length", "running", "preempted") + SHARES
 
 
 def _check_fits(policy, wl, pool_size, reserve):
@@ -208,10 +204,8 @@ def simulate(
     space = None if paged else policy.make_space(N)
     steps = np.arange(1, int(out.max(initial=1)) + 1, dtype=np.int64)
 
-    waiting, running = (
-        deque(range(n)),
-        [],
-    )  # running in admission order: the youngest is last
+    # running in admission order: the youngest is last
+    waiting, running = (deque(range(n)), [])
     sums = dict.fromkeys(SHARES, 0)
     external = t = preemptions = prefill = recomputed = peak = max_internal = 0
     rows = []

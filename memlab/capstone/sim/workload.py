@@ -138,11 +138,8 @@ def load_azure_arrivals(kind: str = "conv", n: int | None = None) -> np.ndarray:
     return (t - t[0]).astype(np.int64) / 1e6
 
 
-WORKLOADS = (
-    "ShareGPT-like",
-    "Azure 2023 conv",
-    "Azure 2023 code",
-)  # the names load_workload knows
+# the names load_workload knows
+WORKLOADS = ("ShareGPT-like", "Azure 2023 conv", "Azure 2023 code")
 
 
 def load_workload(name: str, n: int) -> Workload:

@@ -187,10 +187,8 @@ def _mismatch(got: Any, want: Any) -> tuple[str, Any, Any] | None:
             sub = _mismatch(a, b)
             if sub is not None:
                 where, ga, wa = sub
-                if where in (
-                    "length",
-                    "keys",
-                ):  # show the sub-values, not their lengths
+                # show the sub-values, not their lengths
+                if where in ("length", "keys"):
                     ga, wa = a, b
                 return _at(f"[{i}]", where), ga, wa
         return None

@@ -53,11 +53,8 @@ from memlab.course.grading.stubs import course_stub
 ROOT_ENV = "MEMLAB_AUTOGRADER_ROOT"
 DEFAULT_ROOT = "/autograder"
 BUNDLE_DIRS = ("memlab", "kernels", "tests/exercises")
-BUNDLE_FILES = (
-    "pyproject.toml",
-    "LICENSE",
-    "tests/conftest.py",
-)  # and what conftest.py uses:
+# and what conftest.py uses:
+BUNDLE_FILES = ("pyproject.toml", "LICENSE", "tests/conftest.py")
 BUNDLE_FILES += ("tests/tools/loading.py", "tests/tools/ci_skips.py")
 SKIP = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache"}
 LIMITS = "as=6G,cpu=600,fsize=64M,nofile=1024,nproc=512"

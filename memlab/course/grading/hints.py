@@ -236,10 +236,8 @@ def state_file() -> Path:
 def _read_state() -> dict:
     try:
         data = json.loads(state_file().read_text())
-    except (
-        OSError,
-        ValueError,
-    ):  # none yet, unreadable or garbled: start from the first hint
+    # none yet, unreadable or garbled: start from the first hint
+    except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 

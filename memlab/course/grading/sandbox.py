@@ -646,10 +646,8 @@ class Session(wire.Peer):
         Its process id is signalled before the zygote reaps it, never after."""
         code = None
         if self.dead is None and self.zygote.alive():
-            for kill in (
-                os.killpg,
-                os.kill,
-            ):  # its group, and itself if it made none yet
+            # its group, and itself if it made none yet
+            for kill in (os.killpg, os.kill):
                 try:
                     kill(self.pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -26,10 +26,8 @@ K, W = 10, 4  # tokens per run, runs per window
 MIN_OWN = 25  # fewer fingerprints of its own than this: too little code to judge
 FLAG = 0.5  # share found in one reference: listed for the instructor
 HOLD = 0.85  # share of a solution that holds a file's points for the instructor
-FLAG_HOLD, MARGIN = (
-    0.6,
-    0.2,
-)  # a module of memlab: this much, and this much above the solution
+# a module of memlab: this much, and this much above the solution
+FLAG_HOLD, MARGIN = (0.6, 0.2)
 KEEP = set(keyword.kwlist) | set(dir(builtins)) | {"self", "torch", "tl", "triton"}
 
 

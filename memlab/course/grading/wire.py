@@ -259,12 +259,8 @@ class Peer:
         key = self.tuple_key.get(t) or self.named(t)
         if key:
             return ["n", key, items(x)]
-        if t in (
-            str,
-            bytes,
-            tuple,
-            frozenset,
-        ):  # one object twice stays one (pickle sees it)
+        # one object twice stays one (pickle sees it)
+        if t in (str, bytes, tuple, frozenset):
             if id(x) in m.memo:
                 return ["@", m.memo[id(x)]]
             if t in (str, bytes):
@@ -709,9 +705,8 @@ class Learner(Peer):
                 exc = base(body[2])
             except Exception:
                 exc = RuntimeError(body[2])
-            exc._memlab_key = body[
-                5
-            ]  # the grader re-raises its own exception if this escapes
+            # the grader re-raises its own exception if this escapes
+            exc._memlab_key = body[5]
             raise exc
 
 

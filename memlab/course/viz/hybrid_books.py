@@ -152,9 +152,10 @@ class SwaScene(Scene):
         """SWA pages wholly before the request's window go back; the full side keeps its slots."""
         r = self.reqs[rid]
         before = self.swa_evicted_len.get(rid, 0)
+        # before it is cleared
         swa = self.allocator.full_to_swa_index_mapping[
             torch.tensor(self.slots(rid))
-        ].tolist()  # before it is cleared
+        ].tolist()
         after = self.allocator.release_out_of_window(
             self.req_pool.req_to_token,
             r.kv.req_pool_idx,

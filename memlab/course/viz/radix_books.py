@@ -620,6 +620,7 @@ def draw_radix(books: RadixBooks, still: bool = False) -> str:
 
 # -- 5. the instrument: the learner's own token strings on a real HiRadixCache --------------------
 
+# story()'s steps
 STORY_STEPS = (
     ("arrive", dict(request="A", text="<s> You are brief . What is KV ?")),
     ("finish", dict(request="A")),
@@ -632,7 +633,7 @@ STORY_STEPS = (
     ("finish", dict(request="D")),
     ("evict", dict(num_tokens=100)),
     ("evict_host", dict(num_tokens=8)),
-)  # story()'s steps
+)
 
 
 def scene_words(sc: RadixScene) -> list:

@@ -68,9 +68,8 @@ from memlab.sglang.req_to_token import Req, ReqToTokenPool
 class RowView:
     row: int
     owner: str | None  # None: a free row (or the padding row 0)
-    slots: tuple[
-        int, ...
-    ]  # req_to_token[row, :len], the physical slot of each position
+    # req_to_token[row, :len], the physical slot of each position
+    slots: tuple[int, ...]
     generation: int
 
 
@@ -90,9 +89,8 @@ class Books:
     rows: tuple[RowView, ...]  # request-table rows 0..size
     free_rows: tuple[int, ...] = ()  # ReqToTokenPool.free_slots, in list order
     free_pages: tuple[int, ...] = ()  # the allocator's free list, head first
-    staged_pages: tuple[
-        int, ...
-    ] = ()  # released but not yet on the free list (need_sort, free group)
+    # released but not yet on the free list (need_sort, free group)
+    staged_pages: tuple[int, ...] = ()
     # slots handed out (or freed) by the step this snapshot follows
     new_slots: frozenset = frozenset()
     # slot -> alloc_extend part (1, 2, 3), when shown
@@ -183,9 +181,10 @@ def read_books(
     if getattr(allocator, "free_group", None) is not None:
         ps = allocator.page_size
         queued = {s // ps for t in allocator.free_group for s in t.tolist()}
+        # paged only
         queued |= {
             p for t in getattr(allocator, "free_page_ids_group", ()) for p in t.tolist()
-        }  # paged only
+        }
         staged += sorted(queued)
     return Books(
         caption=caption,

@@ -401,6 +401,7 @@ def draw_vllm(books: VllmBooks, still: bool = False) -> str:
 
 # -- 5. the instrument: the learner's own prompts on a real KVCacheManager --------------------
 
+# prefix_cache(True)'s steps, in the instrument's words
 STORY_STEPS = (
     ("submit", dict(request="A", prompt="0 1 2 3 4 5 6 7 8 9")),
     ("decode", dict(request="A", tokens="100")),
@@ -410,7 +411,7 @@ STORY_STEPS = (
     ("submit", dict(request="C", prompt=" ".join(map(str, range(200, 224))))),
     ("submit", dict(request="D", prompt=" ".join(map(str, range(300, 308))))),
     ("finish", dict(request="B")),
-)  # prefix_cache(True)'s steps, in the instrument's words
+)
 
 
 def prompt_ids(sc: VllmScene, text) -> list[int]:

@@ -46,10 +46,8 @@ class BaseTokenToKVPoolAllocator:
 
     @debug_mode.setter
     def debug_mode(self, on: bool) -> None:
-        self._debug_mode, self._held = (
-            bool(on),
-            None,
-        )  # the ledger is rebuilt on first use
+        # the ledger is rebuilt on first use
+        self._debug_mode, self._held = (bool(on), None)
 
     @property
     def size_full(self) -> int:

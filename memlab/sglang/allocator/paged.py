@@ -271,9 +271,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         )
         self.free_group = None
         self.free_page_ids_group = []
-        self.staged_pages: list[
-            torch.Tensor
-        ] = []  # need_sort only: freed pages wait here, unsorted
+        # need_sort only: freed pages wait here, unsorted
+        self.staged_pages: list[torch.Tensor] = []
         self.num_staged_pages = 0
         self._held = None
 

@@ -160,9 +160,8 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         need_size = _checks.alloc(fa, need_size)
         if not self.ensure_capacity(need_size, need_size):
             return None
-        new_virtual_pages = fa.free_virtual_ids[
-            : need_size // self.page_size
-        ]  # rebound, never changed in place
+        # rebound, never changed in place
+        new_virtual_pages = fa.free_virtual_ids[: need_size // self.page_size]
         v_tokens = fa.alloc(need_size)
         assert v_tokens is not None, "full.alloc refused after the joint check passed"
         self.swa_attn_allocator.alloc_with_virtual(new_virtual_pages)
@@ -488,10 +487,8 @@ class UnifiedSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
             return None
         if fits(max_new_tokens):
             return max_new_tokens
-        lo, hi = (
-            0,
-            max_new_tokens,
-        )  # fits(lo) holds, fits(hi) does not: the largest that fits
+        # fits(lo) holds, fits(hi) does not: the largest that fits
+        lo, hi = (0, max_new_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if fits(mid):

@@ -278,10 +278,8 @@ class UnifiedMHATokenToKVPool(MHATokenToKVPool):
         return self._unified_buffer.spec(self._sub_pool_name).entry_bytes()
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
-        return (
-            0,
-            0,
-        )  # the views overlap the other sub-pool's: UnifiedKVPool counts the bytes once
+        # the views overlap the other sub-pool's: UnifiedKVPool counts the bytes once
+        return (0, 0)
 
     def get_page_envelope_buffer(self) -> torch.Tensor:
         """This sub-pool's pages over the shared buffer: ``(pages, page_size * entry_bytes)``
@@ -363,10 +361,8 @@ class UnifiedSWAKVPool(SWAKVPool):
         pool.set_kv_buffer(i, sub, cache_k, cache_v, k_scale, v_scale)
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
-        return (
-            0,
-            0,
-        )  # the UnifiedKVPool counts its bytes once (total_bytes), as SGLang's
+        # the UnifiedKVPool counts its bytes once (total_bytes), as SGLang's
+        return (0, 0)
 
 
 # -- argument checks (memlab's, at the boundary: the engine trusts its caller here) --------------

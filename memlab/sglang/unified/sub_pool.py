@@ -128,10 +128,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         self.free_pages = torch.arange(
             first, self.num_pages, dtype=torch.int64, device=self.device
         )
-        self.staged_pages, self.num_staged_pages = (
-            [],
-            0,
-        )  # eager compaction stages nothing
+        # eager compaction stages nothing
+        self.staged_pages, self.num_staged_pages = ([], 0)
         self.free_group, self.free_page_ids_group = None, []
         self._held = None
 
@@ -310,9 +308,8 @@ class MultiEndedAllocator(PagedTokenToKVPoolAllocator):
         """Every free of the base allocator (free, free_page_ids, free_segment, a free group's
         end) lands here with distinct virtual pages."""
         freed_p_pages = self.virtual_to_physical[page_ids]
-        unbound = page_ids[
-            freed_p_pages < 0
-        ]  # SGLang's own check on every eager free (a sync)
+        # SGLang's own check on every eager free (a sync)
+        unbound = page_ids[freed_p_pages < 0]
         if len(unbound):
             raise AssertionError(
                 f"[{self.sub_pool_name}] double free: {unbound.tolist()}"

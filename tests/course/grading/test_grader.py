@@ -436,9 +436,8 @@ def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsy
         )
     assert code == 1, table
     total = sum(e.points for e in catalog.EXERCISES)
-    assert table.startswith("memlab grade: "), table[
-        :200
-    ]  # no progress characters before the table
+    # no progress characters before the table
+    assert table.startswith("memlab grade: "), table[:200]
     assert f"0/{total}" in table and "What failed" not in table, table
     rows = [line for line in table.splitlines() if line[:2].isdigit()]
     assert len(rows) == len(catalog.EXERCISES) and all(
@@ -454,9 +453,8 @@ def test_stubs_score_zero_with_not_implemented_only(tmp_path, monkeypatch, capsy
     assert len(data["tests"]) >= cpu_tests and not any(
         t["name"].endswith("collection") for t in data["tests"]
     )
-    for t in data[
-        "tests"
-    ]:  # "not written yet" is what the grader says of a NotImplementedError, only
+    # "not written yet" is what the grader says of a NotImplementedError, only
+    for t in data["tests"]:
         assert t["status"] == "failed" and t["output"].startswith("not written yet"), t
 
 

@@ -441,10 +441,8 @@ def test_learner_objects_keep_their_identity_and_refuse_comparisons(toy):
 
 def test_data_changed_in_place_is_seen_on_both_sides(toy):
     xs = [1]
-    assert toy.append(xs, 2) is xs and xs == [
-        1,
-        2,
-    ]  # the learner's change, the same list
+    # the learner's change, the same list
+    assert toy.append(xs, 2) is xs and xs == [1, 2]
     guard = torch.full((8,), -1)
     toy.write_into(guard[2:5], [7, 8, 9])  # a kernel writing into an output buffer
     assert guard.tolist() == [-1, -1, 7, 8, 9, -1, -1, -1]
@@ -462,9 +460,8 @@ def test_callbacks_run_here_and_may_call_the_learner_again(toy):
 
     def free(x):
         calls.append(x)
-        return toy.append([x], 0)[
-            0
-        ]  # re-entrant: a call into the learner during its call
+        # re-entrant: a call into the learner during its call
+        return toy.append([x], 0)[0]
 
     assert toy.call_back(free, 41) == 42 and calls == [41]
     with pytest.raises(LookupError, match="from the test"):  # a callback's own error

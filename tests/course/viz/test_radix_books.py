@@ -91,13 +91,14 @@ def test_story_steps_through_split_eviction_and_load_back(frames):
     assert len(frames) == 12 and all(f.caption for f in frames)
     keys = lambda f: sorted(n.key for n in f.nodes)  # noqa: E731
     assert keys(frames[2]) == [tuple(encode("<s> You are brief . What is KV ?"))]
+    # split, and B's checkpointed tail
     assert keys(frames[3]) == sorted(
         [
             tuple(encode("<s> You are brief . What is")),
             tuple(encode("KV ?")),
             tuple(encode("HiCache ?")),
         ]
-    )  # split, and B's checkpointed tail
+    )
     locked = [n for n in frames[3].nodes if n.lock_ref]
     assert [n.key for n in locked] == [
         tuple(encode("<s> You are brief . What is")),

@@ -179,9 +179,8 @@ def test_books_are_frozen_snapshots(orientation):
         first.slot_owner == {}
         and len(first.free_pages) == orientation.allocator.num_pages
     )
-    assert orientation.frames[
-        -1
-    ].slot_owner  # later frames did not change the first one
+    # later frames did not change the first one
+    assert orientation.frames[-1].slot_owner
 
 
 # -- drawings -----------------------------------------------------------------------------------
@@ -493,9 +492,8 @@ def test_story_captions_follow_the_page_size(ps):
 
 @pytest.mark.parametrize("bs", [2, 3, 4, 5])
 def test_prefix_cache_caption_counts_the_blocks_it_names(bs):
-    books = vllm_books.prefix_cache(True, num_blocks=16, block_size=bs).frames[
-        2
-    ]  # after A's 2 decodes
+    # after A's 2 decodes
+    books = vllm_books.prefix_cache(True, num_blocks=16, block_size=bs).frames[2]
     hashed = [b for b in books.req_blocks["A"] if b in books.hashes]
     if 12 // bs > 10 // bs:
         assert f"its block number {len(hashed)} fills up" in books.caption, (
@@ -608,9 +606,8 @@ def test_vllm_frames_read_the_real_pool():
     )
     assert last.ref_cnt == tuple(b.ref_cnt for b in pool.blocks)
     pool.check_invariants()
-    freed_frame = sc.frames[
-        3
-    ]  # A finished: its hashed blocks at the tail, last block first
+    # A finished: its hashed blocks at the tail, last block first
+    freed_frame = sc.frames[3]
     assert freed_frame.queue[-3:] == (3, 2, 1)
     off = vllm_books.prefix_cache(False)
     assert not any(f.hit for f in off.frames) and not off.frames[-1].hashes
@@ -785,15 +782,13 @@ def test_unified_story_reads_the_real_books_and_marks_moves():
         and len(first.full.bound) == len(first.swa.bound) == 4
     )
     assert first.gap_bytes == frames[0].gap_bytes - 4 * 256
-    released = frames[
-        4
-    ]  # A's window moved on: its first SWA pages went, its full pages stayed
+    # A's window moved on: its first SWA pages went, its full pages stayed
+    released = frames[4]
     assert len(released.swa.bound) == len(released.full.bound) - 2 and {
         m[0] for m in released.moves
     } == {"swa"}
-    done = frames[
-        5
-    ]  # A finished: B's full pages moved up into A's; B's virtual ids did not change
+    # A finished: B's full pages moved up into A's; B's virtual ids did not change
+    done = frames[5]
     moved = [m for m in done.moves if m[0] == "full"]
     assert moved and dict(done.rows)["B"] == dict(frames[4].rows)["B"]
     svg = draw_unified(done)

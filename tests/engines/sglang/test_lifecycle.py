@@ -286,9 +286,8 @@ class Stream:
             Side(sg, page_size, size, disable, False),
             Side(sg, page_size, size, disable, True),
         )
-        self.waiting: list[
-            tuple
-        ] = []  # (rid, tokens, prompt_len, new tokens to generate)
+        # (rid, tokens, prompt_len, new tokens to generate)
+        self.waiting: list[tuple] = []
         self.running: dict = {}  # rid -> dict(mine, theirs, tokens, prompt_len, left, prefix)
         self.seqs = [
             [self.rng.randrange(4) for _ in range(self.rng.randrange(4, 20))]
@@ -504,9 +503,8 @@ class Stream:
     def drain(self):
         for rid in sorted(self.running):
             r = self.running[rid]
-            if not r[
-                "mine"
-            ].kv.holds_kv:  # matched, never allocated: it gives its lock back
+            # matched, never allocated: it gives its lock back
+            if not r["mine"].kv.holds_kv:
                 self.running.pop(rid)
                 for side, req in ((self.mine, r["mine"]), (self.theirs, r["theirs"])):
                     side.tree.unlock(req.lock)

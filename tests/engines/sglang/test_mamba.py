@@ -154,12 +154,10 @@ def test_mamba_streams_match_sglang(extra, overlap, lazy, tally):
     for step in range(STEPS):
         r = rng.random()
         if r < 0.4:
-            keep = [
-                rid for rid in live if rng.random() < 0.3
-            ]  # chunked prefills keep row and state
-            back = [
-                rid for rid in detached if rng.random() < 0.5
-            ]  # rowless, their state kept
+            # chunked prefills keep row and state
+            keep = [rid for rid in live if rng.random() < 0.3]
+            # rowless, their state kept
+            back = [rid for rid in detached if rng.random() < 0.5]
             new = []
             for _ in range(rng.randint(0, 2)):
                 next_rid += 1

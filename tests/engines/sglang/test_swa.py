@@ -309,10 +309,11 @@ def test_swa_decode_refusal_is_where_memlab_differs_on_purpose():
     changes nothing. The one deliberate difference of the SWA books."""
     sg = load()
     ps = 4
+    # 4 and 2 pages
     sides = [
         sglang_side(sg, 16, 8, ps, False, False),
         memlab_side(16, 8, ps, False, "torch"),
-    ]  # 4 and 2 pages
+    ]
     for side in sides:
         # A: a page on each side
         a = side.alloc.alloc_extend(T([0]), T([0]), T([4]), T([4]), T([-1]), 4)

@@ -42,12 +42,10 @@ class Lockstep:
             num_blocks, enable_caching=True, hash_block_size=1
         )
         self.rng = rng
-        self.held: list[
-            dict
-        ] = []  # {doc, hashes, ours: blocks, theirs: blocks, num_cached}
-        self.docs: list[
-            list[int]
-        ] = []  # contents seen so far: new requests share their prefixes
+        # {doc, hashes, ours: blocks, theirs: blocks, num_cached}
+        self.held: list[dict] = []
+        # contents seen so far: new requests share their prefixes
+        self.docs: list[list[int]] = []
         self.next_cid = 0
         self.step = 0
 

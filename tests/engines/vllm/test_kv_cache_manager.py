@@ -257,9 +257,8 @@ class Lockstep:
     def twins(self) -> None:
         prompt = self.pick_prompt()
         pairs = [self.new_request(prompt), self.new_request(prompt)]
-        hits = [
-            self.lookup(p) for p in pairs
-        ]  # both looked up before either is admitted
+        # both looked up before either is admitted
+        hits = [self.lookup(p) for p in pairs]
         for p, h in zip(pairs, hits):
             self.admit(p, h)
 

@@ -19,21 +19,13 @@ def test_token_allocator_reuses_fifo_and_paged_lifo():
     tok = TokenToKVPoolAllocator(4)
     a = tok.alloc(2)
     tok.free(a)
-    assert tok.free_pages.tolist() == [
-        3,
-        4,
-        1,
-        2,
-    ]  # appended: the oldest free slots go first
+    # appended: the oldest free slots go first
+    assert tok.free_pages.tolist() == [3, 4, 1, 2]
     pag = PagedTokenToKVPoolAllocator(16, 4)
     b = pag.alloc(8)
     pag.free(b)
-    assert pag.free_pages.tolist() == [
-        1,
-        2,
-        3,
-        4,
-    ]  # prepended: just-freed pages go first
+    # prepended: just-freed pages go first
+    assert pag.free_pages.tolist() == [1, 2, 3, 4]
     pag.alloc(4)
     pag.free(T(12, 13))
     assert pag.free_pages.tolist()[0] == 3
@@ -46,12 +38,8 @@ def test_need_sort_stages_frees_until_an_allocation_runs_short():
     pag.free(got[4:8])  # page 2
     assert pag.free_pages.numel() == 0 and staged(pag) == [5, 2]
     assert pag.available_size() == 8  # staged pages count as free
-    assert pag.alloc(4).tolist() == [
-        8,
-        9,
-        10,
-        11,
-    ]  # ran short: merged and sorted, page 2 first
+    # ran short: merged and sorted, page 2 first
+    assert pag.alloc(4).tolist() == [8, 9, 10, 11]
     assert pag.num_staged_pages == 0 and pag.free_pages.tolist() == [5]
 
 
@@ -230,10 +218,8 @@ def test_a_free_group_dedups_once_over_all_its_frees():
     pag.free_group_begin()
     pag.free(got[:6])
     pag.free(got[6:])
-    assert [t.tolist() for t in pag.free_group] == [
-        [4, 5, 6, 7, 8, 9],
-        [10, 11],
-    ]  # raw slots
+    # raw slots
+    assert [t.tolist() for t in pag.free_group] == [[4, 5, 6, 7, 8, 9], [10, 11]]
     pag.free_group_end()
     # page 2 once
     assert pag.free_pages.tolist() == [1, 2, 3, 4] and pag.available_size() == 16
@@ -390,12 +376,8 @@ def test_need_sort_merges_when_the_bound_fails_even_if_it_then_refuses():
     # five new tokens, each opening a page; 4 pages free in all
     seq = T(5, 9, 13, 17, 21)
     assert pag.alloc_decode(seq, seq, T(7, 11, 15, 19, 23)) is None
-    assert pag.free_pages.tolist() == [
-        1,
-        2,
-        7,
-        8,
-    ]  # bs 5 > 3 on the list: merged, then refused
+    # bs 5 > 3 on the list: merged, then refused
+    assert pag.free_pages.tolist() == [1, 2, 7, 8]
 
 
 def test_counts_of_any_integral_type_are_accepted():
@@ -490,9 +472,10 @@ def test_debug_mode_refuses_a_last_loc_in_a_page_nobody_holds_and_lengths_that_d
     with pytest.raises(ValueError, match="disagrees with its device tensor"):
         pag.alloc_extend(T(3), T(3), T(9), T(5), T(int(mine[-1])), 2)
     assert same(before, snapshot(pag))
+    # the real last_loc
     assert pag.alloc_decode(T(4), T(4), T(int(mine[-1]))).tolist() == [
         int(mine[-1]) + 1
-    ]  # the real last_loc
+    ]
 
 
 def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page():
@@ -500,12 +483,8 @@ def test_free_segments_release_each_page_once_and_refuse_segments_sharing_a_page
     row = pag.alloc(16)  # pages of positions 0-3, 4-7, 8-11, 12-15
     # the end of a segment may fall mid-page
     pag.free_segments([(row[0:6], 0), (T(), 6), (row[8:16], 8)])
-    assert pag.available_size() == 64 and pag.free_pages.tolist()[:4] == [
-        3,
-        4,
-        1,
-        2,
-    ]  # row[4:6] freed page 2 whole
+    # row[4:6] freed page 2 whole
+    assert pag.available_size() == 64 and pag.free_pages.tolist()[:4] == [3, 4, 1, 2]
     with pytest.raises(AssertionError, match="shares a page"):
         PagedTokenToKVPoolAllocator(64, 4).free_segments(
             [(T(4, 5, 6, 7, 8), 0), (T(12), 4)]

@@ -200,11 +200,8 @@ def test_the_unified_pool_has_a_ceiling_and_prices_both_sides_together():
     # pages the gap holds, either side's (2 x 64 B a page)
     pages = a._empty_shared_gap_bytes // 128
     assert a.prealloc_fits_assumes_reclaim() is True
-    for full in (
-        1,
-        pages // 2,
-        pages - 1,
-    ):  # any split of the bytes between the sides, not a page more
+    # any split of the bytes between the sides, not a page more
+    for full in (1, pages // 2, pages - 1):
         assert a.prealloc_ceiling_fits(2 * full, 2 * (pages - full))
         assert not a.prealloc_ceiling_fits(2 * full, 2 * (pages - full) + 1)
     tree = Tree(a)
@@ -229,9 +226,8 @@ def test_the_unified_pool_evicts_by_plan_and_answers():
     assert a.available_size() == 0
     assert a.evict_to_free_tokens(tree, 8) is True and tree.asked == [8]
     assert a.available_size() >= 8
-    assert a.evict_to_free_tokens(tree, 8) is True and tree.asked == [
-        8
-    ]  # fits now: nothing asked
+    # fits now: nothing asked
+    assert a.evict_to_free_tokens(tree, 8) is True and tree.asked == [8]
     # even evicting everything is not enough
     assert a.evict_to_free_tokens(tree, 10**5) is None
     assert a.evict_to_free_tokens(None, 8) is None

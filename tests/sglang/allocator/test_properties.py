@@ -103,13 +103,14 @@ def test_the_random_streams_find_the_bug_on_their_own():
             return True
         return False
 
+    # no shrinking: found is enough
     steps = find(
         ops,
         breaks,
         settings=settings(
             max_examples=2000, deadline=None, database=None, phases=[Phase.generate]
         ),
-    )  # no shrinking: found is enough
+    )
     assert any(op == "split" for op, _, _ in steps)
 
 

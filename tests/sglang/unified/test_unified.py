@@ -103,10 +103,8 @@ def test_entry_bytes_and_the_floor_by_hand():
     assert reserved_floor_bytes([full, mamba], 4) == 4 * 192
     assert reserved_floor_bytes([odd, mamba], 1) == 108
     pool = UnifiedKVPool(total_bytes=4096, sub_pool_specs=[odd, full], page_size=4)
-    assert [s.name for s in pool.sub_pool_specs] == [
-        "swa",
-        "full",
-    ]  # low byte to high: up, then down
+    # low byte to high: up, then down
+    assert [s.name for s in pool.sub_pool_specs] == ["swa", "full"]
     assert pool.max_slots("full") == 4096 // 192 and pool.min_slot_index("full") == 4
     assert pool.max_slots("swa") == 128 and pool.min_slot_index("swa") == 4 * 192 // 32
 
@@ -212,18 +210,16 @@ def test_two_ends_grow_toward_each_other_and_share_the_gap():
         and up.available_size() == gap // 32 == 62
     )
     v = down.alloc(3)
-    assert v.tolist() == [1, 2, 3] and down.translate_kv_loc(v).tolist() == [
-        29,
-        30,
-        31,
-    ]  # from the top
+    # from the top
+    assert v.tolist() == [1, 2, 3] and down.translate_kv_loc(v).tolist() == [29, 30, 31]
     w = up.alloc(4)
+    # from byte 64
     assert w.tolist() == [2, 3, 4, 5] and up.translate_kv_loc(w).tolist() == [
         2,
         3,
         4,
         5,
-    ]  # from byte 64
+    ]
     gap -= 3 * 64 + 4 * 32
     assert down._current_gap_bytes() == up._current_gap_bytes() == gap
     assert (down.available_size(), up.available_size()) == (gap // 64, gap // 32)
@@ -243,11 +239,8 @@ def test_two_ends_grow_toward_each_other_and_share_the_gap():
 
 def test_a_free_compacts_at_once_and_rewrites_only_the_tables():
     _, down, up = end_pair(ps=2)
-    a, b, c = (
-        down.alloc(4),
-        down.alloc(2),
-        down.alloc(4),
-    )  # full pages 15,14 | 13 | 12,11 (from the top)
+    # full pages 15,14 | 13 | 12,11 (from the top)
+    a, b, c = (down.alloc(4), down.alloc(2), down.alloc(4))
     assert down.translate_kv_loc(c).tolist() == [22, 23, 24, 25]
     # pages 14, 15 become holes; the two live pages at the bottom (11, 12) move up into them
     down.free(a)
@@ -257,18 +250,12 @@ def test_a_free_compacts_at_once_and_rewrites_only_the_tables():
         30,
         31,
     ] and down.translate_kv_loc(b).tolist() == [26, 27]
-    assert c.tolist() == [
-        8,
-        9,
-        10,
-        11,
-    ]  # the virtual ids never change: the request table stays valid
+    # the virtual ids never change: the request table stays valid
+    assert c.tolist() == [8, 9, 10, 11]
     assert down.used_page_range() == (13, 16) and down.watermark_physical == 12
     assert down.translate_kv_loc(a).tolist() == [0, 0, 0, 0]  # unbound: the sink
-    assert down.free_virtual_ids.tolist()[-2:] == [
-        1,
-        2,
-    ]  # a's pages, at the back of the list (FIFO)
+    # a's pages, at the back of the list (FIFO)
+    assert down.free_virtual_ids.tolist()[-2:] == [1, 2]
     down.check_books()
 
 
@@ -368,17 +355,11 @@ def test_one_virtual_id_two_physical_slots_and_no_mapping_table():
     )
     v = al.alloc(4)
     assert al.translate_kv_loc(v).tolist() == [60, 61, 62, 63]  # full: from the top
-    assert al.translate_loc_from_full_to_swa(v).tolist() == [
-        2,
-        3,
-        4,
-        5,
-    ]  # swa: from the bottom, same ids
+    # swa: from the bottom, same ids
+    assert al.translate_loc_from_full_to_swa(v).tolist() == [2, 3, 4, 5]
     pages = (v[::2] // 2).tolist()
-    assert sa.virtual_to_physical[pages].tolist() == [
-        1,
-        2,
-    ]  # the SWA v2p IS the full -> SWA map
+    # the SWA v2p IS the full -> SWA map
+    assert sa.virtual_to_physical[pages].tolist() == [1, 2]
 
 
 def test_joint_capacity_costs_both_entries():
@@ -395,12 +376,8 @@ def test_joint_capacity_costs_both_entries():
     al.free_swa(v[:4])  # out of the window: only the SWA bytes come back
     assert al.available_size() == (fa._current_gap_bytes()) // (64 + 128)
     assert al.ensure_capacity(1, 0) is (fa._current_gap_bytes() >= 64)
-    assert al.translate_loc_from_full_to_swa(v[:4]).tolist() == [
-        0,
-        0,
-        0,
-        0,
-    ]  # tombstoned: the sink
+    # tombstoned: the sink
+    assert al.translate_loc_from_full_to_swa(v[:4]).tolist() == [0, 0, 0, 0]
     assert (
         al.translate_kv_loc(v[:4]).tolist() == fa.translate_kv_loc(v[:4]).tolist()
         and (fa.translate_kv_loc(v[:4]) > 0).all()

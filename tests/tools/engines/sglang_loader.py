@@ -290,11 +290,12 @@ def load() -> types.SimpleNamespace:
         **{n: getattr(policy, n) for n in dir(policy) if n.endswith("Strategy")},
     )
     L.package("sglang.srt.speculative")
+    # plugin algorithms: none registered here
     L.pick(
         "sglang.srt.speculative.spec_info",
         ["SpeculativeAlgorithm"],
         CustomSpecAlgo=type("CustomSpecAlgo", (), {}),
-    )  # plugin algorithms: none registered here
+    )
     rc = sys.modules["sglang.srt.runtime_context"]
     sizing = L.pick(
         "sglang.srt.mem_cache.allocation_sizing",
@@ -382,6 +383,7 @@ def load() -> types.SimpleNamespace:
         },
     )
     L.module("sglang.srt.mem_cache.allocator.swa")
+    # beam search is not modelled
     sb = L.pick(
         "sglang.srt.managers.schedule_batch",
         [
@@ -401,7 +403,7 @@ def load() -> types.SimpleNamespace:
         get_serving=rc.get_serving,
         get_alloc_reserve_per_decode=sizing.get_alloc_reserve_per_decode,
         num_beam_member_rows=lambda reqs: 0,
-    )  # beam search is not modelled
+    )
 
     L.package("sglang.srt.mem_cache.unified_cache")
     ct = L.module("sglang.srt.mem_cache.unified_cache.component_type")
@@ -438,6 +440,7 @@ def load() -> types.SimpleNamespace:
     bpc = L.module("sglang.srt.mem_cache.base_prefix_cache")
     radix = L.module("sglang.srt.mem_cache.radix_cache")
     radix.time = TickClock()
+    # page sharding (DCP) is not modelled
     mc = L.pick(
         "sglang.srt.mem_cache.common",
         [
@@ -458,7 +461,7 @@ def load() -> types.SimpleNamespace:
         EvictParams=bpc.EvictParams,
         EvictResult=bpc.EvictResult,
         page_interleave_shard_size=lambda allocator: 1,
-    )  # page sharding (DCP) is not modelled
+    )
 
     from sglang.kernels.ops.memory import allocator as kernels
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape

@@ -43,9 +43,8 @@ REAL = (
     "vllm.v1.core.kv_cache_manager",
     "vllm.v1.request",
 )
-PACKAGES = (
-    "vllm.utils",
-)  # real modules that are packages: their file is <name>/__init__.py
+# real modules that are packages: their file is <name>/__init__.py
+PACKAGES = ("vllm.utils",)
 
 
 def _file(name: str) -> str:
@@ -53,9 +52,8 @@ def _file(name: str) -> str:
 
 
 FILES = [_file(name) for name in REAL]
-THIRD_PARTY = (
-    "cbor2",
-)  # imported at the top of vllm.utils.hashing; only its cbor hashes use it
+# imported at the top of vllm.utils.hashing; only its cbor hashes use it
+THIRD_PARTY = ("cbor2",)
 
 
 class _Placeholder(type):
@@ -154,9 +152,8 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-_skipped: list[
-    str
-] = []  # why the wheel is out of reach, once known: every later test skips at once
+# why the wheel is out of reach, once known: every later test skips at once
+_skipped: list[str] = []
 
 
 def load() -> types.SimpleNamespace:

@@ -52,9 +52,8 @@ def cache_dir() -> Path:
     return d
 
 
-_UNAVAILABLE: dict[
-    str, str
-] = {}  # engine -> why, so a failed download is tried once per process
+# engine -> why, so a failed download is tried once per process
+_UNAVAILABLE: dict[str, str] = {}
 
 
 def wheel(name: str) -> Path:
