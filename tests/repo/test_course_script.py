@@ -291,3 +291,69 @@ def test_stopping_the_command_stops_jupyterlab(tmp_path):
     assert (tmp_path / "calls.stopped").read_text().strip() == "stopped", (
         "JupyterLab was left running"
     )
+
+
+NOTIFICATION = "@jupyterlab/apputils-extension:notification"
+
+
+def lab_notification_settings(tmp_path: Path, *extra: str) -> dict:
+    """Start JupyterLab as ./course lab does (its settings written, its flags), with a learner's
+    empty user settings, and read the notification plugin's defaults as the page gets them (the
+    server applies overrides to the schema's defaults; the user's own settings are empty)."""
+    import json
+    import socket
+    import sys
+    import time
+    import urllib.request
+
+    env = dict(os.environ, PY=sys.executable)
+    for var, sub in (
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTERLAB_SETTINGS_DIR", "user"),
+    ):
+        env[var] = str(tmp_path / sub)
+    proc = sourced(
+        'lab_settings && lab_args --headless && printf "%s\\n" "${LAB_ARGS[@]}"', env
+    )
+    assert proc.returncode == 0, proc.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "jupyter", "lab", *proc.stdout.split(), *extra]
+    cmd += [
+        f"--port={port}",
+        "--IdentityProvider.token=t",
+        "--ServerApp.port_retries=0",
+    ]
+    lab = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}/lab/api/settings/{NOTIFICATION}?token=t"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    answer = json.loads(r.read())
+                assert answer["settings"] == {}, answer["settings"]
+                props = answer["schema"]["properties"]
+                return {name: p.get("default") for name, p in props.items()}
+            except OSError:
+                if time.monotonic() > deadline or lab.poll() is not None:
+                    raise
+                time.sleep(0.3)
+    finally:
+        lab.terminate()
+        lab.wait(timeout=30)
+
+
+def test_the_lab_asks_the_learner_nothing(tmp_path):
+    """JupyterLab asks about its news when fetchNews is 'none' (its default), whatever the
+    server's news_url: ./course lab's settings answer it for the learner."""
+    settings = lab_notification_settings(tmp_path)
+    assert settings["fetchNews"] == "false" and settings["checkForUpdates"] is False
+    # without the course's settings (an empty settings folder): the question comes back
+    bare = lab_notification_settings(
+        tmp_path, f"--LabApp.app_settings_dir={tmp_path / 'none'}"
+    )
+    assert bare["fetchNews"] == "none", bare

@@ -315,13 +315,13 @@ def free_port() -> int:
 
 
 class Lab:
-    """JupyterLab serving the clone's chapters, started with ./course lab's flags."""
+    """JupyterLab serving the clone's chapters, started as ./course lab starts it."""
 
     def __init__(self, course: Path, log: Path):
         self.port, self.token = free_port(), "learner"
         args = subprocess.run(
-            ["bash", "-c", f'source "{course}/course"; lab_args --headless; '
-             'printf "%s\\n" "${LAB_ARGS[@]}"'],
+            ["bash", "-c", f'source "{course}/course"; PY="{sys.executable}"; lab_settings; '
+             'lab_args --headless; printf "%s\\n" "${LAB_ARGS[@]}"'],
             capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
         self.proc = subprocess.Popen(
