@@ -486,6 +486,9 @@ def check(prop: Callable[[Draw], None], *, trials: int, name: str) -> None:
         ) from None
 
 
+PASTE = "\nTo see it, paste into a cell:\n"  # the report keeps what follows whole
+
+
 def paste(draw: Draw) -> str:
     """The lines to paste into a notebook cell to see the case, one block with its line breaks
     (never cut: a shrunk case is small)."""
@@ -497,6 +500,4 @@ def paste(draw: Draw) -> str:
         f'with exercise("{draw.name}") as ex:',
     ]
     lines += [f"    {line}" for line in draw._code]
-    return "\nTo see it, paste into a cell:\n" + "\n".join(
-        f"    {line}" for line in lines
-    )
+    return PASTE + "\n".join(f"    {line}" for line in lines)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from memlab.course.grading import catalog
+from memlab.course.grading.fuzz import PASTE
 from memlab.course.grading.loader import ROOT
 from memlab.course.grading.runner import GradeReport
 
@@ -68,9 +69,13 @@ def format_table(report: GradeReport) -> str:
         for t in s.tests:
             if t.outcome == "failed":
                 pts = _s(t.points, "pt")
-                lines.append(
-                    f"  {t.exercise} · {t.name} ({pts}): {_clip(t.message, 400)}"
-                )
+                # a case to paste into a cell keeps its line breaks, uncut (a shrunk case is small)
+                said, mark, case = t.message.partition(PASTE)
+                case, _, rest = case.partition("\n(")
+                lines.append(f"  {t.exercise} · {t.name} ({pts}): {_clip(said, 400)}")
+                if mark:
+                    lines += ["    To see it, paste into a cell:", case]
+                    lines += [f"    {_clip('(' + rest, 300)}"] if rest else []
         after = [t for t in s.tests if t.outcome == "skipped" and not t.gpu]
         if after:
             more = _s(len(after), "more test")

@@ -689,6 +689,40 @@ def test_grader_survives_loops_crashes_and_floods(tmp_path):
     )
 
 
+def test_the_table_keeps_a_case_to_paste_whole():
+    """A random case's message ends with lines to paste into a cell; the summary that
+    ./course grade and the notebook's grade cell print keeps them as lines, uncut (flattened
+    into one line they would not run), and clips only the words around them."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    from memlab.course.grading.fuzz import PASTE
+    from memlab.course.grading.report import format_table
+    from memlab.course.grading.runner import ExerciseScore, GradeReport, TestResult
+
+    ex = catalog.EXERCISES[0]
+    case = [
+        "    import torch",
+        "    from memlab.course.notebook import exercise",
+        f'    with exercise("{ex.file}") as ex:',
+        "        t = ex.RowTable(1)",
+        "        print(t.alloc_rows(0))",
+    ]
+    said = "your `alloc_rows` differs from the engine's " + "x" * 500
+    tail = "(the smallest of the differing cases found in 1 random case of seed 7)"
+    message = said + PASTE + "\n".join(case) + "\n" + tail
+    failed = TestResult("t::t1", ex.id, 2, False, "failed", message, "", "CheckFailed")
+    table = format_table(
+        GradeReport(ROOT / "exercises", [ExerciseScore(ex, [failed])], 1.0, "CPU")
+    )
+    lines = table.splitlines()
+    start = lines.index("    To see it, paste into a cell:")
+    assert lines[start + 1 : start + 1 + len(case)] == case, table
+    assert lines[start + 1 + len(case)] == "    " + tail, table
+    assert "x" * 500 not in table and "..." in lines[start - 1], table
+    pasted = "\n".join(lines[start + 1 : start + 1 + len(case)])
+    compile(TransformerManager().transform_cell(pasted), "<cell>", "exec")
+
+
 def test_table_for_tried_and_untried_exercises():
     """One line per exercise not started; the details (and the tests skipped after a timeout)
     only for exercises that were tried."""
