@@ -125,8 +125,7 @@ class FreeKVCacheBlockQueue:
         """Pop the first n free blocks. Asking for more than are free is refused before anything
         is popped, in the words of vLLM's ``BlockPool.get_new_blocks`` (vLLM's queue has only a
         bare assert: its one caller counts first)."""
-        if type(n) is not int or n < 0:  # the check's call only when needed: a hot path
-            n = _checks.integer("n", n, 0)
+        n = _checks.integer("n", n, 0)
         if n == 0:
             return []
         if n > self.num_free_blocks:
@@ -400,8 +399,7 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the head of the free queue; a popped block that still has a hash is
         evicted now (lazy eviction: a freed block stays hittable until its space is needed)."""
-        if type(num_blocks) is not int or num_blocks < 0:
-            num_blocks = _checks.integer("num_blocks", num_blocks, 0)
+        num_blocks = _checks.integer("num_blocks", num_blocks, 0)
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
@@ -574,21 +572,16 @@ def _check_blocks(name: str, blocks, pool=None, op: str = "") -> None:
 
 
 def _check_cache_full_blocks(pool, request, blocks, num_cached, num_full, size, group):
-    """The call's own arguments, O(1), checked on every call (the blocks: debug mode). The counts
-    are tested inline and go to the checker, with its message, only when that fails: this runs
-    once per scheduled request."""
+    """The call's own arguments, O(1), checked on every call (the blocks: debug mode)."""
     hashes = getattr(request, "block_hashes", None)
     _checks.instance("request.block_hashes", hashes, list)
     _checks.instance("blocks", blocks, (list, tuple), "a list of KVCacheBlocks")
-    if type(num_cached) is not int or num_cached < 0:
-        _checks.integer("num_cached_blocks", num_cached)
-    if type(num_full) is not int or num_full < 0:
-        _checks.integer("num_full_blocks", num_full)
+    _checks.integer("num_cached_blocks", num_cached)
+    _checks.integer("num_full_blocks", num_full)
     if num_full > max(num_cached, min(len(blocks), len(hashes))):
         raise ValueError(f"num_full_blocks {num_full}: more than blocks or hashes")
     if size is not None:
         _checks.integer("block_size", size, 1, MAX_BLOCKS)
         if pool.hash_block_size not in (None, size):
             raise ValueError(f"block_size {size} is not hash_block_size (whole blocks)")
-    if type(group) is not int or group != 0:
-        _checks.integer("kv_cache_group_id (one group: 0)", group, 0, 0)
+    _checks.integer("kv_cache_group_id (one group: 0)", group, 0, 0)
