@@ -222,7 +222,7 @@ class HashPrefixCache:
                     [p for _, p in dup], dtype=torch.int64, device=alloc.device
                 )
             )
-            at = torch.tensor([i for i, _ in dup])
+            at = torch.tensor([i for i, _ in dup], dtype=torch.int64)
             slots = page_rows(
                 torch.tensor([pages[i] for i, _ in dup], dtype=torch.int64), ps
             )
@@ -922,16 +922,22 @@ class Engine:
         dev = self.model.device
         ids, positions, rows, logits_rows, extend, lens = [], [], [], None, None, None
         if batch:
-            pre, ext = torch.tensor(pre_list), torch.tensor(ext_list)
+            pre, ext = (
+                torch.tensor(pre_list, dtype=torch.int64),
+                torch.tensor(ext_list, dtype=torch.int64),
+            )
             tok_req, starts, pos = extend_positions(pre, ext)
-            batch_rows = torch.tensor([r.kv.req_pool_idx for r in batch])
+            batch_rows = torch.tensor(
+                [r.kv.req_pool_idx for r in batch], dtype=torch.int64
+            )
             ids.append(
                 torch.tensor(
                     [
                         t
                         for r, p, n in zip(batch, pre_list, ext_list)
                         for t in r.tokens[p : p + n]
-                    ]
+                    ],
+                    dtype=torch.int64,
                 )
             )
             positions.append(pos)
@@ -948,7 +954,8 @@ class Engine:
                 [
                     (r.kv.req_pool_idx, r.kv.kv_allocated_len, r.output_ids[-1])
                     for r in decoding
-                ]
+                ],
+                dtype=torch.int64,
             ).T.contiguous()
             lens = books[1]
             ids.append(books[2])

@@ -236,7 +236,7 @@ def generate_reference(
 
         tokens, out = list(prompt), []
         ids, pos = (
-            torch.tensor(tokens, device=model.device),
+            torch.tensor(tokens, device=model.device, dtype=torch.int64),
             torch.arange(len(tokens), device=model.device),
         )
         for _ in range(max_new_tokens):

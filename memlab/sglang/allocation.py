@@ -172,7 +172,7 @@ def alloc_for_extend(
         return None
     if req_to_token_pool.alloc(reqs) is None:
         return None
-    rows = torch.tensor([r.kv.req_pool_idx for r in reqs])
+    rows = torch.tensor([r.kv.req_pool_idx for r in reqs], dtype=torch.int64)
     for r, p, new in zip(reqs, prefix_indices, fresh):
         if new and p is not None and len(p):
             req_to_token_pool.write(
@@ -202,7 +202,9 @@ def alloc_for_decode(
             tree_cache, reqs, [r.kv.kv_allocated_len for r in reqs], decode=True
         )
     dev = req_to_token_pool.device
-    rows = torch.tensor([r.kv.req_pool_idx for r in reqs], device=dev)
+    rows = torch.tensor(
+        [r.kv.req_pool_idx for r in reqs], device=dev, dtype=torch.int64
+    )
     seq = torch.tensor([r.kv.kv_allocated_len + 1 for r in reqs], dtype=torch.int64)
     # the new token's position; a decoding request holds KV before it
     pos = (seq - 1).to(dev)

@@ -452,7 +452,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             buf = kv.mamba_ping_pong_track_buffer
             keep = [p != mamba_ping_pong_track_buffer_to_keep for p in range(len(buf))]
             self.mamba_allocator.free(
-                buf[torch.tensor(keep, device=buf.device) & (buf > 0)]
+                buf[torch.tensor(keep, device=buf.device, dtype=torch.bool) & (buf > 0)]
             )
             kv.mamba_ping_pong_track_buffer = kv.mamba_cow_src_index = None
             kv.mamba_needs_clear = False

@@ -56,7 +56,9 @@ def launch(pre, seq, last, free_pages, ps, device=None):
         "(a store past the batch's last token: is part 2's store masked?)",
     )
     expect_equal(
-        pages.cpu(), torch.tensor(free_pages), "the kernel must only read free_pages"
+        pages.cpu(),
+        torch.tensor(free_pages, dtype=torch.int64),
+        "the kernel must only read free_pages",
     )
     for name, x, b in zip(("prefix_lens", "seq_lens", "last_loc"), inputs, before):
         expect_equal(x, b, f"the kernel must only read {name}")

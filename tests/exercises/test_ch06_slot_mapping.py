@@ -235,7 +235,7 @@ def random_case(d):
     d.same(
         "positions after the launch",
         pos.cpu(),
-        torch.tensor(positions),
+        torch.tensor(positions, dtype=torch.int64),
         "the kernel must only read it",
     )
 

@@ -124,8 +124,8 @@ def run(
         kd,
         vd,
         table,
-        torch.tensor(rows, device=dev),
-        torch.tensor(lens, device=dev),
+        torch.tensor(rows, device=dev, dtype=torch.int64),
+        torch.tensor(lens, device=dev, dtype=torch.int64),
     ]
     before = [x.clone() for x in inputs]
     got = load("ch09_paged_gather").decode_attention(*inputs)
@@ -264,8 +264,8 @@ def test_compiled_on_gpu_fp16(rng):
         kd.cuda(),
         vd.cuda(),
         r2t.cuda(),
-        torch.tensor(rows).cuda(),
-        torch.tensor(lens).cuda(),
+        torch.tensor(rows, dtype=torch.int64).cuda(),
+        torch.tensor(lens, dtype=torch.int64).cuda(),
     )
     err = (got.float().cpu() - reference(q, k, v, r2t, rows, lens)).abs().max().item()
     expect(
@@ -301,13 +301,18 @@ def test_gpu_pool_past_2_31_elements(rng):
     for row, n in zip(rows, lens):
         r2t[row, :n] = torch.tensor(slots[i : i + n], dtype=torch.int32)
         i += n
-    used = torch.tensor(slots, device="cuda")
+    used = torch.tensor(slots, device="cuda", dtype=torch.int64)
     k[used] = torch.randn(len(slots), kv_heads, dim, generator=g).half().cuda()
     v[used] = torch.randn(len(slots), kv_heads, dim, generator=g).half().cuda()
     q = torch.randn(3, 4, dim, generator=g).half().cuda()
     try:
         got = load("ch09_paged_gather").decode_attention(
-            q, k, v, r2t.cuda(), torch.tensor(rows).cuda(), torch.tensor(lens).cuda()
+            q,
+            k,
+            v,
+            r2t.cuda(),
+            torch.tensor(rows, dtype=torch.int64).cuda(),
+            torch.tensor(lens, dtype=torch.int64).cuda(),
         )
         torch.cuda.synchronize()
         # the same KV in a small pool, for the reference
@@ -421,8 +426,8 @@ def random_case(d):
         kd,
         vd,
         r2t,
-        torch.tensor(rows, device=dev),
-        torch.tensor(lens, device=dev),
+        torch.tensor(rows, device=dev, dtype=torch.int64),
+        torch.tensor(lens, device=dev, dtype=torch.int64),
     ]
     before = [x.clone() for x in inputs]
     got = d.call(
@@ -444,7 +449,9 @@ def random_case(d):
     ):
         d.same(f"{name} after the call", x, b, "decode_attention must only read it")
     slot_ids, mask = slots_from_req_to_token(
-        torch.tensor(table, dtype=torch.int32), torch.tensor(rows), torch.tensor(lens)
+        torch.tensor(table, dtype=torch.int32),
+        torch.tensor(rows, dtype=torch.int64),
+        torch.tensor(lens, dtype=torch.int64),
     )
     want = attention_over_slots(
         q.float(), k.float(), v.float(), slot_ids, mask, 1 / math.sqrt(head_dim)

@@ -3,6 +3,7 @@ writes in Python, as git holds it: the library, the kernels, the tests, the scri
 benchmarks, the solutions, the chapters' twins, and the exercise stubs as the course ships them
 (a learner's own exercise files, committed or not, are theirs to format)."""
 
+import ast
 import re
 import subprocess
 import sys
@@ -81,3 +82,58 @@ def test_the_checks_can_fail(tmp_path):
     (tmp_path / "x.py").write_text("import os, sys\nx=( 1,2 )\n")
     assert ruff(tmp_path, "format", "--check").returncode == 1
     assert ruff(tmp_path, "check").returncode == 1
+
+
+# torch.tensor infers float32 from an empty list: an index or length built from data that may be
+# empty (a batch needing no new page, a request with nothing to free) must name its dtype, or
+# the empty case turns into a float tensor that an allocator refuses or a check misreads.
+TYPED_TENSOR_FOLDERS = ("memlab", "tests/exercises")
+
+
+def untyped_tensors(path: Path) -> list[str]:
+    """``torch.tensor(x)`` calls without a dtype whose data is computed, not a non-empty
+    literal."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "torch.tensor"
+            and node.args
+            and not any(k.arg == "dtype" for k in node.keywords)
+        ):
+            continue
+        data = node.args[0]
+        literal = isinstance(data, (ast.List, ast.Tuple)) and data.elts
+        if isinstance(data, ast.Constant) or (
+            literal and not any(isinstance(e, ast.Starred) for e in data.elts)
+        ):
+            continue
+        found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_tensors_of_computed_data_name_their_dtype(tree):
+    # the one deliberate float: the token allocator must refuse an empty float tensor
+    allowed = {"test_ch03_token_allocator.py:79: torch.tensor([])"}
+    found = [
+        hit
+        for folder in TYPED_TENSOR_FOLDERS
+        for f in sorted((tree / folder).rglob("*.py"))
+        for hit in untyped_tensors(f)
+    ]
+    assert set(found) <= allowed, "\n".join(sorted(set(found) - allowed))
+    assert set(found) == allowed, (
+        f"the allowed case moved: {sorted(allowed - set(found))}"
+    )
+
+
+def test_the_dtype_rule_can_fail(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text(
+        "import torch\n"
+        "a = torch.tensor(rows)\n"
+        "b = torch.tensor([r for r in rows], device='cpu')\n"
+        "c = torch.tensor([1, 2])\n"
+        "d = torch.tensor(rows, dtype=torch.int64)\n"
+    )
+    assert [h.split(":")[1] for h in untyped_tensors(f)] == ["2", "3"]

@@ -170,8 +170,10 @@ def _read_args(w: AttnWorld):
     sc = w.scene
     rids = list(sc.reqs)
     q = torch.stack([w.q[r] for r in rids])
-    rows = torch.tensor([sc.reqs[r].kv.req_pool_idx for r in rids])
-    seq_lens = torch.tensor([sc.reqs[r].kv.kv_allocated_len for r in rids])
+    rows = torch.tensor([sc.reqs[r].kv.req_pool_idx for r in rids], dtype=torch.int64)
+    seq_lens = torch.tensor(
+        [sc.reqs[r].kv.kv_allocated_len for r in rids], dtype=torch.int64
+    )
     return rids, q, rows, seq_lens
 
 

@@ -154,7 +154,7 @@ class SwaScene(Scene):
         before = self.swa_evicted_len.get(rid, 0)
         # before it is cleared
         swa = self.allocator.full_to_swa_index_mapping[
-            torch.tensor(self.slots(rid))
+            torch.tensor(self.slots(rid), dtype=torch.int64)
         ].tolist()
         after = self.allocator.release_out_of_window(
             self.req_pool.req_to_token,

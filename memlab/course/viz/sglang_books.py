@@ -599,7 +599,7 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         c = sc.slots("C")
         n = max(page_size, 8 - 8 % page_size)  # whole pages
         run = c[:n]
-        al.free_segment(torch.tensor(run), start_pos=0)
+        al.free_segment(torch.tensor(run, dtype=torch.int64), start_pos=0)
         sc.snap(
             f"C's first {n} positions leave a sliding window: free_segment(slots {run}, "
             f"start_pos=0) takes {_every(page_size)} ({run[::page_size]}), one per page, with no "
@@ -614,7 +614,8 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         else:
             err = _error(
                 lambda: al.free_segment(
-                    torch.tensor(c[start : start + 3]), start_pos=start
+                    torch.tensor(c[start : start + 3], dtype=torch.int64),
+                    start_pos=start,
                 )
             )
             sc.snap(
@@ -633,9 +634,9 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         c = sc.slots("C")
         # mid-page where there are pages
         cut = next((p for p in range(10, 0, -1) if p % page_size), 10)
-        al.free(torch.tensor(c[:cut]))
+        al.free(torch.tensor(c[:cut], dtype=torch.int64))
         # as a scheduler frees a request and its over-allocated tail apart
-        al.free(torch.tensor(c[cut:]))
+        al.free(torch.tensor(c[cut:], dtype=torch.int64))
         r = sc.reqs.pop("C")
         sc.req_pool.free(r)
         r.kv.kv_allocated_len = 0
@@ -662,7 +663,7 @@ def paged_free(story: str, page_size: int = 4) -> Scene:
         sc.snap("A finishes: its pages go back")
         sc.snap(
             "A stale copy of A's slots is freed again: debug mode catches the double free",
-            note=_error(lambda: al.free(torch.tensor(slots))),
+            note=_error(lambda: al.free(torch.tensor(slots, dtype=torch.int64))),
         )
     return sc
 
@@ -1080,7 +1081,11 @@ def _held(sc: Scene, rid) -> int:
 def extend_refusal(sc: Scene, prefix: list, seq: list, new_rows: int) -> str:
     """Why ``alloc_for_extend`` returned None, in the library's own numbers."""
     ps, al = sc.allocator.page_size, sc.allocator
-    need = num_new_pages(torch.tensor(prefix), torch.tensor(seq), ps)
+    need = num_new_pages(
+        torch.tensor(prefix, dtype=torch.int64),
+        torch.tensor(seq, dtype=torch.int64),
+        ps,
+    )
     free = al.available_size() // ps
     if need > free:
         return (

@@ -170,7 +170,7 @@ class UnifiedScene(Scene):
         start, end = self.swa_released.get(rid, 0), (len(ids) - window) // ps * ps
         if end <= start:
             return []
-        self.allocator.free_swa(torch.tensor(ids[start:end]))
+        self.allocator.free_swa(torch.tensor(ids[start:end], dtype=torch.int64))
         self.swa_released[rid] = end
         return ids[start:end]
 
