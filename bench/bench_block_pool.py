@@ -26,11 +26,10 @@ time (CPU time of this process, so waiting for a busy machine's cores counts for
 collector is off in the rounds and the pools' blocks are frozen out of its sight between them.
 Each round begins with the other pools' data in the CPU caches, a cost of the interleaving that
 weighs more on the faster pool: longer rounds give higher ratios (measured on a 2-core machine,
-fill and steady: 2.63-2.66x and 2.10-2.11x with 40 rounds, 2.87x and 2.25x with 10, 2.78x and
-2.28x with 4). memlab
-with debug mode on runs in the same rounds of the first run, apart: its cost is printed as a
-factor and is in no ratio (its scans walk the free queue from each hit to the tail, so it
-grows with the pool).
+fill and steady: 2.63-2.88x and 2.10-2.24x with 40 rounds in four runs, 2.87-2.97x and
+2.25-2.30x with 10 in two, 2.78x and 2.28x with 4). memlab with debug mode on runs in the
+same rounds of the first run, apart: its cost is printed as a factor and is in no ratio (its
+scans walk the free queue from each hit to the tail, so it grows with the pool).
 
 The last line reads: ``block pool vs vLLM 0.33: fill N.NNx, steady N.NNx``.
 """
