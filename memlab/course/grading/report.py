@@ -74,7 +74,7 @@ def format_table(report: GradeReport) -> str:
                 case, _, rest = case.partition("\n(")
                 lines.append(f"  {t.exercise} · {t.name} ({pts}): {_clip(said, 400)}")
                 if mark:
-                    lines += ["    To see it, paste into a cell:", case]
+                    lines += [f"    {mark.strip()}", case]
                     lines += [f"    {_clip('(' + rest, 300)}"] if rest else []
         after = [t for t in s.tests if t.outcome == "skipped" and not t.gpu]
         if after:

@@ -673,7 +673,8 @@ _DUMP = re.compile(
 )
 
 
-_DUMP_START = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]", re.M)
+_DUMP_HEADS = ("Current thread 0x", "Thread 0x")  # a dump's first line begins so
+_DUMP_START = re.compile(f"^(?:{'|'.join(_DUMP_HEADS)})[0-9a-f]", re.M)
 
 
 def _before_dump(text: str) -> str:
@@ -683,7 +684,7 @@ def _before_dump(text: str) -> str:
     if start is not None:
         return text[: start.start()]
     last = text.rpartition("\n")[2]
-    if last and any(h.startswith(last) for h in ("Current thread 0x", "Thread 0x")):
+    if last and any(h.startswith(last) for h in _DUMP_HEADS):
         return text[: len(text) - len(last)]
     return text
 
