@@ -57,7 +57,7 @@ def launch(pre, seq, last, free_pages, ps, device=None):
     )
     expect_equal(
         pages.cpu(),
-        torch.tensor(free_pages, dtype=torch.int64),
+        i64(*free_pages),
         "the kernel must only read free_pages",
     )
     for name, x, b in zip(("prefix_lens", "seq_lens", "last_loc"), inputs, before):

@@ -183,9 +183,9 @@ def test_take_swa_slots_skips_padding(rng):
     # before (map 0).
     a, b = rng.sample(range(1, 16), 2)
     held = swa_slots(rng, ps)
-    m[b * ps : (b + 1) * ps] = torch.tensor(held, dtype=torch.int64)
+    m[b * ps : (b + 1) * ps] = i64(*held)
     full = list(range(a * ps, (a + 1) * ps)) + list(range(b * ps, (b + 1) * ps))
-    got = take(m, torch.tensor(full, dtype=torch.int64), ps)
+    got = take(m, i64(*full), ps)
     values = expect_tensor(got, "take_swa_slots's result", torch.int64)
     expect(
         0 not in values,
@@ -200,7 +200,7 @@ def test_take_swa_slots_skips_padding(rng):
     )
     expect_equal(m[full], i64(*[0] * len(full)), "the map must forget the freed slots")
     m = mapping(16 * ps, ps)
-    got = take(m, torch.tensor(full[:ps], dtype=torch.int64), ps)
+    got = take(m, i64(*full[:ps]), ps)
     expect_equal(
         got,
         i64(),
@@ -214,9 +214,9 @@ def test_take_swa_slots_clears_whole_pages(rng):
     m = mapping(16 * ps, ps)
     a, b, kept = rng.sample(range(1, 16), 3)
     two = swa_slots(rng, 3 * ps)
-    m[a * ps : (a + 1) * ps] = torch.tensor(two[:ps], dtype=torch.int64)
-    m[b * ps : (b + 1) * ps] = torch.tensor(two[ps : 2 * ps], dtype=torch.int64)
-    m[kept * ps : (kept + 1) * ps] = torch.tensor(two[2 * ps :], dtype=torch.int64)
+    m[a * ps : (a + 1) * ps] = i64(*two[:ps])
+    m[b * ps : (b + 1) * ps] = i64(*two[ps : 2 * ps])
+    m[kept * ps : (kept + 1) * ps] = i64(*two[2 * ps :])
     slots = [b * ps + rng.randint(0, ps - 1), a * ps, a * ps + ps - 1]
     m_before = m.clone()
     wide = torch.tensor([v for x in slots for v in (x, -5)], dtype=torch.int64)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from memlab.course.grading.checks import expect, expect_equal, plural
-from memlab_tests.exercises.exercise_refs import fenced, narrow_products
+from memlab_tests.exercises.exercise_refs import fenced, i64, narrow_products
 
 
 def points(n, requires=None):
@@ -124,8 +124,8 @@ def run(
         kd,
         vd,
         table,
-        torch.tensor(rows, device=dev, dtype=torch.int64),
-        torch.tensor(lens, device=dev, dtype=torch.int64),
+        i64(*rows).to(dev),
+        i64(*lens).to(dev),
     ]
     before = [x.clone() for x in inputs]
     got = load("ch09_paged_gather").decode_attention(*inputs)
@@ -264,8 +264,8 @@ def test_compiled_on_gpu_fp16(rng):
         kd.cuda(),
         vd.cuda(),
         r2t.cuda(),
-        torch.tensor(rows, dtype=torch.int64).cuda(),
-        torch.tensor(lens, dtype=torch.int64).cuda(),
+        i64(*rows).cuda(),
+        i64(*lens).cuda(),
     )
     err = (got.float().cpu() - reference(q, k, v, r2t, rows, lens)).abs().max().item()
     expect(
@@ -301,7 +301,7 @@ def test_gpu_pool_past_2_31_elements(rng):
     for row, n in zip(rows, lens):
         r2t[row, :n] = torch.tensor(slots[i : i + n], dtype=torch.int32)
         i += n
-    used = torch.tensor(slots, device="cuda", dtype=torch.int64)
+    used = i64(*slots).cuda()
     k[used] = torch.randn(len(slots), kv_heads, dim, generator=g).half().cuda()
     v[used] = torch.randn(len(slots), kv_heads, dim, generator=g).half().cuda()
     q = torch.randn(3, 4, dim, generator=g).half().cuda()
@@ -311,8 +311,8 @@ def test_gpu_pool_past_2_31_elements(rng):
             k,
             v,
             r2t.cuda(),
-            torch.tensor(rows, dtype=torch.int64).cuda(),
-            torch.tensor(lens, dtype=torch.int64).cuda(),
+            i64(*rows).cuda(),
+            i64(*lens).cuda(),
         )
         torch.cuda.synchronize()
         # the same KV in a small pool, for the reference
@@ -426,8 +426,8 @@ def random_case(d):
         kd,
         vd,
         r2t,
-        torch.tensor(rows, device=dev, dtype=torch.int64),
-        torch.tensor(lens, device=dev, dtype=torch.int64),
+        i64(*rows).to(dev),
+        i64(*lens).to(dev),
     ]
     before = [x.clone() for x in inputs]
     got = d.call(
@@ -450,8 +450,8 @@ def random_case(d):
         d.same(f"{name} after the call", x, b, "decode_attention must only read it")
     slot_ids, mask = slots_from_req_to_token(
         torch.tensor(table, dtype=torch.int32),
-        torch.tensor(rows, dtype=torch.int64),
-        torch.tensor(lens, dtype=torch.int64),
+        i64(*rows),
+        i64(*lens),
     )
     want = attention_over_slots(
         q.float(), k.float(), v.float(), slot_ids, mask, 1 / math.sqrt(head_dim)

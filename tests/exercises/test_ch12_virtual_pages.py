@@ -495,7 +495,7 @@ def compact_case(d):
             order,
             given,
         )
-        a.free(torch.tensor(freeing, dtype=torch.int64))
+        a.free(i64(*freeing))
         src, dst = kv.moves[0] if kv.moves else ([], [])
         d.returns(what, got, (a.watermark_physical, src, dst))
         d.books(what, "v2p", v2p, a.virtual_to_physical)
