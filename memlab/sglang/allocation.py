@@ -428,6 +428,12 @@ def _check_extend(pool, allocator, reqs, extend_lens, prefix_indices, tree) -> N
                 f"request {i}: seq_len {p + n} is shorter than its prefix {p} "
                 f"(extend_lens[{i}] = {n})"
             )
+        # A row holds max_context_len positions. SGLang's scheduler never asks for more: it
+        # refuses or cuts a longer prompt (validate_input_length in
+        # sglang/srt/managers/utils.py) and caps max_new_tokens below the context length
+        # (Scheduler.init_req_max_new_tokens in sglang/srt/managers/scheduler.py). memlab
+        # refuses it here, before a slot is taken.
+        _checks.integer(f"request {i}: seq_len", p + n, 0, pool.max_context_len)
 
 
 def _check_hit(allocator, hit) -> None:
@@ -441,8 +447,10 @@ def _check_hit(allocator, hit) -> None:
 
 def _check_decode(pool, allocator, reqs, tree) -> None:
     _check_batch(pool, allocator, tree, reqs)
-    for r in reqs:
+    width = pool.max_context_len  # the new token must fit its row, as in _check_extend
+    for i, r in enumerate(reqs):
         _check_running(r, "a decode step (it continues what alloc_for_extend began)")
+        _checks.integer(f"request {i}: seq_len", r.kv.kv_allocated_len + 1, 0, width)
 
 
 def _check_running(req, where: str) -> None:
@@ -458,9 +466,7 @@ def _check_release(req, tree, checkpoint) -> None:
     # the tree protects them: the request holds their lock
     n = req.kv.cache_protected_len
     if req.lock is None and n > 0 and not getattr(tree, "disable", False):
-        raise ValueError(
-            f"{req!r}: no lock (req.lock None) on its {n} protected tokens"
-        )
+        raise ValueError(f"{req!r} has no lock on its {n} protected tokens")
 
 
 def _check_free_kv_row(pool, allocator, kv, ranges, swa_evicted_seqlen) -> list:

@@ -1089,6 +1089,30 @@ def _sglang_cases():
         books=batch_books,
     )
     case(
+        "alloc_for_extend",
+        "an extend past the request-table row",
+        ValueError,
+        ["seq_len", "16"],
+        batch_env,
+        lambda env: allocation.alloc_for_extend(env.pool, env.alloc, env.reqs, [3, 17]),
+        books=batch_books,
+    )
+
+    def full_row_env():
+        env = batch_env()
+        allocation.alloc_for_extend(env.pool, env.alloc, env.reqs[:1], [16])
+        return env
+
+    case(
+        "alloc_for_decode",
+        "a decode past the request-table row",
+        ValueError,
+        ["seq_len", "16"],
+        full_row_env,
+        lambda env: allocation.alloc_for_decode(env.pool, env.alloc, env.reqs[:1]),
+        books=batch_books,
+    )
+    case(
         "alloc_for_decode",
         "requests without rows",
         ValueError,

@@ -264,9 +264,9 @@ def test_a_raising_call_that_changed_the_books_is_replayed_away(inst, monkeypatc
 def test_a_batch_the_pool_cannot_hold_is_refused_with_nothing_taken(inst):
     before = state(inst.world)
     step = inst.do(
-        "alloc_extend", requests=["A", "D"], prefix_lens=[11, 0], seq_lens=[14, 30]
+        "alloc_extend", requests=["A", "D"], prefix_lens=[11, 0], seq_lens=[24, 24]
     )
-    sc, outs = direct(4, [{"A": 3, "D": 30}])
+    sc, outs = direct(4, [{"A": 13, "D": 24}])
     assert outs[-1] is None  # the library refuses it too
     assert (
         not step.ok
@@ -525,5 +525,7 @@ def test_a_prefix_the_learner_typed_is_kept_and_named_in_the_refusal():
     f["seq_lens"].widget.value = "20"
     step = inst.press("alloc_extend")
     assert "you gave B a prefix of 5, but B holds 12 tokens" in step.error, step.error
-    big = inst.do("alloc_extend", requests=["B"], prefix_lens=[12], seq_lens=[99])
+    big = inst.do(
+        "alloc_extend", requests=["B", "D"], prefix_lens=[12, 0], seq_lens=[24, 24]
+    )
     assert big.error.endswith("so nothing was taken"), big.error

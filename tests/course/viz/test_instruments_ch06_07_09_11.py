@@ -593,7 +593,7 @@ def test_07_swa_books_are_the_allocators(window, extra):
         ),
         (
             "extend",
-            dict(requests="E", extend_lens="30"),
+            dict(requests="E", extend_lens="16"),
             "alloc_for_extend returns None",
         ),
         ("decode", dict(decoding="Z"), "not running"),
