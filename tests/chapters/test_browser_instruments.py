@@ -195,7 +195,7 @@ def test_chapter_04_instrument_in_a_real_browser(lab, browser):
         # a batch the pool cannot hold: the whole refusal, nothing changed
         inst.type("requests", "B")
         inst.type("prefix_lens", "12")
-        inst.type("seq_lens", "60")
+        inst.type("seq_lens", "24")
         inst.click("alloc_extend")
         error = inst.wait_error("refused")
         assert error.endswith("so nothing was taken"), error
