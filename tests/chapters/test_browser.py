@@ -9,6 +9,7 @@
   are moved and the picture and caption must change (chapter 11's caption prints '<s>').
 """
 
+import shutil
 import time
 
 from memlab_tests.tools.browser import (
@@ -18,6 +19,7 @@ from memlab_tests.tools.browser import (
     GLOSSARY,
     RENDERED,
     close_notebook,
+    lab_folder,
     no_error_output,
     open_notebook,
     press,
@@ -86,6 +88,23 @@ def follow_a_glossary_link(page, term: str) -> None:
         " window.jupyterapp.shell.activateById(id); }",
         notebook,
     )
+
+
+def test_each_worker_serves_chapters_of_its_own(monkeypatch):
+    """Setting up one xdist worker's JupyterLab leaves another's chapters where its kernels run
+    (one shared folder was emptied under a running chapter: run-all waited out 240 s)."""
+    first = lab_folder("test-a")
+    try:
+        marker = first / "a kernel's file.txt"
+        marker.write_text("still here")
+        second = lab_folder("test-b")
+        assert second != first and marker.read_text() == "still here"
+        assert sorted(p.name for p in second.iterdir()) == sorted([*CHAPTERS, GLOSSARY])
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "test-c")
+        assert lab_folder().name == "lab-test-c"
+    finally:
+        for name in ("test-a", "test-b", "test-c"):
+            shutil.rmtree(ARTIFACTS / f"lab-{name}", ignore_errors=True)
 
 
 def test_every_chapter_shows_its_pictures_and_text_offline(lab, browser):

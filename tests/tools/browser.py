@@ -1,12 +1,14 @@
 """The browser tests' one harness: a JupyterLab over the chapters, headless Chromium, the page.
 
 One JupyterLab per test session serves copies of every chapter and the glossary from
-``artifacts/browser/lab`` (git-ignored: the chapters in git never get outputs; the copies find the
-repository by walking up to ``memlab/course/notebook.py``), without ``img/``: the pictures must
-travel inside the notebooks. One Chromium (Playwright driving Debian's ``chromium``, no browser
-download) is shared by every browser test of the session; it may reach 127.0.0.1 only, and a
-request to anywhere else is refused and remembered (``ctx.outside``). Each test opens its chapter
-in a tab of its own, with a JupyterLab workspace of its own, and shuts its kernel down when done.
+``artifacts/browser/lab-<xdist worker>`` (git-ignored: the chapters in git never get outputs; the
+copies find the repository by walking up to ``memlab/course/notebook.py``; a folder per worker, as
+one worker's set-up must not delete the chapters another's kernels run in), without ``img/``: the
+pictures must travel inside the notebooks. One Chromium (Playwright driving Debian's ``chromium``,
+no browser download) is shared by every browser test of the session; it may reach 127.0.0.1 only,
+and a request to anywhere else is refused and remembered (``ctx.outside``). Each test opens its
+chapter in a tab of its own, with a JupyterLab workspace of its own, and shuts its kernel down when
+done.
 
 Every wait is for a condition (a command's promise, the kernel idle, a widget drawn, a text or a
 picture changed), never a fixed time: the tests run on a busy 2-core machine. Screenshots go to
@@ -159,15 +161,24 @@ class Lab:
             ).close()
 
 
-def serve_lab():
-    """Start JupyterLab over copies of the chapters; a generator for a fixture (yields a Lab)."""
-    require()
-    chromium = find_chromium()
-    work = ARTIFACTS / "lab"
+def lab_folder(worker: str | None = None) -> Path:
+    """Fresh copies of the chapters for this session's JupyterLab, in a folder of the xdist
+    worker's own: two workers sharing one folder deleted the chapters under each other's running
+    kernels, and a notebook's run-all then waited out its 240 s."""
+    worker = worker or os.environ.get("PYTEST_XDIST_WORKER", "main")
+    work = ARTIFACTS / f"lab-{worker}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     for name in (*CHAPTERS, GLOSSARY):
         shutil.copy(ROOT / "chapters" / name, work / name)
+    return work
+
+
+def serve_lab():
+    """Start JupyterLab over copies of the chapters; a generator for a fixture (yields a Lab)."""
+    require()
+    chromium = find_chromium()
+    work = lab_folder()
     state = Path(tempfile.mkdtemp(prefix="memlab-lab-"))
     for rel, values in LAB_SETTINGS.items():
         (state / "settings" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -464,10 +475,30 @@ class Inst:
         ).locator("input")
 
     def type(self, label: str, value: str) -> None:
-        """Fill a text box by its description and commit it (Enter: continuous_update is off)."""
+        """Fill a text box by its description and commit it (Enter: continuous_update is off);
+        returns once the kernel's widget holds the value."""
         box = self.field(label)
         box.fill(value)
         box.press("Enter")
+        self._wait_kernel_value(
+            f"[f.widget for f in {self.var}.fields.values() "
+            f"if f.widget.description == {label!r}][0]",
+            value,
+        )
+
+    def _wait_kernel_value(self, widget: str, value: str) -> None:
+        """Wait until the kernel's ``widget`` (an expression) holds ``value``. A button pressed
+        next must see it: ipywidgets holds back a model's update while an earlier one of that model
+        awaits the kernel, and a click is sent at once, so it can overtake the typed value."""
+        deadline = time.monotonic() + WAIT / 1000
+        while True:
+            held = kernel_eval(self.page, f"import json; print(json.dumps({widget}.value))")
+            if held == value:
+                return
+            assert time.monotonic() < deadline, (
+                f"the kernel's {widget} holds {held!r}, typed {value!r}"
+            )
+            time.sleep(0.1)
 
     def row(self, op: str):
         return self.loc.locator(
@@ -483,6 +514,11 @@ class Inst:
             box = boxes.nth(i)
             box.fill(v)
             box.press("Enter")
+            self._wait_kernel_value(
+                f"[f.widget for f in {self.var}.operations[{op!r}].fields "
+                f"if type(f.widget).__name__ == 'Text'][{i}]",
+                v,
+            )
 
     def pick(self, op: str, i: int, label: str) -> None:
         self.row(op).locator("select").nth(i).select_option(label=label)
