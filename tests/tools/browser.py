@@ -492,7 +492,9 @@ class Inst:
         awaits the kernel, and a click is sent at once, so it can overtake the typed value."""
         deadline = time.monotonic() + WAIT / 1000
         while True:
-            held = kernel_eval(self.page, f"import json; print(json.dumps({widget}.value))")
+            held = kernel_eval(
+                self.page, f"import json; print(json.dumps({widget}.value))"
+            )
             if held == value:
                 return
             assert time.monotonic() < deadline, (
