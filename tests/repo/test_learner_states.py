@@ -39,8 +39,8 @@ import pytest
 from memlab_tests.tools.loading import load_file
 from memlab_tests.tools.stored import stored
 
-# One worker builds the learner's clone (a module fixture) and runs every test that uses it.
-pytestmark = pytest.mark.xdist_group("learner_clone")
+# The learner's clone is a module fixture: each xdist worker that runs tests of this module builds
+# its own, in its own tmp (./course test distributes with xdist's default, --dist load).
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ("ch04_alloc_extend", "ch05_paged_free")
