@@ -11,6 +11,10 @@ link, or without naming the differential test (``tests/engines/...``) that compa
 engine, is reported: a heuristic (a sentence, a list item or a table row that names an engine is a
 claim about it), with a short allow-list of sentences that only point elsewhere.
 
+The library's comments and docstrings (memlab/, kernels/) point at the engines by path inside the
+package, ``Name in sglang/srt/managers/utils.py``: each file named must be in the wheel and each
+name of code cited with it defined there.
+
 Without the wheels the file checks skip; in CI (``CI`` set) they fail.
 """
 
@@ -295,6 +299,46 @@ def test_the_texts_cite_the_engines():
     assert all(v >= 2 for k, v in counts.items() if k[:2] not in ("00",))
 
 
+# -- the library's own pointers ----------------------------------------------------------------
+
+CODE = sorted([*(ROOT / "memlab").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")])
+# a file inside an engine's package (not tests/engines/sglang/...)
+ENGINE_FILE = re.compile(r"(?<![\w/])(?:sglang|vllm)/[\w/]+\.py\b")
+# "``Name`` in sglang/srt/x.py": a name and the file it is in (a comment may wrap between them)
+NAME_IN_FILE = re.compile(
+    r"`*(?P<name>[A-Za-z_][\w.]*)`*(?:\(\))? in `*(?P<path>(?<![\w/])(?:sglang|vllm)/[\w/]+\.py)"
+)
+
+
+def pointer_problems(text: str) -> list[str]:
+    """The library's comments and docstrings name engine files as paths inside the package
+    (``sglang/srt/mem_cache/allocation.py``), sometimes with the name cited in them: each file must
+    be in the release wheel and each name of code (a dot, an underscore or a capital: not an
+    English word) defined in it."""
+    flat = re.sub(r"\s*\n\s*(?:#\s?)?", " ", text)
+    problems = []
+    for path in sorted(set(ENGINE_FILE.findall(flat))):
+        if path not in wheel_names(path.split("/")[0]):
+            problems.append(f"{path}: no such file in the wheel")
+    for m in NAME_IN_FILE.finditer(flat):
+        name, path, engine = m["name"], m["path"], m["path"].split("/")[0]
+        code = re.search(r"[._A-Z]", name)
+        if code and path in wheel_names(engine) and name not in defined(engine, path):
+            problems.append(f"{path} defines no {name}")
+    return problems
+
+
+def test_every_engine_file_and_name_the_library_cites_is_in_the_release():
+    problems = [
+        f"{f.relative_to(ROOT)}: {p}"
+        for f in CODE
+        for p in pointer_problems(f.read_text())
+    ]
+    cited = sum(len(ENGINE_FILE.findall(f.read_text())) for f in CODE)
+    print(f"{cited} pointers to engine files in {len(CODE)} library files")
+    assert cited > 30 and not problems, "\n".join(problems)
+
+
 # -- each check can fail -----------------------------------------------------------------------
 
 S = "https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/srt/"
@@ -384,3 +428,16 @@ def test_without_the_wheels_ci_fails_and_a_laptop_skips(monkeypatch):
             wheel_names("vllm")
     finally:
         wheel_names.cache_clear()
+
+
+def test_the_library_pointer_check_fails_on_a_wrong_file_or_name():
+    good = (
+        "# refuses it (validate_input_length in\n"
+        "# sglang/srt/managers/utils.py), as ``BlockPool`` in vllm/v1/core/block_pool.py"
+    )
+    assert pointer_problems(good) == []
+    assert pointer_problems(good.replace("utils.py", "utlis.py"))
+    assert pointer_problems(good.replace("validate_input_length", "validate_input_len"))
+    assert pointer_problems(good.replace("``BlockPool``", "``BlockPools``"))
+    assert pointer_problems("the functions in vllm/utils/hashing.py") == []
+    assert pointer_problems("(tests/engines/sglang/test_unified.py)") == []
