@@ -219,7 +219,7 @@ def test_take_swa_slots_clears_whole_pages(rng):
     m[kept * ps : (kept + 1) * ps] = i64(*two[2 * ps :])
     slots = [b * ps + rng.randint(0, ps - 1), a * ps, a * ps + ps - 1]
     m_before = m.clone()
-    wide = torch.tensor([v for x in slots for v in (x, -5)], dtype=torch.int64)
+    wide = i64(*[v for x in slots for v in (x, -5)])
     got = take(m, wide[::2], ps)  # a strided view
     expect_equal(
         got,
